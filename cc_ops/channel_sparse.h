@@ -1,0 +1,178 @@
+// The channel-sparse tensor: a logical dense tensor [B, R1, ..., Rd, C] stored as
+// sorted, unique int64 keys plus a values vector.
+//
+// Key layout (Hackel et al. §3): key = (b * C + c) * S + lin(x), with S = R1 * ... * Rd
+// and lin(x) the row-major spatial index. Sorting by key therefore sorts by batch,
+// then channel, then spatial position, and each (batch, channel) pair is one
+// contiguous "segment" of the entries.
+//
+// This header is shared by every op of the family; it holds no TensorFlow kernel code
+// beyond Status-returning validation, so CPU and GPU kernels can both use it.
+#ifndef TF_SPARSECONV_CC_OPS_CHANNEL_SPARSE_H_
+#define TF_SPARSECONV_CC_OPS_CHANNEL_SPARSE_H_
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/errors.h"
+
+namespace tf_sparseconv {
+
+constexpr int kMaxSpatialDims = 4;
+
+struct KeyLayout {
+  int d = 0;                              // number of spatial dimensions
+  int64_t batch = 0;                      // B
+  int64_t channels = 0;                   // C
+  int64_t extent[kMaxSpatialDims] = {};   // R1 ... Rd
+  int64_t stride[kMaxSpatialDims] = {};   // row-major strides of the spatial index
+  int64_t spatial_size = 0;               // S = R1 * ... * Rd
+
+  int64_t num_segments() const { return batch * channels; }
+  int64_t num_keys() const { return batch * channels * spatial_size; }
+  int64_t segment_of(int64_t key) const { return key / spatial_size; }
+  int64_t spatial_of(int64_t key) const { return key % spatial_size; }
+  int64_t key_of(int64_t b, int64_t c, int64_t lin) const {
+    return (b * channels + c) * spatial_size + lin;
+  }
+  // The same spatial layout with a different channel count.
+  KeyLayout WithChannels(int64_t c) const {
+    KeyLayout out = *this;
+    out.channels = c;
+    return out;
+  }
+};
+
+// Builds the layout from extents, rejecting non-positive dimensions and key overflow
+// (B * C * S must stay below 2^63 so that every key is a valid non-negative int64).
+inline absl::Status MakeKeyLayoutFromDims(const int64_t* dims, int rank,
+                                          KeyLayout* layout) {
+  if (rank < 3 || rank > kMaxSpatialDims + 2) {
+    return tensorflow::errors::InvalidArgument(
+        "dense_shape must have 3 to ", kMaxSpatialDims + 2,
+        " entries [B, R1, ..., Rd, C] (1 to ", kMaxSpatialDims,
+        " spatial dimensions), got ", rank);
+  }
+  KeyLayout l;
+  l.d = rank - 2;
+  l.batch = dims[0];
+  l.channels = dims[rank - 1];
+  for (int i = 0; i < rank; ++i) {
+    if (dims[i] <= 0) {
+      return tensorflow::errors::InvalidArgument(
+          "dense_shape entries must be positive, got dense_shape[", i, "] = ", dims[i]);
+    }
+  }
+  int64_t total = 1;
+  for (int i = 0; i < rank; ++i) {
+    if (__builtin_mul_overflow(total, dims[i], &total)) {
+      return tensorflow::errors::InvalidArgument(
+          "key overflow: the product of dense_shape (B * R1 * ... * Rd * C) must be "
+          "below 2^63 to fit int64 keys; reduce the resolution, batch or channels");
+    }
+  }
+  int64_t s = 1;
+  for (int j = l.d - 1; j >= 0; --j) {
+    l.extent[j] = dims[1 + j];
+    l.stride[j] = s;
+    s *= l.extent[j];
+  }
+  l.spatial_size = s;
+  *layout = l;
+  return absl::OkStatus();
+}
+
+inline absl::Status MakeKeyLayout(const tensorflow::Tensor& dense_shape,
+                                  KeyLayout* layout) {
+  if (dense_shape.dims() != 1) {
+    return tensorflow::errors::InvalidArgument(
+        "dense_shape must be a 1-D int64 tensor, got rank ", dense_shape.dims());
+  }
+  const int rank = static_cast<int>(dense_shape.NumElements());
+  std::vector<int64_t> dims(rank);
+  auto flat = dense_shape.flat<int64_t>();
+  for (int i = 0; i < rank; ++i) dims[i] = flat(i);
+  return MakeKeyLayoutFromDims(dims.data(), rank, layout);
+}
+
+// Keys must be strictly increasing (sorted and unique) and inside [0, B*C*S).
+inline absl::Status ValidateKeys(const int64_t* keys, int64_t n,
+                                 const KeyLayout& layout, const char* what) {
+  const int64_t limit = layout.num_keys();
+  for (int64_t i = 0; i < n; ++i) {
+    if (keys[i] < 0 || keys[i] >= limit) {
+      return tensorflow::errors::InvalidArgument(
+          what, " key out of range at entry ", i, ": ", keys[i],
+          " is not in [0, ", limit, ") for the given dense_shape");
+    }
+    if (i > 0 && keys[i] <= keys[i - 1]) {
+      if (keys[i] == keys[i - 1]) {
+        return tensorflow::errors::InvalidArgument(
+            what, " keys must be unique: entries ", i - 1, " and ", i,
+            " share key ", keys[i], "; merge duplicates before building the tensor");
+      }
+      return tensorflow::errors::InvalidArgument(
+          what, " keys must be sorted (entry ", i, " = ", keys[i], " < entry ", i - 1,
+          " = ", keys[i - 1], "); call tf_sparseconv.reorder()");
+    }
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status ValidateKeysTensor(const tensorflow::Tensor& keys,
+                                       const KeyLayout& layout, const char* what) {
+  if (keys.dims() != 1) {
+    return tensorflow::errors::InvalidArgument(what, " keys must be 1-D, got rank ",
+                                               keys.dims());
+  }
+  return ValidateKeys(keys.flat<int64_t>().data(), keys.NumElements(), layout, what);
+}
+
+inline absl::Status ValidateValuesMatchKeys(const tensorflow::Tensor& keys,
+                                            const tensorflow::Tensor& values,
+                                            const char* what) {
+  if (values.dims() != 1 || values.NumElements() != keys.NumElements()) {
+    return tensorflow::errors::InvalidArgument(
+        what, " values must be 1-D with one value per key: got shape ",
+        values.shape().DebugString(), " for ", keys.NumElements(), " keys");
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status RejectNaN(const T* x, int64_t n, const char* what) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) {
+      return tensorflow::errors::InvalidArgument(what, " contains NaN at position ", i);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// offsets[s] .. offsets[s+1] is the entry range of segment s (keys must be validated).
+inline void SegmentOffsets(const int64_t* keys, int64_t n, const KeyLayout& layout,
+                           std::vector<int64_t>* offsets) {
+  const int64_t num_segments = layout.num_segments();
+  offsets->assign(num_segments + 1, n);
+  int64_t seg = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = layout.segment_of(keys[i]);
+    while (seg <= s) (*offsets)[seg++] = i;
+  }
+  // Segments after the last entry start (and end) at n: already set by assign().
+}
+
+// Decodes the spatial coordinates of every entry: coords[i * d + j] = x_j of entry i.
+inline void DecodeSpatial(int64_t lin, const KeyLayout& layout, int32_t* coords) {
+  for (int j = 0; j < layout.d; ++j) {
+    coords[j] = static_cast<int32_t>((lin / layout.stride[j]) % layout.extent[j]);
+  }
+}
+
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_CC_OPS_CHANNEL_SPARSE_H_

@@ -1,0 +1,91 @@
+// Registration and shape functions of the direct sparse convolution ops.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_sparseconv {
+
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("DirectSparseConv")
+    .Input("in_keys: int64")
+    .Input("in_values: T")
+    .Input("dense_shape: int64")
+    .Input("filter: T")
+    .Input("filter_mask: bool")
+    .Input("bias: T")
+    .Output("out_keys: int64")
+    .Output("out_values: T")
+    .Output("out_dense_shape: int64")
+    .Output("touched_counts: int64")
+    .Attr("T: {float, double}")
+    .Attr("selection: {'none', 'signed', 'abs'} = 'none'")
+    .Attr("k: int = 0")
+    .Attr("rho_up: float = 0")
+    .Attr("accumulator: {'auto', 'dense', 'merge'} = 'auto'")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 1, &unused));
+      ShapeHandle filter = c->input(3);
+      DimensionHandle cout = c->UnknownDim();
+      if (c->RankKnown(filter)) cout = c->Dim(filter, c->Rank(filter) - 1);
+      const DimensionHandle n = c->UnknownDim();
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Vector(n));
+      c->set_output(2, c->input(2));
+      c->set_output(3, c->Matrix(c->UnknownDim(), cout));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Direct sparse convolution of a channel-sparse tensor (Hackel et al., Algorithm 1).
+
+Cross-correlation with stride 1 and 'same' zero padding; only weights whose
+filter_mask entry is true are visited. The output support is the set of positions
+reached by a present entry through a present weight; the bias is added there only.
+With selection 'signed' (largest values) or 'abs' (largest magnitudes), at most k
+entries per (batch, output channel) are kept, ties going to the smaller key;
+k = ceil(rho_up * R1 * ... * Rd) when rho_up is given instead of k.
+
+in_keys: sorted unique int64 keys of the input, layout (b * Cin + c) * S + lin(x).
+in_values: one value per key.
+dense_shape: [B, R1, ..., Rd, Cin].
+filter: [K1, ..., Kd, Cin, Cout], odd kernel sizes.
+filter_mask: same shape as filter; false marks a pruned weight.
+bias: [Cout].
+out_keys: sorted keys of the output, dense shape [B, R1, ..., Rd, Cout].
+touched_counts: [B, Cout] support size of each output segment before k-selection.
+)doc");
+
+REGISTER_OP("DirectSparseConvBackprop")
+    .Input("in_keys: int64")
+    .Input("in_values: T")
+    .Input("dense_shape: int64")
+    .Input("filter: T")
+    .Input("filter_mask: bool")
+    .Input("out_keys: int64")
+    .Input("out_grad: T")
+    .Output("in_grad: T")
+    .Output("filter_grad: T")
+    .Output("bias_grad: T")
+    .Attr("T: {float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      c->set_output(1, c->input(3));
+      ShapeHandle filter = c->input(3);
+      DimensionHandle cout = c->UnknownDim();
+      if (c->RankKnown(filter)) cout = c->Dim(filter, c->Rank(filter) - 1);
+      c->set_output(2, c->Vector(cout));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Gradients of DirectSparseConv (Hackel et al., Algorithm 2 and Eq. 3): the input
+gradient exists only at the input entries, the filter gradient only at present
+weights, and the bias gradient sums over the kept output entries.
+)doc");
+
+}  // namespace tf_sparseconv

@@ -1,0 +1,47 @@
+"""Loads the compiled op library, refusing a TensorFlow it was not built against.
+
+A library built against another TensorFlow version or C++ ABI fails with undefined
+symbols or, worse, loads and corrupts memory; both are turned into an ImportError that
+says what to rebuild.
+"""
+import os
+
+import tensorflow as tf
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_LIBRARY_PATH = os.path.join(_HERE, "_tf_sparseconv_ops.so")
+_REBUILD = (
+    "Rebuild the op library against the TensorFlow in this environment: "
+    "`pip install --no-build-isolation -e .` (or `python setup.py build_ext --inplace`) "
+    "from the tf_sparseconv source tree."
+)
+
+
+def _installed_abi():
+    for flag in tf.sysconfig.get_compile_flags():
+        if flag.startswith("-D_GLIBCXX_USE_CXX11_ABI="):
+            return flag.split("=", 1)[1]
+    return "?"
+
+
+def load():
+    if not os.path.exists(_LIBRARY_PATH):
+        raise ImportError(f"tf_sparseconv's op library is not built ({_LIBRARY_PATH} is missing). {_REBUILD}")
+    try:
+        from tf_sparseconv import _build_info
+    except ImportError:
+        raise ImportError(f"tf_sparseconv/_build_info.py is missing, so the op library's build is unknown. {_REBUILD}")
+    if _build_info.TF_VERSION != tf.__version__ or _build_info.CXX11_ABI != _installed_abi():
+        raise ImportError(
+            f"tf_sparseconv was built against TensorFlow {_build_info.TF_VERSION} "
+            f"(_GLIBCXX_USE_CXX11_ABI={_build_info.CXX11_ABI}) but TensorFlow {tf.__version__} "
+            f"(_GLIBCXX_USE_CXX11_ABI={_installed_abi()}) is installed. {_REBUILD}"
+        )
+    try:
+        return tf.load_op_library(_LIBRARY_PATH)
+    except tf.errors.NotFoundError as e:
+        raise ImportError(f"tf_sparseconv's op library does not load with TensorFlow {tf.__version__}: "
+                          f"{e.message.splitlines()[0]}. {_REBUILD}") from None
+
+
+ops = load()

@@ -1,0 +1,58 @@
+"""The channel-sparse tensor type: sorted int64 keys, a values vector and a dense shape.
+
+Keys compress {batch, x1..xd, channel} as key = (b * C + c) * (R1*...*Rd) + lin(x), so
+sorted keys order entries by batch, then channel, then spatial position (Hackel et al.
+§3). As a tf.experimental.ExtensionType it passes through tf.function, tf.data and
+SavedModel signatures like any tensor.
+"""
+import tensorflow as tf
+
+
+class ChannelSparseTensor(tf.experimental.ExtensionType):
+    """A logical dense tensor [B, R1, ..., Rd, C] stored as sorted unique keys + values."""
+
+    keys: tf.Tensor
+    values: tf.Tensor
+    dense_shape: tf.Tensor
+
+    def __validate__(self):
+        if self.keys.dtype != tf.int64 or self.dense_shape.dtype != tf.int64:
+            raise TypeError("ChannelSparseTensor keys and dense_shape must be int64, got "
+                            f"{self.keys.dtype.name} and {self.dense_shape.dtype.name}")
+        if self.values.dtype not in (tf.float32, tf.float64):
+            raise TypeError(f"ChannelSparseTensor values must be float32 or float64, got {self.values.dtype.name}")
+        self.keys.shape.assert_has_rank(1)
+        self.values.shape.assert_has_rank(1)
+        self.dense_shape.shape.assert_has_rank(1)
+        if self.keys.shape[0] is not None and self.values.shape[0] is not None and \
+                self.keys.shape[0] != self.values.shape[0]:
+            raise ValueError(f"ChannelSparseTensor has {self.keys.shape[0]} keys but {self.values.shape[0]} values")
+
+    @property
+    def dtype(self):
+        return self.values.dtype
+
+    @property
+    def rank(self):
+        """Rank of the logical dense tensor (spatial dims + 2), known statically."""
+        return self.dense_shape.shape[0]
+
+    @property
+    def spatial_rank(self):
+        return self.rank - 2
+
+    @property
+    def num_entries(self):
+        return tf.shape(self.keys, out_type=tf.int64)[0]
+
+    def with_values(self, values):
+        return ChannelSparseTensor(self.keys, values, self.dense_shape)
+
+    def density(self):
+        """Fraction of the logical dense tensor that is stored: entries / (B*R1*...*Rd*C)."""
+        total = tf.reduce_prod(self.dense_shape)
+        return tf.cast(self.num_entries, tf.float64) / tf.cast(total, tf.float64)
+
+    def memory_bytes(self):
+        """Bytes held by keys and values (64-bit keys + the value width)."""
+        return self.num_entries * (8 + self.values.dtype.size)
