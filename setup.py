@@ -31,6 +31,20 @@ def _tensorflow_flags():
     return tf.__version__, tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
 
 
+def _compile_sources_in_parallel(compiler):
+    """distutils compiles one source at a time; the op sources are independent."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    serial_compile = compiler.compile
+
+    def compile_all(sources, *args, **kwargs):
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            objects = pool.map(lambda src: serial_compile([src], *args, **kwargs), sources)
+            return [obj for objs in objects for obj in objs]
+
+    compiler.compile = compile_all
+
+
 class BuildTensorFlowOps(build_ext):
     """Compiles cc_ops/*.cc with TensorFlow's flags and records the build's TensorFlow."""
 
@@ -43,8 +57,7 @@ class BuildTensorFlowOps(build_ext):
             ext.extra_compile_args = compile_flags + ["-O3", "-fPIC", "-Wall", "-Wno-sign-compare",
                                                       "-Wno-unused-function", "-Wno-deprecated-declarations"]
             ext.extra_link_args = link_flags
-        if self.parallel is None:
-            self.parallel = os.cpu_count() or 1
+        _compile_sources_in_parallel(self.compiler)
         super().build_extensions()
         info = os.path.join(HERE, "tf_sparseconv", "_build_info.py")
         with open(info, "w") as f:

@@ -1,0 +1,113 @@
+// Registration of the channel-sparse tensor's conversion and validation ops.
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_sparseconv {
+
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("ChannelSparseValidate")
+    .Input("keys: int64")
+    .Input("values: T")
+    .Input("dense_shape: int64")
+    .Output("valid_keys: int64")
+    .Output("valid_values: T")
+    .Attr("T: {float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(1));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Checks a channel-sparse tensor: keys sorted, unique and inside [0, prod(dense_shape)),
+one value per key, a valid dense_shape, no NaN values. Passes keys and values through.
+)doc");
+
+REGISTER_OP("ChannelSparseEncodeKeys")
+    .Input("indices: int64")
+    .Input("dense_shape: int64")
+    .Output("keys: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle indices;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &indices));
+      c->set_output(0, c->Vector(c->Dim(indices, 0)));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Compresses [N, d+2] indices (b, x1..xd, c) into keys (b * C + c) * S + lin(x); every
+coordinate must be inside dense_shape. The keys keep the order of the rows.
+)doc");
+
+REGISTER_OP("ChannelSparseDecodeKeys")
+    .Input("keys: int64")
+    .Input("dense_shape: int64")
+    .Output("indices: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys, shape;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &keys));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &shape));
+      c->set_output(0, c->Matrix(c->Dim(keys, 0), c->Dim(shape, 0)));
+      return absl::OkStatus();
+    })
+    .Doc("Expands keys into [N, d+2] indices (b, x1..xd, c).");
+
+REGISTER_OP("ChannelSparseReorder")
+    .Input("keys: int64")
+    .Input("values: T")
+    .Input("dense_shape: int64")
+    .Output("sorted_keys: int64")
+    .Output("sorted_values: T")
+    .Output("permutation: int64")
+    .Attr("T: {float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(1));
+      c->set_output(2, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Sorts in-range keys (and their values) into the canonical order; duplicate keys are an
+error. sorted_values[i] = values[permutation[i]].
+)doc");
+
+REGISTER_OP("ChannelSparseToDense")
+    .Input("keys: int64")
+    .Input("values: T")
+    .Input("dense_shape: int64")
+    .Output("dense: T")
+    .Attr("T: {float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(2, &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    })
+    .Doc("Scatters a channel-sparse tensor into a dense [B, R1..Rd, C] tensor (zeros elsewhere).");
+
+REGISTER_OP("ChannelSparseGatherDense")
+    .Input("keys: int64")
+    .Input("dense: T")
+    .Output("values: T")
+    .Attr("T: {float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc("Reads a dense [B, R1..Rd, C] tensor at the positions of the keys (the adjoint of ToDense).");
+
+REGISTER_OP("DenseToChannelSparse")
+    .Input("dense: T")
+    .Output("keys: int64")
+    .Output("values: T")
+    .Output("dense_shape: int64")
+    .Attr("T: {float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      c->set_output(2, c->Vector(c->Rank(c->input(0))));
+      return absl::OkStatus();
+    })
+    .Doc("Keeps the non-zero entries of a dense [B, R1..Rd, C] tensor as a channel-sparse tensor.");
+
+}  // namespace tf_sparseconv

@@ -1,0 +1,35 @@
+// Registration of the sparse max-pooling op (Hackel et al. §3.3).
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_sparseconv {
+
+using ::tensorflow::shape_inference::InferenceContext;
+
+REGISTER_OP("SparseMaxPool")
+    .Input("keys: int64")
+    .Input("values: T")
+    .Input("dense_shape: int64")
+    .Output("out_keys: int64")
+    .Output("out_values: T")
+    .Output("out_dense_shape: int64")
+    .Output("argmax: int64")
+    .Attr("T: {float, double}")
+    .Attr("strides: list(int) >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      const auto n = c->UnknownDim();
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Vector(n));
+      c->set_output(2, c->input(2));
+      c->set_output(3, c->Vector(n));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Max-pooling of a channel-sparse tensor with window = stride: the entry at x moves to
+floor(x / s), and each output entry is the maximum of the entries present in its
+window (empty windows stay empty, so negative maxima survive). Output spatial extents
+are ceil(R / s). argmax[j] is the input position of the maximum of output entry j;
+ties go to the smaller key.
+)doc");
+
+}  // namespace tf_sparseconv

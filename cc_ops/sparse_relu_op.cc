@@ -1,0 +1,29 @@
+// Registration of the sparse ReLU.
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_sparseconv {
+
+using ::tensorflow::shape_inference::InferenceContext;
+
+REGISTER_OP("SparseRelu")
+    .Input("keys: int64")
+    .Input("values: T")
+    .Input("dense_shape: int64")
+    .Output("out_keys: int64")
+    .Output("out_values: T")
+    .Output("kept: int64")
+    .Attr("T: {float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      const auto n = c->UnknownDim();
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Vector(n));
+      c->set_output(2, c->Vector(n));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+ReLU on a channel-sparse tensor: entries with value <= 0 are dropped, so the result is
+sparser than the input. kept[j] is the input position of output entry j.
+)doc");
+
+}  // namespace tf_sparseconv

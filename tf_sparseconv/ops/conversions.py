@@ -1,0 +1,101 @@
+"""Conversions of the channel-sparse tensor to and from dense tensors and tf.SparseTensor,
+key (de)compression and validation, with gradients."""
+import tensorflow as tf
+
+from tf_sparseconv._op_library import ops as _ops
+from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+
+
+def _check(x):
+    if not isinstance(x, ChannelSparseTensor):
+        raise TypeError(f"expected a ChannelSparseTensor, got {type(x).__name__}")
+
+
+def from_dense(dense):
+    """Keeps the non-zero entries of a dense [B, R1..Rd, C] float tensor (d = 1..4)."""
+    dense = tf.convert_to_tensor(dense)
+    if dense.dtype not in (tf.float32, tf.float64):
+        dense = tf.cast(dense, tf.float32)
+    keys, values, dense_shape = _ops.dense_to_channel_sparse(dense)
+    return ChannelSparseTensor(keys, values, dense_shape)
+
+
+def to_dense(x):
+    """The dense [B, R1..Rd, C] tensor, zeros where x has no entry."""
+    _check(x)
+    return _ops.channel_sparse_to_dense(x.keys, x.values, x.dense_shape)
+
+
+def gather_dense(x, dense):
+    """The values of `dense` at x's positions, as a ChannelSparseTensor with x's keys."""
+    _check(x)
+    return x.with_values(_ops.channel_sparse_gather_dense(x.keys, tf.convert_to_tensor(dense, x.dtype)))
+
+
+def encode_keys(indices, dense_shape):
+    """[N, d+2] indices (b, x1..xd, c) -> int64 keys in the same row order."""
+    return _ops.channel_sparse_encode_keys(tf.cast(indices, tf.int64), tf.cast(dense_shape, tf.int64))
+
+
+def decode_keys(keys, dense_shape):
+    """int64 keys -> [N, d+2] indices (b, x1..xd, c)."""
+    return _ops.channel_sparse_decode_keys(tf.cast(keys, tf.int64), tf.cast(dense_shape, tf.int64))
+
+
+def reorder(keys, values, dense_shape):
+    """Sorts in-range keys into canonical order (duplicates are an error)."""
+    keys, values, _ = _ops.channel_sparse_reorder(keys, values, tf.cast(dense_shape, tf.int64))
+    return ChannelSparseTensor(keys, values, tf.cast(dense_shape, tf.int64))
+
+
+def from_sparse_tensor(sp):
+    """From a tf.SparseTensor of shape [B, R1..Rd, C] in any index order (no duplicates)."""
+    values = sp.values if sp.values.dtype in (tf.float32, tf.float64) else tf.cast(sp.values, tf.float32)
+    keys = encode_keys(sp.indices, sp.dense_shape)
+    return reorder(keys, values, sp.dense_shape)
+
+
+def to_sparse_tensor(x):
+    """A tf.SparseTensor in TensorFlow's canonical (row-major) order."""
+    _check(x)
+    return tf.sparse.reorder(tf.SparseTensor(decode_keys(x.keys, x.dense_shape), x.values, x.dense_shape))
+
+
+def validate(x):
+    """Checks sorted, unique, in-range keys, matching values and a valid dense_shape.
+
+    Raises tf.errors.InvalidArgumentError naming the problem; returns x unchanged.
+    """
+    _check(x)
+    keys, values = _ops.channel_sparse_validate(x.keys, x.values, x.dense_shape)
+    return ChannelSparseTensor(keys, values, x.dense_shape)
+
+
+@tf.RegisterGradient("ChannelSparseToDense")
+def _to_dense_grad(op, grad):
+    return [None, _ops.channel_sparse_gather_dense(op.inputs[0], grad), None]
+
+
+@tf.RegisterGradient("ChannelSparseGatherDense")
+def _gather_dense_grad(op, grad):
+    return [None, _ops.channel_sparse_to_dense(op.inputs[0], grad, tf.shape(op.inputs[1], out_type=tf.int64))]
+
+
+@tf.RegisterGradient("DenseToChannelSparse")
+def _from_dense_grad(op, _keys_grad, values_grad, _shape_grad):
+    return [_ops.channel_sparse_to_dense(op.outputs[0], values_grad, op.outputs[2])]
+
+
+@tf.RegisterGradient("ChannelSparseReorder")
+def _reorder_grad(op, _keys_grad, values_grad, _perm_grad):
+    n = tf.shape(op.inputs[1], out_type=tf.int64)
+    return [None, tf.scatter_nd(op.outputs[2][:, None], values_grad, n), None]
+
+
+@tf.RegisterGradient("ChannelSparseValidate")
+def _validate_grad(_op, _keys_grad, values_grad):
+    return [None, values_grad, None]
+
+
+tf.no_gradient("ChannelSparseEncodeKeys")
+tf.no_gradient("ChannelSparseDecodeKeys")
