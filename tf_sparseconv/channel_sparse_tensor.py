@@ -11,6 +11,9 @@ import tensorflow as tf
 class ChannelSparseTensor(tf.experimental.ExtensionType):
     """A logical dense tensor [B, R1, ..., Rd, C] stored as sorted unique keys + values."""
 
+    # The registered name lets SavedModels store and restore signatures of this type.
+    __name__ = "tf_sparseconv.ChannelSparseTensor"
+
     keys: tf.Tensor
     values: tf.Tensor
     dense_shape: tf.Tensor
