@@ -59,10 +59,13 @@ class BuildTensorFlowOps(build_ext):
             ext.extra_link_args = link_flags
         _compile_sources_in_parallel(self.compiler)
         super().build_extensions()
-        info = os.path.join(HERE, "tf_sparseconv", "_build_info.py")
-        with open(info, "w") as f:
-            f.write("# Written by setup.py: the TensorFlow this op library was compiled against.\n")
-            f.write(f"TF_VERSION = {version!r}\nCXX11_ABI = {abi!r}\nCUDA = False\n")
+        # Beside the library in every place it lands: the source tree (in-place and
+        # editable builds) and the build directory that a wheel is packed from.
+        for package_dir in {os.path.join(HERE, "tf_sparseconv"), os.path.join(self.build_lib, "tf_sparseconv")}:
+            os.makedirs(package_dir, exist_ok=True)
+            with open(os.path.join(package_dir, "_build_info.py"), "w") as f:
+                f.write("# Written by setup.py: the TensorFlow this op library was compiled against.\n")
+                f.write(f"TF_VERSION = {version!r}\nCXX11_ABI = {abi!r}\nCUDA = False\n")
         print(f"tf_sparseconv: built {OP_LIBRARY} against TensorFlow {version} "
               f"(_GLIBCXX_USE_CXX11_ABI={abi}), CPU kernels")
 
