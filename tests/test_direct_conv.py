@@ -9,13 +9,6 @@ import tensorflow as tf
 import tf_sparseconv as ts
 
 
-@pytest.fixture
-def rng(request):
-    """A generator seeded from the test's name: fresh inputs per test, reproducible runs."""
-    import zlib
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
-
-
 def random_sparse(rng, batch, spatial, channels, density, dtype=np.float64):
     shape = (batch, *spatial, channels)
     dense = rng.standard_normal(shape) * (rng.random(shape) < density)
