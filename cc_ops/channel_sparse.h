@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,15 @@ inline absl::Status MakeKeyLayoutFromDims(const int64_t* dims, int rank,
     if (dims[i] <= 0) {
       return tensorflow::errors::InvalidArgument(
           "dense_shape entries must be positive, got dense_shape[", i, "] = ", dims[i]);
+    }
+  }
+  // Spatial coordinates are decoded to int32 (half the memory of int64 per entry and
+  // dimension); no voxel grid comes near 2^31 cells along one axis.
+  for (int j = 1; j < rank - 1; ++j) {
+    if (dims[j] > std::numeric_limits<int32_t>::max()) {
+      return tensorflow::errors::InvalidArgument(
+          "spatial extent dense_shape[", j, "] = ", dims[j],
+          " exceeds 2^31 - 1, the largest supported extent of one spatial dimension");
     }
   }
   int64_t total = 1;

@@ -25,7 +25,7 @@ lib=tf_sparseconv/_tf_sparseconv_ops.so
 if [ ! -f "$lib" ] || [ ! -f tf_sparseconv/_build_info.py ] || \
    [ -n "$(find cc_ops cuda setup.py -newer "$lib" -type f 2>/dev/null | head -n 1)" ]; then
   echo "[setup] building the op library"
-  .venv/bin/python setup.py -q build_ext --inplace
+  .venv/bin/python setup.py -q build_ext --inplace --force  # distutils does not track headers
 fi
 .venv/bin/python -c 'import tf_sparseconv' 2>/dev/null || {
   echo "[setup] op library does not match this TensorFlow; rebuilding"

@@ -1,0 +1,72 @@
+"""Shared fixtures: a per-test seeded Generator, random sparse dense-arrays, fill levels,
+value dtypes, the float64 gradient check and an exact ChannelSparseTensor comparison."""
+import zlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_sparseconv as ts  # noqa: E402
+
+
+@pytest.fixture
+def rng(request):
+    """A Generator seeded from the test id: reproducible, and different for every test case."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def random_dense(rng):
+    """make(shape, density, dtype, sign, empty_batch) -> a dense array with ~density non-zeros.
+
+    The non-zeros are distinct multiples of 1/8 with magnitude >= 0.25 (exact in float32):
+    no ties, and none within a finite-difference step of 0. sign: "mixed", "positive" or
+    "negative". empty_batch: a batch index left without any entry.
+    """
+    def make(shape, density, dtype=np.float64, sign="mixed", empty_batch=None):
+        present = rng.random(shape) < density
+        if empty_batch is not None:
+            present[empty_batch] = False
+        n = int(present.sum())
+        magnitudes = 0.25 + 0.125 * rng.permutation(n)
+        signs = rng.choice([-1.0, 1.0], n) if sign == "mixed" else {"positive": 1.0, "negative": -1.0}[sign]
+        dense = np.zeros(shape, dtype)
+        dense[present] = signs * magnitudes
+        return dense
+    return make
+
+
+@pytest.fixture(params=[dict(density=0.0), dict(density=0.3), dict(density=0.3, empty_batch=0),
+                        dict(density=1.0)],
+                ids=["empty", "sparse", "sparse-batch0-empty", "full"])
+def fill(request):
+    """Keyword arguments of random_dense: how many entries, and which batch element is empty."""
+    return request.param
+
+
+@pytest.fixture(params=[np.float32, np.float64], ids=["float32", "float64"])
+def dtype(request):
+    return request.param
+
+
+@pytest.fixture
+def assert_gradient_matches_numerical():
+    """check(f, x): float64 theoretical Jacobian of f at x equals the numerical one (and is not 0)."""
+    def check(f, x):
+        x = tf.constant(x, tf.float64)
+        theoretical, numerical = tf.test.compute_gradient(f, [x])
+        assert np.any(theoretical[0]), "vacuous gradient check: the Jacobian is all zero"
+        np.testing.assert_allclose(theoretical[0], numerical[0], atol=1e-6)
+        return theoretical[0]
+    return check
+
+
+@pytest.fixture
+def assert_same_channel_sparse():
+    """check(actual, expected): both ChannelSparseTensors with equal keys, values, dense_shape, dtype."""
+    def check(actual, expected):
+        assert isinstance(actual, ts.ChannelSparseTensor)
+        assert actual.dtype == expected.dtype
+        for name in ("keys", "values", "dense_shape"):
+            np.testing.assert_array_equal(getattr(actual, name).numpy(), getattr(expected, name).numpy())
+    return check

@@ -1,0 +1,171 @@
+"""Sparse max-pooling (window = stride, output at floor(x / s), extents ceil(R / s)): values and
+support against dense tf.nn.max_pool and a numpy reference, arg-max gradients and ties."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_sparseconv as ts
+
+# (shape, strides, padding) where tf.nn.max_pool pools the same windows: VALID with extents
+# divisible by the stride, or SAME with stride 2 (odd extents are padded by 1 at the end).
+DENSE_AGREEING_CASES = [
+    pytest.param([2, 12, 3], [3], "VALID", id="1d-valid"),
+    pytest.param([2, 9, 2], 2, "SAME", id="1d-odd-same"),
+    pytest.param([3, 6, 8, 2], [2, 2], "VALID", id="2d-valid"),
+    pytest.param([2, 6, 9, 3], [2, 3], "VALID", id="2d-anisotropic-valid"),
+    pytest.param([2, 7, 5, 2], 2, "SAME", id="2d-odd-same"),
+    pytest.param([2, 4, 6, 4, 2], [2, 3, 2], "VALID", id="3d-anisotropic-valid"),
+    pytest.param([1, 5, 3, 7, 4], 2, "SAME", id="3d-odd-same"),
+]
+CASES = [
+    pytest.param([2, 11, 3], [3], id="1d-odd"),
+    pytest.param([3, 7, 5, 2], [2, 3], id="2d-anisotropic-odd"),
+    pytest.param([2, 5, 4, 4], [1, 2], id="2d-stride-1"),
+    pytest.param([2, 3, 4, 1], [4, 5], id="2d-one-window"),
+    pytest.param([2, 5, 7, 3, 2], [2, 3, 2], id="3d-anisotropic-odd"),
+    pytest.param([2, 3, 5, 4, 3, 2], [2, 2, 3, 1], id="4d-anisotropic-odd"),
+]
+GRADIENT_CASES = [
+    pytest.param([2, 6, 2], 3, id="1d"),
+    pytest.param([2, 4, 5, 2], [2, 3], id="2d-anisotropic-odd"),
+    pytest.param([1, 4, 3, 4, 2], 2, id="3d-odd"),
+    pytest.param([1, 2, 3, 2, 2, 2], [2, 2, 1, 2], id="4d"),
+]
+
+
+def per_dimension(strides, spatial_rank):
+    return [strides] * spatial_rank if isinstance(strides, int) else list(strides)
+
+
+def reference_max_pool(dense, strides):
+    """numpy: (max over the present (non-zero) entries of each window, non-empty-window mask)."""
+    spatial, strides = dense.shape[1:-1], per_dimension(strides, dense.ndim - 2)
+    pooled_extents = [-(-r // s) for r, s in zip(spatial, strides)]
+    padding = [(0, 0)] + [(0, p * s - r) for r, s, p in zip(spatial, strides, pooled_extents)] + [(0, 0)]
+    present = np.pad(dense != 0, padding, constant_values=False)
+    values = np.pad(np.where(dense != 0, dense, -np.inf), padding, constant_values=-np.inf)
+    windowed = [dense.shape[0]] + [n for p, s in zip(pooled_extents, strides) for n in (p, s)] + [dense.shape[-1]]
+    window_axes = tuple(range(2, 2 * len(strides) + 1, 2))
+    nonempty = present.reshape(windowed).any(axis=window_axes)
+    maxima = values.reshape(windowed).max(axis=window_axes)
+    return np.where(nonempty, maxima, 0).astype(dense.dtype), nonempty
+
+
+def support_of(x):
+    """Boolean dense mask of the positions that hold an entry."""
+    support = np.zeros(x.dense_shape.numpy(), bool)
+    support[tuple(ts.decode_keys(x.keys, x.dense_shape).numpy().T)] = True
+    return support
+
+
+def first_maximum_jacobian(x, y, strides):
+    """numpy: J[j, i] = 1 where input entry i is the first maximum, in key order, of output entry j's window."""
+    in_indices = ts.decode_keys(x.keys, x.dense_shape).numpy()
+    in_indices[:, 1:-1] //= per_dimension(strides, x.spatial_rank)
+    output_row = {tuple(index): j for j, index in enumerate(ts.decode_keys(y.keys, y.dense_shape).numpy())}
+    values = x.values.numpy()
+    first_maximum, tied_windows = {}, set()
+    for i, window in enumerate(map(tuple, in_indices)):
+        j = output_row[window]
+        if j not in first_maximum or values[i] > values[first_maximum[j]]:
+            first_maximum[j] = i
+        elif values[i] == values[first_maximum[j]]:
+            tied_windows.add(j)
+    jacobian = np.zeros((len(y.values), len(values)))
+    jacobian[list(first_maximum), list(first_maximum.values())] = 1
+    return jacobian, tied_windows
+
+
+@pytest.mark.parametrize("shape, strides, padding", DENSE_AGREEING_CASES)
+def test_sparse_max_pool_equals_dense_tf_max_pool_on_positive_inputs(shape, strides, padding, fill, dtype,
+                                                                     random_dense):
+    dense = random_dense(shape, dtype=dtype, sign="positive", **fill)
+    y = ts.sparse_max_pool(ts.from_dense(dense), strides)
+    assert y.dtype == dtype
+    expected = tf.nn.max_pool(dense.astype(np.float32), strides, strides, padding)  # exact in float32
+    np.testing.assert_array_equal(ts.to_dense(y).numpy(), expected.numpy().astype(dtype))
+
+
+@pytest.mark.parametrize("shape, strides", CASES)
+def test_sparse_max_pool_output_extents_are_ceil_of_extent_over_stride(shape, strides, random_dense):
+    y = ts.sparse_max_pool(ts.from_dense(random_dense(shape, 0.3)), strides)
+    spatial_strides = per_dimension(strides, len(shape) - 2)
+    expected = [shape[0]] + [int(np.ceil(r / s)) for r, s in zip(shape[1:-1], spatial_strides)] + [shape[-1]]
+    np.testing.assert_array_equal(y.dense_shape.numpy(), expected)
+
+
+@pytest.mark.parametrize("shape, strides", CASES)
+def test_sparse_max_pool_support_is_exactly_the_nonempty_windows(shape, strides, fill, random_dense):
+    dense = random_dense(shape, **fill)
+    y = ts.validate(ts.sparse_max_pool(ts.from_dense(dense), strides))
+    _, nonempty = reference_max_pool(dense, strides)
+    assert int(y.num_entries) == np.count_nonzero(nonempty)
+    np.testing.assert_array_equal(support_of(y), nonempty)
+
+
+@pytest.mark.parametrize("sign", ["mixed", "negative"])
+@pytest.mark.parametrize("shape, strides", CASES)
+def test_sparse_max_pool_value_is_the_max_of_the_present_entries_even_if_negative(shape, strides, sign, fill,
+                                                                                  dtype, random_dense):
+    dense = random_dense(shape, dtype=dtype, sign=sign, **fill)
+    y = ts.sparse_max_pool(ts.from_dense(dense), strides)
+    expected, nonempty = reference_max_pool(dense, strides)
+    if sign == "negative":
+        assert np.all(expected[nonempty] < 0)
+    np.testing.assert_array_equal(ts.to_dense(y).numpy(), expected)
+
+
+@pytest.mark.parametrize("shape, strides", [
+    pytest.param([2, 9, 2], 3, id="1d"), pytest.param([2, 4, 6, 2], [2, 3], id="2d-anisotropic"),
+    pytest.param([1, 4, 5, 4, 2], 2, id="3d-odd"),
+])
+def test_sparse_max_pool_gradient_of_tied_maxima_goes_to_the_smaller_key(shape, strides, rng):
+    dense = np.where(rng.random(shape) < 0.7, rng.choice([-1.0, 1.0, 2.0], shape), 0.0)
+    x = ts.from_dense(dense)
+    y = ts.sparse_max_pool(x, strides)
+    expected, tied_windows = first_maximum_jacobian(x, y, strides)
+    assert tied_windows, "the input must hold tied maxima"
+    theoretical, _ = tf.test.compute_gradient(lambda v: ts.sparse_max_pool(x.with_values(v), strides).values,
+                                              [x.values])
+    np.testing.assert_array_equal(theoretical[0], expected)
+
+
+@pytest.mark.parametrize("shape, strides", GRADIENT_CASES)
+def test_sparse_max_pool_gradient_matches_numerical_jacobian(shape, strides, random_dense,
+                                                             assert_gradient_matches_numerical):
+    x = ts.from_dense(random_dense(shape, 0.6))  # distinct values: no ties
+    y = ts.sparse_max_pool(x, strides)
+    assert int(y.num_entries) < int(x.num_entries), "the check needs windows with several entries"
+    jacobian = assert_gradient_matches_numerical(
+        lambda values: ts.sparse_max_pool(x.with_values(values), strides).values, x.values)
+    np.testing.assert_array_equal(jacobian, first_maximum_jacobian(x, y, strides)[0])
+
+
+@pytest.mark.parametrize("shape", [[1, 2**31, 1], [1, 2, 2**32 + 6, 1]], ids=["1d", "2d"])
+def test_sparse_max_pool_rejects_spatial_extents_beyond_int32(shape):
+    x = ts.ChannelSparseTensor(tf.constant([0], tf.int64), tf.constant([1.0]), tf.constant(shape, tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"exceeds 2\^31 - 1"):
+        ts.sparse_max_pool(x, [2] * (len(shape) - 2))
+
+
+@pytest.mark.parametrize("strides, message", [
+    pytest.param([2], "strides has 1 entries but the input has 2 spatial dimensions", id="too-few-strides"),
+    pytest.param([2, 2, 2], "strides has 3 entries but the input has 2 spatial dimensions", id="too-many-strides"),
+    pytest.param([2, 0], r"strides must be >= 1, got strides\[1\] = 0", id="zero-stride"),
+    pytest.param([-1, 2], r"strides must be >= 1, got strides\[0\] = -1", id="negative-stride"),
+])
+def test_sparse_max_pool_rejects_bad_strides(strides, message, random_dense):
+    x = ts.from_dense(random_dense([1, 4, 4, 2], 0.5))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        ts.sparse_max_pool(x, strides)
+
+
+@pytest.mark.parametrize("keys, values, message", [
+    pytest.param([6, 1], [1.0, 2.0], "keys must be sorted", id="unsorted-keys"),
+    pytest.param([1, 6], [1.0, np.nan], "contains NaN", id="nan-value"),
+])
+def test_sparse_max_pool_rejects_malformed_input(keys, values, message):
+    x = ts.ChannelSparseTensor(tf.constant(keys, tf.int64), tf.constant(values),
+                               tf.constant([1, 4, 2, 1], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        ts.sparse_max_pool(x, 2)
