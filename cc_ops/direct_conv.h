@@ -73,7 +73,8 @@ template <typename T>
 struct SegmentResult {
   std::vector<int64_t> lin;
   std::vector<T> values;
-  int64_t touched = 0;  // size of the support before k-selection
+  int64_t touched = 0;   // size of the support before k-selection
+  int64_t positive = 0;  // entries > 0 before k-selection: what a following ReLU keeps
 };
 
 template <typename Device, typename T>

@@ -149,6 +149,7 @@ void ConvolveSegment(const DirectConvArgs<T>& a, int64_t b, int64_t oc,
   out->values.clear();
   if (streams.empty()) {
     out->touched = 0;
+    out->positive = 0;
     return;
   }
   bool use_dense = a.accumulator == Accumulator::kDense;
@@ -221,8 +222,16 @@ void ConvolveSegment(const DirectConvArgs<T>& a, int64_t b, int64_t oc,
   }
   out->touched = static_cast<int64_t>(out->lin.size());
   const T bias = a.bias[oc];
-  for (T& v : out->values) v += bias;
+  out->positive = 0;
+  for (T& v : out->values) {
+    v += bias;
+    out->positive += v > T(0);
+  }
   SelectTopK(a.selection, a.k, out);
+  // Results of all segments live until the output is assembled: release the touched
+  // set's excess so that they hold at most k entries each (the memory bound).
+  out->lin.shrink_to_fit();
+  out->values.shrink_to_fit();
 }
 
 // Visits every (input entry, kept output entry) pair linked by one present weight, in
@@ -458,18 +467,21 @@ class DirectSparseConvOp : public OpKernel {
     const int64_t units = static_cast<int64_t>(results.size());
     std::vector<int64_t> offset(units + 1, 0);
     for (int64_t u = 0; u < units; ++u) offset[u + 1] = offset[u] + results[u].lin.size();
-    Tensor *out_keys, *out_values, *out_shape, *touched;
+    Tensor *out_keys, *out_values, *out_shape, *touched, *positive;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({offset[units]}), &out_keys));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({offset[units]}), &out_values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(2).shape(), &out_shape));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             3, TensorShape({c.layout.batch, c.cout}), &touched));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            4, TensorShape({c.layout.batch, c.cout}), &positive));
     auto shape_out = out_shape->flat<int64_t>();
     shape_out = ctx->input(2).flat<int64_t>();
     shape_out(c.layout.d + 1) = c.cout;
     int64_t* ok = out_keys->flat<int64_t>().data();
     T* ov = out_values->flat<T>().data();
     int64_t* tc = touched->flat<int64_t>().data();
+    int64_t* pc = positive->flat<int64_t>().data();
     const int64_t S = c.layout.spatial_size;
     device.parallelFor(units, Eigen::TensorOpCost(0, 0, 1.0 + offset[units] / (units + 1.0)),
                        [&](Eigen::Index first, Eigen::Index last) {
@@ -480,6 +492,7 @@ class DirectSparseConvOp : public OpKernel {
                              ov[offset[u] + j] = r.values[j];
                            }
                            tc[u] = r.touched;
+                           pc[u] = r.positive;
                          }
                        });
   }

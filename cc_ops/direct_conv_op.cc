@@ -20,6 +20,7 @@ REGISTER_OP("DirectSparseConv")
     .Output("out_values: T")
     .Output("out_dense_shape: int64")
     .Output("touched_counts: int64")
+    .Output("positive_counts: int64")
     .Attr("T: {float, double}")
     .Attr("selection: {'none', 'signed', 'abs'} = 'none'")
     .Attr("k: int = 0")
@@ -39,6 +40,7 @@ REGISTER_OP("DirectSparseConv")
       c->set_output(1, c->Vector(n));
       c->set_output(2, c->input(2));
       c->set_output(3, c->Matrix(c->UnknownDim(), cout));
+      c->set_output(4, c->Matrix(c->UnknownDim(), cout));
       return absl::OkStatus();
     })
     .Doc(R"doc(
@@ -59,6 +61,8 @@ filter_mask: same shape as filter; false marks a pruned weight.
 bias: [Cout].
 out_keys: sorted keys of the output, dense shape [B, R1, ..., Rd, Cout].
 touched_counts: [B, Cout] support size of each output segment before k-selection.
+positive_counts: [B, Cout] entries > 0 of each segment before k-selection (what a
+  following ReLU would keep without the bound; the density of Eq. 4).
 )doc");
 
 REGISTER_OP("DirectSparseConvBackprop")

@@ -81,14 +81,17 @@ def test_conv_matches_dense_convolution_on_touched_set(rng, batch, spatial, cin,
     dense = random_sparse(rng, batch, spatial, cin, density)
     w, mask = random_filter(rng, kernel, cin, cout, filter_density)
     bias = rng.standard_normal(cout)
-    y, touched = ts.direct_conv(ts.from_dense(dense), w, bias, mask, accumulator=accumulator,
-                                return_touched_counts=True)
+    y, touched, positive = ts.direct_conv(ts.from_dense(dense), w, bias, mask, accumulator=accumulator,
+                                          return_counts=True)
     keys, values, flat_touched = reference_conv(dense, w, mask, bias)
     np.testing.assert_array_equal(y.keys.numpy(), keys)
     np.testing.assert_allclose(y.values.numpy(), values, rtol=1e-10, atol=1e-10)
     np.testing.assert_array_equal(y.dense_shape.numpy(), [batch, *spatial, cout])
     expected_counts = flat_touched.reshape(batch, cout, -1).sum(axis=2)
     np.testing.assert_array_equal(touched.numpy(), expected_counts)
+    segment = keys // int(np.prod(spatial))
+    expected_positive = np.bincount(segment, values > 0, minlength=batch * cout).reshape(batch, cout)
+    np.testing.assert_array_equal(positive.numpy(), expected_positive)
 
 
 def test_dense_and_merge_accumulators_are_bit_identical(rng):
@@ -132,8 +135,8 @@ def test_k_selection_keeps_k_best_per_batch_and_channel(rng, mode, batch, spatia
     w, mask = random_filter(rng, kernel, cin, cout, 0.7)
     bias = rng.standard_normal(cout)
     k = 7
-    y, touched = ts.direct_conv(ts.from_dense(dense), w, bias, mask, selection=mode, k=k,
-                                return_touched_counts=True)
+    y, touched, positive = ts.direct_conv(ts.from_dense(dense), w, bias, mask, selection=mode, k=k,
+                                          return_counts=True)
     keys, values, _ = reference_conv(dense, w, mask, bias)
     exp_keys, exp_values = reference_selection(keys, values, int(np.prod(spatial)), k, mode)
     np.testing.assert_array_equal(y.keys.numpy(), exp_keys)
@@ -141,6 +144,10 @@ def test_k_selection_keeps_k_best_per_batch_and_channel(rng, mode, batch, spatia
     # The bound known before the op runs: at most B * Cout * k entries.
     assert y.num_entries.numpy() <= batch * cout * k
     assert touched.numpy().max() > k  # the selection actually had work to do
+    # Counts describe the support before selection, not the kept entries.
+    full_keys, full_values, _ = reference_conv(dense, w, mask, bias)
+    expected_positive = np.bincount(full_keys // int(np.prod(spatial)), full_values > 0, minlength=batch * cout)
+    np.testing.assert_array_equal(positive.numpy().reshape(-1), expected_positive)
 
 
 def test_rho_up_sets_k_to_ceil_of_rho_up_times_spatial_size(rng):

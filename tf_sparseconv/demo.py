@@ -63,8 +63,8 @@ def main(argv=None):
         k = ts.k_from_rho_up(rho_up, (resolution,) * 3)
         bound_entries = args.batch * cout * k
         t0 = time.perf_counter()
-        conv, touched = ts.direct_conv(h, w, np.full(cout, 0.05, np.float32), mask, selection="signed",
-                                       k=k, return_touched_counts=True)
+        conv, touched, _ = ts.direct_conv(h, w, np.full(cout, 0.05, np.float32), mask, selection="signed",
+                                          k=k, return_counts=True)
         h = ts.sparse_max_pool(ts.sparse_relu(conv), 2)
         elapsed = time.perf_counter() - t0
         bound_bytes = bound_entries * (8 + 4)

@@ -18,7 +18,7 @@ def k_from_rho_up(rho_up, spatial_shape):
 
 
 def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=None,
-                rho_up=None, accumulator="auto", return_touched_counts=False):
+                rho_up=None, accumulator="auto", return_counts=False):
     """Convolves a ChannelSparseTensor [B, R..., Cin] with a [K..., Cin, Cout] filter.
 
     Stride 1, 'same' zero padding, odd kernel sizes, cross-correlation as in
@@ -26,8 +26,9 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     entry reaches through a present (filter_mask true) weight. `selection` 'signed' or
     'abs' keeps at most k entries per (batch, output channel); give k or rho_up.
 
-    Returns a ChannelSparseTensor [B, R..., Cout] (and, if asked, the [B, Cout] support
-    sizes before k-selection, from which layers measure density).
+    Returns a ChannelSparseTensor [B, R..., Cout]; with return_counts also two [B, Cout]
+    int64 tensors measured before k-selection: the support size (touched entries) and the
+    number of entries > 0 (what a following ReLU keeps; the density of Eq. 4).
     """
     if not isinstance(x, ChannelSparseTensor):
         raise TypeError(f"direct_conv expects a ChannelSparseTensor, got {type(x).__name__}")
@@ -41,17 +42,17 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         bias = tf.zeros([cout], dtype=x.dtype)
     if filter_mask is None:
         filter_mask = tf.ones_like(filters, dtype=tf.bool)
-    keys, values, dense_shape, touched = _ops.direct_sparse_conv(
+    keys, values, dense_shape, touched, positive = _ops.direct_sparse_conv(
         in_keys=x.keys, in_values=x.values, dense_shape=x.dense_shape, filter=filters,
         filter_mask=tf.cast(filter_mask, tf.bool), bias=tf.convert_to_tensor(bias, dtype=x.dtype),
         selection=selection, k=0 if k is None else int(k),
         rho_up=0.0 if rho_up is None else float(rho_up), accumulator=accumulator)
     y = ChannelSparseTensor(keys, values, dense_shape)
-    return (y, touched) if return_touched_counts else y
+    return (y, touched, positive) if return_counts else y
 
 
 @tf.RegisterGradient("DirectSparseConv")
-def _direct_sparse_conv_grad(op, _keys_grad, values_grad, _shape_grad, _touched_grad):
+def _direct_sparse_conv_grad(op, _keys_grad, values_grad, _shape_grad, _touched_grad, _positive_grad):
     in_keys, in_values, dense_shape, filters, filter_mask, _bias = op.inputs
     in_grad, filter_grad, bias_grad = _ops.direct_sparse_conv_backprop(
         in_keys=in_keys, in_values=in_values, dense_shape=dense_shape, filter=filters,
