@@ -258,9 +258,7 @@ def test_conv_in_tf_function_with_gradient(rng):
     dense = random_sparse(rng, 2, (6, 6, 6), 1, 0.1, np.float32)
     w = tf.Variable(rng.standard_normal((3, 3, 3, 1, 4)).astype(np.float32))
     x = ts.from_dense(dense)
-    spec = ts.ChannelSparseTensor.Spec(keys=tf.TensorSpec([None], tf.int64),
-                                       values=tf.TensorSpec([None], tf.float32),
-                                       dense_shape=tf.TensorSpec([5], tf.int64))
+    spec = ts.ChannelSparseTensor.spec([None, 6, 6, 6, 1], tf.float32)
 
     @tf.function(input_signature=[spec])
     def step(inp):
@@ -286,9 +284,7 @@ def test_conv_savedmodel_round_trip(rng, tmp_path):
             self.w = tf.Variable(w)
             self.mask = tf.Variable(mask, trainable=False)
 
-        @tf.function(input_signature=[ts.ChannelSparseTensor.Spec(
-            keys=tf.TensorSpec([None], tf.int64), values=tf.TensorSpec([None], tf.float32),
-            dense_shape=tf.TensorSpec([4], tf.int64))])
+        @tf.function(input_signature=[ts.ChannelSparseTensor.spec([None, None, None, 2], tf.float32)])
         def __call__(self, inp):
             return ts.direct_conv(inp, self.w, None, self.mask, selection="abs", k=6)
 

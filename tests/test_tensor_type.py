@@ -12,8 +12,7 @@ SHAPE_2D = [2, 6, 5, 3]
 
 
 def spec(dtype, rank):
-    return ts.ChannelSparseTensor.Spec(keys=tf.TensorSpec([None], tf.int64), values=tf.TensorSpec([None], dtype),
-                                       dense_shape=tf.TensorSpec([rank], tf.int64))
+    return ts.ChannelSparseTensor.spec([None] * rank, dtype)
 
 
 def relu_pool_to_dense(x):

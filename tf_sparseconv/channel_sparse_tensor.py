@@ -17,6 +17,17 @@ class ChannelSparseTensor(tf.experimental.ExtensionType):
     keys: tf.Tensor
     values: tf.Tensor
     dense_shape: tf.Tensor
+    # The static part of the logical dense shape, as tf.SparseTensor has one: what is
+    # known while tracing (typically all but the batch size). Keras layers build from it.
+    shape: tf.TensorShape = tf.TensorShape(None)
+
+    @classmethod
+    def spec(cls, shape, dtype=tf.float32):
+        """The TypeSpec for tf.function signatures: `shape` is the static logical shape,
+        e.g. [None, 32, 32, 32, 1]."""
+        shape = tf.TensorShape(shape)
+        return cls.Spec(keys=tf.TensorSpec([None], tf.int64), values=tf.TensorSpec([None], dtype),
+                        dense_shape=tf.TensorSpec([shape.rank], tf.int64), shape=shape)
 
     def __validate__(self):
         if self.keys.dtype != tf.int64 or self.dense_shape.dtype != tf.int64:
@@ -30,6 +41,10 @@ class ChannelSparseTensor(tf.experimental.ExtensionType):
         if self.keys.shape[0] is not None and self.values.shape[0] is not None and \
                 self.keys.shape[0] != self.values.shape[0]:
             raise ValueError(f"ChannelSparseTensor has {self.keys.shape[0]} keys but {self.values.shape[0]} values")
+        if self.shape.rank is not None and self.dense_shape.shape[0] is not None and \
+                self.shape.rank != self.dense_shape.shape[0]:
+            raise ValueError(f"ChannelSparseTensor static shape {self.shape} does not match a dense_shape "
+                             f"of {self.dense_shape.shape[0]} entries")
 
     @property
     def dtype(self):
@@ -38,7 +53,7 @@ class ChannelSparseTensor(tf.experimental.ExtensionType):
     @property
     def rank(self):
         """Rank of the logical dense tensor (spatial dims + 2), known statically."""
-        return self.dense_shape.shape[0]
+        return self.shape.rank if self.shape.rank is not None else self.dense_shape.shape[0]
 
     @property
     def spatial_rank(self):
@@ -49,7 +64,11 @@ class ChannelSparseTensor(tf.experimental.ExtensionType):
         return tf.shape(self.keys, out_type=tf.int64)[0]
 
     def with_values(self, values):
-        return ChannelSparseTensor(self.keys, values, self.dense_shape)
+        return ChannelSparseTensor(self.keys, values, self.dense_shape, self.shape)
+
+    def with_shape(self, shape):
+        """The same tensor with its static shape refined by `shape` (must be compatible)."""
+        return ChannelSparseTensor(self.keys, self.values, self.dense_shape, self.shape.merge_with(shape))
 
     def density(self):
         """Fraction of the logical dense tensor that is stored: entries / (B*R1*...*Rd*C)."""
@@ -59,3 +78,15 @@ class ChannelSparseTensor(tf.experimental.ExtensionType):
     def memory_bytes(self):
         """Bytes held by keys and values (64-bit keys + the value width)."""
         return self.num_entries * (8 + self.values.dtype.size)
+
+
+def make_channel_sparse(keys, values, dense_shape, shape=None):
+    """Builds a ChannelSparseTensor whose static shape merges `shape` with whatever is
+    statically known of dense_shape (everything, in eager mode)."""
+    static = tf.TensorShape(shape) if shape is not None else tf.TensorShape(None)
+    known = tf.get_static_value(dense_shape)
+    if known is not None:
+        static = static.merge_with(tf.TensorShape([int(v) for v in known]))
+    elif dense_shape.shape[0] is not None:
+        static = static.merge_with(tf.TensorShape([None] * dense_shape.shape[0]))
+    return ChannelSparseTensor(keys, values, dense_shape, static)

@@ -3,7 +3,7 @@ key (de)compression and validation, with gradients."""
 import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor, make_channel_sparse
 
 
 def _check(x):
@@ -17,13 +17,16 @@ def from_dense(dense):
     if dense.dtype not in (tf.float32, tf.float64):
         dense = tf.cast(dense, tf.float32)
     keys, values, dense_shape = _ops.dense_to_channel_sparse(dense)
-    return ChannelSparseTensor(keys, values, dense_shape)
+    return make_channel_sparse(keys, values, dense_shape, dense.shape)
 
 
 def to_dense(x):
     """The dense [B, R1..Rd, C] tensor, zeros where x has no entry."""
     _check(x)
-    return _ops.channel_sparse_to_dense(x.keys, x.values, x.dense_shape)
+    dense = _ops.channel_sparse_to_dense(x.keys, x.values, x.dense_shape)
+    if x.shape.rank is not None:
+        dense = tf.ensure_shape(dense, x.shape)
+    return dense
 
 
 def gather_dense(x, dense):
@@ -44,15 +47,17 @@ def decode_keys(keys, dense_shape):
 
 def reorder(keys, values, dense_shape):
     """Sorts in-range keys into canonical order (duplicates are an error)."""
-    keys, values, _ = _ops.channel_sparse_reorder(keys, values, tf.cast(dense_shape, tf.int64))
-    return ChannelSparseTensor(keys, values, tf.cast(dense_shape, tf.int64))
+    dense_shape = tf.cast(dense_shape, tf.int64)
+    keys, values, _ = _ops.channel_sparse_reorder(keys, values, dense_shape)
+    return make_channel_sparse(keys, values, dense_shape)
 
 
 def from_sparse_tensor(sp):
     """From a tf.SparseTensor of shape [B, R1..Rd, C] in any index order (no duplicates)."""
     values = sp.values if sp.values.dtype in (tf.float32, tf.float64) else tf.cast(sp.values, tf.float32)
     keys = encode_keys(sp.indices, sp.dense_shape)
-    return reorder(keys, values, sp.dense_shape)
+    x = reorder(keys, values, sp.dense_shape)
+    return x.with_shape(sp.shape)
 
 
 def to_sparse_tensor(x):
@@ -68,7 +73,7 @@ def validate(x):
     """
     _check(x)
     keys, values = _ops.channel_sparse_validate(x.keys, x.values, x.dense_shape)
-    return ChannelSparseTensor(keys, values, x.dense_shape)
+    return ChannelSparseTensor(keys, values, x.dense_shape, x.shape)
 
 
 @tf.RegisterGradient("ChannelSparseToDense")

@@ -47,7 +47,8 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         filter_mask=tf.cast(filter_mask, tf.bool), bias=tf.convert_to_tensor(bias, dtype=x.dtype),
         selection=selection, k=0 if k is None else int(k),
         rho_up=0.0 if rho_up is None else float(rho_up), accumulator=accumulator)
-    y = ChannelSparseTensor(keys, values, dense_shape)
+    out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])
+    y = ChannelSparseTensor(keys, values, dense_shape, out_shape)
     return (y, touched, positive) if return_counts else y
 
 

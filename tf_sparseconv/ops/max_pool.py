@@ -15,7 +15,16 @@ def sparse_max_pool(x, strides):
     d = x.spatial_rank
     strides = [int(strides)] * d if isinstance(strides, int) else [int(s) for s in strides]
     keys, values, dense_shape, _ = _ops.sparse_max_pool(x.keys, x.values, x.dense_shape, strides=strides)
-    return ChannelSparseTensor(keys, values, dense_shape)
+    return ChannelSparseTensor(keys, values, dense_shape, pooled_shape(x.shape, strides))
+
+
+def pooled_shape(shape, strides):
+    """Static shape after pooling: spatial extents ceil(R / s)."""
+    if shape.rank is None:
+        return tf.TensorShape(None)
+    dims = shape.as_list()
+    spatial = [None if r is None else -(-r // s) for r, s in zip(dims[1:-1], strides)]
+    return tf.TensorShape([dims[0], *spatial, dims[-1]])
 
 
 @tf.RegisterGradient("SparseMaxPool")

@@ -9,7 +9,7 @@ def sparse_relu(x):
     if not isinstance(x, ChannelSparseTensor):
         raise TypeError(f"sparse_relu expects a ChannelSparseTensor, got {type(x).__name__}")
     keys, values, _ = _ops.sparse_relu(x.keys, x.values, x.dense_shape)
-    return ChannelSparseTensor(keys, values, x.dense_shape)
+    return ChannelSparseTensor(keys, values, x.dense_shape, x.shape)
 
 
 @tf.RegisterGradient("SparseRelu")
