@@ -1,0 +1,143 @@
+"""SparseConv: the direct sparse convolution as a Keras layer, with k-selection, pruning
+masks, density metrics and adaptive density regularisation."""
+import math
+
+import keras
+import tensorflow as tf
+
+from tf_sparseconv.keras_layers.density_regularizer import DensityRegularizer
+from tf_sparseconv.keras_layers.sparse_inputs import SparseLayer, logical_shape
+from tf_sparseconv.ops.direct_conv import SELECTION_MODES, direct_conv
+from tf_sparseconv.ops.relu import sparse_relu
+
+ACTIVATIONS = (None, "linear", "relu")
+
+
+class KeepPrunedAtZero(keras.constraints.Constraint):
+    """Applied after every optimizer step: pruned weights stay exactly 0 whatever the
+    optimizer's momentum (the op already gives them no gradient)."""
+
+    def __init__(self, mask):
+        self.mask = mask
+
+    def __call__(self, w):
+        return w * tf.cast(self.mask, w.dtype)
+
+
+@keras.saving.register_keras_serializable(package="tf_sparseconv")
+class SparseConv(SparseLayer):
+    """Direct sparse convolution over 1-4 spatial dimensions ('same' padding, stride 1).
+
+    Args:
+      filters: output channels.
+      kernel_size: odd int or tuple of odd ints.
+      rho_up / k: density bound per (batch, channel): keep at most k = ceil(rho_up * R1*...*Rd)
+        entries (give one, or neither for no bound).
+      selection: 'signed' (largest values, the paper's default), 'abs', or 'none'; defaults
+        to 'signed' when a bound is given.
+      activation: None or 'relu' (sparse ReLU; a dense activation would fill empty space).
+      density_regularizer: a DensityRegularizer (Eq. 4), needs rho_up.
+    Metrics: `<name>_density`, the output density (entries / (B * R1*...*Rd * filters)).
+    """
+
+    def __init__(self, filters, kernel_size=3, rho_up=None, k=None, selection=None, activation=None,
+                 use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 kernel_regularizer=None, bias_regularizer=None, density_regularizer=None,
+                 accumulator="auto", **kwargs):
+        super().__init__(**kwargs)
+        if rho_up is not None and k is not None:
+            raise ValueError("give rho_up or k, not both")
+        if rho_up is not None and not 0.0 < rho_up <= 1.0:
+            raise ValueError(f"rho_up must be in (0, 1], got {rho_up}")
+        if k is not None and k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        bounded = rho_up is not None or k is not None
+        selection = selection or ("signed" if bounded else "none")
+        if selection not in SELECTION_MODES:
+            raise ValueError(f"selection must be one of {SELECTION_MODES}, got {selection!r}")
+        if bounded != (selection != "none"):
+            raise ValueError(f"selection={selection!r} needs a bound (rho_up or k) exactly when it is not 'none'")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be None or 'relu' (a dense activation would fill empty space), "
+                             f"got {activation!r}")
+        if density_regularizer is not None and rho_up is None:
+            raise ValueError("density_regularizer (Eq. 4) compares the density with rho_up: give rho_up")
+        self.filters = int(filters)
+        self.kernel_size = kernel_size
+        self.rho_up, self.k, self.selection = rho_up, k, selection
+        self.activation = None if activation == "linear" else activation
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        if isinstance(density_regularizer, dict):
+            density_regularizer = keras.saving.deserialize_keras_object(density_regularizer)
+        self.density_regularizer = density_regularizer
+        self.accumulator = accumulator
+        self.density_metric = keras.metrics.Mean(name=f"{self.name}_density")
+
+    def build(self, input_shape):
+        shape = logical_shape(input_shape)
+        d = shape.rank - 2
+        cin = shape[-1]
+        if cin is None:
+            raise ValueError(f"{self.name}: the input's channel count must be known, got shape {shape}")
+        sizes = (self.kernel_size,) * d if isinstance(self.kernel_size, int) else tuple(self.kernel_size)
+        if len(sizes) != d or any(s < 1 or s % 2 == 0 for s in sizes):
+            raise ValueError(f"{self.name}: kernel_size must be {d} odd sizes, got {self.kernel_size}")
+        self.spatial_shape = tuple(shape[1:-1].as_list())
+        self.kernel_shape = (*sizes, int(cin), self.filters)
+        # The pruning mask (1 = present); pruned weights are skipped by the op.
+        self.mask = self.add_weight(name="mask", shape=self.kernel_shape, initializer="ones", trainable=False)
+        # Weights found small at the last epoch end: the warning shot (§3.6).
+        self.warned = self.add_weight(name="warned", shape=self.kernel_shape, initializer="zeros", trainable=False)
+        self.kernel = self.add_weight(name="kernel", shape=self.kernel_shape, initializer=self.kernel_initializer,
+                                      regularizer=self.kernel_regularizer, constraint=KeepPrunedAtZero(self.mask))
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(name="bias", shape=(self.filters,), initializer=self.bias_initializer,
+                                        regularizer=self.bias_regularizer)
+
+    @property
+    def k_bound(self):
+        """Entries kept per (batch, channel): k, ceil(rho_up * S), or S without a bound."""
+        size = math.prod(self.spatial_shape)
+        if self.k is not None:
+            return min(self.k, size)
+        if self.rho_up is not None:
+            return math.ceil(self.rho_up * size)
+        return size
+
+    def sparse_call(self, x, training=None):
+        y, touched, positive = direct_conv(
+            x, self.kernel, self.bias, tf.cast(self.mask, tf.bool), selection=self.selection,
+            k=self.k, rho_up=self.rho_up, accumulator=self.accumulator, return_counts=True)
+        if self.activation == "relu":
+            y = sparse_relu(y)
+        cells = tf.cast(tf.reduce_prod(y.dense_shape), tf.float32)
+        self.density_metric.update_state(tf.cast(y.num_entries, tf.float32) / cells)
+        if self.density_regularizer is not None and training:
+            # Eq. 4's rho: what the layer would keep without the bound (the ReLU's survivors
+            # before k-selection), so b > 0 exactly when k-selection has to cut.
+            survivors = positive if self.activation == "relu" else touched
+            rho = tf.cast(tf.reduce_sum(survivors), tf.float32) / cells
+            self.add_loss(self.density_regularizer.penalty(self.kernel, self.mask, rho, self.rho_up))
+        return y
+
+    def present_weights(self):
+        return int(tf.reduce_sum(self.mask))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            filters=self.filters, kernel_size=self.kernel_size, rho_up=self.rho_up, k=self.k,
+            selection=self.selection, activation=self.activation, use_bias=self.use_bias,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+            kernel_regularizer=keras.regularizers.serialize(self.kernel_regularizer),
+            bias_regularizer=keras.regularizers.serialize(self.bias_regularizer),
+            density_regularizer=None if self.density_regularizer is None
+            else keras.saving.serialize_keras_object(self.density_regularizer),
+            accumulator=self.accumulator)
+        return config

@@ -1,0 +1,102 @@
+"""The sparse layers around the convolution: ReLU, max-pooling, and the ways in and out
+of the channel-sparse representation."""
+import keras
+import tensorflow as tf
+
+from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.keras_layers.sparse_inputs import SparseLayer, as_keras_inputs, from_keras_inputs, logical_shape
+from tf_sparseconv.ops.conversions import from_dense, to_dense
+from tf_sparseconv.ops.max_pool import sparse_max_pool
+from tf_sparseconv.ops.relu import sparse_relu
+
+
+@keras.saving.register_keras_serializable(package="tf_sparseconv")
+class SparseReLU(SparseLayer):
+    """Drops entries <= 0."""
+
+    def sparse_call(self, x, training=None):
+        return sparse_relu(x)
+
+
+@keras.saving.register_keras_serializable(package="tf_sparseconv")
+class SparseMaxPool(SparseLayer):
+    """Max-pooling with window = stride (§3.3): [B, R..., C] -> [B, ceil(R/s)..., C]."""
+
+    def __init__(self, pool_size=2, **kwargs):
+        super().__init__(**kwargs)
+        sizes = (pool_size,) if isinstance(pool_size, int) else tuple(pool_size)
+        if any(int(s) < 1 for s in sizes):
+            raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        self.pool_size = pool_size
+
+    def build(self, input_shape):
+        d = logical_shape(input_shape).rank - 2
+        self.strides = [self.pool_size] * d if isinstance(self.pool_size, int) else list(self.pool_size)
+        if len(self.strides) != d:
+            raise ValueError(f"{self.name}: pool_size has {len(self.strides)} entries for {d} spatial dimensions")
+
+    def sparse_call(self, x, training=None):
+        return sparse_max_pool(x, self.strides)
+
+    def get_config(self):
+        return {**super().get_config(), "pool_size": self.pool_size}
+
+
+@keras.saving.register_keras_serializable(package="tf_sparseconv")
+class SparseToDense(keras.layers.Layer):
+    """The channel-sparse batch as a dense [B, R1, ..., Rd, C] tensor (zeros elsewhere)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_jit = False
+
+    def call(self, inputs):
+        return to_dense(from_keras_inputs(inputs))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(logical_shape(input_shape).as_list())
+
+
+@keras.saving.register_keras_serializable(package="tf_sparseconv")
+class DenseToSparse(keras.layers.Layer):
+    """A dense batch [B, R1, ..., Rd, C] (e.g. occupancy grids) -> its non-zero entries."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_jit = False
+
+    def call(self, inputs):
+        return as_keras_inputs(from_dense(inputs))
+
+
+@keras.saving.register_keras_serializable(package="tf_sparseconv")
+class VoxelizePoints(keras.layers.Layer):
+    """A batch of point clouds [B, N, 3] -> occupancy [B, r, r, r, 1], inside the graph.
+
+    Coordinates are mapped from `bounds` onto r cells per axis (outside points are
+    clipped to the border cells); several points in one voxel make one entry of value 1.
+    """
+
+    def __init__(self, resolution, bounds=(-1.0, 1.0), **kwargs):
+        super().__init__(**kwargs)
+        if int(resolution) < 1:
+            raise ValueError(f"resolution must be >= 1, got {resolution}")
+        self.resolution = int(resolution)
+        self.bounds = tuple(float(b) for b in bounds)
+        self.supports_jit = False
+
+    def call(self, points):
+        r = self.resolution
+        lo, hi = self.bounds
+        points = tf.convert_to_tensor(points, tf.float32)
+        batch = tf.shape(points, out_type=tf.int64)[0]
+        cells = tf.clip_by_value(tf.cast(tf.floor((points - lo) / (hi - lo) * r), tf.int64), 0, r - 1)
+        lin = (cells[..., 0] * r + cells[..., 1]) * r + cells[..., 2]
+        keys = tf.reshape(lin + tf.range(batch)[:, None] * r ** 3, [-1])  # one channel: key = b * r^3 + lin
+        keys = tf.sort(tf.unique(keys).y)
+        shape = tf.stack([batch, r, r, r, tf.constant(1, tf.int64)])
+        x = ChannelSparseTensor(keys, tf.ones_like(keys, tf.float32), shape, tf.TensorShape([None, r, r, r, 1]))
+        return as_keras_inputs(x)
+
+    def get_config(self):
+        return {**super().get_config(), "resolution": self.resolution, "bounds": self.bounds}

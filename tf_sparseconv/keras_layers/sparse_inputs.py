@@ -1,0 +1,68 @@
+"""How a channel-sparse tensor travels through Keras.
+
+Keras layers take tensors or nested structures of tensors, not extension types, so
+between Keras layers a ChannelSparseTensor is the dict {keys, values, dense_shape,
+shape_token}. shape_token is a zero-element tensor whose static shape is
+[0, R1, ..., Rd, C]: it carries the logical shape through Keras' symbolic tracing (so
+layers can build their weights) and costs nothing at run time.
+"""
+import keras
+import tensorflow as tf
+
+from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+
+FIELDS = ("keys", "values", "dense_shape", "shape_token")
+
+
+def as_keras_inputs(x):
+    """ChannelSparseTensor -> the dict Keras layers and models take (use in tf.data .map)."""
+    if not isinstance(x, ChannelSparseTensor):
+        raise TypeError(f"expected a ChannelSparseTensor, got {type(x).__name__}")
+    per_sample = x.shape[1:]
+    if not per_sample.is_fully_defined():
+        raise ValueError(f"the logical shape {x.shape} must be known apart from the batch size to enter a "
+                         "Keras model; build the tensor with a static shape (e.g. .with_shape([None, 32, 32, 32, 1]))")
+    return {"keys": x.keys, "values": x.values, "dense_shape": x.dense_shape,
+            "shape_token": tf.zeros([0, *per_sample.as_list()], x.dtype)}
+
+
+def from_keras_inputs(inputs):
+    """The dict of as_keras_inputs (or a ChannelSparseTensor) -> ChannelSparseTensor."""
+    if isinstance(inputs, ChannelSparseTensor):
+        return inputs
+    if not isinstance(inputs, dict) or set(inputs) != set(FIELDS):
+        raise TypeError("sparse Keras layers take the dict {keys, values, dense_shape, shape_token} made by "
+                        f"tf_sparseconv.keras_layers.as_keras_inputs, got {type(inputs).__name__}")
+    shape = tf.TensorShape([None]).concatenate(inputs["shape_token"].shape[1:])
+    return ChannelSparseTensor(inputs["keys"], inputs["values"], inputs["dense_shape"], shape)
+
+
+def sparse_input(shape, dtype="float32", name=None):
+    """keras.Input for a channel-sparse batch of per-sample logical shape (R1, ..., Rd, C)."""
+    shape = tuple(int(s) for s in shape)
+    prefix = f"{name}_" if name else ""
+    return {"keys": keras.Input(batch_shape=(None,), dtype="int64", name=prefix + "keys"),
+            "values": keras.Input(batch_shape=(None,), dtype=dtype, name=prefix + "values"),
+            "dense_shape": keras.Input(batch_shape=(len(shape) + 1,), dtype="int64", name=prefix + "dense_shape"),
+            "shape_token": keras.Input(batch_shape=(0, *shape), dtype=dtype, name=prefix + "shape_token")}
+
+
+def logical_shape(input_shape):
+    """The logical shape [None, R..., C] from what Keras passes to build()."""
+    if isinstance(input_shape, dict) and "shape_token" in input_shape:
+        return tf.TensorShape([None, *input_shape["shape_token"][1:]])
+    raise TypeError(f"sparse Keras layers take the dict made by as_keras_inputs / sparse_input; got shapes {input_shape}")
+
+
+class SparseLayer(keras.layers.Layer):
+    """Base of the sparse layers: dict in, dict out; custom ops XLA cannot compile."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # The ops are TensorFlow custom ops: tell Keras not to jit_compile models using them.
+        self.supports_jit = False
+
+    def call(self, inputs, training=None):
+        # Subclasses define sparse_call(ChannelSparseTensor, training) -> ChannelSparseTensor.
+        return as_keras_inputs(self.sparse_call(from_keras_inputs(inputs), training=training))
+
