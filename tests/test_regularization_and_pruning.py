@@ -1,0 +1,127 @@
+"""Adaptive density regularisation (Eq. 4) and warning-shot pruning (§3.6)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+import tf_sparseconv as ts
+from tf_sparseconv import keras_layers as kl
+
+
+@pytest.mark.parametrize("rho,rho_up,expected", [
+    (0.30, 0.10, 0.1 + 0.1 * 0.20),   # too dense: o + b1 (rho - rho_up), positive
+    (0.05, 0.10, -0.1 * 0.05),        # resources unused: -b2 (rho_up - rho), negative
+    (0.10, 0.10, 0.0),                # at the bound: rho <= rho_up branch, zero
+])
+def test_eq4_bias_sign_and_size(rho, rho_up, expected):
+    reg = kl.DensityRegularizer(scale=0.2, o=0.1, b1=0.1, b2=0.1)
+    assert reg.bias(rho, rho_up).numpy() == pytest.approx(expected, abs=1e-7)
+
+
+def test_eq4_asymmetric_parameters_act_separately():
+    reg = kl.DensityRegularizer(scale=1.0, o=0.5, b1=2.0, b2=3.0)
+    assert reg.bias(0.4, 0.2).numpy() == pytest.approx(0.5 + 2.0 * 0.2)
+    assert reg.bias(0.1, 0.2).numpy() == pytest.approx(-3.0 * 0.1)
+
+
+def test_penalty_counts_present_weights_only_and_is_lambda_times_sum_of_squares():
+    reg = kl.DensityRegularizer(scale=0.3)
+    kernel = tf.constant([[1.0, -2.0], [0.5, 4.0]])
+    mask = tf.constant([[1.0, 1.0], [1.0, 0.0]])
+    b = 0.1 + 0.1 * (0.5 - 0.2)
+    expected = 0.3 * ((1.0 + b) ** 2 + (-2.0 + b) ** 2 + (0.5 + b) ** 2)
+    assert reg.penalty(kernel, mask, 0.5, 0.2).numpy() == pytest.approx(expected, rel=1e-6)
+
+
+def test_density_regularizer_rejects_negative_parameters():
+    with pytest.raises(ValueError, match="b2 must be >= 0"):
+        kl.DensityRegularizer(b2=-0.1)
+
+
+def measured_density(layer, x):
+    """Eq. 4's density: positive responses before k-selection / cells."""
+    _, _, positive = ts.direct_conv(x, layer.kernel, layer.bias, tf.cast(layer.mask, tf.bool),
+                                    selection="signed", rho_up=layer.rho_up, return_counts=True)
+    return float(tf.reduce_sum(positive)) / float(np.prod(x.dense_shape.numpy()[:-1]) * layer.filters)
+
+
+@pytest.mark.parametrize("start_bias,direction", [(1.0, "down"), (-1.0, "up")])
+def test_regularizer_alone_moves_density_toward_rho_up(rng, start_bias, direction):
+    """A toy problem with no data loss: only Eq. 4 acts. Starting too dense (all responses
+    positive) the density must fall; starting too sparse it must rise."""
+    dense = (rng.random((4, 12, 12, 1)) < 0.3).astype(np.float32)
+    x = kl.as_keras_inputs(ts.from_dense(dense))
+    layer = kl.SparseConv(4, 3, rho_up=0.3, activation="relu", density_regularizer=kl.DensityRegularizer(scale=1.0),
+                          kernel_initializer=keras.initializers.RandomNormal(0.0, 0.1),
+                          bias_initializer=keras.initializers.Constant(start_bias), use_bias=True)
+    layer(x)
+    # The bias is not regularised, so hold it at a small value that lets the weights decide.
+    layer.bias.assign(np.full(4, 0.05 * np.sign(start_bias), np.float32))
+    layer.kernel.assign(np.full(layer.kernel.shape, 0.5 * np.sign(start_bias), np.float32))
+    sparse_x = kl.from_keras_inputs(x)
+    before = measured_density(layer, sparse_x)
+    optimizer = keras.optimizers.SGD(0.05)
+    for _ in range(60):
+        with tf.GradientTape() as tape:
+            layer(x, training=True)
+            loss = tf.add_n(layer.losses)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [layer.kernel]), [layer.kernel]))
+    after = measured_density(layer, sparse_x)
+    if direction == "down":
+        assert before > 0.3 and after < before - 0.05
+    else:
+        assert before < 0.3 and after > before + 0.05
+
+
+def pruning_model():
+    inputs = kl.sparse_input((6, 6, 1))
+    h = kl.SparseConv(2, 3, name="conv")(inputs)
+    return keras.Model(inputs, kl.SparseToDense()(h))
+
+
+def set_kernel(layer, values):
+    layer.kernel.assign(np.asarray(values, np.float32).reshape(layer.kernel.shape))
+
+
+def test_weight_small_at_two_consecutive_checks_is_pruned_at_the_second():
+    model = pruning_model()
+    layer = model.get_layer("conv")
+    callback = kl.WarningShotPruning(epsilon=0.01)
+    values = np.ones(layer.kernel.shape, np.float32)
+    values.flat[3] = 0.001    # stays small: warned, then pruned
+    values.flat[7] = -0.002   # crosses zero once: warned, then large again -> kept
+    set_kernel(layer, values)
+    assert callback.prune(model) == 0
+    assert layer.warned.numpy().flat[3] == 1 and layer.warned.numpy().flat[7] == 1
+    values.flat[7] = 0.8
+    set_kernel(layer, values)
+    assert callback.prune(model) == 1
+    assert layer.mask.numpy().flat[3] == 0 and layer.kernel.numpy().flat[3] == 0.0
+    assert layer.mask.numpy().flat[7] == 1 and layer.warned.numpy().flat[7] == 0
+    assert kl.present_weight_count(model) == values.size - 1
+
+
+def test_pruned_weights_stay_zero_through_training_and_present_count_never_grows(rng):
+    inputs = kl.sparse_input((8, 8, 1))
+    h = kl.SparseConv(4, 3, activation="relu", name="conv")(inputs)
+    h = keras.layers.Flatten()(kl.SparseToDense()(h))
+    model = keras.Model(inputs, keras.layers.Dense(2)(h))
+    model.compile(keras.optimizers.Adam(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    grids = (rng.random((16, 8, 8, 1)) < 0.3).astype(np.float32)
+    labels = (grids[:, :4].sum(axis=(1, 2, 3)) > grids[:, 4:].sum(axis=(1, 2, 3))).astype(np.int64)
+    dataset = tf.data.Dataset.from_tensor_slices((grids, labels)).batch(8).map(
+        lambda g, y: (kl.as_keras_inputs(ts.from_dense(g).with_shape([None, 8, 8, 1])), y))
+    callback = kl.WarningShotPruning(epsilon=0.2)  # large: many weights get pruned
+    model.fit(dataset, epochs=6, verbose=0, callbacks=[callback])
+    counts = [entry["present_weights"] for entry in callback.history]
+    assert all(a >= b for a, b in zip(counts, counts[1:]))
+    assert counts[-1] < counts[0], "the test needs pruning to happen"
+    layer = model.get_layer("conv")
+    pruned = layer.mask.numpy() == 0
+    assert pruned.any()
+    np.testing.assert_array_equal(layer.kernel.numpy()[pruned], 0.0)  # exact zero under Adam momentum
+
+
+def test_pruning_callback_rejects_non_positive_epsilon():
+    with pytest.raises(ValueError, match="epsilon must be > 0"):
+        kl.WarningShotPruning(epsilon=0.0)
