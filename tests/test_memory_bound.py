@@ -1,0 +1,131 @@
+"""Memory bounds known before running: arithmetic, measured peaks never above them, and
+inference that refuses or splits batches over budget."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+from tf_sparseconv import keras_layers as kl
+from tf_sparseconv.memory_bound import BoundedInference, MemoryBudgetExceeded, largest_batch_within, memory_bound
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "modelnet40_train.npz")
+
+
+def classifier(resolution=32):
+    inputs = keras.Input((None, 3))
+    h = kl.VoxelizePoints(resolution)(inputs)
+    h = kl.SparseConv(8, 3, rho_up=2.0 / resolution, activation="relu", name="conv1")(h)
+    h = kl.SparseConv(8, 3, rho_up=2.0 / resolution, activation="relu", name="conv2")(h)
+    h = kl.SparseMaxPool(2, name="pool1")(h)
+    h = kl.SparseConv(16, 3, rho_up=4.0 / resolution, activation="relu", name="conv3")(h)
+    h = kl.SparseMaxPool(2, name="pool2")(h)
+    h = keras.layers.Flatten()(kl.SparseToDense(name="to_dense")(h))
+    return keras.Model(inputs, keras.layers.Dense(10)(h))
+
+
+def random_surfaces(rng, batch, points):
+    """Points on random sphere shells: surface-like, ~1/r density as in the paper's §4.1."""
+    direction = rng.normal(size=(batch, points, 3))
+    direction /= np.linalg.norm(direction, axis=-1, keepdims=True)
+    radius = rng.uniform(0.3, 0.95, (batch, 1, 1))
+    return (direction * radius).astype(np.float32)
+
+
+def _status_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def peak_bytes_of(fn):
+    """Peak resident memory added while fn runs (the kernel's high-water mark, reset first)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _status_kb("VmRSS")
+    result = fn()
+    return (_status_kb("VmHWM") - before) * 1024, result
+
+
+def test_conv_output_bound_is_batch_times_channels_times_k():
+    model = classifier(32)
+    bound = memory_bound(model, batch_size=4)
+    conv1 = next(b for b in bound.layers if b.name == "conv1")
+    k = math.ceil(2.0 / 32 * 32 ** 3)
+    assert conv1.output_entries == 4 * 8 * k
+    assert bound.total_bytes == sum(b.output_bytes for b in bound.layers) + max(b.temporary_bytes for b in bound.layers)
+    assert memory_bound(model, 8).total_bytes > bound.total_bytes
+
+
+def test_measured_entries_never_exceed_the_bound(rng):
+    model = classifier(32)
+    points = random_surfaces(rng, 6, 4096)
+    bound = {b.name: b for b in memory_bound(model, 6, points_per_sample=4096).layers}
+    h = points
+    for layer in model.layers[1:]:
+        h = layer(h)
+        if isinstance(h, dict):
+            assert int(tf.shape(h["keys"])[0]) <= bound[layer.name].output_entries
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc peak-RSS reset")
+@pytest.mark.parametrize("source", ["random", "modelnet40"])
+def test_measured_peak_memory_never_exceeds_the_bound(source):
+    if source == "modelnet40" and not os.path.exists(DATA):
+        pytest.skip("../shared/data/modelnet40_train.npz is absent")
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                           os.environ.get("PYTHONPATH", "")]))
+    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peak_memory_probe.py")
+    result = subprocess.run([sys.executable, probe, source, "32", "16", "8192"], env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    for row in rows:
+        assert row["measured"] <= row["bound"], f"{row['layer']}: measured {row['measured']} B > bound {row['bound']} B"
+    conv_peaks = [row["measured"] for row in rows if row["layer"].startswith("conv")]
+    assert min(conv_peaks) > 0, "the measurement must see the convolutions' memory"
+
+
+def test_refuse_mode_rejects_a_batch_over_budget(rng):
+    model = classifier(16)
+    budget = memory_bound(model, 3).total_bytes
+    runner = BoundedInference(model, budget, on_exceed="refuse")
+    assert runner.chunk_size == 3 == largest_batch_within(model, budget)
+    points = random_surfaces(rng, 3, 500)
+    np.testing.assert_allclose(runner(points).numpy(), model(points).numpy(), rtol=1e-6)
+    with pytest.raises(MemoryBudgetExceeded, match="over the budget"):
+        runner(random_surfaces(rng, 4, 500))
+
+
+def test_split_mode_runs_within_budget_and_matches_the_full_batch(rng):
+    model = classifier(16)
+    runner = BoundedInference(model, memory_bound(model, 3).total_bytes, on_exceed="split")
+    points = random_surfaces(rng, 8, 500)
+    np.testing.assert_allclose(runner(points).numpy(), model(points).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_split_mode_splits_channel_sparse_batches(rng):
+    inputs = kl.sparse_input((8, 8, 8, 1))
+    h = kl.SparseConv(4, 3, rho_up=0.2, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Flatten()(kl.SparseToDense()(h)))
+    grids = (rng.random((5, 8, 8, 8, 1)) < 0.1).astype(np.float32)
+    from tf_sparseconv import from_dense
+    batch = kl.as_keras_inputs(from_dense(grids))
+    runner = BoundedInference(model, memory_bound(model, 2).total_bytes)
+    assert runner.chunk_size == 2
+    np.testing.assert_allclose(runner(batch).numpy(), model(batch).numpy(), rtol=1e-6)
+
+
+def test_budget_below_one_sample_is_refused_even_in_split_mode(rng):
+    model = classifier(16)
+    runner = BoundedInference(model, 1024, on_exceed="split")
+    with pytest.raises(MemoryBudgetExceeded, match="largest batch within it is 0"):
+        runner(random_surfaces(rng, 2, 100))

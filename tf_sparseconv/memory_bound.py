@@ -1,0 +1,249 @@
+"""Memory bounds known before a model runs, and inference that keeps within a budget.
+
+Every SparseConv keeps at most k entries per (batch, channel) (§3.2), so its output is
+bounded by B * Cout * k entries whatever the input; ReLU and max-pooling never add
+entries. From these caps this module computes, per layer, a guaranteed upper bound on
+the bytes of the layer's outputs and of the temporaries its CPU kernel allocates, and
+for the whole forward pass the sum of all outputs plus the largest temporary (every
+activation kept alive at once: an upper bound for inference).
+
+The temporary terms follow the CPU kernels in cc_ops/ (see direct_conv_kernels.cc):
+decoded coordinates (4 bytes per entry and dimension), segment offsets, the present-
+weight lists, the kept entries of every output segment until the output is assembled,
+and per worker thread either a dense accumulator of R1*...*Rd cells or the touched set
+of one segment plus its merge heap.
+"""
+import dataclasses
+import math
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.keras_layers.conv import SparseConv
+from tf_sparseconv.keras_layers.layers import (DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense,
+                                               VoxelizePoints)
+from tf_sparseconv.keras_layers.sparse_inputs import FIELDS, as_keras_inputs, from_keras_inputs
+
+KEY_BYTES = 8
+INDEX_BYTES = 8
+# Largest grid for which the conv kernel may pick its dense accumulator (kernel constant).
+DENSE_ACCUMULATOR_MAX_CELLS = 1 << 26
+
+
+@dataclasses.dataclass
+class LayerBound:
+    name: str
+    kind: str
+    output_shape: tuple        # logical per-batch shape, batch included
+    output_entries: int        # stored entries (sparse) or elements (dense)
+    output_bytes: int
+    temporary_bytes: int
+
+
+@dataclasses.dataclass
+class ModelBound:
+    batch_size: int
+    layers: list
+    activation_bytes: int      # all layer outputs, alive together
+    temporary_bytes: int       # the largest single layer's temporaries
+    total_bytes: int
+
+    def table(self):
+        lines = [f"{'layer':<28}{'kind':<16}{'entries':>14}{'output MB':>12}{'temp MB':>10}"]
+        for b in self.layers:
+            lines.append(f"{b.name:<28}{b.kind:<16}{b.output_entries:>14,}{b.output_bytes / 2**20:>12.2f}"
+                         f"{b.temporary_bytes / 2**20:>10.2f}")
+        lines.append(f"forward pass at batch {self.batch_size}: activations {self.activation_bytes / 2**20:.2f} MB"
+                     f" + largest temporary {self.temporary_bytes / 2**20:.2f} MB"
+                     f" = {self.total_bytes / 2**20:.2f} MB")
+        return "\n".join(lines)
+
+
+def _worker_threads():
+    configured = tf.config.threading.get_intra_op_parallelism_threads()
+    return configured if configured > 0 else (os.cpu_count() or 1)
+
+
+def _sparse_bytes(entries, value_bytes):
+    return entries * (KEY_BYTES + value_bytes)
+
+
+def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
+    """Output and temporary bytes of one SparseConv (+ its ReLU) on an input bounded by
+    in_entries entries."""
+    d = len(shape) - 2
+    cin, cout = shape[-1], layer.filters
+    cells = math.prod(shape[1:-1])
+    offsets = math.prod(layer.kernel_shape[:d])
+    out_entries = batch * cout * min(layer.k_bound, cells)
+    out_bytes = _sparse_bytes(out_entries, value_bytes) + 2 * batch * cout * INDEX_BYTES
+    # Entries of one input segment are bounded by the input bound and the grid.
+    in_per_segment = min(cells, in_entries)
+    contributions = min(in_entries, cin * in_per_segment) * offsets
+    touched = min(cells, contributions)
+    streams = cin * offsets
+    dense_scratch = cells * (value_bytes + 1) + 8 if cells <= DENSE_ACCUMULATOR_MAX_CELLS else 0
+    # One segment in flight per block: its touched set (vector growth may double the
+    # capacity), k-selection's index order, the contribution streams and their heap.
+    per_block = (2 * touched * (KEY_BYTES + value_bytes) + touched * INDEX_BYTES + streams * (48 + 4)
+                 + dense_scratch)
+    temporary = (in_entries * d * 4                              # decoded coordinates
+                 + (batch * cin + 1) * INDEX_BYTES               # segment offsets
+                 + offsets * cin * cout * 48                     # present-weight lists
+                 + 2 * (cout * cin + 1) * INDEX_BYTES
+                 + _sparse_bytes(out_entries, value_bytes)       # kept entries until assembly
+                 + batch * cout * 72                             # per-segment results and offsets
+                 + (threads + 1) * per_block)                    # the calling thread runs a block too
+    if layer.activation == "relu":
+        # The ReLU's output and its kept-index vector exist beside the conv output.
+        out_bytes += _sparse_bytes(out_entries, value_bytes) + out_entries * INDEX_BYTES
+    return out_entries, out_bytes, temporary
+
+
+def _bound_layer(layer, shape, in_entries, batch, value_bytes, threads):
+    """(kind, output shape, output entries, output bytes, temporary bytes) of one layer."""
+    if isinstance(layer, SparseConv):
+        out_shape = (*shape[:-1], layer.filters)
+        entries, out_bytes, temp = _conv_bound(layer, shape, in_entries, batch, value_bytes, threads)
+        return "sparse_conv", out_shape, entries, out_bytes, temp
+    if isinstance(layer, SparseReLU):
+        return "sparse_relu", shape, in_entries, _sparse_bytes(in_entries, value_bytes) + in_entries * INDEX_BYTES, 0
+    if isinstance(layer, SparseMaxPool):
+        strides = layer.strides
+        out_shape = (shape[0], *[-(-r // s) for r, s in zip(shape[1:-1], strides)], shape[-1])
+        entries = min(in_entries, math.prod(out_shape))
+        out_bytes = _sparse_bytes(entries, value_bytes) + entries * INDEX_BYTES
+        temp = in_entries * (2 * INDEX_BYTES + 4 * (len(shape) - 2)) + (batch * shape[-1] + 1) * 2 * INDEX_BYTES
+        return "sparse_max_pool", out_shape, entries, out_bytes, temp
+    if isinstance(layer, SparseToDense):
+        elements = math.prod(shape)
+        return "to_dense", shape, elements, elements * value_bytes, 0
+    raise TypeError(f"no bound for layer {layer.name} ({type(layer).__name__})")
+
+
+def _input_bound(layer, batch, points_per_sample, value_bytes):
+    """Bound of a model-entry layer: VoxelizePoints or DenseToSparse."""
+    if isinstance(layer, VoxelizePoints):
+        r = layer.resolution
+        cells = r ** 3
+        per_sample = cells if points_per_sample is None else min(cells, points_per_sample)
+        entries = batch * per_sample
+        points = batch * (points_per_sample or cells)
+        # floor (float32), cast and clip (int64) per coordinate; lin, keys, unique and sort.
+        temp = points * (3 * (4 + 8 + 8) + 8 * KEY_BYTES)
+        return (batch, r, r, r, 1), entries, _sparse_bytes(entries, value_bytes), temp
+    raise TypeError(f"no bound for entry layer {layer.name}")
+
+
+def _dense_layer_bound(layer, shape, batch, value_bytes):
+    out_shape = layer.compute_output_shape(shape)
+    elements = math.prod(int(s) for s in out_shape)
+    return tuple(int(s) for s in out_shape), elements, elements * value_bytes
+
+
+def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
+    """Upper bounds for model at batch_size, per layer and for the forward pass.
+
+    The model is a chain of layers starting at VoxelizePoints, DenseToSparse or a
+    sparse_input dict (functional or Sequential-like); points_per_sample caps the
+    entries VoxelizePoints can make (default: the whole grid).
+    """
+    value_bytes = tf.as_dtype(dtype).size
+    threads = _worker_threads()
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    shape, entries, bounds = None, None, []
+    sparse_inputs = [t for t in model.inputs if t.name.endswith("shape_token")] if hasattr(model, "inputs") else []
+    if sparse_inputs:
+        shape = (batch_size, *sparse_inputs[0].shape[1:])
+        entries = math.prod(shape)  # an arbitrary channel-sparse input can be dense
+    for layer in layers:
+        if isinstance(layer, VoxelizePoints):
+            shape, entries, out_bytes, temp = _input_bound(layer, batch_size, points_per_sample, value_bytes)
+            bounds.append(LayerBound(layer.name, "voxelize", shape, entries, out_bytes, temp))
+        elif isinstance(layer, DenseToSparse):
+            raise TypeError("DenseToSparse takes arbitrary dense input: bound the model from sparse_input instead")
+        elif isinstance(layer, (SparseConv, SparseReLU, SparseMaxPool, SparseToDense)):
+            if shape is None:
+                raise TypeError(f"layer {layer.name} has no bounded input before it")
+            kind, shape, entries, out_bytes, temp = _bound_layer(layer, shape, entries, batch_size, value_bytes,
+                                                                 threads)
+            bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp))
+        else:
+            shape, entries, out_bytes = _dense_layer_bound(layer, shape, batch_size, value_bytes)
+            bounds.append(LayerBound(layer.name, type(layer).__name__, shape, entries, out_bytes, 0))
+    activation = sum(b.output_bytes for b in bounds)
+    temporary = max((b.temporary_bytes for b in bounds), default=0)
+    return ModelBound(batch_size, bounds, activation, temporary, activation + temporary)
+
+
+class MemoryBudgetExceeded(ValueError):
+    pass
+
+
+def largest_batch_within(model, budget_bytes, points_per_sample=None):
+    """The largest batch size whose bound fits the budget (0 if even 1 does not)."""
+    lo, hi = 0, 1
+    while memory_bound(model, hi, points_per_sample).total_bytes <= budget_bytes:
+        lo, hi = hi, hi * 2
+        if hi > 1 << 20:
+            return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if memory_bound(model, mid, points_per_sample).total_bytes <= budget_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _batch_slices(inputs, start, stop):
+    """Samples start..stop-1 of a batch: point clouds / dense arrays, or a channel-sparse dict."""
+    if isinstance(inputs, dict) and set(inputs) == set(FIELDS):
+        x = from_keras_inputs(inputs)
+        per_sample = int(np.prod(x.dense_shape.numpy()[1:]))
+        keys = x.keys.numpy()
+        lo, hi = np.searchsorted(keys, [start * per_sample, stop * per_sample])
+        dense_shape = x.dense_shape.numpy().copy()
+        dense_shape[0] = stop - start
+        part = ChannelSparseTensor(tf.constant(keys[lo:hi] - start * per_sample), x.values[lo:hi],
+                                   tf.constant(dense_shape), x.shape)
+        return as_keras_inputs(part)
+    return inputs[start:stop]
+
+
+def _batch_size_of(inputs):
+    if isinstance(inputs, dict) and set(inputs) == set(FIELDS):
+        return int(inputs["dense_shape"][0])
+    return int(inputs.shape[0])
+
+
+class BoundedInference:
+    """Runs a model only on batches whose memory bound fits `budget_bytes`.
+
+    on_exceed='refuse' raises MemoryBudgetExceeded for a batch over budget; 'split' runs
+    it in the largest chunks that fit and concatenates the outputs.
+    """
+
+    def __init__(self, model, budget_bytes, on_exceed="split", points_per_sample=None):
+        if on_exceed not in ("split", "refuse"):
+            raise ValueError(f"on_exceed must be 'split' or 'refuse', got {on_exceed!r}")
+        self.model, self.budget_bytes, self.on_exceed = model, int(budget_bytes), on_exceed
+        self.points_per_sample = points_per_sample
+        self.chunk_size = largest_batch_within(model, self.budget_bytes, points_per_sample)
+
+    def __call__(self, inputs):
+        batch = _batch_size_of(inputs)
+        bound = memory_bound(self.model, batch, self.points_per_sample).total_bytes
+        if bound <= self.budget_bytes:
+            return self.model(inputs, training=False)
+        if self.on_exceed == "refuse" or self.chunk_size == 0:
+            raise MemoryBudgetExceeded(
+                f"batch of {batch} is bounded by {bound / 2**20:.1f} MB, over the budget of "
+                f"{self.budget_bytes / 2**20:.1f} MB; the largest batch within it is {self.chunk_size}"
+                + (" (use on_exceed='split')" if self.chunk_size else ""))
+        outputs = [self.model(_batch_slices(inputs, start, min(batch, start + self.chunk_size)), training=False)
+                   for start in range(0, batch, self.chunk_size)]
+        return tf.concat(outputs, axis=0)
