@@ -29,6 +29,9 @@ from tf_sparseconv.keras_layers.sparse_inputs import FIELDS, as_keras_inputs, fr
 
 KEY_BYTES = 8
 INDEX_BYTES = 8
+# What one allocation may cost beyond its bytes: a large buffer is mapped in whole pages,
+# plus the allocator's header and TensorFlow's 64-byte alignment.
+ALLOCATION_OVERHEAD = 4096 + 16 + 64
 # Largest grid for which the conv kernel may pick its dense accumulator (kernel constant).
 DENSE_ACCUMULATOR_MAX_CELLS = 1 << 26
 
@@ -97,10 +100,15 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
                  + _sparse_bytes(out_entries, value_bytes)       # kept entries until assembly
                  + batch * cout * 72                             # per-segment results and offsets
                  + (threads + 1) * per_block)                    # the calling thread runs a block too
+    # Allocations: 5 outputs; coordinates, offsets, weight lists (3), result table, offsets;
+    # 2 vectors per output segment; per block the touched set (2), order, streams, heap and
+    # the dense accumulator (2).
+    allocations = 5 + 7 + 2 * batch * cout + (threads + 1) * 7
     if layer.activation == "relu":
         # The ReLU's output and its kept-index vector exist beside the conv output.
         out_bytes += _sparse_bytes(out_entries, value_bytes) + out_entries * INDEX_BYTES
-    return out_entries, out_bytes, temporary
+        allocations += 3
+    return out_entries, out_bytes, temporary + allocations * ALLOCATION_OVERHEAD
 
 
 def _bound_layer(layer, shape, in_entries, batch, value_bytes, threads):
@@ -110,17 +118,18 @@ def _bound_layer(layer, shape, in_entries, batch, value_bytes, threads):
         entries, out_bytes, temp = _conv_bound(layer, shape, in_entries, batch, value_bytes, threads)
         return "sparse_conv", out_shape, entries, out_bytes, temp
     if isinstance(layer, SparseReLU):
-        return "sparse_relu", shape, in_entries, _sparse_bytes(in_entries, value_bytes) + in_entries * INDEX_BYTES, 0
+        return ("sparse_relu", shape, in_entries, _sparse_bytes(in_entries, value_bytes) + in_entries * INDEX_BYTES,
+                3 * ALLOCATION_OVERHEAD)
     if isinstance(layer, SparseMaxPool):
         strides = layer.strides
         out_shape = (shape[0], *[-(-r // s) for r, s in zip(shape[1:-1], strides)], shape[-1])
         entries = min(in_entries, math.prod(out_shape))
         out_bytes = _sparse_bytes(entries, value_bytes) + entries * INDEX_BYTES
         temp = in_entries * (2 * INDEX_BYTES + 4 * (len(shape) - 2)) + (batch * shape[-1] + 1) * 2 * INDEX_BYTES
-        return "sparse_max_pool", out_shape, entries, out_bytes, temp
+        return "sparse_max_pool", out_shape, entries, out_bytes, temp + 8 * ALLOCATION_OVERHEAD
     if isinstance(layer, SparseToDense):
         elements = math.prod(shape)
-        return "to_dense", shape, elements, elements * value_bytes, 0
+        return "to_dense", shape, elements, elements * value_bytes, ALLOCATION_OVERHEAD
     raise TypeError(f"no bound for layer {layer.name} ({type(layer).__name__})")
 
 
@@ -133,7 +142,7 @@ def _input_bound(layer, batch, points_per_sample, value_bytes):
         entries = batch * per_sample
         points = batch * (points_per_sample or cells)
         # floor (float32), cast and clip (int64) per coordinate; lin, keys, unique and sort.
-        temp = points * (3 * (4 + 8 + 8) + 8 * KEY_BYTES)
+        temp = points * (3 * (4 + 8 + 8) + 8 * KEY_BYTES) + 16 * ALLOCATION_OVERHEAD
         return (batch, r, r, r, 1), entries, _sparse_bytes(entries, value_bytes), temp
     raise TypeError(f"no bound for entry layer {layer.name}")
 
@@ -173,7 +182,8 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
             bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp))
         else:
             shape, entries, out_bytes = _dense_layer_bound(layer, shape, batch_size, value_bytes)
-            bounds.append(LayerBound(layer.name, type(layer).__name__, shape, entries, out_bytes, 0))
+            bounds.append(LayerBound(layer.name, type(layer).__name__, shape, entries, out_bytes,
+                                     2 * ALLOCATION_OVERHEAD))
     activation = sum(b.output_bytes for b in bounds)
     temporary = max((b.temporary_bytes for b in bounds), default=0)
     return ModelBound(batch_size, bounds, activation, temporary, activation + temporary)
