@@ -91,7 +91,13 @@ struct DirectConvBackpropArgs {
   const T* out_grad = nullptr;          // dL/d out_values
   int64_t n_out = 0;
   const int64_t* out_offsets = nullptr; // segment (b, oc) -> entry range, B*Cout+1
+  // kDense scatters out_grad into a [B*Cout*S] buffer (an output key is its index there)
+  // and reads it directly; kMerge searches the sorted out_keys. Identical results.
+  Accumulator accumulator = Accumulator::kAuto;
 };
+
+// Largest gradient buffer the automatic choice allows for the dense backward (bytes).
+constexpr int64_t kMaxDenseGradientBytes = int64_t{256} << 20;
 
 // Eq. 3: gradients only at present input entries and present weights; entries that
 // k-selection dropped are absent from out_keys and so receive nothing.

@@ -286,11 +286,47 @@ struct DirectConvBackpropFunctor<CPUDevice, T> {
   void operator()(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, T* in_grad,
                   T* filter_grad, T* bias_grad) {
     const DirectConvArgs<T>& a = g.forward;
-    const int64_t batch = a.in_layout.batch, cin = a.in_layout.channels, cout = a.cout;
+    const KeyLayout& L = a.in_layout;
+    const int64_t batch = L.batch, cin = L.channels, cout = a.cout, S = L.spatial_size;
+    const int d = L.d;
     const PresentWeights& W = *a.weights;
-    const double work = 10.0 * (1.0 + static_cast<double>(a.n) *
-                                          std::max<int64_t>(1, W.count()) /
-                                          std::max<int64_t>(1, cin * cout));
+    // Lookups: every (input entry, present weight) pair of the same input channel.
+    double links = 0;
+    for (int64_t ic = 0; ic < cin; ++ic) {
+      int64_t weights_of_ic = 0;
+      for (int64_t oc = 0; oc < cout; ++oc) weights_of_ic += W.end(oc, ic) - W.begin(oc, ic);
+      int64_t entries = 0;
+      for (int64_t b = 0; b < batch; ++b)
+        entries += a.in_offsets[b * cin + ic + 1] - a.in_offsets[b * cin + ic];
+      links += static_cast<double>(entries) * weights_of_ic;
+    }
+    const int64_t grad_cells = batch * cout * S;
+    bool dense = g.accumulator == Accumulator::kDense;
+    if (g.accumulator == Accumulator::kAuto) {
+      // A search costs ~log2 of the segment size; the buffer costs its zero-fill.
+      const double search = std::log2(2.0 + static_cast<double>(g.n_out) / std::max<int64_t>(1, batch * cout));
+      dense = grad_cells * static_cast<int64_t>(sizeof(T)) <= kMaxDenseGradientBytes &&
+              grad_cells / 4.0 < links * search;
+    }
+    std::vector<T> dense_grad;
+    if (dense) {
+      dense_grad.assign(grad_cells, T(0));
+      for (int64_t p = 0; p < g.n_out; ++p) dense_grad[g.out_keys[p]] = g.out_grad[p];
+    }
+    const T* G = dense_grad.data();
+    // Calls fn(i, gradient at the output that entry i reaches through pw) for every
+    // reaching entry of input segment (b, ic); absent outputs have gradient 0 (Eq. 3).
+    auto for_each_link = [&](int64_t b, int64_t ic, int64_t oc, const PresentWeight& pw, auto fn) {
+      if (!dense) {
+        ForEachLink(g, b, ic, oc, pw, [&](int64_t i, int64_t p) { fn(i, g.out_grad[p]); });
+        return;
+      }
+      const int64_t in_seg = b * cin + ic;
+      const int64_t shift = (b * cout + oc - in_seg) * S - pw.lin_delta;
+      for (int64_t i = a.in_offsets[in_seg]; i < a.in_offsets[in_seg + 1]; ++i)
+        if (Reaches(a.coords + i * d, pw, d)) fn(i, G[a.keys[i] + shift]);
+    };
+    const double work = 10.0 * (1.0 + links / std::max<int64_t>(1, cin * cout));
     // dL/dx: each (b, ic) segment is owned by one thread, so no atomics are needed and
     // the summation order is fixed (oc, then kernel offset): deterministic.
     std::fill(in_grad, in_grad + a.n, T(0));
@@ -302,9 +338,8 @@ struct DirectConvBackpropFunctor<CPUDevice, T> {
                              for (const PresentWeight* pw = W.begin(oc, ic);
                                   pw != W.end(oc, ic); ++pw) {
                                const T w = a.filter[pw->filter_index];
-                               ForEachLink(g, b, ic, oc, *pw, [&](int64_t i, int64_t p) {
-                                 in_grad[i] += g.out_grad[p] * w;
-                               });
+                               for_each_link(b, ic, oc, *pw,
+                                             [&](int64_t i, T grad) { in_grad[i] += grad * w; });
                              }
                          }
                        });
@@ -318,8 +353,8 @@ struct DirectConvBackpropFunctor<CPUDevice, T> {
                                 pw != W.end(oc, ic); ++pw) {
                              T acc = T(0);
                              for (int64_t b = 0; b < batch; ++b)
-                               ForEachLink(g, b, ic, oc, *pw, [&](int64_t i, int64_t p) {
-                                 acc += g.out_grad[p] * a.values[i];
+                               for_each_link(b, ic, oc, *pw, [&](int64_t i, T grad) {
+                                 acc += grad * a.values[i];
                                });
                              filter_grad[pw->filter_index] = acc;
                            }
@@ -415,6 +450,12 @@ DirectConvArgs<T> MakeArgs(OpKernelContext* ctx, const ConvInputs<T>& c) {
 
 }  // namespace
 
+Accumulator ParseAccumulator(const std::string& name) {
+  return name == "dense" ? Accumulator::kDense
+         : name == "merge" ? Accumulator::kMerge
+                           : Accumulator::kAuto;
+}
+
 template <typename T>
 class DirectSparseConvOp : public OpKernel {
  public:
@@ -427,9 +468,7 @@ class DirectSparseConvOp : public OpKernel {
     selection_ = selection == "signed" ? SelectionMode::kSigned
                  : selection == "abs"  ? SelectionMode::kAbs
                                        : SelectionMode::kNone;
-    accumulator_ = accumulator == "dense"   ? Accumulator::kDense
-                   : accumulator == "merge" ? Accumulator::kMerge
-                                            : Accumulator::kAuto;
+    accumulator_ = ParseAccumulator(accumulator);
     OP_REQUIRES(ctx, k_ >= 0, errors::InvalidArgument("k must be >= 0, got ", k_));
     OP_REQUIRES(ctx, !std::isnan(rho_up_) && rho_up_ >= 0.0f && rho_up_ <= 1.0f,
                 errors::InvalidArgument("rho_up must be in (0, 1], got ", rho_up_));
@@ -507,7 +546,11 @@ class DirectSparseConvOp : public OpKernel {
 template <typename T>
 class DirectSparseConvBackpropOp : public OpKernel {
  public:
-  explicit DirectSparseConvBackpropOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit DirectSparseConvBackpropOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string accumulator;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("accumulator", &accumulator));
+    accumulator_ = ParseAccumulator(accumulator);
+  }
 
   void Compute(OpKernelContext* ctx) override {
     ConvInputs<T> c;
@@ -526,6 +569,7 @@ class DirectSparseConvBackpropOp : public OpKernel {
     g.out_grad = out_grad.flat<T>().data();
     g.n_out = out_keys.NumElements();
     g.out_offsets = out_offsets.data();
+    g.accumulator = accumulator_;
     Tensor *in_grad, *filter_grad, *bias_grad;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ctx->input(1).shape(), &in_grad));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(3).shape(), &filter_grad));
@@ -535,6 +579,9 @@ class DirectSparseConvBackpropOp : public OpKernel {
                                               filter_grad->flat<T>().data(),
                                               bias_grad->flat<T>().data());
   }
+
+ private:
+  Accumulator accumulator_;
 };
 
 #define REGISTER_CPU(T)                                                               \

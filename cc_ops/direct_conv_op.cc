@@ -77,6 +77,7 @@ REGISTER_OP("DirectSparseConvBackprop")
     .Output("filter_grad: T")
     .Output("bias_grad: T")
     .Attr("T: {float, double}")
+    .Attr("accumulator: {'auto', 'dense', 'merge'} = 'auto'")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(1));
       c->set_output(1, c->input(3));

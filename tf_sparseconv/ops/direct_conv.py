@@ -57,5 +57,6 @@ def _direct_sparse_conv_grad(op, _keys_grad, values_grad, _shape_grad, _touched_
     in_keys, in_values, dense_shape, filters, filter_mask, _bias = op.inputs
     in_grad, filter_grad, bias_grad = _ops.direct_sparse_conv_backprop(
         in_keys=in_keys, in_values=in_values, dense_shape=dense_shape, filter=filters,
-        filter_mask=filter_mask, out_keys=op.outputs[0], out_grad=values_grad)
+        filter_mask=filter_mask, out_keys=op.outputs[0], out_grad=values_grad,
+        accumulator=op.get_attr("accumulator"))
     return [None, in_grad, None, filter_grad, None, bias_grad]
