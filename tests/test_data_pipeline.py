@@ -1,0 +1,153 @@
+"""tf.data pipelines: element types and static shapes, batches equal direct voxelization,
+seeded shuffling and augmentation, the stratified split, and errors at construction."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_sparseconv as ts
+from tf_sparseconv.data.mnist import images_to_channel_sparse
+from tf_sparseconv.data.pipeline import (Augmentation, augment_point_clouds, image_dataset, point_cloud_dataset,
+                                         stratified_split)
+from tf_sparseconv.data.synthetic import make_shapes
+from tf_sparseconv.data.voxelize import voxelize_points
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    return make_shapes(5, 256, seed=0, normals=True)
+
+
+def test_stratified_split_is_fixed_disjoint_and_proportional(rng):
+    labels = np.repeat(np.arange(4), [10, 20, 40, 3])
+    train, val = stratified_split(labels, 0.25, seed=0)
+    again = stratified_split(labels, 0.25, seed=0)
+    np.testing.assert_array_equal(train, again[0])
+    np.testing.assert_array_equal(val, again[1])
+    assert np.intersect1d(train, val).size == 0 and len(train) + len(val) == len(labels)
+    np.testing.assert_array_equal(np.bincount(labels[val]), [2, 5, 10, 1])  # round(0.25 * n_c)
+    assert not np.array_equal(val, stratified_split(labels, 0.25, seed=1)[1])
+    with pytest.raises(ValueError, match="val_fraction"):
+        stratified_split(labels, 1.0)
+
+
+def test_elements_are_channel_sparse_tensors_with_static_shapes(shapes):
+    points, labels, _ = shapes
+    dataset = point_cloud_dataset(points, labels, 8, 16, features=("occupancy", "normals"))
+    x_spec, y_spec = dataset.element_spec
+    assert isinstance(x_spec, ts.ChannelSparseTensor.Spec)
+    assert x_spec.dense_shape.shape == [5] and x_spec.keys.shape.as_list() == [None]
+    assert x_spec.values.dtype == tf.float32 and y_spec.shape.as_list() == [None] and y_spec.dtype == tf.int64
+    sizes = []
+    for x, y in dataset:
+        assert isinstance(x, ts.ChannelSparseTensor)
+        ts.validate(x)
+        assert x.dense_shape.numpy().tolist() == [len(y), 8, 8, 8, 4]
+        sizes.append(len(y))
+    assert sizes == [16, 16, 8]
+    dropped = point_cloud_dataset(points, labels, 8, 16, drop_remainder=True)
+    assert dropped.element_spec[1].shape.as_list() == [16] and len(list(dropped)) == 2
+
+
+def test_batch_equals_direct_voxelization(shapes, assert_same_channel_sparse):
+    points, labels, _ = shapes
+    dataset = point_cloud_dataset(points, labels, 16, 12, features=("occupancy", "count"), shuffle=False)
+    for i, (x, y) in enumerate(dataset):
+        expected = voxelize_points(points[12 * i:12 * (i + 1)], 16, features=("occupancy", "count"))
+        assert_same_channel_sparse(x, expected)
+        np.testing.assert_array_equal(ts.to_dense(x).numpy(), ts.to_dense(expected).numpy())
+        np.testing.assert_array_equal(y.numpy(), labels[12 * i:12 * (i + 1)])
+
+
+def test_shuffling_and_augmentation_are_seeded_and_change_per_epoch(shapes):
+    points, labels, _ = shapes
+
+    def epochs(dataset, n=2):
+        iterator_epochs = []
+        for _ in range(n):
+            iterator_epochs.append([(x.keys.numpy(), y.numpy()) for x, y in dataset])
+        return iterator_epochs
+
+    make = lambda seed: point_cloud_dataset(points, labels, 16, 8, augmentation=Augmentation(), seed=seed)  # noqa: E731
+    first, second = epochs(make(3)), epochs(make(3))
+    for a, b in zip(first, second):
+        for (keys_a, y_a), (keys_b, y_b) in zip(a, b):
+            np.testing.assert_array_equal(keys_a, keys_b)
+            np.testing.assert_array_equal(y_a, y_b)
+    labels_epoch = [np.concatenate([y for _, y in epoch]) for epoch in first]
+    assert sorted(labels_epoch[0]) == sorted(labels)
+    assert not np.array_equal(labels_epoch[0], labels_epoch[1])
+    assert not np.array_equal(labels_epoch[0], np.concatenate([y for _, y in epochs(make(4), 1)[0]]))
+
+
+def test_augmentation_rotates_about_up_scales_and_jitters(rng):
+    clouds = make_shapes(1, 200, seed=0, normals=True)[0][:3]
+    rotated = augment_point_clouds(clouds, np.random.default_rng(0), Augmentation(scale_range=(1, 1), jitter=0))
+    # About z: heights, horizontal radii and normal-to-point geometry are kept.
+    np.testing.assert_allclose(rotated[..., 2], clouds[..., 2], atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(rotated[..., :2], axis=2), np.linalg.norm(clouds[..., :2], axis=2),
+                               atol=1e-5)
+    np.testing.assert_allclose(np.sum(rotated[..., :3] * rotated[..., 3:], axis=2),
+                               np.sum(clouds[..., :3] * clouds[..., 3:], axis=2), atol=1e-5)
+    assert not np.allclose(rotated[..., :2], clouds[..., :2])
+    scaled = augment_point_clouds(clouds, np.random.default_rng(0),
+                                  Augmentation(rotate_up=False, scale_range=(0.5, 0.5), jitter=0))
+    np.testing.assert_allclose(scaled[..., :3], clouds[..., :3] * 0.5, atol=1e-6)
+    np.testing.assert_allclose(scaled[..., 3:], clouds[..., 3:], atol=1e-6)
+    jittered = augment_point_clouds(clouds, np.random.default_rng(0),
+                                    Augmentation(rotate_up=False, scale_range=(1, 1), jitter=0.01))
+    assert 0 < np.abs(jittered[..., :3] - clouds[..., :3]).max() <= 0.03 + 1e-6
+
+
+def test_image_dataset(rng, assert_same_channel_sparse):
+    images = rng.integers(0, 256, (10, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, 10)
+    dataset = image_dataset(images, labels, 4, shuffle=False)
+    assert dataset.element_spec[0].dense_shape.shape == [4]
+    batches = list(dataset)
+    assert [len(y) for _, y in batches] == [4, 4, 2]
+    assert_same_channel_sparse(batches[1][0], images_to_channel_sparse(images[4:8]))
+
+
+def test_keras_style_iteration_in_a_tf_function(shapes):
+    # What Keras fit does with a dataset: iterate it inside a traced function.
+    points, labels, _ = shapes
+    dataset = point_cloud_dataset(points, labels, 8, 8)
+
+    @tf.function
+    def occupied_per_batch(ds):
+        total = tf.constant(0, tf.int64)
+        for x, _ in ds:
+            total += tf.reduce_sum(tf.cast(ts.to_dense(x) > 0, tf.int64))
+        return total
+
+    expected = sum(int(x.num_entries) for x, _ in dataset)
+    assert int(occupied_per_batch(dataset)) == expected
+
+
+def test_errors(shapes):
+    points, labels, _ = shapes
+    with pytest.raises(ValueError, match="features"):
+        point_cloud_dataset(points, labels, 8, 4, features=("colour",))
+    with pytest.raises(ValueError, match="expected points"):
+        point_cloud_dataset(points, labels[:3], 8, 4)
+    bad = points.copy()
+    bad[7, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="example 7 contains NaN"):
+        point_cloud_dataset(bad, labels, 8, 4)
+    with pytest.raises(ValueError, match="0 examples"):
+        point_cloud_dataset(points[:0], labels[:0], 8, 4)
+
+
+@pytest.mark.skipif(not (DATA / "modelnet40_train.npz").exists(), reason="../shared/data not available")
+def test_real_modelnet_split_and_batch():
+    from tf_sparseconv.data.modelnet import load_modelnet_npz
+    points, labels, classes = load_modelnet_npz(DATA / "modelnet40_train.npz")
+    train, val = stratified_split(labels, 0.1, seed=0)
+    assert abs(len(val) - 984) <= 40 and set(labels[val]) == set(range(40))
+    x, y = next(iter(point_cloud_dataset(points[val], labels[val], 32, 32, augmentation=Augmentation())))
+    assert x.dense_shape.numpy().tolist() == [32, 32, 32, 32, 1]
+    assert 0.01 < float(x.density()) < 0.05  # about 2.5 % at 32^3

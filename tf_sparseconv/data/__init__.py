@@ -1,0 +1,28 @@
+"""Data for channel-sparse CNNs: voxelization, dataset loaders and tf.data pipelines.
+
+- voxelize:  point clouds -> ChannelSparseTensor [B, r, r, r, C] (occupancy, counts, normals).
+             A dense grid [B, r, r, r, C] that already exists goes through ts.from_dense.
+- modelnet:  ModelNet40/10 from OFF meshes (<root>/<class>/{train,test}/*.off) or the .npz clouds.
+- scannet:   ScanNet furniture instances cropped from the official scans (19 classes, §4.5).
+- mnist:     MNIST from .npz or idx files, thresholded at 50 as in §4.2.
+- synthetic: procedurally generated primitives, the default data set (no download).
+- pipeline:  stratified split, augmentation, (ChannelSparseTensor, labels) batches for Keras fit.
+"""
+from tf_sparseconv.data.mnist import image_arrays, images_to_channel_sparse, load_mnist, read_idx
+from tf_sparseconv.data.modelnet import (MODELNET10_CLASSES, load_modelnet_meshes, load_modelnet_npz,
+                                         normalize_to_unit_sphere, read_off, sample_surface)
+from tf_sparseconv.data.pipeline import (Augmentation, augment_point_clouds, image_dataset, point_cloud_dataset,
+                                         stratified_split)
+from tf_sparseconv.data.scannet import SCANNET_CLASSES, load_scannet_objects, read_ply, scene_objects
+from tf_sparseconv.data.synthetic import SHAPE_CLASSES, make_shapes
+from tf_sparseconv.data.voxelize import num_channels, voxelize_arrays, voxelize_points
+
+__all__ = [
+    "voxelize_points", "voxelize_arrays", "num_channels",
+    "read_off", "sample_surface", "normalize_to_unit_sphere", "load_modelnet_meshes", "load_modelnet_npz",
+    "MODELNET10_CLASSES",
+    "read_ply", "scene_objects", "load_scannet_objects", "SCANNET_CLASSES",
+    "read_idx", "load_mnist", "image_arrays", "images_to_channel_sparse",
+    "make_shapes", "SHAPE_CLASSES",
+    "stratified_split", "Augmentation", "augment_point_clouds", "point_cloud_dataset", "image_dataset",
+]

@@ -1,0 +1,22 @@
+"""Reading named arrays from an .npz archive with errors that name the file and the problem."""
+import zipfile
+
+import numpy as np
+
+
+def read_npz_arrays(path, names):
+    """{name: array} for the given names; ValueError for an unreadable file or a missing array."""
+    try:
+        data = np.load(path)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:  # np.load tries pickle on non-zip bytes
+        raise ValueError(f"{path}: not a readable .npz file ({e})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: not a readable .npz file (a single .npy array, not an .npz archive)")
+    with data:
+        missing = set(names) - set(data.files)
+        if missing:
+            raise ValueError(f"{path}: missing arrays {sorted(missing)}; expected {list(names)}, found {data.files}")
+        try:
+            return {name: data[name] for name in names}
+        except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:  # a member that does not decode
+            raise ValueError(f"{path}: not a readable .npz file ({e})") from None

@@ -1,0 +1,131 @@
+"""tf.data pipelines yielding (ts.ChannelSparseTensor, labels) batches for Keras `fit`, plus
+the fixed stratified train/validation split.
+
+Index batches are shuffled by tf.data, then one tf.numpy_function per batch gathers the
+clouds (or images), augments them and builds keys/values/dense_shape with the vectorised
+NumPy code; a ChannelSparseTensor (an ExtensionType, so a valid tf.data element) is
+assembled from them. The data stays in a NumPy closure, never in the graph. Augmentation
+draws from a per-batch seed out of tf.data.Dataset.random, so runs are reproducible and
+parallel map calls cannot reorder the random stream, yet every epoch differs.
+"""
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.data.mnist import THRESHOLD, image_arrays
+from tf_sparseconv.data.voxelize import num_channels, voxelize_arrays
+
+
+def stratified_split(labels, val_fraction=0.1, seed=0):
+    """(train_idx, val_idx), both sorted: round(val_fraction * n_c) of each class c go to
+    validation, chosen by a generator seeded from (seed, c), so the split is fixed."""
+    labels = np.asarray(labels)
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    val = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        n_val = int(round(val_fraction * len(members)))
+        val.append(np.random.default_rng([seed, int(c)]).permutation(members)[:n_val])
+    val = np.sort(np.concatenate(val)) if val else np.zeros([0], np.int64)
+    train = np.setdiff1d(np.arange(len(labels)), val)
+    return train.astype(np.int64), val.astype(np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Augmentation:
+    """Per-cloud random rotation about the up axis, isotropic scale and Gaussian jitter."""
+    rotate_up: bool = True
+    up_axis: int = 2          # z is up in ModelNet and ScanNet
+    scale_range: tuple = (0.85, 1.0)  # > 1 would push surfaces into the clipped border voxels
+    jitter: float = 0.01      # std in unit-sphere units, clipped at 3 std
+
+
+def augment_point_clouds(points, rng, augmentation=Augmentation()):
+    """Augmented copy of clouds [B, N, 3 or 6]; normals (columns 3:6) are rotated, not scaled or jittered."""
+    points = np.array(points, np.float64)
+    batch = len(points)
+    if augmentation.rotate_up:
+        angle = rng.uniform(0, 2 * np.pi, batch)
+        cos, sin = np.cos(angle), np.sin(angle)
+        a, b = [axis for axis in range(3) if axis != augmentation.up_axis]
+        rotation = np.tile(np.eye(3), (batch, 1, 1))
+        rotation[:, a, a], rotation[:, a, b], rotation[:, b, a], rotation[:, b, b] = cos, -sin, sin, cos
+        points[..., :3] = np.einsum("bij,bnj->bni", rotation, points[..., :3])
+        if points.shape[-1] >= 6:
+            points[..., 3:6] = np.einsum("bij,bnj->bni", rotation, points[..., 3:6])
+    points[..., :3] *= rng.uniform(*augmentation.scale_range, (batch, 1, 1))
+    if augmentation.jitter > 0:
+        sigma = augmentation.jitter
+        points[..., :3] += np.clip(rng.normal(scale=sigma, size=points[..., :3].shape), -3 * sigma, 3 * sigma)
+    return points.astype(np.float32)
+
+
+def _sparse_batches(num_examples, batch_size, shuffle, seed, drop_remainder, make_batch, sample_shape):
+    """Dataset of (ChannelSparseTensor, labels) from make_batch(indices, batch_seed) ->
+    (keys, values, dense_shape, labels) in NumPy; sample_shape is the static (R..., C)."""
+    rank = len(sample_shape) + 1
+    if num_examples == 0:
+        raise ValueError("cannot build a dataset from 0 examples")
+    indices = tf.data.Dataset.range(num_examples)
+    if shuffle:
+        indices = indices.shuffle(num_examples, seed=seed, reshuffle_each_iteration=True)
+    indices = indices.batch(batch_size, drop_remainder=drop_remainder)
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+    batch_dim = batch_size if drop_remainder else None
+
+    def assemble(batch_indices, batch_seed):
+        keys, values, dense_shape, labels = tf.numpy_function(
+            make_batch, [batch_indices, batch_seed], [tf.int64, tf.float32, tf.int64, tf.int64], stateful=False)
+        x = ChannelSparseTensor(tf.ensure_shape(keys, [None]), tf.ensure_shape(values, [None]),
+                                tf.ensure_shape(dense_shape, [rank]), tf.TensorShape([batch_dim, *sample_shape]))
+        return x, tf.ensure_shape(labels, [batch_dim])
+
+    return (tf.data.Dataset.zip(indices, seeds)
+            .map(assemble, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            .prefetch(tf.data.AUTOTUNE))
+
+
+def point_cloud_dataset(points, labels, resolution, batch_size, *, features=("occupancy",), bounds=(-1.0, 1.0),
+                        shuffle=True, augmentation=None, seed=0, drop_remainder=False):
+    """Batches (ChannelSparseTensor [B, r, r, r, C], labels int64 [B]) of voxelized clouds.
+
+    points: [M, N, 3 or 6] (columns 3:6 normals, for features containing "normals");
+    augmentation: None or an Augmentation, applied before voxelizing.
+    """
+    points = np.asarray(points)
+    labels = np.asarray(labels, np.int64)
+    if points.ndim != 3 or len(points) != len(labels):
+        raise ValueError(f"expected points [M, N, 3+] and labels [M], got {points.shape} and {labels.shape}")
+    num_channels(features)  # fail on bad feature names now, not inside tf.data
+    used = points[..., :6 if "normals" in features else 3]
+    if not np.isfinite(used).all():
+        raise ValueError(f"example {int(np.argmin(np.isfinite(used).all(axis=(1, 2))))} contains NaN or infinite "
+                         "values")
+
+    def make_batch(batch_indices, batch_seed):
+        clouds = points[batch_indices]
+        if augmentation is not None:
+            clouds = augment_point_clouds(clouds, np.random.default_rng(int(batch_seed) % 2 ** 63), augmentation)
+        keys, values, dense_shape = voxelize_arrays(clouds, resolution, bounds, features, np.float32)
+        return keys, values, dense_shape, labels[batch_indices]
+
+    sample_shape = (resolution, resolution, resolution, num_channels(features))
+    return _sparse_batches(len(points), batch_size, shuffle, seed, drop_remainder, make_batch, sample_shape)
+
+
+def image_dataset(images, labels, batch_size, *, threshold=THRESHOLD, shuffle=True, seed=0, drop_remainder=False):
+    """Batches (ChannelSparseTensor [B, H, W, 1], labels int64 [B]) of thresholded uint8 images."""
+    images = np.asarray(images)
+    labels = np.asarray(labels, np.int64)
+    if images.ndim != 3 or len(images) != len(labels):
+        raise ValueError(f"expected images [M, H, W] and labels [M], got {images.shape} and {labels.shape}")
+
+    def make_batch(batch_indices, _batch_seed):
+        keys, values, dense_shape = image_arrays(images[batch_indices], threshold, np.float32)
+        return keys, values, dense_shape, labels[batch_indices]
+
+    return _sparse_batches(len(images), batch_size, shuffle, seed, drop_remainder, make_batch,
+                           (*images.shape[1:], 1))
