@@ -17,10 +17,11 @@
 namespace tf_sparseconv {
 
 enum class SelectionMode { kNone, kSigned, kAbs };
-// How the responses of one (b, oc) segment are summed. Both give bit-identical results
-// (contributions to one output position are added in the same order); they differ in
-// cost: kDense scans an R1*...*Rd buffer, kMerge k-way merges the sorted contribution
-// streams (memory proportional to the entries). kAuto picks the cheaper per segment.
+// How responses are summed. Both give bit-identical results (contributions to one
+// output are added in the same order); they differ in cost: kDense works per batch
+// element in a position-major [R1*...*Rd, Cout] buffer with vectorisable [Cout] rows
+// (gather-GEMM-scatter), kMerge k-way merges the sorted contribution streams of one
+// (b, oc) segment (memory proportional to the entries). kAuto picks the cheaper.
 enum class Accumulator { kAuto, kDense, kMerge };
 
 // One present filter weight, seen from the input: entry x feeds output y = x - delta.
@@ -96,7 +97,9 @@ struct DirectConvBackpropArgs {
   Accumulator accumulator = Accumulator::kAuto;
 };
 
-// Largest gradient buffer the automatic choice allows for the dense backward (bytes).
+// Largest buffers the automatic choice allows for the dense path (bytes): the forward's
+// per-block [S, Cout] scratch and the backward's [B, S, Cout] gradient.
+constexpr int64_t kMaxDenseScratchBytes = int64_t{64} << 20;
 constexpr int64_t kMaxDenseGradientBytes = int64_t{256} << 20;
 
 // Eq. 3: gradients only at present input entries and present weights; entries that

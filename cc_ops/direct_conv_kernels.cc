@@ -121,16 +121,132 @@ void SelectTopK(SelectionMode mode, int64_t k, SegmentResult<T>* r) {
   r->values.resize(k);
 }
 
-// Per-thread scratch of the dense accumulator, allocated on first use.
+template <typename T>
+void FinishSegment(const DirectConvArgs<T>& a, int64_t oc, SegmentResult<T>* out);
+
+// What the dense path needs beside the args: per input channel the kernel offsets with
+// at least one present weight (filter_index = the [Cout] row (offset * Cin + ic) * Cout),
+// the filter with pruned weights zeroed, and the mask as bytes.
+template <typename T>
+struct DenseTables {
+  std::vector<std::vector<PresentWeight>> reaches;
+  std::vector<T> masked_filter;
+  std::vector<uint8_t> mask;
+};
+
+template <typename T>
+DenseTables<T> BuildDenseTables(const DirectConvArgs<T>& a) {
+  const int64_t cin = a.in_layout.channels, cout = a.cout;
+  DenseTables<T> t;
+  t.reaches.resize(cin);
+  t.masked_filter.assign(a.filter_size, T(0));
+  t.mask.assign(a.filter_size, 0);
+  std::vector<uint8_t> listed(a.filter_size / cout, 0);  // one flag per (offset, ic) row
+  for (const PresentWeight& pw : a.weights->items) {
+    t.masked_filter[pw.filter_index] = a.filter[pw.filter_index];
+    t.mask[pw.filter_index] = 1;
+    const int64_t row = pw.filter_index / cout;
+    if (listed[row]) continue;
+    listed[row] = 1;
+    PresentWeight r = pw;
+    r.filter_index = row * cout;
+    t.reaches[row % cin].push_back(r);
+  }
+  for (auto& list : t.reaches)  // kernel-offset order: the merge path's summation order
+    std::sort(list.begin(), list.end(), [](const PresentWeight& x, const PresentWeight& y) {
+      return x.filter_index < y.filter_index;
+    });
+  return t;
+}
+
+// Bytes of the dense path's scratch per block: sums, flags, row flags.
+template <typename T>
+int64_t DenseScratchBytes(int64_t spatial_size, int64_t cout) {
+  return spatial_size * cout * (static_cast<int64_t>(sizeof(T)) + 1) + spatial_size + 8;
+}
+
+// Per-block scratch of the dense path, allocated on first use: position-major sums and
+// touched flags [S, Cout], and one flag per position to skip untouched rows quickly.
 template <typename T>
 struct DenseScratch {
   std::vector<T> sum;
   std::vector<uint8_t> touched;
+  std::vector<uint8_t> row_touched;
 };
 
+// The dense path (gather-GEMM-scatter): one batch element, all output channels at once.
+// Each (input entry, kernel offset) adds v * w[offset, ic, :] to one contiguous [Cout] row,
+// a vectorisable multiply-add; pruned weights enter as 0 but do not mark the row touched.
+// For one output (y, oc) the additions come in (ic, offset) order, as in the merge path,
+// so both give identical values.
 template <typename T>
-void ConvolveSegment(const DirectConvArgs<T>& a, int64_t b, int64_t oc,
-                     DenseScratch<T>* scratch, SegmentResult<T>* out) {
+void ConvolveBatchElement(const DirectConvArgs<T>& a, const DenseTables<T>& t, int64_t b,
+                          DenseScratch<T>* scratch, SegmentResult<T>* out) {
+  const KeyLayout& L = a.in_layout;
+  const int64_t S = L.spatial_size, cin = L.channels, cout = a.cout;
+  const int d = L.d;
+  if (scratch->sum.empty()) {
+    scratch->sum.assign(S * cout, T(0));
+    scratch->touched.assign(S * cout, 0);
+    scratch->row_touched.assign(S + 8, 0);  // +8: word reads past the end
+  }
+  T* sum = scratch->sum.data();
+  uint8_t* touched = scratch->touched.data();
+  uint8_t* row_touched = scratch->row_touched.data();
+  for (int64_t ic = 0; ic < cin; ++ic) {
+    const int64_t seg = b * cin + ic;
+    const int64_t base = seg * S;
+    for (int64_t i = a.in_offsets[seg]; i < a.in_offsets[seg + 1]; ++i) {
+      const int32_t* x = a.coords + i * d;
+      const T v = a.values[i];
+      const int64_t lin = a.keys[i] - base;
+      for (const PresentWeight& r : t.reaches[ic]) {
+        if (!Reaches(x, r, d)) continue;
+        const int64_t y = lin - r.lin_delta;
+        const T* w = t.masked_filter.data() + r.filter_index;
+        const uint8_t* m = t.mask.data() + r.filter_index;
+        T* row = sum + y * cout;
+        uint8_t* flags = touched + y * cout;
+        for (int64_t oc = 0; oc < cout; ++oc) {
+          row[oc] += v * w[oc];
+          flags[oc] |= m[oc];
+        }
+        row_touched[y] = 1;
+      }
+    }
+  }
+  for (int64_t oc = 0; oc < cout; ++oc) {
+    out[oc].lin.clear();
+    out[oc].values.clear();
+  }
+  for (int64_t y = 0; y < S;) {
+    uint64_t word;
+    std::memcpy(&word, row_touched + y, 8);
+    if (word == 0) {
+      y += 8;
+      continue;
+    }
+    if (row_touched[y]) {
+      T* row = sum + y * cout;
+      uint8_t* flags = touched + y * cout;
+      for (int64_t oc = 0; oc < cout; ++oc) {
+        if (flags[oc]) {
+          out[oc].lin.push_back(y);
+          out[oc].values.push_back(row[oc]);
+        }
+        row[oc] = T(0);
+        flags[oc] = 0;
+      }
+      row_touched[y] = 0;
+    }
+    ++y;
+  }
+  for (int64_t oc = 0; oc < cout; ++oc) FinishSegment(a, oc, &out[oc]);
+}
+
+// The merge path: one (b, oc) segment, k-way merging its sorted contribution streams.
+template <typename T>
+void ConvolveSegment(const DirectConvArgs<T>& a, int64_t b, int64_t oc, SegmentResult<T>* out) {
   const KeyLayout& L = a.in_layout;
   const int64_t cin = L.channels;
   std::vector<ContributionStream<T>> streams;
@@ -152,47 +268,7 @@ void ConvolveSegment(const DirectConvArgs<T>& a, int64_t b, int64_t oc,
     out->positive = 0;
     return;
   }
-  bool use_dense = a.accumulator == Accumulator::kDense;
-  if (a.accumulator == Accumulator::kAuto) {
-    // Dense: zero-fill and scan S cells (8 flags per word) plus the contributions;
-    // merge: a heap step of log2(#streams) per contribution.
-    const double log_streams = std::log2(static_cast<double>(streams.size()) + 1.0);
-    const double dense_cost = L.spatial_size / 8.0 + contributions;
-    const double merge_cost = contributions * (1.0 + log_streams);
-    use_dense = dense_cost < merge_cost && L.spatial_size <= (int64_t{1} << 26);
-  }
-  const int d = L.d;
-  if (use_dense) {
-    if (scratch->sum.empty()) {
-      scratch->sum.assign(L.spatial_size, T(0));
-      scratch->touched.assign(L.spatial_size + 8, 0);  // +8: word reads past the end
-    }
-    T* sum = scratch->sum.data();
-    uint8_t* touched = scratch->touched.data();
-    for (const auto& s : streams) {
-      for (int64_t i = s.pos; i < s.end; ++i) {
-        if (!Reaches(a.coords + i * d, *s.pw, d)) continue;
-        const int64_t y = a.keys[i] - s.base - s.pw->lin_delta;
-        sum[y] += a.values[i] * s.w;
-        touched[y] = 1;
-      }
-    }
-    for (int64_t y = 0; y < L.spatial_size;) {
-      uint64_t word;
-      std::memcpy(&word, touched + y, 8);
-      if (word == 0) {
-        y += 8;
-        continue;
-      }
-      if (touched[y]) {
-        out->lin.push_back(y);
-        out->values.push_back(sum[y]);
-        sum[y] = T(0);
-        touched[y] = 0;
-      }
-      ++y;
-    }
-  } else {
+  {
     std::vector<int32_t> heap;  // stream indices, min-heap on (out_lin, stream index)
     heap.reserve(streams.size());
     auto later = [&](int32_t x, int32_t y) {
@@ -220,6 +296,12 @@ void ConvolveSegment(const DirectConvArgs<T>& a, int64_t b, int64_t oc,
       }
     }
   }
+  FinishSegment(a, oc, out);
+}
+
+// Bias on the touched entries, the positive count, k-selection (Alg. 1 lines 10-12).
+template <typename T>
+void FinishSegment(const DirectConvArgs<T>& a, int64_t oc, SegmentResult<T>* out) {
   out->touched = static_cast<int64_t>(out->lin.size());
   const T bias = a.bias[oc];
   out->positive = 0;
@@ -265,21 +347,165 @@ template <typename T>
 struct DirectConvForwardFunctor<CPUDevice, T> {
   void operator()(const CPUDevice& device, const DirectConvArgs<T>& args,
                   std::vector<SegmentResult<T>>* results) {
-    const int64_t units = args.in_layout.batch * args.cout;
+    const KeyLayout& L = args.in_layout;
+    const int64_t batch = L.batch, cin = L.channels, cout = args.cout, S = L.spatial_size;
+    const int64_t units = batch * cout;
     results->resize(units);
-    const double per_unit = 1.0 + static_cast<double>(args.n) *
-                                      std::max<int64_t>(1, args.weights->count()) /
-                                      std::max<int64_t>(1, units);
-    device.parallelFor(units, Eigen::TensorOpCost(0, 0, 10.0 * per_unit),
+    // Contributions (entry, present weight) and (entry, offset) row updates, for the cost model.
+    double contributions = 0, row_updates = 0;
+    const DenseTables<T> tables = args.accumulator == Accumulator::kMerge ? DenseTables<T>()
+                                                                          : BuildDenseTables(args);
+    for (int64_t ic = 0; ic < cin; ++ic) {
+      int64_t present = 0;
+      for (int64_t oc = 0; oc < cout; ++oc) present += args.weights->end(oc, ic) - args.weights->begin(oc, ic);
+      int64_t entries = 0;
+      for (int64_t b = 0; b < batch; ++b) entries += args.in_offsets[b * cin + ic + 1] - args.in_offsets[b * cin + ic];
+      contributions += static_cast<double>(entries) * present;
+      if (!tables.reaches.empty()) row_updates += static_cast<double>(entries) * tables.reaches[ic].size();
+    }
+    bool dense = args.accumulator == Accumulator::kDense;
+    if (args.accumulator == Accumulator::kAuto) {
+      // Dense: clear and scan B * S * Cout cells plus vectorised [Cout] row updates;
+      // merge: a heap step of log2(#streams) per contribution.
+      const double streams = std::max(1.0, static_cast<double>(args.weights->count()) / cout);
+      const double dense_cost = batch * S * (cout / 4.0 + 1.0) + row_updates * (2.0 + cout / 4.0);
+      const double merge_cost = contributions * (1.0 + std::log2(streams + 1.0));
+      dense = dense_cost < merge_cost && DenseScratchBytes<T>(S, cout) <= kMaxDenseScratchBytes;
+    }
+    if (dense) {
+      device.parallelFor(batch, Eigen::TensorOpCost(0, 0, 10.0 * (1.0 + row_updates * cout / batch)),
+                         [&](Eigen::Index first, Eigen::Index last) {
+                           DenseScratch<T> scratch;
+                           for (Eigen::Index b = first; b < last; ++b)
+                             ConvolveBatchElement(args, tables, b, &scratch, results->data() + b * cout);
+                         });
+      return;
+    }
+    device.parallelFor(units, Eigen::TensorOpCost(0, 0, 10.0 * (1.0 + contributions / units)),
                        [&](Eigen::Index first, Eigen::Index last) {
-                         DenseScratch<T> scratch;
-                         for (Eigen::Index u = first; u < last; ++u) {
-                           ConvolveSegment(args, u / args.cout, u % args.cout, &scratch,
-                                           &(*results)[u]);
-                         }
+                         for (Eigen::Index u = first; u < last; ++u)
+                           ConvolveSegment(args, u / cout, u % cout, &(*results)[u]);
                        });
   }
 };
+
+namespace {
+
+// Backward through the merge path's layout: for every present weight, walk the input
+// segment and find its outputs in the sorted out_keys (a forward-only search).
+template <typename T>
+void SearchBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, T* in_grad,
+                    T* filter_grad, double links) {
+  const DirectConvArgs<T>& a = g.forward;
+  const int64_t batch = a.in_layout.batch, cin = a.in_layout.channels, cout = a.cout;
+  const PresentWeights& W = *a.weights;
+  const double work = 10.0 * (1.0 + links / std::max<int64_t>(1, cin * cout));
+  // dL/dx: each (b, ic) segment is owned by one thread, so no atomics are needed and
+  // the summation order is fixed (oc, then kernel offset): deterministic.
+  device.parallelFor(batch * cin, Eigen::TensorOpCost(0, 0, work * cout / batch),
+                     [&](Eigen::Index first, Eigen::Index last) {
+                       for (Eigen::Index u = first; u < last; ++u) {
+                         const int64_t b = u / cin, ic = u % cin;
+                         for (int64_t oc = 0; oc < cout; ++oc)
+                           for (const PresentWeight* pw = W.begin(oc, ic); pw != W.end(oc, ic); ++pw) {
+                             const T w = a.filter[pw->filter_index];
+                             ForEachLink(g, b, ic, oc, *pw,
+                                         [&](int64_t i, int64_t p) { in_grad[i] += g.out_grad[p] * w; });
+                           }
+                       }
+                     });
+  // dL/dw: only present weights get a gradient (Eq. 3); one thread per (ic, oc).
+  device.parallelFor(cin * cout, Eigen::TensorOpCost(0, 0, work * batch),
+                     [&](Eigen::Index first, Eigen::Index last) {
+                       for (Eigen::Index u = first; u < last; ++u) {
+                         const int64_t oc = u / cin, ic = u % cin;
+                         for (const PresentWeight* pw = W.begin(oc, ic); pw != W.end(oc, ic); ++pw) {
+                           T acc = T(0);
+                           for (int64_t b = 0; b < batch; ++b)
+                             ForEachLink(g, b, ic, oc, *pw, [&](int64_t i, int64_t p) {
+                               acc += g.out_grad[p] * a.values[i];
+                             });
+                           filter_grad[pw->filter_index] = acc;
+                         }
+                       }
+                     });
+}
+
+// Backward through the dense path's layout: dL/dy scattered into a position-major
+// [B, S, Cout] buffer (an output absent after k-selection holds 0: no gradient, Eq. 3),
+// then per (entry, offset) a [Cout] dot product for dL/dx and a [Cout] update for dL/dw.
+template <typename T>
+void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, T* in_grad,
+                   T* filter_grad) {
+  const DirectConvArgs<T>& a = g.forward;
+  const KeyLayout& L = a.in_layout;
+  const int64_t batch = L.batch, cin = L.channels, cout = a.cout, S = L.spatial_size;
+  const int d = L.d;
+  const DenseTables<T> t = BuildDenseTables(a);
+  std::vector<T> grad(batch * S * cout, T(0));
+  for (int64_t p = 0; p < g.n_out; ++p) {
+    const int64_t seg = g.out_keys[p] / S, lin = g.out_keys[p] % S;
+    grad[((seg / cout) * S + lin) * cout + seg % cout] = g.out_grad[p];
+  }
+  const T* G = grad.data();
+  const double per_entry = 1.0 + 2.0 * cout * (t.masked_filter.size() / std::max<int64_t>(1, cin * cout));
+  device.parallelFor(batch * cin, Eigen::TensorOpCost(0, 0, per_entry * (1.0 + a.n / (batch * cin))),
+                     [&](Eigen::Index first, Eigen::Index last) {
+                       for (Eigen::Index u = first; u < last; ++u) {
+                         const int64_t b = u / cin, ic = u % cin, seg = b * cin + ic;
+                         for (int64_t i = a.in_offsets[seg]; i < a.in_offsets[seg + 1]; ++i) {
+                           const int32_t* x = a.coords + i * d;
+                           const int64_t lin = a.keys[i] - seg * S;
+                           T acc = T(0);
+                           for (const PresentWeight& r : t.reaches[ic]) {
+                             if (!Reaches(x, r, d)) continue;
+                             const T* row = G + (b * S + lin - r.lin_delta) * cout;
+                             const T* w = t.masked_filter.data() + r.filter_index;
+                             for (int64_t oc = 0; oc < cout; ++oc) acc += row[oc] * w[oc];
+                           }
+                           in_grad[i] = acc;
+                         }
+                       }
+                     });
+  // dL/dw: units (ic, batch chunk) accumulate partial sums, added in chunk order, so the
+  // result does not depend on the thread count. Pruned weights get none (Eq. 3).
+  const int64_t chunks = std::min<int64_t>(batch, 16);
+  const int64_t row_stride = cin * cout;  // filter_index of (offset, ic) rows step by this
+  const int64_t offsets = a.filter_size / row_stride;
+  std::vector<T> partial(cin * chunks * offsets * cout, T(0));
+  device.parallelFor(cin * chunks, Eigen::TensorOpCost(0, 0, per_entry * (1.0 + a.n / (cin * chunks))),
+                     [&](Eigen::Index first, Eigen::Index last) {
+                       for (Eigen::Index u = first; u < last; ++u) {
+                         const int64_t ic = u / chunks, chunk = u % chunks;
+                         T* part = partial.data() + u * offsets * cout;
+                         for (int64_t b = chunk * batch / chunks; b < (chunk + 1) * batch / chunks; ++b) {
+                           const int64_t seg = b * cin + ic;
+                           for (int64_t i = a.in_offsets[seg]; i < a.in_offsets[seg + 1]; ++i) {
+                             const int32_t* x = a.coords + i * d;
+                             const int64_t lin = a.keys[i] - seg * S;
+                             const T v = a.values[i];
+                             for (const PresentWeight& r : t.reaches[ic]) {
+                               if (!Reaches(x, r, d)) continue;
+                               const T* row = G + (b * S + lin - r.lin_delta) * cout;
+                               T* acc = part + (r.filter_index / row_stride) * cout;
+                               for (int64_t oc = 0; oc < cout; ++oc) acc[oc] += v * row[oc];
+                             }
+                           }
+                         }
+                       }
+                     });
+  for (int64_t ic = 0; ic < cin; ++ic)
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const T* part = partial.data() + (ic * chunks + chunk) * offsets * cout;
+      for (int64_t off = 0; off < offsets; ++off)
+        for (int64_t oc = 0; oc < cout; ++oc) {
+          const int64_t fi = (off * cin + ic) * cout + oc;
+          if (t.mask[fi]) filter_grad[fi] += part[off * cout + oc];
+        }
+    }
+}
+
+}  // namespace
 
 template <typename T>
 struct DirectConvBackpropFunctor<CPUDevice, T> {
@@ -288,7 +514,6 @@ struct DirectConvBackpropFunctor<CPUDevice, T> {
     const DirectConvArgs<T>& a = g.forward;
     const KeyLayout& L = a.in_layout;
     const int64_t batch = L.batch, cin = L.channels, cout = a.cout, S = L.spatial_size;
-    const int d = L.d;
     const PresentWeights& W = *a.weights;
     // Lookups: every (input entry, present weight) pair of the same input channel.
     double links = 0;
@@ -300,7 +525,7 @@ struct DirectConvBackpropFunctor<CPUDevice, T> {
         entries += a.in_offsets[b * cin + ic + 1] - a.in_offsets[b * cin + ic];
       links += static_cast<double>(entries) * weights_of_ic;
     }
-    const int64_t grad_cells = batch * cout * S;
+    const int64_t grad_cells = batch * S * cout;
     bool dense = g.accumulator == Accumulator::kDense;
     if (g.accumulator == Accumulator::kAuto) {
       // A search costs ~log2 of the segment size; the buffer costs its zero-fill.
@@ -308,58 +533,13 @@ struct DirectConvBackpropFunctor<CPUDevice, T> {
       dense = grad_cells * static_cast<int64_t>(sizeof(T)) <= kMaxDenseGradientBytes &&
               grad_cells / 4.0 < links * search;
     }
-    std::vector<T> dense_grad;
-    if (dense) {
-      dense_grad.assign(grad_cells, T(0));
-      for (int64_t p = 0; p < g.n_out; ++p) dense_grad[g.out_keys[p]] = g.out_grad[p];
-    }
-    const T* G = dense_grad.data();
-    // Calls fn(i, gradient at the output that entry i reaches through pw) for every
-    // reaching entry of input segment (b, ic); absent outputs have gradient 0 (Eq. 3).
-    auto for_each_link = [&](int64_t b, int64_t ic, int64_t oc, const PresentWeight& pw, auto fn) {
-      if (!dense) {
-        ForEachLink(g, b, ic, oc, pw, [&](int64_t i, int64_t p) { fn(i, g.out_grad[p]); });
-        return;
-      }
-      const int64_t in_seg = b * cin + ic;
-      const int64_t shift = (b * cout + oc - in_seg) * S - pw.lin_delta;
-      for (int64_t i = a.in_offsets[in_seg]; i < a.in_offsets[in_seg + 1]; ++i)
-        if (Reaches(a.coords + i * d, pw, d)) fn(i, G[a.keys[i] + shift]);
-    };
-    const double work = 10.0 * (1.0 + links / std::max<int64_t>(1, cin * cout));
-    // dL/dx: each (b, ic) segment is owned by one thread, so no atomics are needed and
-    // the summation order is fixed (oc, then kernel offset): deterministic.
     std::fill(in_grad, in_grad + a.n, T(0));
-    device.parallelFor(batch * cin, Eigen::TensorOpCost(0, 0, work * cout / batch),
-                       [&](Eigen::Index first, Eigen::Index last) {
-                         for (Eigen::Index u = first; u < last; ++u) {
-                           const int64_t b = u / cin, ic = u % cin;
-                           for (int64_t oc = 0; oc < cout; ++oc)
-                             for (const PresentWeight* pw = W.begin(oc, ic);
-                                  pw != W.end(oc, ic); ++pw) {
-                               const T w = a.filter[pw->filter_index];
-                               for_each_link(b, ic, oc, *pw,
-                                             [&](int64_t i, T grad) { in_grad[i] += grad * w; });
-                             }
-                         }
-                       });
-    // dL/dw: only present weights get a gradient (Eq. 3); one thread per (ic, oc).
     std::fill(filter_grad, filter_grad + a.filter_size, T(0));
-    device.parallelFor(cin * cout, Eigen::TensorOpCost(0, 0, work * batch),
-                       [&](Eigen::Index first, Eigen::Index last) {
-                         for (Eigen::Index u = first; u < last; ++u) {
-                           const int64_t oc = u / cin, ic = u % cin;
-                           for (const PresentWeight* pw = W.begin(oc, ic);
-                                pw != W.end(oc, ic); ++pw) {
-                             T acc = T(0);
-                             for (int64_t b = 0; b < batch; ++b)
-                               for_each_link(b, ic, oc, *pw, [&](int64_t i, T grad) {
-                                 acc += grad * a.values[i];
-                               });
-                             filter_grad[pw->filter_index] = acc;
-                           }
-                         }
-                       });
+    if (dense) {
+      DenseBackprop(device, g, in_grad, filter_grad);
+    } else {
+      SearchBackprop(device, g, in_grad, filter_grad, links);
+    }
     for (int64_t oc = 0; oc < cout; ++oc) {
       T acc = T(0);
       for (int64_t b = 0; b < batch; ++b) {

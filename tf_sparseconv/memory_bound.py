@@ -10,8 +10,8 @@ activation kept alive at once: an upper bound for inference).
 The temporary terms follow the CPU kernels in cc_ops/ (see direct_conv_kernels.cc):
 decoded coordinates (4 bytes per entry and dimension), segment offsets, the present-
 weight lists, the kept entries of every output segment until the output is assembled,
-and per worker thread either a dense accumulator of R1*...*Rd cells or the touched set
-of one segment plus its merge heap.
+and per worker block either the dense path's position-major [R1*...*Rd, Cout] scratch
+or the touched set of one segment plus its merge heap.
 """
 import dataclasses
 import math
@@ -32,8 +32,9 @@ INDEX_BYTES = 8
 # What one allocation may cost beyond its bytes: a large buffer is mapped in whole pages,
 # plus the allocator's header and TensorFlow's 64-byte alignment.
 ALLOCATION_OVERHEAD = 4096 + 16 + 64
-# Largest grid for which the conv kernel may pick its dense accumulator (kernel constant).
-DENSE_ACCUMULATOR_MAX_CELLS = 1 << 26
+# Largest per-block scratch for which the conv kernel may pick its dense path
+# (kMaxDenseScratchBytes in cc_ops/direct_conv.h).
+MAX_DENSE_SCRATCH_BYTES = 64 << 20
 
 
 @dataclasses.dataclass
@@ -88,22 +89,30 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
     contributions = min(in_entries, cin * in_per_segment) * offsets
     touched = min(cells, contributions)
     streams = cin * offsets
-    dense_scratch = cells * (value_bytes + 1) + 8 if cells <= DENSE_ACCUMULATOR_MAX_CELLS else 0
-    # One segment in flight per block: its touched set (vector growth may double the
-    # capacity), k-selection's index order, the contribution streams and their heap.
-    per_block = (2 * touched * (KEY_BYTES + value_bytes) + touched * INDEX_BYTES + streams * (48 + 4)
-                 + dense_scratch)
+    # The dense path: per block a position-major [S, Cout] scratch, plus the masked filter,
+    # mask bytes and offset lists shared by all blocks.
+    dense_scratch = cells * cout * (value_bytes + 1) + cells + 8
+    dense = dense_scratch <= MAX_DENSE_SCRATCH_BYTES
+    filter_size = offsets * cin * cout
+    dense_tables = filter_size * (value_bytes + 1) + offsets * cin * 48 + filter_size // cout if dense else 0
+    # The merge path: one segment in flight per block: its touched set (vector growth may
+    # double the capacity), k-selection's index order, the contribution streams and heap.
+    # The dense path holds Cout segments' touched sets at once.
+    segments_in_flight = cout if dense else 1
+    per_block = (segments_in_flight * (2 * touched * (KEY_BYTES + value_bytes) + touched * INDEX_BYTES)
+                 + streams * (48 + 4) + (dense_scratch if dense else 0))
     temporary = (in_entries * d * 4                              # decoded coordinates
                  + (batch * cin + 1) * INDEX_BYTES               # segment offsets
                  + offsets * cin * cout * 48                     # present-weight lists
                  + 2 * (cout * cin + 1) * INDEX_BYTES
+                 + dense_tables
                  + _sparse_bytes(out_entries, value_bytes)       # kept entries until assembly
                  + batch * cout * 72                             # per-segment results and offsets
                  + (threads + 1) * per_block)                    # the calling thread runs a block too
     # Allocations: 5 outputs; coordinates, offsets, weight lists (3), result table, offsets;
-    # 2 vectors per output segment; per block the touched set (2), order, streams, heap and
-    # the dense accumulator (2).
-    allocations = 5 + 7 + 2 * batch * cout + (threads + 1) * 7
+    # the dense tables (4 + 1 per channel); 2 vectors per output segment; per block the
+    # scratch (3), order, streams, heap, and the touched sets of up to Cout segments.
+    allocations = 5 + 7 + 4 + cin + 2 * batch * cout + (threads + 1) * (7 + 2 * cout)
     if layer.activation == "relu":
         # The ReLU's output and its kept-index vector exist beside the conv output.
         out_bytes += _sparse_bytes(out_entries, value_bytes) + out_entries * INDEX_BYTES
