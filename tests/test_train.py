@@ -1,0 +1,64 @@
+"""The OctNet3 builder (Table 4) and the training entry point, end to end on small data."""
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from tf_sparseconv import keras_layers as kl
+from tf_sparseconv import train
+from tf_sparseconv.models import octnet3
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+
+
+@pytest.mark.parametrize("resolution,sparse_convs,dense_convs", [(16, 6, 0), (32, 9, 3), (64, 9, 6)])
+def test_octnet3_follows_table4(resolution, sparse_convs, dense_convs):
+    model = octnet3(resolution, 40)
+    layers = model.layers
+    assert sum(isinstance(layer, kl.SparseConv) for layer in layers) == sparse_convs
+    assert sum(isinstance(layer, keras.layers.Conv3D) for layer in layers) == dense_convs
+    assert model.output_shape == (None, 40)
+    bounds = sorted({layer.rho_up for layer in layers if isinstance(layer, kl.SparseConv) and layer.rho_up})
+    assert bounds == sorted({rho for rho in {16: (), 32: (0.14, 0.33, 0.66), 64: (0.06, 0.14, 0.33)}[resolution]})
+
+
+def test_octnet3_for_mnist_is_two_dimensional():
+    model = octnet3(28, 10, rhos=(0.05, 0.1), spatial_dims=2)
+    assert all(layer.kernel.shape[:2] == (3, 3) for layer in model.layers if isinstance(layer, kl.SparseConv))
+    assert model.output_shape == (None, 10)
+
+
+def test_octnet3_rejects_resolution_not_divisible_by_its_pools():
+    with pytest.raises(ValueError, match="not divisible"):
+        octnet3(18, 10, rhos=(0.1, 0.1, 0.1))
+
+
+def test_train_on_synthetic_writes_results_and_a_loadable_model(tmp_path, capsys):
+    results = train.main(["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--epochs", "2",
+                          "--synthetic-per-class", "6", "--batch-size", "8", "--lam", "0.1", "--prune-eps", "0.01",
+                          "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "validation accuracy" in printed and "forward pass at batch 8" in printed
+    with open(tmp_path / "results.json") as f:
+        saved = json.load(f)
+    assert saved["val_accuracy"] == pytest.approx(results["val_accuracy"])
+    assert 0.0 <= saved["val_accuracy"] <= 1.0
+    assert len(saved["sec_per_epoch"]) == 2 and saved["memory_bound_bytes"] > 0
+    assert len(saved["layers"]) == 6 and all(0 < layer["density"] <= 1 for layer in saved["layers"])
+    assert len(saved["pruning"]) == 2
+    model = keras.models.load_model(tmp_path / "model.keras")
+    assert model.output_shape == (None, 8)
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(DATA, "mnist_train.npz")), reason="../shared/data is absent")
+def test_train_on_thresholded_mnist_subset(tmp_path):
+    results = train.main(["--dataset", "mnist", "--data-dir", DATA, "--max-examples", "300", "--epochs", "1",
+                          "--batch-size", "50", "--rho", "0.05", "0.1", "--out", str(tmp_path)])
+    assert results["resolution"] == 28 and 0.0 <= results["val_accuracy"] <= 1.0
+
+
+def test_train_names_a_missing_dataset_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        train.main(["--dataset", "scannet", "--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path)])

@@ -1,0 +1,61 @@
+"""OctNet3-style classifiers (Hackel et al., appendix Table 4; after Riegler et al.).
+
+Blocks of three 3^d convolutions with 8, 16, 24, 32, 40, 48 channels, max-pooling by 2
+between blocks. The first blocks are sparse, each with its density bound rho (the
+paper's rho_x1, rho_x2, rho_x3); then sparseToDense, dense blocks down to 4^d, dropout
+0.5, a 1024-unit layer and the classifier.
+"""
+import math
+
+import keras
+
+from tf_sparseconv.keras_layers import SparseConv, SparseMaxPool, SparseToDense, sparse_input
+
+BLOCK_CHANNELS = (8, 16, 24, 32, 40, 48)
+# Table 4's default bounds for ModelNet40 (Figure 7, right) by resolution, and MNIST's
+# OctNet3 (rho_22 = 2 rho_21; the paper's grid uses rho_21 in {0.035, 0.05, 0.075}).
+DEFAULT_RHOS = {16: (1.0, 1.0), 32: (0.14, 0.33, 0.66), 64: (0.06, 0.14, 0.33), 128: (0.02, 0.06, 0.14),
+                28: (0.05, 0.10)}
+
+
+def _default_dense_blocks(resolution, sparse_blocks):
+    # Table 4: 16^3 and MNIST (two sparse blocks) go straight to the classifier; deeper
+    # nets continue with dense blocks until 4^d.
+    if sparse_blocks < 3:
+        return 0
+    final = resolution // 2 ** (sparse_blocks - 1)
+    return max(0, int(math.log2(final // 4)))
+
+
+def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, selection="signed",
+            density_regularizer=None, dense_blocks=None, dropout=0.5, fc_units=1024, name=None):
+    """A functional Keras model taking sparse_input((r,)*d + (in_channels,)) batches."""
+    rhos = tuple(rhos if rhos is not None else DEFAULT_RHOS[resolution])
+    if not 1 <= len(rhos) <= len(BLOCK_CHANNELS):
+        raise ValueError(f"need 1 to {len(BLOCK_CHANNELS)} sparse blocks, got {len(rhos)} rho values")
+    if resolution % 2 ** (len(rhos) - 1):
+        raise ValueError(f"resolution {resolution} is not divisible by 2^{len(rhos) - 1} for {len(rhos)} blocks")
+    if dense_blocks is None:
+        dense_blocks = _default_dense_blocks(resolution, len(rhos))
+    inputs = sparse_input((resolution,) * spatial_dims + (in_channels,))
+    h = inputs
+    for block, rho in enumerate(rhos):
+        if block:
+            h = SparseMaxPool(2, name=f"pool{block}")(h)
+        for i in range(3):
+            bound = dict(rho_up=rho) if rho < 1.0 else {}
+            h = SparseConv(BLOCK_CHANNELS[block], 3, activation="relu", selection=selection if bound else None,
+                           density_regularizer=density_regularizer if bound else None,
+                           name=f"sparse_conv{block + 1}_{i + 1}", **bound)(h)
+    h = SparseToDense(name="to_dense")(h)
+    conv = keras.layers.Conv3D if spatial_dims == 3 else keras.layers.Conv2D
+    pool = keras.layers.MaxPool3D if spatial_dims == 3 else keras.layers.MaxPool2D
+    for block in range(len(rhos), len(rhos) + dense_blocks):
+        h = pool(2, name=f"pool{block}")(h)
+        for i in range(3):
+            h = conv(BLOCK_CHANNELS[block], 3, padding="same", activation="relu", name=f"conv{block + 1}_{i + 1}")(h)
+    h = keras.layers.Flatten()(h)
+    h = keras.layers.Dropout(dropout)(h)
+    h = keras.layers.Dense(fc_units, activation="relu")(h)
+    outputs = keras.layers.Dense(num_classes, name="logits")(h)
+    return keras.Model(inputs, outputs, name=name or f"octnet3_{resolution}")
