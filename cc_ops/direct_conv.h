@@ -76,13 +76,25 @@ struct SegmentResult {
   std::vector<T> values;
   int64_t touched = 0;   // size of the support before k-selection
   int64_t positive = 0;  // entries > 0 before k-selection: what a following ReLU keeps
+  int64_t kept = 0;      // entries emitted into a SegmentSink (then lin/values are freed)
+};
+
+// Where segments write their kept entries when the output is staged: segment u's slot
+// starts at slot_begin[u]; keys are written whole ((b * Cout + oc) * S + lin).
+template <typename T>
+struct SegmentSink {
+  int64_t* keys;
+  T* values;
+  const int64_t* slot_begin;
+  int64_t spatial_size;
 };
 
 template <typename Device, typename T>
 struct DirectConvForwardFunctor {
-  // results has B * Cout segments on return, in key order.
+  // results has B * Cout segments on return, in key order; with a sink, each segment's
+  // kept entries are moved into its slot as soon as it is finished.
   void operator()(const Device& device, const DirectConvArgs<T>& args,
-                  std::vector<SegmentResult<T>>* results);
+                  std::vector<SegmentResult<T>>* results, const SegmentSink<T>* sink);
 };
 
 template <typename T>
@@ -97,9 +109,10 @@ struct DirectConvBackpropArgs {
   Accumulator accumulator = Accumulator::kAuto;
 };
 
-// Largest buffers the automatic choice allows for the dense path (bytes): the forward's
-// per-block [S, Cout] scratch and the backward's [B, S, Cout] gradient.
-constexpr int64_t kMaxDenseScratchBytes = int64_t{64} << 20;
+// The dense path's forward scratch per block, [slab, Cout] sums and flags (bytes; the
+// grid is processed in slabs of positions beyond this), and the largest [B, S, Cout]
+// gradient buffer the automatic choice allows for its backward.
+constexpr int64_t kDenseSlabBytes = int64_t{8} << 20;
 constexpr int64_t kMaxDenseGradientBytes = int64_t{256} << 20;
 
 // Eq. 3: gradients only at present input entries and present weights; entries that

@@ -97,7 +97,9 @@ bool AdvanceToValid(const DirectConvArgs<T>& a, ContributionStream<T>* s) {
   return false;
 }
 
-// Keeps at most k entries by score, ties to the smaller spatial index, in index order.
+// Keeps at most k entries by score, ties to the smaller spatial index, in index order:
+// nth_element finds the k-th best, then one pass in position order keeps every entry
+// ranked before it, so no sort of the kept entries is needed.
 template <typename T>
 void SelectTopK(SelectionMode mode, int64_t k, SegmentResult<T>* r) {
   const int64_t m = static_cast<int64_t>(r->lin.size());
@@ -106,23 +108,42 @@ void SelectTopK(SelectionMode mode, int64_t k, SegmentResult<T>* r) {
   auto score = [&](int64_t i) { return mode == SelectionMode::kAbs ? std::abs(v[i]) : v[i]; };
   std::vector<int64_t> order(m);
   for (int64_t i = 0; i < m; ++i) order[i] = i;
-  std::nth_element(order.begin(), order.begin() + k, order.end(),
+  std::nth_element(order.begin(), order.begin() + (k - 1), order.end(),
                    [&](int64_t a, int64_t b) {
                      const T sa = score(a), sb = score(b);
                      return sa > sb || (sa == sb && a < b);
                    });
-  order.resize(k);
-  std::sort(order.begin(), order.end());
-  for (int64_t j = 0; j < k; ++j) {
-    r->lin[j] = r->lin[order[j]];
-    r->values[j] = r->values[order[j]];
+  const int64_t kth = order[k - 1];
+  const T threshold = score(kth);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const T si = score(i);
+    if (si > threshold || (si == threshold && i <= kth)) {
+      r->lin[kept] = r->lin[i];
+      r->values[kept] = r->values[i];
+      ++kept;
+    }
   }
-  r->lin.resize(k);
-  r->values.resize(k);
+  r->lin.resize(kept);
+  r->values.resize(kept);
 }
 
 template <typename T>
 void FinishSegment(const DirectConvArgs<T>& a, int64_t oc, SegmentResult<T>* out);
+
+// Moves segment u's kept entries into its slot of the staged output, if there is one.
+template <typename T>
+void Emit(const SegmentSink<T>* sink, int64_t u, SegmentResult<T>* r) {
+  if (sink == nullptr) return;
+  const int64_t at = sink->slot_begin[u];
+  for (size_t j = 0; j < r->lin.size(); ++j) {
+    sink->keys[at + j] = u * sink->spatial_size + r->lin[j];
+    sink->values[at + j] = r->values[j];
+  }
+  r->kept = static_cast<int64_t>(r->lin.size());
+  std::vector<int64_t>().swap(r->lin);
+  std::vector<T>().swap(r->values);
+}
 
 // What the dense path needs beside the args: per input channel the kernel offsets with
 // at least one present weight (filter_index = the [Cout] row (offset * Cin + ic) * Cout),
@@ -132,6 +153,7 @@ struct DenseTables {
   std::vector<std::vector<PresentWeight>> reaches;
   std::vector<T> masked_filter;
   std::vector<uint8_t> mask;
+  int64_t max_abs_delta = 0;  // largest |lin_delta| of any present offset
 };
 
 template <typename T>
@@ -151,6 +173,7 @@ DenseTables<T> BuildDenseTables(const DirectConvArgs<T>& a) {
     PresentWeight r = pw;
     r.filter_index = row * cout;
     t.reaches[row % cin].push_back(r);
+    t.max_abs_delta = std::max(t.max_abs_delta, std::abs(pw.lin_delta));
   }
   for (auto& list : t.reaches)  // kernel-offset order: the merge path's summation order
     std::sort(list.begin(), list.end(), [](const PresentWeight& x, const PresentWeight& y) {
@@ -159,10 +182,14 @@ DenseTables<T> BuildDenseTables(const DirectConvArgs<T>& a) {
   return t;
 }
 
-// Bytes of the dense path's scratch per block: sums, flags, row flags.
+// Output positions the dense path holds at once: the whole grid if its scratch fits
+// kDenseSlabBytes, else slabs of that size but at least 8 * max|delta|, so that at most
+// a quarter of the inputs near a slab's border are visited twice.
 template <typename T>
-int64_t DenseScratchBytes(int64_t spatial_size, int64_t cout) {
-  return spatial_size * cout * (static_cast<int64_t>(sizeof(T)) + 1) + spatial_size + 8;
+int64_t DenseSlabCells(int64_t spatial_size, int64_t cout, int64_t max_abs_delta) {
+  const int64_t cell_bytes = cout * (static_cast<int64_t>(sizeof(T)) + 1) + 1;
+  const int64_t fitting = std::max<int64_t>(1, kDenseSlabBytes / cell_bytes);
+  return std::min(spatial_size, std::max(fitting, 8 * max_abs_delta));
 }
 
 // Per-block scratch of the dense path, allocated on first use: position-major sums and
@@ -185,61 +212,73 @@ void ConvolveBatchElement(const DirectConvArgs<T>& a, const DenseTables<T>& t, i
   const KeyLayout& L = a.in_layout;
   const int64_t S = L.spatial_size, cin = L.channels, cout = a.cout;
   const int d = L.d;
+  const int64_t slab = DenseSlabCells<T>(S, cout, t.max_abs_delta);
   if (scratch->sum.empty()) {
-    scratch->sum.assign(S * cout, T(0));
-    scratch->touched.assign(S * cout, 0);
-    scratch->row_touched.assign(S + 8, 0);  // +8: word reads past the end
+    scratch->sum.assign(slab * cout, T(0));
+    scratch->touched.assign(slab * cout, 0);
+    scratch->row_touched.assign(slab + 8, 0);  // +8: word reads past the end
   }
   T* sum = scratch->sum.data();
   uint8_t* touched = scratch->touched.data();
   uint8_t* row_touched = scratch->row_touched.data();
-  for (int64_t ic = 0; ic < cin; ++ic) {
-    const int64_t seg = b * cin + ic;
-    const int64_t base = seg * S;
-    for (int64_t i = a.in_offsets[seg]; i < a.in_offsets[seg + 1]; ++i) {
-      const int32_t* x = a.coords + i * d;
-      const T v = a.values[i];
-      const int64_t lin = a.keys[i] - base;
-      for (const PresentWeight& r : t.reaches[ic]) {
-        if (!Reaches(x, r, d)) continue;
-        const int64_t y = lin - r.lin_delta;
-        const T* w = t.masked_filter.data() + r.filter_index;
-        const uint8_t* m = t.mask.data() + r.filter_index;
-        T* row = sum + y * cout;
-        uint8_t* flags = touched + y * cout;
-        for (int64_t oc = 0; oc < cout; ++oc) {
-          row[oc] += v * w[oc];
-          flags[oc] |= m[oc];
-        }
-        row_touched[y] = 1;
-      }
-    }
-  }
   for (int64_t oc = 0; oc < cout; ++oc) {
     out[oc].lin.clear();
     out[oc].values.clear();
   }
-  for (int64_t y = 0; y < S;) {
-    uint64_t word;
-    std::memcpy(&word, row_touched + y, 8);
-    if (word == 0) {
-      y += 8;
-      continue;
-    }
-    if (row_touched[y]) {
-      T* row = sum + y * cout;
-      uint8_t* flags = touched + y * cout;
-      for (int64_t oc = 0; oc < cout; ++oc) {
-        if (flags[oc]) {
-          out[oc].lin.push_back(y);
-          out[oc].values.push_back(row[oc]);
-        }
-        row[oc] = T(0);
-        flags[oc] = 0;
+  // Output positions [y0, y1) at a time; the inputs that reach them have lin in
+  // [y0 - max|delta|, y1 + max|delta|), one contiguous key range per input segment.
+  for (int64_t y0 = 0; y0 < S; y0 += slab) {
+    const int64_t y1 = std::min(S, y0 + slab);
+    for (int64_t ic = 0; ic < cin; ++ic) {
+      const int64_t seg = b * cin + ic;
+      const int64_t base = seg * S;
+      const int64_t* first = a.keys + a.in_offsets[seg];
+      const int64_t* last = a.keys + a.in_offsets[seg + 1];
+      if (y0 > 0 || y1 < S) {
+        first = std::lower_bound(first, last, base + y0 - t.max_abs_delta);
+        last = std::lower_bound(first, last, base + y1 + t.max_abs_delta);
       }
-      row_touched[y] = 0;
+      for (int64_t i = first - a.keys; i < last - a.keys; ++i) {
+        const int32_t* x = a.coords + i * d;
+        const T v = a.values[i];
+        const int64_t lin = a.keys[i] - base;
+        for (const PresentWeight& r : t.reaches[ic]) {
+          const int64_t y = lin - r.lin_delta;
+          if (y < y0 || y >= y1 || !Reaches(x, r, d)) continue;
+          const T* w = t.masked_filter.data() + r.filter_index;
+          const uint8_t* m = t.mask.data() + r.filter_index;
+          T* row = sum + (y - y0) * cout;
+          uint8_t* flags = touched + (y - y0) * cout;
+          for (int64_t oc = 0; oc < cout; ++oc) {
+            row[oc] += v * w[oc];
+            flags[oc] |= m[oc];
+          }
+          row_touched[y - y0] = 1;
+        }
+      }
     }
-    ++y;
+    for (int64_t row_index = 0; row_index < y1 - y0;) {
+      uint64_t word;
+      std::memcpy(&word, row_touched + row_index, 8);
+      if (word == 0) {
+        row_index += 8;
+        continue;
+      }
+      if (row_touched[row_index]) {
+        T* row = sum + row_index * cout;
+        uint8_t* flags = touched + row_index * cout;
+        for (int64_t oc = 0; oc < cout; ++oc) {
+          if (flags[oc]) {
+            out[oc].lin.push_back(y0 + row_index);
+            out[oc].values.push_back(row[oc]);
+          }
+          row[oc] = T(0);
+          flags[oc] = 0;
+        }
+        row_touched[row_index] = 0;
+      }
+      ++row_index;
+    }
   }
   for (int64_t oc = 0; oc < cout; ++oc) FinishSegment(a, oc, &out[oc]);
 }
@@ -346,7 +385,7 @@ void ForEachLink(const DirectConvBackpropArgs<T>& g, int64_t b, int64_t ic, int6
 template <typename T>
 struct DirectConvForwardFunctor<CPUDevice, T> {
   void operator()(const CPUDevice& device, const DirectConvArgs<T>& args,
-                  std::vector<SegmentResult<T>>* results) {
+                  std::vector<SegmentResult<T>>* results, const SegmentSink<T>* sink) {
     const KeyLayout& L = args.in_layout;
     const int64_t batch = L.batch, cin = L.channels, cout = args.cout, S = L.spatial_size;
     const int64_t units = batch * cout;
@@ -365,26 +404,32 @@ struct DirectConvForwardFunctor<CPUDevice, T> {
     }
     bool dense = args.accumulator == Accumulator::kDense;
     if (args.accumulator == Accumulator::kAuto) {
-      // Dense: clear and scan B * S * Cout cells plus vectorised [Cout] row updates;
-      // merge: a heap step of log2(#streams) per contribution.
+      // Dense: a word test per 8 positions, vectorised [Cout] row updates, and each
+      // touched row's extraction; merge: heap steps of log2(#streams) per contribution.
       const double streams = std::max(1.0, static_cast<double>(args.weights->count()) / cout);
-      const double dense_cost = batch * S * (cout / 4.0 + 1.0) + row_updates * (2.0 + cout / 4.0);
-      const double merge_cost = contributions * (1.0 + std::log2(streams + 1.0));
-      dense = dense_cost < merge_cost && DenseScratchBytes<T>(S, cout) <= kMaxDenseScratchBytes;
+      const double dense_cost = batch * S / 8.0 + row_updates * (2.0 + cout / 4.0) +
+                                std::min(static_cast<double>(batch * S), row_updates) * cout;
+      const double merge_cost = contributions * (4.0 + 2.0 * std::log2(streams + 1.0));
+      dense = dense_cost < merge_cost;
     }
     if (dense) {
       device.parallelFor(batch, Eigen::TensorOpCost(0, 0, 10.0 * (1.0 + row_updates * cout / batch)),
                          [&](Eigen::Index first, Eigen::Index last) {
                            DenseScratch<T> scratch;
-                           for (Eigen::Index b = first; b < last; ++b)
+                           for (Eigen::Index b = first; b < last; ++b) {
                              ConvolveBatchElement(args, tables, b, &scratch, results->data() + b * cout);
+                             for (int64_t oc = 0; oc < cout; ++oc)
+                               Emit(sink, b * cout + oc, &(*results)[b * cout + oc]);
+                           }
                          });
       return;
     }
     device.parallelFor(units, Eigen::TensorOpCost(0, 0, 10.0 * (1.0 + contributions / units)),
                        [&](Eigen::Index first, Eigen::Index last) {
-                         for (Eigen::Index u = first; u < last; ++u)
+                         for (Eigen::Index u = first; u < last; ++u) {
                            ConvolveSegment(args, u / cout, u % cout, &(*results)[u]);
+                           Emit(sink, u, &(*results)[u]);
+                         }
                        });
   }
 };
@@ -680,40 +725,69 @@ class DirectSparseConvOp : public OpKernel {
                  : static_cast<int64_t>(std::ceil(static_cast<double>(rho_up_) *
                                                   c.layout.spatial_size));
     const CPUDevice& device = ctx->eigen_device<CPUDevice>();
-    std::vector<SegmentResult<T>> results;
-    DirectConvForwardFunctor<CPUDevice, T>()(device, a, &results);
-
-    const int64_t units = static_cast<int64_t>(results.size());
-    std::vector<int64_t> offset(units + 1, 0);
-    for (int64_t u = 0; u < units; ++u) offset[u + 1] = offset[u] + results[u].lin.size();
-    Tensor *out_keys, *out_values, *out_shape, *touched, *positive;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({offset[units]}), &out_keys));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({offset[units]}), &out_values));
+    const int64_t units = c.layout.batch * c.cout;
+    const int64_t S = c.layout.spatial_size;
+    Tensor *out_shape, *touched, *positive;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(2).shape(), &out_shape));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            3, TensorShape({c.layout.batch, c.cout}), &touched));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            4, TensorShape({c.layout.batch, c.cout}), &positive));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({c.layout.batch, c.cout}), &touched));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({c.layout.batch, c.cout}), &positive));
     auto shape_out = out_shape->flat<int64_t>();
     shape_out = ctx->input(2).flat<int64_t>();
     shape_out(c.layout.d + 1) = c.cout;
-    int64_t* ok = out_keys->flat<int64_t>().data();
-    T* ov = out_values->flat<T>().data();
+    std::vector<SegmentResult<T>> results;
+    if (a.selection != SelectionMode::kNone) {
+      // Each segment keeps at most min(k, its contributions) entries, known before it
+      // runs: they go straight into that slot of a staged output, compacted afterwards,
+      // so the kept entries exist once (the output is at most B * Cout * k entries).
+      std::vector<int64_t> slot(units + 1, 0);
+      for (int64_t u = 0; u < units; ++u) {
+        const int64_t b = u / c.cout, oc = u % c.cout;
+        int64_t contributions = 0;
+        for (int64_t ic = 0; ic < c.layout.channels; ++ic)
+          contributions += (c.in_offsets[b * c.layout.channels + ic + 1] - c.in_offsets[b * c.layout.channels + ic]) *
+                           (c.weights.end(oc, ic) - c.weights.begin(oc, ic));
+        slot[u + 1] = slot[u] + std::min(a.k, contributions);
+      }
+      Tensor staged_keys, staged_values;
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({slot[units]}), &staged_keys));
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DataTypeToEnum<T>::v(), TensorShape({slot[units]}),
+                                             &staged_values));
+      SegmentSink<T> sink{staged_keys.flat<int64_t>().data(), staged_values.flat<T>().data(), slot.data(), S};
+      DirectConvForwardFunctor<CPUDevice, T>()(device, a, &results, &sink);
+      int64_t n = 0;
+      for (int64_t u = 0; u < units; ++u) {  // slots only move forward: memmove in order
+        std::memmove(sink.keys + n, sink.keys + slot[u], results[u].kept * sizeof(int64_t));
+        std::memmove(sink.values + n, sink.values + slot[u], results[u].kept * sizeof(T));
+        n += results[u].kept;
+      }
+      ctx->set_output(0, staged_keys.Slice(0, n));
+      ctx->set_output(1, staged_values.Slice(0, n));
+    } else {
+      DirectConvForwardFunctor<CPUDevice, T>()(device, a, &results, nullptr);
+      std::vector<int64_t> offset(units + 1, 0);
+      for (int64_t u = 0; u < units; ++u) offset[u + 1] = offset[u] + results[u].lin.size();
+      Tensor *out_keys, *out_values;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({offset[units]}), &out_keys));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({offset[units]}), &out_values));
+      int64_t* ok = out_keys->flat<int64_t>().data();
+      T* ov = out_values->flat<T>().data();
+      device.parallelFor(units, Eigen::TensorOpCost(0, 0, 1.0 + offset[units] / (units + 1.0)),
+                         [&](Eigen::Index first, Eigen::Index last) {
+                           for (Eigen::Index u = first; u < last; ++u) {
+                             const SegmentResult<T>& r = results[u];
+                             for (size_t j = 0; j < r.lin.size(); ++j) {
+                               ok[offset[u] + j] = u * S + r.lin[j];
+                               ov[offset[u] + j] = r.values[j];
+                             }
+                           }
+                         });
+    }
     int64_t* tc = touched->flat<int64_t>().data();
     int64_t* pc = positive->flat<int64_t>().data();
-    const int64_t S = c.layout.spatial_size;
-    device.parallelFor(units, Eigen::TensorOpCost(0, 0, 1.0 + offset[units] / (units + 1.0)),
-                       [&](Eigen::Index first, Eigen::Index last) {
-                         for (Eigen::Index u = first; u < last; ++u) {
-                           const SegmentResult<T>& r = results[u];
-                           for (size_t j = 0; j < r.lin.size(); ++j) {
-                             ok[offset[u] + j] = u * S + r.lin[j];
-                             ov[offset[u] + j] = r.values[j];
-                           }
-                           tc[u] = r.touched;
-                           pc[u] = r.positive;
-                         }
-                       });
+    for (int64_t u = 0; u < units; ++u) {
+      tc[u] = results[u].touched;
+      pc[u] = results[u].positive;
+    }
   }
 
  private:

@@ -101,12 +101,15 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
     segments_in_flight = cout if dense else 1
     per_block = (segments_in_flight * (2 * touched * (KEY_BYTES + value_bytes) + touched * INDEX_BYTES)
                  + streams * (48 + 4) + (dense_scratch if dense else 0))
+    # With k-selection each segment's kept entries go straight into the staged output;
+    # without it they are held until the output's exact size is known, then copied.
+    kept_until_assembly = _sparse_bytes(out_entries, value_bytes) if layer.selection == "none" else 0
     temporary = (in_entries * d * 4                              # decoded coordinates
                  + (batch * cin + 1) * INDEX_BYTES               # segment offsets
                  + offsets * cin * cout * 48                     # present-weight lists
                  + 2 * (cout * cin + 1) * INDEX_BYTES
                  + dense_tables
-                 + _sparse_bytes(out_entries, value_bytes)       # kept entries until assembly
+                 + kept_until_assembly
                  + batch * cout * 72                             # per-segment results and offsets
                  + (threads + 1) * per_block)                    # the calling thread runs a block too
     # Allocations: 5 outputs; coordinates, offsets, weight lists (3), result table, offsets;
