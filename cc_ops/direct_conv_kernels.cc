@@ -151,10 +151,23 @@ void Emit(const SegmentSink<T>* sink, int64_t u, SegmentResult<T>* r) {
 template <typename T>
 struct DenseTables {
   std::vector<std::vector<PresentWeight>> reaches;
+  // Per reach, its present output channels when the row is mostly pruned (fewer than a
+  // third present): then only those are visited, so pruning saves time here too.
+  std::vector<std::vector<std::vector<int32_t>>> sparse_rows;
   std::vector<T> masked_filter;
   std::vector<uint8_t> mask;
   int64_t max_abs_delta = 0;  // largest |lin_delta| of any present offset
 };
+
+// Calls fn(oc) for the output channels a reach's row must visit.
+template <typename Fn>
+inline void ForEachRowChannel(const std::vector<int32_t>& sparse_row, int64_t cout, Fn fn) {
+  if (sparse_row.empty()) {
+    for (int64_t oc = 0; oc < cout; ++oc) fn(oc);
+  } else {
+    for (const int32_t oc : sparse_row) fn(oc);
+  }
+}
 
 template <typename T>
 DenseTables<T> BuildDenseTables(const DirectConvArgs<T>& a) {
@@ -175,10 +188,20 @@ DenseTables<T> BuildDenseTables(const DirectConvArgs<T>& a) {
     t.reaches[row % cin].push_back(r);
     t.max_abs_delta = std::max(t.max_abs_delta, std::abs(pw.lin_delta));
   }
-  for (auto& list : t.reaches)  // kernel-offset order: the merge path's summation order
+  t.sparse_rows.resize(cin);
+  for (int64_t ic = 0; ic < cin; ++ic) {
+    auto& list = t.reaches[ic];  // kernel-offset order: the merge path's summation order
     std::sort(list.begin(), list.end(), [](const PresentWeight& x, const PresentWeight& y) {
       return x.filter_index < y.filter_index;
     });
+    for (const PresentWeight& r : list) {
+      std::vector<int32_t> present;
+      for (int64_t oc = 0; oc < cout; ++oc)
+        if (t.mask[r.filter_index + oc]) present.push_back(static_cast<int32_t>(oc));
+      if (3 * static_cast<int64_t>(present.size()) >= cout) present.clear();  // dense row
+      t.sparse_rows[ic].push_back(std::move(present));
+    }
+  }
   return t;
 }
 
@@ -242,16 +265,25 @@ void ConvolveBatchElement(const DirectConvArgs<T>& a, const DenseTables<T>& t, i
         const int32_t* x = a.coords + i * d;
         const T v = a.values[i];
         const int64_t lin = a.keys[i] - base;
-        for (const PresentWeight& r : t.reaches[ic]) {
+        for (size_t ri = 0; ri < t.reaches[ic].size(); ++ri) {
+          const PresentWeight& r = t.reaches[ic][ri];
           const int64_t y = lin - r.lin_delta;
           if (y < y0 || y >= y1 || !Reaches(x, r, d)) continue;
           const T* w = t.masked_filter.data() + r.filter_index;
           const uint8_t* m = t.mask.data() + r.filter_index;
           T* row = sum + (y - y0) * cout;
           uint8_t* flags = touched + (y - y0) * cout;
-          for (int64_t oc = 0; oc < cout; ++oc) {
-            row[oc] += v * w[oc];
-            flags[oc] |= m[oc];
+          const std::vector<int32_t>& sparse_row = t.sparse_rows[ic][ri];
+          if (sparse_row.empty()) {
+            for (int64_t oc = 0; oc < cout; ++oc) {  // vectorised
+              row[oc] += v * w[oc];
+              flags[oc] |= m[oc];
+            }
+          } else {
+            for (const int32_t oc : sparse_row) {
+              row[oc] += v * w[oc];
+              flags[oc] = 1;
+            }
           }
           row_touched[y - y0] = 1;
         }
@@ -502,11 +534,13 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
                            const int32_t* x = a.coords + i * d;
                            const int64_t lin = a.keys[i] - seg * S;
                            T acc = T(0);
-                           for (const PresentWeight& r : t.reaches[ic]) {
+                           for (size_t ri = 0; ri < t.reaches[ic].size(); ++ri) {
+                             const PresentWeight& r = t.reaches[ic][ri];
                              if (!Reaches(x, r, d)) continue;
                              const T* row = G + (b * S + lin - r.lin_delta) * cout;
                              const T* w = t.masked_filter.data() + r.filter_index;
-                             for (int64_t oc = 0; oc < cout; ++oc) acc += row[oc] * w[oc];
+                             ForEachRowChannel(t.sparse_rows[ic][ri], cout,
+                                               [&](int64_t oc) { acc += row[oc] * w[oc]; });
                            }
                            in_grad[i] = acc;
                          }
@@ -529,11 +563,13 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
                              const int32_t* x = a.coords + i * d;
                              const int64_t lin = a.keys[i] - seg * S;
                              const T v = a.values[i];
-                             for (const PresentWeight& r : t.reaches[ic]) {
+                             for (size_t ri = 0; ri < t.reaches[ic].size(); ++ri) {
+                               const PresentWeight& r = t.reaches[ic][ri];
                                if (!Reaches(x, r, d)) continue;
                                const T* row = G + (b * S + lin - r.lin_delta) * cout;
                                T* acc = part + (r.filter_index / row_stride) * cout;
-                               for (int64_t oc = 0; oc < cout; ++oc) acc[oc] += v * row[oc];
+                               ForEachRowChannel(t.sparse_rows[ic][ri], cout,
+                                                 [&](int64_t oc) { acc[oc] += v * row[oc]; });
                              }
                            }
                          }

@@ -16,11 +16,13 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import tensorflow, keras, pytest' 2>/dev/null; then
-  echo "[setup] installing $TF_PACKAGE and requirements.txt (a few minutes on a fresh machine)"
+if ! .venv/bin/python -c 'import tensorflow' 2>/dev/null; then
+  echo "[setup] installing $TF_PACKAGE (a few minutes on a fresh machine)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q "$TF_PACKAGE" -r requirements.txt
+  .venv/bin/python -m pip install -q "$TF_PACKAGE"
 fi
+echo "[setup] checking requirements.txt"
+.venv/bin/python -m pip install -q -r requirements.txt
 lib=tf_sparseconv/_tf_sparseconv_ops.so
 if [ ! -f "$lib" ] || [ ! -f tf_sparseconv/_build_info.py ] || \
    [ -n "$(find cc_ops cuda setup.py -newer "$lib" -type f 2>/dev/null | head -n 1)" ]; then

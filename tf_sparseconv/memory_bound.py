@@ -94,7 +94,9 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
     dense_scratch = cells * cout * (value_bytes + 1) + cells + 8
     dense = dense_scratch <= MAX_DENSE_SCRATCH_BYTES
     filter_size = offsets * cin * cout
-    dense_tables = filter_size * (value_bytes + 1) + offsets * cin * 48 + filter_size // cout if dense else 0
+    # masked filter and mask bytes, offset lists, per-row present-channel lists, row flags
+    dense_tables = (filter_size * (value_bytes + 1) + offsets * cin * (48 + 24 + 4 * cout) + filter_size // cout
+                    if dense else 0)
     # The merge path: one segment in flight per block: its touched set (vector growth may
     # double the capacity), k-selection's index order, the contribution streams and heap.
     # The dense path holds Cout segments' touched sets at once.
@@ -113,9 +115,9 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
                  + batch * cout * 72                             # per-segment results and offsets
                  + (threads + 1) * per_block)                    # the calling thread runs a block too
     # Allocations: 5 outputs; coordinates, offsets, weight lists (3), result table, offsets;
-    # the dense tables (4 + 1 per channel); 2 vectors per output segment; per block the
-    # scratch (3), order, streams, heap, and the touched sets of up to Cout segments.
-    allocations = 5 + 7 + 4 + cin + 2 * batch * cout + (threads + 1) * (7 + 2 * cout)
+    # the dense tables (4, 2 per input channel, 1 per row); 2 vectors per output segment;
+    # per block the scratch (3), order, streams, heap, and up to Cout touched sets.
+    allocations = 5 + 7 + 4 + 2 * cin + offsets * cin + 2 * batch * cout + (threads + 1) * (7 + 2 * cout)
     if layer.activation == "relu":
         # The ReLU's output and its kept-index vector exist beside the conv output.
         out_bytes += _sparse_bytes(out_entries, value_bytes) + out_entries * INDEX_BYTES

@@ -53,6 +53,15 @@ def keras_batches(dataset):
     return dataset.map(lambda x, y: (as_keras_inputs(x), y))
 
 
+def peak_rss_bytes():
+    """The process's peak resident memory so far (Linux; 0 where /proc is absent)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
+
+
 class EpochTimer(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.seconds = []
@@ -142,6 +151,7 @@ def main(argv=None):
         "sec_per_epoch": timer.seconds, "layers": layers, "present_weights": present_weight_count(model),
         "memory_bound_bytes": bound.total_bytes, "memory_bound_layers": [vars(b) for b in bound.layers],
         "pruning": pruning.history if pruning else [],
+        "peak_rss_bytes": peak_rss_bytes(),
     }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
