@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "channel_sparse.h"
+#include "selection_mode.h"
 
 namespace tf_sparseconv {
 
-enum class SelectionMode { kNone, kSigned, kAbs };
 // How the responses of one (b, oc) segment are summed. Both give bit-identical results
 // (contributions to one output position are added in the same order); they differ in
 // cost: kDense scans an R1*...*Rd buffer, kMerge k-way merges the sorted contribution
