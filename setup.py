@@ -82,22 +82,30 @@ class CudaToolkit:
         # nvcc's own view of its include and library directories (nvcc.profile).
         dryrun = subprocess.run([nvcc, "--dryrun", "-v", "-c", "probe.cu", "-o", "probe.o"],
                                 capture_output=True, text=True).stderr
-        self.include_dirs, self.library_dirs = [], []
+        own_includes, library_dirs = [], []
         for line in dryrun.splitlines():
             if line.startswith("#$ INCLUDES=") or line.startswith("#$ SYSTEM_INCLUDES="):
-                self.include_dirs += re.findall(r'-I"?([^"\s]+)', line)
-                self.include_dirs += re.findall(r'"-isystem"\s+"([^"]+)"', line)
+                own_includes += re.findall(r'-I"?([^"\s]+)', line)
+                own_includes += re.findall(r'"-isystem"\s+"([^"]+)"', line)
             elif line.startswith("#$ LIBRARIES="):
-                self.library_dirs += re.findall(r'-L"?([^"\s]+)', line)
-        # The pip packages keep the runtime and CUB beside nvcc, not under it.
-        self.include_dirs += _pip_cuda_dirs("cuda_runtime", "include") + _pip_cuda_dirs("cuda_cccl", "include")
-        self.library_dirs += _pip_cuda_dirs("cuda_runtime", "lib")
-        self.library_dirs += [os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "lib64")]
-        self.include_dirs = [os.path.normpath(d) for d in dict.fromkeys(self.include_dirs) if os.path.isdir(d)]
-        self.library_dirs = [os.path.normpath(d) for d in dict.fromkeys(self.library_dirs) if os.path.isdir(d)]
+                library_dirs += re.findall(r'-L"?([^"\s]+)', line)
+        library_dirs.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "lib64"))
+        # The nvcc of the nvidia-cuda-nvcc pip package finds neither the runtime nor CUB,
+        # which other nvidia-* packages hold; a toolkit's nvcc is left to its own headers.
+        extra_includes = []
+        if os.sep.join(["nvidia", "cuda_nvcc"]) in os.path.realpath(nvcc):
+            extra_includes = _pip_cuda_dirs("cuda_runtime", "include") + _pip_cuda_dirs("cuda_cccl", "include")
+            library_dirs += _pip_cuda_dirs("cuda_runtime", "lib")
+
+        def existing(dirs):
+            return [os.path.normpath(d) for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+        self.own_include_dirs = existing(own_includes)
+        self.extra_include_dirs = existing(extra_includes)  # passed to nvcc with -I
+        self.library_dirs = existing(library_dirs)
 
     def runtime_include_dir(self):
-        return next((d for d in self.include_dirs if os.path.isfile(os.path.join(d, "cuda_runtime.h"))), None)
+        return next((d for d in self.own_include_dirs + self.extra_include_dirs
+                     if os.path.isfile(os.path.join(d, "cuda_runtime.h"))), None)
 
     def cudart_link_args(self):
         """Static cudart (no runtime library of a matching version needed), else dynamic."""
@@ -159,7 +167,7 @@ def _cuda_toolkit():
         probe = os.path.join(tmp, "probe.cu")
         with open(probe, "w") as f:
             f.write("#include <cuda_runtime.h>\n#include <cub/block/block_scan.cuh>\n")
-        includes = [f"-I{d}" for d in toolkit.include_dirs]
+        includes = [f"-I{d}" for d in toolkit.extra_include_dirs]
         result = subprocess.run([nvcc, "-std=c++17", "-E", probe, "-o", os.devnull] + includes,
                                 capture_output=True, text=True)
     if result.returncode != 0:
@@ -243,7 +251,7 @@ class BuildTensorFlowOps(build_ext):
                 gpu_cc_flags = ["-DGOOGLE_CUDA=1", "-Icuda", f"-I{shim}", f"-I{toolkit.runtime_include_dir()}"]
                 nvcc_command = [toolkit.nvcc, "-std=c++17", "-O3", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
                                 "-Xcompiler", "-fPIC", "-Icc_ops", "-Icuda", "-Wno-deprecated-gpu-targets"] + \
-                    [f"-I{d}" for d in toolkit.include_dirs] + toolkit.gencode_flags(archs)
+                    [f"-I{d}" for d in toolkit.extra_include_dirs] + toolkit.gencode_flags(archs)
                 cuda = (nvcc_command, gpu_cc_flags)
         _compile_sources_in_parallel(self.compiler, cuda)
         super().build_extensions()
