@@ -37,6 +37,13 @@ __global__ void DescribeKeyKernel(const int64_t* keys, CheckSlot* slot) {
   slot->detail[0] = keys[slot->first];
 }
 
+template <typename T>
+__global__ void CheckNaNKernel(const T* x, int64_t n, CheckSlot* slot) {
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    if (isnan(x[i])) RecordFirst(slot, i);
+  }
+}
+
 __global__ void CompactionTotalKernel(const int64_t* tile_counts, const int64_t* tile_offsets,
                                       int64_t num_tiles, int64_t* total) {
   *total = tile_offsets[num_tiles - 1] + tile_counts[num_tiles - 1];
@@ -63,6 +70,17 @@ GpuStatus CheckKeysInRange(Stream stream, const int64_t* keys, int64_t n, int64_
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("key range check");
   return GpuStatus::Ok();
 }
+
+template <typename T>
+GpuStatus CheckNaN(Stream stream, const T* x, int64_t n, CheckSlot* slot) {
+  if (n == 0) return GpuStatus::Ok();
+  CheckNaNKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(x, n, slot);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
+  return GpuStatus::Ok();
+}
+
+template GpuStatus CheckNaN<float>(Stream, const float*, int64_t, CheckSlot*);
+template GpuStatus CheckNaN<double>(Stream, const double*, int64_t, CheckSlot*);
 
 GpuStatus CompactionTotal(Stream stream, const int64_t* tile_counts,
                           const int64_t* tile_offsets, int64_t num_tiles, int64_t* total) {

@@ -97,13 +97,6 @@ __device__ inline void RecordFirst(CheckSlot* slot, int64_t position) {
   atomicMin(&slot->first, static_cast<unsigned long long>(position));
 }
 
-template <typename T>
-__global__ void CheckNaNKernel(const T* x, int64_t n, CheckSlot* slot) {
-  TF_SPARSECONV_GRID_LOOP(i, n) {
-    if (isnan(x[i])) RecordFirst(slot, i);
-  }
-}
-
 // ValidateKeys of channel_sparse.h: records the first entry that is out of range or not
 // above its predecessor, with detail = {its key, the key before it}.
 GpuStatus CheckSortedKeys(Stream stream, const int64_t* keys, int64_t n, int64_t limit,
@@ -113,13 +106,9 @@ GpuStatus CheckSortedKeys(Stream stream, const int64_t* keys, int64_t n, int64_t
 GpuStatus CheckKeysInRange(Stream stream, const int64_t* keys, int64_t n, int64_t limit,
                            CheckSlot* slot);
 
+// RejectNaN of channel_sparse.h: the first NaN (float and double, in gpu_util.cu).
 template <typename T>
-GpuStatus CheckNaN(Stream stream, const T* x, int64_t n, CheckSlot* slot) {
-  if (n == 0) return GpuStatus::Ok();
-  CheckNaNKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(x, n, slot);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
-  return GpuStatus::Ok();
-}
+GpuStatus CheckNaN(Stream stream, const T* x, int64_t n, CheckSlot* slot);
 
 // ---- The Report and the host round trip ----------------------------------------------
 
