@@ -35,10 +35,12 @@ CONV_CASES = [
 
 
 @pytest.fixture(autouse=True)
-def strict_placement():
-    """An op without a GPU kernel must fail under tf.device('/GPU:0'), not run on the CPU."""
+def strict_placement(request):
+    """An op without a GPU kernel must fail under tf.device('/GPU:0'), not run on the CPU;
+    tests marked soft_placement (TensorFlow machinery with CPU-only ops, e.g. restoring a
+    SavedModel) check instead that the results come from the GPU."""
     previous = tf.config.get_soft_device_placement()
-    tf.config.set_soft_device_placement(False)
+    tf.config.set_soft_device_placement(request.node.get_closest_marker("soft_placement") is not None)
     yield
     tf.config.set_soft_device_placement(previous)
 
@@ -376,6 +378,7 @@ def test_conv_relu_pool_gradients_on_gpu_match_cpu(rng, dtype):
         assert_close(g, c, dtype)
 
 
+@pytest.mark.soft_placement
 @pytest.mark.parametrize("spatial,kernel,cin,cout", [((7, 6), (3, 3), 2, 3), ((5, 4, 5), (3, 3, 3), 2, 2),
                                                      ((11,), (5,), 3, 2)])
 def test_conv_gradient_matches_numerical_jacobian_on_gpu_float64(rng, spatial, kernel, cin, cout):
@@ -396,13 +399,19 @@ def test_conv_gradient_matches_numerical_jacobian_on_gpu_float64(rng, spatial, k
         np.testing.assert_allclose(t, n, atol=1e-7)
 
 
+@pytest.mark.soft_placement
 def test_relu_and_max_pool_gradients_match_numerical_jacobian_on_gpu_float64(rng):
     keys, values, dense_shape = random_sparse_components(rng, [2, 4, 5, 2], 0.6, np.float64)
+
+    def on_gpu(y):
+        assert_on_gpu(y)
+        return y
+
     with tf.device(GPU):
         x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(dense_shape))
-        for f in (lambda v: ts.sparse_relu(x.with_values(v)).values,
-                  lambda v: ts.sparse_max_pool(x.with_values(v), [2, 3]).values,
-                  lambda v: ts.to_dense(x.with_values(v))):
+        for f in (lambda v: on_gpu(ts.sparse_relu(x.with_values(v)).values),
+                  lambda v: on_gpu(ts.sparse_max_pool(x.with_values(v), [2, 3]).values),
+                  lambda v: on_gpu(ts.to_dense(x.with_values(v)))):
             theoretical, numerical = tf.test.compute_gradient(f, [tf.constant(values)])
             assert np.any(theoretical[0])
             np.testing.assert_allclose(theoretical[0], numerical[0], atol=1e-6)
@@ -549,6 +558,7 @@ def test_encode_decode_reorder_errors_on_gpu():
 
 # --- graphs and SavedModel ---------------------------------------------------------------------
 
+@pytest.mark.soft_placement
 def test_savedmodel_runs_on_gpu_like_eager_cpu(rng, tmp_path):
     keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 2, (9, 8, 7), 2, 4, (3, 3, 3), 0.1, 0.5,
                                                            np.float32)
