@@ -15,8 +15,8 @@ namespace gpu {
 // CUB's double-buffer mode: keys[0], keys[1] (values[0], values[1]) are two buffers of
 // num_items each, the input in buffer 0; on return *current (0 or 1) names the buffer
 // with the sorted pairs, the other holds no data. Equal keys keep their input order.
-// num_items <= kMaxSortItems. Temporary memory: CUB's, a few MB independent of
-// num_items.
+// num_items <= kMaxSortItems. Temporary memory: CUB's scratch (digit histograms and
+// look-back state), small next to the buffers: tens of MB for the largest sorts.
 template <typename K, typename V>
 GpuStatus SortPairs(Stream stream, Scratch* scratch, K* keys[2], V* values[2],
                     int64_t num_items, int end_bit, int* current);

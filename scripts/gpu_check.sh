@@ -18,6 +18,7 @@ export TF_SPARSECONV_CUDA_ARCHS="${TF_SPARSECONV_CUDA_ARCHS:-90}"
 PYTHON="${PYTHON:-python3}"
 STAGES=("$@")
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(build test memcheck racecheck)
+SANITIZER="$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")"
 declare -a SUMMARY=()
 FAILED=0
 
@@ -73,12 +74,15 @@ for stage in "${STAGES[@]}"; do
       # out-of-bounds accesses from memcheck; cudaMallocAsync gives every tensor its own.
       # shellcheck disable=SC2086
       gpu_ready && logged "$log" env TF_GPU_ALLOCATOR=cuda_malloc_async \
-          compute-sanitizer --tool "$stage" --target-processes all --error-exitcode 99 --print-limit 100 \
+          "$SANITIZER" --tool "$stage" --target-processes all --error-exitcode 99 --print-limit 100 \
           "$PYTHON" -m pytest tests/test_gpu.py ${SANITIZER_PYTEST_ARGS:--x -q} -p no:cacheprovider
       rc=$?
-      if [ $rc -eq 0 ] && grep -E "(ERROR|RACECHECK) SUMMARY: [1-9]" "$log" >/dev/null; then
-        echo "compute-sanitizer $stage reported errors (see $log)"
-        rc=98
+      if [ -f "$log" ]; then
+        if [ $rc -eq 0 ] && grep -E "(ERROR|RACECHECK) SUMMARY: [1-9]" "$log" >/dev/null; then
+          echo "compute-sanitizer $stage reported errors (see $log)"
+          rc=98
+        fi
+        grep -E "(ERROR|RACECHECK) SUMMARY" "$log" | sort | uniq -c
       fi
       (exit $rc)
       ;;
