@@ -4,6 +4,7 @@
 // weights are listed on the host, as on the CPU, and sent to the device as a table.
 #if GOOGLE_CUDA
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
