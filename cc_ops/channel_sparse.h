@@ -1,13 +1,10 @@
 // The channel-sparse tensor: a logical dense tensor [B, R1, ..., Rd, C] stored as
-// sorted, unique int64 keys plus a values vector.
-//
-// Key layout (Hackel et al. §3): key = (b * C + c) * S + lin(x), with S = R1 * ... * Rd
-// and lin(x) the row-major spatial index. Sorting by key therefore sorts by batch,
-// then channel, then spatial position, and each (batch, channel) pair is one
-// contiguous "segment" of the entries.
+// sorted, unique int64 keys plus a values vector; the key layout is in key_layout.h.
 //
 // This header is shared by every op of the family; it holds no TensorFlow kernel code
-// beyond Status-returning validation, so CPU and GPU kernels can both use it.
+// beyond Status-returning validation, so CPU and GPU kernels can both use it. The GPU
+// kernels find the offending entry on the device and build their errors with the same
+// *Error functions as the CPU loops below, so both devices say the same thing.
 #ifndef TF_SPARSECONV_CC_OPS_CHANNEL_SPARSE_H_
 #define TF_SPARSECONV_CC_OPS_CHANNEL_SPARSE_H_
 
@@ -18,35 +15,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "key_layout.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/platform/errors.h"
 
 namespace tf_sparseconv {
-
-constexpr int kMaxSpatialDims = 4;
-
-struct KeyLayout {
-  int d = 0;                              // number of spatial dimensions
-  int64_t batch = 0;                      // B
-  int64_t channels = 0;                   // C
-  int64_t extent[kMaxSpatialDims] = {};   // R1 ... Rd
-  int64_t stride[kMaxSpatialDims] = {};   // row-major strides of the spatial index
-  int64_t spatial_size = 0;               // S = R1 * ... * Rd
-
-  int64_t num_segments() const { return batch * channels; }
-  int64_t num_keys() const { return batch * channels * spatial_size; }
-  int64_t segment_of(int64_t key) const { return key / spatial_size; }
-  int64_t spatial_of(int64_t key) const { return key % spatial_size; }
-  int64_t key_of(int64_t b, int64_t c, int64_t lin) const {
-    return (b * channels + c) * spatial_size + lin;
-  }
-  // The same spatial layout with a different channel count.
-  KeyLayout WithChannels(int64_t c) const {
-    KeyLayout out = *this;
-    out.channels = c;
-    return out;
-  }
-};
 
 // Builds the layout from extents, rejecting non-positive dimensions and key overflow
 // (B * C * S must stay below 2^63 so that every key is a valid non-negative int64).
@@ -109,36 +82,56 @@ inline absl::Status MakeKeyLayout(const tensorflow::Tensor& dense_shape,
   return MakeKeyLayoutFromDims(dims.data(), rank, layout);
 }
 
+// The error of entry i of a key array whose entries before i are valid: out of range,
+// or not above the previous key (key_before; unused when i == 0).
+inline absl::Status InvalidKeyError(const char* what, int64_t i, int64_t key,
+                                    int64_t key_before, int64_t limit) {
+  if (key < 0 || key >= limit) {
+    return tensorflow::errors::InvalidArgument(
+        what, " key out of range at entry ", i, ": ", key, " is not in [0, ", limit,
+        ") for the given dense_shape");
+  }
+  if (i > 0 && key == key_before) {
+    return tensorflow::errors::InvalidArgument(
+        what, " keys must be unique: entries ", i - 1, " and ", i, " share key ", key,
+        "; merge duplicates before building the tensor");
+  }
+  return tensorflow::errors::InvalidArgument(
+      what, " keys must be sorted (entry ", i, " = ", key, " < entry ", i - 1, " = ",
+      key_before, "); call tf_sparseconv.reorder()");
+}
+
 // Keys must be strictly increasing (sorted and unique) and inside [0, B*C*S).
 inline absl::Status ValidateKeys(const int64_t* keys, int64_t n,
                                  const KeyLayout& layout, const char* what) {
   const int64_t limit = layout.num_keys();
   for (int64_t i = 0; i < n; ++i) {
-    if (keys[i] < 0 || keys[i] >= limit) {
-      return tensorflow::errors::InvalidArgument(
-          what, " key out of range at entry ", i, ": ", keys[i],
-          " is not in [0, ", limit, ") for the given dense_shape");
+    if (keys[i] < 0 || keys[i] >= limit || (i > 0 && keys[i] <= keys[i - 1])) {
+      return InvalidKeyError(what, i, keys[i], i > 0 ? keys[i - 1] : 0, limit);
     }
-    if (i > 0 && keys[i] <= keys[i - 1]) {
-      if (keys[i] == keys[i - 1]) {
-        return tensorflow::errors::InvalidArgument(
-            what, " keys must be unique: entries ", i - 1, " and ", i,
-            " share key ", keys[i], "; merge duplicates before building the tensor");
-      }
-      return tensorflow::errors::InvalidArgument(
-          what, " keys must be sorted (entry ", i, " = ", keys[i], " < entry ", i - 1,
-          " = ", keys[i - 1], "); call tf_sparseconv.reorder()");
-    }
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckKeysVector(const tensorflow::Tensor& keys, const char* what) {
+  if (keys.dims() != 1) {
+    return tensorflow::errors::InvalidArgument(what, " keys must be 1-D, got rank ",
+                                               keys.dims());
+  }
+  return absl::OkStatus();
+}
+
+// The keys of Decode and Reorder, which may be unsorted.
+inline absl::Status CheckUnsortedKeysVector(const tensorflow::Tensor& keys) {
+  if (keys.dims() != 1) {
+    return tensorflow::errors::InvalidArgument("keys must be 1-D, got rank ", keys.dims());
   }
   return absl::OkStatus();
 }
 
 inline absl::Status ValidateKeysTensor(const tensorflow::Tensor& keys,
                                        const KeyLayout& layout, const char* what) {
-  if (keys.dims() != 1) {
-    return tensorflow::errors::InvalidArgument(what, " keys must be 1-D, got rank ",
-                                               keys.dims());
-  }
+  TF_RETURN_IF_ERROR(CheckKeysVector(keys, what));
   return ValidateKeys(keys.flat<int64_t>().data(), keys.NumElements(), layout, what);
 }
 
@@ -153,14 +146,45 @@ inline absl::Status ValidateValuesMatchKeys(const tensorflow::Tensor& keys,
   return absl::OkStatus();
 }
 
+inline absl::Status NaNError(const char* what, int64_t i) {
+  return tensorflow::errors::InvalidArgument(what, " contains NaN at position ", i);
+}
+
 template <typename T>
 absl::Status RejectNaN(const T* x, int64_t n, const char* what) {
   for (int64_t i = 0; i < n; ++i) {
-    if (std::isnan(x[i])) {
-      return tensorflow::errors::InvalidArgument(what, " contains NaN at position ", i);
-    }
+    if (std::isnan(x[i])) return NaNError(what, i);
   }
   return absl::OkStatus();
+}
+
+// Errors of the conversion ops, whose keys may be unsorted (Decode, Reorder) or which
+// read indices (Encode).
+inline absl::Status KeyOutOfRangeError(int64_t i, int64_t key, int64_t limit) {
+  return tensorflow::errors::InvalidArgument("key out of range at entry ", i, ": ", key,
+                                             " is not in [0, ", limit, ")");
+}
+
+inline absl::Status IndexOutOfRangeError(int64_t i, int64_t j, int64_t index, int64_t bound) {
+  return tensorflow::errors::InvalidArgument("index out of range: indices[", i, ", ", j,
+                                             "] = ", index, " is not in [0, ", bound, ")");
+}
+
+inline absl::Status DuplicateKeyError(int64_t key, int64_t entry_a, int64_t entry_b) {
+  return tensorflow::errors::InvalidArgument("duplicate key ", key, " (input entries ",
+                                             entry_a, " and ", entry_b,
+                                             "); merge duplicates first");
+}
+
+// The layout of a dense [B, R1, ..., Rd, C] tensor.
+inline absl::Status LayoutOfDense(const tensorflow::Tensor& dense, KeyLayout* layout) {
+  std::vector<int64_t> dims(dense.dims());
+  for (int i = 0; i < dense.dims(); ++i) dims[i] = dense.dim_size(i);
+  if (dense.NumElements() == 0 && dense.dims() >= 3) {
+    return tensorflow::errors::InvalidArgument("dense tensor has a zero dimension: ",
+                                               dense.shape().DebugString());
+  }
+  return MakeKeyLayoutFromDims(dims.data(), dense.dims(), layout);
 }
 
 // offsets[s] .. offsets[s+1] is the entry range of segment s (keys must be validated).
@@ -174,13 +198,6 @@ inline void SegmentOffsets(const int64_t* keys, int64_t n, const KeyLayout& layo
     while (seg <= s) (*offsets)[seg++] = i;
   }
   // Segments after the last entry start (and end) at n: already set by assign().
-}
-
-// Decodes the spatial coordinates of every entry: coords[i * d + j] = x_j of entry i.
-inline void DecodeSpatial(int64_t lin, const KeyLayout& layout, int32_t* coords) {
-  for (int j = 0; j < layout.d; ++j) {
-    coords[j] = static_cast<int32_t>((lin / layout.stride[j]) % layout.extent[j]);
-  }
 }
 
 }  // namespace tf_sparseconv

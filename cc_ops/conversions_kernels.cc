@@ -23,31 +23,12 @@ namespace {
 
 // Keys may be unsorted here (Decode, Reorder) but must lie inside the layout.
 absl::Status CheckKeysInRange(const Tensor& keys, const KeyLayout& layout) {
-  if (keys.dims() != 1)
-    return errors::InvalidArgument("keys must be 1-D, got rank ", keys.dims());
+  TF_RETURN_IF_ERROR(CheckUnsortedKeysVector(keys));
   const int64_t* k = keys.flat<int64_t>().data();
   for (int64_t i = 0; i < keys.NumElements(); ++i) {
-    if (k[i] < 0 || k[i] >= layout.num_keys())
-      return errors::InvalidArgument("key out of range at entry ", i, ": ", k[i],
-                                     " is not in [0, ", layout.num_keys(), ")");
+    if (k[i] < 0 || k[i] >= layout.num_keys()) return KeyOutOfRangeError(i, k[i], layout.num_keys());
   }
   return absl::OkStatus();
-}
-
-absl::Status LayoutOfDense(const Tensor& dense, KeyLayout* layout) {
-  std::vector<int64_t> dims(dense.dims());
-  for (int i = 0; i < dense.dims(); ++i) dims[i] = dense.dim_size(i);
-  if (dense.NumElements() == 0 && dense.dims() >= 3)
-    return errors::InvalidArgument("dense tensor has a zero dimension: ",
-                                   dense.shape().DebugString());
-  return MakeKeyLayoutFromDims(dims.data(), dense.dims(), layout);
-}
-
-// Position of the entry with key `key` in a dense [B, R..., C] buffer.
-inline int64_t DenseIndex(int64_t key, const KeyLayout& L) {
-  const int64_t seg = key / L.spatial_size, lin = key % L.spatial_size;
-  const int64_t b = seg / L.channels, c = seg % L.channels;
-  return (b * L.spatial_size + lin) * L.channels + c;
 }
 
 }  // namespace
@@ -88,9 +69,7 @@ class ChannelSparseEncodeKeysOp : public OpKernel {
       int64_t lin = 0;
       for (int j = 0; j < rank; ++j) {
         const int64_t bound = j == 0 ? L.batch : j == rank - 1 ? L.channels : L.extent[j - 1];
-        OP_REQUIRES(ctx, row[j] >= 0 && row[j] < bound,
-                    errors::InvalidArgument("index out of range: indices[", i, ", ", j, "] = ",
-                                            row[j], " is not in [0, ", bound, ")"));
+        OP_REQUIRES(ctx, row[j] >= 0 && row[j] < bound, IndexOutOfRangeError(i, j, row[j], bound));
         if (j >= 1 && j < rank - 1) lin += row[j] * L.stride[j - 1];
       }
       k[i] = L.key_of(row[0], row[rank - 1], lin);
@@ -149,9 +128,7 @@ class ChannelSparseReorderOp : public OpKernel {
     for (int64_t i = 0; i < n; ++i) {
       sk[i] = k[p[i]];
       sv[i] = v[p[i]];
-      OP_REQUIRES(ctx, i == 0 || sk[i] != sk[i - 1],
-                  errors::InvalidArgument("duplicate key ", sk[i], " (input entries ", p[i - 1],
-                                          " and ", p[i], "); merge duplicates first"));
+      OP_REQUIRES(ctx, i == 0 || sk[i] != sk[i - 1], DuplicateKeyError(sk[i], p[i - 1], p[i]));
     }
   }
 };

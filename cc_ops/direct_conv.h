@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "channel_sparse.h"
+#include "selection_mode.h"
 
 namespace tf_sparseconv {
 
-enum class SelectionMode { kNone, kSigned, kAbs };
 // How responses are summed. Both give bit-identical results (contributions to one
 // output are added in the same order); they differ in cost: kDense works per batch
 // element in a position-major [R1*...*Rd, Cout] buffer with vectorisable [Cout] rows

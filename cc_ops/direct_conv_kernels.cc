@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "direct_conv.h"
+#include "direct_conv_checks.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "unsupported/Eigen/CXX11/Tensor"
@@ -655,32 +656,11 @@ absl::Status PrepareConvInputs(OpKernelContext* ctx, ConvInputs<T>* c) {
   const Tensor& mask = ctx->input(4);
   TF_RETURN_IF_ERROR(MakeKeyLayout(ctx->input(2), &c->layout));
   TF_RETURN_IF_ERROR(ValidateKeysTensor(keys, c->layout, "input"));
-  TF_RETURN_IF_ERROR(ValidateValuesMatchKeys(keys, values, "input"));
   const KeyLayout& L = c->layout;
-  if (filter.dims() != L.d + 2) {
-    return errors::InvalidArgument("filter must have rank ", L.d + 2,
-                                   " [K1..Kd, Cin, Cout] for ", L.d,
-                                   "-D input, got shape ", filter.shape().DebugString());
-  }
-  for (int j = 0; j < L.d; ++j) {
-    c->kernel_size[j] = filter.dim_size(j);
-    if (c->kernel_size[j] % 2 == 0) {
-      return errors::InvalidArgument("kernel sizes must be odd ('same' padding centres the "
-                                     "kernel), got ", filter.shape().DebugString());
-    }
-  }
-  if (filter.dim_size(L.d) != L.channels) {
-    return errors::InvalidArgument("channel mismatch: filter has Cin = ",
-                                   filter.dim_size(L.d), " but the input has ",
-                                   L.channels, " channels");
-  }
-  c->cout = filter.dim_size(L.d + 1);
-  if (c->cout == 0) return errors::InvalidArgument("filter has zero output channels");
-  if (mask.shape() != filter.shape()) {
-    return errors::InvalidArgument("filter_mask must have the filter's shape ",
-                                   filter.shape().DebugString(), ", got ",
-                                   mask.shape().DebugString());
-  }
+  ConvShapes shapes;
+  TF_RETURN_IF_ERROR(CheckConvShapes(keys, values, filter, mask, L, &shapes));
+  std::copy(shapes.kernel_size, shapes.kernel_size + kMaxSpatialDims, c->kernel_size);
+  c->cout = shapes.cout;
   TF_RETURN_IF_ERROR(RejectNaN(values.flat<T>().data(), values.NumElements(), "input values"));
   TF_RETURN_IF_ERROR(RejectNaN(filter.flat<T>().data(), filter.NumElements(), "filter"));
   const int64_t n = keys.NumElements();
@@ -711,55 +691,22 @@ DirectConvArgs<T> MakeArgs(OpKernelContext* ctx, const ConvInputs<T>& c) {
 
 }  // namespace
 
-Accumulator ParseAccumulator(const std::string& name) {
-  return name == "dense" ? Accumulator::kDense
-         : name == "merge" ? Accumulator::kMerge
-                           : Accumulator::kAuto;
-}
-
 template <typename T>
 class DirectSparseConvOp : public OpKernel {
  public:
-  explicit DirectSparseConvOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string selection, accumulator;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("selection", &selection));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("accumulator", &accumulator));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("k", &k_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rho_up", &rho_up_));
-    selection_ = selection == "signed" ? SelectionMode::kSigned
-                 : selection == "abs"  ? SelectionMode::kAbs
-                                       : SelectionMode::kNone;
-    accumulator_ = ParseAccumulator(accumulator);
-    OP_REQUIRES(ctx, k_ >= 0, errors::InvalidArgument("k must be >= 0, got ", k_));
-    OP_REQUIRES(ctx, !std::isnan(rho_up_) && rho_up_ >= 0.0f && rho_up_ <= 1.0f,
-                errors::InvalidArgument("rho_up must be in (0, 1], got ", rho_up_));
-    if (selection_ == SelectionMode::kNone) {
-      OP_REQUIRES(ctx, k_ == 0 && rho_up_ == 0.0f,
-                  errors::InvalidArgument("k / rho_up given with selection='none'; set "
-                                          "selection to 'signed' or 'abs' to bound density"));
-    } else {
-      OP_REQUIRES(ctx, (k_ > 0) != (rho_up_ > 0.0f),
-                  errors::InvalidArgument("selection='", selection, "' needs exactly one of "
-                                          "k > 0 or rho_up in (0, 1], got k = ", k_,
-                                          ", rho_up = ", rho_up_));
-    }
-  }
+  explicit DirectSparseConvOp(OpKernelConstruction* ctx) : OpKernel(ctx) { attrs_.Read(ctx); }
 
   void Compute(OpKernelContext* ctx) override {
     ConvInputs<T> c;
     OP_REQUIRES_OK(ctx, PrepareConvInputs<T>(ctx, &c));
     const Tensor& bias = ctx->input(5);
-    OP_REQUIRES(ctx, bias.dims() == 1 && bias.dim_size(0) == c.cout,
-                errors::InvalidArgument("bias must have shape [", c.cout, "], got ",
-                                        bias.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckBiasShape(bias, c.cout));
     OP_REQUIRES_OK(ctx, RejectNaN(bias.flat<T>().data(), c.cout, "bias"));
     DirectConvArgs<T> a = MakeArgs(ctx, c);
     a.bias = bias.flat<T>().data();
-    a.selection = selection_;
-    a.accumulator = accumulator_;
-    a.k = k_ > 0 ? k_
-                 : static_cast<int64_t>(std::ceil(static_cast<double>(rho_up_) *
-                                                  c.layout.spatial_size));
+    a.selection = attrs_.selection;
+    a.accumulator = attrs_.accumulator;
+    a.k = attrs_.EffectiveK(c.layout.spatial_size);
     const CPUDevice& device = ctx->eigen_device<CPUDevice>();
     const int64_t units = c.layout.batch * c.cout;
     const int64_t S = c.layout.spatial_size;
@@ -827,10 +774,7 @@ class DirectSparseConvOp : public OpKernel {
   }
 
  private:
-  SelectionMode selection_;
-  Accumulator accumulator_;
-  int64_t k_;
-  float rho_up_;
+  ConvAttrs attrs_;
 };
 
 template <typename T>

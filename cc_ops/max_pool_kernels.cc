@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "channel_sparse.h"
+#include "max_pool.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "unsupported/Eigen/CXX11/Tensor"
 
@@ -25,10 +26,7 @@ class SparseMaxPoolOp : public OpKernel {
  public:
   explicit SparseMaxPoolOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("strides", &strides_));
-    for (size_t j = 0; j < strides_.size(); ++j)
-      OP_REQUIRES(ctx, strides_[j] >= 1,
-                  errors::InvalidArgument("strides must be >= 1, got strides[", j,
-                                          "] = ", strides_[j]));
+    OP_REQUIRES_OK(ctx, CheckStridesAttr(strides_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -36,10 +34,7 @@ class SparseMaxPoolOp : public OpKernel {
     const Tensor& values = ctx->input(1);
     KeyLayout in;
     OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &in));
-    OP_REQUIRES(ctx, static_cast<int>(strides_.size()) == in.d,
-                errors::InvalidArgument("strides has ", strides_.size(),
-                                        " entries but the input has ", in.d,
-                                        " spatial dimensions"));
+    OP_REQUIRES_OK(ctx, CheckStridesMatch(strides_, in));
     OP_REQUIRES_OK(ctx, ValidateKeysTensor(keys, in, "max_pool input"));
     OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(keys, values, "max_pool input"));
     const int64_t n = keys.NumElements();
@@ -47,12 +42,9 @@ class SparseMaxPoolOp : public OpKernel {
     const T* v = values.flat<T>().data();
     OP_REQUIRES_OK(ctx, RejectNaN(v, n, "max_pool input values"));
 
-    std::vector<int64_t> out_dims(in.d + 2);
-    out_dims[0] = in.batch;
-    for (int j = 0; j < in.d; ++j) out_dims[1 + j] = (in.extent[j] + strides_[j] - 1) / strides_[j];
-    out_dims[in.d + 1] = in.channels;
+    std::vector<int64_t> out_dims;
     KeyLayout out;
-    OP_REQUIRES_OK(ctx, MakeKeyLayoutFromDims(out_dims.data(), in.d + 2, &out));
+    OP_REQUIRES_OK(ctx, PooledLayout(in, strides_, &out_dims, &out));
 
     std::vector<int64_t> in_offsets;
     SegmentOffsets(k, n, in, &in_offsets);

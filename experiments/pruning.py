@@ -19,12 +19,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lambdas", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3])
     p.add_argument("--resolution", type=int, default=32)
+    p.add_argument("--rho", type=float, nargs="+", default=None,
+                   help="density bounds per sparse block (Eq. 4 needs bounds; default: Table 4's for the resolution, "
+                        "or 0.12 0.24 at 16^3 where Table 4's are 1)")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--prune-eps", type=float, default=0.01)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-examples", type=int, default=0)
     p.add_argument("--data-dir", default=None)
     args = p.parse_args()
+    rhos = args.rho or ([0.12, 0.24] if args.resolution == 16 else None)
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for lam in args.lambdas:
@@ -32,6 +36,7 @@ def main():
             train_args = ["--dataset", "modelnet40", "--resolution", args.resolution, "--epochs", args.epochs,
                           "--batch-size", args.batch_size, "--max-examples", args.max_examples, "--lam", lam,
                           "--prune-eps", args.prune_eps if lam > 0 else 0]
+            train_args += ["--rho", *rhos] if rhos else []
             train_args += ["--data-dir", args.data_dir] if args.data_dir else []
             res = run_training(f"pruning_{lam}", train_args, work)
             present = [entry["present_weights"] for entry in res["pruning"]] or [res["present_weights"]] * args.epochs

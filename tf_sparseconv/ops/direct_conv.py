@@ -25,6 +25,8 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     tf.nn.convolution, restricted to the touched set: every position that a present
     entry reaches through a present (filter_mask true) weight. `selection` 'signed' or
     'abs' keeps at most k entries per (batch, output channel); give k or rho_up.
+    `accumulator` picks how the CPU kernel sums ('auto', 'dense', 'merge': the same
+    values); the GPU kernel has one, sort-based, way and ignores it.
 
     Returns a ChannelSparseTensor [B, R..., Cout]; with return_counts also two [B, Cout]
     int64 tensors measured before k-selection: the support size (touched entries) and the

@@ -1,0 +1,233 @@
+"""Direct sparse convolution on the GPU against cuDNN's dense conv3d (Hackel et al., Fig. 4
+and Table 1).
+
+Inputs: r^3 grids, r in {32, 64, 128, 256, 512}, density rho = 1/r (r^2 random entries per
+(batch, channel) segment, keys drawn in numpy), a 3x3x3 filter with a random mask of density
+rho_f in {0.1, 0.5, 1.0}, Cin = 1 -> Cout = 8, with k-selection ('signed', rho_up = 1/r) and
+without ('none').
+
+  time:    batch 1; medians of synchronised runs after warm-up, ours and tf.nn.conv3d on the
+           dense equivalent (masked filter) in the same process; ratio = dense_s / ours_s.
+  memory:  batch 32, Cout 8 (Table 1): peak GPU memory of one call above what its inputs
+           hold (tf.config.experimental.get_memory_info after reset_memory_stats); the
+           inputs' bytes are recorded separately.
+
+A run that does not fit (ResourceExhaustedError) is recorded with null figures. Results go
+to benchmarks/results/direct_conv_gpu.jsonl (--out), one JSON object per line.
+
+    python benchmarks/direct_conv_gpu.py [--quick] [--out PATH]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tf_sparseconv as ts  # noqa: E402
+
+RESOLUTIONS = [32, 64, 128, 256, 512]
+FILTER_DENSITIES = [0.1, 0.5, 1.0]
+SELECTIONS = ["none", "signed"]
+KERNEL = (3, 3, 3)
+CIN, COUT = 1, 8
+TIME_BATCH, MEMORY_BATCH = 1, 32
+MEMORY_FILTER_DENSITIES = [0.1, 1.0]
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "direct_conv_gpu.jsonl")
+
+
+def sync():
+    """Waits for the GPU's queued work."""
+    if hasattr(tf.test.experimental, "sync_devices"):
+        tf.test.experimental.sync_devices()
+    else:  # older TensorFlow: a tiny read-back orders after everything queued before it
+        tf.reduce_sum(tf.zeros([1])).numpy()
+
+
+def random_keys(rng, batch, r):
+    """Sorted keys of r^2 distinct random positions in every (b, c) segment of [batch, r, r, r, 1]."""
+    volume, per_segment = r ** 3, r ** 2
+    keys = []
+    for b in range(batch):
+        positions = np.unique(rng.integers(0, volume, size=int(per_segment * 1.1) + 16))
+        while len(positions) < per_segment:
+            positions = np.unique(np.concatenate([positions, rng.integers(0, volume, size=per_segment)]))
+        positions = np.sort(rng.choice(positions, per_segment, replace=False))
+        keys.append(b * volume + positions)  # Cin = 1: segment b
+    return np.concatenate(keys).astype(np.int64)
+
+
+def make_inputs(rng, batch, r, rho_f):
+    keys = random_keys(rng, batch, r)
+    with tf.device("/GPU:0"):
+        x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(rng.standard_normal(len(keys)).astype(np.float32)),
+                                   tf.constant([batch, r, r, r, CIN], tf.int64))
+        w = tf.constant(rng.standard_normal((*KERNEL, CIN, COUT)).astype(np.float32))
+        mask = tf.constant(rng.random((*KERNEL, CIN, COUT)) < rho_f)
+        bias = tf.constant(rng.standard_normal(COUT).astype(np.float32))
+    return x, w, mask, bias
+
+
+def sparse_conv_fn(selection, r):
+    kwargs = {} if selection == "none" else dict(selection=selection, rho_up=1.0 / r)
+
+    @tf.function
+    def conv(keys, values, dense_shape, w, mask, bias):
+        y = ts.direct_conv(ts.ChannelSparseTensor(keys, values, dense_shape), w, bias, mask, **kwargs)
+        return y.keys, y.values
+    return lambda x, w, mask, bias: conv(x.keys, x.values, x.dense_shape, w, mask, bias)
+
+
+@tf.function
+def dense_conv(dense, w_masked):
+    return tf.nn.conv3d(dense, w_masked, strides=[1] * 5, padding="SAME")
+
+
+def median_time(fn, warmup, repeats, budget_s):
+    for _ in range(warmup):
+        fn()
+        sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+        if sum(times) > budget_s and len(times) >= 3:
+            break
+    return statistics.median(times)
+
+
+def peak_bytes(fn):
+    """Peak GPU memory of one call of fn above what was allocated before it."""
+    fn()  # warm-up: autotuning and kernel loading are not part of the figure
+    sync()
+    before = tf.config.experimental.get_memory_info("GPU:0")["current"]
+    tf.config.experimental.reset_memory_stats("GPU:0")
+    out = fn()
+    sync()
+    peak = tf.config.experimental.get_memory_info("GPU:0")["peak"]
+    del out
+    return peak - before
+
+
+def attempt(fn):
+    """fn()'s result, or None if the GPU ran out of memory."""
+    try:
+        return fn()
+    except (tf.errors.ResourceExhaustedError, tf.errors.InternalError) as e:
+        print(f"    does not fit: {str(e).splitlines()[0][:160]}", flush=True)
+        return None
+
+
+def run_config(rng, mode, batch, r, rho_f, device_name, args):
+    x, w, mask, bias = make_inputs(rng, batch, r, rho_f)
+    input_bytes = int(x.keys.shape[0]) * (8 + 4)
+    dense_input_bytes = batch * r ** 3 * CIN * 4
+    w_masked = w * tf.cast(mask, w.dtype)
+    records = []
+    dense_result = None
+    for selection in SELECTIONS:
+        conv = sparse_conv_fn(selection, r)
+        call = lambda: conv(x, w, mask, bias)  # noqa: E731
+        record = dict(mode=mode, r=r, rho=1.0 / r, rho_f=rho_f, batch=batch, cin=CIN, cout=COUT,
+                      k_selection=selection, rho_up=None if selection == "none" else 1.0 / r,
+                      entries=int(x.keys.shape[0]), ours_input_bytes=input_bytes,
+                      dense_input_bytes=dense_input_bytes, device=device_name)
+        if mode == "time":
+            record["ours_s"] = attempt(lambda: median_time(call, args.warmup, args.repeats, args.budget))
+            record["ours_peak_bytes"] = None
+        else:
+            record["ours_s"] = None
+            record["ours_peak_bytes"] = attempt(lambda: peak_bytes(call))
+        out_entries = attempt(lambda: int(call()[0].shape[0]))
+        record["out_entries"] = out_entries
+        if dense_result is None:
+            # The dense equivalent, built on the GPU; skipped (null) where it does not fit.
+            def dense_figures():
+                dense = ts.to_dense(x)
+                if mode == "time":
+                    return median_time(lambda: dense_conv(dense, w_masked), args.warmup, args.repeats,
+                                       args.budget), None
+                return None, peak_bytes(lambda: dense_conv(dense, w_masked))
+            dense_result = attempt(dense_figures) or (None, None)
+        record["dense_s"], record["dense_peak_bytes"] = dense_result
+        record["ratio"] = (record["dense_s"] / record["ours_s"]
+                           if record["dense_s"] and record["ours_s"] else None)
+        records.append(record)
+        print(f"  {mode:6s} r={r:3d} rho_f={rho_f:.1f} batch={batch:2d} {selection:6s} "
+              f"entries={record['entries']:>9d} out={out_entries if out_entries is not None else '-':>10} "
+              f"ours={fmt_s(record['ours_s'])} dense={fmt_s(record['dense_s'])} "
+              f"ratio={fmt_ratio(record['ratio'])} ours_peak={fmt_bytes(record['ours_peak_bytes'])} "
+              f"dense_peak={fmt_bytes(record['dense_peak_bytes'])}", flush=True)
+    del x, w, mask, bias, w_masked
+    return records
+
+
+def fmt_s(s):
+    return "       -" if s is None else f"{s * 1e3:7.2f}ms"
+
+
+def fmt_ratio(ratio):
+    return "    -" if ratio is None else f"{ratio:5.2f}"
+
+
+def fmt_bytes(b):
+    return "      -" if b is None else f"{b / 2 ** 30:6.3f}G"
+
+
+def summary(records):
+    print("\nTime (batch 1): median seconds; ratio = dense / ours (> 1: ours faster)")
+    print(f"{'r':>4} {'rho_f':>5} {'selection':>9} {'ours':>10} {'dense':>10} {'ratio':>6}")
+    for rec in records:
+        if rec["mode"] == "time":
+            print(f"{rec['r']:>4} {rec['rho_f']:>5.1f} {rec['k_selection']:>9} {fmt_s(rec['ours_s']):>10} "
+                  f"{fmt_s(rec['dense_s']):>10} {fmt_ratio(rec['ratio']):>6}")
+    print("\nMemory (batch 32, Cout 8): peak GiB above the inputs; inputs in parentheses")
+    print(f"{'r':>4} {'rho_f':>5} {'selection':>9} {'ours':>8} {'(input)':>9} {'dense':>8} {'(input)':>9}")
+    for rec in records:
+        if rec["mode"] == "memory":
+            print(f"{rec['r']:>4} {rec['rho_f']:>5.1f} {rec['k_selection']:>9} "
+                  f"{fmt_bytes(rec['ours_peak_bytes']):>8} ({fmt_bytes(rec['ours_input_bytes']).strip():>7}) "
+                  f"{fmt_bytes(rec['dense_peak_bytes']):>8} ({fmt_bytes(rec['dense_input_bytes']).strip():>7})")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="r <= 128 (memory: r <= 64), rho_f 0.5, fewer repeats")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="JSON-lines output (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    args.warmup, args.repeats, args.budget = (1, 3, 0.5) if args.quick else (2, 7, 2.0)
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        sys.exit("no GPU visible to TensorFlow")
+    device_name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+    resolutions = RESOLUTIONS[:3] if args.quick else RESOLUTIONS
+    time_densities = [0.5] if args.quick else FILTER_DENSITIES
+    memory_resolutions = RESOLUTIONS[:2] if args.quick else RESOLUTIONS
+    memory_densities = [0.5] if args.quick else MEMORY_FILTER_DENSITIES
+    print(f"direct sparse conv vs tf.nn.conv3d on {device_name}, TensorFlow {tf.__version__}", flush=True)
+    rng = np.random.default_rng(args.seed)
+    started = time.time()
+    records = []
+    for r in resolutions:
+        for rho_f in time_densities:
+            records += run_config(rng, "time", TIME_BATCH, r, rho_f, device_name, args)
+    for r in memory_resolutions:
+        for rho_f in memory_densities:
+            records += run_config(rng, "memory", MEMORY_BATCH, r, rho_f, device_name, args)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+    summary(records)
+    print(f"\n{len(records)} records in {time.time() - started:.0f} s -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,618 @@
+// DirectSparseConv and its backprop on the GPU (Hackel et al., Algorithms 1 and 2),
+// deterministic without atomics.
+//
+// Forward, sort-based, memory proportional to the contributions:
+//  1. Every input entry i owns max_row contribution slots, one per present weight of its
+//     input channel (fewer weights or an output outside the grid leave a slot empty).
+//     Slot (i, r) holds (output key, value_i * w); empty slots hold a key past every
+//     output key. The slot count n * max_row is known on the host, so no count is read
+//     back before the sort: the op keeps its one host round trip.
+//  2. A stable radix sort by output key. Entries are in key order (b, ic, x), and for a
+//     fixed output y = x - delta the entries of one input channel are in kernel-offset
+//     order, so each output key's contributions end up in (ic, kernel offset) order,
+//     the CPU kernel's order: summed left to right with the CPU's roundings, the values
+//     are bit-identical to the CPU kernel's.
+//  3. A compaction of the first slot of each output key sums its run and adds the bias:
+//     the touched set, sorted by key; touched_counts from binary searches.
+//  4. k-selection: a stable sort of the touched entries by score, largest first, then a
+//     stable sort by segment; the first k of each segment are kept. Both sorts are
+//     stable, so equal scores stay in key order: ties go to the smaller key.
+//  5. A compaction of the kept entries gives the output size (read back with the
+//     checks) and, after the OpKernel allocated the outputs, writes them in key order.
+//
+// Temporary memory of the forward pass, U = n * max_row contribution slots:
+//   U * (16 + 2 * sizeof(T))   keys and values of the contributions, double-buffered
+//                              (the touched set and the score sort reuse them)
+//   + U * 9 with k-selection   entry indices (double-buffered) and keep flags
+//   + n * (12 + 4 * d)         per-entry output base, input channel, coordinates
+//   + 32 bytes per 2048 slots, (B * Cout + 1) * 8, the weight table, CUB's scratch.
+//
+// Backprop, one thread per input entry for in_grad (same order as the CPU, so
+// bit-identical), binary search of the output key in the sorted out_keys; filter_grad
+// and bias_grad from fixed partitions summed by fixed-order block trees, so they are
+// deterministic but not bit-identical to the CPU's sequential sums.
+// Temporary memory of the backprop: n * (12 + 4 * d) + (B * Cin + B * Cout + 2) * 8
+//   + sizeof(T) * (P * B * G + B * Cout * G') for the partial sums, G, G' <= 256.
+#include <cstdint>
+
+#include "direct_conv_gpu.h"
+#include "gpu_util.cuh"
+
+namespace tf_sparseconv {
+namespace gpu {
+namespace {
+
+// The score of k-selection as an unsigned integer that sorts like the number.
+template <typename T>
+struct ScoreBits;
+template <>
+struct ScoreBits<float> {
+  using type = uint32_t;
+  __device__ static uint32_t Ordered(float x) {
+    const uint32_t u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  }
+};
+template <>
+struct ScoreBits<double> {
+  using type = uint64_t;
+  __device__ static uint64_t Ordered(double x) {
+    const uint64_t u = static_cast<uint64_t>(__double_as_longlong(x));
+    return (u & 0x8000000000000000ull) ? ~u : (u | 0x8000000000000000ull);
+  }
+};
+
+__device__ inline bool Reaches(const int32_t* x, const GpuPresentWeight& w, int d) {
+  for (int j = 0; j < d; ++j) {
+    if (x[j] < w.lo[j] || x[j] >= w.hi[j]) return false;
+  }
+  return true;
+}
+
+// The data of every input entry that the contribution kernels need: the output key of
+// its position in output channel 0, its input channel and its coordinates.
+struct EntryData {
+  int64_t* out_base;
+  int32_t* ic;
+  int32_t* coords;  // n * d
+};
+
+__global__ void EntryDataKernel(KeyLayout L, int64_t cout, const int64_t* keys, int64_t n,
+                                const Report* report, EntryData e) {
+  if (!ChecksPassed(report)) return;
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    const int64_t seg = L.segment_of(keys[i]);
+    const int64_t lin = keys[i] - seg * L.spatial_size;
+    const int64_t b = seg / L.channels;
+    e.out_base[i] = b * cout * L.spatial_size + lin;
+    e.ic[i] = static_cast<int32_t>(seg - b * L.channels);
+    DecodeSpatial(lin, L, e.coords + i * L.d);
+  }
+}
+
+template <typename T>
+__global__ void ContributionsKernel(KeyLayout L, EntryData e, const T* values, const T* filter,
+                                    const GpuPresentWeight* weights, const int64_t* row_begin,
+                                    int64_t max_row, int64_t num_slots, uint64_t no_output,
+                                    const Report* report, uint64_t* out_keys, T* products) {
+  const bool valid = ChecksPassed(report);
+  TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
+    uint64_t key = no_output;
+    T product = T(0);
+    if (valid) {
+      const int64_t i = slot / max_row;
+      const int64_t r = slot - i * max_row;
+      const int64_t row = row_begin[e.ic[i]];
+      if (r < row_begin[e.ic[i] + 1] - row) {
+        const GpuPresentWeight& w = weights[row + r];
+        if (Reaches(e.coords + i * L.d, w, L.d)) {
+          key = static_cast<uint64_t>(e.out_base[i] + w.oc * L.spatial_size - w.lin_delta);
+          product = MulRn(values[i], filter[w.filter_index]);
+        }
+      }
+    }
+    out_keys[slot] = key;
+    products[slot] = product;
+  }
+}
+
+struct IsFirstOfKey {
+  const uint64_t* keys;
+  uint64_t no_output;
+  __device__ bool operator()(int64_t q) const {
+    return keys[q] != no_output && (q == 0 || keys[q] != keys[q - 1]);
+  }
+};
+
+// Sums the run of equal keys that starts at q in slot order, then adds the bias, like
+// the CPU's dense accumulator (0 + c1 + c2 + ...) + bias.
+template <typename T>
+struct SumContributions {
+  const uint64_t* keys;
+  const T* products;
+  int64_t num_slots;
+  const T* bias;
+  int64_t spatial_size;
+  int64_t cout;
+  int64_t* touched_keys;
+  T* touched_values;
+  __device__ void operator()(int64_t q, int64_t rank) const {
+    const uint64_t key = keys[q];
+    T sum = T(0);
+    for (int64_t p = q; p < num_slots && keys[p] == key; ++p) sum = AddRn(sum, products[p]);
+    const int64_t oc = (static_cast<int64_t>(key) / spatial_size) % cout;
+    touched_keys[rank] = static_cast<int64_t>(key);
+    touched_values[rank] = AddRn(sum, bias[oc]);
+  }
+};
+
+// begin[s] = first touched entry of segment s, for s in [0, num_segments].
+__global__ void SegmentBeginKernel(const int64_t* touched_keys, const int64_t* touched_total,
+                                   int64_t num_segments, int64_t spatial_size, int64_t* begin) {
+  const int64_t total = *touched_total;
+  TF_SPARSECONV_GRID_LOOP(s, num_segments + 1) {
+    begin[s] = LowerBound(touched_keys, total, s * spatial_size);
+  }
+}
+
+__global__ void SegmentCountKernel(const int64_t* begin, int64_t num_segments, int64_t* counts) {
+  TF_SPARSECONV_GRID_LOOP(s, num_segments) { counts[s] = begin[s + 1] - begin[s]; }
+}
+
+// positive[s] = touched entries > 0 of segment s (before k-selection). Integer atomics:
+// exact and independent of the order, so the result is deterministic.
+template <typename T>
+__global__ void PositiveCountKernel(const int64_t* touched_keys, const T* touched_values,
+                                    const int64_t* touched_total, int64_t num_slots,
+                                    int64_t spatial_size, int64_t* positive) {
+  const int64_t total = *touched_total;
+  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
+    if (j < total && touched_values[j] > T(0)) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&positive[touched_keys[j] / spatial_size]), 1ULL);
+    }
+  }
+}
+
+// Score keys for a stable ascending sort that puts the largest score first; slots past
+// the touched set sort last.
+template <typename T>
+__global__ void ScoreKernel(const T* touched_values, const int64_t* touched_total,
+                            int64_t num_slots, bool by_magnitude,
+                            typename ScoreBits<T>::type* score, int32_t* index) {
+  using Bits = typename ScoreBits<T>::type;
+  const int64_t total = *touched_total;
+  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
+    index[j] = static_cast<int32_t>(j);
+    if (j < total) {
+      T s = by_magnitude ? fabs(touched_values[j]) : touched_values[j];
+      if (s == T(0)) s = T(0);  // -0 == +0 on the CPU: a tie, decided by the key
+      score[j] = ~ScoreBits<T>::Ordered(s);
+    } else {
+      score[j] = ~Bits(0);
+    }
+  }
+}
+
+__global__ void SegmentKeyKernel(const int32_t* index, const int64_t* touched_keys,
+                                 const int64_t* touched_total, int64_t num_slots,
+                                 int64_t spatial_size, uint32_t no_segment, uint32_t* segment) {
+  const int64_t total = *touched_total;
+  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
+    const int64_t t = index[j];
+    segment[j] = t < total ? static_cast<uint32_t>(touched_keys[t] / spatial_size) : no_segment;
+  }
+}
+
+// After both sorts, segment s occupies positions begin[s] .. begin[s + 1] in (score desc,
+// key asc) order: the first k positions are kept.
+__global__ void KeepKernel(const uint32_t* segment, const int32_t* index, const int64_t* begin,
+                           int64_t num_slots, uint32_t no_segment, int64_t k, uint8_t* keep) {
+  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
+    if (segment[j] == no_segment) continue;
+    keep[index[j]] = (j - begin[segment[j]]) < k ? 1 : 0;
+  }
+}
+
+struct IsKept {
+  const int64_t* touched_total;
+  const uint8_t* keep;  // nullptr: all touched entries
+  __device__ bool operator()(int64_t q) const {
+    return q < *touched_total && (keep == nullptr || keep[q] != 0);
+  }
+};
+
+template <typename T>
+struct CopyKept {
+  const int64_t* touched_keys;
+  const T* touched_values;
+  int64_t* out_keys;
+  T* out_values;
+  __device__ void operator()(int64_t q, int64_t rank) const {
+    out_keys[rank] = touched_keys[q];
+    out_values[rank] = touched_values[q];
+  }
+};
+
+// ---- backprop ----
+
+// A fixed-order tree over the block's threads (blockDim.x == kThreads): the same sum for
+// the same inputs on every run.
+template <typename T>
+__device__ T BlockSum(T value, T* shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      shared[threadIdx.x] = AddRn(shared[threadIdx.x], shared[threadIdx.x + stride]);
+    }
+    __syncthreads();
+  }
+  const T total = shared[0];
+  __syncthreads();  // the caller's next BlockSum rewrites shared
+  return total;
+}
+
+// The output entry that entry i feeds through w, or -1 (outside the grid, or dropped by
+// k-selection and so absent from out_keys).
+__device__ inline int64_t LinkedOutput(const KeyLayout& L, const EntryData& e, int64_t i,
+                                       const GpuPresentWeight& w, const int64_t* out_keys,
+                                       int64_t n_out) {
+  if (!Reaches(e.coords + i * L.d, w, L.d)) return -1;
+  const int64_t target = e.out_base[i] + w.oc * L.spatial_size - w.lin_delta;
+  const int64_t p = LowerBound(out_keys, n_out, target);
+  return p < n_out && out_keys[p] == target ? p : -1;
+}
+
+template <typename T>
+__global__ void InGradKernel(KeyLayout L, EntryData e, const T* filter,
+                             const GpuPresentWeight* weights, const int64_t* row_begin,
+                             const int64_t* out_keys, const T* out_grad, int64_t n_out,
+                             int64_t n, const Report* report, T* in_grad) {
+  const bool valid = ChecksPassed(report);
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    T sum = T(0);
+    if (valid) {
+      const int32_t ic = e.ic[i];
+      for (int64_t r = row_begin[ic]; r < row_begin[ic + 1]; ++r) {
+        const int64_t p = LinkedOutput(L, e, i, weights[r], out_keys, n_out);
+        if (p >= 0) sum = AddRn(sum, MulRn(out_grad[p], filter[weights[r].filter_index]));
+      }
+    }
+    in_grad[i] = sum;
+  }
+}
+
+__global__ void KeyBoundsKernel(const int64_t* keys, int64_t n, int64_t num_segments,
+                                int64_t spatial_size, const Report* report, int64_t* begin) {
+  const bool valid = ChecksPassed(report);
+  TF_SPARSECONV_GRID_LOOP(s, num_segments + 1) {
+    begin[s] = valid ? LowerBound(keys, n, s * spatial_size) : 0;
+  }
+}
+
+// Block (w, b, c) sums g * v over part c of input segment (b, ic(w)).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    FilterGradPartialKernel(KeyLayout L, EntryData e, const T* values,
+                            const GpuPresentWeight* weights, int64_t num_weights,
+                            const int64_t* in_begin, const int64_t* out_keys, const T* out_grad,
+                            int64_t n_out, int64_t parts, const Report* report, T* partial) {
+  __shared__ T shared[kThreads];
+  const bool valid = ChecksPassed(report);
+  const int64_t num_blocks = num_weights * L.batch * parts;
+  for (int64_t blk = blockIdx.x; blk < num_blocks; blk += gridDim.x) {
+    const int64_t w = blk / (L.batch * parts);
+    const int64_t b = (blk / parts) % L.batch;
+    const int64_t c = blk % parts;
+    T sum = T(0);
+    if (valid) {
+      const GpuPresentWeight& pw = weights[w];
+      const int64_t seg = b * L.channels + pw.ic;
+      const int64_t len = in_begin[seg + 1] - in_begin[seg];
+      const int64_t lo = in_begin[seg] + len * c / parts;
+      const int64_t hi = in_begin[seg] + len * (c + 1) / parts;
+      for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
+        const int64_t p = LinkedOutput(L, e, i, pw, out_keys, n_out);
+        if (p >= 0) sum = AddRn(sum, MulRn(out_grad[p], values[i]));
+      }
+    }
+    const T total = BlockSum(sum, shared);
+    if (threadIdx.x == 0) partial[blk] = total;
+  }
+}
+
+template <typename T>
+__global__ void FilterGradKernel(const GpuPresentWeight* weights, int64_t num_weights,
+                                 const T* partial, int64_t parts_per_weight, T* filter_grad) {
+  TF_SPARSECONV_GRID_LOOP(w, num_weights) {
+    T sum = T(0);
+    for (int64_t j = 0; j < parts_per_weight; ++j) {
+      sum = AddRn(sum, partial[w * parts_per_weight + j]);
+    }
+    filter_grad[weights[w].filter_index] = sum;
+  }
+}
+
+// Block (s, c) sums out_grad over part c of output segment s.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    BiasGradPartialKernel(const int64_t* out_begin, int64_t num_segments, const T* out_grad,
+                          int64_t parts, const Report* report, T* partial) {
+  __shared__ T shared[kThreads];
+  const bool valid = ChecksPassed(report);
+  for (int64_t blk = blockIdx.x; blk < num_segments * parts; blk += gridDim.x) {
+    const int64_t s = blk / parts;
+    const int64_t c = blk % parts;
+    T sum = T(0);
+    if (valid) {
+      const int64_t len = out_begin[s + 1] - out_begin[s];
+      const int64_t lo = out_begin[s] + len * c / parts;
+      const int64_t hi = out_begin[s] + len * (c + 1) / parts;
+      for (int64_t p = lo + threadIdx.x; p < hi; p += kThreads) sum = AddRn(sum, out_grad[p]);
+    }
+    const T total = BlockSum(sum, shared);
+    if (threadIdx.x == 0) partial[blk] = total;
+  }
+}
+
+template <typename T>
+__global__ void BiasGradKernel(const T* partial, int64_t batch, int64_t cout, int64_t parts,
+                               T* bias_grad) {
+  TF_SPARSECONV_GRID_LOOP(oc, cout) {
+    T sum = T(0);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t c = 0; c < parts; ++c) sum = AddRn(sum, partial[(b * cout + oc) * parts + c]);
+    }
+    bias_grad[oc] = sum;
+  }
+}
+
+// Parts per segment so that a block of kThreads sums about 8 items per thread.
+inline int64_t PartsFor(int64_t items, int64_t segments) {
+  const int64_t per_segment = segments > 0 ? items / segments : 0;
+  const int64_t parts = (per_segment + kTileSize - 1) / kTileSize;
+  return parts < 1 ? 1 : (parts > 256 ? 256 : parts);
+}
+
+inline unsigned int LoopBlocks(int64_t blocks) {
+  return static_cast<unsigned int>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
+}
+
+// Uploads the weight table and computes the per-entry data; shared by both passes.
+template <typename T>
+GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a,
+                         const Report* report, const GpuPresentWeight** weights,
+                         const int64_t** row_begin, EntryData* e) {
+  void* device = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.items,
+                                       sizeof(GpuPresentWeight) * a.weights.count, &device,
+                                       "present weights"));
+  *weights = static_cast<const GpuPresentWeight*>(device);
+  TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.row_begin,
+                                       sizeof(int64_t) * (a.in_layout.channels + 1), &device,
+                                       "present weights"));
+  *row_begin = static_cast<const int64_t*>(device);
+  e->out_base = scratch->DeviceArray<int64_t>(a.n);
+  e->ic = scratch->DeviceArray<int32_t>(a.n);
+  e->coords = scratch->DeviceArray<int32_t>(a.n * a.in_layout.d);
+  if (!e->out_base || !e->ic || !e->coords) return GpuStatus::OutOfMemory("entry data");
+  if (a.n > 0) {
+    EntryDataKernel<<<BlocksFor(a.n), kThreads, 0, stream>>>(a.in_layout, a.cout, a.keys, a.n,
+                                                             report, *e);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("entry data");
+  }
+  return GpuStatus::Ok();
+}
+
+}  // namespace
+
+template <typename T>
+GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
+                                       const DirectConvGpuArgs<T>& a, const T* bias,
+                                       SelectionMode selection, int64_t k,
+                                       int64_t* touched_counts, int64_t* positive_counts,
+                                       Report* report) {
+  const KeyLayout& L = a.in_layout;
+  const int64_t num_segments = L.batch * a.cout;
+  const int64_t num_slots = ContributionSlots(a.n, a.weights.max_row);
+  if (num_slots > kMaxSortItems || num_segments > kMaxSegments) {
+    return GpuStatus{"direct conv", "too many contributions or segments"};
+  }
+  const uint64_t no_output = static_cast<uint64_t>(num_segments * L.spatial_size);
+
+  Report* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  CheckSlot* checks = device_report->checks;
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      CheckSortedKeys(stream, a.keys, a.n, L.num_keys(), &checks[kConvKeys]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &checks[kConvValues]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.filter, a.filter_size, &checks[kConvFilter]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, bias, a.cout, &checks[kConvBias]));
+
+  const GpuPresentWeight* weights = nullptr;
+  const int64_t* row_begin = nullptr;
+  EntryData e;
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e));
+
+  int64_t* touched_total = scratch->DeviceArray<int64_t>(1);
+  int64_t* segment_begin = scratch->DeviceArray<int64_t>(num_segments + 1);
+  if (!touched_total || !segment_begin) return GpuStatus::OutOfMemory("touched set");
+  touched_total_ = touched_total;
+  uint64_t* slot_keys[2] = {nullptr, nullptr};
+  T* slot_values[2] = {nullptr, nullptr};
+  int current = 0;
+  if (num_slots == 0) {
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(touched_total, 0, sizeof(int64_t), stream), "touched set");
+  } else {
+    for (int buffer = 0; buffer < 2; ++buffer) {
+      slot_keys[buffer] = scratch->DeviceArray<uint64_t>(num_slots);
+      slot_values[buffer] = scratch->DeviceArray<T>(num_slots);
+      if (!slot_keys[buffer] || !slot_values[buffer]) {
+        return GpuStatus::OutOfMemory("contributions");
+      }
+    }
+    ContributionsKernel<T><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+        L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, no_output,
+        device_report, slot_keys[0], slot_values[0]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("contributions");
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, slot_keys, slot_values, num_slots,
+                                            BitsFor(no_output), &current));
+    // The sorted contributions are in buffer `current`; the touched set goes to the other.
+    int64_t* touched_keys = reinterpret_cast<int64_t*>(slot_keys[1 - current]);
+    T* touched_values = slot_values[1 - current];
+    touched_keys_ = touched_keys;
+    touched_values_ = touched_values;
+    const IsFirstOfKey first_of_key{slot_keys[current], no_output};
+    Compaction runs;
+    TF_SPARSECONV_RETURN_IF_ERROR(
+        CountCompaction(stream, scratch, first_of_key, num_slots, touched_total, &runs));
+    TF_SPARSECONV_RETURN_IF_ERROR(WriteCompaction(
+        stream, runs, first_of_key,
+        SumContributions<T>{slot_keys[current], slot_values[current], num_slots, bias,
+                            L.spatial_size, a.cout, touched_keys, touched_values}));
+  }
+  SegmentBeginKernel<<<BlocksFor(num_segments + 1), kThreads, 0, stream>>>(
+      touched_keys_, touched_total, num_segments, L.spatial_size, segment_begin);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
+  SegmentCountKernel<<<BlocksFor(num_segments), kThreads, 0, stream>>>(segment_begin,
+                                                                       num_segments,
+                                                                       touched_counts);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(positive_counts, 0, num_segments * sizeof(int64_t), stream), "positive counts");
+  if (num_slots > 0) {
+    PositiveCountKernel<T><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+        touched_keys_, touched_values_, touched_total, num_slots, L.spatial_size, positive_counts);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("positive counts");
+  }
+
+  if (selection != SelectionMode::kNone && num_slots > 0) {
+    // The contribution buffers `current` are free now; they hold the sort keys.
+    using Bits = typename ScoreBits<T>::type;
+    Bits* score[2] = {reinterpret_cast<Bits*>(slot_keys[current]),
+                      reinterpret_cast<Bits*>(slot_values[current])};
+    int32_t* index[2] = {scratch->DeviceArray<int32_t>(num_slots),
+                         scratch->DeviceArray<int32_t>(num_slots)};
+    uint8_t* keep = scratch->DeviceArray<uint8_t>(num_slots);
+    if (!index[0] || !index[1] || !keep) return GpuStatus::OutOfMemory("k-selection");
+    ScoreKernel<T><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+        touched_values_, touched_total, num_slots, selection == SelectionMode::kAbs, score[0],
+        index[0]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection scores");
+    int by_score = 0;
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, score, index, num_slots,
+                                            static_cast<int>(8 * sizeof(Bits)), &by_score));
+    const uint32_t no_segment = static_cast<uint32_t>(num_segments);
+    uint32_t* segment[2] = {reinterpret_cast<uint32_t*>(slot_keys[current]),
+                            reinterpret_cast<uint32_t*>(slot_values[current])};
+    int32_t* segment_index[2] = {index[by_score], index[1 - by_score]};
+    SegmentKeyKernel<<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+        segment_index[0], touched_keys_, touched_total, num_slots, L.spatial_size, no_segment,
+        segment[0]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection segments");
+    int by_segment = 0;
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, segment, segment_index, num_slots,
+                                            BitsFor(no_segment), &by_segment));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(keep, 0, num_slots, stream),
+                                            "k-selection");
+    KeepKernel<<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+        segment[by_segment], segment_index[by_segment], segment_begin, num_slots, no_segment, k,
+        keep);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
+    keep_ = keep;
+  }
+  TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, IsKept{touched_total, keep_},
+                                                num_slots, &device_report->count, &kept_));
+  return ReadReport(stream, scratch, device_report, report);
+}
+
+template <typename T>
+GpuStatus DirectConvForwardGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values) const {
+  return WriteCompaction(stream, kept_, IsKept{touched_total_, keep_},
+                         CopyKept<T>{touched_keys_, touched_values_, out_keys, out_values});
+}
+
+template <typename T>
+GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a,
+                                const int64_t* out_keys, const T* out_grad, int64_t n_out,
+                                T* in_grad, T* filter_grad, T* bias_grad, Report* report) {
+  const KeyLayout& L = a.in_layout;
+  const KeyLayout out_layout = L.WithChannels(a.cout);
+  Report* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  CheckSlot* checks = device_report->checks;
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      CheckSortedKeys(stream, a.keys, a.n, L.num_keys(), &checks[kBackpropKeys]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &checks[kBackpropValues]));
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      CheckNaN(stream, a.filter, a.filter_size, &checks[kBackpropFilter]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, out_keys, n_out, out_layout.num_keys(),
+                                                &checks[kBackpropOutKeys]));
+
+  const GpuPresentWeight* weights = nullptr;
+  const int64_t* row_begin = nullptr;
+  EntryData e;
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e));
+
+  if (a.n > 0) {
+    InGradKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(
+        L, e, a.filter, weights, row_begin, out_keys, out_grad, n_out, a.n, device_report,
+        in_grad);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
+  }
+
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(filter_grad, 0, sizeof(T) * a.filter_size, stream), "filter gradient");
+  const int64_t in_segments = L.num_segments();
+  int64_t* in_begin = scratch->DeviceArray<int64_t>(in_segments + 1);
+  if (!in_begin) return GpuStatus::OutOfMemory("filter gradient");
+  KeyBoundsKernel<<<BlocksFor(in_segments + 1), kThreads, 0, stream>>>(
+      a.keys, a.n, in_segments, L.spatial_size, device_report, in_begin);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  if (a.weights.count > 0) {
+    const int64_t parts = PartsFor(a.n, in_segments);
+    const int64_t parts_per_weight = L.batch * parts;
+    T* partial = scratch->DeviceArray<T>(a.weights.count * parts_per_weight);
+    if (!partial) return GpuStatus::OutOfMemory("filter gradient");
+    FilterGradPartialKernel<T><<<LoopBlocks(a.weights.count * parts_per_weight), kThreads, 0,
+                                 stream>>>(L, e, a.values, weights, a.weights.count, in_begin,
+                                           out_keys, out_grad, n_out, parts, device_report,
+                                           partial);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+    FilterGradKernel<T><<<BlocksFor(a.weights.count), kThreads, 0, stream>>>(
+        weights, a.weights.count, partial, parts_per_weight, filter_grad);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  }
+
+  const int64_t out_segments = out_layout.num_segments();
+  const int64_t bias_parts = PartsFor(n_out, out_segments);
+  int64_t* out_begin = scratch->DeviceArray<int64_t>(out_segments + 1);
+  T* bias_partial = scratch->DeviceArray<T>(out_segments * bias_parts);
+  if (!out_begin || !bias_partial) return GpuStatus::OutOfMemory("bias gradient");
+  KeyBoundsKernel<<<BlocksFor(out_segments + 1), kThreads, 0, stream>>>(
+      out_keys, n_out, out_segments, L.spatial_size, device_report, out_begin);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bias gradient");
+  BiasGradPartialKernel<T><<<LoopBlocks(out_segments * bias_parts), kThreads, 0, stream>>>(
+      out_begin, out_segments, out_grad, bias_parts, device_report, bias_partial);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bias gradient");
+  BiasGradKernel<T><<<BlocksFor(a.cout), kThreads, 0, stream>>>(bias_partial, L.batch, a.cout,
+                                                               bias_parts, bias_grad);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bias gradient");
+  return ReadReport(stream, scratch, device_report, report);
+}
+
+template class DirectConvForwardGpu<float>;
+template class DirectConvForwardGpu<double>;
+template GpuStatus DirectConvBackpropGpu<float>(Stream, Scratch*, const DirectConvGpuArgs<float>&,
+                                                const int64_t*, const float*, int64_t, float*,
+                                                float*, float*, Report*);
+template GpuStatus DirectConvBackpropGpu<double>(Stream, Scratch*,
+                                                 const DirectConvGpuArgs<double>&,
+                                                 const int64_t*, const double*, int64_t,
+                                                 double*, double*, double*, Report*);
+
+}  // namespace gpu
+}  // namespace tf_sparseconv

@@ -1,0 +1,93 @@
+// The GPU functors of DirectSparseConv and DirectSparseConvBackprop (CUDA-free interface;
+// kernels in cuda/direct_conv.cu). Same contract as cc_ops/direct_conv.h: stride 1,
+// 'same' zero padding, only present weights, the output support is the touched set,
+// bias there only, then k-selection per (b, oc) with ties to the smaller key.
+#ifndef TF_SPARSECONV_CUDA_DIRECT_CONV_GPU_H_
+#define TF_SPARSECONV_CUDA_DIRECT_CONV_GPU_H_
+
+#include <cstdint>
+
+#include "gpu_common.h"
+#include "selection_mode.h"
+
+namespace tf_sparseconv {
+namespace gpu {
+
+// One present filter weight, seen from the input: entry x feeds output y = x - delta.
+struct GpuPresentWeight {
+  int64_t lin_delta;             // delta in row-major spatial index units
+  int64_t filter_index;          // flat index into the [K..., Cin, Cout] filter
+  int32_t ic;
+  int32_t oc;
+  int32_t lo[kMaxSpatialDims];   // x_j must lie in [lo_j, hi_j) for y to be inside
+  int32_t hi[kMaxSpatialDims];
+};
+
+// The present weights grouped by input channel, in host memory: row ic is
+// items[row_begin[ic] .. row_begin[ic + 1]), ordered by (oc, kernel offset), the order
+// in which the CPU kernel sums the contributions to one output entry.
+struct GpuWeightTable {
+  const GpuPresentWeight* items = nullptr;
+  const int64_t* row_begin = nullptr;  // cin + 1
+  int64_t count = 0;
+  int64_t max_row = 0;                 // the longest row
+};
+
+template <typename T>
+struct DirectConvGpuArgs {
+  KeyLayout in_layout;                 // [B, R..., Cin]
+  int64_t cout = 0;
+  const int64_t* keys = nullptr;       // device; checked here, not before
+  const T* values = nullptr;
+  int64_t n = 0;
+  const T* filter = nullptr;           // device, [K..., Cin, Cout]
+  int64_t filter_size = 0;
+  GpuWeightTable weights;
+};
+
+// Contribution slots of the forward pass: n * max_row, which must not exceed
+// kMaxSortItems (the OpKernel says so before calling).
+inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_row; }
+
+enum ConvCheck { kConvKeys = 0, kConvValues = 1, kConvFilter = 2, kConvBias = 3 };
+
+template <typename T>
+class DirectConvForwardGpu {
+ public:
+  // Checks (ConvCheck), computes the touched set, adds the bias, selects k per (b, oc);
+  // writes touched_counts and positive_counts (entries > 0 before k-selection), each
+  // [B * Cout]; report->count = kept entries. Blocks until the report is on the host.
+  GpuStatus Run(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& args,
+                const T* bias, SelectionMode selection, int64_t k, int64_t* touched_counts,
+                int64_t* positive_counts, Report* report);
+  // Writes the report->count kept entries in key order.
+  GpuStatus Write(Stream stream, int64_t* out_keys, T* out_values) const;
+
+ private:
+  const int64_t* touched_keys_ = nullptr;
+  const T* touched_values_ = nullptr;
+  const int64_t* touched_total_ = nullptr;  // device
+  const uint8_t* keep_ = nullptr;           // nullptr: keep every touched entry
+  Compaction kept_;
+};
+
+enum ConvBackpropCheck {
+  kBackpropKeys = 0,
+  kBackpropValues = 1,
+  kBackpropFilter = 2,
+  kBackpropOutKeys = 3
+};
+
+// Eq. 3: gradients at the input entries, the present weights (all other filter_grad
+// entries are 0) and the bias. Checks (ConvBackpropCheck), then blocks until the report
+// is on the host.
+template <typename T>
+GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch,
+                                const DirectConvGpuArgs<T>& args, const int64_t* out_keys,
+                                const T* out_grad, int64_t n_out, T* in_grad, T* filter_grad,
+                                T* bias_grad, Report* report);
+
+}  // namespace gpu
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_CUDA_DIRECT_CONV_GPU_H_
