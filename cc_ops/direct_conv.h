@@ -113,6 +113,8 @@ struct DirectConvBackpropArgs {
 // grid is processed in slabs of positions beyond this), and the largest [B, S, Cout]
 // gradient buffer the automatic choice allows for its backward.
 constexpr int64_t kDenseSlabBytes = int64_t{8} << 20;
+// Scratch up to this size stays in a core's cache (the cost model's threshold).
+constexpr int64_t kCacheFriendlyScratchBytes = int64_t{2} << 20;
 constexpr int64_t kMaxDenseGradientBytes = int64_t{256} << 20;
 
 // Eq. 3: gradients only at present input entries and present weights; entries that

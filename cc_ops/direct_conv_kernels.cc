@@ -440,7 +440,12 @@ struct DirectConvForwardFunctor<CPUDevice, T> {
       // Dense: a word test per 8 positions, vectorised [Cout] row updates, and each
       // touched row's extraction; merge: heap steps of log2(#streams) per contribution.
       const double streams = std::max(1.0, static_cast<double>(args.weights->count()) / cout);
-      const double dense_cost = batch * S / 8.0 + row_updates * (2.0 + cout / 4.0) +
+      // A slab scratch beyond the per-core cache turns each row update into a memory
+      // miss (measured at 256^3: ~16x a cached update); the merge path streams.
+      const int64_t slab = DenseSlabCells<T>(S, cout, tables.max_abs_delta);
+      const double scratch_bytes = slab * (cout * (sizeof(T) + 1.0) + 1.0);
+      const double miss = scratch_bytes > kCacheFriendlyScratchBytes ? 16.0 : 1.0;
+      const double dense_cost = batch * S / 8.0 + row_updates * (2.0 + cout / 4.0) * miss +
                                 std::min(static_cast<double>(batch * S), row_updates) * cout;
       const double merge_cost = contributions * (4.0 + 2.0 * std::log2(streams + 1.0));
       dense = dense_cost < merge_cost;
