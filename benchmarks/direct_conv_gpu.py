@@ -134,8 +134,10 @@ def run_config(rng, mode, batch, r, rho_f, device_name, args):
     for selection in SELECTIONS:
         conv = sparse_conv_fn(selection, r)
         call = lambda: conv(x, w, mask, bias)  # noqa: E731
-        record = dict(mode=mode, r=r, rho=1.0 / r, rho_f=rho_f, batch=batch, cin=CIN, cout=COUT,
-                      k_selection=selection, rho_up=None if selection == "none" else 1.0 / r,
+        # Keys as in the CPU file (benchmarks/direct_conv.py), plus the selection's name.
+        record = dict(kind=mode, r=r, rho=1.0 / r, rho_f=rho_f, batch=batch, cin=CIN, cout=COUT,
+                      k_selection=selection != "none", selection=selection,
+                      rho_up=None if selection == "none" else 1.0 / r,
                       entries=int(x.keys.shape[0]), ours_input_bytes=input_bytes,
                       dense_input_bytes=dense_input_bytes, device=device_name)
         if mode == "time":
@@ -184,14 +186,14 @@ def summary(records):
     print("\nTime (batch 1): median seconds; ratio = dense / ours (> 1: ours faster)")
     print(f"{'r':>4} {'rho_f':>5} {'selection':>9} {'ours':>10} {'dense':>10} {'ratio':>6}")
     for rec in records:
-        if rec["mode"] == "time":
-            print(f"{rec['r']:>4} {rec['rho_f']:>5.1f} {rec['k_selection']:>9} {fmt_s(rec['ours_s']):>10} "
+        if rec["kind"] == "time":
+            print(f"{rec['r']:>4} {rec['rho_f']:>5.1f} {rec['selection']:>9} {fmt_s(rec['ours_s']):>10} "
                   f"{fmt_s(rec['dense_s']):>10} {fmt_ratio(rec['ratio']):>6}")
     print("\nMemory (batch 32, Cout 8): peak GiB above the inputs; inputs in parentheses")
     print(f"{'r':>4} {'rho_f':>5} {'selection':>9} {'ours':>8} {'(input)':>9} {'dense':>8} {'(input)':>9}")
     for rec in records:
-        if rec["mode"] == "memory":
-            print(f"{rec['r']:>4} {rec['rho_f']:>5.1f} {rec['k_selection']:>9} "
+        if rec["kind"] == "memory":
+            print(f"{rec['r']:>4} {rec['rho_f']:>5.1f} {rec['selection']:>9} "
                   f"{fmt_bytes(rec['ours_peak_bytes']):>8} ({fmt_bytes(rec['ours_input_bytes']).strip():>7}) "
                   f"{fmt_bytes(rec['dense_peak_bytes']):>8} ({fmt_bytes(rec['dense_input_bytes']).strip():>7})")
 

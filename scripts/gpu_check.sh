@@ -6,7 +6,8 @@
 #   memcheck   tests/test_gpu.py under compute-sanitizer --tool memcheck
 #   racecheck  tests/test_gpu.py under compute-sanitizer --tool racecheck
 # Usage: scripts/gpu_check.sh [STAGE...]   (default: all four, in that order)
-# SANITIZER_PYTEST_ARGS narrows the sanitized tests (default: "-x -q").
+# SANITIZER_PYTEST_ARGS: pytest options for the sanitized run (default: "-x -q"; split on
+# spaces); SANITIZER_K: a -k expression, passed as one argument (e.g. "not large").
 # Logs go to ${OUT:-/tmp}/; exits non-zero if any stage fails or a sanitizer reports an error.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,9 +74,11 @@ for stage in "${STAGES[@]}"; do
       # TensorFlow's default allocator carves tensors out of one big block, which hides
       # out-of-bounds accesses from memcheck; cudaMallocAsync gives every tensor its own.
       # shellcheck disable=SC2086
+      k_args=()
+      [ -n "${SANITIZER_K:-}" ] && k_args=(-k "$SANITIZER_K")
       gpu_ready && logged "$log" env TF_GPU_ALLOCATOR=cuda_malloc_async \
           "$SANITIZER" --tool "$stage" --target-processes all --error-exitcode 99 --print-limit 100 \
-          "$PYTHON" -m pytest tests/test_gpu.py ${SANITIZER_PYTEST_ARGS:--x -q} -p no:cacheprovider
+          "$PYTHON" -m pytest tests/test_gpu.py ${SANITIZER_PYTEST_ARGS:--x -q} "${k_args[@]}" -p no:cacheprovider
       rc=$?
       if [ -f "$log" ]; then
         if [ $rc -eq 0 ] && grep -E "(ERROR|RACECHECK) SUMMARY: [1-9]" "$log" >/dev/null; then
