@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -99,27 +100,24 @@ bool AdvanceToValid(const DirectConvArgs<T>& a, ContributionStream<T>* s) {
 }
 
 // Keeps at most k entries by score, ties to the smaller spatial index, in index order:
-// nth_element finds the k-th best, then one pass in position order keeps every entry
-// ranked before it, so no sort of the kept entries is needed.
+// nth_element on a copy of the scores finds the k-th largest score t; one pass in
+// position order then keeps every entry above t and the first entries equal to t.
 template <typename T>
 void SelectTopK(SelectionMode mode, int64_t k, SegmentResult<T>* r) {
   const int64_t m = static_cast<int64_t>(r->lin.size());
   if (mode == SelectionMode::kNone || m <= k) return;
   const T* v = r->values.data();
   auto score = [&](int64_t i) { return mode == SelectionMode::kAbs ? std::abs(v[i]) : v[i]; };
-  std::vector<int64_t> order(m);
-  for (int64_t i = 0; i < m; ++i) order[i] = i;
-  std::nth_element(order.begin(), order.begin() + (k - 1), order.end(),
-                   [&](int64_t a, int64_t b) {
-                     const T sa = score(a), sb = score(b);
-                     return sa > sb || (sa == sb && a < b);
-                   });
-  const int64_t kth = order[k - 1];
-  const T threshold = score(kth);
-  int64_t kept = 0;
+  std::vector<T> scores(m);
+  for (int64_t i = 0; i < m; ++i) scores[i] = score(i);
+  std::nth_element(scores.begin(), scores.begin() + (k - 1), scores.end(), std::greater<T>());
+  const T threshold = scores[k - 1];
+  int64_t above = 0;
+  for (int64_t i = 0; i < k; ++i) above += scores[i] > threshold;  // the k best hold all > t
+  int64_t ties_left = k - above, kept = 0;
   for (int64_t i = 0; i < m; ++i) {
     const T si = score(i);
-    if (si > threshold || (si == threshold && i <= kth)) {
+    if (si > threshold || (si == threshold && ties_left-- > 0)) {
       r->lin[kept] = r->lin[i];
       r->values[kept] = r->values[i];
       ++kept;
