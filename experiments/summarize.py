@@ -62,8 +62,9 @@ def pruning_section(rows):
     strongest = [r for r in rows if r["lambda"] == max(r2["lambda"] for r2 in rows)]
     if base and strongest and strongest[0]["lambda"] > 0:
         speedup = 1 - strongest[-1]["sec_per_epoch"] / base[-1]["sec_per_epoch"]
-        lines += ["", f"Last epoch: λ = {strongest[0]['lambda']} takes {speedup:+.0%} less time than λ = 0 "
-                      "(paper: 51% faster at λ = 0.3 after 90 epochs; goal: ≥ 60% at equal accuracy)."]
+        lines += ["", f"Last epoch: λ = {strongest[0]['lambda']} takes {speedup:.0%} less time than λ = 0, at validation "
+                      f"accuracy {strongest[-1]['val_accuracy']:.3f} against {base[-1]['val_accuracy']:.3f} (paper: 51% "
+                      "faster at λ = 0.3 after 90 epochs at equal accuracy; goal: ≥ 60% at equal accuracy)."]
     return lines
 
 
