@@ -165,6 +165,18 @@ inline absl::Status KeyOutOfRangeError(int64_t i, int64_t key, int64_t limit) {
                                              " is not in [0, ", limit, ")");
 }
 
+// Indices [N, d+2] rows are (b, x1..xd, c): the exclusive upper bound of column j.
+inline int64_t IndexColumnBound(const KeyLayout& layout, int j) {
+  return j == 0 ? layout.batch : j == layout.d + 1 ? layout.channels : layout.extent[j - 1];
+}
+
+inline absl::Status CheckIndicesShape(const tensorflow::Tensor& indices, const KeyLayout& layout) {
+  if (indices.dims() == 2 && indices.dim_size(1) == layout.d + 2) return absl::OkStatus();
+  return tensorflow::errors::InvalidArgument("indices must have shape [N, ", layout.d + 2,
+                                             "] (b, x1..xd, c), got ",
+                                             indices.shape().DebugString());
+}
+
 inline absl::Status IndexOutOfRangeError(int64_t i, int64_t j, int64_t index, int64_t bound) {
   return tensorflow::errors::InvalidArgument("index out of range: indices[", i, ", ", j,
                                              "] = ", index, " is not in [0, ", bound, ")");

@@ -56,9 +56,7 @@ class ChannelSparseEncodeKeysOp : public OpKernel {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(1), &L));
     const Tensor& indices = ctx->input(0);
-    OP_REQUIRES(ctx, indices.dims() == 2 && indices.dim_size(1) == L.d + 2,
-                errors::InvalidArgument("indices must have shape [N, ", L.d + 2,
-                                        "] (b, x1..xd, c), got ", indices.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckIndicesShape(indices, L));
     const int64_t n = indices.dim_size(0), rank = L.d + 2;
     Tensor* keys;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &keys));
@@ -68,7 +66,7 @@ class ChannelSparseEncodeKeysOp : public OpKernel {
       const int64_t* row = idx + i * rank;
       int64_t lin = 0;
       for (int j = 0; j < rank; ++j) {
-        const int64_t bound = j == 0 ? L.batch : j == rank - 1 ? L.channels : L.extent[j - 1];
+        const int64_t bound = IndexColumnBound(L, j);
         OP_REQUIRES(ctx, row[j] >= 0 && row[j] < bound, IndexOutOfRangeError(i, j, row[j], bound));
         if (j >= 1 && j < rank - 1) lin += row[j] * L.stride[j - 1];
       }

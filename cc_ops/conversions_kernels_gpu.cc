@@ -47,9 +47,7 @@ class ChannelSparseEncodeKeysGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(1), &L));
     const Tensor& indices = ctx->input(0);
     const int rank = L.d + 2;
-    OP_REQUIRES(ctx, indices.dims() == 2 && indices.dim_size(1) == rank,
-                errors::InvalidArgument("indices must have shape [N, ", rank,
-                                        "] (b, x1..xd, c), got ", indices.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckIndicesShape(indices, L));
     const int64_t n = indices.dim_size(0);
     Tensor* keys;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &keys));
@@ -63,8 +61,7 @@ class ChannelSparseEncodeKeysGpuOp : public OpKernel {
     if (gpu::Failed(slot)) {
       const int64_t i = static_cast<int64_t>(slot.first) / rank;
       const int j = static_cast<int>(static_cast<int64_t>(slot.first) % rank);
-      const int64_t bound = j == 0 ? L.batch : j == rank - 1 ? L.channels : L.extent[j - 1];
-      OP_REQUIRES(ctx, false, IndexOutOfRangeError(i, j, slot.detail[0], bound));
+      OP_REQUIRES(ctx, false, IndexOutOfRangeError(i, j, slot.detail[0], IndexColumnBound(L, j)));
     }
   }
 };
