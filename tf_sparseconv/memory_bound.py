@@ -32,6 +32,10 @@ INDEX_BYTES = 8
 # What one allocation may cost beyond its bytes: a large buffer is mapped in whole pages,
 # plus the allocator's header and TensorFlow's 64-byte alignment.
 ALLOCATION_OVERHEAD = 4096 + 16 + 64
+# What one layer call costs beyond its tensors: Python objects, TensorFlow's eager op
+# contexts and kernels' small bookkeeping. They come from the heap, which grows by whole
+# pages (a to_dense call was measured one page over its buffers on a fresh CI machine).
+CALL_OVERHEAD = 64 << 10
 # Largest per-block scratch for which the conv kernel may pick its dense path
 # (kMaxDenseScratchBytes in cc_ops/direct_conv.h).
 MAX_DENSE_SCRATCH_BYTES = 64 << 20
@@ -185,7 +189,7 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
     for layer in layers:
         if isinstance(layer, VoxelizePoints):
             shape, entries, out_bytes, temp = _input_bound(layer, batch_size, points_per_sample, value_bytes)
-            bounds.append(LayerBound(layer.name, "voxelize", shape, entries, out_bytes, temp))
+            bounds.append(LayerBound(layer.name, "voxelize", shape, entries, out_bytes, temp + CALL_OVERHEAD))
         elif isinstance(layer, DenseToSparse):
             raise TypeError("DenseToSparse takes arbitrary dense input: bound the model from sparse_input instead")
         elif isinstance(layer, (SparseConv, SparseReLU, SparseMaxPool, SparseToDense)):
@@ -193,11 +197,11 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
                 raise TypeError(f"layer {layer.name} has no bounded input before it")
             kind, shape, entries, out_bytes, temp = _bound_layer(layer, shape, entries, batch_size, value_bytes,
                                                                  threads)
-            bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp))
+            bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp + CALL_OVERHEAD))
         else:
             shape, entries, out_bytes = _dense_layer_bound(layer, shape, batch_size, value_bytes)
             bounds.append(LayerBound(layer.name, type(layer).__name__, shape, entries, out_bytes,
-                                     2 * ALLOCATION_OVERHEAD))
+                                     2 * ALLOCATION_OVERHEAD + CALL_OVERHEAD))
     activation = sum(b.output_bytes for b in bounds)
     temporary = max((b.temporary_bytes for b in bounds), default=0)
     return ModelBound(batch_size, bounds, activation, temporary, activation + temporary)
