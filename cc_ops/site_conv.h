@@ -1,0 +1,51 @@
+// Functor contracts of the site-sparse convolution (gather-GEMM-scatter), shared by the
+// CPU kernels (site_conv_kernels.cc) and the GPU kernels (cuda/site_conv.cu).
+#ifndef TF_SPARSECONV_CC_OPS_SITE_CONV_H_
+#define TF_SPARSECONV_CC_OPS_SITE_CONV_H_
+
+#include <cstdint>
+
+namespace tf_sparseconv {
+
+// Everything one call of the convolution needs, with the rows already validated: every
+// in_row < num_in, every out_row < num_out, splits rising from 0 to pairs, and no output
+// row twice within one kernel offset (so one offset's scatter never collides with
+// itself and needs no atomics on the CPU).
+template <typename T>
+struct SiteConvArgs {
+  const T* features = nullptr;   // [num_in, cin]
+  const T* filters = nullptr;    // [volume, cin, cout]
+  const int32_t* in_rows = nullptr;
+  const int32_t* out_rows = nullptr;
+  const int32_t* offset_splits = nullptr;  // host copy on every device: [volume + 1]
+  int64_t volume = 0, pairs = 0, num_in = 0, num_out = 0, cin = 0, cout = 0;
+};
+
+// out[num_out, cout] = sum over offsets q and their pairs p of
+//   features[in_rows[p]] @ filters[q], accumulated in AccumulatorOf<T> and written as T.
+template <typename Device, typename T>
+struct SiteConvFunctor {
+  void operator()(const Device& device, const SiteConvArgs<T>& args, T* out);
+};
+
+// filter_grad[volume, cin, cout]: filter_grad[q] = sum over q's pairs of
+//   features[in_rows[p]]^T out_grad[out_rows[p]] (args.filters unused, cout from out_grad).
+template <typename Device, typename T>
+struct SiteConvFilterGradFunctor {
+  void operator()(const Device& device, const SiteConvArgs<T>& args, const T* out_grad, T* filter_grad);
+};
+
+// float for float, half and bfloat16 (half-precision storage, float32 arithmetic);
+// double for double.
+template <typename T>
+struct AccumulatorOf {
+  using type = float;
+};
+template <>
+struct AccumulatorOf<double> {
+  using type = double;
+};
+
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_CC_OPS_SITE_CONV_H_

@@ -1,0 +1,237 @@
+// CPU kernels of the site-sparse convolution: the OpKernels check the map and allocate;
+// the functors gather a block of input rows, multiply it by the offset's filter with
+// Eigen's GEMM and scatter-add the products into the output rows.
+#define EIGEN_USE_THREADS
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "site_checks.h"
+#include "site_conv.h"
+#include "tensorflow/core/framework/bfloat16.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "Eigen/Core"
+#include "unsupported/Eigen/CXX11/Tensor"
+
+namespace tf_sparseconv {
+
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using CPUDevice = Eigen::ThreadPoolDevice;
+
+namespace {
+
+// Pairs per gathered block: a [block, Cin] slab of a few tens of KiB stays in L1/L2.
+constexpr int64_t kPairBlock = 128;
+
+template <typename A>
+using RowMajor = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+template <typename T, typename A>
+void ToAccumulator(const T* x, int64_t n, A* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<A>(x[i]);
+}
+
+}  // namespace
+
+template <typename T>
+struct SiteConvFunctor<CPUDevice, T> {
+  void operator()(const CPUDevice& device, const SiteConvArgs<T>& a, T* out) {
+    using A = typename AccumulatorOf<T>::type;
+    std::vector<A> filters(a.volume * a.cin * a.cout);
+    ToAccumulator(a.filters, static_cast<int64_t>(filters.size()), filters.data());
+    // float and double accumulate in place; half types in a float32 copy of the output.
+    std::vector<A> staged;
+    A* acc;
+    if constexpr (std::is_same_v<A, T>) {
+      acc = out;
+    } else {
+      staged.resize(a.num_out * a.cout);
+      acc = staged.data();
+    }
+    std::fill(acc, acc + a.num_out * a.cout, A(0));
+    for (int64_t q = 0; q < a.volume; ++q) {
+      const int64_t begin = a.offset_splits[q], count = a.offset_splits[q + 1] - begin;
+      if (count == 0) continue;
+      const Eigen::Map<const RowMajor<A>> w(filters.data() + q * a.cin * a.cout, a.cin, a.cout);
+      const int64_t blocks = (count + kPairBlock - 1) / kPairBlock;
+      device.parallelFor(blocks, Eigen::TensorOpCost(0, 0, 2.0 * kPairBlock * a.cin * a.cout),
+                         [&](Eigen::Index first, Eigen::Index last) {
+                           RowMajor<A> gathered(kPairBlock, a.cin), product(kPairBlock, a.cout);
+                           for (Eigen::Index blk = first; blk < last; ++blk) {
+                             const int64_t p0 = begin + blk * kPairBlock;
+                             const int64_t rows = std::min(kPairBlock, begin + count - p0);
+                             for (int64_t r = 0; r < rows; ++r)
+                               ToAccumulator(a.features + a.in_rows[p0 + r] * a.cin, a.cin, &gathered(r, 0));
+                             product.topRows(rows).noalias() = gathered.topRows(rows) * w;
+                             // Output rows are unique within one offset (checked), so the
+                             // blocks of this offset never write the same row.
+                             for (int64_t r = 0; r < rows; ++r) {
+                               A* dst = acc + a.out_rows[p0 + r] * a.cout;
+                               const A* src = &product(r, 0);
+                               for (int64_t c = 0; c < a.cout; ++c) dst[c] += src[c];
+                             }
+                           }
+                         });
+    }
+    if constexpr (!std::is_same_v<A, T>) {
+      for (int64_t i = 0; i < a.num_out * a.cout; ++i) out[i] = static_cast<T>(acc[i]);
+    }
+  }
+};
+
+template <typename T>
+struct SiteConvFilterGradFunctor<CPUDevice, T> {
+  void operator()(const CPUDevice& device, const SiteConvArgs<T>& a, const T* out_grad, T* filter_grad) {
+    using A = typename AccumulatorOf<T>::type;
+    // One offset per task: offsets write disjoint filter slices, so no reduction is needed
+    // and the sum order (by pair) does not depend on the thread count.
+    device.parallelFor(a.volume, Eigen::TensorOpCost(0, 0, 2.0 * a.pairs / a.volume * a.cin * a.cout),
+                       [&](Eigen::Index first, Eigen::Index last) {
+                         RowMajor<A> x(kPairBlock, a.cin), g(kPairBlock, a.cout), dw(a.cin, a.cout);
+                         for (Eigen::Index q = first; q < last; ++q) {
+                           dw.setZero();
+                           const int64_t begin = a.offset_splits[q], end = a.offset_splits[q + 1];
+                           for (int64_t p0 = begin; p0 < end; p0 += kPairBlock) {
+                             const int64_t rows = std::min(kPairBlock, end - p0);
+                             for (int64_t r = 0; r < rows; ++r) {
+                               ToAccumulator(a.features + a.in_rows[p0 + r] * a.cin, a.cin, &x(r, 0));
+                               ToAccumulator(out_grad + a.out_rows[p0 + r] * a.cout, a.cout, &g(r, 0));
+                             }
+                             dw.noalias() += x.topRows(rows).transpose() * g.topRows(rows);
+                           }
+                           T* dst = filter_grad + q * a.cin * a.cout;
+                           for (int64_t i = 0; i < a.cin * a.cout; ++i) dst[i] = static_cast<T>(dw.data()[i]);
+                         }
+                       });
+  }
+};
+
+namespace {
+
+template <typename T>
+absl::Status RejectNaNRows(const T* x, int64_t n, int64_t width, const char* what) {
+  for (int64_t i = 0; i < n * width; ++i) {
+    if (std::isnan(static_cast<float>(x[i]))) {
+      return tensorflow::errors::InvalidArgument(what, " row ", i / width, " column ", i % width,
+                                                 " is NaN");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Row ranges, rising splits, and at most one pair per output row and offset.
+absl::Status CheckSiteMapRows(const SiteMapView& map, int64_t num_in, int64_t num_out) {
+  if (map.offset_splits[0] != 0 || map.offset_splits[map.volume] != map.pairs) {
+    return BadSplitsError(0, map.offset_splits[0], map.offset_splits[map.volume], map.pairs);
+  }
+  std::vector<int32_t> last_offset(num_out, -1);
+  for (int64_t q = 0; q < map.volume; ++q) {
+    const int64_t begin = map.offset_splits[q], end = map.offset_splits[q + 1];
+    if (begin > end || end > map.pairs) return BadSplitsError(q, begin, end, map.pairs);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t i = map.in_rows[p], o = map.out_rows[p];
+      if (i < 0 || i >= num_in) return MapRowOutOfRangeError("in_rows", p, i, num_in);
+      if (o < 0 || o >= num_out) return MapRowOutOfRangeError("out_rows", p, o, num_out);
+      if (last_offset[o] == q) return RepeatedOutputRowError(q, o);
+      last_offset[o] = static_cast<int32_t>(q);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+template <typename T>
+class SiteSparseConvOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& features = ctx->input(0);
+    const Tensor& filters = ctx->input(1);
+    OP_REQUIRES(ctx, features.dims() == 2,
+                tensorflow::errors::InvalidArgument("features must be [N, Cin], got shape ",
+                                                    features.shape().DebugString()));
+    OP_REQUIRES(ctx, filters.dims() == 3 && filters.dim_size(1) == features.dim_size(1),
+                tensorflow::errors::InvalidArgument("filters must be [K, Cin, Cout] with Cin = ",
+                                                    features.dim_size(1), " (the feature width), got shape ",
+                                                    filters.shape().DebugString()));
+    const Tensor& num_out_t = ctx->input(5);
+    OP_REQUIRES(ctx, num_out_t.dims() == 0 && num_out_t.scalar<int32_t>()() >= 0,
+                tensorflow::errors::InvalidArgument("num_out must be a non-negative scalar"));
+    SiteMapView map;
+    OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(2), ctx->input(3), ctx->input(4), filters.dim_size(0), &map));
+    SiteConvArgs<T> a;
+    a.features = features.flat<T>().data();
+    a.filters = filters.flat<T>().data();
+    a.in_rows = map.in_rows;
+    a.out_rows = map.out_rows;
+    a.offset_splits = map.offset_splits;
+    a.volume = map.volume;
+    a.pairs = map.pairs;
+    a.num_in = features.dim_size(0);
+    a.num_out = num_out_t.scalar<int32_t>()();
+    a.cin = features.dim_size(1);
+    a.cout = filters.dim_size(2);
+    OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, a.num_in, a.num_out));
+    OP_REQUIRES_OK(ctx, RejectNaNRows(a.features, a.num_in, a.cin, "features"));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.num_out, a.cout}), &out));
+    SiteConvFunctor<CPUDevice, T>()(ctx->eigen_device<CPUDevice>(), a, out->flat<T>().data());
+  }
+};
+
+template <typename T>
+class SiteSparseConvFilterGradOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& features = ctx->input(0);
+    const Tensor& out_grad = ctx->input(1);
+    OP_REQUIRES(ctx, features.dims() == 2 && out_grad.dims() == 2,
+                tensorflow::errors::InvalidArgument("features and out_grad must be matrices, got shapes ",
+                                                    features.shape().DebugString(), " and ",
+                                                    out_grad.shape().DebugString()));
+    const Tensor& splits = ctx->input(4);
+    OP_REQUIRES(ctx, splits.dims() == 1 && splits.NumElements() >= 1,
+                tensorflow::errors::InvalidArgument("offset_splits must be a non-empty vector"));
+    SiteMapView map;
+    OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(2), ctx->input(3), splits, splits.NumElements() - 1, &map));
+    SiteConvArgs<T> a;
+    a.features = features.flat<T>().data();
+    a.in_rows = map.in_rows;
+    a.out_rows = map.out_rows;
+    a.offset_splits = map.offset_splits;
+    a.volume = map.volume;
+    a.pairs = map.pairs;
+    a.num_in = features.dim_size(0);
+    a.num_out = out_grad.dim_size(0);
+    a.cin = features.dim_size(1);
+    a.cout = out_grad.dim_size(1);
+    OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, a.num_in, a.num_out));
+    Tensor* filter_grad;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.volume, a.cin, a.cout}), &filter_grad));
+    SiteConvFilterGradFunctor<CPUDevice, T>()(ctx->eigen_device<CPUDevice>(), a, out_grad.flat<T>().data(),
+                                              filter_grad->flat<T>().data());
+  }
+};
+
+#define REGISTER_SITE_CONV_CPU(T)                                                                     \
+  REGISTER_KERNEL_BUILDER(                                                                            \
+      Name("SiteSparseConv").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),                 \
+      SiteSparseConvOp<T>);                                                                           \
+  REGISTER_KERNEL_BUILDER(                                                                            \
+      Name("SiteSparseConvFilterGrad").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),       \
+      SiteSparseConvFilterGradOp<T>);
+REGISTER_SITE_CONV_CPU(float)
+REGISTER_SITE_CONV_CPU(double)
+REGISTER_SITE_CONV_CPU(Eigen::half)
+REGISTER_SITE_CONV_CPU(Eigen::bfloat16)
+#undef REGISTER_SITE_CONV_CPU
+
+}  // namespace tf_sparseconv

@@ -1,0 +1,103 @@
+// Registration of the site-sparse convolution family: kernel-map construction and the
+// gather-GEMM-scatter convolution with its filter gradient.
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_sparseconv {
+
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("SiteKernelMap")
+    .Input("coords: int32")
+    .Input("spatial_shape: int32")
+    .Input("batch_size: int32")
+    .Output("out_coords: int32")
+    .Output("out_spatial_shape: int32")
+    .Output("in_rows: int32")
+    .Output("out_rows: int32")
+    .Output("offset_splits: int32")
+    .Attr("mode: {'submanifold', 'strided', 'transposed'}")
+    .Attr("kernel_size: list(int) >= 1")
+    .Attr("strides: list(int) >= 1")
+    .Attr("padding: list(int) >= 1")
+    .Attr("dilation: list(int) >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      std::vector<int> kernel;
+      TF_RETURN_IF_ERROR(c->GetAttr("kernel_size", &kernel));
+      int64_t volume = 1;
+      for (int k : kernel) volume *= k;
+      ShapeHandle coords;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &coords));
+      c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(coords, 1)));
+      c->set_output(1, c->Vector(static_cast<int64_t>(kernel.size())));
+      c->set_output(2, c->Vector(c->UnknownDim()));
+      c->set_output(3, c->Vector(c->UnknownDim()));
+      c->set_output(4, c->Vector(volume + 1));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The kernel map of a site-sparse convolution: which input site feeds which output site
+through which kernel offset. coords [N, 1 + d] holds a batch index and d spatial
+coordinates per site (unique, in range, any order). Outputs: the output sites
+(out_coords: the input sites for 'submanifold'; otherwise every site some input
+reaches, sorted by batch then coordinates), their spatial shape, and the pairs
+(in_rows[p], out_rows[p]) grouped by kernel offset: offset q owns pairs
+offset_splits[q] .. offset_splits[q + 1]. Build it once per geometry and reuse it in
+every layer with that geometry. Conventions are spconv 2.x's (site_geometry.h).
+)doc");
+
+REGISTER_OP("SiteSparseConv")
+    .Input("features: T")
+    .Input("filters: T")
+    .Input("in_rows: int32")
+    .Input("out_rows: int32")
+    .Input("offset_splits: int32")
+    .Input("num_out: int32")
+    .Output("out_features: T")
+    .Attr("T: {float, double, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle features, filters;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &features));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &filters));
+      DimensionHandle cin;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(features, 1), c->Dim(filters, 1), &cin));
+      DimensionHandle rows = c->UnknownDim();
+      const ::tensorflow::Tensor* num_out = c->input_tensor(5);
+      if (num_out != nullptr) rows = c->MakeDim(num_out->scalar<int32_t>()());
+      c->set_output(0, c->Matrix(rows, c->Dim(filters, 2)));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Sparse convolution of site features by gather-GEMM-scatter: for every kernel offset q,
+out_features[out_rows[p]] += features[in_rows[p]] @ filters[q] over q's pairs.
+filters is [K, Cin, Cout] (the kernel [k1, ..., kd, Cin, Cout] with its offsets
+flattened). half and bfloat16 accumulate in float32. num_out is the number of output
+sites.
+)doc");
+
+REGISTER_OP("SiteSparseConvFilterGrad")
+    .Input("features: T")
+    .Input("out_grad: T")
+    .Input("in_rows: int32")
+    .Input("out_rows: int32")
+    .Input("offset_splits: int32")
+    .Output("filter_grad: T")
+    .Attr("T: {float, double, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle features, out_grad, splits;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &features));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &out_grad));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &splits));
+      DimensionHandle volume;
+      TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &volume));
+      c->set_output(0, c->MakeShape({volume, c->Dim(features, 1), c->Dim(out_grad, 1)}));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient of SiteSparseConv with respect to its filters: filter_grad[q] =
+features[in_rows]^T @ out_grad[out_rows] over offset q's pairs.
+)doc");
+
+}  // namespace tf_sparseconv

@@ -1,0 +1,285 @@
+"""Site-sparse convolution against dense references: tf.nn.convolution (1-3 spatial
+dims), a NumPy shift-and-multiply convolution (4-D), dense gradients for the inverse
+convolution, tf.nn.conv_transpose for the transposed one; float64 gradient checks and
+the error paths of the kernel map and the convolution."""
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_sparseconv.ops.site_conv import (kernel_map, site_conv, site_conv_transpose, site_inverse_conv)
+from tf_sparseconv.site_sparse_tensor import make_site_sparse
+
+
+def random_sites(rng, batch, shape, density, channels, dtype=np.float32):
+    """Random unique sites (shuffled, so nothing relies on order) and their features."""
+    occupied = rng.random((batch, *shape)) < density
+    coords = np.argwhere(occupied).astype(np.int32)
+    coords = coords[rng.permutation(len(coords))]
+    features = rng.standard_normal((len(coords), channels)).astype(dtype)
+    return coords, features
+
+
+def to_grid(coords, features, batch, shape, fill=0.0):
+    grid = np.full((batch, *shape, features.shape[1]), fill, features.dtype)
+    grid[tuple(coords.T)] = features
+    return grid
+
+
+def rows_at(grid, coords):
+    return grid[tuple(np.asarray(coords).T)]
+
+
+def numpy_conv(grid, kernel, strides, padding, dilation):
+    """Dense convolution of any dimension: out[o] = sum_q x[o * s - p + q * dl] @ W[q]."""
+    d = grid.ndim - 2
+    pad = [(0, 0)] + [(p, p) for p in padding] + [(0, 0)]
+    xp = np.pad(grid, pad)
+    out_shape = [(xp.shape[1 + j] - dilation[j] * (kernel.shape[j] - 1) - 1) // strides[j] + 1 for j in range(d)]
+    out = np.zeros((grid.shape[0], *out_shape, kernel.shape[-1]), np.float64)
+    for q in itertools.product(*[range(k) for k in kernel.shape[:d]]):
+        window = tuple(slice(q[j] * dilation[j], q[j] * dilation[j] + strides[j] * (out_shape[j] - 1) + 1,
+                             strides[j]) for j in range(d))
+        out += xp[(slice(None), *window)].astype(np.float64) @ kernel[q].astype(np.float64)
+    return out
+
+
+def reached_sites(coords, batch, shape, kernel_size, strides, padding, dilation):
+    """Output sites of a strided convolution: where the dense conv of the occupancy with
+    a kernel of ones is non-zero."""
+    occupancy = to_grid(coords, np.ones((len(coords), 1), np.float64), batch, shape)
+    ones = np.ones((*kernel_size, 1, 1))
+    return np.argwhere(numpy_conv(occupancy, ones, strides, padding, dilation)[..., 0] > 0).astype(np.int32)
+
+
+def tf_dense_conv(grid, kernel, strides, padding, dilation):
+    pad = [[0, 0]] + [[p, p] for p in padding] + [[0, 0]]
+    return tf.nn.convolution(tf.pad(grid, pad), kernel, strides=strides, padding="VALID", dilations=dilation).numpy()
+
+
+@pytest.mark.parametrize("shape,kernel_size,dilation", [
+    ((11,), (3,), (1,)), ((9, 10), (3, 3), (1,2)), ((7, 8, 6), (3, 3, 3), (1, 1, 1)),
+    ((8, 7, 9), (5, 3, 1), (1, 1, 1)), ((5, 4, 5, 4), (3, 3, 3, 3), (1, 1, 1, 1))])
+def test_submanifold_conv_matches_dense_convolution_at_the_input_sites(rng, shape, kernel_size, dilation):
+    batch, cin, cout = 2, 3, 4
+    coords, features = random_sites(rng, batch, shape, 0.3, cin)
+    kernel = rng.standard_normal((*kernel_size, cin, cout)).astype(np.float32)
+    x = make_site_sparse(coords, features, shape, batch)
+    y = site_conv(x, kernel, subm=True, dilation=dilation)
+    np.testing.assert_array_equal(y.coords.numpy(), coords)
+    same = [dl * (k - 1) // 2 for k, dl in zip(kernel_size, dilation)]
+    grid = to_grid(coords, features, batch, shape)
+    dense = numpy_conv(grid, kernel, [1] * len(shape), same, dilation) if len(shape) == 4 else \
+        tf_dense_conv(grid, kernel, [1] * len(shape), same, dilation)
+    np.testing.assert_allclose(y.features.numpy(), rows_at(dense, coords), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,kernel_size,strides,padding", [
+    ((12,), (3,), (2,), (1,)), ((9, 10), (2, 2), (2, 2), (0, 0)), ((9, 8, 7), (3, 3, 3), (2, 2, 2), (1, 1, 1)),
+    ((8, 8, 8), (2, 3, 2), (2, 1, 2), (0, 1, 0)), ((6, 5, 6, 5), (3, 3, 3, 3), (2, 2, 2, 2), (1, 0, 1, 0))])
+def test_strided_conv_matches_dense_convolution_on_every_reached_site(rng, shape, kernel_size, strides, padding):
+    batch, cin, cout = 2, 3, 5
+    coords, features = random_sites(rng, batch, shape, 0.25, cin)
+    kernel = rng.standard_normal((*kernel_size, cin, cout)).astype(np.float32)
+    x = make_site_sparse(coords, features, shape, batch)
+    y = site_conv(x, kernel, strides=strides, padding=padding)
+    dilation = [1] * len(shape)
+    expected_sites = reached_sites(coords, batch, shape, kernel_size, strides, padding, dilation)
+    np.testing.assert_array_equal(y.coords.numpy(), expected_sites)  # sorted by batch, then coordinates
+    grid = to_grid(coords, features, batch, shape)
+    dense = numpy_conv(grid, kernel, strides, padding, dilation) if len(shape) == 4 else \
+        tf_dense_conv(grid, kernel, strides, padding, dilation)
+    np.testing.assert_array_equal(y.spatial_shape.numpy(), dense.shape[1:-1])
+    assert y.static_spatial_shape.as_list() == list(dense.shape[1:-1])
+    np.testing.assert_allclose(y.features.numpy(), rows_at(dense, expected_sites), rtol=1e-4, atol=1e-4)
+
+
+def test_numpy_reference_agrees_with_tf_convolution(rng):
+    grid = rng.standard_normal((2, 7, 6, 5, 3))
+    kernel = rng.standard_normal((3, 2, 3, 3, 4))
+    np.testing.assert_allclose(numpy_conv(grid, kernel, (2, 1, 2), (1, 0, 1), (1, 1, 1)),
+                               tf_dense_conv(grid, kernel, (2, 1, 2), (1, 0, 1), (1, 1, 1)), rtol=1e-10)
+
+
+def test_transposed_conv_matches_tf_conv_transpose(rng):
+    batch, shape, cin, cout, k, s = 2, (5, 4, 6), 3, 2, (3, 2, 3), (2, 2, 2)
+    coords, features = random_sites(rng, batch, shape, 0.3, cin)
+    kernel = rng.standard_normal((*k, cin, cout)).astype(np.float32)
+    y = site_conv_transpose(make_site_sparse(coords, features, shape, batch), kernel, strides=s)
+    out_shape = [(r - 1) * st + kk for r, st, kk in zip(shape, s, k)]
+    dense = tf.nn.conv_transpose(to_grid(coords, features, batch, shape), np.swapaxes(kernel, -1, -2),
+                                 [batch, *out_shape, cout], strides=s, padding="VALID").numpy()
+    np.testing.assert_array_equal(y.spatial_shape.numpy(), out_shape)
+    occupancy = tf.nn.conv_transpose(to_grid(coords, np.ones((len(coords), 1), np.float32), batch, shape),
+                                     np.ones((*k, 1, 1), np.float32), [batch, *out_shape, 1], strides=s,
+                                     padding="VALID").numpy()
+    expected_sites = np.argwhere(occupancy[..., 0] > 0).astype(np.int32)
+    np.testing.assert_array_equal(y.coords.numpy(), expected_sites)
+    np.testing.assert_allclose(y.features.numpy(), rows_at(dense, expected_sites), rtol=1e-4, atol=1e-4)
+
+
+def test_inverse_conv_is_the_input_gradient_of_the_strided_conv(rng):
+    """SparseInverseConv with kernel W^T = d(strided conv with W)/d(input) applied to the
+    coarse features, computed densely by TensorFlow."""
+    batch, shape, cfine, ccoarse = 2, (8, 7, 8), 3, 4
+    coords, features = random_sites(rng, batch, shape, 0.3, cfine)
+    kernel = rng.standard_normal((3, 3, 3, cfine, ccoarse)).astype(np.float32)
+    x = make_site_sparse(coords, features, shape, batch)
+    coarse = site_conv(x, kernel, strides=2, padding=1, indice_key="down1")
+    upstream = rng.standard_normal(coarse.features.shape).astype(np.float32)
+    back = site_inverse_conv(coarse.with_features(tf.constant(upstream)), np.swapaxes(kernel, -1, -2), "down1")
+    np.testing.assert_array_equal(back.coords.numpy(), coords)
+    np.testing.assert_array_equal(back.spatial_shape.numpy(), shape)
+    grid = tf.constant(to_grid(coords, features, batch, shape))
+    with tf.GradientTape() as tape:
+        tape.watch(grid)
+        dense = tf.nn.conv3d(tf.pad(grid, [[0, 0], [1, 1], [1, 1], [1, 1], [0, 0]]), kernel,
+                             strides=[1, 2, 2, 2, 1], padding="VALID", data_format="NDHWC")
+    grad = tape.gradient(dense, grid, output_gradients=tf.scatter_nd(coarse.coords, upstream, dense.shape))
+    np.testing.assert_allclose(back.features.numpy(), rows_at(grad.numpy(), coords), rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_map_is_reused_under_its_indice_key_and_geometry_is_checked(rng):
+    coords, features = random_sites(rng, 1, (6, 6, 6), 0.3, 2)
+    x = make_site_sparse(coords, features, (6, 6, 6), 1)
+    kernel = rng.standard_normal((3, 3, 3, 2, 2)).astype(np.float32)
+    y = site_conv(x, kernel, subm=True, indice_key="subm1")
+    z = site_conv(y, kernel, subm=True, indice_key="subm1")
+    assert z.kernel_maps["subm1"].in_rows is y.kernel_maps["subm1"].in_rows
+    with pytest.raises(ValueError, match="indice_key 'subm1' was built for"):
+        site_conv(y, kernel, strides=2, indice_key="subm1")
+    # A map of other sites under the key: the site counts differ.
+    other = make_site_sparse(coords[:-3], features[:-3], (6, 6, 6), 1).with_map("subm1", y.kernel_maps["subm1"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="belongs to other sites"):
+        site_conv(other, kernel, subm=True, indice_key="subm1")
+
+
+def test_submanifold_kernel_map_pairs_match_a_brute_force_search(rng):
+    coords, _ = random_sites(rng, 2, (5, 6), 0.4, 1)
+    x = make_site_sparse(coords, np.zeros((len(coords), 1), np.float32), (5, 6), 2)
+    m = kernel_map(x, 3, mode="submanifold")
+    splits = m.offset_splits.numpy()
+    where = {tuple(c): i for i, c in enumerate(coords)}
+    for q, (dx, dy) in enumerate(itertools.product(range(3), range(3))):
+        expected = sorted((where[(b, u + dx - 1, v + dy - 1)], o) for o, (b, u, v) in enumerate(coords)
+                          if (b, u + dx - 1, v + dy - 1) in where)
+        got = sorted(zip(m.in_rows.numpy()[splits[q]:splits[q + 1]], m.out_rows.numpy()[splits[q]:splits[q + 1]]))
+        assert got == expected
+
+
+@pytest.mark.parametrize("subm", [True, False])
+def test_gradients_match_numerical_gradients_in_float64(rng, subm):
+    batch, shape, cin, cout = 2, (5, 4, 5), 2, 3
+    coords, features = random_sites(rng, batch, shape, 0.35, cin, np.float64)
+    kernel = rng.standard_normal((3, 3, 3, cin, cout))
+    x = make_site_sparse(coords, features, shape, batch)
+    kwargs = dict(subm=True) if subm else dict(strides=2, padding=1)
+
+    def f(features, kernel):
+        return site_conv(x.with_features(features), kernel, **kwargs).features
+
+    theoretical, numerical = tf.test.compute_gradient(f, [tf.constant(features), tf.constant(kernel)])
+    for t, n in zip(theoretical, numerical):
+        np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-6)
+
+
+def test_transposed_and_inverse_gradients_match_numerical_gradients(rng):
+    coords, features = random_sites(rng, 1, (6, 5, 6), 0.35, 2, np.float64)
+    x = make_site_sparse(coords, features, (6, 5, 6), 1)
+    coarse = site_conv(x, rng.standard_normal((2, 2, 2, 2, 3)), strides=2, indice_key="d")
+    kernel = rng.standard_normal((2, 2, 2, 3, 2))
+
+    def inverse(features, kernel):
+        return site_inverse_conv(coarse.with_features(features), kernel, "d").features
+
+    def transposed(features, kernel):
+        return site_conv_transpose(x.with_features(features), kernel, strides=2, padding=1).features
+
+    for f, start in ((inverse, coarse.features), (transposed, features)):
+        k = kernel if f is inverse else np.swapaxes(kernel, -1, -2)
+        theoretical, numerical = tf.test.compute_gradient(f, [tf.constant(start), tf.constant(k)])
+        for t, n in zip(theoretical, numerical):
+            np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(tf.float16, 2e-2), (tf.bfloat16, 6e-2)])
+def test_half_precision_matches_float32_within_tolerance(rng, dtype, tolerance):
+    coords, features = random_sites(rng, 2, (10, 10, 10), 0.2, 16)
+    kernel = (rng.standard_normal((3, 3, 3, 16, 16)) / np.sqrt(27 * 16)).astype(np.float32)
+    x = make_site_sparse(coords, features, (10, 10, 10), 2)
+    reference = site_conv(x, kernel, subm=True).features.numpy()
+    half = site_conv(x.with_features(tf.cast(features, dtype)), tf.cast(kernel, dtype), subm=True)
+    assert half.features.dtype == dtype
+    scale = np.abs(reference).max()
+    np.testing.assert_allclose(tf.cast(half.features, tf.float32).numpy(), reference, atol=tolerance * scale)
+
+
+def test_results_do_not_depend_on_the_thread_count(rng):
+    coords, features = random_sites(rng, 2, (12, 12, 12), 0.2, 8)
+    kernel = rng.standard_normal((3, 3, 3, 8, 8)).astype(np.float32)
+    x = make_site_sparse(coords, features, (12, 12, 12), 2)
+
+    @tf.function
+    def f(features):
+        return site_conv(x.with_features(features), kernel, strides=2, padding=1).features
+
+    first = f(features).numpy()
+    for _ in range(3):
+        np.testing.assert_array_equal(f(features).numpy(), first)
+
+
+def test_empty_sites_give_empty_outputs():
+    x = make_site_sparse(np.zeros((0, 4), np.int32), np.zeros((0, 3), np.float32), (4, 4, 4), 2)
+    y = site_conv(x, np.ones((3, 3, 3, 3, 5), np.float32), strides=2, padding=1)
+    assert y.features.shape == (0, 5) and y.coords.shape == (0, 4)
+    assert site_conv(x, np.ones((3, 3, 3, 3, 5), np.float32), subm=True).features.shape == (0, 5)
+
+
+@pytest.mark.parametrize("coords,match", [
+    ([[0, 1, 1], [0, 2, 2], [0, 1, 1]], "sites 0 and 2 have the same coordinates"),
+    ([[0, 1, 1], [0, 4, 2]], "coordinate 4 in spatial dimension 0, outside"),
+    ([[-1, 1, 1]], "batch index -1, outside"),
+    ([[2, 1, 1]], "batch index 2, outside"),
+])
+def test_bad_sites_are_rejected(coords, match):
+    x = make_site_sparse(np.array(coords, np.int32), np.ones((len(coords), 1), np.float32), (4, 4), 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+        kernel_map(x, 3, mode="submanifold")
+
+
+def test_bad_geometry_is_rejected(rng):
+    coords, features = random_sites(rng, 1, (4, 4), 0.5, 2)
+    x = make_site_sparse(coords, features, (4, 4), 1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="needs an odd kernel"):
+        kernel_map(x, 2, mode="submanifold")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="output spatial extent"):
+        kernel_map(x, 7, mode="strided")
+    with pytest.raises(ValueError, match="padding must be 0 or"):
+        site_conv(x, np.ones((3, 3, 2, 2), np.float32), subm=True, padding=2)
+    with pytest.raises(ValueError, match="input channels"):
+        site_conv(x, np.ones((3, 3, 5, 2), np.float32), subm=True)
+    with pytest.raises(ValueError, match="kernel must be"):
+        site_conv(x, np.ones((3, 2, 2), np.float32), subm=True)
+
+
+def test_conv_op_rejects_maps_that_do_not_fit_the_features(rng):
+    from tf_sparseconv._op_library import ops
+    features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
+    filters = tf.ones([2, 2, 3])
+    ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_out=2)
+    assert ops.site_sparse_conv(features, filters, **ok).shape == (2, 3)
+    cases = [
+        (dict(ok, in_rows=[0, 1, 4]), "in_rows\\[2\\] = 4 is outside \\[0, 4\\)"),
+        (dict(ok, out_rows=[0, 2, 0]), "out_rows\\[1\\] = 2 is outside \\[0, 2\\)"),
+        (dict(ok, out_rows=[1, 1, 0]), "output row 1 appears twice for kernel offset 0"),
+        (dict(ok, offset_splits=[0, 3, 2]), "offset_splits must rise"),
+        (dict(ok, offset_splits=[0, 3]), "one entry per kernel offset plus one"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+            ops.site_sparse_conv(features, filters, **kwargs)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="Cin"):
+        ops.site_sparse_conv(features, tf.ones([2, 3, 3]), **ok)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN"):
+        ops.site_sparse_conv(tf.tensor_scatter_nd_update(features, [[1, 1]], [np.nan]), filters, **ok)

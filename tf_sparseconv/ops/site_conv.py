@@ -1,0 +1,262 @@
+"""Site-sparse convolution: kernel maps, gather-GEMM-scatter convolution (submanifold,
+strided, transposed, inverse), pooling and density-bounded site selection.
+
+Conventions follow spconv 2.x (cc_ops/site_geometry.h): `site_conv(..., subm=True)` is
+SubMConv, `site_conv` SparseConv, `site_conv_transpose` SparseConvTranspose and
+`site_inverse_conv` SparseInverseConv. Kernels are TensorFlow-shaped [k1, ..., kd, Cin,
+Cout]; spconv's [Cout, k1, ..., kd, Cin] is `tf.transpose(w, [1, ..., d, d + 1, 0])`.
+"""
+import numbers
+
+import tensorflow as tf
+
+from tf_sparseconv._op_library import ops as _ops
+from tf_sparseconv.site_sparse_tensor import KernelMap, SiteSparseTensor
+
+
+def _per_dim(value, d, name, minimum):
+    values = (int(value),) * d if isinstance(value, numbers.Integral) else tuple(int(v) for v in value)
+    if len(values) != d:
+        raise ValueError(f"{name} needs one entry per spatial dimension ({d}), got {values}")
+    if any(v < minimum for v in values):
+        raise ValueError(f"{name} entries must be >= {minimum}, got {values}")
+    return values
+
+
+def _check_site_tensor(x, what):
+    if not isinstance(x, SiteSparseTensor):
+        raise TypeError(f"{what} expects a SiteSparseTensor, got {type(x).__name__}")
+
+
+def _static_out_shape(static, mode, kernel_size, strides, padding, dilation):
+    if static.rank is None:
+        return static
+    dims = []
+    for r, k, s, p, dl in zip(static.as_list(), kernel_size, strides, padding, dilation):
+        if r is None or mode == "submanifold":
+            dims.append(r)
+        elif mode == "strided":
+            dims.append((r + 2 * p - dl * (k - 1) - 1) // s + 1)
+        else:
+            dims.append((r - 1) * s - 2 * p + dl * (k - 1) + 1)
+    return tf.TensorShape(dims)
+
+
+def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided"):
+    """The KernelMap of x's sites for one convolution geometry (see SiteKernelMap)."""
+    _check_site_tensor(x, "kernel_map")
+    d = x.spatial_rank
+    kernel_size = _per_dim(kernel_size, d, "kernel_size", 1)
+    strides = _per_dim(strides, d, "strides", 1)
+    padding = _per_dim(padding, d, "padding", 0)
+    dilation = _per_dim(dilation, d, "dilation", 1)
+    out_coords, out_shape, in_rows, out_rows, splits = _ops.site_kernel_map(
+        x.coords, x.spatial_shape, x.batch_size, mode=mode, kernel_size=list(kernel_size), strides=list(strides),
+        padding=list(padding), dilation=list(dilation))
+    return KernelMap(in_rows, out_rows, splits, x.coords, out_coords, x.spatial_shape, out_shape, mode, kernel_size,
+                     strides, padding, dilation)
+
+
+def _cached_map(x, indice_key, geometry):
+    """x's map under indice_key (checked to have this geometry), or a new one."""
+    mode, kernel_size, strides, padding, dilation = geometry
+    if indice_key is not None and indice_key in x.kernel_maps:
+        cached = x.kernel_maps[indice_key]
+        if cached.geometry() != geometry:
+            raise ValueError(f"the kernel map under indice_key {indice_key!r} was built for (mode, kernel_size, "
+                             f"strides, padding, dilation) = {cached.geometry()}, but this layer needs {geometry}; "
+                             "give layers of another geometry another indice_key")
+        return cached
+    return kernel_map(x, kernel_size, strides, padding, dilation, mode)
+
+
+def _conv(features, kernel, in_rows, out_rows, splits, num_out):
+    filters = tf.reshape(kernel, [-1, kernel.shape[-2], kernel.shape[-1]])
+    return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out)
+
+
+def _check_kernel(x, kernel, what):
+    d = x.spatial_rank
+    if kernel.shape.rank != d + 2:
+        raise ValueError(f"{what}: the kernel must be [k1, ..., k{d}, Cin, Cout] for {d} spatial dimensions, "
+                         f"got shape {kernel.shape}")
+    if x.channels is not None and kernel.shape[-2] is not None and kernel.shape[-2] != x.channels:
+        raise ValueError(f"{what}: the kernel takes {kernel.shape[-2]} input channels but the sites have "
+                         f"{x.channels}")
+    if kernel.dtype != x.dtype:
+        raise TypeError(f"{what}: kernel dtype {kernel.dtype.name} differs from the features' {x.dtype.name}")
+
+
+def _assert_rows_match(kmap_rows, features, indice_key):
+    return tf.debugging.assert_equal(
+        tf.shape(kmap_rows)[0], tf.shape(features)[0],
+        message=f"the kernel map under indice_key {indice_key!r} belongs to other sites (site counts differ)")
+
+
+def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False, indice_key=None):
+    """Sparse convolution of x with kernel [k1, ..., kd, Cin, Cout].
+
+    subm=True: submanifold convolution, output sites = input sites (odd kernel; padding
+    must be 0 or the "same" padding dilation * (k - 1) / 2, which spconv accepts and
+    ignores). Otherwise a strided convolution whose output sites are every site an input
+    reaches. With indice_key, the map is taken from x.kernel_maps when there and stored
+    on the output, so layers of one geometry share it and site_inverse_conv finds it.
+    """
+    _check_site_tensor(x, "site_conv")
+    kernel = tf.convert_to_tensor(kernel)
+    _check_kernel(x, kernel, "site_conv")
+    d = x.spatial_rank
+    kernel_size = tuple(int(k) for k in kernel.shape[:d])
+    dilation = _per_dim(dilation, d, "dilation", 1)
+    if subm:
+        same = tuple(dl * (k - 1) // 2 for k, dl in zip(kernel_size, dilation))
+        pad = _per_dim(padding, d, "padding", 0)
+        if pad not in ((0,) * d, same):
+            raise ValueError(f"a submanifold convolution keeps its sites: padding must be 0 or {same}, got {pad}")
+        if _per_dim(strides, d, "strides", 1) != (1,) * d:
+            raise ValueError("a submanifold convolution keeps its sites: strides must be 1")
+        geometry = ("submanifold", kernel_size, (1,) * d, (0,) * d, dilation)
+    else:
+        geometry = ("strided", kernel_size, _per_dim(strides, d, "strides", 1), _per_dim(padding, d, "padding", 0),
+                    dilation)
+    kmap = _cached_map(x, indice_key, geometry)
+    with tf.control_dependencies([_assert_rows_match(kmap.in_coords, x.features, indice_key)]):
+        num_out = tf.shape(kmap.out_coords)[0]
+    out = _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out)
+    if bias is not None:
+        out = tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
+    maps = dict(x.kernel_maps)
+    if indice_key is not None:
+        maps[indice_key] = kmap
+    static = _static_out_shape(x.static_spatial_shape, *geometry)
+    return SiteSparseTensor(kmap.out_coords, out, kmap.out_spatial_shape, x.batch_size, maps, static)
+
+
+def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None):
+    """Transposed (generative) convolution: every site an input reaches through
+    o = x * stride - padding + q * dilation becomes an output site (spconv's
+    SparseConvTranspose)."""
+    _check_site_tensor(x, "site_conv_transpose")
+    kernel = tf.convert_to_tensor(kernel)
+    _check_kernel(x, kernel, "site_conv_transpose")
+    d = x.spatial_rank
+    geometry = ("transposed", tuple(int(k) for k in kernel.shape[:d]), _per_dim(strides, d, "strides", 1),
+                _per_dim(padding, d, "padding", 0), _per_dim(dilation, d, "dilation", 1))
+    kmap = _cached_map(x, indice_key, geometry)
+    with tf.control_dependencies([_assert_rows_match(kmap.in_coords, x.features, indice_key)]):
+        num_out = tf.shape(kmap.out_coords)[0]
+    out = _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out)
+    if bias is not None:
+        out = tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
+    maps = dict(x.kernel_maps)
+    if indice_key is not None:
+        maps[indice_key] = kmap
+    static = _static_out_shape(x.static_spatial_shape, *geometry)
+    return SiteSparseTensor(kmap.out_coords, out, kmap.out_spatial_shape, x.batch_size, maps, static)
+
+
+def site_inverse_conv(x, kernel, indice_key, bias=None):
+    """Inverse of the strided convolution stored under indice_key: back onto its input
+    sites (spconv's SparseInverseConv). x must hold that convolution's output sites; the
+    kernel [k1, ..., kd, Cin, Cout] has the strided layer's kernel size."""
+    _check_site_tensor(x, "site_inverse_conv")
+    if indice_key not in x.kernel_maps:
+        raise KeyError(f"site_inverse_conv: no kernel map under indice_key {indice_key!r}; the strided convolution "
+                       f"it inverts must have been given that key (maps here: {sorted(x.kernel_maps)})")
+    kmap = x.kernel_maps[indice_key]
+    if kmap.mode != "strided":
+        raise ValueError(f"site_inverse_conv inverts a strided convolution; the map under {indice_key!r} is "
+                         f"{kmap.mode!r}")
+    kernel = tf.convert_to_tensor(kernel)
+    _check_kernel(x, kernel, "site_inverse_conv")
+    if tuple(int(k) for k in kernel.shape[:x.spatial_rank]) != kmap.kernel_size:
+        raise ValueError(f"site_inverse_conv: kernel size {tuple(kernel.shape[:x.spatial_rank])} differs from the "
+                         f"strided convolution's {kmap.kernel_size} under {indice_key!r}")
+    with tf.control_dependencies([_assert_rows_match(kmap.out_coords, x.features, indice_key)]):
+        num_out = tf.shape(kmap.in_coords)[0]
+    out = _conv(x.features, kernel, kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out)
+    if bias is not None:
+        out = tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
+    known = tf.get_static_value(kmap.in_spatial_shape)
+    static = tf.TensorShape([int(v) for v in known]) if known is not None else tf.TensorShape([None] * len(
+        kmap.kernel_size))
+    return SiteSparseTensor(kmap.in_coords, out, kmap.in_spatial_shape, x.batch_size, dict(x.kernel_maps), static)
+
+
+def site_pool(x, pool_size, strides=None, padding=0, mode="max", indice_key=None):
+    """Max or average pooling over the active sites of each window (strided geometry;
+    strides default to pool_size). Average divides by the number of active sites in the
+    window, as MinkowskiEngine's average pooling does."""
+    _check_site_tensor(x, "site_pool")
+    if mode not in ("max", "avg"):
+        raise ValueError(f"site_pool mode must be 'max' or 'avg', got {mode!r}")
+    d = x.spatial_rank
+    pool_size = _per_dim(pool_size, d, "pool_size", 1)
+    strides = pool_size if strides is None else _per_dim(strides, d, "strides", 1)
+    geometry = ("strided", pool_size, strides, _per_dim(padding, d, "padding", 0), (1,) * d)
+    kmap = _cached_map(x, indice_key, geometry)
+    with tf.control_dependencies([_assert_rows_match(kmap.in_coords, x.features, indice_key)]):
+        num_out = tf.shape(kmap.out_coords)[0]
+    gathered = tf.gather(x.features, kmap.in_rows)
+    if mode == "max":
+        out = tf.math.unsorted_segment_max(gathered, kmap.out_rows, num_out)
+    else:
+        out = tf.math.unsorted_segment_mean(gathered, kmap.out_rows, num_out)
+    maps = dict(x.kernel_maps)
+    if indice_key is not None:
+        maps[indice_key] = kmap
+    static = _static_out_shape(x.static_spatial_shape, *geometry)
+    return SiteSparseTensor(kmap.out_coords, out, kmap.out_spatial_shape, x.batch_size, maps, static)
+
+
+def global_pool(x, mode="mean"):
+    """Per batch element: [batch_size, C] of the max, mean or sum over its sites (0 for
+    a batch element without sites)."""
+    _check_site_tensor(x, "global_pool")
+    batch = x.coords[:, 0]
+    if mode == "max":
+        pooled = tf.math.unsorted_segment_max(x.features, batch, x.batch_size)
+        count = tf.math.unsorted_segment_sum(tf.ones_like(batch), batch, x.batch_size)
+        return tf.where((count > 0)[:, None], pooled, tf.zeros_like(pooled))
+    if mode == "mean":
+        return tf.math.unsorted_segment_mean(x.features, batch, x.batch_size)
+    if mode == "sum":
+        return tf.math.unsorted_segment_sum(x.features, batch, x.batch_size)
+    raise ValueError(f"global_pool mode must be 'max', 'mean' or 'sum', got {mode!r}")
+
+
+def select_sites(x, k, score=None):
+    """Density-bounded sites (Hackel et al.'s k-selection carried over to sites): per
+    batch element keep the k sites with the largest score (default: the L2 norm of the
+    feature row), ties to the lower row, in their original order. The result has at
+    most batch_size * k sites whatever the input, so memory downstream is capped before
+    the model runs. Cached kernel maps are dropped: they index the sites before
+    selection."""
+    _check_site_tensor(x, "select_sites")
+    k = int(k)
+    if k < 1:
+        raise ValueError(f"select_sites needs k >= 1, got {k}")
+    if score is None:
+        score = tf.norm(tf.cast(x.features, tf.float32), axis=1)
+    score = tf.convert_to_tensor(score)
+    batch = x.coords[:, 0]
+    by_score = tf.argsort(score, direction="DESCENDING", stable=True)
+    order = tf.gather(by_score, tf.argsort(tf.gather(batch, by_score), stable=True))
+    sorted_batch = tf.gather(batch, order)
+    position = tf.range(tf.shape(order)[0])
+    first = tf.math.unsorted_segment_min(position, sorted_batch, x.batch_size)
+    rank = position - tf.gather(first, sorted_batch)
+    kept = tf.sort(tf.boolean_mask(order, rank < k))
+    return SiteSparseTensor(tf.gather(x.coords, kept), tf.gather(x.features, kept), x.spatial_shape, x.batch_size,
+                            {}, x.static_spatial_shape)
+
+
+@tf.RegisterGradient("SiteSparseConv")
+def _site_sparse_conv_grad(op, out_grad):
+    features, filters, in_rows, out_rows, splits, _ = op.inputs
+    # The input gradient is the same gather-GEMM-scatter with the pairs reversed and
+    # each offset's filter transposed.
+    features_grad = _ops.site_sparse_conv(out_grad, tf.transpose(filters, [0, 2, 1]), out_rows, in_rows, splits,
+                                          tf.shape(features)[0])
+    filters_grad = _ops.site_sparse_conv_filter_grad(features, out_grad, in_rows, out_rows, splits)
+    return [features_grad, filters_grad, None, None, None, None]

@@ -1,0 +1,152 @@
+"""The site-sparse tensor: active sites with integer coordinates and a feature row each.
+
+coords [N, 1 + d] int32 holds the batch index and d spatial coordinates of every active
+site; features [N, C] its feature row (the layout of spconv, MinkowskiEngine and
+TorchSparse). The tensor carries the kernel maps built for it and its ancestors, keyed
+like spconv's `indice_key`, so layers with the same geometry build a map once and an
+inverse convolution finds the map of the strided convolution it undoes.
+
+Both types are tf.experimental.ExtensionTypes: they pass through tf.function, tf.data
+and SavedModel signatures like tensors.
+"""
+import typing
+
+import tensorflow as tf
+
+MODES = ("submanifold", "strided", "transposed")
+
+
+class KernelMap(tf.experimental.ExtensionType):
+    """Which input site feeds which output site through which kernel offset.
+
+    Offset q (row-major over the kernel dimensions) owns pairs offset_splits[q] ..
+    offset_splits[q + 1] of (in_rows, out_rows). in_coords / out_coords are the sites
+    on either side, so an inverse convolution can map back onto in_coords.
+    """
+
+    __name__ = "tf_sparseconv.KernelMap"
+
+    in_rows: tf.Tensor
+    out_rows: tf.Tensor
+    offset_splits: tf.Tensor
+    in_coords: tf.Tensor
+    out_coords: tf.Tensor
+    in_spatial_shape: tf.Tensor
+    out_spatial_shape: tf.Tensor
+    mode: str
+    kernel_size: typing.Tuple[int, ...]
+    strides: typing.Tuple[int, ...]
+    padding: typing.Tuple[int, ...]
+    dilation: typing.Tuple[int, ...]
+
+    def __validate__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"KernelMap mode must be one of {MODES}, got {self.mode!r}")
+
+    @property
+    def volume(self):
+        """The number of kernel offsets K."""
+        v = 1
+        for k in self.kernel_size:
+            v *= k
+        return v
+
+    @property
+    def num_pairs(self):
+        return tf.shape(self.in_rows)[0]
+
+    def geometry(self):
+        return (self.mode, self.kernel_size, self.strides, self.padding, self.dilation)
+
+
+class SiteSparseTensor(tf.experimental.ExtensionType):
+    """Active sites (coords [N, 1 + d] int32: batch, x1..xd) with features [N, C]."""
+
+    __name__ = "tf_sparseconv.SiteSparseTensor"
+
+    coords: tf.Tensor
+    features: tf.Tensor
+    spatial_shape: tf.Tensor
+    batch_size: tf.Tensor
+    kernel_maps: typing.Mapping[str, KernelMap] = {}
+    # What is known of spatial_shape while tracing (Keras layers build from it).
+    static_spatial_shape: tf.TensorShape = tf.TensorShape(None)
+
+    def __validate__(self):
+        if self.coords.dtype != tf.int32 or self.spatial_shape.dtype != tf.int32 or self.batch_size.dtype != tf.int32:
+            raise TypeError("SiteSparseTensor coords, spatial_shape and batch_size must be int32, got "
+                            f"{self.coords.dtype.name}, {self.spatial_shape.dtype.name} and "
+                            f"{self.batch_size.dtype.name}")
+        if not self.features.dtype.is_floating:
+            raise TypeError(f"SiteSparseTensor features must be floating point, got {self.features.dtype.name}")
+        self.coords.shape.assert_has_rank(2)
+        self.features.shape.assert_has_rank(2)
+        self.spatial_shape.shape.assert_has_rank(1)
+        self.batch_size.shape.assert_has_rank(0)
+        n_coords, n_features = self.coords.shape[0], self.features.shape[0]
+        if n_coords is not None and n_features is not None and n_coords != n_features:
+            raise ValueError(f"SiteSparseTensor has {n_coords} sites but {n_features} feature rows")
+        d = self.spatial_shape.shape[0]
+        if d is not None and self.coords.shape[1] is not None and self.coords.shape[1] != d + 1:
+            raise ValueError(f"SiteSparseTensor coords must be [N, {d + 1}] for {d} spatial dimensions, "
+                             f"got {self.coords.shape}")
+
+    @classmethod
+    def spec(cls, spatial_shape, channels, dtype=tf.float32):
+        """TypeSpec for tf.function signatures (no cached kernel maps)."""
+        spatial_shape = tf.TensorShape(spatial_shape)
+        d = spatial_shape.rank
+        return cls.Spec(coords=tf.TensorSpec([None, d + 1], tf.int32),
+                        features=tf.TensorSpec([None, channels], dtype),
+                        spatial_shape=tf.TensorSpec([d], tf.int32), batch_size=tf.TensorSpec([], tf.int32),
+                        kernel_maps={}, static_spatial_shape=spatial_shape)
+
+    @property
+    def dtype(self):
+        return self.features.dtype
+
+    @property
+    def spatial_rank(self):
+        return self.coords.shape[1] - 1
+
+    @property
+    def channels(self):
+        return self.features.shape[1]
+
+    @property
+    def num_sites(self):
+        return tf.shape(self.coords)[0]
+
+    @property
+    def batch_index(self):
+        return self.coords[:, 0]
+
+    def with_features(self, features):
+        """The same sites (and maps) with other feature rows, e.g. after a Keras layer."""
+        return SiteSparseTensor(self.coords, features, self.spatial_shape, self.batch_size, self.kernel_maps,
+                                self.static_spatial_shape)
+
+    def with_map(self, key, kernel_map):
+        maps = dict(self.kernel_maps)
+        maps[key] = kernel_map
+        return SiteSparseTensor(self.coords, self.features, self.spatial_shape, self.batch_size, maps,
+                                self.static_spatial_shape)
+
+    def without_maps(self):
+        return SiteSparseTensor(self.coords, self.features, self.spatial_shape, self.batch_size, {},
+                                self.static_spatial_shape)
+
+
+def make_site_sparse(coords, features, spatial_shape, batch_size, kernel_maps=None):
+    """A SiteSparseTensor from tensors or arrays; the static spatial shape is taken from
+    spatial_shape where it is known."""
+    coords = tf.convert_to_tensor(coords, tf.int32)
+    features = tf.convert_to_tensor(features)
+    if not features.dtype.is_floating:
+        features = tf.cast(features, tf.float32)
+    spatial_shape = tf.convert_to_tensor(spatial_shape, tf.int32)
+    batch_size = tf.convert_to_tensor(batch_size, tf.int32)
+    known = tf.get_static_value(spatial_shape)
+    static = tf.TensorShape([int(v) for v in known]) if known is not None else \
+        tf.TensorShape([None] * spatial_shape.shape[0]) if spatial_shape.shape[0] is not None else tf.TensorShape(None)
+    return SiteSparseTensor(coords, features, spatial_shape, batch_size, dict(kernel_maps or {}), static)
