@@ -1,0 +1,151 @@
+"""Conversions of the site-sparse tensor: dense grids, point clouds (voxelization with a
+point -> site map) and the channel-sparse tensor of the direct family.
+
+All are compositions of TensorFlow ops, so they run on every device, inside tf.function
+and tf.data, and carry gradients to the features.
+"""
+import tensorflow as tf
+
+from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor, make_channel_sparse
+from tf_sparseconv.ops.conversions import decode_keys, encode_keys
+from tf_sparseconv.site_sparse_tensor import SiteSparseTensor, make_site_sparse
+
+REDUCTIONS = ("mean", "max", "first")
+
+
+def _row_major_keys(coords, extents):
+    """int64 key of (batch, x1..xd) rows, row-major over extents [B, R1..Rd]."""
+    coords = tf.cast(coords, tf.int64)
+    key = coords[:, 0]
+    for j in range(1, coords.shape[1]):
+        key = key * tf.cast(extents[j], tf.int64) + coords[:, j]
+    return key
+
+
+def _decode_row_major(keys, extents, d):
+    columns = []
+    for j in range(d, 0, -1):
+        extent = tf.cast(extents[j], tf.int64)
+        columns.append(keys % extent)
+        keys = keys // extent
+    columns.append(keys)
+    return tf.cast(tf.stack(columns[::-1], axis=1), tf.int32)
+
+
+def site_from_dense(dense):
+    """[B, R1, ..., Rd, C] -> the sites where any channel is non-zero, sorted by batch
+    then coordinates."""
+    dense = tf.convert_to_tensor(dense)
+    if dense.shape.rank is None or dense.shape.rank < 3:
+        raise ValueError(f"site_from_dense takes [B, R1, ..., Rd, C] with d >= 1, got shape {dense.shape}")
+    coords = tf.cast(tf.where(tf.reduce_any(tf.not_equal(dense, 0), axis=-1)), tf.int32)
+    shape = tf.shape(dense, out_type=tf.int32)
+    x = make_site_sparse(coords, tf.gather_nd(dense, coords), shape[1:-1], shape[0])
+    static = dense.shape[1:-1]
+    return x if not static.is_fully_defined() else SiteSparseTensor(
+        x.coords, x.features, x.spatial_shape, x.batch_size, {}, static)
+
+
+def site_to_dense(x):
+    """The sites as a dense [B, R1, ..., Rd, C] grid, zero elsewhere."""
+    if not isinstance(x, SiteSparseTensor):
+        raise TypeError(f"site_to_dense expects a SiteSparseTensor, got {type(x).__name__}")
+    shape = tf.concat([x.batch_size[None], x.spatial_shape, tf.shape(x.features, out_type=tf.int32)[1:]], 0)
+    return tf.scatter_nd(x.coords, x.features, shape)
+
+
+def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_size=None, features=None,
+                   origin=None, reduction="mean"):
+    """Point clouds -> sites (voxels holding at least one point) and the point -> site map.
+
+    points [N, d] (float); batch_index [N] (default all 0); features [N, F] per point
+    (default a column of ones, i.e. occupancy); the voxel of a point is
+    floor((p - origin) / voxel_size), kept when inside spatial_shape. reduction combines
+    the points of a voxel: 'mean', 'max' or 'first' (the point with the lowest index).
+    Returns (SiteSparseTensor with sites sorted by batch then coordinates,
+    point_to_site [N] int32: the site row of each point, -1 for points outside), so
+    per-point outputs are tf.gather(site_features, point_to_site) for the points inside.
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    points = tf.convert_to_tensor(points)
+    if not points.dtype.is_floating:
+        points = tf.cast(points, tf.float32)
+    d = points.shape[-1]
+    if points.shape.rank != 2 or d is None or not 1 <= d <= 4:
+        raise ValueError(f"points must be [N, d] with 1 <= d <= 4, got shape {points.shape}")
+    n = tf.shape(points)[0]
+    spatial_shape = tf.convert_to_tensor(spatial_shape, tf.int32)
+    batch_index = tf.zeros([n], tf.int32) if batch_index is None else tf.cast(batch_index, tf.int32)
+    if batch_size is None:
+        batch_size = tf.reduce_max(tf.concat([batch_index, [-1]], 0)) + 1
+        batch_size = tf.maximum(batch_size, 1)
+    batch_size = tf.convert_to_tensor(batch_size, tf.int32)
+    features = tf.ones([n, 1], points.dtype) if features is None else tf.convert_to_tensor(features)
+    origin = tf.zeros([d], points.dtype) if origin is None else tf.cast(origin, points.dtype)
+    cells = tf.floor((points - origin) / tf.cast(voxel_size, points.dtype))
+    inside = tf.reduce_all((cells >= 0) & (cells < tf.cast(spatial_shape, points.dtype)), axis=1)
+    inside &= (batch_index >= 0) & (batch_index < batch_size)
+    kept = tf.cast(tf.where(inside)[:, 0], tf.int32)
+    coords = tf.concat([tf.gather(batch_index, kept)[:, None], tf.cast(tf.gather(cells, kept), tf.int32)], 1)
+    keys = _row_major_keys(coords, tf.concat([batch_size[None], spatial_shape], 0))
+    order = tf.argsort(keys, stable=True)
+    unique_keys, site_of_sorted = tf.unique(tf.gather(keys, order), out_idx=tf.int32)
+    num_sites = tf.shape(unique_keys)[0]
+    point_of_sorted = tf.gather(kept, order)
+    point_features = tf.gather(features, point_of_sorted)
+    if reduction == "mean":
+        site_features = tf.math.unsorted_segment_mean(point_features, site_of_sorted, num_sites)
+    elif reduction == "max":
+        site_features = tf.math.unsorted_segment_max(point_features, site_of_sorted, num_sites)
+    else:
+        # The stable sort keeps each voxel's points in index order: its first is the first.
+        first = tf.math.unsorted_segment_min(tf.range(tf.shape(order)[0]), site_of_sorted, num_sites)
+        site_features = tf.gather(point_features, first)
+    point_to_site = tf.tensor_scatter_nd_update(-tf.ones([n], tf.int32), point_of_sorted[:, None], site_of_sorted)
+    site_coords = _decode_row_major(unique_keys, tf.concat([batch_size[None], spatial_shape], 0), d)
+    x = make_site_sparse(site_coords, site_features, spatial_shape, batch_size)
+    return x, point_to_site
+
+
+def to_channel_sparse(x):
+    """Sites -> the channel-sparse tensor [B, R1..Rd, C] of their non-zero feature entries."""
+    if not isinstance(x, SiteSparseTensor):
+        raise TypeError(f"to_channel_sparse expects a SiteSparseTensor, got {type(x).__name__}")
+    channels = tf.shape(x.features, out_type=tf.int32)[1]
+    nonzero = tf.where(tf.not_equal(x.features, 0))
+    site_rows, channel = nonzero[:, 0], nonzero[:, 1]
+    indices = tf.concat([tf.cast(tf.gather(x.coords, site_rows), tf.int64), channel[:, None]], 1)
+    dense_shape = tf.cast(tf.concat([x.batch_size[None], x.spatial_shape, channels[None]], 0), tf.int64)
+    keys = encode_keys(indices, dense_shape)
+    order = tf.argsort(keys)
+    values = tf.gather_nd(x.features, nonzero)
+    static = tf.TensorShape([None]).concatenate(x.static_spatial_shape).concatenate([x.features.shape[1]]) \
+        if x.static_spatial_shape.rank is not None else None
+    return make_channel_sparse(tf.gather(keys, order), tf.gather(values, order), dense_shape, static)
+
+
+def from_channel_sparse(x):
+    """Channel-sparse [B, R1..Rd, C] -> sites (every position with a stored entry), with
+    the stored values as feature rows (zeros in the channels not stored)."""
+    if not isinstance(x, ChannelSparseTensor):
+        raise TypeError(f"from_channel_sparse expects a ChannelSparseTensor, got {type(x).__name__}")
+    indices = decode_keys(x.keys, x.dense_shape)
+    rank = x.rank
+    extents = x.dense_shape
+    site_keys = _row_major_keys(indices[:, :rank - 1], extents)
+    unique_keys, rows = tf.unique(site_keys, out_idx=tf.int32)
+    order = tf.argsort(unique_keys)
+    rank_of = tf.math.invert_permutation(order)
+    rows = tf.gather(rank_of, rows)
+    num_sites = tf.shape(unique_keys)[0]
+    channels = tf.cast(extents[-1], tf.int32)
+    features = tf.scatter_nd(tf.stack([rows, tf.cast(indices[:, -1], tf.int32)], 1), x.values,
+                             tf.stack([num_sites, channels]))
+    coords = _decode_row_major(tf.gather(unique_keys, order), extents, rank - 2)
+    spatial = tf.cast(extents[1:-1], tf.int32)
+    y = make_site_sparse(coords, features, spatial, tf.cast(extents[0], tf.int32))
+    static = x.shape[1:-1] if x.shape.rank is not None else tf.TensorShape(None)
+    return SiteSparseTensor(y.coords, y.features, y.spatial_shape, y.batch_size, {},
+                            y.static_spatial_shape.merge_with(static) if static.rank is not None else
+                            y.static_spatial_shape)
