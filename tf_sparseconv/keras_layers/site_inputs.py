@@ -1,0 +1,194 @@
+"""How a site-sparse tensor travels through Keras.
+
+Keras layers take tensors or nested structures of tensors, not extension types, so
+between Keras layers a SiteSparseTensor is the dict
+
+    {"coords": [N, 1 + d] int32, "features": [N, C], "spatial_shape": [d] int32,
+     "batch_size": [] int32, "shape_token": [0, R1, ..., Rd] int32,
+     "maps": {indice_key: {"in_rows", "out_rows", "offset_splits", "in_coords", "out_coords",
+                           "in_spatial_shape", "out_spatial_shape", "geometry"}}}
+
+"maps" is left out while there are no cached kernel maps. The zero-element tokens cost
+nothing at run time; their static shapes carry what Keras' symbolic tracing must know
+to build weights and check configurations:
+
+- shape_token [0, R1, ..., Rd]: the static spatial shape.
+- geometry [0, mode, k1..kd, s1..sd, p1..pd, l1..ld, I1..Id]: the map's static geometry
+  (mode: 0 submanifold, 1 strided, 2 transposed; kernel size, strides, padding,
+  dilation) and the static spatial shape I of the sites the map starts from (0 where
+  unknown), so a SiteInverseConv finds the strided layer's map by indice_key, checks
+  its geometry when it builds, and knows the static shape it maps back onto.
+
+Because the maps are ordinary entries of the dict, they flow through functional
+models (skip connections included), subclassed models, tf.function and SavedModels.
+"""
+import keras
+import tensorflow as tf
+
+from tf_sparseconv.site_sparse_tensor import MODES, KernelMap, SiteSparseTensor
+
+FIELDS = ("coords", "features", "spatial_shape", "batch_size", "shape_token")
+MAP_FIELDS = ("in_rows", "out_rows", "offset_splits", "in_coords", "out_coords", "in_spatial_shape",
+              "out_spatial_shape", "geometry")
+
+
+def _static_dims(shape):
+    """A TensorShape's dims as ints, None where unknown (or () for unknown rank)."""
+    return tuple(shape.as_list()) if shape.rank is not None else ()
+
+
+def _spatial_static_of(tensor, rank):
+    """The static value of a spatial-shape tensor, or None per dimension."""
+    known = tf.get_static_value(tensor) if not isinstance(tensor, keras.KerasTensor) else None
+    return tuple(int(v) for v in known) if known is not None else (None,) * rank
+
+
+def geometry_token(kernel_map, in_static_shape=None):
+    """The zero-element int32 token whose static shape encodes kernel_map's geometry and
+    the static spatial shape of its input sites (in_static_shape; 0 where unknown)."""
+    d = len(kernel_map.kernel_size)
+    in_static = tuple(in_static_shape) if in_static_shape is not None else _spatial_static_of(
+        kernel_map.in_spatial_shape, d)
+    if len(in_static) != d:
+        in_static = (None,) * d
+    dims = [MODES.index(kernel_map.mode), *kernel_map.kernel_size, *kernel_map.strides, *kernel_map.padding,
+            *kernel_map.dilation, *(0 if v is None else int(v) for v in in_static)]
+    return tf.zeros([0, *dims], tf.int32)
+
+
+def decode_geometry(token_shape):
+    """(geometry, in_static_shape) from a geometry token's static shape, where geometry =
+    (mode, kernel_size, strides, padding, dilation) as KernelMap.geometry() gives it."""
+    dims = tuple(token_shape)[1:]
+    if not dims or (len(dims) - 1) % 5 or any(v is None for v in dims):
+        raise ValueError(f"not a kernel-map geometry token: shape {tuple(token_shape)}")
+    d = (len(dims) - 1) // 5
+    mode = MODES[int(dims[0])]
+    parts = [tuple(int(v) for v in dims[1 + i * d:1 + (i + 1) * d]) for i in range(5)]
+    in_static = tuple(v if v > 0 else None for v in parts[4])
+    return (mode, *parts[:4]), in_static
+
+
+def map_geometries(inputs):
+    """{indice_key: (geometry, in_static_shape)} of the maps a site dict (or its dict of
+    shapes, as build() receives it) carries."""
+    maps = inputs.get("maps", {}) if isinstance(inputs, dict) else {}
+    out = {}
+    for key, fields in maps.items():
+        token = fields["geometry"]
+        out[key] = decode_geometry(token if isinstance(token, (tuple, list)) else tuple(token.shape))
+    return out
+
+
+def as_site_keras_inputs(x, map_in_shapes=None):
+    """SiteSparseTensor -> the dict Keras layers and models take (use in tf.data .map).
+
+    map_in_shapes: optional {indice_key: static spatial shape of the map's input sites},
+    for maps whose in_spatial_shape is not a constant (the site layers pass it along).
+    """
+    if not isinstance(x, SiteSparseTensor):
+        raise TypeError(f"expected a SiteSparseTensor, got {type(x).__name__}")
+    static = x.static_spatial_shape
+    if static.rank is None or not static.is_fully_defined():
+        raise ValueError(f"the static spatial shape {static} must be known to enter a Keras model; build the "
+                         "tensor with a constant spatial_shape (make_site_sparse(..., spatial_shape=(R1, ..., Rd), "
+                         "...)) or pass one to site_input")
+    out = {"coords": x.coords, "features": x.features, "spatial_shape": x.spatial_shape,
+           "batch_size": x.batch_size, "shape_token": tf.zeros([0, *static.as_list()], tf.int32)}
+    if x.kernel_maps:
+        map_in_shapes = {} if map_in_shapes is None else map_in_shapes
+        out["maps"] = {
+            key: {"in_rows": m.in_rows, "out_rows": m.out_rows, "offset_splits": m.offset_splits,
+                  "in_coords": m.in_coords, "out_coords": m.out_coords, "in_spatial_shape": m.in_spatial_shape,
+                  "out_spatial_shape": m.out_spatial_shape,
+                  "geometry": geometry_token(m, map_in_shapes.get(key))}
+            for key, m in x.kernel_maps.items()}
+    return out
+
+
+def _is_site_dict(inputs):
+    return isinstance(inputs, dict) and set(FIELDS) <= set(inputs) and set(inputs) <= set(FIELDS) | {"maps"}
+
+
+def from_site_keras_inputs(inputs):
+    """The dict of as_site_keras_inputs (or a SiteSparseTensor) -> SiteSparseTensor."""
+    if isinstance(inputs, SiteSparseTensor):
+        return inputs
+    if not _is_site_dict(inputs):
+        got = sorted(inputs) if isinstance(inputs, dict) else type(inputs).__name__
+        raise TypeError("site Keras layers take the dict {coords, features, spatial_shape, batch_size, shape_token"
+                        "[, maps]} made by tf_sparseconv.keras_layers.as_site_keras_inputs, site_input or "
+                        f"SiteVoxelize; got {got}")
+    static = tf.TensorShape(inputs["shape_token"].shape[1:])
+    maps = {}
+    for key, fields in inputs.get("maps", {}).items():
+        missing = set(MAP_FIELDS) - set(fields)
+        if missing:
+            raise TypeError(f"the kernel map under indice_key {key!r} lacks {sorted(missing)}")
+        (mode, kernel_size, strides, padding, dilation), _ = decode_geometry(tuple(fields["geometry"].shape))
+        maps[key] = KernelMap(fields["in_rows"], fields["out_rows"], fields["offset_splits"], fields["in_coords"],
+                              fields["out_coords"], fields["in_spatial_shape"], fields["out_spatial_shape"], mode,
+                              kernel_size, strides, padding, dilation)
+    return SiteSparseTensor(inputs["coords"], inputs["features"], inputs["spatial_shape"], inputs["batch_size"],
+                            maps, static)
+
+
+def site_input(spatial_shape, channels, dtype="float32", name=None):
+    """keras.Input dict for site-sparse batches of static spatial shape (R1, ..., Rd) and
+    `channels` features per site (no cached maps: the layers build them)."""
+    spatial_shape = tuple(int(s) for s in spatial_shape)
+    d = len(spatial_shape)
+    if not 1 <= d <= 4 or any(s < 1 for s in spatial_shape):
+        raise ValueError(f"spatial_shape must be 1 to 4 extents >= 1, got {spatial_shape}")
+    prefix = f"{name}_" if name else ""
+    return {"coords": keras.Input(batch_shape=(None, d + 1), dtype="int32", name=prefix + "coords"),
+            "features": keras.Input(batch_shape=(None, int(channels)), dtype=dtype, name=prefix + "features"),
+            "spatial_shape": keras.Input(batch_shape=(d,), dtype="int32", name=prefix + "spatial_shape"),
+            "batch_size": keras.Input(batch_shape=(), dtype="int32", name=prefix + "batch_size"),
+            "shape_token": keras.Input(batch_shape=(0, *spatial_shape), dtype="int32", name=prefix + "shape_token")}
+
+
+def site_shapes(input_shape, what="site layer"):
+    """(static spatial shape tuple, channels) from the dict of shapes build() receives."""
+    if isinstance(input_shape, dict) and "shape_token" in input_shape and "features" in input_shape:
+        return tuple(input_shape["shape_token"][1:]), input_shape["features"][-1]
+    raise TypeError(f"{what} takes the site dict made by as_site_keras_inputs / site_input / SiteVoxelize; "
+                    f"got shapes {input_shape}")
+
+
+class SiteLayer(keras.layers.Layer):
+    """Base of the site layers: site dict in, site dict out; custom ops XLA cannot compile.
+
+    Subclasses define site_call(SiteSparseTensor, training) -> SiteSparseTensor. Maps the
+    input carried keep their tokens; a map new in the output was built from this layer's
+    input sites, whose static shape its token records.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # The ops are TensorFlow custom ops: tell Keras not to jit_compile models using them.
+        self.supports_jit = False
+
+    def call(self, inputs, training=None):
+        x = from_site_keras_inputs(inputs)
+        y = self.site_call(x, training=training)
+        return as_site_keras_inputs(y, carried_in_shapes(inputs, x))
+
+    def site_call(self, x, training=None):
+        raise NotImplementedError
+
+
+def carried_in_shapes(inputs, x):
+    """{key: static in-shape} of the maps an input dict carries, the static shape of x for
+    any other key (a map this layer builds from x)."""
+    known = {key: in_static for key, (_, in_static) in map_geometries(inputs).items()}
+    return _DefaultDict(known, tuple(x.static_spatial_shape.as_list()) if x.static_spatial_shape.rank else None)
+
+
+class _DefaultDict(dict):
+    def __init__(self, known, default):
+        super().__init__(known)
+        self.default = default
+
+    def get(self, key, default=None):
+        return self[key] if key in self else self.default

@@ -1,0 +1,120 @@
+"""Networks of the site-sparse family, built from the site Keras layers.
+
+- site_resnet: a ResNet-style classifier: a submanifold stem, residual blocks of
+  submanifold 3^d convolutions (+ batch norm, ReLU) per level, stride-2 strided
+  convolutions between levels, global pooling and a dense head.
+- site_unet: a small MinkUNet-style segmentation network: per level submanifold
+  convolutions (+ batch norm, ReLU), stride-2 strided convolutions down under indice_keys
+  "down1", "down2", ..., SiteInverseConv up through the same keys, skip connections by
+  feature concatenation at equal sites, a 1^d convolution to per-site logits.
+
+Both take site inputs (site_input) or point clouds [B, N, d + F] (points=True, through
+SiteVoxelize). Submanifold layers of one level share one kernel map ("subm<level>").
+"""
+import keras
+
+from tf_sparseconv.keras_layers.site_inputs import site_input
+from tf_sparseconv.keras_layers.site_layers import (SiteAdd, SiteConcat, SiteConv, SiteFeatures, SiteGlobalPool,
+                                                    SiteInverseConv, SiteSelect, SiteToPoints, SiteVoxelize)
+
+
+def _spatial_shape(resolution, spatial_dims):
+    return (int(resolution),) * spatial_dims if isinstance(resolution, int) else tuple(int(r) for r in resolution)
+
+
+def _inputs(spatial_shape, in_channels, points, point_features, bounds, return_point_map, name):
+    """(model inputs, site dict, point_to_site or None)."""
+    if points:
+        inputs = keras.Input((None, len(spatial_shape) + point_features), name=f"{name}_points")
+        out = SiteVoxelize(spatial_shape, bounds=bounds, return_point_map=return_point_map,
+                           name=f"{name}_voxelize")(inputs)
+        return (inputs, *out) if return_point_map else (inputs, out, None)
+    inputs = site_input(spatial_shape, in_channels)
+    return inputs, inputs, None
+
+
+def bn_relu(h, name, relu=True):
+    h = SiteFeatures(keras.layers.BatchNormalization(momentum=0.9), name=f"{name}_bn")(h)
+    return SiteFeatures(keras.layers.ReLU(), name=f"{name}_relu")(h) if relu else h
+
+
+def conv_bn_relu(h, filters, kernel_size, name, relu=True, **conv_kwargs):
+    h = SiteConv(filters, kernel_size, use_bias=False, name=name, **conv_kwargs)(h)
+    return bn_relu(h, name, relu)
+
+
+def residual_block(h, filters, in_channels, key, name):
+    """Two submanifold 3^d convolutions with batch norm around an identity shortcut (a
+    1^d convolution where the channel count changes)."""
+    shortcut = h
+    if in_channels != filters:
+        shortcut = conv_bn_relu(h, filters, 1, f"{name}_proj", relu=False, subm=True, indice_key=f"{key}_1x1")
+    h = conv_bn_relu(h, filters, 3, f"{name}_conv1", subm=True, indice_key=key)
+    h = conv_bn_relu(h, filters, 3, f"{name}_conv2", relu=False, subm=True, indice_key=key)
+    h = SiteAdd(name=f"{name}_add")([h, shortcut])
+    return SiteFeatures(keras.layers.ReLU(), name=f"{name}_relu")(h)
+
+
+def site_resnet(num_classes, resolution=16, spatial_dims=3, in_channels=1, channels=(16, 32, 64), blocks=1,
+                points=False, point_features=0, bounds=(-1.0, 1.0), select_k=None, pool="max", dropout=0.3,
+                name="site_resnet"):
+    """A functional ResNet-style classifier -> logits [B, num_classes].
+
+    resolution: int (spatial_dims axes) or a tuple; channels: per level (level l > 0
+    starts with a stride-2 strided convolution, "down<l>"); blocks: residual blocks per
+    level; select_k: keep at most this many sites per example after the stem
+    (SiteSelect, density-bounded sites); points=True: takes point clouds [B, N, d + F]
+    mapped from bounds, else site_input(resolution, in_channels).
+    """
+    spatial_shape = _spatial_shape(resolution, spatial_dims)
+    if not channels:
+        raise ValueError("site_resnet needs at least one level (channels)")
+    if any(r < 2 ** (len(channels) - 1) for r in spatial_shape):
+        raise ValueError(f"spatial shape {spatial_shape} is too small for {len(channels) - 1} stride-2 levels")
+    inputs, h, _ = _inputs(spatial_shape, in_channels, points, point_features, bounds, False, name)
+    h = conv_bn_relu(h, channels[0], 3, "stem", subm=True, indice_key="subm0")
+    if select_k:
+        h = SiteSelect(select_k, name="select")(h)
+    width = channels[0]
+    for level, filters in enumerate(channels):
+        if level:
+            h = conv_bn_relu(h, filters, 2, f"down{level}", strides=2, indice_key=f"down{level}")
+            width = filters
+        for b in range(blocks):
+            h = residual_block(h, filters, width, f"subm{level}", f"level{level}_block{b + 1}")
+            width = filters
+    h = SiteGlobalPool(pool, name="global_pool")(h)
+    if dropout:
+        h = keras.layers.Dropout(dropout)(h)
+    outputs = keras.layers.Dense(num_classes, name="logits")(h)
+    return keras.Model(inputs, outputs, name=name)
+
+
+def site_unet(num_classes, resolution=32, spatial_dims=3, in_channels=1, channels=(16, 32, 64), points=False,
+              point_features=0, bounds=(-1.0, 1.0), name="site_unet"):
+    """A functional MinkUNet-style segmentation network.
+
+    Site inputs -> per-site logits [N, num_classes], one row per input site in input
+    order; points=True -> per-point logits [B, N, num_classes] (zeros for dropped points).
+    """
+    spatial_shape = _spatial_shape(resolution, spatial_dims)
+    if len(channels) < 2:
+        raise ValueError("site_unet needs at least two levels (channels)")
+    if any(r < 2 ** (len(channels) - 1) for r in spatial_shape):
+        raise ValueError(f"spatial shape {spatial_shape} is too small for {len(channels) - 1} stride-2 levels")
+    inputs, h, point_to_site = _inputs(spatial_shape, in_channels, points, point_features, bounds, True, name)
+    h = conv_bn_relu(h, channels[0], 3, "stem", subm=True, indice_key="subm0")
+    h = residual_block(h, channels[0], channels[0], "subm0", "enc0")
+    skips = [h]
+    for level in range(1, len(channels)):
+        h = conv_bn_relu(h, channels[level], 2, f"down{level}", strides=2, indice_key=f"down{level}")
+        h = residual_block(h, channels[level], channels[level], f"subm{level}", f"enc{level}")
+        skips.append(h)
+    for level in range(len(channels) - 1, 0, -1):
+        h = SiteInverseConv(channels[level - 1], f"down{level}", use_bias=False, name=f"up{level}")(h)
+        h = bn_relu(h, f"up{level}")
+        h = SiteConcat(name=f"skip{level - 1}")([h, skips[level - 1]])
+        h = residual_block(h, channels[level - 1], 2 * channels[level - 1], f"subm{level - 1}", f"dec{level - 1}")
+    h = SiteConv(num_classes, 1, subm=True, indice_key="head", name="logits")(h)
+    outputs = SiteToPoints(name="to_points")([h, point_to_site]) if points else h["features"]
+    return keras.Model(inputs, outputs, name=name)
