@@ -1,0 +1,267 @@
+"""Site-sparse convolution on the GPU: ours against spconv 2.3.8 on identical inputs and
+weights (issue 5), per layer and end to end, forward and backward, and kernel-map builds.
+
+Three phases, one command on the lent GPU (TensorFlow and PyTorch in separate processes):
+  python benchmarks/site_conv_gpu.py --phase ours    # ours; saves inputs/reference rows
+  python benchmarks/site_conv_spconv.py               # spconv; checks its outputs vs ours
+  python benchmarks/site_conv_gpu.py --phase merge   # JSON lines with both and the floor
+
+Timing: `*_s` is the whole layer call, median of synchronised calls after warm-up (ours
+inside tf.function); `*_gpu_s` is the device time per call (ours: R calls in one graph
+loop, synchronised once; spconv: CUDA events). Maps are built once and cached, as with
+spconv's indice_key. The floor of a layer is max(FLOPs / matrix rate, minimal bytes /
+bandwidth) with FLOPs = 2 * pairs * Cin * Cout and the rates measured on the same GPU in
+the same command (benchmarks/site_conv_spconv.py measures them with cuBLAS and a copy).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from site_scenes import CHAIN, LAYERS, layer_weights, level_features, scenes  # noqa: E402
+
+from tf_sparseconv._op_library import ops as _ops  # noqa: E402
+from tf_sparseconv.ops.site_conv import kernel_map  # noqa: E402
+from tf_sparseconv.site_sparse_tensor import make_site_sparse  # noqa: E402
+
+DEFAULT_OUT = os.path.join(HERE, "results", "site_conv_gpu.jsonl")
+DTYPES = {"fp32": tf.float32, "fp16": tf.float16}
+CHECK_ROWS = 2000
+
+
+def sync():
+    tf.test.experimental.sync_devices()
+
+
+def median_call_s(fn, args, warmup, reps):
+    for _ in range(warmup):
+        fn(*args)
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(*args)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def device_s_per_call(body, args, calls):
+    """Device time per call: `calls` calls inside one graph loop, synchronised once."""
+    @tf.function
+    def loop(*a):
+        def step(i, acc):
+            out = body(*a)
+            first = tf.reshape(tf.nest.flatten(out)[0], [-1])[:1]
+            return i + 1, acc + tf.reduce_sum(tf.cast(first, tf.float32))
+        return tf.while_loop(lambda i, _: i < calls, step, (tf.constant(0), tf.constant(0.0)))[1]
+    loop(*args)
+    sync()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        loop(*args)
+        sync()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
+def levels_of(coords, spatial, batch):
+    """Sites of levels 0..2 and every map of LAYERS, built with our op (hash builder)."""
+    x0 = make_site_sparse(coords, np.zeros((len(coords), 1), np.float32), spatial, batch)
+    maps, sites = {}, {0: x0}
+    maps["subm0"] = kernel_map(x0, 3, mode="submanifold")
+    maps["down1"] = kernel_map(x0, 2, 2, mode="strided")
+    x1 = make_site_sparse(maps["down1"].out_coords, tf.zeros([tf.shape(maps["down1"].out_coords)[0], 1]),
+                          maps["down1"].out_spatial_shape, batch)
+    maps["subm1"] = kernel_map(x1, 3, mode="submanifold")
+    maps["down2"] = kernel_map(x1, 2, 2, mode="strided")
+    x2 = make_site_sparse(maps["down2"].out_coords, tf.zeros([tf.shape(maps["down2"].out_coords)[0], 1]),
+                          maps["down2"].out_spatial_shape, batch)
+    maps["subm2"] = kernel_map(x2, 3, mode="submanifold")
+    sites[1], sites[2] = x1, x2
+    return sites, maps
+
+
+def layer_rows(kind, level, key, maps, sites):
+    """(in_rows, out_rows, splits, num_in, num_out, out level) of one layer."""
+    m = maps[key]
+    if kind == "inv":
+        return m.out_rows, m.in_rows, m.offset_splits, sites[level].num_sites, sites[level - 1].num_sites, level - 1
+    out_level = level + 1 if kind == "down" else level
+    return m.in_rows, m.out_rows, m.offset_splits, sites[level].num_sites, sites[out_level].num_sites, out_level
+
+
+def build_map_timing(coords, spatial, batch, warmup, reps):
+    rows = []
+    x0 = make_site_sparse(coords, np.zeros((len(coords), 1), np.float32), spatial, batch)
+    builders = ["hash", "sort"] if "builder" in kernel_map.__code__.co_varnames else [None]
+    for geometry, args in (("subm_k3", dict(kernel_size=3, mode="submanifold")),
+                           ("down_k2s2", dict(kernel_size=2, strides=2, mode="strided"))):
+        for builder in builders:
+            extra = {} if builder is None else {"builder": builder}
+
+            @tf.function
+            def build(c):
+                m = kernel_map(x0.with_features(tf.zeros([tf.shape(c)[0], 1])), **args, **extra)
+                return m.in_rows, m.out_rows, m.offset_splits
+            t = median_call_s(build, (x0.coords,), warmup, reps)
+            pairs = int(build(x0.coords)[0].shape[0])
+            rows.append({"layer": f"map_{geometry}", "builder": builder or "hash", "ours_s": t, "pairs": pairs})
+    return rows
+
+
+def run_ours(args):
+    os.makedirs(args.exchange, exist_ok=True)
+    device = tf.config.list_logical_devices("GPU")
+    device_name = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0]).get(
+        "device_name", "GPU") if device else "CPU"
+    results = []
+    all_scenes = scenes(args.scenes)
+    for scene, (coords, spatial, batch) in all_scenes.items():
+        print(f"[ours] {scene}: {len(coords):,} sites, spatial {spatial.tolist()}, batch {batch}", flush=True)
+        sites, maps = levels_of(coords, spatial, batch)
+        level_coords = {lv: sites[lv].coords.numpy() for lv in sites}
+        np.savez(os.path.join(args.exchange, f"{scene}_levels.npz"), spatial=spatial, batch=batch,
+                 **{f"coords{lv}": c for lv, c in level_coords.items()})
+        for row in build_map_timing(coords, spatial, batch, args.warmup, args.reps):
+            results.append({"scene": scene, "pass": "map", "n_sites": len(coords), "cin": None, "cout": None,
+                            "dtype": None, **row})
+        reference = {}
+        for li, (name, kind, level, cin, cout, k, stride, key) in enumerate(LAYERS):
+            in_rows, out_rows, splits, num_in, num_out, out_level = layer_rows(kind, level, key, maps, sites)
+            pairs = int(in_rows.shape[0])
+            feats32 = level_features(len(level_coords[level]), cin, seed=1000 + li)
+            w32 = layer_weights(cin, cout, k, seed=2000 + li)
+            for dtype_name in args.dtypes:
+                dt = DTYPES[dtype_name]
+                feats = tf.constant(feats32, dt)
+                w = tf.constant(w32.reshape(k ** 3, cin, cout), dt)
+                g = tf.constant(np.random.default_rng(3000 + li).standard_normal((int(num_out), cout)), dt)
+
+                @tf.function
+                def fwd(f, w):
+                    return _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out)
+
+                @tf.function
+                def bwd(f, w, g):
+                    df = _ops.site_sparse_conv(g, tf.transpose(w, [0, 2, 1]), out_rows, in_rows, splits, num_in)
+                    dw = _ops.site_sparse_conv_filter_grad(f, g, in_rows, out_rows, splits)
+                    return df, dw
+
+                y = fwd(feats, w)
+                if dtype_name == "fp32":
+                    pick = np.random.default_rng(li).choice(int(num_out), min(CHECK_ROWS, int(num_out)), replace=False)
+                    reference[name] = (level_coords[out_level][pick], y.numpy()[pick])
+                for pass_name, fn, fargs in (("fwd", fwd, (feats, w)), ("bwd", bwd, (feats, w, g))):
+                    t = median_call_s(fn, fargs, args.warmup, args.reps)
+                    tg = device_s_per_call(fn, fargs, args.loop_calls) if device else None
+                    results.append({"scene": scene, "layer": name, "pass": pass_name, "n_sites": int(num_in),
+                                    "n_out": int(num_out), "pairs": pairs, "cin": cin, "cout": cout,
+                                    "dtype": dtype_name, "ours_s": t, "ours_gpu_s": tg})
+                    print(f"  {name:<18} {dtype_name} {pass_name}: {t * 1e3:8.3f} ms "
+                          f"(device {tg * 1e3 if tg else float('nan'):8.3f} ms), {pairs:,} pairs", flush=True)
+        np.savez(os.path.join(args.exchange, f"{scene}_reference.npz"),
+                 **{f"{n}_coords": c for n, (c, _) in reference.items()},
+                 **{f"{n}_out": o for n, (_, o) in reference.items()})
+        results += run_chain(scene, coords, sites, maps, level_coords, args, device)
+    with open(os.path.join(args.exchange, "ours.json"), "w") as f:
+        json.dump({"device": device_name, "rows": results}, f)
+    print(f"[ours] {len(results)} timings -> {args.exchange}/ours.json")
+
+
+def run_chain(scene, coords, sites, maps, level_coords, args, device):
+    """End to end: CHAIN's layers in sequence, forward and forward + backward."""
+    spec = {name: (kind, level, cin, cout, k, key, li) for li, (name, kind, level, cin, cout, k, _, key)
+            in enumerate(LAYERS)}
+    rows = []
+    for dtype_name in args.dtypes:
+        dt = DTYPES[dtype_name]
+        first = spec[CHAIN[0]]
+        feats = tf.constant(level_features(len(level_coords[first[1]]), first[2], seed=1000 + first[6]), dt)
+        weights = [tf.constant(layer_weights(spec[n][2], spec[n][3], spec[n][4], seed=2000 + spec[n][6]).reshape(
+            spec[n][4] ** 3, spec[n][2], spec[n][3]), dt) for n in CHAIN]
+        plan = [layer_rows(spec[n][0], spec[n][1], spec[n][5], maps, sites) for n in CHAIN]
+
+        def forward(f, ws):
+            for (in_rows, out_rows, splits, _, num_out, _), w in zip(plan, ws):
+                f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out)
+            return f
+
+        fwd = tf.function(lambda f, *ws: forward(f, ws))
+
+        @tf.function
+        def fwd_bwd(f, *ws):
+            with tf.GradientTape() as tape:
+                tape.watch([f, *ws])
+                loss = tf.reduce_sum(tf.cast(forward(f, ws), tf.float32))
+            return tape.gradient(loss, [f, *ws])
+
+        for pass_name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
+            t = median_call_s(fn, (feats, *weights), args.warmup, args.reps)
+            tg = device_s_per_call(fn, (feats, *weights), max(1, args.loop_calls // 4)) if device else None
+            rows.append({"scene": scene, "layer": "end_to_end", "pass": pass_name, "n_sites": len(coords),
+                         "cin": spec[CHAIN[0]][2], "cout": spec[CHAIN[-1]][3], "dtype": dtype_name, "ours_s": t,
+                         "ours_gpu_s": tg})
+            print(f"  end_to_end {dtype_name} {pass_name}: {t * 1e3:.3f} ms", flush=True)
+    return rows
+
+
+def merge(args):
+    with open(os.path.join(args.exchange, "ours.json")) as f:
+        ours = json.load(f)
+    peer_path = os.path.join(args.exchange, "spconv.json")
+    peer = json.load(open(peer_path)) if os.path.exists(peer_path) else {"rows": [], "rates": None}
+    by_key = {(r["scene"], r["layer"], r["pass"], r.get("dtype")): r for r in peer["rows"]}
+    rates = peer.get("rates")
+    lines = []
+    for row in ours["rows"]:
+        other = by_key.get((row["scene"], row["layer"], row["pass"], row.get("dtype")), {})
+        floor = None
+        if rates and row["pass"] in ("fwd", "bwd") and row["layer"] != "end_to_end":
+            value_bytes = 2 if row["dtype"] == "fp16" else 4
+            flops = 2.0 * row["pairs"] * row["cin"] * row["cout"] * (2 if row["pass"] == "bwd" else 1)
+            moved = value_bytes * (row["n_sites"] * row["cin"] + row["n_out"] * row["cout"] +
+                                   27 * row["cin"] * row["cout"]) * (2 if row["pass"] == "bwd" else 1)
+            floor = max(flops / rates[f"matmul_{row['dtype']}_flops"], moved / rates["copy_bytes_per_s"])
+        lines.append({**row, "device": ours["device"], "spconv_s": other.get("spconv_s"),
+                      "spconv_gpu_s": other.get("spconv_gpu_s"), "max_rel_err": other.get("max_rel_err"),
+                      "floor_s": floor,
+                      "ours_over_floor": row["ours_s"] / floor if floor else None})
+    with open(args.out, "w") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    print(f"{'scene':<24}{'layer':<18}{'pass':<8}{'dtype':<6}{'ours ms':>10}{'spconv ms':>11}{'ratio':>8}"
+          f"{'floor ms':>10}")
+    for r in lines:
+        ratio = r["spconv_s"] / r["ours_s"] if r["spconv_s"] else float("nan")
+        print(f"{r['scene']:<24}{r['layer']:<18}{r['pass']:<8}{str(r['dtype']):<6}{r['ours_s'] * 1e3:>10.3f}"
+              f"{(r['spconv_s'] or float('nan')) * 1e3:>11.3f}{ratio:>8.2f}"
+              f"{(r['floor_s'] or float('nan')) * 1e3:>10.3f}")
+    print(f"{len(lines)} rows -> {args.out}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--phase", choices=("ours", "merge"), required=True)
+    p.add_argument("--exchange", default="/tmp/site_bench")
+    p.add_argument("--scenes", nargs="*", default=None)
+    p.add_argument("--dtypes", nargs="*", default=["fp32", "fp16"])
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--loop-calls", type=int, default=40)
+    p.add_argument("--out", default=DEFAULT_OUT)
+    args = p.parse_args()
+    run_ours(args) if args.phase == "ours" else merge(args)
+
+
+if __name__ == "__main__":
+    main()
