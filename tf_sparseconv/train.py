@@ -1,12 +1,18 @@
-"""Train a sparse OctNet3 classifier.
+"""Train a sparse OctNet3 classifier (or the site-sparse ResNet classifier).
 
     python -m tf_sparseconv.train --dataset synthetic --resolution 16 --epochs 8
+    python -m tf_sparseconv.train --model site-resnet --dataset modelnet40 --resolution 32
 
 Datasets: synthetic (built in, no download), modelnet40 / modelnet10 (the point-cloud .npz
 or the official OFF layout under --data-dir), scannet (official scans under --data-dir),
 mnist (.npz or idx files under --data-dir). Prints a progress bar per epoch and a summary:
 validation accuracy, per-layer density, present weights, seconds per epoch and the
 model's memory bound for the chosen batch size and resolution; writes it as JSON.
+
+--model site-resnet trains models.site_resnet (submanifold residual blocks, strided
+downsampling, global pooling) on the same batches converted to site-sparse tensors; the
+density bounds, Eq. 4 regularisation, pruning and the memory bound of the channel-sparse
+model do not apply to it (--site-k bounds its sites per example instead).
 """
 import argparse
 import json
@@ -20,11 +26,15 @@ import tensorflow as tf
 
 from tf_sparseconv import data as datasets
 from tf_sparseconv.keras_layers import (DensityRegularizer, WarningShotPruning, as_keras_inputs,
-                                        present_weight_count, sparse_conv_layers)
+                                        as_site_keras_inputs, present_weight_count, sparse_conv_layers)
 from tf_sparseconv.memory_bound import memory_bound
-from tf_sparseconv.models import DEFAULT_RHOS, octnet3
+from tf_sparseconv.models import DEFAULT_RHOS, octnet3, site_resnet
+from tf_sparseconv.ops.site_conversions import from_channel_sparse
 
 DATASETS = ("synthetic", "modelnet40", "modelnet10", "scannet", "mnist")
+MODELS = ("octnet3", "site-resnet")
+SITE_MODEL_NOTE = ("memory bound: not computed for site-resnet; the bound covers the channel-sparse layers "
+                   "(SparseConv, SparseMaxPool) only, and a site model's memory follows its active sites")
 DEFAULT_DATA_DIR = os.environ.get(
     "TF_SPARSECONV_DATA", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data"))
 
@@ -53,6 +63,15 @@ def keras_batches(dataset):
     return dataset.map(lambda x, y: (as_keras_inputs(x), y))
 
 
+def site_keras_batches(dataset):
+    """The channel-sparse batches as site dicts: one site per occupied voxel (pixel)."""
+    def convert(x, y):
+        sites = from_channel_sparse(x)
+        sites = sites.with_features(tf.ensure_shape(sites.features, [None, x.shape[-1]]))
+        return as_site_keras_inputs(sites), y
+    return dataset.map(convert)
+
+
 def peak_rss_bytes():
     """The process's peak resident memory so far (Linux; 0 where /proc is absent)."""
     try:
@@ -77,6 +96,8 @@ class EpochTimer(keras.callbacks.Callback):
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=MODELS, default="octnet3",
+                   help="octnet3: channel-sparse OctNet3 (Table 4); site-resnet: site-sparse ResNet classifier")
     p.add_argument("--dataset", choices=DATASETS, default="synthetic")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     p.add_argument("--resolution", type=int, default=16, help="voxels per axis (MNIST: fixed 28)")
@@ -94,12 +115,28 @@ def build_parser():
     p.add_argument("--points", type=int, default=1024, help="points sampled per mesh / scan object")
     p.add_argument("--augment", action="store_true", help="random rotation about z, scale and jitter")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--site-channels", type=int, nargs="+", default=[16, 32, 64],
+                   help="site-resnet: channels per level (a stride-2 convolution starts each level after the first)")
+    p.add_argument("--site-blocks", type=int, default=1, help="site-resnet: residual blocks per level")
+    p.add_argument("--site-k", type=int, default=0,
+                   help="site-resnet: keep at most this many sites per example after the stem (0: all)")
     p.add_argument("--out", default="train_results", help="folder for results.json and model.keras")
     return p
 
 
+def _check_model_options(parser, args):
+    if args.model == "site-resnet":
+        octnet_only = [flag for flag, given in (("--rho", args.rho), ("--lam", args.lam > 0),
+                                                ("--prune-eps", args.prune_eps > 0)) if given]
+        if octnet_only:
+            parser.error(f"{', '.join(octnet_only)} apply to the channel-sparse octnet3 model, not site-resnet")
+
+
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_model_options(parser, args)
+    site = args.model == "site-resnet"
     keras.utils.set_random_seed(args.seed)
     print(f"[1/4] loading {args.dataset}", flush=True)
     examples, labels, classes = load_examples(
@@ -118,23 +155,33 @@ def main(argv=None):
         make = lambda idx, shuffle: datasets.point_cloud_dataset(  # noqa: E731
             examples[idx], labels[idx], resolution, args.batch_size, shuffle=shuffle, seed=args.seed,
             augmentation=augmentation if shuffle else None)
-    train, val = keras_batches(make(train_idx, True)), keras_batches(make(val_idx, False))
+    to_keras = site_keras_batches if site else keras_batches
+    train, val = to_keras(make(train_idx, True)), to_keras(make(val_idx, False))
     print(f"      {len(train_idx)} training and {len(val_idx)} validation examples, {len(classes)} classes, "
           f"resolution {resolution}", flush=True)
 
-    rhos = tuple(args.rho) if args.rho else DEFAULT_RHOS[resolution]
-    regularizer = DensityRegularizer(args.lam) if args.lam > 0 else None
-    model = octnet3(resolution, len(classes), rhos, spatial_dims=2 if image_data else 3,
-                    selection=args.selection, density_regularizer=regularizer)
+    if site:
+        rhos = ()
+        in_channels = int(train.element_spec[0]["features"].shape[-1])
+        model = site_resnet(len(classes), resolution, spatial_dims=2 if image_data else 3, in_channels=in_channels,
+                            channels=tuple(args.site_channels), blocks=args.site_blocks, select_k=args.site_k or None)
+    else:
+        rhos = tuple(args.rho) if args.rho else DEFAULT_RHOS[resolution]
+        regularizer = DensityRegularizer(args.lam) if args.lam > 0 else None
+        model = octnet3(resolution, len(classes), rhos, spatial_dims=2 if image_data else 3,
+                        selection=args.selection, density_regularizer=regularizer)
     optimizer = keras.optimizers.Adam(args.lr) if args.optimizer == "adam" else keras.optimizers.Adagrad(args.lr)
     model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    bound = memory_bound(model, args.batch_size)
+    bound = None if site else memory_bound(model, args.batch_size)
     timer = EpochTimer()
     callbacks = [timer]
     pruning = WarningShotPruning(args.prune_eps) if args.prune_eps > 0 else None
     if pruning:
         callbacks.append(pruning)
-    print(f"[2/4] training {model.name} (sparse blocks rho = {rhos}) for {args.epochs} epochs", flush=True)
+    described = (f"channels {tuple(args.site_channels)}, {args.site_blocks} residual block(s) per level"
+                 + (f", at most {args.site_k} sites per example" if args.site_k else "")) if site \
+        else f"sparse blocks rho = {rhos}"
+    print(f"[2/4] training {model.name} ({described}) for {args.epochs} epochs", flush=True)
     history = model.fit(train, validation_data=val, epochs=args.epochs, callbacks=callbacks, shuffle=False,
                         verbose=1 if sys.stdout.isatty() else 2)
 
@@ -144,15 +191,21 @@ def main(argv=None):
                "present_weights": layer.present_weights(), "weights": int(np.prod(layer.kernel_shape))}
               for layer in sparse_conv_layers(model)]
     results = {
-        "dataset": args.dataset, "resolution": resolution, "epochs": args.epochs, "batch_size": args.batch_size,
+        "model": args.model, "dataset": args.dataset, "resolution": resolution, "epochs": args.epochs,
+        "batch_size": args.batch_size,
         "rhos": list(rhos), "lambda": args.lam, "prune_eps": args.prune_eps, "selection": args.selection,
         "val_accuracy": float(val_metrics["accuracy"]), "val_loss": float(val_metrics["loss"]),
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
         "sec_per_epoch": timer.seconds, "layers": layers, "present_weights": present_weight_count(model),
-        "memory_bound_bytes": bound.total_bytes, "memory_bound_layers": [vars(b) for b in bound.layers],
+        "memory_bound_bytes": bound.total_bytes if bound else None,
+        "memory_bound_layers": [vars(b) for b in bound.layers] if bound else [],
+        "memory_bound_note": SITE_MODEL_NOTE if site else None,
         "pruning": pruning.history if pruning else [],
         "peak_rss_bytes": peak_rss_bytes(),
     }
+    if site:
+        results.update(site_channels=list(args.site_channels), site_blocks=args.site_blocks, site_k=args.site_k,
+                       parameters=int(model.count_params()))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
@@ -161,11 +214,13 @@ def main(argv=None):
     print("[4/4] summary")
     print(f"validation accuracy {results['val_accuracy']:.4f} after {args.epochs} epochs; "
           f"{np.mean(timer.seconds):.1f} s per epoch (first {timer.seconds[0]:.1f} s)")
-    print(f"{'sparse layer':<20}{'rho_up':>8}{'density':>10}{'present weights':>18}")
+    if layers:
+        print(f"{'sparse layer':<20}{'rho_up':>8}{'density':>10}{'present weights':>18}")
     for row in layers:
         print(f"{row['layer']:<20}{row['rho_up'] or 1.0:>8.3f}{row['density']:>10.4f}"
               f"{row['present_weights']:>10} / {row['weights']:<7}")
-    print(bound.table())
+    print(bound.table() if bound else SITE_MODEL_NOTE)
+    print(f"peak resident memory {results['peak_rss_bytes'] / 2 ** 20:.0f} MiB")
     print(f"results and model written to {os.path.abspath(args.out)}")
     return results
 

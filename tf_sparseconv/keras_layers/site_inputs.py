@@ -4,14 +4,17 @@ Keras layers take tensors or nested structures of tensors, not extension types, 
 between Keras layers a SiteSparseTensor is the dict
 
     {"coords": [N, 1 + d] int32, "features": [N, C], "spatial_shape": [d] int32,
-     "batch_size": [] int32, "shape_token": [0, R1, ..., Rd] int32,
+     "batch_size": [B, 0] int32, "shape_token": [0, R1, ..., Rd] int32,
      "maps": {indice_key: {"in_rows", "out_rows", "offset_splits", "in_coords", "out_coords",
                            "in_spatial_shape", "out_spatial_shape", "geometry"}}}
 
 "maps" is left out while there are no cached kernel maps. The zero-element tokens cost
-nothing at run time; their static shapes carry what Keras' symbolic tracing must know
-to build weights and check configurations:
+nothing at run time; their shapes carry what Keras must know:
 
+- batch_size [B, 0]: the batch size B as its first dimension. Keras' fit and evaluate
+  count the examples of a batch by the first dimension of the first entry of the
+  inputs (sorted by key: "batch_size"), so the loss and metrics are averaged per
+  example as for dense inputs; a scalar is accepted too.
 - shape_token [0, R1, ..., Rd]: the static spatial shape.
 - geometry [0, mode, k1..kd, s1..sd, p1..pd, l1..ld, I1..Id]: the map's static geometry
   (mode: 0 submanifold, 1 strided, 2 transposed; kernel size, strides, padding,
@@ -80,11 +83,18 @@ def map_geometries(inputs):
     return out
 
 
-def as_site_keras_inputs(x, map_in_shapes=None):
+def _map_fields(m, in_static_shape=None):
+    return {"in_rows": m.in_rows, "out_rows": m.out_rows, "offset_splits": m.offset_splits, "in_coords": m.in_coords,
+            "out_coords": m.out_coords, "in_spatial_shape": m.in_spatial_shape,
+            "out_spatial_shape": m.out_spatial_shape, "geometry": geometry_token(m, in_static_shape)}
+
+
+def as_site_keras_inputs(x, map_in_shapes=None, reuse_batch_size=(), reuse_shape_token=()):
     """SiteSparseTensor -> the dict Keras layers and models take (use in tf.data .map).
 
     map_in_shapes: optional {indice_key: static spatial shape of the map's input sites},
-    for maps whose in_spatial_shape is not a constant (the site layers pass it along).
+    for maps whose in_spatial_shape is not a constant. (reuse_*: tokens of an input to
+    pass on, used by the layers.)
     """
     if not isinstance(x, SiteSparseTensor):
         raise TypeError(f"expected a SiteSparseTensor, got {type(x).__name__}")
@@ -94,15 +104,11 @@ def as_site_keras_inputs(x, map_in_shapes=None):
                          "tensor with a constant spatial_shape (make_site_sparse(..., spatial_shape=(R1, ..., Rd), "
                          "...)) or pass one to site_input")
     out = {"coords": x.coords, "features": x.features, "spatial_shape": x.spatial_shape,
-           "batch_size": x.batch_size, "shape_token": tf.zeros([0, *static.as_list()], tf.int32)}
+           "batch_size": reuse_batch_size[0] if reuse_batch_size else tf.zeros(tf.stack([x.batch_size, 0]), tf.int32),
+           "shape_token": reuse_shape_token[0] if reuse_shape_token else tf.zeros([0, *static.as_list()], tf.int32)}
     if x.kernel_maps:
-        map_in_shapes = {} if map_in_shapes is None else map_in_shapes
-        out["maps"] = {
-            key: {"in_rows": m.in_rows, "out_rows": m.out_rows, "offset_splits": m.offset_splits,
-                  "in_coords": m.in_coords, "out_coords": m.out_coords, "in_spatial_shape": m.in_spatial_shape,
-                  "out_spatial_shape": m.out_spatial_shape,
-                  "geometry": geometry_token(m, map_in_shapes.get(key))}
-            for key, m in x.kernel_maps.items()}
+        map_in_shapes = map_in_shapes or {}
+        out["maps"] = {key: _map_fields(m, map_in_shapes.get(key)) for key, m in x.kernel_maps.items()}
     return out
 
 
@@ -129,8 +135,10 @@ def from_site_keras_inputs(inputs):
         maps[key] = KernelMap(fields["in_rows"], fields["out_rows"], fields["offset_splits"], fields["in_coords"],
                               fields["out_coords"], fields["in_spatial_shape"], fields["out_spatial_shape"], mode,
                               kernel_size, strides, padding, dilation)
-    return SiteSparseTensor(inputs["coords"], inputs["features"], inputs["spatial_shape"], inputs["batch_size"],
-                            maps, static)
+    batch_size = inputs["batch_size"]
+    if batch_size.shape.rank != 0:
+        batch_size = tf.shape(batch_size, out_type=tf.int32)[0]
+    return SiteSparseTensor(inputs["coords"], inputs["features"], inputs["spatial_shape"], batch_size, maps, static)
 
 
 def site_input(spatial_shape, channels, dtype="float32", name=None):
@@ -144,7 +152,7 @@ def site_input(spatial_shape, channels, dtype="float32", name=None):
     return {"coords": keras.Input(batch_shape=(None, d + 1), dtype="int32", name=prefix + "coords"),
             "features": keras.Input(batch_shape=(None, int(channels)), dtype=dtype, name=prefix + "features"),
             "spatial_shape": keras.Input(batch_shape=(d,), dtype="int32", name=prefix + "spatial_shape"),
-            "batch_size": keras.Input(batch_shape=(), dtype="int32", name=prefix + "batch_size"),
+            "batch_size": keras.Input(batch_shape=(None, 0), dtype="int32", name=prefix + "batch_size"),
             "shape_token": keras.Input(batch_shape=(0, *spatial_shape), dtype="int32", name=prefix + "shape_token")}
 
 
@@ -172,23 +180,29 @@ class SiteLayer(keras.layers.Layer):
     def call(self, inputs, training=None):
         x = from_site_keras_inputs(inputs)
         y = self.site_call(x, training=training)
-        return as_site_keras_inputs(y, carried_in_shapes(inputs, x))
+        return site_dict_from(y, [(inputs, x)])
 
     def site_call(self, x, training=None):
         raise NotImplementedError
 
 
-def carried_in_shapes(inputs, x):
-    """{key: static in-shape} of the maps an input dict carries, the static shape of x for
-    any other key (a map this layer builds from x)."""
-    known = {key: in_static for key, (_, in_static) in map_geometries(inputs).items()}
-    return _DefaultDict(known, tuple(x.static_spatial_shape.as_list()) if x.static_spatial_shape.rank else None)
-
-
-class _DefaultDict(dict):
-    def __init__(self, known, default):
-        super().__init__(known)
-        self.default = default
-
-    def get(self, key, default=None):
-        return self[key] if key in self else self.default
+def site_dict_from(y, sources):
+    """as_site_keras_inputs(y) for the output y of a layer whose inputs were the
+    (input dict, SiteSparseTensor) pairs `sources`: what y shares with an input (the batch
+    size, the static shape, a carried map) keeps that input's tensors and tokens; a map
+    new in y was built from the first input's sites, whose static shape its token gets."""
+    if not isinstance(y, SiteSparseTensor):
+        raise TypeError(f"expected a SiteSparseTensor, got {type(y).__name__}")
+    first_dict, first = sources[0]
+    static = y.static_spatial_shape
+    out = as_site_keras_inputs(y.without_maps(), reuse_batch_size=[
+        raw["batch_size"] for raw, x in sources if x.batch_size is y.batch_size][:1], reuse_shape_token=[
+        raw["shape_token"] for raw, x in sources if x.static_spatial_shape == static and static.is_fully_defined()][:1])
+    if y.kernel_maps:
+        maps = {}
+        new_in_shape = tuple(first.static_spatial_shape.as_list()) if first.static_spatial_shape.rank else None
+        for key, m in y.kernel_maps.items():
+            carried = [raw["maps"][key] for raw, x in sources if x.kernel_maps.get(key) is m]
+            maps[key] = carried[0] if carried else _map_fields(m, new_in_shape)
+        out["maps"] = maps
+    return out

@@ -13,8 +13,8 @@ import numbers
 import keras
 import tensorflow as tf
 
-from tf_sparseconv.keras_layers.site_inputs import (SiteLayer, as_site_keras_inputs, carried_in_shapes,
-                                                    from_site_keras_inputs, map_geometries, site_shapes)
+from tf_sparseconv.keras_layers.site_inputs import (SiteLayer, as_site_keras_inputs, from_site_keras_inputs,
+                                                    map_geometries, site_dict_from, site_shapes)
 from tf_sparseconv.ops.site_conv import (global_pool, select_sites, site_conv, site_conv_transpose,
                                          site_inverse_conv, site_pool)
 from tf_sparseconv.ops.site_conversions import REDUCTIONS, voxelize_sites
@@ -360,13 +360,10 @@ class SiteFeatures(SiteLayer):
 
     def site_call(self, x, training=None):
         features = self.layer(x.features, training=training)
-        if features.shape.rank != 2:
+        if features.shape.rank != 2 or (features.shape[0] is not None and x.features.shape[0] is not None
+                                        and features.shape[0] != x.features.shape[0]):
             raise ValueError(f"{self.name}: the wrapped layer {self.layer.name} must map [N, C] rows to [N, C'] "
-                             f"rows, got shape {features.shape}")
-        with tf.control_dependencies([tf.debugging.assert_equal(
-                tf.shape(features)[0], tf.shape(x.features)[0],
-                message=f"{self.name}: the wrapped layer changed the number of feature rows")]):
-            features = tf.identity(features)
+                             f"rows, got shape {features.shape} from {x.features.shape}")
         return x.with_features(features)
 
     def get_config(self):
@@ -412,13 +409,12 @@ class _SiteMerge(SiteLayer):
                         message=f"{self.name}: input {i} has other sites than input 0 (coordinates differ)"))
         with tf.control_dependencies(checks):
             features = self.merge([tf.identity(x.features) if checks else x.features for x in xs])
-        maps, in_shapes = {}, {}
-        for x, raw in zip(reversed(xs), reversed(inputs)):
+        maps = {}
+        for x in reversed(xs):
             maps.update(x.kernel_maps)
-            in_shapes.update(carried_in_shapes(raw, x))
         y = SiteSparseTensor(first.coords, features, first.spatial_shape, first.batch_size, maps,
                              first.static_spatial_shape)
-        return as_site_keras_inputs(y, in_shapes)
+        return site_dict_from(y, list(zip(inputs, xs)))
 
     def get_config(self):
         return {**super().get_config(), "validate": self.validate}

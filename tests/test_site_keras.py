@@ -1,0 +1,290 @@
+"""Site-sparse Keras layers against the raw ops they wrap; the dict transport with cached
+kernel maps; functional and subclassed models with fit, checkpoints, .keras and
+SavedModel round trips; the MinkUNet- and ResNet-style builders; configuration errors;
+the training entry point with --model site-resnet."""
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_sparseconv import keras_layers as kl
+from tf_sparseconv import train
+from tf_sparseconv.models import site_resnet, site_unet
+from tf_sparseconv.ops.site_conv import (global_pool, select_sites, site_conv, site_conv_transpose,
+                                         site_inverse_conv, site_pool)
+from tf_sparseconv.ops.site_conversions import voxelize_sites
+from tf_sparseconv.site_sparse_tensor import make_site_sparse
+from test_site_conv import random_sites
+
+SHAPE = (8, 8, 8)
+
+
+def sites(rng, batch=2, channels=3, density=0.2):
+    coords, features = random_sites(rng, batch, SHAPE, density, channels)
+    order = np.lexsort(coords.T[::-1])  # any order works; sorted reads better in failures
+    return make_site_sparse(coords[order], features[order], SHAPE, batch)
+
+
+def clouds(rng, batch, points=64):
+    """Three learnable classes (flat, elongated, round blobs) and per-point labels (z > 0)."""
+    labels = np.arange(batch) % 3
+    c = rng.normal(0, 0.35, (batch, points, 3))
+    c[labels == 0, :, 2] *= 0.05
+    c[labels == 1, :, :2] *= 0.1
+    c = np.clip(c, -1, 1).astype(np.float32)
+    return c, labels, (c[..., 2] > 0).astype(np.int64)
+
+
+def compiled(model, lr=0.1):
+    # Plain SGD: no optimizer slots to build and trace, so these tests stay fast.
+    model.compile(keras.optimizers.SGD(lr), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def assert_same_sites(actual, expected, rtol=1e-5):
+    np.testing.assert_array_equal(actual.coords.numpy(), expected.coords.numpy())
+    np.testing.assert_allclose(actual.features.numpy(), expected.features.numpy(), rtol=rtol, atol=1e-5)
+    np.testing.assert_array_equal(actual.spatial_shape.numpy(), expected.spatial_shape.numpy())
+    assert actual.static_spatial_shape.as_list() == expected.spatial_shape.numpy().tolist()
+
+
+def test_convolution_layers_equal_the_raw_ops(rng):
+    x = sites(rng)
+    subm = kl.SiteConv(4, 3, subm=True, indice_key="s0", activation="relu", bias_initializer="random_normal")
+    down = kl.SiteConv(5, 3, strides=2, padding=1, indice_key="d0")
+    again = kl.SubMConv(4, 3, indice_key="s0", use_bias=False)
+    up = kl.SiteInverseConv(4, "d0")
+    transposed = kl.SiteConvTranspose(2, 2, strides=2, indice_key="t0")
+
+    h = subm(kl.as_site_keras_inputs(x))
+    g = down(h)
+    u = up(g)
+    t = transposed(g)
+    a = again(u)
+
+    y1 = site_conv(x, subm.kernel, subm.bias, subm=True, indice_key="s0")
+    y1 = y1.with_features(tf.nn.relu(y1.features))
+    y2 = site_conv(y1, down.kernel, down.bias, strides=2, padding=1, indice_key="d0")
+    y3 = site_inverse_conv(y2, up.kernel, "d0", up.bias)
+    y4 = site_conv_transpose(y2, transposed.kernel, transposed.bias, strides=2, indice_key="t0")
+    y5 = site_conv(y3, again.kernel, subm=True, indice_key="s0")
+    for got, expected in ((h, y1), (g, y2), (u, y3), (t, y4), (a, y5)):
+        assert_same_sites(kl.from_site_keras_inputs(got), expected)
+    assert up.kernel.shape == (3, 3, 3, 5, 4)  # the strided layer's kernel size, from its map
+    assert sorted(t["maps"]) == ["d0", "s0", "t0"] and sorted(a["maps"]) == ["d0", "s0"]
+    # The cached maps travel as tensors; the geometry token holds the static geometry.
+    np.testing.assert_array_equal(g["maps"]["d0"]["in_rows"].numpy(), y2.kernel_maps["d0"].in_rows.numpy())
+    assert g["maps"]["d0"]["geometry"].shape == (0, 1, 3, 3, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, 8, 8, 8)
+    assert g["shape_token"].shape == (0, 4, 4, 4) and u["shape_token"].shape == (0, 8, 8, 8)
+    assert g["batch_size"].shape == (2, 0)
+
+
+def test_pool_select_global_pool_features_and_merge_layers_equal_the_raw_ops(rng):
+    x = sites(rng, batch=3, channels=4, density=0.3)
+    d = kl.as_site_keras_inputs(x)
+    for mode in ("max", "avg"):
+        assert_same_sites(kl.from_site_keras_inputs(kl.SitePool(2, mode=mode, indice_key="p")(d)),
+                          site_pool(x, 2, mode=mode))
+    for mode in ("max", "mean", "sum"):
+        np.testing.assert_allclose(kl.SiteGlobalPool(mode)(d).numpy(), global_pool(x, mode).numpy(), rtol=1e-6)
+    assert_same_sites(kl.from_site_keras_inputs(kl.SiteSelect(5)(d)), select_sites(x, 5))
+    dense = keras.layers.Dense(6)
+    wrapped = kl.SiteFeatures(dense)(d)
+    np.testing.assert_allclose(wrapped["features"].numpy(), dense(x.features).numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(wrapped["coords"].numpy(), x.coords.numpy())
+    bn = kl.SiteFeatures(keras.layers.BatchNormalization(epsilon=1e-6))(d, training=True)
+    normed = (x.features.numpy() - x.features.numpy().mean(0)) / x.features.numpy().std(0)
+    np.testing.assert_allclose(bn["features"].numpy(), normed, rtol=1e-3, atol=1e-4)
+    concat = kl.SiteConcat()([d, wrapped])
+    np.testing.assert_allclose(concat["features"].numpy(), np.concatenate(
+        [x.features.numpy(), wrapped["features"].numpy()], 1), rtol=1e-6)
+    np.testing.assert_allclose(kl.SiteAdd()([d, d])["features"].numpy(), 2 * x.features.numpy(), rtol=1e-6)
+    other = kl.as_site_keras_inputs(select_sites(x, 2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="other sites than input 0"):
+        kl.SiteAdd()([d, other])
+
+
+def test_voxelize_layer_matches_voxelize_sites_and_to_points_gathers_rows(rng):
+    points = rng.uniform(-1.2, 1.2, (2, 40, 4)).astype(np.float32)  # x, y, z and one point feature
+    points[1, -5:] = np.nan  # padding
+    sites_dict, point_to_site = kl.SiteVoxelize(4, return_point_map=True)(points)
+    got = kl.from_site_keras_inputs(sites_dict)
+    flat = points.reshape(-1, 4)
+    finite = np.isfinite(flat[:, :3]).all(1)
+    xyz = np.clip(np.where(finite[:, None], flat[:, :3], -1), -1, 1 - 0.25)  # outside points: border cells
+    batch = np.where(finite, np.repeat([0, 1], 40), -1)
+    features = np.concatenate([np.ones((80, 1), np.float32), flat[:, 3:]], 1)
+    expected, expected_map = voxelize_sites(xyz, 0.5, (4, 4, 4), batch, 2, features,
+                                            origin=[-1, -1, -1])
+    assert_same_sites(got, expected)
+    np.testing.assert_array_equal(point_to_site.numpy().reshape(-1), expected_map.numpy())
+    assert (point_to_site.numpy()[1, -5:] == -1).all() and got.channels == 2
+    per_point = kl.SiteToPoints()([sites_dict, point_to_site]).numpy()
+    rows = got.features.numpy()
+    np.testing.assert_array_equal(per_point[0], rows[point_to_site.numpy()[0]])
+    np.testing.assert_array_equal(per_point[1, -5:], 0)
+
+
+def small_unet_by_hand(spatial_shape=SHAPE, channels=3):
+    """subm (s0) -> strided (d0) -> subm (s1) -> SiteInverseConv (d0) -> concat skip."""
+    inputs = kl.site_input(spatial_shape, channels)
+    skip = kl.SiteConv(4, 3, subm=True, indice_key="s0", name="stem")(inputs)
+    h = kl.SiteConv(6, 2, strides=2, indice_key="d0", name="down")(skip)
+    h = kl.SiteConv(6, 3, subm=True, indice_key="s1", name="mid")(h)
+    h = kl.SiteInverseConv(4, "d0", name="up")(h)
+    h = kl.SiteConcat(name="skip")([h, skip])
+    return keras.Model(inputs, h["features"])
+
+
+def test_inverse_conv_finds_the_map_through_a_functional_model(rng):
+    model = small_unet_by_hand()
+    x = sites(rng)
+    k = {name: model.get_layer(name) for name in ("stem", "down", "mid", "up")}
+    assert k["up"].kernel.shape == (2, 2, 2, 6, 4)
+    y0 = site_conv(x, k["stem"].kernel, k["stem"].bias, subm=True, indice_key="s0")
+    y = site_conv(y0, k["down"].kernel, k["down"].bias, strides=2, indice_key="d0")
+    y = site_conv(y, k["mid"].kernel, k["mid"].bias, subm=True, indice_key="s1")
+    y = site_inverse_conv(y, k["up"].kernel, "d0", k["up"].bias)
+    expected = tf.concat([y.features, y0.features], 1).numpy()
+    np.testing.assert_allclose(model(kl.as_site_keras_inputs(x)).numpy(), expected, rtol=1e-5, atol=1e-6)
+    # The same inside tf.function on tf.data batches (the maps flow as graph tensors).
+    dataset = tf.data.Dataset.from_tensors(x).map(kl.as_site_keras_inputs)
+    graph = tf.function(model)
+    for batch in dataset:
+        np.testing.assert_allclose(graph(batch).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_resnet_on_points_fits_and_round_trips_through_keras_file_and_export(rng, tmp_path):
+    keras.utils.set_random_seed(1)
+    points, labels, _ = clouds(rng, 24)
+    model = compiled(site_resnet(3, 8, channels=(8, 16), points=True, dropout=0))
+    assert model.output_shape == (None, 3)
+    losses = model.fit(points, labels, batch_size=8, epochs=3, verbose=0).history["loss"]
+    assert losses[-1] < 0.7 * losses[0], losses
+    # Eager calls (no tracing): inference batch norm with the moving statistics fit left.
+    expected = model(points).numpy()
+    model.save(str(tmp_path / "m.keras"))
+    restored = keras.models.load_model(str(tmp_path / "m.keras"))
+    np.testing.assert_allclose(restored(points).numpy(), expected, rtol=1e-5, atol=1e-6)
+    model.export(str(tmp_path / "exported"), verbose=False)
+    exported = tf.saved_model.load(str(tmp_path / "exported"))
+    np.testing.assert_allclose(exported.serve(points).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_unet_on_points_fits_and_lowers_the_loss(rng):
+    keras.utils.set_random_seed(1)
+    points, _, point_labels = clouds(rng, 24)
+    model = compiled(site_unet(2, 8, channels=(8, 16), points=True))
+    assert model.output_shape == (None, None, 2)
+    assert sum(isinstance(layer, kl.SiteInverseConv) for layer in model.layers) == 1
+    losses = model.fit(points, point_labels, batch_size=8, epochs=3, verbose=0).history["loss"]
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+class SubclassedSegmenter(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.voxelize = kl.SiteVoxelize(8, return_point_map=True)
+        self.stem = kl.SiteConv(8, 3, subm=True, indice_key="s0")
+        self.bn = kl.SiteFeatures(keras.layers.BatchNormalization())
+        self.relu = kl.SiteFeatures(keras.layers.ReLU())
+        self.down = kl.SiteConv(8, 2, strides=2, indice_key="d0")
+        self.up = kl.SiteInverseConv(8, "d0", activation="relu")
+        self.concat = kl.SiteConcat()
+        self.head = kl.SiteConv(2, 1, subm=True)
+        self.to_points = kl.SiteToPoints()
+
+    def call(self, points, training=None):
+        sites_dict, point_to_site = self.voxelize(points)
+        h = self.relu(self.bn(self.stem(sites_dict), training=training))
+        u = self.up(self.down(h))
+        return self.to_points([self.head(self.concat([u, h])), point_to_site])
+
+
+def test_subclassed_model_fits_and_checkpoints_round_trip(rng, tmp_path):
+    keras.utils.set_random_seed(2)
+    points, _, point_labels = clouds(rng, 16)
+    model = compiled(SubclassedSegmenter())
+    losses = model.fit(points, point_labels, batch_size=8, epochs=10, verbose=0).history["loss"]
+    assert losses[-1] < 0.7 * losses[0], losses
+    expected = model.predict(points, verbose=0)
+    assert expected.shape == (16, 64, 2)
+    np.testing.assert_allclose(model(points).numpy(), expected, rtol=1e-5, atol=1e-6)
+    path = str(tmp_path / "ckpt.weights.h5")
+    model.save_weights(path)
+    other = SubclassedSegmenter()
+    other(points[:2])
+    other.load_weights(path)
+    np.testing.assert_allclose(other(points).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_unet_on_site_inputs_round_trips_through_keras_file_and_export(rng, tmp_path):
+    model = site_unet(3, SHAPE, in_channels=3, channels=(4, 8))
+    x = kl.as_site_keras_inputs(sites(rng))
+    model(x, training=True)  # moves the batch-norm statistics away from their initial values
+    expected = model(x).numpy()
+    assert expected.shape == (x["coords"].shape[0], 3)  # one logit row per input site
+    model.save(str(tmp_path / "m.keras"))
+    restored = keras.models.load_model(str(tmp_path / "m.keras"))
+    np.testing.assert_allclose(restored(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+    model.export(str(tmp_path / "exported"), verbose=False)
+    exported = tf.saved_model.load(str(tmp_path / "exported"))
+    np.testing.assert_allclose(exported.serve(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_configurations_give_clear_errors(rng):
+    with pytest.raises(ValueError, match="strides must be 1"):
+        kl.SiteConv(4, 3, subm=True, strides=2)
+    with pytest.raises(ValueError, match="odd kernel"):
+        kl.SiteConv(4, 2, subm=True)
+    with pytest.raises(ValueError, match="takes its strides from the strided convolution"):
+        kl.SiteInverseConv(4, "d0", strides=2)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        kl.SitePool(2, mode="median")
+    with pytest.raises(TypeError, match="wraps a keras.layers.Layer"):
+        kl.SiteFeatures("relu")
+    inputs = kl.site_input(SHAPE, 3)
+    h = kl.SiteConv(4, 3, subm=True, indice_key="s0")(inputs)
+    g = kl.SiteConv(4, 2, strides=2, indice_key="d0")(h)
+    with pytest.raises(ValueError, match=r"no kernel map under indice_key 'down1'.*maps here: \['d0', 's0'\]"):
+        kl.SiteInverseConv(4, "down1")(g)
+    with pytest.raises(ValueError, match="inverts a strided convolution; the map under 's0' is 'submanifold'"):
+        kl.SiteInverseConv(4, "s0")(g)
+    with pytest.raises(ValueError, match="differs from the strided convolution's"):
+        kl.SiteInverseConv(4, "d0", kernel_size=3)(g)
+    with pytest.raises(ValueError, match="indice_key 'd0' was built for"):
+        kl.SiteConv(4, 3, subm=True, indice_key="d0")(g)
+    with pytest.raises(ValueError, match="leave no output site"):
+        kl.SiteConv(4, 9, strides=1)(inputs)
+    with pytest.raises(TypeError, match="takes the site dict made by as_site_keras_inputs"):
+        kl.SiteConv(4, 3)(kl.sparse_input((8, 8, 8, 1)))
+    with pytest.raises(TypeError, match="site Keras layers take the dict"):
+        kl.SiteSelect(3)({"keys": tf.zeros([0], tf.int64)})
+
+    @tf.function(input_signature=[tf.TensorSpec([3], tf.int32)])
+    def unknown_extent(spatial_shape):
+        x = make_site_sparse(np.zeros((1, 4), np.int32), np.ones((1, 1), np.float32), spatial_shape, 1)
+        return kl.as_site_keras_inputs(x)["features"]
+
+    with pytest.raises(ValueError, match="static spatial shape .* must be known to enter a Keras model"):
+        unknown_extent.get_concrete_function()
+
+
+def test_train_entry_point_trains_site_resnet_on_synthetic(tmp_path, capsys):
+    results = train.main(["--model", "site-resnet", "--dataset", "synthetic", "--resolution", "8",
+                          "--synthetic-per-class", "3", "--val-fraction", "0.2", "--epochs", "1",
+                          "--batch-size", "16", "--site-channels", "4", "8", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "validation accuracy" in printed and "memory bound: not computed for site-resnet" in printed
+    with open(tmp_path / "results.json") as f:
+        saved = json.load(f)
+    assert saved["model"] == "site-resnet" and saved["memory_bound_bytes"] is None
+    assert saved["val_accuracy"] == pytest.approx(results["val_accuracy"]) and 0 <= saved["val_accuracy"] <= 1
+    assert len(saved["sec_per_epoch"]) == 1 and saved["peak_rss_bytes"] > 0
+    model = keras.models.load_model(tmp_path / "model.keras")
+    assert model.output_shape == (None, 8)
+    with pytest.raises(SystemExit):
+        train.main(["--model", "site-resnet", "--rho", "0.5", "--out", str(tmp_path)])
+    assert "apply to the channel-sparse octnet3 model" in capsys.readouterr().err
