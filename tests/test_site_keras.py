@@ -272,15 +272,34 @@ def test_bad_configurations_give_clear_errors(rng):
         unknown_extent.get_concrete_function()
 
 
+@pytest.mark.parametrize("layer", [
+    kl.SiteConv(4, (3, 1, 3), subm=True, indice_key="s", activation="relu", kernel_regularizer="l2", use_bias=False),
+    kl.SiteConv(4, 2, strides=(2, 2, 1), padding="valid", dilation=1, indice_key="d", kernel_initializer="he_normal"),
+    kl.SiteConvTranspose(3, 3, strides=2, padding=1, indice_key="t", bias_regularizer="l1"),
+    kl.SiteInverseConv(5, "d", kernel_size=2, activation="gelu"),
+    kl.SitePool((2, 2, 1), strides=1, padding=0, mode="avg", indice_key="p"),
+    kl.SiteGlobalPool("sum"), kl.SiteSelect(7), kl.SiteConcat(validate=False), kl.SiteAdd(),
+    kl.SiteFeatures(keras.layers.BatchNormalization(momentum=0.5)),
+    kl.SiteVoxelize((4, 5, 6), bounds=((0, 0, 0), (1, 2, 3)), reduction="max", clip=False, return_point_map=True),
+    kl.SiteToPoints(),
+], ids=lambda layer: type(layer).__name__)
+def test_layer_configs_round_trip(layer):
+    config = keras.saving.serialize_keras_object(layer)
+    restored = keras.saving.deserialize_keras_object(json.loads(json.dumps(config)))
+    assert type(restored) is type(layer) and restored.get_config() == layer.get_config()
+    assert restored.supports_jit is False
+
+
 def test_train_entry_point_trains_site_resnet_on_synthetic(tmp_path, capsys):
     results = train.main(["--model", "site-resnet", "--dataset", "synthetic", "--resolution", "8",
                           "--synthetic-per-class", "3", "--val-fraction", "0.2", "--epochs", "1",
-                          "--batch-size", "16", "--site-channels", "4", "8", "--out", str(tmp_path)])
+                          "--batch-size", "16", "--site-channels", "4", "8", "--site-k", "40", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
     assert "validation accuracy" in printed and "memory bound: not computed for site-resnet" in printed
     with open(tmp_path / "results.json") as f:
         saved = json.load(f)
     assert saved["model"] == "site-resnet" and saved["memory_bound_bytes"] is None
+    assert saved["site_k"] == 40 and "at most 40 sites per example" in printed
     assert saved["val_accuracy"] == pytest.approx(results["val_accuracy"]) and 0 <= saved["val_accuracy"] <= 1
     assert len(saved["sec_per_epoch"]) == 1 and saved["peak_rss_bytes"] > 0
     model = keras.models.load_model(tmp_path / "model.keras")

@@ -35,11 +35,6 @@ MAP_FIELDS = ("in_rows", "out_rows", "offset_splits", "in_coords", "out_coords",
               "out_spatial_shape", "geometry")
 
 
-def _static_dims(shape):
-    """A TensorShape's dims as ints, None where unknown (or () for unknown rank)."""
-    return tuple(shape.as_list()) if shape.rank is not None else ()
-
-
 def _spatial_static_of(tensor, rank):
     """The static value of a spatial-shape tensor, or None per dimension."""
     known = tf.get_static_value(tensor) if not isinstance(tensor, keras.KerasTensor) else None
@@ -101,8 +96,8 @@ def as_site_keras_inputs(x, map_in_shapes=None, reuse_batch_size=(), reuse_shape
     static = x.static_spatial_shape
     if static.rank is None or not static.is_fully_defined():
         raise ValueError(f"the static spatial shape {static} must be known to enter a Keras model; build the "
-                         "tensor with a constant spatial_shape (make_site_sparse(..., spatial_shape=(R1, ..., Rd), "
-                         "...)) or pass one to site_input")
+                         "tensor with a constant spatial_shape (make_site_sparse(coords, features, (R1, ..., Rd), "
+                         "batch_size)) or give SiteSparseTensor its static_spatial_shape")
     out = {"coords": x.coords, "features": x.features, "spatial_shape": x.spatial_shape,
            "batch_size": reuse_batch_size[0] if reuse_batch_size else tf.zeros(tf.stack([x.batch_size, 0]), tf.int32),
            "shape_token": reuse_shape_token[0] if reuse_shape_token else tf.zeros([0, *static.as_list()], tf.int32)}
