@@ -214,6 +214,42 @@ inline absl::Status RepeatedOutputRowError(int64_t q, int64_t row) {
       ": a kernel map has at most one pair per output site and offset");
 }
 
+// Shape checks of SiteSparseConv's features [N, Cin], filters [K, Cin, Cout] and num_out.
+inline absl::Status CheckSiteConvInputs(const tensorflow::Tensor& features, const tensorflow::Tensor& filters,
+                                        const tensorflow::Tensor& num_out) {
+  if (features.dims() != 2) {
+    return tensorflow::errors::InvalidArgument("features must be [N, Cin], got shape ",
+                                               features.shape().DebugString());
+  }
+  if (filters.dims() != 3 || filters.dim_size(1) != features.dim_size(1)) {
+    return tensorflow::errors::InvalidArgument("filters must be [K, Cin, Cout] with Cin = ", features.dim_size(1),
+                                               " (the feature width), got shape ", filters.shape().DebugString());
+  }
+  if (num_out.dims() != 0 || num_out.scalar<int32_t>()() < 0) {
+    return tensorflow::errors::InvalidArgument("num_out must be a non-negative scalar");
+  }
+  return absl::OkStatus();
+}
+
+// Shape checks of SiteSparseConvFilterGrad's features, out_grad and offset_splits.
+inline absl::Status CheckSiteFilterGradInputs(const tensorflow::Tensor& features, const tensorflow::Tensor& out_grad,
+                                              const tensorflow::Tensor& offset_splits) {
+  if (features.dims() != 2 || out_grad.dims() != 2) {
+    return tensorflow::errors::InvalidArgument("features and out_grad must be matrices, got shapes ",
+                                               features.shape().DebugString(), " and ",
+                                               out_grad.shape().DebugString());
+  }
+  if (offset_splits.dims() != 1 || offset_splits.NumElements() < 1) {
+    return tensorflow::errors::InvalidArgument("offset_splits must be a non-empty vector");
+  }
+  return absl::OkStatus();
+}
+
+// A NaN at entry (row, column) of a [rows, width] matrix such as the features.
+inline absl::Status NaNRowError(const char* what, int64_t row, int64_t column) {
+  return tensorflow::errors::InvalidArgument(what, " row ", row, " column ", column, " is NaN");
+}
+
 }  // namespace tf_sparseconv
 
 #endif  // TF_SPARSECONV_CC_OPS_SITE_CHECKS_H_

@@ -117,10 +117,7 @@ namespace {
 template <typename T>
 absl::Status RejectNaNRows(const T* x, int64_t n, int64_t width, const char* what) {
   for (int64_t i = 0; i < n * width; ++i) {
-    if (std::isnan(static_cast<float>(x[i]))) {
-      return tensorflow::errors::InvalidArgument(what, " row ", i / width, " column ", i % width,
-                                                 " is NaN");
-    }
+    if (std::isnan(static_cast<float>(x[i]))) return NaNRowError(what, i / width, i % width);
   }
   return absl::OkStatus();
 }
@@ -154,16 +151,8 @@ class SiteSparseConvOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& features = ctx->input(0);
     const Tensor& filters = ctx->input(1);
-    OP_REQUIRES(ctx, features.dims() == 2,
-                tensorflow::errors::InvalidArgument("features must be [N, Cin], got shape ",
-                                                    features.shape().DebugString()));
-    OP_REQUIRES(ctx, filters.dims() == 3 && filters.dim_size(1) == features.dim_size(1),
-                tensorflow::errors::InvalidArgument("filters must be [K, Cin, Cout] with Cin = ",
-                                                    features.dim_size(1), " (the feature width), got shape ",
-                                                    filters.shape().DebugString()));
     const Tensor& num_out_t = ctx->input(5);
-    OP_REQUIRES(ctx, num_out_t.dims() == 0 && num_out_t.scalar<int32_t>()() >= 0,
-                tensorflow::errors::InvalidArgument("num_out must be a non-negative scalar"));
+    OP_REQUIRES_OK(ctx, CheckSiteConvInputs(features, filters, num_out_t));
     SiteMapView map;
     OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(2), ctx->input(3), ctx->input(4), filters.dim_size(0), &map));
     SiteConvArgs<T> a;
@@ -193,13 +182,8 @@ class SiteSparseConvFilterGradOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& features = ctx->input(0);
     const Tensor& out_grad = ctx->input(1);
-    OP_REQUIRES(ctx, features.dims() == 2 && out_grad.dims() == 2,
-                tensorflow::errors::InvalidArgument("features and out_grad must be matrices, got shapes ",
-                                                    features.shape().DebugString(), " and ",
-                                                    out_grad.shape().DebugString()));
     const Tensor& splits = ctx->input(4);
-    OP_REQUIRES(ctx, splits.dims() == 1 && splits.NumElements() >= 1,
-                tensorflow::errors::InvalidArgument("offset_splits must be a non-empty vector"));
+    OP_REQUIRES_OK(ctx, CheckSiteFilterGradInputs(features, out_grad, splits));
     SiteMapView map;
     OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(2), ctx->input(3), splits, splits.NumElements() - 1, &map));
     SiteConvArgs<T> a;

@@ -23,6 +23,7 @@ REGISTER_OP("SiteKernelMap")
     .Attr("strides: list(int) >= 1")
     .Attr("padding: list(int) >= 1")
     .Attr("dilation: list(int) >= 1")
+    .Attr("builder: {'hash', 'sort'} = 'hash'")
     .SetShapeFn([](InferenceContext* c) {
       std::vector<int> kernel;
       TF_RETURN_IF_ERROR(c->GetAttr("kernel_size", &kernel));
@@ -46,6 +47,10 @@ reaches, sorted by batch then coordinates), their spatial shape, and the pairs
 (in_rows[p], out_rows[p]) grouped by kernel offset: offset q owns pairs
 offset_splits[q] .. offset_splits[q + 1]. Build it once per geometry and reuse it in
 every layer with that geometry. Conventions are spconv 2.x's (site_geometry.h).
+builder: how the GPU kernel builds the map: 'hash' (a hash table of the sites, probed
+per site and kernel offset) or 'sort' (the sites sorted once, each offset's shifted
+queries searched in them, as in Minuet). Both give identical outputs, the CPU kernel's;
+the CPU kernel has one builder (a hash table) and accepts either value.
 )doc");
 
 REGISTER_OP("SiteSparseConv")

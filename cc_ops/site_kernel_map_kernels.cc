@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "site_checks.h"
@@ -76,7 +77,13 @@ int64_t InputKey(const SiteGeometry& g, const int32_t* site) {
 
 class SiteKernelMapOp : public OpKernel {
  public:
-  explicit SiteKernelMapOp(OpKernelConstruction* ctx) : OpKernel(ctx) { OP_REQUIRES_OK(ctx, attrs_.Parse(ctx)); }
+  explicit SiteKernelMapOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, attrs_.Parse(ctx));
+    // The GPU's choice of builder; both give this kernel's output, so the CPU's one
+    // builder serves either value.
+    std::string builder;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("builder", &builder));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     SiteGeometry g;

@@ -42,8 +42,11 @@ def _static_out_shape(static, mode, kernel_size, strides, padding, dilation):
     return tf.TensorShape(dims)
 
 
-def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided"):
-    """The KernelMap of x's sites for one convolution geometry (see SiteKernelMap)."""
+def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided", builder="hash"):
+    """The KernelMap of x's sites for one convolution geometry (see SiteKernelMap).
+
+    builder: "hash" or "sort", how the GPU kernel builds the map (identical results;
+    the CPU kernel has one builder and accepts either)."""
     _check_site_tensor(x, "kernel_map")
     d = x.spatial_rank
     kernel_size = _per_dim(kernel_size, d, "kernel_size", 1)
@@ -52,7 +55,7 @@ def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided")
     dilation = _per_dim(dilation, d, "dilation", 1)
     out_coords, out_shape, in_rows, out_rows, splits = _ops.site_kernel_map(
         x.coords, x.spatial_shape, x.batch_size, mode=mode, kernel_size=list(kernel_size), strides=list(strides),
-        padding=list(padding), dilation=list(dilation))
+        padding=list(padding), dilation=list(dilation), builder=builder)
     return KernelMap(in_rows, out_rows, splits, x.coords, out_coords, x.spatial_shape, out_shape, mode, kernel_size,
                      strides, padding, dilation)
 

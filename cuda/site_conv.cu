@@ -1,0 +1,529 @@
+// SiteSparseConv and SiteSparseConvFilterGrad on the GPU: gather-GEMM-scatter with tiles
+// in shared memory and our own GEMM loops (the op library links only the CUDA runtime,
+// so no cuBLAS).
+//
+// Forward. The pairs of every offset are cut into tiles of kTileRows pairs; a block takes
+// one tile and kTileCols output channels, gathers the tile's input rows kTileDepth input
+// channels at a time into shared memory (converted to the accumulator type), multiplies
+// them by the offset's filter slice, and adds the [kTileRows, kTileCols] product onto the
+// tile's output rows.
+// Why atomic adds by default: output rows are unique within one offset but not across
+// offsets, and one launch over the tiles of all offsets keeps every SM busy although the
+// offsets' pair counts differ widely (a 3^3 submanifold map of a LiDAR scan has all n
+// sites at the centre offset and a few percent of them at the corners). One launch per
+// offset, which needs no atomics, pays a launch and a tail of idle SMs per offset (27
+// for a 3^3 kernel). Atomic adds make the float sums' order depend on timing, so under
+// TensorFlow's op determinism the same kernel runs one launch per offset, in offset
+// order (the CPU's order), with plain read-modify-write adds: reproducible bit for bit.
+// float and double are accumulated in the output itself (double atomicAdd needs sm_60,
+// below every architecture we build); half and bfloat16 in a float32 buffer that is
+// converted at the end.
+//
+// Filter gradient. dW[q] = X[in_rows]^T G[out_rows] over q's pairs is a reduction over
+// pairs: each offset's pairs are cut into fixed chunks, a block computes one chunk's
+// partial product for a [64 x 64] tile of dW[q], and a second kernel adds the partials of
+// each offset in chunk order. No atomics, so the result does not depend on timing.
+//
+// The map is checked first (the CPU's CheckSiteMapRows, in_rows/out_rows ranges and at
+// most one pair per output row and offset, the latter with a bitmask of (row, offset)
+// flags); the products run only when every check passed, so bad rows never index memory.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "gpu_util.cuh"
+#include "site_conv_gpu.h"
+
+namespace tf_sparseconv {
+namespace gpu {
+namespace {
+
+constexpr int kTileRows = 64;   // pairs per forward tile
+constexpr int kTileCols = 64;   // output channels per tile; input channels per filter-gradient tile
+constexpr int kTileDepth = 16;  // input channels per forward step; pairs per filter-gradient step
+constexpr int kSub = 4;         // each of 16 x 16 threads owns 4 x 4 results, 16 apart
+static_assert(kThreads == 256 && kTileRows == 16 * kSub && kTileCols == 16 * kSub,
+              "the GEMM tiles assume 16 x 16 threads with 4 x 4 results each");
+// Grid-stride loops take any number of tiles; more blocks than this only queue.
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+// The filter gradient aims at about this many blocks, with at least kMinChunkPairs pairs
+// per chunk, which bounds the partial sums' memory.
+constexpr double kFilterGradBlocks = 2048;
+constexpr int64_t kMinChunkPairs = 512;
+
+__device__ inline float ToAcc(float x) { return x; }
+__device__ inline double ToAcc(double x) { return x; }
+__device__ inline float ToAcc(Half x) { return __half2float(__ushort_as_half(x.bits)); }
+__device__ inline float ToAcc(BFloat16 x) { return __uint_as_float(static_cast<uint32_t>(x.bits) << 16); }
+
+// Round to nearest even, as Eigen's conversions on the CPU.
+template <typename T>
+struct FromAcc;
+template <>
+struct FromAcc<float> {
+  __device__ static float Convert(float x) { return x; }
+};
+template <>
+struct FromAcc<double> {
+  __device__ static double Convert(double x) { return x; }
+};
+template <>
+struct FromAcc<Half> {
+  __device__ static Half Convert(float x) { return Half{__half_as_ushort(__float2half_rn(x))}; }
+};
+template <>
+struct FromAcc<BFloat16> {
+  __device__ static BFloat16 Convert(float x) { return BFloat16{__bfloat16_as_ushort(__float2bfloat16_rn(x))}; }
+};
+
+inline unsigned int GridFor(int64_t items) {
+  return static_cast<unsigned int>(items < 1 ? 1 : (items > kMaxBlocks ? kMaxBlocks : items));
+}
+
+// The segment owning position p: the q in [0, segments) with begin[q] <= p < begin[q + 1],
+// for begin rising from begin[0] = 0 to begin[segments] > p (empty segments are skipped).
+__device__ inline int64_t OwnerOf(const int64_t* begin, int64_t segments, int64_t p) {
+  int64_t lo = 0, hi = segments;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (begin[mid] <= p) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// ---- Checks ----------------------------------------------------------------------------
+
+// seen holds one bit per (output row, offset): a second pair setting the same bit repeats
+// an output row within an offset. Which pair repeats first is left to the error path
+// (FirstRepeatedOutputRow), since the bit's setter order depends on timing.
+__global__ void CheckMapRowsKernel(const int32_t* in_rows, const int32_t* out_rows, const int64_t* splits,
+                                   CheckedMap checked, int64_t num_in, int64_t num_out, int64_t volume,
+                                   unsigned int* seen, Report* report) {
+  TF_SPARSECONV_GRID_LOOP(p, checked.pairs) {
+    const int64_t i = in_rows[p], o = out_rows[p];
+    const bool out_ok = o >= 0 && o < num_out;
+    if (i < 0 || i >= num_in || !out_ok) RecordFirst(&report->checks[kSiteRows], p);
+    if (!out_ok) continue;
+    const int64_t bit = o * volume + OwnerOf(splits, checked.offsets, p);
+    const unsigned int mask = 1u << (bit & 31);
+    if (atomicOr(&seen[bit >> 5], mask) & mask) RecordFirst(&report->checks[kSiteRepeat], p);
+  }
+}
+
+__global__ void DescribeRowsKernel(const int32_t* in_rows, const int32_t* out_rows, Report* report) {
+  CheckSlot& slot = report->checks[kSiteRows];
+  if (slot.first == kNoError) return;
+  slot.detail[0] = in_rows[slot.first];
+  slot.detail[1] = out_rows[slot.first];
+}
+
+template <typename T>
+__global__ void NaNKernel(const T* x, int64_t n, CheckSlot* slot) {
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    if (isnan(ToAcc(x[i]))) RecordFirst(slot, i);
+  }
+}
+
+// Sort keys for the exact repeat position: (offset, output row), pairs with an output row
+// out of range last.
+__global__ void RepeatKeysKernel(const int32_t* out_rows, const int64_t* splits, CheckedMap checked,
+                                 int64_t num_out, uint64_t none, uint64_t* keys, int32_t* pairs) {
+  TF_SPARSECONV_GRID_LOOP(p, checked.pairs) {
+    const int64_t o = out_rows[p];
+    keys[p] = o >= 0 && o < num_out
+                  ? static_cast<uint64_t>(OwnerOf(splits, checked.offsets, p) * num_out + o)
+                  : none;
+    pairs[p] = static_cast<int32_t>(p);
+  }
+}
+
+// After a stable sort the pairs of one (offset, row) are in pair order; every one but the
+// first repeats the row, and the lowest of those is where the CPU stops.
+__global__ void FirstRepeatKernel(const uint64_t* keys, const int32_t* pairs, int64_t n, uint64_t none,
+                                  CheckSlot* slot) {
+  TF_SPARSECONV_GRID_LOOP(s, n) {
+    if (s > 0 && keys[s] != none && keys[s] == keys[s - 1]) RecordFirst(slot, pairs[s]);
+  }
+}
+
+__global__ void DescribeRepeatKernel(const int32_t* out_rows, CheckSlot* slot) {
+  if (slot->first == kNoError) return;
+  slot->detail[0] = out_rows[slot->first];
+}
+
+// ---- Forward -------------------------------------------------------------------------
+
+template <typename T, typename A, bool kAtomic>
+__global__ void __launch_bounds__(kThreads)
+    GatherGemmScatterKernel(const T* features, const T* filters, const int32_t* in_rows, const int32_t* out_rows,
+                            const int64_t* splits, const int64_t* tile_begin, int64_t volume, int64_t cin,
+                            int64_t cout, int64_t col_tiles, int64_t first_tile, int64_t num_tiles,
+                            const Report* report, A* out) {
+  // gathered[k][r]: row r of the tile, input channel k0 + k. The +1 spreads the gather's
+  // stores (consecutive threads: consecutive k of one row) over the banks.
+  __shared__ A gathered[kTileDepth][kTileRows + 1];
+  __shared__ A weights[kTileDepth][kTileCols];
+  __shared__ int32_t rows_in[kTileRows];
+  __shared__ int32_t rows_out[kTileRows];
+  if (!ChecksPassed(report)) return;  // uniform over the block: no barrier is skipped by some threads only
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t items = num_tiles * col_tiles;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t tile = first_tile + item / col_tiles;
+    const int64_t col0 = (item % col_tiles) * kTileCols;
+    const int64_t q = OwnerOf(tile_begin, volume, tile);
+    const int64_t p0 = splits[q] + (tile - tile_begin[q]) * kTileRows;
+    const int64_t p_end = splits[q + 1];
+    if (threadIdx.x < kTileRows) {
+      const int64_t p = p0 + threadIdx.x;
+      rows_in[threadIdx.x] = p < p_end ? in_rows[p] : -1;
+      rows_out[threadIdx.x] = p < p_end ? out_rows[p] : -1;
+    }
+    __syncthreads();
+    A acc[kSub][kSub];
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) acc[i][j] = A(0);
+    }
+    const T* w = filters + q * cin * cout;
+    for (int64_t k0 = 0; k0 < cin; k0 += kTileDepth) {
+      for (int e = threadIdx.x; e < kTileDepth * kTileRows; e += kThreads) {
+        const int r = e / kTileDepth, k = e % kTileDepth;
+        const int64_t row = rows_in[r];
+        gathered[k][r] = row >= 0 && k0 + k < cin ? ToAcc(features[row * cin + k0 + k]) : A(0);
+      }
+      for (int e = threadIdx.x; e < kTileDepth * kTileCols; e += kThreads) {
+        const int k = e / kTileCols, c = e % kTileCols;
+        weights[k][c] = k0 + k < cin && col0 + c < cout ? ToAcc(w[(k0 + k) * cout + col0 + c]) : A(0);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < kTileDepth; ++k) {
+        A a[kSub], b[kSub];
+#pragma unroll
+        for (int i = 0; i < kSub; ++i) a[i] = gathered[k][ty + 16 * i];
+#pragma unroll
+        for (int j = 0; j < kSub; ++j) b[j] = weights[k][tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < kSub; ++i) {
+#pragma unroll
+          for (int j = 0; j < kSub; ++j) acc[i][j] += a[i] * b[j];
+        }
+      }
+      __syncthreads();  // gathered and weights are refilled next step
+    }
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      const int64_t o = rows_out[ty + 16 * i];
+      if (o < 0) continue;
+      A* dst = out + o * cout;
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) {
+        const int64_t c = col0 + tx + 16 * j;
+        if (c >= cout) continue;
+        if constexpr (kAtomic) {
+          atomicAdd(dst + c, acc[i][j]);
+        } else {
+          dst[c] += acc[i][j];  // one launch per offset: no other thread has this (row, column)
+        }
+      }
+    }
+    __syncthreads();  // rows_in and rows_out are refilled by the next item
+  }
+}
+
+template <typename T, typename A>
+__global__ void ConvertKernel(const A* acc, int64_t n, T* out) {
+  TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = FromAcc<T>::Convert(acc[i]); }
+}
+
+// ---- Filter gradient -------------------------------------------------------------------
+
+template <typename T, typename A>
+__global__ void __launch_bounds__(kThreads)
+    FilterGradPartialKernel(const T* features, const T* out_grad, const int32_t* in_rows, const int32_t* out_rows,
+                            const int64_t* splits, const int64_t* chunk_begin, int64_t volume, int64_t chunk_pairs,
+                            int64_t num_chunks, int64_t cin, int64_t cout, int64_t in_tiles, int64_t out_tiles,
+                            const Report* report, A* partial) {
+  __shared__ A x[kTileDepth][kTileCols];     // [pair][input channel k0 + k]
+  __shared__ A grad[kTileDepth][kTileCols];  // [pair][output channel c0 + c]
+  __shared__ int32_t rows_in[kTileDepth];
+  __shared__ int32_t rows_out[kTileDepth];
+  if (!ChecksPassed(report)) return;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t tiles = in_tiles * out_tiles;
+  const int64_t items = num_chunks * tiles;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t chunk = item / tiles;
+    const int64_t tile = item - chunk * tiles;
+    const int64_t k0 = (tile / out_tiles) * kTileCols;
+    const int64_t c0 = (tile % out_tiles) * kTileCols;
+    const int64_t q = OwnerOf(chunk_begin, volume, chunk);
+    const int64_t begin = splits[q] + (chunk - chunk_begin[q]) * chunk_pairs;
+    const int64_t end = begin + chunk_pairs < splits[q + 1] ? begin + chunk_pairs : splits[q + 1];
+    A acc[kSub][kSub];
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) acc[i][j] = A(0);
+    }
+    for (int64_t p0 = begin; p0 < end; p0 += kTileDepth) {
+      if (threadIdx.x < kTileDepth) {
+        const int64_t p = p0 + threadIdx.x;
+        rows_in[threadIdx.x] = p < end ? in_rows[p] : -1;
+        rows_out[threadIdx.x] = p < end ? out_rows[p] : -1;
+      }
+      __syncthreads();
+      for (int e = threadIdx.x; e < kTileDepth * kTileCols; e += kThreads) {
+        const int r = e / kTileCols, k = e % kTileCols;
+        const int64_t in = rows_in[r], o = rows_out[r];
+        x[r][k] = in >= 0 && k0 + k < cin ? ToAcc(features[in * cin + k0 + k]) : A(0);
+        grad[r][k] = o >= 0 && c0 + k < cout ? ToAcc(out_grad[o * cout + c0 + k]) : A(0);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < kTileDepth; ++r) {
+        A a[kSub], b[kSub];
+#pragma unroll
+        for (int i = 0; i < kSub; ++i) a[i] = x[r][ty + 16 * i];
+#pragma unroll
+        for (int j = 0; j < kSub; ++j) b[j] = grad[r][tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < kSub; ++i) {
+#pragma unroll
+          for (int j = 0; j < kSub; ++j) acc[i][j] += a[i] * b[j];
+        }
+      }
+      __syncthreads();  // rows, x and grad are refilled next step
+    }
+    A* dst = partial + chunk * cin * cout;
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      const int64_t k = k0 + ty + 16 * i;
+      if (k >= cin) continue;
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) {
+        const int64_t c = c0 + tx + 16 * j;
+        if (c < cout) dst[k * cout + c] = acc[i][j];
+      }
+    }
+  }
+}
+
+template <typename T, typename A>
+__global__ void FilterGradReduceKernel(const A* partial, const int64_t* chunk_begin, int64_t volume,
+                                       int64_t slice, T* filter_grad) {
+  TF_SPARSECONV_GRID_LOOP(idx, volume * slice) {
+    const int64_t q = idx / slice;
+    const int64_t e = idx - q * slice;
+    A sum = A(0);
+    for (int64_t chunk = chunk_begin[q]; chunk < chunk_begin[q + 1]; ++chunk) sum += partial[chunk * slice + e];
+    filter_grad[idx] = FromAcc<T>::Convert(sum);
+  }
+}
+
+// ---- Host side -------------------------------------------------------------------------
+
+// On the device: splits (volume + 1), then the first unit (tile or chunk) of every offset
+// (volume + 1), units = ceil(pairs / unit) per offset. Only when every split rises are
+// units defined; otherwise they are all 0 and nothing is computed.
+struct OffsetTable {
+  const int64_t* splits = nullptr;
+  const int64_t* unit_begin = nullptr;
+  std::vector<int64_t> host_unit_begin;
+  int64_t units = 0;
+};
+
+GpuStatus UploadOffsetTable(Stream stream, Scratch* scratch, const int32_t* host_splits, int64_t volume,
+                            const CheckedMap& checked, int64_t unit, OffsetTable* table) {
+  std::vector<int64_t> host(static_cast<size_t>(2 * (volume + 1)), 0);
+  for (int64_t q = 0; q <= volume; ++q) host[q] = host_splits[q];
+  int64_t* unit_begin = host.data() + volume + 1;
+  if (checked.offsets == volume) {
+    for (int64_t q = 0; q < volume; ++q) {
+      unit_begin[q + 1] = unit_begin[q] + (host[q + 1] - host[q] + unit - 1) / unit;
+    }
+  }
+  table->host_unit_begin.assign(unit_begin, unit_begin + volume + 1);
+  table->units = unit_begin[volume];
+  void* device = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      Upload(stream, scratch, host.data(), sizeof(int64_t) * host.size(), &device, "offset table"));
+  table->splits = static_cast<const int64_t*>(device);
+  table->unit_begin = table->splits + volume + 1;
+  return GpuStatus::Ok();
+}
+
+GpuStatus CheckMap(Stream stream, Scratch* scratch, const int32_t* in_rows, const int32_t* out_rows,
+                   const int64_t* splits, const CheckedMap& checked, int64_t num_in, int64_t num_out,
+                   int64_t volume, Report* report) {
+  if (checked.pairs == 0) return GpuStatus::Ok();
+  int64_t bits = 0;
+  if (__builtin_mul_overflow(num_out, volume, &bits) || bits > (int64_t{1} << 62)) {
+    return GpuStatus::OutOfMemory("repeated-row check");
+  }
+  const int64_t words = (bits + 31) / 32;
+  unsigned int* seen = scratch->DeviceArray<unsigned int>(words);
+  if (seen == nullptr) return GpuStatus::OutOfMemory("repeated-row check");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(seen, 0, sizeof(unsigned int) * (words > 0 ? words : 1), stream), "repeated-row check");
+  CheckMapRowsKernel<<<BlocksFor(checked.pairs), kThreads, 0, stream>>>(in_rows, out_rows, splits, checked, num_in,
+                                                                        num_out, volume, seen, report);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("map check");
+  DescribeRowsKernel<<<1, 1, 0, stream>>>(in_rows, out_rows, report);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("map check");
+  return GpuStatus::Ok();
+}
+
+template <typename T, typename A, bool kAtomic>
+GpuStatus LaunchGatherGemmScatter(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table,
+                                  int64_t first_tile, int64_t num_tiles, const Report* report, A* out) {
+  const int64_t col_tiles = (a.cout + kTileCols - 1) / kTileCols;
+  GatherGemmScatterKernel<T, A, kAtomic><<<GridFor(num_tiles * col_tiles), kThreads, 0, stream>>>(
+      a.features, a.filters, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, a.cin, a.cout,
+      col_tiles, first_tile, num_tiles, report, out);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-scatter");
+  return GpuStatus::Ok();
+}
+
+}  // namespace
+
+template <typename T>
+GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
+                             bool deterministic, T* out, Report* report) {
+  using A = typename AccumulatorOf<T>::type;
+  Report* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  OffsetTable table;
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      UploadOffsetTable(stream, scratch, a.offset_splits, a.volume, checked, kTileRows, &table));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckMap(stream, scratch, a.in_rows, a.out_rows, table.splits, checked, a.num_in,
+                                         a.num_out, a.volume, device_report));
+  const int64_t features = a.num_in * a.cin;
+  if (features > 0) {
+    NaNKernel<T><<<BlocksFor(features), kThreads, 0, stream>>>(a.features, features,
+                                                               &device_report->checks[kSiteNaN]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
+  }
+  const int64_t outputs = a.num_out * a.cout;
+  if (outputs > 0) {
+    A* acc = nullptr;
+    if constexpr (std::is_same<A, T>::value) {
+      acc = out;
+    } else {
+      acc = scratch->DeviceArray<A>(outputs);
+      if (acc == nullptr) return GpuStatus::OutOfMemory("float32 accumulator");
+    }
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(acc, 0, sizeof(A) * outputs, stream), "output");
+    if (table.units > 0 && a.cin > 0) {
+      if (deterministic) {
+        for (int64_t q = 0; q < a.volume; ++q) {
+          const int64_t first = table.host_unit_begin[q], count = table.host_unit_begin[q + 1] - first;
+          if (count == 0) continue;
+          TF_SPARSECONV_RETURN_IF_ERROR((LaunchGatherGemmScatter<T, A, false>(stream, a, table, first, count,
+                                                                               device_report, acc)));
+        }
+      } else {
+        TF_SPARSECONV_RETURN_IF_ERROR(
+            (LaunchGatherGemmScatter<T, A, true>(stream, a, table, 0, table.units, device_report, acc)));
+      }
+    }
+    if constexpr (!std::is_same<A, T>::value) {
+      ConvertKernel<T, A><<<BlocksFor(outputs), kThreads, 0, stream>>>(acc, outputs, out);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output conversion");
+    }
+  }
+  return ReadReport(stream, scratch, device_report, report);
+}
+
+template <typename T>
+GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
+                                const T* out_grad, T* filter_grad, Report* report) {
+  using A = typename AccumulatorOf<T>::type;
+  Report* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  const int64_t in_tiles = (a.cin + kTileCols - 1) / kTileCols;
+  const int64_t out_tiles = (a.cout + kTileCols - 1) / kTileCols;
+  // Chunks: a function of the shapes only, so the partition (and the sum order) is the
+  // same on every run and every GPU.
+  const double target = static_cast<double>(a.pairs) * static_cast<double>(in_tiles * out_tiles) / kFilterGradBlocks;
+  int64_t chunk_pairs = kMinChunkPairs;
+  if (target > static_cast<double>(chunk_pairs)) {
+    chunk_pairs = (static_cast<int64_t>(target) + kTileDepth - 1) / kTileDepth * kTileDepth;
+  }
+  OffsetTable table;
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      UploadOffsetTable(stream, scratch, a.offset_splits, a.volume, checked, chunk_pairs, &table));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckMap(stream, scratch, a.in_rows, a.out_rows, table.splits, checked, a.num_in,
+                                         a.num_out, a.volume, device_report));
+  const int64_t slice = a.cin * a.cout;
+  if (a.volume * slice > 0) {
+    A* partial = nullptr;
+    if (table.units > 0) {
+      partial = scratch->DeviceArray<A>(table.units * slice);
+      if (partial == nullptr) return GpuStatus::OutOfMemory("filter gradient partial sums");
+      FilterGradPartialKernel<T, A><<<GridFor(table.units * in_tiles * out_tiles), kThreads, 0, stream>>>(
+          a.features, out_grad, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs,
+          table.units, a.cin, a.cout, in_tiles, out_tiles, device_report, partial);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+    }
+    FilterGradReduceKernel<T, A><<<BlocksFor(a.volume * slice), kThreads, 0, stream>>>(
+        partial, table.unit_begin, a.volume, slice, filter_grad);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  }
+  return ReadReport(stream, scratch, device_report, report);
+}
+
+GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t* out_rows, const int32_t* host_splits,
+                                 const CheckedMap& checked, int64_t num_out, CheckSlot* result) {
+  Report* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  CheckSlot* slot = &device_report->checks[0];
+  if (checked.pairs > 0) {
+    std::vector<int64_t> splits(host_splits, host_splits + checked.offsets + 1);
+    void* device = nullptr;
+    TF_SPARSECONV_RETURN_IF_ERROR(
+        Upload(stream, scratch, splits.data(), sizeof(int64_t) * splits.size(), &device, "offset splits"));
+    const uint64_t none = static_cast<uint64_t>(checked.offsets * num_out);  // above every (q, row) key
+    uint64_t* keys[2] = {scratch->DeviceArray<uint64_t>(checked.pairs), scratch->DeviceArray<uint64_t>(checked.pairs)};
+    int32_t* pairs[2] = {scratch->DeviceArray<int32_t>(checked.pairs), scratch->DeviceArray<int32_t>(checked.pairs)};
+    if (!keys[0] || !keys[1] || !pairs[0] || !pairs[1]) return GpuStatus::OutOfMemory("repeated-row search");
+    RepeatKeysKernel<<<BlocksFor(checked.pairs), kThreads, 0, stream>>>(
+        out_rows, static_cast<const int64_t*>(device), checked, num_out, none, keys[0], pairs[0]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("repeated-row search");
+    int current = 0;
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, keys, pairs, checked.pairs, BitsFor(none), &current));
+    FirstRepeatKernel<<<BlocksFor(checked.pairs), kThreads, 0, stream>>>(keys[current], pairs[current],
+                                                                         checked.pairs, none, slot);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("repeated-row search");
+    DescribeRepeatKernel<<<1, 1, 0, stream>>>(out_rows, slot);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("repeated-row search");
+  }
+  Report host;
+  TF_SPARSECONV_RETURN_IF_ERROR(ReadReport(stream, scratch, device_report, &host));
+  *result = host.checks[0];
+  return GpuStatus::Ok();
+}
+
+#define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
+  template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&, bool, \
+                                           T*, Report*);                                                      \
+  template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \
+                                              const T*, T*, Report*);
+TF_SPARSECONV_INSTANTIATE_SITE_CONV(float)
+TF_SPARSECONV_INSTANTIATE_SITE_CONV(double)
+TF_SPARSECONV_INSTANTIATE_SITE_CONV(Half)
+TF_SPARSECONV_INSTANTIATE_SITE_CONV(BFloat16)
+#undef TF_SPARSECONV_INSTANTIATE_SITE_CONV
+
+}  // namespace gpu
+}  // namespace tf_sparseconv

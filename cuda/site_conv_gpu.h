@@ -1,0 +1,73 @@
+// The GPU functors of SiteSparseConv and SiteSparseConvFilterGrad (CUDA-free interface;
+// kernels in cuda/site_conv.cu). Same contract as cc_ops/site_conv.h, with the map
+// checked on the device: SiteConvArgs::offset_splits is the host copy, every other
+// pointer is device memory.
+#ifndef TF_SPARSECONV_CUDA_SITE_CONV_GPU_H_
+#define TF_SPARSECONV_CUDA_SITE_CONV_GPU_H_
+
+#include <cstdint>
+
+#include "gpu_common.h"
+#include "site_conv.h"
+
+namespace tf_sparseconv {
+namespace gpu {
+
+// Half-precision storage as the kernels see it: the bit layouts of Eigen::half (IEEE
+// binary16, CUDA's __half) and Eigen::bfloat16 (CUDA's __nv_bfloat16). Arithmetic is in
+// float32 (AccumulatorOf).
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+// The part of the map whose splits the host found rising: offsets [0, offsets) hold
+// pairs [0, pairs). The device checks the rows of those pairs only, as the CPU checks
+// the pairs of every offset before the first bad split.
+struct CheckedMap {
+  int64_t offsets = 0;
+  int64_t pairs = 0;
+};
+
+// Report slots. kSiteRows: the first pair p with in_rows[p] or out_rows[p] out of range,
+// detail = {in_rows[p], out_rows[p]}. kSiteRepeat: some pair repeats an output row within
+// its offset (which one is left to FirstRepeatedOutputRow). kSiteNaN: the first NaN
+// entry of the features (forward only).
+enum SiteConvCheck { kSiteRows = 0, kSiteRepeat = 1, kSiteNaN = 2 };
+
+// Forward: out [num_out, cout] = sum over offsets of features[in_rows] @ filters[q]
+// scattered onto out_rows. The products are computed only when every check passed and
+// checked.offsets == volume. deterministic: offsets are accumulated one launch after
+// the other without atomics (TensorFlow's op determinism); otherwise in one launch with
+// atomic adds. Blocks until the report is on the host.
+// Temporary memory: num_out * volume / 8 bytes (the repeat check), 16 * (volume + 1),
+// and num_out * cout * 4 for half and bfloat16 (the float32 accumulator).
+template <typename T>
+GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
+                             const CheckedMap& checked, bool deterministic, T* out,
+                             Report* report);
+
+// filter_grad [volume, cin, cout]; deterministic (fixed chunks of pairs, partial sums
+// added in chunk order). Blocks until the report is on the host.
+// Temporary memory: num_out * volume / 8 bytes, 16 * (volume + 1), and the partial sums:
+// about min(pairs / 512, 2048 / tiles + volume) * cin * cout * sizeof(accumulator),
+// tiles = ceil(cin / 64) * ceil(cout / 64).
+template <typename T>
+GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
+                                const CheckedMap& checked, const T* out_grad, T* filter_grad,
+                                Report* report);
+
+// The error path of kSiteRepeat: the first pair p (in pair order, among the checked
+// pairs with out_rows in range) whose output row an earlier pair of its offset already
+// has. result->first = p (kNoError if none), detail[0] = out_rows[p]. One more round
+// trip. Temporary memory: 24 bytes per checked pair + CUB's sort scratch.
+GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t* out_rows,
+                                 const int32_t* host_splits, const CheckedMap& checked,
+                                 int64_t num_out, CheckSlot* result);
+
+}  // namespace gpu
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_CUDA_SITE_CONV_GPU_H_
