@@ -10,8 +10,11 @@ import os
 
 import numpy as np
 
-LIDAR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
-                     "lidar_scan.npz")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# ../shared/data beside the checkout, or a copy in .devdata/ (carried to the lent GPU).
+LIDAR = next((p for p in (os.path.join(_ROOT, "..", "shared", "data", "lidar_scan.npz"),
+                          os.path.join(_ROOT, ".devdata", "lidar_scan.npz")) if os.path.exists(p)),
+             os.path.join(_ROOT, "..", "shared", "data", "lidar_scan.npz"))
 
 # MinkUNet-style layers: (name, kind, level in, cin, cout, kernel, stride, map key).
 # 'subm' keeps the sites, 'down' is a strided conv (level -> level + 1), 'inv' its inverse.
