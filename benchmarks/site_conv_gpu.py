@@ -173,8 +173,8 @@ def run_ours(args):
                  **{f"{n}_coords": c for n, (c, _) in reference.items()},
                  **{f"{n}_out": o for n, (_, o) in reference.items()})
         results += run_chain(scene, coords, sites, maps, level_coords, args, device)
-    with open(os.path.join(args.exchange, "ours.json"), "w") as f:
-        json.dump({"device": device_name, "rows": results}, f)
+        with open(os.path.join(args.exchange, "ours.json"), "w") as f:  # after every scene: partial runs count
+            json.dump({"device": device_name, "rows": results}, f)
     print(f"[ours] {len(results)} timings -> {args.exchange}/ours.json")
 
 

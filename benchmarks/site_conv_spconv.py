@@ -185,6 +185,10 @@ def run(args):
                     print(f"  {algo_name:<18} {name:<18} {dtype_name} fwd {fwd_s * 1e3:7.3f} ms "
                           f"bwd {bwd_s * 1e3:7.3f} ms (err {max_rel_err:.1e}, flip {flip})", flush=True)
             out_rows += chain(scene, tensors, levels, flips, algo, algo_name, args)
+            save(args, measured, out_rows)  # after every scene and algorithm: partial runs count
+
+
+def save(args, measured, out_rows):
     best = {}
     for r in out_rows:  # spconv's faster algorithm per configuration
         key = (r["scene"], r["layer"], r["pass"], r["dtype"])
@@ -192,7 +196,7 @@ def run(args):
             best[key] = r
     with open(os.path.join(args.exchange, "spconv.json"), "w") as f:
         json.dump({"rates": measured, "rows": list(best.values()), "all_algos": out_rows}, f)
-    print(f"[spconv] {len(best)} configurations -> {args.exchange}/spconv.json")
+    print(f"[spconv] {len(best)} configurations -> {args.exchange}/spconv.json", flush=True)
 
 
 def rows_of(conv, x):
