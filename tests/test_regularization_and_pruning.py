@@ -38,6 +38,83 @@ def test_density_regularizer_rejects_negative_parameters():
         kl.DensityRegularizer(b2=-0.1)
 
 
+def test_default_reduction_is_the_issue_text_sum():
+    assert kl.DensityRegularizer().reduction == "sum"
+
+
+def test_mean_reduction_divides_the_sum_by_the_present_weight_count():
+    kernel = tf.constant([[1.0, -2.0], [0.5, 4.0]])
+    mask = tf.constant([[1.0, 1.0], [1.0, 0.0]])
+    b = 0.1 + 0.1 * (0.5 - 0.2)
+    squares = (1.0 + b) ** 2 + (-2.0 + b) ** 2 + (0.5 + b) ** 2
+    reg = kl.DensityRegularizer(scale=0.3, reduction="mean")
+    assert reg.penalty(kernel, mask, 0.5, 0.2).numpy() == pytest.approx(0.3 * squares / 3, rel=1e-6)
+    # Pruning everything leaves nothing to average: zero, not NaN.
+    assert reg.penalty(kernel, tf.zeros_like(mask), 0.5, 0.2).numpy() == 0.0
+
+
+def test_filter_reduction_sums_each_filter_and_averages_over_the_output_channels():
+    """kernel [..., Cin, Cout]: the sum over each output channel's filter, averaged over the
+    Cout filters, so that lambda does not grow with the layer's width."""
+    rng = np.random.default_rng(7)
+    kernel = rng.normal(0, 0.1, (3, 3, 2, 5)).astype(np.float32)
+    mask = (rng.random(kernel.shape) < 0.7).astype(np.float32)
+    b = -0.1 * (0.3 - 0.1)  # rho 0.1 under rho_up 0.3
+    per_filter = (mask * (kernel + b) ** 2).sum(axis=(0, 1, 2))
+    assert per_filter.shape == (5,)
+    reg = kl.DensityRegularizer(scale=0.2, reduction="filter")
+    assert reg.penalty(kernel, mask, 0.1, 0.3).numpy() == pytest.approx(0.2 * per_filter.mean(), rel=1e-5)
+    summed = kl.DensityRegularizer(scale=0.2, reduction="sum").penalty(kernel, mask, 0.1, 0.3).numpy()
+    assert summed == pytest.approx(5 * reg.penalty(kernel, mask, 0.1, 0.3).numpy(), rel=1e-5)
+
+
+def test_reductions_scale_the_per_weight_gradient_but_keep_its_direction():
+    """d/dw of each reduction is 2 lambda (w + b) divided by 1, Cout or the present count."""
+    kernel = tf.Variable(np.linspace(-0.2, 0.3, 3 * 3 * 2 * 4, dtype=np.float32).reshape(3, 3, 2, 4))
+    mask = np.ones(kernel.shape, np.float32)
+    mask[0, 0] = 0.0  # 8 pruned: 64 present
+    b = 0.1 + 0.1 * (0.4 - 0.2)
+    expected = 2 * 0.3 * (kernel.numpy() + b) * mask
+    for reduction, divisor in (("sum", 1), ("filter", 4), ("mean", 64)):
+        with tf.GradientTape() as tape:
+            penalty = kl.DensityRegularizer(scale=0.3, reduction=reduction).penalty(kernel, mask, 0.4, 0.2)
+        np.testing.assert_allclose(tape.gradient(penalty, kernel).numpy(), expected / divisor, rtol=1e-5, atol=1e-8)
+
+
+def test_density_regularizer_rejects_unknown_reduction():
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        kl.DensityRegularizer(reduction="max")
+
+
+def test_reduction_survives_config_and_layer_serialization():
+    reg = kl.DensityRegularizer(scale=0.2, o=0.05, b1=0.3, b2=0.2, reduction="filter")
+    again = kl.DensityRegularizer.from_config(reg.get_config())
+    assert (again.scale, again.o, again.b1, again.b2, again.reduction) == (0.2, 0.05, 0.3, 0.2, "filter")
+    layer = kl.SparseConv(4, 3, rho_up=0.3, activation="relu", density_regularizer=reg)
+    rebuilt = kl.SparseConv.from_config(layer.get_config())
+    assert rebuilt.density_regularizer.reduction == "filter" and rebuilt.density_regularizer.b1 == 0.3
+
+
+def test_layer_penalty_uses_the_density_before_k_selection(rng):
+    """Eq. 4's rho is the ReLU's survivors before k-selection (after it the density could
+    never exceed rho_up, and b would never be positive)."""
+    dense = (rng.random((2, 9, 9, 1)) < 0.4).astype(np.float32)
+    x = kl.as_keras_inputs(ts.from_dense(dense))
+    reg = kl.DensityRegularizer(scale=0.5, reduction="filter")
+    layer = kl.SparseConv(3, 3, rho_up=0.1, activation="relu", density_regularizer=reg,
+                          bias_initializer=keras.initializers.Constant(0.01))
+    layer(x)
+    layer.kernel.assign(np.full(layer.kernel.shape, 0.2, np.float32))  # every touched response positive
+    rho = measured_density(layer, kl.from_keras_inputs(x))
+    assert rho > 0.3  # far above rho_up: k-selection cuts, so b must carry the offset o
+    y = kl.from_keras_inputs(layer(x, training=True))
+    assert layer.k_bound == 9  # ceil(0.1 * 81)
+    assert int(tf.shape(y.values)[0]) <= 2 * 3 * 9 < rho * 2 * 9 * 9 * 3  # the bound did cut
+    b = 0.1 + 0.1 * (rho - 0.1)
+    expected = 0.5 * (3 * 3 * 1 * 3) * (0.2 + b) ** 2 / 3
+    assert float(layer.losses[-1]) == pytest.approx(expected, rel=1e-5)
+
+
 def measured_density(layer, x):
     """Eq. 4's density: positive responses before k-selection / cells."""
     _, _, positive = ts.direct_conv(x, layer.kernel, layer.bias, tf.cast(layer.mask, tf.bool),
@@ -45,13 +122,16 @@ def measured_density(layer, x):
     return float(tf.reduce_sum(positive)) / float(np.prod(x.dense_shape.numpy()[:-1]) * layer.filters)
 
 
+# Per-weight strengths equal across reductions: the kernel is [3, 3, 1, 4], 36 weights.
+@pytest.mark.parametrize("reduction,scale", [("sum", 1.0), ("filter", 4.0), ("mean", 36.0)])
 @pytest.mark.parametrize("start_bias,direction", [(1.0, "down"), (-1.0, "up")])
-def test_regularizer_alone_moves_density_toward_rho_up(rng, start_bias, direction):
+def test_regularizer_alone_moves_density_toward_rho_up(rng, start_bias, direction, reduction, scale):
     """A toy problem with no data loss: only Eq. 4 acts. Starting too dense (all responses
     positive) the density must fall; starting too sparse it must rise."""
     dense = (rng.random((4, 12, 12, 1)) < 0.3).astype(np.float32)
     x = kl.as_keras_inputs(ts.from_dense(dense))
-    layer = kl.SparseConv(4, 3, rho_up=0.3, activation="relu", density_regularizer=kl.DensityRegularizer(scale=1.0),
+    regularizer = kl.DensityRegularizer(scale=scale, reduction=reduction)
+    layer = kl.SparseConv(4, 3, rho_up=0.3, activation="relu", density_regularizer=regularizer,
                           kernel_initializer=keras.initializers.RandomNormal(0.0, 0.1),
                           bias_initializer=keras.initializers.Constant(start_bias), use_bias=True)
     layer(x)

@@ -104,6 +104,8 @@ def build_parser():
     p.add_argument("--rho", type=float, nargs="+", help="density bound per sparse block (default: Table 4)")
     p.add_argument("--selection", choices=("signed", "abs"), default="signed")
     p.add_argument("--lam", type=float, default=0.0, help="adaptive density regularisation scale (Eq. 4)")
+    p.add_argument("--lam-reduction", choices=("sum", "mean", "filter"), default="sum",
+                   help="Eq. 4 penalty per layer: lambda * sum of (w + b)^2 over present weights, or lambda * their mean")
     p.add_argument("--prune-eps", type=float, default=0.0, help="warning-shot pruning threshold (0: off)")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=32)
@@ -167,7 +169,7 @@ def main(argv=None):
                             channels=tuple(args.site_channels), blocks=args.site_blocks, select_k=args.site_k or None)
     else:
         rhos = tuple(args.rho) if args.rho else DEFAULT_RHOS[resolution]
-        regularizer = DensityRegularizer(args.lam) if args.lam > 0 else None
+        regularizer = DensityRegularizer(args.lam, reduction=args.lam_reduction) if args.lam > 0 else None
         model = octnet3(resolution, len(classes), rhos, spatial_dims=2 if image_data else 3,
                         selection=args.selection, density_regularizer=regularizer)
     optimizer = keras.optimizers.Adam(args.lr) if args.optimizer == "adam" else keras.optimizers.Adagrad(args.lr)
