@@ -3,8 +3,6 @@
 // the arithmetic on the device (cuda/site_conv.cu), and the CPU kernels' messages in
 // the CPU's order: the splits' ends, then pair by pair (row ranges, repeated output
 // rows) up to the first offset whose split falls, that split, then NaN features.
-// With map_is_trusted the device checks are skipped: the splits are checked on the host,
-// the kernels are queued and Compute returns without waiting for the device.
 #if GOOGLE_CUDA
 
 #include <algorithm>
@@ -22,7 +20,6 @@
 namespace tf_sparseconv {
 
 using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
@@ -95,22 +92,12 @@ absl::Status MapRowsStatus(OpKernelContext* ctx, TempScratch* scratch, const gpu
   return absl::OkStatus();
 }
 
-// A trusted map's checks are all on the host: the splits must rise through every offset.
-absl::Status TrustedSplitsStatus(const SiteMapView& map, int64_t bad_offset) {
-  if (bad_offset == map.volume) return absl::OkStatus();
-  const int32_t* s = map.offset_splits;
-  return BadSplitsError(bad_offset, s[bad_offset], s[bad_offset + 1], map.pairs);
-}
-
 }  // namespace
 
 template <typename T>
 class SiteSparseConvGpuOp : public OpKernel {
  public:
-  explicit SiteSparseConvGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
-  }
-
+  using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     using G = typename GpuStorage<T>::type;
     const Tensor& features = ctx->input(0);
@@ -123,7 +110,6 @@ class SiteSparseConvGpuOp : public OpKernel {
     gpu::CheckedMap checked;
     int64_t bad_offset = 0;
     OP_REQUIRES_OK(ctx, CheckedPrefix(map, &checked, &bad_offset));
-    if (map_is_trusted_) OP_REQUIRES_OK(ctx, TrustedSplitsStatus(map, bad_offset));
     SiteConvArgs<G> a;
     a.features = reinterpret_cast<const G*>(features.flat<T>().data());
     a.filters = reinterpret_cast<const G*>(filters.flat<T>().data());
@@ -141,10 +127,9 @@ class SiteSparseConvGpuOp : public OpKernel {
     TempScratch scratch(ctx);
     gpu::Report report;
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(GpuStream(ctx), &scratch, a, checked,
-                                                            tensorflow::OpDeterminismRequired(), map_is_trusted_,
+                                                            tensorflow::OpDeterminismRequired(),
                                                             reinterpret_cast<G*>(out->flat<T>().data()), &report),
                                  scratch, "SiteSparseConv"));
-    if (map_is_trusted_) return;  // no report: nothing was checked on the device
     OP_REQUIRES_OK(ctx, MapRowsStatus(ctx, &scratch, report, map, checked, bad_offset, a.num_in, a.num_out,
                                       "SiteSparseConv"));
     const gpu::CheckSlot& nan = report.checks[gpu::kSiteNaN];
@@ -153,18 +138,12 @@ class SiteSparseConvGpuOp : public OpKernel {
       OP_REQUIRES_OK(ctx, NaNRowError("features", e / a.cin, e % a.cin));
     }
   }
-
- private:
-  bool map_is_trusted_ = false;
 };
 
 template <typename T>
 class SiteSparseConvFilterGradGpuOp : public OpKernel {
  public:
-  explicit SiteSparseConvFilterGradGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
-  }
-
+  using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     using G = typename GpuStorage<T>::type;
     const Tensor& features = ctx->input(0);
@@ -177,7 +156,6 @@ class SiteSparseConvFilterGradGpuOp : public OpKernel {
     gpu::CheckedMap checked;
     int64_t bad_offset = 0;
     OP_REQUIRES_OK(ctx, CheckedPrefix(map, &checked, &bad_offset));
-    if (map_is_trusted_) OP_REQUIRES_OK(ctx, TrustedSplitsStatus(map, bad_offset));
     SiteConvArgs<G> a;
     a.features = reinterpret_cast<const G*>(features.flat<T>().data());
     a.in_rows = map.in_rows;
@@ -194,17 +172,13 @@ class SiteSparseConvFilterGradGpuOp : public OpKernel {
     TempScratch scratch(ctx);
     gpu::Report report;
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvFilterGradGpu<G>(
-                                     GpuStream(ctx), &scratch, a, checked, map_is_trusted_,
+                                     GpuStream(ctx), &scratch, a, checked,
                                      reinterpret_cast<const G*>(out_grad.flat<T>().data()),
                                      reinterpret_cast<G*>(filter_grad->flat<T>().data()), &report),
                                  scratch, "SiteSparseConvFilterGrad"));
-    if (map_is_trusted_) return;
     OP_REQUIRES_OK(ctx, MapRowsStatus(ctx, &scratch, report, map, checked, bad_offset, a.num_in, a.num_out,
                                       "SiteSparseConvFilterGrad"));
   }
-
- private:
-  bool map_is_trusted_ = false;
 };
 
 #define REGISTER_SITE_CONV_GPU(T)                                        \

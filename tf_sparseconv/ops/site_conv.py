@@ -57,7 +57,7 @@ def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided",
         x.coords, x.spatial_shape, x.batch_size, mode=mode, kernel_size=list(kernel_size), strides=list(strides),
         padding=list(padding), dilation=list(dilation), builder=builder)
     return KernelMap(in_rows, out_rows, splits, x.coords, out_coords, x.spatial_shape, out_shape, mode, kernel_size,
-                     strides, padding, dilation, trusted=True)
+                     strides, padding, dilation)
 
 
 def _cached_map(x, indice_key, geometry):
@@ -73,9 +73,9 @@ def _cached_map(x, indice_key, geometry):
     return kernel_map(x, kernel_size, strides, padding, dilation, mode)
 
 
-def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted):
+def _conv(features, kernel, in_rows, out_rows, splits, num_out):
     filters = tf.reshape(kernel, [-1, kernel.shape[-2], kernel.shape[-1]])
-    return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out, map_is_trusted=trusted)
+    return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out)
 
 
 def _check_kernel(x, kernel, what):
@@ -125,7 +125,7 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     kmap = _cached_map(x, indice_key, geometry)
     with tf.control_dependencies([_assert_rows_match(kmap.in_coords, x.features, indice_key)]):
         num_out = tf.shape(kmap.out_coords)[0]
-    out = _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted)
+    out = _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out)
     if bias is not None:
         out = tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
     maps = dict(x.kernel_maps)
@@ -148,7 +148,7 @@ def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, 
     kmap = _cached_map(x, indice_key, geometry)
     with tf.control_dependencies([_assert_rows_match(kmap.in_coords, x.features, indice_key)]):
         num_out = tf.shape(kmap.out_coords)[0]
-    out = _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted)
+    out = _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out)
     if bias is not None:
         out = tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
     maps = dict(x.kernel_maps)
@@ -177,10 +177,7 @@ def site_inverse_conv(x, kernel, indice_key, bias=None):
                          f"strided convolution's {kmap.kernel_size} under {indice_key!r}")
     with tf.control_dependencies([_assert_rows_match(kmap.out_coords, x.features, indice_key)]):
         num_out = tf.shape(kmap.in_coords)[0]
-    # Reversed pairs stay valid: every map SiteKernelMap builds has at most one pair per
-    # input row and offset too (for an offset the output site fixes the input site and
-    # back), so a trusted map is trusted both ways.
-    out = _conv(x.features, kernel, kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out, kmap.trusted)
+    out = _conv(x.features, kernel, kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out)
     if bias is not None:
         out = tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
     known = tf.get_static_value(kmap.in_spatial_shape)
@@ -260,12 +257,9 @@ def select_sites(x, k, score=None):
 @tf.RegisterGradient("SiteSparseConv")
 def _site_sparse_conv_grad(op, out_grad):
     features, filters, in_rows, out_rows, splits, _ = op.inputs
-    # A map trusted forward is trusted reversed (see site_inverse_conv).
-    trusted = op.get_attr("map_is_trusted")
     # The input gradient is the same gather-GEMM-scatter with the pairs reversed and
     # each offset's filter transposed.
     features_grad = _ops.site_sparse_conv(out_grad, tf.transpose(filters, [0, 2, 1]), out_rows, in_rows, splits,
-                                          tf.shape(features)[0], map_is_trusted=trusted)
-    filters_grad = _ops.site_sparse_conv_filter_grad(features, out_grad, in_rows, out_rows, splits,
-                                                     map_is_trusted=trusted)
+                                          tf.shape(features)[0])
+    filters_grad = _ops.site_sparse_conv_filter_grad(features, out_grad, in_rows, out_rows, splits)
     return [features_grad, filters_grad, None, None, None, None]
