@@ -375,3 +375,15 @@ def test_backprop_op_rejects_output_keys_of_another_geometry():
             in_keys=x.keys, in_values=x.values, dense_shape=x.dense_shape, filter=tf.ones((3, 3, 1, 1), tf.float64),
             filter_mask=tf.ones((3, 3, 1, 1), tf.bool), out_keys=tf.constant([0, 99], tf.int64),
             out_grad=tf.ones([2], tf.float64))
+
+
+def test_k_from_rho_up_matches_the_op_where_rho_up_times_size_is_whole():
+    """ceil(0.1 * 100) is 10 in double precision, but the op holds rho_up as float32 (0.1000000015)
+    and keeps 11: the Python bound must say 11 too."""
+    from tf_sparseconv.ops.direct_conv import k_from_rho_up
+    assert k_from_rho_up(0.1, (10, 10)) == 11
+    dense = np.zeros((1, 10, 10, 1), np.float32)
+    dense[0, :, :, 0] = np.arange(1, 101, dtype=np.float32).reshape(10, 10)
+    x = ts.from_dense(dense)
+    y = ts.direct_conv(x, np.ones((1, 1, 1, 1), np.float32), selection="signed", rho_up=0.1)
+    assert int(y.num_entries) == k_from_rho_up(0.1, (10, 10))

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tf_sparseconv.keras_layers.density_regularizer import DensityRegularizer
 from tf_sparseconv.keras_layers.sparse_inputs import SparseLayer, logical_shape
-from tf_sparseconv.ops.direct_conv import SELECTION_MODES, direct_conv
+from tf_sparseconv.ops.direct_conv import SELECTION_MODES, direct_conv, k_from_rho_up
 from tf_sparseconv.ops.relu import sparse_relu
 
 ACTIVATIONS = (None, "linear", "relu")
@@ -106,7 +106,7 @@ class SparseConv(SparseLayer):
         if self.k is not None:
             return min(self.k, size)
         if self.rho_up is not None:
-            return math.ceil(self.rho_up * size)
+            return min(k_from_rho_up(self.rho_up, self.spatial_shape), size)
         return size
 
     def sparse_call(self, x, training=None):

@@ -1,6 +1,7 @@
 """Direct sparse convolution with k-selection attention (Hackel et al. Alg. 1, §3.2)."""
 import math
 
+import numpy as np
 import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
@@ -11,10 +12,13 @@ ACCUMULATORS = ("auto", "dense", "merge")
 
 
 def k_from_rho_up(rho_up, spatial_shape):
-    """k = ceil(rho_up * R1 * ... * Rd): the per-(batch, channel) entry bound."""
+    """k = ceil(rho_up * R1 * ... * Rd): the per-(batch, channel) entry bound.
+
+    rho_up is rounded to float32 first, as the op's attr holds it: ceil(0.1 * 100) is 10
+    in double precision but 11 from float32 0.1, and the bound must be the op's."""
     if not 0.0 < rho_up <= 1.0:
         raise ValueError(f"rho_up must be in (0, 1], got {rho_up}")
-    return int(math.ceil(rho_up * math.prod(int(r) for r in spatial_shape)))
+    return int(math.ceil(float(np.float32(rho_up)) * math.prod(int(r) for r in spatial_shape)))
 
 
 def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=None,
