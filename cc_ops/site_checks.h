@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "site_conv.h"
 #include "site_geometry.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -194,6 +195,24 @@ inline absl::Status CheckSiteMapShapes(const tensorflow::Tensor& in_rows, const 
   view->pairs = in_rows.NumElements();
   view->volume = volume;
   return absl::OkStatus();
+}
+
+// The functor arguments of one convolution call from its checked map and sizes; the
+// caller sets the data pointers (features, filters), whose storage type differs by device.
+template <typename S>
+SiteConvArgs<S> SiteConvArgsOf(const SiteMapView& map, int64_t num_in, int64_t num_out, int64_t cin,
+                               int64_t cout) {
+  SiteConvArgs<S> a;
+  a.in_rows = map.in_rows;
+  a.out_rows = map.out_rows;
+  a.offset_splits = map.offset_splits;
+  a.volume = map.volume;
+  a.pairs = map.pairs;
+  a.num_in = num_in;
+  a.num_out = num_out;
+  a.cin = cin;
+  a.cout = cout;
+  return a;
 }
 
 inline absl::Status BadSplitsError(int64_t q, int64_t begin, int64_t end, int64_t pairs) {

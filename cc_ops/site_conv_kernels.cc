@@ -155,18 +155,10 @@ class SiteSparseConvOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckSiteConvInputs(features, filters, num_out_t));
     SiteMapView map;
     OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(2), ctx->input(3), ctx->input(4), filters.dim_size(0), &map));
-    SiteConvArgs<T> a;
+    SiteConvArgs<T> a = SiteConvArgsOf<T>(map, features.dim_size(0), num_out_t.scalar<int32_t>()(),
+                                          features.dim_size(1), filters.dim_size(2));
     a.features = features.flat<T>().data();
     a.filters = filters.flat<T>().data();
-    a.in_rows = map.in_rows;
-    a.out_rows = map.out_rows;
-    a.offset_splits = map.offset_splits;
-    a.volume = map.volume;
-    a.pairs = map.pairs;
-    a.num_in = features.dim_size(0);
-    a.num_out = num_out_t.scalar<int32_t>()();
-    a.cin = features.dim_size(1);
-    a.cout = filters.dim_size(2);
     OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, a.num_in, a.num_out));
     OP_REQUIRES_OK(ctx, RejectNaNRows(a.features, a.num_in, a.cin, "features"));
     Tensor* out;
@@ -186,17 +178,9 @@ class SiteSparseConvFilterGradOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckSiteFilterGradInputs(features, out_grad, splits));
     SiteMapView map;
     OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(2), ctx->input(3), splits, splits.NumElements() - 1, &map));
-    SiteConvArgs<T> a;
+    SiteConvArgs<T> a = SiteConvArgsOf<T>(map, features.dim_size(0), out_grad.dim_size(0),
+                                          features.dim_size(1), out_grad.dim_size(1));
     a.features = features.flat<T>().data();
-    a.in_rows = map.in_rows;
-    a.out_rows = map.out_rows;
-    a.offset_splits = map.offset_splits;
-    a.volume = map.volume;
-    a.pairs = map.pairs;
-    a.num_in = features.dim_size(0);
-    a.num_out = out_grad.dim_size(0);
-    a.cin = features.dim_size(1);
-    a.cout = out_grad.dim_size(1);
     OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, a.num_in, a.num_out));
     Tensor* filter_grad;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.volume, a.cin, a.cout}), &filter_grad));

@@ -110,18 +110,10 @@ class SiteSparseConvGpuOp : public OpKernel {
     gpu::CheckedMap checked;
     int64_t bad_offset = 0;
     OP_REQUIRES_OK(ctx, CheckedPrefix(map, &checked, &bad_offset));
-    SiteConvArgs<G> a;
+    SiteConvArgs<G> a = SiteConvArgsOf<G>(map, features.dim_size(0), num_out_t.scalar<int32_t>()(),
+                                          features.dim_size(1), filters.dim_size(2));
     a.features = reinterpret_cast<const G*>(features.flat<T>().data());
     a.filters = reinterpret_cast<const G*>(filters.flat<T>().data());
-    a.in_rows = map.in_rows;
-    a.out_rows = map.out_rows;
-    a.offset_splits = map.offset_splits;
-    a.volume = map.volume;
-    a.pairs = map.pairs;
-    a.num_in = features.dim_size(0);
-    a.num_out = num_out_t.scalar<int32_t>()();
-    a.cin = features.dim_size(1);
-    a.cout = filters.dim_size(2);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.num_out, a.cout}), &out));
     TempScratch scratch(ctx);
@@ -156,17 +148,9 @@ class SiteSparseConvFilterGradGpuOp : public OpKernel {
     gpu::CheckedMap checked;
     int64_t bad_offset = 0;
     OP_REQUIRES_OK(ctx, CheckedPrefix(map, &checked, &bad_offset));
-    SiteConvArgs<G> a;
+    SiteConvArgs<G> a = SiteConvArgsOf<G>(map, features.dim_size(0), out_grad.dim_size(0),
+                                          features.dim_size(1), out_grad.dim_size(1));
     a.features = reinterpret_cast<const G*>(features.flat<T>().data());
-    a.in_rows = map.in_rows;
-    a.out_rows = map.out_rows;
-    a.offset_splits = map.offset_splits;
-    a.volume = map.volume;
-    a.pairs = map.pairs;
-    a.num_in = features.dim_size(0);
-    a.num_out = out_grad.dim_size(0);
-    a.cin = features.dim_size(1);
-    a.cout = out_grad.dim_size(1);
     Tensor* filter_grad;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.volume, a.cin, a.cout}), &filter_grad));
     TempScratch scratch(ctx);
