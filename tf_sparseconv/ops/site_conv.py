@@ -96,6 +96,24 @@ def _assert_rows_match(kmap_rows, features, indice_key):
         message=f"the kernel map under indice_key {indice_key!r} belongs to other sites (site counts differ)")
 
 
+def _with_bias(out, bias):
+    return out if bias is None else tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
+
+
+def _along_map(x, indice_key, geometry, compute):
+    """The output sites of geometry's map over x (cached under indice_key) with features
+    compute(kmap, num_out); the map is stored on the output under indice_key."""
+    kmap = _cached_map(x, indice_key, geometry)
+    with tf.control_dependencies([_assert_rows_match(kmap.in_coords, x.features, indice_key)]):
+        num_out = tf.shape(kmap.out_coords)[0]
+    out = compute(kmap, num_out)
+    maps = dict(x.kernel_maps)
+    if indice_key is not None:
+        maps[indice_key] = kmap
+    static = _static_out_shape(x.static_spatial_shape, *geometry)
+    return SiteSparseTensor(kmap.out_coords, out, kmap.out_spatial_shape, x.batch_size, maps, static)
+
+
 def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False, indice_key=None):
     """Sparse convolution of x with kernel [k1, ..., kd, Cin, Cout].
 
@@ -122,17 +140,8 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     else:
         geometry = ("strided", kernel_size, _per_dim(strides, d, "strides", 1), _per_dim(padding, d, "padding", 0),
                     dilation)
-    kmap = _cached_map(x, indice_key, geometry)
-    with tf.control_dependencies([_assert_rows_match(kmap.in_coords, x.features, indice_key)]):
-        num_out = tf.shape(kmap.out_coords)[0]
-    out = _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out)
-    if bias is not None:
-        out = tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
-    maps = dict(x.kernel_maps)
-    if indice_key is not None:
-        maps[indice_key] = kmap
-    static = _static_out_shape(x.static_spatial_shape, *geometry)
-    return SiteSparseTensor(kmap.out_coords, out, kmap.out_spatial_shape, x.batch_size, maps, static)
+    return _along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
+        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out), bias))
 
 
 def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None):
@@ -145,17 +154,8 @@ def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, 
     d = x.spatial_rank
     geometry = ("transposed", tuple(int(k) for k in kernel.shape[:d]), _per_dim(strides, d, "strides", 1),
                 _per_dim(padding, d, "padding", 0), _per_dim(dilation, d, "dilation", 1))
-    kmap = _cached_map(x, indice_key, geometry)
-    with tf.control_dependencies([_assert_rows_match(kmap.in_coords, x.features, indice_key)]):
-        num_out = tf.shape(kmap.out_coords)[0]
-    out = _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out)
-    if bias is not None:
-        out = tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
-    maps = dict(x.kernel_maps)
-    if indice_key is not None:
-        maps[indice_key] = kmap
-    static = _static_out_shape(x.static_spatial_shape, *geometry)
-    return SiteSparseTensor(kmap.out_coords, out, kmap.out_spatial_shape, x.batch_size, maps, static)
+    return _along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
+        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out), bias))
 
 
 def site_inverse_conv(x, kernel, indice_key, bias=None):
@@ -177,9 +177,7 @@ def site_inverse_conv(x, kernel, indice_key, bias=None):
                          f"strided convolution's {kmap.kernel_size} under {indice_key!r}")
     with tf.control_dependencies([_assert_rows_match(kmap.out_coords, x.features, indice_key)]):
         num_out = tf.shape(kmap.in_coords)[0]
-    out = _conv(x.features, kernel, kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out)
-    if bias is not None:
-        out = tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
+    out = _with_bias(_conv(x.features, kernel, kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out), bias)
     known = tf.get_static_value(kmap.in_spatial_shape)
     static = tf.TensorShape([int(v) for v in known]) if known is not None else tf.TensorShape([None] * len(
         kmap.kernel_size))
@@ -197,19 +195,9 @@ def site_pool(x, pool_size, strides=None, padding=0, mode="max", indice_key=None
     pool_size = _per_dim(pool_size, d, "pool_size", 1)
     strides = pool_size if strides is None else _per_dim(strides, d, "strides", 1)
     geometry = ("strided", pool_size, strides, _per_dim(padding, d, "padding", 0), (1,) * d)
-    kmap = _cached_map(x, indice_key, geometry)
-    with tf.control_dependencies([_assert_rows_match(kmap.in_coords, x.features, indice_key)]):
-        num_out = tf.shape(kmap.out_coords)[0]
-    gathered = tf.gather(x.features, kmap.in_rows)
-    if mode == "max":
-        out = tf.math.unsorted_segment_max(gathered, kmap.out_rows, num_out)
-    else:
-        out = tf.math.unsorted_segment_mean(gathered, kmap.out_rows, num_out)
-    maps = dict(x.kernel_maps)
-    if indice_key is not None:
-        maps[indice_key] = kmap
-    static = _static_out_shape(x.static_spatial_shape, *geometry)
-    return SiteSparseTensor(kmap.out_coords, out, kmap.out_spatial_shape, x.batch_size, maps, static)
+    reduce = tf.math.unsorted_segment_max if mode == "max" else tf.math.unsorted_segment_mean
+    return _along_map(x, indice_key, geometry,
+                      lambda kmap, num_out: reduce(tf.gather(x.features, kmap.in_rows), kmap.out_rows, num_out))
 
 
 def global_pool(x, mode="mean"):
