@@ -1,5 +1,5 @@
 """Shared fixtures: a per-test seeded Generator, random sparse dense-arrays, fill levels,
-value dtypes, the float64 gradient check and an exact ChannelSparseTensor comparison."""
+value dtypes, the float64 gradient check and an exact ChannelSparseTensor comparison, and strict GPU placement."""
 import zlib
 
 import numpy as np
@@ -70,3 +70,15 @@ def assert_same_channel_sparse():
         for name in ("keys", "values", "dense_shape"):
             np.testing.assert_array_equal(getattr(actual, name).numpy(), getattr(expected, name).numpy())
     return check
+
+
+@pytest.fixture
+def strict_placement(request):
+    """For the GPU tests: an op without a GPU kernel must fail under tf.device('/GPU:0'),
+    not run on the CPU; tests marked soft_placement (TensorFlow machinery with CPU-only
+    ops, e.g. restoring a SavedModel or the numerical Jacobian) check instead that the
+    results come from the GPU."""
+    previous = tf.config.get_soft_device_placement()
+    tf.config.set_soft_device_placement(request.node.get_closest_marker("soft_placement") is not None)
+    yield
+    tf.config.set_soft_device_placement(previous)

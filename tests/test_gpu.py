@@ -15,8 +15,9 @@ import tensorflow as tf
 import tf_sparseconv as ts
 from tf_sparseconv import _build_info
 
-pytestmark = pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
-                                reason="no GPU visible to TensorFlow")
+pytestmark = [pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
+                                 reason="no GPU visible to TensorFlow"),
+              pytest.mark.usefixtures("strict_placement")]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU, GPU = "/CPU:0", "/GPU:0"
@@ -33,17 +34,6 @@ CONV_CASES = [
     pytest.param(2, (4, 3, 4, 3), 2, 2, (3, 1, 3, 3), 0.2, 0.6, id="4d"),
     pytest.param(3, (6, 7), 2, 3, (3, 3), 0.3, 0.8, id="2d-batch1-empty"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def strict_placement(request):
-    """An op without a GPU kernel must fail under tf.device('/GPU:0'), not run on the CPU;
-    tests marked soft_placement (TensorFlow machinery with CPU-only ops, e.g. restoring a
-    SavedModel) check instead that the results come from the GPU."""
-    previous = tf.config.get_soft_device_placement()
-    tf.config.set_soft_device_placement(request.node.get_closest_marker("soft_placement") is not None)
-    yield
-    tf.config.set_soft_device_placement(previous)
 
 
 def on(device, fn, *args, **kwargs):

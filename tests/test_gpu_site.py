@@ -18,8 +18,9 @@ from tf_sparseconv._op_library import ops
 from tf_sparseconv.ops.site_conv import kernel_map, site_conv, site_conv_transpose, site_inverse_conv
 from tf_sparseconv.site_sparse_tensor import make_site_sparse
 
-pytestmark = pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
-                                reason="no GPU visible to TensorFlow")
+pytestmark = [pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
+                                 reason="no GPU visible to TensorFlow"),
+              pytest.mark.usefixtures("strict_placement")]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU, GPU = "/CPU:0", "/GPU:0"
@@ -29,17 +30,6 @@ BUILDERS = ["hash", "sort"]
 # float32 and round once at the end, so they differ by about one rounding of the output
 # (2^-11 and 2^-8 relative), plus the float32 differences.
 TOLERANCE = {tf.float32: 1e-5, tf.float64: 1e-12, tf.float16: 2e-3, tf.bfloat16: 1.6e-2}
-
-
-@pytest.fixture(autouse=True)
-def strict_placement(request):
-    """An op without a GPU kernel must fail under tf.device('/GPU:0'), not run on the CPU;
-    tests marked soft_placement (TensorFlow machinery with CPU-only ops, e.g. the numerical
-    Jacobian) check instead that the results come from the GPU."""
-    previous = tf.config.get_soft_device_placement()
-    tf.config.set_soft_device_placement(request.node.get_closest_marker("soft_placement") is not None)
-    yield
-    tf.config.set_soft_device_placement(previous)
 
 
 def on_cpu(value, dtype):
