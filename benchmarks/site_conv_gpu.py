@@ -119,12 +119,19 @@ def build_map_timing(coords, spatial, batch, warmup, reps):
     return rows
 
 
+# Whether the ops are told that the maps are SiteKernelMap's own (map_is_trusted); run_ours
+# sets it from --untrusted-maps.
+trusted = True
+
+
 def run_ours(args):
     os.makedirs(args.exchange, exist_ok=True)
     device = tf.config.list_logical_devices("GPU")
     device_name = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0]).get(
         "device_name", "GPU") if device else "CPU"
     results = []
+    global trusted
+    trusted = not args.untrusted_maps
     all_scenes = scenes(args.scenes)
     for scene, (coords, spatial, batch) in all_scenes.items():
         print(f"[ours] {scene}: {len(coords):,} sites, spatial {spatial.tolist()}, batch {batch}", flush=True)
@@ -149,12 +156,13 @@ def run_ours(args):
 
                 @tf.function
                 def fwd(f, w):
-                    return _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out)
+                    return _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, map_is_trusted=trusted)
 
                 @tf.function
                 def bwd(f, w, g):
-                    df = _ops.site_sparse_conv(g, tf.transpose(w, [0, 2, 1]), out_rows, in_rows, splits, num_in)
-                    dw = _ops.site_sparse_conv_filter_grad(f, g, in_rows, out_rows, splits)
+                    df = _ops.site_sparse_conv(g, tf.transpose(w, [0, 2, 1]), out_rows, in_rows, splits, num_in,
+                                               map_is_trusted=trusted)
+                    dw = _ops.site_sparse_conv_filter_grad(f, g, in_rows, out_rows, splits, map_is_trusted=trusted)
                     return df, dw
 
                 y = fwd(feats, w)
@@ -193,7 +201,7 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
 
         def forward(f, ws):
             for (in_rows, out_rows, splits, _, num_out, _), w in zip(plan, ws):
-                f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out)
+                f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, map_is_trusted=trusted)
             return f
 
         fwd = tf.function(lambda f, *ws: forward(f, ws))
@@ -259,6 +267,9 @@ def main():
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--loop-calls", type=int, default=40)
     p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--untrusted-maps", action="store_true",
+                   help="call the ops with map_is_trusted=False (row checks and a host round trip per call), "
+                        "as before that attr; by default the maps, all from SiteKernelMap, are passed as trusted")
     args = p.parse_args()
     run_ours(args) if args.phase == "ours" else merge(args)
 

@@ -12,6 +12,7 @@
 
 #include "channel_sparse.h"
 #include "gpu_common.h"
+#include "tensorflow/core/common_runtime/device/device_event_mgr.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -31,7 +32,19 @@ class TempScratch : public gpu::Scratch {
     tensorflow::AllocatorAttributes attr;
     attr.set_on_host(true);
     attr.set_gpu_compatible(true);
-    return Allocate(bytes, attr);
+    void* host = Allocate(bytes, attr);
+    if (host != nullptr) pinned_.push_back(temps_.back());
+    return host;
+  }
+
+  // TensorFlow's own pattern for uploads that are not waited for (GpuDeviceArrayOnHost):
+  // the EventMgr drops the last references once the stream has passed this point.
+  void HoldPinnedUntilQueuedWorkRuns() override {
+    if (pinned_.empty()) return;
+    std::vector<tensorflow::Tensor> held;
+    held.swap(pinned_);
+    ctx_->device()->tensorflow_accelerator_device_info()->event_mgr->ThenExecute(
+        ctx_->op_device_context()->stream(), [held]() {});
   }
 
   // The allocator's error (ResourceExhausted) once an allocation failed.
@@ -52,6 +65,7 @@ class TempScratch : public gpu::Scratch {
   tensorflow::OpKernelContext* ctx_;
   absl::Status status_;
   std::vector<tensorflow::Tensor> temps_;
+  std::vector<tensorflow::Tensor> pinned_;  // not yet held past the queued work
 };
 
 inline gpu::Stream GpuStream(tensorflow::OpKernelContext* ctx) {

@@ -3,6 +3,8 @@
 // the arithmetic on the device (cuda/site_conv.cu), and the CPU kernels' messages in
 // the CPU's order: the splits' ends, then pair by pair (row ranges, repeated output
 // rows) up to the first offset whose split falls, that split, then NaN features.
+// With map_is_trusted the device checks are skipped: the splits are checked on the host,
+// the kernels are queued and Compute returns without waiting for the device.
 #if GOOGLE_CUDA
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 namespace tf_sparseconv {
 
 using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
@@ -92,12 +95,22 @@ absl::Status MapRowsStatus(OpKernelContext* ctx, TempScratch* scratch, const gpu
   return absl::OkStatus();
 }
 
+// A trusted map's checks are all on the host: the splits must rise through every offset.
+absl::Status TrustedSplitsStatus(const SiteMapView& map, int64_t bad_offset) {
+  if (bad_offset == map.volume) return absl::OkStatus();
+  const int32_t* s = map.offset_splits;
+  return BadSplitsError(bad_offset, s[bad_offset], s[bad_offset + 1], map.pairs);
+}
+
 }  // namespace
 
 template <typename T>
 class SiteSparseConvGpuOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit SiteSparseConvGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
+  }
+
   void Compute(OpKernelContext* ctx) override {
     using G = typename GpuStorage<T>::type;
     const Tensor& features = ctx->input(0);
@@ -110,6 +123,7 @@ class SiteSparseConvGpuOp : public OpKernel {
     gpu::CheckedMap checked;
     int64_t bad_offset = 0;
     OP_REQUIRES_OK(ctx, CheckedPrefix(map, &checked, &bad_offset));
+    if (map_is_trusted_) OP_REQUIRES_OK(ctx, TrustedSplitsStatus(map, bad_offset));
     SiteConvArgs<G> a = SiteConvArgsOf<G>(map, features.dim_size(0), num_out_t.scalar<int32_t>()(),
                                           features.dim_size(1), filters.dim_size(2));
     a.features = reinterpret_cast<const G*>(features.flat<T>().data());
@@ -119,9 +133,10 @@ class SiteSparseConvGpuOp : public OpKernel {
     TempScratch scratch(ctx);
     gpu::Report report;
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(GpuStream(ctx), &scratch, a, checked,
-                                                            tensorflow::OpDeterminismRequired(),
+                                                            tensorflow::OpDeterminismRequired(), map_is_trusted_,
                                                             reinterpret_cast<G*>(out->flat<T>().data()), &report),
                                  scratch, "SiteSparseConv"));
+    if (map_is_trusted_) return;  // no report: nothing was checked on the device
     OP_REQUIRES_OK(ctx, MapRowsStatus(ctx, &scratch, report, map, checked, bad_offset, a.num_in, a.num_out,
                                       "SiteSparseConv"));
     const gpu::CheckSlot& nan = report.checks[gpu::kSiteNaN];
@@ -130,12 +145,18 @@ class SiteSparseConvGpuOp : public OpKernel {
       OP_REQUIRES_OK(ctx, NaNRowError("features", e / a.cin, e % a.cin));
     }
   }
+
+ private:
+  bool map_is_trusted_ = false;
 };
 
 template <typename T>
 class SiteSparseConvFilterGradGpuOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit SiteSparseConvFilterGradGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
+  }
+
   void Compute(OpKernelContext* ctx) override {
     using G = typename GpuStorage<T>::type;
     const Tensor& features = ctx->input(0);
@@ -148,6 +169,7 @@ class SiteSparseConvFilterGradGpuOp : public OpKernel {
     gpu::CheckedMap checked;
     int64_t bad_offset = 0;
     OP_REQUIRES_OK(ctx, CheckedPrefix(map, &checked, &bad_offset));
+    if (map_is_trusted_) OP_REQUIRES_OK(ctx, TrustedSplitsStatus(map, bad_offset));
     SiteConvArgs<G> a = SiteConvArgsOf<G>(map, features.dim_size(0), out_grad.dim_size(0),
                                           features.dim_size(1), out_grad.dim_size(1));
     a.features = reinterpret_cast<const G*>(features.flat<T>().data());
@@ -156,13 +178,17 @@ class SiteSparseConvFilterGradGpuOp : public OpKernel {
     TempScratch scratch(ctx);
     gpu::Report report;
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvFilterGradGpu<G>(
-                                     GpuStream(ctx), &scratch, a, checked,
+                                     GpuStream(ctx), &scratch, a, checked, map_is_trusted_,
                                      reinterpret_cast<const G*>(out_grad.flat<T>().data()),
                                      reinterpret_cast<G*>(filter_grad->flat<T>().data()), &report),
                                  scratch, "SiteSparseConvFilterGrad"));
+    if (map_is_trusted_) return;
     OP_REQUIRES_OK(ctx, MapRowsStatus(ctx, &scratch, report, map, checked, bad_offset, a.num_in, a.num_out,
                                       "SiteSparseConvFilterGrad"));
   }
+
+ private:
+  bool map_is_trusted_ = false;
 };
 
 #define REGISTER_SITE_CONV_GPU(T)                                        \

@@ -62,6 +62,7 @@ REGISTER_OP("SiteSparseConv")
     .Input("num_out: int32")
     .Output("out_features: T")
     .Attr("T: {float, double, half, bfloat16}")
+    .Attr("map_is_trusted: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle features, filters;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &features));
@@ -78,8 +79,20 @@ REGISTER_OP("SiteSparseConv")
 Sparse convolution of site features by gather-GEMM-scatter: for every kernel offset q,
 out_features[out_rows[p]] += features[in_rows[p]] @ filters[q] over q's pairs.
 filters is [K, Cin, Cout] (the kernel [k1, ..., kd, Cin, Cout] with its offsets
-flattened). half and bfloat16 accumulate in float32. num_out is the number of output
+flattened). half and bfloat16 accumulate in float32 (on the GPU, from sm_80 for bfloat16
+and sm_70 for half, their products run on tensor cores). num_out is the number of output
 sites.
+map_is_trusted: the caller promises that the map is valid (every in_rows[p] <
+num_in, every out_rows[p] < num_out, at most one pair per output row and offset), as
+SiteKernelMap's maps are by construction; tf_sparseconv's wrappers set it for those
+maps only. The shape checks and the host-side checks of offset_splits stay either way.
+On the GPU a trusted call skips the row checks and the NaN scan of the features,
+which need a host round trip, so it enqueues its kernels without waiting for the
+device; a NaN then propagates into the output instead of raising. The CPU kernel
+checks rows and NaN features whatever the attr says (those checks cost no round trip
+there). An untrusted map is checked on every device and a bad one raises
+InvalidArgument; a trusted map that breaks the promise is undefined behaviour on the
+GPU (out-of-bounds reads and writes).
 )doc");
 
 REGISTER_OP("SiteSparseConvFilterGrad")
@@ -90,6 +103,7 @@ REGISTER_OP("SiteSparseConvFilterGrad")
     .Input("offset_splits: int32")
     .Output("filter_grad: T")
     .Attr("T: {float, double, half, bfloat16}")
+    .Attr("map_is_trusted: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle features, out_grad, splits;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &features));
@@ -103,6 +117,9 @@ REGISTER_OP("SiteSparseConvFilterGrad")
     .Doc(R"doc(
 Gradient of SiteSparseConv with respect to its filters: filter_grad[q] =
 features[in_rows]^T @ out_grad[out_rows] over offset q's pairs.
+map_is_trusted: as for SiteSparseConv, a promise that the map is valid. A trusted call
+on the GPU skips the row checks and their host round trip; the CPU kernel checks the
+rows regardless.
 )doc");
 
 }  // namespace tf_sparseconv

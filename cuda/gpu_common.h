@@ -32,6 +32,11 @@ class Scratch {
   virtual void* Device(size_t bytes) = 0;
   // Page-locked host memory, for the uploads of host-built tables and the Report.
   virtual void* PinnedHost(size_t bytes) = 0;
+  // For a functor that returns without waiting for the device (no Report): keeps the
+  // pinned memory handed out so far alive until the work queued on the stream so far
+  // has run on the op's stream, since the host allocator, unlike the device one, is not stream-ordered and
+  // would hand the memory out again while an upload from it is still queued.
+  virtual void HoldPinnedUntilQueuedWorkRuns() = 0;
 
   template <typename T>
   T* DeviceArray(int64_t count) {

@@ -19,6 +19,17 @@
 // below every architecture we build); half and bfloat16 in a float32 buffer that is
 // converted at the end.
 //
+// Tensor cores. half (sm_70 and later) and bfloat16 (sm_80 and later) multiply on tensor
+// cores through WMMA (16 x 16 x 16 fragments, float32 accumulators), with the same tiles
+// and the same grid as the CUDA-core path, which remains the code of float, double and
+// of the architectures without those MMAs (bfloat16 on sm_75): a block gathers the 64
+// input rows of its tile kMmaDepth channels at a time into shared memory as they are
+// stored (16-bit, eight per 16-byte load where rows allow), zero-padding rows past the
+// offset's pairs and channels past cin; each of the 8 warps owns a 16 x 32 piece of the
+// 64 x 64 output tile; the accumulators go through shared memory to the same float32
+// scatter-add as the CUDA-core path. A product of two half or bfloat16 values is exact
+// in float32, so the tensor cores change only the order of the float32 sums.
+//
 // Filter gradient. dW[q] = X[in_rows]^T G[out_rows] over q's pairs is a reduction over
 // pairs: each offset's pairs are cut into fixed chunks, a block computes one chunk's
 // partial product for a [64 x 64] tile of dW[q], and a second kernel adds the partials of
@@ -27,9 +38,12 @@
 // The map is checked first (the CPU's CheckSiteMapRows, in_rows/out_rows ranges and at
 // most one pair per output row and offset, the latter with a bitmask of (row, offset)
 // flags); the products run only when every check passed, so bad rows never index memory.
+// A trusted map (map_is_trusted, SiteKernelMap's) is not checked: no Report, no round
+// trip, and the functors return once the work is queued.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -54,6 +68,19 @@ constexpr int64_t kMaxBlocks = int64_t{1} << 20;
 // per chunk, which bounds the partial sums' memory.
 constexpr double kFilterGradBlocks = 2048;
 constexpr int64_t kMinChunkPairs = 512;
+// Tensor-core tiles: kMmaDepth input channels (forward) or pairs (filter gradient) per
+// step, two 16-deep MMAs. Shared rows of 16-bit values are padded by kMmaPad elements
+// (16 bytes), which keeps every fragment's first element 32-byte aligned (WMMA's rule:
+// 16 rows of 80 or 144 bytes are multiples of 32) and spreads the rows over the banks;
+// the float32 staging of the accumulators is padded by 4 (16 rows of 272 bytes).
+constexpr int kMmaDepth = 32;
+constexpr int kMmaPad = 8;
+constexpr int kMmaLdC = kTileCols + 4;
+static_assert(kTileRows * kMmaDepth / 8 == kThreads && kMmaDepth * kTileCols / 8 == kThreads,
+              "every thread stages one 8-element vector per tile and step");
+static_assert(kTileRows == 64 && kTileCols == 64 && kThreads == 256,
+              "8 warps: 4 along the 64 rows, 2 along the 64 columns, 16 x 32 each");
+static_assert(kMinChunkPairs % kMmaDepth == 0, "filter-gradient chunks are whole tensor-core steps");
 
 __device__ inline float ToAcc(float x) { return x; }
 __device__ inline double ToAcc(double x) { return x; }
@@ -79,6 +106,42 @@ template <>
 struct FromAcc<BFloat16> {
   __device__ static BFloat16 Convert(float x) { return BFloat16{__bfloat16_as_ushort(__float2bfloat16_rn(x))}; }
 };
+
+// The WMMA element type of a 16-bit storage type where this architecture multiplies it
+// on tensor cores (kAvailable). The host pass sees every specialisation, each device
+// pass those of its architecture, so a kernel's body picks its path per architecture.
+template <typename T>
+struct Mma {
+  static constexpr bool kAvailable = false;
+};
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
+template <>
+struct Mma<Half> {
+  static constexpr bool kAvailable = true;
+  using type = __half;
+};
+#endif
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+template <>
+struct Mma<BFloat16> {
+  static constexpr bool kAvailable = true;
+  using type = __nv_bfloat16;
+};
+#endif
+
+// Eight consecutive 16-bit values from src, of which the first `valid` exist and the rest
+// are zero padding: one 16-byte load where all eight exist and src is 16-byte aligned
+// (vectors: the row length is a multiple of 8 and the base pointer aligned), otherwise
+// one load per existing value. src is not read when valid <= 0.
+__device__ inline uint4 Load8(const uint16_t* src, int64_t valid, bool vectors) {
+  if (valid >= 8 && vectors) return __ldg(reinterpret_cast<const uint4*>(src));
+  uint32_t v[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    if (i < valid) v[i / 2] |= static_cast<uint32_t>(__ldg(src + i)) << (16 * (i % 2));
+  }
+  return make_uint4(v[0], v[1], v[2], v[3]);
+}
 
 inline unsigned int GridFor(int64_t items) {
   return static_cast<unsigned int>(items < 1 ? 1 : (items > kMaxBlocks ? kMaxBlocks : items));
@@ -162,18 +225,16 @@ __global__ void DescribeRepeatKernel(const int32_t* out_rows, CheckSlot* slot) {
 // ---- Forward -------------------------------------------------------------------------
 
 template <typename T, typename A, bool kAtomic>
-__global__ void __launch_bounds__(kThreads)
-    GatherGemmScatterKernel(const T* features, const T* filters, const int32_t* in_rows, const int32_t* out_rows,
-                            const int64_t* splits, const int64_t* tile_begin, int64_t volume, int64_t cin,
-                            int64_t cout, int64_t col_tiles, int64_t first_tile, int64_t num_tiles,
-                            const Report* report, A* out) {
+__device__ void CudaCoreGatherGemmScatter(const T* features, const T* filters, const int32_t* in_rows,
+                                          const int32_t* out_rows, const int64_t* splits, const int64_t* tile_begin,
+                                          int64_t volume, int64_t cin, int64_t cout, int64_t col_tiles,
+                                          int64_t first_tile, int64_t num_tiles, A* out) {
   // gathered[k][r]: row r of the tile, input channel k0 + k. The +1 spreads the gather's
   // stores (consecutive threads: consecutive k of one row) over the banks.
   __shared__ A gathered[kTileDepth][kTileRows + 1];
   __shared__ A weights[kTileDepth][kTileCols];
   __shared__ int32_t rows_in[kTileRows];
   __shared__ int32_t rows_out[kTileRows];
-  if (!ChecksPassed(report)) return;  // uniform over the block: no barrier is skipped by some threads only
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int64_t items = num_tiles * col_tiles;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -241,6 +302,118 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The same tiles on tensor cores (M: the WMMA element type, the bits of T).
+template <typename M, bool kAtomic, typename T>
+__device__ void TensorCoreGatherGemmScatter(const T* features, const T* filters, const int32_t* in_rows,
+                                            const int32_t* out_rows, const int64_t* splits,
+                                            const int64_t* tile_begin, int64_t volume, int64_t cin, int64_t cout,
+                                            int64_t col_tiles, int64_t first_tile, int64_t num_tiles, float* out) {
+  namespace wmma = nvcuda::wmma;
+  static_assert(sizeof(T) == 2 && sizeof(M) == 2, "16-bit storage");
+  constexpr int kLdA = kMmaDepth + kMmaPad;  // gathered[r][k]: row r of the tile, input channel k0 + k
+  constexpr int kLdB = kTileCols + kMmaPad;  // weights[k][c]: input channel k0 + k, output channel col0 + c
+  __shared__ __align__(32) uint16_t gathered[kTileRows * kLdA];
+  __shared__ __align__(32) uint16_t weights[kMmaDepth * kLdB];
+  __shared__ __align__(32) float product[kTileRows * kMmaLdC];
+  __shared__ int32_t rows_out[kTileRows];
+  const uint16_t* x = reinterpret_cast<const uint16_t*>(features);
+  const uint16_t* filters16 = reinterpret_cast<const uint16_t*>(filters);
+  const int warp = threadIdx.x / 32;
+  const int wm = warp % 4, wn = warp / 4;  // the warp's rows 16 wm .. 16 wm + 16, columns 32 wn .. 32 wn + 32
+  // What this thread stages per step: 8 channels of one gathered row, 8 columns of one
+  // filter row.
+  const int a_row = threadIdx.x / (kMmaDepth / 8), a_col = threadIdx.x % (kMmaDepth / 8) * 8;
+  const int b_row = threadIdx.x / (kTileCols / 8), b_col = threadIdx.x % (kTileCols / 8) * 8;
+  const bool x_vectors = cin % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool w_vectors = cout % 8 == 0 && reinterpret_cast<uintptr_t>(filters16) % 16 == 0;
+  const int64_t items = num_tiles * col_tiles;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t tile = first_tile + item / col_tiles;
+    const int64_t col0 = (item % col_tiles) * kTileCols;
+    const int64_t q = OwnerOf(tile_begin, volume, tile);
+    const int64_t p0 = splits[q] + (tile - tile_begin[q]) * kTileRows;
+    const int64_t p_end = splits[q + 1];
+    if (threadIdx.x < kTileRows) {
+      const int64_t p = p0 + threadIdx.x;
+      rows_out[threadIdx.x] = p < p_end ? out_rows[p] : -1;
+    }
+    const int64_t row = p0 + a_row < p_end ? in_rows[p0 + a_row] : -1;
+    const uint16_t* w = filters16 + q * cin * cout;
+    // The next step's values are loaded before this step's MMAs, so the gather's latency
+    // overlaps the arithmetic.
+    auto load_a = [&](int64_t k0) {
+      const int64_t k = k0 + a_col;
+      return row >= 0 ? Load8(x + row * cin + k, cin - k, x_vectors) : make_uint4(0u, 0u, 0u, 0u);
+    };
+    auto load_b = [&](int64_t k0) {
+      const int64_t k = k0 + b_row, c = col0 + b_col;
+      return k < cin ? Load8(w + k * cout + c, cout - c, w_vectors) : make_uint4(0u, 0u, 0u, 0u);
+    };
+    uint4 a_next = load_a(0), b_next = load_b(0);
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+    wmma::fill_fragment(acc[0], 0.0f);
+    wmma::fill_fragment(acc[1], 0.0f);
+    for (int64_t k0 = 0; k0 < cin; k0 += kMmaDepth) {
+      *reinterpret_cast<uint4*>(gathered + a_row * kLdA + a_col) = a_next;
+      *reinterpret_cast<uint4*>(weights + b_row * kLdB + b_col) = b_next;
+      __syncthreads();
+      if (k0 + kMmaDepth < cin) {
+        a_next = load_a(k0 + kMmaDepth);
+        b_next = load_b(k0 + kMmaDepth);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kMmaDepth; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, M, wmma::row_major> a;
+        wmma::load_matrix_sync(a, reinterpret_cast<const M*>(gathered + 16 * wm * kLdA + kk), kLdA);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, M, wmma::row_major> b;
+          wmma::load_matrix_sync(b, reinterpret_cast<const M*>(weights + kk * kLdB + 32 * wn + 16 * j), kLdB);
+          wmma::mma_sync(acc[j], a, b, acc[j]);
+        }
+      }
+      __syncthreads();  // gathered and weights are refilled next step
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wmma::store_matrix_sync(product + 16 * wm * kMmaLdC + 32 * wn + 16 * j, acc[j], kMmaLdC, wmma::mem_row_major);
+    }
+    __syncthreads();
+    // Consecutive threads: consecutive columns of one output row.
+    for (int e = threadIdx.x; e < kTileRows * kTileCols; e += kThreads) {
+      const int r = e / kTileCols, c = e % kTileCols;
+      const int64_t o = rows_out[r];
+      if (o < 0 || col0 + c >= cout) continue;
+      float* dst = out + o * cout + col0 + c;
+      if constexpr (kAtomic) {
+        atomicAdd(dst, product[r * kMmaLdC + c]);
+      } else {
+        *dst += product[r * kMmaLdC + c];  // one launch per offset: no other thread has this (row, column)
+      }
+    }
+    __syncthreads();  // rows_out and product are refilled by the next item
+  }
+}
+
+// report: nullptr for a trusted map; otherwise the products run only if every check passed.
+template <typename T, typename A, bool kAtomic>
+__global__ void __launch_bounds__(kThreads)
+    GatherGemmScatterKernel(const T* features, const T* filters, const int32_t* in_rows, const int32_t* out_rows,
+                            const int64_t* splits, const int64_t* tile_begin, int64_t volume, int64_t cin,
+                            int64_t cout, int64_t col_tiles, int64_t first_tile, int64_t num_tiles,
+                            const Report* report, A* out) {
+  // Uniform over the block: no barrier is skipped by some threads only.
+  if (report != nullptr && !ChecksPassed(report)) return;
+  if constexpr (Mma<T>::kAvailable) {
+    TensorCoreGatherGemmScatter<typename Mma<T>::type, kAtomic>(features, filters, in_rows, out_rows, splits,
+                                                                 tile_begin, volume, cin, cout, col_tiles,
+                                                                 first_tile, num_tiles, out);
+  } else {
+    CudaCoreGatherGemmScatter<T, A, kAtomic>(features, filters, in_rows, out_rows, splits, tile_begin, volume, cin,
+                                             cout, col_tiles, first_tile, num_tiles, out);
+  }
+}
+
 template <typename T, typename A>
 __global__ void ConvertKernel(const A* acc, int64_t n, T* out) {
   TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = FromAcc<T>::Convert(acc[i]); }
@@ -249,16 +422,14 @@ __global__ void ConvertKernel(const A* acc, int64_t n, T* out) {
 // ---- Filter gradient -------------------------------------------------------------------
 
 template <typename T, typename A>
-__global__ void __launch_bounds__(kThreads)
-    FilterGradPartialKernel(const T* features, const T* out_grad, const int32_t* in_rows, const int32_t* out_rows,
-                            const int64_t* splits, const int64_t* chunk_begin, int64_t volume, int64_t chunk_pairs,
-                            int64_t num_chunks, int64_t cin, int64_t cout, int64_t in_tiles, int64_t out_tiles,
-                            const Report* report, A* partial) {
+__device__ void CudaCoreFilterGradPartial(const T* features, const T* out_grad, const int32_t* in_rows,
+                                          const int32_t* out_rows, const int64_t* splits, const int64_t* chunk_begin,
+                                          int64_t volume, int64_t chunk_pairs, int64_t num_chunks, int64_t cin,
+                                          int64_t cout, int64_t in_tiles, int64_t out_tiles, A* partial) {
   __shared__ A x[kTileDepth][kTileCols];     // [pair][input channel k0 + k]
   __shared__ A grad[kTileDepth][kTileCols];  // [pair][output channel c0 + c]
   __shared__ int32_t rows_in[kTileDepth];
   __shared__ int32_t rows_out[kTileDepth];
-  if (!ChecksPassed(report)) return;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int64_t tiles = in_tiles * out_tiles;
   const int64_t items = num_chunks * tiles;
@@ -316,6 +487,103 @@ __global__ void __launch_bounds__(kThreads)
         if (c < cout) dst[k * cout + c] = acc[i][j];
       }
     }
+  }
+}
+
+// The same tiles on tensor cores: the [64 input channels x 64 output channels] tile of
+// one chunk's X^T G, kMmaDepth pairs per step; X^T is X's shared rows read column-major.
+template <typename M, typename T>
+__device__ void TensorCoreFilterGradPartial(const T* features, const T* out_grad, const int32_t* in_rows,
+                                            const int32_t* out_rows, const int64_t* splits,
+                                            const int64_t* chunk_begin, int64_t volume, int64_t chunk_pairs,
+                                            int64_t num_chunks, int64_t cin, int64_t cout, int64_t in_tiles,
+                                            int64_t out_tiles, float* partial) {
+  namespace wmma = nvcuda::wmma;
+  static_assert(sizeof(T) == 2 && sizeof(M) == 2, "16-bit storage");
+  constexpr int kLd = kTileCols + kMmaPad;
+  __shared__ __align__(32) uint16_t x_rows[kMmaDepth * kLd];     // [pair][input channel k0 + k]
+  __shared__ __align__(32) uint16_t grad_rows[kMmaDepth * kLd];  // [pair][output channel c0 + c]
+  __shared__ __align__(32) float product[kTileCols * kMmaLdC];   // [input channel][output channel]
+  const uint16_t* x = reinterpret_cast<const uint16_t*>(features);
+  const uint16_t* g = reinterpret_cast<const uint16_t*>(out_grad);
+  const int warp = threadIdx.x / 32;
+  const int wm = warp % 4, wn = warp / 4;  // input channels 16 wm .. 16 wm + 16, output channels 32 wn .. + 32
+  // What this thread stages per step: 8 channels of one pair's input row and of its
+  // output-gradient row.
+  const int s_row = threadIdx.x / (kTileCols / 8), s_col = threadIdx.x % (kTileCols / 8) * 8;
+  const bool x_vectors = cin % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool g_vectors = cout % 8 == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0;
+  const int64_t tiles = in_tiles * out_tiles;
+  const int64_t items = num_chunks * tiles;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t chunk = item / tiles;
+    const int64_t tile = item - chunk * tiles;
+    const int64_t k0 = (tile / out_tiles) * kTileCols;
+    const int64_t c0 = (tile % out_tiles) * kTileCols;
+    const int64_t q = OwnerOf(chunk_begin, volume, chunk);
+    const int64_t begin = splits[q] + (chunk - chunk_begin[q]) * chunk_pairs;
+    const int64_t end = begin + chunk_pairs < splits[q + 1] ? begin + chunk_pairs : splits[q + 1];
+    uint4 x_next, g_next;
+    // The next step's rows are loaded before this step's MMAs (latency under arithmetic).
+    auto stage = [&](int64_t p0) {
+      const int64_t p = p0 + s_row;
+      const int64_t in = p < end ? in_rows[p] : -1, o = p < end ? out_rows[p] : -1;
+      const int64_t k = k0 + s_col, c = c0 + s_col;
+      x_next = in >= 0 ? Load8(x + in * cin + k, cin - k, x_vectors) : make_uint4(0u, 0u, 0u, 0u);
+      g_next = o >= 0 ? Load8(g + o * cout + c, cout - c, g_vectors) : make_uint4(0u, 0u, 0u, 0u);
+    };
+    stage(begin);
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+    wmma::fill_fragment(acc[0], 0.0f);
+    wmma::fill_fragment(acc[1], 0.0f);
+    for (int64_t p0 = begin; p0 < end; p0 += kMmaDepth) {
+      *reinterpret_cast<uint4*>(x_rows + s_row * kLd + s_col) = x_next;
+      *reinterpret_cast<uint4*>(grad_rows + s_row * kLd + s_col) = g_next;
+      __syncthreads();
+      if (p0 + kMmaDepth < end) stage(p0 + kMmaDepth);
+#pragma unroll
+      for (int kk = 0; kk < kMmaDepth; kk += 16) {
+        // Element (m, k) of X^T is x_rows[(kk + k) * kLd + 16 wm + m]: column-major.
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, M, wmma::col_major> a;
+        wmma::load_matrix_sync(a, reinterpret_cast<const M*>(x_rows + kk * kLd + 16 * wm), kLd);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, M, wmma::row_major> b;
+          wmma::load_matrix_sync(b, reinterpret_cast<const M*>(grad_rows + kk * kLd + 32 * wn + 16 * j), kLd);
+          wmma::mma_sync(acc[j], a, b, acc[j]);
+        }
+      }
+      __syncthreads();  // x_rows and grad_rows are refilled next step
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wmma::store_matrix_sync(product + 16 * wm * kMmaLdC + 32 * wn + 16 * j, acc[j], kMmaLdC, wmma::mem_row_major);
+    }
+    __syncthreads();
+    float* dst = partial + chunk * cin * cout;
+    for (int e = threadIdx.x; e < kTileCols * kTileCols; e += kThreads) {
+      const int r = e / kTileCols, c = e % kTileCols;
+      if (k0 + r < cin && c0 + c < cout) dst[(k0 + r) * cout + c0 + c] = product[r * kMmaLdC + c];
+    }
+    __syncthreads();  // product is refilled by the next item
+  }
+}
+
+// report: nullptr for a trusted map; otherwise the products run only if every check passed.
+template <typename T, typename A>
+__global__ void __launch_bounds__(kThreads)
+    FilterGradPartialKernel(const T* features, const T* out_grad, const int32_t* in_rows, const int32_t* out_rows,
+                            const int64_t* splits, const int64_t* chunk_begin, int64_t volume, int64_t chunk_pairs,
+                            int64_t num_chunks, int64_t cin, int64_t cout, int64_t in_tiles, int64_t out_tiles,
+                            const Report* report, A* partial) {
+  if (report != nullptr && !ChecksPassed(report)) return;
+  if constexpr (Mma<T>::kAvailable) {
+    TensorCoreFilterGradPartial<typename Mma<T>::type>(features, out_grad, in_rows, out_rows, splits, chunk_begin,
+                                                       volume, chunk_pairs, num_chunks, cin, cout, in_tiles,
+                                                       out_tiles, partial);
+  } else {
+    CudaCoreFilterGradPartial<T, A>(features, out_grad, in_rows, out_rows, splits, chunk_begin, volume, chunk_pairs,
+                                    num_chunks, cin, cout, in_tiles, out_tiles, partial);
   }
 }
 
@@ -399,20 +667,22 @@ GpuStatus LaunchGatherGemmScatter(Stream stream, const SiteConvArgs<T>& a, const
 
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
-                             bool deterministic, T* out, Report* report) {
+                             bool deterministic, bool trusted, T* out, Report* report) {
   using A = typename AccumulatorOf<T>::type;
-  Report* device_report = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  Report* device_report = nullptr;  // stays nullptr for a trusted map: the kernels then skip the report
+  if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
   OffsetTable table;
   TF_SPARSECONV_RETURN_IF_ERROR(
       UploadOffsetTable(stream, scratch, a.offset_splits, a.volume, checked, kTileRows, &table));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckMap(stream, scratch, a.in_rows, a.out_rows, table.splits, checked, a.num_in,
-                                         a.num_out, a.volume, device_report));
   const int64_t features = a.num_in * a.cin;
-  if (features > 0) {
-    NaNKernel<T><<<BlocksFor(features), kThreads, 0, stream>>>(a.features, features,
-                                                               &device_report->checks[kSiteNaN]);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
+  if (!trusted) {
+    TF_SPARSECONV_RETURN_IF_ERROR(CheckMap(stream, scratch, a.in_rows, a.out_rows, table.splits, checked, a.num_in,
+                                           a.num_out, a.volume, device_report));
+    if (features > 0) {
+      NaNKernel<T><<<BlocksFor(features), kThreads, 0, stream>>>(a.features, features,
+                                                                 &device_report->checks[kSiteNaN]);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
+    }
   }
   const int64_t outputs = a.num_out * a.cout;
   if (outputs > 0) {
@@ -442,15 +712,19 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output conversion");
     }
   }
+  if (trusted) {
+    scratch->HoldPinnedUntilQueuedWorkRuns();  // the offset table's upload may still be queued
+    return GpuStatus::Ok();
+  }
   return ReadReport(stream, scratch, device_report, report);
 }
 
 template <typename T>
 GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
-                                const T* out_grad, T* filter_grad, Report* report) {
+                                bool trusted, const T* out_grad, T* filter_grad, Report* report) {
   using A = typename AccumulatorOf<T>::type;
-  Report* device_report = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  Report* device_report = nullptr;  // stays nullptr for a trusted map
+  if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
   const int64_t in_tiles = (a.cin + kTileCols - 1) / kTileCols;
   const int64_t out_tiles = (a.cout + kTileCols - 1) / kTileCols;
   // Chunks: a function of the shapes only, so the partition (and the sum order) is the
@@ -458,13 +732,15 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
   const double target = static_cast<double>(a.pairs) * static_cast<double>(in_tiles * out_tiles) / kFilterGradBlocks;
   int64_t chunk_pairs = kMinChunkPairs;
   if (target > static_cast<double>(chunk_pairs)) {
-    chunk_pairs = (static_cast<int64_t>(target) + kTileDepth - 1) / kTileDepth * kTileDepth;
+    chunk_pairs = (static_cast<int64_t>(target) + kMmaDepth - 1) / kMmaDepth * kMmaDepth;  // whole steps of both paths
   }
   OffsetTable table;
   TF_SPARSECONV_RETURN_IF_ERROR(
       UploadOffsetTable(stream, scratch, a.offset_splits, a.volume, checked, chunk_pairs, &table));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckMap(stream, scratch, a.in_rows, a.out_rows, table.splits, checked, a.num_in,
-                                         a.num_out, a.volume, device_report));
+  if (!trusted) {
+    TF_SPARSECONV_RETURN_IF_ERROR(CheckMap(stream, scratch, a.in_rows, a.out_rows, table.splits, checked, a.num_in,
+                                           a.num_out, a.volume, device_report));
+  }
   const int64_t slice = a.cin * a.cout;
   if (a.volume * slice > 0) {
     A* partial = nullptr;
@@ -479,6 +755,10 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
     FilterGradReduceKernel<T, A><<<BlocksFor(a.volume * slice), kThreads, 0, stream>>>(
         partial, table.unit_begin, a.volume, slice, filter_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  }
+  if (trusted) {
+    scratch->HoldPinnedUntilQueuedWorkRuns();
+    return GpuStatus::Ok();
   }
   return ReadReport(stream, scratch, device_report, report);
 }
@@ -516,9 +796,9 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
 
 #define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
   template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&, bool, \
-                                           T*, Report*);                                                      \
+                                           bool, T*, Report*);                                                \
   template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \
-                                              const T*, T*, Report*);
+                                              bool, const T*, T*, Report*);
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(float)
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(double)
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(Half)

@@ -199,6 +199,9 @@ CONV_CASES = [
     pytest.param(1, (20, 20, 20), (3, 3, 3), 70, 130, 0.12, dict(subm=True), id="3d-subm-wide-multi-tile"),
     pytest.param(2, (10, 9, 10), (2, 2, 2), 16, 32, 0.3, dict(strides=2), id="3d-k2s2"),
     pytest.param(2, (5, 4, 5, 4), (3, 3, 3, 3), 4, 3, 0.3, dict(subm=True), id="4d-subm"),
+    # Rows of a multiple of 8 channels: the 16-byte loads of the tensor-core tiles, four
+    # 32-channel steps, a second column tile with an 8-column tail.
+    pytest.param(1, (16, 16, 16), (3, 3, 3), 128, 72, 0.1, dict(subm=True), id="3d-subm-c128-vector-loads"),
 ]
 DTYPES = [tf.float32, tf.float64, tf.float16, tf.bfloat16]
 
@@ -457,3 +460,83 @@ def test_repeated_output_row_among_many_pairs_reports_the_first(rng):
     features = tf.ones([n, 2])
     assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([volume, 2, 2]), in_rows, out_rows, splits, n),
                       "appears twice for kernel offset 8")
+
+
+# --- trusted maps (map_is_trusted) ------------------------------------------------------------
+
+def hand_built(m, **changes):
+    """m as a hand-built KernelMap (trusted=False), with some fields replaced."""
+    from tf_sparseconv.site_sparse_tensor import KernelMap
+    fields = dict(in_rows=m.in_rows, out_rows=m.out_rows, offset_splits=m.offset_splits, in_coords=m.in_coords,
+                  out_coords=m.out_coords, in_spatial_shape=m.in_spatial_shape,
+                  out_spatial_shape=m.out_spatial_shape, mode=m.mode, kernel_size=m.kernel_size, strides=m.strides,
+                  padding=m.padding, dilation=m.dilation)
+    fields.update(changes)
+    return KernelMap(**fields)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("kwargs", [dict(subm=True), dict(strides=2, padding=1)], ids=["subm", "strided"])
+def test_trusted_map_on_gpu_matches_untrusted_map_and_cpu(rng, dtype, kwargs):
+    coords = random_sites(rng, 2, (10, 9, 10), 0.3)
+    features = on_cpu(rng.standard_normal((len(coords), 24)), dtype)
+    w = on_cpu(rng.standard_normal((3, 3, 3, 24, 40)) / np.sqrt(27 * 24), dtype)
+    geometry = dict(mode="submanifold") if kwargs.get("subm") else dict(strides=2, padding=1)
+    results = {}
+    upstream = None
+    for device, trust in ((CPU, True), (GPU, True), (GPU, False)):
+        with tf.device(device):
+            x = make_site_sparse(coords, features, (10, 9, 10), 2)
+            m = kernel_map(x, 3, **geometry)
+            assert m.trusted
+            m = m if trust else hand_built(m)
+            with tf.GradientTape() as tape:
+                tape.watch([features, w])
+                y = site_conv(x.with_map("k", m), w, indice_key="k", **kwargs).features
+            if upstream is None:
+                upstream = on_cpu(rng.standard_normal(y.shape), dtype)
+            results[device, trust] = [y, *tape.gradient(y, [features, w], output_gradients=upstream)]
+    for what, cpu, trusted, untrusted in zip(("features", "input gradient", "kernel gradient"), results[CPU, True],
+                                             results[GPU, True], results[GPU, False]):
+        assert "GPU" in trusted.device
+        assert_close(trusted, untrusted, dtype, what)
+        assert_close(trusted, cpu, dtype, what)
+
+
+def test_hand_built_bad_map_is_rejected_on_gpu(rng):
+    coords = random_sites(rng, 1, (6, 6), 0.5)
+    features = rng.standard_normal((len(coords), 2)).astype(np.float32)
+    kernel = np.ones((3, 3, 2, 4), np.float32)
+    with tf.device(CPU):
+        good = kernel_map(make_site_sparse(coords, features, (6, 6), 1), 3, mode="submanifold")
+    out_rows, splits = good.out_rows.numpy(), good.offset_splits.numpy()
+    q = int(np.argmax(np.diff(splits) >= 2))
+    out_rows[splits[q] + 1] = out_rows[splits[q]]
+    in_rows = good.in_rows.numpy()
+    in_rows[0] = len(coords) + 3
+    for bad, phrase in ((dict(out_rows=out_rows), "appears twice"), (dict(in_rows=in_rows), r"in_rows\[0\] = ")):
+        def call(bad=bad):
+            x = make_site_sparse(coords, features, (6, 6), 1)
+            m = hand_built(good, **{k: tf.constant(v) for k, v in bad.items()})
+            return site_conv(x.with_map("k", m), kernel, subm=True, indice_key="k")
+        assert_same_error(call, phrase)
+
+
+def test_trusted_calls_check_splits_on_the_host_and_skip_the_nan_scan_on_gpu(rng):
+    features = rng.standard_normal((4, 2)).astype(np.float32)
+    rising = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], num_out=2)
+    # Splits are checked on the host whatever the attr says.
+    assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), offset_splits=[0, 3, 2],
+                                                   map_is_trusted=True, **rising), "offset_splits must rise")
+    assert_same_error(lambda: ops.site_sparse_conv_filter_grad(features, tf.ones([2, 3]), rising["in_rows"],
+                                                               rising["out_rows"], [0, 3, 2], map_is_trusted=True),
+                      "offset_splits must rise")
+    # NaN features: the CPU still rejects them; a trusted GPU call skips the scan (no
+    # round trip) and the NaN reaches the output rows it feeds.
+    nan = features.copy()
+    nan[1, 1] = np.nan
+    with tf.device(CPU), pytest.raises(tf.errors.InvalidArgumentError, match="NaN"):
+        ops.site_sparse_conv(nan, tf.ones([2, 2, 3]), offset_splits=[0, 2, 3], map_is_trusted=True, **rising)
+    with tf.device(GPU):
+        y = ops.site_sparse_conv(nan, tf.ones([2, 2, 3]), offset_splits=[0, 2, 3], map_is_trusted=True, **rising)
+    assert np.all(np.isnan(y.numpy()[1])) and not np.any(np.isnan(y.numpy()[0]))

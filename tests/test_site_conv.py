@@ -283,3 +283,108 @@ def test_conv_op_rejects_maps_that_do_not_fit_the_features(rng):
         ops.site_sparse_conv(features, tf.ones([2, 3, 3]), **ok)
     with pytest.raises(tf.errors.InvalidArgumentError, match="NaN"):
         ops.site_sparse_conv(tf.tensor_scatter_nd_update(features, [[1, 1]], [np.nan]), filters, **ok)
+
+
+# --- trusted maps (map_is_trusted) ------------------------------------------------------------
+
+def untrusted_copy(m, **changes):
+    """m as a hand-built KernelMap (trusted=False), with some fields replaced."""
+    from tf_sparseconv.site_sparse_tensor import KernelMap
+    fields = dict(in_rows=m.in_rows, out_rows=m.out_rows, offset_splits=m.offset_splits, in_coords=m.in_coords,
+                  out_coords=m.out_coords, in_spatial_shape=m.in_spatial_shape,
+                  out_spatial_shape=m.out_spatial_shape, mode=m.mode, kernel_size=m.kernel_size, strides=m.strides,
+                  padding=m.padding, dilation=m.dilation)
+    fields.update(changes)
+    return KernelMap(**fields)
+
+
+def test_only_maps_from_the_kernel_map_op_are_trusted(rng):
+    coords, features = random_sites(rng, 2, (6, 5, 6), 0.3, 3)
+    x = make_site_sparse(coords, features, (6, 5, 6), 2)
+    built = kernel_map(x, 3, mode="submanifold")
+    assert built.trusted
+    assert not untrusted_copy(built).trusted
+
+
+def test_hand_built_bad_map_is_still_rejected(rng):
+    coords, features = random_sites(rng, 1, (6, 6), 0.5, 2)
+    x = make_site_sparse(coords, features, (6, 6), 1)
+    good = kernel_map(x, 3, mode="submanifold")
+    out_rows = good.out_rows.numpy()
+    splits = good.offset_splits.numpy()
+    q = int(np.argmax(np.diff(splits) >= 2))  # an offset with two pairs or more
+    repeated = out_rows.copy()
+    repeated[splits[q] + 1] = repeated[splits[q]]
+    out_of_range = good.in_rows.numpy().copy()
+    out_of_range[0] = len(coords) + 3
+    kernel = np.ones((3, 3, 2, 4), np.float32)
+    for bad, match in ((untrusted_copy(good, out_rows=tf.constant(repeated)), "appears twice"),
+                       (untrusted_copy(good, in_rows=tf.constant(out_of_range)), "in_rows\\[0\\] = .* is outside")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+            site_conv(x.with_map("k", bad), kernel, subm=True, indice_key="k")
+        with pytest.raises(tf.errors.InvalidArgumentError, match=match):  # the filter gradient checks too
+            from tf_sparseconv._op_library import ops
+            ops.site_sparse_conv_filter_grad(x.features, tf.ones([len(coords), 4]), bad.in_rows, bad.out_rows,
+                                             bad.offset_splits)
+
+
+def test_cpu_checks_maps_even_when_trusted(rng):
+    from tf_sparseconv._op_library import ops
+    features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
+    bad = dict(in_rows=[0, 1, 2], out_rows=[1, 1, 0], offset_splits=[0, 2, 3])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="output row 1 appears twice"):
+        ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **bad, num_out=2, map_is_trusted=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="output row 1 appears twice"):
+        ops.site_sparse_conv_filter_grad(features, tf.ones([2, 3]), **bad, map_is_trusted=True)
+
+
+@pytest.mark.parametrize("kwargs", [dict(subm=True), dict(strides=2, padding=1)], ids=["subm", "strided"])
+def test_trusted_map_gives_the_results_of_the_untrusted_map(rng, kwargs):
+    coords, features = random_sites(rng, 2, (7, 6, 7), 0.3, 5)
+    x = make_site_sparse(coords, features, (7, 6, 7), 2)
+    kernel = tf.constant(rng.standard_normal((3, 3, 3, 5, 6)), tf.float32)
+    geometry = dict(mode="submanifold") if kwargs.get("subm") else dict(strides=2, padding=1)
+    trusted = kernel_map(x, 3, **geometry)
+    results = []
+    for m in (trusted, untrusted_copy(trusted)):
+        f = tf.constant(features)
+        with tf.GradientTape() as tape:
+            tape.watch([f, kernel])
+            y = site_conv(x.with_features(f).with_map("k", m), kernel, indice_key="k", **kwargs)
+            inverse = site_inverse_conv(y, tf.transpose(kernel, [0, 1, 2, 4, 3]), "k") if not kwargs.get(
+                "subm") else y
+            loss = tf.reduce_sum(y.features * y.features) + tf.reduce_sum(inverse.features)
+        results.append([y.features, inverse.features, *tape.gradient(loss, [f, kernel])])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_gradient_ops_inherit_map_is_trusted(rng):
+    coords, features = random_sites(rng, 1, (6, 6), 0.5, 2)
+    x = make_site_sparse(coords, features, (6, 6), 1)
+    kernel = tf.constant(rng.standard_normal((3, 3, 2, 3)), tf.float32)
+    for m, expected in ((kernel_map(x, 3, mode="submanifold"), True),
+                        (untrusted_copy(kernel_map(x, 3, mode="submanifold")), False)):
+        @tf.function
+        def grads(f, m=m):
+            with tf.GradientTape() as tape:
+                tape.watch([f, kernel])
+                y = site_conv(x.with_features(f).with_map("k", m), kernel, subm=True, indice_key="k")
+                loss = tf.reduce_sum(y.features)
+            return tape.gradient(loss, [f, kernel])
+
+        graph = grads.get_concrete_function(tf.constant(features)).graph
+        conv_ops = [op for op in graph.get_operations() if op.type in ("SiteSparseConv", "SiteSparseConvFilterGrad")]
+        assert len(conv_ops) == 3  # forward, input gradient, filter gradient
+        assert all(op.get_attr("map_is_trusted") == expected for op in conv_ops)
+
+
+def test_trust_survives_the_keras_dict(rng):
+    from tf_sparseconv.keras_layers.site_inputs import as_site_keras_inputs, from_site_keras_inputs
+    coords, features = random_sites(rng, 1, (6, 6), 0.5, 2)
+    x = make_site_sparse(coords, features, (6, 6), 1)
+    built = kernel_map(x, 3, strides=2, padding=1)
+    y = x.with_map("trusted", built).with_map("hand", untrusted_copy(built))
+    back = from_site_keras_inputs(as_site_keras_inputs(y))
+    assert back.kernel_maps["trusted"].trusted and not back.kernel_maps["hand"].trusted
+    assert back.kernel_maps["trusted"].geometry() == built.geometry() == back.kernel_maps["hand"].geometry()

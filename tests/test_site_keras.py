@@ -74,9 +74,11 @@ def test_convolution_layers_equal_the_raw_ops(rng):
         assert_same_sites(kl.from_site_keras_inputs(got), expected)
     assert up.kernel.shape == (3, 3, 3, 5, 4)  # the strided layer's kernel size, from its map
     assert sorted(t["maps"]) == ["d0", "s0", "t0"] and sorted(a["maps"]) == ["d0", "s0"]
-    # The cached maps travel as tensors; the geometry token holds the static geometry.
+    # The cached maps travel as tensors; the geometry token holds the static geometry
+    # (mode 4: strided, 1, plus 3 for a map of the SiteKernelMap op, which stays trusted).
     np.testing.assert_array_equal(g["maps"]["d0"]["in_rows"].numpy(), y2.kernel_maps["d0"].in_rows.numpy())
-    assert g["maps"]["d0"]["geometry"].shape == (0, 1, 3, 3, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, 8, 8, 8)
+    assert g["maps"]["d0"]["geometry"].shape == (0, 4, 3, 3, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, 8, 8, 8)
+    assert kl.from_site_keras_inputs(g).kernel_maps["d0"].trusted
     assert g["shape_token"].shape == (0, 4, 4, 4) and u["shape_token"].shape == (0, 8, 8, 8)
     assert g["batch_size"].shape == (2, 0)
 

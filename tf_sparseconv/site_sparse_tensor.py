@@ -22,6 +22,13 @@ class KernelMap(tf.experimental.ExtensionType):
     Offset q (row-major over the kernel dimensions) owns pairs offset_splits[q] ..
     offset_splits[q + 1] of (in_rows, out_rows). in_coords / out_coords are the sites
     on either side, so an inverse convolution can map back onto in_coords.
+
+    trusted: the map came from the SiteKernelMap op (tf_sparseconv.kernel_map), so its
+    rows are in range and no output row repeats within an offset, in either direction;
+    the convolutions then pass map_is_trusted and the GPU kernels skip the row checks
+    and the NaN scan of the features, and with them a device-to-host round trip per
+    call. A map built by hand keeps the default False and is checked on every call.
+    Setting it on a map that breaks those rules is undefined behaviour on the GPU.
     """
 
     __name__ = "tf_sparseconv.KernelMap"
@@ -38,6 +45,7 @@ class KernelMap(tf.experimental.ExtensionType):
     strides: typing.Tuple[int, ...]
     padding: typing.Tuple[int, ...]
     dilation: typing.Tuple[int, ...]
+    trusted: bool = False
 
     def __validate__(self):
         if self.mode not in MODES:

@@ -17,10 +17,11 @@ nothing at run time; their shapes carry what Keras must know:
   example as for dense inputs; a scalar is accepted too.
 - shape_token [0, R1, ..., Rd]: the static spatial shape.
 - geometry [0, mode, k1..kd, s1..sd, p1..pd, l1..ld, I1..Id]: the map's static geometry
-  (mode: 0 submanifold, 1 strided, 2 transposed; kernel size, strides, padding,
-  dilation) and the static spatial shape I of the sites the map starts from (0 where
-  unknown), so a SiteInverseConv finds the strided layer's map by indice_key, checks
-  its geometry when it builds, and knows the static shape it maps back onto.
+  (mode: 0 submanifold, 1 strided, 2 transposed, plus 3 for a map built by the
+  SiteKernelMap op, KernelMap.trusted; kernel size, strides, padding, dilation) and the
+  static spatial shape I of the sites the map starts from (0 where unknown), so a
+  SiteInverseConv finds the strided layer's map by indice_key, checks its geometry when
+  it builds, and knows the static shape it maps back onto.
 
 Because the maps are ordinary entries of the dict, they flow through functional
 models (skip connections included), subclassed models, tf.function and SavedModels.
@@ -49,7 +50,8 @@ def geometry_token(kernel_map, in_static_shape=None):
         kernel_map.in_spatial_shape, d)
     if len(in_static) != d:
         in_static = (None,) * d
-    dims = [MODES.index(kernel_map.mode), *kernel_map.kernel_size, *kernel_map.strides, *kernel_map.padding,
+    mode = MODES.index(kernel_map.mode) + (len(MODES) if kernel_map.trusted else 0)
+    dims = [mode, *kernel_map.kernel_size, *kernel_map.strides, *kernel_map.padding,
             *kernel_map.dilation, *(0 if v is None else int(v) for v in in_static)]
     return tf.zeros([0, *dims], tf.int32)
 
@@ -61,10 +63,17 @@ def decode_geometry(token_shape):
     if not dims or (len(dims) - 1) % 5 or any(v is None for v in dims):
         raise ValueError(f"not a kernel-map geometry token: shape {tuple(token_shape)}")
     d = (len(dims) - 1) // 5
-    mode = MODES[int(dims[0])]
+    if not 0 <= int(dims[0]) < 2 * len(MODES):
+        raise ValueError(f"not a kernel-map geometry token: shape {tuple(token_shape)}")
+    mode = MODES[int(dims[0]) % len(MODES)]
     parts = [tuple(int(v) for v in dims[1 + i * d:1 + (i + 1) * d]) for i in range(5)]
     in_static = tuple(v if v > 0 else None for v in parts[4])
     return (mode, *parts[:4]), in_static
+
+
+def token_is_trusted(token_shape):
+    """Whether a geometry token (its static shape) carries a KernelMap.trusted map."""
+    return int(tuple(token_shape)[1]) >= len(MODES)
 
 
 def map_geometries(inputs):
@@ -129,7 +138,8 @@ def from_site_keras_inputs(inputs):
         (mode, kernel_size, strides, padding, dilation), _ = decode_geometry(tuple(fields["geometry"].shape))
         maps[key] = KernelMap(fields["in_rows"], fields["out_rows"], fields["offset_splits"], fields["in_coords"],
                               fields["out_coords"], fields["in_spatial_shape"], fields["out_spatial_shape"], mode,
-                              kernel_size, strides, padding, dilation)
+                              kernel_size, strides, padding, dilation,
+                              trusted=token_is_trusted(fields["geometry"].shape))
     batch_size = inputs["batch_size"]
     if batch_size.shape.rank != 0:
         batch_size = tf.shape(batch_size, out_type=tf.int32)[0]

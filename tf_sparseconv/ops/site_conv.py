@@ -57,7 +57,7 @@ def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided",
         x.coords, x.spatial_shape, x.batch_size, mode=mode, kernel_size=list(kernel_size), strides=list(strides),
         padding=list(padding), dilation=list(dilation), builder=builder)
     return KernelMap(in_rows, out_rows, splits, x.coords, out_coords, x.spatial_shape, out_shape, mode, kernel_size,
-                     strides, padding, dilation)
+                     strides, padding, dilation, trusted=True)
 
 
 def _cached_map(x, indice_key, geometry):
@@ -73,9 +73,9 @@ def _cached_map(x, indice_key, geometry):
     return kernel_map(x, kernel_size, strides, padding, dilation, mode)
 
 
-def _conv(features, kernel, in_rows, out_rows, splits, num_out):
+def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted):
     filters = tf.reshape(kernel, [-1, kernel.shape[-2], kernel.shape[-1]])
-    return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out)
+    return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out, map_is_trusted=trusted)
 
 
 def _check_kernel(x, kernel, what):
@@ -141,7 +141,7 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
         geometry = ("strided", kernel_size, _per_dim(strides, d, "strides", 1), _per_dim(padding, d, "padding", 0),
                     dilation)
     return _along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
-        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out), bias))
+        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted), bias))
 
 
 def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None):
@@ -155,7 +155,7 @@ def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, 
     geometry = ("transposed", tuple(int(k) for k in kernel.shape[:d]), _per_dim(strides, d, "strides", 1),
                 _per_dim(padding, d, "padding", 0), _per_dim(dilation, d, "dilation", 1))
     return _along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
-        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out), bias))
+        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted), bias))
 
 
 def site_inverse_conv(x, kernel, indice_key, bias=None):
@@ -177,7 +177,11 @@ def site_inverse_conv(x, kernel, indice_key, bias=None):
                          f"strided convolution's {kmap.kernel_size} under {indice_key!r}")
     with tf.control_dependencies([_assert_rows_match(kmap.out_coords, x.features, indice_key)]):
         num_out = tf.shape(kmap.in_coords)[0]
-    out = _with_bias(_conv(x.features, kernel, kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out), bias)
+    # Reversed pairs stay valid: every map SiteKernelMap builds has at most one pair per
+    # input row and offset too (for an offset the output site fixes the input site and
+    # back), so a trusted map is trusted both ways.
+    out = _with_bias(_conv(x.features, kernel, kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out,
+                           kmap.trusted), bias)
     known = tf.get_static_value(kmap.in_spatial_shape)
     static = tf.TensorShape([int(v) for v in known]) if known is not None else tf.TensorShape([None] * len(
         kmap.kernel_size))
@@ -245,9 +249,12 @@ def select_sites(x, k, score=None):
 @tf.RegisterGradient("SiteSparseConv")
 def _site_sparse_conv_grad(op, out_grad):
     features, filters, in_rows, out_rows, splits, _ = op.inputs
+    # A map trusted forward is trusted reversed (see site_inverse_conv).
+    trusted = op.get_attr("map_is_trusted")
     # The input gradient is the same gather-GEMM-scatter with the pairs reversed and
     # each offset's filter transposed.
     features_grad = _ops.site_sparse_conv(out_grad, tf.transpose(filters, [0, 2, 1]), out_rows, in_rows, splits,
-                                          tf.shape(features)[0])
-    filters_grad = _ops.site_sparse_conv_filter_grad(features, out_grad, in_rows, out_rows, splits)
+                                          tf.shape(features)[0], map_is_trusted=trusted)
+    filters_grad = _ops.site_sparse_conv_filter_grad(features, out_grad, in_rows, out_rows, splits,
+                                                     map_is_trusted=trusted)
     return [features_grad, filters_grad, None, None, None, None]
