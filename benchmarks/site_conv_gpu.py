@@ -4,6 +4,7 @@ weights (issue 5), per layer and end to end, forward and backward, and kernel-ma
 Three phases, one command on the lent GPU (TensorFlow and PyTorch in separate processes):
   python benchmarks/site_conv_gpu.py --phase ours    # ours; saves inputs/reference rows
   python benchmarks/site_conv_spconv.py               # spconv; checks its outputs vs ours
+  python benchmarks/site_conv_spconv.py --tf32        # spconv with its TF32 switch on
   python benchmarks/site_conv_gpu.py --phase merge   # JSON lines with both and the floor
 
 Timing: `*_s` is the whole layer call, median of synchronised calls after warm-up (ours
@@ -33,7 +34,14 @@ from tf_sparseconv.ops.site_conv import kernel_map  # noqa: E402
 from tf_sparseconv.site_sparse_tensor import make_site_sparse  # noqa: E402
 
 DEFAULT_OUT = os.path.join(HERE, "results", "site_conv_gpu.jsonl")
-DTYPES = {"fp32": tf.float32, "fp16": tf.float16}
+# fp32: float32 with TF32 off (full float32 products); tf32: float32 with TensorFlow's TF32
+# on (its default on sm_80+), which SiteSparseConv follows.
+DTYPES = {"fp32": tf.float32, "tf32": tf.float32, "fp16": tf.float16}
+
+
+def use_dtype(name):
+    tf.config.experimental.enable_tensor_float_32_execution(name == "tf32")
+    return DTYPES[name]
 CHECK_ROWS = 2000
 
 
@@ -149,7 +157,7 @@ def run_ours(args):
             feats32 = level_features(len(level_coords[level]), cin, seed=1000 + li)
             w32 = layer_weights(cin, cout, k, seed=2000 + li)
             for dtype_name in args.dtypes:
-                dt = DTYPES[dtype_name]
+                dt = use_dtype(dtype_name)
                 feats = tf.constant(feats32, dt)
                 w = tf.constant(w32.reshape(k ** 3, cin, cout), dt)
                 g = tf.constant(np.random.default_rng(3000 + li).standard_normal((int(num_out), cout)), dt)
@@ -192,7 +200,7 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
             in enumerate(LAYERS)}
     rows = []
     for dtype_name in args.dtypes:
-        dt = DTYPES[dtype_name]
+        dt = use_dtype(dtype_name)
         first = spec[CHAIN[0]]
         feats = tf.constant(level_features(len(level_coords[first[1]]), first[2], seed=1000 + first[6]), dt)
         weights = [tf.constant(layer_weights(spec[n][2], spec[n][3], spec[n][4], seed=2000 + spec[n][6]).reshape(
@@ -228,13 +236,19 @@ def merge(args):
         ours = json.load(f)
     peer_path = os.path.join(args.exchange, "spconv.json")
     peer = json.load(open(peer_path)) if os.path.exists(peer_path) else {"rows": [], "rates": None}
+    tf32_path = os.path.join(args.exchange, "spconv_tf32.json")  # spconv's --tf32 run, if any
+    if os.path.exists(tf32_path):
+        extra = json.load(open(tf32_path))
+        peer["rows"] += extra["rows"]
+        peer["rates"] = {**(peer.get("rates") or {}), **extra["rates"]}
     by_key = {(r["scene"], r["layer"], r["pass"], r.get("dtype")): r for r in peer["rows"]}
     rates = peer.get("rates")
     lines = []
     for row in ours["rows"]:
         other = by_key.get((row["scene"], row["layer"], row["pass"], row.get("dtype")), {})
         floor = None
-        if rates and row["pass"] in ("fwd", "bwd") and row["layer"] != "end_to_end":
+        if rates and f"matmul_{row['dtype']}_flops" in rates and row["pass"] in ("fwd", "bwd") \
+                and row["layer"] != "end_to_end":
             value_bytes = 2 if row["dtype"] == "fp16" else 4
             flops = 2.0 * row["pairs"] * row["cin"] * row["cout"] * (2 if row["pass"] == "bwd" else 1)
             moved = value_bytes * (row["n_sites"] * row["cin"] + row["n_out"] * row["cout"] +
@@ -262,7 +276,7 @@ def main():
     p.add_argument("--phase", choices=("ours", "merge"), required=True)
     p.add_argument("--exchange", default="/tmp/site_bench")
     p.add_argument("--scenes", nargs="*", default=None)
-    p.add_argument("--dtypes", nargs="*", default=["fp32", "fp16"])
+    p.add_argument("--dtypes", nargs="*", default=list(DTYPES))
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--loop-calls", type=int, default=40)

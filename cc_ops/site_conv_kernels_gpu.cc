@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "gpu_kernel_util.h"
 #include "site_checks.h"
@@ -17,6 +18,7 @@
 #include "site_conv_gpu.h"
 #include "tensorflow/core/framework/bfloat16.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/platform/tensor_float_32_utils.h"
 #include "tensorflow/core/util/determinism.h"
 
 namespace tf_sparseconv {
@@ -132,8 +134,11 @@ class SiteSparseConvGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.num_out, a.cout}), &out));
     TempScratch scratch(ctx);
     gpu::Report report;
+    // float multiplies in TF32 where TensorFlow allows it, as its own MatMul and Conv do.
+    const bool allow_tf32 = std::is_same<T, float>::value && tensorflow::tensor_float_32_execution_enabled();
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(GpuStream(ctx), &scratch, a, checked,
-                                                            tensorflow::OpDeterminismRequired(), map_is_trusted_,
+                                                            tensorflow::OpDeterminismRequired(), allow_tf32,
+                                                            map_is_trusted_,
                                                             reinterpret_cast<G*>(out->flat<T>().data()), &report),
                                  scratch, "SiteSparseConv"));
     if (map_is_trusted_) return;  // no report: nothing was checked on the device
@@ -177,8 +182,9 @@ class SiteSparseConvFilterGradGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.volume, a.cin, a.cout}), &filter_grad));
     TempScratch scratch(ctx);
     gpu::Report report;
+    const bool allow_tf32 = std::is_same<T, float>::value && tensorflow::tensor_float_32_execution_enabled();
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvFilterGradGpu<G>(
-                                     GpuStream(ctx), &scratch, a, checked, map_is_trusted_,
+                                     GpuStream(ctx), &scratch, a, checked, allow_tf32, map_is_trusted_,
                                      reinterpret_cast<const G*>(out_grad.flat<T>().data()),
                                      reinterpret_cast<G*>(filter_grad->flat<T>().data()), &report),
                                  scratch, "SiteSparseConvFilterGrad"));

@@ -80,8 +80,12 @@ Sparse convolution of site features by gather-GEMM-scatter: for every kernel off
 out_features[out_rows[p]] += features[in_rows[p]] @ filters[q] over q's pairs.
 filters is [K, Cin, Cout] (the kernel [k1, ..., kd, Cin, Cout] with its offsets
 flattened). half and bfloat16 accumulate in float32 (on the GPU, from sm_80 for bfloat16
-and sm_70 for half, their products run on tensor cores). num_out is the number of output
-sites.
+and sm_70 for half, their products run on tensor cores). On the GPU from sm_80, float
+follows TensorFlow's TF32 setting (tf.config.experimental.enable_tensor_float_32_execution,
+on by default, as for MatMul and Conv2D): its products then run on tensor cores with
+each factor rounded to TF32 (10 mantissa bits) and float32 sums; where cin and cout are
+multiples of 4. With TF32 off, or on the CPU, products are full float32. num_out is the
+number of output sites.
 map_is_trusted: the caller promises that the map is valid (every in_rows[p] <
 num_in, every out_rows[p] < num_out, at most one pair per output row and offset), as
 SiteKernelMap's maps are by construction; tf_sparseconv's wrappers set it for those
@@ -116,7 +120,8 @@ REGISTER_OP("SiteSparseConvFilterGrad")
     })
     .Doc(R"doc(
 Gradient of SiteSparseConv with respect to its filters: filter_grad[q] =
-features[in_rows]^T @ out_grad[out_rows] over offset q's pairs.
+features[in_rows]^T @ out_grad[out_rows] over offset q's pairs. float follows
+TensorFlow's TF32 setting on the GPU from sm_80, as SiteSparseConv does.
 map_is_trusted: as for SiteSparseConv, a promise that the map is valid. A trusted call
 on the GPU skips the row checks and their host round trip; the CPU kernel checks the
 rows regardless.

@@ -51,6 +51,7 @@
 
 #include "gpu_util.cuh"
 #include "site_conv_gpu.h"
+#include "site_conv_mma.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -141,6 +142,21 @@ __device__ inline uint4 Load8(const uint16_t* src, int64_t valid, bool vectors) 
     if (i < valid) v[i / 2] |= static_cast<uint32_t>(__ldg(src + i)) << (16 * (i % 2));
   }
   return make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+// 16 bytes of consecutive values (8 of 16 bits or 4 floats) from src, of which the first
+// `valid` exist: Load8's rule for either width.
+__device__ inline uint4 LoadVector(const uint16_t* src, int64_t valid, bool vectors) {
+  return Load8(src, valid, vectors);
+}
+__device__ inline uint4 LoadVector(const float* src, int64_t valid, bool vectors) {
+  if (valid >= 4 && vectors) return __ldg(reinterpret_cast<const uint4*>(src));
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (i < valid) v[i] = __ldg(src + i);
+  }
+  return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
 }
 
 inline unsigned int GridFor(int64_t items) {
@@ -492,6 +508,8 @@ __device__ void CudaCoreFilterGradPartial(const T* features, const T* out_grad, 
 
 // The same tiles on tensor cores: the [64 input channels x 64 output channels] tile of
 // one chunk's X^T G, kMmaDepth pairs per step; X^T is X's shared rows read column-major.
+// M: half or bfloat16 (16-bit storage), or TF32 (float storage, each factor rounded to
+// TF32 after the fragment load).
 template <typename M, typename T>
 __device__ void TensorCoreFilterGradPartial(const T* features, const T* out_grad, const int32_t* in_rows,
                                             const int32_t* out_rows, const int64_t* splits,
@@ -499,20 +517,32 @@ __device__ void TensorCoreFilterGradPartial(const T* features, const T* out_grad
                                             int64_t num_chunks, int64_t cin, int64_t cout, int64_t in_tiles,
                                             int64_t out_tiles, float* partial) {
   namespace wmma = nvcuda::wmma;
-  static_assert(sizeof(T) == 2 && sizeof(M) == 2, "16-bit storage");
-  constexpr int kLd = kTileCols + kMmaPad;
-  __shared__ __align__(32) uint16_t x_rows[kMmaDepth * kLd];     // [pair][input channel k0 + k]
-  __shared__ __align__(32) uint16_t grad_rows[kMmaDepth * kLd];  // [pair][output channel c0 + c]
-  __shared__ __align__(32) float product[kTileCols * kMmaLdC];   // [input channel][output channel]
-  const uint16_t* x = reinterpret_cast<const uint16_t*>(features);
-  const uint16_t* g = reinterpret_cast<const uint16_t*>(out_grad);
+  using S = typename pipelined::Element<M>::Stored;
+  using Load = typename pipelined::Element<M>::Load;
+  constexpr bool kTf32 = std::is_same<M, wmma::precision::tf32>::value;
+  constexpr int kMmaK = pipelined::Element<M>::kMmaK;
+  constexpr int kVec = 16 / sizeof(S);
+  constexpr int kLoads = kMmaDepth * kTileCols / kVec / kThreads;  // 16-byte vectors per thread and step
+  static_assert(sizeof(T) == sizeof(S), "the storage of M");
+  constexpr int kLd = kTileCols + kVec;  // rows padded by 16 bytes
+  __shared__ __align__(32) S x_rows[kMmaDepth * kLd];           // [pair][input channel k0 + k]
+  __shared__ __align__(32) S grad_rows[kMmaDepth * kLd];        // [pair][output channel c0 + c]
+  __shared__ __align__(32) float product[kTileCols * kMmaLdC];  // [input channel][output channel]
+  const S* x = reinterpret_cast<const S*>(features);
+  const S* g = reinterpret_cast<const S*>(out_grad);
   const int warp = threadIdx.x / 32;
   const int wm = warp % 4, wn = warp / 4;  // input channels 16 wm .. 16 wm + 16, output channels 32 wn .. + 32
-  // What this thread stages per step: 8 channels of one pair's input row and of its
-  // output-gradient row.
-  const int s_row = threadIdx.x / (kTileCols / 8), s_col = threadIdx.x % (kTileCols / 8) * 8;
-  const bool x_vectors = cin % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  const bool g_vectors = cout % 8 == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0;
+  // What this thread stages per step: kLoads vectors of kVec channels, each of one pair's
+  // input row and of its output-gradient row.
+  int s_row[kLoads], s_col[kLoads];
+#pragma unroll
+  for (int l = 0; l < kLoads; ++l) {
+    const int v = threadIdx.x + l * kThreads;
+    s_row[l] = v / (kTileCols / kVec);
+    s_col[l] = v % (kTileCols / kVec) * kVec;
+  }
+  const bool x_vectors = cin % kVec == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool g_vectors = cout % kVec == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0;
   const int64_t tiles = in_tiles * out_tiles;
   const int64_t items = num_chunks * tiles;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -523,33 +553,47 @@ __device__ void TensorCoreFilterGradPartial(const T* features, const T* out_grad
     const int64_t q = OwnerOf(chunk_begin, volume, chunk);
     const int64_t begin = splits[q] + (chunk - chunk_begin[q]) * chunk_pairs;
     const int64_t end = begin + chunk_pairs < splits[q + 1] ? begin + chunk_pairs : splits[q + 1];
-    uint4 x_next, g_next;
+    uint4 x_next[kLoads], g_next[kLoads];
     // The next step's rows are loaded before this step's MMAs (latency under arithmetic).
     auto stage = [&](int64_t p0) {
-      const int64_t p = p0 + s_row;
-      const int64_t in = p < end ? in_rows[p] : -1, o = p < end ? out_rows[p] : -1;
-      const int64_t k = k0 + s_col, c = c0 + s_col;
-      x_next = in >= 0 ? Load8(x + in * cin + k, cin - k, x_vectors) : make_uint4(0u, 0u, 0u, 0u);
-      g_next = o >= 0 ? Load8(g + o * cout + c, cout - c, g_vectors) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l) {
+        const int64_t p = p0 + s_row[l];
+        const int64_t in = p < end ? in_rows[p] : -1, o = p < end ? out_rows[p] : -1;
+        const int64_t k = k0 + s_col[l], c = c0 + s_col[l];
+        x_next[l] = in >= 0 ? LoadVector(x + in * cin + k, cin - k, x_vectors) : make_uint4(0u, 0u, 0u, 0u);
+        g_next[l] = o >= 0 ? LoadVector(g + o * cout + c, cout - c, g_vectors) : make_uint4(0u, 0u, 0u, 0u);
+      }
     };
     stage(begin);
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+    wmma::fragment<wmma::accumulator, 16, 16, kMmaK, float> acc[2];
     wmma::fill_fragment(acc[0], 0.0f);
     wmma::fill_fragment(acc[1], 0.0f);
     for (int64_t p0 = begin; p0 < end; p0 += kMmaDepth) {
-      *reinterpret_cast<uint4*>(x_rows + s_row * kLd + s_col) = x_next;
-      *reinterpret_cast<uint4*>(grad_rows + s_row * kLd + s_col) = g_next;
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l) {
+        *reinterpret_cast<uint4*>(x_rows + s_row[l] * kLd + s_col[l]) = x_next[l];
+        *reinterpret_cast<uint4*>(grad_rows + s_row[l] * kLd + s_col[l]) = g_next[l];
+      }
       __syncthreads();
       if (p0 + kMmaDepth < end) stage(p0 + kMmaDepth);
 #pragma unroll
-      for (int kk = 0; kk < kMmaDepth; kk += 16) {
+      for (int kk = 0; kk < kMmaDepth; kk += kMmaK) {
         // Element (m, k) of X^T is x_rows[(kk + k) * kLd + 16 wm + m]: column-major.
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, M, wmma::col_major> a;
-        wmma::load_matrix_sync(a, reinterpret_cast<const M*>(x_rows + kk * kLd + 16 * wm), kLd);
+        wmma::fragment<wmma::matrix_a, 16, 16, kMmaK, M, wmma::col_major> a;
+        wmma::load_matrix_sync(a, reinterpret_cast<const Load*>(x_rows + kk * kLd + 16 * wm), kLd);
+        if constexpr (kTf32) {
+#pragma unroll
+          for (int e = 0; e < a.num_elements; ++e) a.x[e] = wmma::__float_to_tf32(a.x[e]);
+        }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, M, wmma::row_major> b;
-          wmma::load_matrix_sync(b, reinterpret_cast<const M*>(grad_rows + kk * kLd + 32 * wn + 16 * j), kLd);
+          wmma::fragment<wmma::matrix_b, 16, 16, kMmaK, M, wmma::row_major> b;
+          wmma::load_matrix_sync(b, reinterpret_cast<const Load*>(grad_rows + kk * kLd + 32 * wn + 16 * j), kLd);
+          if constexpr (kTf32) {
+#pragma unroll
+            for (int e = 0; e < b.num_elements; ++e) b.x[e] = wmma::__float_to_tf32(b.x[e]);
+          }
           wmma::mma_sync(acc[j], a, b, acc[j]);
         }
       }
@@ -575,13 +619,25 @@ __global__ void __launch_bounds__(kThreads)
     FilterGradPartialKernel(const T* features, const T* out_grad, const int32_t* in_rows, const int32_t* out_rows,
                             const int64_t* splits, const int64_t* chunk_begin, int64_t volume, int64_t chunk_pairs,
                             int64_t num_chunks, int64_t cin, int64_t cout, int64_t in_tiles, int64_t out_tiles,
-                            const Report* report, A* partial) {
+                            bool tf32, const Report* report, A* partial) {
   if (report != nullptr && !ChecksPassed(report)) return;
   if constexpr (Mma<T>::kAvailable) {
     TensorCoreFilterGradPartial<typename Mma<T>::type>(features, out_grad, in_rows, out_rows, splits, chunk_begin,
                                                        volume, chunk_pairs, num_chunks, cin, cout, in_tiles,
                                                        out_tiles, partial);
-  } else {
+    return;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same<T, float>::value) {
+    if (tf32) {  // uniform over the grid
+      TensorCoreFilterGradPartial<nvcuda::wmma::precision::tf32>(features, out_grad, in_rows, out_rows, splits,
+                                                                 chunk_begin, volume, chunk_pairs, num_chunks, cin,
+                                                                 cout, in_tiles, out_tiles, partial);
+      return;
+    }
+  }
+#endif
+  if constexpr (!Mma<T>::kAvailable) {
     CudaCoreFilterGradPartial<T, A>(features, out_grad, in_rows, out_rows, splits, chunk_begin, volume, chunk_pairs,
                                     num_chunks, cin, cout, in_tiles, out_tiles, partial);
   }
@@ -663,17 +719,90 @@ GpuStatus LaunchGatherGemmScatter(Stream stream, const SiteConvArgs<T>& a, const
   return GpuStatus::Ok();
 }
 
+// The WMMA element type of site_conv_mma.cuh's kernel for storage type T (void: none).
+template <typename T>
+struct PipelinedMma {
+  using type = void;
+};
+template <>
+struct PipelinedMma<Half> {
+  using type = __half;
+};
+template <>
+struct PipelinedMma<BFloat16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct PipelinedMma<float> {
+  using type = nvcuda::wmma::precision::tf32;
+};
+
+int CurrentComputeMajor() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return 0;
+  return major;
+}
+
+// Whether the forward runs on site_conv_mma.cuh's pipelined tensor-core kernel: sm_80 and
+// later, half or bfloat16, or float with TF32 allowed; whole 16-byte vectors per row.
+template <typename T>
+bool UsePipelined(const SiteConvArgs<T>& a, bool allow_tf32) {
+  if constexpr (std::is_void<typename PipelinedMma<T>::type>::value) {
+    return false;
+  } else {
+    if (std::is_same<T, float>::value && !allow_tf32) return false;
+    constexpr int64_t vec = 16 / sizeof(T);
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    return a.cin > 0 && a.cin % vec == 0 && a.cout % vec == 0 && aligned(a.features) && aligned(a.filters) &&
+           CurrentComputeMajor() >= 8;
+  }
+}
+
+template <typename M, int kBN, bool kAtomic, typename T>
+GpuStatus LaunchPipelinedTiles(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table,
+                               int64_t first_tile, int64_t num_tiles, const Report* report, float* out) {
+  using Tiles = pipelined::Tiles<M, kBN>;
+  using S = typename pipelined::Element<M>::Stored;
+  const auto kernel = pipelined::GatherGemmScatterKernel<M, kBN, kAtomic>;
+  // Above 48 KiB of dynamic shared memory a kernel must opt in (per device, so every time).
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tiles::kSharedBytes)),
+      "gather-GEMM-scatter (shared memory)");
+  const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
+  kernel<<<GridFor(num_tiles * col_tiles), pipelined::kBlockThreads, Tiles::kSharedBytes, stream>>>(
+      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), a.in_rows, a.out_rows,
+      table.splits, table.unit_begin, a.volume, a.cin, a.cout, col_tiles, first_tile, num_tiles, report, out);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-scatter");
+  return GpuStatus::Ok();
+}
+
+// Output tiles as wide as cout needs, up to 128 columns.
+template <bool kAtomic, typename T>
+GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table, int64_t first_tile,
+                          int64_t num_tiles, const Report* report, float* out) {
+  using M = typename PipelinedMma<T>::type;
+  if constexpr (std::is_void<M>::value) {
+    return GpuStatus{"gather-GEMM-scatter", "no tensor-core kernel for this type"};
+  } else {
+    if (a.cout <= 32) return LaunchPipelinedTiles<M, 32, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+    if (a.cout <= 64) return LaunchPipelinedTiles<M, 64, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+    return LaunchPipelinedTiles<M, 128, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+  }
+}
+
 }  // namespace
 
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
-                             bool deterministic, bool trusted, T* out, Report* report) {
+                             bool deterministic, bool allow_tf32, bool trusted, T* out, Report* report) {
   using A = typename AccumulatorOf<T>::type;
   Report* device_report = nullptr;  // stays nullptr for a trusted map: the kernels then skip the report
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  const bool pipelined = UsePipelined(a, allow_tf32);
   OffsetTable table;
-  TF_SPARSECONV_RETURN_IF_ERROR(
-      UploadOffsetTable(stream, scratch, a.offset_splits, a.volume, checked, kTileRows, &table));
+  TF_SPARSECONV_RETURN_IF_ERROR(UploadOffsetTable(stream, scratch, a.offset_splits, a.volume, checked,
+                                                  pipelined ? pipelined::kBM : kTileRows, &table));
   const int64_t features = a.num_in * a.cin;
   if (!trusted) {
     TF_SPARSECONV_RETURN_IF_ERROR(CheckMap(stream, scratch, a.in_rows, a.out_rows, table.splits, checked, a.num_in,
@@ -699,9 +828,20 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
         for (int64_t q = 0; q < a.volume; ++q) {
           const int64_t first = table.host_unit_begin[q], count = table.host_unit_begin[q + 1] - first;
           if (count == 0) continue;
+          if constexpr (std::is_same<A, float>::value) {
+            if (pipelined) {
+              TF_SPARSECONV_RETURN_IF_ERROR(
+                  (LaunchPipelined<false>(stream, a, table, first, count, device_report, acc)));
+              continue;
+            }
+          }
           TF_SPARSECONV_RETURN_IF_ERROR((LaunchGatherGemmScatter<T, A, false>(stream, a, table, first, count,
                                                                                device_report, acc)));
         }
+      } else if constexpr (std::is_same<A, float>::value) {
+        TF_SPARSECONV_RETURN_IF_ERROR(
+            (pipelined ? LaunchPipelined<true>(stream, a, table, 0, table.units, device_report, acc)
+                       : LaunchGatherGemmScatter<T, A, true>(stream, a, table, 0, table.units, device_report, acc)));
       } else {
         TF_SPARSECONV_RETURN_IF_ERROR(
             (LaunchGatherGemmScatter<T, A, true>(stream, a, table, 0, table.units, device_report, acc)));
@@ -721,8 +861,9 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
 
 template <typename T>
 GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
-                                bool trusted, const T* out_grad, T* filter_grad, Report* report) {
+                                bool allow_tf32, bool trusted, const T* out_grad, T* filter_grad, Report* report) {
   using A = typename AccumulatorOf<T>::type;
+  const bool tf32 = std::is_same<T, float>::value && allow_tf32 && CurrentComputeMajor() >= 8;
   Report* device_report = nullptr;  // stays nullptr for a trusted map
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
   const int64_t in_tiles = (a.cin + kTileCols - 1) / kTileCols;
@@ -749,7 +890,7 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
       if (partial == nullptr) return GpuStatus::OutOfMemory("filter gradient partial sums");
       FilterGradPartialKernel<T, A><<<GridFor(table.units * in_tiles * out_tiles), kThreads, 0, stream>>>(
           a.features, out_grad, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs,
-          table.units, a.cin, a.cout, in_tiles, out_tiles, device_report, partial);
+          table.units, a.cin, a.cout, in_tiles, out_tiles, tf32, device_report, partial);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
     }
     FilterGradReduceKernel<T, A><<<BlocksFor(a.volume * slice), kThreads, 0, stream>>>(
@@ -796,9 +937,9 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
 
 #define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
   template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&, bool, \
-                                           bool, T*, Report*);                                                \
+                                           bool, bool, T*, Report*);                                          \
   template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \
-                                              bool, const T*, T*, Report*);
+                                              bool, bool, const T*, T*, Report*);
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(float)
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(double)
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(Half)

@@ -44,13 +44,15 @@ enum SiteConvCheck { kSiteRows = 0, kSiteRepeat = 1, kSiteNaN = 2 };
 // atomic adds. Blocks until the report is on the host, except for a trusted map
 // (map_is_trusted: valid by construction, checked.offsets == volume): no row checks, no
 // NaN scan, report untouched, and it returns once the work is queued.
-// half (sm_70+) and bfloat16 (sm_80+) multiply on tensor cores.
+// half (sm_70+) and bfloat16 (sm_80+) multiply on tensor cores; so does float through
+// TF32 where allow_tf32 (TensorFlow's tensor_float_32_execution_enabled()) on sm_80+,
+// when cin and cout are multiples of 4 (float) or 8 (16-bit types).
 // Temporary memory: num_out * volume / 8 bytes (the repeat check), 16 * (volume + 1),
 // and num_out * cout * 4 for half and bfloat16 (the float32 accumulator).
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
-                             const CheckedMap& checked, bool deterministic, bool trusted,
-                             T* out, Report* report);
+                             const CheckedMap& checked, bool deterministic, bool allow_tf32,
+                             bool trusted, T* out, Report* report);
 
 // filter_grad [volume, cin, cout]; deterministic (fixed chunks of pairs, partial sums
 // added in chunk order). Blocks until the report is on the host, except for a trusted
@@ -60,8 +62,8 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
 // tiles = ceil(cin / 64) * ceil(cout / 64).
 template <typename T>
 GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
-                                const CheckedMap& checked, bool trusted, const T* out_grad,
-                                T* filter_grad, Report* report);
+                                const CheckedMap& checked, bool allow_tf32, bool trusted,
+                                const T* out_grad, T* filter_grad, Report* report);
 
 // The error path of kSiteRepeat: the first pair p (in pair order, among the checked
 // pairs with out_rows in range) whose output row an earlier pair of its offset already

@@ -32,6 +32,17 @@ BUILDERS = ["hash", "sort"]
 TOLERANCE = {tf.float32: 1e-5, tf.float64: 1e-12, tf.float16: 2e-3, tf.bfloat16: 1.6e-2}
 
 
+@pytest.fixture(autouse=True)
+def strict_float32():
+    """float32 within 1e-5 of the CPU needs float32 products: TF32 (TensorFlow's default on
+    sm_80 and later, which SiteSparseConv follows) is off in these tests, except where a
+    test turns it on."""
+    previous = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    yield
+    tf.config.experimental.enable_tensor_float_32_execution(previous)
+
+
 def on_cpu(value, dtype):
     """value as a tensor of dtype, converted on the CPU (not every GPU Cast has every type)."""
     with tf.device(CPU):
@@ -202,6 +213,9 @@ CONV_CASES = [
     # Rows of a multiple of 8 channels: the 16-byte loads of the tensor-core tiles, four
     # 32-channel steps, a second column tile with an 8-column tail.
     pytest.param(1, (16, 16, 16), (3, 3, 3), 128, 72, 0.1, dict(subm=True), id="3d-subm-c128-vector-loads"),
+    # The pipelined tensor-core kernel (sm_80+, half and bfloat16): a 32-channel step and an
+    # 8-channel tail, two 128-column tiles of which the second has 8 columns.
+    pytest.param(1, (14, 14, 14), (3, 3, 3), 40, 136, 0.1, dict(subm=True), id="3d-subm-c40-c136-two-col-tiles"),
 ]
 DTYPES = [tf.float32, tf.float64, tf.float16, tf.bfloat16]
 
@@ -540,3 +554,39 @@ def test_trusted_calls_check_splits_on_the_host_and_skip_the_nan_scan_on_gpu(rng
     with tf.device(GPU):
         y = ops.site_sparse_conv(nan, tf.ones([2, 2, 3]), offset_splits=[0, 2, 3], map_is_trusted=True, **rising)
     assert np.all(np.isnan(y.numpy()[1])) and not np.any(np.isnan(y.numpy()[0]))
+
+
+# --- float32 through TF32 -------------------------------------------------------------------------
+
+# (cin, cout): 32-, 64- and 128-column tiles; channel steps of 16 with tails of 8; a second
+# column tile of 4 columns.
+TF32_CASES = [(8, 8), (24, 40), (128, 72), (40, 132)]
+
+
+@pytest.mark.parametrize("cin,cout", TF32_CASES, ids=lambda v: str(v))
+def test_float32_conv_uses_tf32_where_tensorflow_allows_it(rng, cin, cout):
+    coords = random_sites(rng, 1, (14, 14, 14), 0.15)
+    features64 = rng.standard_normal((len(coords), cin))
+    kernel64 = rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin)
+    upstream = None
+    results = {}
+    for name, device, dtype, tf32 in (("reference", CPU, tf.float64, False), ("strict", GPU, tf.float32, False),
+                                      ("tf32", GPU, tf.float32, True)):
+        tf.config.experimental.enable_tensor_float_32_execution(tf32)
+        features, kernel = on_cpu(features64, dtype), on_cpu(kernel64, dtype)
+        if upstream is None:
+            y, _, _ = conv_and_gradients(device, coords, features, kernel, (14, 14, 14), 1, dict(subm=True))
+            upstream = rng.standard_normal(y.shape)
+        results[name] = conv_and_gradients(device, coords, features, kernel, (14, 14, 14), 1, dict(subm=True),
+                                           upstream)
+    for i, what in enumerate(("features", "input gradient", "kernel gradient")):
+        reference = results["reference"][i].numpy()
+        strict, tf32 = results["strict"][i].numpy(), results["tf32"][i].numpy()
+        scale = np.max(np.abs(reference))
+        np.testing.assert_allclose(strict, reference, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
+        # TF32 keeps 10 of float32's 23 mantissa bits in each factor (relative rounding
+        # 2^-11): products within about 2^-10, sums of them well within 5e-3 of the scale.
+        np.testing.assert_allclose(tf32, reference, rtol=5e-3, atol=5e-3 * scale, err_msg=what)
+        # Both kernels (the forward one computes the input gradient too) ran on TF32: the
+        # results differ from the float32 products'.
+        assert np.max(np.abs(tf32 - strict)) > 1e-6 * scale, what
