@@ -140,6 +140,12 @@ def run_ours(args):
     results = []
     global trusted
     trusted = not args.untrusted_maps
+    # The framework's share of every `*_s` (wall) figure: a tf.function call of one tiny
+    # GPU op, synchronised the same way. spconv's calls pay PyTorch's (much smaller) share.
+    tiny = tf.zeros([8])
+    overhead = median_call_s(tf.function(lambda v: v + 1.0), (tiny,), args.warmup, args.reps)
+    results.append({"scene": "-", "layer": "tf_function_call", "pass": "overhead", "dtype": None, "ours_s": overhead})
+    print(f"[ours] a synchronised tf.function call of one tiny op: {overhead * 1e3:.3f} ms", flush=True)
     all_scenes = scenes(args.scenes)
     for scene, (coords, spatial, batch) in all_scenes.items():
         print(f"[ours] {scene}: {len(coords):,} sites, spatial {spatial.tolist()}, batch {batch}", flush=True)

@@ -614,30 +614,27 @@ __device__ void TensorCoreFilterGradPartial(const T* features, const T* out_grad
 }
 
 // report: nullptr for a trusted map; otherwise the products run only if every check passed.
-template <typename T, typename A>
+// kTf32 (float on sm_80+ with TF32 allowed) is a kernel of its own: the paths' shared
+// arrays add up within one kernel, and the CUDA-core path's occupancy would pay for both.
+template <typename T, typename A, bool kTf32>
 __global__ void __launch_bounds__(kThreads)
     FilterGradPartialKernel(const T* features, const T* out_grad, const int32_t* in_rows, const int32_t* out_rows,
                             const int64_t* splits, const int64_t* chunk_begin, int64_t volume, int64_t chunk_pairs,
                             int64_t num_chunks, int64_t cin, int64_t cout, int64_t in_tiles, int64_t out_tiles,
-                            bool tf32, const Report* report, A* partial) {
+                            const Report* report, A* partial) {
   if (report != nullptr && !ChecksPassed(report)) return;
-  if constexpr (Mma<T>::kAvailable) {
+  if constexpr (kTf32) {
+    static_assert(std::is_same<T, float>::value, "TF32 multiplies float");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    TensorCoreFilterGradPartial<nvcuda::wmma::precision::tf32>(features, out_grad, in_rows, out_rows, splits,
+                                                               chunk_begin, volume, chunk_pairs, num_chunks, cin,
+                                                               cout, in_tiles, out_tiles, partial);
+#endif
+  } else if constexpr (Mma<T>::kAvailable) {
     TensorCoreFilterGradPartial<typename Mma<T>::type>(features, out_grad, in_rows, out_rows, splits, chunk_begin,
                                                        volume, chunk_pairs, num_chunks, cin, cout, in_tiles,
                                                        out_tiles, partial);
-    return;
-  }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (std::is_same<T, float>::value) {
-    if (tf32) {  // uniform over the grid
-      TensorCoreFilterGradPartial<nvcuda::wmma::precision::tf32>(features, out_grad, in_rows, out_rows, splits,
-                                                                 chunk_begin, volume, chunk_pairs, num_chunks, cin,
-                                                                 cout, in_tiles, out_tiles, partial);
-      return;
-    }
-  }
-#endif
-  if constexpr (!Mma<T>::kAvailable) {
+  } else {
     CudaCoreFilterGradPartial<T, A>(features, out_grad, in_rows, out_rows, splits, chunk_begin, volume, chunk_pairs,
                                     num_chunks, cin, cout, in_tiles, out_tiles, partial);
   }
@@ -888,9 +885,11 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
     if (table.units > 0) {
       partial = scratch->DeviceArray<A>(table.units * slice);
       if (partial == nullptr) return GpuStatus::OutOfMemory("filter gradient partial sums");
-      FilterGradPartialKernel<T, A><<<GridFor(table.units * in_tiles * out_tiles), kThreads, 0, stream>>>(
+      const auto kernel = tf32 ? FilterGradPartialKernel<T, A, std::is_same<T, float>::value>
+                               : FilterGradPartialKernel<T, A, false>;
+      kernel<<<GridFor(table.units * in_tiles * out_tiles), kThreads, 0, stream>>>(
           a.features, out_grad, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs,
-          table.units, a.cin, a.cout, in_tiles, out_tiles, tf32, device_report, partial);
+          table.units, a.cin, a.cout, in_tiles, out_tiles, device_report, partial);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
     }
     FilterGradReduceKernel<T, A><<<BlocksFor(a.volume * slice), kThreads, 0, stream>>>(
