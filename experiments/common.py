@@ -26,6 +26,15 @@ def run_training(name, train_args, work_dir):
     return results
 
 
+def read_json(filename):
+    """The rows of a results file, or [] where there is none yet."""
+    path = os.path.join(RESULTS, filename)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)
+
+
 def write_json(filename, rows):
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, filename)

@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common import run_training, save_figure, write_json  # noqa: E402
+from common import read_json, run_training, save_figure, write_json  # noqa: E402
 
 
 def main():
@@ -24,8 +24,13 @@ def main():
     p.add_argument("--max-examples", type=int, default=0, help="stratified subset of the 9,843 shapes (0: all)")
     p.add_argument("--augment", action="store_true")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--replace", action="store_true",
+                   help="start modelnet40.json afresh (default: keep the rows of resolutions not run now)")
     args = p.parse_args()
-    rows, histories = [], {}
+    # Resolutions run in different sessions share one results file: rows of other
+    # resolutions are kept, and the plot shows every row that carries its curve.
+    kept = [] if args.replace else [r for r in read_json("modelnet40.json") if r["resolution"] not in args.resolutions]
+    rows = []
     with tempfile.TemporaryDirectory() as work:
         for r in args.resolutions:
             train_args = ["--dataset", "modelnet40", "--resolution", r, "--epochs", args.epochs,
@@ -39,16 +44,17 @@ def main():
                          else seconds[0],
                          "peak_bytes": res["peak_rss_bytes"], "memory_bound_bytes": res["memory_bound_bytes"],
                          "examples": args.max_examples or 9843, "batch_size": args.batch_size, "rhos": res["rhos"],
-                         "device": "CPU (2 cores)"})
-            histories[r] = res["history"]["val_accuracy"]
-            write_json("modelnet40.json", rows)
+                         "device": "CPU (2 cores)", "val_accuracy_per_epoch": res["history"]["val_accuracy"]})
+            write_json("modelnet40.json", sorted(kept + rows, key=lambda row: row["resolution"]))
     figure, axis = plt.subplots(figsize=(6, 4))
-    for r, accuracy in histories.items():
-        axis.plot(range(1, len(accuracy) + 1), accuracy, marker="o", label=f"{r}³")
+    for row in sorted(kept + rows, key=lambda row: row["resolution"]):
+        accuracy = row.get("val_accuracy_per_epoch")
+        if accuracy:
+            axis.plot(range(1, len(accuracy) + 1), accuracy, marker="o", label=f"{row['resolution']}³")
     axis.set(xlabel="epoch", ylabel="validation accuracy", title="ModelNet40, sparse OctNet3")
     axis.legend()
     save_figure(figure, "modelnet40.png")
-    for row in rows:
+    for row in sorted(kept + rows, key=lambda row: row["resolution"]):
         print(f"{row['resolution']:>4}³: val acc {row['val_accuracy']:.4f} after {row['epochs']} epochs, "
               f"{row['sec_per_epoch']:.0f} s/epoch, peak {row['peak_bytes'] / 2**30:.2f} GiB")
 
