@@ -122,6 +122,8 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     ignores). Otherwise a strided convolution whose output sites are every site an input
     reaches. With indice_key, the map is taken from x.kernel_maps when there and stored
     on the output, so layers of one geometry share it and site_inverse_conv finds it.
+    On a GPU of sm_80 or later, float32 follows TensorFlow's TF32 switch
+    (tf.config.experimental.enable_tensor_float_32_execution, on by default).
     """
     _check_site_tensor(x, "site_conv")
     kernel = tf.convert_to_tensor(kernel)
