@@ -213,6 +213,8 @@ def _compile_sources_in_parallel(compiler, cuda=None):
             return nvcc_compile(source, kwargs.get("output_dir"))
         if source.endswith("_gpu.cc"):
             kwargs = dict(kwargs, extra_postargs=list(kwargs.get("extra_postargs") or []) + cuda[1])
+        if source.endswith("_avx2.cc"):  # called only where the CPU has AVX2 and FMA
+            kwargs = dict(kwargs, extra_postargs=list(kwargs.get("extra_postargs") or []) + ["-mavx2", "-mfma"])
         return serial_compile([source], *args, **kwargs)
 
     def compile_all(sources, *args, **kwargs):

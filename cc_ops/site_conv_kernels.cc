@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "site_checks.h"
 #include "site_conv.h"
+#include "site_gemm_cpu.h"
 #include "tensorflow/core/framework/bfloat16.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -39,7 +42,29 @@ void ToAccumulator(const T* x, int64_t n, A* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<A>(x[i]);
 }
 
+// Float32 rows of a block of pairs for the AVX2 products: float features are used where
+// they are; half types are converted into `staging` ([rows, width]) first.
+template <typename T>
+void RowPointers(const T* x, int64_t width, const int32_t* rows, int64_t n, float* staging, const float** out) {
+  for (int64_t r = 0; r < n; ++r) {
+    if constexpr (std::is_same_v<T, float>) {
+      out[r] = x + rows[r] * width;
+    } else {
+      ToAccumulator(x + rows[r] * width, width, staging + r * width);
+      out[r] = staging + r * width;
+    }
+  }
+}
+
 }  // namespace
+
+// TF_SPARSECONV_DISABLE_AVX2 (any value) keeps Eigen's portable path, e.g. to test it on
+// a CPU that has AVX2.
+bool CpuHasAvx2Fma() {
+  static const bool has = std::getenv("TF_SPARSECONV_DISABLE_AVX2") == nullptr && __builtin_cpu_supports("avx2") &&
+                          __builtin_cpu_supports("fma");
+  return has;
+}
 
 template <typename T>
 struct SiteConvFunctor<CPUDevice, T> {
@@ -62,6 +87,24 @@ struct SiteConvFunctor<CPUDevice, T> {
       if (count == 0) continue;
       const Eigen::Map<const RowMajor<A>> w(filters.data() + q * a.cin * a.cout, a.cin, a.cout);
       const int64_t blocks = (count + kPairBlock - 1) / kPairBlock;
+      if constexpr (std::is_same_v<A, float>) {
+        if (CpuHasAvx2Fma()) {
+          device.parallelFor(blocks, Eigen::TensorOpCost(0, 0, 2.0 * kPairBlock * a.cin * a.cout),
+                             [&](Eigen::Index first, Eigen::Index last) {
+                               std::vector<float> staging(std::is_same_v<T, float> ? 0 : kPairBlock * a.cin);
+                               const float* in[kPairBlock];
+                               float* dst[kPairBlock];
+                               for (Eigen::Index blk = first; blk < last; ++blk) {
+                                 const int64_t p0 = begin + blk * kPairBlock;
+                                 const int64_t rows = std::min(kPairBlock, begin + count - p0);
+                                 RowPointers(a.features, a.cin, a.in_rows + p0, rows, staging.data(), in);
+                                 for (int64_t r = 0; r < rows; ++r) dst[r] = acc + a.out_rows[p0 + r] * a.cout;
+                                 GatherGemmScatterAvx2(rows, a.cin, a.cout, in, w.data(), dst);
+                               }
+                             });
+          continue;
+        }
+      }
       device.parallelFor(blocks, Eigen::TensorOpCost(0, 0, 2.0 * kPairBlock * a.cin * a.cout),
                          [&](Eigen::Index first, Eigen::Index last) {
                            RowMajor<A> gathered(kPairBlock, a.cin), product(kPairBlock, a.cout);
@@ -93,6 +136,32 @@ struct SiteConvFilterGradFunctor<CPUDevice, T> {
     using A = typename AccumulatorOf<T>::type;
     // One offset per task: offsets write disjoint filter slices, so no reduction is needed
     // and the sum order (by pair) does not depend on the thread count.
+    if constexpr (std::is_same_v<A, float>) {
+      if (CpuHasAvx2Fma()) {
+        device.parallelFor(a.volume, Eigen::TensorOpCost(0, 0, 2.0 * a.pairs / a.volume * a.cin * a.cout),
+                           [&](Eigen::Index first, Eigen::Index last) {
+                             const bool convert = !std::is_same_v<T, float>;
+                             std::vector<float> x_staging(convert ? kPairBlock * a.cin : 0);
+                             std::vector<float> g_staging(convert ? kPairBlock * a.cout : 0);
+                             std::vector<float> dw(a.cin * a.cout);
+                             const float* x[kPairBlock];
+                             const float* g[kPairBlock];
+                             for (Eigen::Index q = first; q < last; ++q) {
+                               std::fill(dw.begin(), dw.end(), 0.0f);
+                               const int64_t begin = a.offset_splits[q], end = a.offset_splits[q + 1];
+                               for (int64_t p0 = begin; p0 < end; p0 += kPairBlock) {
+                                 const int64_t rows = std::min(kPairBlock, end - p0);
+                                 RowPointers(a.features, a.cin, a.in_rows + p0, rows, x_staging.data(), x);
+                                 RowPointers(out_grad, a.cout, a.out_rows + p0, rows, g_staging.data(), g);
+                                 OuterProductSumAvx2(rows, a.cin, a.cout, x, g, dw.data());
+                               }
+                               T* dst = filter_grad + q * a.cin * a.cout;
+                               for (int64_t i = 0; i < a.cin * a.cout; ++i) dst[i] = static_cast<T>(dw[i]);
+                             }
+                           });
+        return;
+      }
+    }
     device.parallelFor(a.volume, Eigen::TensorOpCost(0, 0, 2.0 * a.pairs / a.volume * a.cin * a.cout),
                        [&](Eigen::Index first, Eigen::Index last) {
                          RowMajor<A> x(kPairBlock, a.cin), g(kPairBlock, a.cout), dw(a.cin, a.cout);

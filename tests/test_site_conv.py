@@ -229,6 +229,53 @@ def test_results_do_not_depend_on_the_thread_count(rng):
         np.testing.assert_array_equal(f(features).numpy(), first)
 
 
+AVX2_AND_PORTABLE_SCRIPT = """
+import sys, numpy as np, tensorflow as tf
+from tf_sparseconv.ops.site_conv import site_conv
+from tf_sparseconv.site_sparse_tensor import make_site_sparse
+rng = np.random.default_rng(7)
+occupied = rng.random((2, 9, 9, 9)) < 0.3
+coords = np.argwhere(occupied).astype(np.int32)
+results = []
+# cin/cout: 16-column panels, an 8-column one and a masked tail; rows past whole tiles.
+for cin, cout, dtype in ((5, 37, tf.float32), (16, 16, tf.float32), (24, 8, tf.float16)):
+    features = tf.cast(rng.standard_normal((len(coords), cin)), dtype)
+    kernel = tf.cast(rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin), dtype)
+    x = make_site_sparse(coords, features, (9, 9, 9), 2)
+    with tf.GradientTape() as tape:
+        tape.watch([features, kernel])
+        y = site_conv(x, kernel, subm=True).features
+    upstream = tf.cast(np.linspace(-1, 1, int(np.prod(y.shape))).reshape(y.shape), dtype)
+    results += [t.numpy().astype(np.float64) for t in
+                [y, *tape.gradient(y, [features, kernel], output_gradients=upstream)]]
+np.savez(sys.argv[1], *results)
+"""
+
+
+def test_avx2_products_match_the_portable_path(tmp_path):
+    # The AVX2 + FMA products are chosen once per process: one process per path.
+    import os
+    import subprocess
+    import sys
+    if not os.path.exists("/proc/cpuinfo") or not {"avx2", "fma"} <= set(open("/proc/cpuinfo").read().split()):
+        pytest.skip("this CPU has no AVX2 and FMA: only the portable path runs")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outputs = {}
+    for name, extra in (("avx2", {}), ("portable", {"TF_SPARSECONV_DISABLE_AVX2": "1"})):
+        env = dict(os.environ)
+        env.pop("TF_SPARSECONV_DISABLE_AVX2", None)
+        env.update(extra, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+        path = tmp_path / f"{name}.npz"
+        subprocess.run([sys.executable, "-c", AVX2_AND_PORTABLE_SCRIPT, str(path)], env=env, check=True,
+                       capture_output=True)
+        outputs[name] = [v for _, v in sorted(np.load(path).items(), key=lambda kv: int(kv[0].split("_")[1]))]
+    for i, (a, b) in enumerate(zip(outputs["avx2"], outputs["portable"])):
+        half = i >= 6  # the float16 case: both round the same float32 sums to half once
+        scale = np.max(np.abs(b))
+        tolerance = 2e-3 if half else 1e-5  # fused multiply-adds and another sum order
+        np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance * scale, err_msg=f"output {i}")
+
+
 def test_empty_sites_give_empty_outputs():
     x = make_site_sparse(np.zeros((0, 4), np.int32), np.zeros((0, 3), np.float32), (4, 4, 4), 2)
     y = site_conv(x, np.ones((3, 3, 3, 3, 5), np.float32), strides=2, padding=1)
