@@ -519,7 +519,8 @@ __device__ void TensorCoreFilterGradPartial(const T* features, const T* out_grad
   namespace wmma = nvcuda::wmma;
   using S = typename pipelined::Element<M>::Stored;
   using Load = typename pipelined::Element<M>::Load;
-  constexpr bool kTf32 = std::is_same<M, wmma::precision::tf32>::value;
+  using W = typename pipelined::Wmma<M>::type;
+  constexpr bool kTf32 = std::is_same<M, pipelined::Tf32>::value;
   constexpr int kMmaK = pipelined::Element<M>::kMmaK;
   constexpr int kVec = 16 / sizeof(S);
   constexpr int kLoads = kMmaDepth * kTileCols / kVec / kThreads;  // 16-byte vectors per thread and step
@@ -580,20 +581,14 @@ __device__ void TensorCoreFilterGradPartial(const T* features, const T* out_grad
 #pragma unroll
       for (int kk = 0; kk < kMmaDepth; kk += kMmaK) {
         // Element (m, k) of X^T is x_rows[(kk + k) * kLd + 16 wm + m]: column-major.
-        wmma::fragment<wmma::matrix_a, 16, 16, kMmaK, M, wmma::col_major> a;
+        wmma::fragment<wmma::matrix_a, 16, 16, kMmaK, W, wmma::col_major> a;
         wmma::load_matrix_sync(a, reinterpret_cast<const Load*>(x_rows + kk * kLd + 16 * wm), kLd);
-        if constexpr (kTf32) {
-#pragma unroll
-          for (int e = 0; e < a.num_elements; ++e) a.x[e] = wmma::__float_to_tf32(a.x[e]);
-        }
+        if constexpr (kTf32) pipelined::RoundToTf32(a);
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, kMmaK, M, wmma::row_major> b;
+          wmma::fragment<wmma::matrix_b, 16, 16, kMmaK, W, wmma::row_major> b;
           wmma::load_matrix_sync(b, reinterpret_cast<const Load*>(grad_rows + kk * kLd + 32 * wn + 16 * j), kLd);
-          if constexpr (kTf32) {
-#pragma unroll
-            for (int e = 0; e < b.num_elements; ++e) b.x[e] = wmma::__float_to_tf32(b.x[e]);
-          }
+          if constexpr (kTf32) pipelined::RoundToTf32(b);
           wmma::mma_sync(acc[j], a, b, acc[j]);
         }
       }
@@ -626,7 +621,7 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kTf32) {
     static_assert(std::is_same<T, float>::value, "TF32 multiplies float");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    TensorCoreFilterGradPartial<nvcuda::wmma::precision::tf32>(features, out_grad, in_rows, out_rows, splits,
+    TensorCoreFilterGradPartial<pipelined::Tf32>(features, out_grad, in_rows, out_rows, splits,
                                                                chunk_begin, volume, chunk_pairs, num_chunks, cin,
                                                                cout, in_tiles, out_tiles, partial);
 #endif
@@ -731,7 +726,7 @@ struct PipelinedMma<BFloat16> {
 };
 template <>
 struct PipelinedMma<float> {
-  using type = nvcuda::wmma::precision::tf32;
+  using type = pipelined::Tf32;
 };
 
 int CurrentComputeMajor() {

@@ -44,8 +44,12 @@ constexpr int kWarps = 8;
 constexpr int kBlockThreads = 32 * kWarps;
 constexpr int kStageLd = 20;  // per-warp float staging of one 16 x 16 accumulator (80-byte rows)
 
-// Per element type M (the WMMA type): the stored element S, the depth of one MMA, and the
-// pointer type load_matrix_sync takes.
+// Our name for "float, multiplied as TF32". WMMA's own, wmma::precision::tf32, exists only
+// in the device passes of sm_80 and later, and the kernels are compiled for sm_75 too.
+struct Tf32 {};
+
+// Per element type M (__half, __nv_bfloat16 or Tf32): the stored element, the depth of
+// one MMA, and the pointer type load_matrix_sync takes.
 template <typename M>
 struct Element {
   using Stored = uint16_t;
@@ -53,11 +57,32 @@ struct Element {
   static constexpr int kMmaK = 16;
 };
 template <>
-struct Element<wmma::precision::tf32> {
+struct Element<Tf32> {
   using Stored = float;
   using Load = float;
   static constexpr int kMmaK = 8;
 };
+
+// The WMMA element type of M; used only in code compiled for sm_80 and later.
+template <typename M>
+struct Wmma {
+  using type = M;
+};
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+template <>
+struct Wmma<Tf32> {
+  using type = wmma::precision::tf32;
+};
+#endif
+
+// Rounds a TF32 fragment's loaded float32 values to TF32 (round to nearest), as WMMA asks.
+template <typename Fragment>
+__device__ inline void RoundToTf32(Fragment& fragment) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#pragma unroll
+  for (int e = 0; e < fragment.num_elements; ++e) fragment.x[e] = wmma::__float_to_tf32(fragment.x[e]);
+#endif
+}
 
 template <typename M, int kBN>
 struct Tiles {
@@ -138,7 +163,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   using T = Tiles<M, kBN>;
   using S = typename T::S;
   using Load = typename Element<M>::Load;
-  constexpr bool kTf32 = std::is_same<M, wmma::precision::tf32>::value;
+  using W = typename Wmma<M>::type;
+  constexpr bool kTf32 = std::is_same<M, Tf32>::value;
   extern __shared__ __align__(128) unsigned char shared[];
   S* a_stages = reinterpret_cast<S*>(shared);
   S* b_stages = a_stages + kStages * T::kAStage;
@@ -207,23 +233,17 @@ __global__ void __launch_bounds__(kBlockThreads)
       const Load* b = reinterpret_cast<const Load*>(b_stages + buffer * T::kBStage);
 #pragma unroll
       for (int kk = 0; kk < T::kBK; kk += T::kMmaK) {
-        wmma::fragment<wmma::matrix_a, 16, 16, T::kMmaK, M, wmma::row_major> fa[T::kFM];
+        wmma::fragment<wmma::matrix_a, 16, 16, T::kMmaK, W, wmma::row_major> fa[T::kFM];
 #pragma unroll
         for (int i = 0; i < T::kFM; ++i) {
           wmma::load_matrix_sync(fa[i], a + (wm * T::kWM + 16 * i) * T::kLdA + kk, T::kLdA);
-          if constexpr (kTf32) {
-#pragma unroll
-            for (int e = 0; e < fa[i].num_elements; ++e) fa[i].x[e] = wmma::__float_to_tf32(fa[i].x[e]);
-          }
+          if constexpr (kTf32) RoundToTf32(fa[i]);
         }
 #pragma unroll
         for (int j = 0; j < T::kFN; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, T::kMmaK, M, wmma::row_major> fb;
+          wmma::fragment<wmma::matrix_b, 16, 16, T::kMmaK, W, wmma::row_major> fb;
           wmma::load_matrix_sync(fb, b + kk * T::kLdB + wn * T::kWN + 16 * j, T::kLdB);
-          if constexpr (kTf32) {
-#pragma unroll
-            for (int e = 0; e < fb.num_elements; ++e) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
-          }
+          if constexpr (kTf32) RoundToTf32(fb);
 #pragma unroll
           for (int i = 0; i < T::kFM; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
         }
