@@ -68,6 +68,21 @@ __device__ inline double MulRn(double a, double b) { return __dmul_rn(a, b); }
 __device__ inline float AddRn(float a, float b) { return __fadd_rn(a, b); }
 __device__ inline double AddRn(double a, double b) { return __dadd_rn(a, b); }
 
+// The segment owning position p: the q in [0, segments) with begin[q] <= p < begin[q + 1],
+// for begin rising from begin[0] = 0 to begin[segments] > p (empty segments are skipped).
+__device__ inline int64_t OwnerOf(const int64_t* begin, int64_t segments, int64_t p) {
+  int64_t lo = 0, hi = segments;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (begin[mid] <= p) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 // First position p in [0, n) with a[p] >= value (n if none).
 __device__ inline int64_t LowerBound(const int64_t* a, int64_t n, int64_t value) {
   int64_t lo = 0, hi = n;

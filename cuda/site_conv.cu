@@ -163,21 +163,6 @@ inline unsigned int GridFor(int64_t items) {
   return static_cast<unsigned int>(items < 1 ? 1 : (items > kMaxBlocks ? kMaxBlocks : items));
 }
 
-// The segment owning position p: the q in [0, segments) with begin[q] <= p < begin[q + 1],
-// for begin rising from begin[0] = 0 to begin[segments] > p (empty segments are skipped).
-__device__ inline int64_t OwnerOf(const int64_t* begin, int64_t segments, int64_t p) {
-  int64_t lo = 0, hi = segments;
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (begin[mid] <= p) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
-
 // ---- Checks ----------------------------------------------------------------------------
 
 // seen holds one bit per (output row, offset): a second pair setting the same bit repeats

@@ -179,16 +179,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const int64_t tile = first_tile + item / col_tiles;
     const int64_t col0 = (item % col_tiles) * kBN;
-    int64_t lo = 0, hi = volume;  // the offset owning the tile
-    while (hi - lo > 1) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (tile_begin[mid] <= tile) {
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    const int64_t q = lo;
+    const int64_t q = OwnerOf(tile_begin, volume, tile);
     const int64_t p0 = splits[q] + (tile - tile_begin[q]) * kBM;
     const int64_t p_end = splits[q + 1];
     if (threadIdx.x < kBM) rows_out[threadIdx.x] = p0 + threadIdx.x < p_end ? out_rows[p0 + threadIdx.x] : -1;
