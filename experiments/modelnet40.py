@@ -3,6 +3,10 @@ resolutions on ../shared/data/modelnet40_train.npz with a fixed stratified 10% v
 split. Writes experiments/results/modelnet40.json and modelnet40.png.
 
     python experiments/modelnet40.py --resolutions 16 32 --epochs 10
+
+Runs too long for one sitting: give --backup-root DIR; each resolution keeps its checkpoint
+and epoch log under DIR/modelnet40_<r>, and rerunning the same command (a larger --epochs
+to go further) continues from the last finished epoch.
 """
 import argparse
 import os
@@ -24,6 +28,8 @@ def main():
     p.add_argument("--max-examples", type=int, default=0, help="stratified subset of the 9,843 shapes (0: all)")
     p.add_argument("--augment", action="store_true")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--backup-root", default=None,
+                   help="keep each resolution's checkpoint here and resume from it (default: no backup)")
     p.add_argument("--replace", action="store_true",
                    help="start modelnet40.json afresh (default: keep the rows of resolutions not run now)")
     args = p.parse_args()
@@ -37,9 +43,11 @@ def main():
                           "--batch-size", args.batch_size, "--max-examples", args.max_examples]
             train_args += ["--augment"] if args.augment else []
             train_args += ["--data-dir", args.data_dir] if args.data_dir else []
+            if args.backup_root:
+                train_args += ["--backup-dir", os.path.join(os.path.abspath(args.backup_root), f"modelnet40_{r}")]
             res = run_training(f"modelnet40_{r}", train_args, work)
             seconds = res["sec_per_epoch"]
-            rows.append({"resolution": r, "epochs": args.epochs, "val_accuracy": res["val_accuracy"],
+            rows.append({"resolution": r, "epochs": res["epochs"], "val_accuracy": res["val_accuracy"],
                          "sec_per_epoch": sum(seconds[1:]) / max(1, len(seconds) - 1) if len(seconds) > 1
                          else seconds[0],
                          "peak_bytes": res["peak_rss_bytes"], "memory_bound_bytes": res["memory_bound_bytes"],

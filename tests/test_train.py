@@ -62,3 +62,34 @@ def test_train_on_thresholded_mnist_subset(tmp_path):
 def test_train_names_a_missing_dataset_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         train.main(["--dataset", "scannet", "--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path)])
+
+
+def test_backup_dir_resumes_from_the_last_finished_epoch(tmp_path, capsys):
+    common = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--synthetic-per-class", "6",
+              "--batch-size", "8", "--backup-dir", str(tmp_path / "backup")]
+    first = train.main(common + ["--epochs", "1", "--out", str(tmp_path / "a")])
+    # Nothing left to train: the restored model is the first run's model, and its history is the first run's.
+    again = train.main(common + ["--epochs", "1", "--out", str(tmp_path / "b")])
+    weights_a = keras.models.load_model(tmp_path / "a" / "model.keras").get_weights()
+    weights_b = keras.models.load_model(tmp_path / "b" / "model.keras").get_weights()
+    assert len(weights_a) == len(weights_b) and all(np.array_equal(a, b) for a, b in zip(weights_a, weights_b))
+    assert again["history"] == first["history"] and again["val_accuracy"] == pytest.approx(first["val_accuracy"])
+    capsys.readouterr()
+    resumed = train.main(common + ["--epochs", "2", "--out", str(tmp_path / "c")])
+    assert "resuming from" in capsys.readouterr().out
+    assert resumed["epochs"] == 2 and len(resumed["sec_per_epoch"]) == 2
+    assert resumed["history"]["loss"][0] == first["history"]["loss"][0]
+    weights_c = keras.models.load_model(tmp_path / "c" / "model.keras").get_weights()
+    assert any(not np.array_equal(a, c) for a, c in zip(weights_a, weights_c))
+
+
+def test_backup_dir_refuses_a_changed_run_and_pruning(tmp_path, capsys):
+    common = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--synthetic-per-class", "6",
+              "--batch-size", "8", "--epochs", "1", "--backup-dir", str(tmp_path / "backup")]
+    train.main(common + ["--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit):
+        train.main(common + ["--lr", "0.01", "--out", str(tmp_path / "b")])
+    assert "different arguments (lr: 0.001 there, 0.01 now)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(common + ["--prune-eps", "0.01", "--out", str(tmp_path / "c")])
+    assert "cannot resume warning-shot pruning" in capsys.readouterr().err

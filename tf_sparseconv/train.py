@@ -81,6 +81,53 @@ def peak_rss_bytes():
         return 0
 
 
+class EpochLog(keras.callbacks.Callback):
+    """Appends every finished epoch's logs to <backup_dir>/epochs.jsonl, so a run resumed by
+    BackupAndRestore reports the history of all its epochs, not only of the last process.
+    Placed before BackupAndRestore: an epoch logged but not yet backed up is rerun on resume,
+    and history() keeps the last line per epoch."""
+
+    def __init__(self, backup_dir):
+        super().__init__()
+        self.path = os.path.join(backup_dir, "epochs.jsonl")
+
+    def on_epoch_end(self, epoch, logs=None):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"epoch": epoch, **{k: float(v) for k, v in (logs or {}).items()}}) + "\n")
+
+    def history(self):
+        by_epoch = {}
+        if os.path.exists(self.path):
+            with open(self.path) as f:
+                for line in f:
+                    row = json.loads(line)
+                    by_epoch[row.pop("epoch")] = row
+        rows = [by_epoch[e] for e in sorted(by_epoch)]
+        return {key: [row[key] for row in rows] for key in (rows[0] if rows else {})}
+
+
+# Arguments that may change when a backed-up run is resumed; any other change is refused,
+# because the checkpoint would silently continue a different experiment.
+RESUMABLE_CHANGES = ("epochs", "out", "backup_dir")
+
+
+def prepare_backup_dir(parser, args):
+    os.makedirs(args.backup_dir, exist_ok=True)
+    path = os.path.join(args.backup_dir, "run_args.json")
+    current = {k: v for k, v in vars(args).items() if k not in RESUMABLE_CHANGES}
+    if os.path.exists(path):
+        with open(path) as f:
+            saved = json.load(f)
+        changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+        if changed:
+            parser.error(f"--backup-dir {args.backup_dir} holds a run with different arguments "
+                         f"({', '.join(f'{k}: {saved.get(k)!r} there, {current.get(k)!r} now' for k in changed)}); "
+                         "use a new folder or the same arguments")
+    else:
+        with open(path, "w") as f:
+            json.dump(current, f, indent=1)
+
+
 class EpochTimer(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.seconds = []
@@ -123,6 +170,8 @@ def build_parser():
     p.add_argument("--site-k", type=int, default=0,
                    help="site-resnet: keep at most this many sites per example after the stem (0: all)")
     p.add_argument("--out", default="train_results", help="folder for results.json and model.keras")
+    p.add_argument("--backup-dir", help="keep model, optimizer state and the epoch log here after every epoch; "
+                   "rerunning with the same arguments (--epochs may grow) continues from the last finished epoch")
     return p
 
 
@@ -132,12 +181,17 @@ def _check_model_options(parser, args):
                                                 ("--prune-eps", args.prune_eps > 0)) if given]
         if octnet_only:
             parser.error(f"{', '.join(octnet_only)} apply to the channel-sparse octnet3 model, not site-resnet")
+    if args.backup_dir and args.prune_eps > 0:
+        # The callback's flags from the previous epoch end live in the process, not in the checkpoint.
+        parser.error("--backup-dir cannot resume warning-shot pruning (--prune-eps); run it in one process")
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_model_options(parser, args)
+    if args.backup_dir:
+        prepare_backup_dir(parser, args)
     site = args.model == "site-resnet"
     keras.utils.set_random_seed(args.seed)
     print(f"[1/4] loading {args.dataset}", flush=True)
@@ -180,25 +234,35 @@ def main(argv=None):
     pruning = WarningShotPruning(args.prune_eps) if args.prune_eps > 0 else None
     if pruning:
         callbacks.append(pruning)
+    epoch_log = EpochLog(args.backup_dir) if args.backup_dir else None
+    if epoch_log:
+        callbacks += [epoch_log, keras.callbacks.BackupAndRestore(args.backup_dir, delete_checkpoint=False)]
+        done = len(epoch_log.history().get("loss", []))
+        if done:
+            print(f"      resuming from {args.backup_dir}: {done} epoch(s) done", flush=True)
     described = (f"channels {tuple(args.site_channels)}, {args.site_blocks} residual block(s) per level"
                  + (f", at most {args.site_k} sites per example" if args.site_k else "")) if site \
         else f"sparse blocks rho = {rhos}"
     print(f"[2/4] training {model.name} ({described}) for {args.epochs} epochs", flush=True)
     history = model.fit(train, validation_data=val, epochs=args.epochs, callbacks=callbacks, shuffle=False,
-                        verbose=1 if sys.stdout.isatty() else 2)
+                        verbose=1 if sys.stdout.isatty() else 2).history
+    seconds = timer.seconds
+    if epoch_log:
+        history = epoch_log.history()
+        seconds = history.get("sec_per_epoch", seconds)
 
     print("[3/4] evaluating", flush=True)
     val_metrics = model.evaluate(val, verbose=0, return_dict=True)
-    layers = [{"layer": layer.name, "rho_up": layer.rho_up, "density": float(history.history[f"{layer.name}_density"][-1]),
+    layers = [{"layer": layer.name, "rho_up": layer.rho_up, "density": float(history[f"{layer.name}_density"][-1]),
                "present_weights": layer.present_weights(), "weights": int(np.prod(layer.kernel_shape))}
               for layer in sparse_conv_layers(model)]
     results = {
-        "model": args.model, "dataset": args.dataset, "resolution": resolution, "epochs": args.epochs,
+        "model": args.model, "dataset": args.dataset, "resolution": resolution, "epochs": len(history.get("loss", [])),
         "batch_size": args.batch_size,
         "rhos": list(rhos), "lambda": args.lam, "prune_eps": args.prune_eps, "selection": args.selection,
         "val_accuracy": float(val_metrics["accuracy"]), "val_loss": float(val_metrics["loss"]),
-        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
-        "sec_per_epoch": timer.seconds, "layers": layers, "present_weights": present_weight_count(model),
+        "history": {k: [float(v) for v in vs] for k, vs in history.items()},
+        "sec_per_epoch": seconds, "layers": layers, "present_weights": present_weight_count(model),
         "memory_bound_bytes": bound.total_bytes if bound else None,
         "memory_bound_layers": [vars(b) for b in bound.layers] if bound else [],
         "memory_bound_note": SITE_MODEL_NOTE if site else None,
@@ -214,8 +278,8 @@ def main(argv=None):
     model.save(os.path.join(args.out, "model.keras"))
 
     print("[4/4] summary")
-    print(f"validation accuracy {results['val_accuracy']:.4f} after {args.epochs} epochs; "
-          f"{np.mean(timer.seconds):.1f} s per epoch (first {timer.seconds[0]:.1f} s)")
+    print(f"validation accuracy {results['val_accuracy']:.4f} after {results['epochs']} epochs; "
+          f"{np.mean(seconds):.1f} s per epoch (first {seconds[0]:.1f} s)")
     if layers:
         print(f"{'sparse layer':<20}{'rho_up':>8}{'density':>10}{'present weights':>18}")
     for row in layers:
