@@ -132,6 +132,12 @@ def build_map_timing(coords, spatial, batch, warmup, reps):
 trusted = True
 
 
+def dataflows_for(dtype_name, args):
+    """The forward dataflows to time: both where the tensor-core kernels apply (fp16, tf32),
+    pairs only for fp32 with TF32 off (the CUDA-core kernel has one dataflow)."""
+    return [d for d in args.dataflows if d == "pairs" or dtype_name != "fp32"]
+
+
 def run_ours(args):
     os.makedirs(args.exchange, exist_ok=True)
     device = tf.config.list_logical_devices("GPU")
@@ -183,14 +189,17 @@ def run_ours(args):
                 if dtype_name == "fp32":
                     pick = np.random.default_rng(li).choice(int(num_out), min(CHECK_ROWS, int(num_out)), replace=False)
                     reference[name] = (level_coords[out_level][pick], y.numpy()[pick])
-                for pass_name, fn, fargs in (("fwd", fwd, (feats, w)), ("bwd", bwd, (feats, w, g))):
-                    t = median_call_s(fn, fargs, args.warmup, args.reps)
-                    tg = device_s_per_call(fn, fargs, args.loop_calls) if device else None
-                    results.append({"scene": scene, "layer": name, "pass": pass_name, "n_sites": int(num_in),
-                                    "n_out": int(num_out), "pairs": pairs, "cin": cin, "cout": cout,
-                                    "dtype": dtype_name, "ours_s": t, "ours_gpu_s": tg})
-                    print(f"  {name:<18} {dtype_name} {pass_name}: {t * 1e3:8.3f} ms "
-                          f"(device {tg * 1e3 if tg else float('nan'):8.3f} ms), {pairs:,} pairs", flush=True)
+                for dataflow in dataflows_for(dtype_name, args):
+                    os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = dataflow  # read by the op at every call
+                    for pass_name, fn, fargs in (("fwd", fwd, (feats, w)), ("bwd", bwd, (feats, w, g))):
+                        t = median_call_s(fn, fargs, args.warmup, args.reps)
+                        tg = device_s_per_call(fn, fargs, args.loop_calls) if device else None
+                        results.append({"scene": scene, "layer": name, "pass": pass_name, "n_sites": int(num_in),
+                                        "n_out": int(num_out), "pairs": pairs, "cin": cin, "cout": cout,
+                                        "dtype": dtype_name, "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg})
+                        print(f"  {name:<18} {dtype_name} {dataflow:<7} {pass_name}: {t * 1e3:8.3f} ms "
+                              f"(device {tg * 1e3 if tg else float('nan'):8.3f} ms), {pairs:,} pairs", flush=True)
+                os.environ.pop("TF_SPARSECONV_SITE_DATAFLOW", None)
         np.savez(os.path.join(args.exchange, f"{scene}_reference.npz"),
                  **{f"{n}_coords": c for n, (c, _) in reference.items()},
                  **{f"{n}_out": o for n, (_, o) in reference.items()})
@@ -227,13 +236,16 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
                 loss = tf.reduce_sum(tf.cast(forward(f, ws), tf.float32))
             return tape.gradient(loss, [f, *ws])
 
-        for pass_name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
-            t = median_call_s(fn, (feats, *weights), args.warmup, args.reps)
-            tg = device_s_per_call(fn, (feats, *weights), max(1, args.loop_calls // 4)) if device else None
-            rows.append({"scene": scene, "layer": "end_to_end", "pass": pass_name, "n_sites": len(coords),
-                         "cin": spec[CHAIN[0]][2], "cout": spec[CHAIN[-1]][3], "dtype": dtype_name, "ours_s": t,
-                         "ours_gpu_s": tg})
-            print(f"  end_to_end {dtype_name} {pass_name}: {t * 1e3:.3f} ms", flush=True)
+        for dataflow in dataflows_for(dtype_name, args):
+            os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = dataflow
+            for pass_name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
+                t = median_call_s(fn, (feats, *weights), args.warmup, args.reps)
+                tg = device_s_per_call(fn, (feats, *weights), max(1, args.loop_calls // 4)) if device else None
+                rows.append({"scene": scene, "layer": "end_to_end", "pass": pass_name, "n_sites": len(coords),
+                             "cin": spec[CHAIN[0]][2], "cout": spec[CHAIN[-1]][3], "dtype": dtype_name,
+                             "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg})
+                print(f"  end_to_end {dtype_name} {dataflow} {pass_name}: {t * 1e3:.3f} ms", flush=True)
+        os.environ.pop("TF_SPARSECONV_SITE_DATAFLOW", None)
     return rows
 
 
@@ -287,6 +299,8 @@ def main():
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--loop-calls", type=int, default=40)
     p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--dataflows", nargs="*", default=["pairs", "outputs"], choices=("pairs", "outputs"),
+                   help="forward dataflows on the GPU (TF_SPARSECONV_SITE_DATAFLOW)")
     p.add_argument("--untrusted-maps", action="store_true",
                    help="call the ops with map_is_trusted=False (row checks and a host round trip per call), "
                         "as before that attr; by default the maps, all from SiteKernelMap, are passed as trusted")

@@ -26,25 +26,26 @@ def main():
     overhead = next((r["ours_s"] for r in rows if r.get("pass") == "overhead"), None)
     if overhead is not None:
         print(f"A synchronised tf.function call of one tiny GPU op in this run: {overhead * 1e3:.3f} ms\n")
-    print("| scene | layer | pass | dtype | pairs | ours device ms | spconv device ms | spconv / ours (device) "
+    print("| scene | layer | pass | dtype | dataflow | pairs | ours device ms | spconv device ms | spconv / ours (device) "
           "| ours call ms | spconv call ms | floor ms |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    wins = defaultdict(lambda: [0, 0, 0])  # dtype -> [device wins, call wins, compared]
+    print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    wins = defaultdict(lambda: [0, 0, 0])  # (dtype, dataflow) -> [device wins, call wins, compared]
     for r in rows:
         if r.get("pass") in ("map", "overhead") or r.get("spconv_gpu_s") is None:
             continue
-        counts = wins[r["dtype"]]
+        counts = wins[r["dtype"], r.get("dataflow", "pairs")]
         counts[0] += r["ours_gpu_s"] <= r["spconv_gpu_s"]
         counts[1] += r["ours_s"] <= r["spconv_s"]
         counts[2] += 1
         if r["layer"] != "end_to_end" and args.scenes is not None and r["scene"] not in args.scenes:
             continue
-        print(f"| {r['scene']} | {r['layer']} | {r['pass']} | {r['dtype']} | {r.get('pairs') or ''} "
+        print(f"| {r['scene']} | {r['layer']} | {r['pass']} | {r['dtype']} | {r.get('dataflow', 'pairs')} "
+              f"| {r.get('pairs') or ''} "
               f"| {ms(r['ours_gpu_s'])} | {ms(r['spconv_gpu_s'])} | {ratio(r['spconv_gpu_s'], r['ours_gpu_s'])} "
               f"| {ms(r['ours_s'])} | {ms(r['spconv_s'])} | {ms(r.get('floor_s'))} |")
     print()
-    for dtype, (device, call, total) in wins.items():
-        print(f"- {dtype}: ours at least as fast in device time in {device} of {total} configurations, "
+    for (dtype, dataflow), (device, call, total) in wins.items():
+        print(f"- {dtype} ({dataflow}): ours at least as fast in device time in {device} of {total} configurations, "
               f"per synchronised call in {call} of {total}")
 
 

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -104,6 +106,21 @@ absl::Status TrustedSplitsStatus(const SiteMapView& map, int64_t bad_offset) {
   return BadSplitsError(bad_offset, s[bad_offset], s[bad_offset + 1], map.pairs);
 }
 
+// TF_SPARSECONV_SITE_DATAFLOW: "pairs" (or unset) or "outputs"; read per call, so a
+// benchmark can compare both in one process.
+absl::Status DataflowFromEnvironment(gpu::SiteDataflow* dataflow) {
+  const char* choice = std::getenv("TF_SPARSECONV_SITE_DATAFLOW");
+  if (choice == nullptr || std::strcmp(choice, "pairs") == 0) {
+    *dataflow = gpu::SiteDataflow::kPairs;
+  } else if (std::strcmp(choice, "outputs") == 0) {
+    *dataflow = gpu::SiteDataflow::kOutputs;
+  } else {
+    return errors::InvalidArgument("TF_SPARSECONV_SITE_DATAFLOW must be \"pairs\" or \"outputs\", got \"", choice,
+                                   "\"");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 template <typename T>
@@ -136,9 +153,11 @@ class SiteSparseConvGpuOp : public OpKernel {
     gpu::Report report;
     // float multiplies in TF32 where TensorFlow allows it, as its own MatMul and Conv do.
     const bool allow_tf32 = std::is_same<T, float>::value && tensorflow::tensor_float_32_execution_enabled();
+    gpu::SiteDataflow dataflow = gpu::SiteDataflow::kPairs;
+    OP_REQUIRES_OK(ctx, DataflowFromEnvironment(&dataflow));
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(GpuStream(ctx), &scratch, a, checked,
                                                             tensorflow::OpDeterminismRequired(), allow_tf32,
-                                                            map_is_trusted_,
+                                                            dataflow, map_is_trusted_,
                                                             reinterpret_cast<G*>(out->flat<T>().data()), &report),
                                  scratch, "SiteSparseConv"));
     if (map_is_trusted_) return;  // no report: nothing was checked on the device

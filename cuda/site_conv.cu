@@ -52,6 +52,7 @@
 #include "gpu_util.cuh"
 #include "site_conv_gpu.h"
 #include "site_conv_mma.cuh"
+#include "site_conv_outputs.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -768,11 +769,65 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const OffsetT
   }
 }
 
+template <typename M, int kBN, typename T>
+GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* table,
+                                      const uint32_t* masks, const int32_t* order, const Report* report, T* out) {
+  using Tiles = pipelined::Tiles<M, kBN>;
+  using S = typename pipelined::Element<M>::Stored;
+  const auto kernel = output_stationary::GatherGemmStoreKernel<M, kBN>;
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tiles::kSharedBytes)),
+      "gather-GEMM-store (shared memory)");
+  const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
+  const int64_t tiles = (a.num_out + pipelined::kBM - 1) / pipelined::kBM;
+  kernel<<<GridFor(tiles * col_tiles), pipelined::kBlockThreads, Tiles::kSharedBytes, stream>>>(
+      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), table, masks, order, a.volume,
+      a.num_out, a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
+  return GpuStatus::Ok();
+}
+
+// The whole output-stationary forward: neighbour table, outputs sorted by mask, products.
+// Temporary memory: 4 * num_out * (volume + 4) bytes and the sort's scratch.
+template <typename T>
+GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a,
+                                  const OffsetTable& offsets, const Report* report, T* out) {
+  using M = typename PipelinedMma<T>::type;
+  if constexpr (std::is_void<M>::value) {
+    return GpuStatus{"gather-GEMM-store", "no tensor-core kernel for this type"};
+  } else {
+    const int64_t n = a.num_out;
+    int32_t* table = scratch->DeviceArray<int32_t>(n * a.volume);
+    uint32_t* masks[2] = {scratch->DeviceArray<uint32_t>(n), scratch->DeviceArray<uint32_t>(n)};
+    int32_t* rows[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
+    if (!table || !masks[0] || !masks[1] || !rows[0] || !rows[1]) return GpuStatus::OutOfMemory("neighbour table");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(table, 0xff, sizeof(int32_t) * n * a.volume, stream), "neighbour table");  // -1: none
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(masks[0], 0, sizeof(uint32_t) * n, stream),
+                                            "neighbour table");
+    if (a.pairs > 0) {
+      output_stationary::NeighbourTableKernel<<<BlocksFor(a.pairs), kThreads, 0, stream>>>(
+          a.in_rows, a.out_rows, offsets.splits, a.volume, a.pairs, a.num_in, n, table, masks[0]);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+    }
+    output_stationary::RowIdsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(n, rows[0]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+    int current = 0;
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, masks, rows, n, static_cast<int>(a.volume), &current));
+    const uint32_t* sorted = masks[current];
+    const int32_t* order = rows[current];
+    if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32>(stream, a, table, sorted, order, report, out);
+    if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64>(stream, a, table, sorted, order, report, out);
+    return LaunchOutputStationaryTiles<M, 128>(stream, a, table, sorted, order, report, out);
+  }
+}
+
 }  // namespace
 
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
-                             bool deterministic, bool allow_tf32, bool trusted, T* out, Report* report) {
+                             bool deterministic, bool allow_tf32, SiteDataflow dataflow, bool trusted, T* out,
+                             Report* report) {
   using A = typename AccumulatorOf<T>::type;
   Report* device_report = nullptr;  // stays nullptr for a trusted map: the kernels then skip the report
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
@@ -791,7 +846,12 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
     }
   }
   const int64_t outputs = a.num_out * a.cout;
-  if (outputs > 0) {
+  const bool output_stationary =
+      dataflow == SiteDataflow::kOutputs && pipelined && a.volume <= output_stationary::kMaxVolume;
+  if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
+    // Every output row is stored, with zeros where it has no pairs: no clearing first.
+    TF_SPARSECONV_RETURN_IF_ERROR(OutputStationaryForward(stream, scratch, a, table, device_report, out));
+  } else if (outputs > 0) {
     A* acc = nullptr;
     if constexpr (std::is_same<A, T>::value) {
       acc = out;
@@ -916,7 +976,7 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
 
 #define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
   template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&, bool, \
-                                           bool, bool, T*, Report*);                                          \
+                                           bool, SiteDataflow, bool, T*, Report*);                            \
   template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \
                                               bool, bool, const T*, T*, Report*);
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(float)

@@ -49,10 +49,15 @@ enum SiteConvCheck { kSiteRows = 0, kSiteRepeat = 1, kSiteNaN = 2 };
 // when cin and cout are multiples of 4 (float) or 8 (16-bit types).
 // Temporary memory: num_out * volume / 8 bytes (the repeat check), 16 * (volume + 1),
 // and num_out * cout * 4 for half and bfloat16 (the float32 accumulator).
+// The forward's dataflow on sm_80+ where the tensor-core kernels apply and volume <= 32:
+// tiles of pairs scatter-added with atomics (kPairs), or tiles of output rows, each stored
+// once (kOutputs, cuda/site_conv_outputs.cuh). Elsewhere kOutputs falls back to kPairs.
+enum class SiteDataflow { kPairs, kOutputs };
+
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
                              const CheckedMap& checked, bool deterministic, bool allow_tf32,
-                             bool trusted, T* out, Report* report);
+                             SiteDataflow dataflow, bool trusted, T* out, Report* report);
 
 // filter_grad [volume, cin, cout]; deterministic (fixed chunks of pairs, partial sums
 // added in chunk order). Blocks until the report is on the host, except for a trusted

@@ -590,3 +590,38 @@ def test_float32_conv_uses_tf32_where_tensorflow_allows_it(rng, cin, cout):
         # Both kernels (the forward one computes the input gradient too) ran on TF32: the
         # results differ from the float32 products'.
         assert np.max(np.abs(tf32 - strict)) > 1e-6 * scale, what
+
+
+# --- the output-stationary dataflow (TF_SPARSECONV_SITE_DATAFLOW=outputs) -------------------------
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
+@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
+def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(monkeypatch, rng, dtype, batch, shape,
+                                                                         kernel, cin, cout, density, kwargs):
+    monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "outputs")
+    tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)  # float runs it through TF32
+    coords = random_sites(rng, batch, shape, density)
+    features = on_cpu(rng.standard_normal((len(coords), cin)), dtype)
+    w = on_cpu(rng.standard_normal((*kernel, cin, cout)) / np.sqrt(np.prod(kernel) * cin), dtype)
+    y_cpu, _, _ = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs)
+    upstream = rng.standard_normal(y_cpu.shape)
+    cpu = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs, upstream)
+    first = conv_and_gradients(GPU, coords, features, w, shape, batch, kwargs, upstream)
+    second = conv_and_gradients(GPU, coords, features, w, shape, batch, kwargs, upstream)
+    for what, c, g, again in zip(("features", "input gradient", "kernel gradient"), cpu, first, second):
+        if dtype == tf.float32:
+            scale = np.max(np.abs(c.numpy())) if c.shape.num_elements() else 0.0
+            np.testing.assert_allclose(g.numpy(), c.numpy(), rtol=5e-3, atol=5e-3 * scale, err_msg=what)
+        else:
+            assert_close(g, c, dtype, what)
+        if what != "kernel gradient":  # stored once per output row: no atomics, no timing in the sums
+            np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
+
+
+def test_unknown_dataflow_is_rejected(monkeypatch, rng):
+    monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "fastest")
+    coords = random_sites(rng, 1, (6, 6, 6), 0.3)
+    features = on_cpu(rng.standard_normal((len(coords), 8)), tf.float16)
+    w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), tf.float16)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_SITE_DATAFLOW"):
+        conv_and_gradients(GPU, coords, features, w, (6, 6, 6), 1, dict(subm=True))

@@ -1,0 +1,243 @@
+// An output-stationary forward of SiteSparseConv for small kernels (volume <= 32) on the
+// tensor cores of sm_80 and later: each output row is computed by one block, over all
+// the offsets it has a pair at, and stored once in the output type. No float atomics, no
+// float32 accumulator to clear and convert, and the sum order is fixed, so the result is
+// deterministic as it stands.
+//
+// The pairs are first turned into a neighbour table table[o * volume + q] = input row
+// of output o at offset q (-1: none) and a mask per output (bit q: a pair at q). The
+// outputs are sorted by mask (stable radix sort over `volume` bits) so that a block's 128
+// rows share most of their offsets; the block then runs the offsets in the union of its
+// rows' masks, gathering zero rows (cp.async zero-fill, no memory read) where a row has
+// none. This is spconv's MaskImplicitGemm idea on our map layout.
+//
+// Tiles, pipeline and fragments are site_conv_mma.cuh's; the same requirements hold
+// (16-byte vectors per row and aligned pointers).
+#ifndef TF_SPARSECONV_CUDA_SITE_CONV_OUTPUTS_CUH_
+#define TF_SPARSECONV_CUDA_SITE_CONV_OUTPUTS_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "gpu_util.cuh"
+#include "site_conv_mma.cuh"
+
+namespace tf_sparseconv {
+namespace gpu {
+namespace output_stationary {
+
+namespace wmma = nvcuda::wmma;
+using pipelined::CommitCopies;
+using pipelined::CopyAsync16;
+using pipelined::Element;
+using pipelined::kBlockThreads;
+using pipelined::kBM;
+using pipelined::kStageLd;
+using pipelined::kStages;
+using pipelined::Tiles;
+using pipelined::WaitCopies;
+
+constexpr int64_t kMaxVolume = 32;  // one 32-bit mask per output row
+
+// table[o * volume + q] = in_rows[p] and bit q of masks[o] for every pair p of offset q.
+// Rows out of range are skipped: an unchecked map's products never run (Report).
+__global__ void NeighbourTableKernel(const int32_t* in_rows, const int32_t* out_rows, const int64_t* splits,
+                                     int64_t volume, int64_t pairs, int64_t num_in, int64_t num_out, int32_t* table,
+                                     uint32_t* masks) {
+  TF_SPARSECONV_GRID_LOOP(p, pairs) {
+    int64_t lo = 0, hi = volume;  // the offset owning pair p
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (splits[mid] <= p) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    const int64_t i = in_rows[p], o = out_rows[p];
+    if (i < 0 || i >= num_in || o < 0 || o >= num_out) continue;
+    table[o * volume + lo] = static_cast<int32_t>(i);
+    atomicOr(masks + o, 1u << lo);
+  }
+}
+
+__global__ void RowIdsKernel(int64_t n, int32_t* rows) {
+  TF_SPARSECONV_GRID_LOOP(o, n) { rows[o] = static_cast<int32_t>(o); }
+}
+
+// 8 consecutive outputs (columns c .. c + 7 of one row, all < cout) from float32 values.
+__device__ inline void Store8(float* dst, const float* v) {
+  *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+  *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <typename M>
+__device__ inline void Store8(uint16_t* dst, const float* v) {
+  uint32_t packed[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint16_t lo, hi;
+    if constexpr (std::is_same<M, __half>::value) {
+      lo = __half_as_ushort(__float2half_rn(v[2 * i]));
+      hi = __half_as_ushort(__float2half_rn(v[2 * i + 1]));
+    } else {
+      lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i]));
+      hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i + 1]));
+    }
+    packed[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+template <typename M, int kBN>
+__global__ void __launch_bounds__(kBlockThreads)
+    GatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
+                          const int32_t* table, const uint32_t* sorted_masks, const int32_t* order, int64_t volume,
+                          int64_t num_out, int64_t cin, int64_t cout, int64_t col_tiles, const Report* report,
+                          typename Element<M>::Stored* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (report != nullptr && !ChecksPassed(report)) return;
+  using T = Tiles<M, kBN>;
+  using S = typename T::S;
+  using Load = typename Element<M>::Load;
+  constexpr bool kTf32 = std::is_same<M, wmma::precision::tf32>::value;
+  extern __shared__ __align__(128) unsigned char shared[];
+  S* a_stages = reinterpret_cast<S*>(shared);
+  S* b_stages = a_stages + kStages * T::kAStage;
+  float* staging = reinterpret_cast<float*>(shared + T::kPipelineBytes);
+  int32_t* rows = reinterpret_cast<int32_t*>(shared + T::kPipelineBytes + T::kStagingBytes);
+  __shared__ int offsets[kMaxVolume];
+  __shared__ int num_offsets;
+  __shared__ unsigned int tile_mask;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp % T::kWarpsM, wn = warp / T::kWarpsM;
+  float* my_staging = staging + warp * 16 * kStageLd;
+  const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
+  const int64_t k_steps = (cin + T::kBK - 1) / T::kBK;
+  const int64_t tiles = (num_out + kBM - 1) / kBM;
+  for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
+    const int64_t tile = item / col_tiles;
+    const int64_t col0 = (item % col_tiles) * kBN;
+    if (threadIdx.x == 0) tile_mask = 0u;
+    __syncthreads();
+    if (threadIdx.x < kBM) {
+      const int64_t i = tile * kBM + threadIdx.x;
+      rows[threadIdx.x] = i < num_out ? order[i] : -1;
+      if (i < num_out) atomicOr(&tile_mask, sorted_masks[i]);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int n = 0;
+      for (int q = 0; q < volume; ++q) {
+        if (tile_mask & (1u << q)) offsets[n++] = q;
+      }
+      num_offsets = n;
+    }
+    __syncthreads();
+    const int64_t row0 = rows[a_row], row1 = rows[a_row + 64];
+    const int64_t steps = num_offsets * k_steps;
+    auto issue = [&](int64_t step) {
+      const int buffer = static_cast<int>(step % kStages);
+      const int64_t q = offsets[step / k_steps];
+      const int64_t k0 = (step % k_steps) * T::kBK;
+      S* a = a_stages + buffer * T::kAStage;
+      S* b = b_stages + buffer * T::kBStage;
+      const int64_t in0 = row0 >= 0 ? table[row0 * volume + q] : -1;
+      const int64_t in1 = row1 >= 0 ? table[row1 * volume + q] : -1;
+      const int64_t k = k0 + a_chunk * T::kVec;
+      CopyAsync16(a + a_row * T::kLdA + a_chunk * T::kVec, in0 >= 0 && k < cin ? features + in0 * cin + k : features,
+                  in0 >= 0 && k < cin);
+      CopyAsync16(a + (a_row + 64) * T::kLdA + a_chunk * T::kVec,
+                  in1 >= 0 && k < cin ? features + in1 * cin + k : features, in1 >= 0 && k < cin);
+      const S* w = filters + q * cin * cout;
+      for (int v = threadIdx.x; v < T::kBVectors; v += kBlockThreads) {
+        const int kr = v / (kBN / T::kVec), cc = v % (kBN / T::kVec);
+        const int64_t kk = k0 + kr, c = col0 + cc * T::kVec;
+        const bool ok = kk < cin && c < cout;
+        CopyAsync16(b + kr * T::kLdB + cc * T::kVec, ok ? w + kk * cout + c : filters, ok);
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) issue(s);
+      CommitCopies();
+    }
+    wmma::fragment<wmma::accumulator, 16, 16, T::kMmaK, float> acc[T::kFM][T::kFN];
+#pragma unroll
+    for (int i = 0; i < T::kFM; ++i) {
+#pragma unroll
+      for (int j = 0; j < T::kFN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    }
+    for (int64_t step = 0; step < steps; ++step) {
+      WaitCopies<kStages - 2>();
+      __syncthreads();
+      if (step + kStages - 1 < steps) issue(step + kStages - 1);
+      CommitCopies();
+      const int buffer = static_cast<int>(step % kStages);
+      const Load* a = reinterpret_cast<const Load*>(a_stages + buffer * T::kAStage);
+      const Load* b = reinterpret_cast<const Load*>(b_stages + buffer * T::kBStage);
+#pragma unroll
+      for (int kk = 0; kk < T::kBK; kk += T::kMmaK) {
+        wmma::fragment<wmma::matrix_a, 16, 16, T::kMmaK, M, wmma::row_major> fa[T::kFM];
+#pragma unroll
+        for (int i = 0; i < T::kFM; ++i) {
+          wmma::load_matrix_sync(fa[i], a + (wm * T::kWM + 16 * i) * T::kLdA + kk, T::kLdA);
+          if constexpr (kTf32) {
+#pragma unroll
+            for (int e = 0; e < fa[i].num_elements; ++e) fa[i].x[e] = wmma::__float_to_tf32(fa[i].x[e]);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < T::kFN; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, T::kMmaK, M, wmma::row_major> fb;
+          wmma::load_matrix_sync(fb, b + kk * T::kLdB + wn * T::kWN + 16 * j, T::kLdB);
+          if constexpr (kTf32) {
+#pragma unroll
+            for (int e = 0; e < fb.num_elements; ++e) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+          }
+#pragma unroll
+          for (int i = 0; i < T::kFM; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
+        }
+      }
+    }
+    WaitCopies<0>();
+    // Store: lane l writes row l / 2, columns 8 (l % 2) .. + 8 of each 16 x 16 piece.
+    const int r = lane / 2, c8 = (lane % 2) * 8;
+#pragma unroll
+    for (int i = 0; i < T::kFM; ++i) {
+      const int64_t o = rows[wm * T::kWM + 16 * i + r];
+#pragma unroll
+      for (int j = 0; j < T::kFN; ++j) {
+        wmma::store_matrix_sync(my_staging, acc[i][j], kStageLd, wmma::mem_row_major);
+        __syncwarp();
+        const int64_t c = col0 + wn * T::kWN + 16 * j + c8;
+        const float* v = my_staging + r * kStageLd + c8;
+        if (o >= 0) {
+          if constexpr (kTf32) {
+            // float: cout is a multiple of 4, so either half of the 8 columns may end it.
+            if (c + 8 <= cout) {
+              Store8(out + o * cout + c, v);
+            } else if (c + 4 <= cout) {
+              *reinterpret_cast<float4*>(out + o * cout + c) = make_float4(v[0], v[1], v[2], v[3]);
+            }
+          } else {
+            if (c + 8 <= cout) Store8<M>(out + o * cout + c, v);  // cout is a multiple of 8
+          }
+        }
+        __syncwarp();
+      }
+    }
+    __syncthreads();  // rows, the offset list and the stages are refilled by the next item
+  }
+#endif
+}
+
+}  // namespace output_stationary
+}  // namespace gpu
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_CUDA_SITE_CONV_OUTPUTS_CUH_
