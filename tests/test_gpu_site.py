@@ -614,7 +614,12 @@ def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(monkeypa
             np.testing.assert_allclose(g.numpy(), c.numpy(), rtol=5e-3, atol=5e-3 * scale, err_msg=what)
         else:
             assert_close(g, c, dtype, what)
-        if what != "kernel gradient":  # stored once per output row: no atomics, no timing in the sums
+        # Where the output-stationary kernel runs (whole 16-byte rows, at most 32 offsets),
+        # every output row is stored once: no atomics, so no timing in the sums. Other
+        # shapes fall back to the pair tiles and their atomics.
+        vec = 4 if dtype == tf.float32 else 8
+        applies = cin % vec == 0 and cout % vec == 0 and np.prod(kernel) <= 32
+        if what != "kernel gradient" and applies:
             np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
 
 
