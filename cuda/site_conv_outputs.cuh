@@ -39,8 +39,11 @@ using pipelined::kBlockThreads;
 using pipelined::kBM;
 using pipelined::kStageLd;
 using pipelined::kStages;
+using pipelined::RoundToTf32;
+using pipelined::Tf32;
 using pipelined::Tiles;
 using pipelined::WaitCopies;
+using pipelined::Wmma;
 
 constexpr int64_t kMaxVolume = 32;  // one 32-bit mask per output row
 
@@ -104,7 +107,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   using T = Tiles<M, kBN>;
   using S = typename T::S;
   using Load = typename Element<M>::Load;
-  constexpr bool kTf32 = std::is_same<M, wmma::precision::tf32>::value;
+  using W = typename Wmma<M>::type;
+  constexpr bool kTf32 = std::is_same<M, Tf32>::value;
   extern __shared__ __align__(128) unsigned char shared[];
   S* a_stages = reinterpret_cast<S*>(shared);
   S* b_stages = a_stages + kStages * T::kAStage;
@@ -182,23 +186,17 @@ __global__ void __launch_bounds__(kBlockThreads)
       const Load* b = reinterpret_cast<const Load*>(b_stages + buffer * T::kBStage);
 #pragma unroll
       for (int kk = 0; kk < T::kBK; kk += T::kMmaK) {
-        wmma::fragment<wmma::matrix_a, 16, 16, T::kMmaK, M, wmma::row_major> fa[T::kFM];
+        wmma::fragment<wmma::matrix_a, 16, 16, T::kMmaK, W, wmma::row_major> fa[T::kFM];
 #pragma unroll
         for (int i = 0; i < T::kFM; ++i) {
           wmma::load_matrix_sync(fa[i], a + (wm * T::kWM + 16 * i) * T::kLdA + kk, T::kLdA);
-          if constexpr (kTf32) {
-#pragma unroll
-            for (int e = 0; e < fa[i].num_elements; ++e) fa[i].x[e] = wmma::__float_to_tf32(fa[i].x[e]);
-          }
+          if constexpr (kTf32) RoundToTf32(fa[i]);
         }
 #pragma unroll
         for (int j = 0; j < T::kFN; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, T::kMmaK, M, wmma::row_major> fb;
+          wmma::fragment<wmma::matrix_b, 16, 16, T::kMmaK, W, wmma::row_major> fb;
           wmma::load_matrix_sync(fb, b + kk * T::kLdB + wn * T::kWN + 16 * j, T::kLdB);
-          if constexpr (kTf32) {
-#pragma unroll
-            for (int e = 0; e < fb.num_elements; ++e) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
-          }
+          if constexpr (kTf32) RoundToTf32(fb);
 #pragma unroll
           for (int i = 0; i < T::kFM; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
         }
