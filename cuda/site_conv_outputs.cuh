@@ -53,15 +53,7 @@ __global__ void NeighbourTableKernel(const int32_t* in_rows, const int32_t* out_
                                      int64_t volume, int64_t pairs, int64_t num_in, int64_t num_out, int32_t* table,
                                      uint32_t* masks) {
   TF_SPARSECONV_GRID_LOOP(p, pairs) {
-    int64_t lo = 0, hi = volume;  // the offset owning pair p
-    while (hi - lo > 1) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (splits[mid] <= p) {
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
+    const int64_t lo = OwnerOf(splits, volume, p);  // the offset of pair p
     const int64_t i = in_rows[p], o = out_rows[p];
     if (i < 0 || i >= num_in || o < 0 || o >= num_out) continue;
     table[o * volume + lo] = static_cast<int32_t>(i);
