@@ -250,16 +250,16 @@ def main():
     rng = np.random.default_rng(args.seed)
     started = time.time()
     records = []
-    for r in resolutions:
-        for rho_f in time_densities:
-            records += run_config(rng, "time", TIME_BATCH, r, rho_f, device_name, args)
-    for r in memory_resolutions:
-        for rho_f in memory_densities:
-            records += run_config(rng, "memory", MEMORY_BATCH, r, rho_f, device_name, args)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        for rec in records:
-            f.write(json.dumps(rec) + "\n")
+    configs = ([("time", TIME_BATCH, r, rho_f) for r in resolutions for rho_f in time_densities]
+               + [("memory", MEMORY_BATCH, r, rho_f) for r in memory_resolutions for rho_f in memory_densities])
+    with open(args.out, "w") as f:  # written as the configurations finish, so a cut-off run keeps its rows
+        for mode, batch, r, rho_f in configs:
+            rows = run_config(rng, mode, batch, r, rho_f, device_name, args)
+            for rec in rows:
+                f.write(json.dumps(rec) + "\n")
+            f.flush()
+            records += rows
     summary(records)
     print(f"\n{len(records)} records in {time.time() - started:.0f} s -> {args.out}")
 

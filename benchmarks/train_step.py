@@ -1,0 +1,171 @@
+"""Where a training step of the ModelNet40 OctNet3 network spends its time (issue 4's
+epoch figure), on whatever device TensorFlow picks (the GPU where there is one).
+
+For each resolution, on a stratified subset of ../shared/data/modelnet40_train.npz:
+  input     ms per batch of the tf.data pipeline alone (voxelization, key encoding);
+  step      ms per training step on one cached batch (Keras' compiled train function,
+            median over epochs of --steps steps after a warm-up epoch): the model's part;
+  layers    ms per layer: each layer's forward call on the cached batch, synchronised,
+            median of --reps calls, and its forward+backward under a GradientTape;
+  epoch     (--epoch) one real epoch of model.fit over all 8,858 training shapes, the
+            figure the issue asks for, with the steps and the input pipeline as in training.
+One JSON object per line in --out: kind = "step" | "layer" | "epoch".
+
+    python benchmarks/train_step.py --resolutions 32 64 [--epoch] [--out PATH]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tf_sparseconv import data as datasets  # noqa: E402
+from tf_sparseconv.models import DEFAULT_RHOS, octnet3  # noqa: E402
+from tf_sparseconv.train import DEFAULT_DATA_DIR, keras_batches  # noqa: E402
+
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "train_step.jsonl")
+
+
+def sync():
+    if tf.config.list_physical_devices("GPU"):
+        tf.test.experimental.sync_devices()
+
+
+def device_name():
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+    return f"CPU ({os.cpu_count()} cores)"
+
+
+def timed(fn, reps):
+    fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def build(resolution, classes, batch_size):
+    model = octnet3(resolution, classes, DEFAULT_RHOS[resolution])
+    model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def layer_rows(model, batch, reps):
+    """Forward and forward+backward ms of every layer on the activations of one batch."""
+    x, y = batch
+    rows, value = [], x
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        inputs = value
+
+        def forward(layer=layer, inputs=inputs):
+            return layer(inputs, training=True)
+
+        fwd = timed(forward, reps)
+        float_inputs = [t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
+
+        def forward_backward(layer=layer, inputs=inputs):
+            with tf.GradientTape() as tape:
+                tape.watch(float_inputs)
+                out = layer(inputs, training=True)
+                loss = sum(tf.reduce_sum(t) for t in tf.nest.flatten(out) if t.dtype.is_floating)
+            return tape.gradient(loss, layer.trainable_variables + float_inputs)
+
+        bwd = timed(forward_backward, reps)
+        value = forward()
+        rows.append({"layer": layer.name, "class": type(layer).__name__, "fwd_ms": fwd * 1e3,
+                     "fwd_bwd_ms": bwd * 1e3})
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--resolutions", type=int, nargs="+", default=[32])
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--examples", type=int, default=1280, help="stratified subset for the step and layer figures")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--epoch", action="store_true", help="also time one real epoch over all training shapes")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    p.add_argument("--out", default=DEFAULT_OUT)
+    args = p.parse_args()
+    npz = args.data_dir if args.data_dir.endswith(".npz") else os.path.join(args.data_dir, "modelnet40_train.npz")
+    points, labels, classes = datasets.load_modelnet_npz(npz)
+    train_idx, _ = datasets.stratified_split(labels, 0.1, 0)
+    subset, _ = datasets.stratified_split(labels[train_idx], 1 - args.examples / len(train_idx), 0)
+    subset = train_idx[subset]
+    device = device_name()
+    out_rows = []
+    for r in args.resolutions:
+        print(f"=== {r}^3 on {device}", flush=True)
+        make = lambda idx: keras_batches(datasets.point_cloud_dataset(  # noqa: E731
+            points[idx], labels[idx], r, args.batch_size, shuffle=True, seed=0))
+        pipeline = make(subset)
+        start, batches = time.perf_counter(), 0
+        for _ in pipeline:
+            batches += 1
+        input_ms = (time.perf_counter() - start) / batches * 1e3
+        model = build(r, len(classes), args.batch_size)
+        cached = pipeline.take(1).cache().repeat()
+        model.fit(cached, steps_per_epoch=args.steps, epochs=1, verbose=0)  # warm-up and tracing
+        epoch_times = []
+        for _ in range(3):
+            sync()
+            start = time.perf_counter()
+            model.fit(cached, steps_per_epoch=args.steps, epochs=1, verbose=0)
+            sync()
+            epoch_times.append((time.perf_counter() - start) / args.steps)
+        step_ms = statistics.median(epoch_times) * 1e3
+        steps_per_epoch = -(-len(train_idx) // args.batch_size)
+        row = {"kind": "step", "resolution": r, "device": device, "batch": args.batch_size, "input_ms": input_ms,
+               "step_ms": step_ms, "steps_per_epoch": steps_per_epoch,
+               "projected_sec_per_epoch": steps_per_epoch * max(step_ms, input_ms) / 1e3}
+        print(json.dumps(row), flush=True)
+        out_rows.append(row)
+        batch = next(iter(cached))
+        for layer in layer_rows(model, batch, args.reps):
+            layer.update(kind="layer", resolution=r, device=device, batch=args.batch_size)
+            print(f"  {layer['layer']:<22}{layer['class']:<16} fwd {layer['fwd_ms']:8.2f} ms   "
+                  f"fwd+bwd {layer['fwd_bwd_ms']:8.2f} ms", flush=True)
+            out_rows.append(layer)
+        if args.epoch:
+            model = build(r, len(classes), args.batch_size)
+            full = make(train_idx)
+            model.fit(full.take(2), epochs=1, verbose=0)  # tracing, outside the timed epoch
+            start = time.perf_counter()
+            history = model.fit(full, epochs=1, verbose=2)
+            seconds = time.perf_counter() - start
+            row = {"kind": "epoch", "resolution": r, "device": device, "sec_per_epoch": seconds,
+                   "steps": steps_per_epoch, "ms_per_step": seconds / steps_per_epoch * 1e3,
+                   "batch": args.batch_size, "train_accuracy": float(history.history["accuracy"][-1]),
+                   "note": f"one epoch of model.fit over {len(train_idx)} ModelNet40 shapes after a 2-step "
+                           "warm-up fit (tracing outside the timed epoch); benchmarks/train_step.py --epoch"}
+            print(json.dumps(row), flush=True)
+            out_rows.append(row)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "a") as f:
+        for row in out_rows:
+            f.write(json.dumps(row) + "\n")
+    print(f"summary: {len(out_rows)} rows appended to {args.out}")
+    for row in out_rows:
+        if row["kind"] != "layer":
+            print("  " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+                                   if k not in ("note",)))
+
+
+if __name__ == "__main__":
+    main()
