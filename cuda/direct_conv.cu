@@ -23,7 +23,8 @@
 // Temporary memory of the forward pass, U = n * max_row contribution slots:
 //   U * (16 + 2 * sizeof(T))   keys and values of the contributions, double-buffered
 //                              (the touched set and the score sort reuse them)
-//   + U * 9 with k-selection   entry indices (double-buffered) and keep flags
+//   + V * 9 with k-selection   entry indices (double-buffered) and keep flags, for
+//                              V = min(U, B * Cout * R^d) >= the touched entries
 //   + n * (12 + 4 * d)         per-entry output base, input channel, coordinates
 //   + 32 bytes per 2048 slots, (B * Cout + 1) * 8, the weight table, CUB's scratch.
 //
@@ -482,49 +483,52 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemsetAsync(positive_counts, 0, num_segments * sizeof(int64_t), stream), "positive counts");
-  if (num_slots > 0) {
-    PositiveCountKernel<T><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-        touched_keys_, touched_values_, touched_total, num_slots, L.spatial_size, positive_counts);
+  // Touched keys are distinct and below no_output, so the touched set never exceeds either
+  // bound; the passes over it below run on that many items, not on all contribution slots.
+  const int64_t touched_bound = std::min<int64_t>(num_slots, static_cast<int64_t>(no_output));
+  if (touched_bound > 0) {
+    PositiveCountKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        touched_keys_, touched_values_, touched_total, touched_bound, L.spatial_size, positive_counts);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("positive counts");
   }
 
-  if (selection != SelectionMode::kNone && num_slots > 0) {
+  if (selection != SelectionMode::kNone && touched_bound > 0) {
     // The contribution buffers `current` are free now; they hold the sort keys.
     using Bits = typename ScoreBits<T>::type;
     Bits* score[2] = {reinterpret_cast<Bits*>(slot_keys[current]),
                       reinterpret_cast<Bits*>(slot_values[current])};
-    int32_t* index[2] = {scratch->DeviceArray<int32_t>(num_slots),
-                         scratch->DeviceArray<int32_t>(num_slots)};
-    uint8_t* keep = scratch->DeviceArray<uint8_t>(num_slots);
+    int32_t* index[2] = {scratch->DeviceArray<int32_t>(touched_bound),
+                         scratch->DeviceArray<int32_t>(touched_bound)};
+    uint8_t* keep = scratch->DeviceArray<uint8_t>(touched_bound);
     if (!index[0] || !index[1] || !keep) return GpuStatus::OutOfMemory("k-selection");
-    ScoreKernel<T><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-        touched_values_, touched_total, num_slots, selection == SelectionMode::kAbs, score[0],
+    ScoreKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        touched_values_, touched_total, touched_bound, selection == SelectionMode::kAbs, score[0],
         index[0]);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection scores");
     int by_score = 0;
-    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, score, index, num_slots,
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, score, index, touched_bound,
                                             static_cast<int>(8 * sizeof(Bits)), &by_score));
     const uint32_t no_segment = static_cast<uint32_t>(num_segments);
     uint32_t* segment[2] = {reinterpret_cast<uint32_t*>(slot_keys[current]),
                             reinterpret_cast<uint32_t*>(slot_values[current])};
     int32_t* segment_index[2] = {index[by_score], index[1 - by_score]};
-    SegmentKeyKernel<<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-        segment_index[0], touched_keys_, touched_total, num_slots, L.spatial_size, no_segment,
+    SegmentKeyKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        segment_index[0], touched_keys_, touched_total, touched_bound, L.spatial_size, no_segment,
         segment[0]);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection segments");
     int by_segment = 0;
-    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, segment, segment_index, num_slots,
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, segment, segment_index, touched_bound,
                                             BitsFor(no_segment), &by_segment));
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(keep, 0, num_slots, stream),
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(keep, 0, touched_bound, stream),
                                             "k-selection");
-    KeepKernel<<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-        segment[by_segment], segment_index[by_segment], segment_begin, num_slots, no_segment, k,
+    KeepKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        segment[by_segment], segment_index[by_segment], segment_begin, touched_bound, no_segment, k,
         keep);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
     keep_ = keep;
   }
   TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, IsKept{touched_total, keep_},
-                                                num_slots, &device_report->count, &kept_));
+                                                touched_bound, &device_report->count, &kept_));
   return ReadReport(stream, scratch, device_report, report);
 }
 

@@ -1,0 +1,49 @@
+"""Markdown tables of a direct_conv_gpu.jsonl file (time: synchronised call and device time
+per call; memory: peak above the inputs), as in the README.
+
+    python benchmarks/direct_conv_table.py [benchmarks/results/direct_conv_gpu.jsonl]
+"""
+import json
+import os
+import sys
+
+DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "direct_conv_gpu.jsonl")
+
+
+def ms(s):
+    return "-" if s is None else f"{s * 1e3:.2f}"
+
+
+def ratio(x):
+    return "-" if x is None else f"{x:.2f}"
+
+
+def gib(b):
+    return "does not fit" if b is None else f"{b / 2 ** 30:.3f}"
+
+
+def main():
+    path = sys.argv[1] if len(sys.argv) > 1 else DEFAULT
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    print("| r³ | ρ_f | k-selection | ours call [ms] | cuDNN call [ms] | dense/ours | ours device [ms] "
+          "| cuDNN device [ms] | dense/ours (device) |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if r.get("kind") == "time":
+            print(f"| {r['r']}³ | {r['rho_f']} | {r['selection']} | {ms(r['ours_s'])} | {ms(r['dense_s'])} "
+                  f"| {ratio(r['ratio'])} | {ms(r.get('ours_gpu_s'))} | {ms(r.get('dense_gpu_s'))} "
+                  f"| {ratio(r.get('ratio_gpu'))} |")
+    print()
+    print("| r³ (batch 32) | ρ_f | k-selection | ours peak [GiB] | dense peak [GiB] |")
+    print("|---|---:|---|---:|---:|")
+    for r in rows:
+        if r.get("kind") == "memory":
+            print(f"| {r['r']}³ | {r['rho_f']} | {r['selection']} | {gib(r['ours_peak_bytes'])} "
+                  f"| {gib(r['dense_peak_bytes'])} |")
+    for r in rows:
+        if r.get("kind") == "epoch":
+            print(f"\nepoch at {r['resolution']}³ on {r['device']}: {r['sec_per_epoch']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
