@@ -146,6 +146,8 @@ def run_ours(args):
     results = []
     global trusted
     trusted = not args.untrusted_maps
+    if args.deterministic:
+        tf.config.experimental.enable_op_determinism()
     # The framework's share of every `*_s` (wall) figure: a tf.function call of one tiny
     # GPU op, synchronised the same way. spconv's calls pay PyTorch's (much smaller) share.
     tiny = tf.zeros([8])
@@ -196,7 +198,8 @@ def run_ours(args):
                         tg = device_s_per_call(fn, fargs, args.loop_calls) if device else None
                         results.append({"scene": scene, "layer": name, "pass": pass_name, "n_sites": int(num_in),
                                         "n_out": int(num_out), "pairs": pairs, "cin": cin, "cout": cout,
-                                        "dtype": dtype_name, "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg})
+                                        "dtype": dtype_name, "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg,
+                                        "deterministic": args.deterministic})
                         print(f"  {name:<18} {dtype_name} {dataflow:<7} {pass_name}: {t * 1e3:8.3f} ms "
                               f"(device {tg * 1e3 if tg else float('nan'):8.3f} ms), {pairs:,} pairs", flush=True)
                 os.environ.pop("TF_SPARSECONV_SITE_DATAFLOW", None)
@@ -243,7 +246,8 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
                 tg = device_s_per_call(fn, (feats, *weights), max(1, args.loop_calls // 4)) if device else None
                 rows.append({"scene": scene, "layer": "end_to_end", "pass": pass_name, "n_sites": len(coords),
                              "cin": spec[CHAIN[0]][2], "cout": spec[CHAIN[-1]][3], "dtype": dtype_name,
-                             "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg})
+                             "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg,
+                             "deterministic": args.deterministic})
                 print(f"  end_to_end {dtype_name} {dataflow} {pass_name}: {t * 1e3:.3f} ms", flush=True)
         os.environ.pop("TF_SPARSECONV_SITE_DATAFLOW", None)
     return rows
@@ -301,6 +305,8 @@ def main():
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--dataflows", nargs="*", default=["pairs", "outputs"], choices=("pairs", "outputs"),
                    help="forward dataflows on the GPU (TF_SPARSECONV_SITE_DATAFLOW)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="tf.config.experimental.enable_op_determinism() first: the ops' deterministic paths")
     p.add_argument("--untrusted-maps", action="store_true",
                    help="call the ops with map_is_trusted=False (row checks and a host round trip per call), "
                         "as before that attr; by default the maps, all from SiteKernelMap, are passed as trusted")

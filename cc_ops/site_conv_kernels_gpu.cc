@@ -106,17 +106,19 @@ absl::Status TrustedSplitsStatus(const SiteMapView& map, int64_t bad_offset) {
   return BadSplitsError(bad_offset, s[bad_offset], s[bad_offset + 1], map.pairs);
 }
 
-// TF_SPARSECONV_SITE_DATAFLOW: "pairs" (or unset) or "outputs"; read per call, so a
-// benchmark can compare both in one process.
+// TF_SPARSECONV_SITE_DATAFLOW: "auto" (or unset), "pairs" or "outputs" (site_conv_gpu.h);
+// read per call, so a benchmark can compare them in one process.
 absl::Status DataflowFromEnvironment(gpu::SiteDataflow* dataflow) {
   const char* choice = std::getenv("TF_SPARSECONV_SITE_DATAFLOW");
-  if (choice == nullptr || std::strcmp(choice, "pairs") == 0) {
+  if (choice == nullptr || std::strcmp(choice, "auto") == 0) {
+    *dataflow = gpu::SiteDataflow::kAuto;
+  } else if (std::strcmp(choice, "pairs") == 0) {
     *dataflow = gpu::SiteDataflow::kPairs;
   } else if (std::strcmp(choice, "outputs") == 0) {
     *dataflow = gpu::SiteDataflow::kOutputs;
   } else {
-    return errors::InvalidArgument("TF_SPARSECONV_SITE_DATAFLOW must be \"pairs\" or \"outputs\", got \"", choice,
-                                   "\"");
+    return errors::InvalidArgument("TF_SPARSECONV_SITE_DATAFLOW must be \"auto\", \"pairs\" or \"outputs\", got \"",
+                                   choice, "\"");
   }
   return absl::OkStatus();
 }
@@ -153,7 +155,7 @@ class SiteSparseConvGpuOp : public OpKernel {
     gpu::Report report;
     // float multiplies in TF32 where TensorFlow allows it, as its own MatMul and Conv do.
     const bool allow_tf32 = std::is_same<T, float>::value && tensorflow::tensor_float_32_execution_enabled();
-    gpu::SiteDataflow dataflow = gpu::SiteDataflow::kPairs;
+    gpu::SiteDataflow dataflow = gpu::SiteDataflow::kAuto;
     OP_REQUIRES_OK(ctx, DataflowFromEnvironment(&dataflow));
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(GpuStream(ctx), &scratch, a, checked,
                                                             tensorflow::OpDeterminismRequired(), allow_tf32,

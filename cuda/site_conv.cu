@@ -846,8 +846,9 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
     }
   }
   const int64_t outputs = a.num_out * a.cout;
-  const bool output_stationary =
-      dataflow == SiteDataflow::kOutputs && pipelined && a.volume <= output_stationary::kMaxVolume;
+  const bool want_outputs =
+      dataflow == SiteDataflow::kOutputs || (dataflow == SiteDataflow::kAuto && deterministic && sizeof(T) == 2);
+  const bool output_stationary = want_outputs && pipelined && a.volume <= output_stationary::kMaxVolume;
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.
     TF_SPARSECONV_RETURN_IF_ERROR(OutputStationaryForward(stream, scratch, a, table, device_report, out));

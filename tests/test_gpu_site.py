@@ -18,6 +18,8 @@ from tf_sparseconv._op_library import ops
 from tf_sparseconv.ops.site_conv import kernel_map, site_conv, site_conv_transpose, site_inverse_conv
 from tf_sparseconv.site_sparse_tensor import make_site_sparse
 
+from tests.site_map_helpers import hand_built
+
 pytestmark = [pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
                                  reason="no GPU visible to TensorFlow"),
               pytest.mark.usefixtures("strict_placement")]
@@ -324,12 +326,12 @@ def test_gradients_match_numerical_gradients_on_gpu_in_float64(rng):
 
 # --- determinism -------------------------------------------------------------------------------
 
-def gpu_outputs(seed):
+def gpu_outputs(seed, dtype=tf.float32):
     """Forward and gradients of a submanifold and a strided layer on the GPU, as numpy."""
     rng = np.random.default_rng(seed)
     coords = random_sites(rng, 2, (16, 16, 16), 0.2)
-    features = on_cpu(rng.standard_normal((len(coords), 24)), tf.float32)
-    kernel = on_cpu(rng.standard_normal((3, 3, 3, 24, 40)), tf.float32)
+    features = on_cpu(rng.standard_normal((len(coords), 24)), dtype)
+    kernel = on_cpu(rng.standard_normal((3, 3, 3, 24, 40)) / 10, dtype)
     outputs = []
     for kwargs in (dict(subm=True), dict(strides=2, padding=1)):
         y, _, _ = conv_and_gradients(GPU, coords, features, kernel, (16, 16, 16), 2, kwargs)
@@ -350,10 +352,18 @@ def test_gpu_results_are_bit_identical_under_op_determinism():
     script = textwrap.dedent("""
         import numpy as np, tensorflow as tf
         tf.config.experimental.enable_op_determinism()
+        import os
         from tests.test_gpu_site import gpu_outputs
         first, second = gpu_outputs(5), gpu_outputs(5)
         for a, b in zip(first, second):
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+        # half: the default dataflow under determinism is the output-stationary kernel's
+        first, second = gpu_outputs(5, tf.float16), gpu_outputs(5, tf.float16)
+        os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "outputs"
+        forced = gpu_outputs(5, tf.float16)
+        for a, b, c in zip(first, second, forced):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+            np.testing.assert_array_equal(a.view(np.uint8), c.view(np.uint8))
         print("bit-identical under op determinism")
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
@@ -477,17 +487,6 @@ def test_repeated_output_row_among_many_pairs_reports_the_first(rng):
 
 
 # --- trusted maps (map_is_trusted) ------------------------------------------------------------
-
-def hand_built(m, **changes):
-    """m as a hand-built KernelMap (trusted=False), with some fields replaced."""
-    from tf_sparseconv.site_sparse_tensor import KernelMap
-    fields = dict(in_rows=m.in_rows, out_rows=m.out_rows, offset_splits=m.offset_splits, in_coords=m.in_coords,
-                  out_coords=m.out_coords, in_spatial_shape=m.in_spatial_shape,
-                  out_spatial_shape=m.out_spatial_shape, mode=m.mode, kernel_size=m.kernel_size, strides=m.strides,
-                  padding=m.padding, dilation=m.dilation)
-    fields.update(changes)
-    return KernelMap(**fields)
-
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("kwargs", [dict(subm=True), dict(strides=2, padding=1)], ids=["subm", "strided"])

@@ -11,6 +11,8 @@ import tensorflow as tf
 from tf_sparseconv.ops.site_conv import (kernel_map, site_conv, site_conv_transpose, site_inverse_conv)
 from tf_sparseconv.site_sparse_tensor import make_site_sparse
 
+from tests.site_map_helpers import hand_built
+
 
 def random_sites(rng, batch, shape, density, channels, dtype=np.float32):
     """Random unique sites (shuffled, so nothing relies on order) and their features."""
@@ -334,23 +336,12 @@ def test_conv_op_rejects_maps_that_do_not_fit_the_features(rng):
 
 # --- trusted maps (map_is_trusted) ------------------------------------------------------------
 
-def untrusted_copy(m, **changes):
-    """m as a hand-built KernelMap (trusted=False), with some fields replaced."""
-    from tf_sparseconv.site_sparse_tensor import KernelMap
-    fields = dict(in_rows=m.in_rows, out_rows=m.out_rows, offset_splits=m.offset_splits, in_coords=m.in_coords,
-                  out_coords=m.out_coords, in_spatial_shape=m.in_spatial_shape,
-                  out_spatial_shape=m.out_spatial_shape, mode=m.mode, kernel_size=m.kernel_size, strides=m.strides,
-                  padding=m.padding, dilation=m.dilation)
-    fields.update(changes)
-    return KernelMap(**fields)
-
-
 def test_only_maps_from_the_kernel_map_op_are_trusted(rng):
     coords, features = random_sites(rng, 2, (6, 5, 6), 0.3, 3)
     x = make_site_sparse(coords, features, (6, 5, 6), 2)
     built = kernel_map(x, 3, mode="submanifold")
     assert built.trusted
-    assert not untrusted_copy(built).trusted
+    assert not hand_built(built).trusted
 
 
 def test_hand_built_bad_map_is_still_rejected(rng):
@@ -365,8 +356,8 @@ def test_hand_built_bad_map_is_still_rejected(rng):
     out_of_range = good.in_rows.numpy().copy()
     out_of_range[0] = len(coords) + 3
     kernel = np.ones((3, 3, 2, 4), np.float32)
-    for bad, match in ((untrusted_copy(good, out_rows=tf.constant(repeated)), "appears twice"),
-                       (untrusted_copy(good, in_rows=tf.constant(out_of_range)), "in_rows\\[0\\] = .* is outside")):
+    for bad, match in ((hand_built(good, out_rows=tf.constant(repeated)), "appears twice"),
+                       (hand_built(good, in_rows=tf.constant(out_of_range)), "in_rows\\[0\\] = .* is outside")):
         with pytest.raises(tf.errors.InvalidArgumentError, match=match):
             site_conv(x.with_map("k", bad), kernel, subm=True, indice_key="k")
         with pytest.raises(tf.errors.InvalidArgumentError, match=match):  # the filter gradient checks too
@@ -393,7 +384,7 @@ def test_trusted_map_gives_the_results_of_the_untrusted_map(rng, kwargs):
     geometry = dict(mode="submanifold") if kwargs.get("subm") else dict(strides=2, padding=1)
     trusted = kernel_map(x, 3, **geometry)
     results = []
-    for m in (trusted, untrusted_copy(trusted)):
+    for m in (trusted, hand_built(trusted)):
         f = tf.constant(features)
         with tf.GradientTape() as tape:
             tape.watch([f, kernel])
@@ -411,7 +402,7 @@ def test_gradient_ops_inherit_map_is_trusted(rng):
     x = make_site_sparse(coords, features, (6, 6), 1)
     kernel = tf.constant(rng.standard_normal((3, 3, 2, 3)), tf.float32)
     for m, expected in ((kernel_map(x, 3, mode="submanifold"), True),
-                        (untrusted_copy(kernel_map(x, 3, mode="submanifold")), False)):
+                        (hand_built(kernel_map(x, 3, mode="submanifold")), False)):
         @tf.function
         def grads(f, m=m):
             with tf.GradientTape() as tape:
@@ -431,7 +422,7 @@ def test_trust_survives_the_keras_dict(rng):
     coords, features = random_sites(rng, 1, (6, 6), 0.5, 2)
     x = make_site_sparse(coords, features, (6, 6), 1)
     built = kernel_map(x, 3, strides=2, padding=1)
-    y = x.with_map("trusted", built).with_map("hand", untrusted_copy(built))
+    y = x.with_map("trusted", built).with_map("hand", hand_built(built))
     back = from_site_keras_inputs(as_site_keras_inputs(y))
     assert back.kernel_maps["trusted"].trusted and not back.kernel_maps["hand"].trusted
     assert back.kernel_maps["trusted"].geometry() == built.geometry() == back.kernel_maps["hand"].geometry()
