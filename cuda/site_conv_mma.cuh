@@ -150,6 +150,62 @@ __device__ inline void Add4(float* dst, const float* v) {
   }
 }
 
+// One warp's accumulators: its kFM x kFN pieces of 16 x 16 of the block's kBM x kBN tile.
+template <typename M, int kBN>
+using Accumulators =
+    wmma::fragment<wmma::accumulator, 16, 16, Tiles<M, kBN>::kMmaK, float>[Tiles<M, kBN>::kFM][Tiles<M, kBN>::kFN];
+
+// The pipelined products of the pair-tile and the output-stationary kernels: `steps`
+// k-steps, each queued by issue(step) into stage step % kStages (one copy group per step),
+// multiplied on the tensor cores into acc, which is cleared first. Only empty copy groups
+// can be left in flight.
+template <typename M, int kBN, typename Issue>
+__device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& issue,
+                                                  const typename Tiles<M, kBN>::S* a_stages,
+                                                  const typename Tiles<M, kBN>::S* b_stages, int wm, int wn,
+                                                  Accumulators<M, kBN>& acc) {
+  using T = Tiles<M, kBN>;
+  using Load = typename Element<M>::Load;
+  using W = typename Wmma<M>::type;
+  constexpr bool kTf32 = std::is_same<M, Tf32>::value;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) issue(s);
+    CommitCopies();  // empty groups too: the wait below counts groups
+  }
+#pragma unroll
+  for (int i = 0; i < T::kFM; ++i) {
+#pragma unroll
+    for (int j = 0; j < T::kFN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+  }
+  for (int64_t step = 0; step < steps; ++step) {
+    WaitCopies<kStages - 2>();  // this step's copies have landed (this thread's)
+    __syncthreads();            // ... and everyone's; the buffer refilled below is free
+    if (step + kStages - 1 < steps) issue(step + kStages - 1);
+    CommitCopies();
+    const int buffer = static_cast<int>(step % kStages);
+    const Load* a = reinterpret_cast<const Load*>(a_stages + buffer * T::kAStage);
+    const Load* b = reinterpret_cast<const Load*>(b_stages + buffer * T::kBStage);
+#pragma unroll
+    for (int kk = 0; kk < T::kBK; kk += T::kMmaK) {
+      wmma::fragment<wmma::matrix_a, 16, 16, T::kMmaK, W, wmma::row_major> fa[T::kFM];
+#pragma unroll
+      for (int i = 0; i < T::kFM; ++i) {
+        wmma::load_matrix_sync(fa[i], a + (wm * T::kWM + 16 * i) * T::kLdA + kk, T::kLdA);
+        if constexpr (kTf32) RoundToTf32(fa[i]);
+      }
+#pragma unroll
+      for (int j = 0; j < T::kFN; ++j) {
+        wmma::fragment<wmma::matrix_b, 16, 16, T::kMmaK, W, wmma::row_major> fb;
+        wmma::load_matrix_sync(fb, b + kk * T::kLdB + wn * T::kWN + 16 * j, T::kLdB);
+        if constexpr (kTf32) RoundToTf32(fb);
+#pragma unroll
+        for (int i = 0; i < T::kFM; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
+      }
+    }
+  }
+}
+
 template <typename M, int kBN, bool kAtomic>
 __global__ void __launch_bounds__(kBlockThreads)
     GatherGemmScatterKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
@@ -162,9 +218,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (report != nullptr && !ChecksPassed(report)) return;
   using T = Tiles<M, kBN>;
   using S = typename T::S;
-  using Load = typename Element<M>::Load;
-  using W = typename Wmma<M>::type;
-  constexpr bool kTf32 = std::is_same<M, Tf32>::value;
   extern __shared__ __align__(128) unsigned char shared[];
   S* a_stages = reinterpret_cast<S*>(shared);
   S* b_stages = a_stages + kStages * T::kAStage;
@@ -203,43 +256,8 @@ __global__ void __launch_bounds__(kBlockThreads)
         CopyAsync16(b + kr * T::kLdB + cc * T::kVec, ok ? w + kk * cout + c : filters, ok);
       }
     };
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < steps) issue(s);
-      CommitCopies();  // empty groups too: the wait below counts groups
-    }
     wmma::fragment<wmma::accumulator, 16, 16, T::kMmaK, float> acc[T::kFM][T::kFN];
-#pragma unroll
-    for (int i = 0; i < T::kFM; ++i) {
-#pragma unroll
-      for (int j = 0; j < T::kFN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-    }
-    for (int64_t step = 0; step < steps; ++step) {
-      WaitCopies<kStages - 2>();  // this step's copies have landed (this thread's)
-      __syncthreads();            // ... and everyone's; the buffer refilled below is free
-      if (step + kStages - 1 < steps) issue(step + kStages - 1);
-      CommitCopies();
-      const int buffer = static_cast<int>(step % kStages);
-      const Load* a = reinterpret_cast<const Load*>(a_stages + buffer * T::kAStage);
-      const Load* b = reinterpret_cast<const Load*>(b_stages + buffer * T::kBStage);
-#pragma unroll
-      for (int kk = 0; kk < T::kBK; kk += T::kMmaK) {
-        wmma::fragment<wmma::matrix_a, 16, 16, T::kMmaK, W, wmma::row_major> fa[T::kFM];
-#pragma unroll
-        for (int i = 0; i < T::kFM; ++i) {
-          wmma::load_matrix_sync(fa[i], a + (wm * T::kWM + 16 * i) * T::kLdA + kk, T::kLdA);
-          if constexpr (kTf32) RoundToTf32(fa[i]);
-        }
-#pragma unroll
-        for (int j = 0; j < T::kFN; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, T::kMmaK, W, wmma::row_major> fb;
-          wmma::load_matrix_sync(fb, b + kk * T::kLdB + wn * T::kWN + 16 * j, T::kLdB);
-          if constexpr (kTf32) RoundToTf32(fb);
-#pragma unroll
-          for (int i = 0; i < T::kFM; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
-        }
-      }
-    }
+    PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, acc);
     WaitCopies<0>();  // only empty groups can be left, but none may outlive the item
     // Scatter-add: each warp its own accumulators, one 16 x 16 piece at a time; lane l
     // adds row l / 2, columns 8 (l % 2) .. + 8 of the piece.

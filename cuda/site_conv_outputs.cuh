@@ -32,18 +32,16 @@ namespace gpu {
 namespace output_stationary {
 
 namespace wmma = nvcuda::wmma;
-using pipelined::CommitCopies;
 using pipelined::CopyAsync16;
 using pipelined::Element;
 using pipelined::kBlockThreads;
 using pipelined::kBM;
 using pipelined::kStageLd;
 using pipelined::kStages;
-using pipelined::RoundToTf32;
+using pipelined::PipelinedProducts;
 using pipelined::Tf32;
 using pipelined::Tiles;
 using pipelined::WaitCopies;
-using pipelined::Wmma;
 
 constexpr int64_t kMaxVolume = 32;  // one 32-bit mask per output row
 
@@ -98,8 +96,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (report != nullptr && !ChecksPassed(report)) return;
   using T = Tiles<M, kBN>;
   using S = typename T::S;
-  using Load = typename Element<M>::Load;
-  using W = typename Wmma<M>::type;
   constexpr bool kTf32 = std::is_same<M, Tf32>::value;
   extern __shared__ __align__(128) unsigned char shared[];
   S* a_stages = reinterpret_cast<S*>(shared);
@@ -157,43 +153,8 @@ __global__ void __launch_bounds__(kBlockThreads)
         CopyAsync16(b + kr * T::kLdB + cc * T::kVec, ok ? w + kk * cout + c : filters, ok);
       }
     };
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < steps) issue(s);
-      CommitCopies();
-    }
     wmma::fragment<wmma::accumulator, 16, 16, T::kMmaK, float> acc[T::kFM][T::kFN];
-#pragma unroll
-    for (int i = 0; i < T::kFM; ++i) {
-#pragma unroll
-      for (int j = 0; j < T::kFN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-    }
-    for (int64_t step = 0; step < steps; ++step) {
-      WaitCopies<kStages - 2>();
-      __syncthreads();
-      if (step + kStages - 1 < steps) issue(step + kStages - 1);
-      CommitCopies();
-      const int buffer = static_cast<int>(step % kStages);
-      const Load* a = reinterpret_cast<const Load*>(a_stages + buffer * T::kAStage);
-      const Load* b = reinterpret_cast<const Load*>(b_stages + buffer * T::kBStage);
-#pragma unroll
-      for (int kk = 0; kk < T::kBK; kk += T::kMmaK) {
-        wmma::fragment<wmma::matrix_a, 16, 16, T::kMmaK, W, wmma::row_major> fa[T::kFM];
-#pragma unroll
-        for (int i = 0; i < T::kFM; ++i) {
-          wmma::load_matrix_sync(fa[i], a + (wm * T::kWM + 16 * i) * T::kLdA + kk, T::kLdA);
-          if constexpr (kTf32) RoundToTf32(fa[i]);
-        }
-#pragma unroll
-        for (int j = 0; j < T::kFN; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, T::kMmaK, W, wmma::row_major> fb;
-          wmma::load_matrix_sync(fb, b + kk * T::kLdB + wn * T::kWN + 16 * j, T::kLdB);
-          if constexpr (kTf32) RoundToTf32(fb);
-#pragma unroll
-          for (int i = 0; i < T::kFM; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
-        }
-      }
-    }
+    PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, acc);
     WaitCopies<0>();
     // Store: lane l writes row l / 2, columns 8 (l % 2) .. + 8 of each 16 x 16 piece.
     const int r = lane / 2, c8 = (lane % 2) * 8;
