@@ -63,8 +63,9 @@ def main():
     axis.legend()
     save_figure(figure, "modelnet40.png")
     for row in sorted(kept + rows, key=lambda row: row["resolution"]):
+        peak = f"{row['peak_bytes'] / 2**30:.2f} GiB" if row.get("peak_bytes") else "not recorded"
         print(f"{row['resolution']:>4}³: val acc {row['val_accuracy']:.4f} after {row['epochs']} epochs, "
-              f"{row['sec_per_epoch']:.0f} s/epoch, peak {row['peak_bytes'] / 2**30:.2f} GiB")
+              f"{row['sec_per_epoch']:.0f} s/epoch, peak {peak}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,12 @@ def gpu_epoch_rows():
         return [row for row in map(json.loads, filter(str.strip, f)) if row.get("kind") == "epoch"]
 
 
+def peak(row):
+    if row.get("peak_bytes") is None:
+        return f"— ({row['peak_note']})" if row.get("peak_note") else "—"
+    return f"{row['peak_bytes'] / 2**30:.2f} GiB"
+
+
 def modelnet_section(rows):
     lines = ["## ModelNet40 (OctNet3, Table 4 bounds, 10% stratified validation split of the training set)", "",
              "| resolution | epochs | shapes | val. accuracy | goal | s/epoch (ours, 2 CPU cores) | s/epoch (paper, Titan Xp) "
@@ -51,8 +57,11 @@ def modelnet_section(rows):
             subset = True
         lines.append(f"| {r['resolution']}³ | {r['epochs']} | {r['examples']} | {r['val_accuracy']:.3f} | "
                      f"{f'≥ {goal}' if goal else '—'} | {seconds} | "
-                     f"{PAPER_SEC_PER_EPOCH.get(r['resolution'], '—')} | {r['peak_bytes'] / 2**30:.2f} GiB | "
+                     f"{PAPER_SEC_PER_EPOCH.get(r['resolution'], '—')} | {peak(r)} | "
                      f"{r['memory_bound_bytes'] / 2**20:.0f} MiB |")
+    for r in rows:
+        if r.get("note"):
+            lines += ["", f"{r['resolution']}³: {r['note']}."]
     gpu_epochs = gpu_epoch_rows()
     if gpu_epochs:
         lines += ["", "On the lent GPU (`benchmarks/train_step.py --epoch`, `benchmarks/results/direct_conv_gpu.jsonl`): "

@@ -78,6 +78,9 @@ def test_backup_dir_resumes_from_the_last_finished_epoch(tmp_path, capsys):
     resumed = train.main(common + ["--epochs", "2", "--out", str(tmp_path / "c")])
     assert "resuming from" in capsys.readouterr().out
     assert resumed["epochs"] == 2 and len(resumed["sec_per_epoch"]) == 2
+    # the peak memory of every process that trained it, from the epoch log
+    assert len(resumed["history"]["peak_rss_bytes"]) == 2
+    assert resumed["peak_rss_bytes"] >= max(resumed["history"]["peak_rss_bytes"]) > 0
     assert resumed["history"]["loss"][0] == first["history"]["loss"][0]
     weights_c = keras.models.load_model(tmp_path / "c" / "model.keras").get_weights()
     assert any(not np.array_equal(a, c) for a, c in zip(weights_a, weights_c))

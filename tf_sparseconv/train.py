@@ -139,6 +139,7 @@ class EpochTimer(keras.callbacks.Callback):
         self.seconds.append(time.perf_counter() - self._start)
         if logs is not None:
             logs["sec_per_epoch"] = self.seconds[-1]
+            logs["peak_rss_bytes"] = peak_rss_bytes()  # in the epoch log too: a resumed run's peak is the max
 
 
 def build_parser():
@@ -267,7 +268,7 @@ def main(argv=None):
         "memory_bound_layers": [vars(b) for b in bound.layers] if bound else [],
         "memory_bound_note": SITE_MODEL_NOTE if site else None,
         "pruning": pruning.history if pruning else [],
-        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_bytes": max([peak_rss_bytes(), *history.get("peak_rss_bytes", [])]),
     }
     if site:
         results.update(site_channels=list(args.site_channels), site_blocks=args.site_blocks, site_k=args.site_k,
