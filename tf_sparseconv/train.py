@@ -129,17 +129,16 @@ def prepare_backup_dir(parser, args):
 
 
 class EpochTimer(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.seconds = []
+    """Adds sec_per_epoch and peak_rss_bytes to every epoch's logs, so the history (and the
+    epoch log of a resumed run) carries them."""
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(time.perf_counter() - self._start)
         if logs is not None:
-            logs["sec_per_epoch"] = self.seconds[-1]
-            logs["peak_rss_bytes"] = peak_rss_bytes()  # in the epoch log too: a resumed run's peak is the max
+            logs["sec_per_epoch"] = time.perf_counter() - self._start
+            logs["peak_rss_bytes"] = peak_rss_bytes()  # a resumed run's peak is the max over its processes
 
 
 def build_parser():
@@ -230,8 +229,7 @@ def main(argv=None):
     optimizer = keras.optimizers.Adam(args.lr) if args.optimizer == "adam" else keras.optimizers.Adagrad(args.lr)
     model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     bound = None if site else memory_bound(model, args.batch_size)
-    timer = EpochTimer()
-    callbacks = [timer]
+    callbacks = [EpochTimer()]
     pruning = WarningShotPruning(args.prune_eps) if args.prune_eps > 0 else None
     if pruning:
         callbacks.append(pruning)
@@ -247,10 +245,9 @@ def main(argv=None):
     print(f"[2/4] training {model.name} ({described}) for {args.epochs} epochs", flush=True)
     history = model.fit(train, validation_data=val, epochs=args.epochs, callbacks=callbacks, shuffle=False,
                         verbose=1 if sys.stdout.isatty() else 2).history
-    seconds = timer.seconds
     if epoch_log:
-        history = epoch_log.history()
-        seconds = history.get("sec_per_epoch", seconds)
+        history = epoch_log.history()  # every epoch of the run, not only this process's
+    seconds = history["sec_per_epoch"]
 
     print("[3/4] evaluating", flush=True)
     val_metrics = model.evaluate(val, verbose=0, return_dict=True)
