@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         CopyAsync16(b + kr * T::kLdB + cc * T::kVec, ok ? w + kk * cout + c : filters, ok);
       }
     };
-    wmma::fragment<wmma::accumulator, 16, 16, T::kMmaK, float> acc[T::kFM][T::kFN];
+    Accumulators<M, kBN> acc;
     PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, acc);
     WaitCopies<0>();  // only empty groups can be left, but none may outlive the item
     // Scatter-add: each warp its own accumulators, one 16 x 16 piece at a time; lane l

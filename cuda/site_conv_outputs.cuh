@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         CopyAsync16(b + kr * T::kLdB + cc * T::kVec, ok ? w + kk * cout + c : filters, ok);
       }
     };
-    wmma::fragment<wmma::accumulator, 16, 16, T::kMmaK, float> acc[T::kFM][T::kFN];
+    pipelined::Accumulators<M, kBN> acc;
     PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, acc);
     WaitCopies<0>();
     // Store: lane l writes row l / 2, columns 8 (l % 2) .. + 8 of each 16 x 16 piece.
