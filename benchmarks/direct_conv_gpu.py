@@ -24,7 +24,6 @@ to benchmarks/results/direct_conv_gpu.jsonl (--out), one JSON object per line.
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -32,7 +31,9 @@ import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tf_sparseconv as ts  # noqa: E402
+from timing import device_s_per_call, median_time, sync  # noqa: E402
 
 RESOLUTIONS = [32, 64, 128, 256, 512]
 FILTER_DENSITIES = [0.1, 0.5, 1.0]
@@ -43,13 +44,6 @@ TIME_BATCH, MEMORY_BATCH = 1, 32
 MEMORY_FILTER_DENSITIES = [0.1, 1.0]
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "direct_conv_gpu.jsonl")
 
-
-def sync():
-    """Waits for the GPU's queued work."""
-    if hasattr(tf.test.experimental, "sync_devices"):
-        tf.test.experimental.sync_devices()
-    else:  # older TensorFlow: a tiny read-back orders after everything queued before it
-        tf.reduce_sum(tf.zeros([1])).numpy()
 
 
 def random_keys(rng, batch, r):
@@ -91,42 +85,6 @@ def dense_conv(dense, w_masked):
     return tf.nn.conv3d(dense, w_masked, strides=[1] * 5, padding="SAME")
 
 
-def median_time(fn, warmup, repeats, budget_s):
-    for _ in range(warmup):
-        fn()
-        sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-        if sum(times) > budget_s and len(times) >= 3:
-            break
-    return statistics.median(times)
-
-
-def device_s_per_call(fn, calls):
-    """Seconds per call of fn with `calls` calls in one graph loop, synchronised once (the
-    median of 3 loops after one warm-up loop). One element of every output feeds a running
-    sum, so graph pruning keeps all the work."""
-    @tf.function
-    def loop():
-        def step(i, total):
-            firsts = [tf.reduce_sum(tf.cast(tf.reshape(t, [-1])[:1], tf.float32)) for t in tf.nest.flatten(fn())]
-            return i + 1, total + tf.add_n(firsts)
-        return tf.while_loop(lambda i, _: i < calls, step, (tf.constant(0), tf.constant(0.0)))[1]
-    loop()
-    sync()
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        loop()
-        sync()
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
-
-
 def peak_bytes(fn):
     """Peak GPU memory of one call of fn above what was allocated before it."""
     fn()  # warm-up: autotuning and kernel loading are not part of the figure
@@ -166,7 +124,7 @@ def run_config(rng, mode, batch, r, rho_f, device_name, args):
                       entries=int(x.keys.shape[0]), ours_input_bytes=input_bytes,
                       dense_input_bytes=dense_input_bytes, device=device_name)
         if mode == "time":
-            record["ours_s"] = attempt(lambda: median_time(call, args.warmup, args.repeats, args.budget))
+            record["ours_s"] = attempt(lambda: median_time(call, args.warmup, args.repeats, budget_s=args.budget))
             record["ours_gpu_s"] = attempt(lambda: device_s_per_call(call, args.loop_calls))
             record["ours_peak_bytes"] = None
         else:
@@ -179,7 +137,7 @@ def run_config(rng, mode, batch, r, rho_f, device_name, args):
             def dense_figures():
                 dense = ts.to_dense(x)
                 if mode == "time":
-                    return (median_time(lambda: dense_conv(dense, w_masked), args.warmup, args.repeats, args.budget),
+                    return (median_time(lambda: dense_conv(dense, w_masked), args.warmup, args.repeats, budget_s=args.budget),
                             device_s_per_call(lambda: dense_conv(dense, w_masked), args.loop_calls), None)
                 return None, None, peak_bytes(lambda: dense_conv(dense, w_masked))
             dense_result = attempt(dense_figures) or (None, None, None)

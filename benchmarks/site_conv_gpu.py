@@ -17,9 +17,7 @@ the same command (benchmarks/site_conv_spconv.py measures them with cuBLAS and a
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -28,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from site_scenes import CHAIN, LAYERS, layer_weights, level_features, scenes  # noqa: E402
+from timing import device_s_per_call, median_time  # noqa: E402
 
 from tf_sparseconv._op_library import ops as _ops  # noqa: E402
 from tf_sparseconv.ops.site_conv import kernel_map  # noqa: E402
@@ -43,43 +42,6 @@ def use_dtype(name):
     tf.config.experimental.enable_tensor_float_32_execution(name == "tf32")
     return DTYPES[name]
 CHECK_ROWS = 2000
-
-
-def sync():
-    tf.test.experimental.sync_devices()
-
-
-def median_call_s(fn, args, warmup, reps):
-    for _ in range(warmup):
-        fn(*args)
-    sync()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn(*args)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def device_s_per_call(body, args, calls):
-    """Device time per call: `calls` calls inside one graph loop, synchronised once."""
-    @tf.function
-    def loop(*a):
-        def step(i, acc):
-            # One element of every output, so that graph pruning keeps all the work.
-            firsts = [tf.reduce_sum(tf.cast(tf.reshape(t, [-1])[:1], tf.float32)) for t in tf.nest.flatten(body(*a))]
-            return i + 1, acc + tf.add_n(firsts)
-        return tf.while_loop(lambda i, _: i < calls, step, (tf.constant(0), tf.constant(0.0)))[1]
-    loop(*args)
-    sync()
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        loop(*args)
-        sync()
-        times.append((time.perf_counter() - t0) / calls)
-    return statistics.median(times)
 
 
 def levels_of(coords, spatial, batch):
@@ -121,7 +83,7 @@ def build_map_timing(coords, spatial, batch, warmup, reps):
             def build(c):
                 m = kernel_map(x0.with_features(tf.zeros([tf.shape(c)[0], 1])), **args, **extra)
                 return m.in_rows, m.out_rows, m.offset_splits
-            t = median_call_s(build, (x0.coords,), warmup, reps)
+            t = median_time(build, warmup, reps, (x0.coords,))
             pairs = int(build(x0.coords)[0].shape[0])
             rows.append({"layer": f"map_{geometry}", "builder": builder or "hash", "ours_s": t, "pairs": pairs})
     return rows
@@ -151,7 +113,7 @@ def run_ours(args):
     # The framework's share of every `*_s` (wall) figure: a tf.function call of one tiny
     # GPU op, synchronised the same way. spconv's calls pay PyTorch's (much smaller) share.
     tiny = tf.zeros([8])
-    overhead = median_call_s(tf.function(lambda v: v + 1.0), (tiny,), args.warmup, args.reps)
+    overhead = median_time(tf.function(lambda v: v + 1.0), args.warmup, args.reps, (tiny,))
     results.append({"scene": "-", "layer": "tf_function_call", "pass": "overhead", "dtype": None, "ours_s": overhead})
     print(f"[ours] a synchronised tf.function call of one tiny op: {overhead * 1e3:.3f} ms", flush=True)
     all_scenes = scenes(args.scenes)
@@ -194,8 +156,8 @@ def run_ours(args):
                 for dataflow in dataflows_for(dtype_name, args):
                     os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = dataflow  # read by the op at every call
                     for pass_name, fn, fargs in (("fwd", fwd, (feats, w)), ("bwd", bwd, (feats, w, g))):
-                        t = median_call_s(fn, fargs, args.warmup, args.reps)
-                        tg = device_s_per_call(fn, fargs, args.loop_calls) if device else None
+                        t = median_time(fn, args.warmup, args.reps, fargs)
+                        tg = device_s_per_call(fn, args.loop_calls, fargs) if device else None
                         results.append({"scene": scene, "layer": name, "pass": pass_name, "n_sites": int(num_in),
                                         "n_out": int(num_out), "pairs": pairs, "cin": cin, "cout": cout,
                                         "dtype": dtype_name, "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg,
@@ -242,8 +204,8 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
         for dataflow in dataflows_for(dtype_name, args):
             os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = dataflow
             for pass_name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
-                t = median_call_s(fn, (feats, *weights), args.warmup, args.reps)
-                tg = device_s_per_call(fn, (feats, *weights), max(1, args.loop_calls // 4)) if device else None
+                t = median_time(fn, args.warmup, args.reps, (feats, *weights))
+                tg = device_s_per_call(fn, max(1, args.loop_calls // 4), (feats, *weights)) if device else None
                 rows.append({"scene": scene, "layer": "end_to_end", "pass": pass_name, "n_sites": len(coords),
                              "cin": spec[CHAIN[0]][2], "cout": spec[CHAIN[-1]][3], "dtype": dtype_name,
                              "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg,

@@ -18,9 +18,7 @@ builder) are replaced; other rows of the file are kept.
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -28,6 +26,9 @@ import tensorflow as tf
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from tf_sparseconv._op_library import ops  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import median_time  # noqa: E402
 
 DATA_CANDIDATES = [os.path.join(REPO, "..", "shared", "data", "lidar_scan.npz"),
                    os.path.join(REPO, "shared", "data", "lidar_scan.npz")]
@@ -42,14 +43,6 @@ GEOMETRIES = [
     ("map_down_k3s2p1", "strided", 3, 2, 1, "input"),
     ("map_up_k2s2", "transposed", 2, 2, 0, "coarse"),
 ]
-
-
-def sync():
-    """Waits for the GPU's queued work."""
-    if hasattr(tf.test.experimental, "sync_devices"):
-        tf.test.experimental.sync_devices()
-    else:  # older TensorFlow: a tiny read-back orders after everything queued before it
-        tf.reduce_sum(tf.zeros([1])).numpy()
 
 
 def voxelize(points, voxel):
@@ -67,19 +60,6 @@ def map_fn(mode, kernel, stride, padding, builder):
         return ops.site_kernel_map(coords, spatial_shape, batch_size, mode=mode, kernel_size=[kernel] * d,
                                    strides=[stride] * d, padding=[padding] * d, dilation=[1] * d, builder=builder)
     return build
-
-
-def median_time(fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def same_map(a, b):

@@ -29,12 +29,10 @@ from tf_sparseconv import data as datasets  # noqa: E402
 from tf_sparseconv.models import DEFAULT_RHOS, octnet3  # noqa: E402
 from tf_sparseconv.train import DEFAULT_DATA_DIR, keras_batches  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import median_time, sync  # noqa: E402
+
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "train_step.jsonl")
-
-
-def sync():
-    if tf.config.list_physical_devices("GPU"):
-        tf.test.experimental.sync_devices()
 
 
 def device_name():
@@ -42,18 +40,6 @@ def device_name():
     if gpus:
         return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
     return f"CPU ({os.cpu_count()} cores)"
-
-
-def timed(fn, reps):
-    fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def build(resolution, classes, batch_size):
@@ -75,7 +61,7 @@ def layer_rows(model, batch, reps):
         def forward(layer=layer, inputs=inputs):
             return layer(inputs, training=True)
 
-        fwd = timed(forward, reps)
+        fwd = median_time(forward, 1, reps)
         float_inputs = [t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
 
         def forward_backward(layer=layer, inputs=inputs):
@@ -85,7 +71,7 @@ def layer_rows(model, batch, reps):
                 loss = sum(tf.reduce_sum(t) for t in tf.nest.flatten(out) if t.dtype.is_floating)
             return tape.gradient(loss, layer.trainable_variables + float_inputs)
 
-        bwd = timed(forward_backward, reps)
+        bwd = median_time(forward_backward, 1, reps)
         value = forward()
         rows.append({"layer": layer.name, "class": type(layer).__name__, "fwd_ms": fwd * 1e3,
                      "fwd_bwd_ms": bwd * 1e3})
