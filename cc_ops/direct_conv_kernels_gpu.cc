@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "direct_conv.h"
@@ -30,12 +32,14 @@ namespace {
 struct WeightTable {
   std::vector<gpu::GpuPresentWeight> items;
   std::vector<int64_t> row_begin;
+  std::vector<int64_t> pair_begin;  // the (ic, oc) runs within the rows
   int64_t max_row = 0;
 
   gpu::GpuWeightTable View() const {
     gpu::GpuWeightTable view;
     view.items = items.data();
     view.row_begin = row_begin.data();
+    view.pair_begin = pair_begin.data();
     view.count = static_cast<int64_t>(items.size());
     view.max_row = max_row;
     return view;
@@ -47,6 +51,7 @@ WeightTable ByInputChannel(const PresentWeights& w, int d) {
   table.row_begin.push_back(0);
   for (int64_t ic = 0; ic < w.cin; ++ic) {
     for (int64_t oc = 0; oc < w.cout; ++oc) {
+      table.pair_begin.push_back(static_cast<int64_t>(table.items.size()));
       for (const PresentWeight* pw = w.begin(oc, ic); pw != w.end(oc, ic); ++pw) {
         gpu::GpuPresentWeight g = {};
         g.lin_delta = pw->lin_delta;
@@ -63,6 +68,7 @@ WeightTable ByInputChannel(const PresentWeights& w, int d) {
     table.row_begin.push_back(static_cast<int64_t>(table.items.size()));
     table.max_row = std::max(table.max_row, table.row_begin[ic + 1] - table.row_begin[ic]);
   }
+  table.pair_begin.push_back(static_cast<int64_t>(table.items.size()));
   return table;
 }
 
@@ -93,6 +99,23 @@ absl::Status PrepareGpuConv(OpKernelContext* ctx, ConvShapes* shapes, WeightTabl
   return absl::OkStatus();
 }
 
+// TF_SPARSECONV_DIRECT_DATAFLOW: "auto" (or unset), "sort" or "dense" (direct_conv_gpu.h);
+// read per call, so tests and benchmarks can run both in one process.
+absl::Status DataflowFromEnvironment(gpu::DirectConvDataflow* dataflow) {
+  const char* choice = std::getenv("TF_SPARSECONV_DIRECT_DATAFLOW");
+  if (choice == nullptr || std::strcmp(choice, "auto") == 0) {
+    *dataflow = gpu::DirectConvDataflow::kAuto;
+  } else if (std::strcmp(choice, "sort") == 0) {
+    *dataflow = gpu::DirectConvDataflow::kSort;
+  } else if (std::strcmp(choice, "dense") == 0) {
+    *dataflow = gpu::DirectConvDataflow::kDense;
+  } else {
+    return errors::InvalidArgument("TF_SPARSECONV_DIRECT_DATAFLOW must be \"auto\", \"sort\" or \"dense\", got \"",
+                                   choice, "\"");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 template <typename T>
@@ -108,10 +131,14 @@ class DirectSparseConvGpuOp : public OpKernel {
     const Tensor& bias = ctx->input(5);
     OP_REQUIRES_OK(ctx, CheckBiasShape(bias, shapes.cout));
     const KeyLayout& L = args.in_layout;
-    OP_REQUIRES_OK(ctx, CheckSortable(gpu::ContributionSlots(args.n, table.max_row),
-                                      "DirectSparseConv",
-                                      "contributions (entries x present weights of one input "
-                                      "channel)"));
+    gpu::DirectConvDataflow dataflow = gpu::DirectConvDataflow::kAuto;
+    OP_REQUIRES_OK(ctx, DataflowFromEnvironment(&dataflow));
+    if (!gpu::UseDenseGrid(args, dataflow)) {
+      OP_REQUIRES_OK(ctx, CheckSortable(gpu::ContributionSlots(args.n, table.max_row),
+                                        "DirectSparseConv",
+                                        "contributions (entries x present weights of one input "
+                                        "channel)"));
+    }
     OP_REQUIRES(ctx, L.batch * shapes.cout <= gpu::kMaxSegments,
                 errors::ResourceExhausted("DirectSparseConv on GPU supports at most 2^32 - 2 "
                                           "(batch, output channel) segments"));
@@ -127,7 +154,7 @@ class DirectSparseConvGpuOp : public OpKernel {
     gpu::DirectConvForwardGpu<T> conv;
     gpu::Report report;
     OP_REQUIRES_OK(ctx, ToStatus(conv.Run(GpuStream(ctx), &scratch, args, bias.flat<T>().data(),
-                                          attrs_.selection, attrs_.EffectiveK(L.spatial_size),
+                                          attrs_.selection, attrs_.EffectiveK(L.spatial_size), dataflow,
                                           touched->flat<int64_t>().data(),
                                           positive->flat<int64_t>().data(), &report),
                                  scratch, "DirectSparseConv"));

@@ -379,11 +379,95 @@ inline unsigned int LoopBlocks(int64_t blocks) {
   return static_cast<unsigned int>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
 }
 
+// --- the dense-grid forward (DirectConvDataflow::kDense) ----------------------------------------
+
+// dense_in[key] = values[i] and bit `key` of in_bits for every entry; dense_in is not
+// cleared, it is read only where the bitmap says an entry is.
+template <typename T>
+__global__ void ScatterDenseKernel(const int64_t* keys, const T* values, int64_t n, int64_t num_keys,
+                                   const Report* report, T* dense_in, uint32_t* in_bits) {
+  if (!ChecksPassed(report)) return;  // unsorted or out-of-range keys: nothing is computed
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    const int64_t key = keys[i];
+    if (key < 0 || key >= num_keys) continue;
+    dense_in[key] = values[i];
+    atomicOr(in_bits + (key >> 5), 1u << (key & 31));
+  }
+}
+
+// One thread per output key o = (b * Cout + oc) * S + lin(y) of the dense grid: the sum over
+// ic ascending, then the (ic, oc) weights in kernel-offset order (x = y + delta ascending),
+// of value(x, ic) * w -- the order of the sorted contributions and of the CPU -- and the
+// bias, where at least one input is present. Each warp's 32 consecutive outputs form one
+// word of the touched bitmap, written by one lane: no atomics.
+template <typename T>
+__global__ void DenseAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_in, const uint32_t* in_bits,
+                                      const T* filter, const GpuPresentWeight* weights,
+                                      const int64_t* pair_begin, const T* bias, const Report* report,
+                                      T* out_values, uint32_t* out_bits) {
+  if (!ChecksPassed(report)) return;
+  const int64_t total = L.batch * cout * L.spatial_size;
+  const int64_t words = (total + 31) / 32;
+  const int64_t warp_stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+  for (int64_t word = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; word < words;
+       word += warp_stride) {
+    const int64_t o = word * 32 + lane;
+    bool touched = false;
+    if (o < total) {
+      const int64_t seg = o / L.spatial_size, lin = o - seg * L.spatial_size;
+      const int64_t b = seg / cout, oc = seg - b * cout;
+      int32_t y[kMaxSpatialDims];
+      DecodeSpatial(lin, L, y);
+      T sum = T(0);
+      for (int64_t ic = 0; ic < L.channels; ++ic) {
+        const int64_t base = (b * L.channels + ic) * L.spatial_size + lin;
+        const int64_t end = pair_begin[ic * cout + oc + 1];
+        for (int64_t p = pair_begin[ic * cout + oc]; p < end; ++p) {
+          const GpuPresentWeight& w = weights[p];
+          bool inside = true;
+          for (int j = 0; j < L.d; ++j) {
+            // lo = max(0, delta), hi = min(R, R + delta): delta from either bound
+            const int32_t delta = w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(L.extent[j]);
+            const int32_t x = y[j] + delta;
+            inside = inside && x >= 0 && x < L.extent[j];
+          }
+          if (!inside) continue;
+          const int64_t key = base + w.lin_delta;
+          if ((in_bits[key >> 5] >> (key & 31)) & 1u) {
+            sum = AddRn(sum, MulRn(dense_in[key], filter[w.filter_index]));
+            touched = true;
+          }
+        }
+      }
+      if (touched) out_values[o] = AddRn(sum, bias[oc]);
+    }
+    const unsigned int bits = __ballot_sync(0xffffffffu, touched);
+    if (lane == 0) out_bits[word] = bits;
+  }
+}
+
+struct IsTouchedBit {
+  const uint32_t* bits;
+  __device__ bool operator()(int64_t o) const { return (bits[o >> 5] >> (o & 31)) & 1u; }
+};
+
+template <typename T>
+struct CopyTouched {
+  const T* values;
+  int64_t* touched_keys;
+  T* touched_values;
+  __device__ void operator()(int64_t o, int64_t rank) const {
+    touched_keys[rank] = o;
+    touched_values[rank] = values[o];
+  }
+};
+
 // Uploads the weight table and computes the per-entry data; shared by both passes.
 template <typename T>
 GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a,
                          const Report* report, const GpuPresentWeight** weights,
-                         const int64_t** row_begin, EntryData* e) {
+                         const int64_t** row_begin, EntryData* e, const int64_t** pair_begin = nullptr) {
   void* device = nullptr;
   TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.items,
                                        sizeof(GpuPresentWeight) * a.weights.count, &device,
@@ -393,6 +477,13 @@ GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArg
                                        sizeof(int64_t) * (a.in_layout.channels + 1), &device,
                                        "present weights"));
   *row_begin = static_cast<const int64_t*>(device);
+  if (pair_begin != nullptr) {
+    TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.pair_begin,
+                                         sizeof(int64_t) * (a.in_layout.channels * a.cout + 1), &device,
+                                         "present weights"));
+    *pair_begin = static_cast<const int64_t*>(device);
+    return GpuStatus::Ok();  // the dense grid needs no per-entry data
+  }
   e->out_base = scratch->DeviceArray<int64_t>(a.n);
   e->ic = scratch->DeviceArray<int32_t>(a.n);
   e->coords = scratch->DeviceArray<int32_t>(a.n * a.in_layout.d);
@@ -411,15 +502,19 @@ template <typename T>
 GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
                                        const DirectConvGpuArgs<T>& a, const T* bias,
                                        SelectionMode selection, int64_t k,
-                                       int64_t* touched_counts, int64_t* positive_counts,
-                                       Report* report) {
+                                       DirectConvDataflow dataflow, int64_t* touched_counts,
+                                       int64_t* positive_counts, Report* report) {
   const KeyLayout& L = a.in_layout;
   const int64_t num_segments = L.batch * a.cout;
   const int64_t num_slots = ContributionSlots(a.n, a.weights.max_row);
-  if (num_slots > kMaxSortItems || num_segments > kMaxSegments) {
+  const bool dense = UseDenseGrid(a, dataflow);
+  if ((!dense && num_slots > kMaxSortItems) || num_segments > kMaxSegments) {
     return GpuStatus{"direct conv", "too many contributions or segments"};
   }
   const uint64_t no_output = static_cast<uint64_t>(num_segments * L.spatial_size);
+  // Touched keys are distinct and below no_output, and each needs a contribution, so the
+  // touched set never exceeds either bound; the passes over it run on that many items.
+  const int64_t touched_bound = std::min<int64_t>(num_slots, static_cast<int64_t>(no_output));
 
   Report* device_report = nullptr;
   TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
@@ -432,9 +527,10 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
 
   const GpuPresentWeight* weights = nullptr;
   const int64_t* row_begin = nullptr;
+  const int64_t* pair_begin = nullptr;
   EntryData e;
-  TF_SPARSECONV_RETURN_IF_ERROR(
-      PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e));
+  TF_SPARSECONV_RETURN_IF_ERROR(PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e,
+                                               dense ? &pair_begin : nullptr));
 
   int64_t* touched_total = scratch->DeviceArray<int64_t>(1);
   int64_t* segment_begin = scratch->DeviceArray<int64_t>(num_segments + 1);
@@ -442,10 +538,42 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   touched_total_ = touched_total;
   uint64_t* slot_keys[2] = {nullptr, nullptr};
   T* slot_values[2] = {nullptr, nullptr};
+  void* free_buffers[2] = {nullptr, nullptr};  // room for touched_bound items of sizeof(T) (and >= 4) bytes
   int current = 0;
-  if (num_slots == 0) {
+  if (touched_bound == 0) {
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(touched_total, 0, sizeof(int64_t), stream), "touched set");
+  } else if (dense) {
+    const int64_t in_keys = L.num_keys(), total = static_cast<int64_t>(no_output);
+    T* dense_in = scratch->DeviceArray<T>(in_keys);
+    uint32_t* in_bits = scratch->DeviceArray<uint32_t>((in_keys + 31) / 32);
+    T* out_values = scratch->DeviceArray<T>(total);
+    uint32_t* out_bits = scratch->DeviceArray<uint32_t>((total + 31) / 32);
+    int64_t* touched_keys = scratch->DeviceArray<int64_t>(touched_bound);
+    T* touched_values = scratch->DeviceArray<T>(touched_bound);
+    if (!dense_in || !in_bits || !out_values || !out_bits || !touched_keys || !touched_values) {
+      return GpuStatus::OutOfMemory("dense grid");
+    }
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(in_bits, 0, sizeof(uint32_t) * ((in_keys + 31) / 32), stream), "dense grid");
+    if (a.n > 0) {
+      ScatterDenseKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(a.keys, a.values, a.n, in_keys,
+                                                                    device_report, dense_in, in_bits);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid input");
+    }
+    // The kernel clears the words of out_bits it owns; a failed check leaves them unset.
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * ((total + 31) / 32), stream), "dense grid");
+    DenseAccumulateKernel<T><<<BlocksFor(total), kThreads, 0, stream>>>(
+        L, a.cout, dense_in, in_bits, a.filter, weights, pair_begin, bias, device_report, out_values, out_bits);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid sums");
+    const IsTouchedBit is_touched{out_bits};
+    Compaction runs;
+    TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, is_touched, total, touched_total, &runs));
+    TF_SPARSECONV_RETURN_IF_ERROR(
+        WriteCompaction(stream, runs, is_touched, CopyTouched<T>{out_values, touched_keys, touched_values}));
+    touched_keys_ = touched_keys;
+    touched_values_ = touched_values;
   } else {
     for (int buffer = 0; buffer < 2; ++buffer) {
       slot_keys[buffer] = scratch->DeviceArray<uint64_t>(num_slots);
@@ -473,6 +601,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
         stream, runs, first_of_key,
         SumContributions<T>{slot_keys[current], slot_values[current], num_slots, bias,
                             L.spatial_size, a.cout, touched_keys, touched_values}));
+    free_buffers[0] = slot_keys[current];  // the contributions are summed: reusable
+    free_buffers[1] = slot_values[current];
   }
   SegmentBeginKernel<<<BlocksFor(num_segments + 1), kThreads, 0, stream>>>(
       touched_keys_, touched_total, num_segments, L.spatial_size, segment_begin);
@@ -483,9 +613,6 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemsetAsync(positive_counts, 0, num_segments * sizeof(int64_t), stream), "positive counts");
-  // Touched keys are distinct and below no_output, so the touched set never exceeds either
-  // bound; the passes over it below run on that many items, not on all contribution slots.
-  const int64_t touched_bound = std::min<int64_t>(num_slots, static_cast<int64_t>(no_output));
   if (touched_bound > 0) {
     PositiveCountKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
         touched_keys_, touched_values_, touched_total, touched_bound, L.spatial_size, positive_counts);
@@ -493,10 +620,13 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   }
 
   if (selection != SelectionMode::kNone && touched_bound > 0) {
-    // The contribution buffers `current` are free now; they hold the sort keys.
+    // The sort keys go to the free buffers: the summed contributions', or new ones.
+    for (int buffer = 0; buffer < 2; ++buffer) {
+      if (free_buffers[buffer] == nullptr) free_buffers[buffer] = scratch->DeviceArray<uint64_t>(touched_bound);
+      if (free_buffers[buffer] == nullptr) return GpuStatus::OutOfMemory("k-selection");
+    }
     using Bits = typename ScoreBits<T>::type;
-    Bits* score[2] = {reinterpret_cast<Bits*>(slot_keys[current]),
-                      reinterpret_cast<Bits*>(slot_values[current])};
+    Bits* score[2] = {static_cast<Bits*>(free_buffers[0]), static_cast<Bits*>(free_buffers[1])};
     int32_t* index[2] = {scratch->DeviceArray<int32_t>(touched_bound),
                          scratch->DeviceArray<int32_t>(touched_bound)};
     uint8_t* keep = scratch->DeviceArray<uint8_t>(touched_bound);
@@ -509,8 +639,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, score, index, touched_bound,
                                             static_cast<int>(8 * sizeof(Bits)), &by_score));
     const uint32_t no_segment = static_cast<uint32_t>(num_segments);
-    uint32_t* segment[2] = {reinterpret_cast<uint32_t*>(slot_keys[current]),
-                            reinterpret_cast<uint32_t*>(slot_values[current])};
+    uint32_t* segment[2] = {static_cast<uint32_t*>(free_buffers[0]), static_cast<uint32_t*>(free_buffers[1])};
     int32_t* segment_index[2] = {index[by_score], index[1 - by_score]};
     SegmentKeyKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
         segment_index[0], touched_keys_, touched_total, touched_bound, L.spatial_size, no_segment,

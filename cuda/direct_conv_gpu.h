@@ -29,6 +29,7 @@ struct GpuPresentWeight {
 struct GpuWeightTable {
   const GpuPresentWeight* items = nullptr;
   const int64_t* row_begin = nullptr;  // cin + 1
+  const int64_t* pair_begin = nullptr; // cin * cout + 1: the (ic, oc) runs, ic-major
   int64_t count = 0;
   int64_t max_row = 0;                 // the longest row
 };
@@ -49,6 +50,36 @@ struct DirectConvGpuArgs {
 // kMaxSortItems (the OpKernel says so before calling).
 inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_row; }
 
+// How the forward forms the touched set (TF_SPARSECONV_DIRECT_DATAFLOW, read per call):
+//  kSort:  every (entry, present weight) contribution in a slot, radix-sorted by output
+//          key and summed per run; temporary memory ~ U * (16 + 2 * sizeof(T)) for the
+//          U = n * max_row slots, whatever the grid.
+//  kDense: the input scattered into a dense [B, Cin, R^d] buffer with a presence bitmap,
+//          then one thread per output (b, oc, y) of the dense grid sums its present
+//          inputs in the CPU's order and marks a touched bitmap, compacted in key order;
+//          temporary memory ~ B * R^d * (Cin + Cout) * (sizeof(T) + 1/8), whatever the
+//          entries. The paper's dense R^d buffers, used only where they are the smaller.
+//  kAuto:  kDense where its temporary memory is below kSort's, else kSort.
+// Both give the same touched set and bit-identical values (the CPU's summation order).
+enum class DirectConvDataflow { kAuto, kSort, kDense };
+
+template <typename T>
+inline double SortForwardBytes(const DirectConvGpuArgs<T>& a) {
+  return static_cast<double>(ContributionSlots(a.n, a.weights.max_row)) * (16.0 + 2.0 * sizeof(T));
+}
+template <typename T>
+inline double DenseForwardBytes(const DirectConvGpuArgs<T>& a) {
+  const double grid = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size);
+  // input buffer and bitmap; output values and bitmap; touched keys and values, selection keys
+  return grid * static_cast<double>(a.in_layout.channels) * (sizeof(T) + 0.125) +
+         grid * static_cast<double>(a.cout) * (sizeof(T) + 0.125 + 8.0 + sizeof(T) + 16.0);
+}
+template <typename T>
+inline bool UseDenseGrid(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataflow) {
+  if (dataflow == DirectConvDataflow::kAuto) return DenseForwardBytes(a) < SortForwardBytes(a);
+  return dataflow == DirectConvDataflow::kDense;
+}
+
 enum ConvCheck { kConvKeys = 0, kConvValues = 1, kConvFilter = 2, kConvBias = 3 };
 
 template <typename T>
@@ -58,8 +89,8 @@ class DirectConvForwardGpu {
   // writes touched_counts and positive_counts (entries > 0 before k-selection), each
   // [B * Cout]; report->count = kept entries. Blocks until the report is on the host.
   GpuStatus Run(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& args,
-                const T* bias, SelectionMode selection, int64_t k, int64_t* touched_counts,
-                int64_t* positive_counts, Report* report);
+                const T* bias, SelectionMode selection, int64_t k, DirectConvDataflow dataflow,
+                int64_t* touched_counts, int64_t* positive_counts, Report* report);
   // Writes the report->count kept entries in key order.
   GpuStatus Write(Stream stream, int64_t* out_keys, T* out_values) const;
 

@@ -35,6 +35,23 @@ CONV_CASES = [
     pytest.param(3, (6, 7), 2, 3, (3, 3), 0.3, 0.8, id="2d-batch1-empty"),
 ]
 
+# The forward's two dataflows (TF_SPARSECONV_DIRECT_DATAFLOW; `auto` picks the dense grid for
+# every small grid here): each conv test runs with both forced.
+DIRECT_DATAFLOWS = ["sort", "dense"]
+
+
+def pytest_generate_tests(metafunc):
+    if "conv" in metafunc.function.__name__:
+        metafunc.parametrize("direct_dataflow", DIRECT_DATAFLOWS, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def direct_dataflow(request, monkeypatch):
+    mode = getattr(request, "param", None)
+    if mode is not None:
+        monkeypatch.setenv("TF_SPARSECONV_DIRECT_DATAFLOW", mode)
+    return mode
+
 
 def on(device, fn, *args, **kwargs):
     """fn(*args) with its numpy arguments turned into tensors on `device`, run there."""
@@ -578,3 +595,11 @@ def test_savedmodel_runs_on_gpu_like_eager_cpu(rng, tmp_path):
         restored = tf.saved_model.load(str(tmp_path / "model"))
         got = restored(sparse_on(GPU, keys, values, dense_shape))
     assert_same_sparse(got, expected, np.float32)
+
+
+def test_unknown_direct_dataflow_is_rejected(monkeypatch, rng):
+    monkeypatch.setenv("TF_SPARSECONV_DIRECT_DATAFLOW", "fastest")
+    inputs = conv_inputs(rng, 1, (5, 5), 1, 2, (3, 3), 0.3, 1.0, np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_DIRECT_DATAFLOW"):
+        run_conv(GPU, *inputs)
+
