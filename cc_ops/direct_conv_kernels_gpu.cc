@@ -193,12 +193,14 @@ class DirectSparseConvBackpropGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(3).shape(), &filter_grad));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({shapes.cout}), &bias_grad));
 
+    gpu::DirectConvDataflow dataflow = gpu::DirectConvDataflow::kAuto;
+    OP_REQUIRES_OK(ctx, DataflowFromEnvironment(&dataflow));
     TempScratch scratch(ctx);
     gpu::Report report;
     OP_REQUIRES_OK(ctx, ToStatus(gpu::DirectConvBackpropGpu<T>(
                                      GpuStream(ctx), &scratch, args,
                                      out_keys.flat<int64_t>().data(), out_grad.flat<T>().data(),
-                                     out_keys.NumElements(), in_grad->flat<T>().data(),
+                                     out_keys.NumElements(), dataflow, in_grad->flat<T>().data(),
                                      filter_grad->flat<T>().data(), bias_grad->flat<T>().data(),
                                      &report),
                                  scratch, "DirectSparseConvBackprop"));

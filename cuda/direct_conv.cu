@@ -253,29 +253,48 @@ __device__ T BlockSum(T value, T* shared) {
   return total;
 }
 
+// Where an output key's entry is: a binary search in the sorted out_keys, or, where the
+// dense grid is used, index[key] (-1: none), built once per call.
+struct OutputLookup {
+  const int64_t* out_keys;
+  int64_t n_out;
+  const int32_t* index;  // nullptr: binary search
+  __device__ int64_t Find(int64_t key) const {
+    if (index != nullptr) return index[key];
+    const int64_t p = LowerBound(out_keys, n_out, key);
+    return p < n_out && out_keys[p] == key ? p : -1;
+  }
+};
+
+__global__ void OutputIndexKernel(const int64_t* out_keys, int64_t n_out, int64_t num_keys, const Report* report,
+                                  int32_t* index) {
+  if (!ChecksPassed(report)) return;
+  TF_SPARSECONV_GRID_LOOP(p, n_out) {
+    const int64_t key = out_keys[p];
+    if (key >= 0 && key < num_keys) index[key] = static_cast<int32_t>(p);
+  }
+}
+
 // The output entry that entry i feeds through w, or -1 (outside the grid, or dropped by
 // k-selection and so absent from out_keys).
 __device__ inline int64_t LinkedOutput(const KeyLayout& L, const EntryData& e, int64_t i,
-                                       const GpuPresentWeight& w, const int64_t* out_keys,
-                                       int64_t n_out) {
+                                       const GpuPresentWeight& w, const OutputLookup& out) {
   if (!Reaches(e.coords + i * L.d, w, L.d)) return -1;
-  const int64_t target = e.out_base[i] + w.oc * L.spatial_size - w.lin_delta;
-  const int64_t p = LowerBound(out_keys, n_out, target);
-  return p < n_out && out_keys[p] == target ? p : -1;
+  return out.Find(e.out_base[i] + w.oc * L.spatial_size - w.lin_delta);
 }
 
 template <typename T>
 __global__ void InGradKernel(KeyLayout L, EntryData e, const T* filter,
                              const GpuPresentWeight* weights, const int64_t* row_begin,
-                             const int64_t* out_keys, const T* out_grad, int64_t n_out,
-                             int64_t n, const Report* report, T* in_grad) {
+                             OutputLookup out, const T* out_grad, int64_t n, const Report* report,
+                             T* in_grad) {
   const bool valid = ChecksPassed(report);
   TF_SPARSECONV_GRID_LOOP(i, n) {
     T sum = T(0);
     if (valid) {
       const int32_t ic = e.ic[i];
       for (int64_t r = row_begin[ic]; r < row_begin[ic + 1]; ++r) {
-        const int64_t p = LinkedOutput(L, e, i, weights[r], out_keys, n_out);
+        const int64_t p = LinkedOutput(L, e, i, weights[r], out);
         if (p >= 0) sum = AddRn(sum, MulRn(out_grad[p], filter[weights[r].filter_index]));
       }
     }
@@ -296,8 +315,8 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     FilterGradPartialKernel(KeyLayout L, EntryData e, const T* values,
                             const GpuPresentWeight* weights, int64_t num_weights,
-                            const int64_t* in_begin, const int64_t* out_keys, const T* out_grad,
-                            int64_t n_out, int64_t parts, const Report* report, T* partial) {
+                            const int64_t* in_begin, OutputLookup out, const T* out_grad,
+                            int64_t parts, const Report* report, T* partial) {
   __shared__ T shared[kThreads];
   const bool valid = ChecksPassed(report);
   const int64_t num_blocks = num_weights * L.batch * parts;
@@ -313,7 +332,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t lo = in_begin[seg] + len * c / parts;
       const int64_t hi = in_begin[seg] + len * (c + 1) / parts;
       for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
-        const int64_t p = LinkedOutput(L, e, i, pw, out_keys, n_out);
+        const int64_t p = LinkedOutput(L, e, i, pw, out);
         if (p >= 0) sum = AddRn(sum, MulRn(out_grad[p], values[i]));
       }
     }
@@ -670,7 +689,8 @@ GpuStatus DirectConvForwardGpu<T>::Write(Stream stream, int64_t* out_keys, T* ou
 template <typename T>
 GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a,
                                 const int64_t* out_keys, const T* out_grad, int64_t n_out,
-                                T* in_grad, T* filter_grad, T* bias_grad, Report* report) {
+                                DirectConvDataflow dataflow, T* in_grad, T* filter_grad, T* bias_grad,
+                                Report* report) {
   const KeyLayout& L = a.in_layout;
   const KeyLayout out_layout = L.WithChannels(a.cout);
   Report* device_report = nullptr;
@@ -690,10 +710,25 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   TF_SPARSECONV_RETURN_IF_ERROR(
       PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e));
 
+  // Where the forward would use the dense grid, the output keys get a dense index too
+  // (4 bytes per output key of the grid) instead of a binary search per contribution.
+  OutputLookup out{out_keys, n_out, nullptr};
+  if (UseDenseGrid(a, dataflow) && n_out < (int64_t{1} << 31) && a.n > 0) {
+    const int64_t num_out_keys = out_layout.num_keys();
+    int32_t* index = scratch->DeviceArray<int32_t>(num_out_keys);
+    if (!index) return GpuStatus::OutOfMemory("output index");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(index, 0xff, sizeof(int32_t) * num_out_keys, stream),
+                                            "output index");  // -1: no entry
+    if (n_out > 0) {
+      OutputIndexKernel<<<BlocksFor(n_out), kThreads, 0, stream>>>(out_keys, n_out, num_out_keys, device_report,
+                                                                   index);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output index");
+    }
+    out.index = index;
+  }
   if (a.n > 0) {
     InGradKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(
-        L, e, a.filter, weights, row_begin, out_keys, out_grad, n_out, a.n, device_report,
-        in_grad);
+        L, e, a.filter, weights, row_begin, out, out_grad, a.n, device_report, in_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
   }
 
@@ -712,8 +747,7 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     if (!partial) return GpuStatus::OutOfMemory("filter gradient");
     FilterGradPartialKernel<T><<<LoopBlocks(a.weights.count * parts_per_weight), kThreads, 0,
                                  stream>>>(L, e, a.values, weights, a.weights.count, in_begin,
-                                           out_keys, out_grad, n_out, parts, device_report,
-                                           partial);
+                                           out, out_grad, parts, device_report, partial);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
     FilterGradKernel<T><<<BlocksFor(a.weights.count), kThreads, 0, stream>>>(
         weights, a.weights.count, partial, parts_per_weight, filter_grad);
@@ -740,12 +774,12 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
 template class DirectConvForwardGpu<float>;
 template class DirectConvForwardGpu<double>;
 template GpuStatus DirectConvBackpropGpu<float>(Stream, Scratch*, const DirectConvGpuArgs<float>&,
-                                                const int64_t*, const float*, int64_t, float*,
-                                                float*, float*, Report*);
+                                                const int64_t*, const float*, int64_t,
+                                                DirectConvDataflow, float*, float*, float*, Report*);
 template GpuStatus DirectConvBackpropGpu<double>(Stream, Scratch*,
                                                  const DirectConvGpuArgs<double>&,
                                                  const int64_t*, const double*, int64_t,
-                                                 double*, double*, double*, Report*);
+                                                 DirectConvDataflow, double*, double*, double*, Report*);
 
 }  // namespace gpu
 }  // namespace tf_sparseconv

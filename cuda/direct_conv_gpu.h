@@ -111,12 +111,13 @@ enum ConvBackpropCheck {
 
 // Eq. 3: gradients at the input entries, the present weights (all other filter_grad
 // entries are 0) and the bias. Checks (ConvBackpropCheck), then blocks until the report
-// is on the host.
+// is on the host. Where UseDenseGrid(args, dataflow), the output entries are found through
+// a dense [B * Cout * R^d] int32 index (built per call) instead of binary searches.
 template <typename T>
 GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch,
                                 const DirectConvGpuArgs<T>& args, const int64_t* out_keys,
-                                const T* out_grad, int64_t n_out, T* in_grad, T* filter_grad,
-                                T* bias_grad, Report* report);
+                                const T* out_grad, int64_t n_out, DirectConvDataflow dataflow,
+                                T* in_grad, T* filter_grad, T* bias_grad, Report* report);
 
 }  // namespace gpu
 }  // namespace tf_sparseconv
