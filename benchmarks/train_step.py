@@ -11,7 +11,7 @@ For each resolution, on a stratified subset of ../shared/data/modelnet40_train.n
             figure the issue asks for, with the steps and the input pipeline as in training.
 One JSON object per line in --out: kind = "step" | "layer" | "epoch".
 
-    python benchmarks/train_step.py --resolutions 32 64 [--epoch] [--out PATH]
+    python benchmarks/train_step.py --resolutions 32 64 [--epoch] [--dataflows sort dense] [--out PATH]
 """
 import argparse
 import json
@@ -86,6 +86,9 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--epoch", action="store_true", help="also time one real epoch over all training shapes")
+    p.add_argument("--dataflows", nargs="*", default=[None],
+                   help="TF_SPARSECONV_DIRECT_DATAFLOW values to time the step and layers under, in one process "
+                        "(e.g. sort dense auto; default: the environment's)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     p.add_argument("--out", default=DEFAULT_OUT)
     args = p.parse_args()
@@ -107,27 +110,31 @@ def main():
         input_ms = (time.perf_counter() - start) / batches * 1e3
         model = build(r, len(classes), args.batch_size)
         cached = pipeline.take(1).cache().repeat()
-        model.fit(cached, steps_per_epoch=args.steps, epochs=1, verbose=0)  # warm-up and tracing
-        epoch_times = []
-        for _ in range(3):
-            sync()
-            start = time.perf_counter()
-            model.fit(cached, steps_per_epoch=args.steps, epochs=1, verbose=0)
-            sync()
-            epoch_times.append((time.perf_counter() - start) / args.steps)
-        step_ms = statistics.median(epoch_times) * 1e3
         steps_per_epoch = -(-len(train_idx) // args.batch_size)
-        row = {"kind": "step", "resolution": r, "device": device, "batch": args.batch_size, "input_ms": input_ms,
-               "step_ms": step_ms, "steps_per_epoch": steps_per_epoch,
-               "projected_sec_per_epoch": steps_per_epoch * max(step_ms, input_ms) / 1e3}
-        print(json.dumps(row), flush=True)
-        out_rows.append(row)
-        batch = next(iter(cached))
-        for layer in layer_rows(model, batch, args.reps):
-            layer.update(kind="layer", resolution=r, device=device, batch=args.batch_size)
-            print(f"  {layer['layer']:<22}{layer['class']:<16} fwd {layer['fwd_ms']:8.2f} ms   "
-                  f"fwd+bwd {layer['fwd_bwd_ms']:8.2f} ms", flush=True)
-            out_rows.append(layer)
+        for dataflow in args.dataflows:
+            if dataflow:
+                os.environ["TF_SPARSECONV_DIRECT_DATAFLOW"] = dataflow  # read by the ops at every call
+            model.fit(cached, steps_per_epoch=args.steps, epochs=1, verbose=0)  # warm-up and tracing
+            epoch_times = []
+            for _ in range(3):
+                sync()
+                start = time.perf_counter()
+                model.fit(cached, steps_per_epoch=args.steps, epochs=1, verbose=0)
+                sync()
+                epoch_times.append((time.perf_counter() - start) / args.steps)
+            step_ms = statistics.median(epoch_times) * 1e3
+            row = {"kind": "step", "resolution": r, "device": device, "batch": args.batch_size, "dataflow": dataflow,
+                   "input_ms": input_ms, "step_ms": step_ms, "steps_per_epoch": steps_per_epoch,
+                   "projected_sec_per_epoch": steps_per_epoch * max(step_ms, input_ms) / 1e3}
+            print(json.dumps(row), flush=True)
+            out_rows.append(row)
+            batch = next(iter(cached))
+            for layer in layer_rows(model, batch, args.reps):
+                layer.update(kind="layer", resolution=r, device=device, batch=args.batch_size, dataflow=dataflow)
+                print(f"  {layer['layer']:<22}{layer['class']:<16} fwd {layer['fwd_ms']:8.2f} ms   "
+                      f"fwd+bwd {layer['fwd_bwd_ms']:8.2f} ms", flush=True)
+                out_rows.append(layer)
+            os.environ.pop("TF_SPARSECONV_DIRECT_DATAFLOW", None)
         if args.epoch:
             model = build(r, len(classes), args.batch_size)
             full = make(train_idx)
