@@ -143,6 +143,7 @@ def main():
             history = model.fit(full, epochs=1, verbose=2)
             seconds = time.perf_counter() - start
             row = {"kind": "epoch", "resolution": r, "device": device, "sec_per_epoch": seconds,
+                   "dataflow": os.environ.get("TF_SPARSECONV_DIRECT_DATAFLOW", "auto"),
                    "steps": steps_per_epoch, "ms_per_step": seconds / steps_per_epoch * 1e3,
                    "batch": args.batch_size, "train_accuracy": float(history.history["accuracy"][-1]),
                    "note": f"one epoch of model.fit over {len(train_idx)} ModelNet40 shapes after a 2-step "

@@ -4,6 +4,9 @@ split. Writes experiments/results/modelnet40.json and modelnet40.png.
 
     python experiments/modelnet40.py --resolutions 16 32 --epochs 10
 
+Each row of the results file is one recipe (resolution, optimiser, learning-rate schedule,
+augmentation, device, examples); a rerun replaces only the row of its own recipe.
+
 Runs too long for one sitting: give --backup-root DIR; each resolution keeps its checkpoint
 and epoch log under DIR/modelnet40_<r>, and rerunning the same command (a larger --epochs
 to go further) continues from the last finished epoch.
@@ -20,52 +23,68 @@ import matplotlib.pyplot as plt  # noqa: E402
 from common import read_json, run_training, save_figure, write_json  # noqa: E402
 
 
+# The recipe of the rows written before rows named theirs.
+OLD_RECIPE = "adam lr 0.001 constant"
+
+
+def recipe(results):
+    return (f"{results['optimizer']} lr {results['lr']:g} {results['lr_schedule']}"
+            + (", augmented" if results["augment"] else ""))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--resolutions", type=int, nargs="+", default=[16, 32])
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-examples", type=int, default=0, help="stratified subset of the 9,843 shapes (0: all)")
-    p.add_argument("--augment", action="store_true")
+    p.add_argument("--augment", action="store_true", help="random rotation about z, scale and jitter")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--backup-root", default=None,
                    help="keep each resolution's checkpoint here and resume from it (default: no backup)")
     p.add_argument("--replace", action="store_true",
-                   help="start modelnet40.json afresh (default: keep the rows of resolutions not run now)")
+                   help="start modelnet40.json afresh (default: keep the rows of other recipes)")
     args = p.parse_args()
-    # Resolutions run in different sessions share one results file: rows of other
-    # resolutions are kept, and the plot shows every row that carries its curve.
-    kept = [] if args.replace else [r for r in read_json("modelnet40.json") if r["resolution"] not in args.resolutions]
+    # Recipes run in different sessions share one results file: rows of other recipes are
+    # kept, and the plot shows every row that carries its curve.
+    kept = [] if args.replace else read_json("modelnet40.json")
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for r in args.resolutions:
             train_args = ["--dataset", "modelnet40", "--resolution", r, "--epochs", args.epochs,
                           "--batch-size", args.batch_size, "--max-examples", args.max_examples]
+            train_args += ["--lr", args.lr, "--lr-schedule", args.lr_schedule]
             train_args += ["--augment"] if args.augment else []
             train_args += ["--data-dir", args.data_dir] if args.data_dir else []
             if args.backup_root:
                 train_args += ["--backup-dir", os.path.join(os.path.abspath(args.backup_root), f"modelnet40_{r}")]
             res = run_training(f"modelnet40_{r}", train_args, work)
             seconds = res["sec_per_epoch"]
-            rows.append({"resolution": r, "epochs": res["epochs"], "val_accuracy": res["val_accuracy"],
-                         "sec_per_epoch": sum(seconds[1:]) / max(1, len(seconds) - 1) if len(seconds) > 1
-                         else seconds[0],
-                         "peak_bytes": res["peak_rss_bytes"], "memory_bound_bytes": res["memory_bound_bytes"],
-                         "examples": args.max_examples or 9843, "batch_size": args.batch_size, "rhos": res["rhos"],
-                         "device": "CPU (2 cores)", "val_accuracy_per_epoch": res["history"]["val_accuracy"]})
+            row = {"resolution": r, "epochs": res["epochs"], "val_accuracy": res["val_accuracy"],
+                   "sec_per_epoch": sum(seconds[1:]) / max(1, len(seconds) - 1) if len(seconds) > 1 else seconds[0],
+                   "peak_bytes": res["peak_rss_bytes"], "memory_bound_bytes": res["memory_bound_bytes"],
+                   "examples": args.max_examples or 9843, "batch_size": args.batch_size, "rhos": res["rhos"],
+                   "peak_gpu_bytes": res.get("peak_gpu_bytes"), "device": res["device"],
+                   "recipe": recipe(res), "val_accuracy_per_epoch": res["history"]["val_accuracy"]}
+            same = lambda k: (k["resolution"], k.get("recipe", OLD_RECIPE), k["device"], k["examples"])  # noqa: E731
+            kept = [k for k in kept if same(k) != same(row)]
+            rows.append(row)
             write_json("modelnet40.json", sorted(kept + rows, key=lambda row: row["resolution"]))
     figure, axis = plt.subplots(figsize=(6, 4))
     for row in sorted(kept + rows, key=lambda row: row["resolution"]):
         accuracy = row.get("val_accuracy_per_epoch")
         if accuracy:
-            axis.plot(range(1, len(accuracy) + 1), accuracy, marker="o", label=f"{row['resolution']}³")
+            axis.plot(range(1, len(accuracy) + 1), accuracy, marker="o",
+                      label=f"{row['resolution']}³, {row.get('recipe', OLD_RECIPE)}, {row['device']}")
     axis.set(xlabel="epoch", ylabel="validation accuracy", title="ModelNet40, sparse OctNet3")
-    axis.legend()
+    axis.legend(fontsize="small")
     save_figure(figure, "modelnet40.png")
     for row in sorted(kept + rows, key=lambda row: row["resolution"]):
         peak = f"{row['peak_bytes'] / 2**30:.2f} GiB" if row.get("peak_bytes") else "not recorded"
-        print(f"{row['resolution']:>4}³: val acc {row['val_accuracy']:.4f} after {row['epochs']} epochs, "
-              f"{row['sec_per_epoch']:.0f} s/epoch, peak {peak}")
+        print(f"{row['resolution']:>4}³ ({row.get('recipe', OLD_RECIPE)}, {row['device']}): val acc "
+              f"{row['val_accuracy']:.4f} after {row['epochs']} epochs, {row['sec_per_epoch']:.1f} s/epoch, peak {peak}")
 
 
 if __name__ == "__main__":

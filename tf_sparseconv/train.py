@@ -81,6 +81,22 @@ def peak_rss_bytes():
         return 0
 
 
+def peak_gpu_bytes():
+    """TensorFlow's peak allocation on the first GPU in this process, or None without one."""
+    if not tf.config.list_logical_devices("GPU"):
+        return None
+    return int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
+
+
+def device_description():
+    """What trained: the first GPU's name, or the CPU cores this process may use."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        return "GPU: " + tf.config.experimental.get_device_details(gpus[0]).get("device_name", gpus[0].name)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"CPU ({cores} cores)"
+
+
 class EpochLog(keras.callbacks.Callback):
     """Appends every finished epoch's logs to <backup_dir>/epochs.jsonl, so a run resumed by
     BackupAndRestore reports the history of all its epochs, not only of the last process.
@@ -107,18 +123,22 @@ class EpochLog(keras.callbacks.Callback):
 
 
 # Arguments that may change when a backed-up run is resumed; any other change is refused,
-# because the checkpoint would silently continue a different experiment.
+# because the checkpoint would silently continue a different experiment. A decaying
+# learning rate spans the planned epochs, so under one --epochs may not change either.
 RESUMABLE_CHANGES = ("epochs", "out", "backup_dir")
 
 
 def prepare_backup_dir(parser, args):
     os.makedirs(args.backup_dir, exist_ok=True)
     path = os.path.join(args.backup_dir, "run_args.json")
-    current = {k: v for k, v in vars(args).items() if k not in RESUMABLE_CHANGES}
+    resumable = RESUMABLE_CHANGES if args.lr_schedule == "constant" else ("out", "backup_dir")
+    current = {k: v for k, v in vars(args).items() if k not in resumable}
     if os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
-        changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+        # an argument added after the run was saved had its default then
+        saved = {**{k: parser.get_default(k) for k in current if k not in saved}, **saved}
+        changed = sorted(k for k in (set(saved) | set(current)) - set(resumable) if saved.get(k) != current.get(k))
         if changed:
             parser.error(f"--backup-dir {args.backup_dir} holds a run with different arguments "
                          f"({', '.join(f'{k}: {saved.get(k)!r} there, {current.get(k)!r} now' for k in changed)}); "
@@ -158,6 +178,8 @@ def build_parser():
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--optimizer", choices=("adam", "adagrad"), default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                   help="cosine: from --lr down to 0 over all --epochs (a backed-up run then keeps its --epochs)")
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.add_argument("--max-examples", type=int, default=0, help="use a stratified subset of this size (0: all)")
     p.add_argument("--synthetic-per-class", type=int, default=150)
@@ -226,7 +248,12 @@ def main(argv=None):
         regularizer = DensityRegularizer(args.lam, reduction=args.lam_reduction) if args.lam > 0 else None
         model = octnet3(resolution, len(classes), rhos, spatial_dims=2 if image_data else 3,
                         selection=args.selection, density_regularizer=regularizer)
-    optimizer = keras.optimizers.Adam(args.lr) if args.optimizer == "adam" else keras.optimizers.Adagrad(args.lr)
+    learning_rate = args.lr
+    if args.lr_schedule == "cosine":
+        steps_per_epoch = -(-len(train_idx) // args.batch_size)
+        learning_rate = keras.optimizers.schedules.CosineDecay(args.lr, decay_steps=args.epochs * steps_per_epoch)
+    optimizer = (keras.optimizers.Adam(learning_rate) if args.optimizer == "adam"
+                 else keras.optimizers.Adagrad(learning_rate))
     model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     bound = None if site else memory_bound(model, args.batch_size)
     callbacks = [EpochTimer()]
@@ -266,6 +293,8 @@ def main(argv=None):
         "memory_bound_note": SITE_MODEL_NOTE if site else None,
         "pruning": pruning.history if pruning else [],
         "peak_rss_bytes": max([peak_rss_bytes(), *history.get("peak_rss_bytes", [])]),
+        "peak_gpu_bytes": peak_gpu_bytes(), "device": device_description(),
+        "lr": args.lr, "lr_schedule": args.lr_schedule, "optimizer": args.optimizer, "augment": args.augment,
     }
     if site:
         results.update(site_channels=list(args.site_channels), site_blocks=args.site_blocks, site_k=args.site_k,
@@ -284,7 +313,9 @@ def main(argv=None):
         print(f"{row['layer']:<20}{row['rho_up'] or 1.0:>8.3f}{row['density']:>10.4f}"
               f"{row['present_weights']:>10} / {row['weights']:<7}")
     print(bound.table() if bound else SITE_MODEL_NOTE)
-    print(f"peak resident memory {results['peak_rss_bytes'] / 2 ** 20:.0f} MiB")
+    print(f"peak resident memory {results['peak_rss_bytes'] / 2 ** 20:.0f} MiB"
+          + (f", GPU peak {results['peak_gpu_bytes'] / 2 ** 20:.0f} MiB" if results["peak_gpu_bytes"] else "")
+          + f" ({results['device']})")
     print(f"results and model written to {os.path.abspath(args.out)}")
     return results
 
