@@ -29,7 +29,7 @@ OLD_RECIPE = "adam lr 0.001 constant"
 
 def recipe(results):
     return (f"{results['optimizer']} lr {results['lr']:g} {results['lr_schedule']}"
-            + (", augmented" if results["augment"] else ""))
+            + (f", augmented ({results['augment']})" if results["augment"] else ""))
 
 
 def main():
@@ -38,7 +38,8 @@ def main():
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-examples", type=int, default=0, help="stratified subset of the 9,843 shapes (0: all)")
-    p.add_argument("--augment", action="store_true", help="random rotation about z, scale and jitter")
+    p.add_argument("--augment", nargs="?", const="rotate", choices=("rotate", "mirror", "scale"), default=None,
+                   help="as python -m tf_sparseconv.train --augment")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
     p.add_argument("--data-dir", default=None)
@@ -46,7 +47,11 @@ def main():
                    help="keep each resolution's checkpoint here and resume from it (default: no backup)")
     p.add_argument("--replace", action="store_true",
                    help="start modelnet40.json afresh (default: keep the rows of other recipes)")
+    p.add_argument("--replot", action="store_true", help="only redraw modelnet40.png and print the rows, no training")
     args = p.parse_args()
+    if args.replot:
+        plot_and_print(read_json("modelnet40.json"))
+        return
     # Recipes run in different sessions share one results file: rows of other recipes are
     # kept, and the plot shows every row that carries its curve.
     kept = [] if args.replace else read_json("modelnet40.json")
@@ -56,7 +61,7 @@ def main():
             train_args = ["--dataset", "modelnet40", "--resolution", r, "--epochs", args.epochs,
                           "--batch-size", args.batch_size, "--max-examples", args.max_examples]
             train_args += ["--lr", args.lr, "--lr-schedule", args.lr_schedule]
-            train_args += ["--augment"] if args.augment else []
+            train_args += ["--augment", args.augment] if args.augment else []
             train_args += ["--data-dir", args.data_dir] if args.data_dir else []
             if args.backup_root:
                 train_args += ["--backup-dir", os.path.join(os.path.abspath(args.backup_root), f"modelnet40_{r}")]
@@ -72,8 +77,12 @@ def main():
             kept = [k for k in kept if same(k) != same(row)]
             rows.append(row)
             write_json("modelnet40.json", sorted(kept + rows, key=lambda row: row["resolution"]))
+    plot_and_print(sorted(kept + rows, key=lambda row: row["resolution"]))
+
+
+def plot_and_print(rows):
     figure, axis = plt.subplots(figsize=(6, 4))
-    for row in sorted(kept + rows, key=lambda row: row["resolution"]):
+    for row in rows:
         accuracy = row.get("val_accuracy_per_epoch")
         if accuracy:
             axis.plot(range(1, len(accuracy) + 1), accuracy, marker="o",
@@ -81,7 +90,7 @@ def main():
     axis.set(xlabel="epoch", ylabel="validation accuracy", title="ModelNet40, sparse OctNet3")
     axis.legend(fontsize="small")
     save_figure(figure, "modelnet40.png")
-    for row in sorted(kept + rows, key=lambda row: row["resolution"]):
+    for row in rows:
         peak = f"{row['peak_bytes'] / 2**30:.2f} GiB" if row.get("peak_bytes") else "not recorded"
         print(f"{row['resolution']:>4}³ ({row.get('recipe', OLD_RECIPE)}, {row['device']}): val acc "
               f"{row['val_accuracy']:.4f} after {row['epochs']} epochs, {row['sec_per_epoch']:.1f} s/epoch, peak {peak}")

@@ -30,38 +30,49 @@ def load(name):
 
 
 def gpu_epoch_rows():
-    """The training-epoch figures measured on the GPU, from the direct-conv GPU benchmark file."""
+    """The latest training-epoch figure per resolution measured on the GPU, from the
+    direct-conv GPU benchmark file (earlier rows stay in the file as history)."""
     path = os.path.join(os.path.dirname(HERE), "benchmarks", "results", "direct_conv_gpu.jsonl")
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [row for row in map(json.loads, filter(str.strip, f)) if row.get("kind") == "epoch"]
+        latest = {row["resolution"]: row for row in map(json.loads, filter(str.strip, f)) if row.get("kind") == "epoch"}
+    return [latest[r] for r in sorted(latest)]
 
 
 def peak(row):
     if row.get("peak_bytes") is None:
         return f"— ({row['peak_note']})" if row.get("peak_note") else "—"
-    return f"{row['peak_bytes'] / 2**30:.2f} GiB"
+    text = f"{row['peak_bytes'] / 2**30:.2f} GiB"
+    if row.get("peak_gpu_bytes"):
+        text += f" (GPU: {row['peak_gpu_bytes'] / 2**30:.2f} GiB)"
+    return text
+
+
+# Rows written before rows named their recipe used this one.
+OLD_RECIPE = "adam lr 0.001 constant"
 
 
 def modelnet_section(rows):
     lines = ["## ModelNet40 (OctNet3, Table 4 bounds, 10% stratified validation split of the training set)", "",
-             "| resolution | epochs | shapes | val. accuracy | goal | s/epoch (ours, 2 CPU cores) | s/epoch (paper, Titan Xp) "
-             "| peak RSS | memory bound (forward, batch 32) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| resolution | recipe | device | epochs | shapes | val. accuracy | goal | s/epoch (ours) "
+             "| s/epoch (paper, Titan Xp) | peak RSS (GPU peak) | memory bound (CPU forward pass, batch 32; grows with the threads) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     subset = False
     for r in rows:
         goal = GOAL_ACCURACY.get(r["resolution"])
-        seconds = f"{r['sec_per_epoch']:.0f}"
+        seconds = f"{r['sec_per_epoch']:.0f}" if r["sec_per_epoch"] >= 100 else f"{r['sec_per_epoch']:.1f}"
         if r["examples"] < MODELNET40_SHAPES:  # a subset: the whole-set epoch, scaled by the shapes
             seconds = f"≈ {r['sec_per_epoch'] * MODELNET40_SHAPES / r['examples']:.0f}*"
             subset = True
-        lines.append(f"| {r['resolution']}³ | {r['epochs']} | {r['examples']} | {r['val_accuracy']:.3f} | "
+        lines.append(f"| {r['resolution']}³ | {r.get('recipe', OLD_RECIPE)} | {r['device']} | {r['epochs']} | "
+                     f"{r['examples']} | {r['val_accuracy']:.3f} | "
                      f"{f'≥ {goal}' if goal else '—'} | {seconds} | "
                      f"{PAPER_SEC_PER_EPOCH.get(r['resolution'], '—')} | {peak(r)} | "
                      f"{r['memory_bound_bytes'] / 2**20:.0f} MiB |")
     for r in rows:
         if r.get("note"):
-            lines += ["", f"{r['resolution']}³: {r['note']}."]
+            lines += ["", f"{r['resolution']}³, {r.get('recipe', OLD_RECIPE)}, {r['device']}: {r['note']}."]
     gpu_epochs = gpu_epoch_rows()
     if gpu_epochs:
         lines += ["", "On the lent GPU (`benchmarks/train_step.py --epoch`, `benchmarks/results/direct_conv_gpu.jsonl`): "
@@ -172,8 +183,9 @@ def main():
     lines = ["# Experiments", "",
              "Each script trains with `python -m tf_sparseconv.train` in its own process and writes JSON and a PNG to",
              "`experiments/results/`; this page is generated from those files by `python experiments/summarize.py`.",
-             "Runs here use this machine's 2 CPU cores (the paper used a Titan Xp GPU), at the epochs and data sizes",
-             "given in each table; where that is fewer than the paper's, the table says so by its numbers.", ""]
+             "Runs use this machine's 2 CPU cores unless a table names the lent GPU (the paper used a Titan Xp GPU), at",
+             "the epochs and data sizes given in each table; where that is fewer than the paper's, the table says so",
+             "by its numbers.", ""]
     for filename, render in sections:
         rows = load(filename)
         if rows:

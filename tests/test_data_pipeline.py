@@ -151,3 +151,23 @@ def test_real_modelnet_split_and_batch():
     x, y = next(iter(point_cloud_dataset(points[val], labels[val], 32, 32, augmentation=Augmentation())))
     assert x.dense_shape.numpy().tolist() == [32, 32, 32, 32, 1]
     assert 0.01 < float(x.density()) < 0.05  # about 2.5 % at 32^3
+
+
+def test_mirror_augmentation_negates_x_in_some_clouds_only():
+    clouds = make_shapes(2, 100, seed=1, normals=True)[0][:16]
+    exact = Augmentation(rotate_up=False, mirror_axes=(0,), scale_range=(1, 1), jitter=0)
+    mirrored = augment_point_clouds(clouds, np.random.default_rng(3), exact)
+    flip = np.array([-1.0, 1, 1, -1, 1, 1], np.float32)  # x of the point and of its normal
+    kinds = []
+    for m, c in zip(mirrored, clouds):
+        if np.allclose(m, c, atol=1e-6):
+            kinds.append("kept")
+        else:
+            np.testing.assert_allclose(m, c * flip, atol=1e-6)
+            kinds.append("mirrored")
+    assert set(kinds) == {"kept", "mirrored"}  # both among 16 clouds
+    named = Augmentation.named("mirror")
+    assert not named.rotate_up and named.mirror_axes == (0,) and named.jitter > 0
+    assert Augmentation.named("rotate") == Augmentation() and not Augmentation.named("scale").mirror_axes
+    with pytest.raises(ValueError, match="augmentation must be one of"):
+        Augmentation.named("shear")

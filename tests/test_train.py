@@ -100,9 +100,10 @@ def test_backup_dir_refuses_a_changed_run_and_pruning(tmp_path, capsys):
 
 def test_cosine_schedule_decays_to_zero_and_fixes_the_epochs_of_a_backup(tmp_path, capsys):
     common = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--synthetic-per-class", "6",
-              "--batch-size", "8", "--lr-schedule", "cosine", "--backup-dir", str(tmp_path / "backup")]
+              "--batch-size", "8", "--lr-schedule", "cosine", "--augment", "mirror",
+              "--backup-dir", str(tmp_path / "backup")]
     results = train.main(common + ["--epochs", "2", "--out", str(tmp_path / "a")])
-    assert results["lr_schedule"] == "cosine" and results["device"]
+    assert results["lr_schedule"] == "cosine" and results["augment"] == "mirror" and results["device"]
     model = keras.models.load_model(tmp_path / "a" / "model.keras")
     # 8 classes x 6 shapes, one per class held out: 40 training shapes, 5 batches an epoch
     assert int(model.optimizer.iterations.numpy()) == 10

@@ -136,8 +136,10 @@ def prepare_backup_dir(parser, args):
     if os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
-        # an argument added after the run was saved had its default then
+        # an argument added after the run was saved had its default then; --augment was a flag
         saved = {**{k: parser.get_default(k) for k in current if k not in saved}, **saved}
+        if isinstance(saved.get("augment"), bool):
+            saved["augment"] = "rotate" if saved["augment"] else None
         changed = sorted(k for k in (set(saved) | set(current)) - set(resumable) if saved.get(k) != current.get(k))
         if changed:
             parser.error(f"--backup-dir {args.backup_dir} holds a run with different arguments "
@@ -184,7 +186,9 @@ def build_parser():
     p.add_argument("--max-examples", type=int, default=0, help="use a stratified subset of this size (0: all)")
     p.add_argument("--synthetic-per-class", type=int, default=150)
     p.add_argument("--points", type=int, default=1024, help="points sampled per mesh / scan object")
-    p.add_argument("--augment", action="store_true", help="random rotation about z, scale and jitter")
+    p.add_argument("--augment", nargs="?", const="rotate", choices=("rotate", "mirror", "scale"), default=None,
+                   help="point-cloud augmentation, each with random scale and jitter: rotate (about z; the "
+                        "default when no mode is given), mirror (x negated at random, for aligned shapes), scale")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--site-channels", type=int, nargs="+", default=[16, 32, 64],
                    help="site-resnet: channels per level (a stride-2 convolution starts each level after the first)")
@@ -229,7 +233,7 @@ def main(argv=None):
         make = lambda idx, shuffle: datasets.image_dataset(examples[idx], labels[idx], args.batch_size,  # noqa: E731
                                                            shuffle=shuffle, seed=args.seed)
     else:
-        augmentation = datasets.Augmentation() if args.augment else None
+        augmentation = datasets.Augmentation.named(args.augment) if args.augment else None
         make = lambda idx, shuffle: datasets.point_cloud_dataset(  # noqa: E731
             examples[idx], labels[idx], resolution, args.batch_size, shuffle=shuffle, seed=args.seed,
             augmentation=augmentation if shuffle else None)

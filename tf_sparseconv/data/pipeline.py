@@ -36,15 +36,27 @@ def stratified_split(labels, val_fraction=0.1, seed=0):
 
 @dataclasses.dataclass(frozen=True)
 class Augmentation:
-    """Per-cloud random rotation about the up axis, isotropic scale and Gaussian jitter."""
+    """Per-cloud random rotation about the up axis, mirroring, isotropic scale and Gaussian jitter."""
     rotate_up: bool = True
     up_axis: int = 2          # z is up in ModelNet and ScanNet
+    mirror_axes: tuple = ()   # each axis here is negated in half of the clouds (for aligned data)
     scale_range: tuple = (0.85, 1.0)  # > 1 would push surfaces into the clipped border voxels
     jitter: float = 0.01      # std in unit-sphere units, clipped at 3 std
 
+    @classmethod
+    def named(cls, mode):
+        """The augmentations the training entry point offers by name: 'rotate' (about z, for
+        data in arbitrary orientations), 'mirror' (x negated at random, for aligned data) or
+        'scale' (scale and jitter only); all three scale and jitter."""
+        modes = {"rotate": cls(), "mirror": cls(rotate_up=False, mirror_axes=(0,)), "scale": cls(rotate_up=False)}
+        if mode not in modes:
+            raise ValueError(f"augmentation must be one of {sorted(modes)}, got {mode!r}")
+        return modes[mode]
+
 
 def augment_point_clouds(points, rng, augmentation=Augmentation()):
-    """Augmented copy of clouds [B, N, 3 or 6]; normals (columns 3:6) are rotated, not scaled or jittered."""
+    """Augmented copy of clouds [B, N, 3 or 6]; normals (columns 3:6) are rotated and mirrored,
+    not scaled or jittered."""
     points = np.array(points, np.float64)
     batch = len(points)
     if augmentation.rotate_up:
@@ -56,6 +68,11 @@ def augment_point_clouds(points, rng, augmentation=Augmentation()):
         points[..., :3] = np.einsum("bij,bnj->bni", rotation, points[..., :3])
         if points.shape[-1] >= 6:
             points[..., 3:6] = np.einsum("bij,bnj->bni", rotation, points[..., 3:6])
+    for axis in augmentation.mirror_axes:
+        sign = np.where(rng.random(batch) < 0.5, -1.0, 1.0)[:, None]
+        points[..., axis] *= sign
+        if points.shape[-1] >= 6:
+            points[..., 3 + axis] *= sign
     points[..., :3] *= rng.uniform(*augmentation.scale_range, (batch, 1, 1))
     if augmentation.jitter > 0:
         sigma = augmentation.jitter
