@@ -33,6 +33,7 @@ struct WeightTable {
   std::vector<gpu::GpuPresentWeight> items;
   std::vector<int64_t> row_begin;
   std::vector<int64_t> pair_begin;  // the (ic, oc) runs within the rows
+  std::vector<int64_t> offset_rep;  // one present weight per kernel offset that has any
   int64_t max_row = 0;
 
   gpu::GpuWeightTable View() const {
@@ -40,6 +41,8 @@ struct WeightTable {
     view.items = items.data();
     view.row_begin = row_begin.data();
     view.pair_begin = pair_begin.data();
+    view.offset_rep = offset_rep.data();
+    view.num_offsets = static_cast<int64_t>(offset_rep.size());
     view.count = static_cast<int64_t>(items.size());
     view.max_row = max_row;
     return view;
@@ -49,6 +52,9 @@ struct WeightTable {
 WeightTable ByInputChannel(const PresentWeights& w, int d) {
   WeightTable table;
   table.row_begin.push_back(0);
+  // The filter is [K..., Cin, Cout]: a weight's kernel offset is filter_index / (Cin * Cout).
+  const int64_t per_offset = w.cin * w.cout;
+  std::vector<bool> offset_seen;
   for (int64_t ic = 0; ic < w.cin; ++ic) {
     for (int64_t oc = 0; oc < w.cout; ++oc) {
       table.pair_begin.push_back(static_cast<int64_t>(table.items.size()));
@@ -58,9 +64,16 @@ WeightTable ByInputChannel(const PresentWeights& w, int d) {
         g.filter_index = pw->filter_index;
         g.ic = static_cast<int32_t>(ic);
         g.oc = static_cast<int32_t>(oc);
+        const int64_t offset = per_offset > 0 ? pw->filter_index / per_offset : 0;
+        g.offset_bit = static_cast<int32_t>(offset % 32);
         for (int j = 0; j < d; ++j) {
           g.lo[j] = pw->lo[j];
           g.hi[j] = pw->hi[j];
+        }
+        if (offset >= static_cast<int64_t>(offset_seen.size())) offset_seen.resize(offset + 1, false);
+        if (!offset_seen[offset]) {
+          offset_seen[offset] = true;
+          table.offset_rep.push_back(static_cast<int64_t>(table.items.size()));
         }
         table.items.push_back(g);
       }

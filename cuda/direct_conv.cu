@@ -400,30 +400,67 @@ inline unsigned int LoopBlocks(int64_t blocks) {
 
 // --- the dense-grid forward (DirectConvDataflow::kDense) ----------------------------------------
 
-// dense_in[key] = values[i] and bit `key` of in_bits for every entry; dense_in is not
-// cleared, it is read only where the bitmap says an entry is.
+// dense_in[key] = values[i], bit `key` of in_bits and bit (b, lin) of site_bits for every
+// entry; dense_in is not cleared, it is read only where the bitmap says an entry is.
 template <typename T>
-__global__ void ScatterDenseKernel(const int64_t* keys, const T* values, int64_t n, int64_t num_keys,
-                                   const Report* report, T* dense_in, uint32_t* in_bits) {
+__global__ void ScatterDenseKernel(KeyLayout L, const int64_t* keys, const T* values, int64_t n,
+                                   const Report* report, T* dense_in, uint32_t* in_bits, uint32_t* site_bits) {
   if (!ChecksPassed(report)) return;  // unsorted or out-of-range keys: nothing is computed
+  const int64_t num_keys = L.num_keys(), per_batch = L.channels * L.spatial_size;
   TF_SPARSECONV_GRID_LOOP(i, n) {
     const int64_t key = keys[i];
     if (key < 0 || key >= num_keys) continue;
     dense_in[key] = values[i];
     atomicOr(in_bits + (key >> 5), 1u << (key & 31));
+    const int64_t site = key / per_batch * L.spatial_size + key % L.spatial_size;
+    atomicOr(site_bits + (site >> 5), 1u << (site & 31));
+  }
+}
+
+// The kernel offset of a present weight: x = y + delta, recovered from lo = max(0, delta)
+// and hi = min(R, R + delta).
+__device__ inline int32_t OffsetDelta(const GpuPresentWeight& w, const KeyLayout& L, int j) {
+  return w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(L.extent[j]);
+}
+
+// mask[b * S + lin(y)]: bit (offset % 32) set for each present kernel offset whose input
+// site y + delta lies in the grid and holds an entry of any channel. Exact for up to 32
+// offsets; beyond, offsets share bits and a set bit only means "maybe" (never a miss).
+__global__ void NeighbourMaskKernel(KeyLayout L, const GpuPresentWeight* weights, const int64_t* offset_rep,
+                                    int64_t num_offsets, const uint32_t* site_bits, const Report* report,
+                                    uint32_t* mask) {
+  if (!ChecksPassed(report)) return;
+  TF_SPARSECONV_GRID_LOOP(site, L.batch * L.spatial_size) {
+    const int64_t b = site / L.spatial_size, lin = site - b * L.spatial_size;
+    int32_t y[kMaxSpatialDims];
+    DecodeSpatial(lin, L, y);
+    uint32_t bits = 0;
+    for (int64_t r = 0; r < num_offsets; ++r) {
+      const GpuPresentWeight& w = weights[offset_rep[r]];
+      bool inside = true;
+      for (int j = 0; j < L.d; ++j) {
+        const int32_t x = y[j] + OffsetDelta(w, L, j);
+        inside = inside && x >= 0 && x < L.extent[j];
+      }
+      const int64_t neighbour = site + w.lin_delta;
+      if (inside && ((site_bits[neighbour >> 5] >> (neighbour & 31)) & 1u)) bits |= 1u << w.offset_bit;
+    }
+    mask[site] = bits;
   }
 }
 
 // One thread per output key o = (b * Cout + oc) * S + lin(y) of the dense grid: the sum over
 // ic ascending, then the (ic, oc) weights in kernel-offset order (x = y + delta ascending),
 // of value(x, ic) * w -- the order of the sorted contributions and of the CPU -- and the
-// bias, where at least one input is present. Each warp's 32 consecutive outputs form one
-// word of the touched bitmap, written by one lane: no atomics.
+// bias, where at least one input is present. The site's neighbour mask skips sites with no
+// input in reach and weights whose offset reaches none, without changing that order. Each
+// warp's 32 consecutive outputs form one word of the touched bitmap, written by one lane:
+// no atomics.
 template <typename T>
 __global__ void DenseAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_in, const uint32_t* in_bits,
-                                      const T* filter, const GpuPresentWeight* weights,
-                                      const int64_t* pair_begin, const T* bias, const Report* report,
-                                      T* out_values, uint32_t* out_bits) {
+                                      const uint32_t* neighbour_mask, const T* filter,
+                                      const GpuPresentWeight* weights, const int64_t* pair_begin, const T* bias,
+                                      const Report* report, T* out_values, uint32_t* out_bits) {
   if (!ChecksPassed(report)) return;
   const int64_t total = L.batch * cout * L.spatial_size;
   const int64_t words = (total + 31) / 32;
@@ -433,9 +470,10 @@ __global__ void DenseAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_
        word += warp_stride) {
     const int64_t o = word * 32 + lane;
     bool touched = false;
-    if (o < total) {
-      const int64_t seg = o / L.spatial_size, lin = o - seg * L.spatial_size;
-      const int64_t b = seg / cout, oc = seg - b * cout;
+    const int64_t seg = o / L.spatial_size, lin = o - seg * L.spatial_size;
+    const int64_t b = seg / cout, oc = seg - b * cout;
+    const uint32_t mask = o < total ? neighbour_mask[b * L.spatial_size + lin] : 0u;
+    if (mask != 0u) {
       int32_t y[kMaxSpatialDims];
       DecodeSpatial(lin, L, y);
       T sum = T(0);
@@ -444,11 +482,10 @@ __global__ void DenseAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_
         const int64_t end = pair_begin[ic * cout + oc + 1];
         for (int64_t p = pair_begin[ic * cout + oc]; p < end; ++p) {
           const GpuPresentWeight& w = weights[p];
+          if (!((mask >> w.offset_bit) & 1u)) continue;
           bool inside = true;
           for (int j = 0; j < L.d; ++j) {
-            // lo = max(0, delta), hi = min(R, R + delta): delta from either bound
-            const int32_t delta = w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(L.extent[j]);
-            const int32_t x = y[j] + delta;
+            const int32_t x = y[j] + OffsetDelta(w, L, j);
             inside = inside && x >= 0 && x < L.extent[j];
           }
           if (!inside) continue;
@@ -486,7 +523,8 @@ struct CopyTouched {
 template <typename T>
 GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a,
                          const Report* report, const GpuPresentWeight** weights,
-                         const int64_t** row_begin, EntryData* e, const int64_t** pair_begin = nullptr) {
+                         const int64_t** row_begin, EntryData* e, const int64_t** pair_begin = nullptr,
+                         const int64_t** offset_rep = nullptr) {
   void* device = nullptr;
   TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.items,
                                        sizeof(GpuPresentWeight) * a.weights.count, &device,
@@ -501,6 +539,9 @@ GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArg
                                          sizeof(int64_t) * (a.in_layout.channels * a.cout + 1), &device,
                                          "present weights"));
     *pair_begin = static_cast<const int64_t*>(device);
+    TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.offset_rep,
+                                         sizeof(int64_t) * a.weights.num_offsets, &device, "present weights"));
+    *offset_rep = static_cast<const int64_t*>(device);
     return GpuStatus::Ok();  // the dense grid needs no per-entry data
   }
   e->out_base = scratch->DeviceArray<int64_t>(a.n);
@@ -547,9 +588,10 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   const GpuPresentWeight* weights = nullptr;
   const int64_t* row_begin = nullptr;
   const int64_t* pair_begin = nullptr;
+  const int64_t* offset_rep = nullptr;
   EntryData e;
   TF_SPARSECONV_RETURN_IF_ERROR(PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e,
-                                               dense ? &pair_begin : nullptr));
+                                               dense ? &pair_begin : nullptr, dense ? &offset_rep : nullptr));
 
   int64_t* touched_total = scratch->DeviceArray<int64_t>(1);
   int64_t* segment_begin = scratch->DeviceArray<int64_t>(num_segments + 1);
@@ -564,27 +606,38 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
         cudaMemsetAsync(touched_total, 0, sizeof(int64_t), stream), "touched set");
   } else if (dense) {
     const int64_t in_keys = L.num_keys(), total = static_cast<int64_t>(no_output);
+    const int64_t sites = L.batch * L.spatial_size;
     T* dense_in = scratch->DeviceArray<T>(in_keys);
     uint32_t* in_bits = scratch->DeviceArray<uint32_t>((in_keys + 31) / 32);
+    uint32_t* site_bits = scratch->DeviceArray<uint32_t>((sites + 31) / 32);
+    uint32_t* neighbour_mask = scratch->DeviceArray<uint32_t>(sites);
     T* out_values = scratch->DeviceArray<T>(total);
     uint32_t* out_bits = scratch->DeviceArray<uint32_t>((total + 31) / 32);
     int64_t* touched_keys = scratch->DeviceArray<int64_t>(touched_bound);
     T* touched_values = scratch->DeviceArray<T>(touched_bound);
-    if (!dense_in || !in_bits || !out_values || !out_bits || !touched_keys || !touched_values) {
+    if (!dense_in || !in_bits || !site_bits || !neighbour_mask || !out_values || !out_bits || !touched_keys ||
+        !touched_values) {
       return GpuStatus::OutOfMemory("dense grid");
     }
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(in_bits, 0, sizeof(uint32_t) * ((in_keys + 31) / 32), stream), "dense grid");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(site_bits, 0, sizeof(uint32_t) * ((sites + 31) / 32), stream), "dense grid");
     if (a.n > 0) {
-      ScatterDenseKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(a.keys, a.values, a.n, in_keys,
-                                                                    device_report, dense_in, in_bits);
+      ScatterDenseKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, a.keys, a.values, a.n, device_report,
+                                                                    dense_in, in_bits, site_bits);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid input");
     }
+    // A failed check leaves the masks unwritten; the kernel below reads none of them then.
+    NeighbourMaskKernel<<<BlocksFor(sites), kThreads, 0, stream>>>(L, weights, offset_rep, a.weights.num_offsets,
+                                                                   site_bits, device_report, neighbour_mask);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid neighbours");
     // The kernel clears the words of out_bits it owns; a failed check leaves them unset.
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * ((total + 31) / 32), stream), "dense grid");
     DenseAccumulateKernel<T><<<BlocksFor(total), kThreads, 0, stream>>>(
-        L, a.cout, dense_in, in_bits, a.filter, weights, pair_begin, bias, device_report, out_values, out_bits);
+        L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, weights, pair_begin, bias, device_report, out_values,
+        out_bits);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid sums");
     const IsTouchedBit is_touched{out_bits};
     Compaction runs;

@@ -19,6 +19,7 @@ struct GpuPresentWeight {
   int64_t filter_index;          // flat index into the [K..., Cin, Cout] filter
   int32_t ic;
   int32_t oc;
+  int32_t offset_bit;            // (kernel offset index) % 32: its bit in a neighbour mask
   int32_t lo[kMaxSpatialDims];   // x_j must lie in [lo_j, hi_j) for y to be inside
   int32_t hi[kMaxSpatialDims];
 };
@@ -30,6 +31,8 @@ struct GpuWeightTable {
   const GpuPresentWeight* items = nullptr;
   const int64_t* row_begin = nullptr;  // cin + 1
   const int64_t* pair_begin = nullptr; // cin * cout + 1: the (ic, oc) runs, ic-major
+  const int64_t* offset_rep = nullptr; // num_offsets: an item of each kernel offset present at all
+  int64_t num_offsets = 0;
   int64_t count = 0;
   int64_t max_row = 0;                 // the longest row
 };
@@ -55,9 +58,12 @@ inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_ro
 //          key and summed per run; temporary memory ~ U * (16 + 2 * sizeof(T)) for the
 //          U = n * max_row slots, whatever the grid.
 //  kDense: the input scattered into a dense [B, Cin, R^d] buffer with a presence bitmap,
-//          then one thread per output (b, oc, y) of the dense grid sums its present
-//          inputs in the CPU's order and marks a touched bitmap, compacted in key order;
-//          temporary memory ~ B * R^d * (Cin + Cout) * (sizeof(T) + 1/8), whatever the
+//          and a 32-bit neighbour mask per site (b, y): bit (offset % 32) set where the
+//          site y + delta of a present kernel offset holds an entry of any channel. Then
+//          one thread per output (b, oc, y) of the dense grid skips a site whose mask is 0
+//          and otherwise sums its present inputs, weights whose bit is clear skipped, in
+//          the CPU's order, and marks a touched bitmap, compacted in key order; temporary
+//          memory ~ B * R^d * ((Cin + Cout) * (sizeof(T) + 1/8) + 4 + 1/8), whatever the
 //          entries. The paper's dense R^d buffers, used only where they are the smaller.
 //  kAuto:  kDense where its temporary memory is below kSort's, else kSort.
 // Both give the same touched set and bit-identical values (the CPU's summation order).
@@ -70,8 +76,9 @@ inline double SortForwardBytes(const DirectConvGpuArgs<T>& a) {
 template <typename T>
 inline double DenseForwardBytes(const DirectConvGpuArgs<T>& a) {
   const double grid = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size);
-  // input buffer and bitmap; output values and bitmap; touched keys and values, selection keys
-  return grid * static_cast<double>(a.in_layout.channels) * (sizeof(T) + 0.125) +
+  // input buffer and bitmap; site bitmap and neighbour masks; output values and bitmap;
+  // touched keys and values, selection keys
+  return grid * static_cast<double>(a.in_layout.channels) * (sizeof(T) + 0.125) + grid * (4.0 + 0.125) +
          grid * static_cast<double>(a.cout) * (sizeof(T) + 0.125 + 8.0 + sizeof(T) + 16.0);
 }
 template <typename T>

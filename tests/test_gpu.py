@@ -33,6 +33,9 @@ CONV_CASES = [
     pytest.param(1, (9, 9, 9), 1, 8, (3, 3, 3), 0.05, 0.1, id="3d-pruned"),
     pytest.param(2, (4, 3, 4, 3), 2, 2, (3, 1, 3, 3), 0.2, 0.6, id="4d"),
     pytest.param(3, (6, 7), 2, 3, (3, 3), 0.3, 0.8, id="2d-batch1-empty"),
+    # more than 32 kernel offsets: the dense grid's neighbour masks share bits between offsets
+    pytest.param(2, (8, 9, 7), 2, 3, (5, 5, 3), 0.04, 0.6, id="3d-75-offsets"),
+    pytest.param(1, (5, 5, 4, 4), 1, 2, (3, 3, 3, 3), 0.05, 0.5, id="4d-81-offsets"),
 ]
 
 # The forward's two dataflows (TF_SPARSECONV_DIRECT_DATAFLOW; `auto` picks the dense grid for
