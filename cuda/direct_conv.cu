@@ -417,10 +417,16 @@ __global__ void ScatterDenseKernel(KeyLayout L, const int64_t* keys, const T* va
   }
 }
 
-// The kernel offset of a present weight: x = y + delta, recovered from lo = max(0, delta)
-// and hi = min(R, R + delta).
-__device__ inline int32_t OffsetDelta(const GpuPresentWeight& w, const KeyLayout& L, int j) {
-  return w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(L.extent[j]);
+// Whether the input site x = y + delta of output site y and present weight w lies in the
+// grid; delta is recovered from lo = max(0, delta) and hi = min(R, R + delta).
+__device__ inline bool InputInGrid(const int32_t* y, const GpuPresentWeight& w, const KeyLayout& L) {
+  bool inside = true;
+  for (int j = 0; j < L.d; ++j) {
+    const int32_t delta = w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(L.extent[j]);
+    const int32_t x = y[j] + delta;
+    inside = inside && x >= 0 && x < L.extent[j];
+  }
+  return inside;
 }
 
 // mask[b * S + lin(y)]: bit (offset % 32) set for each present kernel offset whose input
@@ -437,13 +443,8 @@ __global__ void NeighbourMaskKernel(KeyLayout L, const GpuPresentWeight* weights
     uint32_t bits = 0;
     for (int64_t r = 0; r < num_offsets; ++r) {
       const GpuPresentWeight& w = weights[offset_rep[r]];
-      bool inside = true;
-      for (int j = 0; j < L.d; ++j) {
-        const int32_t x = y[j] + OffsetDelta(w, L, j);
-        inside = inside && x >= 0 && x < L.extent[j];
-      }
       const int64_t neighbour = site + w.lin_delta;
-      if (inside && ((site_bits[neighbour >> 5] >> (neighbour & 31)) & 1u)) bits |= 1u << w.offset_bit;
+      if (InputInGrid(y, w, L) && ((site_bits[neighbour >> 5] >> (neighbour & 31)) & 1u)) bits |= 1u << w.offset_bit;
     }
     mask[site] = bits;
   }
@@ -482,13 +483,7 @@ __global__ void DenseAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_
         const int64_t end = pair_begin[ic * cout + oc + 1];
         for (int64_t p = pair_begin[ic * cout + oc]; p < end; ++p) {
           const GpuPresentWeight& w = weights[p];
-          if (!((mask >> w.offset_bit) & 1u)) continue;
-          bool inside = true;
-          for (int j = 0; j < L.d; ++j) {
-            const int32_t x = y[j] + OffsetDelta(w, L, j);
-            inside = inside && x >= 0 && x < L.extent[j];
-          }
-          if (!inside) continue;
+          if (!((mask >> w.offset_bit) & 1u) || !InputInGrid(y, w, L)) continue;
           const int64_t key = base + w.lin_delta;
           if ((in_bits[key >> 5] >> (key & 31)) & 1u) {
             sum = AddRn(sum, MulRn(dense_in[key], filter[w.filter_index]));
@@ -519,12 +514,18 @@ struct CopyTouched {
   }
 };
 
-// Uploads the weight table and computes the per-entry data; shared by both passes.
+// The weight table's views that only the dense grid reads, on the device.
+struct DenseTables {
+  const int64_t* pair_begin = nullptr;
+  const int64_t* offset_rep = nullptr;
+};
+
+// Uploads the weight table and computes the per-entry data (or, given `dense`, the dense
+// grid's tables instead); shared by both passes.
 template <typename T>
 GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a,
                          const Report* report, const GpuPresentWeight** weights,
-                         const int64_t** row_begin, EntryData* e, const int64_t** pair_begin = nullptr,
-                         const int64_t** offset_rep = nullptr) {
+                         const int64_t** row_begin, EntryData* e, DenseTables* dense = nullptr) {
   void* device = nullptr;
   TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.items,
                                        sizeof(GpuPresentWeight) * a.weights.count, &device,
@@ -534,14 +535,14 @@ GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArg
                                        sizeof(int64_t) * (a.in_layout.channels + 1), &device,
                                        "present weights"));
   *row_begin = static_cast<const int64_t*>(device);
-  if (pair_begin != nullptr) {
+  if (dense != nullptr) {
     TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.pair_begin,
                                          sizeof(int64_t) * (a.in_layout.channels * a.cout + 1), &device,
                                          "present weights"));
-    *pair_begin = static_cast<const int64_t*>(device);
+    dense->pair_begin = static_cast<const int64_t*>(device);
     TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.offset_rep,
                                          sizeof(int64_t) * a.weights.num_offsets, &device, "present weights"));
-    *offset_rep = static_cast<const int64_t*>(device);
+    dense->offset_rep = static_cast<const int64_t*>(device);
     return GpuStatus::Ok();  // the dense grid needs no per-entry data
   }
   e->out_base = scratch->DeviceArray<int64_t>(a.n);
@@ -587,11 +588,10 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
 
   const GpuPresentWeight* weights = nullptr;
   const int64_t* row_begin = nullptr;
-  const int64_t* pair_begin = nullptr;
-  const int64_t* offset_rep = nullptr;
+  DenseTables tables;
   EntryData e;
-  TF_SPARSECONV_RETURN_IF_ERROR(PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e,
-                                               dense ? &pair_begin : nullptr, dense ? &offset_rep : nullptr));
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e, dense ? &tables : nullptr));
 
   int64_t* touched_total = scratch->DeviceArray<int64_t>(1);
   int64_t* segment_begin = scratch->DeviceArray<int64_t>(num_segments + 1);
@@ -629,15 +629,15 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid input");
     }
     // A failed check leaves the masks unwritten; the kernel below reads none of them then.
-    NeighbourMaskKernel<<<BlocksFor(sites), kThreads, 0, stream>>>(L, weights, offset_rep, a.weights.num_offsets,
-                                                                   site_bits, device_report, neighbour_mask);
+    NeighbourMaskKernel<<<BlocksFor(sites), kThreads, 0, stream>>>(
+        L, weights, tables.offset_rep, a.weights.num_offsets, site_bits, device_report, neighbour_mask);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid neighbours");
     // The kernel clears the words of out_bits it owns; a failed check leaves them unset.
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * ((total + 31) / 32), stream), "dense grid");
     DenseAccumulateKernel<T><<<BlocksFor(total), kThreads, 0, stream>>>(
-        L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, weights, pair_begin, bias, device_report, out_values,
-        out_bits);
+        L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, weights, tables.pair_begin, bias, device_report,
+        out_values, out_bits);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid sums");
     const IsTouchedBit is_touched{out_bits};
     Compaction runs;
