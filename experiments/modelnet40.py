@@ -23,10 +23,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from common import read_json, run_training, save_figure, write_json  # noqa: E402
 
 
-# The recipe of the rows written before rows named theirs.
-OLD_RECIPE = "adam lr 0.001 constant"
-
-
 def recipe(results):
     return (f"{results['optimizer']} lr {results['lr']:g} {results['lr_schedule']}"
             + (f", augmented ({results['augment']})" if results["augment"] else ""))
@@ -73,7 +69,7 @@ def main():
                    "examples": args.max_examples or 9843, "batch_size": args.batch_size, "rhos": res["rhos"],
                    "peak_gpu_bytes": res.get("peak_gpu_bytes"), "device": res["device"],
                    "recipe": recipe(res), "val_accuracy_per_epoch": res["history"]["val_accuracy"]}
-            same = lambda k: (k["resolution"], k.get("recipe", OLD_RECIPE), k["device"], k["examples"])  # noqa: E731
+            same = lambda k: (k["resolution"], k["recipe"], k["device"], k["examples"])  # noqa: E731
             kept = [k for k in kept if same(k) != same(row)]
             rows.append(row)
             write_json("modelnet40.json", sorted(kept + rows, key=lambda row: row["resolution"]))
@@ -86,13 +82,13 @@ def plot_and_print(rows):
         accuracy = row.get("val_accuracy_per_epoch")
         if accuracy:
             axis.plot(range(1, len(accuracy) + 1), accuracy, marker="o",
-                      label=f"{row['resolution']}³, {row.get('recipe', OLD_RECIPE)}, {row['device']}")
+                      label=f"{row['resolution']}³, {row['recipe']}, {row['device']}")
     axis.set(xlabel="epoch", ylabel="validation accuracy", title="ModelNet40, sparse OctNet3")
     axis.legend(fontsize="small")
     save_figure(figure, "modelnet40.png")
     for row in rows:
         peak = f"{row['peak_bytes'] / 2**30:.2f} GiB" if row.get("peak_bytes") else "not recorded"
-        print(f"{row['resolution']:>4}³ ({row.get('recipe', OLD_RECIPE)}, {row['device']}): val acc "
+        print(f"{row['resolution']:>4}³ ({row['recipe']}, {row['device']}): val acc "
               f"{row['val_accuracy']:.4f} after {row['epochs']} epochs, {row['sec_per_epoch']:.1f} s/epoch, peak {peak}")
 
 

@@ -49,9 +49,6 @@ def peak(row):
     return text
 
 
-# Rows written before rows named their recipe used this one.
-OLD_RECIPE = "adam lr 0.001 constant"
-
 
 def modelnet_section(rows):
     lines = ["## ModelNet40 (OctNet3, Table 4 bounds, 10% stratified validation split of the training set)", "",
@@ -65,14 +62,14 @@ def modelnet_section(rows):
         if r["examples"] < MODELNET40_SHAPES:  # a subset: the whole-set epoch, scaled by the shapes
             seconds = f"≈ {r['sec_per_epoch'] * MODELNET40_SHAPES / r['examples']:.0f}*"
             subset = True
-        lines.append(f"| {r['resolution']}³ | {r.get('recipe', OLD_RECIPE)} | {r['device']} | {r['epochs']} | "
+        lines.append(f"| {r['resolution']}³ | {r['recipe']} | {r['device']} | {r['epochs']} | "
                      f"{r['examples']} | {r['val_accuracy']:.3f} | "
                      f"{f'≥ {goal}' if goal else '—'} | {seconds} | "
                      f"{PAPER_SEC_PER_EPOCH.get(r['resolution'], '—')} | {peak(r)} | "
                      f"{r['memory_bound_bytes'] / 2**20:.0f} MiB |")
     for r in rows:
         if r.get("note"):
-            lines += ["", f"{r['resolution']}³, {r.get('recipe', OLD_RECIPE)}, {r['device']}: {r['note']}."]
+            lines += ["", f"{r['resolution']}³, {r['recipe']}, {r['device']}: {r['note']}."]
     gpu_epochs = gpu_epoch_rows()
     if gpu_epochs:
         lines += ["", "On the lent GPU (`benchmarks/train_step.py --epoch`, `benchmarks/results/direct_conv_gpu.jsonl`): "

@@ -186,7 +186,7 @@ def build_parser():
     p.add_argument("--max-examples", type=int, default=0, help="use a stratified subset of this size (0: all)")
     p.add_argument("--synthetic-per-class", type=int, default=150)
     p.add_argument("--points", type=int, default=1024, help="points sampled per mesh / scan object")
-    p.add_argument("--augment", nargs="?", const="rotate", choices=("rotate", "mirror", "scale"), default=None,
+    p.add_argument("--augment", nargs="?", const="rotate", choices=tuple(datasets.NAMED_AUGMENTATIONS), default=None,
                    help="point-cloud augmentation, each with random scale and jitter: rotate (about z; the "
                         "default when no mode is given), mirror (x negated at random, for aligned shapes), scale")
     p.add_argument("--seed", type=int, default=0)

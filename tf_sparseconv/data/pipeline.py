@@ -45,13 +45,16 @@ class Augmentation:
 
     @classmethod
     def named(cls, mode):
-        """The augmentations the training entry point offers by name: 'rotate' (about z, for
-        data in arbitrary orientations), 'mirror' (x negated at random, for aligned data) or
-        'scale' (scale and jitter only); all three scale and jitter."""
-        modes = {"rotate": cls(), "mirror": cls(rotate_up=False, mirror_axes=(0,)), "scale": cls(rotate_up=False)}
-        if mode not in modes:
-            raise ValueError(f"augmentation must be one of {sorted(modes)}, got {mode!r}")
-        return modes[mode]
+        """One of NAMED_AUGMENTATIONS, the augmentations the training entry point offers."""
+        if mode not in NAMED_AUGMENTATIONS:
+            raise ValueError(f"augmentation must be one of {sorted(NAMED_AUGMENTATIONS)}, got {mode!r}")
+        return NAMED_AUGMENTATIONS[mode]
+
+
+# By name: 'rotate' (about z, for data in arbitrary orientations), 'mirror' (x negated at
+# random, for aligned data) or 'scale' (scale and jitter only); all three scale and jitter.
+NAMED_AUGMENTATIONS = {"rotate": Augmentation(), "mirror": Augmentation(rotate_up=False, mirror_axes=(0,)),
+                       "scale": Augmentation(rotate_up=False)}
 
 
 def augment_point_clouds(points, rng, augmentation=Augmentation()):
