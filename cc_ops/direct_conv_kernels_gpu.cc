@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "direct_conv.h"
@@ -112,21 +110,10 @@ absl::Status PrepareGpuConv(OpKernelContext* ctx, ConvShapes* shapes, WeightTabl
   return absl::OkStatus();
 }
 
-// TF_SPARSECONV_DIRECT_DATAFLOW: "auto" (or unset), "sort" or "dense" (direct_conv_gpu.h);
-// read per call, so tests and benchmarks can run both in one process.
+// TF_SPARSECONV_DIRECT_DATAFLOW: "auto" (or unset), "sort" or "dense" (direct_conv_gpu.h).
 absl::Status DataflowFromEnvironment(gpu::DirectConvDataflow* dataflow) {
-  const char* choice = std::getenv("TF_SPARSECONV_DIRECT_DATAFLOW");
-  if (choice == nullptr || std::strcmp(choice, "auto") == 0) {
-    *dataflow = gpu::DirectConvDataflow::kAuto;
-  } else if (std::strcmp(choice, "sort") == 0) {
-    *dataflow = gpu::DirectConvDataflow::kSort;
-  } else if (std::strcmp(choice, "dense") == 0) {
-    *dataflow = gpu::DirectConvDataflow::kDense;
-  } else {
-    return errors::InvalidArgument("TF_SPARSECONV_DIRECT_DATAFLOW must be \"auto\", \"sort\" or \"dense\", got \"",
-                                   choice, "\"");
-  }
-  return absl::OkStatus();
+  static constexpr const char* kChoices[] = {"auto", "sort", "dense"};  // DirectConvDataflow's order
+  return EnumFromEnvironment("TF_SPARSECONV_DIRECT_DATAFLOW", kChoices, dataflow);
 }
 
 }  // namespace

@@ -9,8 +9,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -106,21 +104,10 @@ absl::Status TrustedSplitsStatus(const SiteMapView& map, int64_t bad_offset) {
   return BadSplitsError(bad_offset, s[bad_offset], s[bad_offset + 1], map.pairs);
 }
 
-// TF_SPARSECONV_SITE_DATAFLOW: "auto" (or unset), "pairs" or "outputs" (site_conv_gpu.h);
-// read per call, so a benchmark can compare them in one process.
+// TF_SPARSECONV_SITE_DATAFLOW: "auto" (or unset), "pairs" or "outputs" (site_conv_gpu.h).
 absl::Status DataflowFromEnvironment(gpu::SiteDataflow* dataflow) {
-  const char* choice = std::getenv("TF_SPARSECONV_SITE_DATAFLOW");
-  if (choice == nullptr || std::strcmp(choice, "auto") == 0) {
-    *dataflow = gpu::SiteDataflow::kAuto;
-  } else if (std::strcmp(choice, "pairs") == 0) {
-    *dataflow = gpu::SiteDataflow::kPairs;
-  } else if (std::strcmp(choice, "outputs") == 0) {
-    *dataflow = gpu::SiteDataflow::kOutputs;
-  } else {
-    return errors::InvalidArgument("TF_SPARSECONV_SITE_DATAFLOW must be \"auto\", \"pairs\" or \"outputs\", got \"",
-                                   choice, "\"");
-  }
-  return absl::OkStatus();
+  static constexpr const char* kChoices[] = {"auto", "pairs", "outputs"};  // SiteDataflow's order
+  return EnumFromEnvironment("TF_SPARSECONV_SITE_DATAFLOW", kChoices, dataflow);
 }
 
 }  // namespace
