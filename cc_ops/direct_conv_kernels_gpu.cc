@@ -31,7 +31,8 @@ struct WeightTable {
   std::vector<gpu::GpuPresentWeight> items;
   std::vector<int64_t> row_begin;
   std::vector<int64_t> pair_begin;  // the (ic, oc) runs within the rows
-  std::vector<int64_t> offset_rep;  // one present weight per kernel offset that has any
+  std::vector<int64_t> offset_rep;  // one present weight per kernel offset that has any, by offset
+  std::vector<uint8_t> present;     // present[filter_index]: 1 for a present weight
   int64_t max_row = 0;
 
   gpu::GpuWeightTable View() const {
@@ -41,6 +42,8 @@ struct WeightTable {
     view.pair_begin = pair_begin.data();
     view.offset_rep = offset_rep.data();
     view.num_offsets = static_cast<int64_t>(offset_rep.size());
+    view.present = present.data();
+    view.present_size = static_cast<int64_t>(present.size());
     view.count = static_cast<int64_t>(items.size());
     view.max_row = max_row;
     return view;
@@ -52,7 +55,7 @@ WeightTable ByInputChannel(const PresentWeights& w, int d) {
   table.row_begin.push_back(0);
   // The filter is [K..., Cin, Cout]: a weight's kernel offset is filter_index / (Cin * Cout).
   const int64_t per_offset = w.cin * w.cout;
-  std::vector<bool> offset_seen;
+  std::vector<int64_t> offset_first;  // the first item of each kernel offset, -1: none
   for (int64_t ic = 0; ic < w.cin; ++ic) {
     for (int64_t oc = 0; oc < w.cout; ++oc) {
       table.pair_begin.push_back(static_cast<int64_t>(table.items.size()));
@@ -68,11 +71,12 @@ WeightTable ByInputChannel(const PresentWeights& w, int d) {
           g.lo[j] = pw->lo[j];
           g.hi[j] = pw->hi[j];
         }
-        if (offset >= static_cast<int64_t>(offset_seen.size())) offset_seen.resize(offset + 1, false);
-        if (!offset_seen[offset]) {
-          offset_seen[offset] = true;
-          table.offset_rep.push_back(static_cast<int64_t>(table.items.size()));
+        if (offset >= static_cast<int64_t>(offset_first.size())) offset_first.resize(offset + 1, -1);
+        if (offset_first[offset] < 0) offset_first[offset] = static_cast<int64_t>(table.items.size());
+        if (pw->filter_index >= static_cast<int64_t>(table.present.size())) {
+          table.present.resize(pw->filter_index + 1, 0);
         }
+        table.present[pw->filter_index] = 1;
         table.items.push_back(g);
       }
     }
@@ -80,6 +84,11 @@ WeightTable ByInputChannel(const PresentWeights& w, int d) {
     table.max_row = std::max(table.max_row, table.row_begin[ic + 1] - table.row_begin[ic]);
   }
   table.pair_begin.push_back(static_cast<int64_t>(table.items.size()));
+  for (int64_t first : offset_first) {
+    if (first >= 0) table.offset_rep.push_back(first);  // ascending kernel offset: the CPU's order
+  }
+  // Whole filter rows (all Cout of the last offset's last input channel) are addressable.
+  table.present.resize(offset_first.size() * static_cast<size_t>(per_offset), 0);
   return table;
 }
 

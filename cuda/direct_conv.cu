@@ -498,6 +498,69 @@ __global__ void DenseAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_
   }
 }
 
+// Where R^d is a multiple of 32: one thread per site (b, y) and kDenseChunk output
+// channels oc0 .. oc0 + kDenseChunk - 1, so each present input value(x, ic) is read once
+// for all of them. Per output the sums run over ic ascending, then kernel offsets ascending
+// -- the CPU's order, as in DenseAccumulateKernel. A warp's 32 lanes are 32 consecutive
+// sites of one (b, chunk), so per output channel they form one word of the touched bitmap.
+constexpr int kDenseChunk = 8;
+
+template <typename T>
+__global__ void DenseSiteAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_in, const uint32_t* in_bits,
+                                          const uint32_t* neighbour_mask, const T* filter, const uint8_t* present,
+                                          const GpuPresentWeight* weights, const int64_t* offset_rep,
+                                          int64_t num_offsets, const T* bias, const Report* report,
+                                          T* out_values, uint32_t* out_bits) {
+  if (!ChecksPassed(report)) return;
+  const int64_t S = L.spatial_size, cin = L.channels;
+  const int64_t chunks = (cout + kDenseChunk - 1) / kDenseChunk;
+  const int lane = threadIdx.x % 32;
+  // S % 32 == 0 and the stride is a multiple of 32: every warp iteration is whole.
+  TF_SPARSECONV_GRID_LOOP(t, L.batch * chunks * S) {
+    const int64_t lin = t % S, rest = t / S;
+    const int64_t chunk = rest % chunks, b = rest / chunks;
+    const int64_t oc0 = chunk * kDenseChunk;
+    const int n_oc = static_cast<int>(cout - oc0 < kDenseChunk ? cout - oc0 : kDenseChunk);
+    const uint32_t mask = neighbour_mask[b * S + lin];
+    T sum[kDenseChunk];
+#pragma unroll
+    for (int j = 0; j < kDenseChunk; ++j) sum[j] = T(0);
+    uint32_t touched = 0;
+    if (mask != 0u) {
+      int32_t y[kMaxSpatialDims];
+      DecodeSpatial(lin, L, y);
+      for (int64_t ic = 0; ic < cin; ++ic) {
+        const int64_t base = (b * cin + ic) * S + lin;
+        for (int64_t r = 0; r < num_offsets; ++r) {
+          const GpuPresentWeight& w = weights[offset_rep[r]];
+          if (!((mask >> w.offset_bit) & 1u) || !InputInGrid(y, w, L)) continue;
+          const int64_t key = base + w.lin_delta;
+          if (!((in_bits[key >> 5] >> (key & 31)) & 1u)) continue;
+          const T value = dense_in[key];
+          // the filter row of (this offset, ic): [K..., Cin, Cout] from w's own index
+          const int64_t row = w.filter_index - (static_cast<int64_t>(w.ic) * cout + w.oc) + ic * cout + oc0;
+#pragma unroll
+          for (int j = 0; j < kDenseChunk; ++j) {
+            if (j < n_oc && present[row + j]) {
+              sum[j] = AddRn(sum[j], MulRn(value, filter[row + j]));
+              touched |= 1u << j;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kDenseChunk; ++j) {
+      if (j >= n_oc) break;  // the same for the whole warp (one chunk)
+      const int64_t o = (b * cout + oc0 + j) * S + lin;
+      const bool is_touched = (touched >> j) & 1u;
+      if (is_touched) out_values[o] = AddRn(sum[j], bias[oc0 + j]);
+      const unsigned int bits = __ballot_sync(0xffffffffu, is_touched);
+      if (lane == 0) out_bits[o >> 5] = bits;
+    }
+  }
+}
+
 struct IsTouchedBit {
   const uint32_t* bits;
   __device__ bool operator()(int64_t o) const { return (bits[o >> 5] >> (o & 31)) & 1u; }
@@ -518,6 +581,7 @@ struct CopyTouched {
 struct DenseTables {
   const int64_t* pair_begin = nullptr;
   const int64_t* offset_rep = nullptr;
+  const uint8_t* present = nullptr;  // [K..., Cin, Cout] byte table: is this weight present
 };
 
 // Uploads the weight table and computes the per-entry data (or, given `dense`, the dense
@@ -543,6 +607,9 @@ GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArg
     TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.offset_rep,
                                          sizeof(int64_t) * a.weights.num_offsets, &device, "present weights"));
     dense->offset_rep = static_cast<const int64_t*>(device);
+    TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.present, a.weights.present_size, &device,
+                                         "present weights"));
+    dense->present = static_cast<const uint8_t*>(device);
     return GpuStatus::Ok();  // the dense grid needs no per-entry data
   }
   e->out_base = scratch->DeviceArray<int64_t>(a.n);
@@ -635,9 +702,16 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     // The kernel clears the words of out_bits it owns; a failed check leaves them unset.
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * ((total + 31) / 32), stream), "dense grid");
-    DenseAccumulateKernel<T><<<BlocksFor(total), kThreads, 0, stream>>>(
-        L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, weights, tables.pair_begin, bias, device_report,
-        out_values, out_bits);
+    if (L.spatial_size % 32 == 0) {
+      const int64_t threads = sites * ((a.cout + kDenseChunk - 1) / kDenseChunk);
+      DenseSiteAccumulateKernel<T><<<BlocksFor(threads), kThreads, 0, stream>>>(
+          L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, tables.present, weights, tables.offset_rep,
+          a.weights.num_offsets, bias, device_report, out_values, out_bits);
+    } else {
+      DenseAccumulateKernel<T><<<BlocksFor(total), kThreads, 0, stream>>>(
+          L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, weights, tables.pair_begin, bias, device_report,
+          out_values, out_bits);
+    }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid sums");
     const IsTouchedBit is_touched{out_bits};
     Compaction runs;

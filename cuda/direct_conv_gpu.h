@@ -31,8 +31,10 @@ struct GpuWeightTable {
   const GpuPresentWeight* items = nullptr;
   const int64_t* row_begin = nullptr;  // cin + 1
   const int64_t* pair_begin = nullptr; // cin * cout + 1: the (ic, oc) runs, ic-major
-  const int64_t* offset_rep = nullptr; // num_offsets: an item of each kernel offset present at all
-  int64_t num_offsets = 0;
+  const int64_t* offset_rep = nullptr; // num_offsets: an item of each kernel offset present at all,
+  int64_t num_offsets = 0;             //   in ascending offset order
+  const uint8_t* present = nullptr;    // present_size: 1 at the filter index of each present weight
+  int64_t present_size = 0;
   int64_t count = 0;
   int64_t max_row = 0;                 // the longest row
 };
@@ -60,11 +62,12 @@ inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_ro
 //  kDense: the input scattered into a dense [B, Cin, R^d] buffer with a presence bitmap,
 //          and a 32-bit neighbour mask per site (b, y): bit (offset % 32) set where the
 //          site y + delta of a present kernel offset holds an entry of any channel. Then
-//          one thread per output (b, oc, y) of the dense grid skips a site whose mask is 0
-//          and otherwise sums its present inputs, weights whose bit is clear skipped, in
-//          the CPU's order, and marks a touched bitmap, compacted in key order; temporary
-//          memory ~ B * R^d * ((Cin + Cout) * (sizeof(T) + 1/8) + 4 + 1/8), whatever the
-//          entries. The paper's dense R^d buffers, used only where they are the smaller.
+//          one thread per site (b, y) and 8 output channels (one per output where R^d is
+//          not a multiple of 32) skips a site whose mask is 0 and otherwise sums its
+//          present inputs, weights whose bit is clear skipped, in the CPU's order (each
+//          input read once for all its channels), and marks a touched bitmap, compacted in
+//          key order; temporary memory ~ B * R^d * ((Cin + Cout) * (sizeof(T) + 1/8)
+//          + 4 + 1/8), whatever the entries. The paper's dense R^d buffers, used only where they are the smaller.
 //  kAuto:  kDense where its temporary memory is below kSort's, else kSort.
 // Both give the same touched set and bit-identical values (the CPU's summation order).
 enum class DirectConvDataflow { kAuto, kSort, kDense };

@@ -36,6 +36,10 @@ CONV_CASES = [
     # more than 32 kernel offsets: the dense grid's neighbour masks share bits between offsets
     pytest.param(2, (8, 9, 7), 2, 3, (5, 5, 3), 0.04, 0.6, id="3d-75-offsets"),
     pytest.param(1, (5, 5, 4, 4), 1, 2, (3, 3, 3, 3), 0.05, 0.5, id="4d-81-offsets"),
+    # R^d a multiple of 32: the dense grid's thread per site and 8 output channels (a partial last chunk)
+    pytest.param(3, (8, 8), 3, 11, (3, 3), 0.2, 0.7, id="2d-site-chunks"),
+    pytest.param(2, (4, 8, 8), 2, 9, (3, 3, 3), 0.1, 0.6, id="3d-site-chunks"),
+    pytest.param(1, (8, 8, 8), 2, 3, (5, 5, 3), 0.03, 0.6, id="3d-75-offsets-site-chunks"),
 ]
 
 # The forward's two dataflows (TF_SPARSECONV_DIRECT_DATAFLOW; `auto` picks the dense grid for
