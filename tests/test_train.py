@@ -38,13 +38,16 @@ def test_octnet3_rejects_resolution_not_divisible_by_its_pools():
 def test_train_on_synthetic_writes_results_and_a_loadable_model(tmp_path, capsys):
     results = train.main(["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--epochs", "2",
                           "--synthetic-per-class", "6", "--batch-size", "8", "--lam", "0.1", "--prune-eps", "0.01",
-                          "--out", str(tmp_path)])
+                          "--vote-mirror", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
     assert "validation accuracy" in printed and "forward pass at batch 8" in printed
+    assert "voting over each cloud and its mirror image" in printed
     with open(tmp_path / "results.json") as f:
         saved = json.load(f)
     assert saved["val_accuracy"] == pytest.approx(results["val_accuracy"])
     assert 0.0 <= saved["val_accuracy"] <= 1.0
+    assert saved["val_accuracy_mirror_vote"] == pytest.approx(results["val_accuracy_mirror_vote"])
+    assert 0.0 <= saved["val_accuracy_mirror_vote"] <= 1.0
     assert len(saved["sec_per_epoch"]) == 2 and saved["memory_bound_bytes"] > 0
     assert len(saved["layers"]) == 6 and all(0 < layer["density"] <= 1 for layer in saved["layers"])
     assert len(saved["pruning"]) == 2
@@ -57,6 +60,38 @@ def test_train_on_thresholded_mnist_subset(tmp_path):
     results = train.main(["--dataset", "mnist", "--data-dir", DATA, "--max-examples", "300", "--epochs", "1",
                           "--batch-size", "50", "--rho", "0.05", "0.1", "--out", str(tmp_path)])
     assert results["resolution"] == 28 and 0.0 <= results["val_accuracy"] <= 1.0
+
+
+class _MeanXModel:
+    """Logits [mean x + mean normal x, 0.5] per cloud: the first class wins where x leans positive."""
+
+    def predict(self, clouds, verbose=0):
+        x = clouds[..., 0].mean(axis=1) + (clouds[..., 3].mean(axis=1) if clouds.shape[-1] >= 6 else 0.0)
+        return np.stack([x, np.full_like(x, 0.5)], axis=-1)
+
+
+@pytest.mark.parametrize("columns", [3, 6])
+def test_mirror_vote_averages_the_softmax_of_a_cloud_and_its_mirror_image(columns):
+    clouds = np.zeros([3, 4, columns], np.float32)
+    clouds[0, :, 0] = 3.0  # [3, .5]: p0 0.924; mirrored [-3, .5]: p0 0.029; mean 0.476 -> class 1
+    clouds[1, :, 0] = 0.1  # [.1, .5] and [-.1, .5]: class 1 both ways
+    if columns == 6:
+        # [2, .5]: p0 0.818; with the normal mirrored too [-2, .5]: p0 0.076 -> class 1
+        # (mirroring x alone would repeat [2, .5] and vote class 0)
+        clouds[2, :, 3] = 2.0
+    before = clouds.copy()
+    labels = np.array([1, 1, 1])
+    model = _MeanXModel()
+    plain = np.mean(np.argmax(model.predict(clouds), axis=-1) == labels)
+    assert plain == pytest.approx(1 / 3 if columns == 6 else 2 / 3)
+    assert train.mirror_vote_accuracy(model, lambda view: view, clouds, labels) == pytest.approx(1.0)
+    np.testing.assert_array_equal(clouds, before)  # the caller's clouds are not mirrored in place
+
+
+def test_vote_mirror_is_refused_for_mnist(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--dataset", "mnist", "--vote-mirror", "--out", str(tmp_path)])
+    assert "--vote-mirror applies to point clouds" in capsys.readouterr().err
 
 
 def test_train_names_a_missing_dataset_path(tmp_path):

@@ -125,13 +125,14 @@ class EpochLog(keras.callbacks.Callback):
 # Arguments that may change when a backed-up run is resumed; any other change is refused,
 # because the checkpoint would silently continue a different experiment. A decaying
 # learning rate spans the planned epochs, so under one --epochs may not change either.
-RESUMABLE_CHANGES = ("epochs", "out", "backup_dir")
+# arguments a resumed run may change (--vote-mirror only adds an evaluation at the end)
+RESUMABLE_CHANGES = ("epochs", "out", "backup_dir", "vote_mirror")
 
 
 def prepare_backup_dir(parser, args):
     os.makedirs(args.backup_dir, exist_ok=True)
     path = os.path.join(args.backup_dir, "run_args.json")
-    resumable = RESUMABLE_CHANGES if args.lr_schedule == "constant" else ("out", "backup_dir")
+    resumable = RESUMABLE_CHANGES if args.lr_schedule == "constant" else ("out", "backup_dir", "vote_mirror")
     current = {k: v for k, v in vars(args).items() if k not in resumable}
     if os.path.exists(path):
         with open(path) as f:
@@ -163,6 +164,21 @@ class EpochTimer(keras.callbacks.Callback):
             logs["peak_rss_bytes"] = peak_rss_bytes()  # a resumed run's peak is the max over its processes
 
 
+def mirror_vote_accuracy(model, make_dataset, clouds, labels):
+    """Accuracy of the mean softmax over each cloud and its copy with x negated (normals
+    too): test-time voting over the symmetry that --augment mirror trains for. make_dataset
+    maps clouds [M, N, 3+] to the model's unshuffled batches, in order."""
+    mirrored = np.array(clouds, np.float32, copy=True)
+    mirrored[..., 0] *= -1
+    if mirrored.shape[-1] >= 6:
+        mirrored[..., 3] *= -1
+    probabilities = 0.0
+    for view in (clouds, mirrored):
+        logits = model.predict(make_dataset(view), verbose=0)
+        probabilities = probabilities + tf.nn.softmax(logits).numpy()
+    return float(np.mean(np.argmax(probabilities, axis=-1) == np.asarray(labels)))
+
+
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=MODELS, default="octnet3",
@@ -189,6 +205,8 @@ def build_parser():
     p.add_argument("--augment", nargs="?", const="rotate", choices=tuple(datasets.NAMED_AUGMENTATIONS), default=None,
                    help="point-cloud augmentation, each with random scale and jitter: rotate (about z; the "
                         "default when no mode is given), mirror (x negated at random, for aligned shapes), scale")
+    p.add_argument("--vote-mirror", action="store_true",
+                   help="also report the validation accuracy of voting over each cloud and its x-mirrored copy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--site-channels", type=int, nargs="+", default=[16, 32, 64],
                    help="site-resnet: channels per level (a stride-2 convolution starts each level after the first)")
@@ -207,6 +225,8 @@ def _check_model_options(parser, args):
                                                 ("--prune-eps", args.prune_eps > 0)) if given]
         if octnet_only:
             parser.error(f"{', '.join(octnet_only)} apply to the channel-sparse octnet3 model, not site-resnet")
+    if args.vote_mirror and args.dataset == "mnist":
+        parser.error("--vote-mirror applies to point clouds, not to MNIST digits (mirroring changes a digit)")
     if args.backup_dir and args.prune_eps > 0:
         # The callback's flags from the previous epoch end live in the process, not in the checkpoint.
         parser.error("--backup-dir cannot resume warning-shot pruning (--prune-eps); run it in one process")
@@ -282,6 +302,12 @@ def main(argv=None):
 
     print("[3/4] evaluating", flush=True)
     val_metrics = model.evaluate(val, verbose=0, return_dict=True)
+    vote = None
+    if args.vote_mirror:
+        vote = mirror_vote_accuracy(
+            model, lambda clouds: to_keras(datasets.point_cloud_dataset(
+                clouds, labels[val_idx], resolution, args.batch_size, shuffle=False, seed=args.seed)),
+            examples[val_idx], labels[val_idx])
     layers = [{"layer": layer.name, "rho_up": layer.rho_up, "density": float(history[f"{layer.name}_density"][-1]),
                "present_weights": layer.present_weights(), "weights": int(np.prod(layer.kernel_shape))}
               for layer in sparse_conv_layers(model)]
@@ -290,6 +316,7 @@ def main(argv=None):
         "batch_size": args.batch_size,
         "rhos": list(rhos), "lambda": args.lam, "prune_eps": args.prune_eps, "selection": args.selection,
         "val_accuracy": float(val_metrics["accuracy"]), "val_loss": float(val_metrics["loss"]),
+        "val_accuracy_mirror_vote": vote,
         "history": {k: [float(v) for v in vs] for k, vs in history.items()},
         "sec_per_epoch": seconds, "layers": layers, "present_weights": present_weight_count(model),
         "memory_bound_bytes": bound.total_bytes if bound else None,
@@ -311,6 +338,8 @@ def main(argv=None):
     print("[4/4] summary")
     print(f"validation accuracy {results['val_accuracy']:.4f} after {results['epochs']} epochs; "
           f"{np.mean(seconds):.1f} s per epoch (first {seconds[0]:.1f} s)")
+    if vote is not None:
+        print(f"validation accuracy voting over each cloud and its mirror image {vote:.4f}")
     if layers:
         print(f"{'sparse layer':<20}{'rho_up':>8}{'density':>10}{'present weights':>18}")
     for row in layers:
