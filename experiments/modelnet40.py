@@ -12,6 +12,7 @@ and epoch log under DIR/modelnet40_<r>, and rerunning the same command (a larger
 to go further) continues from the last finished epoch.
 """
 import argparse
+import json
 import os
 import tempfile
 
@@ -24,8 +25,29 @@ from common import read_json, run_training, save_figure, write_json  # noqa: E40
 
 
 def recipe(results):
+    features = results.get("features") or ["occupancy"]
     return (f"{results['optimizer']} lr {results['lr']:g} {results['lr_schedule']}"
-            + (f", augmented ({results['augment']})" if results["augment"] else ""))
+            + (f", augmented ({results['augment']})" if results["augment"] else "")
+            + (f", features {'+'.join(features)}" if features != ["occupancy"] else ""))
+
+
+def result_row(res, batch_size):
+    """A modelnet40.json row from a results.json of python -m tf_sparseconv.train."""
+    seconds = res["sec_per_epoch"]
+    row = {"resolution": res["resolution"], "epochs": res["epochs"], "val_accuracy": res["val_accuracy"],
+           "sec_per_epoch": sum(seconds[1:]) / max(1, len(seconds) - 1) if len(seconds) > 1 else seconds[0],
+           "peak_bytes": res["peak_rss_bytes"], "memory_bound_bytes": res["memory_bound_bytes"],
+           "examples": res["examples"], "batch_size": batch_size, "rhos": res["rhos"],
+           "peak_gpu_bytes": res.get("peak_gpu_bytes"), "device": res["device"],
+           "recipe": recipe(res), "val_accuracy_per_epoch": res["history"]["val_accuracy"]}
+    if res.get("val_accuracy_mirror_vote") is not None:
+        row["val_accuracy_mirror_vote"] = res["val_accuracy_mirror_vote"]
+    return row
+
+
+def same_recipe(row):
+    """Rows with the same key replace each other; runs of other lengths stay beside them."""
+    return row["resolution"], row["recipe"], row["device"], row["examples"], row["epochs"]
 
 
 def main():
@@ -43,10 +65,29 @@ def main():
                    help="keep each resolution's checkpoint here and resume from it (default: no backup)")
     p.add_argument("--replace", action="store_true",
                    help="start modelnet40.json afresh (default: keep the rows of other recipes)")
+    p.add_argument("--vote-mirror", action="store_true", help="as python -m tf_sparseconv.train --vote-mirror")
+    p.add_argument("--features", nargs="+", default=["occupancy"], help="as python -m tf_sparseconv.train --features")
     p.add_argument("--replot", action="store_true", help="only redraw modelnet40.png and print the rows, no training")
+    p.add_argument("--add-results", nargs="+", metavar="RESULTS_JSON",
+                   help="add the rows of runs made with python -m tf_sparseconv.train --dataset modelnet40 "
+                        "(e.g. on a lent GPU), then redraw; no training")
     args = p.parse_args()
     if args.replot:
         plot_and_print(read_json("modelnet40.json"))
+        return
+    if args.add_results:
+        rows = read_json("modelnet40.json")
+        for path in args.add_results:
+            with open(path) as f:
+                res = json.load(f)
+            if res.get("dataset") != "modelnet40" or "examples" not in res:
+                raise SystemExit(f"{path} is not the results.json of a ModelNet40 run of tf_sparseconv.train "
+                                 "(dataset and examples recorded)")
+            row = result_row(res, res["batch_size"])
+            rows = [k for k in rows if same_recipe(k) != same_recipe(row)] + [row]
+        rows.sort(key=lambda row: row["resolution"])
+        write_json("modelnet40.json", rows)
+        plot_and_print(rows)
         return
     # Recipes run in different sessions share one results file: rows of other recipes are
     # kept, and the plot shows every row that carries its curve.
@@ -58,19 +99,15 @@ def main():
                           "--batch-size", args.batch_size, "--max-examples", args.max_examples]
             train_args += ["--lr", args.lr, "--lr-schedule", args.lr_schedule]
             train_args += ["--augment", args.augment] if args.augment else []
+            train_args += ["--vote-mirror"] if args.vote_mirror else []
+            train_args += ["--features", *args.features]
             train_args += ["--data-dir", args.data_dir] if args.data_dir else []
             if args.backup_root:
                 train_args += ["--backup-dir", os.path.join(os.path.abspath(args.backup_root), f"modelnet40_{r}")]
             res = run_training(f"modelnet40_{r}", train_args, work)
-            seconds = res["sec_per_epoch"]
-            row = {"resolution": r, "epochs": res["epochs"], "val_accuracy": res["val_accuracy"],
-                   "sec_per_epoch": sum(seconds[1:]) / max(1, len(seconds) - 1) if len(seconds) > 1 else seconds[0],
-                   "peak_bytes": res["peak_rss_bytes"], "memory_bound_bytes": res["memory_bound_bytes"],
-                   "examples": args.max_examples or 9843, "batch_size": args.batch_size, "rhos": res["rhos"],
-                   "peak_gpu_bytes": res.get("peak_gpu_bytes"), "device": res["device"],
-                   "recipe": recipe(res), "val_accuracy_per_epoch": res["history"]["val_accuracy"]}
-            same = lambda k: (k["resolution"], k["recipe"], k["device"], k["examples"])  # noqa: E731
-            kept = [k for k in kept if same(k) != same(row)]
+            res.setdefault("examples", args.max_examples or 9843)
+            row = result_row(res, args.batch_size)
+            kept = [k for k in kept if same_recipe(k) != same_recipe(row)]
             rows.append(row)
             write_json("modelnet40.json", sorted(kept + rows, key=lambda row: row["resolution"]))
     plot_and_print(sorted(kept + rows, key=lambda row: row["resolution"]))
@@ -89,7 +126,9 @@ def plot_and_print(rows):
     for row in rows:
         peak = f"{row['peak_bytes'] / 2**30:.2f} GiB" if row.get("peak_bytes") else "not recorded"
         print(f"{row['resolution']:>4}³ ({row['recipe']}, {row['device']}): val acc "
-              f"{row['val_accuracy']:.4f} after {row['epochs']} epochs, {row['sec_per_epoch']:.1f} s/epoch, peak {peak}")
+              f"{row['val_accuracy']:.4f} after {row['epochs']} epochs"
+              + (f" (mirror vote {row['val_accuracy_mirror_vote']:.4f})" if "val_accuracy_mirror_vote" in row else "")
+              + f", {row['sec_per_epoch']:.1f} s/epoch, peak {peak}")
 
 
 if __name__ == "__main__":

@@ -14,12 +14,15 @@ def reference_grid(clouds, r, features, bounds=(-1.0, 1.0)):
     lo, hi = bounds
     grid_count = np.zeros([len(clouds), r, r, r])
     grid_normal = np.zeros([len(clouds), r, r, r, 3])
+    grid_offset = np.zeros([len(clouds), r, r, r, 3])
     for b, cloud in enumerate(clouds):
         for point in cloud:
             cell = [min(max(int(np.floor((v - lo) / (hi - lo) * r)), 0), r - 1) for v in point[:3]]
             grid_count[(b, *cell)] += 1
             if len(point) >= 6:
                 grid_normal[(b, *cell)] += point[3:6]
+            voxel = (hi - lo) / r
+            grid_offset[(b, *cell)] += [(v - (lo + (c + 0.5) * voxel)) / voxel for v, c in zip(point[:3], cell)]
     occupied = grid_count > 0
     channels = []
     for feature in features:
@@ -27,6 +30,9 @@ def reference_grid(clouds, r, features, bounds=(-1.0, 1.0)):
             channels.append(occupied.astype(float)[..., None])
         elif feature == "count":
             channels.append(grid_count[..., None])
+        elif feature == "offset":
+            channels.append(np.clip(np.divide(grid_offset, grid_count[..., None], out=np.zeros_like(grid_offset),
+                                              where=occupied[..., None]), -0.5, 0.5))
         else:
             channels.append(np.divide(grid_normal, grid_count[..., None], out=np.zeros_like(grid_normal),
                                       where=occupied[..., None]))
@@ -45,7 +51,8 @@ def random_clouds(rng, batch, n, with_normals=True, spread=1.2):
 
 
 @pytest.mark.parametrize("features", [("occupancy",), ("occupancy", "count"), ("occupancy", "normals"),
-                                      ("normals", "count", "occupancy")])
+                                      ("normals", "count", "occupancy"), ("occupancy", "offset"),
+                                      ("offset", "normals")])
 @pytest.mark.parametrize("resolution", [1, 4, 7])
 def test_matches_loop_reference(rng, features, resolution):
     clouds = random_clouds(rng, 3, 60)
@@ -59,7 +66,20 @@ def test_matches_loop_reference(rng, features, resolution):
     np.testing.assert_array_equal(x.keys.numpy(), ts.from_dense(expected.astype(np.float32)).keys.numpy())
 
 
+def test_offset_is_the_mean_position_in_the_voxel_in_voxel_units():
+    # r = 4 on [-1, 1]: voxels of 0.5; voxel (2, 1, 3) spans [0, 0.5) x [-0.5, 0) x [0.5, 1), centre (.25, -.25, .75)
+    cloud = np.array([[[0.05, -0.30, 0.90], [0.15, -0.40, 0.80],   # mean (0.1, -0.35, 0.85)
+                       [5.0, 0.0, -5.0]]])                           # clipped into voxel (3, 2, 0): offset clipped
+    x = voxelize_points(cloud, 4, features=("offset",))
+    grid = ts.to_dense(x).numpy()[0]
+    np.testing.assert_allclose(grid[2, 1, 3], [(0.1 - 0.25) / 0.5, (-0.35 + 0.25) / 0.5, (0.85 - 0.75) / 0.5],
+                               atol=1e-6)
+    np.testing.assert_allclose(grid[3, 2, 0], [0.5, -0.5, -0.5])  # (8.5, -0.5, -8.5) clipped
+    assert np.count_nonzero(grid) == 6
+
+
 def test_keys_follow_the_formula_channel_major(rng):
+
     clouds = random_clouds(rng, 2, 30)
     r = 5
     keys, values, dense_shape = voxelize_arrays(clouds, r, features=("occupancy", "count"))

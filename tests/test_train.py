@@ -88,10 +88,23 @@ def test_mirror_vote_averages_the_softmax_of_a_cloud_and_its_mirror_image(column
     np.testing.assert_array_equal(clouds, before)  # the caller's clouds are not mirrored in place
 
 
+def test_features_give_the_model_its_input_channels(tmp_path):
+    results = train.main(["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--epochs", "1",
+                          "--synthetic-per-class", "6", "--batch-size", "8", "--features", "occupancy", "offset",
+                          "--out", str(tmp_path)])
+    assert results["features"] == ["occupancy", "offset"]
+    model = keras.models.load_model(tmp_path / "model.keras")
+    first = next(layer for layer in model.layers if isinstance(layer, kl.SparseConv))
+    assert tuple(first.kernel.shape)[-2] == 4  # occupancy + 3 offsets in
+
+
 def test_vote_mirror_is_refused_for_mnist(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train.main(["--dataset", "mnist", "--vote-mirror", "--out", str(tmp_path)])
     assert "--vote-mirror applies to point clouds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--dataset", "mnist", "--features", "occupancy", "offset", "--out", str(tmp_path)])
+    assert "--features applies to point clouds" in capsys.readouterr().err
 
 
 def test_train_names_a_missing_dataset_path(tmp_path):

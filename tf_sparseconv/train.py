@@ -205,6 +205,9 @@ def build_parser():
     p.add_argument("--augment", nargs="?", const="rotate", choices=tuple(datasets.NAMED_AUGMENTATIONS), default=None,
                    help="point-cloud augmentation, each with random scale and jitter: rotate (about z; the "
                         "default when no mode is given), mirror (x negated at random, for aligned shapes), scale")
+    p.add_argument("--features", nargs="+", choices=tuple(datasets.FEATURE_CHANNELS), default=["occupancy"],
+                   help="voxel features of point clouds, in channel order: occupancy, count, normals (3), offset "
+                        "(3: the mean point position within the voxel)")
     p.add_argument("--vote-mirror", action="store_true",
                    help="also report the validation accuracy of voting over each cloud and its x-mirrored copy")
     p.add_argument("--seed", type=int, default=0)
@@ -227,6 +230,10 @@ def _check_model_options(parser, args):
             parser.error(f"{', '.join(octnet_only)} apply to the channel-sparse octnet3 model, not site-resnet")
     if args.vote_mirror and args.dataset == "mnist":
         parser.error("--vote-mirror applies to point clouds, not to MNIST digits (mirroring changes a digit)")
+    if args.dataset == "mnist" and args.features != ["occupancy"]:
+        parser.error("--features applies to point clouds; MNIST digits have one thresholded channel")
+    if len(set(args.features)) != len(args.features):
+        parser.error(f"--features names a feature twice: {args.features}")
     if args.backup_dir and args.prune_eps > 0:
         # The callback's flags from the previous epoch end live in the process, not in the checkpoint.
         parser.error("--backup-dir cannot resume warning-shot pruning (--prune-eps); run it in one process")
@@ -255,8 +262,8 @@ def main(argv=None):
     else:
         augmentation = datasets.Augmentation.named(args.augment) if args.augment else None
         make = lambda idx, shuffle: datasets.point_cloud_dataset(  # noqa: E731
-            examples[idx], labels[idx], resolution, args.batch_size, shuffle=shuffle, seed=args.seed,
-            augmentation=augmentation if shuffle else None)
+            examples[idx], labels[idx], resolution, args.batch_size, features=tuple(args.features), shuffle=shuffle,
+            seed=args.seed, augmentation=augmentation if shuffle else None)
     to_keras = site_keras_batches if site else keras_batches
     train, val = to_keras(make(train_idx, True)), to_keras(make(val_idx, False))
     print(f"      {len(train_idx)} training and {len(val_idx)} validation examples, {len(classes)} classes, "
@@ -271,6 +278,7 @@ def main(argv=None):
         rhos = tuple(args.rho) if args.rho else DEFAULT_RHOS[resolution]
         regularizer = DensityRegularizer(args.lam, reduction=args.lam_reduction) if args.lam > 0 else None
         model = octnet3(resolution, len(classes), rhos, spatial_dims=2 if image_data else 3,
+                        in_channels=1 if image_data else datasets.num_channels(args.features),
                         selection=args.selection, density_regularizer=regularizer)
     learning_rate = args.lr
     if args.lr_schedule == "cosine":
@@ -306,13 +314,15 @@ def main(argv=None):
     if args.vote_mirror:
         vote = mirror_vote_accuracy(
             model, lambda clouds: to_keras(datasets.point_cloud_dataset(
-                clouds, labels[val_idx], resolution, args.batch_size, shuffle=False, seed=args.seed)),
+                clouds, labels[val_idx], resolution, args.batch_size, features=tuple(args.features), shuffle=False,
+                seed=args.seed)),
             examples[val_idx], labels[val_idx])
     layers = [{"layer": layer.name, "rho_up": layer.rho_up, "density": float(history[f"{layer.name}_density"][-1]),
                "present_weights": layer.present_weights(), "weights": int(np.prod(layer.kernel_shape))}
               for layer in sparse_conv_layers(model)]
     results = {
-        "model": args.model, "dataset": args.dataset, "resolution": resolution, "epochs": len(history.get("loss", [])),
+        "model": args.model, "dataset": args.dataset, "examples": int(len(labels)),
+        "resolution": resolution, "epochs": len(history.get("loss", [])),
         "batch_size": args.batch_size,
         "rhos": list(rhos), "lambda": args.lam, "prune_eps": args.prune_eps, "selection": args.selection,
         "val_accuracy": float(val_metrics["accuracy"]), "val_loss": float(val_metrics["loss"]),
@@ -326,6 +336,7 @@ def main(argv=None):
         "peak_rss_bytes": max([peak_rss_bytes(), *history.get("peak_rss_bytes", [])]),
         "peak_gpu_bytes": peak_gpu_bytes(), "device": device_description(),
         "lr": args.lr, "lr_schedule": args.lr_schedule, "optimizer": args.optimizer, "augment": args.augment,
+        "features": None if image_data else list(args.features),
     }
     if site:
         results.update(site_channels=list(args.site_channels), site_blocks=args.site_blocks, site_k=args.site_k,

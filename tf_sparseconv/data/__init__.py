@@ -1,6 +1,7 @@
 """Data for channel-sparse CNNs: voxelization, dataset loaders and tf.data pipelines.
 
-- voxelize:  point clouds -> ChannelSparseTensor [B, r, r, r, C] (occupancy, counts, normals).
+- voxelize:  point clouds -> ChannelSparseTensor [B, r, r, r, C] (occupancy, counts, normals,
+             offsets within the voxel).
              A dense grid [B, r, r, r, C] that already exists goes through ts.from_dense.
 - modelnet:  ModelNet40/10 from OFF meshes (<root>/<class>/{train,test}/*.off) or the .npz clouds.
 - scannet:   ScanNet furniture instances cropped from the official scans (19 classes, §4.5).
@@ -15,10 +16,10 @@ from tf_sparseconv.data.pipeline import (NAMED_AUGMENTATIONS, Augmentation, augm
                                          point_cloud_dataset, stratified_split)
 from tf_sparseconv.data.scannet import SCANNET_CLASSES, load_scannet_objects, read_ply, scene_objects
 from tf_sparseconv.data.synthetic import SHAPE_CLASSES, make_shapes
-from tf_sparseconv.data.voxelize import num_channels, voxelize_arrays, voxelize_points
+from tf_sparseconv.data.voxelize import FEATURE_CHANNELS, num_channels, voxelize_arrays, voxelize_points
 
 __all__ = [
-    "voxelize_points", "voxelize_arrays", "num_channels",
+    "voxelize_points", "voxelize_arrays", "num_channels", "FEATURE_CHANNELS",
     "read_off", "sample_surface", "normalize_to_unit_sphere", "load_modelnet_meshes", "load_modelnet_npz",
     "MODELNET10_CLASSES",
     "read_ply", "scene_objects", "load_scannet_objects", "SCANNET_CLASSES",

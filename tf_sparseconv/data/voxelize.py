@@ -11,7 +11,7 @@ import tensorflow as tf
 from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
 
 # Channels each feature contributes, in this order within its slot of `features`.
-FEATURE_CHANNELS = {"occupancy": 1, "count": 1, "normals": 3}
+FEATURE_CHANNELS = {"occupancy": 1, "count": 1, "normals": 3, "offset": 3}
 
 
 def num_channels(features):
@@ -65,7 +65,10 @@ def voxelize_arrays(point_clouds, resolution, bounds=(-1.0, 1.0), features=("occ
     normals, needed only for the "normals" feature. features: ordered feature names:
       "occupancy" -> 1 in every occupied voxel,
       "count"     -> number of points in the voxel,
-      "normals"   -> 3 channels, the mean normal (nx, ny, nz) of the voxel's points.
+      "normals"   -> 3 channels, the mean normal (nx, ny, nz) of the voxel's points,
+      "offset"    -> 3 channels, the mean position of the voxel's points relative to the
+                     voxel centre, in voxel units, clipped to [-0.5, 0.5] (where the
+                     surface lies within the voxel: geometry finer than the grid).
     Points outside `bounds` are clipped to the border voxels. Feature values that are
     exactly 0 (a normal component on an axis-aligned face) are not stored, so the result
     is the channel-sparse form of the dense feature grid.
@@ -100,6 +103,10 @@ def voxelize_arrays(point_clouds, resolution, bounds=(-1.0, 1.0), features=("occ
             columns.append(np.ones(len(sites)))
         elif feature == "count":
             columns.append(counts.astype(np.float64))
+        elif feature == "offset":
+            local = (points[:, :3] - lo) * (r / (hi - lo)) - (cells + 0.5)  # voxel units from the centre
+            columns.extend(np.clip(np.bincount(inverse, weights=local[:, k], minlength=len(sites)) / counts,
+                                   -0.5, 0.5) for k in range(3))
         else:
             columns.extend(np.bincount(inverse, weights=points[:, 3 + k], minlength=len(sites)) / counts
                            for k in range(3))
