@@ -71,6 +71,7 @@ def main():
     p.add_argument("--add-results", nargs="+", metavar="RESULTS_JSON",
                    help="add the rows of runs made with python -m tf_sparseconv.train --dataset modelnet40 "
                         "(e.g. on a lent GPU), then redraw; no training")
+    p.add_argument("--note", help="with --add-results: a note stored in the added rows (e.g. how they were timed)")
     args = p.parse_args()
     if args.replot:
         plot_and_print(read_json("modelnet40.json"))
@@ -84,6 +85,8 @@ def main():
                 raise SystemExit(f"{path} is not the results.json of a ModelNet40 run of tf_sparseconv.train "
                                  "(dataset and examples recorded)")
             row = result_row(res, res["batch_size"])
+            if args.note:
+                row["note"] = args.note
             rows = [k for k in rows if same_recipe(k) != same_recipe(row)] + [row]
         rows.sort(key=lambda row: row["resolution"])
         write_json("modelnet40.json", rows)
