@@ -16,10 +16,18 @@ without ('none').
            hold (tf.config.experimental.get_memory_info after reset_memory_stats); the
            inputs' bytes are recorded separately.
 
+           Each memory row also splits the peak as Table 1 does: out_bytes, the output tensor
+           (8-byte keys, 4-byte values: the paper's "Sparse 64bit" row), and temp_bytes, the
+           rest of the peak (the paper's "Sparse Temp" row).
+  --memory-only --temp-limit-mb L: only the memory rows, with TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB=L
+           (the forward in groups of examples whose sort buffers fit L MiB), recorded as
+           temp_limit_mb and appended to --out.
+
 A run that does not fit (ResourceExhaustedError) is recorded with null figures. Results go
 to benchmarks/results/direct_conv_gpu.jsonl (--out), one JSON object per line.
 
     python benchmarks/direct_conv_gpu.py [--quick] [--out PATH]
+    python benchmarks/direct_conv_gpu.py --memory-only --temp-limit-mb 128 [--resolutions 256 512]
 """
 import argparse
 import json
@@ -128,11 +136,17 @@ def run_config(rng, mode, batch, r, rho_f, device_name, args):
             record["ours_gpu_s"] = attempt(lambda: device_s_per_call(call, args.loop_calls))
             record["ours_peak_bytes"] = None
         else:
-            record["ours_s"] = None
+            # --memory-only also times the call (grouped or not), as the cost of the limit.
+            record["ours_s"] = (attempt(lambda: median_time(call, 1, 3, budget_s=args.budget)) if args.memory_only
+                                else None)
             record["ours_peak_bytes"] = attempt(lambda: peak_bytes(call))
+            record["temp_limit_mb"] = args.temp_limit_mb
         out_entries = attempt(lambda: int(call()[0].shape[0]))
         record["out_entries"] = out_entries
-        if dense_result is None:
+        if mode == "memory" and out_entries is not None and record["ours_peak_bytes"] is not None:
+            record["out_bytes"] = out_entries * (8 + 4)
+            record["temp_bytes"] = record["ours_peak_bytes"] - record["out_bytes"]
+        if dense_result is None and not args.memory_only:
             # The dense equivalent, built on the GPU; skipped (null) where it does not fit.
             def dense_figures():
                 dense = ts.to_dense(x)
@@ -141,7 +155,7 @@ def run_config(rng, mode, batch, r, rho_f, device_name, args):
                             device_s_per_call(lambda: dense_conv(dense, w_masked), args.loop_calls), None)
                 return None, None, peak_bytes(lambda: dense_conv(dense, w_masked))
             dense_result = attempt(dense_figures) or (None, None, None)
-        record["dense_s"], record["dense_gpu_s"], record["dense_peak_bytes"] = dense_result
+        record["dense_s"], record["dense_gpu_s"], record["dense_peak_bytes"] = dense_result or (None, None, None)
         record["ratio"] = (record["dense_s"] / record["ours_s"]
                            if record["dense_s"] and record["ours_s"] else None)
         if mode == "time":
@@ -179,12 +193,16 @@ def summary(records):
             print(f"{rec['r']:>4} {rec['rho_f']:>5.1f} {rec['selection']:>9} {fmt_s(rec['ours_s']):>10} "
                   f"{fmt_s(rec['dense_s']):>10} {fmt_ratio(rec['ratio']):>6} {fmt_s(rec.get('ours_gpu_s')):>10} "
                   f"{fmt_s(rec.get('dense_gpu_s')):>10} {fmt_ratio(rec.get('ratio_gpu')):>6}")
-    print("\nMemory (batch 32, Cout 8): peak GiB above the inputs; inputs in parentheses")
-    print(f"{'r':>4} {'rho_f':>5} {'selection':>9} {'ours':>8} {'(input)':>9} {'dense':>8} {'(input)':>9}")
+    print("\nMemory (batch 32, Cout 8): peak GiB above the inputs (of it: output tensor + the rest); inputs in "
+          "parentheses")
+    print(f"{'r':>4} {'rho_f':>5} {'selection':>9} {'limit':>6} {'ours':>8} {'output':>8} {'temp':>8} {'(input)':>9} "
+          f"{'dense':>8} {'(input)':>9}")
     for rec in records:
         if rec["kind"] == "memory":
-            print(f"{rec['r']:>4} {rec['rho_f']:>5.1f} {rec['selection']:>9} "
-                  f"{fmt_bytes(rec['ours_peak_bytes']):>8} ({fmt_bytes(rec['ours_input_bytes']).strip():>7}) "
+            limit = rec.get("temp_limit_mb")
+            print(f"{rec['r']:>4} {rec['rho_f']:>5.1f} {rec['selection']:>9} {limit if limit else '-':>6} "
+                  f"{fmt_bytes(rec['ours_peak_bytes']):>8} {fmt_bytes(rec.get('out_bytes')):>8} "
+                  f"{fmt_bytes(rec.get('temp_bytes')):>8} ({fmt_bytes(rec['ours_input_bytes']).strip():>7}) "
                   f"{fmt_bytes(rec['dense_peak_bytes']):>8} ({fmt_bytes(rec['dense_input_bytes']).strip():>7})")
 
 
@@ -194,7 +212,19 @@ def main():
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON-lines output (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loop-calls", type=int, default=20, help="calls per graph loop for the device time")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="only the memory rows (no dense baseline), appended to --out")
+    parser.add_argument("--temp-limit-mb", type=int, default=None,
+                        help="with --memory-only: TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB for our op")
+    parser.add_argument("--resolutions", type=int, nargs="+", choices=RESOLUTIONS, default=None,
+                        help="with --memory-only: these resolutions (default: all)")
     args = parser.parse_args()
+    if (args.temp_limit_mb is not None or args.resolutions) and not args.memory_only:
+        parser.error("--temp-limit-mb and --resolutions go with --memory-only")
+    if args.temp_limit_mb is not None:
+        if args.temp_limit_mb < 1:
+            parser.error("--temp-limit-mb must be at least 1")
+        os.environ["TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB"] = str(args.temp_limit_mb)
     args.warmup, args.repeats, args.budget = (1, 3, 0.5) if args.quick else (2, 7, 2.0)
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
@@ -211,7 +241,11 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     configs = ([("time", TIME_BATCH, r, rho_f) for r in resolutions for rho_f in time_densities]
                + [("memory", MEMORY_BATCH, r, rho_f) for r in memory_resolutions for rho_f in memory_densities])
-    with open(args.out, "w") as f:  # written as the configurations finish, so a cut-off run keeps its rows
+    if args.memory_only:
+        configs = [("memory", MEMORY_BATCH, r, rho_f) for r in (args.resolutions or RESOLUTIONS)
+                   for rho_f in MEMORY_FILTER_DENSITIES]
+    # Written as the configurations finish, so a cut-off run keeps its rows.
+    with open(args.out, "a" if args.memory_only else "w") as f:
         for mode, batch, r, rho_f in configs:
             rows = run_config(rng, mode, batch, r, rho_f, device_name, args)
             for rec in rows:

@@ -37,9 +37,20 @@ def main():
     print("| r³ (batch 32) | ρ_f | k-selection | ours peak [GiB] | dense peak [GiB] |")
     print("|---|---:|---|---:|---:|")
     for r in rows:
-        if r.get("kind") == "memory":
+        if r.get("kind") == "memory" and "temp_limit_mb" not in r:
             print(f"| {r['r']}³ | {r['rho_f']} | {r['selection']} | {gib(r['ours_peak_bytes'])} "
                   f"| {gib(r['dense_peak_bytes'])} |")
+    # --memory-only rows (no dense baseline): the peak split as Table 1 does, and the call time.
+    limited = [r for r in rows if r.get("kind") == "memory" and "temp_limit_mb" in r]
+    if limited:
+        print()
+        print("| r³ (batch 32) | ρ_f | k-selection | temp limit [MiB] | ours call [ms] | peak [GiB] "
+              "| of it output [GiB] | of it temporary [GiB] |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|")
+        for r in limited:
+            print(f"| {r['r']}³ | {r['rho_f']} | {r['selection']} | {r['temp_limit_mb'] or 'none'} "
+                  f"| {ms(r['ours_s'])} | {gib(r['ours_peak_bytes'])} | {gib(r.get('out_bytes'))} "
+                  f"| {gib(r.get('temp_bytes'))} |")
     for r in rows:
         if r.get("kind") == "epoch":
             print(f"\nepoch at {r['resolution']}³ on {r['device']}: {r['sec_per_epoch']:.1f} s")

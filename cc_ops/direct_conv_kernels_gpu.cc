@@ -5,7 +5,10 @@
 #if GOOGLE_CUDA
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "direct_conv.h"
@@ -125,6 +128,39 @@ absl::Status DataflowFromEnvironment(gpu::DirectConvDataflow* dataflow) {
   return EnumFromEnvironment("TF_SPARSECONV_DIRECT_DATAFLOW", kChoices, dataflow);
 }
 
+// TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB: a limit in MiB on the sort dataflow's contribution
+// buffers (0 or unset: none). Where the buffers of one run would exceed it, the forward runs
+// in groups of whole examples, each within the limit where one example fits it.
+absl::Status TempLimitFromEnvironment(int64_t* bytes) {
+  *bytes = 0;
+  const char* text = std::getenv("TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB");
+  if (text == nullptr || *text == '\0') return absl::OkStatus();
+  char* end = nullptr;
+  errno = 0;
+  const long long mib = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || mib < 0 || mib > (1LL << 40)) {
+    return errors::InvalidArgument("TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB must be a non-negative whole number of MiB "
+                                   "(0: no limit), got \"", text, "\"");
+  }
+  *bytes = static_cast<int64_t>(mib) << 20;
+  return absl::OkStatus();
+}
+
+// Consecutive example ranges [b0, b1) whose contribution buffers (entries * bytes_per_entry)
+// stay within limit; an example above the limit alone is a group of its own.
+std::vector<std::pair<int64_t, int64_t>> ExampleGroups(const std::vector<int64_t>& begin, double bytes_per_entry,
+                                                       double limit) {
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  const int64_t batch = static_cast<int64_t>(begin.size()) - 1;
+  for (int64_t b0 = 0; b0 < batch;) {
+    int64_t b1 = b0 + 1;
+    while (b1 < batch && static_cast<double>(begin[b1 + 1] - begin[b0]) * bytes_per_entry <= limit) ++b1;
+    groups.emplace_back(b0, b1);
+    b0 = b1;
+  }
+  return groups;
+}
+
 }  // namespace
 
 template <typename T>
@@ -142,7 +178,12 @@ class DirectSparseConvGpuOp : public OpKernel {
     const KeyLayout& L = args.in_layout;
     gpu::DirectConvDataflow dataflow = gpu::DirectConvDataflow::kAuto;
     OP_REQUIRES_OK(ctx, DataflowFromEnvironment(&dataflow));
-    if (!gpu::UseDenseGrid(args, dataflow)) {
+    int64_t temp_limit = 0;
+    OP_REQUIRES_OK(ctx, TempLimitFromEnvironment(&temp_limit));
+    // In groups, each group's contributions are checked against the sort's limit instead.
+    const bool in_groups = temp_limit > 0 && L.batch > 1 && args.n > 0 && !gpu::UseDenseGrid(args, dataflow) &&
+                           gpu::SortForwardBytes(args) > static_cast<double>(temp_limit);
+    if (!gpu::UseDenseGrid(args, dataflow) && !in_groups) {
       OP_REQUIRES_OK(ctx, CheckSortable(gpu::ContributionSlots(args.n, table.max_row),
                                         "DirectSparseConv",
                                         "contributions (entries x present weights of one input "
@@ -159,6 +200,11 @@ class DirectSparseConvGpuOp : public OpKernel {
     shape_out = ctx->input(2).flat<int64_t>();
     shape_out(L.d + 1) = shapes.cout;
 
+    if (in_groups) {
+      ComputeInGroups(ctx, args, bias.flat<T>().data(), static_cast<double>(temp_limit),
+                      touched->flat<int64_t>().data(), positive->flat<int64_t>().data());
+      return;
+    }
     TempScratch scratch(ctx);
     gpu::DirectConvForwardGpu<T> conv;
     gpu::Report report;
@@ -167,10 +213,7 @@ class DirectSparseConvGpuOp : public OpKernel {
                                           touched->flat<int64_t>().data(),
                                           positive->flat<int64_t>().data(), &report),
                                  scratch, "DirectSparseConv"));
-    OP_REQUIRES_OK(ctx, SortedKeysStatus(report.checks[gpu::kConvKeys], L.num_keys(), "input"));
-    OP_REQUIRES_OK(ctx, NaNStatus(report.checks[gpu::kConvValues], "input values"));
-    OP_REQUIRES_OK(ctx, NaNStatus(report.checks[gpu::kConvFilter], "filter"));
-    OP_REQUIRES_OK(ctx, NaNStatus(report.checks[gpu::kConvBias], "bias"));
+    OP_REQUIRES_OK(ctx, ReportStatus(report, L));
     Tensor *out_keys, *out_values;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({report.count}), &out_keys));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({report.count}), &out_values));
@@ -180,6 +223,89 @@ class DirectSparseConvGpuOp : public OpKernel {
   }
 
  private:
+  static absl::Status ReportStatus(const gpu::Report& report, const KeyLayout& L) {
+    TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[gpu::kConvKeys], L.num_keys(), "input"));
+    TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kConvValues], "input values"));
+    TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kConvFilter], "filter"));
+    return NaNStatus(report.checks[gpu::kConvBias], "bias");
+  }
+
+  // The sort dataflow in groups of whole examples, each group's temporaries released before
+  // the next: once to count every group's kept entries (and fill the counts), then, with
+  // the output allocated, once more to write them. Twice the work for a peak of the output
+  // and one group's temporaries instead of the whole batch's (direct_conv_gpu.h).
+  void ComputeInGroups(OpKernelContext* ctx, const gpu::DirectConvGpuArgs<T>& args, const T* bias, double limit,
+                       int64_t* touched, int64_t* positive) {
+    const KeyLayout& L = args.in_layout;
+    const gpu::Stream stream = GpuStream(ctx);
+    std::vector<int64_t> begin(L.batch + 1);
+    {
+      // The groups are found from the keys, so they are checked over all entries first.
+      TempScratch scratch(ctx);
+      gpu::Report report;
+      OP_REQUIRES_OK(ctx, ToStatus(gpu::DirectConvCheckInputs<T>(stream, &scratch, args, bias, &report), scratch,
+                                   "DirectSparseConv"));
+      OP_REQUIRES_OK(ctx, ReportStatus(report, L));
+      OP_REQUIRES_OK(ctx, ToStatus(gpu::ExampleBegins(stream, &scratch, args.keys, args.n, L.batch,
+                                                      L.channels * L.spatial_size, begin.data()),
+                                   scratch, "DirectSparseConv"));
+    }
+    const double bytes_per_entry = gpu::SortForwardBytes(args) / static_cast<double>(args.n);
+    const auto groups = ExampleGroups(begin, bytes_per_entry, limit);
+    const int64_t segments = L.batch * args.cout;
+    Tensor group_counts;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64, TensorShape({2, segments}), &group_counts));
+    int64_t* group_touched = group_counts.flat<int64_t>().data();
+    int64_t* group_positive = group_touched + segments;
+    const int64_t k = attrs_.EffectiveK(L.spatial_size);
+    auto run_group = [&](const std::pair<int64_t, int64_t>& g, TempScratch* scratch,
+                         gpu::DirectConvForwardGpu<T>* conv, gpu::Report* report) {
+      gpu::DirectConvGpuArgs<T> part = args;
+      part.keys = args.keys + begin[g.first];
+      part.values = args.values + begin[g.first];
+      part.n = begin[g.second] - begin[g.first];
+      TF_RETURN_IF_ERROR(CheckSortable(gpu::ContributionSlots(part.n, args.weights.max_row), "DirectSparseConv",
+                                       "contributions of one group of examples (TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB)"));
+      return ToStatus(conv->Run(stream, scratch, part, bias, attrs_.selection, k, gpu::DirectConvDataflow::kSort,
+                                group_touched, group_positive, report),
+                      *scratch, "DirectSparseConv");
+    };
+    std::vector<int64_t> kept(groups.size());
+    for (size_t i = 0; i < groups.size(); ++i) {
+      TempScratch scratch(ctx);
+      gpu::DirectConvForwardGpu<T> conv;
+      gpu::Report report;
+      OP_REQUIRES_OK(ctx, run_group(groups[i], &scratch, &conv, &report));
+      OP_REQUIRES_OK(ctx, ReportStatus(report, L));
+      kept[i] = report.count;
+      const int64_t first = groups[i].first * args.cout, count = (groups[i].second - groups[i].first) * args.cout;
+      OP_REQUIRES_OK(ctx, ToStatus(gpu::CopyCounts(stream, touched + first, group_touched + first, count), scratch,
+                                   "DirectSparseConv"));
+      OP_REQUIRES_OK(ctx, ToStatus(gpu::CopyCounts(stream, positive + first, group_positive + first, count),
+                                   scratch, "DirectSparseConv"));
+    }
+    int64_t total = 0;
+    for (int64_t count : kept) total += count;
+    Tensor *out_keys, *out_values;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total}), &out_keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &out_values));
+    int64_t offset = 0;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      if (kept[i] == 0) continue;
+      TempScratch scratch(ctx);
+      gpu::DirectConvForwardGpu<T> conv;
+      gpu::Report report;
+      OP_REQUIRES_OK(ctx, run_group(groups[i], &scratch, &conv, &report));
+      OP_REQUIRES(ctx, report.count == kept[i],
+                  errors::Internal("DirectSparseConv: examples ", groups[i].first, "..", groups[i].second - 1,
+                                   " kept ", report.count, " entries on the second pass, ", kept[i], " on the first"));
+      OP_REQUIRES_OK(ctx, ToStatus(conv.Write(stream, out_keys->flat<int64_t>().data() + offset,
+                                              out_values->flat<T>().data() + offset),
+                                   scratch, "DirectSparseConv"));
+      offset += kept[i];
+    }
+  }
+
   ConvAttrs attrs_;
 };
 

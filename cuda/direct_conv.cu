@@ -35,6 +35,7 @@
 // Temporary memory of the backprop: n * (12 + 4 * d) + (B * Cin + B * Cout + 2) * 8
 //   + sizeof(T) * (P * B * G + B * Cout * G') for the partial sums, G, G' <= 256.
 #include <cstdint>
+#include <cstring>
 
 #include "direct_conv_gpu.h"
 #include "gpu_util.cuh"
@@ -898,6 +899,50 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   return ReadReport(stream, scratch, device_report, report);
 }
 
+__global__ void ExampleBeginKernel(const int64_t* keys, int64_t n, int64_t batch, int64_t per_example,
+                                   int64_t* begin) {
+  TF_SPARSECONV_GRID_LOOP(b, batch + 1) { begin[b] = LowerBound(keys, n, b * per_example); }
+}
+
+GpuStatus ExampleBegins(Stream stream, Scratch* scratch, const int64_t* keys, int64_t n, int64_t batch,
+                        int64_t per_example, int64_t* host_begin) {
+  int64_t* begin = scratch->DeviceArray<int64_t>(batch + 1);
+  int64_t* pinned = static_cast<int64_t*>(scratch->PinnedHost(sizeof(int64_t) * (batch + 1)));
+  if (!begin || !pinned) return GpuStatus::OutOfMemory("example offsets");
+  ExampleBeginKernel<<<BlocksFor(batch + 1), kThreads, 0, stream>>>(keys, n, batch, per_example, begin);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("example offsets");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(pinned, begin, sizeof(int64_t) * (batch + 1), cudaMemcpyDeviceToHost, stream),
+      "example offsets");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaStreamSynchronize(stream), "stream synchronize");
+  std::memcpy(host_begin, pinned, sizeof(int64_t) * (batch + 1));
+  return GpuStatus::Ok();
+}
+
+GpuStatus CopyCounts(Stream stream, int64_t* to, const int64_t* from, int64_t count) {
+  if (count == 0) return GpuStatus::Ok();
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(to, from, sizeof(int64_t) * count, cudaMemcpyDeviceToDevice, stream), "counts copy");
+  return GpuStatus::Ok();
+}
+
+template <typename T>
+GpuStatus DirectConvCheckInputs(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const T* bias,
+                                Report* report) {
+  Report* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  CheckSlot* checks = device_report->checks;
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, a.keys, a.n, a.in_layout.num_keys(), &checks[kConvKeys]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &checks[kConvValues]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.filter, a.filter_size, &checks[kConvFilter]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, bias, a.cout, &checks[kConvBias]));
+  return ReadReport(stream, scratch, device_report, report);
+}
+
+template GpuStatus DirectConvCheckInputs<float>(Stream, Scratch*, const DirectConvGpuArgs<float>&, const float*,
+                                                Report*);
+template GpuStatus DirectConvCheckInputs<double>(Stream, Scratch*, const DirectConvGpuArgs<double>&, const double*,
+                                                 Report*);
 template class DirectConvForwardGpu<float>;
 template class DirectConvForwardGpu<double>;
 template GpuStatus DirectConvBackpropGpu<float>(Stream, Scratch*, const DirectConvGpuArgs<float>&,

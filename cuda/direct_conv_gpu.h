@@ -112,6 +112,24 @@ class DirectConvForwardGpu {
   Compaction kept_;
 };
 
+// A forward in groups of whole examples (TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB, the OpKernel):
+// each output key and each (b, oc) selection involves one example only, so running
+// DirectConvForwardGpu on the entries of examples [b0, b1) (keys and values offset, n the
+// group's, the layout the whole batch's) gives exactly the whole run's entries of those
+// examples, and their counts in touched/positive_counts[b0 * Cout, b1 * Cout).
+
+// host_begin[b] = the first entry with key >= b * per_example, b = 0 .. batch (sorted keys;
+// batch + 1 values). Blocks until they are on the host.
+GpuStatus ExampleBegins(Stream stream, Scratch* scratch, const int64_t* keys, int64_t n, int64_t batch,
+                        int64_t per_example, int64_t* host_begin);
+// to[0, count) = from[0, count), both on the device, queued on the stream.
+GpuStatus CopyCounts(Stream stream, int64_t* to, const int64_t* from, int64_t count);
+// The forward's data checks alone (ConvCheck slots, over all entries). Blocks until the
+// report is on the host.
+template <typename T>
+GpuStatus DirectConvCheckInputs(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& args, const T* bias,
+                                Report* report);
+
 enum ConvBackpropCheck {
   kBackpropKeys = 0,
   kBackpropValues = 1,

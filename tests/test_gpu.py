@@ -610,3 +610,65 @@ def test_unknown_direct_dataflow_is_rejected(monkeypatch, rng):
     with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_DIRECT_DATAFLOW"):
         run_conv(GPU, *inputs)
 
+
+
+# --- the forward in groups of examples (TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB) ---------------------
+
+def grouped_inputs(rng, dtype):
+    """7 examples (example 3 empty) of ~550 entries and ~65 present weights per input channel:
+    ~0.86 MB of sort buffers per example in float32, ~1.15 MB in float64."""
+    keys, values, dense_shape = random_sparse_components(rng, (7, 24, 24, 24, 2), 0.02, dtype, empty_batch=3)
+    w, mask = random_filter(rng, (3, 3, 3), 2, 4, 0.6, dtype)
+    return keys, values, dense_shape, w, mask, rng.standard_normal(4).astype(dtype)
+
+
+def peak_gpu_bytes(fn):
+    tf.config.experimental.reset_memory_stats("GPU:0")
+    before = tf.config.experimental.get_memory_info("GPU:0")["current"]
+    result = fn()
+    return result, tf.config.experimental.get_memory_info("GPU:0")["peak"] - before
+
+
+@pytest.mark.parametrize("selection", [pytest.param({}, id="none"),
+                                       pytest.param(dict(selection="signed", rho_up=0.002), id="signed"),
+                                       pytest.param(dict(selection="abs", k=7), id="abs-k7")])
+@pytest.mark.parametrize("limit_mb", ["1", "2"])  # 1: one example per group; 2: two (float32) or one
+def test_forward_in_example_groups_is_the_one_run_result(rng, monkeypatch, selection, limit_mb, dtype):
+    monkeypatch.setenv("TF_SPARSECONV_DIRECT_DATAFLOW", "sort")
+    inputs = grouped_inputs(rng, dtype)
+    (y_one, counts_one), peak_one = peak_gpu_bytes(lambda: run_conv(GPU, *inputs, **selection))
+    monkeypatch.setenv("TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB", limit_mb)
+    (y_grouped, counts_grouped), peak_grouped = peak_gpu_bytes(lambda: run_conv(GPU, *inputs, **selection))
+    assert_on_gpu(y_grouped.keys, y_grouped.values, counts_grouped)
+    np.testing.assert_array_equal(y_grouped.keys.numpy(), y_one.keys.numpy())
+    np.testing.assert_array_equal(y_grouped.values.numpy(), y_one.values.numpy())
+    np.testing.assert_array_equal(counts_grouped.numpy(), counts_one.numpy())
+    assert counts_one.numpy()[0, 3].sum() == 0 and counts_one.numpy()[0].sum() > 0  # the empty example
+    y_cpu, counts_cpu = run_conv(CPU, *inputs, **selection)
+    assert_same_sparse(y_grouped, y_cpu, dtype)
+    np.testing.assert_array_equal(counts_grouped.numpy(), counts_cpu.numpy())
+    # The groups' temporaries replace the whole batch's: the peak falls.
+    assert peak_grouped < peak_one
+
+
+def test_forward_in_example_groups_checks_keys_across_the_groups(rng, monkeypatch):
+    monkeypatch.setenv("TF_SPARSECONV_DIRECT_DATAFLOW", "sort")
+    monkeypatch.setenv("TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB", "1")
+    keys, values, dense_shape, w, mask, bias = grouped_inputs(rng, np.float64)
+    per_example = 24 ** 3 * 2
+    last_of_first = np.searchsorted(keys, per_example) - 1
+    keys[[last_of_first, last_of_first + 1]] = keys[[last_of_first + 1, last_of_first]]  # unsorted at a boundary
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be sorted"):
+        run_conv(GPU, keys, values, dense_shape, w, mask, bias)
+    keys, values, dense_shape, w, mask, bias = grouped_inputs(rng, np.float64)
+    values[-1] = np.nan
+    with pytest.raises(tf.errors.InvalidArgumentError, match="contains NaN"):
+        run_conv(GPU, keys, values, dense_shape, w, mask, bias)
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "1.5", "12MB"])
+def test_bad_temp_limit_is_rejected(rng, monkeypatch, text):
+    monkeypatch.setenv("TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB", text)
+    inputs = conv_inputs(rng, 1, (5, 5), 1, 2, (3, 3), 0.3, 1.0, np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB must be"):
+        run_conv(GPU, *inputs)
