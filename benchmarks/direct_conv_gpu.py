@@ -244,8 +244,14 @@ def main():
     if args.memory_only:
         configs = [("memory", MEMORY_BATCH, r, rho_f) for r in (args.resolutions or RESOLUTIONS)
                    for rho_f in MEMORY_FILTER_DENSITIES]
+    # A full run replaces the grid's rows but keeps the epoch rows of benchmarks/train_step.py.
+    epoch_rows = []
+    if not args.memory_only and os.path.exists(args.out):
+        with open(args.out) as f:
+            epoch_rows = [line for line in f if line.strip() and json.loads(line).get("kind") == "epoch"]
     # Written as the configurations finish, so a cut-off run keeps its rows.
     with open(args.out, "a" if args.memory_only else "w") as f:
+        f.writelines(epoch_rows)
         for mode, batch, r, rho_f in configs:
             rows = run_config(rng, mode, batch, r, rho_f, device_name, args)
             for rec in rows:

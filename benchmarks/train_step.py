@@ -9,7 +9,9 @@ For each resolution, on a stratified subset of ../shared/data/modelnet40_train.n
             median of --reps calls, and its forward+backward under a GradientTape;
   epoch     (--epoch) one real epoch of model.fit over all 8,858 training shapes, the
             figure the issue asks for, with the steps and the input pipeline as in training.
-One JSON object per line in --out: kind = "step" | "layer" | "epoch".
+One JSON object per line in --out (default: results/train_step_gpu.jsonl where a GPU is
+visible, else results/train_step_cpu.jsonl): kind = "step" | "layer" | "epoch"; on a GPU the
+epoch rows also go to results/direct_conv_gpu.jsonl, where issue 4 asks for them.
 
     python benchmarks/train_step.py --resolutions 32 64 [--epoch] [--dataflows sort dense] [--out PATH]
 """
@@ -32,7 +34,7 @@ from tf_sparseconv.train import DEFAULT_DATA_DIR, keras_batches  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import median_time, sync  # noqa: E402
 
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "train_step.jsonl")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def device_name():
@@ -90,8 +92,10 @@ def main():
                    help="TF_SPARSECONV_DIRECT_DATAFLOW values to time the step and layers under, in one process "
                         "(e.g. sort dense auto; default: the environment's)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--out", default=None, help="JSON-lines file to append to (default: by device, see above)")
     args = p.parse_args()
+    on_gpu = bool(tf.config.list_physical_devices("GPU"))
+    args.out = args.out or os.path.join(RESULTS, "train_step_gpu.jsonl" if on_gpu else "train_step_cpu.jsonl")
     npz = args.data_dir if args.data_dir.endswith(".npz") else os.path.join(args.data_dir, "modelnet40_train.npz")
     points, labels, classes = datasets.load_modelnet_npz(npz)
     train_idx, _ = datasets.stratified_split(labels, 0.1, 0)
@@ -155,6 +159,12 @@ def main():
         for row in out_rows:
             f.write(json.dumps(row) + "\n")
     print(f"summary: {len(out_rows)} rows appended to {args.out}")
+    epochs = [row for row in out_rows if row["kind"] == "epoch"]
+    if on_gpu and epochs:
+        with open(os.path.join(RESULTS, "direct_conv_gpu.jsonl"), "a") as f:
+            for row in epochs:
+                f.write(json.dumps(row) + "\n")
+        print(f"         {len(epochs)} epoch rows also appended to {os.path.join(RESULTS, 'direct_conv_gpu.jsonl')}")
     for row in out_rows:
         if row["kind"] != "layer":
             print("  " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
