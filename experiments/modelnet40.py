@@ -108,7 +108,6 @@ def main():
             if args.backup_root:
                 train_args += ["--backup-dir", os.path.join(os.path.abspath(args.backup_root), f"modelnet40_{r}")]
             res = run_training(f"modelnet40_{r}", train_args, work)
-            res.setdefault("examples", args.max_examples or 9843)
             row = result_row(res, args.batch_size)
             kept = [k for k in kept if same_recipe(k) != same_recipe(row)]
             rows.append(row)

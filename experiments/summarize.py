@@ -49,7 +49,6 @@ def peak(row):
     return text
 
 
-
 def modelnet_section(rows):
     lines = ["## ModelNet40 (OctNet3, Table 4 bounds, 10% stratified validation split of the training set)", "",
              "| resolution | recipe | device | epochs | shapes | val. accuracy | goal | s/epoch (ours) "

@@ -123,16 +123,16 @@ class EpochLog(keras.callbacks.Callback):
 
 
 # Arguments that may change when a backed-up run is resumed; any other change is refused,
-# because the checkpoint would silently continue a different experiment. A decaying
-# learning rate spans the planned epochs, so under one --epochs may not change either.
-# arguments a resumed run may change (--vote-mirror only adds an evaluation at the end)
+# because the checkpoint would silently continue a different experiment (--vote-mirror only
+# adds an evaluation at the end). A decaying learning rate spans the planned epochs, so
+# under one --epochs may not change either.
 RESUMABLE_CHANGES = ("epochs", "out", "backup_dir", "vote_mirror")
 
 
 def prepare_backup_dir(parser, args):
     os.makedirs(args.backup_dir, exist_ok=True)
     path = os.path.join(args.backup_dir, "run_args.json")
-    resumable = RESUMABLE_CHANGES if args.lr_schedule == "constant" else ("out", "backup_dir", "vote_mirror")
+    resumable = tuple(k for k in RESUMABLE_CHANGES if args.lr_schedule == "constant" or k != "epochs")
     current = {k: v for k, v in vars(args).items() if k not in resumable}
     if os.path.exists(path):
         with open(path) as f:
@@ -261,9 +261,12 @@ def main(argv=None):
                                                            shuffle=shuffle, seed=args.seed)
     else:
         augmentation = datasets.Augmentation.named(args.augment) if args.augment else None
-        make = lambda idx, shuffle: datasets.point_cloud_dataset(  # noqa: E731
-            examples[idx], labels[idx], resolution, args.batch_size, features=tuple(args.features), shuffle=shuffle,
-            seed=args.seed, augmentation=augmentation if shuffle else None)
+
+        def cloud_batches(clouds, cloud_labels, shuffle):
+            return datasets.point_cloud_dataset(
+                clouds, cloud_labels, resolution, args.batch_size, features=tuple(args.features), shuffle=shuffle,
+                seed=args.seed, augmentation=augmentation if shuffle else None)
+        make = lambda idx, shuffle: cloud_batches(examples[idx], labels[idx], shuffle)  # noqa: E731
     to_keras = site_keras_batches if site else keras_batches
     train, val = to_keras(make(train_idx, True)), to_keras(make(val_idx, False))
     print(f"      {len(train_idx)} training and {len(val_idx)} validation examples, {len(classes)} classes, "
@@ -312,11 +315,8 @@ def main(argv=None):
     val_metrics = model.evaluate(val, verbose=0, return_dict=True)
     vote = None
     if args.vote_mirror:
-        vote = mirror_vote_accuracy(
-            model, lambda clouds: to_keras(datasets.point_cloud_dataset(
-                clouds, labels[val_idx], resolution, args.batch_size, features=tuple(args.features), shuffle=False,
-                seed=args.seed)),
-            examples[val_idx], labels[val_idx])
+        vote = mirror_vote_accuracy(model, lambda clouds: to_keras(cloud_batches(clouds, labels[val_idx], False)),
+                                    examples[val_idx], labels[val_idx])
     layers = [{"layer": layer.name, "rho_up": layer.rho_up, "density": float(history[f"{layer.name}_density"][-1]),
                "present_weights": layer.present_weights(), "weights": int(np.prod(layer.kernel_shape))}
               for layer in sparse_conv_layers(model)]
