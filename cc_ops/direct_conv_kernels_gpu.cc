@@ -74,11 +74,11 @@ WeightTable ByInputChannel(const PresentWeights& w, int d) {
           g.lo[j] = pw->lo[j];
           g.hi[j] = pw->hi[j];
         }
-        if (offset >= static_cast<int64_t>(offset_first.size())) offset_first.resize(offset + 1, -1);
-        if (offset_first[offset] < 0) offset_first[offset] = static_cast<int64_t>(table.items.size());
-        if (pw->filter_index >= static_cast<int64_t>(table.present.size())) {
-          table.present.resize(pw->filter_index + 1, 0);
+        if (offset >= static_cast<int64_t>(offset_first.size())) {
+          offset_first.resize(offset + 1, -1);
+          table.present.resize((offset + 1) * per_offset, 0);  // whole filter rows of every offset seen
         }
+        if (offset_first[offset] < 0) offset_first[offset] = static_cast<int64_t>(table.items.size());
         table.present[pw->filter_index] = 1;
         table.items.push_back(g);
       }
@@ -90,8 +90,6 @@ WeightTable ByInputChannel(const PresentWeights& w, int d) {
   for (int64_t first : offset_first) {
     if (first >= 0) table.offset_rep.push_back(first);  // ascending kernel offset: the CPU's order
   }
-  // Whole filter rows (all Cout of the last offset's last input channel) are addressable.
-  table.present.resize(offset_first.size() * static_cast<size_t>(per_offset), 0);
   return table;
 }
 
@@ -181,9 +179,10 @@ class DirectSparseConvGpuOp : public OpKernel {
     int64_t temp_limit = 0;
     OP_REQUIRES_OK(ctx, TempLimitFromEnvironment(&temp_limit));
     // In groups, each group's contributions are checked against the sort's limit instead.
-    const bool in_groups = temp_limit > 0 && L.batch > 1 && args.n > 0 && !gpu::UseDenseGrid(args, dataflow) &&
+    const bool sort = !gpu::UseDenseGrid(args, dataflow);
+    const bool in_groups = sort && temp_limit > 0 && L.batch > 1 && args.n > 0 &&
                            gpu::SortForwardBytes(args) > static_cast<double>(temp_limit);
-    if (!gpu::UseDenseGrid(args, dataflow) && !in_groups) {
+    if (sort && !in_groups) {
       OP_REQUIRES_OK(ctx, CheckSortable(gpu::ContributionSlots(args.n, table.max_row),
                                         "DirectSparseConv",
                                         "contributions (entries x present weights of one input "

@@ -585,6 +585,18 @@ struct DenseTables {
   const uint8_t* present = nullptr;  // [K..., Cin, Cout] byte table: is this weight present
 };
 
+// A new device report with the forward's data checks (ConvCheck slots) queued into it.
+template <typename T>
+GpuStatus QueueForwardChecks(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const T* bias,
+                             Report** device_report) {
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, device_report));
+  CheckSlot* checks = (*device_report)->checks;
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, a.keys, a.n, a.in_layout.num_keys(), &checks[kConvKeys]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &checks[kConvValues]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.filter, a.filter_size, &checks[kConvFilter]));
+  return CheckNaN(stream, bias, a.cout, &checks[kConvBias]);
+}
+
 // Uploads the weight table and computes the per-entry data (or, given `dense`, the dense
 // grid's tables instead); shared by both passes.
 template <typename T>
@@ -646,13 +658,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   const int64_t touched_bound = std::min<int64_t>(num_slots, static_cast<int64_t>(no_output));
 
   Report* device_report = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
-  CheckSlot* checks = device_report->checks;
-  TF_SPARSECONV_RETURN_IF_ERROR(
-      CheckSortedKeys(stream, a.keys, a.n, L.num_keys(), &checks[kConvKeys]));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &checks[kConvValues]));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.filter, a.filter_size, &checks[kConvFilter]));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, bias, a.cout, &checks[kConvBias]));
+  TF_SPARSECONV_RETURN_IF_ERROR(QueueForwardChecks(stream, scratch, a, bias, &device_report));
 
   const GpuPresentWeight* weights = nullptr;
   const int64_t* row_begin = nullptr;
@@ -930,12 +936,7 @@ template <typename T>
 GpuStatus DirectConvCheckInputs(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const T* bias,
                                 Report* report) {
   Report* device_report = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
-  CheckSlot* checks = device_report->checks;
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, a.keys, a.n, a.in_layout.num_keys(), &checks[kConvKeys]));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &checks[kConvValues]));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.filter, a.filter_size, &checks[kConvFilter]));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, bias, a.cout, &checks[kConvBias]));
+  TF_SPARSECONV_RETURN_IF_ERROR(QueueForwardChecks(stream, scratch, a, bias, &device_report));
   return ReadReport(stream, scratch, device_report, report);
 }
 

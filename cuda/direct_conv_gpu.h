@@ -67,7 +67,8 @@ inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_ro
 //          present inputs, weights whose bit is clear skipped, in the CPU's order (each
 //          input read once for all its channels), and marks a touched bitmap, compacted in
 //          key order; temporary memory ~ B * R^d * ((Cin + Cout) * (sizeof(T) + 1/8)
-//          + 4 + 1/8), whatever the entries. The paper's dense R^d buffers, used only where they are the smaller.
+//          + 4 + 1/8), whatever the entries. The paper's dense R^d buffers, used only where
+//          they are the smaller.
 //  kAuto:  kDense where its temporary memory is below kSort's, else kSort.
 // Both give the same touched set and bit-identical values (the CPU's summation order).
 enum class DirectConvDataflow { kAuto, kSort, kDense };
