@@ -28,7 +28,9 @@ def recipe(results):
     features = results.get("features") or ["occupancy"]
     return (f"{results['optimizer']} lr {results['lr']:g} {results['lr_schedule']}"
             + (f", augmented ({results['augment']})" if results["augment"] else "")
-            + (f", features {'+'.join(features)}" if features != ["occupancy"] else ""))
+            + (f", features {'+'.join(features)}" if features != ["occupancy"] else "")
+            # Runs before train.py recorded its initialisation used Keras' Glorot default.
+            + (", He init" if results.get("init") == "he_normal" else ""))
 
 
 def result_row(res, batch_size):

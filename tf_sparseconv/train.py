@@ -210,6 +210,9 @@ def build_parser():
                         "(3: the mean point position within the voxel)")
     p.add_argument("--vote-mirror", action="store_true",
                    help="also report the validation accuracy of voting over each cloud and its x-mirrored copy")
+    p.add_argument("--init", choices=("he_normal", "glorot_uniform"),
+                   help="octnet3: initialisation of the ReLU layers' kernels (default he_normal; Keras' "
+                        "glorot_uniform leaves the 64^3 net untrainable)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--site-channels", type=int, nargs="+", default=[16, 32, 64],
                    help="site-resnet: channels per level (a stride-2 convolution starts each level after the first)")
@@ -225,7 +228,7 @@ def build_parser():
 def _check_model_options(parser, args):
     if args.model == "site-resnet":
         octnet_only = [flag for flag, given in (("--rho", args.rho), ("--lam", args.lam > 0),
-                                                ("--prune-eps", args.prune_eps > 0)) if given]
+                                                ("--prune-eps", args.prune_eps > 0), ("--init", args.init)) if given]
         if octnet_only:
             parser.error(f"{', '.join(octnet_only)} apply to the channel-sparse octnet3 model, not site-resnet")
     if args.vote_mirror and args.dataset == "mnist":
@@ -282,7 +285,8 @@ def main(argv=None):
         regularizer = DensityRegularizer(args.lam, reduction=args.lam_reduction) if args.lam > 0 else None
         model = octnet3(resolution, len(classes), rhos, spatial_dims=2 if image_data else 3,
                         in_channels=1 if image_data else datasets.num_channels(args.features),
-                        selection=args.selection, density_regularizer=regularizer)
+                        selection=args.selection, density_regularizer=regularizer,
+                        kernel_initializer=args.init or "he_normal")
     learning_rate = args.lr
     if args.lr_schedule == "cosine":
         steps_per_epoch = -(-len(train_idx) // args.batch_size)
@@ -336,7 +340,7 @@ def main(argv=None):
         "peak_rss_bytes": max([peak_rss_bytes(), *history.get("peak_rss_bytes", [])]),
         "peak_gpu_bytes": peak_gpu_bytes(), "device": device_description(),
         "lr": args.lr, "lr_schedule": args.lr_schedule, "optimizer": args.optimizer, "augment": args.augment,
-        "features": None if image_data else list(args.features),
+        "init": None if site else args.init or "he_normal", "features": None if image_data else list(args.features),
     }
     if site:
         results.update(site_channels=list(args.site_channels), site_blocks=args.site_blocks, site_k=args.site_k,

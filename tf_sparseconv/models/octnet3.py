@@ -4,6 +4,12 @@ Blocks of three 3^d convolutions with 8, 16, 24, 32, 40, 48 channels, max-poolin
 between blocks. The first blocks are sparse, each with its density bound rho (the
 paper's rho_x1, rho_x2, rho_x3); then sparseToDense, dense blocks down to 4^d, dropout
 0.5, a 1024-unit layer and the classifier.
+
+Kernels of the ReLU layers start from He initialisation (variance 2 / fan_in) by default.
+With Keras' Glorot default the signal shrinks by about half per ReLU layer; the 15
+convolutions of the 64^3 net then hand the classifier logits with a spread of ~5e-4 and
+Adam (lr 1e-3) stays at the majority class, while He-initialised it trains (measured on
+an H200: 0.75 validation accuracy after 320 steps, against 0.14).
 """
 import math
 
@@ -28,8 +34,12 @@ def _default_dense_blocks(resolution, sparse_blocks):
 
 
 def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, selection="signed",
-            density_regularizer=None, dense_blocks=None, dropout=0.5, fc_units=1024, name=None):
-    """A functional Keras model taking sparse_input((r,)*d + (in_channels,)) batches."""
+            density_regularizer=None, dense_blocks=None, dropout=0.5, fc_units=1024, kernel_initializer="he_normal",
+            name=None):
+    """A functional Keras model taking sparse_input((r,)*d + (in_channels,)) batches.
+
+    kernel_initializer: of every ReLU layer (sparse and dense convolutions, the
+    fc_units layer); the classifier keeps Glorot's."""
     rhos = tuple(rhos if rhos is not None else DEFAULT_RHOS[resolution])
     if not 1 <= len(rhos) <= len(BLOCK_CHANNELS):
         raise ValueError(f"need 1 to {len(BLOCK_CHANNELS)} sparse blocks, got {len(rhos)} rho values")
@@ -46,16 +56,17 @@ def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, s
             bound = dict(rho_up=rho) if rho < 1.0 else {}
             h = SparseConv(BLOCK_CHANNELS[block], 3, activation="relu", selection=selection if bound else None,
                            density_regularizer=density_regularizer if bound else None,
-                           name=f"sparse_conv{block + 1}_{i + 1}", **bound)(h)
+                           kernel_initializer=kernel_initializer, name=f"sparse_conv{block + 1}_{i + 1}", **bound)(h)
     h = SparseToDense(name="to_dense")(h)
     conv = keras.layers.Conv3D if spatial_dims == 3 else keras.layers.Conv2D
     pool = keras.layers.MaxPool3D if spatial_dims == 3 else keras.layers.MaxPool2D
     for block in range(len(rhos), len(rhos) + dense_blocks):
         h = pool(2, name=f"pool{block}")(h)
         for i in range(3):
-            h = conv(BLOCK_CHANNELS[block], 3, padding="same", activation="relu", name=f"conv{block + 1}_{i + 1}")(h)
+            h = conv(BLOCK_CHANNELS[block], 3, padding="same", activation="relu", kernel_initializer=kernel_initializer,
+                     name=f"conv{block + 1}_{i + 1}")(h)
     h = keras.layers.Flatten()(h)
     h = keras.layers.Dropout(dropout)(h)
-    h = keras.layers.Dense(fc_units, activation="relu")(h)
+    h = keras.layers.Dense(fc_units, activation="relu", kernel_initializer=kernel_initializer)(h)
     outputs = keras.layers.Dense(num_classes, name="logits")(h)
     return keras.Model(inputs, outputs, name=name or f"octnet3_{resolution}")
