@@ -75,7 +75,8 @@ def main():
 
                 @tf.function
                 def ours(f, w):
-                    return _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, map_is_trusted=True)
+                    return _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, tf.zeros([0], tf.int32),
+                                                 map_is_trusted=True)
 
                 @tf.function
                 def stock(f, w):

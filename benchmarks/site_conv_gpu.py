@@ -95,9 +95,26 @@ trusted = True
 
 
 def dataflows_for(dtype_name, args):
-    """The forward dataflows to time: both where the tensor-core kernels apply (fp16, tf32),
-    pairs only for fp32 with TF32 off (the CUDA-core kernel has one dataflow)."""
-    return [d for d in args.dataflows if d == "pairs" or dtype_name != "fp32"]
+    """The forward dataflows to time: pairs everywhere; outputs (its neighbour table built
+    per call) where the tensor-core kernels apply (fp16, tf32); table (outputs from a
+    SiteNeighbourTable built once per map, as the layers do under an indice_key) for fp16,
+    the only type whose default dataflow reads it. fp32 with TF32 off has one dataflow."""
+    wanted = {"pairs": True, "outputs": dtype_name != "fp32", "table": dtype_name == "fp16"}
+    return [d for d in args.dataflows if wanted[d]]
+
+
+NO_TABLE = tf.zeros([0], tf.int32)
+
+
+def neighbour_table(in_rows, out_rows, splits, num_in, num_out):
+    """SiteNeighbourTable of one layer's pairs, built once like the map itself."""
+    return _ops.site_neighbour_table(in_rows, out_rows, splits, num_in, num_out, map_is_trusted=True)
+
+
+def set_dataflow(dataflow):
+    """The op's dataflow switch (read at every call); 'table' is the default dataflow
+    given a neighbour table."""
+    os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "auto" if dataflow == "table" else dataflow
 
 
 def run_ours(args):
@@ -130,6 +147,7 @@ def run_ours(args):
         for li, (name, kind, level, cin, cout, k, stride, key) in enumerate(LAYERS):
             in_rows, out_rows, splits, num_in, num_out, out_level = layer_rows(kind, level, key, maps, sites)
             pairs = int(in_rows.shape[0])
+            table = neighbour_table(in_rows, out_rows, splits, num_in, num_out) if k ** 3 <= 32 else None
             feats32 = level_features(len(level_coords[level]), cin, seed=1000 + li)
             w32 = layer_weights(cin, cout, k, seed=2000 + li)
             for dtype_name in args.dtypes:
@@ -139,23 +157,29 @@ def run_ours(args):
                 g = tf.constant(np.random.default_rng(3000 + li).standard_normal((int(num_out), cout)), dt)
 
                 @tf.function
-                def fwd(f, w):
-                    return _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, map_is_trusted=trusted)
+                def fwd(f, w, nb):
+                    return _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, nb, map_is_trusted=trusted)
 
                 @tf.function
                 def bwd(f, w, g):
                     df = _ops.site_sparse_conv(g, tf.transpose(w, [0, 2, 1]), out_rows, in_rows, splits, num_in,
-                                               map_is_trusted=trusted)
+                                               NO_TABLE, map_is_trusted=trusted)
                     dw = _ops.site_sparse_conv_filter_grad(f, g, in_rows, out_rows, splits, map_is_trusted=trusted)
                     return df, dw
 
-                y = fwd(feats, w)
+                y = fwd(feats, w, NO_TABLE)
                 if dtype_name == "fp32":
                     pick = np.random.default_rng(li).choice(int(num_out), min(CHECK_ROWS, int(num_out)), replace=False)
                     reference[name] = (level_coords[out_level][pick], y.numpy()[pick])
                 for dataflow in dataflows_for(dtype_name, args):
-                    os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = dataflow  # read by the op at every call
-                    for pass_name, fn, fargs in (("fwd", fwd, (feats, w)), ("bwd", bwd, (feats, w, g))):
+                    if dataflow == "table" and table is None:
+                        continue
+                    set_dataflow(dataflow)
+                    nb = table if dataflow == "table" else NO_TABLE
+                    if dataflow == "table" and dtype_name == "fp16":  # same values as the pairs' within fp16
+                        check = np.abs(fwd(feats, w, nb).numpy().astype(np.float32) - y.numpy().astype(np.float32))
+                        assert check.max() <= 2e-2 * max(1.0, np.abs(y.numpy().astype(np.float32)).max()), check.max()
+                    for pass_name, fn, fargs in (("fwd", fwd, (feats, w, nb)), ("bwd", bwd, (feats, w, g))):
                         t = median_time(fn, args.warmup, args.reps, fargs)
                         tg = device_s_per_call(fn, args.loop_calls, fargs) if device else None
                         results.append({"scene": scene, "layer": name, "pass": pass_name, "n_sites": int(num_in),
@@ -186,23 +210,28 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
         weights = [tf.constant(layer_weights(spec[n][2], spec[n][3], spec[n][4], seed=2000 + spec[n][6]).reshape(
             spec[n][4] ** 3, spec[n][2], spec[n][3]), dt) for n in CHAIN]
         plan = [layer_rows(spec[n][0], spec[n][1], spec[n][5], maps, sites) for n in CHAIN]
+        tables = [neighbour_table(*rows[:5]) for rows in plan]
 
-        def forward(f, ws):
-            for (in_rows, out_rows, splits, _, num_out, _), w in zip(plan, ws):
-                f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, map_is_trusted=trusted)
+        def forward(f, ws, use_tables):
+            for (in_rows, out_rows, splits, _, num_out, _), w, nb in zip(plan, ws, tables):
+                f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, nb if use_tables else NO_TABLE,
+                                          map_is_trusted=trusted)
             return f
 
-        fwd = tf.function(lambda f, *ws: forward(f, ws))
+        def functions(use_tables):
+            fwd = tf.function(lambda f, *ws: forward(f, ws, use_tables))
 
-        @tf.function
-        def fwd_bwd(f, *ws):
-            with tf.GradientTape() as tape:
-                tape.watch([f, *ws])
-                loss = tf.reduce_sum(tf.cast(forward(f, ws), tf.float32))
-            return tape.gradient(loss, [f, *ws])
+            @tf.function
+            def fwd_bwd(f, *ws):
+                with tf.GradientTape() as tape:
+                    tape.watch([f, *ws])
+                    loss = tf.reduce_sum(tf.cast(forward(f, ws, use_tables), tf.float32))
+                return tape.gradient(loss, [f, *ws])
+            return fwd, fwd_bwd
 
         for dataflow in dataflows_for(dtype_name, args):
-            os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = dataflow
+            set_dataflow(dataflow)
+            fwd, fwd_bwd = functions(dataflow == "table")
             for pass_name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
                 t = median_time(fn, args.warmup, args.reps, (feats, *weights))
                 tg = device_s_per_call(fn, max(1, args.loop_calls // 4), (feats, *weights)) if device else None
@@ -265,8 +294,9 @@ def main():
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--loop-calls", type=int, default=40)
     p.add_argument("--out", default=DEFAULT_OUT)
-    p.add_argument("--dataflows", nargs="*", default=["pairs", "outputs"], choices=("pairs", "outputs"),
-                   help="forward dataflows on the GPU (TF_SPARSECONV_SITE_DATAFLOW)")
+    p.add_argument("--dataflows", nargs="*", default=["pairs", "table"], choices=("pairs", "outputs", "table"),
+                   help="forward dataflows on the GPU: TF_SPARSECONV_SITE_DATAFLOW=pairs|outputs, or table "
+                        "(the default dataflow with a neighbour table built once per map)")
     p.add_argument("--deterministic", action="store_true",
                    help="tf.config.experimental.enable_op_determinism() first: the ops' deterministic paths")
     p.add_argument("--untrusted-maps", action="store_true",

@@ -264,6 +264,57 @@ inline absl::Status CheckSiteFilterGradInputs(const tensorflow::Tensor& features
   return absl::OkStatus();
 }
 
+// SiteNeighbourTable's masks are 32-bit: one bit per kernel offset.
+constexpr int64_t kMaxNeighbourVolume = 32;
+
+inline absl::Status CheckNeighbourVolume(int64_t volume) {
+  if (volume < 1 || volume > kMaxNeighbourVolume) {
+    return tensorflow::errors::InvalidArgument("a neighbour table holds kernels of 1 to ", kMaxNeighbourVolume,
+                                               " offsets (one mask bit each), got ", volume, " offsets");
+  }
+  return absl::OkStatus();
+}
+
+// SiteNeighbourTable's offset_splits (the volume from its length), num_in and num_out.
+inline absl::Status CheckNeighbourTableInputs(const tensorflow::Tensor& offset_splits, const tensorflow::Tensor& num_in,
+                                              const tensorflow::Tensor& num_out) {
+  if (offset_splits.dims() != 1 || offset_splits.NumElements() < 2) {
+    return tensorflow::errors::InvalidArgument("offset_splits must be a vector of volume + 1 >= 2 entries, got shape ",
+                                               offset_splits.shape().DebugString());
+  }
+  if (num_in.dims() != 0 || num_out.dims() != 0 || num_in.scalar<int32_t>()() < 0 ||
+      num_out.scalar<int32_t>()() < 0) {
+    return tensorflow::errors::InvalidArgument("num_in and num_out must be non-negative scalars");
+  }
+  return absl::OkStatus();
+}
+
+// SiteSparseConv's neighbours input: empty, or [num_out, volume + 2] from
+// SiteNeighbourTable of a trusted map (*given says which).
+inline absl::Status CheckNeighboursInput(const tensorflow::Tensor& neighbours, int64_t num_out, int64_t volume,
+                                         bool map_is_trusted, bool* given) {
+  *given = neighbours.NumElements() > 0 || neighbours.dims() == 2;
+  if (!*given) {
+    if (neighbours.dims() != 1) {
+      return tensorflow::errors::InvalidArgument("neighbours must be empty (shape [0]) or [num_out, volume + 2], got ",
+                                                 neighbours.shape().DebugString());
+    }
+    return absl::OkStatus();
+  }
+  TF_RETURN_IF_ERROR(CheckNeighbourVolume(volume));
+  if (neighbours.dims() != 2 || neighbours.dim_size(0) != num_out || neighbours.dim_size(1) != volume + 2) {
+    return tensorflow::errors::InvalidArgument(
+        "neighbours must be SiteNeighbourTable's [num_out, volume + 2] = [", num_out, ", ", volume + 2,
+        "] for this map, got ", neighbours.shape().DebugString());
+  }
+  if (!map_is_trusted) {
+    return tensorflow::errors::InvalidArgument(
+        "neighbours are read without checks, so they are accepted with map_is_trusted only (a table "
+        "SiteNeighbourTable built from this trusted map)");
+  }
+  return absl::OkStatus();
+}
+
 // A NaN at entry (row, column) of a [rows, width] matrix such as the features.
 inline absl::Status NaNRowError(const char* what, int64_t row, int64_t column) {
   return tensorflow::errors::InvalidArgument(what, " row ", row, " column ", column, " is NaN");

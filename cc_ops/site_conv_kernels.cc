@@ -218,7 +218,9 @@ absl::Status CheckSiteMapRows(const SiteMapView& map, int64_t num_in, int64_t nu
 template <typename T>
 class SiteSparseConvOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit SiteSparseConvOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
+  }
   void Compute(OpKernelContext* ctx) override {
     const Tensor& features = ctx->input(0);
     const Tensor& filters = ctx->input(1);
@@ -230,13 +232,57 @@ class SiteSparseConvOp : public OpKernel {
                                           features.dim_size(1), filters.dim_size(2));
     a.features = features.flat<T>().data();
     a.filters = filters.flat<T>().data();
+    bool neighbours_given = false;  // the CPU's products read the pairs either way
+    OP_REQUIRES_OK(ctx, CheckNeighboursInput(ctx->input(6), a.num_out, a.volume, map_is_trusted_, &neighbours_given));
     OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, a.num_in, a.num_out));
     OP_REQUIRES_OK(ctx, RejectNaNRows(a.features, a.num_in, a.cin, "features"));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.num_out, a.cout}), &out));
     SiteConvFunctor<CPUDevice, T>()(ctx->eigen_device<CPUDevice>(), a, out->flat<T>().data());
   }
+
+ private:
+  bool map_is_trusted_ = false;
 };
+
+// SiteNeighbourTable (layout in site_conv_op.cc): the table, then the outputs stably
+// sorted by mask, which is the order of the GPU's LSD radix sort.
+class SiteNeighbourTableOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& splits = ctx->input(2);
+    const Tensor& num_in_t = ctx->input(3);
+    const Tensor& num_out_t = ctx->input(4);
+    OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(splits, num_in_t, num_out_t));
+    const int64_t volume = splits.NumElements() - 1;
+    OP_REQUIRES_OK(ctx, CheckNeighbourVolume(volume));
+    SiteMapView map;
+    OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(0), ctx->input(1), splits, volume, &map));
+    const int64_t num_in = num_in_t.scalar<int32_t>()(), num_out = num_out_t.scalar<int32_t>()();
+    OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, num_in, num_out));
+    const int64_t width = volume + 2;
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, width}), &out));
+    int32_t* table = out->flat<int32_t>().data();
+    std::fill(table, table + num_out * width, -1);
+    std::vector<uint32_t> masks(num_out, 0u);
+    for (int64_t q = 0; q < volume; ++q) {
+      for (int64_t p = map.offset_splits[q]; p < map.offset_splits[q + 1]; ++p) {
+        table[map.out_rows[p] * width + q] = map.in_rows[p];
+        masks[map.out_rows[p]] |= 1u << q;
+      }
+    }
+    std::vector<int32_t> order(num_out);
+    for (int64_t o = 0; o < num_out; ++o) order[o] = static_cast<int32_t>(o);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return masks[x] < masks[y]; });
+    for (int64_t i = 0; i < num_out; ++i) {
+      table[i * width + volume] = static_cast<int32_t>(masks[order[i]]);
+      table[i * width + volume + 1] = order[i];
+    }
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("SiteNeighbourTable").Device(::tensorflow::DEVICE_CPU), SiteNeighbourTableOp);
 
 template <typename T>
 class SiteSparseConvFilterGradOp : public OpKernel {

@@ -136,6 +136,9 @@ class SiteSparseConvGpuOp : public OpKernel {
                                           features.dim_size(1), filters.dim_size(2));
     a.features = reinterpret_cast<const G*>(features.flat<T>().data());
     a.filters = reinterpret_cast<const G*>(filters.flat<T>().data());
+    const Tensor& neighbours = ctx->input(6);
+    bool neighbours_given = false;
+    OP_REQUIRES_OK(ctx, CheckNeighboursInput(neighbours, a.num_out, a.volume, map_is_trusted_, &neighbours_given));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.num_out, a.cout}), &out));
     TempScratch scratch(ctx);
@@ -147,6 +150,8 @@ class SiteSparseConvGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(GpuStream(ctx), &scratch, a, checked,
                                                             tensorflow::OpDeterminismRequired(), allow_tf32,
                                                             dataflow, map_is_trusted_,
+                                                            neighbours_given ? neighbours.flat<int32_t>().data()
+                                                                             : nullptr,
                                                             reinterpret_cast<G*>(out->flat<T>().data()), &report),
                                  scratch, "SiteSparseConv"));
     if (map_is_trusted_) return;  // no report: nothing was checked on the device
@@ -204,6 +209,50 @@ class SiteSparseConvFilterGradGpuOp : public OpKernel {
  private:
   bool map_is_trusted_ = false;
 };
+
+class SiteNeighbourTableGpuOp : public OpKernel {
+ public:
+  explicit SiteNeighbourTableGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& splits = ctx->input(2);
+    const Tensor& num_in_t = ctx->input(3);
+    const Tensor& num_out_t = ctx->input(4);
+    OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(splits, num_in_t, num_out_t));
+    const int64_t volume = splits.NumElements() - 1;
+    OP_REQUIRES_OK(ctx, CheckNeighbourVolume(volume));
+    SiteMapView map;
+    OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(0), ctx->input(1), splits, volume, &map));
+    OP_REQUIRES_OK(ctx, CheckSortable(map.pairs, "SiteNeighbourTable", "kernel-map pairs"));
+    gpu::CheckedMap checked;
+    int64_t bad_offset = 0;
+    OP_REQUIRES_OK(ctx, CheckedPrefix(map, &checked, &bad_offset));
+    if (map_is_trusted_) OP_REQUIRES_OK(ctx, TrustedSplitsStatus(map, bad_offset));
+    const int64_t num_in = num_in_t.scalar<int32_t>()(), num_out = num_out_t.scalar<int32_t>()();
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, volume + 2}), &out));
+    TempScratch scratch(ctx);
+    gpu::Report report;
+    OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteNeighbourTableGpu(GpuStream(ctx), &scratch, map.in_rows, map.out_rows,
+                                                            map.offset_splits, checked, volume, num_in, num_out,
+                                                            map_is_trusted_, out->flat<int32_t>().data(), &report),
+                                 scratch, "SiteNeighbourTable"));
+    if (map_is_trusted_) return;
+    OP_REQUIRES_OK(ctx,
+                   MapRowsStatus(ctx, &scratch, report, map, checked, bad_offset, num_in, num_out, "SiteNeighbourTable"));
+  }
+
+ private:
+  bool map_is_trusted_ = false;
+};
+REGISTER_KERNEL_BUILDER(Name("SiteNeighbourTable")
+                            .Device(::tensorflow::DEVICE_GPU)
+                            .HostMemory("offset_splits")
+                            .HostMemory("num_in")
+                            .HostMemory("num_out"),
+                        SiteNeighbourTableGpuOp);
 
 #define REGISTER_SITE_CONV_GPU(T)                                        \
   REGISTER_KERNEL_BUILDER(Name("SiteSparseConv")                         \

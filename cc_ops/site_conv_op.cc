@@ -60,11 +60,14 @@ REGISTER_OP("SiteSparseConv")
     .Input("out_rows: int32")
     .Input("offset_splits: int32")
     .Input("num_out: int32")
+    .Input("neighbours: int32")
     .Output("out_features: T")
     .Attr("T: {float, double, half, bfloat16}")
     .Attr("map_is_trusted: bool = false")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle features, filters;
+      ShapeHandle features, filters, neighbours;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(6), 1, &neighbours));
+      TF_RETURN_IF_ERROR(c->WithRankAtMost(neighbours, 2, &neighbours));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &features));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &filters));
       DimensionHandle cin;
@@ -86,6 +89,11 @@ on by default, as for MatMul and Conv2D): its products then run on tensor cores 
 each factor rounded to TF32 (10 mantissa bits) and float32 sums; where cin and cout are
 multiples of 4. With TF32 off, or on the CPU, products are full float32. num_out is the
 number of output sites.
+neighbours: empty (shape [0]), or SiteNeighbourTable's table of this map (with
+map_is_trusted). It changes no value: the GPU's tensor-core kernels of half and
+bfloat16 then run output-stationary from it (each output row computed over its offsets
+and stored once) instead of building it per call or scattering pairs with atomics;
+everywhere else it is checked for its shape and not read.
 map_is_trusted: the caller promises that the map is valid (every in_rows[p] <
 num_in, every out_rows[p] < num_out, at most one pair per output row and offset), as
 SiteKernelMap's maps are by construction; tf_sparseconv's wrappers set it for those
@@ -97,6 +105,39 @@ checks rows and NaN features whatever the attr says (those checks cost no round 
 there). An untrusted map is checked on every device and a bad one raises
 InvalidArgument; a trusted map that breaks the promise is undefined behaviour on the
 GPU (out-of-bounds reads and writes).
+)doc");
+
+REGISTER_OP("SiteNeighbourTable")
+    .Input("in_rows: int32")
+    .Input("out_rows: int32")
+    .Input("offset_splits: int32")
+    .Input("num_in: int32")
+    .Input("num_out: int32")
+    .Output("neighbours: int32")
+    .Attr("map_is_trusted: bool = false")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle splits;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &splits));
+      DimensionHandle width;
+      TF_RETURN_IF_ERROR(c->Add(c->Dim(splits, 0), 1, &width));  // volume + 2
+      DimensionHandle rows = c->UnknownDim();
+      const ::tensorflow::Tensor* num_out = c->input_tensor(4);
+      if (num_out != nullptr) rows = c->MakeDim(num_out->scalar<int32_t>()());
+      c->set_output(0, c->Matrix(rows, width));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The output-major neighbour table of a kernel map with at most 32 offsets, for
+SiteSparseConv's `neighbours` input: neighbours [num_out, volume + 2] int32.
+neighbours[o, q] is the input row that feeds output row o through offset q (-1: none).
+The last two columns list the output rows sorted by their neighbour mask (bit q set
+where neighbours[o, q] >= 0; ascending, ties by row): at sorted position i,
+neighbours[i, volume] is the mask and neighbours[i, volume + 1] the output row. num_in
+and num_out are the numbers of input and output sites. Rows
+with equal masks then sit together, so the GPU's output-stationary kernel multiplies few
+empty rows. Build it once per map, like the map itself (the GPU kernel: one pass over
+the pairs and a radix sort of the masks). The map is checked as SiteSparseConv checks
+it (map_is_trusted: as there).
 )doc");
 
 REGISTER_OP("SiteSparseConvFilterGrad")

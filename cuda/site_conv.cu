@@ -770,8 +770,8 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const OffsetT
 }
 
 template <typename M, int kBN, typename T>
-GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* table,
-                                      const uint32_t* masks, const int32_t* order, const Report* report, T* out) {
+GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
+                                      const Report* report, T* out) {
   using Tiles = pipelined::Tiles<M, kBN>;
   using S = typename pipelined::Element<M>::Stored;
   const auto kernel = output_stationary::GatherGemmStoreKernel<M, kBN>;
@@ -781,44 +781,63 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
   const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
   const int64_t tiles = (a.num_out + pipelined::kBM - 1) / pipelined::kBM;
   kernel<<<GridFor(tiles * col_tiles), pipelined::kBlockThreads, Tiles::kSharedBytes, stream>>>(
-      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), table, masks, order, a.volume,
-      a.num_out, a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
+      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume, a.num_out,
+      a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
   return GpuStatus::Ok();
 }
 
-// The whole output-stationary forward: neighbour table, outputs sorted by mask, products.
-// Temporary memory: 4 * num_out * (volume + 4) bytes and the sort's scratch.
+// SiteNeighbourTable's layout (site_conv_outputs.cuh) of a map with volume <= 32 into
+// neighbours [num_out, volume + 2]: the table, then the outputs sorted by mask.
+// Temporary memory: 16 * num_out bytes and the sort's scratch.
+GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in_rows, const int32_t* out_rows,
+                              const int64_t* device_splits, int64_t volume, int64_t pairs, int64_t num_in,
+                              int64_t num_out, int32_t* neighbours) {
+  const int64_t n = num_out, width = volume + 2;
+  if (n == 0) return GpuStatus::Ok();
+  uint32_t* masks[2] = {scratch->DeviceArray<uint32_t>(n), scratch->DeviceArray<uint32_t>(n)};
+  int32_t* rows[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
+  if (!masks[0] || !masks[1] || !rows[0] || !rows[1]) return GpuStatus::OutOfMemory("neighbour table");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(neighbours, 0xff, sizeof(int32_t) * n * width, stream),
+                                          "neighbour table");  // -1: none
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(masks[0], 0, sizeof(uint32_t) * n, stream),
+                                          "neighbour table");
+  if (pairs > 0) {
+    output_stationary::NeighbourTableKernel<<<BlocksFor(pairs), kThreads, 0, stream>>>(
+        in_rows, out_rows, device_splits, volume, width, pairs, num_in, n, neighbours, masks[0]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+  }
+  output_stationary::RowIdsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(n, rows[0]);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+  int current = 0;
+  TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, masks, rows, n, static_cast<int>(volume), &current));
+  output_stationary::SortedColumnsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(masks[current], rows[current], n,
+                                                                                volume, width, neighbours);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+  return GpuStatus::Ok();
+}
+
+// The whole output-stationary forward: the neighbour table (unless given), then the
+// products. Temporary memory without a given table: 4 * num_out * (volume + 6) bytes and
+// the sort's scratch.
 template <typename T>
 GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a,
-                                  const OffsetTable& offsets, const Report* report, T* out) {
+                                  const OffsetTable& offsets, const int32_t* neighbours, const Report* report,
+                                  T* out) {
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
     return GpuStatus{"gather-GEMM-store", "no tensor-core kernel for this type"};
   } else {
-    const int64_t n = a.num_out;
-    int32_t* table = scratch->DeviceArray<int32_t>(n * a.volume);
-    uint32_t* masks[2] = {scratch->DeviceArray<uint32_t>(n), scratch->DeviceArray<uint32_t>(n)};
-    int32_t* rows[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
-    if (!table || !masks[0] || !masks[1] || !rows[0] || !rows[1]) return GpuStatus::OutOfMemory("neighbour table");
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-        cudaMemsetAsync(table, 0xff, sizeof(int32_t) * n * a.volume, stream), "neighbour table");  // -1: none
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(masks[0], 0, sizeof(uint32_t) * n, stream),
-                                            "neighbour table");
-    if (a.pairs > 0) {
-      output_stationary::NeighbourTableKernel<<<BlocksFor(a.pairs), kThreads, 0, stream>>>(
-          a.in_rows, a.out_rows, offsets.splits, a.volume, a.pairs, a.num_in, n, table, masks[0]);
-      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+    if (neighbours == nullptr) {
+      int32_t* built = scratch->DeviceArray<int32_t>(a.num_out * (a.volume + 2));
+      if (built == nullptr) return GpuStatus::OutOfMemory("neighbour table");
+      TF_SPARSECONV_RETURN_IF_ERROR(BuildNeighbourTable(stream, scratch, a.in_rows, a.out_rows, offsets.splits,
+                                                        a.volume, a.pairs, a.num_in, a.num_out, built));
+      neighbours = built;
     }
-    output_stationary::RowIdsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(n, rows[0]);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
-    int current = 0;
-    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, masks, rows, n, static_cast<int>(a.volume), &current));
-    const uint32_t* sorted = masks[current];
-    const int32_t* order = rows[current];
-    if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32>(stream, a, table, sorted, order, report, out);
-    if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64>(stream, a, table, sorted, order, report, out);
-    return LaunchOutputStationaryTiles<M, 128>(stream, a, table, sorted, order, report, out);
+    if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32>(stream, a, neighbours, report, out);
+    if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64>(stream, a, neighbours, report, out);
+    return LaunchOutputStationaryTiles<M, 128>(stream, a, neighbours, report, out);
   }
 }
 
@@ -826,8 +845,8 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
 
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
-                             bool deterministic, bool allow_tf32, SiteDataflow dataflow, bool trusted, T* out,
-                             Report* report) {
+                             bool deterministic, bool allow_tf32, SiteDataflow dataflow, bool trusted,
+                             const int32_t* neighbours, T* out, Report* report) {
   using A = typename AccumulatorOf<T>::type;
   Report* device_report = nullptr;  // stays nullptr for a trusted map: the kernels then skip the report
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
@@ -846,12 +865,16 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
     }
   }
   const int64_t outputs = a.num_out * a.cout;
+  // auto: output-stationary for half and bfloat16 under determinism, or from a given
+  // table (measured, README); the TF32 kernel of that dataflow is slower than the pairs'.
   const bool want_outputs =
-      dataflow == SiteDataflow::kOutputs || (dataflow == SiteDataflow::kAuto && deterministic && sizeof(T) == 2);
+      dataflow == SiteDataflow::kOutputs ||
+      (dataflow == SiteDataflow::kAuto && sizeof(T) == 2 && (deterministic || neighbours != nullptr));
   const bool output_stationary = want_outputs && pipelined && a.volume <= output_stationary::kMaxVolume;
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.
-    TF_SPARSECONV_RETURN_IF_ERROR(OutputStationaryForward(stream, scratch, a, table, device_report, out));
+    TF_SPARSECONV_RETURN_IF_ERROR(
+        OutputStationaryForward(stream, scratch, a, table, neighbours, device_report, out));
   } else if (outputs > 0) {
     A* acc = nullptr;
     if constexpr (std::is_same<A, T>::value) {
@@ -944,6 +967,26 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
   return ReadReport(stream, scratch, device_report, report);
 }
 
+GpuStatus SiteNeighbourTableGpu(Stream stream, Scratch* scratch, const int32_t* in_rows, const int32_t* out_rows,
+                                const int32_t* host_splits, const CheckedMap& checked, int64_t volume, int64_t num_in,
+                                int64_t num_out, bool trusted, int32_t* neighbours, Report* report) {
+  Report* device_report = nullptr;
+  if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  OffsetTable table;
+  TF_SPARSECONV_RETURN_IF_ERROR(UploadOffsetTable(stream, scratch, host_splits, volume, checked, 1, &table));
+  if (!trusted) {
+    TF_SPARSECONV_RETURN_IF_ERROR(
+        CheckMap(stream, scratch, in_rows, out_rows, table.splits, checked, num_in, num_out, volume, device_report));
+  }
+  TF_SPARSECONV_RETURN_IF_ERROR(BuildNeighbourTable(stream, scratch, in_rows, out_rows, table.splits, volume,
+                                                    checked.pairs, num_in, num_out, neighbours));
+  if (trusted) {
+    scratch->HoldPinnedUntilQueuedWorkRuns();
+    return GpuStatus::Ok();
+  }
+  return ReadReport(stream, scratch, device_report, report);
+}
+
 GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t* out_rows, const int32_t* host_splits,
                                  const CheckedMap& checked, int64_t num_out, CheckSlot* result) {
   Report* device_report = nullptr;
@@ -977,7 +1020,7 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
 
 #define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
   template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&, bool, \
-                                           bool, SiteDataflow, bool, T*, Report*);                            \
+                                           bool, SiteDataflow, bool, const int32_t*, T*, Report*);            \
   template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \
                                               bool, bool, const T*, T*, Report*);
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(float)

@@ -4,12 +4,15 @@
 // float32 accumulator to clear and convert, and the sum order is fixed, so the result is
 // deterministic as it stands.
 //
-// The pairs are first turned into a neighbour table table[o * volume + q] = input row
-// of output o at offset q (-1: none) and a mask per output (bit q: a pair at q). The
-// outputs are sorted by mask (stable radix sort over `volume` bits) so that a block's 128
-// rows share most of their offsets; the block then runs the offsets in the union of its
-// rows' masks, gathering zero rows (cp.async zero-fill, no memory read) where a row has
-// none. This is spconv's MaskImplicitGemm idea on our map layout.
+// It reads the map as a neighbour table (SiteNeighbourTable's layout, width = volume + 2
+// int32 per row): table[o * width + q] = input row of output o at offset q (-1: none),
+// and in the last two columns, at sorted position i, the mask of the i-th output (bit q:
+// a pair at q) and that output's row, the outputs sorted by mask (stable radix sort over
+// `volume` bits) so that a block's 128 rows share most of their offsets. The block runs
+// the offsets in the union of its rows' masks, gathering zero rows (cp.async zero-fill,
+// no memory read) where a row has none. This is spconv's MaskImplicitGemm idea on our
+// map layout. The table is built per call, or once per map by SiteNeighbourTable and
+// passed in (the build is about a third of the call for 32-64 channels).
 //
 // Tiles, pipeline and fragments are site_conv_mma.cuh's; the same requirements hold
 // (16-byte vectors per row and aligned pointers).
@@ -45,17 +48,26 @@ using pipelined::WaitCopies;
 
 constexpr int64_t kMaxVolume = 32;  // one 32-bit mask per output row
 
-// table[o * volume + q] = in_rows[p] and bit q of masks[o] for every pair p of offset q.
+// table[o * width + q] = in_rows[p] and bit q of masks[o] for every pair p of offset q.
 // Rows out of range are skipped: an unchecked map's products never run (Report).
 __global__ void NeighbourTableKernel(const int32_t* in_rows, const int32_t* out_rows, const int64_t* splits,
-                                     int64_t volume, int64_t pairs, int64_t num_in, int64_t num_out, int32_t* table,
-                                     uint32_t* masks) {
+                                     int64_t volume, int64_t width, int64_t pairs, int64_t num_in, int64_t num_out,
+                                     int32_t* table, uint32_t* masks) {
   TF_SPARSECONV_GRID_LOOP(p, pairs) {
     const int64_t lo = OwnerOf(splits, volume, p);  // the offset of pair p
     const int64_t i = in_rows[p], o = out_rows[p];
     if (i < 0 || i >= num_in || o < 0 || o >= num_out) continue;
-    table[o * volume + lo] = static_cast<int32_t>(i);
+    table[o * width + lo] = static_cast<int32_t>(i);
     atomicOr(masks + o, 1u << lo);
+  }
+}
+
+// The last two columns: the sorted masks and the output row at each sorted position.
+__global__ void SortedColumnsKernel(const uint32_t* sorted_masks, const int32_t* order, int64_t n, int64_t volume,
+                                    int64_t width, int32_t* table) {
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    table[i * width + volume] = static_cast<int32_t>(sorted_masks[i]);
+    table[i * width + volume + 1] = order[i];
   }
 }
 
@@ -89,8 +101,7 @@ __device__ inline void Store8(uint16_t* dst, const float* v) {
 template <typename M, int kBN>
 __global__ void __launch_bounds__(kBlockThreads)
     GatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
-                          const int32_t* table, const uint32_t* sorted_masks, const int32_t* order, int64_t volume,
-                          int64_t num_out, int64_t cin, int64_t cout, int64_t col_tiles, const Report* report,
+                          const int32_t* table, int64_t volume, int64_t num_out, int64_t cin, int64_t cout, int64_t col_tiles, const Report* report,
                           typename Element<M>::Stored* out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (report != nullptr && !ChecksPassed(report)) return;
@@ -111,6 +122,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
   const int64_t k_steps = (cin + T::kBK - 1) / T::kBK;
   const int64_t tiles = (num_out + kBM - 1) / kBM;
+  const int64_t width = volume + 2;
   for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
     const int64_t tile = item / col_tiles;
     const int64_t col0 = (item % col_tiles) * kBN;
@@ -118,8 +130,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     __syncthreads();
     if (threadIdx.x < kBM) {
       const int64_t i = tile * kBM + threadIdx.x;
-      rows[threadIdx.x] = i < num_out ? order[i] : -1;
-      if (i < num_out) atomicOr(&tile_mask, sorted_masks[i]);
+      rows[threadIdx.x] = i < num_out ? table[i * width + volume + 1] : -1;
+      if (i < num_out) atomicOr(&tile_mask, static_cast<uint32_t>(table[i * width + volume]));
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -138,8 +150,8 @@ __global__ void __launch_bounds__(kBlockThreads)
       const int64_t k0 = (step % k_steps) * T::kBK;
       S* a = a_stages + buffer * T::kAStage;
       S* b = b_stages + buffer * T::kBStage;
-      const int64_t in0 = row0 >= 0 ? table[row0 * volume + q] : -1;
-      const int64_t in1 = row1 >= 0 ? table[row1 * volume + q] : -1;
+      const int64_t in0 = row0 >= 0 ? table[row0 * width + q] : -1;
+      const int64_t in1 = row1 >= 0 ? table[row1 * width + q] : -1;
       const int64_t k = k0 + a_chunk * T::kVec;
       CopyAsync16(a + a_row * T::kLdA + a_chunk * T::kVec, in0 >= 0 && k < cin ? features + in0 * cin + k : features,
                   in0 >= 0 && k < cin);

@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from tf_sparseconv import _build_info
 from tf_sparseconv._op_library import ops
-from tf_sparseconv.ops.site_conv import kernel_map, site_conv, site_conv_transpose, site_inverse_conv
+from tf_sparseconv.ops.site_conv import (kernel_map, neighbour_table, site_conv, site_conv_transpose,
+                                         site_inverse_conv)
 from tf_sparseconv.site_sparse_tensor import make_site_sparse
 
 from tests.site_map_helpers import hand_built
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU, GPU = "/CPU:0", "/GPU:0"
+NO_NEIGHBOURS = tf.zeros([0], tf.int32)  # SiteSparseConv's neighbours input, not given
 BUILDERS = ["hash", "sort"]
 # GPU against CPU, relative to the largest magnitude of the CPU result. float32 and
 # float64: sums in another order. float16 and bfloat16: both devices accumulate in
@@ -288,10 +290,10 @@ def test_conv_with_no_pairs_or_no_outputs(dtype):
     for device in (CPU, GPU):
         with tf.device(device):
             y = ops.site_sparse_conv(features, filters, tf.zeros([0], tf.int32), tf.zeros([0], tf.int32),
-                                     tf.constant([0, 0, 0]), tf.constant(6))
+                                     tf.constant([0, 0, 0]), tf.constant(6), NO_NEIGHBOURS)
             assert y.shape == (6, 5) and not np.any(y.numpy())
             y = ops.site_sparse_conv(tf.zeros([0, 3], dtype), filters, tf.zeros([0], tf.int32),
-                                     tf.zeros([0], tf.int32), tf.constant([0, 0, 0]), tf.constant(0))
+                                     tf.zeros([0], tf.int32), tf.constant([0, 0, 0]), tf.constant(0), NO_NEIGHBOURS)
             assert y.shape == (0, 5)
             dw = ops.site_sparse_conv_filter_grad(features, tf.ones([6, 5], dtype), tf.zeros([0], tf.int32),
                                                   tf.zeros([0], tf.int32), tf.constant([0, 0, 0]))
@@ -445,7 +447,7 @@ def test_conv_ops_give_the_cpu_errors_on_gpu(rng):
         kwargs = dict(ok, **kwargs)
         filters = tf.ones([2, 2, 3]) if filters is None else filters
         return ops.site_sparse_conv(tf.convert_to_tensor(features), filters, kwargs["in_rows"], kwargs["out_rows"],
-                                    kwargs["offset_splits"], kwargs["num_out"])
+                                    kwargs["offset_splits"], kwargs["num_out"], NO_NEIGHBOURS)
 
     def filter_grad(kwargs):
         kwargs = dict(ok, **kwargs)
@@ -482,7 +484,8 @@ def test_repeated_output_row_among_many_pairs_reports_the_first(rng):
         out_rows[p] = out_rows[p - 1]
     splits = np.arange(0, volume * pairs_per_offset + 1, pairs_per_offset).astype(np.int32)
     features = tf.ones([n, 2])
-    assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([volume, 2, 2]), in_rows, out_rows, splits, n),
+    assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([volume, 2, 2]), in_rows, out_rows, splits, n,
+                                                   NO_NEIGHBOURS),
                       "appears twice for kernel offset 8")
 
 
@@ -537,7 +540,7 @@ def test_hand_built_bad_map_is_rejected_on_gpu(rng):
 
 def test_trusted_calls_check_splits_on_the_host_and_skip_the_nan_scan_on_gpu(rng):
     features = rng.standard_normal((4, 2)).astype(np.float32)
-    rising = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], num_out=2)
+    rising = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], num_out=2, neighbours=NO_NEIGHBOURS)
     # Splits are checked on the host whatever the attr says.
     assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), offset_splits=[0, 3, 2],
                                                    map_is_trusted=True, **rising), "offset_splits must rise")
@@ -629,3 +632,96 @@ def test_unknown_dataflow_is_rejected(monkeypatch, rng):
     w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), tf.float16)
     with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_SITE_DATAFLOW"):
         conv_and_gradients(GPU, coords, features, w, (6, 6, 6), 1, dict(subm=True))
+
+
+# --- neighbour tables (SiteNeighbourTable) and the convolution that reads them ---------------------
+
+TABLE_CASES = [
+    # (batch, shape, kernel, strides, padding, mode)
+    pytest.param(2, (9, 8, 9), (3, 3, 3), (1, 1, 1), (0, 0, 0), "submanifold", id="3d-subm"),
+    pytest.param(2, (10, 9, 10), (2, 2, 2), (2, 2, 2), (0, 0, 0), "strided", id="3d-k2s2"),
+    pytest.param(3, (11, 12), (3, 3), (2, 2), (1, 1), "strided", id="2d-strided"),
+    pytest.param(1, (40, 40, 40), (3, 3, 3), (1, 1, 1), (0, 0, 0), "submanifold", id="3d-subm-many-sites"),
+]
+
+
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
+@pytest.mark.parametrize("batch,shape,kernel,strides,padding,mode", TABLE_CASES)
+def test_neighbour_table_matches_cpu_exactly(rng, batch, shape, kernel, strides, padding, mode, inverse):
+    coords = random_sites(rng, batch, shape, 0.05 if max(shape) > 20 else 0.3)
+    with tf.device(CPU):
+        x = make_site_sparse(coords, np.ones((len(coords), 1), np.float32), shape, batch)
+        kmap = kernel_map(x, kernel, strides, padding, mode=mode)
+    tables = {}
+    for device in (CPU, GPU):
+        with tf.device(device):
+            tables[device] = neighbour_table(kmap, inverse=inverse).numpy()
+    np.testing.assert_array_equal(tables[GPU], tables[CPU])
+    assert tables[CPU].shape[1] == np.prod(kernel) + 2
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
+@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
+def test_conv_from_neighbour_tables_matches_cpu_and_repeats_bit_for_bit(monkeypatch, rng, dtype, batch, shape,
+                                                                        kernel, cin, cout, density, kwargs):
+    if np.prod(kernel) > 32:
+        pytest.skip("neighbour tables hold kernels of at most 32 offsets")
+    # Tables for every type: float (TF32 on here) must ignore them under the default
+    # dataflow and give the pair tiles' result.
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
+    tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)
+    kwargs = dict(kwargs, indice_key="k")
+    coords = random_sites(rng, batch, shape, density)
+    features = on_cpu(rng.standard_normal((len(coords), cin)), dtype)
+    w = on_cpu(rng.standard_normal((*kernel, cin, cout)) / np.sqrt(np.prod(kernel) * cin), dtype)
+    y_cpu, _, _ = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs)
+    upstream = rng.standard_normal(y_cpu.shape)
+    cpu = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs, upstream)
+    first = conv_and_gradients(GPU, coords, features, w, shape, batch, kwargs, upstream)
+    second = conv_and_gradients(GPU, coords, features, w, shape, batch, kwargs, upstream)
+    for what, c, g, again in zip(("features", "input gradient", "kernel gradient"), cpu, first, second):
+        if dtype == tf.float32:
+            scale = np.max(np.abs(c.numpy())) if c.shape.num_elements() else 0.0
+            np.testing.assert_allclose(g.numpy(), c.numpy(), rtol=5e-3, atol=5e-3 * scale, err_msg=what)
+        else:
+            assert_close(g, c, dtype, what)
+    # half and bfloat16 run output-stationary from the table where its tiles apply: each
+    # output row is stored once, so the forward repeats bit for bit.
+    if dtype != tf.float32 and cin % 8 == 0 and cout % 8 == 0:
+        np.testing.assert_array_equal(first[0].numpy().view(np.uint8), second[0].numpy().view(np.uint8))
+
+
+def test_layers_build_neighbour_tables_for_half_types_on_gpu(rng):
+    coords = random_sites(rng, 2, (9, 9, 9), 0.25)
+    with tf.device(GPU):
+        for dtype, built in ((tf.float16, True), (tf.bfloat16, True), (tf.float32, False)):
+            x = make_site_sparse(coords, on_cpu(rng.standard_normal((len(coords), 8)), dtype), (9, 9, 9), 2)
+            w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), dtype)
+            y = site_conv(x, w, subm=True, indice_key="s")
+            assert (y.kernel_maps["s"].neighbours is not None) == built, dtype
+            down = site_conv(y, on_cpu(rng.standard_normal((2, 2, 2, 8, 16)), dtype), strides=2, indice_key="d")
+            up = site_inverse_conv(down, on_cpu(rng.standard_normal((2, 2, 2, 16, 8)), dtype), "d")
+            assert (up.kernel_maps["d"].inverse_neighbours is not None) == built, dtype
+            # A map without indice_key is used once: no table.
+            assert not site_conv(x, w, subm=True).kernel_maps
+
+
+def test_neighbour_table_ops_give_the_cpu_errors_on_gpu(rng):
+    ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_in=4, num_out=2)
+
+    def table(**kwargs):
+        return ops.site_neighbour_table(**dict(ok, **kwargs))
+    assert_same_error(lambda: table(in_rows=[0, 1, 4]), "in_rows\\[2\\] = 4 is outside \\[0, 4\\)")
+    assert_same_error(lambda: table(out_rows=[0, 2, 0]), "out_rows\\[1\\] = 2 is outside \\[0, 2\\)")
+    assert_same_error(lambda: table(out_rows=[1, 1, 0]), "output row 1 appears twice for kernel offset 0")
+    assert_same_error(lambda: table(offset_splits=[0, 3, 2]), "offset_splits must rise")
+    assert_same_error(lambda: table(offset_splits=[0, 1, 2] + [3] * 31), "1 to 32 offsets")
+    features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
+    conv = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_out=2)
+    assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **conv,
+                                                   neighbours=tf.zeros([2, 5], tf.int32), map_is_trusted=True),
+                      "neighbours must be SiteNeighbourTable's")
+    with tf.device(CPU):
+        good = table()
+    assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **conv, neighbours=good),
+                      "accepted with map_is_trusted only")

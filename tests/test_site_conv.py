@@ -316,7 +316,8 @@ def test_conv_op_rejects_maps_that_do_not_fit_the_features(rng):
     from tf_sparseconv._op_library import ops
     features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
     filters = tf.ones([2, 2, 3])
-    ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_out=2)
+    ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_out=2,
+              neighbours=tf.zeros([0], tf.int32))
     assert ops.site_sparse_conv(features, filters, **ok).shape == (2, 3)
     cases = [
         (dict(ok, in_rows=[0, 1, 4]), "in_rows\\[2\\] = 4 is outside \\[0, 4\\)"),
@@ -371,7 +372,8 @@ def test_cpu_checks_maps_even_when_trusted(rng):
     features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
     bad = dict(in_rows=[0, 1, 2], out_rows=[1, 1, 0], offset_splits=[0, 2, 3])
     with pytest.raises(tf.errors.InvalidArgumentError, match="output row 1 appears twice"):
-        ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **bad, num_out=2, map_is_trusted=True)
+        ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **bad, num_out=2, neighbours=tf.zeros([0], tf.int32),
+                             map_is_trusted=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match="output row 1 appears twice"):
         ops.site_sparse_conv_filter_grad(features, tf.ones([2, 3]), **bad, map_is_trusted=True)
 
@@ -426,3 +428,109 @@ def test_trust_survives_the_keras_dict(rng):
     back = from_site_keras_inputs(as_site_keras_inputs(y))
     assert back.kernel_maps["trusted"].trusted and not back.kernel_maps["hand"].trusted
     assert back.kernel_maps["trusted"].geometry() == built.geometry() == back.kernel_maps["hand"].geometry()
+
+
+# --- neighbour tables (SiteNeighbourTable) ----------------------------------------------------------
+
+def numpy_neighbour_table(in_rows, out_rows, splits, num_out):
+    volume = len(splits) - 1
+    table = np.full((num_out, volume + 2), -1, np.int64)
+    masks = np.zeros(num_out, np.int64)
+    for q in range(volume):
+        for p in range(splits[q], splits[q + 1]):
+            table[out_rows[p], q] = in_rows[p]
+            masks[out_rows[p]] |= 1 << q
+    order = np.argsort(masks, kind="stable")
+    table[:, volume] = masks[order].astype(np.uint32).view(np.int32)
+    table[:, volume + 1] = order
+    return table
+
+
+@pytest.mark.parametrize("mode,kernel,strides", [("submanifold", 3, 1), ("strided", 2, 2), ("strided", 3, 2)])
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
+def test_neighbour_table_matches_numpy(rng, mode, kernel, strides, inverse):
+    from tf_sparseconv.ops.site_conv import neighbour_table
+    coords, features = random_sites(rng, 2, (7, 6, 7), 0.3, 1)
+    x = make_site_sparse(coords, features, (7, 6, 7), 2)
+    kmap = kernel_map(x, kernel, strides, mode=mode)
+    in_rows, out_rows = kmap.in_rows.numpy(), kmap.out_rows.numpy()
+    num_in, num_out = len(coords), int(kmap.out_coords.shape[0])
+    if inverse:
+        in_rows, out_rows, num_out = out_rows, in_rows, num_in
+    expected = numpy_neighbour_table(in_rows, out_rows, kmap.offset_splits.numpy(), num_out)
+    table = neighbour_table(kmap, inverse=inverse).numpy()
+    np.testing.assert_array_equal(table, expected)
+    # Every output row appears once among the sorted rows, its mask beside it.
+    volume = kernel ** 3
+    assert sorted(table[:, volume + 1]) == list(range(num_out))
+    assert np.all(np.diff(table[:, volume].view(np.uint32)) >= 0)
+
+
+def test_neighbour_table_rejects_bad_maps():
+    from tf_sparseconv._op_library import ops
+    ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_in=4, num_out=2)
+    assert ops.site_neighbour_table(**ok).shape == (2, 4)
+    cases = [
+        (dict(in_rows=[0, 1, 4]), "in_rows\\[2\\] = 4 is outside \\[0, 4\\)"),
+        (dict(out_rows=[1, 1, 0]), "output row 1 appears twice for kernel offset 0"),
+        (dict(offset_splits=[0, 3, 2]), "offset_splits must rise"),
+        (dict(offset_splits=[0, 1, 2] + [3] * 31), "1 to 32 offsets"),
+        (dict(num_in=-1), "non-negative"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+            ops.site_neighbour_table(**dict(ok, **kwargs))
+
+
+def test_conv_checks_a_given_neighbour_table_and_gives_the_same_values(rng):
+    from tf_sparseconv._op_library import ops
+    coords, features = random_sites(rng, 1, (6, 6, 6), 0.4, 4)
+    x = make_site_sparse(coords, features, (6, 6, 6), 1)
+    kmap = kernel_map(x, 3, mode="submanifold")
+    filters = tf.constant(rng.standard_normal((27, 4, 5)), tf.float32)
+    n = len(coords)
+    from tf_sparseconv.ops.site_conv import neighbour_table
+    table = neighbour_table(kmap)
+    args = (x.features, filters, kmap.in_rows, kmap.out_rows, kmap.offset_splits, n)
+    plain = ops.site_sparse_conv(*args, tf.zeros([0], tf.int32), map_is_trusted=True)
+    np.testing.assert_array_equal(ops.site_sparse_conv(*args, table, map_is_trusted=True).numpy(), plain.numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="neighbours must be SiteNeighbourTable's"):
+        ops.site_sparse_conv(*args, table[:, :-1], map_is_trusted=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="neighbours must be SiteNeighbourTable's"):
+        ops.site_sparse_conv(*args, table[1:], map_is_trusted=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="accepted with map_is_trusted only"):
+        ops.site_sparse_conv(*args, table)
+
+
+def test_layers_build_neighbour_tables_once_per_keyed_map_and_carry_them(monkeypatch, rng):
+    from tf_sparseconv.keras_layers.site_inputs import as_site_keras_inputs, from_site_keras_inputs
+    from tf_sparseconv.ops.site_conv import neighbour_table
+    coords, features = random_sites(rng, 2, (8, 8, 8), 0.3, 4, np.float16)
+    x = make_site_sparse(coords, features, (8, 8, 8), 2)
+    w = tf.constant(rng.standard_normal((3, 3, 3, 4, 4)) / 10, tf.float16)
+    wd = tf.constant(rng.standard_normal((2, 2, 2, 4, 8)) / 10, tf.float16)
+    wu = tf.constant(rng.standard_normal((2, 2, 2, 8, 4)) / 10, tf.float16)
+
+    def net():
+        y = site_conv(site_conv(x, w, subm=True, indice_key="s"), w, subm=True, indice_key="s")
+        down = site_conv(y, wd, strides=2, indice_key="d")
+        return y, site_inverse_conv(down, wu, "d")
+    # On this CPU-only machine the default builds no table; "always" builds and carries them.
+    y, up = net()
+    assert y.kernel_maps["s"].neighbours is None and up.kernel_maps["d"].inverse_neighbours is None
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
+    y_t, up_t = net()
+    np.testing.assert_array_equal(y_t.features.numpy(), y.features.numpy())
+    np.testing.assert_array_equal(up_t.features.numpy(), up.features.numpy())
+    s, d = y_t.kernel_maps["s"], up_t.kernel_maps["d"]
+    np.testing.assert_array_equal(s.neighbours.numpy(), neighbour_table(s).numpy())
+    np.testing.assert_array_equal(d.neighbours.numpy(), neighbour_table(d).numpy())
+    np.testing.assert_array_equal(d.inverse_neighbours.numpy(), neighbour_table(d, inverse=True).numpy())
+    # Through the Keras dict and back, the tables stay with their maps.
+    back = from_site_keras_inputs(as_site_keras_inputs(up_t))
+    np.testing.assert_array_equal(back.kernel_maps["d"].inverse_neighbours.numpy(), d.inverse_neighbours.numpy())
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "never")
+    assert site_conv(x, w, subm=True, indice_key="s").kernel_maps["s"].neighbours is None
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "sometimes")
+    with pytest.raises(ValueError, match="TF_SPARSECONV_SITE_TABLES"):
+        site_conv(x, w, subm=True, indice_key="s")

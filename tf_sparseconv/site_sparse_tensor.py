@@ -29,6 +29,12 @@ class KernelMap(tf.experimental.ExtensionType):
     and the NaN scan of the features, and with them a device-to-host round trip per
     call. A map built by hand keeps the default False and is checked on every call.
     Setting it on a map that breaks those rules is undefined behaviour on the GPU.
+
+    neighbours / inverse_neighbours: the map's SiteNeighbourTable (output-major; see
+    tf_sparseconv.ops.site_conv.neighbour_table), and that of the reversed map (for the
+    inverse convolution), when built. The layers build them once per map stored under an
+    indice_key, for half and bfloat16 features on a GPU, where the convolution then runs
+    output-stationary from them; they change no value.
     """
 
     __name__ = "tf_sparseconv.KernelMap"
@@ -46,6 +52,8 @@ class KernelMap(tf.experimental.ExtensionType):
     padding: typing.Tuple[int, ...]
     dilation: typing.Tuple[int, ...]
     trusted: bool = False
+    neighbours: typing.Optional[tf.Tensor] = None
+    inverse_neighbours: typing.Optional[tf.Tensor] = None
 
     def __validate__(self):
         if self.mode not in MODES:
@@ -65,6 +73,15 @@ class KernelMap(tf.experimental.ExtensionType):
 
     def geometry(self):
         return (self.mode, self.kernel_size, self.strides, self.padding, self.dilation)
+
+    def with_tables(self, neighbours=None, inverse_neighbours=None):
+        """This map with its neighbour tables set (None keeps the present one)."""
+        fields = {name: getattr(self, name) for name in (
+            "in_rows", "out_rows", "offset_splits", "in_coords", "out_coords", "in_spatial_shape",
+            "out_spatial_shape", "mode", "kernel_size", "strides", "padding", "dilation", "trusted")}
+        return KernelMap(**fields, neighbours=self.neighbours if neighbours is None else neighbours,
+                         inverse_neighbours=self.inverse_neighbours if inverse_neighbours is None
+                         else inverse_neighbours)
 
 
 class SiteSparseTensor(tf.experimental.ExtensionType):

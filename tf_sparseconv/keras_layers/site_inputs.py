@@ -6,7 +6,8 @@ between Keras layers a SiteSparseTensor is the dict
     {"coords": [N, 1 + d] int32, "features": [N, C], "spatial_shape": [d] int32,
      "batch_size": [B, 0] int32, "shape_token": [0, R1, ..., Rd] int32,
      "maps": {indice_key: {"in_rows", "out_rows", "offset_splits", "in_coords", "out_coords",
-                           "in_spatial_shape", "out_spatial_shape", "geometry"}}}
+                           "in_spatial_shape", "out_spatial_shape", "geometry"
+                           [, "neighbours", "inverse_neighbours"]}}}
 
 "maps" is left out while there are no cached kernel maps. The zero-element tokens cost
 nothing at run time; their shapes carry what Keras must know:
@@ -23,6 +24,9 @@ nothing at run time; their shapes carry what Keras must know:
   SiteInverseConv finds the strided layer's map by indice_key, checks its geometry when
   it builds, and knows the static shape it maps back onto.
 
+A map's neighbour tables (KernelMap.neighbours, .inverse_neighbours) travel with it
+when built, so the layers sharing a map build them once.
+
 Because the maps are ordinary entries of the dict, they flow through functional
 models (skip connections included), subclassed models, tf.function and SavedModels.
 """
@@ -34,6 +38,7 @@ from tf_sparseconv.site_sparse_tensor import MODES, KernelMap, SiteSparseTensor
 FIELDS = ("coords", "features", "spatial_shape", "batch_size", "shape_token")
 MAP_FIELDS = ("in_rows", "out_rows", "offset_splits", "in_coords", "out_coords", "in_spatial_shape",
               "out_spatial_shape", "geometry")
+MAP_TABLES = ("neighbours", "inverse_neighbours")  # optional
 
 
 def _spatial_static_of(tensor, rank):
@@ -88,9 +93,11 @@ def map_geometries(inputs):
 
 
 def _map_fields(m, in_static_shape=None):
-    return {"in_rows": m.in_rows, "out_rows": m.out_rows, "offset_splits": m.offset_splits, "in_coords": m.in_coords,
-            "out_coords": m.out_coords, "in_spatial_shape": m.in_spatial_shape,
-            "out_spatial_shape": m.out_spatial_shape, "geometry": geometry_token(m, in_static_shape)}
+    fields = {"in_rows": m.in_rows, "out_rows": m.out_rows, "offset_splits": m.offset_splits, "in_coords": m.in_coords,
+              "out_coords": m.out_coords, "in_spatial_shape": m.in_spatial_shape,
+              "out_spatial_shape": m.out_spatial_shape, "geometry": geometry_token(m, in_static_shape)}
+    fields.update({name: getattr(m, name) for name in MAP_TABLES if getattr(m, name) is not None})
+    return fields
 
 
 def as_site_keras_inputs(x, map_in_shapes=None, reuse_batch_size=(), reuse_shape_token=()):
@@ -139,7 +146,8 @@ def from_site_keras_inputs(inputs):
         maps[key] = KernelMap(fields["in_rows"], fields["out_rows"], fields["offset_splits"], fields["in_coords"],
                               fields["out_coords"], fields["in_spatial_shape"], fields["out_spatial_shape"], mode,
                               kernel_size, strides, padding, dilation,
-                              trusted=token_is_trusted(fields["geometry"].shape))
+                              trusted=token_is_trusted(fields["geometry"].shape),
+                              **{name: fields[name] for name in MAP_TABLES if name in fields})
     batch_size = inputs["batch_size"]
     if batch_size.shape.rank != 0:
         batch_size = tf.shape(batch_size, out_type=tf.int32)[0]

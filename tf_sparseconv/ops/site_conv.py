@@ -7,6 +7,7 @@ SubMConv, `site_conv` SparseConv, `site_conv_transpose` SparseConvTranspose and
 Cout]; spconv's [Cout, k1, ..., kd, Cin] is `tf.transpose(w, [1, ..., d, d + 1, 0])`.
 """
 import numbers
+import os
 
 import tensorflow as tf
 
@@ -73,9 +74,46 @@ def _cached_map(x, indice_key, geometry):
     return kernel_map(x, kernel_size, strides, padding, dilation, mode)
 
 
-def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted):
+def neighbour_table(kmap, inverse=False):
+    """SiteNeighbourTable of kmap (inverse=True: of the reversed map, output rows = its
+    input sites), for maps of at most 32 kernel offsets: [num_out, volume + 2] int32,
+    the input row per output row and offset (-1: none), then the output rows sorted by
+    their neighbour masks. SiteSparseConv reads it on the GPU for half and bfloat16."""
+    num_in, num_out = tf.shape(kmap.in_coords)[0], tf.shape(kmap.out_coords)[0]
+    if inverse:
+        return _ops.site_neighbour_table(kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out, num_in,
+                                         map_is_trusted=kmap.trusted)
+    return _ops.site_neighbour_table(kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_in, num_out,
+                                     map_is_trusted=kmap.trusted)
+
+
+def _wants_tables(dtype, kmap):
+    """Whether a convolution of dtype features over kmap (stored under an indice_key,
+    so reused) should build its neighbour table: on a GPU, for half and bfloat16, whose
+    output-stationary kernel from a ready table is the faster dataflow there (H200,
+    README); never for float (its TF32 kernel is faster on pairs). The table is only
+    read with a trusted map. TF_SPARSECONV_SITE_TABLES=always|never overrides (always:
+    also on the CPU, whose kernel checks and ignores it; for tests)."""
+    if not kmap.trusted or kmap.volume > 32:
+        return False
+    choice = os.environ.get("TF_SPARSECONV_SITE_TABLES", "auto")
+    if choice not in ("auto", "always", "never"):
+        raise ValueError(f"TF_SPARSECONV_SITE_TABLES must be auto, always or never, got {choice!r}")
+    if choice != "auto":
+        return choice == "always"
+    return (dtype in (tf.float16, tf.bfloat16) and os.environ.get("TF_SPARSECONV_SITE_DATAFLOW", "auto") != "pairs"
+            and bool(tf.config.list_logical_devices("GPU")))
+
+
+_NO_TABLE_SHAPE = [0]
+
+
+def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted, neighbours=None):
     filters = tf.reshape(kernel, [-1, kernel.shape[-2], kernel.shape[-1]])
-    return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out, map_is_trusted=trusted)
+    if neighbours is None:
+        neighbours = tf.zeros(_NO_TABLE_SHAPE, tf.int32)
+    return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out, neighbours,
+                                 map_is_trusted=trusted)
 
 
 def _check_kernel(x, kernel, what):
@@ -104,6 +142,8 @@ def _along_map(x, indice_key, geometry, compute):
     """The output sites of geometry's map over x (cached under indice_key) with features
     compute(kmap, num_out); the map is stored on the output under indice_key."""
     kmap = _cached_map(x, indice_key, geometry)
+    if indice_key is not None and kmap.neighbours is None and _wants_tables(x.dtype, kmap):
+        kmap = kmap.with_tables(neighbours=neighbour_table(kmap))
     with tf.control_dependencies([_assert_rows_match(kmap.in_coords, x.features, indice_key)]):
         num_out = tf.shape(kmap.out_coords)[0]
     out = compute(kmap, num_out)
@@ -123,7 +163,9 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     reaches. With indice_key, the map is taken from x.kernel_maps when there and stored
     on the output, so layers of one geometry share it and site_inverse_conv finds it.
     On a GPU of sm_80 or later, float32 follows TensorFlow's TF32 switch
-    (tf.config.experimental.enable_tensor_float_32_execution, on by default).
+    (tf.config.experimental.enable_tensor_float_32_execution, on by default). For half
+    and bfloat16 on a GPU, a map under an indice_key gets its neighbour table once
+    (KernelMap.neighbours), and the layers of that map run output-stationary from it.
     """
     _check_site_tensor(x, "site_conv")
     kernel = tf.convert_to_tensor(kernel)
@@ -143,7 +185,8 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
         geometry = ("strided", kernel_size, _per_dim(strides, d, "strides", 1), _per_dim(padding, d, "padding", 0),
                     dilation)
     return _along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
-        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted), bias))
+        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
+              kmap.neighbours), bias))
 
 
 def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None):
@@ -157,7 +200,8 @@ def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, 
     geometry = ("transposed", tuple(int(k) for k in kernel.shape[:d]), _per_dim(strides, d, "strides", 1),
                 _per_dim(padding, d, "padding", 0), _per_dim(dilation, d, "dilation", 1))
     return _along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
-        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted), bias))
+        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
+              kmap.neighbours), bias))
 
 
 def site_inverse_conv(x, kernel, indice_key, bias=None):
@@ -177,17 +221,21 @@ def site_inverse_conv(x, kernel, indice_key, bias=None):
     if tuple(int(k) for k in kernel.shape[:x.spatial_rank]) != kmap.kernel_size:
         raise ValueError(f"site_inverse_conv: kernel size {tuple(kernel.shape[:x.spatial_rank])} differs from the "
                          f"strided convolution's {kmap.kernel_size} under {indice_key!r}")
+    if kmap.inverse_neighbours is None and _wants_tables(x.dtype, kmap):
+        kmap = kmap.with_tables(inverse_neighbours=neighbour_table(kmap, inverse=True))
     with tf.control_dependencies([_assert_rows_match(kmap.out_coords, x.features, indice_key)]):
         num_out = tf.shape(kmap.in_coords)[0]
     # Reversed pairs stay valid: every map SiteKernelMap builds has at most one pair per
     # input row and offset too (for an offset the output site fixes the input site and
     # back), so a trusted map is trusted both ways.
     out = _with_bias(_conv(x.features, kernel, kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out,
-                           kmap.trusted), bias)
+                           kmap.trusted, kmap.inverse_neighbours), bias)
     known = tf.get_static_value(kmap.in_spatial_shape)
     static = tf.TensorShape([int(v) for v in known]) if known is not None else tf.TensorShape([None] * len(
         kmap.kernel_size))
-    return SiteSparseTensor(kmap.in_coords, out, kmap.in_spatial_shape, x.batch_size, dict(x.kernel_maps), static)
+    maps = dict(x.kernel_maps)
+    maps[indice_key] = kmap  # with its inverse table, if one was built
+    return SiteSparseTensor(kmap.in_coords, out, kmap.in_spatial_shape, x.batch_size, maps, static)
 
 
 def site_pool(x, pool_size, strides=None, padding=0, mode="max", indice_key=None):
@@ -250,13 +298,15 @@ def select_sites(x, k, score=None):
 
 @tf.RegisterGradient("SiteSparseConv")
 def _site_sparse_conv_grad(op, out_grad):
-    features, filters, in_rows, out_rows, splits, _ = op.inputs
+    features, filters, in_rows, out_rows, splits, _, _ = op.inputs
     # A map trusted forward is trusted reversed (see site_inverse_conv).
     trusted = op.get_attr("map_is_trusted")
     # The input gradient is the same gather-GEMM-scatter with the pairs reversed and
     # each offset's filter transposed.
+    # (The forward's neighbour table is of no use to the reversed pairs.)
     features_grad = _ops.site_sparse_conv(out_grad, tf.transpose(filters, [0, 2, 1]), out_rows, in_rows, splits,
-                                          tf.shape(features)[0], map_is_trusted=trusted)
+                                          tf.shape(features)[0], tf.zeros(_NO_TABLE_SHAPE, tf.int32),
+                                          map_is_trusted=trusted)
     filters_grad = _ops.site_sparse_conv_filter_grad(features, out_grad, in_rows, out_rows, splits,
                                                      map_is_trusted=trusted)
-    return [features_grad, filters_grad, None, None, None, None]
+    return [features_grad, filters_grad, None, None, None, None, None]
