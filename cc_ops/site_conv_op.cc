@@ -91,9 +91,9 @@ multiples of 4. With TF32 off, or on the CPU, products are full float32. num_out
 number of output sites.
 neighbours: empty (shape [0]), or SiteNeighbourTable's table of this map (with
 map_is_trusted). It changes no value: the GPU's tensor-core kernels of half and
-bfloat16 then run output-stationary from it (each output row computed over its offsets
-and stored once) instead of building it per call or scattering pairs with atomics;
-everywhere else it is checked for its shape and not read.
+bfloat16 with up to 128 output channels then run output-stationary from it (each output
+row computed over its offsets and stored once) instead of scattering pairs with
+atomics; everywhere else it is checked for its shape and not read.
 map_is_trusted: the caller promises that the map is valid (every in_rows[p] <
 num_in, every out_rows[p] < num_out, at most one pair per output row and offset), as
 SiteKernelMap's maps are by construction; tf_sparseconv's wrappers set it for those

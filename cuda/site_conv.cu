@@ -866,10 +866,15 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
   }
   const int64_t outputs = a.num_out * a.cout;
   // auto: output-stationary for half and bfloat16 under determinism, or from a given
-  // table (measured, README); the TF32 kernel of that dataflow is slower than the pairs'.
+  // table up to 128 output channels (one column tile). Measured with ncu on an H200
+  // (lidar frame, 5 cm): from a table 63/127/357 us against the pairs' 83/168/448 us at
+  // C 32/64/128, but 855 against 712 us at C 256, where the rows a 128-row tile
+  // multiplies without a pair (about 2x the pairs) cost more than the atomics saved.
+  // Its TF32 kernel is slower than the pairs' throughout.
   const bool want_outputs =
       dataflow == SiteDataflow::kOutputs ||
-      (dataflow == SiteDataflow::kAuto && sizeof(T) == 2 && (deterministic || neighbours != nullptr));
+      (dataflow == SiteDataflow::kAuto && sizeof(T) == 2 &&
+       (deterministic || (neighbours != nullptr && a.cout <= 128)));
   const bool output_stationary = want_outputs && pipelined && a.volume <= output_stationary::kMaxVolume;
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.

@@ -685,9 +685,10 @@ def test_conv_from_neighbour_tables_matches_cpu_and_repeats_bit_for_bit(monkeypa
             np.testing.assert_allclose(g.numpy(), c.numpy(), rtol=5e-3, atol=5e-3 * scale, err_msg=what)
         else:
             assert_close(g, c, dtype, what)
-    # half and bfloat16 run output-stationary from the table where its tiles apply: each
-    # output row is stored once, so the forward repeats bit for bit.
-    if dtype != tf.float32 and cin % 8 == 0 and cout % 8 == 0:
+    # half and bfloat16 run output-stationary from the table where its tiles apply (and
+    # up to 128 output channels): each output row is stored once, so the forward repeats
+    # bit for bit.
+    if dtype != tf.float32 and cin % 8 == 0 and cout % 8 == 0 and cout <= 128:
         np.testing.assert_array_equal(first[0].numpy().view(np.uint8), second[0].numpy().view(np.uint8))
 
 

@@ -90,8 +90,9 @@ def neighbour_table(kmap, inverse=False):
 def _wants_tables(dtype, kmap):
     """Whether a convolution of dtype features over kmap (stored under an indice_key,
     so reused) should build its neighbour table: on a GPU, for half and bfloat16, whose
-    output-stationary kernel from a ready table is the faster dataflow there (H200,
-    README); never for float (its TF32 kernel is faster on pairs). The table is only
+    output-stationary kernel from a ready table is the faster dataflow there up to 128
+    output channels (H200, README; the op decides per call); never for float (its TF32
+    kernel is faster on pairs). The table is only
     read with a trusted map. TF_SPARSECONV_SITE_TABLES=always|never overrides (always:
     also on the CPU, whose kernel checks and ignores it; for tests)."""
     if not kmap.trusted or kmap.volume > 32:
@@ -165,7 +166,8 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     On a GPU of sm_80 or later, float32 follows TensorFlow's TF32 switch
     (tf.config.experimental.enable_tensor_float_32_execution, on by default). For half
     and bfloat16 on a GPU, a map under an indice_key gets its neighbour table once
-    (KernelMap.neighbours), and the layers of that map run output-stationary from it.
+    (KernelMap.neighbours), and the layers of that map with up to 128 output channels
+    run output-stationary from it.
     """
     _check_site_tensor(x, "site_conv")
     kernel = tf.convert_to_tensor(kernel)
