@@ -16,8 +16,8 @@ from tf_sparseconv.ops.conversions import (decode_keys, encode_keys, from_dense,
 from tf_sparseconv.ops.direct_conv import direct_conv, k_from_rho_up
 from tf_sparseconv.ops.max_pool import sparse_max_pool
 from tf_sparseconv.ops.relu import sparse_relu
-from tf_sparseconv.ops.site_conv import (global_pool, kernel_map, select_sites, site_conv, site_conv_transpose,
-                                         site_inverse_conv, site_pool)
+from tf_sparseconv.ops.site_conv import (global_pool, kernel_map, neighbour_table, select_sites, site_conv,
+                                         site_conv_transpose, site_inverse_conv, site_pool)
 from tf_sparseconv.ops.site_conversions import (from_channel_sparse, site_from_dense, site_to_dense,
                                                 to_channel_sparse, voxelize_sites)
 from tf_sparseconv.site_sparse_tensor import KernelMap, SiteSparseTensor, make_site_sparse
@@ -28,7 +28,7 @@ __all__ = [
     "ChannelSparseTensor", "from_dense", "to_dense", "gather_dense", "from_sparse_tensor",
     "to_sparse_tensor", "encode_keys", "decode_keys", "reorder", "validate", "direct_conv",
     "k_from_rho_up", "sparse_relu", "sparse_max_pool",
-    "SiteSparseTensor", "KernelMap", "make_site_sparse", "kernel_map", "site_conv", "site_conv_transpose",
-    "site_inverse_conv", "site_pool", "global_pool", "select_sites", "site_from_dense", "site_to_dense",
+    "SiteSparseTensor", "KernelMap", "make_site_sparse", "kernel_map", "neighbour_table", "site_conv",
+    "site_conv_transpose", "site_inverse_conv", "site_pool", "global_pool", "select_sites", "site_from_dense", "site_to_dense",
     "voxelize_sites", "to_channel_sparse", "from_channel_sparse",
 ]
