@@ -8,8 +8,8 @@ Three phases, one command on the lent GPU (TensorFlow and PyTorch in separate pr
   python benchmarks/site_conv_gpu.py --phase merge   # JSON lines with both and the floor
 
 Timing: `*_s` is the whole layer call, median of synchronised calls after warm-up (ours
-inside tf.function); `*_gpu_s` is the device time per call (ours: R calls in one graph
-loop, synchronised once; spconv: CUDA events). Maps are built once and cached, as with
+inside tf.function); `*_gpu_s` is the device time per call (ours: calls queued back to back
+from Python and synchronised once, timing.queued_s_per_call; spconv: CUDA events). Maps are built once and cached, as with
 spconv's indice_key. The floor of a layer is max(FLOPs / matrix rate, minimal bytes /
 bandwidth) with FLOPs = 2 * pairs * Cin * Cout and the rates measured on the same GPU in
 the same command (benchmarks/site_conv_spconv.py measures them with cuBLAS and a copy).
@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from site_scenes import CHAIN, LAYERS, layer_weights, level_features, scenes  # noqa: E402
-from timing import device_s_per_call, median_time  # noqa: E402
+from timing import median_time, queued_s_per_call  # noqa: E402
 
 from tf_sparseconv._op_library import ops as _ops  # noqa: E402
 from tf_sparseconv.ops.site_conv import kernel_map  # noqa: E402
@@ -147,7 +147,8 @@ def run_ours(args):
         for li, (name, kind, level, cin, cout, k, stride, key) in enumerate(LAYERS):
             in_rows, out_rows, splits, num_in, num_out, out_level = layer_rows(kind, level, key, maps, sites)
             pairs = int(in_rows.shape[0])
-            table = neighbour_table(in_rows, out_rows, splits, num_in, num_out) if k ** 3 <= 32 else None
+            has_table = k ** 3 <= 32
+            table = neighbour_table(in_rows, out_rows, splits, num_in, num_out) if has_table else None
             feats32 = level_features(len(level_coords[level]), cin, seed=1000 + li)
             w32 = layer_weights(cin, cout, k, seed=2000 + li)
             for dtype_name in args.dtypes:
@@ -171,17 +172,28 @@ def run_ours(args):
                 if dtype_name == "fp32":
                     pick = np.random.default_rng(li).choice(int(num_out), min(CHECK_ROWS, int(num_out)), replace=False)
                     reference[name] = (level_coords[out_level][pick], y.numpy()[pick])
+                # The table path: the table is built once per map, like the map, and not
+                # in the device time; the call figure (a tf.function, into which an int32
+                # table from outside would be fed through host memory) includes building
+                # it: an upper bound.
+                fwd_building = tf.function(lambda f, w: fwd.python_function(
+                    f, w, neighbour_table(in_rows, out_rows, splits, num_in, num_out)))
                 for dataflow in dataflows_for(dtype_name, args):
-                    if dataflow == "table" and table is None:
+                    if dataflow == "table" and not has_table:
                         continue
                     set_dataflow(dataflow)
-                    nb = table if dataflow == "table" else NO_TABLE
-                    if dataflow == "table" and dtype_name == "fp16":  # same values as the pairs' within fp16
-                        check = np.abs(fwd(feats, w, nb).numpy().astype(np.float32) - y.numpy().astype(np.float32))
+                    if dataflow == "table":  # same values as the pairs' within fp16
+                        y_table = fwd(feats, w, table).numpy().astype(np.float32)
+                        check = np.abs(y_table - y.numpy().astype(np.float32))
                         assert check.max() <= 2e-2 * max(1.0, np.abs(y.numpy().astype(np.float32)).max()), check.max()
-                    for pass_name, fn, fargs in (("fwd", fwd, (feats, w, nb)), ("bwd", bwd, (feats, w, g))):
+                        passes = (("fwd", fwd_building, (feats, w), fwd.python_function,
+                                   lambda: neighbour_table(in_rows, out_rows, splits, num_in, num_out)),
+                                  ("bwd", bwd, (feats, w, g), bwd, None))
+                    else:
+                        passes = (("fwd", fwd, (feats, w, NO_TABLE), fwd, None), ("bwd", bwd, (feats, w, g), bwd, None))
+                    for pass_name, fn, fargs, loop_fn, setup in passes:
                         t = median_time(fn, args.warmup, args.reps, fargs)
-                        tg = device_s_per_call(fn, args.loop_calls, fargs) if device else None
+                        tg = queued_s_per_call(loop_fn, args.loop_calls, fargs, setup) if device else None
                         results.append({"scene": scene, "layer": name, "pass": pass_name, "n_sites": int(num_in),
                                         "n_out": int(num_out), "pairs": pairs, "cin": cin, "cout": cout,
                                         "dtype": dtype_name, "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg,
@@ -210,12 +222,12 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
         weights = [tf.constant(layer_weights(spec[n][2], spec[n][3], spec[n][4], seed=2000 + spec[n][6]).reshape(
             spec[n][4] ** 3, spec[n][2], spec[n][3]), dt) for n in CHAIN]
         plan = [layer_rows(spec[n][0], spec[n][1], spec[n][5], maps, sites) for n in CHAIN]
-        tables = [neighbour_table(*rows[:5]) for rows in plan]
-
         def forward(f, ws, use_tables):
+            # Tables built in the graph, once per map as the layers do (the chain's maps
+            # are all different, so each is built once here and counted in the time).
+            tables = [neighbour_table(*rows[:5]) if use_tables else NO_TABLE for rows in plan]
             for (in_rows, out_rows, splits, _, num_out, _), w, nb in zip(plan, ws, tables):
-                f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, nb if use_tables else NO_TABLE,
-                                          map_is_trusted=trusted)
+                f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, nb, map_is_trusted=trusted)
             return f
 
         def functions(use_tables):
@@ -234,7 +246,7 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
             fwd, fwd_bwd = functions(dataflow == "table")
             for pass_name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
                 t = median_time(fn, args.warmup, args.reps, (feats, *weights))
-                tg = device_s_per_call(fn, max(1, args.loop_calls // 4), (feats, *weights)) if device else None
+                tg = queued_s_per_call(fn, max(1, args.loop_calls // 4), (feats, *weights)) if device else None
                 rows.append({"scene": scene, "layer": "end_to_end", "pass": pass_name, "n_sites": len(coords),
                              "cin": spec[CHAIN[0]][2], "cout": spec[CHAIN[-1]][3], "dtype": dtype_name,
                              "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg,
