@@ -246,7 +246,8 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
             fwd, fwd_bwd = functions(dataflow == "table")
             for pass_name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
                 t = median_time(fn, args.warmup, args.reps, (feats, *weights))
-                tg = queued_s_per_call(fn, max(1, args.loop_calls // 4), (feats, *weights)) if device else None
+                tg = queued_s_per_call(fn, max(1, args.loop_calls // 4), (feats, *weights), op_by_op=False) \
+                    if device else None
                 rows.append({"scene": scene, "layer": "end_to_end", "pass": pass_name, "n_sites": len(coords),
                              "cin": spec[CHAIN[0]][2], "cout": spec[CHAIN[-1]][3], "dtype": dtype_name,
                              "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg,

@@ -54,13 +54,15 @@ def device_s_per_call(fn, calls, args=()):
     return statistics.median(times)
 
 
-def queued_s_per_call(fn, calls, args=(), setup=None):
+def queued_s_per_call(fn, calls, args=(), setup=None, op_by_op=True):
     """Seconds per call of fn(*args) on the device: `calls` calls queued back to back from
     Python in eager mode (fn's Python function, op by op, so no tf.function dispatch per
     call) and synchronised once; the median of 3 such runs after a warm-up. The device
     stays busy as long as queueing an op takes less host time than running it, so this is
     the device time of all but the fastest calls (those it overstates). setup(): tensors
-    built once (not timed) and passed to fn after args.
+    built once (not timed) and passed to fn after args. op_by_op=False calls fn itself
+    (a tf.function: one dispatch per call, for long chains whose eager gradient tape would
+    keep the host busier than the device).
 
     Why not device_s_per_call (many calls in one graph loop) for the site-sparse ops:
     TensorFlow's control-flow kernels hold int32 tensors in host memory, so the maps' rows
@@ -68,7 +70,8 @@ def queued_s_per_call(fn, calls, args=(), setup=None):
     iteration, which on an H200 made a 20 MB neighbour table cost 1.47 ms per call
     against 0.13 ms queued eagerly (lidar frame, 5 cm, C 64, fp16; its kernels: 0.14 ms).
     """
-    fn = getattr(fn, "python_function", fn)
+    if op_by_op:
+        fn = getattr(fn, "python_function", fn)
     extra = tuple(tf.nest.flatten(setup())) if setup is not None else ()
     fn(*args, *extra)
     sync()
