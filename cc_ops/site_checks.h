@@ -275,9 +275,13 @@ inline absl::Status CheckNeighbourVolume(int64_t volume) {
   return absl::OkStatus();
 }
 
-// SiteNeighbourTable's offset_splits (the volume from its length), num_in and num_out.
-inline absl::Status CheckNeighbourTableInputs(const tensorflow::Tensor& offset_splits, const tensorflow::Tensor& num_in,
-                                              const tensorflow::Tensor& num_out) {
+// SiteNeighbourTable's inputs (in_rows, out_rows, offset_splits, num_in, num_out):
+// their shapes, a volume of at most 32 offsets (from the splits' length), and the map's
+// view and sizes. The rows themselves are checked by each device's kernel.
+inline absl::Status CheckNeighbourTableInputs(const tensorflow::Tensor& in_rows, const tensorflow::Tensor& out_rows,
+                                              const tensorflow::Tensor& offset_splits, const tensorflow::Tensor& num_in,
+                                              const tensorflow::Tensor& num_out, SiteMapView* map,
+                                              int64_t* num_in_value, int64_t* num_out_value) {
   if (offset_splits.dims() != 1 || offset_splits.NumElements() < 2) {
     return tensorflow::errors::InvalidArgument("offset_splits must be a vector of volume + 1 >= 2 entries, got shape ",
                                                offset_splits.shape().DebugString());
@@ -286,6 +290,11 @@ inline absl::Status CheckNeighbourTableInputs(const tensorflow::Tensor& offset_s
       num_out.scalar<int32_t>()() < 0) {
     return tensorflow::errors::InvalidArgument("num_in and num_out must be non-negative scalars");
   }
+  const int64_t volume = offset_splits.NumElements() - 1;
+  TF_RETURN_IF_ERROR(CheckNeighbourVolume(volume));
+  TF_RETURN_IF_ERROR(CheckSiteMapShapes(in_rows, out_rows, offset_splits, volume, map));
+  *num_in_value = num_in.scalar<int32_t>()();
+  *num_out_value = num_out.scalar<int32_t>()();
   return absl::OkStatus();
 }
 

@@ -251,17 +251,12 @@ class SiteNeighbourTableOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& splits = ctx->input(2);
-    const Tensor& num_in_t = ctx->input(3);
-    const Tensor& num_out_t = ctx->input(4);
-    OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(splits, num_in_t, num_out_t));
-    const int64_t volume = splits.NumElements() - 1;
-    OP_REQUIRES_OK(ctx, CheckNeighbourVolume(volume));
     SiteMapView map;
-    OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(0), ctx->input(1), splits, volume, &map));
-    const int64_t num_in = num_in_t.scalar<int32_t>()(), num_out = num_out_t.scalar<int32_t>()();
+    int64_t num_in = 0, num_out = 0;
+    OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(ctx->input(0), ctx->input(1), ctx->input(2), ctx->input(3),
+                                                  ctx->input(4), &map, &num_in, &num_out));
     OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, num_in, num_out));
-    const int64_t width = volume + 2;
+    const int64_t volume = map.volume, width = volume + 2;
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, width}), &out));
     int32_t* table = out->flat<int32_t>().data();

@@ -217,20 +217,16 @@ class SiteNeighbourTableGpuOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& splits = ctx->input(2);
-    const Tensor& num_in_t = ctx->input(3);
-    const Tensor& num_out_t = ctx->input(4);
-    OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(splits, num_in_t, num_out_t));
-    const int64_t volume = splits.NumElements() - 1;
-    OP_REQUIRES_OK(ctx, CheckNeighbourVolume(volume));
     SiteMapView map;
-    OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(0), ctx->input(1), splits, volume, &map));
+    int64_t num_in = 0, num_out = 0;
+    OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(ctx->input(0), ctx->input(1), ctx->input(2), ctx->input(3),
+                                                  ctx->input(4), &map, &num_in, &num_out));
+    const int64_t volume = map.volume;
     OP_REQUIRES_OK(ctx, CheckSortable(map.pairs, "SiteNeighbourTable", "kernel-map pairs"));
     gpu::CheckedMap checked;
     int64_t bad_offset = 0;
     OP_REQUIRES_OK(ctx, CheckedPrefix(map, &checked, &bad_offset));
     if (map_is_trusted_) OP_REQUIRES_OK(ctx, TrustedSplitsStatus(map, bad_offset));
-    const int64_t num_in = num_in_t.scalar<int32_t>()(), num_out = num_out_t.scalar<int32_t>()();
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, volume + 2}), &out));
     TempScratch scratch(ctx);

@@ -596,32 +596,42 @@ def test_float32_conv_uses_tf32_where_tensorflow_allows_it(rng, cin, cout):
 
 # --- the output-stationary dataflow (TF_SPARSECONV_SITE_DATAFLOW=outputs) -------------------------
 
-@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
-@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
-def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(monkeypatch, rng, dtype, batch, shape,
-                                                                         kernel, cin, cout, density, kwargs):
-    monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "outputs")
-    tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)  # float runs it through TF32
+def cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs):
+    """(cpu, first, second): conv_and_gradients on the CPU and twice on the GPU, on random
+    sites, features, kernel and upstream gradient; float runs with TF32 on."""
+    tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)
     coords = random_sites(rng, batch, shape, density)
     features = on_cpu(rng.standard_normal((len(coords), cin)), dtype)
     w = on_cpu(rng.standard_normal((*kernel, cin, cout)) / np.sqrt(np.prod(kernel) * cin), dtype)
     y_cpu, _, _ = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs)
     upstream = rng.standard_normal(y_cpu.shape)
-    cpu = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs, upstream)
-    first = conv_and_gradients(GPU, coords, features, w, shape, batch, kwargs, upstream)
-    second = conv_and_gradients(GPU, coords, features, w, shape, batch, kwargs, upstream)
-    for what, c, g, again in zip(("features", "input gradient", "kernel gradient"), cpu, first, second):
+    return tuple(conv_and_gradients(device, coords, features, w, shape, batch, kwargs, upstream)
+                 for device in (CPU, GPU, GPU))
+
+
+def assert_gpu_matches_cpu(dtype, cpu, gpu):
+    """Features and both gradients within the dtype's tolerance (TF32's for float)."""
+    for what, c, g in zip(("features", "input gradient", "kernel gradient"), cpu, gpu):
         if dtype == tf.float32:
             scale = np.max(np.abs(c.numpy())) if c.shape.num_elements() else 0.0
             np.testing.assert_allclose(g.numpy(), c.numpy(), rtol=5e-3, atol=5e-3 * scale, err_msg=what)
         else:
             assert_close(g, c, dtype, what)
-        # Where the output-stationary kernel runs (whole 16-byte rows, at most 32 offsets),
-        # every output row is stored once: no atomics, so no timing in the sums. Other
-        # shapes fall back to the pair tiles and their atomics.
-        vec = 4 if dtype == tf.float32 else 8
-        applies = cin % vec == 0 and cout % vec == 0 and np.prod(kernel) <= 32
-        if what != "kernel gradient" and applies:
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
+@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
+def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(monkeypatch, rng, dtype, batch, shape,
+                                                                         kernel, cin, cout, density, kwargs):
+    monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "outputs")
+    cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs)
+    assert_gpu_matches_cpu(dtype, cpu, first)
+    # Where the output-stationary kernel runs (whole 16-byte rows, at most 32 offsets),
+    # every output row is stored once: no atomics, so no timing in the sums (forward and
+    # input gradient). Other shapes fall back to the pair tiles and their atomics.
+    vec = 4 if dtype == tf.float32 else 8
+    if cin % vec == 0 and cout % vec == 0 and np.prod(kernel) <= 32:
+        for what, g, again in zip(("features", "input gradient"), first, second):
             np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
 
 
@@ -669,22 +679,9 @@ def test_conv_from_neighbour_tables_matches_cpu_and_repeats_bit_for_bit(monkeypa
     # Tables for every type: float (TF32 on here) must ignore them under the default
     # dataflow and give the pair tiles' result.
     monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
-    tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)
-    kwargs = dict(kwargs, indice_key="k")
-    coords = random_sites(rng, batch, shape, density)
-    features = on_cpu(rng.standard_normal((len(coords), cin)), dtype)
-    w = on_cpu(rng.standard_normal((*kernel, cin, cout)) / np.sqrt(np.prod(kernel) * cin), dtype)
-    y_cpu, _, _ = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs)
-    upstream = rng.standard_normal(y_cpu.shape)
-    cpu = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs, upstream)
-    first = conv_and_gradients(GPU, coords, features, w, shape, batch, kwargs, upstream)
-    second = conv_and_gradients(GPU, coords, features, w, shape, batch, kwargs, upstream)
-    for what, c, g, again in zip(("features", "input gradient", "kernel gradient"), cpu, first, second):
-        if dtype == tf.float32:
-            scale = np.max(np.abs(c.numpy())) if c.shape.num_elements() else 0.0
-            np.testing.assert_allclose(g.numpy(), c.numpy(), rtol=5e-3, atol=5e-3 * scale, err_msg=what)
-        else:
-            assert_close(g, c, dtype, what)
+    cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density,
+                                              dict(kwargs, indice_key="k"))
+    assert_gpu_matches_cpu(dtype, cpu, first)
     # half and bfloat16 run output-stationary from the table where its tiles apply (and
     # up to 128 output channels): each output row is stored once, so the forward repeats
     # bit for bit.

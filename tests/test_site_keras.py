@@ -158,6 +158,29 @@ def test_inverse_conv_finds_the_map_through_a_functional_model(rng):
         np.testing.assert_allclose(graph(batch).numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_neighbour_tables_flow_through_a_functional_model_and_its_export(monkeypatch, rng, tmp_path):
+    # The layers build tables only for half types on a GPU; "always" builds them here, so
+    # the Keras dicts carry them between layers (and the CPU kernels ignore them).
+    x = kl.as_site_keras_inputs(sites(rng))
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "never")
+    plain = small_unet_by_hand()
+    expected = plain(x).numpy()
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
+    model = small_unet_by_hand()
+    model.set_weights(plain.get_weights())
+    h = x
+    for name in ("stem", "down", "mid", "up"):  # the layers' own calls, eagerly: their dicts
+        h = model.get_layer(name)(h)
+        if name == "mid":
+            assert "neighbours" in h["maps"]["s1"] and "neighbours" in h["maps"]["d0"]
+    assert "inverse_neighbours" in h["maps"]["d0"]
+    np.testing.assert_allclose(model(x).numpy(), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(tf.function(model)(x).numpy(), expected, rtol=1e-6, atol=1e-6)
+    model.export(str(tmp_path / "exported"), verbose=False)
+    exported = tf.saved_model.load(str(tmp_path / "exported"))
+    np.testing.assert_allclose(exported.serve(x).numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
 def test_resnet_on_points_fits_and_round_trips_through_keras_file_and_export(rng, tmp_path):
     keras.utils.set_random_seed(1)
     points, labels, _ = clouds(rng, 24)
