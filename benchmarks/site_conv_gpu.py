@@ -9,10 +9,10 @@ Three phases, one command on the lent GPU (TensorFlow and PyTorch in separate pr
 
 Timing: `*_s` is the whole layer call, median of synchronised calls after warm-up (ours
 inside tf.function); `*_gpu_s` is the device time per call (ours: calls queued back to back
-from Python and synchronised once, timing.queued_s_per_call; spconv: CUDA events). Maps are built once and cached, as with
-spconv's indice_key. The floor of a layer is max(FLOPs / matrix rate, minimal bytes /
-bandwidth) with FLOPs = 2 * pairs * Cin * Cout and the rates measured on the same GPU in
-the same command (benchmarks/site_conv_spconv.py measures them with cuBLAS and a copy).
+from Python and synchronised once, timing.queued_s_per_call; spconv: CUDA events). Maps
+are built once and cached, as with spconv's indice_key. The floor of a layer is
+max(FLOPs / matrix rate, minimal bytes / bandwidth) with FLOPs = 2 * pairs * Cin * Cout
+and the rates measured on the same GPU in the same command (benchmarks/site_conv_spconv.py measures them with cuBLAS and a copy).
 """
 import argparse
 import json
@@ -148,7 +148,10 @@ def run_ours(args):
             in_rows, out_rows, splits, num_in, num_out, out_level = layer_rows(kind, level, key, maps, sites)
             pairs = int(in_rows.shape[0])
             has_table = k ** 3 <= 32
-            table = neighbour_table(in_rows, out_rows, splits, num_in, num_out) if has_table else None
+
+            def build_table(in_rows=in_rows, out_rows=out_rows, splits=splits, num_in=num_in, num_out=num_out):
+                return neighbour_table(in_rows, out_rows, splits, num_in, num_out)
+            table = build_table() if has_table else None
             feats32 = level_features(len(level_coords[level]), cin, seed=1000 + li)
             w32 = layer_weights(cin, cout, k, seed=2000 + li)
             for dtype_name in args.dtypes:
@@ -176,8 +179,7 @@ def run_ours(args):
                 # in the device time; the call figure (a tf.function, into which an int32
                 # table from outside would be fed through host memory) includes building
                 # it: an upper bound.
-                fwd_building = tf.function(lambda f, w: fwd.python_function(
-                    f, w, neighbour_table(in_rows, out_rows, splits, num_in, num_out)))
+                fwd_building = tf.function(lambda f, w: fwd.python_function(f, w, build_table()))
                 for dataflow in dataflows_for(dtype_name, args):
                     if dataflow == "table" and not has_table:
                         continue
@@ -186,8 +188,7 @@ def run_ours(args):
                         y_table = fwd(feats, w, table).numpy().astype(np.float32)
                         check = np.abs(y_table - y.numpy().astype(np.float32))
                         assert check.max() <= 2e-2 * max(1.0, np.abs(y.numpy().astype(np.float32)).max()), check.max()
-                        passes = (("fwd", fwd_building, (feats, w), fwd.python_function,
-                                   lambda: neighbour_table(in_rows, out_rows, splits, num_in, num_out)),
+                        passes = (("fwd", fwd_building, (feats, w), fwd.python_function, build_table),
                                   ("bwd", bwd, (feats, w, g), bwd, None))
                     else:
                         passes = (("fwd", fwd, (feats, w, NO_TABLE), fwd, None), ("bwd", bwd, (feats, w, g), bwd, None))

@@ -264,9 +264,6 @@ inline absl::Status CheckSiteFilterGradInputs(const tensorflow::Tensor& features
   return absl::OkStatus();
 }
 
-// SiteNeighbourTable's masks are 32-bit: one bit per kernel offset.
-constexpr int64_t kMaxNeighbourVolume = 32;
-
 inline absl::Status CheckNeighbourVolume(int64_t volume) {
   if (volume < 1 || volume > kMaxNeighbourVolume) {
     return tensorflow::errors::InvalidArgument("a neighbour table holds kernels of 1 to ", kMaxNeighbourVolume,
@@ -311,9 +308,10 @@ inline absl::Status CheckNeighboursInput(const tensorflow::Tensor& neighbours, i
     return absl::OkStatus();
   }
   TF_RETURN_IF_ERROR(CheckNeighbourVolume(volume));
-  if (neighbours.dims() != 2 || neighbours.dim_size(0) != num_out || neighbours.dim_size(1) != volume + 2) {
+  const int64_t width = NeighbourTableWidth(volume);
+  if (neighbours.dims() != 2 || neighbours.dim_size(0) != num_out || neighbours.dim_size(1) != width) {
     return tensorflow::errors::InvalidArgument(
-        "neighbours must be SiteNeighbourTable's [num_out, volume + 2] = [", num_out, ", ", volume + 2,
+        "neighbours must be SiteNeighbourTable's [num_out, volume + 2] = [", num_out, ", ", width,
         "] for this map, got ", neighbours.shape().DebugString());
   }
   if (!map_is_trusted) {

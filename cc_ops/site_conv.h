@@ -35,6 +35,12 @@ struct SiteConvFilterGradFunctor {
   void operator()(const Device& device, const SiteConvArgs<T>& args, const T* out_grad, T* filter_grad);
 };
 
+// SiteNeighbourTable's layout (site_conv_op.cc), shared by the CPU and GPU kernels: one
+// 32-bit neighbour mask per output row, so at most 32 kernel offsets, and rows of
+// volume + 2 int32 (the input row per offset, then a sorted mask and its output row).
+constexpr int64_t kMaxNeighbourVolume = 32;
+constexpr int64_t NeighbourTableWidth(int64_t volume) { return volume + 2; }
+
 // float for float, half and bfloat16 (half-precision storage, float32 arithmetic);
 // double for double.
 template <typename T>

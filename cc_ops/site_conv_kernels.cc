@@ -256,7 +256,7 @@ class SiteNeighbourTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(ctx->input(0), ctx->input(1), ctx->input(2), ctx->input(3),
                                                   ctx->input(4), &map, &num_in, &num_out));
     OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, num_in, num_out));
-    const int64_t volume = map.volume, width = volume + 2;
+    const int64_t volume = map.volume, width = NeighbourTableWidth(volume);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, width}), &out));
     int32_t* table = out->flat<int32_t>().data();

@@ -221,18 +221,17 @@ class SiteNeighbourTableGpuOp : public OpKernel {
     int64_t num_in = 0, num_out = 0;
     OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(ctx->input(0), ctx->input(1), ctx->input(2), ctx->input(3),
                                                   ctx->input(4), &map, &num_in, &num_out));
-    const int64_t volume = map.volume;
     OP_REQUIRES_OK(ctx, CheckSortable(map.pairs, "SiteNeighbourTable", "kernel-map pairs"));
     gpu::CheckedMap checked;
     int64_t bad_offset = 0;
     OP_REQUIRES_OK(ctx, CheckedPrefix(map, &checked, &bad_offset));
     if (map_is_trusted_) OP_REQUIRES_OK(ctx, TrustedSplitsStatus(map, bad_offset));
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, volume + 2}), &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, NeighbourTableWidth(map.volume)}), &out));
     TempScratch scratch(ctx);
     gpu::Report report;
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteNeighbourTableGpu(GpuStream(ctx), &scratch, map.in_rows, map.out_rows,
-                                                            map.offset_splits, checked, volume, num_in, num_out,
+                                                            map.offset_splits, checked, map.volume, num_in, num_out,
                                                             map_is_trusted_, out->flat<int32_t>().data(), &report),
                                  scratch, "SiteNeighbourTable"));
     if (map_is_trusted_) return;

@@ -793,7 +793,7 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
 GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in_rows, const int32_t* out_rows,
                               const int64_t* device_splits, int64_t volume, int64_t pairs, int64_t num_in,
                               int64_t num_out, int32_t* neighbours) {
-  const int64_t n = num_out, width = volume + 2;
+  const int64_t n = num_out, width = NeighbourTableWidth(volume);
   if (n == 0) return GpuStatus::Ok();
   uint32_t* masks[2] = {scratch->DeviceArray<uint32_t>(n), scratch->DeviceArray<uint32_t>(n)};
   int32_t* rows[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
@@ -804,7 +804,7 @@ GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in
                                           "neighbour table");
   if (pairs > 0) {
     output_stationary::NeighbourTableKernel<<<BlocksFor(pairs), kThreads, 0, stream>>>(
-        in_rows, out_rows, device_splits, volume, width, pairs, num_in, n, neighbours, masks[0]);
+        in_rows, out_rows, device_splits, volume, pairs, num_in, n, neighbours, masks[0]);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
   }
   output_stationary::RowIdsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(n, rows[0]);
@@ -812,7 +812,7 @@ GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in
   int current = 0;
   TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, masks, rows, n, static_cast<int>(volume), &current));
   output_stationary::SortedColumnsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(masks[current], rows[current], n,
-                                                                                volume, width, neighbours);
+                                                                                volume, neighbours);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
   return GpuStatus::Ok();
 }
@@ -829,7 +829,7 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
     return GpuStatus{"gather-GEMM-store", "no tensor-core kernel for this type"};
   } else {
     if (neighbours == nullptr) {
-      int32_t* built = scratch->DeviceArray<int32_t>(a.num_out * (a.volume + 2));
+      int32_t* built = scratch->DeviceArray<int32_t>(a.num_out * NeighbourTableWidth(a.volume));
       if (built == nullptr) return GpuStatus::OutOfMemory("neighbour table");
       TF_SPARSECONV_RETURN_IF_ERROR(BuildNeighbourTable(stream, scratch, a.in_rows, a.out_rows, offsets.splits,
                                                         a.volume, a.pairs, a.num_in, a.num_out, built));
@@ -875,7 +875,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
       dataflow == SiteDataflow::kOutputs ||
       (dataflow == SiteDataflow::kAuto && sizeof(T) == 2 &&
        (deterministic || (neighbours != nullptr && a.cout <= 128)));
-  const bool output_stationary = want_outputs && pipelined && a.volume <= output_stationary::kMaxVolume;
+  const bool output_stationary = want_outputs && pipelined && a.volume <= kMaxNeighbourVolume;
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.
     TF_SPARSECONV_RETURN_IF_ERROR(

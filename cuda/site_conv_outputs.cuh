@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "gpu_util.cuh"
+#include "site_conv.h"
 #include "site_conv_mma.cuh"
 
 namespace tf_sparseconv {
@@ -46,13 +47,15 @@ using pipelined::Tf32;
 using pipelined::Tiles;
 using pipelined::WaitCopies;
 
-constexpr int64_t kMaxVolume = 32;  // one 32-bit mask per output row
+// Rows of the table hold volume + 2 int32 (NeighbourTableWidth, cc_ops/site_conv.h);
+// the kernels derive the width from the volume.
 
 // table[o * width + q] = in_rows[p] and bit q of masks[o] for every pair p of offset q.
 // Rows out of range are skipped: an unchecked map's products never run (Report).
 __global__ void NeighbourTableKernel(const int32_t* in_rows, const int32_t* out_rows, const int64_t* splits,
-                                     int64_t volume, int64_t width, int64_t pairs, int64_t num_in, int64_t num_out,
-                                     int32_t* table, uint32_t* masks) {
+                                     int64_t volume, int64_t pairs, int64_t num_in, int64_t num_out, int32_t* table,
+                                     uint32_t* masks) {
+  const int64_t width = volume + 2;
   TF_SPARSECONV_GRID_LOOP(p, pairs) {
     const int64_t lo = OwnerOf(splits, volume, p);  // the offset of pair p
     const int64_t i = in_rows[p], o = out_rows[p];
@@ -64,7 +67,8 @@ __global__ void NeighbourTableKernel(const int32_t* in_rows, const int32_t* out_
 
 // The last two columns: the sorted masks and the output row at each sorted position.
 __global__ void SortedColumnsKernel(const uint32_t* sorted_masks, const int32_t* order, int64_t n, int64_t volume,
-                                    int64_t width, int32_t* table) {
+                                    int32_t* table) {
+  const int64_t width = volume + 2;
   TF_SPARSECONV_GRID_LOOP(i, n) {
     table[i * width + volume] = static_cast<int32_t>(sorted_masks[i]);
     table[i * width + volume + 1] = order[i];
@@ -101,8 +105,8 @@ __device__ inline void Store8(uint16_t* dst, const float* v) {
 template <typename M, int kBN>
 __global__ void __launch_bounds__(kBlockThreads)
     GatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
-                          const int32_t* table, int64_t volume, int64_t num_out, int64_t cin, int64_t cout, int64_t col_tiles, const Report* report,
-                          typename Element<M>::Stored* out) {
+                          const int32_t* table, int64_t volume, int64_t num_out, int64_t cin, int64_t cout,
+                          int64_t col_tiles, const Report* report, typename Element<M>::Stored* out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (report != nullptr && !ChecksPassed(report)) return;
   using T = Tiles<M, kBN>;
@@ -113,7 +117,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   S* b_stages = a_stages + kStages * T::kAStage;
   float* staging = reinterpret_cast<float*>(shared + T::kPipelineBytes);
   int32_t* rows = reinterpret_cast<int32_t*>(shared + T::kPipelineBytes + T::kStagingBytes);
-  __shared__ int offsets[kMaxVolume];
+  __shared__ int offsets[kMaxNeighbourVolume];
   __shared__ int num_offsets;
   __shared__ unsigned int tile_mask;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

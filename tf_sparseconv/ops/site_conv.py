@@ -92,9 +92,9 @@ def _wants_tables(dtype, kmap):
     so reused) should build its neighbour table: on a GPU, for half and bfloat16, whose
     output-stationary kernel from a ready table is the faster dataflow there up to 128
     output channels (H200, README; the op decides per call); never for float (its TF32
-    kernel is faster on pairs). The table is only
-    read with a trusted map. TF_SPARSECONV_SITE_TABLES=always|never overrides (always:
-    also on the CPU, whose kernel checks and ignores it; for tests)."""
+    kernel is faster on pairs). The table is only read with a trusted map.
+    TF_SPARSECONV_SITE_TABLES=always|never overrides (always: also on the CPU, whose
+    kernel checks and ignores it; for tests)."""
     if not kmap.trusted or kmap.volume > 32:
         return False
     choice = os.environ.get("TF_SPARSECONV_SITE_TABLES", "auto")
@@ -106,13 +106,15 @@ def _wants_tables(dtype, kmap):
             and bool(tf.config.list_logical_devices("GPU")))
 
 
-_NO_TABLE_SHAPE = [0]
+def _no_table():
+    """SiteSparseConv's empty neighbours input."""
+    return tf.zeros([0], tf.int32)
 
 
 def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted, neighbours=None):
     filters = tf.reshape(kernel, [-1, kernel.shape[-2], kernel.shape[-1]])
     if neighbours is None:
-        neighbours = tf.zeros(_NO_TABLE_SHAPE, tf.int32)
+        neighbours = _no_table()
     return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out, neighbours,
                                  map_is_trusted=trusted)
 
@@ -307,7 +309,7 @@ def _site_sparse_conv_grad(op, out_grad):
     # each offset's filter transposed.
     # (The forward's neighbour table is of no use to the reversed pairs.)
     features_grad = _ops.site_sparse_conv(out_grad, tf.transpose(filters, [0, 2, 1]), out_rows, in_rows, splits,
-                                          tf.shape(features)[0], tf.zeros(_NO_TABLE_SHAPE, tf.int32),
+                                          tf.shape(features)[0], _no_table(),
                                           map_is_trusted=trusted)
     filters_grad = _ops.site_sparse_conv_filter_grad(features, out_grad, in_rows, out_rows, splits,
                                                      map_is_trusted=trusted)
