@@ -29,6 +29,8 @@ def recipe(results):
     return (f"{results['optimizer']} lr {results['lr']:g} {results['lr_schedule']}"
             + (f", augmented ({results['augment']})" if results["augment"] else "")
             + (f", features {'+'.join(features)}" if features != ["occupancy"] else "")
+            + (f", weight decay {results['weight_decay']:g}" if results.get("weight_decay") else "")
+            + (f", label smoothing {results['label_smoothing']:g}" if results.get("label_smoothing") else "")
             # Runs before train.py recorded its initialisation used Keras' Glorot default.
             + (", He init" if results.get("init") == "he_normal" else ""))
 

@@ -181,3 +181,47 @@ def test_cosine_schedule_decays_to_zero_and_fixes_the_epochs_of_a_backup(tmp_pat
     with pytest.raises(SystemExit):
         train.main(common + ["--epochs", "3", "--out", str(tmp_path / "b")])
     assert "epochs: 2 there, 3 now" in capsys.readouterr().err
+
+
+def test_smoothed_crossentropy_matches_its_definition():
+    from tf_sparseconv.losses import SmoothedSparseCrossentropy
+    rng = np.random.default_rng(7)
+    logits = rng.normal(size=(6, 5)).astype(np.float32)
+    labels = rng.integers(0, 5, size=6)
+    log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    for s in (0.0, 0.1, 0.3):
+        target = np.full((6, 5), s / 5)
+        target[np.arange(6), labels] += 1 - s
+        got = float(SmoothedSparseCrossentropy(s)(labels, logits))
+        assert got == pytest.approx(-(target * log_p).sum(axis=1).mean(), rel=1e-5)
+    plain = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
+    assert float(SmoothedSparseCrossentropy(0.0)(labels, logits)) == pytest.approx(float(plain), rel=1e-6)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        SmoothedSparseCrossentropy(1.0)
+
+
+@pytest.mark.parametrize("name", ["adam", "adagrad"])
+def test_weight_decay_shrinks_kernels_and_spares_biases(name):
+    layer = keras.layers.Dense(3, bias_initializer="ones")
+    layer.build((None, 4))
+    kernel, bias = layer.kernel.numpy(), layer.bias.numpy()
+    optimizer = train.build_optimizer(name, 0.1, weight_decay=0.5)
+    # Adam's step of a zero gradient is zero, Adagrad's too: only the decay moves weights.
+    optimizer.apply_gradients([(np.zeros_like(kernel), layer.kernel), (np.zeros_like(bias), layer.bias)])
+    np.testing.assert_allclose(layer.kernel.numpy(), kernel * (1 - 0.1 * 0.5), rtol=1e-6)
+    np.testing.assert_array_equal(layer.bias.numpy(), bias)
+    assert train.build_optimizer(name, 0.1).weight_decay is None
+
+
+def test_weight_decay_and_label_smoothing_are_recorded_and_reload(tmp_path, capsys):
+    results = train.main(["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--epochs", "1",
+                          "--synthetic-per-class", "6", "--batch-size", "8", "--weight-decay", "0.05",
+                          "--label-smoothing", "0.1", "--out", str(tmp_path)])
+    assert results["weight_decay"] == 0.05 and results["label_smoothing"] == 0.1
+    model = keras.models.load_model(tmp_path / "model.keras")  # the smoothed loss deserialises
+    assert model.loss.label_smoothing == pytest.approx(0.1)
+    for flags, message in ((["--weight-decay", "-1"], "--weight-decay must be >= 0"),
+                           (["--label-smoothing", "1"], "--label-smoothing must be in")):
+        with pytest.raises(SystemExit):
+            train.main(["--dataset", "synthetic", *flags, "--out", str(tmp_path)])
+        assert message in capsys.readouterr().err

@@ -27,6 +27,7 @@ import tensorflow as tf
 from tf_sparseconv import data as datasets
 from tf_sparseconv.keras_layers import (DensityRegularizer, WarningShotPruning, as_keras_inputs,
                                         as_site_keras_inputs, present_weight_count, sparse_conv_layers)
+from tf_sparseconv.losses import SmoothedSparseCrossentropy
 from tf_sparseconv.memory_bound import memory_bound
 from tf_sparseconv.models import DEFAULT_RHOS, octnet3, site_resnet
 from tf_sparseconv.ops.site_conversions import from_channel_sparse
@@ -129,6 +130,17 @@ class EpochLog(keras.callbacks.Callback):
 RESUMABLE_CHANGES = ("epochs", "out", "backup_dir", "vote_mirror")
 
 
+def build_optimizer(name, learning_rate, weight_decay=0.0):
+    """Adam or Adagrad; weight_decay > 0 shrinks every kernel by lr * weight_decay per step
+    apart from the gradient step (decoupled, as AdamW), biases excluded."""
+    decay = dict(weight_decay=weight_decay) if weight_decay > 0 else {}
+    optimizer = (keras.optimizers.Adam(learning_rate, **decay) if name == "adam"
+                 else keras.optimizers.Adagrad(learning_rate, **decay))
+    if decay:
+        optimizer.exclude_from_weight_decay(var_names=["bias"])
+    return optimizer
+
+
 def prepare_backup_dir(parser, args):
     os.makedirs(args.backup_dir, exist_ok=True)
     path = os.path.join(args.backup_dir, "run_args.json")
@@ -196,6 +208,10 @@ def build_parser():
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--optimizer", choices=("adam", "adagrad"), default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0,
+                   help="decoupled weight decay of kernels (biases excluded; with adam: AdamW); 0: off")
+    p.add_argument("--label-smoothing", type=float, default=0.0,
+                   help="smooth the training targets toward uniform by this much (0: plain cross-entropy)")
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
                    help="cosine: from --lr down to 0 over all --epochs (a backed-up run then keeps its --epochs)")
     p.add_argument("--val-fraction", type=float, default=0.1)
@@ -231,6 +247,10 @@ def _check_model_options(parser, args):
                                                 ("--prune-eps", args.prune_eps > 0), ("--init", args.init)) if given]
         if octnet_only:
             parser.error(f"{', '.join(octnet_only)} apply to the channel-sparse octnet3 model, not site-resnet")
+    if args.weight_decay < 0:
+        parser.error(f"--weight-decay must be >= 0, got {args.weight_decay}")
+    if not 0 <= args.label_smoothing < 1:
+        parser.error(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     if args.vote_mirror and args.dataset == "mnist":
         parser.error("--vote-mirror applies to point clouds, not to MNIST digits (mirroring changes a digit)")
     if args.dataset == "mnist" and args.features != ["occupancy"]:
@@ -291,9 +311,10 @@ def main(argv=None):
     if args.lr_schedule == "cosine":
         steps_per_epoch = -(-len(train_idx) // args.batch_size)
         learning_rate = keras.optimizers.schedules.CosineDecay(args.lr, decay_steps=args.epochs * steps_per_epoch)
-    optimizer = (keras.optimizers.Adam(learning_rate) if args.optimizer == "adam"
-                 else keras.optimizers.Adagrad(learning_rate))
-    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    optimizer = build_optimizer(args.optimizer, learning_rate, args.weight_decay)
+    loss = (SmoothedSparseCrossentropy(args.label_smoothing) if args.label_smoothing > 0
+            else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer, loss, metrics=["accuracy"])
     bound = None if site else memory_bound(model, args.batch_size)
     callbacks = [EpochTimer()]
     pruning = WarningShotPruning(args.prune_eps) if args.prune_eps > 0 else None
@@ -340,6 +361,7 @@ def main(argv=None):
         "peak_rss_bytes": max([peak_rss_bytes(), *history.get("peak_rss_bytes", [])]),
         "peak_gpu_bytes": peak_gpu_bytes(), "device": device_description(),
         "lr": args.lr, "lr_schedule": args.lr_schedule, "optimizer": args.optimizer, "augment": args.augment,
+        "weight_decay": args.weight_decay, "label_smoothing": args.label_smoothing,
         "init": None if site else args.init or "he_normal", "features": None if image_data else list(args.features),
     }
     if site:
