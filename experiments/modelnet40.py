@@ -70,6 +70,9 @@ def main():
     p.add_argument("--replace", action="store_true",
                    help="start modelnet40.json afresh (default: keep the rows of other recipes)")
     p.add_argument("--vote-mirror", action="store_true", help="as python -m tf_sparseconv.train --vote-mirror")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="as python -m tf_sparseconv.train --weight-decay")
+    p.add_argument("--label-smoothing", type=float, default=0.0,
+                   help="as python -m tf_sparseconv.train --label-smoothing")
     p.add_argument("--features", nargs="+", default=["occupancy"], help="as python -m tf_sparseconv.train --features")
     p.add_argument("--replot", action="store_true", help="only redraw modelnet40.png and print the rows, no training")
     p.add_argument("--add-results", nargs="+", metavar="RESULTS_JSON",
@@ -108,6 +111,7 @@ def main():
             train_args += ["--augment", args.augment] if args.augment else []
             train_args += ["--vote-mirror"] if args.vote_mirror else []
             train_args += ["--features", *args.features]
+            train_args += ["--weight-decay", args.weight_decay, "--label-smoothing", args.label_smoothing]
             train_args += ["--data-dir", args.data_dir] if args.data_dir else []
             if args.backup_root:
                 train_args += ["--backup-dir", os.path.join(os.path.abspath(args.backup_root), f"modelnet40_{r}")]
