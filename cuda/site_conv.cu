@@ -30,6 +30,12 @@
 // scatter-add as the CUDA-core path. A product of two half or bfloat16 values is exact
 // in float32, so the tensor cores change only the order of the float32 sums.
 //
+// float on sm_80 and later has kernels of its own with the gathers pipelined through
+// cp.async: site_conv_simt.cuh (CUDA cores, TF32 not allowed), site_conv_tf32.cuh
+// (mma.sync TF32) and, for the filter gradient, site_conv_filter_grad.cuh (both); the
+// kernels below remain those of double, of sm_75 and of rows that are not whole 16-byte
+// vectors.
+//
 // Filter gradient. dW[q] = X[in_rows]^T G[out_rows] over q's pairs is a reduction over
 // pairs: each offset's pairs are cut into fixed chunks, a block computes one chunk's
 // partial product for a [64 x 64] tile of dW[q], and a second kernel adds the partials of
@@ -52,7 +58,10 @@
 #include "gpu_util.cuh"
 #include "site_conv_gpu.h"
 #include "site_conv_mma.cuh"
+#include "site_conv_filter_grad.cuh"
 #include "site_conv_outputs.cuh"
+#include "site_conv_simt.cuh"
+#include "site_conv_tf32.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -737,6 +746,60 @@ bool UsePipelined(const SiteConvArgs<T>& a, bool allow_tf32) {
   }
 }
 
+// Whether float's forward runs on site_conv_simt.cuh's pipelined CUDA-core kernel: sm_80
+// and later with TF32 not allowed; whole 16-byte vectors per row.
+template <typename T>
+bool UseSimtPipelined(const SiteConvArgs<T>& a, bool allow_tf32) {
+  if constexpr (!std::is_same<T, float>::value) {
+    return false;
+  } else {
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    return !allow_tf32 && a.cin > 0 && a.cin % 4 == 0 && a.cout % 4 == 0 && aligned(a.features) &&
+           aligned(a.filters) && CurrentComputeMajor() >= 8;
+  }
+}
+
+template <int kBN, bool kAtomic>
+GpuStatus LaunchSimtTiles(Stream stream, const SiteConvArgs<float>& a, const OffsetTable& table, int64_t first_tile,
+                          int64_t num_tiles, const Report* report, float* out) {
+  using Layout = simt::Layout<kBN>;
+  const auto kernel = simt::GatherGemmScatterKernel<kBN, kAtomic>;
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
+      "gather-GEMM-scatter (shared memory)");
+  const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
+  kernel<<<GridFor(num_tiles * col_tiles), simt::kBlockThreads, Layout::kSharedBytes, stream>>>(
+      a.features, a.filters, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, a.cin, a.cout, col_tiles,
+      first_tile, num_tiles, report, out);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-scatter");
+  return GpuStatus::Ok();
+}
+
+template <int kBN, bool kAtomic>
+GpuStatus LaunchTf32Tiles(Stream stream, const SiteConvArgs<float>& a, const OffsetTable& table, int64_t first_tile,
+                          int64_t num_tiles, const Report* report, float* out) {
+  using Layout = tf32::Layout<kBN>;
+  const auto kernel = tf32::GatherGemmScatterKernel<kBN, kAtomic>;
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
+      "gather-GEMM-scatter (shared memory)");
+  const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
+  kernel<<<GridFor(num_tiles * col_tiles), tf32::kBlockThreads, Layout::kSharedBytes, stream>>>(
+      a.features, a.filters, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, a.cin, a.cout, col_tiles,
+      first_tile, num_tiles, report, out);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-scatter");
+  return GpuStatus::Ok();
+}
+
+// Output tiles as wide as cout needs, up to 128 columns.
+template <bool kAtomic>
+GpuStatus LaunchSimt(Stream stream, const SiteConvArgs<float>& a, const OffsetTable& table, int64_t first_tile,
+                     int64_t num_tiles, const Report* report, float* out) {
+  if (a.cout <= 32) return LaunchSimtTiles<32, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+  if (a.cout <= 64) return LaunchSimtTiles<64, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+  return LaunchSimtTiles<128, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+}
+
 template <typename M, int kBN, bool kAtomic, typename T>
 GpuStatus LaunchPipelinedTiles(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table,
                                int64_t first_tile, int64_t num_tiles, const Report* report, float* out) {
@@ -762,6 +825,11 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const OffsetT
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
     return GpuStatus{"gather-GEMM-scatter", "no tensor-core kernel for this type"};
+  } else if constexpr (std::is_same<M, pipelined::Tf32>::value) {
+    // float with TF32: site_conv_tf32.cuh's mma.sync kernel.
+    if (a.cout <= 32) return LaunchTf32Tiles<32, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+    if (a.cout <= 64) return LaunchTf32Tiles<64, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+    return LaunchTf32Tiles<128, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
   } else {
     if (a.cout <= 32) return LaunchPipelinedTiles<M, 32, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
     if (a.cout <= 64) return LaunchPipelinedTiles<M, 64, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
@@ -785,6 +853,43 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
       a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
   return GpuStatus::Ok();
+}
+
+template <int kBM, int kBN, bool kTf32>
+GpuStatus LaunchFilterGradTiles(Stream stream, const SiteConvArgs<float>& a, const float* out_grad,
+                                const OffsetTable& table, int64_t chunk_pairs, const Report* report, float* partial) {
+  using Layout = filter_grad::Layout<kBM, kBN>;
+  const auto kernel = filter_grad::PartialKernel<kBM, kBN, kTf32>;
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
+      "filter gradient (shared memory)");
+  const int64_t in_tiles = (a.cin + kBM - 1) / kBM, out_tiles = (a.cout + kBN - 1) / kBN;
+  kernel<<<GridFor(table.units * in_tiles * out_tiles), filter_grad::kBlockThreads, Layout::kSharedBytes, stream>>>(
+      a.features, out_grad, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs, table.units,
+      a.cin, a.cout, in_tiles, out_tiles, report, partial);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  return GpuStatus::Ok();
+}
+
+template <bool kTf32>
+GpuStatus LaunchFilterGradTf32Or(Stream stream, const SiteConvArgs<float>& a, const float* out_grad,
+                                 const OffsetTable& table, int64_t chunk_pairs, int64_t tile_in, int64_t tile_out,
+                                 const Report* report, float* partial) {
+  if (tile_in == 128 && tile_out == 128) {
+    return LaunchFilterGradTiles<128, 128, kTf32>(stream, a, out_grad, table, chunk_pairs, report, partial);
+  }
+  if (tile_in == 128) return LaunchFilterGradTiles<128, 64, kTf32>(stream, a, out_grad, table, chunk_pairs, report, partial);
+  if (tile_out == 128) return LaunchFilterGradTiles<64, 128, kTf32>(stream, a, out_grad, table, chunk_pairs, report, partial);
+  return LaunchFilterGradTiles<64, 64, kTf32>(stream, a, out_grad, table, chunk_pairs, report, partial);
+}
+
+// site_conv_filter_grad.cuh's partial products in [tile_in x tile_out] tiles (64 or 128).
+GpuStatus LaunchFilterGradPipelined(Stream stream, const SiteConvArgs<float>& a, const float* out_grad,
+                                    const OffsetTable& table, int64_t chunk_pairs, int64_t tile_in, int64_t tile_out,
+                                    bool tf32, const Report* report, float* partial) {
+  return tf32 ? LaunchFilterGradTf32Or<true>(stream, a, out_grad, table, chunk_pairs, tile_in, tile_out, report, partial)
+              : LaunchFilterGradTf32Or<false>(stream, a, out_grad, table, chunk_pairs, tile_in, tile_out, report,
+                                              partial);
 }
 
 // SiteNeighbourTable's layout (site_conv_outputs.cuh) of a map with volume <= 32 into
@@ -851,9 +956,10 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
   Report* device_report = nullptr;  // stays nullptr for a trusted map: the kernels then skip the report
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
   const bool pipelined = UsePipelined(a, allow_tf32);
+  const bool simt = UseSimtPipelined(a, allow_tf32);
   OffsetTable table;
   TF_SPARSECONV_RETURN_IF_ERROR(UploadOffsetTable(stream, scratch, a.offset_splits, a.volume, checked,
-                                                  pipelined ? pipelined::kBM : kTileRows, &table));
+                                                  pipelined || simt ? pipelined::kBM : kTileRows, &table));
   const int64_t features = a.num_in * a.cin;
   if (!trusted) {
     TF_SPARSECONV_RETURN_IF_ERROR(CheckMap(stream, scratch, a.in_rows, a.out_rows, table.splits, checked, a.num_in,
@@ -901,13 +1007,26 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
               continue;
             }
           }
+          if constexpr (std::is_same<T, float>::value) {
+            if (simt) {
+              TF_SPARSECONV_RETURN_IF_ERROR((LaunchSimt<false>(stream, a, table, first, count, device_report, acc)));
+              continue;
+            }
+          }
           TF_SPARSECONV_RETURN_IF_ERROR((LaunchGatherGemmScatter<T, A, false>(stream, a, table, first, count,
                                                                                device_report, acc)));
         }
       } else if constexpr (std::is_same<A, float>::value) {
-        TF_SPARSECONV_RETURN_IF_ERROR(
-            (pipelined ? LaunchPipelined<true>(stream, a, table, 0, table.units, device_report, acc)
-                       : LaunchGatherGemmScatter<T, A, true>(stream, a, table, 0, table.units, device_report, acc)));
+        if (pipelined) {
+          TF_SPARSECONV_RETURN_IF_ERROR((LaunchPipelined<true>(stream, a, table, 0, table.units, device_report, acc)));
+        } else if constexpr (std::is_same<T, float>::value) {
+          TF_SPARSECONV_RETURN_IF_ERROR(
+              (simt ? LaunchSimt<true>(stream, a, table, 0, table.units, device_report, acc)
+                    : LaunchGatherGemmScatter<T, A, true>(stream, a, table, 0, table.units, device_report, acc)));
+        } else {
+          TF_SPARSECONV_RETURN_IF_ERROR(
+              (LaunchGatherGemmScatter<T, A, true>(stream, a, table, 0, table.units, device_report, acc)));
+        }
       } else {
         TF_SPARSECONV_RETURN_IF_ERROR(
             (LaunchGatherGemmScatter<T, A, true>(stream, a, table, 0, table.units, device_report, acc)));
@@ -932,8 +1051,15 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
   const bool tf32 = std::is_same<T, float>::value && allow_tf32 && CurrentComputeMajor() >= 8;
   Report* device_report = nullptr;  // stays nullptr for a trusted map
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
-  const int64_t in_tiles = (a.cin + kTileCols - 1) / kTileCols;
-  const int64_t out_tiles = (a.cout + kTileCols - 1) / kTileCols;
+  // float on sm_80+ with whole 16-byte vectors: site_conv_filter_grad.cuh's pipelined
+  // kernels, in tiles of 64 or 128 channels each way.
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool pipelined = std::is_same<T, float>::value && a.cin % 4 == 0 && a.cout % 4 == 0 &&
+                         aligned(a.features) && aligned(out_grad) && CurrentComputeMajor() >= 8;
+  const int64_t tile_in = pipelined && a.cin > 64 ? 128 : kTileCols;
+  const int64_t tile_out = pipelined && a.cout > 64 ? 128 : kTileCols;
+  const int64_t in_tiles = (a.cin + tile_in - 1) / tile_in;
+  const int64_t out_tiles = (a.cout + tile_out - 1) / tile_out;
   // Chunks: a function of the shapes only, so the partition (and the sum order) is the
   // same on every run and every GPU.
   const double target = static_cast<double>(a.pairs) * static_cast<double>(in_tiles * out_tiles) / kFilterGradBlocks;
@@ -954,12 +1080,20 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
     if (table.units > 0) {
       partial = scratch->DeviceArray<A>(table.units * slice);
       if (partial == nullptr) return GpuStatus::OutOfMemory("filter gradient partial sums");
-      const auto kernel = tf32 ? FilterGradPartialKernel<T, A, std::is_same<T, float>::value>
-                               : FilterGradPartialKernel<T, A, false>;
-      kernel<<<GridFor(table.units * in_tiles * out_tiles), kThreads, 0, stream>>>(
-          a.features, out_grad, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs,
-          table.units, a.cin, a.cout, in_tiles, out_tiles, device_report, partial);
-      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+      if constexpr (std::is_same<T, float>::value) {
+        if (pipelined) {
+          TF_SPARSECONV_RETURN_IF_ERROR(LaunchFilterGradPipelined(stream, a, out_grad, table, chunk_pairs, tile_in,
+                                                                  tile_out, tf32, device_report, partial));
+        }
+      }
+      if (!pipelined) {
+        const auto kernel = tf32 ? FilterGradPartialKernel<T, A, std::is_same<T, float>::value>
+                                 : FilterGradPartialKernel<T, A, false>;
+        kernel<<<GridFor(table.units * in_tiles * out_tiles), kThreads, 0, stream>>>(
+            a.features, out_grad, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs,
+            table.units, a.cin, a.cout, in_tiles, out_tiles, device_report, partial);
+        TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+      }
     }
     FilterGradReduceKernel<T, A><<<BlocksFor(a.volume * slice), kThreads, 0, stream>>>(
         partial, table.unit_begin, a.volume, slice, filter_grad);

@@ -46,7 +46,8 @@ enum SiteConvCheck { kSiteRows = 0, kSiteRepeat = 1, kSiteNaN = 2 };
 // NaN scan, report untouched, and it returns once the work is queued.
 // half (sm_70+) and bfloat16 (sm_80+) multiply on tensor cores; so does float through
 // TF32 where allow_tf32 (TensorFlow's tensor_float_32_execution_enabled()) on sm_80+,
-// when cin and cout are multiples of 4 (float) or 8 (16-bit types).
+// when cin and cout are multiples of 4 (float) or 8 (16-bit types); float without TF32
+// on sm_80+ with such rows runs a pipelined CUDA-core kernel (site_conv_simt.cuh).
 // Temporary memory: num_out * volume / 8 bytes (the repeat check), 16 * (volume + 1),
 // and num_out * cout * 4 for half and bfloat16 (the float32 accumulator).
 // The forward's dataflow on sm_80+ where the tensor-core kernels apply and volume <= 32:
@@ -83,7 +84,8 @@ GpuStatus SiteNeighbourTableGpu(Stream stream, Scratch* scratch, const int32_t* 
 // map (as for the forward: no row checks, report untouched, returns once queued).
 // Temporary memory: num_out * volume / 8 bytes, 16 * (volume + 1), and the partial sums:
 // about min(pairs / 512, 2048 / tiles + volume) * cin * cout * sizeof(accumulator),
-// tiles = ceil(cin / 64) * ceil(cout / 64).
+// tiles = ceil(cin / 64) * ceil(cout / 64) (float on sm_80+ with rows of whole 16-byte
+// vectors: tiles of 128 channels on a side above 64 channels, site_conv_filter_grad.cuh).
 template <typename T>
 GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
                                 const CheckedMap& checked, bool allow_tf32, bool trusted,

@@ -561,8 +561,9 @@ def test_trusted_calls_check_splits_on_the_host_and_skip_the_nan_scan_on_gpu(rng
 # --- float32 through TF32 -------------------------------------------------------------------------
 
 # (cin, cout): 32-, 64- and 128-column tiles; channel steps of 16 with tails of 8; a second
-# column tile of 4 columns.
-TF32_CASES = [(8, 8), (24, 40), (128, 72), (40, 132)]
+# column tile of 4 columns; the filter gradient's tiles of 64 x 64, 128 x 128, 64 x 128 and
+# 128 x 64 channels (the last with tails of 4 both ways).
+TF32_CASES = [(8, 8), (24, 40), (128, 72), (40, 132), (100, 36)]
 
 
 @pytest.mark.parametrize("cin,cout", TF32_CASES, ids=lambda v: str(v))
