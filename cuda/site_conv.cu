@@ -30,11 +30,11 @@
 // scatter-add as the CUDA-core path. A product of two half or bfloat16 values is exact
 // in float32, so the tensor cores change only the order of the float32 sums.
 //
-// float on sm_80 and later has kernels of its own with the gathers pipelined through
-// cp.async: site_conv_simt.cuh (CUDA cores, TF32 not allowed), site_conv_tf32.cuh
-// (mma.sync TF32) and, for the filter gradient, site_conv_filter_grad.cuh (both); the
-// kernels below remain those of double, of sm_75 and of rows that are not whole 16-byte
-// vectors.
+// On sm_80 and later, rows of whole 16-byte vectors take pipelined kernels of their own
+// (gathers through cp.async): site_conv_mma_sync.cuh (mma.sync: half, bfloat16, and
+// float with TF32), site_conv_simt.cuh (float, CUDA cores, TF32 not allowed) and, for
+// float's filter gradient, site_conv_filter_grad.cuh; the kernels below remain those of
+// double, of sm_75 (and sm_70 half) and of other rows.
 //
 // Filter gradient. dW[q] = X[in_rows]^T G[out_rows] over q's pairs is a reduction over
 // pairs: each offset's pairs are cut into fixed chunks, a block computes one chunk's
@@ -61,7 +61,7 @@
 #include "site_conv_filter_grad.cuh"
 #include "site_conv_outputs.cuh"
 #include "site_conv_simt.cuh"
-#include "site_conv_tf32.cuh"
+#include "site_conv_mma_sync.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -775,18 +775,19 @@ GpuStatus LaunchSimtTiles(Stream stream, const SiteConvArgs<float>& a, const Off
   return GpuStatus::Ok();
 }
 
-template <int kBN, bool kAtomic>
-GpuStatus LaunchTf32Tiles(Stream stream, const SiteConvArgs<float>& a, const OffsetTable& table, int64_t first_tile,
-                          int64_t num_tiles, const Report* report, float* out) {
-  using Layout = tf32::Layout<kBN>;
-  const auto kernel = tf32::GatherGemmScatterKernel<kBN, kAtomic>;
+template <typename M, int kBN, bool kAtomic, typename T>
+GpuStatus LaunchMmaSyncTiles(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table, int64_t first_tile,
+                             int64_t num_tiles, const Report* report, float* out) {
+  using Layout = mma_sync::Layout<M, kBN>;
+  using S = typename Layout::S;
+  const auto kernel = mma_sync::GatherGemmScatterKernel<M, kBN, kAtomic>;
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
       "gather-GEMM-scatter (shared memory)");
   const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
-  kernel<<<GridFor(num_tiles * col_tiles), tf32::kBlockThreads, Layout::kSharedBytes, stream>>>(
-      a.features, a.filters, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, a.cin, a.cout, col_tiles,
-      first_tile, num_tiles, report, out);
+  kernel<<<GridFor(num_tiles * col_tiles), mma_sync::kBlockThreads, Layout::kSharedBytes, stream>>>(
+      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), a.in_rows, a.out_rows,
+      table.splits, table.unit_begin, a.volume, a.cin, a.cout, col_tiles, first_tile, num_tiles, report, out);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-scatter");
   return GpuStatus::Ok();
 }
@@ -800,24 +801,6 @@ GpuStatus LaunchSimt(Stream stream, const SiteConvArgs<float>& a, const OffsetTa
   return LaunchSimtTiles<128, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
 }
 
-template <typename M, int kBN, bool kAtomic, typename T>
-GpuStatus LaunchPipelinedTiles(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table,
-                               int64_t first_tile, int64_t num_tiles, const Report* report, float* out) {
-  using Tiles = pipelined::Tiles<M, kBN>;
-  using S = typename pipelined::Element<M>::Stored;
-  const auto kernel = pipelined::GatherGemmScatterKernel<M, kBN, kAtomic>;
-  // Above 48 KiB of dynamic shared memory a kernel must opt in (per device, so every time).
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tiles::kSharedBytes)),
-      "gather-GEMM-scatter (shared memory)");
-  const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
-  kernel<<<GridFor(num_tiles * col_tiles), pipelined::kBlockThreads, Tiles::kSharedBytes, stream>>>(
-      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), a.in_rows, a.out_rows,
-      table.splits, table.unit_begin, a.volume, a.cin, a.cout, col_tiles, first_tile, num_tiles, report, out);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-scatter");
-  return GpuStatus::Ok();
-}
-
 // Output tiles as wide as cout needs, up to 128 columns.
 template <bool kAtomic, typename T>
 GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table, int64_t first_tile,
@@ -825,15 +808,11 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const OffsetT
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
     return GpuStatus{"gather-GEMM-scatter", "no tensor-core kernel for this type"};
-  } else if constexpr (std::is_same<M, pipelined::Tf32>::value) {
-    // float with TF32: site_conv_tf32.cuh's mma.sync kernel.
-    if (a.cout <= 32) return LaunchTf32Tiles<32, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
-    if (a.cout <= 64) return LaunchTf32Tiles<64, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
-    return LaunchTf32Tiles<128, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
   } else {
-    if (a.cout <= 32) return LaunchPipelinedTiles<M, 32, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
-    if (a.cout <= 64) return LaunchPipelinedTiles<M, 64, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
-    return LaunchPipelinedTiles<M, 128, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+    // site_conv_mma_sync.cuh's kernel (float with TF32, half, bfloat16).
+    if (a.cout <= 32) return LaunchMmaSyncTiles<M, 32, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+    if (a.cout <= 64) return LaunchMmaSyncTiles<M, 64, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+    return LaunchMmaSyncTiles<M, 128, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
   }
 }
 

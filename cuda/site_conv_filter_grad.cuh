@@ -1,6 +1,6 @@
 // SiteSparseConvFilterGrad's partial products for float on sm_80 and later, with the
 // pairs' rows pipelined through cp.async: on the CUDA cores (kTf32 false: TF32 not
-// allowed) or on the tensor cores through mma.sync m16n8k8 TF32 (site_conv_tf32.cuh).
+// allowed) or on the tensor cores through mma.sync m16n8k8 TF32 (site_conv_mma_sync.cuh).
 //
 // dW[q] = X[in_rows]^T G[out_rows] over q's pairs. As site_conv.cu's kernels, a block
 // computes one chunk's partial product for one [kBM input channels x kBN output channels]
@@ -31,7 +31,7 @@
 
 #include "gpu_util.cuh"
 #include "site_conv_mma.cuh"
-#include "site_conv_tf32.cuh"
+#include "site_conv_mma_sync.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -146,17 +146,17 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
           for (int i = 0; i < L::kFM; ++i) {
             const float* ai = xs + k8 * L::kLdX + 16 * i;
-            af[i][0] = tf32::ToTf32(ai[0]);
-            af[i][1] = tf32::ToTf32(ai[8]);
-            af[i][2] = tf32::ToTf32(ai[4 * L::kLdX]);
-            af[i][3] = tf32::ToTf32(ai[4 * L::kLdX + 8]);
+            af[i][0] = mma_sync::ToTf32(ai[0]);
+            af[i][1] = mma_sync::ToTf32(ai[8]);
+            af[i][2] = mma_sync::ToTf32(ai[4 * L::kLdX]);
+            af[i][3] = mma_sync::ToTf32(ai[4 * L::kLdX + 8]);
           }
 #pragma unroll
           for (int j = 0; j < L::kFN; ++j) {
             const float* bj = gs + k8 * L::kLdG + 8 * j;
-            const uint32_t b0 = tf32::ToTf32(bj[0]), b1 = tf32::ToTf32(bj[4 * L::kLdG]);
+            const uint32_t b0 = mma_sync::ToTf32(bj[0]), b1 = mma_sync::ToTf32(bj[4 * L::kLdG]);
 #pragma unroll
-            for (int i = 0; i < L::kFM; ++i) tf32::MmaTf32(acc[i][j], af[i], b0, b1);
+            for (int i = 0; i < L::kFM; ++i) mma_sync::MmaTf32(acc[i][j], af[i], b0, b1);
           }
         }
       }

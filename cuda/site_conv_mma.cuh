@@ -1,24 +1,19 @@
-// The forward gather-GEMM-scatter of SiteSparseConv (and so its input gradient) on the
-// tensor cores of sm_80 and later, with the gathers pipelined through cp.async: half and
-// bfloat16 always, float through TF32 when TensorFlow allows TF32 (its default; the op
-// asks tensor_float_32_execution_enabled()).
+// The pieces the pipelined site-convolution kernels of sm_80 and later share: tiles of
+// kBM = 128 pairs or output rows whose input rows are gathered through cp.async (16 bytes
+// per copy, zero-filled past the pairs and channels) kStages - 1 steps ahead of the step
+// being multiplied, the 16-byte atomic adds of sm_90, and the WMMA products of the
+// output-stationary kernel (site_conv_outputs.cuh): 8 warps each own a 16 x 32, 32 x 32
+// or 32 x 64 piece of the tile, so each fragment load feeds 2 to 4 MMAs.
 //
-// Why a second kernel beside site_conv.cu's: that one stages each 64 x 32 step through
-// registers and does two MMAs per fragment load, so its SMs wait on shared memory and on
-// the gather's latency. Here a block owns 128 pairs of one offset and kBN output
-// channels; 8 warps each own a 16 x 32, 32 x 32 or 32 x 64 piece (4 to 8 accumulators,
-// so each fragment load feeds 2 to 4 MMAs), and the input rows and filter rows of the
-// next kStages - 1 steps are already in flight (cp.async, 16 bytes per copy, zero-filled
-// past the pairs and channels) while the current step multiplies.
+// The pair tiles' forward kernels are site_conv_mma_sync.cuh (tensor cores through
+// mma.sync: float with TF32, half, bfloat16) and site_conv_simt.cuh (float without TF32).
+// WMMA's pair-tile kernel, which this file held, was slower on an H200 (lidar frame at 5
+// cm, forward, fp16): 0.743 against 0.609 ms at 256 -> 256 channels, 0.479 against 0.384
+// at 128 -> 128 (README).
 //
-// The scatter-add stays as in site_conv.cu (atomics across offsets, or plain adds with
-// one launch per offset under op determinism), but each warp adds its own 16 x 16 pieces
-// straight from a small staging area, 8 consecutive columns per lane (one float4 atomic
-// per 4 columns on sm_90).
-//
-// Requirements (checked by the host before choosing this path): cin and cout multiples
-// of 16 bytes' worth of elements (8 half / bfloat16, 4 float) and 16-byte aligned feature
-// and filter pointers, so that every copy is one aligned 16-byte vector.
+// Requirements of every kernel built on these: cin and cout multiples of 16 bytes' worth
+// of elements (8 half / bfloat16, 4 float) and 16-byte aligned feature and filter
+// pointers, so that every copy is one aligned 16-byte vector.
 #ifndef TF_SPARSECONV_CUDA_SITE_CONV_MMA_CUH_
 #define TF_SPARSECONV_CUDA_SITE_CONV_MMA_CUH_
 
@@ -204,84 +199,6 @@ __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& is
       }
     }
   }
-}
-
-template <typename M, int kBN, bool kAtomic>
-__global__ void __launch_bounds__(kBlockThreads)
-    GatherGemmScatterKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
-                            const int32_t* in_rows, const int32_t* out_rows, const int64_t* splits,
-                            const int64_t* tile_begin, int64_t volume, int64_t cin, int64_t cout, int64_t col_tiles,
-                            int64_t first_tile, int64_t num_tiles, const Report* report, float* out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  // report: nullptr for a trusted map; otherwise the products run only if every check
-  // passed (uniform over the block, so no barrier is skipped by some threads only).
-  if (report != nullptr && !ChecksPassed(report)) return;
-  using T = Tiles<M, kBN>;
-  using S = typename T::S;
-  extern __shared__ __align__(128) unsigned char shared[];
-  S* a_stages = reinterpret_cast<S*>(shared);
-  S* b_stages = a_stages + kStages * T::kAStage;
-  float* staging = reinterpret_cast<float*>(shared + T::kPipelineBytes);
-  int32_t* rows_out = reinterpret_cast<int32_t*>(shared + T::kPipelineBytes + T::kStagingBytes);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wm = warp % T::kWarpsM, wn = warp / T::kWarpsM;
-  float* my_staging = staging + warp * 16 * kStageLd;
-  const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
-  const int64_t steps = (cin + T::kBK - 1) / T::kBK;
-  const int64_t items = num_tiles * col_tiles;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t tile = first_tile + item / col_tiles;
-    const int64_t col0 = (item % col_tiles) * kBN;
-    const int64_t q = OwnerOf(tile_begin, volume, tile);
-    const int64_t p0 = splits[q] + (tile - tile_begin[q]) * kBM;
-    const int64_t p_end = splits[q + 1];
-    if (threadIdx.x < kBM) rows_out[threadIdx.x] = p0 + threadIdx.x < p_end ? out_rows[p0 + threadIdx.x] : -1;
-    const int64_t row0 = p0 + a_row < p_end ? in_rows[p0 + a_row] : -1;
-    const int64_t row1 = p0 + a_row + 64 < p_end ? in_rows[p0 + a_row + 64] : -1;
-    const S* w = filters + q * cin * cout;
-    auto issue = [&](int64_t step) {
-      const int buffer = static_cast<int>(step % kStages);
-      const int64_t k0 = step * T::kBK;
-      S* a = a_stages + buffer * T::kAStage;
-      S* b = b_stages + buffer * T::kBStage;
-      const int64_t k = k0 + a_chunk * T::kVec;
-      CopyAsync16(a + a_row * T::kLdA + a_chunk * T::kVec, row0 >= 0 && k < cin ? features + row0 * cin + k : features,
-                  row0 >= 0 && k < cin);
-      CopyAsync16(a + (a_row + 64) * T::kLdA + a_chunk * T::kVec,
-                  row1 >= 0 && k < cin ? features + row1 * cin + k : features, row1 >= 0 && k < cin);
-      for (int v = threadIdx.x; v < T::kBVectors; v += kBlockThreads) {
-        const int kr = v / (kBN / T::kVec), cc = v % (kBN / T::kVec);
-        const int64_t kk = k0 + kr, c = col0 + cc * T::kVec;
-        const bool ok = kk < cin && c < cout;
-        CopyAsync16(b + kr * T::kLdB + cc * T::kVec, ok ? w + kk * cout + c : filters, ok);
-      }
-    };
-    Accumulators<M, kBN> acc;
-    PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, acc);
-    WaitCopies<0>();  // only empty groups can be left, but none may outlive the item
-    // Scatter-add: each warp its own accumulators, one 16 x 16 piece at a time; lane l
-    // adds row l / 2, columns 8 (l % 2) .. + 8 of the piece.
-    const int r = lane / 2, c8 = (lane % 2) * 8;
-#pragma unroll
-    for (int i = 0; i < T::kFM; ++i) {
-      const int64_t o = rows_out[wm * T::kWM + 16 * i + r];
-#pragma unroll
-      for (int j = 0; j < T::kFN; ++j) {
-        wmma::store_matrix_sync(my_staging, acc[i][j], kStageLd, wmma::mem_row_major);
-        __syncwarp();
-        const int64_t c = col0 + wn * T::kWN + 16 * j + c8;
-        if (o >= 0) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (c + 4 * h + 4 <= cout) Add4<kAtomic>(out + o * cout + c + 4 * h, my_staging + r * kStageLd + c8 + 4 * h);
-          }
-        }
-        __syncwarp();  // the staging is overwritten by the next piece
-      }
-    }
-    __syncthreads();  // rows_out and the stages are refilled by the next item
-  }
-#endif
 }
 
 }  // namespace pipelined
