@@ -18,7 +18,12 @@ def test_max_pool_matches_dense_max_pool_where_empty_cells_are_minus_infinity(rn
     coords, features = random_sites(rng, batch, shape, 0.2, 3)
     y = site_pool(make_site_sparse(coords, features, shape, batch), 2, mode="max")
     dense = tf.nn.max_pool3d(to_grid(coords, features, batch, shape, fill=-np.inf), 2, 2, "VALID").numpy()
-    expected_sites = np.argwhere(np.isfinite(dense[..., 0])).astype(np.int32)
+    # The windows holding a site, from an occupancy grid: TensorFlow's oneDNN max-pool on some
+    # CPUs (AVX-512 ones here) returns the lowest float, not -inf, for an all -inf window.
+    occupied = tf.nn.max_pool3d(to_grid(coords, np.ones((len(coords), 1), np.float32), batch, shape), 2, 2,
+                                "VALID").numpy()
+    expected_sites = np.argwhere(occupied[..., 0] > 0.5).astype(np.int32)
+    assert 0 < len(expected_sites) < occupied[..., 0].size  # some windows empty, some not
     np.testing.assert_array_equal(y.coords.numpy(), expected_sites)
     np.testing.assert_array_equal(y.features.numpy(), rows_at(dense, expected_sites))
 
