@@ -117,6 +117,20 @@ def set_dataflow(dataflow):
     os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "auto" if dataflow == "table" else dataflow
 
 
+def call_with_int64_rows(feats, w, in_rows, out_rows, splits, num_out, args):
+    """The synchronised forward call with the map's rows passed in as int64 tensors and cast to
+    int32 inside the function. TensorFlow keeps int32 arguments of a function (captured ones
+    included) in host memory, so the plain call copies both row vectors to the GPU every time;
+    int64 ones stay in device memory. The difference to the plain call is that copy's share."""
+    rows64 = (tf.cast(in_rows, tf.int64), tf.cast(out_rows, tf.int64))  # once, outside the timing
+
+    @tf.function
+    def fwd_int64_rows(f, w, i64, o64):
+        return _ops.site_sparse_conv(f, w, tf.cast(i64, tf.int32), tf.cast(o64, tf.int32), splits, num_out,
+                                     NO_TABLE, map_is_trusted=trusted)
+    return median_time(fwd_int64_rows, args.warmup, args.reps, (feats, w, *rows64))
+
+
 def run_ours(args):
     os.makedirs(args.exchange, exist_ok=True)
     device = tf.config.list_logical_devices("GPU")
@@ -201,6 +215,14 @@ def run_ours(args):
                                         "deterministic": args.deterministic})
                         print(f"  {name:<18} {dtype_name} {dataflow:<7} {pass_name}: {t * 1e3:8.3f} ms "
                               f"(device {tg * 1e3 if tg else float('nan'):8.3f} ms), {pairs:,} pairs", flush=True)
+                    if dataflow == "pairs" and args.call_int64_rows:
+                        t64 = call_with_int64_rows(feats, w, in_rows, out_rows, splits, num_out, args)
+                        results.append({"scene": scene, "layer": name, "pass": "call_int64_rows", "n_sites": int(num_in),
+                                        "n_out": int(num_out), "pairs": pairs, "cin": cin, "cout": cout,
+                                        "dtype": dtype_name, "dataflow": dataflow, "ours_s": t64, "ours_gpu_s": None,
+                                        "deterministic": args.deterministic})
+                        print(f"  {name:<18} {dtype_name} forward call, rows entering as int64: {t64 * 1e3:8.3f} ms",
+                              flush=True)
                 os.environ.pop("TF_SPARSECONV_SITE_DATAFLOW", None)
         np.savez(os.path.join(args.exchange, f"{scene}_reference.npz"),
                  **{f"{n}_coords": c for n, (c, _) in reference.items()},
@@ -267,12 +289,17 @@ def merge(args):
     if os.path.exists(tf32_path):
         extra = json.load(open(tf32_path))
         peer["rows"] += extra["rows"]
+        peer["all_algos"] = peer.get("all_algos", []) + extra.get("all_algos", [])
         peer["rates"] = {**(peer.get("rates") or {}), **extra["rates"]}
-    by_key = {(r["scene"], r["layer"], r["pass"], r.get("dtype")): r for r in peer["rows"]}
+    key_of = lambda r: (r["scene"], r["layer"], r["pass"], r.get("dtype"))  # noqa: E731
+    by_key = {key_of(r): r for r in peer["rows"]}
+    algos_timed = {}  # spconv's algorithms that ran for a configuration (a cut-short run may lack one)
+    for r in peer.get("all_algos", []):
+        algos_timed.setdefault(key_of(r), []).append(r["algo"])
     rates = peer.get("rates")
     lines = []
     for row in ours["rows"]:
-        other = by_key.get((row["scene"], row["layer"], row["pass"], row.get("dtype")), {})
+        other = by_key.get(key_of(row), {})
         floor = None
         if rates and f"matmul_{row['dtype']}_flops" in rates and row["pass"] in ("fwd", "bwd") \
                 and row["layer"] != "end_to_end":
@@ -282,17 +309,18 @@ def merge(args):
                                    27 * row["cin"] * row["cout"]) * (2 if row["pass"] == "bwd" else 1)
             floor = max(flops / rates[f"matmul_{row['dtype']}_flops"], moved / rates["copy_bytes_per_s"])
         lines.append({**row, "device": ours["device"], "spconv_s": other.get("spconv_s"),
-                      "spconv_gpu_s": other.get("spconv_gpu_s"), "max_rel_err": other.get("max_rel_err"),
+                      "spconv_gpu_s": other.get("spconv_gpu_s"), "spconv_algo": other.get("algo"),
+                      "spconv_algos_timed": algos_timed.get(key_of(row), []), "max_rel_err": other.get("max_rel_err"),
                       "floor_s": floor,
                       "ours_over_floor": row["ours_s"] / floor if floor else None})
     with open(args.out, "w") as f:
         for line in lines:
             f.write(json.dumps(line) + "\n")
-    print(f"{'scene':<24}{'layer':<18}{'pass':<8}{'dtype':<6}{'ours ms':>10}{'spconv ms':>11}{'ratio':>8}"
+    print(f"{'scene':<24}{'layer':<18}{'pass':<16}{'dtype':<6}{'ours ms':>10}{'spconv ms':>11}{'ratio':>8}"
           f"{'floor ms':>10}")
     for r in lines:
         ratio = r["spconv_s"] / r["ours_s"] if r["spconv_s"] else float("nan")
-        print(f"{r['scene']:<24}{r['layer']:<18}{r['pass']:<8}{str(r['dtype']):<6}{r['ours_s'] * 1e3:>10.3f}"
+        print(f"{r['scene']:<24}{r['layer']:<18}{r['pass']:<16}{str(r['dtype']):<6}{r['ours_s'] * 1e3:>10.3f}"
               f"{(r['spconv_s'] or float('nan')) * 1e3:>11.3f}{ratio:>8.2f}"
               f"{(r['floor_s'] or float('nan')) * 1e3:>10.3f}")
     print(f"{len(lines)} rows -> {args.out}")
@@ -313,6 +341,9 @@ def main():
                         "(the default dataflow with a neighbour table built once per map)")
     p.add_argument("--deterministic", action="store_true",
                    help="tf.config.experimental.enable_op_determinism() first: the ops' deterministic paths")
+    p.add_argument("--call-int64-rows", action="store_true",
+                   help="also time each pairs forward call with the map's rows passed as int64 (pass "
+                        "'call_int64_rows'): how much of the call is TensorFlow copying int32 arguments to the GPU")
     p.add_argument("--untrusted-maps", action="store_true",
                    help="call the ops with map_is_trusted=False (row checks and a host round trip per call), "
                         "as before that attr; by default the maps, all from SiteKernelMap, are passed as trusted")
