@@ -98,8 +98,11 @@ def dataflows_for(dtype_name, args):
     """The forward dataflows to time: pairs everywhere; outputs (its neighbour table built
     per call) where the tensor-core kernels apply (fp16, tf32); table (outputs from a
     SiteNeighbourTable built once per map, as the layers do under an indice_key) for fp16,
-    the only type whose default dataflow reads it. fp32 with TF32 off has one dataflow."""
-    wanted = {"pairs": True, "outputs": dtype_name != "fp32", "table": dtype_name == "fp16"}
+    the only type whose default dataflow reads it; table_mma_sync: table with the tiles'
+    products through mma.sync instead of WMMA (TF_SPARSECONV_SITE_TABLE_PRODUCTS). fp32
+    with TF32 off has one dataflow."""
+    wanted = {"pairs": True, "outputs": dtype_name != "fp32", "table": dtype_name == "fp16",
+              "table_mma_sync": dtype_name == "fp16"}
     return [d for d in args.dataflows if wanted[d]]
 
 
@@ -111,10 +114,15 @@ def neighbour_table(in_rows, out_rows, splits, num_in, num_out):
     return _ops.site_neighbour_table(in_rows, out_rows, splits, num_in, num_out, map_is_trusted=True)
 
 
+def uses_table(dataflow):
+    return dataflow in ("table", "table_mma_sync")
+
+
 def set_dataflow(dataflow):
-    """The op's dataflow switch (read at every call); 'table' is the default dataflow
-    given a neighbour table."""
-    os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "auto" if dataflow == "table" else dataflow
+    """The op's switches (read at every call): 'table' is the default dataflow given a
+    neighbour table, 'table_mma_sync' the same with mma.sync products."""
+    os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "auto" if uses_table(dataflow) else dataflow
+    os.environ["TF_SPARSECONV_SITE_TABLE_PRODUCTS"] = "mma_sync" if dataflow == "table_mma_sync" else "wmma"
 
 
 def call_with_int64_rows(feats, w, in_rows, out_rows, splits, num_out, args):
@@ -195,10 +203,10 @@ def run_ours(args):
                 # it: an upper bound.
                 fwd_building = tf.function(lambda f, w: fwd.python_function(f, w, build_table()))
                 for dataflow in dataflows_for(dtype_name, args):
-                    if dataflow == "table" and not has_table:
+                    if uses_table(dataflow) and not has_table:
                         continue
                     set_dataflow(dataflow)
-                    if dataflow == "table":  # same values as the pairs' within fp16
+                    if uses_table(dataflow):  # same values as the pairs' within fp16
                         y_table = fwd(feats, w, table).numpy().astype(np.float32)
                         check = np.abs(y_table - y.numpy().astype(np.float32))
                         assert check.max() <= 2e-2 * max(1.0, np.abs(y.numpy().astype(np.float32)).max()), check.max()
@@ -224,6 +232,7 @@ def run_ours(args):
                         print(f"  {name:<18} {dtype_name} forward call, rows entering as int64: {t64 * 1e3:8.3f} ms",
                               flush=True)
                 os.environ.pop("TF_SPARSECONV_SITE_DATAFLOW", None)
+                os.environ.pop("TF_SPARSECONV_SITE_TABLE_PRODUCTS", None)
         np.savez(os.path.join(args.exchange, f"{scene}_reference.npz"),
                  **{f"{n}_coords": c for n, (c, _) in reference.items()},
                  **{f"{n}_out": o for n, (_, o) in reference.items()})
@@ -266,7 +275,7 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
 
         for dataflow in dataflows_for(dtype_name, args):
             set_dataflow(dataflow)
-            fwd, fwd_bwd = functions(dataflow == "table")
+            fwd, fwd_bwd = functions(uses_table(dataflow))
             for pass_name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
                 t = median_time(fn, args.warmup, args.reps, (feats, *weights))
                 tg = queued_s_per_call(fn, max(1, args.loop_calls // 4), (feats, *weights), op_by_op=False) \
@@ -277,6 +286,7 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
                              "deterministic": args.deterministic})
                 print(f"  end_to_end {dtype_name} {dataflow} {pass_name}: {t * 1e3:.3f} ms", flush=True)
         os.environ.pop("TF_SPARSECONV_SITE_DATAFLOW", None)
+        os.environ.pop("TF_SPARSECONV_SITE_TABLE_PRODUCTS", None)
     return rows
 
 
@@ -336,9 +346,11 @@ def main():
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--loop-calls", type=int, default=40)
     p.add_argument("--out", default=DEFAULT_OUT)
-    p.add_argument("--dataflows", nargs="*", default=["pairs", "table"], choices=("pairs", "outputs", "table"),
-                   help="forward dataflows on the GPU: TF_SPARSECONV_SITE_DATAFLOW=pairs|outputs, or table "
-                        "(the default dataflow with a neighbour table built once per map)")
+    p.add_argument("--dataflows", nargs="*", default=["pairs", "table"],
+                   choices=("pairs", "outputs", "table", "table_mma_sync"),
+                   help="forward dataflows on the GPU: TF_SPARSECONV_SITE_DATAFLOW=pairs|outputs, table "
+                        "(the default dataflow with a neighbour table built once per map), or table_mma_sync "
+                        "(table, its products through mma.sync: TF_SPARSECONV_SITE_TABLE_PRODUCTS)")
     p.add_argument("--deterministic", action="store_true",
                    help="tf.config.experimental.enable_op_determinism() first: the ops' deterministic paths")
     p.add_argument("--call-int64-rows", action="store_true",

@@ -834,6 +834,39 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
   return GpuStatus::Ok();
 }
 
+// The same tiles with mma.sync products (site_conv_outputs.cuh, MmaSyncGatherGemmStoreKernel).
+template <typename M, int kBN, typename T>
+GpuStatus LaunchOutputStationaryMmaSyncTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
+                                             const Report* report, T* out) {
+  using Layout = mma_sync::Layout<M, kBN>;
+  using S = typename Layout::S;
+  const auto kernel = output_stationary::MmaSyncGatherGemmStoreKernel<M, kBN>;
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
+      "gather-GEMM-store (shared memory)");
+  const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
+  const int64_t tiles = (a.num_out + pipelined::kBM - 1) / pipelined::kBM;
+  kernel<<<GridFor(tiles * col_tiles), pipelined::kBlockThreads, Layout::kSharedBytes, stream>>>(
+      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume, a.num_out,
+      a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
+  return GpuStatus::Ok();
+}
+
+// Output tiles as wide as cout needs, up to 128 columns, with the chosen products.
+template <typename M, typename T>
+GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, SiteTableProducts products,
+                                 const int32_t* neighbours, const Report* report, T* out) {
+  if (products == SiteTableProducts::kMmaSync) {
+    if (a.cout <= 32) return LaunchOutputStationaryMmaSyncTiles<M, 32>(stream, a, neighbours, report, out);
+    if (a.cout <= 64) return LaunchOutputStationaryMmaSyncTiles<M, 64>(stream, a, neighbours, report, out);
+    return LaunchOutputStationaryMmaSyncTiles<M, 128>(stream, a, neighbours, report, out);
+  }
+  if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32>(stream, a, neighbours, report, out);
+  if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64>(stream, a, neighbours, report, out);
+  return LaunchOutputStationaryTiles<M, 128>(stream, a, neighbours, report, out);
+}
+
 template <int kBM, int kBN, bool kTf32>
 GpuStatus LaunchFilterGradTiles(Stream stream, const SiteConvArgs<float>& a, const float* out_grad,
                                 const OffsetTable& table, int64_t chunk_pairs, const Report* report, float* partial) {
@@ -906,8 +939,8 @@ GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in
 // the sort's scratch.
 template <typename T>
 GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a,
-                                  const OffsetTable& offsets, const int32_t* neighbours, const Report* report,
-                                  T* out) {
+                                  const OffsetTable& offsets, SiteTableProducts products, const int32_t* neighbours,
+                                  const Report* report, T* out) {
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
     return GpuStatus{"gather-GEMM-store", "no tensor-core kernel for this type"};
@@ -919,9 +952,7 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
                                                         a.volume, a.pairs, a.num_in, a.num_out, built));
       neighbours = built;
     }
-    if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32>(stream, a, neighbours, report, out);
-    if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64>(stream, a, neighbours, report, out);
-    return LaunchOutputStationaryTiles<M, 128>(stream, a, neighbours, report, out);
+    return LaunchOutputStationary<M>(stream, a, products, neighbours, report, out);
   }
 }
 
@@ -929,8 +960,9 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
 
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
-                             bool deterministic, bool allow_tf32, SiteDataflow dataflow, bool trusted,
-                             const int32_t* neighbours, T* out, Report* report) {
+                             bool deterministic, bool allow_tf32, SiteDataflow dataflow,
+                             SiteTableProducts products, bool trusted, const int32_t* neighbours, T* out,
+                             Report* report) {
   using A = typename AccumulatorOf<T>::type;
   Report* device_report = nullptr;  // stays nullptr for a trusted map: the kernels then skip the report
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
@@ -964,7 +996,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.
     TF_SPARSECONV_RETURN_IF_ERROR(
-        OutputStationaryForward(stream, scratch, a, table, neighbours, device_report, out));
+        OutputStationaryForward(stream, scratch, a, table, products, neighbours, device_report, out));
   } else if (outputs > 0) {
     A* acc = nullptr;
     if constexpr (std::is_same<A, T>::value) {
@@ -1138,7 +1170,8 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
 
 #define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
   template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&, bool, \
-                                           bool, SiteDataflow, bool, const int32_t*, T*, Report*);            \
+                                           bool, SiteDataflow, SiteTableProducts, bool, const int32_t*, T*,    \
+                                           Report*);                                                           \
   template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \
                                               bool, bool, const T*, T*, Report*);
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(float)

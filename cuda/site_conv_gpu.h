@@ -63,11 +63,16 @@ enum SiteConvCheck { kSiteRows = 0, kSiteRepeat = 1, kSiteNaN = 2 };
 // (volume + 6) bytes of temporaries and about a third of the call for 32-64 channels).
 enum class SiteDataflow { kAuto, kPairs, kOutputs };
 
+// The products of kOutputs' tiles: WMMA (the default: the kernel measured and checked on
+// a GPU) or mma.sync with ldmatrix fragments, as the pair tiles (site_conv_outputs.cuh,
+// MmaSyncGatherGemmStoreKernel). TF_SPARSECONV_SITE_TABLE_PRODUCTS=wmma|mma_sync.
+enum class SiteTableProducts { kWmma, kMmaSync };
+
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
                              const CheckedMap& checked, bool deterministic, bool allow_tf32,
-                             SiteDataflow dataflow, bool trusted, const int32_t* neighbours, T* out,
-                             Report* report);
+                             SiteDataflow dataflow, SiteTableProducts products, bool trusted,
+                             const int32_t* neighbours, T* out, Report* report);
 
 // SiteNeighbourTable: neighbours [num_out, volume + 2] (volume <= 32) of the map's first
 // checked.pairs pairs, in the layout of site_conv_outputs.cuh. Checks the rows as the

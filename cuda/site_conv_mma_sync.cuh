@@ -149,6 +149,86 @@ __device__ inline void Add2(float* dst, float x, float y) {
   }
 }
 
+// The products of a tile over `steps` steps of kBK channels through the cp.async pipeline:
+// issue(step) queues the copies of one step's A and B stages (and commits nothing); acc
+// gets this warp's (wm, wn) piece of the tile, float32, in the C fragment layout above.
+// The kernels of this file and the output-stationary one (site_conv_outputs.cuh) share it.
+template <typename M, int kBN, typename Issue>
+__device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& issue, const typename Layout<M, kBN>::S* a_stages,
+                                                  const typename Layout<M, kBN>::S* b_stages, int wm, int wn,
+                                                  int lane, float (&acc)[Layout<M, kBN>::kFM][Layout<M, kBN>::kFN][4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using L = Layout<M, kBN>;
+  using S = typename L::S;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) issue(s);
+    pipelined::CommitCopies();  // empty groups too: the wait below counts groups
+  }
+#pragma unroll
+  for (int i = 0; i < L::kFM; ++i) {
+#pragma unroll
+    for (int j = 0; j < L::kFN; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    }
+  }
+  for (int64_t step = 0; step < steps; ++step) {
+    pipelined::WaitCopies<kStages - 2>();  // this step's copies have landed (this thread's)
+    __syncthreads();                       // ... and everyone's; the buffer refilled below is free
+    if (step + kStages - 1 < steps) issue(step + kStages - 1);
+    pipelined::CommitCopies();
+    const int buffer = static_cast<int>(step % kStages);
+    if constexpr (L::kTf32) {
+      const float* a = a_stages + buffer * L::kAStage + (wm * L::kWM + g) * L::kLdA + t;
+      const float* b = b_stages + buffer * L::kBStage + t * L::kLdB + wn * L::kWN + g;
+#pragma unroll
+      for (int k8 = 0; k8 < L::kBK; k8 += 8) {
+        uint32_t af[L::kFM][4];
+#pragma unroll
+        for (int i = 0; i < L::kFM; ++i) {
+          const float* ai = a + 16 * i * L::kLdA + k8;
+          af[i][0] = ToTf32(ai[0]);
+          af[i][1] = ToTf32(ai[8 * L::kLdA]);
+          af[i][2] = ToTf32(ai[4]);
+          af[i][3] = ToTf32(ai[8 * L::kLdA + 4]);
+        }
+#pragma unroll
+        for (int j = 0; j < L::kFN; ++j) {
+          const float* bj = b + k8 * L::kLdB + 8 * j;
+          const uint32_t b0 = ToTf32(bj[0]), b1 = ToTf32(bj[4 * L::kLdB]);
+#pragma unroll
+          for (int i = 0; i < L::kFM; ++i) MmaTf32(acc[i][j], af[i], b0, b1);
+        }
+      }
+    } else {
+      // ldmatrix rows: A row lane % 16 at column 8 (lane / 16); B row 8 ((lane / 8) % 2)
+      // + lane % 8 at column 8 (lane / 16), for n8 pieces j and j + 1.
+      const S* a = a_stages + buffer * L::kAStage + (wm * L::kWM + lane % 16) * L::kLdA + 8 * (lane / 16);
+      const S* b = b_stages + buffer * L::kBStage + (8 * ((lane / 8) % 2) + lane % 8) * L::kLdB + wn * L::kWN +
+                   8 * (lane / 16);
+#pragma unroll
+      for (int k16 = 0; k16 < L::kBK; k16 += 16) {
+        uint32_t af[L::kFM][4];
+#pragma unroll
+        for (int i = 0; i < L::kFM; ++i) LoadMatrices<false>(af[i], a + 16 * i * L::kLdA + k16);
+#pragma unroll
+        for (int j = 0; j < L::kFN; j += 2) {
+          uint32_t bf[4];  // b0, b1 of piece j, then of piece j + 1
+          LoadMatrices<true>(bf, b + k16 * L::kLdB + 8 * j);
+#pragma unroll
+          for (int i = 0; i < L::kFM; ++i) {
+            Mma16<M>(acc[i][j], af[i], bf[0], bf[1]);
+            Mma16<M>(acc[i][j + 1], af[i], bf[2], bf[3]);
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
 template <typename M, int kBN, bool kAtomic>
 __global__ void __launch_bounds__(kBlockThreads)
     GatherGemmScatterKernel(const typename Layout<M, kBN>::S* features, const typename Layout<M, kBN>::S* filters,
@@ -199,72 +279,8 @@ __global__ void __launch_bounds__(kBlockThreads)
         pipelined::CopyAsync16(b + kr * L::kLdB + cc * L::kVec, ok ? w + kk * cout + c : filters, ok);
       }
     };
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < steps) issue(s);
-      pipelined::CommitCopies();  // empty groups too: the wait below counts groups
-    }
     float acc[L::kFM][L::kFN][4];
-#pragma unroll
-    for (int i = 0; i < L::kFM; ++i) {
-#pragma unroll
-      for (int j = 0; j < L::kFN; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-      }
-    }
-    for (int64_t step = 0; step < steps; ++step) {
-      pipelined::WaitCopies<kStages - 2>();  // this step's copies have landed (this thread's)
-      __syncthreads();                       // ... and everyone's; the buffer refilled below is free
-      if (step + kStages - 1 < steps) issue(step + kStages - 1);
-      pipelined::CommitCopies();
-      const int buffer = static_cast<int>(step % kStages);
-      if constexpr (L::kTf32) {
-        const float* a = a_stages + buffer * L::kAStage + (wm * L::kWM + g) * L::kLdA + t;
-        const float* b = b_stages + buffer * L::kBStage + t * L::kLdB + wn * L::kWN + g;
-#pragma unroll
-        for (int k8 = 0; k8 < L::kBK; k8 += 8) {
-          uint32_t af[L::kFM][4];
-#pragma unroll
-          for (int i = 0; i < L::kFM; ++i) {
-            const float* ai = a + 16 * i * L::kLdA + k8;
-            af[i][0] = ToTf32(ai[0]);
-            af[i][1] = ToTf32(ai[8 * L::kLdA]);
-            af[i][2] = ToTf32(ai[4]);
-            af[i][3] = ToTf32(ai[8 * L::kLdA + 4]);
-          }
-#pragma unroll
-          for (int j = 0; j < L::kFN; ++j) {
-            const float* bj = b + k8 * L::kLdB + 8 * j;
-            const uint32_t b0 = ToTf32(bj[0]), b1 = ToTf32(bj[4 * L::kLdB]);
-#pragma unroll
-            for (int i = 0; i < L::kFM; ++i) MmaTf32(acc[i][j], af[i], b0, b1);
-          }
-        }
-      } else {
-        // ldmatrix rows: A row lane % 16 at column 8 (lane / 16); B row 8 ((lane / 8) % 2)
-        // + lane % 8 at column 8 (lane / 16), for n8 pieces j and j + 1.
-        const S* a = a_stages + buffer * L::kAStage + (wm * L::kWM + lane % 16) * L::kLdA + 8 * (lane / 16);
-        const S* b = b_stages + buffer * L::kBStage + (8 * ((lane / 8) % 2) + lane % 8) * L::kLdB + wn * L::kWN +
-                     8 * (lane / 16);
-#pragma unroll
-        for (int k16 = 0; k16 < L::kBK; k16 += 16) {
-          uint32_t af[L::kFM][4];
-#pragma unroll
-          for (int i = 0; i < L::kFM; ++i) LoadMatrices<false>(af[i], a + 16 * i * L::kLdA + k16);
-#pragma unroll
-          for (int j = 0; j < L::kFN; j += 2) {
-            uint32_t bf[4];  // b0, b1 of piece j, then of piece j + 1
-            LoadMatrices<true>(bf, b + k16 * L::kLdB + 8 * j);
-#pragma unroll
-            for (int i = 0; i < L::kFM; ++i) {
-              Mma16<M>(acc[i][j], af[i], bf[0], bf[1]);
-              Mma16<M>(acc[i][j + 1], af[i], bf[2], bf[3]);
-            }
-          }
-        }
-      }
-    }
+    PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     pipelined::WaitCopies<0>();  // only empty groups can be left, but none may outlive the item
     // Scatter-add from the accumulators: lane (g, t) holds columns 2t, 2t + 1 of rows g and
     // g + 8 of each 16 x 8 piece (cout is a multiple of 4, so both columns or neither exist).

@@ -30,6 +30,7 @@
 #include "gpu_util.cuh"
 #include "site_conv.h"
 #include "site_conv_mma.cuh"
+#include "site_conv_mma_sync.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -102,6 +103,69 @@ __device__ inline void Store8(uint16_t* dst, const float* v) {
   *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
+// A tile of kBM output rows (in mask order) and the offsets any of them has a pair at,
+// in shared memory; the block's threads all call it, between barriers.
+__device__ inline void LoadTile(const int32_t* table, int64_t tile, int64_t num_out, int64_t volume, int32_t* rows,
+                                int* offsets, int* num_offsets, unsigned int* tile_mask) {
+  const int64_t width = volume + 2;
+  if (threadIdx.x == 0) *tile_mask = 0u;
+  __syncthreads();
+  if (threadIdx.x < kBM) {
+    const int64_t i = tile * kBM + threadIdx.x;
+    rows[threadIdx.x] = i < num_out ? table[i * width + volume + 1] : -1;
+    if (i < num_out) atomicOr(tile_mask, static_cast<uint32_t>(table[i * width + volume]));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int n = 0;
+    for (int q = 0; q < volume; ++q) {
+      if (*tile_mask & (1u << q)) offsets[n++] = q;
+    }
+    *num_offsets = n;
+  }
+  __syncthreads();
+}
+
+// Queues the cp.async copies of one step of a tile: step = (offset index, kBK channels);
+// this thread's two input rows (the tile rows a_row and a_row + 64, through the table;
+// zero-filled where a row has no pair at the offset) and its share of the filter rows.
+// L: the tile layout (pipelined::Tiles for WMMA, mma_sync::Layout), whose constants of
+// the same names mean the same.
+template <typename L, int kBN>
+struct TableGather {
+  using S = typename L::S;
+  const S* features;
+  const S* filters;
+  const int32_t* table;
+  const int* offsets;
+  S* a_stages;
+  S* b_stages;
+  int64_t width, cin, cout, k_steps, col0, row0, row1;
+  int a_row, a_chunk;
+
+  __device__ void operator()(int64_t step) const {
+    const int buffer = static_cast<int>(step % kStages);
+    const int64_t q = offsets[step / k_steps];
+    const int64_t k0 = (step % k_steps) * L::kBK;
+    S* a = a_stages + buffer * L::kAStage;
+    S* b = b_stages + buffer * L::kBStage;
+    const int64_t in0 = row0 >= 0 ? table[row0 * width + q] : -1;
+    const int64_t in1 = row1 >= 0 ? table[row1 * width + q] : -1;
+    const int64_t k = k0 + a_chunk * L::kVec;
+    CopyAsync16(a + a_row * L::kLdA + a_chunk * L::kVec, in0 >= 0 && k < cin ? features + in0 * cin + k : features,
+                in0 >= 0 && k < cin);
+    CopyAsync16(a + (a_row + 64) * L::kLdA + a_chunk * L::kVec,
+                in1 >= 0 && k < cin ? features + in1 * cin + k : features, in1 >= 0 && k < cin);
+    const S* w = filters + q * cin * cout;
+    for (int v = threadIdx.x; v < L::kBVectors; v += kBlockThreads) {
+      const int kr = v / (kBN / L::kVec), cc = v % (kBN / L::kVec);
+      const int64_t kk = k0 + kr, c = col0 + cc * L::kVec;
+      const bool ok = kk < cin && c < cout;
+      CopyAsync16(b + kr * L::kLdB + cc * L::kVec, ok ? w + kk * cout + c : filters, ok);
+    }
+  }
+};
+
 template <typename M, int kBN>
 __global__ void __launch_bounds__(kBlockThreads)
     GatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
@@ -126,49 +190,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
   const int64_t k_steps = (cin + T::kBK - 1) / T::kBK;
   const int64_t tiles = (num_out + kBM - 1) / kBM;
-  const int64_t width = volume + 2;
   for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
     const int64_t tile = item / col_tiles;
     const int64_t col0 = (item % col_tiles) * kBN;
-    if (threadIdx.x == 0) tile_mask = 0u;
-    __syncthreads();
-    if (threadIdx.x < kBM) {
-      const int64_t i = tile * kBM + threadIdx.x;
-      rows[threadIdx.x] = i < num_out ? table[i * width + volume + 1] : -1;
-      if (i < num_out) atomicOr(&tile_mask, static_cast<uint32_t>(table[i * width + volume]));
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int n = 0;
-      for (int q = 0; q < volume; ++q) {
-        if (tile_mask & (1u << q)) offsets[n++] = q;
-      }
-      num_offsets = n;
-    }
-    __syncthreads();
-    const int64_t row0 = rows[a_row], row1 = rows[a_row + 64];
+    LoadTile(table, tile, num_out, volume, rows, offsets, &num_offsets, &tile_mask);
     const int64_t steps = num_offsets * k_steps;
-    auto issue = [&](int64_t step) {
-      const int buffer = static_cast<int>(step % kStages);
-      const int64_t q = offsets[step / k_steps];
-      const int64_t k0 = (step % k_steps) * T::kBK;
-      S* a = a_stages + buffer * T::kAStage;
-      S* b = b_stages + buffer * T::kBStage;
-      const int64_t in0 = row0 >= 0 ? table[row0 * width + q] : -1;
-      const int64_t in1 = row1 >= 0 ? table[row1 * width + q] : -1;
-      const int64_t k = k0 + a_chunk * T::kVec;
-      CopyAsync16(a + a_row * T::kLdA + a_chunk * T::kVec, in0 >= 0 && k < cin ? features + in0 * cin + k : features,
-                  in0 >= 0 && k < cin);
-      CopyAsync16(a + (a_row + 64) * T::kLdA + a_chunk * T::kVec,
-                  in1 >= 0 && k < cin ? features + in1 * cin + k : features, in1 >= 0 && k < cin);
-      const S* w = filters + q * cin * cout;
-      for (int v = threadIdx.x; v < T::kBVectors; v += kBlockThreads) {
-        const int kr = v / (kBN / T::kVec), cc = v % (kBN / T::kVec);
-        const int64_t kk = k0 + kr, c = col0 + cc * T::kVec;
-        const bool ok = kk < cin && c < cout;
-        CopyAsync16(b + kr * T::kLdB + cc * T::kVec, ok ? w + kk * cout + c : filters, ok);
-      }
-    };
+    const TableGather<T, kBN> issue{features, filters, table, offsets,     a_stages,         b_stages, volume + 2,
+                                    cin,      cout,    k_steps, col0, rows[a_row], rows[a_row + 64], a_row,    a_chunk};
     pipelined::Accumulators<M, kBN> acc;
     PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, acc);
     WaitCopies<0>();
@@ -196,6 +224,76 @@ __global__ void __launch_bounds__(kBlockThreads)
           }
         }
         __syncwarp();
+      }
+    }
+    __syncthreads();  // rows, the offset list and the stages are refilled by the next item
+  }
+#endif
+}
+
+// Two consecutive outputs from float32 values: a float2, or a half2 / bfloat162 (both
+// 4-byte aligned: the column is even and rows hold a multiple of 8 elements).
+template <typename M>
+__device__ inline void Store2(typename Element<M>::Stored* dst, float x, float y) {
+  if constexpr (std::is_same<M, Tf32>::value) {
+    *reinterpret_cast<float2*>(dst) = make_float2(x, y);
+  } else if constexpr (std::is_same<M, __half>::value) {
+    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x, y);
+  } else {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
+  }
+}
+
+// GatherGemmStoreKernel's tiles, offsets and gathers with the products of the pair tiles'
+// kernel (site_conv_mma_sync.cuh: mma.sync with ldmatrix fragments, or TF32 m16n8k8)
+// instead of WMMA; each lane stores its accumulators' column pairs from registers, so no
+// staging area. Chosen by SiteTableProducts::kMmaSync (TF_SPARSECONV_SITE_TABLE_PRODUCTS).
+template <typename M, int kBN>
+__global__ void __launch_bounds__(kBlockThreads)
+    MmaSyncGatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
+                                 const int32_t* table, int64_t volume, int64_t num_out, int64_t cin, int64_t cout,
+                                 int64_t col_tiles, const Report* report, typename Element<M>::Stored* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (report != nullptr && !ChecksPassed(report)) return;
+  using L = mma_sync::Layout<M, kBN>;
+  using S = typename L::S;
+  extern __shared__ __align__(128) unsigned char shared[];
+  S* a_stages = reinterpret_cast<S*>(shared);
+  S* b_stages = a_stages + kStages * L::kAStage;
+  int32_t* rows = reinterpret_cast<int32_t*>(shared + L::kPipelineBytes);
+  __shared__ int offsets[kMaxNeighbourVolume];
+  __shared__ int num_offsets;
+  __shared__ unsigned int tile_mask;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
+  const int g = lane / 4, t = lane % 4;
+  const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
+  const int64_t k_steps = (cin + L::kBK - 1) / L::kBK;
+  const int64_t tiles = (num_out + kBM - 1) / kBM;
+  for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
+    const int64_t tile = item / col_tiles;
+    const int64_t col0 = (item % col_tiles) * kBN;
+    LoadTile(table, tile, num_out, volume, rows, offsets, &num_offsets, &tile_mask);
+    const int64_t steps = num_offsets * k_steps;  // the same for the whole block
+    const TableGather<L, kBN> issue{features, filters, table, offsets,     a_stages,         b_stages, volume + 2,
+                                    cin,      cout,    k_steps, col0, rows[a_row], rows[a_row + 64], a_row,    a_chunk};
+    float acc[L::kFM][L::kFN][4];
+    mma_sync::PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
+    WaitCopies<0>();
+    // Store: lane (g, t) holds columns 2t, 2t + 1 of rows g and g + 8 of each 16 x 8 piece
+    // (cout is a multiple of 4, so both columns or neither exist). Rows without pairs get
+    // zeros: every output row is stored.
+#pragma unroll
+    for (int i = 0; i < L::kFM; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t o = rows[wm * L::kWM + 16 * i + 8 * h + g];
+        if (o < 0) continue;
+#pragma unroll
+        for (int j = 0; j < L::kFN; ++j) {
+          const int64_t c = col0 + wn * L::kWN + 8 * j + 2 * t;
+          if (c < cout) Store2<M>(out + o * cout + c, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        }
       }
     }
     __syncthreads();  // rows, the offset list and the stages are refilled by the next item

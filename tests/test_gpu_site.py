@@ -645,6 +645,39 @@ def test_unknown_dataflow_is_rejected(monkeypatch, rng):
         conv_and_gradients(GPU, coords, features, w, (6, 6, 6), 1, dict(subm=True))
 
 
+@pytest.mark.parametrize("dataflow", ["outputs", "table"])
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
+@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
+def test_output_stationary_mma_sync_products_match_cpu_and_wmma(monkeypatch, rng, dtype, batch, shape, kernel, cin,
+                                                                 cout, density, kwargs, dataflow):
+    """TF_SPARSECONV_SITE_TABLE_PRODUCTS=mma_sync: the output-stationary tiles multiply through
+    mma.sync instead of WMMA, with the table built per call (outputs) or once (table)."""
+    if dataflow == "outputs":
+        monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "outputs")
+    else:
+        if np.prod(kernel) > 32:
+            pytest.skip("neighbour tables hold kernels of at most 32 offsets")
+        monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
+        kwargs = dict(kwargs, indice_key="k")
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_PRODUCTS", "mma_sync")
+    cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs)
+    assert_gpu_matches_cpu(dtype, cpu, first)
+    vec = 4 if dtype == tf.float32 else 8
+    runs_output_stationary = cin % vec == 0 and cout % vec == 0 and np.prod(kernel) <= 32 and (
+        dataflow == "outputs" or (dtype != tf.float32 and cout <= 128))
+    if runs_output_stationary:  # every output row stored once: the forward repeats bit for bit
+        np.testing.assert_array_equal(first[0].numpy().view(np.uint8), second[0].numpy().view(np.uint8))
+
+
+def test_unknown_table_products_are_rejected(monkeypatch, rng):
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_PRODUCTS", "fastest")
+    coords = random_sites(rng, 1, (6, 6, 6), 0.3)
+    features = on_cpu(rng.standard_normal((len(coords), 8)), tf.float16)
+    w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), tf.float16)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_SITE_TABLE_PRODUCTS"):
+        conv_and_gradients(GPU, coords, features, w, (6, 6, 6), 1, dict(subm=True))
+
+
 # --- neighbour tables (SiteNeighbourTable) and the convolution that reads them ---------------------
 
 TABLE_CASES = [
