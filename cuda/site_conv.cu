@@ -816,55 +816,43 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const OffsetT
   }
 }
 
-template <typename M, int kBN, typename T>
+// The output-stationary tiles, their products through mma.sync (site_conv_outputs.cuh,
+// MmaSyncGatherGemmStoreKernel) or WMMA (GatherGemmStoreKernel); both take the same arguments.
+template <typename M, int kBN, bool kMmaSync, typename T>
 GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
                                       const Report* report, T* out) {
-  using Tiles = pipelined::Tiles<M, kBN>;
   using S = typename pipelined::Element<M>::Stored;
-  const auto kernel = output_stationary::GatherGemmStoreKernel<M, kBN>;
+  constexpr size_t kShared =
+      kMmaSync ? mma_sync::Layout<M, kBN>::kSharedBytes : pipelined::Tiles<M, kBN>::kSharedBytes;
+  const auto kernel = kMmaSync ? output_stationary::MmaSyncGatherGemmStoreKernel<M, kBN>
+                               : output_stationary::GatherGemmStoreKernel<M, kBN>;
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tiles::kSharedBytes)),
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)),
       "gather-GEMM-store (shared memory)");
   const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
   const int64_t tiles = (a.num_out + pipelined::kBM - 1) / pipelined::kBM;
-  kernel<<<GridFor(tiles * col_tiles), pipelined::kBlockThreads, Tiles::kSharedBytes, stream>>>(
+  kernel<<<GridFor(tiles * col_tiles), pipelined::kBlockThreads, kShared, stream>>>(
       reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume, a.num_out,
       a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
   return GpuStatus::Ok();
 }
 
-// The same tiles with mma.sync products (site_conv_outputs.cuh, MmaSyncGatherGemmStoreKernel).
-template <typename M, int kBN, typename T>
-GpuStatus LaunchOutputStationaryMmaSyncTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                             const Report* report, T* out) {
-  using Layout = mma_sync::Layout<M, kBN>;
-  using S = typename Layout::S;
-  const auto kernel = output_stationary::MmaSyncGatherGemmStoreKernel<M, kBN>;
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
-      "gather-GEMM-store (shared memory)");
-  const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
-  const int64_t tiles = (a.num_out + pipelined::kBM - 1) / pipelined::kBM;
-  kernel<<<GridFor(tiles * col_tiles), pipelined::kBlockThreads, Layout::kSharedBytes, stream>>>(
-      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume, a.num_out,
-      a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
-  return GpuStatus::Ok();
+// Output tiles as wide as cout needs, up to 128 columns.
+template <typename M, bool kMmaSync, typename T>
+GpuStatus LaunchOutputStationaryWidth(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
+                                      const Report* report, T* out) {
+  if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32, kMmaSync>(stream, a, neighbours, report, out);
+  if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64, kMmaSync>(stream, a, neighbours, report, out);
+  return LaunchOutputStationaryTiles<M, 128, kMmaSync>(stream, a, neighbours, report, out);
 }
 
-// Output tiles as wide as cout needs, up to 128 columns, with the chosen products.
 template <typename M, typename T>
 GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, SiteTableProducts products,
                                  const int32_t* neighbours, const Report* report, T* out) {
-  if (products == SiteTableProducts::kMmaSync) {
-    if (a.cout <= 32) return LaunchOutputStationaryMmaSyncTiles<M, 32>(stream, a, neighbours, report, out);
-    if (a.cout <= 64) return LaunchOutputStationaryMmaSyncTiles<M, 64>(stream, a, neighbours, report, out);
-    return LaunchOutputStationaryMmaSyncTiles<M, 128>(stream, a, neighbours, report, out);
-  }
-  if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32>(stream, a, neighbours, report, out);
-  if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64>(stream, a, neighbours, report, out);
-  return LaunchOutputStationaryTiles<M, 128>(stream, a, neighbours, report, out);
+  return products == SiteTableProducts::kMmaSync
+             ? LaunchOutputStationaryWidth<M, true>(stream, a, neighbours, report, out)
+             : LaunchOutputStationaryWidth<M, false>(stream, a, neighbours, report, out);
 }
 
 template <int kBM, int kBN, bool kTf32>

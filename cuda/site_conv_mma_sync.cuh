@@ -229,6 +229,32 @@ __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& is
 #endif
 }
 
+// Calls put(o, c, x, y) for each pair of accumulators of this warp's piece of a tile:
+// lane (g, t) holds columns 2t, 2t + 1 of rows g and g + 8 of each 16 x 8 piece. o: the
+// output row (rows[r] for tile row r; negative rows are skipped), c: the first column,
+// below cout (cout is a multiple of 4, so both columns or neither exist).
+template <typename M, int kBN, typename Put>
+__device__ __forceinline__ void ForEachAccumulatorPair(const int32_t* rows, int64_t col0, int64_t cout, int wm, int wn,
+                                                       int lane,
+                                                       const float (&acc)[Layout<M, kBN>::kFM][Layout<M, kBN>::kFN][4],
+                                                       const Put& put) {
+  using L = Layout<M, kBN>;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < L::kFM; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t o = rows[wm * L::kWM + 16 * i + 8 * h + g];
+      if (o < 0) continue;
+#pragma unroll
+      for (int j = 0; j < L::kFN; ++j) {
+        const int64_t c = col0 + wn * L::kWN + 8 * j + 2 * t;
+        if (c < cout) put(o, c, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+      }
+    }
+  }
+}
+
 template <typename M, int kBN, bool kAtomic>
 __global__ void __launch_bounds__(kBlockThreads)
     GatherGemmScatterKernel(const typename Layout<M, kBN>::S* features, const typename Layout<M, kBN>::S* filters,
@@ -248,7 +274,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   int32_t* rows_out = reinterpret_cast<int32_t*>(shared + L::kPipelineBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
-  const int g = lane / 4, t = lane % 4;
   const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
   const int64_t steps = (cin + L::kBK - 1) / L::kBK;
   const int64_t items = num_tiles * col_tiles;
@@ -282,21 +307,9 @@ __global__ void __launch_bounds__(kBlockThreads)
     float acc[L::kFM][L::kFN][4];
     PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     pipelined::WaitCopies<0>();  // only empty groups can be left, but none may outlive the item
-    // Scatter-add from the accumulators: lane (g, t) holds columns 2t, 2t + 1 of rows g and
-    // g + 8 of each 16 x 8 piece (cout is a multiple of 4, so both columns or neither exist).
-#pragma unroll
-    for (int i = 0; i < L::kFM; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t o = rows_out[wm * L::kWM + 16 * i + 8 * h + g];
-        if (o < 0) continue;
-#pragma unroll
-        for (int j = 0; j < L::kFN; ++j) {
-          const int64_t c = col0 + wn * L::kWN + 8 * j + 2 * t;
-          if (c < cout) Add2<kAtomic>(out + o * cout + c, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        }
-      }
-    }
+    // Scatter-add from the accumulators.
+    ForEachAccumulatorPair<M, kBN>(rows_out, col0, cout, wm, wn, lane, acc,
+                                   [&](int64_t o, int64_t c, float x, float y) { Add2<kAtomic>(out + o * cout + c, x, y); });
     __syncthreads();  // rows_out and the stages are refilled by the next item
   }
 #endif

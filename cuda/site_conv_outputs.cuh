@@ -266,7 +266,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   __shared__ unsigned int tile_mask;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
-  const int g = lane / 4, t = lane % 4;
   const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
   const int64_t k_steps = (cin + L::kBK - 1) / L::kBK;
   const int64_t tiles = (num_out + kBM - 1) / kBM;
@@ -280,22 +279,10 @@ __global__ void __launch_bounds__(kBlockThreads)
     float acc[L::kFM][L::kFN][4];
     mma_sync::PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     WaitCopies<0>();
-    // Store: lane (g, t) holds columns 2t, 2t + 1 of rows g and g + 8 of each 16 x 8 piece
-    // (cout is a multiple of 4, so both columns or neither exist). Rows without pairs get
-    // zeros: every output row is stored.
-#pragma unroll
-    for (int i = 0; i < L::kFM; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t o = rows[wm * L::kWM + 16 * i + 8 * h + g];
-        if (o < 0) continue;
-#pragma unroll
-        for (int j = 0; j < L::kFN; ++j) {
-          const int64_t c = col0 + wn * L::kWN + 8 * j + 2 * t;
-          if (c < cout) Store2<M>(out + o * cout + c, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        }
-      }
-    }
+    // Store from the accumulators; rows without pairs get zeros: every output row is stored.
+    mma_sync::ForEachAccumulatorPair<M, kBN>(
+        rows, col0, cout, wm, wn, lane, acc,
+        [&](int64_t o, int64_t c, float x, float y) { Store2<M>(out + o * cout + c, x, y); });
     __syncthreads();  // rows, the offset list and the stages are refilled by the next item
   }
 #endif

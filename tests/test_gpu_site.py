@@ -636,12 +636,13 @@ def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(monkeypa
             np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
 
 
-def test_unknown_dataflow_is_rejected(monkeypatch, rng):
-    monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "fastest")
+@pytest.mark.parametrize("switch", ["TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS"])
+def test_unknown_switch_value_is_rejected(monkeypatch, rng, switch):
+    monkeypatch.setenv(switch, "fastest")
     coords = random_sites(rng, 1, (6, 6, 6), 0.3)
     features = on_cpu(rng.standard_normal((len(coords), 8)), tf.float16)
     w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), tf.float16)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_SITE_DATAFLOW"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=switch):
         conv_and_gradients(GPU, coords, features, w, (6, 6, 6), 1, dict(subm=True))
 
 
@@ -667,15 +668,6 @@ def test_output_stationary_mma_sync_products_match_cpu_and_wmma(monkeypatch, rng
         dataflow == "outputs" or (dtype != tf.float32 and cout <= 128))
     if runs_output_stationary:  # every output row stored once: the forward repeats bit for bit
         np.testing.assert_array_equal(first[0].numpy().view(np.uint8), second[0].numpy().view(np.uint8))
-
-
-def test_unknown_table_products_are_rejected(monkeypatch, rng):
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_PRODUCTS", "fastest")
-    coords = random_sites(rng, 1, (6, 6, 6), 0.3)
-    features = on_cpu(rng.standard_normal((len(coords), 8)), tf.float16)
-    w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), tf.float16)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_SITE_TABLE_PRODUCTS"):
-        conv_and_gradients(GPU, coords, features, w, (6, 6, 6), 1, dict(subm=True))
 
 
 # --- neighbour tables (SiteNeighbourTable) and the convolution that reads them ---------------------
