@@ -187,9 +187,17 @@ def run_ours(args):
                     return _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, nb, map_is_trusted=trusted)
 
                 @tf.function
-                def bwd(f, w, g):
-                    df = _ops.site_sparse_conv(g, tf.transpose(w, [0, 2, 1]), out_rows, in_rows, splits, num_in,
-                                               NO_TABLE, map_is_trusted=trusted)
+                def bwd(f, w, g, nb, submanifold=kind == "subm"):
+                    # As the op's gradient runs them: a submanifold layer's input gradient
+                    # over its own pairs (and table) with mirrored filters, the others over
+                    # the reversed pairs.
+                    if submanifold:
+                        df = _ops.site_sparse_conv(g, tf.reverse(tf.transpose(w, [0, 2, 1]), [0]), in_rows, out_rows,
+                                                   splits, num_in, nb, map_is_trusted=trusted,
+                                                   map_is_submanifold=True)
+                    else:
+                        df = _ops.site_sparse_conv(g, tf.transpose(w, [0, 2, 1]), out_rows, in_rows, splits, num_in,
+                                                   NO_TABLE, map_is_trusted=trusted)
                     dw = _ops.site_sparse_conv_filter_grad(f, g, in_rows, out_rows, splits, map_is_trusted=trusted)
                     return df, dw
 
@@ -202,6 +210,7 @@ def run_ours(args):
                 # table from outside would be fed through host memory) includes building
                 # it: an upper bound.
                 fwd_building = tf.function(lambda f, w: fwd.python_function(f, w, build_table()))
+                bwd_building = tf.function(lambda f, w, g: bwd.python_function(f, w, g, build_table()))
                 for dataflow in dataflows_for(dtype_name, args):
                     if uses_table(dataflow) and not has_table:
                         continue
@@ -211,9 +220,10 @@ def run_ours(args):
                         check = np.abs(y_table - y.numpy().astype(np.float32))
                         assert check.max() <= 2e-2 * max(1.0, np.abs(y.numpy().astype(np.float32)).max()), check.max()
                         passes = (("fwd", fwd_building, (feats, w), fwd.python_function, build_table),
-                                  ("bwd", bwd, (feats, w, g), bwd, None))
+                                  ("bwd", bwd_building, (feats, w, g), bwd.python_function, build_table))
                     else:
-                        passes = (("fwd", fwd, (feats, w, NO_TABLE), fwd, None), ("bwd", bwd, (feats, w, g), bwd, None))
+                        passes = (("fwd", fwd, (feats, w, NO_TABLE), fwd, None),
+                                  ("bwd", bwd, (feats, w, g, NO_TABLE), bwd, None))
                     for pass_name, fn, fargs, loop_fn, setup in passes:
                         t = median_time(fn, args.warmup, args.reps, fargs)
                         tg = queued_s_per_call(loop_fn, args.loop_calls, fargs, setup) if device else None
@@ -258,8 +268,9 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
             # Tables built in the graph, once per map as the layers do (the chain's maps
             # are all different, so each is built once here and counted in the time).
             tables = [neighbour_table(*rows[:5]) if use_tables else NO_TABLE for rows in plan]
-            for (in_rows, out_rows, splits, _, num_out, _), w, nb in zip(plan, ws, tables):
-                f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, nb, map_is_trusted=trusted)
+            for (in_rows, out_rows, splits, _, num_out, _), w, nb, name in zip(plan, ws, tables, CHAIN):
+                f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, nb, map_is_trusted=trusted,
+                                          map_is_submanifold=spec[name][0] == "subm" and trusted)
             return f
 
         def functions(use_tables):

@@ -322,6 +322,18 @@ inline absl::Status CheckNeighboursInput(const tensorflow::Tensor& neighbours, i
   return absl::OkStatus();
 }
 
+// SiteSparseConv's map_is_submanifold promise, as far as shapes can check it: the map
+// keeps its sites and its offsets pair up around a centre.
+inline absl::Status CheckSubmanifoldClaim(bool claimed, int64_t num_in, int64_t num_out, int64_t volume) {
+  if (!claimed) return absl::OkStatus();
+  if (num_in != num_out || volume % 2 == 0) {
+    return tensorflow::errors::InvalidArgument(
+        "map_is_submanifold promises a submanifold map (as many output as input sites, an odd number of kernel "
+        "offsets), got ", num_in, " input and ", num_out, " output sites and ", volume, " offsets");
+  }
+  return absl::OkStatus();
+}
+
 // A NaN at entry (row, column) of a [rows, width] matrix such as the features.
 inline absl::Status NaNRowError(const char* what, int64_t row, int64_t column) {
   return tensorflow::errors::InvalidArgument(what, " row ", row, " column ", column, " is NaN");

@@ -220,6 +220,7 @@ class SiteSparseConvOp : public OpKernel {
  public:
   explicit SiteSparseConvOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_submanifold", &map_is_submanifold_));
   }
   void Compute(OpKernelContext* ctx) override {
     const Tensor& features = ctx->input(0);
@@ -234,6 +235,7 @@ class SiteSparseConvOp : public OpKernel {
     a.filters = filters.flat<T>().data();
     bool neighbours_given = false;  // the CPU's products read the pairs either way
     OP_REQUIRES_OK(ctx, CheckNeighboursInput(ctx->input(6), a.num_out, a.volume, map_is_trusted_, &neighbours_given));
+    OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(map_is_submanifold_, a.num_in, a.num_out, a.volume));
     OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, a.num_in, a.num_out));
     OP_REQUIRES_OK(ctx, RejectNaNRows(a.features, a.num_in, a.cin, "features"));
     Tensor* out;
@@ -243,6 +245,7 @@ class SiteSparseConvOp : public OpKernel {
 
  private:
   bool map_is_trusted_ = false;
+  bool map_is_submanifold_ = false;
 };
 
 // SiteNeighbourTable (layout in site_conv_op.cc): the table, then the outputs stably

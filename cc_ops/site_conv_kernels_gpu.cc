@@ -123,6 +123,7 @@ class SiteSparseConvGpuOp : public OpKernel {
  public:
   explicit SiteSparseConvGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_submanifold", &map_is_submanifold_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -145,6 +146,7 @@ class SiteSparseConvGpuOp : public OpKernel {
     const Tensor& neighbours = ctx->input(6);
     bool neighbours_given = false;
     OP_REQUIRES_OK(ctx, CheckNeighboursInput(neighbours, a.num_out, a.volume, map_is_trusted_, &neighbours_given));
+    OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(map_is_submanifold_, a.num_in, a.num_out, a.volume));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.num_out, a.cout}), &out));
     TempScratch scratch(ctx);
@@ -174,6 +176,7 @@ class SiteSparseConvGpuOp : public OpKernel {
 
  private:
   bool map_is_trusted_ = false;
+  bool map_is_submanifold_ = false;
 };
 
 template <typename T>

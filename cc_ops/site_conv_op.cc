@@ -64,6 +64,7 @@ REGISTER_OP("SiteSparseConv")
     .Output("out_features: T")
     .Attr("T: {float, double, half, bfloat16}")
     .Attr("map_is_trusted: bool = false")
+    .Attr("map_is_submanifold: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle features, filters, neighbours;
       TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(6), 1, &neighbours));
@@ -105,6 +106,13 @@ checks rows and NaN features whatever the attr says (those checks cost no round 
 there). An untrusted map is checked on every device and a bad one raises
 InvalidArgument; a trusted map that breaks the promise is undefined behaviour on the
 GPU (out-of-bounds reads and writes).
+map_is_submanifold: the caller promises that the map is a submanifold map whose
+offsets pair up mirrored (offset q's pairs are offset volume - 1 - q's reversed), as
+SiteKernelMap's 'submanifold' maps are by construction. It changes no value of this op;
+its gradient then computes the input gradient over the same pairs with the filters
+transposed and their offsets mirrored, reading the same neighbours table, instead of
+over the reversed pairs without one. Requires num_out == the number of input rows and
+an odd number of offsets (InvalidArgument otherwise).
 )doc");
 
 REGISTER_OP("SiteNeighbourTable")

@@ -29,6 +29,10 @@ if ls .peers/p*/*.whl* > /dev/null 2>&1; then
   cp ../shared/peers/install-on-device.sh "$stage/devpack/"
 fi
 cp tf_sparseconv/_tf_sparseconv_ops.so tf_sparseconv/_build_info.py "$stage/devpack/lib/"
+# The LiDAR frame for the benchmarks' lidar scenes (benchmarks/site_scenes.py reads .devdata/).
+if [ -f ../shared/data/lidar_scan.npz ]; then
+  mkdir -p "$stage/devpack/data" && cp ../shared/data/lidar_scan.npz "$stage/devpack/data/"
+fi
 strip -g "$stage/devpack/lib/_tf_sparseconv_ops.so"
 mkdir -p .git/info && touch .git/info/exclude
 grep -qx '/.devparts/' .git/info/exclude || echo '/.devparts/' >> .git/info/exclude

@@ -713,6 +713,10 @@ def test_conv_from_neighbour_tables_matches_cpu_and_repeats_bit_for_bit(monkeypa
     # bit for bit.
     if dtype != tf.float32 and cin % 8 == 0 and cout % 8 == 0 and cout <= 128:
         np.testing.assert_array_equal(first[0].numpy().view(np.uint8), second[0].numpy().view(np.uint8))
+    # A submanifold layer's input gradient runs output-stationary from the same table
+    # (mirrored offsets, map_is_submanifold), up to 128 input channels: it repeats too.
+    if dtype != tf.float32 and kwargs.get("subm") and cin % 8 == 0 and cout % 8 == 0 and cin <= 128:
+        np.testing.assert_array_equal(first[1].numpy().view(np.uint8), second[1].numpy().view(np.uint8))
 
 
 def test_layers_build_neighbour_tables_for_half_types_on_gpu(rng):

@@ -186,6 +186,64 @@ def test_gradients_match_numerical_gradients_in_float64(rng, subm):
         np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape,kernel_size,dilation", [
+    ((9, 8), (3, 5), (2, 1)), ((5, 6, 5), (3, 1, 5), (1, 1, 1)), ((4, 3, 4, 3), (3, 3, 1, 3), (1, 1, 1, 2))])
+def test_submanifold_input_gradient_runs_the_forward_pairs_mirrored(rng, shape, kernel_size, dilation):
+    """The gradient of a submanifold op (map_is_submanifold) convolves over the forward's
+    own pairs with the transposed filters in mirrored offset order; it must equal the
+    gradient over the reversed pairs, and the numerical gradient, for kernels of unequal
+    sides and dilations (where a wrong mirror would pair the wrong offsets)."""
+    from tf_sparseconv._op_library import ops
+    cin, cout = 3, 2
+    coords, features = random_sites(rng, 2, shape, 0.4, cin, np.float64)
+    x = make_site_sparse(coords, features, shape, 2)
+    kmap = kernel_map(x, kernel_size, dilation=dilation, mode="submanifold")
+    volume = int(np.prod(kernel_size))
+    filters = rng.standard_normal((volume, cin, cout))
+    n = len(coords)
+    table = tf.zeros([0], tf.int32)
+
+    def conv(mirrored):
+        def f(features, filters):
+            return ops.site_sparse_conv(features, filters, kmap.in_rows, kmap.out_rows, kmap.offset_splits, n, table,
+                                        map_is_trusted=True, map_is_submanifold=mirrored)
+        return f
+
+    mirrored = tf.test.compute_gradient(conv(True), [tf.constant(features), tf.constant(filters)])
+    reversed_pairs = tf.test.compute_gradient(conv(False), [tf.constant(features), tf.constant(filters)])
+    for got, want in zip(mirrored[0], reversed_pairs[0]):  # theoretical
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    for t, numerical in zip(mirrored[0], mirrored[1]):
+        np.testing.assert_allclose(t, numerical, rtol=1e-6, atol=1e-6)
+    # The second derivative (the gradient's own gradient is mirrored again) against the
+    # first derivative's numerical gradient.
+    dy = tf.constant(rng.standard_normal((n, cout)))
+
+    def input_grad(features, filters):
+        with tf.GradientTape() as tape:
+            tape.watch(features)
+            y = conv(True)(features, filters)
+        return tape.gradient(y, features, output_gradients=dy)
+
+    theoretical, numerical = tf.test.compute_gradient(input_grad, [tf.constant(features), tf.constant(filters)])
+    np.testing.assert_allclose(theoretical[1], numerical[1], rtol=1e-6, atol=1e-6)
+
+
+def test_map_is_submanifold_is_refused_for_maps_that_cannot_be(rng):
+    from tf_sparseconv._op_library import ops
+    coords, features = random_sites(rng, 1, (6, 6), 0.5, 2)
+    x = make_site_sparse(coords, features, (6, 6), 1)
+    down = kernel_map(x, 3, 2, mode="strided")
+    num_out = tf.shape(down.out_coords)[0]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="map_is_submanifold promises a submanifold map"):
+        ops.site_sparse_conv(x.features, tf.ones([9, 2, 3]), down.in_rows, down.out_rows, down.offset_splits, num_out,
+                             tf.zeros([0], tf.int32), map_is_trusted=True, map_is_submanifold=True)
+    even = kernel_map(x, 2, 2, mode="strided")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="4 offsets"):
+        ops.site_sparse_conv(x.features, tf.ones([4, 2, 3]), even.in_rows, even.out_rows, even.offset_splits,
+                             len(coords), tf.zeros([0], tf.int32), map_is_trusted=True, map_is_submanifold=True)
+
+
 def test_transposed_and_inverse_gradients_match_numerical_gradients(rng):
     coords, features = random_sites(rng, 1, (6, 5, 6), 0.35, 2, np.float64)
     x = make_site_sparse(coords, features, (6, 5, 6), 1)
@@ -395,8 +453,13 @@ def test_trusted_map_gives_the_results_of_the_untrusted_map(rng, kwargs):
                 "subm") else y
             loss = tf.reduce_sum(y.features * y.features) + tf.reduce_sum(inverse.features)
         results.append([y.features, inverse.features, *tape.gradient(loss, [f, kernel])])
-    for a, b in zip(*results):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for i, (a, b) in enumerate(zip(*results)):
+        if i == 2 and kwargs.get("subm"):
+            # A trusted submanifold map's input gradient runs its own pairs mirrored
+            # (map_is_submanifold), the hand-built one's the reversed pairs: other sum orders.
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 def test_gradient_ops_inherit_map_is_trusted(rng):
@@ -417,6 +480,12 @@ def test_gradient_ops_inherit_map_is_trusted(rng):
         conv_ops = [op for op in graph.get_operations() if op.type in ("SiteSparseConv", "SiteSparseConvFilterGrad")]
         assert len(conv_ops) == 3  # forward, input gradient, filter gradient
         assert all(op.get_attr("map_is_trusted") == expected for op in conv_ops)
+        # Only a trusted submanifold map is promised mirrored, and its input gradient keeps the promise.
+        assert all(op.get_attr("map_is_submanifold") == expected for op in conv_ops if op.type == "SiteSparseConv")
+    strided = tf.function(lambda f: site_conv(x.with_features(f), kernel, strides=2).features)
+    graph = strided.get_concrete_function(tf.constant(features)).graph
+    strided_ops = [op for op in graph.get_operations() if op.type == "SiteSparseConv"]
+    assert len(strided_ops) == 1 and not strided_ops[0].get_attr("map_is_submanifold")
 
 
 def test_trust_survives_the_keras_dict(rng):

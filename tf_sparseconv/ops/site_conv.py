@@ -111,12 +111,12 @@ def _no_table():
     return tf.zeros([0], tf.int32)
 
 
-def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted, neighbours=None):
+def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted, neighbours=None, submanifold=False):
     filters = tf.reshape(kernel, [-1, kernel.shape[-2], kernel.shape[-1]])
     if neighbours is None:
         neighbours = _no_table()
     return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out, neighbours,
-                                 map_is_trusted=trusted)
+                                 map_is_trusted=trusted, map_is_submanifold=submanifold)
 
 
 def _check_kernel(x, kernel, what):
@@ -188,9 +188,10 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     else:
         geometry = ("strided", kernel_size, _per_dim(strides, d, "strides", 1), _per_dim(padding, d, "padding", 0),
                     dilation)
+    # Only SiteKernelMap's own submanifold maps are promised mirrored to the op.
     return _along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
         _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
-              kmap.neighbours), bias))
+              kmap.neighbours, submanifold=subm and kmap.trusted), bias))
 
 
 def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None):
@@ -302,15 +303,23 @@ def select_sites(x, k, score=None):
 
 @tf.RegisterGradient("SiteSparseConv")
 def _site_sparse_conv_grad(op, out_grad):
-    features, filters, in_rows, out_rows, splits, _, _ = op.inputs
+    features, filters, in_rows, out_rows, splits, _, neighbours = op.inputs
     # A map trusted forward is trusted reversed (see site_inverse_conv).
     trusted = op.get_attr("map_is_trusted")
-    # The input gradient is the same gather-GEMM-scatter with the pairs reversed and
-    # each offset's filter transposed.
-    # (The forward's neighbour table is of no use to the reversed pairs.)
-    features_grad = _ops.site_sparse_conv(out_grad, tf.transpose(filters, [0, 2, 1]), out_rows, in_rows, splits,
-                                          tf.shape(features)[0], _no_table(),
-                                          map_is_trusted=trusted)
+    transposed = tf.transpose(filters, [0, 2, 1])
+    if op.get_attr("map_is_submanifold"):
+        # The reversed pairs of offset q are the pairs of the mirrored offset
+        # volume - 1 - q, so the input gradient is the forward's own convolution (its
+        # pairs, and its neighbour table where it has one) with the transposed filters in
+        # mirrored order.
+        features_grad = _ops.site_sparse_conv(out_grad, tf.reverse(transposed, [0]), in_rows, out_rows, splits,
+                                              tf.shape(features)[0], neighbours, map_is_trusted=trusted,
+                                              map_is_submanifold=True)
+    else:
+        # The same gather-GEMM-scatter with the pairs reversed and each offset's filter
+        # transposed (the forward's neighbour table is of no use to the reversed pairs).
+        features_grad = _ops.site_sparse_conv(out_grad, transposed, out_rows, in_rows, splits,
+                                              tf.shape(features)[0], _no_table(), map_is_trusted=trusted)
     filters_grad = _ops.site_sparse_conv_filter_grad(features, out_grad, in_rows, out_rows, splits,
                                                      map_is_trusted=trusted)
     return [features_grad, filters_grad, None, None, None, None, None]
