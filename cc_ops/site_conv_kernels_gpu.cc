@@ -110,9 +110,9 @@ absl::Status DataflowFromEnvironment(gpu::SiteDataflow* dataflow) {
   return EnumFromEnvironment("TF_SPARSECONV_SITE_DATAFLOW", kChoices, dataflow);
 }
 
-// TF_SPARSECONV_SITE_TABLE_PRODUCTS: "wmma" (or unset) or "mma_sync" (site_conv_gpu.h).
+// TF_SPARSECONV_SITE_TABLE_PRODUCTS: "mma_sync" (or unset) or "wmma" (site_conv_gpu.h).
 absl::Status TableProductsFromEnvironment(gpu::SiteTableProducts* products) {
-  static constexpr const char* kChoices[] = {"wmma", "mma_sync"};  // SiteTableProducts' order
+  static constexpr const char* kChoices[] = {"mma_sync", "wmma"};  // SiteTableProducts' order
   return EnumFromEnvironment("TF_SPARSECONV_SITE_TABLE_PRODUCTS", kChoices, products);
 }
 
@@ -155,7 +155,7 @@ class SiteSparseConvGpuOp : public OpKernel {
     const bool allow_tf32 = std::is_same<T, float>::value && tensorflow::tensor_float_32_execution_enabled();
     gpu::SiteDataflow dataflow = gpu::SiteDataflow::kAuto;
     OP_REQUIRES_OK(ctx, DataflowFromEnvironment(&dataflow));
-    gpu::SiteTableProducts products = gpu::SiteTableProducts::kWmma;
+    gpu::SiteTableProducts products = gpu::SiteTableProducts::kMmaSync;
     OP_REQUIRES_OK(ctx, TableProductsFromEnvironment(&products));
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(GpuStream(ctx), &scratch, a, checked,
                                                             tensorflow::OpDeterminismRequired(), allow_tf32,

@@ -646,13 +646,14 @@ def test_unknown_switch_value_is_rejected(monkeypatch, rng, switch):
         conv_and_gradients(GPU, coords, features, w, (6, 6, 6), 1, dict(subm=True))
 
 
+@pytest.mark.parametrize("products", ["mma_sync", "wmma"])
 @pytest.mark.parametrize("dataflow", ["outputs", "table"])
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
 @pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
-def test_output_stationary_mma_sync_products_match_cpu_and_wmma(monkeypatch, rng, dtype, batch, shape, kernel, cin,
-                                                                 cout, density, kwargs, dataflow):
-    """TF_SPARSECONV_SITE_TABLE_PRODUCTS=mma_sync: the output-stationary tiles multiply through
-    mma.sync instead of WMMA, with the table built per call (outputs) or once (table)."""
+def test_output_stationary_products_match_cpu(monkeypatch, rng, dtype, batch, shape, kernel, cin, cout, density,
+                                              kwargs, dataflow, products):
+    """TF_SPARSECONV_SITE_TABLE_PRODUCTS: the output-stationary tiles multiply through
+    mma.sync (the default) or WMMA, with the table built per call (outputs) or once (table)."""
     if dataflow == "outputs":
         monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "outputs")
     else:
@@ -660,7 +661,7 @@ def test_output_stationary_mma_sync_products_match_cpu_and_wmma(monkeypatch, rng
             pytest.skip("neighbour tables hold kernels of at most 32 offsets")
         monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
         kwargs = dict(kwargs, indice_key="k")
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_PRODUCTS", "mma_sync")
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_PRODUCTS", products)
     cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs)
     assert_gpu_matches_cpu(dtype, cpu, first)
     vec = 4 if dtype == tf.float32 else 8
