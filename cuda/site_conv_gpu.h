@@ -65,7 +65,7 @@ enum class SiteDataflow { kAuto, kPairs, kOutputs };
 
 // The products of kOutputs' tiles: mma.sync with ldmatrix fragments, as the pair tiles
 // (the default: site_conv_outputs.cuh, MmaSyncGatherGemmStoreKernel; H200 2026-11-24, fp16
-// forward from a table, 24 layers of 4 scenes: as fast or faster in 21, up to 10%), or WMMA
+// forward from a table, 24 layers of 4 scenes: as fast or faster in 22, up to 10%), or WMMA
 // (GatherGemmStoreKernel). TF_SPARSECONV_SITE_TABLE_PRODUCTS=mma_sync|wmma.
 enum class SiteTableProducts { kMmaSync, kWmma };
 
