@@ -102,7 +102,8 @@ def dataflows_for(dtype_name, args):
     products through mma.sync instead of WMMA (TF_SPARSECONV_SITE_TABLE_PRODUCTS). fp32
     with TF32 off has one dataflow."""
     wanted = {"pairs": True, "outputs": dtype_name != "fp32", "table": dtype_name == "fp16",
-              "table_mma_sync": dtype_name == "fp16"}
+              "table_mma_sync": dtype_name == "fp16", "table_wmma": dtype_name == "fp16",
+              "pairs_step64": dtype_name == "fp16", "table_step64": dtype_name == "fp16"}
     return [d for d in args.dataflows if wanted[d]]
 
 
@@ -115,14 +116,25 @@ def neighbour_table(in_rows, out_rows, splits, num_in, num_out):
 
 
 def uses_table(dataflow):
-    return dataflow in ("table", "table_mma_sync")
+    return dataflow.startswith("table")
+
+
+SWITCHES = ("TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS", "TF_SPARSECONV_SITE_ROW_STEP")
 
 
 def set_dataflow(dataflow):
     """The op's switches (read at every call): 'table' is the default dataflow given a
-    neighbour table, 'table_mma_sync' the same with mma.sync products."""
-    os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "auto" if uses_table(dataflow) else dataflow
-    os.environ["TF_SPARSECONV_SITE_TABLE_PRODUCTS"] = "mma_sync" if dataflow == "table_mma_sync" else "wmma"
+    neighbour table (mma.sync products, row steps chosen by the op), 'table_mma_sync' the
+    same named explicitly, 'table_wmma' with WMMA products; '_step64': the half tiles step
+    64 bytes per input row whatever the width (TF_SPARSECONV_SITE_ROW_STEP=64)."""
+    os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "auto" if uses_table(dataflow) else dataflow.split("_")[0]
+    os.environ["TF_SPARSECONV_SITE_TABLE_PRODUCTS"] = "wmma" if dataflow == "table_wmma" else "mma_sync"
+    os.environ["TF_SPARSECONV_SITE_ROW_STEP"] = "64" if dataflow.endswith("_step64") else "auto"
+
+
+def clear_switches():
+    for name in SWITCHES:
+        os.environ.pop(name, None)
 
 
 def call_with_int64_rows(feats, w, in_rows, out_rows, splits, num_out, args):
@@ -215,10 +227,12 @@ def run_ours(args):
                     if uses_table(dataflow) and not has_table:
                         continue
                     set_dataflow(dataflow)
-                    if uses_table(dataflow):  # same values as the pairs' within fp16
-                        y_table = fwd(feats, w, table).numpy().astype(np.float32)
-                        check = np.abs(y_table - y.numpy().astype(np.float32))
-                        assert check.max() <= 2e-2 * max(1.0, np.abs(y.numpy().astype(np.float32)).max()), check.max()
+                    # Every dataflow gives the default's values within fp16 before it is timed.
+                    y_flow = fwd(feats, w, table if uses_table(dataflow) else NO_TABLE).numpy().astype(np.float32)
+                    check = np.abs(y_flow - y.numpy().astype(np.float32))
+                    assert check.max() <= 2e-2 * max(1.0, np.abs(y.numpy().astype(np.float32)).max()), \
+                        (dataflow, check.max())
+                    if uses_table(dataflow):
                         passes = (("fwd", fwd_building, (feats, w), fwd.python_function, build_table),
                                   ("bwd", bwd_building, (feats, w, g), bwd.python_function, build_table))
                     else:
@@ -241,8 +255,7 @@ def run_ours(args):
                                         "deterministic": args.deterministic})
                         print(f"  {name:<18} {dtype_name} forward call, rows entering as int64: {t64 * 1e3:8.3f} ms",
                               flush=True)
-                os.environ.pop("TF_SPARSECONV_SITE_DATAFLOW", None)
-                os.environ.pop("TF_SPARSECONV_SITE_TABLE_PRODUCTS", None)
+                clear_switches()
         np.savez(os.path.join(args.exchange, f"{scene}_reference.npz"),
                  **{f"{n}_coords": c for n, (c, _) in reference.items()},
                  **{f"{n}_out": o for n, (_, o) in reference.items()})
@@ -296,8 +309,7 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
                              "dataflow": dataflow, "ours_s": t, "ours_gpu_s": tg,
                              "deterministic": args.deterministic})
                 print(f"  end_to_end {dtype_name} {dataflow} {pass_name}: {t * 1e3:.3f} ms", flush=True)
-        os.environ.pop("TF_SPARSECONV_SITE_DATAFLOW", None)
-        os.environ.pop("TF_SPARSECONV_SITE_TABLE_PRODUCTS", None)
+        clear_switches()
     return rows
 
 
@@ -358,10 +370,12 @@ def main():
     p.add_argument("--loop-calls", type=int, default=40)
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--dataflows", nargs="*", default=["pairs", "table"],
-                   choices=("pairs", "outputs", "table", "table_mma_sync"),
+                   choices=("pairs", "outputs", "table", "table_mma_sync", "table_wmma", "pairs_step64",
+                            "table_step64"),
                    help="forward dataflows on the GPU: TF_SPARSECONV_SITE_DATAFLOW=pairs|outputs, table "
                         "(the default dataflow with a neighbour table built once per map), or table_mma_sync "
-                        "(table, its products through mma.sync: TF_SPARSECONV_SITE_TABLE_PRODUCTS)")
+                        "(the same, named), table_wmma (WMMA products: TF_SPARSECONV_SITE_TABLE_PRODUCTS), "
+                        "pairs_step64 / table_step64 (64-byte row steps: TF_SPARSECONV_SITE_ROW_STEP)")
     p.add_argument("--deterministic", action="store_true",
                    help="tf.config.experimental.enable_op_determinism() first: the ops' deterministic paths")
     p.add_argument("--call-int64-rows", action="store_true",

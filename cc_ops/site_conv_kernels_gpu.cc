@@ -116,6 +116,12 @@ absl::Status TableProductsFromEnvironment(gpu::SiteTableProducts* products) {
   return EnumFromEnvironment("TF_SPARSECONV_SITE_TABLE_PRODUCTS", kChoices, products);
 }
 
+// TF_SPARSECONV_SITE_ROW_STEP: "auto" (or unset), "64" or "128" (site_conv_gpu.h).
+absl::Status RowStepFromEnvironment(gpu::SiteRowStep* row_step) {
+  static constexpr const char* kChoices[] = {"auto", "64", "128"};  // SiteRowStep's order
+  return EnumFromEnvironment("TF_SPARSECONV_SITE_ROW_STEP", kChoices, row_step);
+}
+
 }  // namespace
 
 template <typename T>
@@ -157,9 +163,11 @@ class SiteSparseConvGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, DataflowFromEnvironment(&dataflow));
     gpu::SiteTableProducts products = gpu::SiteTableProducts::kMmaSync;
     OP_REQUIRES_OK(ctx, TableProductsFromEnvironment(&products));
+    gpu::SiteRowStep row_step = gpu::SiteRowStep::kAuto;
+    OP_REQUIRES_OK(ctx, RowStepFromEnvironment(&row_step));
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(GpuStream(ctx), &scratch, a, checked,
                                                             tensorflow::OpDeterminismRequired(), allow_tf32,
-                                                            dataflow, products, map_is_trusted_,
+                                                            dataflow, products, row_step, map_is_trusted_,
                                                             neighbours_given ? neighbours.flat<int32_t>().data()
                                                                              : nullptr,
                                                             reinterpret_cast<G*>(out->flat<T>().data()), &report),

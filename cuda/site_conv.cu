@@ -775,12 +775,12 @@ GpuStatus LaunchSimtTiles(Stream stream, const SiteConvArgs<float>& a, const Off
   return GpuStatus::Ok();
 }
 
-template <typename M, int kBN, bool kAtomic, typename T>
+template <typename M, int kBN, bool kAtomic, int kStepBytes, typename T>
 GpuStatus LaunchMmaSyncTiles(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table, int64_t first_tile,
                              int64_t num_tiles, const Report* report, float* out) {
-  using Layout = mma_sync::Layout<M, kBN>;
+  using Layout = mma_sync::Layout<M, kBN, kStepBytes>;
   using S = typename Layout::S;
-  const auto kernel = mma_sync::GatherGemmScatterKernel<M, kBN, kAtomic>;
+  const auto kernel = mma_sync::GatherGemmScatterKernel<M, kBN, kAtomic, kStepBytes>;
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
       "gather-GEMM-scatter (shared memory)");
@@ -801,30 +801,56 @@ GpuStatus LaunchSimt(Stream stream, const SiteConvArgs<float>& a, const OffsetTa
   return LaunchSimtTiles<128, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
 }
 
+// Whether half and bfloat16 tiles step through the input rows 128 bytes at a time
+// (SiteRowStep): under kAuto, for inputs of at least 128 channels in whole 64-channel
+// steps; float (TF32) always steps 64 bytes.
+template <typename M>
+bool WideRowSteps(SiteRowStep row_step, int64_t cin) {
+  if (std::is_same<M, pipelined::Tf32>::value) return false;
+  if (row_step == SiteRowStep::kAuto) return cin >= 128 && cin % 64 == 0;
+  return row_step == SiteRowStep::kBytes128;
+}
+
 // Output tiles as wide as cout needs, up to 128 columns.
+template <typename M, bool kAtomic, int kStepBytes, typename T>
+GpuStatus LaunchMmaSyncWidth(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table, int64_t first_tile,
+                             int64_t num_tiles, const Report* report, float* out) {
+  if (a.cout <= 32) {
+    return LaunchMmaSyncTiles<M, 32, kAtomic, kStepBytes>(stream, a, table, first_tile, num_tiles, report, out);
+  }
+  if (a.cout <= 64) {
+    return LaunchMmaSyncTiles<M, 64, kAtomic, kStepBytes>(stream, a, table, first_tile, num_tiles, report, out);
+  }
+  return LaunchMmaSyncTiles<M, 128, kAtomic, kStepBytes>(stream, a, table, first_tile, num_tiles, report, out);
+}
+
 template <bool kAtomic, typename T>
-GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table, int64_t first_tile,
-                          int64_t num_tiles, const Report* report, float* out) {
+GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, SiteRowStep row_step, const OffsetTable& table,
+                          int64_t first_tile, int64_t num_tiles, const Report* report, float* out) {
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
     return GpuStatus{"gather-GEMM-scatter", "no tensor-core kernel for this type"};
   } else {
     // site_conv_mma_sync.cuh's kernel (float with TF32, half, bfloat16).
-    if (a.cout <= 32) return LaunchMmaSyncTiles<M, 32, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
-    if (a.cout <= 64) return LaunchMmaSyncTiles<M, 64, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
-    return LaunchMmaSyncTiles<M, 128, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
+    if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
+      if (WideRowSteps<M>(row_step, a.cin)) {
+        return LaunchMmaSyncWidth<M, kAtomic, 128>(stream, a, table, first_tile, num_tiles, report, out);
+      }
+    }
+    return LaunchMmaSyncWidth<M, kAtomic, 64>(stream, a, table, first_tile, num_tiles, report, out);
   }
 }
 
 // The output-stationary tiles, their products through mma.sync (site_conv_outputs.cuh,
 // MmaSyncGatherGemmStoreKernel) or WMMA (GatherGemmStoreKernel); both take the same arguments.
-template <typename M, int kBN, bool kMmaSync, typename T>
+template <typename M, int kBN, bool kMmaSync, int kStepBytes, typename T>
 GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
                                       const Report* report, T* out) {
   using S = typename pipelined::Element<M>::Stored;
+  static_assert(kMmaSync || kStepBytes == 64, "the WMMA tiles step 64 bytes");
   constexpr size_t kShared =
-      kMmaSync ? mma_sync::Layout<M, kBN>::kSharedBytes : pipelined::Tiles<M, kBN>::kSharedBytes;
-  const auto kernel = kMmaSync ? output_stationary::MmaSyncGatherGemmStoreKernel<M, kBN>
+      kMmaSync ? mma_sync::Layout<M, kBN, kStepBytes>::kSharedBytes : pipelined::Tiles<M, kBN>::kSharedBytes;
+  const auto kernel = kMmaSync ? output_stationary::MmaSyncGatherGemmStoreKernel<M, kBN, kStepBytes>
                                : output_stationary::GatherGemmStoreKernel<M, kBN>;
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)),
@@ -839,20 +865,26 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
 }
 
 // Output tiles as wide as cout needs, up to 128 columns.
-template <typename M, bool kMmaSync, typename T>
+template <typename M, bool kMmaSync, int kStepBytes, typename T>
 GpuStatus LaunchOutputStationaryWidth(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
                                       const Report* report, T* out) {
-  if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32, kMmaSync>(stream, a, neighbours, report, out);
-  if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64, kMmaSync>(stream, a, neighbours, report, out);
-  return LaunchOutputStationaryTiles<M, 128, kMmaSync>(stream, a, neighbours, report, out);
+  if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32, kMmaSync, kStepBytes>(stream, a, neighbours, report, out);
+  if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64, kMmaSync, kStepBytes>(stream, a, neighbours, report, out);
+  return LaunchOutputStationaryTiles<M, 128, kMmaSync, kStepBytes>(stream, a, neighbours, report, out);
 }
 
 template <typename M, typename T>
 GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, SiteTableProducts products,
-                                 const int32_t* neighbours, const Report* report, T* out) {
-  return products == SiteTableProducts::kMmaSync
-             ? LaunchOutputStationaryWidth<M, true>(stream, a, neighbours, report, out)
-             : LaunchOutputStationaryWidth<M, false>(stream, a, neighbours, report, out);
+                                 SiteRowStep row_step, const int32_t* neighbours, const Report* report, T* out) {
+  if (products == SiteTableProducts::kWmma) {
+    return LaunchOutputStationaryWidth<M, false, 64>(stream, a, neighbours, report, out);
+  }
+  if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
+    if (WideRowSteps<M>(row_step, a.cin)) {
+      return LaunchOutputStationaryWidth<M, true, 128>(stream, a, neighbours, report, out);
+    }
+  }
+  return LaunchOutputStationaryWidth<M, true, 64>(stream, a, neighbours, report, out);
 }
 
 template <int kBM, int kBN, bool kTf32>
@@ -927,8 +959,8 @@ GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in
 // the sort's scratch.
 template <typename T>
 GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a,
-                                  const OffsetTable& offsets, SiteTableProducts products, const int32_t* neighbours,
-                                  const Report* report, T* out) {
+                                  const OffsetTable& offsets, SiteTableProducts products, SiteRowStep row_step,
+                                  const int32_t* neighbours, const Report* report, T* out) {
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
     return GpuStatus{"gather-GEMM-store", "no tensor-core kernel for this type"};
@@ -940,7 +972,7 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
                                                         a.volume, a.pairs, a.num_in, a.num_out, built));
       neighbours = built;
     }
-    return LaunchOutputStationary<M>(stream, a, products, neighbours, report, out);
+    return LaunchOutputStationary<M>(stream, a, products, row_step, neighbours, report, out);
   }
 }
 
@@ -949,8 +981,8 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
                              bool deterministic, bool allow_tf32, SiteDataflow dataflow,
-                             SiteTableProducts products, bool trusted, const int32_t* neighbours, T* out,
-                             Report* report) {
+                             SiteTableProducts products, SiteRowStep row_step, bool trusted,
+                             const int32_t* neighbours, T* out, Report* report) {
   using A = typename AccumulatorOf<T>::type;
   Report* device_report = nullptr;  // stays nullptr for a trusted map: the kernels then skip the report
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
@@ -984,7 +1016,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.
     TF_SPARSECONV_RETURN_IF_ERROR(
-        OutputStationaryForward(stream, scratch, a, table, products, neighbours, device_report, out));
+        OutputStationaryForward(stream, scratch, a, table, products, row_step, neighbours, device_report, out));
   } else if (outputs > 0) {
     A* acc = nullptr;
     if constexpr (std::is_same<A, T>::value) {
@@ -1002,7 +1034,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
           if constexpr (std::is_same<A, float>::value) {
             if (pipelined) {
               TF_SPARSECONV_RETURN_IF_ERROR(
-                  (LaunchPipelined<false>(stream, a, table, first, count, device_report, acc)));
+                  (LaunchPipelined<false>(stream, a, row_step, table, first, count, device_report, acc)));
               continue;
             }
           }
@@ -1017,7 +1049,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
         }
       } else if constexpr (std::is_same<A, float>::value) {
         if (pipelined) {
-          TF_SPARSECONV_RETURN_IF_ERROR((LaunchPipelined<true>(stream, a, table, 0, table.units, device_report, acc)));
+          TF_SPARSECONV_RETURN_IF_ERROR((LaunchPipelined<true>(stream, a, row_step, table, 0, table.units, device_report, acc)));
         } else if constexpr (std::is_same<T, float>::value) {
           TF_SPARSECONV_RETURN_IF_ERROR(
               (simt ? LaunchSimt<true>(stream, a, table, 0, table.units, device_report, acc)
@@ -1158,8 +1190,8 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
 
 #define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
   template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&, bool, \
-                                           bool, SiteDataflow, SiteTableProducts, bool, const int32_t*, T*,    \
-                                           Report*);                                                           \
+                                           bool, SiteDataflow, SiteTableProducts, SiteRowStep, bool,           \
+                                           const int32_t*, T*, Report*);                                       \
   template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \
                                               bool, bool, const T*, T*, Report*);
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(float)

@@ -69,11 +69,17 @@ enum class SiteDataflow { kAuto, kPairs, kOutputs };
 // (GatherGemmStoreKernel). TF_SPARSECONV_SITE_TABLE_PRODUCTS=mma_sync|wmma.
 enum class SiteTableProducts { kMmaSync, kWmma };
 
+// How many bytes of each input row one pipeline step of the half / bfloat16 tensor-core
+// tiles (pairs and mma.sync table tiles) brings in: kAuto (128 for inputs of at least 128
+// channels in whole 64-channel steps, else 64), or forced. Float (TF32) steps 64 bytes.
+// TF_SPARSECONV_SITE_ROW_STEP=auto|64|128.
+enum class SiteRowStep { kAuto, kBytes64, kBytes128 };
+
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
                              const CheckedMap& checked, bool deterministic, bool allow_tf32,
-                             SiteDataflow dataflow, SiteTableProducts products, bool trusted,
-                             const int32_t* neighbours, T* out, Report* report);
+                             SiteDataflow dataflow, SiteTableProducts products, SiteRowStep row_step,
+                             bool trusted, const int32_t* neighbours, T* out, Report* report);
 
 // SiteNeighbourTable: neighbours [num_out, volume + 2] (volume <= 32) of the map's first
 // checked.pairs pairs, in the layout of site_conv_outputs.cuh. Checks the rows as the

@@ -101,6 +101,10 @@ struct Tiles {
   static constexpr size_t kStagingBytes = sizeof(float) * kWarps * 16 * kStageLd;
   static constexpr size_t kSharedBytes = kPipelineBytes + kStagingBytes + sizeof(int32_t) * kBM;
   static_assert(kAVectors == 2 * kBlockThreads, "every thread copies two input-row vectors per step");
+  // The input-row copies in mma_sync::Layout's terms (site_conv_outputs.cuh's TableGather).
+  static constexpr int kAChunks = kBK / kVec;
+  static constexpr int kARowStride = kBlockThreads / kAChunks;
+  static constexpr int kAPasses = kBM / kARowStride;
   static_assert(kWM % 16 == 0 && kWN % 16 == 0, "whole fragments per warp");
   // WMMA wants 32-byte aligned fragment pointers: rows of 80 bytes in groups of 16, and
   // filter rows of kLdB elements in groups of kMmaK.

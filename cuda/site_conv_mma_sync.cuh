@@ -19,8 +19,9 @@
 //   the A rows 0-15 at columns 0 and 8; B: b0 (2t..2t+1, g), b1 (2t + 8.., g), which
 //   ldmatrix.x4.trans gives for two 8-column pieces from the B rows 0-15.
 // - C (16 x 8, float): c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1).
-// Bank conflicts: A rows are 80 bytes apart, so the 8 rows of one ldmatrix phase, or the
-// lanes (g, t) of a TF32 load at bank (20 g + t) % 32, hit distinct banks; B rows are
+// Bank conflicts: A rows are 80 (or, with 128-byte steps, 144) bytes apart, so the 8 rows
+// of one ldmatrix phase, or the lanes (g, t) of a TF32 load at bank (20 g + t) % 32, hit
+// distinct banks; B rows are
 // kBN + 8 elements long (kBN a multiple of 32): TF32 lanes read bank (8 t + g) % 32, and
 // 16-bit rows of 2 kBN + 16 bytes put 8 ldmatrix rows on distinct 16-byte bank groups.
 //
@@ -50,14 +51,17 @@ using pipelined::kStages;
 using pipelined::kWarps;
 
 // M: pipelined::Tf32 (float storage), __half or __nv_bfloat16 (16-bit storage).
-template <typename M, int kBN>
+// kStepBytes: the bytes of each input row one pipeline step brings in, 64 or 128 (whole
+// 128-byte lines per row and half the steps and barriers for the same channels; for wide
+// inputs, see SiteRowStep in site_conv_gpu.h).
+template <typename M, int kBN, int kStepBytes = 64>
 struct Layout {
   using S = typename pipelined::Element<M>::Stored;
   static constexpr bool kTf32 = std::is_same<M, pipelined::Tf32>::value;
   static constexpr int kVec = 16 / sizeof(S);             // elements per 16-byte copy
   static constexpr int kMmaK = kTf32 ? 8 : 16;            // depth of one MMA
-  static constexpr int kBK = 64 / sizeof(S);              // channels per step: 64 bytes of a row
-  static constexpr int kLdA = kBK + kVec;                 // 80-byte rows
+  static constexpr int kBK = kStepBytes / sizeof(S);      // channels per step
+  static constexpr int kLdA = kBK + kVec;                 // rows padded by 16 bytes (80 or 144 bytes)
   static constexpr int kLdB = kBN + 8;                    // see the bank conflicts above
   static constexpr int kWarpsN = kBN >= 64 ? 2 : 1;
   static constexpr int kWarpsM = kWarps / kWarpsN;
@@ -70,8 +74,15 @@ struct Layout {
   static constexpr int kBVectors = kBK * kBN / kVec;
   static constexpr size_t kPipelineBytes = sizeof(S) * static_cast<size_t>(kStages) * (kAStage + kBStage);
   static constexpr size_t kSharedBytes = kPipelineBytes + sizeof(int32_t) * kBM;
+  // Input-row copies: thread x copies 16-byte piece x % kAChunks of the tile rows
+  // x / kAChunks + r * kARowStride, r < kAPasses (2 rows of 64-byte steps, 4 of 128-byte).
+  static constexpr int kAChunks = kBK / kVec;
+  static constexpr int kARowStride = kBlockThreads / kAChunks;
+  static constexpr int kAPasses = kBM / kARowStride;
+  static_assert(kStepBytes == 64 || kStepBytes == 128, "steps of 64 or 128 bytes per row");
   static_assert(kBN % 32 == 0 && kWM % 16 == 0 && kWN % 16 == 0, "whole fragments (and ldmatrix pairs) per warp");
-  static_assert(kBM * kBK / kVec == 2 * kBlockThreads, "every thread copies two input-row vectors per step");
+  static_assert(kAPasses * kARowStride == kBM && kARowStride * kAChunks == kBlockThreads,
+                "the block's threads copy whole input rows");
   static_assert((kLdB * sizeof(S)) % 16 == 0, "16-byte aligned filter rows");
 };
 
@@ -153,12 +164,12 @@ __device__ inline void Add2(float* dst, float x, float y) {
 // issue(step) queues the copies of one step's A and B stages (and commits nothing); acc
 // gets this warp's (wm, wn) piece of the tile, float32, in the C fragment layout above.
 // The kernels of this file and the output-stationary one (site_conv_outputs.cuh) share it.
-template <typename M, int kBN, typename Issue>
+template <typename M, int kBN, int kStepBytes, typename Issue>
 __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& issue, const typename Layout<M, kBN>::S* a_stages,
                                                   const typename Layout<M, kBN>::S* b_stages, int wm, int wn,
                                                   int lane, float (&acc)[Layout<M, kBN>::kFM][Layout<M, kBN>::kFN][4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using L = Layout<M, kBN>;
+  using L = Layout<M, kBN, kStepBytes>;
   using S = typename L::S;
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -255,7 +266,7 @@ __device__ __forceinline__ void ForEachAccumulatorPair(const int32_t* rows, int6
   }
 }
 
-template <typename M, int kBN, bool kAtomic>
+template <typename M, int kBN, bool kAtomic, int kStepBytes>
 __global__ void __launch_bounds__(kBlockThreads)
     GatherGemmScatterKernel(const typename Layout<M, kBN>::S* features, const typename Layout<M, kBN>::S* filters,
                             const int32_t* in_rows,
@@ -266,7 +277,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   // report: nullptr for a trusted map; otherwise the products run only if every check
   // passed (uniform over the block, so no barrier is skipped by some threads only).
   if (report != nullptr && !ChecksPassed(report)) return;
-  using L = Layout<M, kBN>;
+  using L = Layout<M, kBN, kStepBytes>;
   using S = typename L::S;
   extern __shared__ __align__(128) unsigned char shared[];
   S* a_stages = reinterpret_cast<S*>(shared);
@@ -274,7 +285,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   int32_t* rows_out = reinterpret_cast<int32_t*>(shared + L::kPipelineBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
-  const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
+  const int a_row = threadIdx.x / L::kAChunks, a_chunk = threadIdx.x % L::kAChunks;  // rows a_row + r * kARowStride
   const int64_t steps = (cin + L::kBK - 1) / L::kBK;
   const int64_t items = num_tiles * col_tiles;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -284,8 +295,12 @@ __global__ void __launch_bounds__(kBlockThreads)
     const int64_t p0 = splits[q] + (tile - tile_begin[q]) * kBM;
     const int64_t p_end = splits[q + 1];
     if (threadIdx.x < kBM) rows_out[threadIdx.x] = p0 + threadIdx.x < p_end ? out_rows[p0 + threadIdx.x] : -1;
-    const int64_t row0 = p0 + a_row < p_end ? in_rows[p0 + a_row] : -1;
-    const int64_t row1 = p0 + a_row + 64 < p_end ? in_rows[p0 + a_row + 64] : -1;
+    int64_t in_row[L::kAPasses];
+#pragma unroll
+    for (int r = 0; r < L::kAPasses; ++r) {
+      const int64_t p = p0 + a_row + r * L::kARowStride;
+      in_row[r] = p < p_end ? in_rows[p] : -1;
+    }
     const S* w = filters + q * cin * cout;
     auto issue = [&](int64_t step) {
       const int buffer = static_cast<int>(step % kStages);
@@ -293,10 +308,12 @@ __global__ void __launch_bounds__(kBlockThreads)
       S* a = a_stages + buffer * L::kAStage;
       S* b = b_stages + buffer * L::kBStage;
       const int64_t k = k0 + a_chunk * L::kVec;
-      pipelined::CopyAsync16(a + a_row * L::kLdA + a_chunk * L::kVec,
-                             row0 >= 0 && k < cin ? features + row0 * cin + k : features, row0 >= 0 && k < cin);
-      pipelined::CopyAsync16(a + (a_row + 64) * L::kLdA + a_chunk * L::kVec,
-                             row1 >= 0 && k < cin ? features + row1 * cin + k : features, row1 >= 0 && k < cin);
+#pragma unroll
+      for (int r = 0; r < L::kAPasses; ++r) {
+        const bool ok = in_row[r] >= 0 && k < cin;
+        pipelined::CopyAsync16(a + (a_row + r * L::kARowStride) * L::kLdA + a_chunk * L::kVec,
+                               ok ? features + in_row[r] * cin + k : features, ok);
+      }
       for (int v = threadIdx.x; v < L::kBVectors; v += kBlockThreads) {
         const int kr = v / (kBN / L::kVec), cc = v % (kBN / L::kVec);
         const int64_t kk = k0 + kr, c = col0 + cc * L::kVec;
@@ -305,7 +322,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       }
     };
     float acc[L::kFM][L::kFN][4];
-    PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
+    PipelinedProducts<M, kBN, kStepBytes>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     pipelined::WaitCopies<0>();  // only empty groups can be left, but none may outlive the item
     // Scatter-add from the accumulators.
     ForEachAccumulatorPair<M, kBN>(rows_out, col0, cout, wm, wn, lane, acc,

@@ -127,8 +127,9 @@ __device__ inline void LoadTile(const int32_t* table, int64_t tile, int64_t num_
 }
 
 // Queues the cp.async copies of one step of a tile: step = (offset index, kBK channels);
-// this thread's two input rows (the tile rows a_row and a_row + 64, through the table;
-// zero-filled where a row has no pair at the offset) and its share of the filter rows.
+// this thread's input rows (of the tile rows a_row + r * kARowStride, r < kAPasses,
+// through the table; zero-filled where a row has no pair at the offset) and its share
+// of the filter rows.
 // L: the tile layout (pipelined::Tiles for WMMA, mma_sync::Layout), whose constants of
 // the same names mean the same.
 template <typename L, int kBN>
@@ -140,7 +141,8 @@ struct TableGather {
   const int* offsets;
   S* a_stages;
   S* b_stages;
-  int64_t width, cin, cout, k_steps, col0, row0, row1;
+  int64_t width, cin, cout, k_steps, col0;
+  const int32_t* rows;  // the tile's output rows (shared memory), -1 past the end
   int a_row, a_chunk;
 
   __device__ void operator()(int64_t step) const {
@@ -149,13 +151,15 @@ struct TableGather {
     const int64_t k0 = (step % k_steps) * L::kBK;
     S* a = a_stages + buffer * L::kAStage;
     S* b = b_stages + buffer * L::kBStage;
-    const int64_t in0 = row0 >= 0 ? table[row0 * width + q] : -1;
-    const int64_t in1 = row1 >= 0 ? table[row1 * width + q] : -1;
     const int64_t k = k0 + a_chunk * L::kVec;
-    CopyAsync16(a + a_row * L::kLdA + a_chunk * L::kVec, in0 >= 0 && k < cin ? features + in0 * cin + k : features,
-                in0 >= 0 && k < cin);
-    CopyAsync16(a + (a_row + 64) * L::kLdA + a_chunk * L::kVec,
-                in1 >= 0 && k < cin ? features + in1 * cin + k : features, in1 >= 0 && k < cin);
+#pragma unroll
+    for (int r = 0; r < L::kAPasses; ++r) {
+      const int64_t o = rows[a_row + r * L::kARowStride];
+      const int64_t in = o >= 0 ? table[o * width + q] : -1;
+      const bool ok = in >= 0 && k < cin;
+      CopyAsync16(a + (a_row + r * L::kARowStride) * L::kLdA + a_chunk * L::kVec, ok ? features + in * cin + k : features,
+                  ok);
+    }
     const S* w = filters + q * cin * cout;
     for (int v = threadIdx.x; v < L::kBVectors; v += kBlockThreads) {
       const int kr = v / (kBN / L::kVec), cc = v % (kBN / L::kVec);
@@ -187,7 +191,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % T::kWarpsM, wn = warp / T::kWarpsM;
   float* my_staging = staging + warp * 16 * kStageLd;
-  const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
+  const int a_row = threadIdx.x / T::kAChunks, a_chunk = threadIdx.x % T::kAChunks;
   const int64_t k_steps = (cin + T::kBK - 1) / T::kBK;
   const int64_t tiles = (num_out + kBM - 1) / kBM;
   for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
@@ -195,8 +199,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     const int64_t col0 = (item % col_tiles) * kBN;
     LoadTile(table, tile, num_out, volume, rows, offsets, &num_offsets, &tile_mask);
     const int64_t steps = num_offsets * k_steps;
-    const TableGather<T, kBN> issue{features, filters, table, offsets,     a_stages,         b_stages, volume + 2,
-                                    cin,      cout,    k_steps, col0, rows[a_row], rows[a_row + 64], a_row,    a_chunk};
+    const TableGather<T, kBN> issue{features, filters, table, offsets, a_stages, b_stages, volume + 2,
+                                    cin,      cout,    k_steps, col0, rows,    a_row,    a_chunk};
     pipelined::Accumulators<M, kBN> acc;
     PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, acc);
     WaitCopies<0>();
@@ -248,14 +252,14 @@ __device__ inline void Store2(typename Element<M>::Stored* dst, float x, float y
 // kernel (site_conv_mma_sync.cuh: mma.sync with ldmatrix fragments, or TF32 m16n8k8)
 // instead of WMMA; each lane stores its accumulators' column pairs from registers, so no
 // staging area. Chosen by SiteTableProducts::kMmaSync (TF_SPARSECONV_SITE_TABLE_PRODUCTS).
-template <typename M, int kBN>
+template <typename M, int kBN, int kStepBytes>
 __global__ void __launch_bounds__(kBlockThreads)
     MmaSyncGatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
                                  const int32_t* table, int64_t volume, int64_t num_out, int64_t cin, int64_t cout,
                                  int64_t col_tiles, const Report* report, typename Element<M>::Stored* out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (report != nullptr && !ChecksPassed(report)) return;
-  using L = mma_sync::Layout<M, kBN>;
+  using L = mma_sync::Layout<M, kBN, kStepBytes>;
   using S = typename L::S;
   extern __shared__ __align__(128) unsigned char shared[];
   S* a_stages = reinterpret_cast<S*>(shared);
@@ -266,7 +270,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   __shared__ unsigned int tile_mask;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
-  const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
+  const int a_row = threadIdx.x / L::kAChunks, a_chunk = threadIdx.x % L::kAChunks;
   const int64_t k_steps = (cin + L::kBK - 1) / L::kBK;
   const int64_t tiles = (num_out + kBM - 1) / kBM;
   for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
@@ -274,10 +278,10 @@ __global__ void __launch_bounds__(kBlockThreads)
     const int64_t col0 = (item % col_tiles) * kBN;
     LoadTile(table, tile, num_out, volume, rows, offsets, &num_offsets, &tile_mask);
     const int64_t steps = num_offsets * k_steps;  // the same for the whole block
-    const TableGather<L, kBN> issue{features, filters, table, offsets,     a_stages,         b_stages, volume + 2,
-                                    cin,      cout,    k_steps, col0, rows[a_row], rows[a_row + 64], a_row,    a_chunk};
+    const TableGather<L, kBN> issue{features, filters, table, offsets, a_stages, b_stages, volume + 2,
+                                    cin,      cout,    k_steps, col0, rows,    a_row,    a_chunk};
     float acc[L::kFM][L::kFN][4];
-    mma_sync::PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
+    mma_sync::PipelinedProducts<M, kBN, kStepBytes>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     WaitCopies<0>();
     // Store from the accumulators; rows without pairs get zeros: every output row is stored.
     mma_sync::ForEachAccumulatorPair<M, kBN>(

@@ -636,7 +636,8 @@ def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(monkeypa
             np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
 
 
-@pytest.mark.parametrize("switch", ["TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS"])
+@pytest.mark.parametrize("switch", ["TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS",
+                                    "TF_SPARSECONV_SITE_ROW_STEP"])
 def test_unknown_switch_value_is_rejected(monkeypatch, rng, switch):
     monkeypatch.setenv(switch, "fastest")
     coords = random_sites(rng, 1, (6, 6, 6), 0.3)
@@ -669,6 +670,27 @@ def test_output_stationary_products_match_cpu(monkeypatch, rng, dtype, batch, sh
         dataflow == "outputs" or (dtype != tf.float32 and cout <= 128))
     if runs_output_stationary:  # every output row stored once: the forward repeats bit for bit
         np.testing.assert_array_equal(first[0].numpy().view(np.uint8), second[0].numpy().view(np.uint8))
+
+
+@pytest.mark.parametrize("row_step", ["64", "128"])
+@pytest.mark.parametrize("dataflow", ["pairs", "table"])
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=lambda t: t.name)
+@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
+def test_forced_row_steps_match_cpu(monkeypatch, rng, dtype, batch, shape, kernel, cin, cout, density, kwargs,
+                                    dataflow, row_step):
+    """TF_SPARSECONV_SITE_ROW_STEP=64|128: the half tiles (pairs, and output-stationary from
+    a table) bring 64 or 128 bytes of each input row per step, whatever the width, so the
+    128-byte steps also run with channel counts that leave a zero-filled tail (40, 72, 136)."""
+    if dataflow == "table":
+        if np.prod(kernel) > 32:
+            pytest.skip("neighbour tables hold kernels of at most 32 offsets")
+        monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
+        kwargs = dict(kwargs, indice_key="k")
+    else:
+        monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "pairs")
+    monkeypatch.setenv("TF_SPARSECONV_SITE_ROW_STEP", row_step)
+    cpu, first, _ = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs)
+    assert_gpu_matches_cpu(dtype, cpu, first)
 
 
 # --- neighbour tables (SiteNeighbourTable) and the convolution that reads them ---------------------
