@@ -71,7 +71,8 @@ enum class SiteTableProducts { kMmaSync, kWmma };
 
 // How many bytes of each input row one pipeline step of the half / bfloat16 tensor-core
 // tiles (pairs and mma.sync table tiles) brings in: kAuto (128 for inputs of at least 128
-// channels in whole 64-channel steps, else 64), or forced. Float (TF32) steps 64 bytes.
+// channels in whole 64-channel steps, the table tiles only where outputs average two
+// pairs or more; else 64; site_conv.cu, WideRowSteps), or forced. Float (TF32) steps 64.
 // TF_SPARSECONV_SITE_ROW_STEP=auto|64|128.
 enum class SiteRowStep { kAuto, kBytes64, kBytes128 };
 
