@@ -103,8 +103,7 @@ def dataflows_for(dtype_name, args):
     with TF32 off has one dataflow."""
     wanted = {"pairs": True, "outputs": dtype_name != "fp32", "table": dtype_name == "fp16",
               "table_mma_sync": dtype_name == "fp16", "table_wmma": dtype_name == "fp16",
-              "pairs_step64": dtype_name == "fp16", "table_step64": dtype_name == "fp16",
-              "pairs_cols128": dtype_name == "fp16"}
+              "pairs_step64": dtype_name == "fp16", "table_step64": dtype_name == "fp16"}
     return [d for d in args.dataflows if wanted[d]]
 
 
@@ -120,20 +119,17 @@ def uses_table(dataflow):
     return dataflow.startswith("table")
 
 
-SWITCHES = ("TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS", "TF_SPARSECONV_SITE_ROW_STEP",
-            "TF_SPARSECONV_SITE_PAIR_COLUMNS")
+SWITCHES = ("TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS", "TF_SPARSECONV_SITE_ROW_STEP")
 
 
 def set_dataflow(dataflow):
     """The op's switches (read at every call): 'table' is the default dataflow given a
     neighbour table (mma.sync products, row steps chosen by the op), 'table_mma_sync' the
     same named explicitly, 'table_wmma' with WMMA products; '_step64': the half tiles step
-    64 bytes per input row whatever the width (TF_SPARSECONV_SITE_ROW_STEP=64); '_cols128':
-    pair tiles of at most 128 columns (TF_SPARSECONV_SITE_PAIR_COLUMNS=128)."""
+    64 bytes per input row whatever the width (TF_SPARSECONV_SITE_ROW_STEP=64)."""
     os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "auto" if uses_table(dataflow) else dataflow.split("_")[0]
     os.environ["TF_SPARSECONV_SITE_TABLE_PRODUCTS"] = "wmma" if dataflow == "table_wmma" else "mma_sync"
     os.environ["TF_SPARSECONV_SITE_ROW_STEP"] = "64" if dataflow.endswith("_step64") else "auto"
-    os.environ["TF_SPARSECONV_SITE_PAIR_COLUMNS"] = "128" if dataflow.endswith("_cols128") else "auto"
 
 
 def clear_switches():
@@ -375,12 +371,11 @@ def main():
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--dataflows", nargs="*", default=["pairs", "table"],
                    choices=("pairs", "outputs", "table", "table_mma_sync", "table_wmma", "pairs_step64",
-                            "table_step64", "pairs_cols128"),
+                            "table_step64"),
                    help="forward dataflows on the GPU: TF_SPARSECONV_SITE_DATAFLOW=pairs|outputs, table "
                         "(the default dataflow with a neighbour table built once per map), or table_mma_sync "
                         "(the same, named), table_wmma (WMMA products: TF_SPARSECONV_SITE_TABLE_PRODUCTS), "
-                        "pairs_step64 / table_step64 (64-byte row steps: TF_SPARSECONV_SITE_ROW_STEP), "
-                        "pairs_cols128 (pair tiles of at most 128 columns: TF_SPARSECONV_SITE_PAIR_COLUMNS)")
+                        "pairs_step64 / table_step64 (64-byte row steps: TF_SPARSECONV_SITE_ROW_STEP)")
     p.add_argument("--deterministic", action="store_true",
                    help="tf.config.experimental.enable_op_determinism() first: the ops' deterministic paths")
     p.add_argument("--call-int64-rows", action="store_true",

@@ -122,12 +122,6 @@ absl::Status RowStepFromEnvironment(gpu::SiteRowStep* row_step) {
   return EnumFromEnvironment("TF_SPARSECONV_SITE_ROW_STEP", kChoices, row_step);
 }
 
-// TF_SPARSECONV_SITE_PAIR_COLUMNS: "auto" (or unset) or "128" (site_conv_gpu.h).
-absl::Status PairColumnsFromEnvironment(gpu::SitePairColumns* columns) {
-  static constexpr const char* kChoices[] = {"auto", "128"};  // SitePairColumns' order
-  return EnumFromEnvironment("TF_SPARSECONV_SITE_PAIR_COLUMNS", kChoices, columns);
-}
-
 }  // namespace
 
 template <typename T>
@@ -169,12 +163,11 @@ class SiteSparseConvGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, DataflowFromEnvironment(&dataflow));
     gpu::SiteTableProducts products = gpu::SiteTableProducts::kMmaSync;
     OP_REQUIRES_OK(ctx, TableProductsFromEnvironment(&products));
-    gpu::SiteTiling tiling;
-    OP_REQUIRES_OK(ctx, RowStepFromEnvironment(&tiling.row_step));
-    OP_REQUIRES_OK(ctx, PairColumnsFromEnvironment(&tiling.pair_columns));
+    gpu::SiteRowStep row_step = gpu::SiteRowStep::kAuto;
+    OP_REQUIRES_OK(ctx, RowStepFromEnvironment(&row_step));
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(GpuStream(ctx), &scratch, a, checked,
                                                             tensorflow::OpDeterminismRequired(), allow_tf32,
-                                                            dataflow, products, tiling, map_is_trusted_,
+                                                            dataflow, products, row_step, map_is_trusted_,
                                                             neighbours_given ? neighbours.flat<int32_t>().data()
                                                                              : nullptr,
                                                             reinterpret_cast<G*>(out->flat<T>().data()), &report),

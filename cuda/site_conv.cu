@@ -809,32 +809,18 @@ GpuStatus LaunchSimt(Stream stream, const SiteConvArgs<float>& a, const OffsetTa
 // to 23% slower for the tables of inverse convolutions (one pair per output), whose tiles
 // gather mostly zero rows and want the occupancy of the smaller stages.
 template <typename M, typename T>
-bool WideRowSteps(const SiteTiling& tiling, const SiteConvArgs<T>& a, bool output_stationary) {
+bool WideRowSteps(SiteRowStep row_step, const SiteConvArgs<T>& a, bool output_stationary) {
   if (std::is_same<M, pipelined::Tf32>::value) return false;
-  if (tiling.row_step == SiteRowStep::kAuto) {
+  if (row_step == SiteRowStep::kAuto) {
     return a.cin >= 128 && a.cin % 64 == 0 && (!output_stationary || a.pairs >= 2 * a.num_out);
   }
-  return tiling.row_step == SiteRowStep::kBytes128;
+  return row_step == SiteRowStep::kBytes128;
 }
 
-// Whether the half and bfloat16 pair tiles are 256 columns wide: for outputs of a multiple
-// of 256 channels, so each gathered input row serves 256 columns instead of 128.
-template <typename M>
-bool WidePairTiles(const SiteTiling& tiling, int64_t cout) {
-  return !std::is_same<M, pipelined::Tf32>::value && tiling.pair_columns == SitePairColumns::kAuto &&
-         cout % 256 == 0;
-}
-
-// Output tiles as wide as cout needs: up to 128 columns, or 256 (WidePairTiles).
+// Output tiles as wide as cout needs, up to 128 columns.
 template <typename M, bool kAtomic, int kStepBytes, typename T>
-GpuStatus LaunchMmaSyncWidth(Stream stream, const SiteConvArgs<T>& a, const SiteTiling& tiling,
-                             const OffsetTable& table, int64_t first_tile, int64_t num_tiles, const Report* report,
-                             float* out) {
-  if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
-    if (WidePairTiles<M>(tiling, a.cout)) {
-      return LaunchMmaSyncTiles<M, 256, kAtomic, kStepBytes>(stream, a, table, first_tile, num_tiles, report, out);
-    }
-  }
+GpuStatus LaunchMmaSyncWidth(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table, int64_t first_tile,
+                             int64_t num_tiles, const Report* report, float* out) {
   if (a.cout <= 32) {
     return LaunchMmaSyncTiles<M, 32, kAtomic, kStepBytes>(stream, a, table, first_tile, num_tiles, report, out);
   }
@@ -845,7 +831,7 @@ GpuStatus LaunchMmaSyncWidth(Stream stream, const SiteConvArgs<T>& a, const Site
 }
 
 template <bool kAtomic, typename T>
-GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const SiteTiling& tiling, const OffsetTable& table,
+GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, SiteRowStep row_step, const OffsetTable& table,
                           int64_t first_tile, int64_t num_tiles, const Report* report, float* out) {
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
@@ -853,11 +839,11 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const SiteTil
   } else {
     // site_conv_mma_sync.cuh's kernel (float with TF32, half, bfloat16).
     if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
-      if (WideRowSteps<M>(tiling, a, false)) {
-        return LaunchMmaSyncWidth<M, kAtomic, 128>(stream, a, tiling, table, first_tile, num_tiles, report, out);
+      if (WideRowSteps<M>(row_step, a, false)) {
+        return LaunchMmaSyncWidth<M, kAtomic, 128>(stream, a, table, first_tile, num_tiles, report, out);
       }
     }
-    return LaunchMmaSyncWidth<M, kAtomic, 64>(stream, a, tiling, table, first_tile, num_tiles, report, out);
+    return LaunchMmaSyncWidth<M, kAtomic, 64>(stream, a, table, first_tile, num_tiles, report, out);
   }
 }
 
@@ -895,12 +881,12 @@ GpuStatus LaunchOutputStationaryWidth(Stream stream, const SiteConvArgs<T>& a, c
 
 template <typename M, typename T>
 GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, SiteTableProducts products,
-                                 const SiteTiling& tiling, const int32_t* neighbours, const Report* report, T* out) {
+                                 SiteRowStep row_step, const int32_t* neighbours, const Report* report, T* out) {
   if (products == SiteTableProducts::kWmma) {
     return LaunchOutputStationaryWidth<M, false, 64>(stream, a, neighbours, report, out);
   }
   if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
-    if (WideRowSteps<M>(tiling, a, true)) {
+    if (WideRowSteps<M>(row_step, a, true)) {
       return LaunchOutputStationaryWidth<M, true, 128>(stream, a, neighbours, report, out);
     }
   }
@@ -979,7 +965,7 @@ GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in
 // the sort's scratch.
 template <typename T>
 GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a,
-                                  const OffsetTable& offsets, SiteTableProducts products, const SiteTiling& tiling,
+                                  const OffsetTable& offsets, SiteTableProducts products, SiteRowStep row_step,
                                   const int32_t* neighbours, const Report* report, T* out) {
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
@@ -992,7 +978,7 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
                                                         a.volume, a.pairs, a.num_in, a.num_out, built));
       neighbours = built;
     }
-    return LaunchOutputStationary<M>(stream, a, products, tiling, neighbours, report, out);
+    return LaunchOutputStationary<M>(stream, a, products, row_step, neighbours, report, out);
   }
 }
 
@@ -1001,7 +987,7 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
                              bool deterministic, bool allow_tf32, SiteDataflow dataflow,
-                             SiteTableProducts products, SiteTiling tiling, bool trusted,
+                             SiteTableProducts products, SiteRowStep row_step, bool trusted,
                              const int32_t* neighbours, T* out, Report* report) {
   using A = typename AccumulatorOf<T>::type;
   Report* device_report = nullptr;  // stays nullptr for a trusted map: the kernels then skip the report
@@ -1036,7 +1022,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.
     TF_SPARSECONV_RETURN_IF_ERROR(
-        OutputStationaryForward(stream, scratch, a, table, products, tiling, neighbours, device_report, out));
+        OutputStationaryForward(stream, scratch, a, table, products, row_step, neighbours, device_report, out));
   } else if (outputs > 0) {
     A* acc = nullptr;
     if constexpr (std::is_same<A, T>::value) {
@@ -1054,7 +1040,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
           if constexpr (std::is_same<A, float>::value) {
             if (pipelined) {
               TF_SPARSECONV_RETURN_IF_ERROR(
-                  (LaunchPipelined<false>(stream, a, tiling, table, first, count, device_report, acc)));
+                  (LaunchPipelined<false>(stream, a, row_step, table, first, count, device_report, acc)));
               continue;
             }
           }
@@ -1069,7 +1055,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
         }
       } else if constexpr (std::is_same<A, float>::value) {
         if (pipelined) {
-          TF_SPARSECONV_RETURN_IF_ERROR((LaunchPipelined<true>(stream, a, tiling, table, 0, table.units, device_report, acc)));
+          TF_SPARSECONV_RETURN_IF_ERROR((LaunchPipelined<true>(stream, a, row_step, table, 0, table.units, device_report, acc)));
         } else if constexpr (std::is_same<T, float>::value) {
           TF_SPARSECONV_RETURN_IF_ERROR(
               (simt ? LaunchSimt<true>(stream, a, table, 0, table.units, device_report, acc)
@@ -1210,7 +1196,7 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
 
 #define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
   template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&, bool, \
-                                           bool, SiteDataflow, SiteTableProducts, SiteTiling, bool,            \
+                                           bool, SiteDataflow, SiteTableProducts, SiteRowStep, bool,           \
                                            const int32_t*, T*, Report*);                                       \
   template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \
                                               bool, bool, const T*, T*, Report*);

@@ -76,21 +76,10 @@ enum class SiteTableProducts { kMmaSync, kWmma };
 // TF_SPARSECONV_SITE_ROW_STEP=auto|64|128.
 enum class SiteRowStep { kAuto, kBytes64, kBytes128 };
 
-// The columns of the half / bfloat16 pair tiles: kAuto (256 for outputs of a multiple of
-// 256 channels, else up to 128; site_conv.cu, WidePairTiles) or at most 128.
-// TF_SPARSECONV_SITE_PAIR_COLUMNS=auto|128.
-enum class SitePairColumns { kAuto, kAtMost128 };
-
-// The tile choices of the tensor-core kernels that the switches above override.
-struct SiteTiling {
-  SiteRowStep row_step = SiteRowStep::kAuto;
-  SitePairColumns pair_columns = SitePairColumns::kAuto;
-};
-
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
                              const CheckedMap& checked, bool deterministic, bool allow_tf32,
-                             SiteDataflow dataflow, SiteTableProducts products, SiteTiling tiling,
+                             SiteDataflow dataflow, SiteTableProducts products, SiteRowStep row_step,
                              bool trusted, const int32_t* neighbours, T* out, Report* report);
 
 // SiteNeighbourTable: neighbours [num_out, volume + 2] (volume <= 32) of the map's first

@@ -63,9 +63,7 @@ struct Layout {
   static constexpr int kBK = kStepBytes / sizeof(S);      // channels per step
   static constexpr int kLdA = kBK + kVec;                 // rows padded by 16 bytes (80 or 144 bytes)
   static constexpr int kLdB = kBN + 8;                    // see the bank conflicts above
-  // Warps across the columns: 128 x 256 tiles give each warp 64 x 64 (four A and four B
-  // fragment loads per 32 MMAs, against two and four per 16 at 32 x 64).
-  static constexpr int kWarpsN = kBN >= 256 ? 4 : kBN >= 64 ? 2 : 1;
+  static constexpr int kWarpsN = kBN >= 64 ? 2 : 1;
   static constexpr int kWarpsM = kWarps / kWarpsN;
   static constexpr int kWM = kBM / kWarpsM;       // rows per warp
   static constexpr int kWN = kBN / kWarpsN;       // columns per warp

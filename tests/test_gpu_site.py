@@ -220,9 +220,8 @@ CONV_CASES = [
     # The pipelined tensor-core kernel (sm_80+, half and bfloat16): a 32-channel step and an
     # 8-channel tail, two 128-column tiles of which the second has 8 columns.
     pytest.param(1, (14, 14, 14), (3, 3, 3), 40, 136, 0.1, dict(subm=True), id="3d-subm-c40-c136-two-col-tiles"),
-    # 256 output channels: the half / bfloat16 pair tiles are 256 columns wide (forward and
-    # input gradient), four warps across; 128-byte row steps.
-    pytest.param(1, (12, 12, 12), (3, 3, 3), 256, 256, 0.12, dict(subm=True), id="3d-subm-c256-wide-pair-tiles"),
+    # 256 channels both ways: two 128-column tiles, 128-byte row steps, forward and gradient.
+    pytest.param(1, (12, 12, 12), (3, 3, 3), 256, 256, 0.12, dict(subm=True), id="3d-subm-c256"),
 ]
 DTYPES = [tf.float32, tf.float64, tf.float16, tf.bfloat16]
 
@@ -640,7 +639,7 @@ def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(monkeypa
 
 
 @pytest.mark.parametrize("switch", ["TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS",
-                                    "TF_SPARSECONV_SITE_ROW_STEP", "TF_SPARSECONV_SITE_PAIR_COLUMNS"])
+                                    "TF_SPARSECONV_SITE_ROW_STEP"])
 def test_unknown_switch_value_is_rejected(monkeypatch, rng, switch):
     monkeypatch.setenv(switch, "fastest")
     coords = random_sites(rng, 1, (6, 6, 6), 0.3)
@@ -676,16 +675,14 @@ def test_output_stationary_products_match_cpu(monkeypatch, rng, dtype, batch, sh
 
 
 @pytest.mark.parametrize("row_step", ["64", "128"])
-@pytest.mark.parametrize("dataflow", ["pairs", "pairs_cols128", "table"])
+@pytest.mark.parametrize("dataflow", ["pairs", "table"])
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=lambda t: t.name)
 @pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
 def test_forced_row_steps_match_cpu(monkeypatch, rng, dtype, batch, shape, kernel, cin, cout, density, kwargs,
                                     dataflow, row_step):
     """TF_SPARSECONV_SITE_ROW_STEP=64|128: the half tiles (pairs, and output-stationary from
     a table) bring 64 or 128 bytes of each input row per step, whatever the width, so the
-    128-byte steps also run with channel counts that leave a zero-filled tail (40, 72, 136);
-    pairs_cols128: TF_SPARSECONV_SITE_PAIR_COLUMNS=128, the 256-channel case on 128-column
-    pair tiles."""
+    128-byte steps also run with channel counts that leave a zero-filled tail (40, 72, 136)."""
     if dataflow == "table":
         if np.prod(kernel) > 32:
             pytest.skip("neighbour tables hold kernels of at most 32 offsets")
@@ -693,8 +690,6 @@ def test_forced_row_steps_match_cpu(monkeypatch, rng, dtype, batch, shape, kerne
         kwargs = dict(kwargs, indice_key="k")
     else:
         monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "pairs")
-        if dataflow == "pairs_cols128":
-            monkeypatch.setenv("TF_SPARSECONV_SITE_PAIR_COLUMNS", "128")
     monkeypatch.setenv("TF_SPARSECONV_SITE_ROW_STEP", row_step)
     cpu, first, _ = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs)
     assert_gpu_matches_cpu(dtype, cpu, first)
