@@ -113,11 +113,6 @@ __global__ void __launch_bounds__(kBlockThreads)
         pipelined::CopyAsync16(gs + r * L::kLdG + cc * 4, ok ? out_grad + o * cout + c : out_grad, ok);
       }
     };
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < steps) issue(s);
-      pipelined::CommitCopies();  // empty groups too: the wait below counts groups
-    }
     float* dst = partial + chunk * cin * cout;
     if constexpr (kTf32) {
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -132,12 +127,7 @@ __global__ void __launch_bounds__(kBlockThreads)
           for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
         }
       }
-      for (int64_t step = 0; step < steps; ++step) {
-        pipelined::WaitCopies<kStages - 2>();
-        __syncthreads();
-        if (step + kStages - 1 < steps) issue(step + kStages - 1);
-        pipelined::CommitCopies();
-        const int buffer = static_cast<int>(step % kStages);
+      pipelined::RunPipeline(steps, issue, [&](int buffer) {
         const float* xs = x_stages + buffer * L::kXStage + t * L::kLdX + wm * L::kWM + g;
         const float* gs = g_stages + buffer * L::kGStage + t * L::kLdG + wn * L::kWN + g;
 #pragma unroll
@@ -159,7 +149,7 @@ __global__ void __launch_bounds__(kBlockThreads)
             for (int i = 0; i < L::kFM; ++i) mma_sync::MmaTf32(acc[i][j], af[i], b0, b1);
           }
         }
-      }
+      });
       // Lane (g, t) holds output channels 2t, 2t + 1 of input channels g and g + 8 of each
       // 16 x 8 piece (cout is a multiple of 4: both columns or neither exist).
 #pragma unroll
@@ -183,12 +173,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
         for (int j = 0; j < 4 * L::kNG; ++j) acc[i][j] = 0.0f;
       }
-      for (int64_t step = 0; step < steps; ++step) {
-        pipelined::WaitCopies<kStages - 2>();
-        __syncthreads();
-        if (step + kStages - 1 < steps) issue(step + kStages - 1);
-        pipelined::CommitCopies();
-        const int buffer = static_cast<int>(step % kStages);
+      pipelined::RunPipeline(steps, issue, [&](int buffer) {
         const float* xs = x_stages + buffer * L::kXStage + ty * 4;
         const float* gs = g_stages + buffer * L::kGStage + tx * 4;
 #pragma unroll 4
@@ -217,7 +202,7 @@ __global__ void __launch_bounds__(kBlockThreads)
             }
           }
         }
-      }
+      });
 #pragma unroll
       for (int m = 0; m < L::kMG; ++m) {
 #pragma unroll

@@ -130,6 +130,28 @@ __device__ inline void WaitCopies() {
 #endif
 }
 
+// The cp.async pipeline's schedule over `steps` steps of one tile: the first kStages - 1
+// are queued up front; then each step waits for its own copies (this thread's, and through
+// the barrier everyone's), queues the step kStages - 1 ahead into the stage the barrier
+// just freed, and runs compute(buffer) on stage step % kStages. Every step commits one
+// copy group, empty ones too, since the wait counts groups; afterwards only empty groups
+// can be in flight. issue(step) queues one step's copies and commits nothing.
+template <typename Issue, typename Compute>
+__device__ __forceinline__ void RunPipeline(int64_t steps, const Issue& issue, const Compute& compute) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) issue(s);
+    CommitCopies();
+  }
+  for (int64_t step = 0; step < steps; ++step) {
+    WaitCopies<kStages - 2>();
+    __syncthreads();
+    if (step + kStages - 1 < steps) issue(step + kStages - 1);
+    CommitCopies();
+    compute(static_cast<int>(step % kStages));
+  }
+}
+
 // Adds 4 consecutive floats: one vector atomic on sm_90, four scalar ones before.
 template <bool kAtomic>
 __device__ inline void Add4(float* dst, const float* v) {
@@ -168,21 +190,11 @@ __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& is
   using W = typename Wmma<M>::type;
   constexpr bool kTf32 = std::is_same<M, Tf32>::value;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) issue(s);
-    CommitCopies();  // empty groups too: the wait below counts groups
-  }
-#pragma unroll
   for (int i = 0; i < T::kFM; ++i) {
 #pragma unroll
     for (int j = 0; j < T::kFN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
   }
-  for (int64_t step = 0; step < steps; ++step) {
-    WaitCopies<kStages - 2>();  // this step's copies have landed (this thread's)
-    __syncthreads();            // ... and everyone's; the buffer refilled below is free
-    if (step + kStages - 1 < steps) issue(step + kStages - 1);
-    CommitCopies();
-    const int buffer = static_cast<int>(step % kStages);
+  RunPipeline(steps, issue, [&](int buffer) {
     const Load* a = reinterpret_cast<const Load*>(a_stages + buffer * T::kAStage);
     const Load* b = reinterpret_cast<const Load*>(b_stages + buffer * T::kBStage);
 #pragma unroll
@@ -202,7 +214,7 @@ __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& is
         for (int i = 0; i < T::kFM; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
       }
     }
-  }
+  });
 }
 
 }  // namespace pipelined

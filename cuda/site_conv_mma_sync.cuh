@@ -173,11 +173,6 @@ __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& is
   using S = typename L::S;
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) issue(s);
-    pipelined::CommitCopies();  // empty groups too: the wait below counts groups
-  }
-#pragma unroll
   for (int i = 0; i < L::kFM; ++i) {
 #pragma unroll
     for (int j = 0; j < L::kFN; ++j) {
@@ -185,12 +180,7 @@ __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& is
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
     }
   }
-  for (int64_t step = 0; step < steps; ++step) {
-    pipelined::WaitCopies<kStages - 2>();  // this step's copies have landed (this thread's)
-    __syncthreads();                       // ... and everyone's; the buffer refilled below is free
-    if (step + kStages - 1 < steps) issue(step + kStages - 1);
-    pipelined::CommitCopies();
-    const int buffer = static_cast<int>(step % kStages);
+  pipelined::RunPipeline(steps, issue, [&](int buffer) {
     if constexpr (L::kTf32) {
       const float* a = a_stages + buffer * L::kAStage + (wm * L::kWM + g) * L::kLdA + t;
       const float* b = b_stages + buffer * L::kBStage + t * L::kLdB + wn * L::kWN + g;
@@ -236,7 +226,7 @@ __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& is
         }
       }
     }
-  }
+  });
 #endif
 }
 

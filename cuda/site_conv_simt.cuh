@@ -102,23 +102,13 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
         pipelined::CopyAsync16(b + kr * L::kLdB + cc * 4, ok ? w + kk * cout + c : filters, ok);
       }
     };
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < steps) issue(s);
-      pipelined::CommitCopies();  // empty groups too: the wait below counts groups
-    }
     float acc[4 * L::kMG][4 * L::kNG];
 #pragma unroll
     for (int i = 0; i < 4 * L::kMG; ++i) {
 #pragma unroll
       for (int j = 0; j < 4 * L::kNG; ++j) acc[i][j] = 0.0f;
     }
-    for (int64_t step = 0; step < steps; ++step) {
-      pipelined::WaitCopies<kStages - 2>();  // this step's copies have landed (this thread's)
-      __syncthreads();                       // ... and everyone's; the buffer refilled below is free
-      if (step + kStages - 1 < steps) issue(step + kStages - 1);
-      pipelined::CommitCopies();
-      const int buffer = static_cast<int>(step % kStages);
+    pipelined::RunPipeline(steps, issue, [&](int buffer) {
       const float* a = a_stages + buffer * St::kAStage;
       const float* b = b_stages + buffer * St::kBStage;
 #pragma unroll
@@ -152,7 +142,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
           }
         }
       }
-    }
+    });
     pipelined::WaitCopies<0>();  // only empty groups can be left, but none may outlive the item
     // Scatter-add: 4 consecutive columns per add (cout is a multiple of 4).
 #pragma unroll
