@@ -170,6 +170,33 @@ struct TableGather {
   }
 };
 
+// The block's walk over the output-stationary tiles (kBM output rows in mask order x kBN
+// columns) shared by both table kernels: per tile, its rows and offsets (LoadTile) and
+// the gathers of its steps (TableGather with layout L), then tile(issue, steps, col0)
+// multiplies and stores; the barrier after it frees rows, offsets and stages.
+template <typename L, int kBN, typename Tile>
+__device__ __forceinline__ void ForEachTableTile(const typename L::S* features, const typename L::S* filters,
+                                                 const int32_t* table, int64_t volume, int64_t num_out, int64_t cin,
+                                                 int64_t cout, int64_t col_tiles, typename L::S* a_stages,
+                                                 typename L::S* b_stages, int32_t* rows, const Tile& tile_products) {
+  __shared__ int offsets[kMaxNeighbourVolume];
+  __shared__ int num_offsets;
+  __shared__ unsigned int tile_mask;
+  const int a_row = threadIdx.x / L::kAChunks, a_chunk = threadIdx.x % L::kAChunks;
+  const int64_t k_steps = (cin + L::kBK - 1) / L::kBK;
+  const int64_t tiles = (num_out + kBM - 1) / kBM;
+  for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
+    const int64_t tile = item / col_tiles;
+    const int64_t col0 = (item % col_tiles) * kBN;
+    LoadTile(table, tile, num_out, volume, rows, offsets, &num_offsets, &tile_mask);
+    const int64_t steps = num_offsets * k_steps;  // the same for the whole block
+    const TableGather<L, kBN> issue{features, filters, table, offsets, a_stages, b_stages, volume + 2,
+                                    cin,      cout,    k_steps, col0, rows,    a_row,    a_chunk};
+    tile_products(issue, steps, col0);
+    __syncthreads();  // rows, the offset list and the stages are refilled by the next item
+  }
+}
+
 template <typename M, int kBN>
 __global__ void __launch_bounds__(kBlockThreads)
     GatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
@@ -185,22 +212,11 @@ __global__ void __launch_bounds__(kBlockThreads)
   S* b_stages = a_stages + kStages * T::kAStage;
   float* staging = reinterpret_cast<float*>(shared + T::kPipelineBytes);
   int32_t* rows = reinterpret_cast<int32_t*>(shared + T::kPipelineBytes + T::kStagingBytes);
-  __shared__ int offsets[kMaxNeighbourVolume];
-  __shared__ int num_offsets;
-  __shared__ unsigned int tile_mask;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % T::kWarpsM, wn = warp / T::kWarpsM;
   float* my_staging = staging + warp * 16 * kStageLd;
-  const int a_row = threadIdx.x / T::kAChunks, a_chunk = threadIdx.x % T::kAChunks;
-  const int64_t k_steps = (cin + T::kBK - 1) / T::kBK;
-  const int64_t tiles = (num_out + kBM - 1) / kBM;
-  for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
-    const int64_t tile = item / col_tiles;
-    const int64_t col0 = (item % col_tiles) * kBN;
-    LoadTile(table, tile, num_out, volume, rows, offsets, &num_offsets, &tile_mask);
-    const int64_t steps = num_offsets * k_steps;
-    const TableGather<T, kBN> issue{features, filters, table, offsets, a_stages, b_stages, volume + 2,
-                                    cin,      cout,    k_steps, col0, rows,    a_row,    a_chunk};
+  ForEachTableTile<T, kBN>(features, filters, table, volume, num_out, cin, cout, col_tiles, a_stages, b_stages, rows,
+                           [&](const TableGather<T, kBN>& issue, int64_t steps, int64_t col0) {
     pipelined::Accumulators<M, kBN> acc;
     PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, acc);
     WaitCopies<0>();
@@ -230,8 +246,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         __syncwarp();
       }
     }
-    __syncthreads();  // rows, the offset list and the stages are refilled by the next item
-  }
+  });
 #endif
 }
 
@@ -265,21 +280,10 @@ __global__ void __launch_bounds__(kBlockThreads)
   S* a_stages = reinterpret_cast<S*>(shared);
   S* b_stages = a_stages + kStages * L::kAStage;
   int32_t* rows = reinterpret_cast<int32_t*>(shared + L::kPipelineBytes);
-  __shared__ int offsets[kMaxNeighbourVolume];
-  __shared__ int num_offsets;
-  __shared__ unsigned int tile_mask;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
-  const int a_row = threadIdx.x / L::kAChunks, a_chunk = threadIdx.x % L::kAChunks;
-  const int64_t k_steps = (cin + L::kBK - 1) / L::kBK;
-  const int64_t tiles = (num_out + kBM - 1) / kBM;
-  for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
-    const int64_t tile = item / col_tiles;
-    const int64_t col0 = (item % col_tiles) * kBN;
-    LoadTile(table, tile, num_out, volume, rows, offsets, &num_offsets, &tile_mask);
-    const int64_t steps = num_offsets * k_steps;  // the same for the whole block
-    const TableGather<L, kBN> issue{features, filters, table, offsets, a_stages, b_stages, volume + 2,
-                                    cin,      cout,    k_steps, col0, rows,    a_row,    a_chunk};
+  ForEachTableTile<L, kBN>(features, filters, table, volume, num_out, cin, cout, col_tiles, a_stages, b_stages, rows,
+                           [&](const TableGather<L, kBN>& issue, int64_t steps, int64_t col0) {
     float acc[L::kFM][L::kFN][4];
     mma_sync::PipelinedProducts<M, kBN, kStepBytes>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     WaitCopies<0>();
@@ -287,8 +291,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     mma_sync::ForEachAccumulatorPair<M, kBN>(
         rows, col0, cout, wm, wn, lane, acc,
         [&](int64_t o, int64_t c, float x, float y) { Store2<M>(out + o * cout + c, x, y); });
-    __syncthreads();  // rows, the offset list and the stages are refilled by the next item
-  }
+  });
 #endif
 }
 
