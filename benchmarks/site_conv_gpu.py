@@ -15,6 +15,7 @@ max(FLOPs / matrix rate, minimal bytes / bandwidth) with FLOPs = 2 * pairs * Cin
 and the rates measured on the same GPU in the same command (benchmarks/site_conv_spconv.py measures them with cuBLAS and a copy).
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -103,20 +104,33 @@ def dataflows_for(dtype_name, args):
     with TF32 off has one dataflow."""
     wanted = {"pairs": True, "outputs": dtype_name != "fp32", "table": dtype_name == "fp16",
               "table_mma_sync": dtype_name == "fp16", "table_wmma": dtype_name == "fp16",
-              "pairs_step64": dtype_name == "fp16", "table_step64": dtype_name == "fp16"}
+              "pairs_step64": dtype_name == "fp16", "table_step64": dtype_name == "fp16",
+              **{f"table_g{n}": dtype_name == "fp16" for n in MASK_GROUP_CHOICES}}
     return [d for d in args.dataflows if wanted[d]]
+
+
+# table_gN: the output-stationary dataflow forced (TF_SPARSECONV_SITE_DATAFLOW=outputs) at
+# every width, from a table of N mask groups.
+MASK_GROUP_CHOICES = (1, 2, 3, 4)
 
 
 NO_TABLE = tf.zeros([0], tf.int32)
 
 
-def neighbour_table(in_rows, out_rows, splits, num_in, num_out):
-    """SiteNeighbourTable of one layer's pairs, built once like the map itself."""
-    return _ops.site_neighbour_table(in_rows, out_rows, splits, num_in, num_out, map_is_trusted=True)
+def neighbour_table(in_rows, out_rows, splits, num_in, num_out, mask_groups=None):
+    """SiteNeighbourTable of one layer's pairs, built once like the map itself (mask_groups:
+    None, the op's default)."""
+    groups = {} if mask_groups is None else {"mask_groups": mask_groups}
+    return _ops.site_neighbour_table(in_rows, out_rows, splits, num_in, num_out, map_is_trusted=True, **groups)
 
 
 def uses_table(dataflow):
     return dataflow.startswith("table")
+
+
+def mask_groups_of(dataflow):
+    """The mask groups of a table_gN dataflow's tables; None (the op's default) otherwise."""
+    return int(dataflow[len("table_g"):]) if dataflow.startswith("table_g") else None
 
 
 SWITCHES = ("TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS", "TF_SPARSECONV_SITE_ROW_STEP")
@@ -127,7 +141,8 @@ def set_dataflow(dataflow):
     neighbour table (mma.sync products, row steps chosen by the op), 'table_mma_sync' the
     same named explicitly, 'table_wmma' with WMMA products; '_step64': the half tiles step
     64 bytes per input row whatever the width (TF_SPARSECONV_SITE_ROW_STEP=64)."""
-    os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "auto" if uses_table(dataflow) else dataflow.split("_")[0]
+    os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = (
+        "outputs" if mask_groups_of(dataflow) else "auto" if uses_table(dataflow) else dataflow.split("_")[0])
     os.environ["TF_SPARSECONV_SITE_TABLE_PRODUCTS"] = "wmma" if dataflow == "table_wmma" else "mma_sync"
     os.environ["TF_SPARSECONV_SITE_ROW_STEP"] = "64" if dataflow.endswith("_step64") else "auto"
 
@@ -183,9 +198,10 @@ def run_ours(args):
             pairs = int(in_rows.shape[0])
             has_table = k ** 3 <= 32
 
-            def build_table(in_rows=in_rows, out_rows=out_rows, splits=splits, num_in=num_in, num_out=num_out):
-                return neighbour_table(in_rows, out_rows, splits, num_in, num_out)
-            table = build_table() if has_table else None
+            def build_table(in_rows=in_rows, out_rows=out_rows, splits=splits, num_in=num_in, num_out=num_out,
+                            groups=None):
+                return neighbour_table(in_rows, out_rows, splits, num_in, num_out, groups)
+            tables = {}  # by mask groups, built once per layer and groups
             feats32 = level_features(len(level_coords[level]), cin, seed=1000 + li)
             w32 = layer_weights(cin, cout, k, seed=2000 + li)
             for dtype_name in args.dtypes:
@@ -221,11 +237,16 @@ def run_ours(args):
                 # in the device time; the call figure (a tf.function, into which an int32
                 # table from outside would be fed through host memory) includes building
                 # it: an upper bound.
-                fwd_building = tf.function(lambda f, w: fwd.python_function(f, w, build_table()))
-                bwd_building = tf.function(lambda f, w, g: bwd.python_function(f, w, g, build_table()))
                 for dataflow in dataflows_for(dtype_name, args):
                     if uses_table(dataflow) and not has_table:
                         continue
+                    groups = mask_groups_of(dataflow)
+                    build = functools.partial(build_table, groups=groups)
+                    if uses_table(dataflow) and groups not in tables:
+                        tables[groups] = build()
+                    table = tables.get(groups)
+                    fwd_building = tf.function(lambda f, w, build=build: fwd.python_function(f, w, build()))
+                    bwd_building = tf.function(lambda f, w, g, build=build: bwd.python_function(f, w, g, build()))
                     set_dataflow(dataflow)
                     # Every dataflow gives the default's values within fp16 before it is timed.
                     y_flow = fwd(feats, w, table if uses_table(dataflow) else NO_TABLE).numpy().astype(np.float32)
@@ -233,8 +254,8 @@ def run_ours(args):
                     assert check.max() <= 2e-2 * max(1.0, np.abs(y.numpy().astype(np.float32)).max()), \
                         (dataflow, check.max())
                     if uses_table(dataflow):
-                        passes = (("fwd", fwd_building, (feats, w), fwd.python_function, build_table),
-                                  ("bwd", bwd_building, (feats, w, g), bwd.python_function, build_table))
+                        passes = (("fwd", fwd_building, (feats, w), fwd.python_function, build),
+                                  ("bwd", bwd_building, (feats, w, g), bwd.python_function, build))
                     else:
                         passes = (("fwd", fwd, (feats, w, NO_TABLE), fwd, None),
                                   ("bwd", bwd, (feats, w, g, NO_TABLE), bwd, None))
@@ -277,29 +298,33 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
         weights = [tf.constant(layer_weights(spec[n][2], spec[n][3], spec[n][4], seed=2000 + spec[n][6]).reshape(
             spec[n][4] ** 3, spec[n][2], spec[n][3]), dt) for n in CHAIN]
         plan = [layer_rows(spec[n][0], spec[n][1], spec[n][5], maps, sites) for n in CHAIN]
-        def forward(f, ws, use_tables):
+        def forward(f, ws, use_tables, groups):
             # Tables built in the graph, once per map as the layers do (the chain's maps
             # are all different, so each is built once here and counted in the time).
-            tables = [neighbour_table(*rows[:5]) if use_tables else NO_TABLE for rows in plan]
+            tables = [neighbour_table(*rows[:5], groups) if use_tables else NO_TABLE for rows in plan]
             for (in_rows, out_rows, splits, _, num_out, _), w, nb, name in zip(plan, ws, tables, CHAIN):
                 f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, nb, map_is_trusted=trusted,
                                           map_is_submanifold=spec[name][0] == "subm" and trusted)
             return f
 
-        def functions(use_tables):
-            fwd = tf.function(lambda f, *ws: forward(f, ws, use_tables))
+        def functions(use_tables, groups):
+            fwd = tf.function(lambda f, *ws: forward(f, ws, use_tables, groups))
 
             @tf.function
             def fwd_bwd(f, *ws):
                 with tf.GradientTape() as tape:
                     tape.watch([f, *ws])
-                    loss = tf.reduce_sum(tf.cast(forward(f, ws, use_tables), tf.float32))
+                    loss = tf.reduce_sum(tf.cast(forward(f, ws, use_tables, groups), tf.float32))
                 return tape.gradient(loss, [f, *ws])
             return fwd, fwd_bwd
 
         for dataflow in dataflows_for(dtype_name, args):
             set_dataflow(dataflow)
-            fwd, fwd_bwd = functions(uses_table(dataflow))
+            if mask_groups_of(dataflow):
+                # The chain runs table_gN as the default would with such tables (the op picks
+                # per layer), not forced: its backward's reversed pairs have no table.
+                os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "auto"
+            fwd, fwd_bwd = functions(uses_table(dataflow), mask_groups_of(dataflow))
             for pass_name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
                 t = median_time(fn, args.warmup, args.reps, (feats, *weights))
                 tg = queued_s_per_call(fn, max(1, args.loop_calls // 4), (feats, *weights), op_by_op=False) \
@@ -371,11 +396,13 @@ def main():
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--dataflows", nargs="*", default=["pairs", "table"],
                    choices=("pairs", "outputs", "table", "table_mma_sync", "table_wmma", "pairs_step64",
-                            "table_step64"),
+                            "table_step64", *(f"table_g{n}" for n in MASK_GROUP_CHOICES)),
                    help="forward dataflows on the GPU: TF_SPARSECONV_SITE_DATAFLOW=pairs|outputs, table "
                         "(the default dataflow with a neighbour table built once per map), or table_mma_sync "
                         "(the same, named), table_wmma (WMMA products: TF_SPARSECONV_SITE_TABLE_PRODUCTS), "
-                        "pairs_step64 / table_step64 (64-byte row steps: TF_SPARSECONV_SITE_ROW_STEP)")
+                        "pairs_step64 / table_step64 (64-byte row steps: TF_SPARSECONV_SITE_ROW_STEP), "
+                        "table_g1 .. table_g4 (output-stationary at every width from tables of 1 to 4 mask "
+                        "groups; the end-to-end chain with such tables under the default dataflow)")
     p.add_argument("--deterministic", action="store_true",
                    help="tf.config.experimental.enable_op_determinism() first: the ops' deterministic paths")
     p.add_argument("--call-int64-rows", action="store_true",

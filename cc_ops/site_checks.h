@@ -295,30 +295,43 @@ inline absl::Status CheckNeighbourTableInputs(const tensorflow::Tensor& in_rows,
   return absl::OkStatus();
 }
 
-// SiteSparseConv's neighbours input: empty, or [num_out, volume + 2] from
-// SiteNeighbourTable of a trusted map (*given says which).
+// SiteNeighbourTable's mask_groups attr.
+inline absl::Status CheckMaskGroups(int64_t mask_groups) {
+  if (mask_groups < 1 || mask_groups > kMaxMaskGroups) {
+    return tensorflow::errors::InvalidArgument("mask_groups must be 1 to ", kMaxMaskGroups, ", got ", mask_groups);
+  }
+  return absl::OkStatus();
+}
+
+// SiteSparseConv's neighbours input: empty, or [num_out, volume + 2 * groups] from
+// SiteNeighbourTable of a trusted map (*given says which, *groups its mask groups).
 inline absl::Status CheckNeighboursInput(const tensorflow::Tensor& neighbours, int64_t num_out, int64_t volume,
-                                         bool map_is_trusted, bool* given) {
+                                         bool map_is_trusted, bool* given, int64_t* groups) {
   *given = neighbours.NumElements() > 0 || neighbours.dims() == 2;
+  *groups = 0;
   if (!*given) {
     if (neighbours.dims() != 1) {
-      return tensorflow::errors::InvalidArgument("neighbours must be empty (shape [0]) or [num_out, volume + 2], got ",
-                                                 neighbours.shape().DebugString());
+      return tensorflow::errors::InvalidArgument(
+          "neighbours must be empty (shape [0]) or [num_out, volume + 2 * mask groups], got ",
+          neighbours.shape().DebugString());
     }
     return absl::OkStatus();
   }
   TF_RETURN_IF_ERROR(CheckNeighbourVolume(volume));
-  const int64_t width = NeighbourTableWidth(volume);
-  if (neighbours.dims() != 2 || neighbours.dim_size(0) != num_out || neighbours.dim_size(1) != width) {
+  const int64_t extra = neighbours.dims() == 2 ? neighbours.dim_size(1) - volume : -1;
+  const int64_t most = MaskGroupsFor(volume, kMaxMaskGroups);
+  if (neighbours.dims() != 2 || neighbours.dim_size(0) != num_out || extra < 2 || extra % 2 != 0 ||
+      extra / 2 > most) {
     return tensorflow::errors::InvalidArgument(
-        "neighbours must be SiteNeighbourTable's [num_out, volume + 2] = [", num_out, ", ", width,
-        "] for this map, got ", neighbours.shape().DebugString());
+        "neighbours must be SiteNeighbourTable's [num_out, volume + 2 * mask groups] = [", num_out, ", ", volume,
+        " + 2 * (1 to ", most, ")] for this map, got ", neighbours.shape().DebugString());
   }
   if (!map_is_trusted) {
     return tensorflow::errors::InvalidArgument(
         "neighbours are read without checks, so they are accepted with map_is_trusted only (a table "
         "SiteNeighbourTable built from this trusted map)");
   }
+  *groups = extra / 2;
   return absl::OkStatus();
 }
 

@@ -234,7 +234,9 @@ class SiteSparseConvOp : public OpKernel {
     a.features = features.flat<T>().data();
     a.filters = filters.flat<T>().data();
     bool neighbours_given = false;  // the CPU's products read the pairs either way
-    OP_REQUIRES_OK(ctx, CheckNeighboursInput(ctx->input(6), a.num_out, a.volume, map_is_trusted_, &neighbours_given));
+    int64_t mask_groups = 0;
+    OP_REQUIRES_OK(ctx, CheckNeighboursInput(ctx->input(6), a.num_out, a.volume, map_is_trusted_, &neighbours_given,
+                                             &mask_groups));
     OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(map_is_submanifold_, a.num_in, a.num_out, a.volume));
     OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, a.num_in, a.num_out));
     OP_REQUIRES_OK(ctx, RejectNaNRows(a.features, a.num_in, a.cin, "features"));
@@ -248,18 +250,23 @@ class SiteSparseConvOp : public OpKernel {
   bool map_is_submanifold_ = false;
 };
 
-// SiteNeighbourTable (layout in site_conv_op.cc): the table, then the outputs stably
-// sorted by mask, which is the order of the GPU's LSD radix sort.
+// SiteNeighbourTable (layout in site_conv_op.cc): the table, then per mask group the
+// outputs stably sorted by the group's bits, which is the order of the GPU's LSD radix sort.
 class SiteNeighbourTableOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit SiteNeighbourTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("mask_groups", &mask_groups_));
+    OP_REQUIRES_OK(ctx, CheckMaskGroups(mask_groups_));
+  }
+
   void Compute(OpKernelContext* ctx) override {
     SiteMapView map;
     int64_t num_in = 0, num_out = 0;
     OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(ctx->input(0), ctx->input(1), ctx->input(2), ctx->input(3),
                                                   ctx->input(4), &map, &num_in, &num_out));
     OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, num_in, num_out));
-    const int64_t volume = map.volume, width = NeighbourTableWidth(volume);
+    const int64_t volume = map.volume, groups = MaskGroupsFor(volume, mask_groups_);
+    const int64_t width = NeighbourTableWidth(volume, groups);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, width}), &out));
     int32_t* table = out->flat<int32_t>().data();
@@ -272,13 +279,21 @@ class SiteNeighbourTableOp : public OpKernel {
       }
     }
     std::vector<int32_t> order(num_out);
-    for (int64_t o = 0; o < num_out; ++o) order[o] = static_cast<int32_t>(o);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return masks[x] < masks[y]; });
-    for (int64_t i = 0; i < num_out; ++i) {
-      table[i * width + volume] = static_cast<int32_t>(masks[order[i]]);
-      table[i * width + volume + 1] = order[i];
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t lo = MaskGroupBegin(volume, groups, g), hi = MaskGroupBegin(volume, groups, g + 1);
+      const uint32_t bits = static_cast<uint32_t>(((uint64_t{1} << hi) - 1) & ~((uint64_t{1} << lo) - 1));
+      for (int64_t o = 0; o < num_out; ++o) order[o] = static_cast<int32_t>(o);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t x, int32_t y) { return (masks[x] & bits) < (masks[y] & bits); });
+      for (int64_t i = 0; i < num_out; ++i) {
+        table[i * width + volume + 2 * g] = static_cast<int32_t>(masks[order[i]] & bits);
+        table[i * width + volume + 2 * g + 1] = order[i];
+      }
     }
   }
+
+ private:
+  int64_t mask_groups_ = kDefaultMaskGroups;
 };
 REGISTER_KERNEL_BUILDER(Name("SiteNeighbourTable").Device(::tensorflow::DEVICE_CPU), SiteNeighbourTableOp);
 

@@ -151,7 +151,9 @@ class SiteSparseConvGpuOp : public OpKernel {
     a.filters = reinterpret_cast<const G*>(filters.flat<T>().data());
     const Tensor& neighbours = ctx->input(6);
     bool neighbours_given = false;
-    OP_REQUIRES_OK(ctx, CheckNeighboursInput(neighbours, a.num_out, a.volume, map_is_trusted_, &neighbours_given));
+    int64_t mask_groups = 0;
+    OP_REQUIRES_OK(ctx, CheckNeighboursInput(neighbours, a.num_out, a.volume, map_is_trusted_, &neighbours_given,
+                                             &mask_groups));
     OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(map_is_submanifold_, a.num_in, a.num_out, a.volume));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.num_out, a.cout}), &out));
@@ -170,6 +172,7 @@ class SiteSparseConvGpuOp : public OpKernel {
                                                             dataflow, products, row_step, map_is_trusted_,
                                                             neighbours_given ? neighbours.flat<int32_t>().data()
                                                                              : nullptr,
+                                                            mask_groups,
                                                             reinterpret_cast<G*>(out->flat<T>().data()), &report),
                                  scratch, "SiteSparseConv"));
     if (map_is_trusted_) return;  // no report: nothing was checked on the device
@@ -233,6 +236,8 @@ class SiteNeighbourTableGpuOp : public OpKernel {
  public:
   explicit SiteNeighbourTableGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("mask_groups", &mask_groups_));
+    OP_REQUIRES_OK(ctx, CheckMaskGroups(mask_groups_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -246,12 +251,15 @@ class SiteNeighbourTableGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckedPrefix(map, &checked, &bad_offset));
     if (map_is_trusted_) OP_REQUIRES_OK(ctx, TrustedSplitsStatus(map, bad_offset));
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, NeighbourTableWidth(map.volume)}), &out));
+    const int64_t groups = MaskGroupsFor(map.volume, mask_groups_);
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(0, TensorShape({num_out, NeighbourTableWidth(map.volume, groups)}), &out));
     TempScratch scratch(ctx);
     gpu::Report report;
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteNeighbourTableGpu(GpuStream(ctx), &scratch, map.in_rows, map.out_rows,
-                                                            map.offset_splits, checked, map.volume, num_in, num_out,
-                                                            map_is_trusted_, out->flat<int32_t>().data(), &report),
+                                                            map.offset_splits, checked, map.volume, groups, num_in,
+                                                            num_out, map_is_trusted_, out->flat<int32_t>().data(),
+                                                            &report),
                                  scratch, "SiteNeighbourTable"));
     if (map_is_trusted_) return;
     OP_REQUIRES_OK(ctx,
@@ -260,6 +268,7 @@ class SiteNeighbourTableGpuOp : public OpKernel {
 
  private:
   bool map_is_trusted_ = false;
+  int64_t mask_groups_ = kDefaultMaskGroups;
 };
 REGISTER_KERNEL_BUILDER(Name("SiteNeighbourTable")
                             .Device(::tensorflow::DEVICE_GPU)

@@ -3,6 +3,8 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
+#include "site_checks.h"
+
 namespace tf_sparseconv {
 
 using ::tensorflow::shape_inference::DimensionHandle;
@@ -91,10 +93,11 @@ each factor rounded to TF32 (10 mantissa bits) and float32 sums; where cin and c
 multiples of 4. With TF32 off, or on the CPU, products are full float32. num_out is the
 number of output sites.
 neighbours: empty (shape [0]), or SiteNeighbourTable's table of this map (with
-map_is_trusted). It changes no value: the GPU's tensor-core kernels of half and
-bfloat16 with up to 128 output channels then run output-stationary from it (each output
-row computed over its offsets and stored once) instead of scattering pairs with
-atomics; everywhere else it is checked for its shape and not read.
+map_is_trusted). It changes no value beyond rounding: the GPU's tensor-core kernels of
+half and bfloat16 then run output-stationary from it (each output row computed over the
+offsets of one mask group in float32 and stored, the next group's sum added to the stored
+row) instead of scattering pairs with atomics, where that is faster (see the README);
+everywhere else it is checked for its shape and not read.
 map_is_trusted: the caller promises that the map is valid (every in_rows[p] <
 num_in, every out_rows[p] < num_out, at most one pair per output row and offset), as
 SiteKernelMap's maps are by construction; tf_sparseconv's wrappers set it for those
@@ -123,11 +126,18 @@ REGISTER_OP("SiteNeighbourTable")
     .Input("num_out: int32")
     .Output("neighbours: int32")
     .Attr("map_is_trusted: bool = false")
+    .Attr("mask_groups: int = 2")  // kDefaultMaskGroups
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle splits;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &splits));
-      DimensionHandle width;
-      TF_RETURN_IF_ERROR(c->Add(c->Dim(splits, 0), 1, &width));  // volume + 2
+      int64_t mask_groups = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("mask_groups", &mask_groups));
+      TF_RETURN_IF_ERROR(CheckMaskGroups(mask_groups));
+      DimensionHandle width = c->UnknownDim();
+      if (c->ValueKnown(c->Dim(splits, 0))) {
+        const int64_t volume = c->Value(c->Dim(splits, 0)) - 1;
+        width = c->MakeDim(NeighbourTableWidth(volume, MaskGroupsFor(volume, mask_groups)));
+      }
       DimensionHandle rows = c->UnknownDim();
       const ::tensorflow::Tensor* num_out = c->input_tensor(4);
       if (num_out != nullptr) rows = c->MakeDim(num_out->scalar<int32_t>()());
@@ -136,16 +146,20 @@ REGISTER_OP("SiteNeighbourTable")
     })
     .Doc(R"doc(
 The output-major neighbour table of a kernel map with at most 32 offsets, for
-SiteSparseConv's `neighbours` input: neighbours [num_out, volume + 2] int32.
+SiteSparseConv's `neighbours` input: neighbours [num_out, volume + 2 * G] int32, with
+G = min(mask_groups, volume) mask groups.
 neighbours[o, q] is the input row that feeds output row o through offset q (-1: none).
-The last two columns list the output rows sorted by their neighbour mask (bit q set
-where neighbours[o, q] >= 0; ascending, ties by row): at sorted position i,
-neighbours[i, volume] is the mask and neighbours[i, volume + 1] the output row. num_in
-and num_out are the numbers of input and output sites. Rows
-with equal masks then sit together, so the GPU's output-stationary kernel multiplies few
-empty rows. Build it once per map, like the map itself (the GPU kernel: one pass over
-the pairs and a radix sort of the masks). The map is checked as SiteSparseConv checks
-it (map_is_trusted: as there).
+The offsets fall into G contiguous groups, group g holding offsets g * volume / G to
+(g + 1) * volume / G - 1 (integer division). Per group, two columns list the output rows
+sorted by their neighbour mask's bits of that group (bit q set where neighbours[o, q] >=
+0; ascending, ties by row): at sorted position i, neighbours[i, volume + 2 g] is the
+mask restricted to group g and neighbours[i, volume + 2 g + 1] the output row. num_in
+and num_out are the numbers of input and output sites. Rows with equal bits then sit
+together, so the GPU's output-stationary kernel, which runs one pass per group, multiplies
+few empty rows; more groups mean fewer empty rows and one more pass over the output each.
+mask_groups: 1 to 4. Build the table once per map, like the map itself (the GPU kernel:
+one pass over the pairs and a radix sort per group). The map is checked as SiteSparseConv
+checks it (map_is_trusted: as there).
 )doc");
 
 REGISTER_OP("SiteSparseConvFilterGrad")

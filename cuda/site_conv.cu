@@ -848,10 +848,11 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, SiteRowStep r
 }
 
 // The output-stationary tiles, their products through mma.sync (site_conv_outputs.cuh,
-// MmaSyncGatherGemmStoreKernel) or WMMA (GatherGemmStoreKernel); both take the same arguments.
+// MmaSyncGatherGemmStoreKernel) or WMMA (GatherGemmStoreKernel); both take the same
+// arguments. One launch per mask group of the table, in order (the later add to the first).
 template <typename M, int kBN, bool kMmaSync, int kStepBytes, typename T>
 GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                      const Report* report, T* out) {
+                                      int64_t groups, const Report* report, T* out) {
   using S = typename pipelined::Element<M>::Stored;
   static_assert(kMmaSync || kStepBytes == 64, "the WMMA tiles step 64 bytes");
   constexpr size_t kShared =
@@ -863,34 +864,41 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
       "gather-GEMM-store (shared memory)");
   const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
   const int64_t tiles = (a.num_out + pipelined::kBM - 1) / pipelined::kBM;
-  kernel<<<GridFor(tiles * col_tiles), pipelined::kBlockThreads, kShared, stream>>>(
-      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume, a.num_out,
-      a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
+  for (int64_t group = 0; group < groups; ++group) {
+    kernel<<<GridFor(tiles * col_tiles), pipelined::kBlockThreads, kShared, stream>>>(
+        reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume, groups,
+        group, a.num_out, a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
+  }
   return GpuStatus::Ok();
 }
 
 // Output tiles as wide as cout needs, up to 128 columns.
 template <typename M, bool kMmaSync, int kStepBytes, typename T>
 GpuStatus LaunchOutputStationaryWidth(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                      const Report* report, T* out) {
-  if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32, kMmaSync, kStepBytes>(stream, a, neighbours, report, out);
-  if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64, kMmaSync, kStepBytes>(stream, a, neighbours, report, out);
-  return LaunchOutputStationaryTiles<M, 128, kMmaSync, kStepBytes>(stream, a, neighbours, report, out);
+                                      int64_t groups, const Report* report, T* out) {
+  if (a.cout <= 32) {
+    return LaunchOutputStationaryTiles<M, 32, kMmaSync, kStepBytes>(stream, a, neighbours, groups, report, out);
+  }
+  if (a.cout <= 64) {
+    return LaunchOutputStationaryTiles<M, 64, kMmaSync, kStepBytes>(stream, a, neighbours, groups, report, out);
+  }
+  return LaunchOutputStationaryTiles<M, 128, kMmaSync, kStepBytes>(stream, a, neighbours, groups, report, out);
 }
 
 template <typename M, typename T>
 GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, SiteTableProducts products,
-                                 SiteRowStep row_step, const int32_t* neighbours, const Report* report, T* out) {
+                                 SiteRowStep row_step, const int32_t* neighbours, int64_t groups,
+                                 const Report* report, T* out) {
   if (products == SiteTableProducts::kWmma) {
-    return LaunchOutputStationaryWidth<M, false, 64>(stream, a, neighbours, report, out);
+    return LaunchOutputStationaryWidth<M, false, 64>(stream, a, neighbours, groups, report, out);
   }
   if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
     if (WideRowSteps<M>(row_step, a, true)) {
-      return LaunchOutputStationaryWidth<M, true, 128>(stream, a, neighbours, report, out);
+      return LaunchOutputStationaryWidth<M, true, 128>(stream, a, neighbours, groups, report, out);
     }
   }
-  return LaunchOutputStationaryWidth<M, true, 64>(stream, a, neighbours, report, out);
+  return LaunchOutputStationaryWidth<M, true, 64>(stream, a, neighbours, groups, report, out);
 }
 
 template <int kBM, int kBN, bool kTf32>
@@ -930,55 +938,61 @@ GpuStatus LaunchFilterGradPipelined(Stream stream, const SiteConvArgs<float>& a,
                                               partial);
 }
 
-// SiteNeighbourTable's layout (site_conv_outputs.cuh) of a map with volume <= 32 into
-// neighbours [num_out, volume + 2]: the table, then the outputs sorted by mask.
-// Temporary memory: 16 * num_out bytes and the sort's scratch.
+// SiteNeighbourTable's layout (site_conv_outputs.cuh) of a map with volume <= 32 and
+// `groups` mask groups into neighbours [num_out, volume + 2 * groups]: the table, then per
+// group the outputs sorted by the group's mask bits.
+// Temporary memory: 20 * num_out bytes and the sort's scratch.
 GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in_rows, const int32_t* out_rows,
-                              const int64_t* device_splits, int64_t volume, int64_t pairs, int64_t num_in,
-                              int64_t num_out, int32_t* neighbours) {
-  const int64_t n = num_out, width = NeighbourTableWidth(volume);
+                              const int64_t* device_splits, int64_t volume, int64_t groups, int64_t pairs,
+                              int64_t num_in, int64_t num_out, int32_t* neighbours) {
+  const int64_t n = num_out, width = NeighbourTableWidth(volume, groups);
   if (n == 0) return GpuStatus::Ok();
-  uint32_t* masks[2] = {scratch->DeviceArray<uint32_t>(n), scratch->DeviceArray<uint32_t>(n)};
+  uint32_t* masks = scratch->DeviceArray<uint32_t>(n);
+  uint32_t* keys[2] = {scratch->DeviceArray<uint32_t>(n), scratch->DeviceArray<uint32_t>(n)};
   int32_t* rows[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
-  if (!masks[0] || !masks[1] || !rows[0] || !rows[1]) return GpuStatus::OutOfMemory("neighbour table");
+  if (!masks || !keys[0] || !keys[1] || !rows[0] || !rows[1]) return GpuStatus::OutOfMemory("neighbour table");
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(neighbours, 0xff, sizeof(int32_t) * n * width, stream),
                                           "neighbour table");  // -1: none
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(masks[0], 0, sizeof(uint32_t) * n, stream),
-                                          "neighbour table");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(masks, 0, sizeof(uint32_t) * n, stream), "neighbour table");
   if (pairs > 0) {
     output_stationary::NeighbourTableKernel<<<BlocksFor(pairs), kThreads, 0, stream>>>(
-        in_rows, out_rows, device_splits, volume, pairs, num_in, n, neighbours, masks[0]);
+        in_rows, out_rows, device_splits, volume, width, pairs, num_in, n, neighbours, masks);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
   }
-  output_stationary::RowIdsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(n, rows[0]);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
-  int current = 0;
-  TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, masks, rows, n, static_cast<int>(volume), &current));
-  output_stationary::SortedColumnsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(masks[current], rows[current], n,
-                                                                                volume, neighbours);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+  for (int64_t g = 0; g < groups; ++g) {
+    const int lo = static_cast<int>(MaskGroupBegin(volume, groups, g));
+    const int count = static_cast<int>(MaskGroupBegin(volume, groups, g + 1)) - lo;
+    output_stationary::GroupKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(masks, n, lo, count, keys[0], rows[0]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+    int current = 0;
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, keys, rows, n, count, &current));
+    output_stationary::SortedColumnsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(
+        keys[current], rows[current], n, width, volume + 2 * g, lo, neighbours);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+  }
   return GpuStatus::Ok();
 }
 
 // The whole output-stationary forward: the neighbour table (unless given), then the
-// products. Temporary memory without a given table: 4 * num_out * (volume + 6) bytes and
-// the sort's scratch.
+// products. Temporary memory without a given table: 4 * num_out * (volume + 2 *
+// kDefaultMaskGroups + 5) bytes and the sort's scratch.
 template <typename T>
 GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a,
                                   const OffsetTable& offsets, SiteTableProducts products, SiteRowStep row_step,
-                                  const int32_t* neighbours, const Report* report, T* out) {
+                                  const int32_t* neighbours, int64_t groups, const Report* report, T* out) {
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
     return GpuStatus{"gather-GEMM-store", "no tensor-core kernel for this type"};
   } else {
     if (neighbours == nullptr) {
-      int32_t* built = scratch->DeviceArray<int32_t>(a.num_out * NeighbourTableWidth(a.volume));
+      groups = MaskGroupsFor(a.volume, kDefaultMaskGroups);
+      int32_t* built = scratch->DeviceArray<int32_t>(a.num_out * NeighbourTableWidth(a.volume, groups));
       if (built == nullptr) return GpuStatus::OutOfMemory("neighbour table");
       TF_SPARSECONV_RETURN_IF_ERROR(BuildNeighbourTable(stream, scratch, a.in_rows, a.out_rows, offsets.splits,
-                                                        a.volume, a.pairs, a.num_in, a.num_out, built));
+                                                        a.volume, groups, a.pairs, a.num_in, a.num_out, built));
       neighbours = built;
     }
-    return LaunchOutputStationary<M>(stream, a, products, row_step, neighbours, report, out);
+    return LaunchOutputStationary<M>(stream, a, products, row_step, neighbours, groups, report, out);
   }
 }
 
@@ -988,7 +1002,7 @@ template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
                              bool deterministic, bool allow_tf32, SiteDataflow dataflow,
                              SiteTableProducts products, SiteRowStep row_step, bool trusted,
-                             const int32_t* neighbours, T* out, Report* report) {
+                             const int32_t* neighbours, int64_t mask_groups, T* out, Report* report) {
   using A = typename AccumulatorOf<T>::type;
   Report* device_report = nullptr;  // stays nullptr for a trusted map: the kernels then skip the report
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
@@ -1022,7 +1036,8 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.
     TF_SPARSECONV_RETURN_IF_ERROR(
-        OutputStationaryForward(stream, scratch, a, table, products, row_step, neighbours, device_report, out));
+        OutputStationaryForward(stream, scratch, a, table, products, row_step, neighbours, mask_groups,
+                                device_report, out));
   } else if (outputs > 0) {
     A* acc = nullptr;
     if constexpr (std::is_same<A, T>::value) {
@@ -1144,8 +1159,9 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
 }
 
 GpuStatus SiteNeighbourTableGpu(Stream stream, Scratch* scratch, const int32_t* in_rows, const int32_t* out_rows,
-                                const int32_t* host_splits, const CheckedMap& checked, int64_t volume, int64_t num_in,
-                                int64_t num_out, bool trusted, int32_t* neighbours, Report* report) {
+                                const int32_t* host_splits, const CheckedMap& checked, int64_t volume,
+                                int64_t mask_groups, int64_t num_in, int64_t num_out, bool trusted,
+                                int32_t* neighbours, Report* report) {
   Report* device_report = nullptr;
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
   OffsetTable table;
@@ -1155,7 +1171,7 @@ GpuStatus SiteNeighbourTableGpu(Stream stream, Scratch* scratch, const int32_t* 
         CheckMap(stream, scratch, in_rows, out_rows, table.splits, checked, num_in, num_out, volume, device_report));
   }
   TF_SPARSECONV_RETURN_IF_ERROR(BuildNeighbourTable(stream, scratch, in_rows, out_rows, table.splits, volume,
-                                                    checked.pairs, num_in, num_out, neighbours));
+                                                    mask_groups, checked.pairs, num_in, num_out, neighbours));
   if (trusted) {
     scratch->HoldPinnedUntilQueuedWorkRuns();
     return GpuStatus::Ok();
@@ -1197,7 +1213,7 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
 #define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
   template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&, bool, \
                                            bool, SiteDataflow, SiteTableProducts, SiteRowStep, bool,           \
-                                           const int32_t*, T*, Report*);                                       \
+                                           const int32_t*, int64_t, T*, Report*);                              \
   template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \
                                               bool, bool, const T*, T*, Report*);
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(float)

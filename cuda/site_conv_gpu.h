@@ -58,9 +58,10 @@ enum SiteConvCheck { kSiteRows = 0, kSiteRepeat = 1, kSiteNaN = 2 };
 // deterministic launches) or when `neighbours` is given and cout <= 128, kPairs
 // otherwise (faster without determinism when the table is built per call, at 256 output
 // channels, and for TF32).
-// neighbours: nullptr, or SiteNeighbourTable's table of this map ([num_out, volume + 2],
-// device memory), which kOutputs then reads instead of building it (4 * num_out *
-// (volume + 6) bytes of temporaries and about a third of the call for 32-64 channels).
+// neighbours: nullptr, or SiteNeighbourTable's table of this map with mask_groups groups
+// ([num_out, volume + 2 * mask_groups], device memory), which kOutputs then reads instead
+// of building one with kDefaultMaskGroups (4 * num_out * (volume + 2 * groups + 4) bytes of
+// temporaries and about a third of the call for 32-64 channels).
 enum class SiteDataflow { kAuto, kPairs, kOutputs };
 
 // The products of kOutputs' tiles: mma.sync with ldmatrix fragments, as the pair tiles
@@ -80,17 +81,19 @@ template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
                              const CheckedMap& checked, bool deterministic, bool allow_tf32,
                              SiteDataflow dataflow, SiteTableProducts products, SiteRowStep row_step,
-                             bool trusted, const int32_t* neighbours, T* out, Report* report);
+                             bool trusted, const int32_t* neighbours, int64_t mask_groups, T* out,
+                             Report* report);
 
-// SiteNeighbourTable: neighbours [num_out, volume + 2] (volume <= 32) of the map's first
-// checked.pairs pairs, in the layout of site_conv_outputs.cuh. Checks the rows as the
+// SiteNeighbourTable: neighbours [num_out, volume + 2 * mask_groups] (volume <= 32,
+// mask_groups from MaskGroupsFor) of the map's first checked.pairs pairs, in the layout of
+// site_conv_outputs.cuh. Checks the rows as the
 // forward does (Report slots kSiteRows and kSiteRepeat) and blocks for the report,
 // except for a trusted map. Temporary memory: 16 * (volume + 1) + 16 * num_out bytes and
 // the radix sort's scratch.
 GpuStatus SiteNeighbourTableGpu(Stream stream, Scratch* scratch, const int32_t* in_rows, const int32_t* out_rows,
                                 const int32_t* host_splits, const CheckedMap& checked, int64_t volume,
-                                int64_t num_in, int64_t num_out, bool trusted, int32_t* neighbours,
-                                Report* report);
+                                int64_t mask_groups, int64_t num_in, int64_t num_out, bool trusted,
+                                int32_t* neighbours, Report* report);
 
 // filter_grad [volume, cin, cout]; deterministic (fixed chunks of pairs, partial sums
 // added in chunk order). Blocks until the report is on the host, except for a trusted

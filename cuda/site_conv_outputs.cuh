@@ -4,15 +4,19 @@
 // float32 accumulator to clear and convert, and the sum order is fixed, so the result is
 // deterministic as it stands.
 //
-// It reads the map as a neighbour table (SiteNeighbourTable's layout, width = volume + 2
-// int32 per row): table[o * width + q] = input row of output o at offset q (-1: none),
-// and in the last two columns, at sorted position i, the mask of the i-th output (bit q:
-// a pair at q) and that output's row, the outputs sorted by mask (stable radix sort over
-// `volume` bits) so that a block's 128 rows share most of their offsets. The block runs
-// the offsets in the union of its rows' masks, gathering zero rows (cp.async zero-fill,
-// no memory read) where a row has none. This is spconv's MaskImplicitGemm idea on our
-// map layout. The table is built per call, or once per map by SiteNeighbourTable and
-// passed in (the build is about a third of the call for 32-64 channels).
+// It reads the map as a neighbour table (SiteNeighbourTable's layout, width = volume +
+// 2 * groups int32 per row): table[o * width + q] = input row of output o at offset q
+// (-1: none), and per mask group g (offsets MaskGroupBegin(g) .. MaskGroupBegin(g + 1) - 1)
+// two columns volume + 2 g, volume + 2 g + 1: at sorted position i, the mask bits of that
+// group of the i-th output (bit q: a pair at q) and that output's row, the outputs sorted
+// by those bits (stable radix sort) so that a block's 128 rows share most of their offsets.
+// One launch per group: the block runs the offsets in the union of its rows' bits,
+// gathering zero rows (cp.async zero-fill, no memory read) where a row has none; the first
+// group's launch stores every output row, the later ones add their sums to the stored rows
+// (in float32, rounded once more to the stored type) and skip tiles without offsets. This
+// is spconv's MaskImplicitGemm with its mask split on our map layout. The table is built
+// per call, or once per map by SiteNeighbourTable and passed in (the build is about a
+// third of the call for 32-64 channels).
 //
 // Tiles, pipeline and fragments are site_conv_mma.cuh's; the same requirements hold
 // (16-byte vectors per row and aligned pointers).
@@ -48,15 +52,13 @@ using pipelined::Tf32;
 using pipelined::Tiles;
 using pipelined::WaitCopies;
 
-// Rows of the table hold volume + 2 int32 (NeighbourTableWidth, cc_ops/site_conv.h);
-// the kernels derive the width from the volume.
+// Rows of the table hold volume + 2 * groups int32 (NeighbourTableWidth, cc_ops/site_conv.h).
 
 // table[o * width + q] = in_rows[p] and bit q of masks[o] for every pair p of offset q.
 // Rows out of range are skipped: an unchecked map's products never run (Report).
 __global__ void NeighbourTableKernel(const int32_t* in_rows, const int32_t* out_rows, const int64_t* splits,
-                                     int64_t volume, int64_t pairs, int64_t num_in, int64_t num_out, int32_t* table,
-                                     uint32_t* masks) {
-  const int64_t width = volume + 2;
+                                     int64_t volume, int64_t width, int64_t pairs, int64_t num_in, int64_t num_out,
+                                     int32_t* table, uint32_t* masks) {
   TF_SPARSECONV_GRID_LOOP(p, pairs) {
     const int64_t lo = OwnerOf(splits, volume, p);  // the offset of pair p
     const int64_t i = in_rows[p], o = out_rows[p];
@@ -66,18 +68,24 @@ __global__ void NeighbourTableKernel(const int32_t* in_rows, const int32_t* out_
   }
 }
 
-// The last two columns: the sorted masks and the output row at each sorted position.
-__global__ void SortedColumnsKernel(const uint32_t* sorted_masks, const int32_t* order, int64_t n, int64_t volume,
-                                    int32_t* table) {
-  const int64_t width = volume + 2;
-  TF_SPARSECONV_GRID_LOOP(i, n) {
-    table[i * width + volume] = static_cast<int32_t>(sorted_masks[i]);
-    table[i * width + volume + 1] = order[i];
+// One group's sort keys: the mask bits lo .. lo + count - 1 of every output, shifted down,
+// and the output rows in order.
+__global__ void GroupKeysKernel(const uint32_t* masks, int64_t n, int lo, int count, uint32_t* keys, int32_t* rows) {
+  const uint32_t low = static_cast<uint32_t>((uint64_t{1} << count) - 1);
+  TF_SPARSECONV_GRID_LOOP(o, n) {
+    keys[o] = (masks[o] >> lo) & low;
+    rows[o] = static_cast<int32_t>(o);
   }
 }
 
-__global__ void RowIdsKernel(int64_t n, int32_t* rows) {
-  TF_SPARSECONV_GRID_LOOP(o, n) { rows[o] = static_cast<int32_t>(o); }
+// A group's two columns (column, column + 1): the sorted bits, shifted back up to their
+// offsets, and the output row at each sorted position.
+__global__ void SortedColumnsKernel(const uint32_t* sorted_keys, const int32_t* order, int64_t n, int64_t width,
+                                    int64_t column, int lo, int32_t* table) {
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    table[i * width + column] = static_cast<int32_t>(sorted_keys[i] << lo);
+    table[i * width + column + 1] = order[i];
+  }
 }
 
 // 8 consecutive outputs (columns c .. c + 7 of one row, all < cout) from float32 values.
@@ -103,17 +111,43 @@ __device__ inline void Store8(uint16_t* dst, const float* v) {
   *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
-// A tile of kBM output rows (in mask order) and the offsets any of them has a pair at,
-// in shared memory; the block's threads all call it, between barriers.
-__device__ inline void LoadTile(const int32_t* table, int64_t tile, int64_t num_out, int64_t volume, int32_t* rows,
-                                int* offsets, int* num_offsets, unsigned int* tile_mask) {
-  const int64_t width = volume + 2;
+// Two consecutive outputs from float32 values: a float2, or a half2 / bfloat162 (both
+// 4-byte aligned: the column is even and rows hold a multiple of 8 elements).
+template <typename M>
+__device__ inline void Store2(typename Element<M>::Stored* dst, float x, float y) {
+  if constexpr (std::is_same<M, Tf32>::value) {
+    *reinterpret_cast<float2*>(dst) = make_float2(x, y);
+  } else if constexpr (std::is_same<M, __half>::value) {
+    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x, y);
+  } else {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
+  }
+}
+
+// Two consecutive stored outputs as float32 (4- or 8-byte aligned, as for Store2).
+template <typename M>
+__device__ inline float2 Load2(const typename Element<M>::Stored* src) {
+  if constexpr (std::is_same<M, Tf32>::value) {
+    return *reinterpret_cast<const float2*>(src);
+  } else if constexpr (std::is_same<M, __half>::value) {
+    return __half22float2(*reinterpret_cast<const __half2*>(src));
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src));
+  }
+}
+
+// A tile of kBM output rows (in the order of the group whose columns start at `column`)
+// and the offsets of that group any of them has a pair at, in shared memory; the block's
+// threads all call it, between barriers.
+__device__ inline void LoadTile(const int32_t* table, int64_t tile, int64_t num_out, int64_t volume, int64_t width,
+                                int64_t column, int32_t* rows, int* offsets, int* num_offsets,
+                                unsigned int* tile_mask) {
   if (threadIdx.x == 0) *tile_mask = 0u;
   __syncthreads();
   if (threadIdx.x < kBM) {
     const int64_t i = tile * kBM + threadIdx.x;
-    rows[threadIdx.x] = i < num_out ? table[i * width + volume + 1] : -1;
-    if (i < num_out) atomicOr(tile_mask, static_cast<uint32_t>(table[i * width + volume]));
+    rows[threadIdx.x] = i < num_out ? table[i * width + column + 1] : -1;
+    if (i < num_out) atomicOr(tile_mask, static_cast<uint32_t>(table[i * width + column]));
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -170,29 +204,32 @@ struct TableGather {
   }
 };
 
-// The block's walk over the output-stationary tiles (kBM output rows in mask order x kBN
-// columns) shared by both table kernels: per tile, its rows and offsets (LoadTile) and
-// the gathers of its steps (TableGather with layout L), then tile(issue, steps, col0)
-// multiplies and stores; the barrier after it frees rows, offsets and stages.
+// The block's walk over the output-stationary tiles of mask group `group` (kBM output
+// rows in the group's order x kBN columns) shared by both table kernels: per tile, its rows
+// and offsets (LoadTile) and the gathers of its steps (TableGather with layout L), then
+// tile(issue, steps, col0) multiplies and stores; the barrier after it frees rows, offsets
+// and stages. Past the first group a tile without offsets adds nothing and is skipped.
 template <typename L, int kBN, typename Tile>
 __device__ __forceinline__ void ForEachTableTile(const typename L::S* features, const typename L::S* filters,
-                                                 const int32_t* table, int64_t volume, int64_t num_out, int64_t cin,
-                                                 int64_t cout, int64_t col_tiles, typename L::S* a_stages,
-                                                 typename L::S* b_stages, int32_t* rows, const Tile& tile_products) {
+                                                 const int32_t* table, int64_t volume, int64_t groups, int64_t group,
+                                                 int64_t num_out, int64_t cin, int64_t cout, int64_t col_tiles,
+                                                 typename L::S* a_stages, typename L::S* b_stages, int32_t* rows,
+                                                 const Tile& tile_products) {
   __shared__ int offsets[kMaxNeighbourVolume];
   __shared__ int num_offsets;
   __shared__ unsigned int tile_mask;
   const int a_row = threadIdx.x / L::kAChunks, a_chunk = threadIdx.x % L::kAChunks;
   const int64_t k_steps = (cin + L::kBK - 1) / L::kBK;
   const int64_t tiles = (num_out + kBM - 1) / kBM;
+  const int64_t width = volume + 2 * groups, column = volume + 2 * group;  // NeighbourTableWidth
   for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
     const int64_t tile = item / col_tiles;
     const int64_t col0 = (item % col_tiles) * kBN;
-    LoadTile(table, tile, num_out, volume, rows, offsets, &num_offsets, &tile_mask);
+    LoadTile(table, tile, num_out, volume, width, column, rows, offsets, &num_offsets, &tile_mask);
     const int64_t steps = num_offsets * k_steps;  // the same for the whole block
-    const TableGather<L, kBN> issue{features, filters, table, offsets, a_stages, b_stages, volume + 2,
+    const TableGather<L, kBN> issue{features, filters, table, offsets, a_stages, b_stages, width,
                                     cin,      cout,    k_steps, col0, rows,    a_row,    a_chunk};
-    tile_products(issue, steps, col0);
+    if (group == 0 || steps > 0) tile_products(issue, steps, col0);
     __syncthreads();  // rows, the offset list and the stages are refilled by the next item
   }
 }
@@ -200,8 +237,9 @@ __device__ __forceinline__ void ForEachTableTile(const typename L::S* features, 
 template <typename M, int kBN>
 __global__ void __launch_bounds__(kBlockThreads)
     GatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
-                          const int32_t* table, int64_t volume, int64_t num_out, int64_t cin, int64_t cout,
-                          int64_t col_tiles, const Report* report, typename Element<M>::Stored* out) {
+                          const int32_t* table, int64_t volume, int64_t groups, int64_t group, int64_t num_out,
+                          int64_t cin, int64_t cout, int64_t col_tiles, const Report* report,
+                          typename Element<M>::Stored* out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (report != nullptr && !ChecksPassed(report)) return;
   using T = Tiles<M, kBN>;
@@ -215,8 +253,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % T::kWarpsM, wn = warp / T::kWarpsM;
   float* my_staging = staging + warp * 16 * kStageLd;
-  ForEachTableTile<T, kBN>(features, filters, table, volume, num_out, cin, cout, col_tiles, a_stages, b_stages, rows,
-                           [&](const TableGather<T, kBN>& issue, int64_t steps, int64_t col0) {
+  ForEachTableTile<T, kBN>(features, filters, table, volume, groups, group, num_out, cin, cout, col_tiles, a_stages,
+                           b_stages, rows, [&](const TableGather<T, kBN>& issue, int64_t steps, int64_t col0) {
     pipelined::Accumulators<M, kBN> acc;
     PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, acc);
     WaitCopies<0>();
@@ -230,7 +268,16 @@ __global__ void __launch_bounds__(kBlockThreads)
         wmma::store_matrix_sync(my_staging, acc[i][j], kStageLd, wmma::mem_row_major);
         __syncwarp();
         const int64_t c = col0 + wn * T::kWN + 16 * j + c8;
-        const float* v = my_staging + r * kStageLd + c8;
+        float* v = my_staging + r * kStageLd + c8;
+        if (o >= 0 && group > 0 && c < cout) {
+          // A later group: add the stored sum (8 columns, or 4 where a float row ends).
+          const int n = c + 8 <= cout ? 8 : 4;
+          for (int e = 0; e < n; e += 2) {
+            const float2 old = Load2<M>(out + o * cout + c + e);
+            v[e] += old.x;
+            v[e + 1] += old.y;
+          }
+        }
         if (o >= 0) {
           if constexpr (kTf32) {
             // float: cout is a multiple of 4, so either half of the 8 columns may end it.
@@ -250,19 +297,6 @@ __global__ void __launch_bounds__(kBlockThreads)
 #endif
 }
 
-// Two consecutive outputs from float32 values: a float2, or a half2 / bfloat162 (both
-// 4-byte aligned: the column is even and rows hold a multiple of 8 elements).
-template <typename M>
-__device__ inline void Store2(typename Element<M>::Stored* dst, float x, float y) {
-  if constexpr (std::is_same<M, Tf32>::value) {
-    *reinterpret_cast<float2*>(dst) = make_float2(x, y);
-  } else if constexpr (std::is_same<M, __half>::value) {
-    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(x, y);
-  } else {
-    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(x, y);
-  }
-}
-
 // GatherGemmStoreKernel's tiles, offsets and gathers with the products of the pair tiles'
 // kernel (site_conv_mma_sync.cuh: mma.sync with ldmatrix fragments, or TF32 m16n8k8)
 // instead of WMMA; each lane stores its accumulators' column pairs from registers, so no
@@ -270,8 +304,9 @@ __device__ inline void Store2(typename Element<M>::Stored* dst, float x, float y
 template <typename M, int kBN, int kStepBytes>
 __global__ void __launch_bounds__(kBlockThreads)
     MmaSyncGatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
-                                 const int32_t* table, int64_t volume, int64_t num_out, int64_t cin, int64_t cout,
-                                 int64_t col_tiles, const Report* report, typename Element<M>::Stored* out) {
+                                 const int32_t* table, int64_t volume, int64_t groups, int64_t group,
+                                 int64_t num_out, int64_t cin, int64_t cout, int64_t col_tiles, const Report* report,
+                                 typename Element<M>::Stored* out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (report != nullptr && !ChecksPassed(report)) return;
   using L = mma_sync::Layout<M, kBN, kStepBytes>;
@@ -282,15 +317,22 @@ __global__ void __launch_bounds__(kBlockThreads)
   int32_t* rows = reinterpret_cast<int32_t*>(shared + L::kPipelineBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
-  ForEachTableTile<L, kBN>(features, filters, table, volume, num_out, cin, cout, col_tiles, a_stages, b_stages, rows,
-                           [&](const TableGather<L, kBN>& issue, int64_t steps, int64_t col0) {
+  ForEachTableTile<L, kBN>(features, filters, table, volume, groups, group, num_out, cin, cout, col_tiles, a_stages,
+                           b_stages, rows, [&](const TableGather<L, kBN>& issue, int64_t steps, int64_t col0) {
     float acc[L::kFM][L::kFN][4];
     mma_sync::PipelinedProducts<M, kBN, kStepBytes>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     WaitCopies<0>();
-    // Store from the accumulators; rows without pairs get zeros: every output row is stored.
-    mma_sync::ForEachAccumulatorPair<M, kBN>(
-        rows, col0, cout, wm, wn, lane, acc,
-        [&](int64_t o, int64_t c, float x, float y) { Store2<M>(out + o * cout + c, x, y); });
+    // Store from the accumulators; in the first group rows without pairs get zeros (every
+    // output row is stored), later groups add to the stored rows.
+    mma_sync::ForEachAccumulatorPair<M, kBN>(rows, col0, cout, wm, wn, lane, acc,
+                                             [&](int64_t o, int64_t c, float x, float y) {
+      if (group > 0) {
+        const float2 old = Load2<M>(out + o * cout + c);
+        x += old.x;
+        y += old.y;
+      }
+      Store2<M>(out + o * cout + c, x, y);
+    });
   });
 #endif
 }

@@ -706,9 +706,10 @@ TABLE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("groups", [None, 1, 3, 4])
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
 @pytest.mark.parametrize("batch,shape,kernel,strides,padding,mode", TABLE_CASES)
-def test_neighbour_table_matches_cpu_exactly(rng, batch, shape, kernel, strides, padding, mode, inverse):
+def test_neighbour_table_matches_cpu_exactly(rng, batch, shape, kernel, strides, padding, mode, inverse, groups):
     coords = random_sites(rng, batch, shape, 0.05 if max(shape) > 20 else 0.3)
     with tf.device(CPU):
         x = make_site_sparse(coords, np.ones((len(coords), 1), np.float32), shape, batch)
@@ -716,9 +717,54 @@ def test_neighbour_table_matches_cpu_exactly(rng, batch, shape, kernel, strides,
     tables = {}
     for device in (CPU, GPU):
         with tf.device(device):
-            tables[device] = neighbour_table(kmap, inverse=inverse).numpy()
+            tables[device] = neighbour_table(kmap, inverse=inverse, mask_groups=groups).numpy()
     np.testing.assert_array_equal(tables[GPU], tables[CPU])
-    assert tables[CPU].shape[1] == np.prod(kernel) + 2
+    volume = np.prod(kernel)
+    assert tables[CPU].shape[1] == volume + 2 * min(2 if groups is None else groups, volume)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3, 4])
+@pytest.mark.parametrize("dataflow", ["auto", "outputs"])
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=lambda t: t.name)
+@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
+def test_conv_from_tables_of_any_mask_groups_matches_cpu(monkeypatch, rng, dtype, batch, shape, kernel, cin, cout,
+                                                        density, kwargs, dataflow, groups):
+    """One output-stationary pass per mask group, the later ones adding to the stored rows:
+    the forward and (submanifold) the input gradient from the same table match the CPU's
+    pairs, and repeat bit for bit. dataflow=outputs makes the op read the table at every
+    width, 256 channels included."""
+    volume = int(np.prod(kernel))
+    if volume > 32:
+        pytest.skip("neighbour tables hold kernels of at most 32 offsets")
+    monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", dataflow)
+    subm = bool(kwargs.get("subm"))
+    coords = random_sites(rng, batch, shape, density)
+    features = on_cpu(rng.standard_normal((len(coords), cin)), dtype)
+    w = on_cpu(rng.standard_normal((volume, cin, cout)) / np.sqrt(volume * cin), dtype)
+    with tf.device(CPU):
+        x = make_site_sparse(coords, features, shape, batch)
+        kmap = kernel_map(x, kernel, kwargs.get("strides", 1), kwargs.get("padding", 0),
+                          mode="submanifold" if subm else "strided")
+        num_out = tf.shape(kmap.out_coords)[0]
+        upstream = on_cpu(rng.standard_normal((int(num_out), cout)), dtype)
+
+    def run(device, table):
+        with tf.device(device):
+            with tf.GradientTape() as tape:
+                tape.watch(features)
+                y = ops.site_sparse_conv(features, w, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out,
+                                         table, map_is_trusted=True, map_is_submanifold=subm)
+            return y, tape.gradient(y, features, output_gradients=upstream)
+    with tf.device(GPU):
+        table = neighbour_table(kmap, mask_groups=groups)
+    assert table.shape[1] == volume + 2 * min(groups, volume)
+    cpu = run(CPU, NO_NEIGHBOURS)
+    first, second = run(GPU, table), run(GPU, table)
+    for what, c, g, again in zip(("features", "input gradient"), cpu, first, second):
+        assert_close(g, c, dtype, what)
+        if cin % 8 == 0 and cout % 8 == 0 and (dataflow == "outputs" or max(cin, cout) <= 128) and (
+                what == "features" or subm):
+            np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
 
 
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
@@ -771,9 +817,12 @@ def test_neighbour_table_ops_give_the_cpu_errors_on_gpu(rng):
     assert_same_error(lambda: table(offset_splits=[0, 1, 2] + [3] * 31), "1 to 32 offsets")
     features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
     conv = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_out=2)
-    assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **conv,
-                                                   neighbours=tf.zeros([2, 5], tf.int32), map_is_trusted=True),
-                      "neighbours must be SiteNeighbourTable's")
+    for width in (3, 5, 2 + 2 * 3):  # volume 2: two or four extra columns (one or two groups)
+        assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **conv,
+                                                       neighbours=tf.zeros([2, width], tf.int32),
+                                                       map_is_trusted=True),
+                          "neighbours must be SiteNeighbourTable's")
+    assert_same_error(lambda: table(mask_groups=5), "mask_groups must be 1 to 4")
     with tf.device(CPU):
         good = table()
     assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **conv, neighbours=good),

@@ -501,23 +501,28 @@ def test_trust_survives_the_keras_dict(rng):
 
 # --- neighbour tables (SiteNeighbourTable) ----------------------------------------------------------
 
-def numpy_neighbour_table(in_rows, out_rows, splits, num_out):
+def numpy_neighbour_table(in_rows, out_rows, splits, num_out, groups):
     volume = len(splits) - 1
-    table = np.full((num_out, volume + 2), -1, np.int64)
+    groups = min(groups, volume)
+    table = np.full((num_out, volume + 2 * groups), -1, np.int64)
     masks = np.zeros(num_out, np.int64)
     for q in range(volume):
         for p in range(splits[q], splits[q + 1]):
             table[out_rows[p], q] = in_rows[p]
             masks[out_rows[p]] |= 1 << q
-    order = np.argsort(masks, kind="stable")
-    table[:, volume] = masks[order].astype(np.uint32).view(np.int32)
-    table[:, volume + 1] = order
+    for g in range(groups):
+        lo, hi = g * volume // groups, (g + 1) * volume // groups
+        bits = masks & (((1 << hi) - 1) & ~((1 << lo) - 1))
+        order = np.argsort(bits, kind="stable")
+        table[:, volume + 2 * g] = bits[order].astype(np.uint32).view(np.int32)
+        table[:, volume + 2 * g + 1] = order
     return table
 
 
 @pytest.mark.parametrize("mode,kernel,strides", [("submanifold", 3, 1), ("strided", 2, 2), ("strided", 3, 2)])
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
-def test_neighbour_table_matches_numpy(rng, mode, kernel, strides, inverse):
+@pytest.mark.parametrize("groups", [None, 1, 3, 4])
+def test_neighbour_table_matches_numpy(rng, mode, kernel, strides, inverse, groups):
     from tf_sparseconv.ops.site_conv import neighbour_table
     coords, features = random_sites(rng, 2, (7, 6, 7), 0.3, 1)
     x = make_site_sparse(coords, features, (7, 6, 7), 2)
@@ -526,19 +531,42 @@ def test_neighbour_table_matches_numpy(rng, mode, kernel, strides, inverse):
     num_in, num_out = len(coords), int(kmap.out_coords.shape[0])
     if inverse:
         in_rows, out_rows, num_out = out_rows, in_rows, num_in
-    expected = numpy_neighbour_table(in_rows, out_rows, kmap.offset_splits.numpy(), num_out)
-    table = neighbour_table(kmap, inverse=inverse).numpy()
+    expected = numpy_neighbour_table(in_rows, out_rows, kmap.offset_splits.numpy(), num_out,
+                                     2 if groups is None else groups)
+    table = neighbour_table(kmap, inverse=inverse, mask_groups=groups).numpy()
     np.testing.assert_array_equal(table, expected)
-    # Every output row appears once among the sorted rows, its mask beside it.
+    # Per group, every output row appears once among the sorted rows, its bits beside it,
+    # and every pair's offset bit is in exactly one group.
     volume = kernel ** 3
-    assert sorted(table[:, volume + 1]) == list(range(num_out))
-    assert np.all(np.diff(table[:, volume].view(np.uint32)) >= 0)
+    n_groups = (table.shape[1] - volume) // 2
+    union = np.zeros(num_out, np.uint32)
+    for g in range(n_groups):
+        assert sorted(table[:, volume + 2 * g + 1]) == list(range(num_out))
+        bits = table[:, volume + 2 * g].view(np.uint32)
+        assert np.all(np.diff(bits) >= 0)
+        assert not np.any(union[table[:, volume + 2 * g + 1]] & bits)
+        union[table[:, volume + 2 * g + 1]] |= bits
+    expected_union = np.zeros(num_out, np.uint32)
+    for q in range(volume):
+        expected_union[table[:, q] >= 0] |= np.uint32(1 << q)
+    np.testing.assert_array_equal(union, expected_union)
+
+
+def test_neighbour_table_groups_are_capped_by_the_volume():
+    from tf_sparseconv._op_library import ops
+    table = ops.site_neighbour_table(in_rows=[0, 1], out_rows=[0, 1], offset_splits=[0, 2], num_in=2, num_out=2,
+                                     mask_groups=4)
+    assert table.shape == (2, 1 + 2)  # one offset: one group
+    for bad in (0, 5):
+        with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="mask_groups must be 1 to 4"):
+            ops.site_neighbour_table(in_rows=[0], out_rows=[0], offset_splits=[0, 1], num_in=1, num_out=1,
+                                     mask_groups=bad)
 
 
 def test_neighbour_table_rejects_bad_maps():
     from tf_sparseconv._op_library import ops
     ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_in=4, num_out=2)
-    assert ops.site_neighbour_table(**ok).shape == (2, 4)
+    assert ops.site_neighbour_table(**ok).shape == (2, 2 + 2 * 2)
     cases = [
         (dict(in_rows=[0, 1, 4]), "in_rows\\[2\\] = 4 is outside \\[0, 4\\)"),
         (dict(out_rows=[1, 1, 0]), "output row 1 appears twice for kernel offset 0"),

@@ -74,17 +74,20 @@ def _cached_map(x, indice_key, geometry):
     return kernel_map(x, kernel_size, strides, padding, dilation, mode)
 
 
-def neighbour_table(kmap, inverse=False):
+def neighbour_table(kmap, inverse=False, mask_groups=None):
     """SiteNeighbourTable of kmap (inverse=True: of the reversed map, output rows = its
-    input sites), for maps of at most 32 kernel offsets: [num_out, volume + 2] int32,
-    the input row per output row and offset (-1: none), then the output rows sorted by
-    their neighbour masks. SiteSparseConv reads it on the GPU for half and bfloat16."""
+    input sites), for maps of at most 32 kernel offsets: [num_out, volume + 2 * G] int32,
+    the input row per output row and offset (-1: none), then per mask group (G of them,
+    min(mask_groups, volume); None: the op's default, 2) the output rows sorted by their
+    neighbour mask's bits of that group. SiteSparseConv reads it on the GPU for half and
+    bfloat16, one pass per group."""
     num_in, num_out = tf.shape(kmap.in_coords)[0], tf.shape(kmap.out_coords)[0]
+    groups = {} if mask_groups is None else {"mask_groups": mask_groups}
     if inverse:
         return _ops.site_neighbour_table(kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out, num_in,
-                                         map_is_trusted=kmap.trusted)
+                                         map_is_trusted=kmap.trusted, **groups)
     return _ops.site_neighbour_table(kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_in, num_out,
-                                     map_is_trusted=kmap.trusted)
+                                     map_is_trusted=kmap.trusted, **groups)
 
 
 def _wants_tables(dtype, kmap):
