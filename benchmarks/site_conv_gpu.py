@@ -105,12 +105,14 @@ def dataflows_for(dtype_name, args):
     wanted = {"pairs": True, "outputs": dtype_name != "fp32", "table": dtype_name == "fp16",
               "table_mma_sync": dtype_name == "fp16", "table_wmma": dtype_name == "fp16",
               "pairs_step64": dtype_name == "fp16", "table_step64": dtype_name == "fp16",
-              **{f"table_g{n}": dtype_name == "fp16" for n in MASK_GROUP_CHOICES}}
+              **{f"table{g}{r}": dtype_name == "fp16" for g in ["", *(f"_g{n}" for n in MASK_GROUP_CHOICES)]
+                 for r in ("", "_r64")}}
     return [d for d in args.dataflows if wanted[d]]
 
 
 # table_gN: the output-stationary dataflow forced (TF_SPARSECONV_SITE_DATAFLOW=outputs) at
-# every width, from a table of N mask groups.
+# every width, from a table of N mask groups; a suffix _r64: with 64-row tiles
+# (TF_SPARSECONV_SITE_TABLE_ROWS=64; table_r64: the default dataflow with them).
 MASK_GROUP_CHOICES = (1, 2, 3, 4)
 
 
@@ -130,10 +132,11 @@ def uses_table(dataflow):
 
 def mask_groups_of(dataflow):
     """The mask groups of a table_gN dataflow's tables; None (the op's default) otherwise."""
-    return int(dataflow[len("table_g"):]) if dataflow.startswith("table_g") else None
+    return int(dataflow[len("table_g")]) if dataflow.startswith("table_g") else None
 
 
-SWITCHES = ("TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS", "TF_SPARSECONV_SITE_ROW_STEP")
+SWITCHES = ("TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS", "TF_SPARSECONV_SITE_ROW_STEP",
+            "TF_SPARSECONV_SITE_TABLE_ROWS")
 
 
 def set_dataflow(dataflow):
@@ -145,6 +148,7 @@ def set_dataflow(dataflow):
         "outputs" if mask_groups_of(dataflow) else "auto" if uses_table(dataflow) else dataflow.split("_")[0])
     os.environ["TF_SPARSECONV_SITE_TABLE_PRODUCTS"] = "wmma" if dataflow == "table_wmma" else "mma_sync"
     os.environ["TF_SPARSECONV_SITE_ROW_STEP"] = "64" if dataflow.endswith("_step64") else "auto"
+    os.environ["TF_SPARSECONV_SITE_TABLE_ROWS"] = "64" if dataflow.endswith("_r64") else "auto"
 
 
 def clear_switches():
@@ -396,13 +400,15 @@ def main():
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--dataflows", nargs="*", default=["pairs", "table"],
                    choices=("pairs", "outputs", "table", "table_mma_sync", "table_wmma", "pairs_step64",
-                            "table_step64", *(f"table_g{n}" for n in MASK_GROUP_CHOICES)),
+                            "table_step64", "table_r64",
+                            *(f"table_g{n}{r}" for n in MASK_GROUP_CHOICES for r in ("", "_r64"))),
                    help="forward dataflows on the GPU: TF_SPARSECONV_SITE_DATAFLOW=pairs|outputs, table "
                         "(the default dataflow with a neighbour table built once per map), or table_mma_sync "
                         "(the same, named), table_wmma (WMMA products: TF_SPARSECONV_SITE_TABLE_PRODUCTS), "
                         "pairs_step64 / table_step64 (64-byte row steps: TF_SPARSECONV_SITE_ROW_STEP), "
                         "table_g1 .. table_g4 (output-stationary at every width from tables of 1 to 4 mask "
-                        "groups; the end-to-end chain with such tables under the default dataflow)")
+                        "groups; the end-to-end chain with such tables under the default dataflow), with a "
+                        "suffix _r64: 64-row tiles (TF_SPARSECONV_SITE_TABLE_ROWS=64)")
     p.add_argument("--deterministic", action="store_true",
                    help="tf.config.experimental.enable_op_determinism() first: the ops' deterministic paths")
     p.add_argument("--call-int64-rows", action="store_true",

@@ -122,6 +122,12 @@ absl::Status RowStepFromEnvironment(gpu::SiteRowStep* row_step) {
   return EnumFromEnvironment("TF_SPARSECONV_SITE_ROW_STEP", kChoices, row_step);
 }
 
+// TF_SPARSECONV_SITE_TABLE_ROWS: "auto" (or unset), "64" or "128" (site_conv_gpu.h).
+absl::Status TableRowsFromEnvironment(gpu::SiteTableRows* table_rows) {
+  static constexpr const char* kChoices[] = {"auto", "64", "128"};  // SiteTableRows' order
+  return EnumFromEnvironment("TF_SPARSECONV_SITE_TABLE_ROWS", kChoices, table_rows);
+}
+
 }  // namespace
 
 template <typename T>
@@ -167,9 +173,15 @@ class SiteSparseConvGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, TableProductsFromEnvironment(&products));
     gpu::SiteRowStep row_step = gpu::SiteRowStep::kAuto;
     OP_REQUIRES_OK(ctx, RowStepFromEnvironment(&row_step));
+    gpu::SiteTableRows table_rows = gpu::SiteTableRows::kAuto;
+    OP_REQUIRES_OK(ctx, TableRowsFromEnvironment(&table_rows));
+    OP_REQUIRES(ctx, !(products == gpu::SiteTableProducts::kWmma && table_rows == gpu::SiteTableRows::kRows64),
+                tensorflow::errors::InvalidArgument("TF_SPARSECONV_SITE_TABLE_ROWS=64 needs TF_SPARSECONV_SITE_TABLE_PRODUCTS="
+                                        "mma_sync: the WMMA tiles hold 128 rows"));
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(GpuStream(ctx), &scratch, a, checked,
                                                             tensorflow::OpDeterminismRequired(), allow_tf32,
-                                                            dataflow, products, row_step, map_is_trusted_,
+                                                            dataflow, products, row_step, table_rows,
+                                                            map_is_trusted_,
                                                             neighbours_given ? neighbours.flat<int32_t>().data()
                                                                              : nullptr,
                                                             mask_groups,

@@ -850,20 +850,20 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, SiteRowStep r
 // The output-stationary tiles, their products through mma.sync (site_conv_outputs.cuh,
 // MmaSyncGatherGemmStoreKernel) or WMMA (GatherGemmStoreKernel); both take the same
 // arguments. One launch per mask group of the table, in order (the later add to the first).
-template <typename M, int kBN, bool kMmaSync, int kStepBytes, typename T>
+template <typename M, int kBN, bool kMmaSync, int kStepBytes, int kRows, typename T>
 GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
                                       int64_t groups, const Report* report, T* out) {
   using S = typename pipelined::Element<M>::Stored;
-  static_assert(kMmaSync || kStepBytes == 64, "the WMMA tiles step 64 bytes");
+  static_assert(kMmaSync || (kStepBytes == 64 && kRows == pipelined::kBM), "the WMMA tiles: 128 rows, 64-byte steps");
   constexpr size_t kShared =
-      kMmaSync ? mma_sync::Layout<M, kBN, kStepBytes>::kSharedBytes : pipelined::Tiles<M, kBN>::kSharedBytes;
-  const auto kernel = kMmaSync ? output_stationary::MmaSyncGatherGemmStoreKernel<M, kBN, kStepBytes>
+      kMmaSync ? mma_sync::Layout<M, kBN, kStepBytes, kRows>::kSharedBytes : pipelined::Tiles<M, kBN>::kSharedBytes;
+  const auto kernel = kMmaSync ? output_stationary::MmaSyncGatherGemmStoreKernel<M, kBN, kStepBytes, kRows>
                                : output_stationary::GatherGemmStoreKernel<M, kBN>;
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)),
       "gather-GEMM-store (shared memory)");
   const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
-  const int64_t tiles = (a.num_out + pipelined::kBM - 1) / pipelined::kBM;
+  const int64_t tiles = (a.num_out + kRows - 1) / kRows;
   for (int64_t group = 0; group < groups; ++group) {
     kernel<<<GridFor(tiles * col_tiles), pipelined::kBlockThreads, kShared, stream>>>(
         reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume, groups,
@@ -873,32 +873,53 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
   return GpuStatus::Ok();
 }
 
+// Whether the output-stationary tiles hold 64 rows (SiteTableRows).
+template <typename T>
+bool TableRows64(SiteTableRows table_rows, const SiteConvArgs<T>& a) {
+  if (table_rows == SiteTableRows::kAuto) return false;
+  return table_rows == SiteTableRows::kRows64;
+}
+
 // Output tiles as wide as cout needs, up to 128 columns.
-template <typename M, bool kMmaSync, int kStepBytes, typename T>
+template <typename M, bool kMmaSync, int kStepBytes, int kRows, typename T>
 GpuStatus LaunchOutputStationaryWidth(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
                                       int64_t groups, const Report* report, T* out) {
   if (a.cout <= 32) {
-    return LaunchOutputStationaryTiles<M, 32, kMmaSync, kStepBytes>(stream, a, neighbours, groups, report, out);
+    return LaunchOutputStationaryTiles<M, 32, kMmaSync, kStepBytes, kRows>(stream, a, neighbours, groups, report, out);
   }
   if (a.cout <= 64) {
-    return LaunchOutputStationaryTiles<M, 64, kMmaSync, kStepBytes>(stream, a, neighbours, groups, report, out);
+    return LaunchOutputStationaryTiles<M, 64, kMmaSync, kStepBytes, kRows>(stream, a, neighbours, groups, report, out);
   }
-  return LaunchOutputStationaryTiles<M, 128, kMmaSync, kStepBytes>(stream, a, neighbours, groups, report, out);
+  return LaunchOutputStationaryTiles<M, 128, kMmaSync, kStepBytes, kRows>(stream, a, neighbours, groups, report, out);
 }
 
-template <typename M, typename T>
-GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, SiteTableProducts products,
-                                 SiteRowStep row_step, const int32_t* neighbours, int64_t groups,
-                                 const Report* report, T* out) {
-  if (products == SiteTableProducts::kWmma) {
-    return LaunchOutputStationaryWidth<M, false, 64>(stream, a, neighbours, groups, report, out);
-  }
+template <typename M, int kRows, typename T>
+GpuStatus LaunchMmaSyncOutputStationary(Stream stream, const SiteConvArgs<T>& a, SiteRowStep row_step,
+                                        const int32_t* neighbours, int64_t groups, const Report* report, T* out) {
   if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
     if (WideRowSteps<M>(row_step, a, true)) {
-      return LaunchOutputStationaryWidth<M, true, 128>(stream, a, neighbours, groups, report, out);
+      return LaunchOutputStationaryWidth<M, true, 128, kRows>(stream, a, neighbours, groups, report, out);
     }
   }
-  return LaunchOutputStationaryWidth<M, true, 64>(stream, a, neighbours, groups, report, out);
+  return LaunchOutputStationaryWidth<M, true, 64, kRows>(stream, a, neighbours, groups, report, out);
+}
+
+// 64-row tiles only with the mma.sync products (the WMMA tiles hold 128 rows).
+template <typename M, typename T>
+GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, SiteTableProducts products,
+                                 SiteRowStep row_step, SiteTableRows table_rows, const int32_t* neighbours,
+                                 int64_t groups, const Report* report, T* out) {
+  const bool rows64 = TableRows64(table_rows, a);
+  if (products == SiteTableProducts::kWmma) {
+    if (rows64) {
+      return GpuStatus{"gather-GEMM-store",
+                       "TF_SPARSECONV_SITE_TABLE_ROWS=64 needs TF_SPARSECONV_SITE_TABLE_PRODUCTS=mma_sync (the WMMA "
+                       "tiles hold 128 rows)"};
+    }
+    return LaunchOutputStationaryWidth<M, false, 64, pipelined::kBM>(stream, a, neighbours, groups, report, out);
+  }
+  if (rows64) return LaunchMmaSyncOutputStationary<M, 64>(stream, a, row_step, neighbours, groups, report, out);
+  return LaunchMmaSyncOutputStationary<M, pipelined::kBM>(stream, a, row_step, neighbours, groups, report, out);
 }
 
 template <int kBM, int kBN, bool kTf32>
@@ -979,7 +1000,8 @@ GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in
 template <typename T>
 GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a,
                                   const OffsetTable& offsets, SiteTableProducts products, SiteRowStep row_step,
-                                  const int32_t* neighbours, int64_t groups, const Report* report, T* out) {
+                                  SiteTableRows table_rows, const int32_t* neighbours, int64_t groups,
+                                  const Report* report, T* out) {
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
     return GpuStatus{"gather-GEMM-store", "no tensor-core kernel for this type"};
@@ -992,7 +1014,7 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
                                                         a.volume, groups, a.pairs, a.num_in, a.num_out, built));
       neighbours = built;
     }
-    return LaunchOutputStationary<M>(stream, a, products, row_step, neighbours, groups, report, out);
+    return LaunchOutputStationary<M>(stream, a, products, row_step, table_rows, neighbours, groups, report, out);
   }
 }
 
@@ -1001,8 +1023,9 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
                              bool deterministic, bool allow_tf32, SiteDataflow dataflow,
-                             SiteTableProducts products, SiteRowStep row_step, bool trusted,
-                             const int32_t* neighbours, int64_t mask_groups, T* out, Report* report) {
+                             SiteTableProducts products, SiteRowStep row_step, SiteTableRows table_rows,
+                             bool trusted, const int32_t* neighbours, int64_t mask_groups, T* out,
+                             Report* report) {
   using A = typename AccumulatorOf<T>::type;
   Report* device_report = nullptr;  // stays nullptr for a trusted map: the kernels then skip the report
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
@@ -1036,7 +1059,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.
     TF_SPARSECONV_RETURN_IF_ERROR(
-        OutputStationaryForward(stream, scratch, a, table, products, row_step, neighbours, mask_groups,
+        OutputStationaryForward(stream, scratch, a, table, products, row_step, table_rows, neighbours, mask_groups,
                                 device_report, out));
   } else if (outputs > 0) {
     A* acc = nullptr;
@@ -1212,7 +1235,8 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
 
 #define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
   template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&, bool, \
-                                           bool, SiteDataflow, SiteTableProducts, SiteRowStep, bool,           \
+                                           bool, SiteDataflow, SiteTableProducts, SiteRowStep, SiteTableRows,  \
+                                           bool,                                                               \
                                            const int32_t*, int64_t, T*, Report*);                              \
   template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \
                                               bool, bool, const T*, T*, Report*);

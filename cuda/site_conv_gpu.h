@@ -77,12 +77,18 @@ enum class SiteTableProducts { kMmaSync, kWmma };
 // TF_SPARSECONV_SITE_ROW_STEP=auto|64|128.
 enum class SiteRowStep { kAuto, kBytes64, kBytes128 };
 
+// The output rows of one output-stationary tile (mma.sync products): kAuto (128), or
+// forced to 64 or 128. 64-row tiles multiply fewer rows without a pair (the rows of a
+// tile share more of their offsets) at the price of loading each filter slice for half as
+// many rows. TF_SPARSECONV_SITE_TABLE_ROWS=auto|64|128.
+enum class SiteTableRows { kAuto, kRows64, kRows128 };
+
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
                              const CheckedMap& checked, bool deterministic, bool allow_tf32,
                              SiteDataflow dataflow, SiteTableProducts products, SiteRowStep row_step,
-                             bool trusted, const int32_t* neighbours, int64_t mask_groups, T* out,
-                             Report* report);
+                             SiteTableRows table_rows, bool trusted, const int32_t* neighbours,
+                             int64_t mask_groups, T* out, Report* report);
 
 // SiteNeighbourTable: neighbours [num_out, volume + 2 * mask_groups] (volume <= 32,
 // mask_groups from MaskGroupsFor) of the map's first checked.pairs pairs, in the layout of

@@ -89,6 +89,7 @@ struct Tiles {
   static constexpr int kLdB = kBN + kVec;
   static constexpr int kWarpsN = kBN >= 64 ? 2 : 1;
   static constexpr int kWarpsM = kWarps / kWarpsN;
+  static constexpr int kTileRows = kBM;
   static constexpr int kWM = kBM / kWarpsM;
   static constexpr int kWN = kBN / kWarpsN;
   static constexpr int kFM = kWM / 16;

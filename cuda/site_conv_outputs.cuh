@@ -136,16 +136,17 @@ __device__ inline float2 Load2(const typename Element<M>::Stored* src) {
   }
 }
 
-// A tile of kBM output rows (in the order of the group whose columns start at `column`)
+// A tile of kRows output rows (in the order of the group whose columns start at `column`)
 // and the offsets of that group any of them has a pair at, in shared memory; the block's
 // threads all call it, between barriers.
+template <int kRows>
 __device__ inline void LoadTile(const int32_t* table, int64_t tile, int64_t num_out, int64_t volume, int64_t width,
                                 int64_t column, int32_t* rows, int* offsets, int* num_offsets,
                                 unsigned int* tile_mask) {
   if (threadIdx.x == 0) *tile_mask = 0u;
   __syncthreads();
-  if (threadIdx.x < kBM) {
-    const int64_t i = tile * kBM + threadIdx.x;
+  if (threadIdx.x < kRows) {
+    const int64_t i = tile * kRows + threadIdx.x;
     rows[threadIdx.x] = i < num_out ? table[i * width + column + 1] : -1;
     if (i < num_out) atomicOr(tile_mask, static_cast<uint32_t>(table[i * width + column]));
   }
@@ -204,7 +205,7 @@ struct TableGather {
   }
 };
 
-// The block's walk over the output-stationary tiles of mask group `group` (kBM output
+// The block's walk over the output-stationary tiles of mask group `group` (L::kTileRows output
 // rows in the group's order x kBN columns) shared by both table kernels: per tile, its rows
 // and offsets (LoadTile) and the gathers of its steps (TableGather with layout L), then
 // tile(issue, steps, col0) multiplies and stores; the barrier after it frees rows, offsets
@@ -220,12 +221,12 @@ __device__ __forceinline__ void ForEachTableTile(const typename L::S* features, 
   __shared__ unsigned int tile_mask;
   const int a_row = threadIdx.x / L::kAChunks, a_chunk = threadIdx.x % L::kAChunks;
   const int64_t k_steps = (cin + L::kBK - 1) / L::kBK;
-  const int64_t tiles = (num_out + kBM - 1) / kBM;
+  const int64_t tiles = (num_out + L::kTileRows - 1) / L::kTileRows;
   const int64_t width = volume + 2 * groups, column = volume + 2 * group;  // NeighbourTableWidth
   for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
     const int64_t tile = item / col_tiles;
     const int64_t col0 = (item % col_tiles) * kBN;
-    LoadTile(table, tile, num_out, volume, width, column, rows, offsets, &num_offsets, &tile_mask);
+    LoadTile<L::kTileRows>(table, tile, num_out, volume, width, column, rows, offsets, &num_offsets, &tile_mask);
     const int64_t steps = num_offsets * k_steps;  // the same for the whole block
     const TableGather<L, kBN> issue{features, filters, table, offsets, a_stages, b_stages, width,
                                     cin,      cout,    k_steps, col0, rows,    a_row,    a_chunk};
@@ -301,12 +302,12 @@ __global__ void __launch_bounds__(kBlockThreads)
 // ForEachAccumulatorPair's order), every load before the first store. Interleaved with the
 // stores, each load would wait for the one before it (a load after a store to `out` may
 // alias it), which on an H200 cost as much as a group's products.
-template <typename M, int kBN>
+template <typename M, int kBN, int kRows>
 __device__ __forceinline__ void AddStoredRows(const int32_t* rows, int64_t col0, int64_t cout, int wm, int wn,
                                               int lane, const typename Element<M>::Stored* out,
-                                              float (&acc)[mma_sync::Layout<M, kBN>::kFM]
-                                                          [mma_sync::Layout<M, kBN>::kFN][4]) {
-  using L = mma_sync::Layout<M, kBN>;
+                                              float (&acc)[mma_sync::Layout<M, kBN, 64, kRows>::kFM]
+                                                          [mma_sync::Layout<M, kBN, 64, kRows>::kFN][4]) {
+  using L = mma_sync::Layout<M, kBN, 64, kRows>;
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < L::kFM; ++i) {
@@ -331,7 +332,7 @@ __device__ __forceinline__ void AddStoredRows(const int32_t* rows, int64_t col0,
 // kernel (site_conv_mma_sync.cuh: mma.sync with ldmatrix fragments, or TF32 m16n8k8)
 // instead of WMMA; each lane stores its accumulators' column pairs from registers, so no
 // staging area. Chosen by SiteTableProducts::kMmaSync (TF_SPARSECONV_SITE_TABLE_PRODUCTS).
-template <typename M, int kBN, int kStepBytes>
+template <typename M, int kBN, int kStepBytes, int kRows>
 __global__ void __launch_bounds__(kBlockThreads)
     MmaSyncGatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
                                  const int32_t* table, int64_t volume, int64_t groups, int64_t group,
@@ -339,7 +340,7 @@ __global__ void __launch_bounds__(kBlockThreads)
                                  typename Element<M>::Stored* out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (report != nullptr && !ChecksPassed(report)) return;
-  using L = mma_sync::Layout<M, kBN, kStepBytes>;
+  using L = mma_sync::Layout<M, kBN, kStepBytes, kRows>;
   using S = typename L::S;
   extern __shared__ __align__(128) unsigned char shared[];
   S* a_stages = reinterpret_cast<S*>(shared);
@@ -350,12 +351,12 @@ __global__ void __launch_bounds__(kBlockThreads)
   ForEachTableTile<L, kBN>(features, filters, table, volume, groups, group, num_out, cin, cout, col_tiles, a_stages,
                            b_stages, rows, [&](const TableGather<L, kBN>& issue, int64_t steps, int64_t col0) {
     float acc[L::kFM][L::kFN][4];
-    mma_sync::PipelinedProducts<M, kBN, kStepBytes>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
+    mma_sync::PipelinedProducts<M, kBN, kStepBytes, kRows>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     WaitCopies<0>();
     // Store from the accumulators; in the first group rows without pairs get zeros (every
     // output row is stored), later groups add to the stored rows.
-    if (group > 0) AddStoredRows<M, kBN>(rows, col0, cout, wm, wn, lane, out, acc);
-    mma_sync::ForEachAccumulatorPair<M, kBN>(
+    if (group > 0) AddStoredRows<M, kBN, kRows>(rows, col0, cout, wm, wn, lane, out, acc);
+    mma_sync::ForEachAccumulatorPair<M, kBN, kRows>(
         rows, col0, cout, wm, wn, lane, acc,
         [&](int64_t o, int64_t c, float x, float y) { Store2<M>(out + o * cout + c, x, y); });
   });

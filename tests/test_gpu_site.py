@@ -639,7 +639,7 @@ def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(monkeypa
 
 
 @pytest.mark.parametrize("switch", ["TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS",
-                                    "TF_SPARSECONV_SITE_ROW_STEP"])
+                                    "TF_SPARSECONV_SITE_ROW_STEP", "TF_SPARSECONV_SITE_TABLE_ROWS"])
 def test_unknown_switch_value_is_rejected(monkeypatch, rng, switch):
     monkeypatch.setenv(switch, "fastest")
     coords = random_sites(rng, 1, (6, 6, 6), 0.3)
@@ -695,6 +695,16 @@ def test_forced_row_steps_match_cpu(monkeypatch, rng, dtype, batch, shape, kerne
     assert_gpu_matches_cpu(dtype, cpu, first)
 
 
+def test_wmma_table_products_refuse_64_row_tiles(monkeypatch, rng):
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_PRODUCTS", "wmma")
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_ROWS", "64")
+    coords = random_sites(rng, 1, (6, 6, 6), 0.3)
+    features = on_cpu(rng.standard_normal((len(coords), 8)), tf.float16)
+    w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), tf.float16)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_SITE_TABLE_ROWS=64 needs"):
+        conv_and_gradients(GPU, coords, features, w, (6, 6, 6), 1, dict(subm=True))
+
+
 # --- neighbour tables (SiteNeighbourTable) and the convolution that reads them ---------------------
 
 TABLE_CASES = [
@@ -723,20 +733,22 @@ def test_neighbour_table_matches_cpu_exactly(rng, batch, shape, kernel, strides,
     assert tables[CPU].shape[1] == volume + 2 * min(2 if groups is None else groups, volume)
 
 
+@pytest.mark.parametrize("rows", ["auto", "64", "128"])
 @pytest.mark.parametrize("groups", [1, 2, 3, 4])
 @pytest.mark.parametrize("dataflow", ["auto", "outputs"])
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=lambda t: t.name)
 @pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
 def test_conv_from_tables_of_any_mask_groups_matches_cpu(monkeypatch, rng, dtype, batch, shape, kernel, cin, cout,
-                                                        density, kwargs, dataflow, groups):
+                                                        density, kwargs, dataflow, groups, rows):
     """One output-stationary pass per mask group, the later ones adding to the stored rows:
     the forward and (submanifold) the input gradient from the same table match the CPU's
     pairs, and repeat bit for bit. dataflow=outputs makes the op read the table at every
-    width, 256 channels included."""
+    width, 256 channels included; rows: the tiles' output rows (TF_SPARSECONV_SITE_TABLE_ROWS)."""
     volume = int(np.prod(kernel))
     if volume > 32:
         pytest.skip("neighbour tables hold kernels of at most 32 offsets")
     monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", dataflow)
+    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_ROWS", rows)
     subm = bool(kwargs.get("subm"))
     coords = random_sites(rng, batch, shape, density)
     features = on_cpu(rng.standard_normal((len(coords), cin)), dtype)
