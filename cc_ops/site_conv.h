@@ -46,8 +46,11 @@ struct SiteConvFilterGradFunctor {
 constexpr int64_t kMaxNeighbourVolume = 32;
 constexpr int64_t kMaxMaskGroups = 4;
 // SiteNeighbourTable's mask_groups default (its REGISTER_OP says the same), and the
-// groups of the tables the GPU forward builds per call.
-constexpr int64_t kDefaultMaskGroups = 2;
+// groups of the tables the GPU forward builds per call. One group: on an H200 (2026-11-24,
+// four scenes, fp16 forward, README) two groups were faster only for submanifold layers of
+// 128 channels (by 6-8%) and slower for every strided, inverse and 32/64-channel layer; the
+// rows a tile multiplies without a pair cost less than one more pass over the output.
+constexpr int64_t kDefaultMaskGroups = 1;
 // At most one group per offset (and one for an empty kernel).
 constexpr int64_t MaskGroupsFor(int64_t volume, int64_t requested) {
   return requested < volume ? (requested < 1 ? 1 : requested) : (volume < 1 ? 1 : volume);

@@ -80,7 +80,8 @@ enum class SiteRowStep { kAuto, kBytes64, kBytes128 };
 // The output rows of one output-stationary tile (mma.sync products): kAuto (128), or
 // forced to 64 or 128. 64-row tiles multiply fewer rows without a pair (the rows of a
 // tile share more of their offsets) at the price of loading each filter slice for half as
-// many rows. TF_SPARSECONV_SITE_TABLE_ROWS=auto|64|128.
+// many rows; on an H200 that was the slower trade for most layers (README).
+// TF_SPARSECONV_SITE_TABLE_ROWS=auto|64|128.
 enum class SiteTableRows { kAuto, kRows64, kRows128 };
 
 template <typename T>

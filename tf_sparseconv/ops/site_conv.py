@@ -78,7 +78,7 @@ def neighbour_table(kmap, inverse=False, mask_groups=None):
     """SiteNeighbourTable of kmap (inverse=True: of the reversed map, output rows = its
     input sites), for maps of at most 32 kernel offsets: [num_out, volume + 2 * G] int32,
     the input row per output row and offset (-1: none), then per mask group (G of them,
-    min(mask_groups, volume); None: the op's default, 2) the output rows sorted by their
+    min(mask_groups, volume); None: the op's default, 1) the output rows sorted by their
     neighbour mask's bits of that group. SiteSparseConv reads it on the GPU for half and
     bfloat16, one pass per group."""
     num_in, num_out = tf.shape(kmap.in_coords)[0], tf.shape(kmap.out_coords)[0]
