@@ -873,13 +873,6 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
   return GpuStatus::Ok();
 }
 
-// Whether the output-stationary tiles hold 64 rows (SiteTableRows): auto keeps 128, the
-// faster in 25 of the 32 fp16 table forwards measured on an H200 (2026-11-24, README).
-template <typename T>
-bool TableRows64(SiteTableRows table_rows, const SiteConvArgs<T>&) {
-  return table_rows == SiteTableRows::kRows64;
-}
-
 // Output tiles as wide as cout needs, up to 128 columns.
 template <typename M, bool kMmaSync, int kStepBytes, int kRows, typename T>
 GpuStatus LaunchOutputStationaryWidth(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
@@ -909,7 +902,9 @@ template <typename M, typename T>
 GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, SiteTableProducts products,
                                  SiteRowStep row_step, SiteTableRows table_rows, const int32_t* neighbours,
                                  int64_t groups, const Report* report, T* out) {
-  const bool rows64 = TableRows64(table_rows, a);
+  // auto keeps 128 rows, the faster in 25 of the 32 fp16 table forwards measured on an
+  // H200 (2026-11-24, README).
+  const bool rows64 = table_rows == SiteTableRows::kRows64;
   if (products == SiteTableProducts::kWmma) {
     if (rows64) {
       return GpuStatus{"gather-GEMM-store",

@@ -119,14 +119,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
       const int g = lane / 4, t = lane % 4;
       float acc[L::kFM][L::kFN][4];
-#pragma unroll
-      for (int i = 0; i < L::kFM; ++i) {
-#pragma unroll
-        for (int j = 0; j < L::kFN; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-        }
-      }
+      pipelined::ZeroAccumulators(acc);
       pipelined::RunPipeline(steps, issue, [&](int buffer) {
         const float* xs = x_stages + buffer * L::kXStage + t * L::kLdX + wm * L::kWM + g;
         const float* gs = g_stages + buffer * L::kGStage + t * L::kLdG + wn * L::kWN + g;

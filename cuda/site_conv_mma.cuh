@@ -131,6 +131,19 @@ __device__ inline void WaitCopies() {
 #endif
 }
 
+// Sets a warp's mma.sync accumulators (kFM x kFN pieces of 4 floats) to zero.
+template <int kFM, int kFN>
+__device__ __forceinline__ void ZeroAccumulators(float (&acc)[kFM][kFN][4]) {
+#pragma unroll
+  for (int i = 0; i < kFM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kFN; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    }
+  }
+}
+
 // The cp.async pipeline's schedule over `steps` steps of one tile: the first kStages - 1
 // are queued up front; then each step waits for its own copies (this thread's, and through
 // the barrier everyone's), queues the step kStages - 1 ahead into the stage the barrier

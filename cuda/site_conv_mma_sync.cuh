@@ -177,14 +177,7 @@ __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& is
   using L = Layout<M, kBN, kStepBytes, kRows>;
   using S = typename L::S;
   const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int i = 0; i < L::kFM; ++i) {
-#pragma unroll
-    for (int j = 0; j < L::kFN; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-    }
-  }
+  pipelined::ZeroAccumulators(acc);
   pipelined::RunPipeline(steps, issue, [&](int buffer) {
     if constexpr (L::kTf32) {
       const float* a = a_stages + buffer * L::kAStage + (wm * L::kWM + g) * L::kLdA + t;
@@ -239,12 +232,10 @@ __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& is
 // lane (g, t) holds columns 2t, 2t + 1 of rows g and g + 8 of each 16 x 8 piece. o: the
 // output row (rows[r] for tile row r; negative rows are skipped), c: the first column,
 // below cout (cout is a multiple of 4, so both columns or neither exist).
-template <typename M, int kBN, int kRows = kBM, typename Put>
+// acc: the warp's accumulators, const or not (put may then change them through float&).
+template <typename M, int kBN, int kRows = kBM, typename Acc, typename Put>
 __device__ __forceinline__ void ForEachAccumulatorPair(const int32_t* rows, int64_t col0, int64_t cout, int wm, int wn,
-                                                       int lane,
-                                                       const float (&acc)[Layout<M, kBN, 64, kRows>::kFM]
-                                                                         [Layout<M, kBN, 64, kRows>::kFN][4],
-                                                       const Put& put) {
+                                                       int lane, Acc& acc, const Put& put) {
   using L = Layout<M, kBN, 64, kRows>;
   const int g = lane / 4, t = lane % 4;
 #pragma unroll

@@ -298,36 +298,6 @@ __global__ void __launch_bounds__(kBlockThreads)
 #endif
 }
 
-// A later group's tile: its rows' stored sums added to the accumulators (in
-// ForEachAccumulatorPair's order), every load before the first store. Interleaved with the
-// stores, each load would wait for the one before it (a load after a store to `out` may
-// alias it), which on an H200 cost as much as a group's products.
-template <typename M, int kBN, int kRows>
-__device__ __forceinline__ void AddStoredRows(const int32_t* rows, int64_t col0, int64_t cout, int wm, int wn,
-                                              int lane, const typename Element<M>::Stored* out,
-                                              float (&acc)[mma_sync::Layout<M, kBN, 64, kRows>::kFM]
-                                                          [mma_sync::Layout<M, kBN, 64, kRows>::kFN][4]) {
-  using L = mma_sync::Layout<M, kBN, 64, kRows>;
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int i = 0; i < L::kFM; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t o = rows[wm * L::kWM + 16 * i + 8 * h + g];
-      if (o < 0) continue;
-#pragma unroll
-      for (int j = 0; j < L::kFN; ++j) {
-        const int64_t c = col0 + wn * L::kWN + 8 * j + 2 * t;
-        if (c < cout) {
-          const float2 old = Load2<M>(out + o * cout + c);
-          acc[i][j][2 * h] += old.x;
-          acc[i][j][2 * h + 1] += old.y;
-        }
-      }
-    }
-  }
-}
-
 // GatherGemmStoreKernel's tiles, offsets and gathers with the products of the pair tiles'
 // kernel (site_conv_mma_sync.cuh: mma.sync with ldmatrix fragments, or TF32 m16n8k8)
 // instead of WMMA; each lane stores its accumulators' column pairs from registers, so no
@@ -355,7 +325,18 @@ __global__ void __launch_bounds__(kBlockThreads)
     WaitCopies<0>();
     // Store from the accumulators; in the first group rows without pairs get zeros (every
     // output row is stored), later groups add to the stored rows.
-    if (group > 0) AddStoredRows<M, kBN, kRows>(rows, col0, cout, wm, wn, lane, out, acc);
+    if (group > 0) {
+      // A later group adds the stored sums first, every load before the first store:
+      // interleaved with the stores, each load would wait for the one before it (a load
+      // after a store to `out` may alias it), which on an H200 cost as much as a group's
+      // products.
+      mma_sync::ForEachAccumulatorPair<M, kBN, kRows>(rows, col0, cout, wm, wn, lane, acc,
+                                                      [&](int64_t o, int64_t c, float& x, float& y) {
+        const float2 old = Load2<M>(out + o * cout + c);
+        x += old.x;
+        y += old.y;
+      });
+    }
     mma_sync::ForEachAccumulatorPair<M, kBN, kRows>(
         rows, col0, cout, wm, wn, lane, acc,
         [&](int64_t o, int64_t c, float x, float y) { Store2<M>(out + o * cout + c, x, y); });
