@@ -29,17 +29,22 @@ from tf_sparseconv._op_library import ops as _ops  # noqa: E402
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--scene", default="synthetic_lidar_5cm_b4")
-    p.add_argument("--layer", default="subm_l1_128", choices=[spec[0] for spec in LAYERS])
+    p.add_argument("--scene", nargs="+", default=["synthetic_lidar_5cm_b4"])
+    p.add_argument("--layer", nargs="+", default=["subm_l1_128"], choices=[spec[0] for spec in LAYERS])
     p.add_argument("--dataflow", default="table", choices=("pairs", "table"))
     p.add_argument("--mask-groups", type=int, default=1)
     p.add_argument("--calls", type=int, default=3, help="forward calls after one warm-up call")
     p.add_argument("--time", action="store_true", help="then time the call (not under a profiler)")
     args = p.parse_args()
     os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "pairs" if args.dataflow == "pairs" else "outputs"
-    coords, spatial, batch = scenes([args.scene])[args.scene]
-    sites, maps = levels_of(coords, spatial, batch)
-    li = [spec[0] for spec in LAYERS].index(args.layer)
+    for scene, (coords, spatial, batch) in scenes(args.scene).items():
+        sites, maps = levels_of(coords, spatial, batch)
+        for layer in args.layer:
+            profile_layer(args, scene, layer, sites, maps)
+
+
+def profile_layer(args, scene, layer, sites, maps):
+    li = [spec[0] for spec in LAYERS].index(layer)
     _, kind, level, cin, cout, k, _, key = LAYERS[li]
     in_rows, out_rows, splits, num_in, num_out, _ = layer_rows(kind, level, key, maps, sites)
     table = (_ops.site_neighbour_table(in_rows, out_rows, splits, num_in, num_out, map_is_trusted=True,
@@ -51,7 +56,7 @@ def main():
     def fwd(f, w):
         return _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, table, map_is_trusted=True,
                                      map_is_submanifold=kind == "subm")
-    print(f"{args.scene} {args.layer}: {int(num_in):,} -> {int(num_out):,} sites, {int(in_rows.shape[0]):,} pairs, "
+    print(f"{scene} {layer}: {int(num_in):,} -> {int(num_out):,} sites, {int(in_rows.shape[0]):,} pairs, "
           f"C {cin} -> {cout}, {args.dataflow}" + (f", {args.mask_groups} mask groups" if args.dataflow == "table"
                                                   else ""), flush=True)
     for _ in range(1 + args.calls):

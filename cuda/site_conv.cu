@@ -1040,16 +1040,16 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
     }
   }
   const int64_t outputs = a.num_out * a.cout;
-  // auto: output-stationary for half and bfloat16 under determinism, or from a given
-  // table up to 128 output channels (one column tile). Measured with ncu on an H200
-  // (lidar frame, 5 cm): from a table 63/127/357 us against the pairs' 83/168/448 us at
-  // C 32/64/128, but 855 against 712 us at C 256, where the rows a 128-row tile
-  // multiplies without a pair (about 2x the pairs) cost more than the atomics saved.
-  // Its TF32 kernel is slower than the pairs' throughout.
+  // auto: output-stationary for half and bfloat16 under determinism or from a given
+  // table. Up to 2026-11-24 only up to 128 output channels: at C 256 the table's tiles
+  // were slower than the pairs (855 against 712 us, lidar frame at 5 cm, H200), until
+  // their copies were queued without waiting on the table (TableGather): then, fp16 on
+  // an H200, 0.596 against 0.600 ms (lidar), 0.505 against 0.727 (synthetic, batch 1),
+  // 1.610 against 3.004 (batch 4) at 256 -> 256, and 0.33 against 1.12 ms at 128 -> 256
+  // strided (batch 4). Its TF32 kernel is slower than the pairs' throughout.
   const bool want_outputs =
       dataflow == SiteDataflow::kOutputs ||
-      (dataflow == SiteDataflow::kAuto && sizeof(T) == 2 &&
-       (deterministic || (neighbours != nullptr && a.cout <= 128)));
+      (dataflow == SiteDataflow::kAuto && sizeof(T) == 2 && (deterministic || neighbours != nullptr));
   const bool output_stationary = want_outputs && pipelined && a.volume <= kMaxNeighbourVolume;
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.

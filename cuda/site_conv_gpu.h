@@ -55,9 +55,8 @@ enum SiteConvCheck { kSiteRows = 0, kSiteRepeat = 1, kSiteNaN = 2 };
 // once (kOutputs, cuda/site_conv_outputs.cuh). Elsewhere kOutputs falls back to kPairs.
 // kAuto, the default, picks by measurement (H200, lidar frame, README): kOutputs for half
 // and bfloat16 under op determinism (about 1.3x faster end to end than the per-offset
-// deterministic launches) or when `neighbours` is given and cout <= 128, kPairs
-// otherwise (faster without determinism when the table is built per call, at 256 output
-// channels, and for TF32).
+// deterministic launches) or when `neighbours` is given, kPairs otherwise (faster
+// without determinism when the table is built per call, and for TF32).
 // neighbours: nullptr, or SiteNeighbourTable's table of this map with mask_groups groups
 // ([num_out, volume + 2 * mask_groups], device memory), which kOutputs then reads instead
 // of building one with kDefaultMaskGroups (4 * num_out * (volume + 2 * groups + 4) bytes of

@@ -164,12 +164,21 @@ __device__ inline void LoadTile(const int32_t* table, int64_t tile, int64_t num_
 // Queues the cp.async copies of one step of a tile: step = (offset index, kBK channels);
 // this thread's input rows (of the tile rows a_row + r * kARowStride, r < kAPasses,
 // through the table; zero-filled where a row has no pair at the offset) and its share
-// of the filter rows.
+// of the filter rows. Steps must be issued in order 0, 1, 2, ... (RunPipeline does): the
+// step's offset, channels and stage are counted along instead of divided out.
+// The table entries of the next offset are read one offset ahead into registers, and
+// the source pointers are formed once per offset. On an H200 (ncu, synth b4, C 128), the
+// queueing with the table read at each step's issue and 64-bit index products per copy
+// took about three instructions for each of the products' (tensor-core MMAs and ldmatrix
+// loads), and every step's copies waited for an L2 round trip of the table.
 // L: the tile layout (pipelined::Tiles for WMMA, mma_sync::Layout), whose constants of
 // the same names mean the same.
 template <typename L, int kBN>
 struct TableGather {
   using S = typename L::S;
+  static constexpr int kBPerThread = (L::kBVectors + kBlockThreads - 1) / kBlockThreads;
+  static constexpr int kBRowVectors = kBN / L::kVec;  // 16-byte pieces of a filter row
+
   const S* features;
   const S* filters;
   const int32_t* table;
@@ -178,30 +187,63 @@ struct TableGather {
   S* b_stages;
   int64_t width, cin, cout, k_steps, col0;
   const int32_t* rows;  // the tile's output rows (shared memory), -1 past the end
-  int a_row, a_chunk;
+  int a_row, a_chunk, num_offsets;
+  // Where the next step stands: its offset index, its k-step within the offset, its stage.
+  mutable int n = 0, ks = 0, buffer = 0;
+  mutable int32_t in_now[L::kAPasses];   // the input rows at the current offset (-1: none)
+  mutable int32_t in_next[L::kAPasses];  // ... and at the next one (loads in flight)
+  mutable const S* w = nullptr;          // the current offset's filter at column col0
 
-  __device__ void operator()(int64_t step) const {
-    const int buffer = static_cast<int>(step % kStages);
-    const int64_t q = offsets[step / k_steps];
-    const int64_t k0 = (step % k_steps) * L::kBK;
-    S* a = a_stages + buffer * L::kAStage;
-    S* b = b_stages + buffer * L::kBStage;
-    const int64_t k = k0 + a_chunk * L::kVec;
+  // The input rows of this thread's tile rows at offset index m (-1: none, or m past the last).
+  __device__ void ReadTable(int m, int32_t (&in)[L::kAPasses]) const {
+    const int64_t q = m < num_offsets ? offsets[m] : 0;
 #pragma unroll
     for (int r = 0; r < L::kAPasses; ++r) {
       const int64_t o = rows[a_row + r * L::kARowStride];
-      const int64_t in = o >= 0 ? table[o * width + q] : -1;
-      const bool ok = in >= 0 && k < cin;
-      CopyAsync16(a + (a_row + r * L::kARowStride) * L::kLdA + a_chunk * L::kVec, ok ? features + in * cin + k : features,
-                  ok);
+      in[r] = o >= 0 && m < num_offsets ? table[o * width + q] : -1;
     }
-    const S* w = filters + q * cin * cout;
-    for (int v = threadIdx.x; v < L::kBVectors; v += kBlockThreads) {
-      const int kr = v / (kBN / L::kVec), cc = v % (kBN / L::kVec);
-      const int64_t kk = k0 + kr, c = col0 + cc * L::kVec;
-      const bool ok = kk < cin && c < cout;
-      CopyAsync16(b + kr * L::kLdB + cc * L::kVec, ok ? w + kk * cout + c : filters, ok);
+  }
+
+  // Before the first step: the first offset's entries.
+  __device__ void Start() const { ReadTable(0, in_next); }
+
+  __device__ void operator()(int64_t /*step: counted along*/) const {
+    // Index arithmetic in 32 bits where it fits (channel counts, a filter's rows), with
+    // 32 x 32 -> 64-bit products for the row offsets: one instruction each.
+    const int cin32 = static_cast<int>(cin), cout32 = static_cast<int>(cout);
+    if (ks == 0) {  // a new offset: its filter and input rows, and the next offset's entries
+      w = filters + static_cast<int64_t>(offsets[n]) * cin * cout + col0;
+#pragma unroll
+      for (int r = 0; r < L::kAPasses; ++r) in_now[r] = in_next[r];
+      ReadTable(n + 1, in_next);
     }
+    const int k0 = ks * L::kBK;
+    S* a = a_stages + buffer * L::kAStage;
+    S* b = b_stages + buffer * L::kBStage;
+    const int k = k0 + a_chunk * L::kVec;
+#pragma unroll
+    for (int r = 0; r < L::kAPasses; ++r) {
+      const bool ok = in_now[r] >= 0 && k < cin32;
+      // Without a row the copy reads nothing (zero-fill); its address stays in range.
+      const S* src = features + static_cast<int64_t>(ok ? in_now[r] : 0) * cin32 + (ok ? k : 0);
+      CopyAsync16(a + (a_row + r * L::kARowStride) * L::kLdA + a_chunk * L::kVec, src, ok);
+    }
+    const S* wk = w + static_cast<int64_t>(k0) * cout32;
+    const int64_t cols_left = cout - col0;
+#pragma unroll
+    for (int j = 0; j < kBPerThread; ++j) {
+      const int v = threadIdx.x + j * kBlockThreads;
+      if (L::kBVectors % kBlockThreads == 0 || v < L::kBVectors) {
+        const int kr = v / kBRowVectors, c = (v % kBRowVectors) * L::kVec;
+        const bool ok = kr < cin32 - k0 && c < cols_left;
+        CopyAsync16(b + kr * L::kLdB + c, ok ? wk + (kr * cout32 + c) : filters, ok);
+      }
+    }
+    if (++ks == k_steps) {
+      ks = 0;
+      ++n;
+    }
+    buffer = buffer + 1 == kStages ? 0 : buffer + 1;
   }
 };
 
@@ -228,8 +270,9 @@ __device__ __forceinline__ void ForEachTableTile(const typename L::S* features, 
     const int64_t col0 = (item % col_tiles) * kBN;
     LoadTile<L::kTileRows>(table, tile, num_out, volume, width, column, rows, offsets, &num_offsets, &tile_mask);
     const int64_t steps = num_offsets * k_steps;  // the same for the whole block
-    const TableGather<L, kBN> issue{features, filters, table, offsets, a_stages, b_stages, width,
-                                    cin,      cout,    k_steps, col0, rows,    a_row,    a_chunk};
+    const TableGather<L, kBN> issue{features, filters, table, offsets, a_stages, b_stages, width, cin,
+                                    cout,     k_steps, col0,  rows,    a_row,    a_chunk,  num_offsets};
+    issue.Start();
     if (group == 0 || steps > 0) tile_products(issue, steps, col0);
     __syncthreads();  // rows, the offset list and the stages are refilled by the next item
   }
@@ -302,8 +345,21 @@ __global__ void __launch_bounds__(kBlockThreads)
 // kernel (site_conv_mma_sync.cuh: mma.sync with ldmatrix fragments, or TF32 m16n8k8)
 // instead of WMMA; each lane stores its accumulators' column pairs from registers, so no
 // staging area. Chosen by SiteTableProducts::kMmaSync (TF_SPARSECONV_SITE_TABLE_PRODUCTS).
+// Blocks per SM the mma.sync table kernel is compiled for (its registers capped to fit):
+// as many as its shared memory allows on sm_90 (228 KB per SM, 1 KB of it per block for
+// the system, about 0.4 KB static), at most 2 for 128-column tiles (64 float
+// accumulators a thread), 3 for 64 and 4 for 32 columns. Left to itself the compiler
+// keeps the copies' loop-invariant addresses in registers and takes more, which cost
+// 128 x 128 tiles their second block per SM and narrower tiles one or two.
+template <typename L, int kBN>
+constexpr int TableMinBlocks() {
+  constexpr int kBySharedMemory = static_cast<int>((228 * 1024) / (L::kSharedBytes + 1024 + 512));
+  constexpr int kByAccumulators = kBN == 128 ? 2 : kBN == 64 ? 3 : 4;
+  return kBySharedMemory < kByAccumulators ? (kBySharedMemory < 1 ? 1 : kBySharedMemory) : kByAccumulators;
+}
+
 template <typename M, int kBN, int kStepBytes, int kRows>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads, (TableMinBlocks<mma_sync::Layout<M, kBN, kStepBytes, kRows>, kBN>()))
     MmaSyncGatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
                                  const int32_t* table, int64_t volume, int64_t groups, int64_t group,
                                  int64_t num_out, int64_t cin, int64_t cout, int64_t col_tiles, const Report* report,

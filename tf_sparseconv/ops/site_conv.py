@@ -171,8 +171,7 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     On a GPU of sm_80 or later, float32 follows TensorFlow's TF32 switch
     (tf.config.experimental.enable_tensor_float_32_execution, on by default). For half
     and bfloat16 on a GPU, a map under an indice_key gets its neighbour table once
-    (KernelMap.neighbours), and the layers of that map with up to 128 output channels
-    run output-stationary from it.
+    (KernelMap.neighbours), and the layers of that map run output-stationary from it.
     """
     _check_site_tensor(x, "site_conv")
     kernel = tf.convert_to_tensor(kernel)
