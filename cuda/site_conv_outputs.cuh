@@ -28,6 +28,7 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -341,10 +342,6 @@ __global__ void __launch_bounds__(kBlockThreads)
 #endif
 }
 
-// GatherGemmStoreKernel's tiles, offsets and gathers with the products of the pair tiles'
-// kernel (site_conv_mma_sync.cuh: mma.sync with ldmatrix fragments, or TF32 m16n8k8)
-// instead of WMMA; each lane stores its accumulators' column pairs from registers, so no
-// staging area. Chosen by SiteTableProducts::kMmaSync (TF_SPARSECONV_SITE_TABLE_PRODUCTS).
 // Blocks per SM the mma.sync table kernel is compiled for (its registers capped to fit):
 // as many as its shared memory allows on sm_90 (228 KB per SM, 1 KB of it per block for
 // the system, about 0.4 KB static), at most 2 for 128-column tiles (64 float
@@ -355,9 +352,13 @@ template <typename L, int kBN>
 constexpr int TableMinBlocks() {
   constexpr int kBySharedMemory = static_cast<int>((228 * 1024) / (L::kSharedBytes + 1024 + 512));
   constexpr int kByAccumulators = kBN == 128 ? 2 : kBN == 64 ? 3 : 4;
-  return kBySharedMemory < kByAccumulators ? (kBySharedMemory < 1 ? 1 : kBySharedMemory) : kByAccumulators;
+  return std::max(1, std::min(kBySharedMemory, kByAccumulators));
 }
 
+// GatherGemmStoreKernel's tiles, offsets and gathers with the products of the pair tiles'
+// kernel (site_conv_mma_sync.cuh: mma.sync with ldmatrix fragments, or TF32 m16n8k8)
+// instead of WMMA; each lane stores its accumulators' column pairs from registers, so no
+// staging area. Chosen by SiteTableProducts::kMmaSync (TF_SPARSECONV_SITE_TABLE_PRODUCTS).
 template <typename M, int kBN, int kStepBytes, int kRows>
 __global__ void __launch_bounds__(kBlockThreads, (TableMinBlocks<mma_sync::Layout<M, kBN, kStepBytes, kRows>, kBN>()))
     MmaSyncGatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
