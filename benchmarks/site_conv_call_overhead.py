@@ -27,13 +27,11 @@ import tensorflow as tf
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from site_conv_gpu import layer_rows, levels_of, neighbour_table  # noqa: E402
+from site_conv_gpu import NO_TABLE, device_int32, int32_of, layer_rows, levels_of, neighbour_table  # noqa: E402
 from site_scenes import LAYERS, layer_weights, level_features, scenes  # noqa: E402
 from timing import median_time, queued_s_per_call  # noqa: E402
 
 from tf_sparseconv._op_library import ops as _ops  # noqa: E402
-
-NO_TABLE = tf.zeros([0], tf.int32)
 
 
 def main():
@@ -63,19 +61,19 @@ def main():
         in_rows, out_rows, splits, num_in, num_out, _ = layer_rows(kind, level, key, maps, sites)
         with tf.device("/CPU:0"):
             host = tuple(tf.identity(t) for t in (splits, num_in, num_out))
-        table_bits = tf.bitcast(neighbour_table(in_rows, out_rows, splits, num_in, num_out), tf.float32)
+        table_bits = device_int32(neighbour_table(in_rows, out_rows, splits, num_in, num_out))
         feats = tf.constant(level_features(int(num_in), cin, seed=1000 + li), dt)
         w = tf.constant(layer_weights(cin, cout, k, seed=2000 + li).reshape(k ** 3, cin, cout), dt)
 
-        rows_bits = (tf.bitcast(in_rows, tf.float32), tf.bitcast(out_rows, tf.float32))
+        rows_bits = (device_int32(in_rows), device_int32(out_rows))
 
         def make(use_table, host_inputs, bits):
             s, n_out = (host[0], host[2]) if host_inputs else (splits, num_out)
 
             @tf.function
             def call(f, w):
-                table = tf.bitcast(table_bits, tf.int32) if use_table else NO_TABLE
-                rows = tuple(tf.bitcast(b, tf.int32) for b in rows_bits) if bits else (in_rows, out_rows)
+                table = int32_of(table_bits) if use_table else NO_TABLE
+                rows = tuple(int32_of(b) for b in rows_bits) if bits else (in_rows, out_rows)
                 return _ops.site_sparse_conv(f, w, *rows, s, n_out, table, map_is_trusted=True,
                                              map_is_submanifold=kind == "subm")
             return call
@@ -95,7 +93,8 @@ def main():
             queued_s = queued_s_per_call(call, 20, (feats, w), op_by_op=False)
             rows.append({"variant": variant, "layer": name, "cin": cin, "cout": cout, "pairs": int(in_rows.shape[0]),
                          "call_s": call_s, "queued_s": queued_s})
-            print(f"  {name:<16} {variant:<11} call {call_s * 1e3:7.3f} ms, queued {queued_s * 1e3:7.3f} ms", flush=True)
+            print(f"  {name:<16} {variant:<11} call {call_s * 1e3:7.3f} ms, queued {queued_s * 1e3:7.3f} ms",
+                  flush=True)
     with open(args.out, "a") as f:
         for row in rows:
             f.write(json.dumps({"scene": args.scene, "dtype": args.dtype, "device": device, "run": args.tag,

@@ -277,7 +277,8 @@ def run_ours(args):
                     table_bits = device_int32(table) if table is not None else NO_TABLE_BITS
                     set_dataflow(dataflow)
                     # Every dataflow gives the default's values within fp16 before it is timed.
-                    y_flow = fwd(feats, w, table_bits if uses_table(dataflow) else NO_TABLE_BITS).numpy().astype(np.float32)
+                    y_flow = fwd(feats, w, table_bits if uses_table(dataflow) else NO_TABLE_BITS)
+                    y_flow = y_flow.numpy().astype(np.float32)
                     check = np.abs(y_flow - y.numpy().astype(np.float32))
                     assert check.max() <= 2e-2 * max(1.0, np.abs(y.numpy().astype(np.float32)).max()), \
                         (dataflow, check.max())
@@ -337,15 +338,14 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
 
         def tables_for(groups):
             if groups not in built_tables:
-                built_tables[groups] = [tf.bitcast(neighbour_table(*rows[:5], groups), tf.float32) for rows in plan]
+                built_tables[groups] = [device_int32(neighbour_table(*rows[:5], groups)) for rows in plan]
             return built_tables[groups]
 
         # The rows enter as float32 bit patterns too (device_int32).
         plan_bits = [(device_int32(rows[0]), device_int32(rows[1])) for rows in plan]
 
         def forward(f, ws, use_tables, groups):
-            tables = ([tf.bitcast(t, tf.int32) for t in tables_for(groups)] if use_tables
-                      else [NO_TABLE] * len(plan))
+            tables = [int32_of(t) for t in tables_for(groups)] if use_tables else [NO_TABLE] * len(plan)
             for (_, _, splits, _, num_out, _), (in_bits, out_bits), w, nb, name in zip(plan, plan_bits, ws, tables,
                                                                                       CHAIN):
                 in_rows, out_rows = int32_of(in_bits), int32_of(out_bits)
