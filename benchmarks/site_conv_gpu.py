@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from site_scenes import CHAIN, LAYERS, layer_weights, level_features, scenes  # noqa: E402
-from timing import check_sync, median_time, queued_s_per_call, sync_method  # noqa: E402
+from timing import check_sync, interleaved_medians, median_time, queued_s_per_call, sync_method  # noqa: E402
 
 from tf_sparseconv._op_library import ops as _ops  # noqa: E402
 from tf_sparseconv.ops.site_conv import kernel_map  # noqa: E402
@@ -197,11 +197,11 @@ def call_times(fn, fargs, args):
     op (ours_eager_s). Profiler traces of the lidar frame's submanifold 64 layer (H200,
     2026-11-24, under the profiler) put the kernel's start 0.22 ms after the call began through the
     ConcreteFunction, 0.52 ms through the tf.function and 0.04 ms for the op run eagerly;
-    the kernel itself ran 0.10 ms in each."""
+    the kernel itself ran 0.10 ms in each. Interleaved: timed one after the other, the
+    first of the three (the ConcreteFunction right after its trace) ran 1.3 to 2.5 ms slower
+    per backward call than the tf.function calling the same graph next (H200, 2026-11-24)."""
     concrete = fn.get_concrete_function(*fargs)
-    return (median_time(concrete, args.warmup, args.reps, fargs),
-            median_time(fn, args.warmup, args.reps, fargs),
-            median_time(fn.python_function, args.warmup, args.reps, fargs))
+    return interleaved_medians((concrete, fn, fn.python_function), fargs, args.warmup, args.reps)
 
 
 def run_ours(args):

@@ -105,6 +105,26 @@ def median_time(fn, warmup, repeats, args=(), budget_s=None):
     return statistics.median(times)
 
 
+def interleaved_medians(fns, args, warmup, repeats, rounds=3):
+    """median_time for several functions on the same args, in `rounds` interleaved rounds
+    (each function warmed up first, then every round times each function in turn), so that
+    a slow start or drift of the machine lands on all of them alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn(*args)
+    sync()
+    times = [[] for _ in fns]
+    per_round = max(1, -(-repeats // rounds))
+    for _ in range(rounds):
+        for fn, acc in zip(fns, times):
+            for _ in range(per_round):
+                start = time.perf_counter()
+                fn(*args)
+                sync()
+                acc.append(time.perf_counter() - start)
+    return tuple(statistics.median(acc) for acc in times)
+
+
 def device_s_per_call(fn, calls, args=()):
     """Seconds per call of fn(*args) with `calls` calls in one graph loop, synchronised once
     (the median of 3 loops after a warm-up loop); TensorFlow's per-call dispatch from Python
