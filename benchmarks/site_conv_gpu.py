@@ -197,9 +197,8 @@ def call_times(fn, fargs, args):
     op (ours_eager_s). Profiler traces of the lidar frame's submanifold 64 layer (H200,
     2026-11-24, under the profiler) put the kernel's start 0.22 ms after the call began through the
     ConcreteFunction, 0.52 ms through the tf.function and 0.04 ms for the op run eagerly;
-    the kernel itself ran 0.10 ms in each. Interleaved: timed one after the other, the
-    first of the three (the ConcreteFunction right after its trace) ran 1.3 to 2.5 ms slower
-    per backward call than the tf.function calling the same graph next (H200, 2026-11-24)."""
+    the kernel itself ran 0.10 ms in each. Interleaved, so that drift of the machine lands
+    on all three alike."""
     concrete = fn.get_concrete_function(*fargs)
     return interleaved_medians((concrete, fn, fn.python_function), fargs, args.warmup, args.reps)
 
@@ -265,8 +264,14 @@ def run_ours(args):
                     return _ops.site_sparse_conv(f, w, int32_of(in_bits), int32_of(out_bits), splits, num_out,
                                                  int32_of(nb_bits), map_is_trusted=trusted)
 
+                # Read by bwd from this iteration's scope, like the rows. As a defaulted
+                # Python argument of bwd it made every call of bwd's ConcreteFunction 1.2 to
+                # 2.5 ms slower than the tf.function's (H200, 2026-11-24); on this project's
+                # CPU machine a two-op function so defined took 390 against 180 us a call.
+                submanifold = kind == "subm"
+
                 @tf.function
-                def bwd(f, w, g, nb_bits, submanifold=kind == "subm"):
+                def bwd(f, w, g, nb_bits):
                     # As the op's gradient runs them: a submanifold layer's input gradient
                     # over its own pairs (and table) with mirrored filters, the others over
                     # the reversed pairs.
