@@ -14,8 +14,7 @@ tf.function dispatches to, and what a SavedModel signature is), `ours_function_s
 tf.function itself (its Python argument matching on top), `ours_eager_s` the same Python
 function run eagerly, op by op. `*_gpu_s` is the device time per call (ours: calls queued
 back to back from Python and synchronised once, timing.queued_s_per_call; spconv: CUDA
-events). Maps
-are built once and cached, as with spconv's indice_key. The floor of a layer is
+events). Maps are built once and cached, as with spconv's indice_key. The floor of a layer is
 max(FLOPs / matrix rate, minimal bytes / bandwidth) with FLOPs = 2 * pairs * Cin * Cout
 and the rates measured on the same GPU in the same command (benchmarks/site_conv_spconv.py measures them with cuBLAS and a copy).
 """
@@ -194,11 +193,11 @@ def call_with_int64_rows(feats, w, in_rows, out_rows, splits, num_out, args):
 def call_times(fn, fargs, args):
     """Synchronised whole-call medians of the tf.function fn on fargs: through its traced
     ConcreteFunction (ours_s), through the tf.function (ours_function_s) and eagerly, op by
-    op (ours_eager_s). Profiler traces of the lidar frame's submanifold 64 layer (H200,
-    2026-11-24, under the profiler) put the kernel's start 0.22 ms after the call began through the
-    ConcreteFunction, 0.52 ms through the tf.function and 0.04 ms for the op run eagerly;
-    the kernel itself ran 0.10 ms in each. Interleaved, so that drift of the machine lands
-    on all three alike."""
+    op (ours_eager_s), interleaved so that drift of the machine lands on all three alike.
+    Profiler traces of the lidar frame's submanifold 64 layer (H200, 2026-11-24) put the
+    kernel's start 0.22 ms after the call began through the ConcreteFunction, 0.52 ms
+    through the tf.function and 0.04 ms for the op run eagerly; the kernel itself ran
+    0.10 ms in each."""
     concrete = fn.get_concrete_function(*fargs)
     return interleaved_medians((concrete, fn, fn.python_function), fargs, args.warmup, args.reps)
 
