@@ -71,35 +71,32 @@ def check_sync(size=4096, steps=10, repeats=5):
             x = tf.matmul(x, x)
         return x
 
-    def timed(wait):
-        chain(a)
-        wait()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            chain(a)
-            wait()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-    by_tf, by_sync = timed(sync_devices), timed(sync)
+    by_tf = median_time(chain, 1, repeats, (a,), wait=sync_devices)
+    by_sync = median_time(chain, 1, repeats, (a,))
     if by_sync < 0.8 * by_tf:
         raise RuntimeError(f"sync() ({sync_method()}) returned after {by_sync * 1e3:.3f} ms against "
                            f"{by_tf * 1e3:.3f} ms for sync_devices: it does not wait for TensorFlow's work")
     return by_tf, by_sync
 
 
-def median_time(fn, warmup, repeats, args=(), budget_s=None):
+def synchronised_call_s(fn, args=(), wait=sync):
+    """Seconds of one call fn(*args) up to the end of its device work (wait())."""
+    start = time.perf_counter()
+    fn(*args)
+    wait()
+    return time.perf_counter() - start
+
+
+def median_time(fn, warmup, repeats, args=(), budget_s=None, wait=sync):
     """Median seconds of `repeats` synchronised calls fn(*args) after `warmup` calls; with
-    budget_s, stops early once the timed calls exceed it (at least 3 of them)."""
+    budget_s, stops early once the timed calls exceed it (at least 3 of them). wait: how
+    each call is waited for (sync by default)."""
     for _ in range(warmup):
         fn(*args)
-    sync()
+    wait()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*args)
-        sync()
-        times.append(time.perf_counter() - start)
+        times.append(synchronised_call_s(fn, args, wait))
         if budget_s is not None and sum(times) > budget_s and len(times) >= 3:
             break
     return statistics.median(times)
@@ -117,11 +114,7 @@ def interleaved_medians(fns, args, warmup, repeats, rounds=3):
     per_round = max(1, -(-repeats // rounds))
     for _ in range(rounds):
         for fn, acc in zip(fns, times):
-            for _ in range(per_round):
-                start = time.perf_counter()
-                fn(*args)
-                sync()
-                acc.append(time.perf_counter() - start)
+            acc.extend(synchronised_call_s(fn, args) for _ in range(per_round))
     return tuple(statistics.median(acc) for acc in times)
 
 
