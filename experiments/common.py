@@ -10,20 +10,70 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "experiments", "results")
 
 
-def run_training(name, train_args, work_dir):
-    """Runs `python -m tf_sparseconv.train` with train_args; returns its results.json."""
+def training_command(name, train_args, work_dir):
+    """(command, environment, output folder) of `python -m tf_sparseconv.train` with train_args."""
     out = os.path.join(work_dir, name)
     command = [sys.executable, "-m", "tf_sparseconv.train", *map(str, train_args), "--out", out]
-    print(f"=== {name}: {' '.join(command[3:])}", flush=True)
-    start = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
                TF_CPP_MIN_LOG_LEVEL="2")
-    subprocess.run(command, check=True, env=env)
+    return command, env, out
+
+
+def read_results(out):
     with open(os.path.join(out, "results.json")) as f:
-        results = json.load(f)
+        return json.load(f)
+
+
+def run_training(name, train_args, work_dir):
+    """Runs `python -m tf_sparseconv.train` with train_args; returns its results.json."""
+    command, env, out = training_command(name, train_args, work_dir)
+    print(f"=== {name}: {' '.join(command[3:])}", flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, check=True, env=env)
+    results = read_results(out)
     print(f"=== {name} finished in {time.perf_counter() - start:.0f} s: "
           f"validation accuracy {results['val_accuracy']:.4f}", flush=True)
     return results
+
+
+def run_trainings_at_once(runs, work_dir, poll_seconds=30):
+    """Runs several `python -m tf_sparseconv.train` configurations ({name: train_args}) as
+    concurrent processes (on a GPU they then share it), each logging to <work_dir>/<name>.log;
+    prints every log's newest epoch line while they run. Returns {name: results.json}."""
+    os.makedirs(work_dir, exist_ok=True)
+    procs, start = {}, time.perf_counter()
+    for name, train_args in runs.items():
+        command, env, out = training_command(name, train_args, work_dir)
+        print(f"=== {name}: {' '.join(command[3:])}", flush=True)
+        log = open(os.path.join(work_dir, f"{name}.log"), "w")
+        procs[name] = (subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log, out)
+    while any(proc.poll() is None for proc, _, _ in procs.values()):
+        time.sleep(poll_seconds)
+        for name, (proc, _, _) in procs.items():
+            print(f"=== {time.perf_counter() - start:5.0f} s {name}: {last_epoch_line(work_dir, name)}", flush=True)
+    failed = [name for name, (proc, _, _) in procs.items() if proc.returncode != 0]
+    for proc, log, _ in procs.values():
+        log.close()
+    if failed:
+        raise RuntimeError(f"training failed: {failed}; see the logs in {work_dir}")
+    results = {name: read_results(out) for name, (_, _, out) in procs.items()}
+    for name, res in results.items():
+        print(f"=== {name} finished: validation accuracy {res['val_accuracy']:.4f}", flush=True)
+    return results
+
+
+def last_epoch_line(work_dir, name):
+    """The newest finished epoch of a run's log: Keras' "Epoch N/M" and its metrics line."""
+    try:
+        with open(os.path.join(work_dir, f"{name}.log")) as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return "no log yet"
+    done = [i for i, line in enumerate(lines) if "val_accuracy" in line]
+    if not done:
+        return (lines[-1] if lines else "starting")[:160]
+    header = next((line for line in reversed(lines[:done[-1]]) if line.startswith("Epoch ")), "")
+    return f"{header} {lines[done[-1]]}"[:240]
 
 
 def read_json(filename):

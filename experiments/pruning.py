@@ -10,17 +10,25 @@ sum of (w + b)^2 over each output channel's filter, averaged over the layer's fi
 DensityRegularizer for why the plain sum over the whole layer is not the default here).
 
 Seconds per epoch come from the training log (wall time of each epoch, validation
-included). On a shared machine those are disturbed by whatever else runs; and here, with
-the CPU idle, a fit call now and then waits 5-20 s after on_train_end, or within a
-multi-epoch fit at the next epoch's first step, ending ~41 s after the epoch began whatever
-its work (apparently the teardown of the epoch's data iterator; the tf.data pipeline alone
-shows no such wait). So afterwards the final model of every lambda is timed again
-(--retime-repeats, default 4): one more epoch each, one fit call each so that the wait
-falls outside the timed on_epoch_begin..on_epoch_end span, lambdas interleaved
-round-robin. The least wall time of the repeats (`sec_per_epoch_retimed` in each lambda's
-last row) is what the speed-up is computed from; the least process CPU time
-(`cpu_sec_per_epoch_retimed`, both cores together), which idle waits do not inflate and
-other processes much less, is kept beside it as a check. --retime-repeats 0 skips this.
+included). On a shared machine those are disturbed by whatever else runs (with --parallel,
+by the other lambdas); and here, with the CPU idle, a fit call now and then waits 5-20 s
+after on_train_end, or within a multi-epoch fit at the next epoch's first step, ending
+~41 s after the epoch began whatever its work (apparently the teardown of the epoch's data
+iterator; the tf.data pipeline alone shows no such wait). So afterwards the saved models
+are timed again (--retime-repeats, default 4; --retime-epochs picks which epochs' models,
+kept by --snapshot-epochs): one more epoch each, one fit call each so that the wait falls
+outside the timed on_epoch_begin..on_epoch_end span, models interleaved round-robin. The
+least wall time of the repeats (`sec_per_epoch` of the row's `retimed` entry for the
+machine) is what the speed-up is computed from; the least process CPU time
+(`cpu_sec_per_epoch`, all cores together), which idle waits do not inflate and other
+processes much less, is kept beside it as a check. --retime-repeats 0 skips this; with
+--retime-only the models of an earlier --work-dir are re-timed, e.g. on another machine
+than the one that trained them:
+
+    python experiments/pruning.py --epochs 30 --lr-schedule cosine --parallel \
+        --snapshot-epochs 1 5 10 20 --work-dir W --retime-repeats 0          # on the lent GPU
+    python experiments/pruning.py --retime-only --work-dir W --retime-epochs 1 5 10 20 30 \
+        --retime-max-examples 3000 --retime-repeats 2                         # on the CPU
 """
 import argparse
 import json
@@ -34,31 +42,33 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common import REPO, RESULTS, run_training, save_figure, write_json  # noqa: E402
+from common import REPO, RESULTS, run_training, run_trainings_at_once, save_figure, write_json  # noqa: E402
 
 if REPO not in sys.path:  # tf_sparseconv from this checkout, as the training processes use it
     sys.path.insert(0, REPO)
 
 
-def split(args):
-    """(examples, labels, train_idx, val_idx) exactly as `tf_sparseconv.train` makes them."""
+def split(args, max_examples=None):
+    """(examples, labels, train_idx, val_idx) exactly as `tf_sparseconv.train` makes them
+    (with --max-examples, or max_examples where given)."""
     from tf_sparseconv import data as datasets
     from tf_sparseconv import train as trainer
     data_dir = args.data_dir or trainer.DEFAULT_DATA_DIR
     examples, labels, _ = trainer.load_examples("modelnet40", data_dir, {"points": 1024, "synthetic_per_class": 150},
                                                 args.seed)
-    if args.max_examples and args.max_examples < len(labels):
-        keep, _ = datasets.stratified_split(labels, 1 - args.max_examples / len(labels), args.seed)
+    max_examples = args.max_examples if max_examples is None else max_examples
+    if max_examples and max_examples < len(labels):
+        keep, _ = datasets.stratified_split(labels, 1 - max_examples / len(labels), args.seed)
         examples, labels = examples[keep], labels[keep]
     train_idx, val_idx = datasets.stratified_split(labels, args.val_fraction, args.seed)
     return examples, labels, train_idx, val_idx
 
 
-def training_data(args):
+def training_data(args, max_examples=None):
     """The training and validation batches exactly as `tf_sparseconv.train` builds them."""
     from tf_sparseconv import data as datasets
     from tf_sparseconv import train as trainer
-    examples, labels, train_idx, val_idx = split(args)
+    examples, labels, train_idx, val_idx = split(args, max_examples)
 
     def make(idx, shuffle):
         return trainer.keras_batches(datasets.point_cloud_dataset(
@@ -67,11 +77,14 @@ def training_data(args):
 
 
 def retime(model_paths, args):
-    """{lambda: [(wall seconds, process CPU seconds) of one training epoch, validation
-    included, of its final model]}, lambdas interleaved round-robin, args.retime_repeats
-    rounds. An epoch runs from on_epoch_begin to on_epoch_end, as train.py's EpochTimer
+    """{key: [(wall seconds, process CPU seconds) of one training epoch, validation
+    included]} for the models of model_paths ({key: path}), interleaved round-robin,
+    args.retime_repeats rounds, on --retime-max-examples shapes (default: the training
+    run's). An epoch runs from on_epoch_begin to on_epoch_end, as train.py's EpochTimer
     counts it; the data iterator's teardown after fit (idle waits of up to ~20 s seen here)
-    falls outside."""
+    falls outside. Each model is loaded once and its timed epochs train it further (its
+    masks stay as saved: no pruning callback runs here; after a cosine schedule its
+    learning rate is 0, so its weights stay as saved too)."""
     import keras
 
     class EpochClock(keras.callbacks.Callback):
@@ -81,18 +94,18 @@ def retime(model_paths, args):
         def on_epoch_end(self, epoch, logs=None):
             self.seconds = (time.perf_counter() - self.start[0], time.process_time() - self.start[1])
 
-    train, val = training_data(args)
-    models = {lam: keras.saving.load_model(path) for lam, path in model_paths.items()}
+    train, val = training_data(args, args.retime_max_examples)
+    models = {key: keras.saving.load_model(path) for key, path in model_paths.items()}
     for model in models.values():  # trace the train and test functions outside the timing
         model.fit(train.take(2), validation_data=val.take(1), epochs=1, verbose=0)
-    seconds = {lam: [] for lam in models}
+    seconds = {key: [] for key in models}
     for repeat in range(args.retime_repeats):
-        for lam, model in models.items():
+        for key, model in models.items():
             clock = EpochClock()
             model.fit(train, validation_data=val, epochs=1, verbose=0, callbacks=[clock])
-            seconds[lam].append(clock.seconds)
-            print(f"=== re-timing round {repeat + 1}: lambda {lam}: {clock.seconds[0]:.1f} s wall, "
-                  f"{clock.seconds[1]:.1f} s CPU", flush=True)
+            seconds[key].append(clock.seconds)
+            print(f"=== re-timing round {repeat + 1}/{args.retime_repeats}: lambda {key[0]}, epoch {key[1]}: "
+                  f"{clock.seconds[0]:.1f} s wall, {clock.seconds[1]:.1f} s CPU", flush=True)
     return seconds
 
 
@@ -109,17 +122,27 @@ def main():
     p.add_argument("--prune-eps", type=float, default=0.01)
     p.add_argument("--optimizer", choices=("adam", "adagrad"), default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-examples", type=int, default=0)
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--parallel", action="store_true",
+                   help="train the lambdas as concurrent processes (on a GPU they share it; their training-log "
+                        "seconds then include the sharing)")
+    p.add_argument("--snapshot-epochs", type=int, nargs="+", default=[],
+                   help="keep each lambda's model after these epochs too (for --retime-epochs)")
     p.add_argument("--retime-repeats", type=int, default=4,
-                   help="interleaved re-timing rounds of the final models (0: off)")
+                   help="interleaved re-timing rounds of the saved models (0: off)")
+    p.add_argument("--retime-epochs", type=int, nargs="+", default=None,
+                   help="re-time the models of these epochs (snapshots, or the last epoch; default: the last)")
+    p.add_argument("--retime-max-examples", type=int, default=None,
+                   help="re-time on a stratified subset of this many shapes (default: the training run's)")
     p.add_argument("--work-dir", default=None,
-                   help="keep each lambda's results.json and model.keras here (default: a temporary folder)")
+                   help="keep each lambda's results.json and models here (default: a temporary folder)")
     p.add_argument("--retime-only", action="store_true",
-                   help="only re-time the final models of an earlier run (its --work-dir and the same data options) "
+                   help="only re-time the models of an earlier run (its --work-dir and the same data options) "
                         "and update experiments/results/pruning.json")
     args = p.parse_args()
     rhos = args.rho or ([0.12, 0.24] if args.resolution == 16 else None)
@@ -128,8 +151,7 @@ def main():
             p.error("--retime-only needs the --work-dir of an earlier run")
         with open(os.path.join(RESULTS, "pruning.json")) as f:
             rows = json.load(f)
-        lambdas = sorted({row["lambda"] for row in rows})
-        add_retiming(rows, {lam: model_path(args.work_dir, lam) for lam in lambdas}, args)
+        add_retiming(rows, args.work_dir, args)
     elif args.work_dir:
         os.makedirs(args.work_dir, exist_ok=True)
         rows = train_all(args, rhos, args.work_dir)
@@ -137,25 +159,36 @@ def main():
         with tempfile.TemporaryDirectory() as work:
             rows = train_all(args, rhos, work)
     plot(rows)
+    summary(rows)
 
 
-def model_path(work, lam):
-    return os.path.join(work, f"pruning_{lam}", "model.keras")
+def model_path(work, lam, epoch=None):
+    """A lambda's final model, or its snapshot after the given epoch."""
+    name = "model.keras" if epoch is None else f"model_epoch{epoch}.keras"
+    return os.path.join(work, f"pruning_{lam}", name)
 
 
 def train_all(args, rhos, work):
     _, _, train_idx, val_idx = split(args)
-    rows = []
+    runs = {}
     for lam in args.lambdas:
         # lambda = 0 is the baseline: neither regularisation nor pruning (as in Fig. 6).
         train_args = ["--dataset", "modelnet40", "--resolution", args.resolution, "--epochs", args.epochs,
                       "--batch-size", args.batch_size, "--max-examples", args.max_examples,
                       "--val-fraction", args.val_fraction, "--seed", args.seed, "--optimizer", args.optimizer,
-                      "--lr", args.lr, "--lam", lam, "--lam-reduction", args.reduction,
-                      "--prune-eps", args.prune_eps if lam > 0 else 0]
+                      "--lr", args.lr, "--lr-schedule", args.lr_schedule, "--lam", lam,
+                      "--lam-reduction", args.reduction, "--prune-eps", args.prune_eps if lam > 0 else 0]
         train_args += ["--rho", *rhos] if rhos else []
         train_args += ["--data-dir", args.data_dir] if args.data_dir else []
-        res = run_training(f"pruning_{lam}", train_args, work)
+        train_args += ["--snapshot-epochs", *args.snapshot_epochs] if args.snapshot_epochs else []
+        runs[lam] = train_args
+    if args.parallel:
+        results = run_trainings_at_once({f"pruning_{lam}": a for lam, a in runs.items()}, work)
+        results = {lam: results[f"pruning_{lam}"] for lam in runs}
+    else:
+        results = {lam: run_training(f"pruning_{lam}", a, work) for lam, a in runs.items()}
+    rows = []
+    for lam, res in results.items():
         present = [entry["present_weights"] for entry in res["pruning"]] or [res["present_weights"]] * args.epochs
         for epoch in range(args.epochs):
             rows.append({"lambda": lam, "epoch": epoch + 1, "present_weights": present[epoch],
@@ -163,42 +196,84 @@ def train_all(args, rhos, work):
                          "val_accuracy": res["history"]["val_accuracy"][epoch],
                          "resolution": res["resolution"], "rhos": res["rhos"], "reduction": args.reduction,
                          "prune_eps": res["prune_eps"], "optimizer": args.optimizer, "lr": args.lr,
-                         "train_examples": len(train_idx), "val_examples": len(val_idx)})
-        write_json("pruning.json", rows)
+                         "lr_schedule": args.lr_schedule, "device": res["device"], "parallel": args.parallel,
+                         "train_examples": len(train_idx), "val_examples": len(val_idx),
+                         "snapshot": epoch + 1 in args.snapshot_epochs or epoch + 1 == args.epochs})
+    write_json("pruning.json", rows)
     if args.retime_repeats > 0:
-        add_retiming(rows, {lam: model_path(work, lam) for lam in args.lambdas}, args)
+        add_retiming(rows, work, args)
     return rows
 
 
-def add_retiming(rows, model_paths, args):
-    seconds = retime(model_paths, args)
-    for lam, runs in seconds.items():
-        last = [row for row in rows if row["lambda"] == lam][-1]
-        last["sec_per_epoch_retimed"] = min(wall for wall, _ in runs)
-        last["cpu_sec_per_epoch_retimed"] = min(cpu for _, cpu in runs)
-        last["sec_per_epoch_retimed_runs"] = [wall for wall, _ in runs]
-        last["cpu_sec_per_epoch_retimed_runs"] = [cpu for _, cpu in runs]
+def add_retiming(rows, work, args):
+    """Re-times the models of --retime-epochs (default: the last) of every lambda on this
+    machine and adds the figures to those rows' "retimed" lists (one entry per device and
+    shape count; a later run on the same replaces it)."""
+    from tf_sparseconv.train import device_description
+    last = max(row["epoch"] for row in rows)
+    epochs = args.retime_epochs or [last]
+    paths = {}
+    for lam in sorted({row["lambda"] for row in rows}):
+        for epoch in epochs:
+            path = model_path(work, lam, None if epoch == last else epoch)
+            if not os.path.exists(path):
+                raise SystemExit(f"no model of lambda {lam} after epoch {epoch} at {path} "
+                                 "(train with --snapshot-epochs to keep one)")
+            paths[(lam, epoch)] = path
+    seconds = retime(paths, args)
+    _, _, train_idx, _ = split(args, args.retime_max_examples)
+    device = device_description()
+    for (lam, epoch), runs in seconds.items():
+        row = next(r for r in rows if r["lambda"] == lam and r["epoch"] == epoch)
+        entry = {"device": device, "train_examples": len(train_idx),
+                 "sec_per_epoch": min(wall for wall, _ in runs), "sec_runs": [wall for wall, _ in runs],
+                 "cpu_sec_per_epoch": min(cpu for _, cpu in runs), "cpu_sec_runs": [cpu for _, cpu in runs]}
+        row["retimed"] = [e for e in row.get("retimed", [])
+                          if (e["device"], e["train_examples"]) != (device, len(train_idx))] + [entry]
     write_json("pruning.json", rows)
+
+
+def retimed_series(rows, lam, device=None):
+    """[(epoch, retimed entry)] of one lambda on one device (default: the first device
+    any row was re-timed on)."""
+    device = device or next((e["device"] for r in rows for e in r.get("retimed", [])), None)
+    return [(r["epoch"], e) for r in rows if r["lambda"] == lam for e in r.get("retimed", [])
+            if e["device"] == device]
 
 
 def plot(rows):
     lambdas = sorted({row["lambda"] for row in rows})
     figure, axes = plt.subplots(1, 3, figsize=(13, 4))
+    devices = sorted({e["device"] for r in rows for e in r.get("retimed", [])}, key=lambda d: not d.startswith("CPU"))
     for lam in lambdas:
         mine = [row for row in rows if row["lambda"] == lam]
         epochs = [row["epoch"] for row in mine]
         for axis, key in zip(axes, ("present_weights", "sec_per_epoch", "val_accuracy")):
-            line, = axis.plot(epochs, [row[key] for row in mine], marker="o", label=f"λ = {lam}")
-            axis.set(xlabel="epoch", ylabel=key.replace("_", " "))
-        if "sec_per_epoch_retimed" in mine[-1]:
-            axes[1].plot([epochs[-1] + 0.3], [mine[-1]["sec_per_epoch_retimed"]], marker="*", markersize=12,
-                         color=line.get_color(), linestyle="none")
+            line, = axis.plot(epochs, [row[key] for row in mine], marker="o", markersize=3, label=f"λ = {lam}")
+        if devices:
+            series = retimed_series(rows, lam, devices[0])
+            axes[1].plot([e for e, _ in series], [entry["sec_per_epoch"] for _, entry in series], marker="*",
+                         markersize=10, linestyle="--", color=line.get_color())
+    for axis, key in zip(axes, ("present weights", "s per epoch (training log)", "validation accuracy")):
+        axis.set(xlabel="epoch", ylabel=key)
     axes[0].legend()
-    axes[1].set_title("★ final model re-timed (least of interleaved repeats)", fontsize=9)
+    if devices:
+        axes[1].set_title(f"★ models re-timed on {devices[0]} (least of interleaved repeats)", fontsize=9)
     first = rows[0]
     figure.suptitle(f"Regularisation ({first['reduction']} reduction) and pruning, ModelNet40 {first['resolution']}³, "
-                    f"bounds {first['rhos']}, {first['train_examples']} training shapes")
+                    f"bounds {first['rhos']}, {first['train_examples']} training shapes, trained on "
+                    f"{first.get('device', 'CPU')}")
     save_figure(figure, "pruning.png")
+
+
+def summary(rows):
+    lambdas = sorted({row["lambda"] for row in rows})
+    print(f"{'lambda':>7}{'present weights':>18}{'val. accuracy':>15}  re-timed s/epoch by epoch")
+    for lam in lambdas:
+        last = [row for row in rows if row["lambda"] == lam][-1]
+        timed = ", ".join(f"{e}: {entry['sec_per_epoch']:.1f} ({entry['device']})"
+                          for e, entry in retimed_series(rows, lam))
+        print(f"{lam:>7}{last['present_weights']:>18}{last['val_accuracy']:>15.3f}  {timed or '-'}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 # limit allows: the TensorFlow-GPU bundle (built once by ../shared/device/tf-gpu/make-bundle.sh),
 # spconv's wheels if ../shared/peers/make-spconv-bundle.sh has laid them out in .peers/, this
 # checkout's op library (debug info stripped) and the device-side setup scripts, as one tar
-# split into 60 MB pieces under .devparts/c1 .. cN (git-ignored). 8 calls instead of 11
-# for TensorFlow, spconv and the library (seen 2026-11-23: about 4 s per piece on an H200).
+# split into 60 MB pieces under .devparts/c1 .. cN (git-ignored). DEVPARTS_PEERS=0 leaves
+# spconv out (training runs do not need it); DEVPARTS_DATA names the data files to take.
+# 8 calls instead of 11 for TensorFlow, spconv and the library (seen 2026-11-23: about 4 s
+# per piece on an H200).
 #
 # Then, in one lease, back to back: for k = 1 .. N-1, `run` with
 #   command: mkdir -p /tmp/blob && cp .devparts/ck/* /tmp/blob/     carry: [".devparts/ck"]
@@ -23,16 +25,20 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/tfp" "$stage/devpack/lib"
 split -b 60000000 -d -a 2 "$tfgpu" "$stage/tfp/part"
 cp ../shared/device/tf-gpu/setup-on-device.sh "$stage/devpack/"
-if ls .peers/p*/*.whl* > /dev/null 2>&1; then
+if [ "${DEVPARTS_PEERS:-1}" = 1 ] && ls .peers/p*/*.whl* > /dev/null 2>&1; then
   mkdir -p "$stage/peerparts"
   cp .peers/p*/*.whl* "$stage/peerparts/"
   cp ../shared/peers/install-on-device.sh "$stage/devpack/"
 fi
 cp tf_sparseconv/_tf_sparseconv_ops.so tf_sparseconv/_build_info.py "$stage/devpack/lib/"
-# The LiDAR frame for the benchmarks' lidar scenes (benchmarks/site_scenes.py reads .devdata/).
-if [ -f ../shared/data/lidar_scan.npz ]; then
-  mkdir -p "$stage/devpack/data" && cp ../shared/data/lidar_scan.npz "$stage/devpack/data/"
-fi
+# Data files of ../shared/data for .devdata/ on the device: by default the LiDAR frame of
+# the benchmarks' lidar scenes (benchmarks/site_scenes.py reads .devdata/); training runs
+# name e.g. DEVPARTS_DATA="modelnet40_train.npz" and read it with --data-dir .devdata.
+for name in ${DEVPARTS_DATA:-lidar_scan.npz}; do
+  if [ -f "../shared/data/$name" ]; then
+    mkdir -p "$stage/devpack/data" && cp "../shared/data/$name" "$stage/devpack/data/"
+  fi
+done
 strip -g "$stage/devpack/lib/_tf_sparseconv_ops.so"
 mkdir -p .git/info && touch .git/info/exclude
 grep -qx '/.devparts/' .git/info/exclude || echo '/.devparts/' >> .git/info/exclude

@@ -108,6 +108,30 @@ def test_mirror_vote_averages_the_softmax_of_a_cloud_and_its_mirror_image(column
     np.testing.assert_array_equal(clouds, before)  # the caller's clouds are not mirrored in place
 
 
+def test_snapshots_hold_the_model_of_their_epoch(tmp_path):
+    from tf_sparseconv.keras_layers import present_weight_count
+    results = train.main(["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--epochs", "3",
+                          "--synthetic-per-class", "6", "--batch-size", "8", "--lam", "0.3", "--prune-eps", "0.05",
+                          "--snapshot-epochs", "1", "3", "--out", str(tmp_path)])
+    assert sorted(p.name for p in tmp_path.glob("model_epoch*.keras")) == ["model_epoch1.keras", "model_epoch3.keras"]
+    final = keras.models.load_model(tmp_path / "model.keras")
+    first, last = (keras.models.load_model(tmp_path / f"model_epoch{e}.keras") for e in (1, 3))
+    for a, b in zip(final.weights, last.weights):  # the last epoch's snapshot is the final model
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    kernels = [(a.numpy(), b.numpy()) for a, b in zip(first.weights, last.weights) if "kernel" in a.path]
+    assert any(not np.array_equal(a, b) for a, b in kernels)  # two epochs of training apart
+    # Each snapshot holds its epoch's pruning masks.
+    assert [present_weight_count(m) for m in (first, last)] == [
+        results["pruning"][e]["present_weights"] for e in (0, 2)]
+
+
+def test_snapshot_epochs_outside_the_run_are_refused(tmp_path, capsys):
+    for bad in ("0", "4"):
+        with pytest.raises(SystemExit):
+            train.main(["--dataset", "synthetic", "--epochs", "3", "--snapshot-epochs", bad, "--out", str(tmp_path)])
+        assert "--snapshot-epochs must lie in 1..3" in capsys.readouterr().err
+
+
 def test_features_give_the_model_its_input_channels(tmp_path):
     results = train.main(["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--epochs", "1",
                           "--synthetic-per-class", "6", "--batch-size", "8", "--features", "occupancy", "offset",

@@ -127,7 +127,7 @@ class EpochLog(keras.callbacks.Callback):
 # because the checkpoint would silently continue a different experiment (--vote-mirror only
 # adds an evaluation at the end). A decaying learning rate spans the planned epochs, so
 # under one --epochs may not change either.
-RESUMABLE_CHANGES = ("epochs", "out", "backup_dir", "vote_mirror")
+RESUMABLE_CHANGES = ("epochs", "out", "backup_dir", "vote_mirror", "snapshot_epochs")
 
 
 def build_optimizer(name, learning_rate, weight_decay=0.0):
@@ -174,6 +174,25 @@ class EpochTimer(keras.callbacks.Callback):
         if logs is not None:
             logs["sec_per_epoch"] = time.perf_counter() - self._start
             logs["peak_rss_bytes"] = peak_rss_bytes()  # a resumed run's peak is the max over its processes
+
+
+class EpochSnapshots(keras.callbacks.Callback):
+    """Saves the model as <out>/model_epoch<N>.keras at the end of the chosen epochs
+    (counted from 1), masks of pruned weights included, so that a run's models at several
+    points of training can be compared later (experiments/pruning.py re-times them)."""
+
+    def __init__(self, out, epochs):
+        super().__init__()
+        self.out, self.epochs = out, set(epochs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 in self.epochs:
+            os.makedirs(self.out, exist_ok=True)
+            self.model.save(snapshot_path(self.out, epoch + 1))
+
+
+def snapshot_path(out, epoch):
+    return os.path.join(out, f"model_epoch{epoch}.keras")
 
 
 def mirror_vote_accuracy(model, make_dataset, clouds, labels):
@@ -236,6 +255,8 @@ def build_parser():
     p.add_argument("--site-k", type=int, default=0,
                    help="site-resnet: keep at most this many sites per example after the stem (0: all)")
     p.add_argument("--out", default="train_results", help="folder for results.json and model.keras")
+    p.add_argument("--snapshot-epochs", type=int, nargs="+", default=[],
+                   help="also save the model after these epochs (from 1) as <out>/model_epoch<N>.keras")
     p.add_argument("--backup-dir", help="keep model, optimizer state and the epoch log here after every epoch; "
                    "rerunning with the same arguments (--epochs may grow) continues from the last finished epoch")
     return p
@@ -257,6 +278,8 @@ def _check_model_options(parser, args):
         parser.error("--features applies to point clouds; MNIST digits have one thresholded channel")
     if len(set(args.features)) != len(args.features):
         parser.error(f"--features names a feature twice: {args.features}")
+    if any(e < 1 or e > args.epochs for e in args.snapshot_epochs):
+        parser.error(f"--snapshot-epochs must lie in 1..{args.epochs} (--epochs): {args.snapshot_epochs}")
     if args.backup_dir and args.prune_eps > 0:
         # The callback's flags from the previous epoch end live in the process, not in the checkpoint.
         parser.error("--backup-dir cannot resume warning-shot pruning (--prune-eps); run it in one process")
@@ -320,6 +343,8 @@ def main(argv=None):
     pruning = WarningShotPruning(args.prune_eps) if args.prune_eps > 0 else None
     if pruning:
         callbacks.append(pruning)
+    if args.snapshot_epochs:  # after pruning, so a snapshot holds that epoch's masks
+        callbacks.append(EpochSnapshots(args.out, args.snapshot_epochs))
     epoch_log = EpochLog(args.backup_dir) if args.backup_dir else None
     if epoch_log:
         callbacks += [epoch_log, keras.callbacks.BackupAndRestore(args.backup_dir, delete_checkpoint=False)]
