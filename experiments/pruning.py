@@ -104,7 +104,7 @@ def retime(model_paths, args):
             clock = EpochClock()
             model.fit(train, validation_data=val, epochs=1, verbose=0, callbacks=[clock])
             seconds[key].append(clock.seconds)
-            print(f"=== re-timing round {repeat + 1}/{args.retime_repeats}: lambda {key[0]}, epoch {key[1]}: "
+            print(f"=== re-timing round {repeat + 1}/{args.retime_repeats}: {key[0]}, epoch {key[1]}: "
                   f"{clock.seconds[0]:.1f} s wall, {clock.seconds[1]:.1f} s CPU", flush=True)
     return seconds
 
@@ -119,7 +119,8 @@ def main():
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--reduction", choices=("sum", "mean", "filter"), default="filter",
                    help="Eq. 4 penalty per layer (DensityRegularizer reduction)")
-    p.add_argument("--prune-eps", type=float, default=0.01)
+    p.add_argument("--prune-eps", type=float, nargs="+", default=[0.01],
+                   help="pruning thresholds; each lambda > 0 trains once per threshold")
     p.add_argument("--optimizer", choices=("adam", "adagrad"), default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
@@ -141,6 +142,8 @@ def main():
                    help="re-time on a stratified subset of this many shapes (default: the training run's)")
     p.add_argument("--work-dir", default=None,
                    help="keep each lambda's results.json and models here (default: a temporary folder)")
+    p.add_argument("--results-name", default="pruning",
+                   help="write experiments/results/<name>.json and .png (a second study beside the main one)")
     p.add_argument("--retime-only", action="store_true",
                    help="only re-time the models of an earlier run (its --work-dir and the same data options) "
                         "and update experiments/results/pruning.json")
@@ -149,8 +152,10 @@ def main():
     if args.retime_only:
         if not args.work_dir:
             p.error("--retime-only needs the --work-dir of an earlier run")
-        with open(os.path.join(RESULTS, "pruning.json")) as f:
+        with open(os.path.join(RESULTS, f"{args.results_name}.json")) as f:
             rows = json.load(f)
+        for row in rows:  # files written before runs were named: one run per lambda
+            row.setdefault("run", f"pruning_{row['lambda']}")
         add_retiming(rows, args.work_dir, args)
     elif args.work_dir:
         os.makedirs(args.work_dir, exist_ok=True)
@@ -158,40 +163,60 @@ def main():
     else:
         with tempfile.TemporaryDirectory() as work:
             rows = train_all(args, rhos, work)
-    plot(rows)
+    plot(rows, args.results_name)
     summary(rows)
 
 
-def model_path(work, lam, epoch=None):
-    """A lambda's final model, or its snapshot after the given epoch."""
+def model_path(work, run, epoch=None):
+    """A run's final model, or its snapshot after the given epoch."""
     name = "model.keras" if epoch is None else f"model_epoch{epoch}.keras"
-    return os.path.join(work, f"pruning_{lam}", name)
+    return os.path.join(work, run, name)
+
+
+def configurations(args):
+    """{run name: (lambda, pruning threshold)}: lambda = 0 is the baseline, neither
+    regularisation nor pruning (as in Fig. 6); every lambda > 0 once per threshold."""
+    runs = {}
+    for lam in args.lambdas:
+        for eps in ([0.0] if lam == 0 else args.prune_eps):
+            name = f"pruning_{lam}" if lam == 0 or len(args.prune_eps) == 1 else f"pruning_{lam}_eps{eps}"
+            runs[name] = (lam, eps)
+    return runs
+
+
+def runs_of(rows):
+    """The runs of pruning.json in (lambda, threshold) order, each [its rows by epoch]."""
+    names = sorted({row["run"] for row in rows}, key=lambda n: next(
+        (r["lambda"], r["prune_eps"]) for r in rows if r["run"] == n))
+    return [[row for row in rows if row["run"] == name] for name in names]
+
+
+def label(row):
+    return f"λ = {row['lambda']}" + (f", ε = {row['prune_eps']}" if row["lambda"] > 0 else "")
 
 
 def train_all(args, rhos, work):
     _, _, train_idx, val_idx = split(args)
     runs = {}
-    for lam in args.lambdas:
-        # lambda = 0 is the baseline: neither regularisation nor pruning (as in Fig. 6).
+    for name, (lam, eps) in configurations(args).items():
         train_args = ["--dataset", "modelnet40", "--resolution", args.resolution, "--epochs", args.epochs,
                       "--batch-size", args.batch_size, "--max-examples", args.max_examples,
                       "--val-fraction", args.val_fraction, "--seed", args.seed, "--optimizer", args.optimizer,
                       "--lr", args.lr, "--lr-schedule", args.lr_schedule, "--lam", lam,
-                      "--lam-reduction", args.reduction, "--prune-eps", args.prune_eps if lam > 0 else 0]
+                      "--lam-reduction", args.reduction, "--prune-eps", eps]
         train_args += ["--rho", *rhos] if rhos else []
         train_args += ["--data-dir", args.data_dir] if args.data_dir else []
         train_args += ["--snapshot-epochs", *args.snapshot_epochs] if args.snapshot_epochs else []
-        runs[lam] = train_args
+        runs[name] = train_args
     if args.parallel:
-        results = run_trainings_at_once({f"pruning_{lam}": a for lam, a in runs.items()}, work)
-        results = {lam: results[f"pruning_{lam}"] for lam in runs}
+        results = run_trainings_at_once(runs, work)
     else:
-        results = {lam: run_training(f"pruning_{lam}", a, work) for lam, a in runs.items()}
+        results = {name: run_training(name, a, work) for name, a in runs.items()}
     rows = []
-    for lam, res in results.items():
+    for name, res in results.items():
         present = [entry["present_weights"] for entry in res["pruning"]] or [res["present_weights"]] * args.epochs
         for epoch in range(args.epochs):
-            rows.append({"lambda": lam, "epoch": epoch + 1, "present_weights": present[epoch],
+            rows.append({"run": name, "lambda": res["lambda"], "epoch": epoch + 1, "present_weights": present[epoch],
                          "sec_per_epoch": res["sec_per_epoch"][epoch],
                          "val_accuracy": res["history"]["val_accuracy"][epoch],
                          "resolution": res["resolution"], "rhos": res["rhos"], "reduction": args.reduction,
@@ -199,81 +224,83 @@ def train_all(args, rhos, work):
                          "lr_schedule": args.lr_schedule, "device": res["device"], "parallel": args.parallel,
                          "train_examples": len(train_idx), "val_examples": len(val_idx),
                          "snapshot": epoch + 1 in args.snapshot_epochs or epoch + 1 == args.epochs})
-    write_json("pruning.json", rows)
+    write_json(f"{args.results_name}.json", rows)
     if args.retime_repeats > 0:
         add_retiming(rows, work, args)
     return rows
 
 
 def add_retiming(rows, work, args):
-    """Re-times the models of --retime-epochs (default: the last) of every lambda on this
+    """Re-times the models of --retime-epochs (default: the last) of every run on this
     machine and adds the figures to those rows' "retimed" lists (one entry per device and
     shape count; a later run on the same replaces it)."""
     from tf_sparseconv.train import device_description
     last = max(row["epoch"] for row in rows)
     epochs = args.retime_epochs or [last]
     paths = {}
-    for lam in sorted({row["lambda"] for row in rows}):
+    for run in runs_of(rows):
         for epoch in epochs:
-            path = model_path(work, lam, None if epoch == last else epoch)
+            path = model_path(work, run[0]["run"], None if epoch == last else epoch)
             if not os.path.exists(path):
-                raise SystemExit(f"no model of lambda {lam} after epoch {epoch} at {path} "
+                raise SystemExit(f"no model of {run[0]['run']} after epoch {epoch} at {path} "
                                  "(train with --snapshot-epochs to keep one)")
-            paths[(lam, epoch)] = path
+            paths[(run[0]["run"], epoch)] = path
     seconds = retime(paths, args)
     _, _, train_idx, _ = split(args, args.retime_max_examples)
     device = device_description()
-    for (lam, epoch), runs in seconds.items():
-        row = next(r for r in rows if r["lambda"] == lam and r["epoch"] == epoch)
+    for (name, epoch), runs in seconds.items():
+        row = next(r for r in rows if r["run"] == name and r["epoch"] == epoch)
         entry = {"device": device, "train_examples": len(train_idx),
                  "sec_per_epoch": min(wall for wall, _ in runs), "sec_runs": [wall for wall, _ in runs],
                  "cpu_sec_per_epoch": min(cpu for _, cpu in runs), "cpu_sec_runs": [cpu for _, cpu in runs]}
         row["retimed"] = [e for e in row.get("retimed", [])
                           if (e["device"], e["train_examples"]) != (device, len(train_idx))] + [entry]
-    write_json("pruning.json", rows)
+    write_json(f"{args.results_name}.json", rows)
 
 
-def retimed_series(rows, lam, device=None):
-    """[(epoch, retimed entry)] of one lambda on one device (default: the first device
-    any row was re-timed on)."""
-    device = device or next((e["device"] for r in rows for e in r.get("retimed", [])), None)
-    return [(r["epoch"], e) for r in rows if r["lambda"] == lam for e in r.get("retimed", [])
-            if e["device"] == device]
+def retimed_devices(rows):
+    """The devices the rows were re-timed on, CPUs first."""
+    return sorted({e["device"] for r in rows for e in r.get("retimed", [])}, key=lambda d: (not d.startswith("CPU"), d))
 
 
-def plot(rows):
-    lambdas = sorted({row["lambda"] for row in rows})
+def retimed_series(run, device):
+    """[(epoch, retimed entry)] of one run's rows on one device."""
+    return [(r["epoch"], e) for r in run for e in r.get("retimed", []) if e["device"] == device]
+
+
+def plot(rows, name="pruning"):
     figure, axes = plt.subplots(1, 3, figsize=(13, 4))
-    devices = sorted({e["device"] for r in rows for e in r.get("retimed", [])}, key=lambda d: not d.startswith("CPU"))
-    for lam in lambdas:
-        mine = [row for row in rows if row["lambda"] == lam]
-        epochs = [row["epoch"] for row in mine]
+    devices = retimed_devices(rows)
+    for run in runs_of(rows):
+        epochs = [row["epoch"] for row in run]
         for axis, key in zip(axes, ("present_weights", "sec_per_epoch", "val_accuracy")):
-            line, = axis.plot(epochs, [row[key] for row in mine], marker="o", markersize=3, label=f"λ = {lam}")
+            line, = axis.plot(epochs, [row[key] for row in run], marker="o", markersize=3, label=label(run[0]))
         if devices:
-            series = retimed_series(rows, lam, devices[0])
+            series = retimed_series(run, devices[0])
             axes[1].plot([e for e, _ in series], [entry["sec_per_epoch"] for _, entry in series], marker="*",
                          markersize=10, linestyle="--", color=line.get_color())
     for axis, key in zip(axes, ("present weights", "s per epoch (training log)", "validation accuracy")):
         axis.set(xlabel="epoch", ylabel=key)
-    axes[0].legend()
+    axes[0].legend(fontsize=8)
     if devices:
-        axes[1].set_title(f"★ models re-timed on {devices[0]} (least of interleaved repeats)", fontsize=9)
+        shapes = next(e["train_examples"] for r in rows for e in r.get("retimed", []) if e["device"] == devices[0])
+        axes[1].set_title(f"★ models re-timed on {devices[0]}, {shapes} training shapes (least of interleaved repeats)",
+                          fontsize=8)
     first = rows[0]
     figure.suptitle(f"Regularisation ({first['reduction']} reduction) and pruning, ModelNet40 {first['resolution']}³, "
                     f"bounds {first['rhos']}, {first['train_examples']} training shapes, trained on "
                     f"{first.get('device', 'CPU')}")
-    save_figure(figure, "pruning.png")
+    save_figure(figure, f"{name}.png")
 
 
 def summary(rows):
-    lambdas = sorted({row["lambda"] for row in rows})
-    print(f"{'lambda':>7}{'present weights':>18}{'val. accuracy':>15}  re-timed s/epoch by epoch")
-    for lam in lambdas:
-        last = [row for row in rows if row["lambda"] == lam][-1]
-        timed = ", ".join(f"{e}: {entry['sec_per_epoch']:.1f} ({entry['device']})"
-                          for e, entry in retimed_series(rows, lam))
-        print(f"{lam:>7}{last['present_weights']:>18}{last['val_accuracy']:>15.3f}  {timed or '-'}")
+    devices = retimed_devices(rows)
+    print(f"{'run':<26}{'present weights':>16}{'val. accuracy':>15}  re-timed s/epoch at epochs")
+    for run in runs_of(rows):
+        last = run[-1]
+        print(f"{label(last):<26}{last['present_weights']:>16}{last['val_accuracy']:>15.3f}  " + "; ".join(
+            f"{device}: " + ", ".join(f"{e}: {entry['sec_per_epoch']:.1f}" for e, entry in retimed_series(run, device))
+            for device in devices))
 
 
 if __name__ == "__main__":

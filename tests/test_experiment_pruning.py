@@ -1,0 +1,40 @@
+"""The Fig. 6 study's bookkeeping (experiments/pruning.py, experiments/summarize.py): run
+naming per (lambda, threshold), and the comparison against lambda = 0 it reports."""
+import os
+import sys
+import types
+
+import pytest
+
+EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
+sys.path.insert(0, EXPERIMENTS)
+import pruning  # noqa: E402
+import summarize  # noqa: E402
+
+
+def test_each_lambda_trains_once_per_threshold_and_the_baseline_once():
+    args = types.SimpleNamespace(lambdas=[0.0, 0.3], prune_eps=[0.01, 0.002])
+    assert pruning.configurations(args) == {"pruning_0.0": (0.0, 0.0), "pruning_0.3_eps0.01": (0.3, 0.01),
+                                            "pruning_0.3_eps0.002": (0.3, 0.002)}
+    one = types.SimpleNamespace(lambdas=[0.0, 0.1], prune_eps=[0.01])  # names as before thresholds could vary
+    assert list(pruning.configurations(one)) == ["pruning_0.0", "pruning_0.1"]
+
+
+def rows_of(run, lam, eps, accuracy, cpu_seconds):
+    """Two epochs of one run; the last re-timed on a CPU."""
+    rows = [{"run": run, "lambda": lam, "prune_eps": eps, "epoch": e, "present_weights": 100, "sec_per_epoch": 9.0,
+             "val_accuracy": accuracy, "val_examples": 1000} for e in (1, 2)]
+    rows[-1]["retimed"] = [{"device": "CPU (4 cores)", "train_examples": 10, "sec_per_epoch": cpu_seconds,
+                            "cpu_sec_per_epoch": 2 * cpu_seconds, "sec_runs": [cpu_seconds],
+                            "cpu_sec_runs": [2 * cpu_seconds]}]
+    return rows
+
+
+@pytest.mark.parametrize("accuracy,seconds,met", [(0.80, 3.9, True), (0.80, 4.1, False), (0.75, 3.0, False)])
+def test_the_goal_needs_60_percent_less_time_and_accuracy_within_two_standard_errors(accuracy, seconds, met):
+    rows = rows_of("pruning_0.3", 0.3, 0.01, accuracy, seconds) + rows_of("pruning_0.0", 0.0, 0.0, 0.81, 10.0)
+    assert [run[0]["run"] for run in pruning.runs_of(rows)] == ["pruning_0.0", "pruning_0.3"]
+    lines, verdicts = summarize.pruning_table(rows)
+    assert verdicts == [met]
+    saving = 1 - seconds / 10.0
+    assert any(f"{saving:.0%} less time per epoch on CPU (4 cores)" in line for line in lines), lines
