@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Fig. 6 study on the lent GPU (experiments/README.md; the runs of 2026-11-24 used these
-# steps as two ad hoc scripts, gathered here afterwards and not run since in this form). A study
+# steps as two ad hoc scripts; this script then ran a 2-epoch, 400-shape check on an H200). A study
 # outlives one device call (10 minutes), so it runs in its own process session, which lives
 # on between calls while the machine is held:
 #   bash scripts/device_pruning_study.sh start     # last call of a lease (scripts/device_parts.sh,
