@@ -65,7 +65,8 @@ def split(args, max_examples=None):
 
 
 def training_data(args, max_examples=None):
-    """The training and validation batches exactly as `tf_sparseconv.train` builds them."""
+    """The training and validation batches exactly as `tf_sparseconv.train` builds them, and
+    the number of training shapes."""
     from tf_sparseconv import data as datasets
     from tf_sparseconv import train as trainer
     examples, labels, train_idx, val_idx = split(args, max_examples)
@@ -73,14 +74,14 @@ def training_data(args, max_examples=None):
     def make(idx, shuffle):
         return trainer.keras_batches(datasets.point_cloud_dataset(
             examples[idx], labels[idx], args.resolution, args.batch_size, shuffle=shuffle, seed=args.seed))
-    return make(train_idx, True), make(val_idx, False)
+    return make(train_idx, True), make(val_idx, False), len(train_idx)
 
 
 def retime(model_paths, args):
-    """{key: [(wall seconds, process CPU seconds) of one training epoch, validation
-    included]} for the models of model_paths ({key: path}), interleaved round-robin,
-    args.retime_repeats rounds, on --retime-max-examples shapes (default: the training
-    run's). An epoch runs from on_epoch_begin to on_epoch_end, as train.py's EpochTimer
+    """({key: [(wall seconds, process CPU seconds) of one training epoch, validation
+    included]}, training shapes per epoch) for the models of model_paths ({key: path}),
+    interleaved round-robin, args.retime_repeats rounds, on --retime-max-examples shapes
+    (default: the training run's). An epoch runs from on_epoch_begin to on_epoch_end, as train.py's EpochTimer
     counts it; the data iterator's teardown after fit (idle waits of up to ~20 s seen here)
     falls outside. Each model is loaded once and its timed epochs train it further (its
     masks stay as saved: no pruning callback runs here; after a cosine schedule its
@@ -94,7 +95,7 @@ def retime(model_paths, args):
         def on_epoch_end(self, epoch, logs=None):
             self.seconds = (time.perf_counter() - self.start[0], time.process_time() - self.start[1])
 
-    train, val = training_data(args, args.retime_max_examples)
+    train, val, train_examples = training_data(args, args.retime_max_examples)
     models = {key: keras.saving.load_model(path) for key, path in model_paths.items()}
     for model in models.values():  # trace the train and test functions outside the timing
         model.fit(train.take(2), validation_data=val.take(1), epochs=1, verbose=0)
@@ -106,7 +107,7 @@ def retime(model_paths, args):
             seconds[key].append(clock.seconds)
             print(f"=== re-timing round {repeat + 1}/{args.retime_repeats}: {key[0]}, epoch {key[1]}: "
                   f"{clock.seconds[0]:.1f} s wall, {clock.seconds[1]:.1f} s CPU", flush=True)
-    return seconds
+    return seconds, train_examples
 
 
 def main():
@@ -168,9 +169,10 @@ def main():
 
 
 def model_path(work, run, epoch=None):
-    """A run's final model, or its snapshot after the given epoch."""
-    name = "model.keras" if epoch is None else f"model_epoch{epoch}.keras"
-    return os.path.join(work, run, name)
+    """A run's final model, or its snapshot after the given epoch (train.py's naming)."""
+    from tf_sparseconv.train import snapshot_path
+    out = os.path.join(work, run)
+    return os.path.join(out, "model.keras") if epoch is None else snapshot_path(out, epoch)
 
 
 def configurations(args):
@@ -245,16 +247,15 @@ def add_retiming(rows, work, args):
                 raise SystemExit(f"no model of {run[0]['run']} after epoch {epoch} at {path} "
                                  "(train with --snapshot-epochs to keep one)")
             paths[(run[0]["run"], epoch)] = path
-    seconds = retime(paths, args)
-    _, _, train_idx, _ = split(args, args.retime_max_examples)
+    seconds, train_examples = retime(paths, args)
     device = device_description()
     for (name, epoch), runs in seconds.items():
         row = next(r for r in rows if r["run"] == name and r["epoch"] == epoch)
-        entry = {"device": device, "train_examples": len(train_idx),
+        entry = {"device": device, "train_examples": train_examples,
                  "sec_per_epoch": min(wall for wall, _ in runs), "sec_runs": [wall for wall, _ in runs],
                  "cpu_sec_per_epoch": min(cpu for _, cpu in runs), "cpu_sec_runs": [cpu for _, cpu in runs]}
         row["retimed"] = [e for e in row.get("retimed", [])
-                          if (e["device"], e["train_examples"]) != (device, len(train_idx))] + [entry]
+                          if (e["device"], e["train_examples"]) != (device, train_examples)] + [entry]
     write_json(f"{args.results_name}.json", rows)
 
 

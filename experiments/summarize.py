@@ -7,6 +7,7 @@ Reads experiments/results/{modelnet40,mnist,pruning,selection}.json (whichever e
 import json
 import os
 
+import pruning  # the study's own reading of its rows (runs, re-timings)
 from common import RESULTS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -95,20 +96,9 @@ def mnist_section(rows):
     return lines
 
 
-def pruning_runs(rows):
-    """The runs of a pruning file in (lambda, threshold) order, each [its rows by epoch]."""
-    names = sorted({row["run"] for row in rows},
-                   key=lambda n: next((r["lambda"], r["prune_eps"]) for r in rows if r["run"] == n))
-    return [[row for row in rows if row["run"] == name] for name in names]
-
-
-def retimed_devices(rows):
-    return sorted({e["device"] for r in rows for e in r.get("retimed", [])}, key=lambda d: (not d.startswith("CPU"), d))
-
-
 def retimed_at(run, device, epoch):
-    row = next((r for r in run if r["epoch"] == epoch), None)
-    return next((e for e in (row or {}).get("retimed", []) if e["device"] == device), None)
+    """The run's re-timing on the device after the given epoch, or None."""
+    return dict(pruning.retimed_series(run, device)).get(epoch)
 
 
 def run_label(row):
@@ -127,9 +117,9 @@ def accuracy_verdict(acc, acc0, n):
 
 def pruning_table(rows):
     """One study's table and its comparison of every lambda > 0 against lambda = 0."""
-    runs = pruning_runs(rows)
+    runs = pruning.runs_of(rows)
     first = rows[0]
-    devices = retimed_devices(rows)
+    devices = pruning.retimed_devices(rows)
     epochs = sorted({r["epoch"] for r in rows if any(e for e in r.get("retimed", []))})
     head = ("| λ | epochs | present weights (first → last epoch) | s/epoch, training log (first → last) | "
             + "".join(f"s/epoch re-timed on {d}, after epoch {', '.join(map(str, epochs))} | " for d in devices)
@@ -173,7 +163,7 @@ def pruning_section(rows, thresholds=None, earlier=None):
     lines = ["## Adaptive density regularisation and warning-shot pruning (Fig. 6)", "",
              f"ModelNet40 {first['resolution']}³, OctNet3 with bounds ρ = {first['rhos']}, all {first['train_examples']} "
              f"training shapes and the {first['val_examples']} of the fixed 10% validation split, {first['optimizer']} lr "
-             f"{first['lr']} ({first.get('lr_schedule', 'constant')}), {first['epoch'] and max(r['epoch'] for r in rows)} "
+             f"{first['lr']} ({first.get('lr_schedule', 'constant')}), {max(r['epoch'] for r in rows)} "
              f"epochs; λ = 0: neither regularisation nor pruning. Eq. 4 penalty with reduction `{first['reduction']}`"
              + (FILTER_NOTE if first["reduction"] == "filter" else "."), "",
              f"Trained on the lent {first['device'].replace('GPU: ', '')}, "
