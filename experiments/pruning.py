@@ -122,7 +122,9 @@ def main():
                    help="Eq. 4 penalty per layer (DensityRegularizer reduction)")
     p.add_argument("--prune-eps", type=float, nargs="+", default=[0.01],
                    help="pruning thresholds; each lambda > 0 trains once per threshold")
-    p.add_argument("--optimizer", choices=("adam", "adagrad"), default="adam")
+    p.add_argument("--lam-terms", nargs="+", choices=("weights+biases", "weights"), default=["weights+biases"],
+                   help="what Eq. 4 pulls towards -b (train.py --lam-terms); each lambda > 0 trains once per choice")
+    p.add_argument("--optimizer", choices=("adam", "adagrad", "sgd"), default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
     p.add_argument("--batch-size", type=int, default=32)
@@ -176,36 +178,46 @@ def model_path(work, run, epoch=None):
 
 
 def configurations(args):
-    """{run name: (lambda, pruning threshold)}: lambda = 0 is the baseline, neither
-    regularisation nor pruning (as in Fig. 6); every lambda > 0 once per threshold."""
+    """{run name: (lambda, pruning threshold, Eq. 4 terms)}: lambda = 0 is the baseline,
+    neither regularisation nor pruning (as in Fig. 6); every lambda > 0 once per threshold
+    and choice of terms. Names carry a threshold or terms only where the study varies them."""
     runs = {}
     for lam in args.lambdas:
-        for eps in ([0.0] if lam == 0 else args.prune_eps):
-            name = f"pruning_{lam}" if lam == 0 or len(args.prune_eps) == 1 else f"pruning_{lam}_eps{eps}"
-            runs[name] = (lam, eps)
+        if lam == 0:
+            runs[f"pruning_{lam}"] = (lam, 0.0, None)
+            continue
+        for eps in args.prune_eps:
+            for terms in args.lam_terms:
+                name = f"pruning_{lam}" + (f"_eps{eps}" if len(args.prune_eps) > 1 else "") \
+                    + (f"_{terms}" if len(args.lam_terms) > 1 else "")
+                runs[name] = (lam, eps, terms)
     return runs
 
 
 def runs_of(rows):
-    """The runs of pruning.json in (lambda, threshold) order, each [its rows by epoch]."""
+    """The runs of pruning.json in (lambda, threshold, terms) order, each [its rows by epoch]."""
     names = sorted({row["run"] for row in rows}, key=lambda n: next(
-        (r["lambda"], r["prune_eps"]) for r in rows if r["run"] == n))
+        (r["lambda"], r["prune_eps"], r.get("lam_terms") or "") for r in rows if r["run"] == n))
     return [[row for row in rows if row["run"] == name] for name in names]
 
 
 def label(row):
-    return f"λ = {row['lambda']}" + (f", ε = {row['prune_eps']}" if row["lambda"] > 0 else "")
+    if row["lambda"] == 0:
+        return "λ = 0"
+    terms = ", weights only" if row.get("lam_terms") == "weights" else ""
+    return f"λ = {row['lambda']}, ε = {row['prune_eps']}{terms}"
 
 
 def train_all(args, rhos, work):
     _, _, train_idx, val_idx = split(args)
     runs = {}
-    for name, (lam, eps) in configurations(args).items():
+    for name, (lam, eps, terms) in configurations(args).items():
         train_args = ["--dataset", "modelnet40", "--resolution", args.resolution, "--epochs", args.epochs,
                       "--batch-size", args.batch_size, "--max-examples", args.max_examples,
                       "--val-fraction", args.val_fraction, "--seed", args.seed, "--optimizer", args.optimizer,
                       "--lr", args.lr, "--lr-schedule", args.lr_schedule, "--lam", lam,
                       "--lam-reduction", args.reduction, "--prune-eps", eps]
+        train_args += ["--lam-terms", terms] if terms else []
         train_args += ["--rho", *rhos] if rhos else []
         train_args += ["--data-dir", args.data_dir] if args.data_dir else []
         train_args += ["--snapshot-epochs", *args.snapshot_epochs] if args.snapshot_epochs else []
@@ -218,7 +230,8 @@ def train_all(args, rhos, work):
     for name, res in results.items():
         present = [entry["present_weights"] for entry in res["pruning"]] or [res["present_weights"]] * args.epochs
         for epoch in range(args.epochs):
-            rows.append({"run": name, "lambda": res["lambda"], "epoch": epoch + 1, "present_weights": present[epoch],
+            rows.append({"run": name, "lambda": res["lambda"],
+                         "lam_terms": res.get("lam_terms") if res["lambda"] > 0 else None, "epoch": epoch + 1, "present_weights": present[epoch],
                          "sec_per_epoch": res["sec_per_epoch"][epoch],
                          "val_accuracy": res["history"]["val_accuracy"][epoch],
                          "resolution": res["resolution"], "rhos": res["rhos"], "reduction": args.reduction,

@@ -102,7 +102,10 @@ def retimed_at(run, device, epoch):
 
 
 def run_label(row):
-    return f"{row['lambda']}" + (f" (ε = {row['prune_eps']})" if row["lambda"] > 0 else "")
+    if row["lambda"] == 0:
+        return f"{row['lambda']}"
+    terms = ", weights only" if row.get("lam_terms") == "weights" else ""
+    return f"{row['lambda']} (ε = {row['prune_eps']}{terms})"
 
 
 def less(fraction):

@@ -1,59 +1,74 @@
 #!/usr/bin/env bash
-# The Fig. 6 study on the lent GPU (experiments/README.md; the runs of 2026-11-24 used these
-# steps as two ad hoc scripts; this script then ran a 2-epoch, 400-shape check on an H200). A study
-# outlives one device call (10 minutes), so it runs in its own process session, which lives
-# on between calls while the machine is held:
+# Fig. 6 studies on the lent GPU (experiments/README.md). A study outlives one device call
+# (10 minutes), so it runs in its own process session, which lives on between calls while
+# the machine is held:
 #   bash scripts/device_pruning_study.sh start     # last call of a lease (scripts/device_parts.sh,
 #                                                  # with DEVPARTS_DATA=modelnet40_train.npz)
 #   bash scripts/device_pruning_study.sh collect   # repeat until it lists the results in $OUT
-# start unpacks TensorFlow-GPU, copies this checkout to /tmp/repo and trains every
-# configuration side by side on the GPU; collect waits for it, then re-times the saved
-# models on 4 of the host's cores with the GPU hidden, and copies the results and each
-# run's results.json to $OUT (models are ~100 MB each and stay behind).
-# STUDY_ARGS: the study's options; RESULTS_NAME: its results file; RETIME_EPOCHS: which
-# epochs' models to re-time (snapshots of --snapshot-epochs, or the last); RETIME_GPU=1:
-# re-time them on the GPU too. The two runs of experiments/README.md:
-#   RETIME_GPU=1 (defaults otherwise)
-#   STUDY_ARGS="--lambdas 0 0.3 --prune-eps 0.005 0.002 0.001 --snapshot-epochs 1 10" RESULTS_NAME=pruning_thresholds
+# start unpacks TensorFlow-GPU, copies this checkout to /tmp/repo and starts every study,
+# each training its configurations side by side on the GPU (all studies share it);
+# collect waits for them, then re-times each study's saved models on 4 of the host's cores
+# with the GPU hidden (one study after the other), and copies the results and each run's
+# results.json to $OUT (models are ~100 MB each and stay behind).
+# STUDIES: "results_name:options;results_name:options..." (options of experiments/pruning.py
+# beyond the common ones below); RETIME_EPOCHS: which epochs' models to re-time (snapshots
+# of --snapshot-epochs, or the last); RETIME_GPU=1: re-time them on the GPU too. The runs of
+# experiments/README.md (the first two with the Eq. 4 weights only, before --lam-terms, and
+# as ad hoc scripts of these steps, 2026-11-24):
+#   RETIME_GPU=1 STUDIES="pruning:--lambdas 0 0.1 0.2 0.3 --prune-eps 0.01 --snapshot-epochs 1 5 10 20"
+#   STUDIES="pruning_thresholds:--lambdas 0 0.3 --prune-eps 0.005 0.002 0.001 --snapshot-epochs 1 10"
 set -uo pipefail
-STUDY_ARGS=${STUDY_ARGS:---lambdas 0 0.1 0.2 0.3 --prune-eps 0.01 --snapshot-epochs 1 5 10 20}
-RESULTS_NAME=${RESULTS_NAME:-pruning}
+STUDIES=${STUDIES:-pruning:--lambdas 0 0.1 0.2 0.3 --prune-eps 0.01 --snapshot-epochs 1 5 10 20}
 RETIME_EPOCHS=${RETIME_EPOCHS:-1 10 30}
 EPOCHS=${EPOCHS:-30}
+names() { tr ';' '\n' <<< "$STUDIES" | sed 's/:.*//'; }
+options() { tr ';' '\n' <<< "$STUDIES" | grep "^$1:" | sed 's/^[^:]*://'; }
 case "${1:-}" in
   start)
     bash scripts/device_unpack.sh > /tmp/unpack.log 2>&1 || { tail -30 /tmp/unpack.log; exit 1; }
     . /tmp/tfgpu.env
     rm -rf /tmp/repo /tmp/retime.started && cp -a . /tmp/repo && cd /tmp/repo
-    TF_FORCE_GPU_ALLOW_GROWTH=true setsid nohup python3 experiments/pruning.py --resolution 16 --epochs "$EPOCHS" \
-      --lr-schedule cosine --parallel $STUDY_ARGS --results-name "$RESULTS_NAME" --data-dir .devdata \
-      --work-dir /tmp/prun --retime-repeats 0 > /tmp/pruning.log 2>&1 < /dev/null &
+    for name in $(names); do
+      TF_FORCE_GPU_ALLOW_GROWTH=true setsid nohup python3 experiments/pruning.py --resolution 16 \
+        --epochs "$EPOCHS" --lr-schedule cosine --parallel $(options "$name") --results-name "$name" \
+        --data-dir .devdata --work-dir "/tmp/prun_$name" --retime-repeats 0 \
+        > "/tmp/pruning_$name.log" 2>&1 < /dev/null &
+    done
     sleep "${WATCH:-480}"
-    grep "===" /tmp/pruning.log | tail -4 | cut -c1-200
+    for name in $(names); do grep "===" "/tmp/pruning_$name.log" | tail -3 | cut -c1-200; done
     ;;
   collect)
     cd /tmp/repo && . /tmp/tfgpu.env
     t0=$(date +%s)
     while pgrep -f "pruning.py --resolution 16 --epochs $EPOCHS --lr-schedule" > /dev/null \
         && [ $(( $(date +%s) - t0 )) -lt 500 ]; do sleep 10; done
-    grep "===" /tmp/pruning.log | tail -5 | cut -c1-200
-    if grep -q "wrote .*$RESULTS_NAME.json" /tmp/pruning.log && [ ! -e /tmp/retime.started ]; then
+    for name in $(names); do grep "===" "/tmp/pruning_$name.log" | tail -3 | cut -c1-200; done
+    trained=1
+    for name in $(names); do grep -q "wrote .*$name.json" "/tmp/pruning_$name.log" || trained=0; done
+    if [ $trained = 1 ] && [ ! -e /tmp/retime.started ]; then
       touch /tmp/retime.started
-      retime="python3 experiments/pruning.py --resolution 16 --epochs $EPOCHS --retime-only \
-        --results-name $RESULTS_NAME --work-dir /tmp/prun --data-dir .devdata --retime-epochs $RETIME_EPOCHS \
-        --retime-repeats 2"
-      # First alone on the GPU with all shapes (RETIME_GPU=1), then on 4 host cores with the GPU hidden.
-      setsid nohup bash -c "{ [ '${RETIME_GPU:-0}' != 1 ] || $retime; } && \
-        CUDA_VISIBLE_DEVICES='' taskset -c 0-3 $retime --retime-max-examples 2000" \
-        > /tmp/cpu_retime.log 2>&1 < /dev/null &
+      steps=""
+      for name in $(names); do
+        retime="python3 experiments/pruning.py --resolution 16 --epochs $EPOCHS --retime-only \
+          --results-name $name --work-dir /tmp/prun_$name --data-dir .devdata \
+          --retime-epochs $RETIME_EPOCHS --retime-repeats 2"
+        # Alone on the GPU with all shapes (RETIME_GPU=1), then on 4 host cores with the GPU hidden.
+        [ "${RETIME_GPU:-0}" != 1 ] || steps="$steps $retime &&"
+        steps="$steps CUDA_VISIBLE_DEVICES='' taskset -c 0-3 $retime --retime-max-examples 2000 &&"
+      done
+      setsid nohup bash -c "$steps echo all re-timed" > /tmp/cpu_retime.log 2>&1 < /dev/null &
     fi
-    while [ -e /tmp/retime.started ] && ! grep -q "CPU ([0-9]* cores):" /tmp/cpu_retime.log \
+    while [ -e /tmp/retime.started ] && ! grep -q "all re-timed" /tmp/cpu_retime.log \
         && [ $(( $(date +%s) - t0 )) -lt 560 ]; do sleep 10; done
     grep "===\|λ\|Error" /tmp/cpu_retime.log 2>/dev/null | tail -30
-    if grep -q "CPU ([0-9]* cores):" /tmp/cpu_retime.log 2>/dev/null; then
-      cp "experiments/results/$RESULTS_NAME.json" "experiments/results/$RESULTS_NAME.png" /tmp/cpu_retime.log "$OUT/"
-      for r in /tmp/prun/*/results.json; do cp "$r" "$OUT/results_$(basename "$(dirname "$r")").json"; done
-      cp /tmp/pruning.log "$OUT/"
+    if grep -q "all re-timed" /tmp/cpu_retime.log 2>/dev/null; then
+      for name in $(names); do
+        cp "experiments/results/$name.json" "experiments/results/$name.png" "/tmp/pruning_$name.log" "$OUT/"
+        for r in /tmp/prun_$name/*/results.json; do
+          cp "$r" "$OUT/results_${name}_$(basename "$(dirname "$r")").json"
+        done
+      done
+      cp /tmp/cpu_retime.log "$OUT/"
     fi
     ls "$OUT"
     ;;

@@ -87,12 +87,69 @@ def test_density_regularizer_rejects_unknown_reduction():
 
 
 def test_reduction_survives_config_and_layer_serialization():
-    reg = kl.DensityRegularizer(scale=0.2, o=0.05, b1=0.3, b2=0.2, reduction="filter")
+    reg = kl.DensityRegularizer(scale=0.2, o=0.05, b1=0.3, b2=0.2, reduction="filter", include_bias=False)
     again = kl.DensityRegularizer.from_config(reg.get_config())
-    assert (again.scale, again.o, again.b1, again.b2, again.reduction) == (0.2, 0.05, 0.3, 0.2, "filter")
+    assert (again.scale, again.o, again.b1, again.b2, again.reduction, again.include_bias) == (
+        0.2, 0.05, 0.3, 0.2, "filter", False)
     layer = kl.SparseConv(4, 3, rho_up=0.3, activation="relu", density_regularizer=reg)
     rebuilt = kl.SparseConv.from_config(layer.get_config())
     assert rebuilt.density_regularizer.reduction == "filter" and rebuilt.density_regularizer.b1 == 0.3
+    assert rebuilt.density_regularizer.include_bias is False
+
+
+def test_penalty_includes_the_biases_by_default_as_the_paper_does():
+    """§3.5 lowers or raises 'the values of filter weights and biases': every bias is pulled
+    towards -b like a present weight, and counts as a term of the mean; include_bias=False
+    leaves the biases out."""
+    kernel = tf.constant([[1.0, -2.0], [0.5, 4.0]])
+    mask = tf.constant([[1.0, 1.0], [1.0, 0.0]])
+    bias = tf.constant([0.3, -0.7])
+    b = 0.1 + 0.1 * (0.5 - 0.2)
+    weights = (1.0 + b) ** 2 + (-2.0 + b) ** 2 + (0.5 + b) ** 2
+    biases = (0.3 + b) ** 2 + (-0.7 + b) ** 2
+    assert kl.DensityRegularizer().include_bias
+    for reduction, divisor in (("sum", 1), ("filter", 2), ("mean", 5)):
+        reg = kl.DensityRegularizer(scale=0.3, reduction=reduction)
+        assert reg.penalty(kernel, mask, 0.5, 0.2, bias).numpy() == pytest.approx(
+            0.3 * (weights + biases) / divisor, rel=1e-6)
+        left_out = kl.DensityRegularizer(scale=0.3, reduction=reduction, include_bias=False)
+        assert left_out.penalty(kernel, mask, 0.5, 0.2, bias).numpy() == pytest.approx(
+            0.3 * weights / (3 if reduction == "mean" else divisor), rel=1e-6)
+        # A layer without biases (use_bias=False) gives none.
+        assert reg.penalty(kernel, mask, 0.5, 0.2, None).numpy() == pytest.approx(
+            0.3 * weights / (3 if reduction == "mean" else divisor), rel=1e-6)
+
+
+@pytest.mark.parametrize("start_bias,direction", [(0.5, "down"), (-0.5, "up")])
+def test_regularised_bias_alone_moves_density_toward_rho_up(rng, start_bias, direction):
+    """Only the biases train, only Eq. 4 acts: too dense, b > 0 pulls them below zero and the
+    density falls; too sparse, b < 0 pulls them up and it rises."""
+    dense = (rng.random((4, 12, 12, 1)) < 0.3).astype(np.float32)
+    x = kl.as_keras_inputs(ts.from_dense(dense))
+    layer = kl.SparseConv(4, 3, rho_up=0.3, activation="relu",
+                          density_regularizer=kl.DensityRegularizer(scale=4.0, reduction="filter"))
+    layer(x)
+    layer.kernel.assign(np.full(layer.kernel.shape, 0.01 * np.sign(start_bias), np.float32))
+    layer.bias.assign(np.full(4, start_bias, np.float32))
+    sparse_x = kl.from_keras_inputs(x)
+    before = measured_density(layer, sparse_x)
+    optimizer = keras.optimizers.SGD(0.2)
+    for _ in range(60):
+        with tf.GradientTape() as tape:
+            layer(x, training=True)
+            loss = tf.add_n(layer.losses)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [layer.bias]), [layer.bias]))
+    after = measured_density(layer, sparse_x)
+    if direction == "down":
+        assert before > 0.3 and after < before - 0.05
+    else:
+        assert before < 0.3 and after > before + 0.05
+    # Without the biases in the penalty they get no gradient from it at all.
+    layer.density_regularizer = kl.DensityRegularizer(scale=4.0, reduction="filter", include_bias=False)
+    with tf.GradientTape() as tape:
+        layer(x, training=True)
+        loss = layer.losses[-1]
+    assert tape.gradient(loss, layer.bias) is None
 
 
 def test_layer_penalty_uses_the_density_before_k_selection(rng):
@@ -111,7 +168,8 @@ def test_layer_penalty_uses_the_density_before_k_selection(rng):
     assert layer.k_bound == 9  # ceil(0.1 * 81)
     assert int(tf.shape(y.values)[0]) <= 2 * 3 * 9 < rho * 2 * 9 * 9 * 3  # the bound did cut
     b = 0.1 + 0.1 * (rho - 0.1)
-    expected = 0.5 * (3 * 3 * 1 * 3) * (0.2 + b) ** 2 / 3
+    # 27 weights and 3 biases (Eq. 4 includes the biases by default), over Cout = 3 filters.
+    expected = 0.5 * ((3 * 3 * 1 * 3) * (0.2 + b) ** 2 + 3 * (0.01 + b) ** 2) / 3
     assert float(layer.losses[-1]) == pytest.approx(expected, rel=1e-5)
 
 
@@ -135,7 +193,7 @@ def test_regularizer_alone_moves_density_toward_rho_up(rng, start_bias, directio
                           kernel_initializer=keras.initializers.RandomNormal(0.0, 0.1),
                           bias_initializer=keras.initializers.Constant(start_bias), use_bias=True)
     layer(x)
-    # The bias is not regularised, so hold it at a small value that lets the weights decide.
+    # Only the kernel is trained here, so hold the bias at a small value that lets the weights decide.
     layer.bias.assign(np.full(4, 0.05 * np.sign(start_bias), np.float32))
     layer.kernel.assign(np.full(layer.kernel.shape, 0.5 * np.sign(start_bias), np.float32))
     sparse_x = kl.from_keras_inputs(x)

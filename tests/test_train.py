@@ -224,7 +224,7 @@ def test_smoothed_crossentropy_matches_its_definition():
         SmoothedSparseCrossentropy(1.0)
 
 
-@pytest.mark.parametrize("name", ["adam", "adagrad"])
+@pytest.mark.parametrize("name", ["adam", "adagrad", "sgd"])
 def test_weight_decay_shrinks_kernels_and_spares_biases(name):
     layer = keras.layers.Dense(3, bias_initializer="ones")
     layer.build((None, 4))
@@ -235,6 +235,18 @@ def test_weight_decay_shrinks_kernels_and_spares_biases(name):
     np.testing.assert_allclose(layer.kernel.numpy(), kernel * (1 - 0.1 * 0.5), rtol=1e-6)
     np.testing.assert_array_equal(layer.bias.numpy(), bias)
     assert train.build_optimizer(name, 0.1).weight_decay is None
+
+
+def test_sgd_is_nesterov_momentum_and_an_unknown_optimizer_is_refused():
+    optimizer = train.build_optimizer("sgd", 0.1)
+    assert (optimizer.momentum, optimizer.nesterov) == (0.9, True)
+    # An L2 gradient 2 lambda w moves the weight by lr * (1 + momentum) * 2 lambda w in the
+    # first Nesterov step: in proportion to the weight, not normalised away as under Adam.
+    weight = keras.Variable(np.array([2.0, 0.5], np.float32))
+    optimizer.apply_gradients([(2 * 0.3 * weight.numpy(), weight)])
+    np.testing.assert_allclose(weight.numpy(), np.array([2.0, 0.5]) * (1 - 0.1 * 1.9 * 0.6), rtol=1e-6)
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        train.build_optimizer("rmsprop", 0.1)
 
 
 def test_weight_decay_and_label_smoothing_are_recorded_and_reload(tmp_path, capsys):

@@ -34,6 +34,7 @@ from tf_sparseconv.ops.site_conversions import from_channel_sparse
 
 DATASETS = ("synthetic", "modelnet40", "modelnet10", "scannet", "mnist")
 MODELS = ("octnet3", "site-resnet")
+LAM_TERMS = ("weights+biases", "weights")
 SITE_MODEL_NOTE = ("memory bound: not computed for site-resnet; the bound covers the channel-sparse layers "
                    "(SparseConv, SparseMaxPool) only, and a site model's memory follows its active sites")
 DEFAULT_DATA_DIR = os.environ.get(
@@ -130,12 +131,25 @@ class EpochLog(keras.callbacks.Callback):
 RESUMABLE_CHANGES = ("epochs", "out", "backup_dir", "vote_mirror", "snapshot_epochs")
 
 
+OPTIMIZERS = ("adam", "adagrad", "sgd")
+
+
 def build_optimizer(name, learning_rate, weight_decay=0.0):
-    """Adam or Adagrad; weight_decay > 0 shrinks every kernel by lr * weight_decay per step
-    apart from the gradient step (decoupled, as AdamW), biases excluded."""
+    """Adam, Adagrad or SGD with Nesterov momentum 0.9; weight_decay > 0 shrinks every kernel
+    by lr * weight_decay per step apart from the gradient step (decoupled, as AdamW), biases
+    excluded. Under SGD an L2 penalty such as Eq. 4 pulls each weight in proportion to its
+    distance from the target; Adam and Adagrad divide that pull by the weight's running
+    gradient scale, so a weight the data hardly moves is pulled at about the learning rate
+    per step whatever lambda is."""
     decay = dict(weight_decay=weight_decay) if weight_decay > 0 else {}
-    optimizer = (keras.optimizers.Adam(learning_rate, **decay) if name == "adam"
-                 else keras.optimizers.Adagrad(learning_rate, **decay))
+    if name == "adam":
+        optimizer = keras.optimizers.Adam(learning_rate, **decay)
+    elif name == "adagrad":
+        optimizer = keras.optimizers.Adagrad(learning_rate, **decay)
+    elif name == "sgd":
+        optimizer = keras.optimizers.SGD(learning_rate, momentum=0.9, nesterov=True, **decay)
+    else:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
     if decay:
         optimizer.exclude_from_weight_decay(var_names=["bias"])
     return optimizer
@@ -222,10 +236,13 @@ def build_parser():
     p.add_argument("--lam", type=float, default=0.0, help="adaptive density regularisation scale (Eq. 4)")
     p.add_argument("--lam-reduction", choices=("sum", "mean", "filter"), default="sum",
                    help="Eq. 4 penalty per layer: lambda * sum of (w + b)^2 over present weights, or lambda * their mean")
+    p.add_argument("--lam-terms", choices=LAM_TERMS, default="weights+biases",
+                   help="what Eq. 4 pulls towards -b: the filter weights and the layers' biases (the paper, §3.5: "
+                        "'lowering the values of filter weights and biases'), or the weights only")
     p.add_argument("--prune-eps", type=float, default=0.0, help="warning-shot pruning threshold (0: off)")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--optimizer", choices=("adam", "adagrad"), default="adam")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.0,
                    help="decoupled weight decay of kernels (biases excluded; with adam: AdamW); 0: off")
@@ -325,7 +342,8 @@ def main(argv=None):
                             channels=tuple(args.site_channels), blocks=args.site_blocks, select_k=args.site_k or None)
     else:
         rhos = tuple(args.rho) if args.rho else DEFAULT_RHOS[resolution]
-        regularizer = DensityRegularizer(args.lam, reduction=args.lam_reduction) if args.lam > 0 else None
+        regularizer = DensityRegularizer(args.lam, reduction=args.lam_reduction,
+                                         include_bias=args.lam_terms == "weights+biases") if args.lam > 0 else None
         model = octnet3(resolution, len(classes), rhos, spatial_dims=2 if image_data else 3,
                         in_channels=1 if image_data else datasets.num_channels(args.features),
                         selection=args.selection, density_regularizer=regularizer,
@@ -374,7 +392,8 @@ def main(argv=None):
         "model": args.model, "dataset": args.dataset, "examples": int(len(labels)),
         "resolution": resolution, "epochs": len(history.get("loss", [])),
         "batch_size": args.batch_size,
-        "rhos": list(rhos), "lambda": args.lam, "prune_eps": args.prune_eps, "selection": args.selection,
+        "rhos": list(rhos), "lambda": args.lam, "lam_terms": args.lam_terms, "prune_eps": args.prune_eps,
+        "selection": args.selection,
         "val_accuracy": float(val_metrics["accuracy"]), "val_loss": float(val_metrics["loss"]),
         "val_accuracy_mirror_vote": vote,
         "history": {k: [float(v) for v in vs] for k, vs in history.items()},

@@ -122,7 +122,7 @@ class SparseConv(SparseLayer):
             # before k-selection), so b > 0 exactly when k-selection has to cut.
             survivors = positive if self.activation == "relu" else touched
             rho = tf.cast(tf.reduce_sum(survivors), tf.float32) / cells
-            self.add_loss(self.density_regularizer.penalty(self.kernel, self.mask, rho, self.rho_up))
+            self.add_loss(self.density_regularizer.penalty(self.kernel, self.mask, rho, self.rho_up, self.bias))
         return y
 
     def present_weights(self):

@@ -33,6 +33,12 @@ o = b1 = b2 = 0.1, but states neither how the sum is normalised nor the weights'
              epochs, as without regularisation); use lambda of order the weight count.
 All three have the same minimiser for a layer on its own (every weight at -b); they differ
 only in how strongly that pull competes with the data loss.
+
+Terms. §3.5 encourages sparsity "by lowering the values (not magnitudes) of filter weights
+and biases", so by default (include_bias=True) each of the layer's biases is pulled towards
+-b like a present weight, one more term of its filter's sum. include_bias=False pulls the
+weights only (what this project did until 2026-11-24; the Fig. 6 runs of that date are
+marked lam_terms "weights" in experiments/results/).
 """
 import keras
 import tensorflow as tf
@@ -42,7 +48,7 @@ REDUCTIONS = ("sum", "mean", "filter")
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
 class DensityRegularizer:
-    def __init__(self, scale=0.1, o=0.1, b1=0.1, b2=0.1, reduction="sum"):
+    def __init__(self, scale=0.1, o=0.1, b1=0.1, b2=0.1, reduction="sum", include_bias=True):
         for name, value in (("scale", scale), ("o", o), ("b1", b1), ("b2", b2)):
             if not value >= 0:
                 raise ValueError(f"DensityRegularizer {name} must be >= 0, got {value}")
@@ -50,6 +56,7 @@ class DensityRegularizer:
             raise ValueError(f"DensityRegularizer reduction must be one of {REDUCTIONS}, got {reduction!r}")
         self.scale, self.o, self.b1, self.b2 = float(scale), float(o), float(b1), float(b2)
         self.reduction = reduction
+        self.include_bias = bool(include_bias)
 
     def bias(self, rho, rho_up):
         """Eq. 4's b for measured density rho and bound rho_up (tensors or floats)."""
@@ -57,21 +64,27 @@ class DensityRegularizer:
         rho_up = tf.convert_to_tensor(rho_up, tf.float32)
         return tf.where(rho > rho_up, self.o + self.b1 * (rho - rho_up), -self.b2 * (rho_up - rho))
 
-    def penalty(self, kernel, mask, rho, rho_up):
-        """lambda * sum over present weights of (w + b)^2, divided by 1 ("sum"), by Cout, the
-        kernel's last axis ("filter"), or by the number of present weights ("mean"; 0 when
-        none is left). The density is a measurement, so no gradient flows into it."""
-        b = tf.stop_gradient(self.bias(rho, rho_up))
+    def penalty(self, kernel, mask, rho, rho_up, bias=None):
+        """lambda * sum over present weights (and, with include_bias, the layer's biases) of
+        (w + b)^2, divided by 1 ("sum"), by Cout, the kernel's last axis ("filter"), or by
+        the number of terms ("mean"; 0 when none is left). The density is a measurement, so
+        no gradient flows into it."""
+        b = tf.cast(tf.stop_gradient(self.bias(rho, rho_up)), kernel.dtype)
         mask = tf.cast(mask, kernel.dtype)
-        total = tf.reduce_sum(mask * tf.square(kernel + tf.cast(b, kernel.dtype)))
+        total = tf.reduce_sum(mask * tf.square(kernel + b))
+        terms = tf.reduce_sum(mask)
+        if self.include_bias and bias is not None:
+            total += tf.reduce_sum(tf.square(bias + b))
+            terms += tf.cast(tf.size(bias), kernel.dtype)
         if self.reduction == "mean":
-            total = tf.math.divide_no_nan(total, tf.reduce_sum(mask))
+            total = tf.math.divide_no_nan(total, terms)
         elif self.reduction == "filter":
             total = total / tf.cast(tf.shape(kernel)[-1], kernel.dtype)
         return self.scale * total
 
     def get_config(self):
-        return {"scale": self.scale, "o": self.o, "b1": self.b1, "b2": self.b2, "reduction": self.reduction}
+        return {"scale": self.scale, "o": self.o, "b1": self.b1, "b2": self.b2, "reduction": self.reduction,
+                "include_bias": self.include_bias}
 
     @classmethod
     def from_config(cls, config):
