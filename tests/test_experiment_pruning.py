@@ -1,5 +1,6 @@
 """The Fig. 6 study's bookkeeping (experiments/pruning.py, experiments/summarize.py): run
 naming per (lambda, threshold), and the comparison against lambda = 0 it reports."""
+import json
 import os
 import sys
 import types
@@ -49,3 +50,17 @@ def test_the_goal_needs_60_percent_less_time_and_accuracy_within_two_standard_er
     assert verdicts == [met]
     saving = 1 - seconds / 10.0
     assert any(f"{saving:.0%} less time per epoch on CPU (4 cores)" in line for line in lines), lines
+
+
+def test_layer_table_reads_each_runs_own_results(tmp_path, monkeypatch):
+    kept = tmp_path / "results" / "pruning_runs"
+    kept.mkdir(parents=True)
+    layers = [{"layer": "sparse_conv1_1", "rho_up": 0.12, "density": 0.0581, "present_weights": 58, "weights": 216}]
+    (kept / "study_pruning_0.3.json").write_text(json.dumps({"layers": layers}))
+    monkeypatch.setattr(summarize, "HERE", str(tmp_path))
+    rows = rows_of("pruning_0.3", 0.3, 0.01, 0.8, 4.0) + rows_of("pruning_0.0", 0.0, 0.0, 0.81, 10.0)
+    lines = summarize.layer_table("study", pruning.runs_of(rows))
+    assert "| λ | sparse_conv1_1 |" in lines
+    assert "| 0.3 (ε = 0.01) | 58/216 (0.058; 0.12) |" in lines  # the baseline kept no file: no row
+    assert not any(line.startswith("| 0.0") for line in lines)
+    assert summarize.layer_table("other", pruning.runs_of(rows)) == []
