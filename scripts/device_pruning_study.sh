@@ -17,6 +17,11 @@
 # as ad hoc scripts of these steps, 2026-11-24):
 #   RETIME_GPU=1 STUDIES="pruning:--lambdas 0 0.1 0.2 0.3 --prune-eps 0.01 --snapshot-epochs 1 5 10 20"
 #   STUDIES="pruning_thresholds:--lambdas 0 0.3 --prune-eps 0.005 0.002 0.001 --snapshot-epochs 1 10"
+# and with this script as it is (Eq. 4 on weights and biases, H200, 2026-11-24):
+#   RETIME_EPOCHS=30 STUDIES="pruning_biases:--lambdas 0 0.1 0.2 0.3 --prune-eps 0.01 0.03"
+#     (then, on the GPU: pruning.py --retime-only ... --results-name pruning_biases --retime-epochs 30)
+#   EPOCHS=60 RETIME_EPOCHS=60 RETIME_GPU=1 STUDIES="pruning_long:--lambdas 0 0.3 --prune-eps 0.01 0.03"
+#   EPOCHS=90 RETIME_EPOCHS=90 STUDIES="pruning_90:--lambdas 0 0.3 --prune-eps 0.01"
 set -uo pipefail
 STUDIES=${STUDIES:-pruning:--lambdas 0 0.1 0.2 0.3 --prune-eps 0.01 --snapshot-epochs 1 5 10 20}
 RETIME_EPOCHS=${RETIME_EPOCHS:-1 10 30}
