@@ -231,7 +231,8 @@ def train_all(args, rhos, work):
         present = [entry["present_weights"] for entry in res["pruning"]] or [res["present_weights"]] * args.epochs
         for epoch in range(args.epochs):
             rows.append({"run": name, "lambda": res["lambda"],
-                         "lam_terms": res.get("lam_terms") if res["lambda"] > 0 else None, "epoch": epoch + 1, "present_weights": present[epoch],
+                         "lam_terms": res.get("lam_terms") if res["lambda"] > 0 else None,
+                         "epoch": epoch + 1, "present_weights": present[epoch],
                          "sec_per_epoch": res["sec_per_epoch"][epoch],
                          "val_accuracy": res["history"]["val_accuracy"][epoch],
                          "resolution": res["resolution"], "rhos": res["rhos"], "reduction": args.reduction,

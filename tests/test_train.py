@@ -190,6 +190,20 @@ def test_backup_dir_refuses_a_changed_run_and_pruning(tmp_path, capsys):
     assert "cannot resume warning-shot pruning" in capsys.readouterr().err
 
 
+def test_backup_saved_before_lam_terms_resumes_only_with_the_weights_only_penalty(tmp_path, capsys):
+    """A run saved before --lam-terms existed pulled the weights only: resuming it under the
+    new default (weights and biases) would change the regulariser mid-run, so it is refused."""
+    parser = train.build_parser()
+    argv = ["--dataset", "synthetic", "--lam", "0.3", "--backup-dir", str(tmp_path)]
+    old = {k: v for k, v in vars(parser.parse_args(argv)).items()
+           if k not in train.RESUMABLE_CHANGES and k != "lam_terms"}
+    (tmp_path / "run_args.json").write_text(json.dumps(old))
+    with pytest.raises(SystemExit):
+        train.prepare_backup_dir(parser, parser.parse_args(argv))
+    assert "lam_terms: 'weights' there, 'weights+biases' now" in capsys.readouterr().err
+    train.prepare_backup_dir(parser, parser.parse_args(argv + ["--lam-terms", "weights"]))
+
+
 def test_cosine_schedule_decays_to_zero_and_fixes_the_epochs_of_a_backup(tmp_path, capsys):
     common = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--synthetic-per-class", "6",
               "--batch-size", "8", "--lr-schedule", "cosine", "--augment", "mirror",

@@ -163,8 +163,10 @@ def prepare_backup_dir(parser, args):
     if os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
-        # an argument added after the run was saved had its default then; --augment was a flag
-        saved = {**{k: parser.get_default(k) for k in current if k not in saved}, **saved}
+        # an argument added after the run was saved had its default then; --augment was a flag;
+        # before --lam-terms, Eq. 4 pulled the weights only
+        before = {"lam_terms": "weights"} if "lam_terms" not in saved and saved.get("lam", 0) > 0 else {}
+        saved = {**{k: parser.get_default(k) for k in current if k not in saved}, **before, **saved}
         if isinstance(saved.get("augment"), bool):
             saved["augment"] = "rotate" if saved["augment"] else None
         changed = sorted(k for k in (set(saved) | set(current)) - set(resumable) if saved.get(k) != current.get(k))
