@@ -35,6 +35,7 @@ from tf_sparseconv.ops.site_conversions import from_channel_sparse
 DATASETS = ("synthetic", "modelnet40", "modelnet10", "scannet", "mnist")
 MODELS = ("octnet3", "site-resnet")
 LAM_TERMS = ("weights+biases", "weights")
+OPTIMIZERS = ("adam", "adagrad", "sgd")
 SITE_MODEL_NOTE = ("memory bound: not computed for site-resnet; the bound covers the channel-sparse layers "
                    "(SparseConv, SparseMaxPool) only, and a site model's memory follows its active sites")
 DEFAULT_DATA_DIR = os.environ.get(
@@ -129,9 +130,6 @@ class EpochLog(keras.callbacks.Callback):
 # adds an evaluation at the end). A decaying learning rate spans the planned epochs, so
 # under one --epochs may not change either.
 RESUMABLE_CHANGES = ("epochs", "out", "backup_dir", "vote_mirror", "snapshot_epochs")
-
-
-OPTIMIZERS = ("adam", "adagrad", "sgd")
 
 
 def build_optimizer(name, learning_rate, weight_decay=0.0):
