@@ -124,6 +124,9 @@ def main():
                    help="pruning thresholds; each lambda > 0 trains once per threshold")
     p.add_argument("--lam-terms", nargs="+", choices=("weights+biases", "weights"), default=["weights+biases"],
                    help="what Eq. 4 pulls towards -b (train.py --lam-terms); each lambda > 0 trains once per choice")
+    p.add_argument("--finetune-epochs", type=int, nargs="+", default=[0],
+                   help="train.py --finetune-epochs for every lambda > 0 (the last N epochs without Eq. 4 and "
+                        "pruning); each lambda > 0 trains once per value")
     p.add_argument("--optimizer", choices=("adam", "adagrad", "sgd"), default="adam")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
@@ -178,46 +181,56 @@ def model_path(work, run, epoch=None):
 
 
 def configurations(args):
-    """{run name: (lambda, pruning threshold, Eq. 4 terms)}: lambda = 0 is the baseline,
-    neither regularisation nor pruning (as in Fig. 6); every lambda > 0 once per threshold
-    and choice of terms. Names carry a threshold or terms only where the study varies them."""
+    """{run name: (lambda, pruning threshold, Eq. 4 terms, fine-tuning epochs)}: lambda = 0
+    is the baseline, neither regularisation nor pruning (as in Fig. 6); every lambda > 0 once
+    per threshold, choice of terms and fine-tuning length. Names carry those only where the
+    study varies them."""
     runs = {}
     for lam in args.lambdas:
         if lam == 0:
-            runs[f"pruning_{lam}"] = (lam, 0.0, None)
+            runs[f"pruning_{lam}"] = (lam, 0.0, None, 0)
             continue
         for eps in args.prune_eps:
             for terms in args.lam_terms:
-                name = f"pruning_{lam}" + (f"_eps{eps}" if len(args.prune_eps) > 1 else "") \
-                    + (f"_{terms}" if len(args.lam_terms) > 1 else "")
-                runs[name] = (lam, eps, terms)
+                for finetune in args.finetune_epochs:
+                    name = f"pruning_{lam}" + (f"_eps{eps}" if len(args.prune_eps) > 1 else "") \
+                        + (f"_{terms}" if len(args.lam_terms) > 1 else "") \
+                        + (f"_ft{finetune}" if len(args.finetune_epochs) > 1 else "")
+                    runs[name] = (lam, eps, terms, finetune)
     return runs
 
 
 def runs_of(rows):
-    """The runs of pruning.json in (lambda, threshold, terms) order, each [its rows by epoch]."""
+    """The runs of pruning.json in (lambda, threshold, terms, fine-tuning) order, each [its rows by epoch]."""
     names = sorted({row["run"] for row in rows}, key=lambda n: next(
-        (r["lambda"], r["prune_eps"], r.get("lam_terms") or "") for r in rows if r["run"] == n))
+        (r["lambda"], r["prune_eps"], r.get("lam_terms") or "", r.get("finetune_epochs") or 0)
+        for r in rows if r["run"] == n))
     return [[row for row in rows if row["run"] == name] for name in names]
+
+
+def finetune_note(row):
+    """', fine-tuned N' for a run whose last N epochs trained without Eq. 4 and pruning."""
+    return f", last {row['finetune_epochs']} epochs fine-tuned" if row.get("finetune_epochs") else ""
 
 
 def label(row):
     if row["lambda"] == 0:
         return "λ = 0"
     terms = ", weights only" if row.get("lam_terms") == "weights" else ""
-    return f"λ = {row['lambda']}, ε = {row['prune_eps']}{terms}"
+    return f"λ = {row['lambda']}, ε = {row['prune_eps']}{terms}{finetune_note(row)}"
 
 
 def train_all(args, rhos, work):
     _, _, train_idx, val_idx = split(args)
     runs = {}
-    for name, (lam, eps, terms) in configurations(args).items():
+    for name, (lam, eps, terms, finetune) in configurations(args).items():
         train_args = ["--dataset", "modelnet40", "--resolution", args.resolution, "--epochs", args.epochs,
                       "--batch-size", args.batch_size, "--max-examples", args.max_examples,
                       "--val-fraction", args.val_fraction, "--seed", args.seed, "--optimizer", args.optimizer,
-                      "--lr", args.lr, "--lr-schedule", args.lr_schedule, "--lam", lam,
-                      "--lam-reduction", args.reduction, "--prune-eps", eps]
+                      "--lr", args.lr, "--lr-schedule", args.lr_schedule, "--lam", lam, "--prune-eps", eps]
+        train_args += ["--lam-reduction", args.reduction] if lam > 0 else []
         train_args += ["--lam-terms", terms] if terms else []
+        train_args += ["--finetune-epochs", finetune] if finetune else []
         train_args += ["--rho", *rhos] if rhos else []
         train_args += ["--data-dir", args.data_dir] if args.data_dir else []
         train_args += ["--snapshot-epochs", *args.snapshot_epochs] if args.snapshot_epochs else []
@@ -232,6 +245,7 @@ def train_all(args, rhos, work):
         for epoch in range(args.epochs):
             rows.append({"run": name, "lambda": res["lambda"],
                          "lam_terms": res.get("lam_terms") if res["lambda"] > 0 else None,
+                         "finetune_epochs": res.get("finetune_epochs", 0),
                          "epoch": epoch + 1, "present_weights": present[epoch],
                          "sec_per_epoch": res["sec_per_epoch"][epoch],
                          "val_accuracy": res["history"]["val_accuracy"][epoch],

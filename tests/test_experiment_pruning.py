@@ -14,22 +14,38 @@ import summarize  # noqa: E402
 
 
 def test_each_lambda_trains_once_per_threshold_and_the_baseline_once():
-    args = types.SimpleNamespace(lambdas=[0.0, 0.3], prune_eps=[0.01, 0.002], lam_terms=["weights+biases"])
+    args = types.SimpleNamespace(lambdas=[0.0, 0.3], prune_eps=[0.01, 0.002], lam_terms=["weights+biases"],
+                                 finetune_epochs=[0])
     assert pruning.configurations(args) == {
-        "pruning_0.0": (0.0, 0.0, None), "pruning_0.3_eps0.01": (0.3, 0.01, "weights+biases"),
-        "pruning_0.3_eps0.002": (0.3, 0.002, "weights+biases")}
-    one = types.SimpleNamespace(lambdas=[0.0, 0.1], prune_eps=[0.01], lam_terms=["weights"])  # names as before
+        "pruning_0.0": (0.0, 0.0, None, 0), "pruning_0.3_eps0.01": (0.3, 0.01, "weights+biases", 0),
+        "pruning_0.3_eps0.002": (0.3, 0.002, "weights+biases", 0)}
+    one = types.SimpleNamespace(lambdas=[0.0, 0.1], prune_eps=[0.01], lam_terms=["weights"],
+                                finetune_epochs=[0])  # names as before
     assert list(pruning.configurations(one)) == ["pruning_0.0", "pruning_0.1"]
 
 
 def test_runs_carry_the_eq4_terms_in_their_names_only_where_the_study_varies_them():
-    args = types.SimpleNamespace(lambdas=[0.0, 0.1], prune_eps=[0.03], lam_terms=["weights+biases", "weights"])
-    assert pruning.configurations(args) == {"pruning_0.0": (0.0, 0.0, None),
-                                            "pruning_0.1_weights+biases": (0.1, 0.03, "weights+biases"),
-                                            "pruning_0.1_weights": (0.1, 0.03, "weights")}
+    args = types.SimpleNamespace(lambdas=[0.0, 0.1], prune_eps=[0.03], lam_terms=["weights+biases", "weights"],
+                                 finetune_epochs=[0])
+    assert pruning.configurations(args) == {"pruning_0.0": (0.0, 0.0, None, 0),
+                                            "pruning_0.1_weights+biases": (0.1, 0.03, "weights+biases", 0),
+                                            "pruning_0.1_weights": (0.1, 0.03, "weights", 0)}
     assert pruning.label({"lambda": 0.1, "prune_eps": 0.03, "lam_terms": "weights"}) == "λ = 0.1, ε = 0.03, weights only"
     assert pruning.label({"lambda": 0.1, "prune_eps": 0.03, "lam_terms": "weights+biases"}) == "λ = 0.1, ε = 0.03"
     assert summarize.run_label({"lambda": 0.3, "prune_eps": 0.01, "lam_terms": "weights"}) == "0.3 (ε = 0.01, weights only)"
+
+
+def test_runs_carry_the_fine_tuning_in_names_where_varied_and_always_in_labels():
+    args = types.SimpleNamespace(lambdas=[0.0, 0.3], prune_eps=[0.03], lam_terms=["weights+biases"],
+                                 finetune_epochs=[0, 10])
+    assert pruning.configurations(args) == {"pruning_0.0": (0.0, 0.0, None, 0),
+                                            "pruning_0.3_ft0": (0.3, 0.03, "weights+biases", 0),
+                                            "pruning_0.3_ft10": (0.3, 0.03, "weights+biases", 10)}
+    one = types.SimpleNamespace(lambdas=[0.3], prune_eps=[0.03], lam_terms=["weights+biases"], finetune_epochs=[10])
+    assert pruning.configurations(one) == {"pruning_0.3": (0.3, 0.03, "weights+biases", 10)}
+    row = {"lambda": 0.3, "prune_eps": 0.03, "lam_terms": "weights+biases", "finetune_epochs": 10}
+    assert pruning.label(row) == "λ = 0.3, ε = 0.03, last 10 epochs fine-tuned"
+    assert summarize.run_label(row) == "0.3 (ε = 0.03, last 10 epochs fine-tuned)"
 
 
 def rows_of(run, lam, eps, accuracy, cpu_seconds):

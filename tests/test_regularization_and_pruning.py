@@ -258,3 +258,54 @@ def test_pruned_weights_stay_zero_through_training_and_present_count_never_grows
 def test_pruning_callback_rejects_non_positive_epsilon():
     with pytest.raises(ValueError, match="epsilon must be > 0"):
         kl.WarningShotPruning(epsilon=0.0)
+
+
+def regularised_classifier(scale):
+    inputs = kl.sparse_input((8, 8, 1))
+    h = kl.SparseConv(4, 3, rho_up=0.2, activation="relu", name="conv",
+                      density_regularizer=kl.DensityRegularizer(scale, reduction="sum"))(inputs)
+    h = keras.layers.Flatten()(kl.SparseToDense()(h))
+    return keras.Model(inputs, keras.layers.Dense(2)(h))
+
+
+def grid_dataset(rng, count=16):
+    grids = (rng.random((count, 8, 8, 1)) < 0.3).astype(np.float32)
+    labels = (grids[:, :4].sum(axis=(1, 2, 3)) > grids[:, 4:].sum(axis=(1, 2, 3))).astype(np.int64)
+    return tf.data.Dataset.from_tensor_slices((grids, labels)).batch(8).map(
+        lambda g, y: (kl.as_keras_inputs(ts.from_dense(g).with_shape([None, 8, 8, 1])), y))
+
+
+def test_fine_tune_phase_turns_the_eq4_penalty_off_from_its_epoch(rng):
+    """With a learning rate of 0 the weights stay put, so each epoch's training loss is the
+    data loss plus (until the phase) the penalty; from the phase on it is the data loss
+    alone, which evaluate() (no penalty outside training) measures on the same batches."""
+    model = regularised_classifier(scale=5.0)
+    model.compile(keras.optimizers.SGD(0.0), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    dataset = grid_dataset(rng)
+    data_loss = model.evaluate(dataset, verbose=0, return_dict=True)["loss"]
+    losses = model.fit(dataset, epochs=4, verbose=0, callbacks=[kl.FineTunePhase(2)]).history["loss"]
+    assert losses[0] == pytest.approx(losses[1]) and losses[0] > data_loss + 0.5
+    assert losses[2] == pytest.approx(data_loss, rel=1e-5) and losses[3] == pytest.approx(data_loss, rel=1e-5)
+    assert model.get_layer("conv").density_regularizer.scale == 5.0  # the saved config keeps the regulariser
+
+
+def test_fine_tune_phase_fixes_the_masks_from_its_epoch(rng):
+    model = regularised_classifier(scale=0.1)
+    model.compile(keras.optimizers.Adam(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pruning = kl.WarningShotPruning(epsilon=0.1)  # large: weights get pruned (without the phase, 36 -> 11 here)
+    phase = kl.FineTunePhase(3, pruning)
+    kernels = []
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: kernels.append(model.get_layer("conv").kernel.numpy().copy()))
+    model.fit(grid_dataset(rng), epochs=6, verbose=0, callbacks=[pruning, phase, record])
+    counts = [entry["present_weights"] for entry in pruning.history]
+    assert counts[2] < counts[0], "the test needs pruning before the phase"
+    assert counts[2:] == [counts[2]] * 4 and all(entry["pruned"] == 0 for entry in pruning.history[3:])
+    mask = model.get_layer("conv").mask.numpy() > 0
+    np.testing.assert_array_equal(kernels[-1][~mask], 0.0)
+    assert not np.array_equal(kernels[2][mask], kernels[-1][mask])  # the present weights still train
+
+
+def test_fine_tune_phase_needs_an_epoch_before_it():
+    with pytest.raises(ValueError, match="start_epoch must be >= 1"):
+        kl.FineTunePhase(0)

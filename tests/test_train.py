@@ -125,6 +125,27 @@ def test_snapshots_hold_the_model_of_their_epoch(tmp_path):
         results["pruning"][e]["present_weights"] for e in (0, 2)]
 
 
+def test_finetune_epochs_fix_the_pruned_structure_for_the_last_epochs(tmp_path):
+    results = train.main(["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--epochs", "3",
+                          "--synthetic-per-class", "6", "--batch-size", "8", "--lam", "0.3", "--lam-reduction", "sum",
+                          "--prune-eps", "0.05", "--finetune-epochs", "1", "--out", str(tmp_path)])
+    assert results["finetune_epochs"] == 1
+    assert results["pruning"][2]["pruned"] == 0
+    assert results["pruning"][2]["present_weights"] == results["pruning"][1]["present_weights"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--finetune-epochs", "1"], "--finetune-epochs ends regularisation and pruning"),
+    (["--lam", "0.1", "--finetune-epochs", "3"], "--finetune-epochs must lie in 1..2"),
+    (["--lam-terms", "weights"], "--lam-reduction and --lam-terms shape the Eq. 4 penalty; they need --lam > 0"),
+    (["--lam-reduction", "filter"], "--lam-reduction and --lam-terms shape the Eq. 4 penalty; they need --lam > 0"),
+])
+def test_options_without_effect_are_refused(tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit):
+        train.main(["--dataset", "synthetic", "--epochs", "3", "--out", str(tmp_path)] + extra)
+    assert message in capsys.readouterr().err
+
+
 def test_snapshot_epochs_outside_the_run_are_refused(tmp_path, capsys):
     for bad in ("0", "4"):
         with pytest.raises(SystemExit):
@@ -195,13 +216,25 @@ def test_backup_saved_before_lam_terms_resumes_only_with_the_weights_only_penalt
     new default (weights and biases) would change the regulariser mid-run, so it is refused."""
     parser = train.build_parser()
     argv = ["--dataset", "synthetic", "--lam", "0.3", "--backup-dir", str(tmp_path)]
-    old = {k: v for k, v in vars(parser.parse_args(argv)).items()
-           if k not in train.RESUMABLE_CHANGES and k != "lam_terms"}
+    old = {k: v for k, v in vars(train.parse_args(parser, argv)).items()
+           if k not in train.RESUMABLE_CHANGES and k not in ("lam_terms", "finetune_epochs")}
     (tmp_path / "run_args.json").write_text(json.dumps(old))
     with pytest.raises(SystemExit):
-        train.prepare_backup_dir(parser, parser.parse_args(argv))
+        train.prepare_backup_dir(parser, train.parse_args(parser, argv))
     assert "lam_terms: 'weights' there, 'weights+biases' now" in capsys.readouterr().err
-    train.prepare_backup_dir(parser, parser.parse_args(argv + ["--lam-terms", "weights"]))
+    train.prepare_backup_dir(parser, train.parse_args(parser, argv + ["--lam-terms", "weights"]))
+
+
+def test_backup_saved_before_the_eq4_options_needed_lam_resumes_a_baseline(tmp_path):
+    """A lambda = 0 run saved before --lam-terms and --finetune-epochs existed resumes under
+    the same arguments: the missing options take the values main() resolves them to."""
+    parser = train.build_parser()
+    argv = ["--dataset", "synthetic", "--backup-dir", str(tmp_path)]
+    old = {k: v for k, v in vars(train.parse_args(parser, argv)).items()
+           if k not in train.RESUMABLE_CHANGES and k not in ("lam_terms", "finetune_epochs")}
+    assert old["lam_reduction"] == "sum"
+    (tmp_path / "run_args.json").write_text(json.dumps(old))
+    train.prepare_backup_dir(parser, train.parse_args(parser, argv))
 
 
 def test_cosine_schedule_decays_to_zero_and_fixes_the_epochs_of_a_backup(tmp_path, capsys):

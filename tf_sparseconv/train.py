@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_sparseconv import data as datasets
-from tf_sparseconv.keras_layers import (DensityRegularizer, WarningShotPruning, as_keras_inputs,
+from tf_sparseconv.keras_layers import (DensityRegularizer, FineTunePhase, WarningShotPruning, as_keras_inputs,
                                         as_site_keras_inputs, present_weight_count, sparse_conv_layers)
 from tf_sparseconv.losses import SmoothedSparseCrossentropy
 from tf_sparseconv.memory_bound import memory_bound
@@ -130,6 +130,8 @@ class EpochLog(keras.callbacks.Callback):
 # adds an evaluation at the end). A decaying learning rate spans the planned epochs, so
 # under one --epochs may not change either.
 RESUMABLE_CHANGES = ("epochs", "out", "backup_dir", "vote_mirror", "snapshot_epochs")
+# Options whose parser default is None (given only with --lam > 0), as main() resolves them.
+RESOLVED_DEFAULTS = {"lam_reduction": "sum", "lam_terms": LAM_TERMS[0]}
 
 
 def build_optimizer(name, learning_rate, weight_decay=0.0):
@@ -164,7 +166,8 @@ def prepare_backup_dir(parser, args):
         # an argument added after the run was saved had its default then; --augment was a flag;
         # before --lam-terms, Eq. 4 pulled the weights only
         before = {"lam_terms": "weights"} if "lam_terms" not in saved and saved.get("lam", 0) > 0 else {}
-        saved = {**{k: parser.get_default(k) for k in current if k not in saved}, **before, **saved}
+        saved = {**{k: RESOLVED_DEFAULTS.get(k, parser.get_default(k)) for k in current if k not in saved},
+                 **before, **saved}
         if isinstance(saved.get("augment"), bool):
             saved["augment"] = "rotate" if saved["augment"] else None
         changed = sorted(k for k in (set(saved) | set(current)) - set(resumable) if saved.get(k) != current.get(k))
@@ -234,12 +237,17 @@ def build_parser():
     p.add_argument("--rho", type=float, nargs="+", help="density bound per sparse block (default: Table 4)")
     p.add_argument("--selection", choices=("signed", "abs"), default="signed")
     p.add_argument("--lam", type=float, default=0.0, help="adaptive density regularisation scale (Eq. 4)")
-    p.add_argument("--lam-reduction", choices=("sum", "mean", "filter"), default="sum",
-                   help="Eq. 4 penalty per layer: lambda * sum of (w + b)^2 over present weights, or lambda * their mean")
-    p.add_argument("--lam-terms", choices=LAM_TERMS, default="weights+biases",
+    p.add_argument("--lam-reduction", choices=("sum", "mean", "filter"), default=None,
+                   help="Eq. 4 penalty per layer: lambda * sum of (w + b)^2 over present weights, or lambda * their "
+                        "mean (default: sum; needs --lam > 0)")
+    p.add_argument("--lam-terms", choices=LAM_TERMS, default=None,
                    help="what Eq. 4 pulls towards -b: the filter weights and the layers' biases (the paper, §3.5: "
-                        "'lowering the values of filter weights and biases'), or the weights only")
+                        "'lowering the values of filter weights and biases'; the default), or the weights only "
+                        "(needs --lam > 0)")
     p.add_argument("--prune-eps", type=float, default=0.0, help="warning-shot pruning threshold (0: off)")
+    p.add_argument("--finetune-epochs", type=int, default=0,
+                   help="the last N epochs fine-tune: Eq. 4 off and pruning stopped, so the pruned structure is "
+                        "fixed and the remaining weights train on the data loss alone (needs --lam or --prune-eps)")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
@@ -297,15 +305,31 @@ def _check_model_options(parser, args):
         parser.error(f"--features names a feature twice: {args.features}")
     if any(e < 1 or e > args.epochs for e in args.snapshot_epochs):
         parser.error(f"--snapshot-epochs must lie in 1..{args.epochs} (--epochs): {args.snapshot_epochs}")
+    if args.lam <= 0 and (args.lam_reduction or args.lam_terms):
+        parser.error("--lam-reduction and --lam-terms shape the Eq. 4 penalty; they need --lam > 0")
+    for key, value in RESOLVED_DEFAULTS.items():
+        setattr(args, key, getattr(args, key) or value)
+    if args.finetune_epochs:
+        if not (args.lam > 0 or args.prune_eps > 0):
+            parser.error("--finetune-epochs ends regularisation and pruning; it needs --lam > 0 or --prune-eps > 0")
+        if not 0 < args.finetune_epochs < args.epochs:
+            parser.error(f"--finetune-epochs must lie in 1..{args.epochs - 1} (fewer than --epochs), "
+                         f"got {args.finetune_epochs}")
     if args.backup_dir and args.prune_eps > 0:
         # The callback's flags from the previous epoch end live in the process, not in the checkpoint.
         parser.error("--backup-dir cannot resume warning-shot pruning (--prune-eps); run it in one process")
 
 
-def main(argv=None):
-    parser = build_parser()
+def parse_args(parser, argv=None):
+    """The checked arguments, with the defaults that depend on other options filled in."""
     args = parser.parse_args(argv)
     _check_model_options(parser, args)
+    return args
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parse_args(parser, argv)
     if args.backup_dir:
         prepare_backup_dir(parser, args)
     site = args.model == "site-resnet"
@@ -361,6 +385,8 @@ def main(argv=None):
     pruning = WarningShotPruning(args.prune_eps) if args.prune_eps > 0 else None
     if pruning:
         callbacks.append(pruning)
+    if args.finetune_epochs:  # before the snapshots and the epoch log, as pruning
+        callbacks.append(FineTunePhase(args.epochs - args.finetune_epochs, pruning))
     if args.snapshot_epochs:  # after pruning, so a snapshot holds that epoch's masks
         callbacks.append(EpochSnapshots(args.out, args.snapshot_epochs))
     epoch_log = EpochLog(args.backup_dir) if args.backup_dir else None
@@ -393,6 +419,7 @@ def main(argv=None):
         "resolution": resolution, "epochs": len(history.get("loss", [])),
         "batch_size": args.batch_size,
         "rhos": list(rhos), "lambda": args.lam, "lam_terms": args.lam_terms, "prune_eps": args.prune_eps,
+        "finetune_epochs": args.finetune_epochs,
         "selection": args.selection,
         "val_accuracy": float(val_metrics["accuracy"]), "val_loss": float(val_metrics["loss"]),
         "val_accuracy_mirror_vote": vote,

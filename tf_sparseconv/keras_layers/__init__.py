@@ -8,6 +8,7 @@ included); models start from `site_input` or `SiteVoxelize` and leave through
 """
 from tf_sparseconv.keras_layers.conv import SparseConv
 from tf_sparseconv.keras_layers.density_regularizer import DensityRegularizer
+from tf_sparseconv.keras_layers.fine_tune import FineTunePhase
 from tf_sparseconv.keras_layers.layers import DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense, VoxelizePoints
 from tf_sparseconv.keras_layers.pruning import WarningShotPruning, present_weight_count, sparse_conv_layers
 from tf_sparseconv.keras_layers.site_inputs import as_site_keras_inputs, from_site_keras_inputs, site_input
@@ -17,7 +18,7 @@ from tf_sparseconv.keras_layers.site_layers import (SiteAdd, SiteConcat, SiteCon
 from tf_sparseconv.keras_layers.sparse_inputs import as_keras_inputs, from_keras_inputs, sparse_input
 
 __all__ = ["SparseConv", "SparseReLU", "SparseMaxPool", "SparseToDense", "DenseToSparse", "VoxelizePoints",
-           "DensityRegularizer", "WarningShotPruning", "present_weight_count", "sparse_conv_layers",
+           "DensityRegularizer", "WarningShotPruning", "FineTunePhase", "present_weight_count", "sparse_conv_layers",
            "as_keras_inputs", "from_keras_inputs", "sparse_input",
            "SiteConv", "SubMConv", "SiteConvTranspose", "SiteInverseConv", "SitePool", "SiteGlobalPool", "SiteSelect",
            "SiteFeatures", "SiteConcat", "SiteAdd", "SiteVoxelize", "SiteToPoints",

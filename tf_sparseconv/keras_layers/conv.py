@@ -74,6 +74,8 @@ class SparseConv(SparseLayer):
         if isinstance(density_regularizer, dict):
             density_regularizer = keras.saving.deserialize_keras_object(density_regularizer)
         self.density_regularizer = density_regularizer
+        # Set False by FineTunePhase: the regulariser stays in the config, its penalty is off.
+        self.density_regularization_on = True
         self.accumulator = accumulator
         self.density_metric = keras.metrics.Mean(name=f"{self.name}_density")
 
@@ -117,7 +119,7 @@ class SparseConv(SparseLayer):
             y = sparse_relu(y)
         cells = tf.cast(tf.reduce_prod(y.dense_shape), tf.float32)
         self.density_metric.update_state(tf.cast(y.num_entries, tf.float32) / cells)
-        if self.density_regularizer is not None and training:
+        if self.density_regularizer is not None and self.density_regularization_on and training:
             # Eq. 4's rho: what the layer would keep without the bound (the ReLU's survivors
             # before k-selection), so b > 0 exactly when k-selection has to cut.
             survivors = positive if self.activation == "relu" else touched

@@ -26,6 +26,7 @@ class WarningShotPruning(keras.callbacks.Callback):
             raise ValueError(f"epsilon must be > 0, got {epsilon}")
         self.epsilon = float(epsilon)
         self.verbose = verbose
+        self.active = True  # FineTunePhase stops the checks, fixing the masks
         self.history = []  # per epoch: {"epoch", "pruned", "present_weights"}
 
     def prune(self, model):
@@ -44,7 +45,7 @@ class WarningShotPruning(keras.callbacks.Callback):
         return pruned
 
     def on_epoch_end(self, epoch, logs=None):
-        pruned = self.prune(self.model)
+        pruned = self.prune(self.model) if self.active else 0
         present = present_weight_count(self.model)
         self.history.append({"epoch": epoch, "pruned": pruned, "present_weights": present})
         if logs is not None:
