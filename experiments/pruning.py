@@ -124,6 +124,8 @@ def main():
                    help="pruning thresholds; each lambda > 0 trains once per threshold")
     p.add_argument("--lam-terms", nargs="+", choices=("weights+biases", "weights"), default=["weights+biases"],
                    help="what Eq. 4 pulls towards -b (train.py --lam-terms); each lambda > 0 trains once per choice")
+    p.add_argument("--lam-density", choices=("layer", "channel"), default="layer",
+                   help="train.py --lam-density for every lambda > 0: Eq. 4's rho over the layer or per channel")
     p.add_argument("--finetune-epochs", type=int, nargs="+", default=[0],
                    help="train.py --finetune-epochs for every lambda > 0 (the last N epochs without Eq. 4 and "
                         "pruning); each lambda > 0 trains once per value")
@@ -208,16 +210,18 @@ def runs_of(rows):
     return [[row for row in rows if row["run"] == name] for name in names]
 
 
-def finetune_note(row):
-    """', fine-tuned N' for a run whose last N epochs trained without Eq. 4 and pruning."""
-    return f", last {row['finetune_epochs']} epochs fine-tuned" if row.get("finetune_epochs") else ""
+def variant_note(row):
+    """What a run did beyond the plain Eq. 4 and pruning: its rho per channel, and its last N
+    epochs trained without Eq. 4 and pruning."""
+    return ((", ρ per channel" if row.get("lam_density") == "channel" else "")
+            + (f", last {row['finetune_epochs']} epochs fine-tuned" if row.get("finetune_epochs") else ""))
 
 
 def label(row):
     if row["lambda"] == 0:
         return "λ = 0"
     terms = ", weights only" if row.get("lam_terms") == "weights" else ""
-    return f"λ = {row['lambda']}, ε = {row['prune_eps']}{terms}{finetune_note(row)}"
+    return f"λ = {row['lambda']}, ε = {row['prune_eps']}{terms}{variant_note(row)}"
 
 
 def train_all(args, rhos, work):
@@ -228,7 +232,7 @@ def train_all(args, rhos, work):
                       "--batch-size", args.batch_size, "--max-examples", args.max_examples,
                       "--val-fraction", args.val_fraction, "--seed", args.seed, "--optimizer", args.optimizer,
                       "--lr", args.lr, "--lr-schedule", args.lr_schedule, "--lam", lam, "--prune-eps", eps]
-        train_args += ["--lam-reduction", args.reduction] if lam > 0 else []
+        train_args += ["--lam-reduction", args.reduction, "--lam-density", args.lam_density] if lam > 0 else []
         train_args += ["--lam-terms", terms] if terms else []
         train_args += ["--finetune-epochs", finetune] if finetune else []
         train_args += ["--rho", *rhos] if rhos else []
@@ -246,6 +250,7 @@ def train_all(args, rhos, work):
             rows.append({"run": name, "lambda": res["lambda"],
                          "lam_terms": res.get("lam_terms") if res["lambda"] > 0 else None,
                          "finetune_epochs": res.get("finetune_epochs", 0),
+                         "lam_density": res.get("lam_density") if res["lambda"] > 0 else None,
                          "epoch": epoch + 1, "present_weights": present[epoch],
                          "sec_per_epoch": res["sec_per_epoch"][epoch],
                          "val_accuracy": res["history"]["val_accuracy"][epoch],

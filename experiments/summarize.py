@@ -105,7 +105,7 @@ def run_label(row):
     if row["lambda"] == 0:
         return f"{row['lambda']}"
     terms = ", weights only" if row.get("lam_terms") == "weights" else ""
-    return f"{row['lambda']} (ε = {row['prune_eps']}{terms}{pruning.finetune_note(row)})"
+    return f"{row['lambda']} (ε = {row['prune_eps']}{terms}{pruning.variant_note(row)})"
 
 
 def less(fraction):

@@ -46,6 +46,7 @@ def test_runs_carry_the_fine_tuning_in_names_where_varied_and_always_in_labels()
     row = {"lambda": 0.3, "prune_eps": 0.03, "lam_terms": "weights+biases", "finetune_epochs": 10}
     assert pruning.label(row) == "λ = 0.3, ε = 0.03, last 10 epochs fine-tuned"
     assert summarize.run_label(row) == "0.3 (ε = 0.03, last 10 epochs fine-tuned)"
+    assert pruning.label({**row, "lam_density": "channel"}) == "λ = 0.3, ε = 0.03, ρ per channel, last 10 epochs fine-tuned"
 
 
 def rows_of(run, lam, eps, accuracy, cpu_seconds):

@@ -309,3 +309,45 @@ def test_fine_tune_phase_fixes_the_masks_from_its_epoch(rng):
 def test_fine_tune_phase_needs_an_epoch_before_it():
     with pytest.raises(ValueError, match="start_epoch must be >= 1"):
         kl.FineTunePhase(0)
+
+
+def test_penalty_with_a_density_per_channel_gives_each_filter_its_own_b():
+    kernel = tf.constant([[1.0, -2.0], [0.5, 4.0]])  # [Cin = 2, Cout = 2]
+    mask = tf.ones_like(kernel)
+    bias = tf.constant([0.3, -0.7])
+    rho = tf.constant([0.5, 0.05])  # channel 0 above rho_up = 0.2, channel 1 below
+    b = np.array([0.1 + 0.1 * (0.5 - 0.2), -0.1 * (0.2 - 0.05)])
+    filters = [(1.0 + b[0]) ** 2 + (0.5 + b[0]) ** 2 + (0.3 + b[0]) ** 2,
+               (-2.0 + b[1]) ** 2 + (4.0 + b[1]) ** 2 + (-0.7 + b[1]) ** 2]
+    reg = kl.DensityRegularizer(scale=0.3, reduction="filter", density="channel")
+    assert reg.penalty(kernel, mask, rho, 0.2, bias).numpy() == pytest.approx(0.3 * sum(filters) / 2, rel=1e-6)
+    np.testing.assert_allclose(reg.bias(rho, 0.2).numpy(), b, rtol=1e-6)
+
+
+def test_layer_penalty_with_density_per_channel_uses_each_channels_survivors(rng):
+    """One channel with every touched response positive (far above rho_up), one with none
+    (density 0): the first filter is pulled down by o + b1 (rho_0 - rho_up), the second up by
+    b2 rho_up; the layer-wide density would give both the same b."""
+    dense = (rng.random((2, 9, 9, 1)) < 0.4).astype(np.float32)
+    x = kl.as_keras_inputs(ts.from_dense(dense))
+    layer = kl.SparseConv(2, 3, rho_up=0.1, activation="relu",
+                          density_regularizer=kl.DensityRegularizer(scale=0.5, reduction="sum", density="channel"))
+    layer(x)
+    kernel = np.zeros(layer.kernel.shape, np.float32)
+    kernel[..., 0], kernel[..., 1] = 0.2, -0.2
+    layer.kernel.assign(kernel)
+    _, _, positive = ts.direct_conv(kl.from_keras_inputs(x), layer.kernel, layer.bias, tf.cast(layer.mask, tf.bool),
+                                    selection="signed", rho_up=0.1, return_counts=True)
+    rho = tf.reduce_sum(positive, axis=0).numpy() / (2 * 9 * 9)
+    assert rho[0] > 0.3 and rho[1] == 0
+    layer(x, training=True)
+    b = [0.1 + 0.1 * (rho[0] - 0.1), -0.1 * 0.1]
+    expected = 0.5 * (9 * (0.2 + b[0]) ** 2 + b[0] ** 2 + 9 * (-0.2 + b[1]) ** 2 + b[1] ** 2)
+    assert float(layer.losses[-1]) == pytest.approx(expected, rel=1e-5)
+    again = kl.SparseConv.from_config(layer.get_config())
+    assert again.density_regularizer.density == "channel"
+
+
+def test_density_regularizer_rejects_unknown_density():
+    with pytest.raises(ValueError, match="density must be one of"):
+        kl.DensityRegularizer(density="batch")

@@ -128,8 +128,11 @@ def test_snapshots_hold_the_model_of_their_epoch(tmp_path):
 def test_finetune_epochs_fix_the_pruned_structure_for_the_last_epochs(tmp_path):
     results = train.main(["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--epochs", "3",
                           "--synthetic-per-class", "6", "--batch-size", "8", "--lam", "0.3", "--lam-reduction", "sum",
-                          "--prune-eps", "0.05", "--finetune-epochs", "1", "--out", str(tmp_path)])
-    assert results["finetune_epochs"] == 1
+                          "--lam-density", "channel", "--prune-eps", "0.05", "--finetune-epochs", "1",
+                          "--out", str(tmp_path)])
+    assert results["finetune_epochs"] == 1 and results["lam_density"] == "channel"
+    model = keras.models.load_model(tmp_path / "model.keras")
+    assert model.get_layer("sparse_conv1_1").density_regularizer.density == "channel"
     assert results["pruning"][2]["pruned"] == 0
     assert results["pruning"][2]["present_weights"] == results["pruning"][1]["present_weights"]
 
@@ -137,8 +140,9 @@ def test_finetune_epochs_fix_the_pruned_structure_for_the_last_epochs(tmp_path):
 @pytest.mark.parametrize("extra,message", [
     (["--finetune-epochs", "1"], "--finetune-epochs ends regularisation and pruning"),
     (["--lam", "0.1", "--finetune-epochs", "3"], "--finetune-epochs must lie in 1..2"),
-    (["--lam-terms", "weights"], "--lam-reduction and --lam-terms shape the Eq. 4 penalty; they need --lam > 0"),
-    (["--lam-reduction", "filter"], "--lam-reduction and --lam-terms shape the Eq. 4 penalty; they need --lam > 0"),
+    (["--lam-terms", "weights"], "--lam-reduction, --lam-terms and --lam-density shape the Eq. 4 penalty"),
+    (["--lam-reduction", "filter"], "--lam-reduction, --lam-terms and --lam-density shape the Eq. 4 penalty"),
+    (["--lam-density", "channel"], "--lam-reduction, --lam-terms and --lam-density shape the Eq. 4 penalty"),
 ])
 def test_options_without_effect_are_refused(tmp_path, capsys, extra, message):
     with pytest.raises(SystemExit):
@@ -217,7 +221,7 @@ def test_backup_saved_before_lam_terms_resumes_only_with_the_weights_only_penalt
     parser = train.build_parser()
     argv = ["--dataset", "synthetic", "--lam", "0.3", "--backup-dir", str(tmp_path)]
     old = {k: v for k, v in vars(train.parse_args(parser, argv)).items()
-           if k not in train.RESUMABLE_CHANGES and k not in ("lam_terms", "finetune_epochs")}
+           if k not in train.RESUMABLE_CHANGES and k not in ("lam_terms", "finetune_epochs", "lam_density")}
     (tmp_path / "run_args.json").write_text(json.dumps(old))
     with pytest.raises(SystemExit):
         train.prepare_backup_dir(parser, train.parse_args(parser, argv))
@@ -231,7 +235,7 @@ def test_backup_saved_before_the_eq4_options_needed_lam_resumes_a_baseline(tmp_p
     parser = train.build_parser()
     argv = ["--dataset", "synthetic", "--backup-dir", str(tmp_path)]
     old = {k: v for k, v in vars(train.parse_args(parser, argv)).items()
-           if k not in train.RESUMABLE_CHANGES and k not in ("lam_terms", "finetune_epochs")}
+           if k not in train.RESUMABLE_CHANGES and k not in ("lam_terms", "finetune_epochs", "lam_density")}
     assert old["lam_reduction"] == "sum"
     (tmp_path / "run_args.json").write_text(json.dumps(old))
     train.prepare_backup_dir(parser, train.parse_args(parser, argv))

@@ -27,6 +27,7 @@ import tensorflow as tf
 from tf_sparseconv import data as datasets
 from tf_sparseconv.keras_layers import (DensityRegularizer, FineTunePhase, WarningShotPruning, as_keras_inputs,
                                         as_site_keras_inputs, present_weight_count, sparse_conv_layers)
+from tf_sparseconv.keras_layers.density_regularizer import DENSITIES
 from tf_sparseconv.losses import SmoothedSparseCrossentropy
 from tf_sparseconv.memory_bound import memory_bound
 from tf_sparseconv.models import DEFAULT_RHOS, octnet3, site_resnet
@@ -131,7 +132,7 @@ class EpochLog(keras.callbacks.Callback):
 # under one --epochs may not change either.
 RESUMABLE_CHANGES = ("epochs", "out", "backup_dir", "vote_mirror", "snapshot_epochs")
 # Options whose parser default is None (given only with --lam > 0), as main() resolves them.
-RESOLVED_DEFAULTS = {"lam_reduction": "sum", "lam_terms": LAM_TERMS[0]}
+RESOLVED_DEFAULTS = {"lam_reduction": "sum", "lam_terms": LAM_TERMS[0], "lam_density": DENSITIES[0]}
 
 
 def build_optimizer(name, learning_rate, weight_decay=0.0):
@@ -244,6 +245,9 @@ def build_parser():
                    help="what Eq. 4 pulls towards -b: the filter weights and the layers' biases (the paper, §3.5: "
                         "'lowering the values of filter weights and biases'; the default), or the weights only "
                         "(needs --lam > 0)")
+    p.add_argument("--lam-density", choices=DENSITIES, default=None,
+                   help="the density Eq. 4 compares with rho_up: the layer's over all its channels (default), or "
+                        "each output channel's own, one b per filter (needs --lam > 0)")
     p.add_argument("--prune-eps", type=float, default=0.0, help="warning-shot pruning threshold (0: off)")
     p.add_argument("--finetune-epochs", type=int, default=0,
                    help="the last N epochs fine-tune: Eq. 4 off and pruning stopped, so the pruned structure is "
@@ -305,8 +309,8 @@ def _check_model_options(parser, args):
         parser.error(f"--features names a feature twice: {args.features}")
     if any(e < 1 or e > args.epochs for e in args.snapshot_epochs):
         parser.error(f"--snapshot-epochs must lie in 1..{args.epochs} (--epochs): {args.snapshot_epochs}")
-    if args.lam <= 0 and (args.lam_reduction or args.lam_terms):
-        parser.error("--lam-reduction and --lam-terms shape the Eq. 4 penalty; they need --lam > 0")
+    if args.lam <= 0 and (args.lam_reduction or args.lam_terms or args.lam_density):
+        parser.error("--lam-reduction, --lam-terms and --lam-density shape the Eq. 4 penalty; they need --lam > 0")
     for key, value in RESOLVED_DEFAULTS.items():
         setattr(args, key, getattr(args, key) or value)
     if args.finetune_epochs:
@@ -366,7 +370,7 @@ def main(argv=None):
                             channels=tuple(args.site_channels), blocks=args.site_blocks, select_k=args.site_k or None)
     else:
         rhos = tuple(args.rho) if args.rho else DEFAULT_RHOS[resolution]
-        regularizer = DensityRegularizer(args.lam, reduction=args.lam_reduction,
+        regularizer = DensityRegularizer(args.lam, reduction=args.lam_reduction, density=args.lam_density,
                                          include_bias=args.lam_terms == "weights+biases") if args.lam > 0 else None
         model = octnet3(resolution, len(classes), rhos, spatial_dims=2 if image_data else 3,
                         in_channels=1 if image_data else datasets.num_channels(args.features),
@@ -418,7 +422,8 @@ def main(argv=None):
         "model": args.model, "dataset": args.dataset, "examples": int(len(labels)),
         "resolution": resolution, "epochs": len(history.get("loss", [])),
         "batch_size": args.batch_size,
-        "rhos": list(rhos), "lambda": args.lam, "lam_terms": args.lam_terms, "prune_eps": args.prune_eps,
+        "rhos": list(rhos), "lambda": args.lam, "lam_terms": args.lam_terms, "lam_density": args.lam_density,
+        "prune_eps": args.prune_eps,
         "finetune_epochs": args.finetune_epochs,
         "selection": args.selection,
         "val_accuracy": float(val_metrics["accuracy"]), "val_loss": float(val_metrics["loss"]),

@@ -122,8 +122,11 @@ class SparseConv(SparseLayer):
         if self.density_regularizer is not None and self.density_regularization_on and training:
             # Eq. 4's rho: what the layer would keep without the bound (the ReLU's survivors
             # before k-selection), so b > 0 exactly when k-selection has to cut.
-            survivors = positive if self.activation == "relu" else touched
-            rho = tf.cast(tf.reduce_sum(survivors), tf.float32) / cells
+            survivors = positive if self.activation == "relu" else touched  # [B, Cout]
+            if self.density_regularizer.density == "channel":
+                rho = tf.cast(tf.reduce_sum(survivors, axis=0), tf.float32) / (cells / self.filters)
+            else:
+                rho = tf.cast(tf.reduce_sum(survivors), tf.float32) / cells
             self.add_loss(self.density_regularizer.penalty(self.kernel, self.mask, rho, self.rho_up, self.bias))
         return y
 

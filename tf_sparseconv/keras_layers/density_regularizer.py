@@ -39,24 +39,36 @@ and biases", so by default (include_bias=True) each of the layer's biases is pul
 -b like a present weight, one more term of its filter's sum. include_bias=False pulls the
 weights only (what this project did until 2026-11-24; the Fig. 6 runs of that date are
 marked lam_terms "weights" in experiments/results/).
+
+Density. The paper compares "the density" with "the upper bound implied by the k-selection
+filter"; k-selection bounds every (example, channel) on its own. density="layer" (default)
+takes rho over all of the layer's output channels, one b for the whole layer; "channel"
+takes each output channel's own rho (its survivors over the batch's cells) and pulls that
+channel's filter and bias with its own b. Under "layer" a layer with two channels cut to k
+and six dead reads as under its bound and every filter is pulled up by the same small b;
+under "channel" the cut channels are pulled down and the dead ones up.
 """
 import keras
 import tensorflow as tf
 
 REDUCTIONS = ("sum", "mean", "filter")
+DENSITIES = ("layer", "channel")
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
 class DensityRegularizer:
-    def __init__(self, scale=0.1, o=0.1, b1=0.1, b2=0.1, reduction="sum", include_bias=True):
+    def __init__(self, scale=0.1, o=0.1, b1=0.1, b2=0.1, reduction="sum", include_bias=True, density="layer"):
         for name, value in (("scale", scale), ("o", o), ("b1", b1), ("b2", b2)):
             if not value >= 0:
                 raise ValueError(f"DensityRegularizer {name} must be >= 0, got {value}")
         if reduction not in REDUCTIONS:
             raise ValueError(f"DensityRegularizer reduction must be one of {REDUCTIONS}, got {reduction!r}")
         self.scale, self.o, self.b1, self.b2 = float(scale), float(o), float(b1), float(b2)
+        if density not in DENSITIES:
+            raise ValueError(f"DensityRegularizer density must be one of {DENSITIES}, got {density!r}")
         self.reduction = reduction
         self.include_bias = bool(include_bias)
+        self.density = density
 
     def bias(self, rho, rho_up):
         """Eq. 4's b for measured density rho and bound rho_up (tensors or floats)."""
@@ -67,8 +79,9 @@ class DensityRegularizer:
     def penalty(self, kernel, mask, rho, rho_up, bias=None):
         """lambda * sum over present weights (and, with include_bias, the layer's biases) of
         (w + b)^2, divided by 1 ("sum"), by Cout, the kernel's last axis ("filter"), or by
-        the number of terms ("mean"; 0 when none is left). The density is a measurement, so
-        no gradient flows into it."""
+        the number of terms ("mean"; 0 when none is left). rho is a scalar, or one density
+        per output channel ([Cout], the kernel's last axis) giving each filter its own b. The
+        density is a measurement, so no gradient flows into it."""
         b = tf.cast(tf.stop_gradient(self.bias(rho, rho_up)), kernel.dtype)
         mask = tf.cast(mask, kernel.dtype)
         total = tf.reduce_sum(mask * tf.square(kernel + b))
@@ -84,7 +97,7 @@ class DensityRegularizer:
 
     def get_config(self):
         return {"scale": self.scale, "o": self.o, "b1": self.b1, "b2": self.b2, "reduction": self.reduction,
-                "include_bias": self.include_bias}
+                "include_bias": self.include_bias, "density": self.density}
 
     @classmethod
     def from_config(cls, config):
