@@ -22,6 +22,13 @@
 #     (then, on the GPU: pruning.py --retime-only ... --results-name pruning_biases --retime-epochs 30)
 #   EPOCHS=60 RETIME_EPOCHS=60 RETIME_GPU=1 STUDIES="pruning_long:--lambdas 0 0.3 --prune-eps 0.01 0.03"
 #   EPOCHS=90 RETIME_EPOCHS=90 STUDIES="pruning_90:--lambdas 0 0.3 --prune-eps 0.01"
+#   EPOCHS=60 RETIME_EPOCHS=60 STUDIES="pruning_finetune:--lambdas 0 0.3 --prune-eps 0.03 --finetune-epochs 15 30"
+#   EPOCHS=60 RETIME_EPOCHS=60 STUDIES="pruning_finetune_seed1:--lambdas 0 0.3 --prune-eps 0.03 \
+#     --finetune-epochs 15 --seed 1;pruning_finetune_seed2:(the same with --seed 2)"
+#   EPOCHS=60 RETIME_EPOCHS=60 STUDIES="pruning_channel:--lambdas 0 0.3 --prune-eps 0.03 --lam-density channel \
+#     --finetune-epochs 0 15"
+#   (collect copies at most 8 files back per call; fetch the rest of the results_*.json from
+#   /tmp/prun_<study>/<run>/results.json in one more call)
 set -uo pipefail
 STUDIES=${STUDIES:-pruning:--lambdas 0 0.1 0.2 0.3 --prune-eps 0.01 --snapshot-epochs 1 5 10 20}
 RETIME_EPOCHS=${RETIME_EPOCHS:-1 10 30}
