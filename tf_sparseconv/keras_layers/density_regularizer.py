@@ -46,7 +46,9 @@ takes rho over all of the layer's output channels, one b for the whole layer; "c
 takes each output channel's own rho (its survivors over the batch's cells) and pulls that
 channel's filter and bias with its own b. Under "layer" a layer with two channels cut to k
 and six dead reads as under its bound and every filter is pulled up by the same small b;
-under "channel" the cut channels are pulled down and the dead ones up.
+under "channel" the cut channels are pulled down and the dead ones up. Measured (ModelNet40
+16^3, lambda 0.3, epsilon 0.03, 60 epochs): "channel" left one live channel per layer of
+the first block, not more, and was faster and less accurate than "layer".
 """
 import keras
 import tensorflow as tf
