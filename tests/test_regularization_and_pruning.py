@@ -234,18 +234,21 @@ def test_weight_small_at_two_consecutive_checks_is_pruned_at_the_second():
     assert kl.present_weight_count(model) == values.size - 1
 
 
+def grid_dataset(rng, count=16):
+    grids = (rng.random((count, 8, 8, 1)) < 0.3).astype(np.float32)
+    labels = (grids[:, :4].sum(axis=(1, 2, 3)) > grids[:, 4:].sum(axis=(1, 2, 3))).astype(np.int64)
+    return tf.data.Dataset.from_tensor_slices((grids, labels)).batch(8).map(
+        lambda g, y: (kl.as_keras_inputs(ts.from_dense(g).with_shape([None, 8, 8, 1])), y))
+
+
 def test_pruned_weights_stay_zero_through_training_and_present_count_never_grows(rng):
     inputs = kl.sparse_input((8, 8, 1))
     h = kl.SparseConv(4, 3, activation="relu", name="conv")(inputs)
     h = keras.layers.Flatten()(kl.SparseToDense()(h))
     model = keras.Model(inputs, keras.layers.Dense(2)(h))
     model.compile(keras.optimizers.Adam(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    grids = (rng.random((16, 8, 8, 1)) < 0.3).astype(np.float32)
-    labels = (grids[:, :4].sum(axis=(1, 2, 3)) > grids[:, 4:].sum(axis=(1, 2, 3))).astype(np.int64)
-    dataset = tf.data.Dataset.from_tensor_slices((grids, labels)).batch(8).map(
-        lambda g, y: (kl.as_keras_inputs(ts.from_dense(g).with_shape([None, 8, 8, 1])), y))
     callback = kl.WarningShotPruning(epsilon=0.2)  # large: many weights get pruned
-    model.fit(dataset, epochs=6, verbose=0, callbacks=[callback])
+    model.fit(grid_dataset(rng), epochs=6, verbose=0, callbacks=[callback])
     counts = [entry["present_weights"] for entry in callback.history]
     assert all(a >= b for a, b in zip(counts, counts[1:]))
     assert counts[-1] < counts[0], "the test needs pruning to happen"
@@ -266,13 +269,6 @@ def regularised_classifier(scale):
                       density_regularizer=kl.DensityRegularizer(scale, reduction="sum"))(inputs)
     h = keras.layers.Flatten()(kl.SparseToDense()(h))
     return keras.Model(inputs, keras.layers.Dense(2)(h))
-
-
-def grid_dataset(rng, count=16):
-    grids = (rng.random((count, 8, 8, 1)) < 0.3).astype(np.float32)
-    labels = (grids[:, :4].sum(axis=(1, 2, 3)) > grids[:, 4:].sum(axis=(1, 2, 3))).astype(np.int64)
-    return tf.data.Dataset.from_tensor_slices((grids, labels)).batch(8).map(
-        lambda g, y: (kl.as_keras_inputs(ts.from_dense(g).with_shape([None, 8, 8, 1])), y))
 
 
 def test_fine_tune_phase_turns_the_eq4_penalty_off_from_its_epoch(rng):
