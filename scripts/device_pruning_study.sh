@@ -29,10 +29,16 @@
 #     --finetune-epochs 0 15"
 #   (collect copies at most 8 files back per call; fetch the rest of the results_*.json from
 #   /tmp/prun_<study>/<run>/results.json in one more call)
+# RESOLUTION (default 16) trains OctNet3 at another grid with its Table 4 bounds;
+# RETIME_MAX (default 2000) caps the shapes of the CPU re-timing epoch. At 32^3 (2026-11-24):
+#   RESOLUTION=32 EPOCHS=40 RETIME_EPOCHS=40 RETIME_GPU=1 RETIME_MAX=1000 \
+#     STUDIES="pruning_32:--lambdas 0 0.3 --prune-eps 0.03 --finetune-epochs 10"
 set -uo pipefail
 STUDIES=${STUDIES:-pruning:--lambdas 0 0.1 0.2 0.3 --prune-eps 0.01 --snapshot-epochs 1 5 10 20}
 RETIME_EPOCHS=${RETIME_EPOCHS:-1 10 30}
 EPOCHS=${EPOCHS:-30}
+RESOLUTION=${RESOLUTION:-16}
+RETIME_MAX=${RETIME_MAX:-2000}
 names() { tr ';' '\n' <<< "$STUDIES" | sed 's/:.*//'; }
 options() { tr ';' '\n' <<< "$STUDIES" | grep "^$1:" | sed 's/^[^:]*://'; }
 case "${1:-}" in
@@ -41,7 +47,7 @@ case "${1:-}" in
     . /tmp/tfgpu.env
     rm -rf /tmp/repo /tmp/retime.started && cp -a . /tmp/repo && cd /tmp/repo
     for name in $(names); do
-      TF_FORCE_GPU_ALLOW_GROWTH=true setsid nohup python3 experiments/pruning.py --resolution 16 \
+      TF_FORCE_GPU_ALLOW_GROWTH=true setsid nohup python3 experiments/pruning.py --resolution $RESOLUTION \
         --epochs "$EPOCHS" --lr-schedule cosine --parallel $(options "$name") --results-name "$name" \
         --data-dir .devdata --work-dir "/tmp/prun_$name" --retime-repeats 0 \
         > "/tmp/pruning_$name.log" 2>&1 < /dev/null &
@@ -52,7 +58,7 @@ case "${1:-}" in
   collect)
     cd /tmp/repo && . /tmp/tfgpu.env
     t0=$(date +%s)
-    while pgrep -f "pruning.py --resolution 16 --epochs $EPOCHS --lr-schedule" > /dev/null \
+    while pgrep -f "pruning.py --resolution $RESOLUTION --epochs $EPOCHS --lr-schedule" > /dev/null \
         && [ $(( $(date +%s) - t0 )) -lt 500 ]; do sleep 10; done
     for name in $(names); do grep "===" "/tmp/pruning_$name.log" | tail -3 | cut -c1-200; done
     trained=1
@@ -61,12 +67,12 @@ case "${1:-}" in
       touch /tmp/retime.started
       steps=""
       for name in $(names); do
-        retime="python3 experiments/pruning.py --resolution 16 --epochs $EPOCHS --retime-only \
+        retime="python3 experiments/pruning.py --resolution $RESOLUTION --epochs $EPOCHS --retime-only \
           --results-name $name --work-dir /tmp/prun_$name --data-dir .devdata \
           --retime-epochs $RETIME_EPOCHS --retime-repeats 2"
         # Alone on the GPU with all shapes (RETIME_GPU=1), then on 4 host cores with the GPU hidden.
         [ "${RETIME_GPU:-0}" != 1 ] || steps="$steps $retime &&"
-        steps="$steps CUDA_VISIBLE_DEVICES='' taskset -c 0-3 $retime --retime-max-examples 2000 &&"
+        steps="$steps CUDA_VISIBLE_DEVICES='' taskset -c 0-3 $retime --retime-max-examples $RETIME_MAX &&"
       done
       setsid nohup bash -c "$steps echo all re-timed" > /tmp/cpu_retime.log 2>&1 < /dev/null &
     fi
