@@ -81,3 +81,18 @@ def test_layer_table_reads_each_runs_own_results(tmp_path, monkeypatch):
     assert "| 0.3 (ε = 0.01) | 58/216 (0.058; 0.12) |" in lines  # the baseline kept no file: no row
     assert not any(line.startswith("| 0.0") for line in lines)
     assert summarize.layer_table("other", pruning.runs_of(rows)) == []
+
+
+@pytest.mark.parametrize("accuracy,seconds,met", [(0.80, [3.8, 4.2, 3.4], True), (0.80, [4.2, 4.2, 3.8], False),
+                                                  (0.77, [3.0, 3.0, 3.0], False)])
+def test_the_pooled_goal_averages_the_seeds_saving_and_pools_their_standard_errors(accuracy, seconds, met):
+    seeds = [pruning.runs_of(rows_of("pruning_0.3", 0.3, 0.03, accuracy, s) + rows_of("pruning_0.0", 0.0, 0.0, 0.81, 10.0))
+             for s in seconds]
+    line, verdict = summarize.pooled_seed_line("16³", seeds, 0)
+    assert verdict is met
+    saving = sum(1 - s / 10.0 for s in seconds) / 3
+    assert f"{saving:.0%} less wall time per epoch on CPU (4 cores) on average" in line, line
+    se = ((accuracy * (1 - accuracy) + 0.81 * 0.19) / 1000) ** 0.5  # each seed's; pooled: / sqrt(3)
+    assert f"two pooled standard errors: {2 * se / 3 ** 0.5 * 100:.1f} points" in line, line
+    assert line.endswith("**goal met**.") is met
+    assert summarize.pooled_seed_line("16³", seeds[:1], 0) == ("", None)  # one seed pools nothing
