@@ -118,6 +118,18 @@ def accuracy_verdict(acc, acc0, n):
     return acc - acc0, se, abs(acc - acc0) <= 2 * se
 
 
+def retimed_savings(run, base, devices):
+    """[(device, saving of wall time, saving of process CPU time)] per epoch of the run's last
+    epoch against the baseline's, on each device both were re-timed on."""
+    savings = []
+    for d in devices:
+        e, e0 = retimed_at(run, d, run[-1]["epoch"]), retimed_at(base, d, base[-1]["epoch"])
+        if e and e0:
+            savings.append((d, 1 - e["sec_per_epoch"] / e0["sec_per_epoch"],
+                            1 - e["cpu_sec_per_epoch"] / e0["cpu_sec_per_epoch"]))
+    return savings
+
+
 def pruning_table(rows):
     """One study's table and its comparison of every lambda > 0 against lambda = 0."""
     runs = pruning.runs_of(rows)
@@ -144,12 +156,7 @@ def pruning_table(rows):
                 continue
             last, last0 = run[-1], base[-1]
             diff, se, equal = accuracy_verdict(last["val_accuracy"], last0["val_accuracy"], n)
-            savings = []
-            for d in devices:
-                e, e0 = retimed_at(run, d, last["epoch"]), retimed_at(base, d, last0["epoch"])
-                if e and e0:
-                    savings.append((d, 1 - e["sec_per_epoch"] / e0["sec_per_epoch"],
-                                    1 - e["cpu_sec_per_epoch"] / e0["cpu_sec_per_epoch"]))
+            savings = retimed_savings(run, base, devices)
             text = "; ".join(f"{less(saving)} time per epoch on {d} ({less(cpu)} process CPU time)"
                              for d, saving, cpu in savings)
             lines.append(f"- λ = {run_label(last)} against λ = 0 after the last epoch: {text}; validation accuracy "
@@ -242,12 +249,9 @@ def pooled_seed_line(title, seeds, finetune):
                       if run[0]["lambda"] == 0.3 and (run[0].get("finetune_epochs") or 0) == finetune), None)
         if not (base and tuned):
             continue
-        last, last0 = tuned[-1], base[-1]
-        pairs.append(accuracy_verdict(last["val_accuracy"], last0["val_accuracy"], last0["val_examples"]))
-        for d in pruning.retimed_devices(tuned + base):
-            e, e0 = retimed_at(tuned, d, last["epoch"]), retimed_at(base, d, last0["epoch"])
-            if e and e0:
-                savings.setdefault(d, []).append(1 - e["sec_per_epoch"] / e0["sec_per_epoch"])
+        pairs.append(accuracy_verdict(tuned[-1]["val_accuracy"], base[-1]["val_accuracy"], base[-1]["val_examples"]))
+        for d, saving, _ in retimed_savings(tuned, base, pruning.retimed_devices(tuned + base)):
+            savings.setdefault(d, []).append(saving)
     if len(pairs) < 2:
         return "", None
     diff = sum(d for d, _, _ in pairs) / len(pairs)
