@@ -8,14 +8,18 @@
 - mnist:     MNIST from .npz or idx files, thresholded at 50 as in §4.2.
 - synthetic: procedurally generated primitives, the default data set (no download).
 - pipeline:  stratified split, augmentation, (ChannelSparseTensor, labels) batches for Keras fit.
+- point_files: clouds and images from single files (.off, .ply, .npy, .npz, .png), for predicting.
+- test_split: labelled test data found by its layout, for scoring a trained model.
 """
 from tf_sparseconv.data.mnist import image_arrays, images_to_channel_sparse, load_mnist, read_idx
 from tf_sparseconv.data.modelnet import (MODELNET10_CLASSES, load_modelnet_meshes, load_modelnet_npz,
                                          normalize_to_unit_sphere, read_off, sample_surface)
 from tf_sparseconv.data.pipeline import (NAMED_AUGMENTATIONS, Augmentation, augment_point_clouds, image_dataset,
                                          point_cloud_dataset, stratified_split)
+from tf_sparseconv.data.point_files import read_image_file, read_point_file
 from tf_sparseconv.data.scannet import SCANNET_CLASSES, load_scannet_objects, read_ply, scene_objects
 from tf_sparseconv.data.synthetic import SHAPE_CLASSES, make_shapes
+from tf_sparseconv.data.test_split import detect_kind, load_test_split
 from tf_sparseconv.data.voxelize import FEATURE_CHANNELS, num_channels, voxelize_arrays, voxelize_points
 
 __all__ = [
@@ -27,4 +31,5 @@ __all__ = [
     "make_shapes", "SHAPE_CLASSES",
     "stratified_split", "Augmentation", "NAMED_AUGMENTATIONS", "augment_point_clouds", "point_cloud_dataset",
     "image_dataset",
+    "read_point_file", "read_image_file", "detect_kind", "load_test_split",
 ]

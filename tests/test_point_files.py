@@ -1,0 +1,184 @@
+"""Reading the files users have (OFF, ascii and binary PLY, .npy, .npz, PNG) into clouds and
+images, their errors (never advice to unpickle), and the labelled test splits evaluate scores."""
+import pickle
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_data_mnist import write_idx_folder
+from test_data_modelnet import CUBE_QUADS, CUBE_VERTICES, make_layout, off_text, write
+from test_data_scannet import grid_mesh, write_ply, write_scene
+
+from tf_sparseconv.data import point_files, test_split
+from tf_sparseconv.data.modelnet import load_modelnet_meshes, load_modelnet_npz
+from tf_sparseconv.data.scannet import load_scannet_objects
+
+TETRAHEDRON = ([(0, 0, 0), (2, 0, 0), (0, 2, 0), (0, 0, 2)], [(0, 2, 1), (0, 1, 3), (0, 3, 2), (1, 2, 3)])
+
+
+def test_off_meshes_are_sampled_with_normals_into_the_unit_sphere(tmp_path):
+    cube = write(tmp_path / "cube.off", off_text([(5 * x + 9, 5 * y, 5 * z) for x, y, z in CUBE_VERTICES], CUBE_QUADS))
+    points = point_files.read_point_file(cube, num_points=500, seed=1)
+    assert points.shape == (500, 6) and points.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(points[:, :3], axis=1).max(), 1.0, rtol=1e-5)
+    # Centred on the samples' centroid: every point near a face of the cube of half side 1 / sqrt(3),
+    # whatever the file's offset and scale; normals axis-aligned.
+    np.testing.assert_allclose(points[:, :3].mean(axis=0), 0, atol=1e-6)
+    assert np.all(np.abs(np.abs(points[:, :3]).max(axis=1) - 1 / np.sqrt(3)) < 0.05)
+    np.testing.assert_allclose(np.abs(points[:, 3:]).sum(axis=1), 1.0, atol=1e-6)
+    np.testing.assert_array_equal(points, point_files.read_point_file(cube, num_points=500, seed=1))
+    assert not np.array_equal(points, point_files.read_point_file(cube, num_points=500, seed=2))
+    tetra = write(tmp_path / "tetra.off", off_text(*TETRAHEDRON))
+    assert point_files.read_point_file(tetra).shape == (point_files.DEFAULT_MESH_POINTS, 6)
+
+
+@pytest.mark.parametrize("fmt", ["ascii", "binary_little_endian"])
+def test_ply_vertices_with_and_without_normals(tmp_path, fmt):
+    vertices, faces = grid_mesh(offset=[3, 4, 5], n=4)
+    with_normals = point_files.read_point_file(write_ply(tmp_path / "n.ply", vertices, faces, fmt))
+    np.testing.assert_allclose(with_normals, vertices[:, :6], rtol=1e-6)
+    xyz = point_files.read_point_file(write_ply(tmp_path / "p.ply", vertices, faces, fmt, with_normals=False))
+    assert xyz.shape == (16, 3)
+    np.testing.assert_allclose(xyz, vertices[:, :3], rtol=1e-6)
+    # Resampled: distinct rows of the file when it has enough, repeated ones when it has too few.
+    fewer = point_files.read_point_file(tmp_path / "p.ply", num_points=10, seed=4)
+    rows = [tuple(r) for r in xyz]
+    assert fewer.shape == (10, 3) and len({tuple(r) for r in fewer}) == 10 and all(tuple(r) in rows for r in fewer)
+    more = point_files.read_point_file(tmp_path / "p.ply", num_points=40, seed=4)
+    assert more.shape == (40, 3) and {tuple(r) for r in more} <= set(rows)
+
+
+def test_npy_and_npz_clouds(tmp_path, rng):
+    one = rng.normal(size=(50, 4)) * 30
+    np.save(tmp_path / "one.npy", one)
+    np.testing.assert_allclose(point_files.read_point_file(tmp_path / "one.npy"), one[:, :3].astype(np.float32))
+    several = rng.normal(size=(3, 20, 6)).astype(np.float32)
+    np.save(tmp_path / "several.npy", several)
+    np.testing.assert_array_equal(point_files.read_point_file(tmp_path / "several.npy"), several)
+    resampled = point_files.read_point_file(tmp_path / "several.npy", num_points=8, seed=0)
+    assert resampled.shape == (3, 8, 6)
+    for cloud, source in zip(resampled, several):
+        assert all(any(np.array_equal(p, q) for q in source) for p in cloud)
+    quantised = rng.integers(0, 256, (2, 16, 3), dtype=np.uint8)
+    np.savez(tmp_path / "q.npz", points=quantised, labels=np.array([0, 1]), classes=np.array(["a", "b"]))
+    expected, _, _ = load_modelnet_npz(tmp_path / "q.npz")
+    np.testing.assert_array_equal(point_files.read_point_file(tmp_path / "q.npz"), expected)
+
+
+def _pickled(path):
+    with open(path, "wb") as f:
+        pickle.dump({"points": [1, 2, 3]}, f)
+    return path
+
+
+@pytest.mark.parametrize("name, make, message", [
+    ("objects.npy", lambda p: np.save(p, np.array([{"a": 1}], dtype=object)), r"holds Python objects"),
+    ("pickle.npy", _pickled, r"not a NumPy \.npy file"),
+    ("pickle.npz", _pickled, r"not a NumPy \.npz archive"),
+    ("objects.npz", lambda p: np.savez(p, points=np.array([None, 1], dtype=object)), r"holds Python objects"),
+    ("text.npz", lambda p: p.write_text("points"), r"not a NumPy \.npz archive"),
+    ("other.npz", lambda p: np.savez(p, xyz=np.zeros((4, 3))), r"no array named 'points'; it holds \['xyz'\]"),
+    ("flat.npy", lambda p: np.save(p, np.zeros((5, 2))), r"expected points \[N, 3\+\].*got shape \[5, 2\]"),
+    ("nan.npy", lambda p: np.save(p, np.array([[0, 0, 0], [np.nan, 0, 0]])), r"point 1 contains NaN"),
+    ("words.npy", lambda p: np.save(p, np.array([["a", "b", "c"]])), r"points must be numbers"),
+    ("cloud.xyz", lambda p: p.write_text("0 0 0"), r"unsupported file type '\.xyz'; expected one of \.off, \.ply"),
+    ("bad.off", lambda p: p.write_text("OFF\n3 1 0\n0 0 0\n"), r"bad.off: truncated"),
+    ("bad.ply", lambda p: p.write_text("plx"), r"not a PLY file"),
+])
+def test_unreadable_point_files_name_the_file_and_never_suggest_pickles(tmp_path, name, make, message):
+    path = tmp_path / name
+    make(path)
+    with pytest.raises(ValueError, match=message) as error:
+        point_files.read_point_file(path)
+    assert str(path) in str(error.value) and "allow_pickle" not in str(error.value)
+
+
+def test_missing_file_and_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such point file"):
+        point_files.read_point_file(tmp_path / "none.npy")
+    (tmp_path / "d.npy").mkdir()
+    with pytest.raises(ValueError, match="is a folder"):
+        point_files.read_point_file(tmp_path / "d.npy")
+
+
+def test_images_from_png_npy_and_npz(tmp_path, rng):
+    grey = rng.integers(0, 256, (28, 28), dtype=np.uint8)
+    Image.fromarray(grey).save(tmp_path / "g.png")
+    np.testing.assert_array_equal(point_files.read_image_file(tmp_path / "g.png"), grey)
+    Image.fromarray(np.stack([grey] * 3, axis=-1)).save(tmp_path / "rgb.png")
+    np.testing.assert_array_equal(point_files.read_image_file(tmp_path / "rgb.png"), grey)
+    np.save(tmp_path / "i.npy", grey[None].astype(np.float64))
+    assert point_files.read_image_file(tmp_path / "i.npy").shape == (1, 28, 28)
+    np.savez(tmp_path / "i.npz", images=np.stack([grey, grey]))
+    np.testing.assert_array_equal(point_files.read_image_file(tmp_path / "i.npz"), [grey, grey])
+    np.save(tmp_path / "unit.npy", grey / 255.0 - 0.5)
+    with pytest.raises(ValueError, match=r"must lie in 0\.\.255"):
+        point_files.read_image_file(tmp_path / "unit.npy")
+    (tmp_path / "fake.png").write_bytes(b"not an image")
+    with pytest.raises(ValueError, match=r"fake.png: not a readable PNG"):
+        point_files.read_image_file(tmp_path / "fake.png")
+
+
+def test_detect_kind_from_arrays_and_layouts(tmp_path, rng):
+    make_layout(tmp_path / "meshes", ["chair", "airplane"], per_split=1)
+    assert test_split.detect_kind(tmp_path / "meshes") == ("modelnet-meshes", ("test", "train"))
+    np.savez(tmp_path / "p.npz", points=np.zeros((2, 4, 3), np.uint8), labels=[0, 1], classes=["a", "b"])
+    assert test_split.detect_kind(tmp_path / "p.npz") == ("points-npz", ())
+    np.savez(tmp_path / "m.npz", images=np.zeros((2, 28, 28), np.uint8), labels=[0, 1])
+    assert test_split.detect_kind(tmp_path / "m.npz") == ("mnist", ())
+    write_idx_folder(tmp_path / "idx", rng.integers(0, 256, (3, 28, 28), dtype=np.uint8), np.arange(3, dtype=np.uint8),
+                     prefix="t10k")
+    assert test_split.detect_kind(tmp_path / "idx") == ("mnist", ("test",))
+    write_scene(tmp_path / "scans", "scene0000_00", "ascii")
+    assert test_split.detect_kind(tmp_path / "scans") == ("scannet", ())
+    np.savez(tmp_path / "unlabelled.npz", points=np.zeros((2, 4, 3)))
+    with pytest.raises(ValueError, match=r"has points but no classes or labels"):
+        test_split.detect_kind(tmp_path / "unlabelled.npz")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"none of the known layouts"):
+        test_split.detect_kind(tmp_path / "empty")
+    assert test_split.resolve_split("points-npz", (), None) == "all"
+    assert test_split.resolve_split("modelnet-meshes", ("test", "train"), None) == "test"
+    with pytest.raises(ValueError, match=r"no 'test' split; use --split all"):
+        test_split.resolve_split("points-npz", (), "test")
+
+
+def test_mesh_split_per_class_equals_one_load(tmp_path):
+    make_layout(tmp_path, ["chair", "airplane", "sofa"])
+    messages = []
+    loaded = test_split.load_test_split(tmp_path, "modelnet-meshes", "test", ("sofa", "chair"), num_points=64,
+                                        seed=5, progress=messages.append)
+    points, labels, _ = load_modelnet_meshes(tmp_path, "test", classes=("sofa", "chair"), num_points=64, seed=5)
+    np.testing.assert_array_equal(loaded.examples, points)
+    np.testing.assert_array_equal(loaded.labels, labels)
+    assert len(messages) == 2 and messages[-1].startswith("meshes: 2/2 class folders, 4 shapes")
+    both = test_split.load_test_split(tmp_path, "modelnet-meshes", "all", ("airplane",), num_points=64)
+    np.testing.assert_array_equal(both.labels, [0] * 4)
+
+
+def test_npz_and_mnist_splits_keep_the_asked_classes_by_name(tmp_path, rng):
+    quantised = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    np.savez(tmp_path / "p.npz", points=quantised, labels=np.array([0, 1, 2, 2, 1, 0], np.uint8),
+             classes=np.array(["bed", "chair", "sofa"]))
+    loaded = test_split.load_test_split(tmp_path / "p.npz", "points-npz", "all", ("sofa", "bed"))
+    np.testing.assert_array_equal(loaded.labels, [1, 0, 0, 1])
+    np.testing.assert_array_equal(loaded.examples, load_modelnet_npz(tmp_path / "p.npz")[0][[0, 2, 3, 5]])
+    images = rng.integers(0, 256, (5, 28, 28), dtype=np.uint8)
+    write_idx_folder(tmp_path / "idx", images, np.array([3, 1, 4, 1, 5], np.uint8), prefix="t10k")
+    digits = test_split.load_test_split(tmp_path / "idx", "mnist", "test", ("1", "5"))
+    np.testing.assert_array_equal(digits.examples, images[[1, 3, 4]])
+    np.testing.assert_array_equal(digits.labels, [0, 0, 1])
+
+
+def test_scannet_split_equals_the_loader(tmp_path):
+    for name in ("scene0000_00", "scene0001_00"):
+        write_scene(tmp_path, name, "binary_little_endian")
+    messages = []
+    loaded = test_split.load_test_split(tmp_path, "scannet", "all", ("chair", "sofa", "table"), num_points=32,
+                                        seed=2, min_points=4, progress=messages.append)
+    points, labels, _ = load_scannet_objects(tmp_path, ("chair", "sofa", "table"), num_points=32, min_points=4,
+                                             seed=2)
+    assert len(labels) == 8  # per scan: chair, couch (sofa), office chair, end table
+    np.testing.assert_array_equal(loaded.examples, points)
+    np.testing.assert_array_equal(loaded.labels, labels)
+    assert messages[-1] == f"scans: 2/2, {len(labels)} objects"
