@@ -147,11 +147,11 @@ def test_mesh_split_per_class_equals_one_load(tmp_path):
     make_layout(tmp_path, ["chair", "airplane", "sofa"])
     messages = []
     loaded = test_split.load_test_split(tmp_path, "modelnet-meshes", "test", ("sofa", "chair"), num_points=64,
-                                        seed=5, progress=messages.append)
+                                        seed=5, progress=lambda *m: messages.append(m))
     points, labels, _ = load_modelnet_meshes(tmp_path, "test", classes=("sofa", "chair"), num_points=64, seed=5)
     np.testing.assert_array_equal(loaded.examples, points)
     np.testing.assert_array_equal(loaded.labels, labels)
-    assert len(messages) == 2 and messages[-1].startswith("meshes: 2/2 class folders, 4 shapes")
+    assert messages == [(1, 2, "class folders, 2 shapes (test/sofa)"), (2, 2, "class folders, 4 shapes (test/chair)")]
     both = test_split.load_test_split(tmp_path, "modelnet-meshes", "all", ("airplane",), num_points=64)
     np.testing.assert_array_equal(both.labels, [0] * 4)
 
@@ -175,10 +175,10 @@ def test_scannet_split_equals_the_loader(tmp_path):
         write_scene(tmp_path, name, "binary_little_endian")
     messages = []
     loaded = test_split.load_test_split(tmp_path, "scannet", "all", ("chair", "sofa", "table"), num_points=32,
-                                        seed=2, min_points=4, progress=messages.append)
+                                        seed=2, min_points=4, progress=lambda *m: messages.append(m))
     points, labels, _ = load_scannet_objects(tmp_path, ("chair", "sofa", "table"), num_points=32, min_points=4,
                                              seed=2)
     assert len(labels) == 8  # per scan: chair, couch (sofa), office chair, end table
     np.testing.assert_array_equal(loaded.examples, points)
     np.testing.assert_array_equal(loaded.labels, labels)
-    assert messages[-1] == f"scans: 2/2, {len(labels)} objects"
+    assert messages == [(1, 2, "scans, 4 objects"), (2, 2, "scans, 8 objects")]

@@ -114,7 +114,7 @@ def _load_meshes(root, split, classes, num_points, normals, seed, progress):
         clouds.append(points)
         labels.append(np.full(len(points), classes.index(name), np.int64))
         count += len(points)
-        progress(f"meshes: {done}/{len(jobs)} class folders, {count} shapes ({s}/{name})")
+        progress(done, len(jobs), f"class folders, {count} shapes ({s}/{name})")
     return np.concatenate(clouds), np.concatenate(labels)
 
 
@@ -125,7 +125,7 @@ def _load_scannet(root, classes, num_points, min_points, normals, seed, progress
     objects = []
     for done, scene in enumerate(scenes, 1):
         objects.extend(scene_objects(os.path.join(root, scene), classes, num_points, min_points, seed, normals))
-        progress(f"scans: {done}/{len(scenes)}, {len(objects)} objects")
+        progress(done, len(scenes), f"scans, {len(objects)} objects")
     if not objects:
         raise ValueError(f"{root}: no objects of the classes {list(classes)} in {len(scenes)} scans")
     return np.stack([o.points for o in objects]), np.array([o.label for o in objects], np.int64)
@@ -137,10 +137,11 @@ def load_test_split(path, kind, split, classes, num_points=1024, normals=False, 
 
     num_points and seed: points sampled per mesh or kept per ScanNet object; normals: columns
     3:6 as well (meshes' face normals, scans' vertex normals); min_points: ScanNet objects
-    with fewer vertices are skipped, as in training. progress(message) hears of long loads.
+    with fewer vertices are skipped, as in training. progress(done, total, what) hears of
+    long loads: class folders of meshes or scans read so far.
     """
     path = os.fspath(path)
-    progress = progress or (lambda message: None)
+    progress = progress or (lambda done, total, what: None)
     classes = tuple(classes)
     if kind == "modelnet-meshes":
         clouds, labels = _load_meshes(path, split, classes, num_points, normals, seed, progress)

@@ -1,0 +1,355 @@
+"""The tf-sparseconv command: help, one-line refusals of bad arguments (exit code 2, nothing
+written), and evaluate / predict / bound end to end on small generated files of each format,
+checked against the saved model's own predictions."""
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+from PIL import Image
+from test_data_modelnet import CUBE_QUADS, CUBE_VERTICES, off_text, write
+from test_data_scannet import grid_mesh, write_ply
+
+from tf_sparseconv import cli
+from tf_sparseconv.data import load_modelnet_meshes, make_shapes
+from tf_sparseconv.memory_bound import memory_bound
+from tf_sparseconv.models import image_classifier, octnet3, point_cloud_classifier
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+POINTS = 128
+TETRAHEDRON = ([(0, 0, 0), (2, 0, 0), (0, 2, 0), (0, 0, 2)], [(0, 2, 1), (0, 1, 3), (0, 3, 2), (1, 2, 3)])
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Saved serving models: a point model trained briefly on the synthetic shapes (so its
+    predictions differ between shapes), the same core with normalize='none', and an
+    untrained image model."""
+    root = tmp_path_factory.mktemp("models")
+    keras.utils.set_random_seed(0)
+    clouds, labels, classes = make_shapes(num_per_class=12, num_points=POINTS, seed=0)
+    core = octnet3(8, len(classes), rhos=(0.5, 1.0), fc_units=32)
+    points = point_cloud_classifier(core, 8, class_names=classes, points_per_cloud=POINTS)
+    points.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    points.fit(clouds, labels, epochs=8, batch_size=16, verbose=0)
+    unnormalized = point_cloud_classifier(core, 8, normalize="none", class_names=classes, points_per_cloud=POINTS)
+    images = image_classifier(octnet3(28, 10, rhos=(1.0, 1.0), spatial_dims=2, fc_units=16),
+                              class_names=[str(d) for d in range(10)])
+    paths = {}
+    for name, model in (("points", points), ("none", unnormalized), ("images", images)):
+        (root / name).mkdir()
+        paths[name] = str(root / name / "model.keras")
+        model.save(paths[name])
+    return {"paths": paths, "points": points, "images": images, "classes": classes}
+
+
+def run(capsys, *argv):
+    """(exit code, stdout, stderr) of the command."""
+    code = cli.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def softmax(logits):
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def quantised_npz(path, clouds, labels, classes):
+    """The modelnet40_train.npz form: uint8 points, xyz = q / 255 * 2 - 1."""
+    q = np.clip(np.round((clouds[..., :3] + 1) / 2 * 255), 0, 255).astype(np.uint8)
+    np.savez(path, points=q, labels=np.asarray(labels, np.uint8), classes=np.array(classes))
+    return q.astype(np.float32) * np.float32(2 / 255) - np.float32(1)
+
+
+def mesh_tree(root):
+    """<root>/{cube,tetrahedron}/test/*.off: cubes and tetrahedra of several sizes and places."""
+    for i in range(3):
+        write(root / "cube" / "test" / f"cube_{i}.off",
+              off_text([(x * (1 + i) + i, y * (2 - 0.4 * i), z) for x, y, z in CUBE_VERTICES], CUBE_QUADS))
+        write(root / "tetrahedron" / "test" / f"tetrahedron_{i}.off",
+              off_text([(x * (1 + i), y, z + 3 * i) for x, y, z in TETRAHEDRON[0]], TETRAHEDRON[1]))
+        write(root / "cube" / "train" / f"cube_{i}.off", off_text(CUBE_VERTICES, CUBE_QUADS))
+    return root
+
+
+# --- help ---------------------------------------------------------------------------------
+
+def test_help_lists_every_command_on_one_line(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    for name, summary in cli.COMMANDS.items():
+        assert any(line.split() == [name, *summary.split()] for line in out.splitlines()), (name, out)
+    for name in ("evaluate", "predict", "bound"):
+        code, out, _ = run(capsys, name, "--help")
+        assert code == 0 and out.startswith(f"usage: tf-sparseconv {name}")
+
+
+def test_python_dash_m_runs_the_same_command():
+    done = subprocess.run([sys.executable, "-m", "tf_sparseconv", "bound", "missing.keras"], cwd=REPO,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines()[-1] == ("tf-sparseconv bound: error: missing.keras: no such model file "
+                                                    "(tf-sparseconv train writes <out>/model.keras)")
+
+
+# --- bad arguments: exit code 2, one line, nothing written ----------------------------------
+
+@pytest.fixture
+def bad_inputs(tmp_path, models):
+    """Files of every kind of wrong input, and the paths of the saved models."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "text.keras").write_text("not a zip")
+    with zipfile.ZipFile(tmp_path / "empty.keras", "w") as archive:
+        archive.writestr("readme.txt", "no model here")
+    with zipfile.ZipFile(tmp_path / "foreign.keras", "w") as archive:
+        archive.writestr("config.json", json.dumps({"class_name": "NoSuchModel", "config": {}}))
+        archive.writestr("metadata.json", json.dumps({"keras_version": keras.__version__}))
+    with open(tmp_path / "pickled.npz", "wb") as f:
+        pickle.dump({"points": np.zeros(3)}, f)
+    np.savez(tmp_path / "objects.npz", points=np.array([None], dtype=object), labels=[0], classes=["cube"])
+    np.save(tmp_path / "objects.npy", np.array([{"x": 1}], dtype=object))
+    clouds, labels, _ = make_shapes(num_per_class=2, num_points=POINTS, classes=("cube", "cone"), seed=3)
+    quantised_npz(tmp_path / "shapes.npz", clouds, labels, ["cube", "cone"])
+    quantised_npz(tmp_path / "fruit.npz", clouds, labels, ["cube", "banana"])
+    np.savez(tmp_path / "digits.npz", images=np.zeros((2, 28, 28), np.uint8), labels=[1, 2])
+    np.save(tmp_path / "flat.npy", np.zeros((10, 2)))
+    np.save(tmp_path / "far.npy", np.random.default_rng(0).normal(size=(POINTS, 3)) * 5)
+    np.save(tmp_path / "small.npy", np.zeros((1, 20, 20), np.uint8))
+    Image.fromarray(np.zeros((28, 28), np.uint8)).save(tmp_path / "digit.png")
+    write(tmp_path / "cube.off", off_text(CUBE_VERTICES, CUBE_QUADS))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("results of another run")
+    return tmp_path
+
+
+def _files(*roots):
+    """Every folder and file (with its size) under roots."""
+    return sorted((os.path.join(path, name), os.path.getsize(os.path.join(path, name)))
+                  for root in roots for path, folders, files in os.walk(root) for name in folders + files)
+
+
+SHAPES = ["evaluate", "{points}", "--data", "{t}/shapes.npz"]
+BAD_ARGUMENTS = [
+    (["evaluate", "{t}/missing.keras", "--data", "{t}/shapes.npz"], r"missing.keras: no such model file"),
+    (["evaluate", "{t}/folder", "--data", "{t}/shapes.npz"], r"folder: is a folder, expected a \.keras model file"),
+    (["evaluate", "{t}/notes.txt", "--data", "{t}/shapes.npz"], r"notes.txt: expected a \.keras model file"),
+    (["evaluate", "{t}/text.keras", "--data", "{t}/shapes.npz"], r"text.keras: not a Keras model file \(not a zip"),
+    (["evaluate", "{t}/empty.keras", "--data", "{t}/shapes.npz"], r"empty.keras: not a Keras model file"),
+    (["evaluate", "{t}/foreign.keras", "--data", "{t}/shapes.npz"], r"foreign.keras: cannot be loaded as a "),
+    (["evaluate", "{points}"], r"--data is required"),
+    (["evaluate", "{points}", "--data", "{t}/nothing.npz"], r"nothing.npz: no such file or folder"),
+    (["evaluate", "{points}", "--data", "{t}/folder"], r"folder: a folder in none of the known layouts"),
+    (["evaluate", "{points}", "--data", "{t}/notes.txt"], r"unsupported file type '\.txt'; expected one of \.npz"),
+    (["evaluate", "{points}", "--data", "{t}/pickled.npz"], r"pickled.npz: not a NumPy \.npz archive"),
+    (["evaluate", "{points}", "--data", "{t}/objects.npz"], r"objects.npz\[points\]: holds Python objects"),
+    ([*SHAPES, "--batch-size", "0"],
+     r"argument --batch-size: must be at least 1, got 0"),
+    ([*SHAPES, "--points", "-3"], r"argument --points: must be at least 1"),
+    ([*SHAPES, "--points", "64"], r"--points applies to OFF meshes"),
+    ([*SHAPES, "--split", "test"], r"no 'test' split; use --split all"),
+    ([*SHAPES, "--split", "val"], r"--split val needs .*split.json"),
+    ([*SHAPES, "--out", "{t}/notes.txt"], r"--out .*notes.txt: is a file"),
+    ([*SHAPES, "--out", "{t}/full"], r"exists and is not empty; .*--overwrite"),
+    ([*SHAPES, "--classes", "cube", "cube"], r"names a class twice"),
+    ([*SHAPES, "--classes", "torus"], r"--classes: torus not in the data"),
+    (["evaluate", "{points}", "--data", "{t}/fruit.npz"],
+     r"the data's classes banana are not among the model's 8 classes .*--classes model"),
+    (["evaluate", "{points}", "--data", "{t}/digits.npz"], r"digits.npz holds images, but the model takes point "),
+    (["evaluate", "{images}", "--data", "{t}/shapes.npz"], r"shapes.npz holds point clouds, but the model takes im"),
+    ([*SHAPES, "--frobnicate"], r"unrecognized arguments: --frobnicate"),
+    (["predict", "{points}", "{t}/missing.npy"], r"missing.npy: no such point or image file"),
+    (["predict", "{points}", "{t}/notes.txt"], r"notes.txt: unsupported file type '\.txt'"),
+    (["predict", "{points}", "{t}/folder"], r"folder: is a folder"),
+    (["predict", "{points}", "{t}/cube.off", "--top-k", "0"], r"argument --top-k: must be at least 1, got 0"),
+    (["predict", "{points}"], r"the following arguments are required: FILE"),
+    (["evaluate", "{points}", "--split", "val", "--seed", "3"], r"--split val needs .*split.json"),
+    (["predict", "{points}", "{t}/objects.npy"], r"objects.npy: holds Python objects"),
+    (["predict", "{points}", "{t}/pickled.npz"], r"pickled.npz: not a NumPy \.npz archive"),
+    (["predict", "{points}", "{t}/flat.npy"], r"flat.npy: expected points \[N, 3\+\]"),
+    (["predict", "{points}", "{t}/digit.png"], r"digit.png: an image, but the model takes point clouds"),
+    (["predict", "{images}", "{t}/cube.off"], r"cube.off: a point file, but the model takes images"),
+    (["predict", "{images}", "{t}/small.npy"], r"small.npy: images of 20x20 pixels, the model takes 28x28"),
+    (["predict", "{none}", "{t}/far.npy"], r"far.npy: points outside the model's bounds \[-1, 1\].*normalize='none'"),
+    (["bound", "{points}", "--batch-size", "0"], r"argument --batch-size: must be at least 1"),
+    (["bound", "{points}", "--points-per-cloud", "x"], r"argument --points-per-cloud: expected a whole number"),
+    (["bound", "{images}", "--points-per-cloud", "100"], r"--points-per-cloud applies to point-cloud models"),
+    (["bound", "{t}/text.keras"], r"not a Keras model file"),
+    ([], r"tf-sparseconv: error: name a command: train, evaluate, predict, bound"),
+    (["frobnicate"], r"invalid choice: 'frobnicate'"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_ARGUMENTS, ids=[" ".join(a[:1] + [m[:30]]) for a, m in BAD_ARGUMENTS])
+def test_bad_argument_is_one_line_exit_2_and_writes_nothing(capsys, bad_inputs, models, argv, message):
+    paths = dict(models["paths"], t=str(bad_inputs))
+    model_dirs = [os.path.dirname(p) for p in models["paths"].values()]
+    before = _files(bad_inputs, *model_dirs)
+    code, out, err = run(capsys, *[a.format(**paths) for a in argv])
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("tf-sparseconv"), err
+    assert __import__("re").search(message, lines[0]), lines[0]
+    assert "allow_pickle" not in err and "Traceback" not in err
+    assert _files(bad_inputs, *model_dirs) == before
+
+
+# --- evaluate --------------------------------------------------------------------------------
+
+def test_evaluate_mesh_tree_matches_the_models_own_predictions(capsys, tmp_path, models):
+    tree = mesh_tree(tmp_path / "ModelNet")
+    code, out, err = run(capsys, "evaluate", models["paths"]["points"], "--data", tree, "--out", tmp_path / "eval")
+    assert code == 0, err
+    clouds, labels, data_classes = load_modelnet_meshes(tree, "test", num_points=POINTS, seed=0)
+    predicted = models["points"].predict(clouds, verbose=0).argmax(1)
+    true = np.array([models["classes"].index(data_classes[label]) for label in labels])
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["classes"] == ["cube", "tetrahedron"] and metrics["split"] == "test"
+    assert metrics["examples"] == 6 and metrics["points_per_cloud"] == POINTS
+    assert metrics["overall_accuracy"] == pytest.approx(np.mean(predicted == true))
+    per_class = [np.mean(predicted[true == models["classes"].index(c)] == models["classes"].index(c))
+                 for c in data_classes]
+    assert metrics["mean_class_accuracy"] == pytest.approx(np.mean(per_class))
+    confusion = np.zeros((2, len(models["classes"])), int)
+    for t, p in zip(labels, predicted):
+        confusion[t, p] += 1
+    np.testing.assert_array_equal(metrics["confusion_matrix"], confusion)
+    assert f"overall accuracy     {np.mean(predicted == true):.4f}" in out
+    assert (tmp_path / "eval" / "confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"loading {tree}: 2/2 class folders, 6 shapes (test/tetrahedron)" in err
+
+
+def test_evaluate_npz_matches_classes_by_name(capsys, tmp_path, models):
+    # The file's classes in another order than the model's, and fewer of them.
+    names = ["torus", "sphere", "cone"]
+    clouds, labels, _ = make_shapes(num_per_class=5, num_points=POINTS, classes=names, seed=11)
+    dequantised = quantised_npz(tmp_path / "test.npz", clouds, labels, names)
+    predicted = models["points"].predict(dequantised, verbose=0).argmax(1)
+    true = np.array([models["classes"].index(names[label]) for label in labels])
+    code, out, err = run(capsys, "evaluate", models["paths"]["points"], "--data", tmp_path / "test.npz",
+                         "--out", tmp_path / "all", "--batch-size", "4")
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "all" / "metrics.json").read_text())
+    assert metrics["split"] == "all" and metrics["classes"] == names
+    assert metrics["overall_accuracy"] == pytest.approx(np.mean(predicted == true))
+    for name in names:
+        index = models["classes"].index(name)
+        row = metrics["per_class"][name]
+        assert row == {"examples": 5, "correct": int(np.sum(predicted[true == index] == index)),
+                       "accuracy": pytest.approx(np.mean(predicted[true == index] == index))}
+        assert f"\n{name} " in out
+    # Two of the classes only; 'model' keeps those of the model's classes the file has, in the model's order.
+    code, _, err = run(capsys, "evaluate", models["paths"]["points"], "--data", tmp_path / "test.npz",
+                       "--out", tmp_path / "two", "--classes", "cone", "torus")
+    assert code == 0, err
+    two = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    keep = np.isin(labels, [0, 2])
+    assert two["examples"] == 10 and two["overall_accuracy"] == pytest.approx(np.mean(predicted[keep] == true[keep]))
+    code, _, err = run(capsys, "evaluate", models["paths"]["points"], "--data", tmp_path / "test.npz",
+                       "--out", tmp_path / "model", "--classes", "model")
+    assert code == 0 and "note: the data lacks 5 of the model's classes" in err
+    assert json.loads((tmp_path / "model" / "metrics.json").read_text())["classes"] == ["sphere", "cone", "torus"]
+
+
+def test_evaluate_mnist_npz_on_an_image_model(capsys, tmp_path, models):
+    rng = np.random.default_rng(5)
+    images = (rng.random((12, 28, 28)) < 0.2).astype(np.uint8) * rng.integers(40, 256, (12, 28, 28), dtype=np.uint8)
+    labels = np.arange(12) % 10
+    np.savez(tmp_path / "digits.npz", images=images, labels=labels)
+    code, out, err = run(capsys, "evaluate", models["paths"]["images"], "--data", tmp_path / "digits.npz",
+                         "--out", tmp_path / "eval")
+    assert code == 0, err
+    predicted = models["images"].predict(images, verbose=0).argmax(1)
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["kind"] == "mnist" and metrics["examples"] == 12
+    assert metrics["correct"] == int(np.sum(predicted == labels))
+    assert np.sum(metrics["confusion_matrix"]) == 12
+
+
+def test_evaluate_writes_a_new_folder_beside_the_model_each_time(capsys, tmp_path, models):
+    (tmp_path / "run").mkdir()
+    model = shutil.copy(models["paths"]["points"], tmp_path / "run" / "model.keras")
+    tree = mesh_tree(tmp_path / "ModelNet")
+    for _ in range(2):
+        code, out, err = run(capsys, "evaluate", model, "--data", tree, "--split", "train")
+        assert code == 0, err
+    folders = sorted(p.name for p in (tmp_path / "run").iterdir() if p.is_dir())
+    assert len(folders) == 2 and all(f.startswith("eval-ModelNet-train-") for f in folders)
+    for folder in folders:
+        assert json.loads((tmp_path / "run" / folder / "metrics.json").read_text())["examples"] == 3
+
+
+# --- predict ---------------------------------------------------------------------------------
+
+def test_predict_files_of_each_format(capsys, tmp_path, models):
+    clouds, _, _ = make_shapes(num_per_class=1, num_points=POINTS, classes=("cube", "torus", "cone"), seed=4)
+    write(tmp_path / "cube.off", off_text(CUBE_VERTICES, CUBE_QUADS))
+    write(tmp_path / "tetra.off", off_text(*TETRAHEDRON))
+    vertices, faces = grid_mesh(offset=[1, 2, 3], n=6)
+    write_ply(tmp_path / "ascii.ply", vertices, faces, "ascii")
+    write_ply(tmp_path / "binary.ply", vertices, faces, "binary_little_endian", with_normals=False)
+    np.save(tmp_path / "one.npy", clouds[0] * 40 + 7)  # any units: the model normalises
+    np.savez(tmp_path / "three.npz", points=clouds)
+    files = ["cube.off", "tetra.off", "ascii.ply", "binary.ply", "one.npy", "three.npz"]
+    code, out, err = run(capsys, "predict", models["paths"]["points"], *[tmp_path / f for f in files],
+                         "--top-k", "2", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [(os.path.basename(r["file"]), r["index"]) for r in rows] == [
+        ("cube.off", None), ("tetra.off", None), ("ascii.ply", None), ("binary.ply", None), ("one.npy", None),
+        ("three.npz", 0), ("three.npz", 1), ("three.npz", 2)]
+    # The 36-vertex PLY files are resampled to the model's 128 points; said once.
+    assert err.count("note: 2 cloud(s) resampled to 128 points") == 1
+    expected = softmax(models["points"].predict(clouds, verbose=0))
+    for row, probabilities in zip(rows[5:], expected):
+        top = np.argsort(-probabilities)[:2]
+        assert [c["class"] for c in row["top_k"]] == [models["classes"][i] for i in top]
+        np.testing.assert_allclose([c["probability"] for c in row["top_k"]], probabilities[top], rtol=1e-5)
+    scaled = [c["probability"] for c in rows[4]["top_k"]]
+    assert [c["class"] for c in rows[4]["top_k"]] == [c["class"] for c in rows[5]["top_k"]]
+    np.testing.assert_allclose(scaled, [c["probability"] for c in rows[5]["top_k"]], rtol=1e-4)
+
+    code, out, err = run(capsys, "predict", models["paths"]["points"], tmp_path / "three.npz", tmp_path / "cube.off",
+                         "--top-k", "2")
+    assert code == 0 and err == ""
+    lines = out.strip().splitlines()
+    labels = [f"{tmp_path / 'three.npz'}[{i}]" for i in range(3)] + [str(tmp_path / "cube.off")]
+    for line, label, row in zip(lines, labels, rows[5:] + rows[:1], strict=True):
+        assert line.split() == [label] + [t for c in row["top_k"] for t in (c["class"], f"{c['probability']:.3f}")]
+
+
+def test_predict_images(capsys, tmp_path, models):
+    rng = np.random.default_rng(2)
+    digits = (rng.random((3, 28, 28)) < 0.3).astype(np.uint8) * 200
+    Image.fromarray(digits[0]).save(tmp_path / "digit.png")
+    np.savez(tmp_path / "digits.npz", images=digits)
+    code, out, err = run(capsys, "predict", models["paths"]["images"], tmp_path / "digit.png",
+                         tmp_path / "digits.npz", "--top-k", "1", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    expected = softmax(models["images"].predict(digits.astype(np.float32), verbose=0))
+    assert [r["top_k"][0]["class"] for r in rows] == [str(i) for i in expected[[0, 0, 1, 2]].argmax(1)]
+    np.testing.assert_allclose([r["top_k"][0]["probability"] for r in rows], expected[[0, 0, 1, 2]].max(1),
+                               rtol=1e-5)
+
+
+# --- bound -----------------------------------------------------------------------------------
+
+def test_bound_prints_the_models_bound_and_the_dense_grids(capsys, models):
+    code, out, err = run(capsys, "bound", models["paths"]["points"], "--batch-size", "4")
+    assert code == 0, err
+    expected = memory_bound(models["points"], 4, points_per_sample=POINTS)
+    assert out.splitlines()[0].endswith(f"memory bound of one forward pass at batch 4, {POINTS} points per cloud")
+    assert expected.table() in out
+    assert f"= {expected.total_bytes / 2 ** 20:.2f} MB" in out and "vs dense grid" in out
+    code, out, _ = run(capsys, "bound", models["paths"]["images"])
+    assert code == 0 and "image_to_sparse" in out

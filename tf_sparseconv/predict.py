@@ -1,0 +1,144 @@
+"""tf-sparseconv predict: label files with a saved model's most probable classes.
+
+Point-cloud models read .off meshes (sampled to the model's points per cloud), .ply
+(vertices x y z, with nx ny nz when the model uses normals), .npy [N, 3+] or [M, N, 3+]
+and .npz with a `points` array; image models read .png, .npy [H, W] or [M, H, W] and .npz
+with an `images` array. Clouds of another size than the model was trained with are
+resampled to it (seeded). The model normalises each cloud into the unit sphere itself, so
+clouds in any units work; a model saved with normalize='none' refuses points outside its
+bounds.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+from tf_sparseconv.cli import UsageError, check_model_file, load_model, one_line, positive_int
+
+DESCRIPTION = __doc__.split("\n", 2)[2].strip()
+# Points per cloud when the model does not say how many it was trained with.
+DEFAULT_POINTS = 1024
+
+
+def add_arguments(parser):
+    parser.add_argument("model", metavar="MODEL", help="the saved model (.keras), e.g. runs/<run>/model.keras")
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="point files (.off .ply .npy .npz) or, for an image model, images (.png .npy .npz)")
+    parser.add_argument("--top-k", type=positive_int, default=3, metavar="K", help="classes shown per example")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON list (file, index, top classes with probabilities) instead of lines")
+    parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
+                        help="examples per prediction batch")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed of mesh sampling and resampling")
+
+
+def _check_files(files):
+    from tf_sparseconv.data.point_files import IMAGE_SUFFIXES, POINT_SUFFIXES, check_readable
+
+    for path in files:
+        try:
+            check_readable(path, tuple(dict.fromkeys(POINT_SUFFIXES + IMAGE_SUFFIXES)), "point or image file")
+        except (OSError, ValueError) as e:
+            raise UsageError(one_line(e)) from None
+
+
+def _read_clouds(files, spec, seed):
+    """([(file, index or None)], clouds [M, N, columns]) at the model's points per cloud, and notes."""
+    from tf_sparseconv.data.point_files import POINT_SUFFIXES, read_point_file, resample_points, suffix
+
+    target = spec.get("points_per_cloud") or DEFAULT_POINTS
+    columns = spec.get("columns", 3)
+    names, clouds, resampled = [], [], 0
+    for path in files:
+        if suffix(path) not in POINT_SUFFIXES:
+            raise UsageError(f"{path}: an image, but the model takes point clouds ({', '.join(POINT_SUFFIXES)})")
+        try:
+            read = read_point_file(path, num_points=target if suffix(path) == ".off" else None, seed=seed)
+        except (OSError, ValueError) as e:
+            raise UsageError(one_line(e)) from None
+        if read.shape[-1] < columns:
+            raise UsageError(f"{path}: the model uses normals (features {list(spec['features'])}), but the file "
+                             "has x y z only")
+        several = read.ndim == 3
+        for index, cloud in enumerate(read if several else [read]):
+            if len(cloud) != target:
+                cloud = resample_points(cloud, target, np.random.default_rng([seed, len(clouds)]))
+                resampled += 1
+            names.append((path, index if several else None))
+            clouds.append(cloud[:, :columns])
+    notes = [f"{resampled} cloud(s) resampled to {target} points, the model's points per cloud"] if resampled else []
+    clouds = np.stack(clouds)
+    if spec.get("normalize") == "none":
+        low, high = spec.get("bounds", (-1.0, 1.0))
+        outside = ((clouds[..., :3] < low) | (clouds[..., :3] > high)).any(axis=(1, 2))
+        if outside.any():
+            path, index = names[int(np.flatnonzero(outside)[0])]
+            where = path if index is None else f"{path}[{index}]"
+            raise UsageError(f"{where}: points outside the model's bounds [{low:g}, {high:g}]; the model was saved "
+                             "with normalize='none', so scale the cloud into them")
+    return names, clouds, notes
+
+
+def _read_images(files, spec):
+    from tf_sparseconv.data.point_files import IMAGE_SUFFIXES, read_image_file, suffix
+
+    shape = tuple(spec.get("image_shape") or ())
+    names, images = [], []
+    for path in files:
+        if suffix(path) not in IMAGE_SUFFIXES:
+            raise UsageError(f"{path}: a point file, but the model takes images ({', '.join(IMAGE_SUFFIXES)})")
+        try:
+            read = read_image_file(path)
+        except (OSError, ValueError) as e:
+            raise UsageError(one_line(e)) from None
+        several = read.ndim == 3
+        size = tuple(read.shape[-2:])
+        shape = shape or size
+        if size != shape:
+            raise UsageError(f"{path}: images of {size[0]}x{size[1]} pixels, the model takes {shape[0]}x{shape[1]}")
+        for index, image in enumerate(read if several else [read]):
+            names.append((path, index if several else None))
+            images.append(image.astype(np.float32))
+    return names, np.stack(images), []
+
+
+def top_classes(logits, class_names, k):
+    """Per example the k (class, probability) pairs of highest softmax probability."""
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities = shifted / shifted.sum(axis=1, keepdims=True)
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+    return [[(class_names[c], float(p[c])) for c in row] for row, p in zip(order, probabilities)]
+
+
+def run(args):
+    from tf_sparseconv.evaluate import predict_logits
+
+    check_model_file(args.model)
+    _check_files(args.files)
+    model, spec, model_names = load_model(args.model)
+    num_outputs = int(model.outputs[0].shape[-1])
+    names = list(model_names) if model_names else [str(i) for i in range(num_outputs)]
+    if spec["kind"] == "images":
+        sources, examples, notes = _read_images(args.files, spec)
+    else:
+        sources, examples, notes = _read_clouds(args.files, spec, args.seed)
+    if not model_names:
+        notes.append("the model stores no class names; classes are shown by index")
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    logits = predict_logits(model, examples, args.batch_size)
+    ranked = top_classes(logits, names, min(args.top_k, num_outputs))
+    if args.json:
+        print(json.dumps([{"file": path, "index": index,
+                           "top_k": [{"class": c, "probability": p} for c, p in classes]}
+                          for (path, index), classes in zip(sources, ranked)], indent=1))
+        return 0
+    width = max(len(_label(path, index)) for path, index in sources)
+    for (path, index), classes in zip(sources, ranked):
+        print(f"{_label(path, index):<{width}}  " + "  ".join(f"{c} {p:.3f}" for c, p in classes))
+    return 0
+
+
+def _label(path, index):
+    return path if index is None else f"{path}[{index}]"
