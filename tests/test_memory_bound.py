@@ -131,3 +131,49 @@ def test_budget_below_one_sample_is_refused_even_in_split_mode(rng):
     runner = BoundedInference(model, 1024, on_exceed="split")
     with pytest.raises(MemoryBudgetExceeded, match="largest batch within it is 0"):
         runner(random_surfaces(rng, 2, 100))
+
+
+def test_serving_model_is_bounded_through_its_core_beside_the_dense_grid():
+    from tf_sparseconv import models
+    core = models.octnet3(16, 3, rhos=(0.3, 0.5), fc_units=16)
+    serving = models.point_cloud_classifier(core, 16)
+    bound, core_bound = memory_bound(serving, 4), memory_bound(core, 4)
+    voxelize, *layers = bound.layers
+    assert voxelize.name == "point_cloud_to_sparse" and voxelize.kind == "voxelize"
+    assert voxelize.output_entries == 4 * 16 ** 3 and voxelize.dense_bytes == 4 * 16 ** 3 * 4
+    assert [(b.name, b.output_entries) for b in layers] == [(b.name, b.output_entries) for b in core_bound.layers]
+    conv = layers[0]
+    assert conv.output_entries == 4 * 8 * math.ceil(0.3 * 16 ** 3) and conv.dense_bytes == 4 * 16 ** 3 * 8 * 4
+    assert bound.dense_bytes == sum(b.dense_bytes for b in bound.layers)
+    assert bound.activation_bytes == core_bound.activation_bytes + voxelize.output_bytes
+    table = bound.table()
+    assert f"vs dense grid {bound.dense_bytes / 2**20:.2f} MB" in table
+    assert "voxelization temporaries grow with the points per cloud and are not in the bound" in table
+    sparse = [b for b in bound.layers if b.kind in ("voxelize", "sparse_conv", "sparse_max_pool")]
+    assert (f"at most {sum(b.output_entries for b in sparse):,} stored entries vs "
+            f"{sum(math.prod(b.output_shape) for b in sparse):,} dense grid elements") in table
+    # with the points per cloud known, the voxelized grid is capped and its temporaries are counted
+    capped = memory_bound(serving, 4, points_per_sample=100)
+    assert capped.layers[0].output_entries == 4 * 100 and capped.notes == ()
+    assert capped.layers[0].temporary_bytes > 4 * 100 * 3 * 8
+    assert capped.layers[1].output_entries == conv.output_entries
+
+
+def test_serving_models_of_images_bound_and_site_models_refused():
+    from tf_sparseconv import models
+    images = models.image_classifier(models.octnet3(28, 10, rhos=(0.05, 0.10), spatial_dims=2, fc_units=16))
+    bound = memory_bound(images, 2)
+    assert bound.layers[0].kind == "image" and bound.layers[0].output_entries == 2 * 28 * 28
+    assert bound.layers[1].output_entries == 2 * 8 * math.ceil(0.05 * 28 * 28)
+    site = models.point_cloud_classifier(models.site_resnet(3, 8, channels=(4,)), 8)
+    with pytest.raises(TypeError, match="no memory bound for site-sparse models"):
+        memory_bound(site, 2)
+
+
+def test_split_mode_runs_a_serving_model_within_budget(rng):
+    from tf_sparseconv import models
+    serving = models.point_cloud_classifier(models.octnet3(8, 3, rhos=(0.5, 0.5), fc_units=8), 8)
+    runner = BoundedInference(serving, memory_bound(serving, 3).total_bytes)
+    assert runner.chunk_size == 3
+    points = random_surfaces(rng, 7, 100) * 4 + 2  # normalised by the model
+    np.testing.assert_allclose(runner(points).numpy(), serving(points).numpy(), rtol=1e-5, atol=1e-6)

@@ -8,6 +8,9 @@ Two families:
 - site-sparse tensors (coordinates + a feature row per site) and gather-GEMM-scatter
   convolution: submanifold, strided, transposed and inverse, with cached kernel maps,
   pooling and density-bounded site selection.
+
+Importing the package registers its Keras layers and losses, so a saved model loads with
+`import tf_sparseconv; keras.models.load_model(path)`.
 """
 from tf_sparseconv._op_library import ops as raw_ops  # noqa: F401  (loads and checks the op library)
 from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
@@ -21,6 +24,7 @@ from tf_sparseconv.ops.site_conv import (global_pool, kernel_map, neighbour_tabl
 from tf_sparseconv.ops.site_conversions import (from_channel_sparse, site_from_dense, site_to_dense,
                                                 to_channel_sparse, voxelize_sites)
 from tf_sparseconv.site_sparse_tensor import KernelMap, SiteSparseTensor, make_site_sparse
+from tf_sparseconv import keras_layers, losses  # noqa: F401,E402  (registers the Keras layers and losses)
 
 __version__ = "0.1.0"
 

@@ -12,6 +12,12 @@ decoded coordinates (4 bytes per entry and dimension), segment offsets, the pres
 weight lists, the kept entries of every output segment until the output is assembled,
 and per worker block either the dense path's position-major [R1*...*Rd, Cout] scratch
 or the touched set of one segment plus its merge heap.
+
+A serving model (tf_sparseconv.models.point_cloud_classifier / image_classifier) is
+bounded through its core: the voxelized grid its PointCloudToSparse / ImageToSparse layer
+makes is the first activation. The voxelization's own temporaries grow with the points
+per cloud: they are in the bound only when points_per_sample is given. For comparison,
+ModelBound.dense_bytes is what the same layers' outputs take as dense tensors.
 """
 import dataclasses
 import math
@@ -23,10 +29,13 @@ import tensorflow as tf
 
 from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
 from tf_sparseconv.keras_layers.conv import SparseConv
-from tf_sparseconv.keras_layers.layers import (DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense,
-                                               VoxelizePoints)
+from tf_sparseconv.keras_layers import site_layers
+from tf_sparseconv.keras_layers.layers import DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense
+from tf_sparseconv.keras_layers.preprocessing import ClassNames, ImageToSparse, PointCloudToSparse, SparseToSite
 from tf_sparseconv.keras_layers.sparse_inputs import FIELDS, as_keras_inputs, from_keras_inputs
 
+# LayerBound.kind of the layers whose outputs are channel-sparse.
+SPARSE_KINDS = ("voxelize", "image", "sparse_conv", "sparse_relu", "sparse_max_pool")
 KEY_BYTES = 8
 INDEX_BYTES = 8
 # What one allocation may cost beyond its bytes: a large buffer is mapped in whole pages,
@@ -49,6 +58,7 @@ class LayerBound:
     output_entries: int        # stored entries (sparse) or elements (dense)
     output_bytes: int
     temporary_bytes: int
+    dense_bytes: int = 0       # the same output as one dense tensor of the value dtype
 
 
 @dataclasses.dataclass
@@ -58,15 +68,29 @@ class ModelBound:
     activation_bytes: int      # all layer outputs, alive together
     temporary_bytes: int       # the largest single layer's temporaries
     total_bytes: int
+    dense_bytes: int = 0       # all layer outputs as dense tensors: the dense grid's activations,
+                               # to compare with activation_bytes
+    notes: tuple = ()          # what the bound leaves out
 
     def table(self):
-        lines = [f"{'layer':<28}{'kind':<16}{'entries':>14}{'output MB':>12}{'temp MB':>10}"]
+        lines = [f"{'layer':<28}{'kind':<16}{'entries':>14}{'output MB':>12}{'temp MB':>10}{'dense MB':>10}"]
         for b in self.layers:
             lines.append(f"{b.name:<28}{b.kind:<16}{b.output_entries:>14,}{b.output_bytes / 2**20:>12.2f}"
-                         f"{b.temporary_bytes / 2**20:>10.2f}")
+                         f"{b.temporary_bytes / 2**20:>10.2f}{b.dense_bytes / 2**20:>10.2f}")
         lines.append(f"forward pass at batch {self.batch_size}: activations {self.activation_bytes / 2**20:.2f} MB"
                      f" + largest temporary {self.temporary_bytes / 2**20:.2f} MB"
                      f" = {self.total_bytes / 2**20:.2f} MB")
+        if self.dense_bytes:
+            lines.append(f"activations: bound {self.activation_bytes / 2**20:.2f} MB vs dense grid "
+                         f"{self.dense_bytes / 2**20:.2f} MB (the same layers' outputs as dense tensors; "
+                         f"{self.activation_bytes / self.dense_bytes:.2f}x)")
+        sparse = [b for b in self.layers if b.kind in SPARSE_KINDS]
+        if sparse:
+            entries = sum(b.output_entries for b in sparse)
+            cells = sum(math.prod(b.output_shape) for b in sparse)
+            lines.append(f"sparse layers: at most {entries:,} stored entries vs {cells:,} dense grid elements "
+                         f"({entries / cells:.0%}; each entry also holds an 8-byte key)")
+        lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
 
@@ -151,17 +175,49 @@ def _bound_layer(layer, shape, in_entries, batch, value_bytes, threads):
     raise TypeError(f"no bound for layer {layer.name} ({type(layer).__name__})")
 
 
+def _voxelize_temporary_bytes(layer, batch, points_per_sample):
+    """Bytes PointCloudToSparse allocates besides its output for batch clouds of
+    points_per_sample points: the sum of every allocation of its TensorFlow code (as if all
+    were alive at once, more than eager mode keeps). Per point: float32 / float64 copies of
+    the coordinates and the checks, the normalisation's copies and pairwise sums, cells and
+    site indices, tf.unique's hash table, the sort; per site and per stored entry: feature
+    sums, keys, masks, the argsort and the gathers."""
+    points = batch * points_per_sample
+    sites = batch * min(points_per_sample, layer.resolution ** 3)
+    entries = sites * layer.channels
+    per_point = 4 * layer.columns + 2 * 5 * layer.columns + 360 + 96
+    per_site = per_entry = 0
+    if layer.normalize == "unit_sphere":
+        per_point += 340 + 8 * layer.columns
+    if layer.features != ("occupancy",):
+        per_point += 128
+        per_site, per_entry = 168, 112
+    return points * per_point + sites * per_site + entries * per_entry + 64 * ALLOCATION_OVERHEAD
+
+
 def _input_bound(layer, batch, points_per_sample, value_bytes):
-    """Bound of a model-entry layer: VoxelizePoints or DenseToSparse."""
-    if isinstance(layer, VoxelizePoints):
-        r = layer.resolution
+    """(shape, entries, output bytes, temporary bytes, dense bytes, note) of a model-entry
+    layer: PointCloudToSparse (VoxelizePoints) or ImageToSparse."""
+    if isinstance(layer, PointCloudToSparse):
+        r, channels = layer.resolution, layer.channels
         cells = r ** 3
         per_sample = cells if points_per_sample is None else min(cells, points_per_sample)
-        entries = batch * per_sample
-        points = batch * (points_per_sample or cells)
-        # floor (float32), cast and clip (int64) per coordinate; lin, keys, unique and sort.
-        temp = points * (3 * (4 + 8 + 8) + 8 * KEY_BYTES) + 16 * ALLOCATION_OVERHEAD
-        return (batch, r, r, r, 1), entries, _sparse_bytes(entries, value_bytes), temp
+        entries = batch * channels * per_sample
+        shape = (batch, r, r, r, channels)
+        note = None
+        if points_per_sample is None:
+            temp = 0
+            note = (f"{layer.name}'s voxelization temporaries grow with the points per cloud and are not in the bound; "
+                    "give points_per_sample to include them")
+        else:
+            temp = _voxelize_temporary_bytes(layer, batch, points_per_sample)
+        return shape, entries, _sparse_bytes(entries, value_bytes), temp, math.prod(shape) * value_bytes, note
+    if isinstance(layer, ImageToSparse):
+        shape = (batch, *layer.image_shape, 1)
+        entries = math.prod(shape)
+        # the float32 copy, the threshold mask, the kept pixel indices and values, per pixel
+        temp = entries * (4 + 1 + 8 + 4) + 16 * ALLOCATION_OVERHEAD
+        return shape, entries, _sparse_bytes(entries, value_bytes), temp, entries * value_bytes, None
     raise TypeError(f"no bound for entry layer {layer.name}")
 
 
@@ -171,25 +227,54 @@ def _dense_layer_bound(layer, shape, batch, value_bytes):
     return tuple(int(s) for s in out_shape), elements, elements * value_bytes
 
 
+SITE_MODEL_NOTE = ("no memory bound for site-sparse models: the bound covers the channel-sparse layers (SparseConv, "
+                   "SparseMaxPool), and a site model's memory follows its active sites")
+
+
+def _is_site_layer(layer):
+    return isinstance(layer, SparseToSite) or type(layer).__module__ == site_layers.__name__
+
+
+def _flat_layers(model):
+    """The model's layers in order, those of nested models (a serving model's core) inlined."""
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        if isinstance(layer, keras.Model):
+            yield from _flat_layers(layer)
+        else:
+            yield layer
+
+
 def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
     """Upper bounds for model at batch_size, per layer and for the forward pass.
 
-    The model is a chain of layers starting at VoxelizePoints, DenseToSparse or a
-    sparse_input dict (functional or Sequential-like); points_per_sample caps the
-    entries VoxelizePoints can make (default: the whole grid).
+    The model is a chain of layers starting at PointCloudToSparse (VoxelizePoints),
+    ImageToSparse or a sparse_input dict (functional or Sequential-like), or a serving
+    model around such a core (models.point_cloud_classifier / image_classifier).
+    points_per_sample caps the entries a point-cloud model's voxelization can make
+    (default: the whole grid) and adds the voxelization's temporaries, which are left out
+    without it. Site-sparse models are refused (TypeError).
     """
     value_bytes = tf.as_dtype(dtype).size
     threads = _worker_threads()
-    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
-    shape, entries, bounds = None, None, []
+    layers = list(_flat_layers(model))
+    if any(_is_site_layer(layer) for layer in layers):
+        raise TypeError(f"{model.name}: {SITE_MODEL_NOTE}")
+    shape, entries, bounds, notes = None, None, [], []
     sparse_inputs = [t for t in model.inputs if t.name.endswith("shape_token")] if hasattr(model, "inputs") else []
     if sparse_inputs:
         shape = (batch_size, *sparse_inputs[0].shape[1:])
         entries = math.prod(shape)  # an arbitrary channel-sparse input can be dense
     for layer in layers:
-        if isinstance(layer, VoxelizePoints):
-            shape, entries, out_bytes, temp = _input_bound(layer, batch_size, points_per_sample, value_bytes)
-            bounds.append(LayerBound(layer.name, "voxelize", shape, entries, out_bytes, temp + CALL_OVERHEAD))
+        if isinstance(layer, ClassNames):
+            continue  # the identity on the logits
+        if isinstance(layer, (PointCloudToSparse, ImageToSparse)):
+            shape, entries, out_bytes, temp, dense, note = _input_bound(layer, batch_size, points_per_sample,
+                                                                        value_bytes)
+            notes += [note] if note else []
+            bounds.append(LayerBound(layer.name, "voxelize" if isinstance(layer, PointCloudToSparse) else "image",
+                                     shape, entries, out_bytes, temp + CALL_OVERHEAD, dense))
         elif isinstance(layer, DenseToSparse):
             raise TypeError("DenseToSparse takes arbitrary dense input: bound the model from sparse_input instead")
         elif isinstance(layer, (SparseConv, SparseReLU, SparseMaxPool, SparseToDense)):
@@ -197,14 +282,16 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
                 raise TypeError(f"layer {layer.name} has no bounded input before it")
             kind, shape, entries, out_bytes, temp = _bound_layer(layer, shape, entries, batch_size, value_bytes,
                                                                  threads)
-            bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp + CALL_OVERHEAD))
+            bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp + CALL_OVERHEAD,
+                                     math.prod(shape) * value_bytes))
         else:
             shape, entries, out_bytes = _dense_layer_bound(layer, shape, batch_size, value_bytes)
             bounds.append(LayerBound(layer.name, type(layer).__name__, shape, entries, out_bytes,
-                                     2 * ALLOCATION_OVERHEAD + CALL_OVERHEAD))
+                                     2 * ALLOCATION_OVERHEAD + CALL_OVERHEAD, out_bytes))
     activation = sum(b.output_bytes for b in bounds)
     temporary = max((b.temporary_bytes for b in bounds), default=0)
-    return ModelBound(batch_size, bounds, activation, temporary, activation + temporary)
+    return ModelBound(batch_size, bounds, activation, temporary, activation + temporary,
+                      sum(b.dense_bytes for b in bounds), tuple(notes))
 
 
 class MemoryBudgetExceeded(ValueError):

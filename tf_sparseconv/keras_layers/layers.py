@@ -1,9 +1,8 @@
 """The sparse layers around the convolution: ReLU, max-pooling, and the ways in and out
 of the channel-sparse representation."""
 import keras
-import tensorflow as tf
 
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.keras_layers.preprocessing import PointCloudToSparse
 from tf_sparseconv.keras_layers.sparse_inputs import SparseLayer, as_keras_inputs, from_keras_inputs, logical_shape
 from tf_sparseconv.ops.conversions import from_dense, to_dense
 from tf_sparseconv.ops.max_pool import sparse_max_pool
@@ -70,33 +69,21 @@ class DenseToSparse(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
-class VoxelizePoints(keras.layers.Layer):
-    """A batch of point clouds [B, N, 3] -> occupancy [B, r, r, r, 1], inside the graph.
+class VoxelizePoints(PointCloudToSparse):
+    """A batch of point clouds [B, N, 3] -> occupancy [B, r, r, r, 1], inside the graph:
+    PointCloudToSparse(resolution, features=("occupancy",), normalize="none", bounds).
 
-    Coordinates are mapped from `bounds` onto r cells per axis (outside points are
-    clipped to the border cells); several points in one voxel make one entry of value 1.
+    Coordinates are mapped from `bounds` onto r cells per axis; several points in one voxel
+    make one entry of value 1. Points outside `bounds` raise InvalidArgumentError (they are
+    not clipped into the border cells); PointCloudToSparse also normalises clouds and
+    computes further features.
     """
 
     def __init__(self, resolution, bounds=(-1.0, 1.0), **kwargs):
-        super().__init__(**kwargs)
-        if int(resolution) < 1:
-            raise ValueError(f"resolution must be >= 1, got {resolution}")
-        self.resolution = int(resolution)
-        self.bounds = tuple(float(b) for b in bounds)
-        self.supports_jit = False
-
-    def call(self, points):
-        r = self.resolution
-        lo, hi = self.bounds
-        points = tf.convert_to_tensor(points, tf.float32)
-        batch = tf.shape(points, out_type=tf.int64)[0]
-        cells = tf.clip_by_value(tf.cast(tf.floor((points - lo) / (hi - lo) * r), tf.int64), 0, r - 1)
-        lin = (cells[..., 0] * r + cells[..., 1]) * r + cells[..., 2]
-        keys = tf.reshape(lin + tf.range(batch)[:, None] * r ** 3, [-1])  # one channel: key = b * r^3 + lin
-        keys = tf.sort(tf.unique(keys).y)
-        shape = tf.stack([batch, r, r, r, tf.constant(1, tf.int64)])
-        x = ChannelSparseTensor(keys, tf.ones_like(keys, tf.float32), shape, tf.TensorShape([None, r, r, r, 1]))
-        return as_keras_inputs(x)
+        super().__init__(resolution, features=("occupancy",), normalize="none", bounds=bounds, **kwargs)
 
     def get_config(self):
-        return {**super().get_config(), "resolution": self.resolution, "bounds": self.bounds}
+        config = super().get_config()
+        for key in ("features", "normalize", "points_per_cloud"):
+            config.pop(key)
+        return config
