@@ -282,8 +282,10 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
                 raise TypeError(f"layer {layer.name} has no bounded input before it")
             kind, shape, entries, out_bytes, temp = _bound_layer(layer, shape, entries, batch_size, value_bytes,
                                                                  threads)
+            # A dense convolution with an activation holds its pre-activation output too, as the sparse one does.
+            dense_tensors = 2 if isinstance(layer, SparseConv) and layer.activation == "relu" else 1
             bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp + CALL_OVERHEAD,
-                                     math.prod(shape) * value_bytes))
+                                     dense_tensors * math.prod(shape) * value_bytes))
         else:
             shape, entries, out_bytes = _dense_layer_bound(layer, shape, batch_size, value_bytes)
             bounds.append(LayerBound(layer.name, type(layer).__name__, shape, entries, out_bytes,
