@@ -13,11 +13,12 @@ import keras
 import numpy as np
 import pytest
 from PIL import Image
+from test_data_mnist import write_idx_folder
 from test_data_modelnet import CUBE_QUADS, CUBE_VERTICES, off_text, write
 from test_data_scannet import grid_mesh, write_ply
 
-from tf_sparseconv import cli
-from tf_sparseconv.data import load_modelnet_meshes, make_shapes
+from tf_sparseconv import cli, train
+from tf_sparseconv.data import SCANNET_CLASSES, load_modelnet_meshes, load_scannet_objects, make_shapes
 from tf_sparseconv.memory_bound import memory_bound
 from tf_sparseconv.models import image_classifier, octnet3, point_cloud_classifier
 
@@ -29,8 +30,8 @@ TETRAHEDRON = ([(0, 0, 0), (2, 0, 0), (0, 2, 0), (0, 0, 2)], [(0, 2, 1), (0, 1, 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Saved serving models: a point model trained briefly on the synthetic shapes (so its
-    predictions differ between shapes), the same core with normalize='none', and an
-    untrained image model."""
+    predictions differ between shapes), the same core with normalize='none', an untrained
+    image model and an untrained model over the ScanNet classes."""
     root = tmp_path_factory.mktemp("models")
     keras.utils.set_random_seed(0)
     clouds, labels, classes = make_shapes(num_per_class=12, num_points=POINTS, seed=0)
@@ -41,12 +42,14 @@ def models(tmp_path_factory):
     unnormalized = point_cloud_classifier(core, 8, normalize="none", class_names=classes, points_per_cloud=POINTS)
     images = image_classifier(octnet3(28, 10, rhos=(1.0, 1.0), spatial_dims=2, fc_units=16),
                               class_names=[str(d) for d in range(10)])
+    scannet = point_cloud_classifier(octnet3(8, len(SCANNET_CLASSES), rhos=(1.0,), fc_units=16), 8,
+                                     class_names=SCANNET_CLASSES, points_per_cloud=POINTS)
     paths = {}
-    for name, model in (("points", points), ("none", unnormalized), ("images", images)):
+    for name, model in (("points", points), ("none", unnormalized), ("images", images), ("scannet", scannet)):
         (root / name).mkdir()
         paths[name] = str(root / name / "model.keras")
         model.save(paths[name])
-    return {"paths": paths, "points": points, "images": images, "classes": classes}
+    return {"paths": paths, "points": points, "images": images, "scannet": scannet, "classes": classes}
 
 
 def run(capsys, *argv):
@@ -182,6 +185,7 @@ BAD_ARGUMENTS = [
     (["bound", "{points}", "--points-per-cloud", "x"], r"argument --points-per-cloud: expected a whole number"),
     (["bound", "{images}", "--points-per-cloud", "100"], r"--points-per-cloud applies to point-cloud models"),
     (["bound", "{t}/text.keras"], r"not a Keras model file"),
+    (["train", "--epochs", "0"], r"tf-sparseconv train: error: --epochs must be >= 1, got 0"),
     ([], r"tf-sparseconv: error: name a command: train, evaluate, predict, bound"),
     (["frobnicate"], r"invalid choice: 'frobnicate'"),
 ]
@@ -273,6 +277,48 @@ def test_evaluate_mnist_npz_on_an_image_model(capsys, tmp_path, models):
     assert metrics["kind"] == "mnist" and metrics["examples"] == 12
     assert metrics["correct"] == int(np.sum(predicted == labels))
     assert np.sum(metrics["confusion_matrix"]) == 12
+    # The idx files: the t10k pair is the test split.
+    write_idx_folder(tmp_path / "idx", images[:7], labels[:7].astype(np.uint8), prefix="t10k")
+    write_idx_folder(tmp_path / "idx", images[7:], labels[7:].astype(np.uint8), prefix="train")
+    code, out, err = run(capsys, "evaluate", models["paths"]["images"], "--data", tmp_path / "idx",
+                         "--out", tmp_path / "idx_eval")
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "idx_eval" / "metrics.json").read_text())
+    assert metrics["split"] == "test" and metrics["examples"] == 7
+    assert metrics["correct"] == int(np.sum(predicted[:7] == labels[:7]))
+
+
+def scannet_scan(root, name, labels):
+    """One scan in the official layout: per label a 10 x 10 vertex patch (one segment each)."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    vertices, faces, segments, groups = [], [], [], []
+    for object_id, label in enumerate(labels):
+        patch, patch_faces = grid_mesh(offset=[object_id * 2.0, 0, 0], n=10, seed=object_id)
+        faces += [[len(vertices) + i for i in face] for face in patch_faces]
+        vertices += list(patch)
+        segments += [object_id] * len(patch)
+        groups.append({"id": object_id, "objectId": object_id, "segments": [object_id], "label": label})
+    write_ply(folder / f"{name}_vh_clean_2.ply", vertices, faces, "binary_little_endian")
+    (folder / f"{name}.aggregation.json").write_text(json.dumps({"sceneId": name, "segGroups": groups}))
+    (folder / f"{name}_vh_clean_2.0.010000.segs.json").write_text(json.dumps({"segIndices": segments}))
+
+
+def test_evaluate_scannet_scans(capsys, tmp_path, models):
+    scannet_scan(tmp_path / "scans", "scene0000_00", ["chair", "couch", "lamp", "table"])
+    scannet_scan(tmp_path / "scans", "scene0001_00", ["bed", "office chair"])
+    code, out, err = run(capsys, "evaluate", models["paths"]["scannet"], "--data", tmp_path / "scans",
+                         "--out", tmp_path / "eval")
+    assert code == 0, err
+    clouds, labels, _ = load_scannet_objects(tmp_path / "scans", num_points=POINTS)
+    np.testing.assert_array_equal(labels, [SCANNET_CLASSES.index(c) for c in ("chair", "sofa", "table", "bed",
+                                                                                "chair")])
+    predicted = models["scannet"].predict(clouds, verbose=0).argmax(1)
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["kind"] == "scannet" and metrics["examples"] == 5
+    assert metrics["correct"] == int(np.sum(predicted == labels))
+    assert metrics["per_class"]["chair"]["examples"] == 2 and metrics["per_class"]["wall"]["examples"] == 0
+    assert f"loading {tmp_path / 'scans'}: 2/2 scans, 5 objects" in err
 
 
 def test_evaluate_writes_a_new_folder_beside_the_model_each_time(capsys, tmp_path, models):
@@ -286,6 +332,43 @@ def test_evaluate_writes_a_new_folder_beside_the_model_each_time(capsys, tmp_pat
     assert len(folders) == 2 and all(f.startswith("eval-ModelNet-train-") for f in folders)
     for folder in folders:
         assert json.loads((tmp_path / "run" / folder / "metrics.json").read_text())["examples"] == 3
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A one-epoch run of tf-sparseconv train on a small point-cloud .npz: model.keras, results.json,
+    split.json."""
+    root = tmp_path_factory.mktemp("run")
+    clouds, labels, names = make_shapes(num_per_class=10, num_points=POINTS, classes=("cube", "cone", "torus"), seed=1)
+    quantised_npz(root / "train.npz", clouds, labels, names)
+    quantised_npz(root / "shuffled.npz", clouds, labels[::-1], names)
+    assert cli.main(["train", "--dataset", "modelnet40", "--data-dir", str(root / "train.npz"), "--resolution", "8",
+                     "--rho", "0.5", "1.0", "--epochs", "1", "--val-fraction", "0.3", "--out", str(root / "run")]) == 0
+    return root
+
+
+def test_evaluate_split_val_rescores_the_training_runs_validation_examples(capsys, trained_run):
+    run_dir = trained_run / "run"
+    split = json.loads((run_dir / "split.json").read_text())
+    code, out, err = run(capsys, "evaluate", run_dir / "model.keras", "--split", "val", "--out", trained_run / "val")
+    assert code == 0, err
+    metrics = json.loads((trained_run / "val" / "metrics.json").read_text())
+    assert metrics["split"] == "val" and metrics["examples"] == len(split["val_indices"]) == 9
+    examples, labels, _ = train.load_examples("modelnet40", str(trained_run / "train.npz"), {}, 0)
+    model = keras.models.load_model(run_dir / "model.keras")
+    predicted = model.predict(examples[split["val_indices"]], verbose=0).argmax(1)
+    assert metrics["correct"] == int(np.sum(predicted == labels[split["val_indices"]]))
+    results = json.loads((run_dir / "results.json").read_text())
+    assert metrics["overall_accuracy"] == pytest.approx(results["val_accuracy"])
+    # Other data under the same name is refused, and nothing is written.
+    before = _files(trained_run)
+    code, out, err = run(capsys, "evaluate", run_dir / "model.keras", "--split", "val",
+                         "--data", trained_run / "shuffled.npz")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines()[-1].startswith(
+        f"tf-sparseconv evaluate: error: --split val: {trained_run / 'shuffled.npz'} is not the data the model was "
+        "trained on: it has other labels than the training run's")
+    assert _files(trained_run) == before
 
 
 # --- predict ---------------------------------------------------------------------------------

@@ -175,9 +175,16 @@ def _load_validation_set(record, data):
                                                   normals=bool(record.get("normals")))
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--split val: {one_line(e)}") from None
-    if len(labels) != record.get("num_examples") or labels_sha256(labels) != record.get("labels_sha256"):
-        raise UsageError(f"--split val: {data} is not the data the model was trained on ({len(labels)} examples "
-                         f"here, {record.get('num_examples')} in the training run, or their labels differ); give the "
+    if len(labels) != record.get("num_examples"):
+        differs = f"has {len(labels)} examples, the training run's had {record.get('num_examples')}"
+    elif labels_sha256(labels) != record.get("labels_sha256"):
+        differs = "has other labels than the training run's (their sha256 differs)"
+    elif list(classes) != list(record.get("classes", classes)):
+        differs = f"names its classes {_names(classes)}, the training run's were {_names(record['classes'])}"
+    else:
+        differs = None
+    if differs:
+        raise UsageError(f"--split val: {data} is not the data the model was trained on: it {differs}; give the "
                          "training data with --data, or score other data with --split test or all")
     val = np.asarray(record["val_indices"], np.int64)
     if len(val) == 0:
@@ -229,8 +236,11 @@ def save_confusion_png(path, confusion, row_names, column_names, title):
 
     confusion = np.asarray(confusion)
     fraction = confusion / np.maximum(confusion.sum(1, keepdims=True), 1)
-    size = max(5.0, 0.28 * max(len(row_names), len(column_names)) + 2.5)
-    fig, ax = plt.subplots(figsize=(size * len(column_names) / max(len(row_names), len(column_names)) + 1.5, size))
+    rows, columns = confusion.shape
+    cell = 0.2 if max(rows, columns) > 20 else 0.35  # inches
+    label_room = 0.07 * max(len(n) for n in [*row_names, *column_names]) + 0.8
+    fig, ax = plt.subplots(figsize=(max(3.0, columns * cell) + label_room + 1.2,
+                                    max(2.0, rows * cell) + label_room + 0.8))
     image = ax.imshow(fraction, cmap="Blues", vmin=0, vmax=1, aspect="equal")
     ax.set_xticks(range(len(column_names)), column_names, rotation=90, fontsize=7)
     ax.set_yticks(range(len(row_names)), row_names, fontsize=7)
@@ -242,9 +252,10 @@ def save_confusion_png(path, confusion, row_names, column_names, title):
             if count:
                 ax.text(c, r, str(count), ha="center", va="center", fontsize=6,
                         color="white" if fraction[r, c] > 0.5 else "black")
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="fraction of the true class")
+    fig.colorbar(image, ax=ax, shrink=min(1.0, max(0.3, rows / max(columns, 1))), pad=0.02,
+                 label="fraction of the true class")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from tf_sparseconv.cli import UsageError, check_model_file, load_model, one_line, positive_int
+from tf_sparseconv.cli import Progress, UsageError, check_model_file, load_model, one_line, positive_int
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip()
 # Points per cloud when the model does not say how many it was trained with.
@@ -127,7 +127,8 @@ def run(args):
         notes.append("the model stores no class names; classes are shown by index")
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    logits = predict_logits(model, examples, args.batch_size)
+    many = len(examples) > args.batch_size
+    logits = predict_logits(model, examples, args.batch_size, Progress("predicting", len(examples)) if many else None)
     ranked = top_classes(logits, names, min(args.top_k, num_outputs))
     if args.json:
         print(json.dumps([{"file": path, "index": index,
