@@ -31,7 +31,8 @@ TETRAHEDRON = ([(0, 0, 0), (2, 0, 0), (0, 2, 0), (0, 0, 2)], [(0, 2, 1), (0, 1, 
 def models(tmp_path_factory):
     """Saved serving models: a point model trained briefly on the synthetic shapes (so its
     predictions differ between shapes), the same core with normalize='none', an untrained
-    image model and an untrained model over the ScanNet classes."""
+    image model, an untrained model over the ScanNet classes, and the point model's core
+    alone (it takes sparse tensors)."""
     root = tmp_path_factory.mktemp("models")
     keras.utils.set_random_seed(0)
     clouds, labels, classes = make_shapes(num_per_class=12, num_points=POINTS, seed=0)
@@ -45,7 +46,8 @@ def models(tmp_path_factory):
     scannet = point_cloud_classifier(octnet3(8, len(SCANNET_CLASSES), rhos=(1.0,), fc_units=16), 8,
                                      class_names=SCANNET_CLASSES, points_per_cloud=POINTS)
     paths = {}
-    for name, model in (("points", points), ("none", unnormalized), ("images", images), ("scannet", scannet)):
+    for name, model in (("points", points), ("none", unnormalized), ("images", images), ("scannet", scannet),
+                        ("core", core)):
         (root / name).mkdir()
         paths[name] = str(root / name / "model.keras")
         model.save(paths[name])
@@ -185,6 +187,9 @@ BAD_ARGUMENTS = [
     (["bound", "{points}", "--points-per-cloud", "x"], r"argument --points-per-cloud: expected a whole number"),
     (["bound", "{images}", "--points-per-cloud", "100"], r"--points-per-cloud applies to point-cloud models"),
     (["bound", "{t}/text.keras"], r"not a Keras model file"),
+    (["predict", "{core}", "{t}/cube.off"], r"core/model.keras: model 'octnet3_8' takes sparse inputs, not point "),
+    (["bound", "{core}", "--points-per-cloud", "100"], r"--points-per-cloud applies to point-cloud models; this model "
+                                                       r"takes sparse tensors"),
     (["train", "--epochs", "0"], r"tf-sparseconv train: error: --epochs must be >= 1, got 0"),
     ([], r"tf-sparseconv: error: name a command: train, evaluate, predict, bound"),
     (["frobnicate"], r"invalid choice: 'frobnicate'"),
@@ -436,3 +441,6 @@ def test_bound_prints_the_models_bound_and_the_dense_grids(capsys, models):
     assert f"= {expected.total_bytes / 2 ** 20:.2f} MB" in out and "vs dense grid" in out
     code, out, _ = run(capsys, "bound", models["paths"]["images"])
     assert code == 0 and "image_to_sparse" in out
+    # A bare core (train's epoch snapshots) is bounded from its sparse input.
+    code, out, _ = run(capsys, "bound", models["paths"]["core"], "--batch-size", "4")
+    assert code == 0 and memory_bound(keras.models.load_model(models["paths"]["core"]), 4).table() in out

@@ -11,7 +11,8 @@ DESCRIPTION = __doc__.split("\n", 2)[2].strip()
 
 def add_arguments(parser):
     parser.add_argument("model", metavar="MODEL", help="the saved model (.keras), e.g. runs/<run>/model.keras")
-    parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="examples per batch to bound")
+    parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
+                        help="examples per batch to bound (default 32)")
     parser.add_argument("--points-per-cloud", type=positive_int, metavar="N",
                         help="points per cloud, which caps the occupied voxels (default: the model's points "
                              "per cloud; for point-cloud models only)")
@@ -21,11 +22,12 @@ def run(args):
     from tf_sparseconv.memory_bound import memory_bound
 
     check_model_file(args.model)
-    model, spec, _ = load_model(args.model)
+    model, spec, _ = load_model(args.model, serving=False)
+    kind = spec["kind"] if spec else "sparse tensors"
     points = args.points_per_cloud
-    if points is not None and spec["kind"] != "points":
-        raise UsageError("--points-per-cloud applies to point-cloud models; this model takes images")
-    if points is None and spec["kind"] == "points":
+    if points is not None and kind != "points":
+        raise UsageError(f"--points-per-cloud applies to point-cloud models; this model takes {kind}")
+    if points is None and kind == "points":
         points = spec.get("points_per_cloud")
     try:
         bound = memory_bound(model, args.batch_size, points_per_sample=points)

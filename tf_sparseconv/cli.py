@@ -72,8 +72,11 @@ def check_model_file(path):
         raise UsageError(f"{path}: not a Keras model file (its config.json describes no model)")
 
 
-def load_model(path):
-    """(model, input_spec, class names) of a saved serving model; UsageError for anything else."""
+def load_model(path, serving=True):
+    """(model, input_spec, class names) of a saved model; UsageError for anything else.
+
+    serving: refuse a model on sparse tensors (a bare core, such as train's epoch
+    snapshots); otherwise its input_spec is None."""
     import keras
 
     import tf_sparseconv  # noqa: F401  (registers the layers a saved model names)
@@ -86,8 +89,10 @@ def load_model(path):
     try:
         spec = input_spec(model)
     except (TypeError, ValueError) as e:
-        raise UsageError(f"{path}: takes sparse tensors, not point clouds or images ({one_line(e)}); models "
-                         "saved by tf-sparseconv train take raw data") from None
+        if serving:
+            raise UsageError(f"{path}: {one_line(e)}; the model.keras that tf-sparseconv train writes takes raw "
+                             "data") from None
+        spec = None
     return model, spec, class_names(model)
 
 

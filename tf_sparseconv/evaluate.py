@@ -43,7 +43,7 @@ def add_arguments(parser):
                         help="points sampled per mesh or kept per ScanNet object (default: the model's points "
                              "per cloud, else 1024)")
     parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
-                        help="examples per prediction batch")
+                        help="examples per prediction batch (default 32)")
     parser.add_argument("--seed", type=int, metavar="N", help="seed of the point sampling (default 0)")
     parser.add_argument("--out", metavar="DIR",
                         help="folder for metrics.json and confusion_matrix.png (default: a new "

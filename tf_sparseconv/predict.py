@@ -9,7 +9,6 @@ clouds in any units work; a model saved with normalize='none' refuses points out
 bounds.
 """
 import json
-import os
 import sys
 
 import numpy as np
@@ -25,12 +24,14 @@ def add_arguments(parser):
     parser.add_argument("model", metavar="MODEL", help="the saved model (.keras), e.g. runs/<run>/model.keras")
     parser.add_argument("files", nargs="+", metavar="FILE",
                         help="point files (.off .ply .npy .npz) or, for an image model, images (.png .npy .npz)")
-    parser.add_argument("--top-k", type=positive_int, default=3, metavar="K", help="classes shown per example")
+    parser.add_argument("--top-k", type=positive_int, default=3, metavar="K",
+                        help="classes shown per example (default 3)")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON list (file, index, top classes with probabilities) instead of lines")
     parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
-                        help="examples per prediction batch")
-    parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed of mesh sampling and resampling")
+                        help="examples per prediction batch (default 32)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N",
+                        help="seed of mesh sampling and resampling (default 0)")
 
 
 def _check_files(files):
