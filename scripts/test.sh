@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The full test suite, from a fresh clone: sets up .venv, builds, runs pytest.
+# The full test suite, from a fresh clone: sets up .venv (scripts/setup_env.sh: TensorFlow,
+# the package installed editable, the op library built), then runs pytest with the arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
