@@ -376,6 +376,19 @@ def test_evaluate_split_val_rescores_the_training_runs_validation_examples(capsy
     assert _files(trained_run) == before
 
 
+def test_tensorflow_errors_on_user_data_become_one_line(models):
+    from tf_sparseconv.evaluate import predict_logits
+
+    model = keras.models.load_model(models["paths"]["none"])
+    far = np.random.default_rng(0).normal(size=(3, POINTS, 3)).astype(np.float32) * 5
+    with pytest.raises(cli.UsageError) as error:
+        predict_logits(model, far, batch_size=2)
+    message = str(error.value)
+    assert message.startswith("examples 0..1: point_cloud_to_sparse: point cloud 0 of the batch has coordinates from")
+    assert "\n" not in message and "\\" not in message
+    assert "outside the bounds [-1, 1]; use normalize='unit_sphere'" in message
+
+
 # --- predict ---------------------------------------------------------------------------------
 
 def test_predict_files_of_each_format(capsys, tmp_path, models):

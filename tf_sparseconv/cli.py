@@ -13,6 +13,7 @@ commands import TensorFlow and Keras only once the arguments pass.
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import zipfile
@@ -32,9 +33,18 @@ class UsageError(Exception):
 
 
 def one_line(error):
-    """The first line of an exception's message (TensorFlow's errors: their message alone)."""
+    """An exception's message as one line: for TensorFlow's graph errors the failed
+    assertion (or last line of the message), not the trace of where the graph was built."""
     text = str(getattr(error, "message", None) or error).strip()
-    line = text.splitlines()[0] if text else type(error).__name__
+    assertion = re.search(r"assertion failed: \[(.*?)\]\s*(?:\n|$)", text)
+    if assertion:
+        line = assertion.group(1).replace("\\'", "'")
+    else:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if text.startswith("Graph execution error"):
+            lines = [line for line in lines if not line.startswith(("Graph execution", "Detected at", "File ", "[["))]
+            lines = lines[-1:]
+        line = lines[0] if lines else type(error).__name__
     # numpy's own advice for pickled files is unsafe; say what the file is instead.
     if "allow_pickle" in line:
         line = "the file holds pickled Python objects, which are not loaded since that would run code from it"
