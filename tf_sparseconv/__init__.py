@@ -12,7 +12,10 @@ Two families:
 Importing the package registers its Keras layers and losses, so a saved model loads with
 `import tf_sparseconv; keras.models.load_model(path)`.
 """
-from tf_sparseconv._op_library import ops as raw_ops  # noqa: F401  (loads and checks the op library)
+from tf_sparseconv._native_logs import quiet_startup
+
+with quiet_startup():
+    from tf_sparseconv._op_library import ops as raw_ops  # noqa: F401  (loads and checks the op library)
 from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
 from tf_sparseconv.ops.conversions import (decode_keys, encode_keys, from_dense, from_sparse_tensor,
                                            gather_dense, reorder, to_dense, to_sparse_tensor, validate)
