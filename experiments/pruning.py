@@ -88,6 +88,8 @@ def retime(model_paths, args):
     learning rate is 0, so its weights stay as saved too)."""
     import keras
 
+    from tf_sparseconv.models import core_model
+
     class EpochClock(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
             self.start = (time.perf_counter(), time.process_time())
@@ -97,6 +99,10 @@ def retime(model_paths, args):
 
     train, val, train_examples = training_data(args, args.retime_max_examples)
     models = {key: keras.saving.load_model(path) for key, path in model_paths.items()}
+    for key, model in models.items():
+        if not model.compiled or core_model(model) is not model:
+            raise SystemExit(f"{model_paths[key]} is not a trained sparse core (a point-cloud model.keras?); "
+                             "re-time epoch snapshots (train with --snapshot-epochs)")
     for model in models.values():  # trace the train and test functions outside the timing
         model.fit(train.take(2), validation_data=val.take(1), epochs=1, verbose=0)
     seconds = {key: [] for key in models}
@@ -175,11 +181,14 @@ def main():
     summary(rows)
 
 
-def model_path(work, run, epoch=None):
-    """A run's final model, or its snapshot after the given epoch (train.py's naming)."""
+def model_path(work, run, epoch, last=False):
+    """A run's sparse core after the given epoch: its snapshot (train.py's naming), or for
+    the last epoch of a run trained before train.py saved a point-cloud model as
+    model.keras and kept no snapshot of that epoch, model.keras (then the core itself)."""
     from tf_sparseconv.train import snapshot_path
     out = os.path.join(work, run)
-    return os.path.join(out, "model.keras") if epoch is None else snapshot_path(out, epoch)
+    path = snapshot_path(out, epoch)
+    return os.path.join(out, "model.keras") if last and not os.path.exists(path) else path
 
 
 def configurations(args):
@@ -237,7 +246,8 @@ def train_all(args, rhos, work):
         train_args += ["--finetune-epochs", finetune] if finetune else []
         train_args += ["--rho", *rhos] if rhos else []
         train_args += ["--data-dir", args.data_dir] if args.data_dir else []
-        train_args += ["--snapshot-epochs", *args.snapshot_epochs] if args.snapshot_epochs else []
+        # the last epoch's snapshot too: model.keras takes point clouds, the re-timing the sparse core
+        train_args += ["--snapshot-epochs", *sorted(set(args.snapshot_epochs) | {args.epochs})]
         runs[name] = train_args
     if args.parallel:
         results = run_trainings_at_once(runs, work)
@@ -275,7 +285,7 @@ def add_retiming(rows, work, args):
     paths = {}
     for run in runs_of(rows):
         for epoch in epochs:
-            path = model_path(work, run[0]["run"], None if epoch == last else epoch)
+            path = model_path(work, run[0]["run"], epoch, last=epoch == last)
             if not os.path.exists(path):
                 raise SystemExit(f"no model of {run[0]['run']} after epoch {epoch} at {path} "
                                  "(train with --snapshot-epochs to keep one)")

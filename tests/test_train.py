@@ -1,16 +1,25 @@
-"""The OctNet3 builder (Table 4) and the training entry point, end to end on small data."""
+"""The OctNet3 builder (Table 4) and the training command, end to end on small data: its
+argument checks (one line, exit code 2, nothing written), --out, the files it writes and
+the model it saves (point clouds in, the training's logits out), its progress lines, and
+that it learns."""
 import json
 import os
+import re
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
+from tf_sparseconv import data as datasets
 from tf_sparseconv import keras_layers as kl
 from tf_sparseconv import train
-from tf_sparseconv.models import octnet3
+from tf_sparseconv.models import core_model, normalize_point_clouds, octnet3
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+# A run of a few seconds: 8^3, two sparse blocks, 6 shapes per class (40 train, 8 validation).
+TINY = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--synthetic-per-class", "6",
+        "--batch-size", "8"]
 
 
 @pytest.mark.parametrize("resolution,sparse_convs,dense_convs", [(16, 6, 0), (32, 9, 3), (64, 9, 6)])
@@ -60,7 +69,7 @@ def test_train_on_synthetic_writes_results_and_a_loadable_model(tmp_path, capsys
                           "--synthetic-per-class", "6", "--batch-size", "8", "--lam", "0.1", "--prune-eps", "0.01",
                           "--vote-mirror", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
-    assert "validation accuracy" in printed and "forward pass at batch 8" in printed
+    assert "validation accuracy" in printed and "memory bound at batch 8" in printed
     assert "voting over each cloud and its mirror image" in printed
     with open(tmp_path / "results.json") as f:
         saved = json.load(f)
@@ -80,6 +89,17 @@ def test_train_on_thresholded_mnist_subset(tmp_path):
     results = train.main(["--dataset", "mnist", "--data-dir", DATA, "--max-examples", "300", "--epochs", "1",
                           "--batch-size", "50", "--rho", "0.05", "0.1", "--out", str(tmp_path)])
     assert results["resolution"] == 28 and 0.0 <= results["val_accuracy"] <= 1.0
+    # the saved model takes the images themselves and scores the held-out ones as training did
+    split = json.loads((tmp_path / "split.json").read_text())
+    assert split["data_path"] == os.path.abspath(os.path.join(DATA, "mnist_train.npz"))
+    images, labels = datasets.load_mnist(split["data_path"])
+    assert split["num_examples"] == len(labels) and split["labels_sha256"] == train.labels_sha256(labels)
+    val = np.array(split["val_indices"])
+    assert len(val) == 30
+    model = keras.models.load_model(tmp_path / "model.keras")
+    logits = model.predict(images[val], verbose=0)
+    assert logits.shape == (30, 10)
+    assert np.mean(np.argmax(logits, -1) == labels[val]) == pytest.approx(results["val_accuracy"])
 
 
 class _MeanXModel:
@@ -131,7 +151,7 @@ def test_finetune_epochs_fix_the_pruned_structure_for_the_last_epochs(tmp_path):
                           "--lam-density", "channel", "--prune-eps", "0.05", "--finetune-epochs", "1",
                           "--out", str(tmp_path)])
     assert results["finetune_epochs"] == 1 and results["lam_density"] == "channel"
-    model = keras.models.load_model(tmp_path / "model.keras")
+    model = core_model(keras.models.load_model(tmp_path / "model.keras"))
     assert model.get_layer("sparse_conv1_1").density_regularizer.density == "channel"
     assert results["pruning"][2]["pruned"] == 0
     assert results["pruning"][2]["present_weights"] == results["pruning"][1]["present_weights"]
@@ -162,7 +182,7 @@ def test_features_give_the_model_its_input_channels(tmp_path):
                           "--synthetic-per-class", "6", "--batch-size", "8", "--features", "occupancy", "offset",
                           "--out", str(tmp_path)])
     assert results["features"] == ["occupancy", "offset"]
-    model = keras.models.load_model(tmp_path / "model.keras")
+    model = core_model(keras.models.load_model(tmp_path / "model.keras"))
     first = next(layer for layer in model.layers if isinstance(layer, kl.SparseConv))
     assert tuple(first.kernel.shape)[-2] == 4  # occupancy + 3 offsets in
 
@@ -174,11 +194,6 @@ def test_vote_mirror_is_refused_for_mnist(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train.main(["--dataset", "mnist", "--features", "occupancy", "offset", "--out", str(tmp_path)])
     assert "--features applies to point clouds" in capsys.readouterr().err
-
-
-def test_train_names_a_missing_dataset_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        train.main(["--dataset", "scannet", "--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path)])
 
 
 def test_backup_dir_resumes_from_the_last_finished_epoch(tmp_path, capsys):
@@ -245,9 +260,10 @@ def test_cosine_schedule_decays_to_zero_and_fixes_the_epochs_of_a_backup(tmp_pat
     common = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--synthetic-per-class", "6",
               "--batch-size", "8", "--lr-schedule", "cosine", "--augment", "mirror",
               "--backup-dir", str(tmp_path / "backup")]
-    results = train.main(common + ["--epochs", "2", "--out", str(tmp_path / "a")])
+    results = train.main(common + ["--epochs", "2", "--snapshot-epochs", "2", "--out", str(tmp_path / "a")])
     assert results["lr_schedule"] == "cosine" and results["augment"] == "mirror" and results["device"]
-    model = keras.models.load_model(tmp_path / "a" / "model.keras")
+    # the snapshot keeps the training's optimizer (model.keras is compiled for evaluation only)
+    model = keras.models.load_model(tmp_path / "a" / "model_epoch2.keras")
     # 8 classes x 6 shapes, one per class held out: 40 training shapes, 5 batches an epoch
     assert int(model.optimizer.iterations.numpy()) == 10
     assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.0, abs=1e-9)
@@ -303,12 +319,214 @@ def test_sgd_is_nesterov_momentum_and_an_unknown_optimizer_is_refused():
 def test_weight_decay_and_label_smoothing_are_recorded_and_reload(tmp_path, capsys):
     results = train.main(["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--epochs", "1",
                           "--synthetic-per-class", "6", "--batch-size", "8", "--weight-decay", "0.05",
-                          "--label-smoothing", "0.1", "--out", str(tmp_path)])
+                          "--label-smoothing", "0.1", "--snapshot-epochs", "1", "--out", str(tmp_path / "a")])
     assert results["weight_decay"] == 0.05 and results["label_smoothing"] == 0.1
-    model = keras.models.load_model(tmp_path / "model.keras")  # the smoothed loss deserialises
+    model = keras.models.load_model(tmp_path / "a" / "model_epoch1.keras")  # the smoothed loss deserialises
     assert model.loss.label_smoothing == pytest.approx(0.1)
     for flags, message in ((["--weight-decay", "-1"], "--weight-decay must be >= 0"),
                            (["--label-smoothing", "1"], "--label-smoothing must be in")):
         with pytest.raises(SystemExit):
-            train.main(["--dataset", "synthetic", *flags, "--out", str(tmp_path)])
+            train.main(["--dataset", "synthetic", *flags, "--out", str(tmp_path / "b")])
         assert message in capsys.readouterr().err
+
+
+def _npz(path, **arrays):
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def _bad_data(tmp):
+    """{name: path} of data a run must refuse before loading it."""
+    (tmp / "empty").mkdir()
+    (tmp / "garbage.npz").write_bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8).tobytes())
+    np.save(tmp / "pickled.npy", np.array([{"a": 1}], dtype=object))  # an .npy of pickled objects, named .npz
+    os.rename(tmp / "pickled.npy", tmp / "pickled.npz")
+    clouds = np.zeros([4, 16, 3], np.uint8)
+    return {
+        "missing": str(tmp / "nowhere"), "empty": str(tmp / "empty"), "garbage": str(tmp / "garbage.npz"),
+        "pickled": str(tmp / "pickled.npz"),
+        "objects": _npz(tmp / "objects.npz", points=clouds, labels=np.zeros(4, np.int64),
+                        classes=np.array(["a", None], dtype=object)),
+        "no_labels": _npz(tmp / "no_labels.npz", points=clouds, classes=np.array(["a"])),
+        "float_points": _npz(tmp / "float_points.npz", points=clouds.astype(np.float32),
+                             labels=np.zeros(4, np.int64), classes=np.array(["a"])),
+        "short_labels": _npz(tmp / "short_labels.npz", points=clouds, labels=np.zeros(3, np.int64),
+                             classes=np.array(["a"])),
+        "points_npz": _npz(tmp / "points.npz", points=clouds, labels=np.zeros(4, np.int64), classes=np.array(["a"])),
+        "mnist_32": _npz(tmp / "mnist_32.npz", images=np.zeros([4, 32, 32], np.uint8), labels=np.zeros(4, np.int64)),
+    }
+
+
+BAD_ARGUMENTS = [
+    (["--resolution", "0"], "--resolution must be >= 1"),
+    (["--resolution", "7"], "--resolution 7 has no Table 4 bounds: use one of 16, 32, 64, 128, or give --rho"),
+    (["--resolution", "18", "--rho", "0.5", "0.5", "0.5"], "--resolution 18 is not divisible by 4"),
+    (["--resolution", "8", "--rho", "0.5", "0.5", "0.5"], "--resolution 8 is too small for 3 sparse blocks"),
+    (["--rho", "2.0", "1.5"], "--rho values must be in (0, 1] (1.0: no bound), got [2.0, 1.5]"),
+    (["--rho", "0", "0.5"], "--rho values must be in (0, 1]"),
+    (["--rho", *["0.5"] * 7], "OctNet3 has at most 6"),
+    (["--model", "site-resnet", "--resolution", "2"], "--resolution 2 is too small for 3 site-resnet levels"),
+    (["--epochs", "0"], "--epochs must be >= 1, got 0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--lr", "0"], "--lr must be > 0"),
+    (["--lr", "-0.1"], "--lr must be > 0"),
+    (["--val-fraction", "0"], "--val-fraction must be in (0, 1)"),
+    (["--val-fraction", "1"], "--val-fraction must be in (0, 1)"),
+    (["--max-examples", "-1"], "--max-examples must be >= 0"),
+    (["--synthetic-per-class", "0"], "--synthetic-per-class must be >= 1"),
+    (["--resolution", "abc"], "argument --resolution: invalid int value: 'abc'"),
+    (["--dataset", "mnist", "--resolution", "32"], "--resolution 32 does not apply to MNIST"),
+    (["--dataset", "modelnet40", "--data-dir", "{missing}"],
+     "--data-dir {missing} does not exist; expected a folder with modelnet40_train.npz"),
+    (["--dataset", "modelnet40", "--data-dir", "{empty}"],
+     "--data-dir {empty} holds neither modelnet40_train.npz nor the ModelNet layout <root>/<class>/{train,test}/*.off"),
+    (["--dataset", "modelnet10", "--data-dir", "{missing}"], "--data-dir {missing} does not exist"),
+    (["--dataset", "scannet", "--data-dir", "{missing}"], "--data-dir {missing} does not exist; expected a folder with "
+                                                          "the ScanNet scans"),
+    (["--dataset", "scannet", "--data-dir", "{empty}"], "--data-dir {empty} holds no scene* folders"),
+    (["--dataset", "mnist", "--data-dir", "{empty}"], "--data-dir {empty} holds neither mnist_train.npz nor "
+                                                      "train-images-idx3-ubyte[.gz]"),
+    (["--dataset", "modelnet40", "--data-dir", "{garbage}"], "{garbage} is not a readable .npz file"),
+    (["--dataset", "mnist", "--data-dir", "{garbage}"], "{garbage} is not a readable .npz file"),
+    (["--dataset", "modelnet40", "--data-dir", "{pickled}"], "{pickled} is not a readable .npz file"),
+    (["--dataset", "modelnet40", "--data-dir", "{objects}"], "{objects}: array 'classes' holds Python objects"),
+    (["--dataset", "modelnet40", "--data-dir", "{no_labels}"], "{no_labels} lacks the arrays ['labels']"),
+    (["--dataset", "modelnet40", "--data-dir", "{float_points}"],
+     "{float_points}: array 'points' is float32 [4, 16, 3]; expected points uint8 [M, N, 3]"),
+    (["--dataset", "modelnet40", "--data-dir", "{short_labels}"], "{short_labels}: 4 points but 3 labels"),
+    (["--dataset", "mnist", "--data-dir", "{mnist_32}"], "{mnist_32}: images are 32x32"),
+    (["--dataset", "modelnet40", "--data-dir", "{points_npz}", "--features", "normals"],
+     "--features normals needs surface normals"),
+    # found only once the data is there: 2 shapes per class leave no validation example
+    (["--synthetic-per-class", "2"], "leaves 16 for training and 0 for validation"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD_ARGUMENTS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_bad_arguments_end_in_one_line_with_exit_code_2_and_nothing_written(tmp_path, monkeypatch, capsys, argv,
+                                                                            message):
+    paths = _bad_data(tmp_path)
+    # a small run should a bad argument pass unnoticed (the case's own values come later and win)
+    argv = ["--synthetic-per-class", "6", "--epochs", "1"] + [a.format(**paths) for a in argv]
+    message = message.replace("{train,test}", "{{train,test}}").format(**paths)
+    run_dir = tmp_path / "run"
+    monkeypatch.chdir(run_dir.parent)
+    before = sorted(os.listdir(tmp_path))
+    for out in ([], ["--out", str(run_dir)]):  # the default new folder under runs/, and a given one
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(argv + out)
+        assert exit_info.value.code == 2
+        captured = capsys.readouterr()
+        lines = captured.err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("tf-sparseconv train: error: "), captured.err
+        assert message in lines[0]
+        assert "allow_pickle" not in lines[0] and "Traceback" not in captured.err
+        assert sorted(os.listdir(tmp_path)) == before  # neither runs/ nor the --out folder
+
+
+def test_out_is_checked_first_and_never_replaced_without_overwrite(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    for argv in ([], ["--epochs", "0", "--dataset", "modelnet40", "--data-dir", str(tmp_path / "nowhere")]):
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(argv + ["--out", str(out)])
+        assert exit_info.value.code == 2
+        assert (f"--out {out} exists and is not empty; give a new folder (or leave --out out for a new one under "
+                "runs/), or add --overwrite to replace the results there") in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit):
+        train.main(["--out", str(tmp_path / "file"), "--overwrite"])
+    assert f"--out {tmp_path / 'file'} is a file; give a folder" in capsys.readouterr().err
+    assert (out / "results.json").read_text() == "{}"
+    # --overwrite replaces the results of the run there and leaves other files alone
+    (out / "model_epoch3.keras").write_text("old snapshot")
+    (out / "tensorboard").mkdir()
+    (out / "tensorboard" / "events.out.tfevents.old").write_text("old")
+    results = train.main(TINY + ["--epochs", "1", "--out", str(out), "--overwrite"])
+    assert json.loads((out / "results.json").read_text())["val_accuracy"] == results["val_accuracy"]
+    assert (out / "notes.txt").read_text() == "mine"
+    assert not (out / "model_epoch3.keras").exists() and not (out / "tensorboard" / "events.out.tfevents.old").exists()
+
+
+def test_default_out_is_a_new_folder_under_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = train.default_out("synthetic", "octnet3")
+    assert re.fullmatch(r"runs/synthetic-octnet3-\d{8}-\d{6}", first)
+    os.makedirs(first)
+    second = train.default_out("synthetic", "octnet3")
+    assert second != first and not os.path.exists(second)
+
+
+def _events(folder):
+    """{tag: {step: value}} of the scalar summaries written under folder."""
+    scalars = {}
+    for name in os.listdir(folder):
+        for record in tf.data.TFRecordDataset(os.path.join(folder, name)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                assert value.metadata.plugin_data.plugin_name == "scalars"
+                scalars.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+    return scalars
+
+
+def test_a_run_writes_the_serving_model_split_curve_and_tensorboard(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    results = train.main(TINY + ["--epochs", "2", "--snapshot-epochs", "2"])
+    printed = capsys.readouterr().out
+    (out,) = (tmp_path / "runs").iterdir()
+    assert results["out"] == str(out) and out.name.startswith("synthetic-octnet3-")
+    assert sorted(os.listdir(out)) == ["model.keras", "model_epoch2.keras", "results.json", "split.json",
+                                       "tensorboard", "training_curve.png"]
+
+    # split.json: the held-out examples of the generated data, and what identifies it
+    clouds, labels, classes = datasets.make_shapes(num_per_class=6, seed=0)
+    split = json.loads((out / "split.json").read_text())
+    assert split["dataset"] == "synthetic" and split["data_path"] is None and split["synthetic_per_class"] == 6
+    assert split["seed"] == 0 and split["val_fraction"] == 0.1 and split["max_examples"] == 0
+    assert split["num_examples"] == 48 and split["labels_sha256"] == train.labels_sha256(labels)
+    assert split["classes"] == list(classes)
+    val, trained = np.array(split["val_indices"]), np.array(split["train_indices"])
+    assert len(val) == 8 and sorted(np.concatenate([val, trained]).tolist()) == list(range(48))
+    assert sorted(labels[val].tolist()) == list(range(8))  # one per class
+
+    # model.keras takes point clouds and gives the logits the trained core gives on the training's batches
+    model = keras.models.load_model(out / "model.keras")
+    core = keras.models.load_model(out / "model_epoch2.keras")
+    assert model.output_shape == (None, 8)
+    normalized = normalize_point_clouds(clouds[val])
+    batches = train.keras_batches(datasets.point_cloud_dataset(normalized, labels[val], 8, 8, shuffle=False))
+    expected = core.predict(batches, verbose=0)
+    logits = model.predict(clouds[val], verbose=0)
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    accuracy = float(np.mean(np.argmax(logits, axis=-1) == labels[val]))
+    assert accuracy == pytest.approx(results["val_accuracy"])
+    # clouds elsewhere and at another scale are normalised as in training, not clipped
+    np.testing.assert_allclose(model.predict(clouds[val] * 7.5 + 3.0, verbose=0), logits, rtol=1e-4, atol=1e-4)
+    assert model.evaluate(clouds[val], labels[val], verbose=0, return_dict=True)["accuracy"] == pytest.approx(accuracy)
+
+    # the curve and the TensorBoard scalars of both epochs
+    assert (out / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    history = results["history"]
+    train_events = _events(out / "tensorboard" / "train")
+    for tag, key in (("loss", "loss"), ("accuracy", "accuracy"), ("present_weights", "present_weights"),
+                     ("density/sparse_conv1_1", "sparse_conv1_1_density")):
+        assert train_events[tag] == pytest.approx({1: history[key][0], 2: history[key][1]}), tag
+    assert history["present_weights"] == [results["present_weights"]] * 2
+    val_events = _events(out / "tensorboard" / "validation")
+    assert val_events["accuracy"] == pytest.approx({1: history["val_accuracy"][0], 2: history["val_accuracy"][1]})
+
+    # outside a terminal: one short line per epoch, then the summary
+    epoch_lines = [line for line in printed.splitlines() if line.startswith("epoch ")]
+    assert [line.split()[1] for line in epoch_lines] == ["1/2", "2/2"]
+    assert all(len(line) < 100 for line in epoch_lines), epoch_lines
+    assert re.fullmatch(r"epoch 2/2  loss \d+\.\d{4}  acc \d\.\d{4}  val_loss \d+\.\d{4}  val_acc \d\.\d{4}  "
+                        r"\d+\.\d s", epoch_lines[1])
+    assert max(len(line) for line in printed.splitlines()) < 200
+    bound = results["memory_bound_bytes"] / 2 ** 20
+    assert f"memory bound at batch 8: {bound:.1f} MB for any input" in printed
+    assert results["memory_dense_bytes"] > 0 and "against the dense grid's" in printed
+    assert results["memory_unbounded_bytes"] > results["memory_bound_bytes"]  # rho 0.5 bounds it
+    assert f"tf-sparseconv evaluate {os.path.join('runs', out.name, 'model.keras')} --split val" in printed
+    assert f"tf-sparseconv predict {os.path.join('runs', out.name, 'model.keras')} FILE" in printed

@@ -1,13 +1,25 @@
-"""Train a sparse OctNet3 classifier (or the site-sparse ResNet classifier).
+"""Train a sparse OctNet3 classifier (or the site-sparse ResNet classifier): `tf-sparseconv train`.
 
-    python -m tf_sparseconv.train --dataset synthetic --resolution 16 --epochs 8
-    python -m tf_sparseconv.train --model site-resnet --dataset modelnet40 --resolution 32
+    tf-sparseconv train                      # the main job: OctNet3 at 32^3, Table 4 bounds, built-in shapes
+    tf-sparseconv train --dataset modelnet40 --data-dir ../shared/data --epochs 20
+    tf-sparseconv train --model site-resnet --dataset modelnet40 --resolution 32
 
 Datasets: synthetic (built in, no download), modelnet40 / modelnet10 (the point-cloud .npz
 or the official OFF layout under --data-dir), scannet (official scans under --data-dir),
-mnist (.npz or idx files under --data-dir). Prints a progress bar per epoch and a summary:
-validation accuracy, per-layer density, present weights, seconds per epoch and the
-model's memory bound for the chosen batch size and resolution; writes it as JSON.
+mnist (.npz or idx files under --data-dir). Every argument and the data path are checked
+before anything loads; a bad one ends the run with a one-line error (exit code 2) and
+nothing written.
+
+Writes into --out (default: a new folder runs/<dataset>-<model>-<date>-<time>; an existing
+non-empty folder only with --overwrite): model.keras, the trained model with its
+preprocessing (point clouds [B, N, 3] -> logits, or images [B, 28, 28] for MNIST; load it
+with keras.models.load_model after `import tf_sparseconv`), results.json, split.json (which
+examples were held out for validation, for `tf-sparseconv evaluate --split val`),
+training_curve.png and tensorboard/. Point clouds are normalised into the unit sphere
+before training, the same way the saved model normalises what it is given. Progress is
+Keras' bar on a terminal and one short line per epoch otherwise; the summary gives the
+validation accuracy, each sparse layer's density and present weights, and the memory bound
+for the batch size against the dense grid's.
 
 --model site-resnet trains models.site_resnet (submanifold residual blocks, strided
 downsampling, global pooling) on the same batches converted to site-sparse tensors; the
@@ -15,24 +27,36 @@ density bounds, Eq. 4 regularisation, pruning and the memory bound of the channe
 model do not apply to it (--site-k bounds its sites per example instead).
 """
 import argparse
+import glob
+import hashlib
 import json
 import os
+import shutil
 import sys
 import time
+import zipfile
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tf_sparseconv import data as datasets
+from tf_sparseconv.data.mnist import IDX_FILES, THRESHOLD
+from tf_sparseconv.data.modelnet import MESH_LAYOUT
+from tf_sparseconv.data.scannet import SCAN_LAYOUT
 from tf_sparseconv.keras_layers import (DensityRegularizer, FineTunePhase, WarningShotPruning, as_keras_inputs,
                                         as_site_keras_inputs, present_weight_count, sparse_conv_layers)
 from tf_sparseconv.keras_layers.density_regularizer import DENSITIES
 from tf_sparseconv.losses import SmoothedSparseCrossentropy
 from tf_sparseconv.memory_bound import memory_bound
-from tf_sparseconv.models import DEFAULT_RHOS, octnet3, site_resnet
+from tf_sparseconv.models import (DEFAULT_RHOS, image_classifier, normalize_point_clouds, octnet3,
+                                  point_cloud_classifier, site_resnet)
+from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS
 from tf_sparseconv.ops.site_conversions import from_channel_sparse
+from tf_sparseconv.training_report import (EpochProgress, PresentWeights, TensorBoardScalars, plot_training_curve,
+                                           summary_lines)
 
+PROG = "tf-sparseconv train"
 DATASETS = ("synthetic", "modelnet40", "modelnet10", "scannet", "mnist")
 MODELS = ("octnet3", "site-resnet")
 LAM_TERMS = ("weights+biases", "weights")
@@ -41,26 +65,188 @@ SITE_MODEL_NOTE = ("memory bound: not computed for site-resnet; the bound covers
                    "(SparseConv, SparseMaxPool) only, and a site model's memory follows its active sites")
 DEFAULT_DATA_DIR = os.environ.get(
     "TF_SPARSECONV_DATA", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data"))
+MNIST_RESOLUTION = 28
+# The main job: OctNet3 at 32^3 with Table 4's bounds (0.14, 0.33, 0.66), so k-selection
+# runs, on the built-in shapes; sized to train in ~4 minutes on 2 CPU cores.
+DEFAULT_RESOLUTION = 32
+DEFAULT_SYNTHETIC_PER_CLASS = 150
+DEFAULT_EPOCHS = 8
+# Resolutions with Table 4 bounds for point clouds (28 is MNIST's 2-D net).
+TABLE4_RESOLUTIONS = tuple(sorted(r for r in DEFAULT_RHOS if r != MNIST_RESOLUTION))
+RUNS_DIR = "runs"
+# What a run writes into --out; --overwrite removes these (and the epoch snapshots) first.
+OUTPUTS = ("model.keras", "results.json", "split.json", "training_curve.png", "tensorboard")
+NPZ_FILES = {"modelnet40": "modelnet40_train.npz", "modelnet10": "modelnet40_train.npz", "mnist": "mnist_train.npz"}
+# The arrays each .npz must hold: (element type, dimensions); the first dimension, M, is shared.
+NPZ_ARRAYS = {
+    "modelnet40": {"points": ("uint8", 3), "labels": ("integer", 1), "classes": ("string", 1)},
+    "mnist": {"images": ("uint8", 3), "labels": ("integer", 1)},
+}
+NPZ_FORMS = {"modelnet40": "points uint8 [M, N, 3], labels [M] and classes [C] (strings)",
+             "mnist": "images uint8 [M, 28, 28] and labels [M]"}
 
 
-def load_examples(dataset, data_dir, points_per_shape, seed):
-    """(examples, labels, class names): point clouds [M, N, 3] or images [M, 28, 28]."""
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr (`tf-sparseconv train: error: ...`,
+    exit code 2), without the usage block."""
+
+    def error(self, message):
+        message = " ".join(str(message).split())
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def one_line(error):
+    """An exception's message on one line, without the quotes KeyError adds."""
+    text = error.args[0] if isinstance(error, KeyError) and error.args else error
+    return " ".join(str(text).split())
+
+
+def data_source(dataset, data_dir):
+    """(kind, path) of what load_examples reads: ("synthetic", None), ("npz", file),
+    ("meshes", folder), ("idx", folder) or ("scans", folder); the path is as given, and
+    may be missing (check_data says so)."""
     if dataset == "synthetic":
-        return datasets.make_shapes(num_per_class=points_per_shape["synthetic_per_class"], seed=seed)
-    if dataset in ("modelnet40", "modelnet10"):
-        classes = datasets.MODELNET10_CLASSES if dataset == "modelnet10" else None
-        npz = data_dir if data_dir.endswith(".npz") else os.path.join(data_dir, "modelnet40_train.npz")
+        return "synthetic", None
+    folder_kind = {"modelnet40": "meshes", "modelnet10": "meshes", "mnist": "idx", "scannet": "scans"}[dataset]
+    if dataset in NPZ_FILES:
+        if data_dir.endswith(".npz"):
+            return "npz", data_dir
+        npz = os.path.join(data_dir, NPZ_FILES[dataset])
         if os.path.isfile(npz):
-            return datasets.load_modelnet_npz(npz, classes=classes)
-        return datasets.load_modelnet_meshes(data_dir, "train", classes=classes,
-                                             num_points=points_per_shape["points"], seed=seed)
-    if dataset == "scannet":
-        return datasets.load_scannet_objects(data_dir, num_points=points_per_shape["points"], seed=seed)
+            return "npz", npz
+    return folder_kind, data_dir
+
+
+def _expected_data(dataset):
+    """What --data-dir must hold for dataset, in words."""
+    if dataset in ("modelnet40", "modelnet10"):
+        return f"{NPZ_FILES[dataset]} (or the .npz file itself) or the ModelNet layout {MESH_LAYOUT}"
     if dataset == "mnist":
-        npz = data_dir if data_dir.endswith(".npz") else os.path.join(data_dir, "mnist_train.npz")
-        images, labels = datasets.load_mnist(npz if os.path.isfile(npz) else data_dir)
+        return (f"{NPZ_FILES['mnist']} (or the .npz file itself) or the idx files {IDX_FILES['train'][0]} and "
+                f"{IDX_FILES['train'][1]} (optionally .gz)")
+    return f"the ScanNet scans {SCAN_LAYOUT}"
+
+
+def npz_headers(path):
+    """{name: (shape, dtype)} of the arrays in an .npz, read from the .npy headers alone
+    (nothing is unpickled or loaded); ValueError naming the file for anything else."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ValueError(f"{path} is not a readable .npz file ({one_line(e)}); expected an archive written by "
+                         "numpy.savez") from None
+    headers = {}
+    with archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            name = info.filename[:-4]
+            try:
+                with archive.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                    elif version == (2, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                    else:
+                        raise ValueError(f"unsupported .npy format version {version}")
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+                raise ValueError(f"{path}: array {name!r} is not readable ({one_line(e)})") from None
+            headers[name] = (tuple(shape), dtype)
+    return headers
+
+
+def check_npz(path, form):
+    """Raises ValueError with one line unless the .npz at path holds the arrays of
+    NPZ_ARRAYS[form] with consistent shapes, none of them Python objects."""
+    headers = npz_headers(path)
+    expected = NPZ_ARRAYS[form]
+    missing = sorted(set(expected) - set(headers))
+    if missing:
+        raise ValueError(f"{path} lacks the arrays {missing} (it holds {sorted(headers) or 'none'}); expected "
+                         f"{NPZ_FORMS[form]}")
+    for name, (kind, ndim) in expected.items():
+        shape, dtype = headers[name]
+        if dtype.hasobject:
+            raise ValueError(f"{path}: array {name!r} holds Python objects, which are not loaded (unpickling "
+                             "runs code); save it as a plain array, e.g. np.array(names, dtype=str)")
+        wanted = {"uint8": dtype == np.uint8, "integer": dtype.kind in "iu", "string": dtype.kind in "US"}[kind]
+        if len(shape) != ndim or not wanted:
+            raise ValueError(f"{path}: array {name!r} is {dtype} {list(shape)}; expected {NPZ_FORMS[form]}")
+    first = next(iter(expected))
+    count = headers[first][0][0]
+    if headers["labels"][0][0] != count:
+        raise ValueError(f"{path}: {count} {first} but {headers['labels'][0][0]} labels; expected "
+                         f"{NPZ_FORMS[form]}")
+    if form == "modelnet40" and headers["points"][0][2] != 3:
+        raise ValueError(f"{path}: points have {headers['points'][0][2]} columns; expected {NPZ_FORMS[form]}")
+    if form == "mnist" and headers["images"][0][1:] != (MNIST_RESOLUTION, MNIST_RESOLUTION):
+        raise ValueError(f"{path}: images are {'x'.join(map(str, headers['images'][0][1:]))}; the MNIST model "
+                         f"takes {MNIST_RESOLUTION}x{MNIST_RESOLUTION}")
+
+
+def check_data(dataset, data_dir, features=("occupancy",)):
+    """Raises ValueError (one line, naming the path and what belongs there) unless the data
+    of dataset can be found under data_dir; reads only directory listings and .npz headers."""
+    kind, path = data_source(dataset, data_dir)
+    if kind == "synthetic":
+        return
+    if kind == "npz":
+        if not os.path.isfile(path):
+            raise ValueError(f"--data-dir {path} does not exist; expected {_expected_data(dataset)}")
+        check_npz(path, "mnist" if dataset == "mnist" else "modelnet40")
+        if "normals" in features:
+            raise ValueError(f"--features normals needs surface normals, which {path} does not hold (points only); "
+                             f"use the ModelNet meshes ({MESH_LAYOUT}) or other features")
+        return
+    if not os.path.isdir(path):
+        raise ValueError(f"--data-dir {path} does not exist; expected a folder with {_expected_data(dataset)}")
+    if kind == "meshes":
+        classes = datasets.MODELNET10_CLASSES if dataset == "modelnet10" else sorted(os.listdir(path))
+        present = [c for c in classes if glob.glob(os.path.join(glob.escape(path), c, "train", "*.[oO][fF][fF]"))]
+        if not present or (dataset == "modelnet10" and len(present) < len(classes)):
+            lacking = f" (no {', '.join(sorted(set(classes) - set(present)))})" if present else ""
+            raise ValueError(f"--data-dir {path} holds neither {NPZ_FILES[dataset]} nor the ModelNet layout "
+                             f"{MESH_LAYOUT}{lacking}")
+    elif kind == "idx":
+        for name in IDX_FILES["train"]:
+            if not any(os.path.isfile(os.path.join(path, name + ext)) for ext in ("", ".gz")):
+                raise ValueError(f"--data-dir {path} holds neither {NPZ_FILES['mnist']} nor {name}[.gz]; expected "
+                                 f"{_expected_data(dataset)}")
+    elif not any(name.startswith("scene") and os.path.isdir(os.path.join(path, name)) for name in os.listdir(path)):
+        raise ValueError(f"--data-dir {path} holds no scene* folders; expected {_expected_data(dataset)}")
+
+
+def load_examples(dataset, data_dir, points_per_shape, seed, normals=False):
+    """(examples, labels, class names): point clouds [M, N, 3] ([M, N, 6] with normals) in
+    the unit sphere, as models.normalize_point_clouds puts them (the saved model does the
+    same to what it is given), or images [M, 28, 28]."""
+    kind, path = data_source(dataset, data_dir)
+    if dataset == "mnist":
+        images, labels = datasets.load_mnist(path)
         return images, labels, tuple(str(i) for i in range(10))
-    raise ValueError(f"--dataset must be one of {DATASETS}, got {dataset!r}")
+    if dataset == "synthetic":
+        clouds, labels, classes = datasets.make_shapes(num_per_class=points_per_shape["synthetic_per_class"],
+                                                       seed=seed, normals=normals)
+    elif dataset in ("modelnet40", "modelnet10"):
+        classes = datasets.MODELNET10_CLASSES if dataset == "modelnet10" else None
+        if kind == "npz":
+            clouds, labels, classes = datasets.load_modelnet_npz(path, classes=classes)
+        else:
+            clouds, labels, classes = datasets.load_modelnet_meshes(path, "train", classes=classes,
+                                                                    num_points=points_per_shape["points"], seed=seed,
+                                                                    normals=normals)
+    elif dataset == "scannet":
+        clouds, labels, classes = datasets.load_scannet_objects(path, num_points=points_per_shape["points"],
+                                                                seed=seed, normals=normals)
+    else:
+        raise ValueError(f"--dataset must be one of {DATASETS}, got {dataset!r}")
+    return normalize_point_clouds(clouds), labels, classes
+
+
+def labels_sha256(labels):
+    """The sha256 of labels as little-endian int64: split.json's fingerprint of a data set."""
+    return hashlib.sha256(np.ascontiguousarray(labels, "<i8").tobytes()).hexdigest()
 
 
 def keras_batches(dataset):
@@ -130,7 +316,7 @@ class EpochLog(keras.callbacks.Callback):
 # because the checkpoint would silently continue a different experiment (--vote-mirror only
 # adds an evaluation at the end). A decaying learning rate spans the planned epochs, so
 # under one --epochs may not change either.
-RESUMABLE_CHANGES = ("epochs", "out", "backup_dir", "vote_mirror", "snapshot_epochs")
+RESUMABLE_CHANGES = ("epochs", "out", "overwrite", "backup_dir", "vote_mirror", "snapshot_epochs")
 # Options whose parser default is None (given only with --lam > 0), as main() resolves them.
 RESOLVED_DEFAULTS = {"lam_reduction": "sum", "lam_terms": LAM_TERMS[0], "lam_density": DENSITIES[0]}
 
@@ -156,8 +342,11 @@ def build_optimizer(name, learning_rate, weight_decay=0.0):
     return optimizer
 
 
-def prepare_backup_dir(parser, args):
-    os.makedirs(args.backup_dir, exist_ok=True)
+def prepare_backup_dir(parser, args, write=True):
+    """Refuses (parser.error) a --backup-dir that holds a run with other arguments; with
+    write, creates it and records this run's arguments there unless recorded already."""
+    if os.path.exists(args.backup_dir) and not os.path.isdir(args.backup_dir):
+        parser.error(f"--backup-dir {args.backup_dir} is a file; give a folder")
     path = os.path.join(args.backup_dir, "run_args.json")
     resumable = tuple(k for k in RESUMABLE_CHANGES if args.lr_schedule == "constant" or k != "epochs")
     current = {k: v for k, v in vars(args).items() if k not in resumable}
@@ -176,7 +365,8 @@ def prepare_backup_dir(parser, args):
             parser.error(f"--backup-dir {args.backup_dir} holds a run with different arguments "
                          f"({', '.join(f'{k}: {saved.get(k)!r} there, {current.get(k)!r} now' for k in changed)}); "
                          "use a new folder or the same arguments")
-    else:
+    elif write:
+        os.makedirs(args.backup_dir, exist_ok=True)
         with open(path, "w") as f:
             json.dump(current, f, indent=1)
 
@@ -229,13 +419,22 @@ def mirror_vote_accuracy(model, make_dataset, clouds, labels):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=MODELS, default="octnet3",
                    help="octnet3: channel-sparse OctNet3 (Table 4); site-resnet: site-sparse ResNet classifier")
-    p.add_argument("--dataset", choices=DATASETS, default="synthetic")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    p.add_argument("--resolution", type=int, default=16, help="voxels per axis (MNIST: fixed 28)")
-    p.add_argument("--rho", type=float, nargs="+", help="density bound per sparse block (default: Table 4)")
+    p.add_argument("--dataset", choices=DATASETS, default="synthetic",
+                   help="synthetic: the built-in shapes of 8 classes, no download (default)")
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
+                   help="the folder (or .npz file) of the dataset: modelnet40_train.npz or <class>/train/*.off for "
+                        "modelnet40/10, mnist_train.npz or the idx files for mnist, scene* folders for scannet "
+                        "(default: $TF_SPARSECONV_DATA or ../shared/data beside the repository)")
+    p.add_argument("--resolution", type=int, default=None,
+                   help=f"voxels per axis (default {DEFAULT_RESOLUTION}; MNIST: fixed {MNIST_RESOLUTION}); "
+                        f"octnet3 without --rho: one of {', '.join(map(str, TABLE4_RESOLUTIONS))} (Table 4's bounds)")
+    p.add_argument("--rho", type=float, nargs="+",
+                   help="density bound per sparse block, each in (0, 1]: every layer of the block keeps at most "
+                        "rho of its grid per channel (k-selection); 1.0 means no bound (default: Table 4's for the "
+                        f"resolution, e.g. {' '.join(map(str, DEFAULT_RHOS[32]))} at 32)")
     p.add_argument("--selection", choices=("signed", "abs"), default="signed")
     p.add_argument("--lam", type=float, default=0.0, help="adaptive density regularisation scale (Eq. 4)")
     p.add_argument("--lam-reduction", choices=("sum", "mean", "filter"), default=None,
@@ -252,19 +451,22 @@ def build_parser():
     p.add_argument("--finetune-epochs", type=int, default=0,
                    help="the last N epochs fine-tune: Eq. 4 off and pruning stopped, so the pruned structure is "
                         "fixed and the remaining weights train on the data loss alone (needs --lam or --prune-eps)")
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (> 0)")
     p.add_argument("--weight-decay", type=float, default=0.0,
                    help="decoupled weight decay of kernels (biases excluded; with adam: AdamW); 0: off")
     p.add_argument("--label-smoothing", type=float, default=0.0,
                    help="smooth the training targets toward uniform by this much (0: plain cross-entropy)")
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
                    help="cosine: from --lr down to 0 over all --epochs (a backed-up run then keeps its --epochs)")
-    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="fraction of each class held out for validation, in (0, 1); the held-out examples are "
+                        "listed in <out>/split.json")
     p.add_argument("--max-examples", type=int, default=0, help="use a stratified subset of this size (0: all)")
-    p.add_argument("--synthetic-per-class", type=int, default=150)
+    p.add_argument("--synthetic-per-class", type=int, default=DEFAULT_SYNTHETIC_PER_CLASS,
+                   help="shapes per class of the synthetic dataset")
     p.add_argument("--points", type=int, default=1024, help="points sampled per mesh / scan object")
     p.add_argument("--augment", nargs="?", const="rotate", choices=tuple(datasets.NAMED_AUGMENTATIONS), default=None,
                    help="point-cloud augmentation, each with random scale and jitter: rotate (about z; the "
@@ -283,12 +485,99 @@ def build_parser():
     p.add_argument("--site-blocks", type=int, default=1, help="site-resnet: residual blocks per level")
     p.add_argument("--site-k", type=int, default=0,
                    help="site-resnet: keep at most this many sites per example after the stem (0: all)")
-    p.add_argument("--out", default="train_results", help="folder for results.json and model.keras")
+    p.add_argument("--out", default=None,
+                   help=f"folder for the results (default: a new {RUNS_DIR}/<dataset>-<model>-<YYYYmmdd-HHMMSS>); "
+                        "an existing non-empty folder is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into an existing non-empty --out, replacing the results of a run there")
     p.add_argument("--snapshot-epochs", type=int, nargs="+", default=[],
-                   help="also save the model after these epochs (from 1) as <out>/model_epoch<N>.keras")
+                   help="also save the model after these epochs (from 1) as <out>/model_epoch<N>.keras (the sparse "
+                        "core: it takes voxelized batches, not point clouds)")
     p.add_argument("--backup-dir", help="keep model, optimizer state and the epoch log here after every epoch; "
-                   "rerunning with the same arguments (--epochs may grow) continues from the last finished epoch")
+                   "rerunning with the same arguments (--epochs may grow) continues from the last finished epoch "
+                   "(give a new --out, or --overwrite)")
     return p
+
+
+def default_out(dataset, model):
+    """A folder under runs/ that does not exist yet, named after the run and the time."""
+    base = os.path.join(RUNS_DIR, f"{dataset}-{model}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out, n = base, 1
+    while os.path.exists(out):
+        n += 1
+        out = f"{base}-{n}"
+    return out
+
+
+def _check_out(parser, args):
+    """--out: never a file; an existing non-empty folder only with --overwrite."""
+    if args.out is None:
+        args.out = default_out(args.dataset, args.model)
+        return
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out {args.out} is a file; give a folder for the results")
+    if os.path.isdir(args.out) and os.listdir(args.out) and not args.overwrite:
+        parser.error(f"--out {args.out} exists and is not empty; give a new folder (or leave --out out for a new "
+                     f"one under {RUNS_DIR}/), or add --overwrite to replace the results there")
+
+
+def _check_values(parser, args):
+    """Numbers that no run can use."""
+    for flag, value, least in (("--epochs", args.epochs, 1), ("--batch-size", args.batch_size, 1),
+                               ("--max-examples", args.max_examples, 0), ("--points", args.points, 1),
+                               ("--synthetic-per-class", args.synthetic_per_class, 1),
+                               ("--finetune-epochs", args.finetune_epochs, 0), ("--site-blocks", args.site_blocks, 1),
+                               ("--site-k", args.site_k, 0)):
+        if value < least:
+            parser.error(f"{flag} must be >= {least}, got {value}")
+    if not args.lr > 0:
+        parser.error(f"--lr must be > 0, got {args.lr}")
+    if not 0 < args.val_fraction < 1:
+        parser.error(f"--val-fraction must be in (0, 1) (the fraction of each class held out), got {args.val_fraction}")
+    if args.lam < 0 or args.prune_eps < 0:
+        parser.error(f"--lam and --prune-eps must be >= 0, got {args.lam} and {args.prune_eps}")
+    if any(c < 1 for c in args.site_channels):
+        parser.error(f"--site-channels must be >= 1, got {args.site_channels}")
+
+
+def _check_resolution(parser, args):
+    """Resolves --resolution (MNIST: 28) and refuses one the model cannot be built at."""
+    if args.dataset == "mnist":
+        if args.resolution not in (None, MNIST_RESOLUTION):
+            parser.error(f"--resolution {args.resolution} does not apply to MNIST: its images are "
+                         f"{MNIST_RESOLUTION}x{MNIST_RESOLUTION}")
+        args.resolution = MNIST_RESOLUTION
+    elif args.resolution is None:
+        args.resolution = DEFAULT_RESOLUTION
+    r = args.resolution
+    if r < 1:
+        parser.error(f"--resolution must be >= 1 voxel per axis, got {r}")
+    if args.rho is not None:
+        bad = [rho for rho in args.rho if not 0 < rho <= 1]
+        if bad:
+            parser.error(f"--rho values must be in (0, 1] (1.0: no bound), got {bad}")
+        if len(args.rho) > len(BLOCK_CHANNELS):
+            parser.error(f"--rho gives {len(args.rho)} sparse blocks; OctNet3 has at most {len(BLOCK_CHANNELS)}")
+    if args.model == "site-resnet":
+        levels = len(args.site_channels)
+        if r < 2 ** (levels - 1):
+            parser.error(f"--resolution {r} is too small for {levels} site-resnet levels (--site-channels): "
+                         f"need >= {2 ** (levels - 1)}")
+        return
+    if args.rho is None:
+        if args.dataset != "mnist" and r not in TABLE4_RESOLUTIONS:
+            parser.error(f"--resolution {r} has no Table 4 bounds: use one of "
+                         f"{', '.join(map(str, TABLE4_RESOLUTIONS))}, or give --rho (one value per sparse block)")
+        blocks = len(DEFAULT_RHOS[r])
+    else:
+        blocks = len(args.rho)
+    step = 2 ** (blocks - 1)
+    if r % step:
+        parser.error(f"--resolution {r} is not divisible by {step}, which {blocks} sparse blocks (one --rho each) "
+                     "pool it by")
+    if blocks >= 3 and r // step < 4:
+        parser.error(f"--resolution {r} is too small for {blocks} sparse blocks: the last block's grid is "
+                     f"{r // step}, OctNet3 needs >= 4 (use >= {4 * step} or fewer --rho values)")
 
 
 def _check_model_options(parser, args):
@@ -325,28 +614,92 @@ def _check_model_options(parser, args):
 
 
 def parse_args(parser, argv=None):
-    """The checked arguments, with the defaults that depend on other options filled in."""
+    """The checked arguments, with the defaults that depend on other options filled in.
+    --out is checked first; then every value, the model's options, the data path (listings
+    and .npz headers only) and a --backup-dir's recorded run. Nothing is written."""
     args = parser.parse_args(argv)
+    _check_out(parser, args)
+    _check_values(parser, args)
+    _check_resolution(parser, args)
     _check_model_options(parser, args)
+    try:
+        check_data(args.dataset, args.data_dir, tuple(args.features))
+    except (OSError, ValueError) as e:
+        parser.error(one_line(e))
+    if args.backup_dir:
+        prepare_backup_dir(parser, args, write=False)
     return args
+
+
+def prepare_out(out, overwrite):
+    """Creates --out; with overwrite, first removes the outputs of a run there (OUTPUTS and
+    the epoch snapshots), leaving anything else in the folder alone."""
+    if overwrite and os.path.isdir(out):
+        for name in OUTPUTS + tuple(os.path.basename(p) for p in glob.glob(snapshot_path(glob.escape(out), "*"))):
+            path = os.path.join(out, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.remove(path)
+    os.makedirs(out, exist_ok=True)
+
+
+def split_record(args, data_path, labels, keep, train_idx, val_idx, classes):
+    """split.json: which examples of the loaded data set trained and which were held out,
+    with what identifies the data (its path, example count and a sha256 of its labels), so
+    `tf-sparseconv evaluate --split val` re-scores exactly the validation examples."""
+    record = {"dataset": args.dataset, "data_path": os.path.abspath(data_path) if data_path else None,
+              "seed": args.seed, "val_fraction": args.val_fraction, "max_examples": args.max_examples,
+              "num_examples": int(len(labels)), "labels_sha256": labels_sha256(labels), "classes": list(classes),
+              "val_indices": keep[val_idx].tolist(), "train_indices": keep[train_idx].tolist()}
+    if args.dataset == "synthetic":
+        record["synthetic_per_class"] = args.synthetic_per_class
+    if args.dataset in ("modelnet40", "modelnet10", "scannet") and not (data_path or "").endswith(".npz"):
+        record["points"] = args.points
+    if "normals" in args.features and args.dataset != "mnist":
+        record["normals"] = True
+    return record
+
+
+def write_json(path, value):
+    with open(path, "w") as f:
+        json.dump(value, f, indent=1, default=str)
+
+
+def serving_model(core, args, classes, points_per_cloud):
+    """The model to save: raw points (images for MNIST) -> logits, with the preprocessing
+    and the class names inside; compiled for evaluate (cross-entropy and accuracy), without
+    the training optimizer's state (the epoch snapshots and --backup-dir keep that)."""
+    if args.dataset == "mnist":
+        return image_classifier(core, threshold=THRESHOLD, class_names=classes)
+    return point_cloud_classifier(core, args.resolution, features=tuple(args.features), normalize="unit_sphere",
+                                  class_names=classes, points_per_cloud=points_per_cloud)
 
 
 def main(argv=None):
     parser = build_parser()
     args = parse_args(parser, argv)
-    if args.backup_dir:
-        prepare_backup_dir(parser, args)
     site = args.model == "site-resnet"
+    image_data = args.dataset == "mnist"
+    resolution = args.resolution
     keras.utils.set_random_seed(args.seed)
     print(f"[1/4] loading {args.dataset}", flush=True)
-    examples, labels, classes = load_examples(
-        args.dataset, args.data_dir, {"points": args.points, "synthetic_per_class": args.synthetic_per_class}, args.seed)
+    data_path = data_source(args.dataset, args.data_dir)[1]
+    try:
+        examples, labels, classes = load_examples(
+            args.dataset, args.data_dir, {"points": args.points, "synthetic_per_class": args.synthetic_per_class},
+            args.seed, normals="normals" in args.features)
+    except (OSError, ValueError) as e:
+        parser.error(one_line(e))
+    all_labels, keep = labels, np.arange(len(labels))
     if args.max_examples and args.max_examples < len(labels):
         keep, _ = datasets.stratified_split(labels, 1 - args.max_examples / len(labels), args.seed)
         examples, labels = examples[keep], labels[keep]
     train_idx, val_idx = datasets.stratified_split(labels, args.val_fraction, args.seed)
-    image_data = args.dataset == "mnist"
-    resolution = 28 if image_data else args.resolution
+    if not len(train_idx) or not len(val_idx):
+        parser.error(f"--val-fraction {args.val_fraction} of {len(labels)} examples in {len(classes)} classes leaves "
+                     f"{len(train_idx)} for training and {len(val_idx)} for validation; both need some (use more "
+                     "examples or another --val-fraction)")
     if image_data:
         make = lambda idx, shuffle: datasets.image_dataset(examples[idx], labels[idx], args.batch_size,  # noqa: E731
                                                            shuffle=shuffle, seed=args.seed)
@@ -385,6 +738,16 @@ def main(argv=None):
             else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.compile(optimizer, loss, metrics=["accuracy"])
     bound = None if site else memory_bound(model, args.batch_size)
+    # What the density bounds buy: the same net without them may hold every cell of its grid.
+    unbounded = None if site or all(rho >= 1 for rho in rhos) else memory_bound(
+        octnet3(resolution, len(classes), (1.0,) * len(rhos), spatial_dims=2 if image_data else 3,
+                in_channels=model.input["shape_token"].shape[-1]), args.batch_size)
+
+    if args.backup_dir:
+        prepare_backup_dir(parser, args)
+    prepare_out(args.out, args.overwrite)
+    write_json(os.path.join(args.out, "split.json"),
+               split_record(args, data_path, all_labels, keep, train_idx, val_idx, classes))
     callbacks = [EpochTimer()]
     pruning = WarningShotPruning(args.prune_eps) if args.prune_eps > 0 else None
     if pruning:
@@ -393,6 +756,12 @@ def main(argv=None):
         callbacks.append(FineTunePhase(args.epochs - args.finetune_epochs, pruning))
     if args.snapshot_epochs:  # after pruning, so a snapshot holds that epoch's masks
         callbacks.append(EpochSnapshots(args.out, args.snapshot_epochs))
+    if not site:
+        callbacks.append(PresentWeights())  # after pruning: this epoch's count
+    terminal = sys.stdout.isatty()
+    if not terminal:
+        callbacks.append(EpochProgress(args.epochs))
+    callbacks.append(TensorBoardScalars(os.path.join(args.out, "tensorboard")))
     epoch_log = EpochLog(args.backup_dir) if args.backup_dir else None
     if epoch_log:
         callbacks += [epoch_log, keras.callbacks.BackupAndRestore(args.backup_dir, delete_checkpoint=False)]
@@ -402,9 +771,10 @@ def main(argv=None):
     described = (f"channels {tuple(args.site_channels)}, {args.site_blocks} residual block(s) per level"
                  + (f", at most {args.site_k} sites per example" if args.site_k else "")) if site \
         else f"sparse blocks rho = {rhos}"
-    print(f"[2/4] training {model.name} ({described}) for {args.epochs} epochs", flush=True)
+    print(f"[2/4] training {model.name} ({described}) for {args.epochs} epochs, batch {args.batch_size}; "
+          f"writing to {args.out}", flush=True)
     history = model.fit(train, validation_data=val, epochs=args.epochs, callbacks=callbacks, shuffle=False,
-                        verbose=1 if sys.stdout.isatty() else 2).history
+                        verbose=1 if terminal else 0).history
     if epoch_log:
         history = epoch_log.history()  # every epoch of the run, not only this process's
     seconds = history["sec_per_epoch"]
@@ -420,6 +790,7 @@ def main(argv=None):
               for layer in sparse_conv_layers(model)]
     results = {
         "model": args.model, "dataset": args.dataset, "examples": int(len(labels)),
+        "num_classes": len(classes), "classes": list(classes),
         "resolution": resolution, "epochs": len(history.get("loss", [])),
         "batch_size": args.batch_size,
         "rhos": list(rhos), "lambda": args.lam, "lam_terms": args.lam_terms, "lam_density": args.lam_density,
@@ -431,6 +802,9 @@ def main(argv=None):
         "history": {k: [float(v) for v in vs] for k, vs in history.items()},
         "sec_per_epoch": seconds, "layers": layers, "present_weights": present_weight_count(model),
         "memory_bound_bytes": bound.total_bytes if bound else None,
+        "memory_bound_activation_bytes": bound.activation_bytes if bound else None,
+        "memory_dense_bytes": bound.dense_bytes if bound else None,
+        "memory_unbounded_bytes": unbounded.total_bytes if unbounded else None,
         "memory_bound_layers": [vars(b) for b in bound.layers] if bound else [],
         "memory_bound_note": SITE_MODEL_NOTE if site else None,
         "pruning": pruning.history if pruning else [],
@@ -439,30 +813,32 @@ def main(argv=None):
         "lr": args.lr, "lr_schedule": args.lr_schedule, "optimizer": args.optimizer, "augment": args.augment,
         "weight_decay": args.weight_decay, "label_smoothing": args.label_smoothing,
         "init": None if site else args.init or "he_normal", "features": None if image_data else list(args.features),
+        "out": os.path.abspath(args.out),
     }
     if site:
         results.update(site_channels=list(args.site_channels), site_blocks=args.site_blocks, site_k=args.site_k,
                        parameters=int(model.count_params()))
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    model.save(os.path.join(args.out, "model.keras"))
+    write_json(os.path.join(args.out, "results.json"), results)
+    plot_training_curve(history, os.path.join(args.out, "training_curve.png"),
+                        bounds={row["layer"]: row["rho_up"] for row in layers},
+                        title=f"{args.model} on {args.dataset} at {resolution}" + ("²" if image_data else "³"))
+    model_path = os.path.join(args.out, "model.keras")
+    serving_model(model, args, classes, None if image_data else int(examples.shape[1])).save(model_path)
 
     print("[4/4] summary")
-    print(f"validation accuracy {results['val_accuracy']:.4f} after {results['epochs']} epochs; "
-          f"{np.mean(seconds):.1f} s per epoch (first {seconds[0]:.1f} s)")
-    if vote is not None:
-        print(f"validation accuracy voting over each cloud and its mirror image {vote:.4f}")
-    if layers:
-        print(f"{'sparse layer':<20}{'rho_up':>8}{'density':>10}{'present weights':>18}")
-    for row in layers:
-        print(f"{row['layer']:<20}{row['rho_up'] or 1.0:>8.3f}{row['density']:>10.4f}"
-              f"{row['present_weights']:>10} / {row['weights']:<7}")
-    print(bound.table() if bound else SITE_MODEL_NOTE)
-    print(f"peak resident memory {results['peak_rss_bytes'] / 2 ** 20:.0f} MiB"
-          + (f", GPU peak {results['peak_gpu_bytes'] / 2 ** 20:.0f} MiB" if results["peak_gpu_bytes"] else "")
-          + f" ({results['device']})")
-    print(f"results and model written to {os.path.abspath(args.out)}")
+    inputs = (f"images [B, {MNIST_RESOLUTION}, {MNIST_RESOLUTION}]" if image_data
+              else f"point clouds [B, N, {6 if 'normals' in args.features else 3}]")
+    written = {"model.keras": f"the trained model: {inputs} -> logits over {len(classes)} classes",
+               "results.json": "accuracy, per-epoch history, sparse layers, memory bound",
+               "split.json": "the training and validation examples",
+               "training_curve.png": "loss, accuracy, densities and present weights per epoch",
+               "tensorboard/": "the same per epoch, for TensorBoard"}
+    shown = args.out if not os.path.isabs(args.out) else results["out"]
+    next_commands = [f"tf-sparseconv evaluate {os.path.join(shown, 'model.keras')} --split val",
+                     f"tf-sparseconv predict {os.path.join(shown, 'model.keras')} FILE"
+                     + ("" if image_data else "   # FILE: points as .off, .ply, .npy or .npz"),
+                     f"tensorboard --logdir {os.path.join(shown, 'tensorboard')}   # after pip install tensorboard"]
+    print("\n".join(summary_lines(results, written, next_commands)), flush=True)
     return results
 
 
