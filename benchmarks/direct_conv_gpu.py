@@ -9,9 +9,9 @@ without ('none').
   time:    batch 1; medians of synchronised runs after warm-up, ours and tf.nn.conv3d on the
            dense equivalent (masked filter) in the same process; ratio = dense_s / ours_s.
            Also the device time per call (*_gpu_s): --loop-calls calls in one graph loop,
-           synchronised once, so TensorFlow's per-call dispatch from Python (about 0.5 ms
-           on the H200 machine) is not in it; ratio_gpu = dense_gpu_s / ours_gpu_s. Ours
-           keeps its own host round trips (the output sizes) in that figure.
+           synchronised once, so TensorFlow's per-call dispatch from Python is not in
+           it; ratio_gpu = dense_gpu_s / ours_gpu_s. Ours keeps its own host round trip
+           (the output size) in that figure.
   memory:  batch 32, Cout 8 (Table 1): peak GPU memory of one call above what its inputs
            hold (tf.config.experimental.get_memory_info after reset_memory_stats); the
            inputs' bytes are recorded separately.
@@ -28,6 +28,7 @@ to benchmarks/results/direct_conv_gpu.jsonl (--out), one JSON object per line.
 
     python benchmarks/direct_conv_gpu.py [--quick] [--out PATH]
     python benchmarks/direct_conv_gpu.py --memory-only --temp-limit-mb 128 [--resolutions 256 512]
+    python benchmarks/direct_conv_gpu.py --table [--out PATH]   # docs/benchmarks.md's tables (no GPU needed)
 """
 import argparse
 import json
@@ -206,10 +207,54 @@ def summary(records):
                   f"{fmt_bytes(rec['dense_peak_bytes']):>8} ({fmt_bytes(rec['dense_input_bytes']).strip():>7})")
 
 
+def gib(b):
+    return "does not fit" if b is None else f"{b / 2 ** 30:.3f}"
+
+
+def markdown_tables(path):
+    """The markdown tables of a results file: time (synchronised call and device time per
+    call), peak memory above the inputs, the capped runs' peaks split as Table 1 does, and
+    the epoch rows of benchmarks/train_step.py."""
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    ms = lambda s: "-" if s is None else f"{s * 1e3:.2f}"  # noqa: E731
+    ratio = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    print("| r³ | ρ_f | k-selection | ours call [ms] | cuDNN call [ms] | dense/ours | ours device [ms] "
+          "| cuDNN device [ms] | dense/ours (device) |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if r.get("kind") == "time":
+            print(f"| {r['r']}³ | {r['rho_f']} | {r['selection']} | {ms(r['ours_s'])} | {ms(r['dense_s'])} "
+                  f"| {ratio(r['ratio'])} | {ms(r.get('ours_gpu_s'))} | {ms(r.get('dense_gpu_s'))} "
+                  f"| {ratio(r.get('ratio_gpu'))} |")
+    print()
+    print("| r³ (batch 32) | ρ_f | k-selection | ours peak [GiB] | dense peak [GiB] |")
+    print("|---|---:|---|---:|---:|")
+    for r in rows:
+        if r.get("kind") == "memory" and "temp_limit_mb" not in r:
+            print(f"| {r['r']}³ | {r['rho_f']} | {r['selection']} | {gib(r['ours_peak_bytes'])} "
+                  f"| {gib(r['dense_peak_bytes'])} |")
+    limited = [r for r in rows if r.get("kind") == "memory" and "temp_limit_mb" in r]
+    if limited:
+        print()
+        print("| r³ (batch 32) | ρ_f | k-selection | temp limit [MiB] | ours call [ms] | peak [GiB] "
+              "| of it output [GiB] | of it temporary [GiB] |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|")
+        for r in limited:
+            print(f"| {r['r']}³ | {r['rho_f']} | {r['selection']} | {r['temp_limit_mb'] or 'none'} "
+                  f"| {ms(r['ours_s'])} | {gib(r['ours_peak_bytes'])} | {gib(r.get('out_bytes'))} "
+                  f"| {gib(r.get('temp_bytes'))} |")
+    epochs = [r for r in rows if r.get("kind") == "epoch"]
+    if epochs:
+        print("\nTraining epochs (benchmarks/train_step.py --epoch), in the order run:")
+        for r in epochs:
+            print(f"- {r['resolution']}³ on {r['device']}: {r['sec_per_epoch']:.1f} s")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="r <= 128 (memory: r <= 64), rho_f 0.5, fewer repeats")
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON-lines output (default: %(default)s)")
+    parser.add_argument("--table", action="store_true", help="print the markdown tables of --out and exit")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loop-calls", type=int, default=20, help="calls per graph loop for the device time")
     parser.add_argument("--memory-only", action="store_true",
@@ -219,6 +264,9 @@ def main():
     parser.add_argument("--resolutions", type=int, nargs="+", choices=RESOLUTIONS, default=None,
                         help="with --memory-only: these resolutions (default: all)")
     args = parser.parse_args()
+    if args.table:
+        markdown_tables(args.out)
+        return
     if (args.temp_limit_mb is not None or args.resolutions) and not args.memory_only:
         parser.error("--temp-limit-mb and --resolutions go with --memory-only")
     if args.temp_limit_mb is not None:

@@ -1,4 +1,4 @@
-"""What pruning buys per training step (issue 3, Fig. 6): the OctNet3 network of
+"""What pruning buys per training step (Fig. 6): the OctNet3 network of
 experiments/pruning.py with a fraction of each sparse convolution's weights pruned at
 random (mask 0, weight 0), timed per training step and per layer on the same batches.
 

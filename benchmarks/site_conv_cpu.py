@@ -3,6 +3,7 @@ TensorFlow user would write from stock ops (tf.gather, one tf.matmul per kernel 
 tf.math.unsorted_segment_sum), on the same kernel maps, in the same run.
 
     python benchmarks/site_conv_cpu.py [--scenes lidar_10cm] [--reps 7]
+    python benchmarks/site_conv_cpu.py --table     # docs/cpu-kernels.md's table of the results file
 
 Both run inside tf.function; medians of `reps` calls after `warmup`; forward, and forward
 plus the gradients with respect to features and weights. Outputs are compared first.
@@ -52,13 +53,29 @@ def stock_conv(f, w, in_rows, out_rows, sizes, num_out):
     return tf.math.unsorted_segment_sum(tf.concat(products, 0), out_rows, num_out)
 
 
+def markdown_table(path):
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    print("| layer | pass | pairs | Cin→Cout | ours ms | stock TF ms | stock / ours |")
+    print("|---|---|---:|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['layer']} | {r['pass']} | {r['pairs']} | {r['cin']}→{r['cout']} | {r['ours_s'] * 1e3:.1f} "
+              f"| {r['stock_tf_s'] * 1e3:.1f} | {r['speedup']:.2f} |")
+    speedups = [r["speedup"] for r in rows]
+    print(f"\n{rows[0]['scene']}, {rows[0]['n_sites']:,} sites, {rows[0]['machine']}: median speed-up "
+          f"{statistics.median(speedups):.2f}× ({min(speedups):.2f}–{max(speedups):.2f}×)")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenes", nargs="*", default=["lidar_10cm"])
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
     args = p.parse_args()
+    if args.table:
+        markdown_table(args.out)
+        return
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     rows = []
     with tf.device("/CPU:0"):

@@ -1,11 +1,12 @@
 """Site-sparse convolution on the GPU: ours against spconv 2.3.8 on identical inputs and
-weights (issue 5), per layer and end to end, forward and backward, and kernel-map builds.
+weights, per layer and end to end, forward and backward, and kernel-map builds.
 
 Three phases, one command on the lent GPU (TensorFlow and PyTorch in separate processes):
   python benchmarks/site_conv_gpu.py --phase ours    # ours; saves inputs/reference rows
   python benchmarks/site_conv_spconv.py               # spconv; checks its outputs vs ours
   python benchmarks/site_conv_spconv.py --tf32        # spconv with its TF32 switch on
-  python benchmarks/site_conv_gpu.py --phase merge   # JSON lines with both and the floor
+  python benchmarks/site_conv_gpu.py --phase merge --run NAME  # JSON lines with both and the floor
+  python benchmarks/site_conv_table.py                # the markdown tables of docs/benchmarks.md
 
 Timing: `*_s` is the whole layer call, median of synchronised calls after warm-up, both
 waited for with cudaDeviceSynchronize (timing.sync; spconv: torch.cuda.synchronize). Ours
@@ -19,9 +20,10 @@ max(FLOPs / matrix rate, minimal bytes / bandwidth) with FLOPs = 2 * pairs * Cin
 and the rates measured on the same GPU in the same command (benchmarks/site_conv_spconv.py measures them with cuBLAS and a copy).
 """
 import argparse
-import functools
+import datetime
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -52,11 +54,8 @@ CHECK_ROWS = 2000
 def device_int32(t):
     """An int32 tensor as float32 bit patterns, for entering a tf.function. Captured by or
     passed to a tf.function, an int32 tensor is placed in host memory and copied to the
-    GPU at every call (TensorFlow's placement of int32 function inputs): a profile of one
-    lidar submanifold layer (H200, 2026-11-24) showed the map's two row tensors sent from
-    the host and copied back at every call, about 0.5 ms of the call. int32_of inside the
-    function turns them back at no cost, on the GPU. The op-by-op device times never had
-    these copies."""
+    GPU at every call (TensorFlow's placement of int32 function inputs); int32_of inside
+    the function turns the bits back on the GPU at no cost."""
     return tf.bitcast(t, tf.float32)
 
 
@@ -116,88 +115,44 @@ trusted = True
 
 def dataflows_for(dtype_name, args):
     """The forward dataflows to time: pairs everywhere; outputs (its neighbour table built
-    per call) where the tensor-core kernels apply (fp16, tf32); table (outputs from a
-    SiteNeighbourTable built once per map, as the layers do under an indice_key) for fp16,
-    the only type whose default dataflow reads it; table_mma_sync: table with the tiles'
-    products through mma.sync instead of WMMA (TF_SPARSECONV_SITE_TABLE_PRODUCTS). fp32
-    with TF32 off has one dataflow."""
-    wanted = {"pairs": True, "outputs": dtype_name != "fp32", "table": dtype_name == "fp16",
-              "table_mma_sync": dtype_name == "fp16", "table_wmma": dtype_name == "fp16",
-              "pairs_step64": dtype_name == "fp16", "table_step64": dtype_name == "fp16",
-              **{f"table{g}{r}": dtype_name == "fp16" for g in ["", *(f"_g{n}" for n in MASK_GROUP_CHOICES)]
-                 for r in ("", "_r64")}}
+    per call) where the tensor-core kernels apply (fp16, tf32); table (the default dataflow
+    given a SiteNeighbourTable built once per map, as the layers do under an indice_key) for
+    fp16, the only type whose default dataflow reads it. fp32 with TF32 off has one
+    dataflow."""
+    wanted = {"pairs": True, "outputs": dtype_name != "fp32", "table": dtype_name == "fp16"}
     return [d for d in args.dataflows if wanted[d]]
-
-
-# table_gN: the output-stationary dataflow forced (TF_SPARSECONV_SITE_DATAFLOW=outputs) at
-# every width, from a table of N mask groups; a suffix _r64: with 64-row tiles
-# (TF_SPARSECONV_SITE_TABLE_ROWS=64; table_r64: the default dataflow with them).
-MASK_GROUP_CHOICES = (1, 2, 3, 4)
 
 
 NO_TABLE = tf.zeros([0], tf.int32)
 NO_TABLE_BITS = tf.zeros([0], tf.float32)
 
 
-def neighbour_table(in_rows, out_rows, splits, num_in, num_out, mask_groups=None):
-    """SiteNeighbourTable of one layer's pairs, built once like the map itself (mask_groups:
-    None, the op's default)."""
-    groups = {} if mask_groups is None else {"mask_groups": mask_groups}
-    return _ops.site_neighbour_table(in_rows, out_rows, splits, num_in, num_out, map_is_trusted=True, **groups)
+def neighbour_table(in_rows, out_rows, splits, num_in, num_out):
+    """SiteNeighbourTable of one layer's pairs, built once like the map itself."""
+    return _ops.site_neighbour_table(in_rows, out_rows, splits, num_in, num_out, map_is_trusted=True)
 
 
 def uses_table(dataflow):
-    return dataflow.startswith("table")
+    return dataflow == "table"
 
 
-def mask_groups_of(dataflow):
-    """The mask groups of a table_gN dataflow's tables; None (the op's default) otherwise."""
-    return int(dataflow[len("table_g")]) if dataflow.startswith("table_g") else None
-
-
-SWITCHES = ("TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS", "TF_SPARSECONV_SITE_ROW_STEP",
-            "TF_SPARSECONV_SITE_TABLE_ROWS")
+# The op's forward-dataflow switch, read at every call: 'table' is the default dataflow
+# ('auto') given a neighbour table.
+DATAFLOW_SWITCH = "TF_SPARSECONV_SITE_DATAFLOW"
 
 
 def set_dataflow(dataflow):
-    """The op's switches (read at every call): 'table' is the default dataflow given a
-    neighbour table (mma.sync products, row steps chosen by the op), 'table_mma_sync' the
-    same named explicitly, 'table_wmma' with WMMA products; '_step64': the half tiles step
-    64 bytes per input row whatever the width (TF_SPARSECONV_SITE_ROW_STEP=64)."""
-    os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = (
-        "outputs" if mask_groups_of(dataflow) else "auto" if uses_table(dataflow) else dataflow.split("_")[0])
-    os.environ["TF_SPARSECONV_SITE_TABLE_PRODUCTS"] = "wmma" if dataflow == "table_wmma" else "mma_sync"
-    os.environ["TF_SPARSECONV_SITE_ROW_STEP"] = "64" if dataflow.endswith("_step64") else "auto"
-    os.environ["TF_SPARSECONV_SITE_TABLE_ROWS"] = "64" if dataflow.endswith("_r64") else "auto"
+    os.environ[DATAFLOW_SWITCH] = "auto" if uses_table(dataflow) else dataflow
 
 
 def clear_switches():
-    for name in SWITCHES:
-        os.environ.pop(name, None)
-
-
-def call_with_int64_rows(feats, w, in_rows, out_rows, splits, num_out, args):
-    """The synchronised forward call with the map's rows passed in as int64 tensors and cast to
-    int32 inside the function. TensorFlow keeps int32 arguments of a function (captured ones
-    included) in host memory, so the plain call copies both row vectors to the GPU every time;
-    int64 ones stay in device memory. The difference to the plain call is that copy's share."""
-    rows64 = (tf.cast(in_rows, tf.int64), tf.cast(out_rows, tf.int64))  # once, outside the timing
-
-    @tf.function
-    def fwd_int64_rows(f, w, i64, o64):
-        return _ops.site_sparse_conv(f, w, tf.cast(i64, tf.int32), tf.cast(o64, tf.int32), splits, num_out,
-                                     NO_TABLE, map_is_trusted=trusted)
-    return median_time(fwd_int64_rows, args.warmup, args.reps, (feats, w, *rows64))
+    os.environ.pop(DATAFLOW_SWITCH, None)
 
 
 def call_times(fn, fargs, args):
     """Synchronised whole-call medians of the tf.function fn on fargs: through its traced
     ConcreteFunction (ours_s), through the tf.function (ours_function_s) and eagerly, op by
-    op (ours_eager_s), interleaved so that drift of the machine lands on all three alike.
-    Profiler traces of the lidar frame's submanifold 64 layer (H200, 2026-11-24) put the
-    kernel's start 0.22 ms after the call began through the ConcreteFunction, 0.52 ms
-    through the tf.function and 0.04 ms for the op run eagerly; the kernel itself ran
-    0.10 ms in each."""
+    op (ours_eager_s), interleaved so that drift of the machine lands on all three alike."""
     concrete = fn.get_concrete_function(*fargs)
     return interleaved_medians((concrete, fn, fn.python_function), fargs, args.warmup, args.reps)
 
@@ -244,10 +199,9 @@ def run_ours(args):
             pairs = int(in_rows.shape[0])
             has_table = k ** 3 <= 32
 
-            def build_table(in_rows=in_rows, out_rows=out_rows, splits=splits, num_in=num_in, num_out=num_out,
-                            groups=None):
-                return neighbour_table(in_rows, out_rows, splits, num_in, num_out, groups)
-            tables = {}  # by mask groups, built once per layer and groups
+            def build_table(in_rows=in_rows, out_rows=out_rows, splits=splits, num_in=num_in, num_out=num_out):
+                return neighbour_table(in_rows, out_rows, splits, num_in, num_out)
+            table = None  # built once per layer
             feats32 = level_features(len(level_coords[level]), cin, seed=1000 + li)
             w32 = layer_weights(cin, cout, k, seed=2000 + li)
             for dtype_name in args.dtypes:
@@ -263,10 +217,8 @@ def run_ours(args):
                     return _ops.site_sparse_conv(f, w, int32_of(in_bits), int32_of(out_bits), splits, num_out,
                                                  int32_of(nb_bits), map_is_trusted=trusted)
 
-                # Read by bwd from this iteration's scope, like the rows. As a defaulted
-                # Python argument of bwd it made every call of bwd's ConcreteFunction 1.2 to
-                # 2.5 ms slower than the tf.function's (H200, 2026-11-24); on this project's
-                # CPU machine a two-op function so defined took 390 against 180 us a call.
+                # Read by bwd from this iteration's scope, like the rows: as a defaulted
+                # Python argument of bwd it slowed every call of bwd's ConcreteFunction.
                 submanifold = kind == "subm"
 
                 @tf.function
@@ -295,17 +247,14 @@ def run_ours(args):
                 for dataflow in dataflows_for(dtype_name, args):
                     if uses_table(dataflow) and not has_table:
                         continue
-                    groups = mask_groups_of(dataflow)
-                    build = functools.partial(build_table, groups=groups)
-                    if uses_table(dataflow) and groups not in tables:
-                        tables[groups] = build()
-                        if groups is None:  # the default table's build: what the end-to-end chain leaves out
-                            t_table = median_time(tf.function(build), args.warmup, args.reps)
-                            results.append({"scene": scene, "layer": f"table_{name}", "pass": "map",
-                                            "n_sites": len(coords), "cin": None, "cout": None, "dtype": None,
-                                            "ours_s": t_table, "pairs": pairs})
-                            print(f"  {name:<18} neighbour table build: {t_table * 1e3:8.3f} ms", flush=True)
-                    table = tables.get(groups)
+                    if uses_table(dataflow) and table is None:
+                        table = build_table()
+                        # The table's build: what the end-to-end chain leaves out.
+                        t_table = median_time(tf.function(build_table), args.warmup, args.reps)
+                        results.append({"scene": scene, "layer": f"table_{name}", "pass": "map",
+                                        "n_sites": len(coords), "cin": None, "cout": None, "dtype": None,
+                                        "ours_s": t_table, "pairs": pairs})
+                        print(f"  {name:<18} neighbour table build: {t_table * 1e3:8.3f} ms", flush=True)
                     table_bits = device_int32(table) if table is not None else NO_TABLE_BITS
                     set_dataflow(dataflow)
                     # Every dataflow gives the default's values within fp16 before it is timed.
@@ -315,14 +264,14 @@ def run_ours(args):
                     assert check.max() <= 2e-2 * max(1.0, np.abs(y.numpy().astype(np.float32)).max()), \
                         (dataflow, check.max())
                     if uses_table(dataflow):
-                        passes = (("fwd", fwd, (feats, w, table_bits), fwd.python_function, None),
-                                  ("bwd", bwd, (feats, w, g, table_bits), bwd.python_function, None))
+                        passes = (("fwd", fwd, (feats, w, table_bits), fwd.python_function),
+                                  ("bwd", bwd, (feats, w, g, table_bits), bwd.python_function))
                     else:
-                        passes = (("fwd", fwd, (feats, w, NO_TABLE_BITS), fwd, None),
-                                  ("bwd", bwd, (feats, w, g, NO_TABLE_BITS), bwd, None))
-                    for pass_name, fn, fargs, loop_fn, setup in passes:
+                        passes = (("fwd", fwd, (feats, w, NO_TABLE_BITS), fwd),
+                                  ("bwd", bwd, (feats, w, g, NO_TABLE_BITS), bwd))
+                    for pass_name, fn, fargs, loop_fn in passes:
                         t, t_function, t_eager = call_times(fn, fargs, args)
-                        tg = queued_s_per_call(loop_fn, args.loop_calls, fargs, setup) if device else None
+                        tg = queued_s_per_call(loop_fn, args.loop_calls, fargs) if device else None
                         results.append({"scene": scene, "layer": name, "pass": pass_name, "n_sites": int(num_in),
                                         "n_out": int(num_out), "pairs": pairs, "cin": cin, "cout": cout,
                                         "dtype": dtype_name, "dataflow": dataflow, "ours_s": t,
@@ -331,14 +280,6 @@ def run_ours(args):
                         print(f"  {name:<18} {dtype_name} {dataflow:<7} {pass_name}: {t * 1e3:8.3f} ms "
                               f"(tf.function {t_function * 1e3:8.3f}, eager {t_eager * 1e3:8.3f}, "
                               f"device {tg * 1e3 if tg else float('nan'):8.3f} ms), {pairs:,} pairs", flush=True)
-                    if dataflow == "pairs" and args.call_int64_rows:
-                        t64 = call_with_int64_rows(feats, w, in_rows, out_rows, splits, num_out, args)
-                        results.append({"scene": scene, "layer": name, "pass": "call_int64_rows", "n_sites": int(num_in),
-                                        "n_out": int(num_out), "pairs": pairs, "cin": cin, "cout": cout,
-                                        "dtype": dtype_name, "dataflow": dataflow, "ours_s": t64, "ours_gpu_s": None,
-                                        "deterministic": args.deterministic})
-                        print(f"  {name:<18} {dtype_name} forward call, rows entering as int64: {t64 * 1e3:8.3f} ms",
-                              flush=True)
                 clear_switches()
         np.savez(os.path.join(args.exchange, f"{scene}_reference.npz"),
                  **{f"{n}_coords": c for n, (c, _) in reference.items()},
@@ -364,49 +305,42 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
         # The tables are built once per map before the timing, like the maps themselves
         # (plan) and like spconv's, whose chain reuses the indice data (pairs, masks and
         # their sorted order) its tensors already hold; their build times are the "map"
-        # rows' "table_*" entries. They enter the functions as float32 bit patterns: an
-        # int32 tensor captured by a tf.function is fed through host memory (TensorFlow's
-        # placement of int32 function inputs), which cost the batch-4 chain about 50 ms
-        # of copies per call; tf.bitcast back to int32 inside is free and stays on the GPU.
-        built_tables = {}
+        # rows' "table_*" entries. Tables and rows enter the functions as float32 bit
+        # patterns (device_int32).
+        built_tables = []
 
-        def tables_for(groups):
-            if groups not in built_tables:
-                built_tables[groups] = [device_int32(neighbour_table(*rows[:5], groups)) for rows in plan]
-            return built_tables[groups]
+        def tables():
+            if not built_tables:
+                built_tables.extend(device_int32(neighbour_table(*rows[:5])) for rows in plan)
+            return built_tables
 
-        # The rows enter as float32 bit patterns too (device_int32).
         plan_bits = [(device_int32(rows[0]), device_int32(rows[1])) for rows in plan]
 
-        def forward(f, ws, use_tables, groups):
-            tables = [int32_of(t) for t in tables_for(groups)] if use_tables else [NO_TABLE] * len(plan)
-            for (_, _, splits, _, num_out, _), (in_bits, out_bits), w, nb, name in zip(plan, plan_bits, ws, tables,
+        def forward(f, ws, use_tables):
+            nbs = [int32_of(t) for t in tables()] if use_tables else [NO_TABLE] * len(plan)
+            for (_, _, splits, _, num_out, _), (in_bits, out_bits), w, nb, name in zip(plan, plan_bits, ws, nbs,
                                                                                       CHAIN):
                 in_rows, out_rows = int32_of(in_bits), int32_of(out_bits)
                 f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, nb, map_is_trusted=trusted,
                                           map_is_submanifold=spec[name][0] == "subm" and trusted)
             return f
 
-        def functions(use_tables, groups):
-            fwd = tf.function(lambda f, *ws: forward(f, ws, use_tables, groups))
+        def functions(use_tables):
+            fwd = tf.function(lambda f, *ws: forward(f, ws, use_tables))
 
             @tf.function
             def fwd_bwd(f, *ws):
                 with tf.GradientTape() as tape:
                     tape.watch([f, *ws])
-                    loss = tf.reduce_sum(tf.cast(forward(f, ws, use_tables, groups), tf.float32))
+                    loss = tf.reduce_sum(tf.cast(forward(f, ws, use_tables), tf.float32))
                 return tape.gradient(loss, [f, *ws])
             return fwd, fwd_bwd
 
         for dataflow in dataflows_for(dtype_name, args):
             set_dataflow(dataflow)
-            if mask_groups_of(dataflow):
-                # The chain runs table_gN as the default would with such tables (the op picks
-                # per layer), not forced: its backward's reversed pairs have no table.
-                os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "auto"
             if uses_table(dataflow):
-                tables_for(mask_groups_of(dataflow))  # eagerly, outside the functions' graphs
-            fwd, fwd_bwd = functions(uses_table(dataflow), mask_groups_of(dataflow))
+                tables()  # eagerly, outside the functions' graphs
+            fwd, fwd_bwd = functions(uses_table(dataflow))
             for pass_name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
                 t, t_function, t_eager = call_times(fn, (feats, *weights), args)
                 tg = queued_s_per_call(fn, max(1, args.loop_calls // 4), (feats, *weights), op_by_op=False) \
@@ -422,7 +356,17 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
     return rows
 
 
+def commit_of_checkout():
+    """The checkout's short commit hash, or None outside a git checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                              check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def merge(args):
+    stamp = {"commit": commit_of_checkout(), "run": args.run, "date": datetime.date.today().isoformat()}
     with open(os.path.join(args.exchange, "ours.json")) as f:
         ours = json.load(f)
     peer_path = os.path.join(args.exchange, "spconv.json")
@@ -454,7 +398,7 @@ def merge(args):
                       "spconv_gpu_s": other.get("spconv_gpu_s"), "spconv_algo": other.get("algo"),
                       "spconv_algos_timed": algos_timed.get(key_of(row), []), "max_rel_err": other.get("max_rel_err"),
                       "floor_s": floor,
-                      "ours_over_floor": row["ours_s"] / floor if floor else None})
+                      "ours_over_floor": row["ours_s"] / floor if floor else None, **stamp})
     with open(args.out, "w") as f:
         for line in lines:
             f.write(json.dumps(line) + "\n")
@@ -478,22 +422,13 @@ def main():
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--loop-calls", type=int, default=40)
     p.add_argument("--out", default=DEFAULT_OUT)
-    p.add_argument("--dataflows", nargs="*", default=["pairs", "table"],
-                   choices=("pairs", "outputs", "table", "table_mma_sync", "table_wmma", "pairs_step64",
-                            "table_step64", "table_r64",
-                            *(f"table_g{n}{r}" for n in MASK_GROUP_CHOICES for r in ("", "_r64"))),
-                   help="forward dataflows on the GPU: TF_SPARSECONV_SITE_DATAFLOW=pairs|outputs, table "
-                        "(the default dataflow with a neighbour table built once per map), or table_mma_sync "
-                        "(the same, named), table_wmma (WMMA products: TF_SPARSECONV_SITE_TABLE_PRODUCTS), "
-                        "pairs_step64 / table_step64 (64-byte row steps: TF_SPARSECONV_SITE_ROW_STEP), "
-                        "table_g1 .. table_g4 (output-stationary at every width from tables of 1 to 4 mask "
-                        "groups; the end-to-end chain with such tables under the default dataflow), with a "
-                        "suffix _r64: 64-row tiles (TF_SPARSECONV_SITE_TABLE_ROWS=64)")
+    p.add_argument("--run", default=None, help="--phase merge: a name for this run, kept in every row with the "
+                                                "date and the checkout's commit")
+    p.add_argument("--dataflows", nargs="*", default=["pairs", "table"], choices=("pairs", "outputs", "table"),
+                   help="forward dataflows on the GPU: pairs or outputs (forced), table (the default dataflow "
+                        "given a neighbour table built once per map, as the layers under an indice_key)")
     p.add_argument("--deterministic", action="store_true",
                    help="tf.config.experimental.enable_op_determinism() first: the ops' deterministic paths")
-    p.add_argument("--call-int64-rows", action="store_true",
-                   help="also time each pairs forward call with the map's rows passed as int64 (pass "
-                        "'call_int64_rows'): how much of the call is TensorFlow copying int32 arguments to the GPU")
     p.add_argument("--untrusted-maps", action="store_true",
                    help="call the ops with map_is_trusted=False (row checks and a host round trip per call), "
                         "as before that attr; by default the maps, all from SiteKernelMap, are passed as trusted")

@@ -15,22 +15,31 @@ import sys
 import time
 
 import numpy as np
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from site_scenes import CHAIN, LAYERS, layer_weights, level_features  # noqa: E402
 
-# --tf32: a run of its own with spconv's TF32 switch on before its modules load (it is
-# off by default), timing float32 as "tf32" against ours with TensorFlow's TF32 on.
-ALLOW_TF32 = "--tf32" in sys.argv
-import spconv as spconv_core  # noqa: E402
-spconv_core.constants.SPCONV_ALLOW_TF32 = ALLOW_TF32
-import spconv.pytorch as spconv  # noqa: E402
-from spconv.core import ConvAlgo  # noqa: E402
+# Set by load_spconv, after the arguments are read.
+torch = spconv = ConvAlgo = None
+ALLOW_TF32 = False
+DTYPES = {}
+RESULTS = "spconv.json"
 
-DTYPES = {"tf32": torch.float32} if ALLOW_TF32 else {"fp32": torch.float32, "fp16": torch.float16}
-RESULTS = "spconv_tf32.json" if ALLOW_TF32 else "spconv.json"
+
+def load_spconv(tf32):
+    """Imports PyTorch and spconv. --tf32 is a run of its own: spconv's TF32 switch (off by
+    default) must be set before its modules load; it times float32 as "tf32" against ours
+    with TensorFlow's TF32 on."""
+    global torch, spconv, ConvAlgo, ALLOW_TF32, DTYPES, RESULTS
+    import torch as torch_module
+    import spconv as spconv_core
+    spconv_core.constants.SPCONV_ALLOW_TF32 = tf32
+    import spconv.pytorch as spconv_pytorch
+    from spconv.core import ConvAlgo as conv_algo
+    torch, spconv, ConvAlgo, ALLOW_TF32 = torch_module, spconv_pytorch, conv_algo, tf32
+    DTYPES = {"tf32": torch.float32} if tf32 else {"fp32": torch.float32, "fp16": torch.float16}
+    RESULTS = "spconv_tf32.json" if tf32 else "spconv.json"
 
 
 def sorted_order(coords):
@@ -248,11 +257,15 @@ def chain(scene, tensors, levels, flips, algo, algo_name, args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--exchange", default="/tmp/site_bench")
-    p.add_argument("--dtypes", nargs="*", default=list(DTYPES))
+    p.add_argument("--dtypes", nargs="*", default=None, help="fp32 fp16 (default), or tf32 with --tf32")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--tf32", action="store_true", help="spconv with SPCONV_ALLOW_TF32, float32 timed as 'tf32'")
-    run(p.parse_args())
+    args = p.parse_args()
+    load_spconv(args.tf32)
+    if args.dtypes is None:
+        args.dtypes = list(DTYPES)
+    run(args)
 
 
 if __name__ == "__main__":

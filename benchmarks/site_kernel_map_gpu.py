@@ -7,11 +7,9 @@ and the 2x2x2 stride-2 transposed map of the 2x2x2 map's output sites. Before ti
 builders' maps are checked identical to each other and to the CPU kernel's.
 
 Time: the op inside a tf.function on inputs already on the GPU, medians of synchronised
-calls after warm-up. Results are JSON lines in benchmarks/results/site_conv_gpu.jsonl
-(--out) with the keys of that file (scene, layer, pass = "map", n_sites, cin, cout, dtype,
-device, ours_s, spconv_s, floor_s; cin, cout, dtype, spconv_s and floor_s are null for
-maps), plus builder, pairs and out_sites. Earlier rows of this script (pass "map" with a
-builder) are replaced; other rows of the file are kept.
+calls after warm-up. Results are JSON lines in benchmarks/results/site_kernel_map_gpu.jsonl
+(--out, replaced by each run) with the keys of site_conv_gpu.jsonl's map rows (scene,
+layer, pass = "map", n_sites, device, ours_s, builder, pairs) plus out_sites.
 
     python benchmarks/site_kernel_map_gpu.py [--data PATH] [--repeats 50] [--out PATH]
 """
@@ -28,11 +26,10 @@ sys.path.insert(0, REPO)
 from tf_sparseconv._op_library import ops  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from site_scenes import LIDAR  # noqa: E402
 from timing import median_time  # noqa: E402
 
-DATA_CANDIDATES = [os.path.join(REPO, "..", "shared", "data", "lidar_scan.npz"),
-                   os.path.join(REPO, "shared", "data", "lidar_scan.npz")]
-DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "site_conv_gpu.jsonl")
+DEFAULT_OUT = os.path.join(REPO, "benchmarks", "results", "site_kernel_map_gpu.jsonl")
 VOXELS = [("lidar_5cm", 0.05), ("lidar_10cm", 0.10)]
 BUILDERS = ["hash", "sort"]
 # (layer, mode, kernel, stride, padding, sites): sites "input" or "coarse" (the output
@@ -68,7 +65,7 @@ def same_map(a, b):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=next((p for p in DATA_CANDIDATES if os.path.exists(p)), DATA_CANDIDATES[0]))
+    parser.add_argument("--data", default=LIDAR, help="the LiDAR frame (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--no-cpu-check", action="store_true", help="skip the comparison with the CPU kernel")
@@ -114,26 +111,16 @@ def main():
                 build = map_fn(mode, kernel, stride, padding, builder)
                 with tf.device("/GPU:0"):
                     seconds = median_time(lambda: build(*gpu_args), args.warmup, args.repeats)
-                row = dict(scene=scene, layer=layer, **{"pass": "map"}, n_sites=int(len(site_coords)), cin=None,
-                           cout=None, dtype=None, device=device, ours_s=seconds, builder=builder, spconv_s=None,
-                           floor_s=None, pairs=int(maps[builder][2].shape[0]),
+                row = dict(scene=scene, layer=layer, **{"pass": "map"}, n_sites=int(len(site_coords)), device=device,
+                           ours_s=seconds, builder=builder, pairs=int(maps[builder][2].shape[0]),
                            out_sites=int(maps[builder][0].shape[0]))
                 rows.append(row)
                 print(f"{scene:11s} {layer:16s} {builder:4s} n={row['n_sites']:7d} pairs={row['pairs']:8d} "
                       f"out={row['out_sites']:7d}  {seconds * 1e3:8.3f} ms", flush=True)
 
-    kept = []
-    if os.path.exists(args.out):
-        with open(args.out) as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                old = json.loads(line)
-                if not (old.get("pass") == "map" and "builder" in old):
-                    kept.append(old)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        for row in kept + rows:
+        for row in rows:
             f.write(json.dumps(row) + "\n")
     print(f"wrote {len(rows)} rows to {args.out}")
 

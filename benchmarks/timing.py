@@ -45,10 +45,9 @@ def sync():
     """Waits for the device's queued work. With a GPU: cudaDeviceSynchronize through the
     CUDA runtime (TensorFlow's streams live in the device's primary context, which the
     runtime API shares), the call torch.cuda.synchronize makes, so that our synchronised
-    calls and spconv's pay the same wait. tf.test.experimental.sync_devices dispatches an
-    op per device first: on an H200 host (2026-11-24) it made a one-op tf.function call
-    0.185 ms against 0.142 ms with cudaDeviceSynchronize. check_sync() tests that both
-    waits see the same device work. Without a GPU or a loadable runtime: sync_devices."""
+    calls and spconv's pay the same wait; tf.test.experimental.sync_devices dispatches an
+    op per device first, which adds to every call. check_sync() tests that both waits see
+    the same device work. Without a GPU or a loadable runtime: sync_devices."""
     cudart = _cuda_runtime()
     if cudart is None:
         sync_devices()
@@ -152,9 +151,8 @@ def queued_s_per_call(fn, calls, args=(), setup=None, op_by_op=True):
 
     Why not device_s_per_call (many calls in one graph loop) for the site-sparse ops:
     TensorFlow's control-flow kernels hold int32 tensors in host memory, so the maps' rows
-    and neighbour tables that enter the loop are copied to the device again in every
-    iteration, which on an H200 made a 20 MB neighbour table cost 1.47 ms per call
-    against 0.13 ms queued eagerly (lidar frame, 5 cm, C 64, fp16; its kernels: 0.14 ms).
+    and neighbour tables that enter the loop would be copied to the device again in every
+    iteration (docs/gpu-kernels.md).
     """
     if op_by_op:
         fn = getattr(fn, "python_function", fn)

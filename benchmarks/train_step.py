@@ -1,5 +1,6 @@
-"""Where a training step of the ModelNet40 OctNet3 network spends its time (issue 4's
-epoch figure), on whatever device TensorFlow picks (the GPU where there is one).
+"""Where a training step of the ModelNet40 OctNet3 network spends its time, and one
+training epoch (the paper's Table 2 figure), on whatever device TensorFlow picks (the GPU
+where there is one).
 
 For each resolution, on a stratified subset of ../shared/data/modelnet40_train.npz:
   input     ms per batch of the tf.data pipeline alone (voxelization, key encoding);
@@ -9,11 +10,13 @@ For each resolution, on a stratified subset of ../shared/data/modelnet40_train.n
             median of --reps calls, and its forward+backward under a GradientTape;
   epoch     (--epoch) one real epoch of model.fit over all 8,858 training shapes, the
             figure the issue asks for, with the steps and the input pipeline as in training.
-One JSON object per line in --out (default: results/train_step_gpu.jsonl where a GPU is
-visible, else results/train_step_cpu.jsonl): kind = "step" | "layer" | "epoch"; on a GPU the
-epoch rows also go to results/direct_conv_gpu.jsonl, where issue 4 asks for them.
+One JSON object per line in --out, replaced by each run (default: results/train_step_gpu.jsonl
+where a GPU is visible, else results/train_step_cpu.jsonl): kind = "step" | "layer" | "epoch";
+on a GPU the epoch rows are also appended to results/direct_conv_gpu.jsonl, beside the
+direct convolution's GPU figures, where the epochs of earlier runs stay as history.
 
-    python benchmarks/train_step.py --resolutions 32 64 [--epoch] [--dataflows sort dense] [--out PATH]
+    python benchmarks/train_step.py --resolutions 32 64 [--epoch] [--dataflows sort dense auto] [--out PATH]
+    python benchmarks/train_step.py --table [--out PATH]   # docs/benchmarks.md's figures of a results file
 """
 import argparse
 import json
@@ -23,7 +26,6 @@ import sys
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -80,6 +82,27 @@ def layer_rows(model, batch, reps):
     return rows
 
 
+def is_sparse_conv(row):
+    return "Sparse" in row["class"] and "Conv" in row["class"]
+
+
+def markdown_tables(path):
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    print("| resolution | dataflow | step ms | input ms per batch | sparse convolutions fwd+bwd ms (sum) "
+          "| largest sparse convolution fwd+bwd ms |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for step in (r for r in rows if r["kind"] == "step"):
+        layers = [r for r in rows if r["kind"] == "layer" and is_sparse_conv(r)
+                  and (r["resolution"], r.get("dataflow")) == (step["resolution"], step.get("dataflow"))]
+        largest = max(layers, key=lambda r: r["fwd_bwd_ms"]) if layers else None
+        largest_text = f"{largest['fwd_bwd_ms']:.2f} ({largest['layer']})" if largest else "—"
+        print(f"| {step['resolution']}³ | {step.get('dataflow') or 'auto'} | {step['step_ms']:.1f} "
+              f"| {step['input_ms']:.2f} | {sum(r['fwd_bwd_ms'] for r in layers):.1f} | {largest_text} |")
+    for epoch in (r for r in rows if r["kind"] == "epoch"):
+        print(f"\nEpoch at {epoch['resolution']}³ on {epoch['device']} ({epoch.get('dataflow', 'auto')}): "
+              f"{epoch['sec_per_epoch']:.1f} s, {epoch['steps']} steps of batch {epoch['batch']}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--resolutions", type=int, nargs="+", default=[32])
@@ -92,8 +115,12 @@ def main():
                    help="TF_SPARSECONV_DIRECT_DATAFLOW values to time the step and layers under, in one process "
                         "(e.g. sort dense auto; default: the environment's)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    p.add_argument("--out", default=None, help="JSON-lines file to append to (default: by device, see above)")
+    p.add_argument("--out", default=None, help="JSON-lines file to write (default: by device, see above)")
+    p.add_argument("--table", action="store_true", help="print the figures of --out (default: the GPU file) and exit")
     args = p.parse_args()
+    if args.table:
+        markdown_tables(args.out or os.path.join(RESULTS, "train_step_gpu.jsonl"))
+        return
     on_gpu = bool(tf.config.list_physical_devices("GPU"))
     args.out = args.out or os.path.join(RESULTS, "train_step_gpu.jsonl" if on_gpu else "train_step_cpu.jsonl")
     npz = args.data_dir if args.data_dir.endswith(".npz") else os.path.join(args.data_dir, "modelnet40_train.npz")
@@ -155,10 +182,10 @@ def main():
             print(json.dumps(row), flush=True)
             out_rows.append(row)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "a") as f:
+    with open(args.out, "w") as f:
         for row in out_rows:
             f.write(json.dumps(row) + "\n")
-    print(f"summary: {len(out_rows)} rows appended to {args.out}")
+    print(f"summary: {len(out_rows)} rows written to {args.out}")
     epochs = [row for row in out_rows if row["kind"] == "epoch"]
     if on_gpu and epochs:
         with open(os.path.join(RESULTS, "direct_conv_gpu.jsonl"), "a") as f:
