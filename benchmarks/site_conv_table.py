@@ -46,15 +46,15 @@ def main():
     rows = [json.loads(line) for line in open(args.results) if line.strip()]
     first = rows[0]
     overhead = {r["layer"]: r for r in rows if r.get("pass") == "overhead"}
-    print(f"Run `{first.get('run')}` of {first.get('date')} on {first.get('device')} (commit {first.get('commit')}).")
+    print(f"- Run `{first.get('run')}` of {first.get('date')} on {first.get('device')} (commit {first.get('commit')}).")
     if "sync_check" in overhead:
         check = overhead["sync_check"]
-        print(f"Waits with {check.get('sync')}: ten 4096² products {ms(check['ours_s'])} ms "
+        print(f"- Waits with {check.get('sync')}: ten 4096² products {ms(check['ours_s'])} ms "
               f"(`sync_devices`: {ms(check.get('sync_devices_s'))} ms).")
     tiny = [f"{name} {ms(overhead[name]['ours_s'])} ms" for name in
             ("tf_function_call", "concrete_function_call", "eager_op_call") if name in overhead]
     if tiny:
-        print("A synchronised call of one tiny GPU op: " + ", ".join(tiny) + ".")
+        print("- A synchronised call of one tiny GPU op: " + ", ".join(tiny) + ".")
 
     dataflows = {}
     for r in rows:
