@@ -320,7 +320,8 @@ def pruning_section(rows, studies=(), earlier=None):
     if earlier:
         last = {lam: [r for r in earlier if r["lambda"] == lam][-1] for lam in {r["lambda"] for r in earlier}}
         if 0.0 in last and 0.3 in last and "sec_per_epoch_retimed" in last[0.3]:
-            lines += ["", f"Earlier run (`pruning_cpu_subset.json`): {last[0.3]['train_examples']} training shapes, "
+            lines += ["", f"Earlier run (`results/pruning_cpu_subset.json`, figure `results/pruning_cpu_subset.png`): "
+                      f"{last[0.3]['train_examples']} training shapes, "
                       f"{last[0.3]['epoch']} epochs at a constant learning rate on this project's 2-core CPU: λ = 0.3 "
                       f"{1 - last[0.3]['sec_per_epoch_retimed'] / last[0.0]['sec_per_epoch_retimed']:.0%} less time per "
                       f"epoch than λ = 0, accuracy {last[0.3]['val_accuracy']:.3f} against {last[0.0]['val_accuracy']:.3f}."]
@@ -349,10 +350,11 @@ def main():
         if rows and filename == "pruning.json":
             studies = [(name, load(name), text) for name, text in PRUNING_STUDIES if load(name)]
             lines += render(rows, studies, load("pruning_cpu_subset.json"))
-            lines += ["", "![pruning](results/pruning.png)", ""]
+            lines += ["", "![pruning](results/pruning.png)", "", "Data: `results/pruning.json`.", ""]
             lines += [f"![{name[:-5]}](results/{name[:-5]}.png)" for name, _, _ in studies] + [""]
         elif rows:
-            lines += render(rows) + ["", f"![{filename[:-5]}](results/{filename[:-5]}.png)", ""]
+            lines += render(rows) + ["", f"![{filename[:-5]}](results/{filename[:-5]}.png)", "",
+                                     f"Data: `results/{filename}`.", ""]
         else:
             lines += [f"## {filename[:-5]}", "", "Not run yet.", ""]
     with open(os.path.join(HERE, "README.md"), "w") as f:
