@@ -3,7 +3,7 @@ TensorFlow user would write from stock ops (tf.gather, one tf.matmul per kernel 
 tf.math.unsorted_segment_sum), on the same kernel maps, in the same run.
 
     python benchmarks/site_conv_cpu.py [--scenes lidar_10cm] [--reps 7]
-    python benchmarks/site_conv_cpu.py --table     # docs/cpu-kernels.md's table of the results file
+    python benchmarks/site_conv_cpu.py --table     # docs/benchmarks.md's table of the results file
 
 Both run inside tf.function; medians of `reps` calls after `warmup`; forward, and forward
 plus the gradients with respect to features and weights. Outputs are compared first.
