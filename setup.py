@@ -17,7 +17,7 @@ for a unit that fails, and the build stops there.
 GPU kernels are compiled when the installed TensorFlow is built with CUDA and a CUDA
 compiler is found (first $CUDA_HOME/bin/nvcc or $CUDA_PATH/bin/nvcc, then nvcc on PATH,
 then /usr/local/cuda/bin/nvcc, then the nvcc of the nvidia-cuda-nvcc-cu12 pip package),
-for the GPUs that nvidia-smi lists: cuda/*.cu with nvcc, the *_gpu.cc OpKernels with
+for the GPUs that nvidia-smi lists: csrc/**/*.cu with nvcc, the *_gpu.cc OpKernels with
 -DGOOGLE_CUDA=1, the CUDA runtime linked statically (dynamically where the toolkit has
 no libcudart_static.a). Otherwise the build has CPU kernels only and says why in one line.
 Environment:
@@ -47,6 +47,8 @@ from setuptools.errors import CompileError, ExecError, LinkError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OP_LIBRARY = "tf_sparseconv._tf_sparseconv_ops"
+# The C++ and CUDA sources, and the one include root: #include "common/key_layout.h".
+SOURCES = "csrc"
 # Turing through Hopper, for a build on a machine without a visible GPU. Each
 # architecture adds about a minute of nvcc time on 2 cores.
 DEFAULT_CUDA_ARCHS = ["75", "80", "86", "89", "90"]
@@ -293,7 +295,7 @@ def cuda_toolkit(tf_built_with_cuda, env=os.environ):
 # Compiling: in parallel, one progress line per unit, compiler output only on failure.
 
 class _Progress:
-    """Numbers the units as they start: "[3/13] cc_ops/direct_conv_kernels.cc"."""
+    """Numbers the units as they start: "[3/13] csrc/channel/direct_conv/direct_conv_kernels.cc"."""
 
     def __init__(self, total):
         self.total, self.started, self.lock = total, 0, threading.Lock()
@@ -391,8 +393,9 @@ def _build_info_source(version, abi, toolkit):
 
 
 class BuildTensorFlowOps(build_ext):
-    """Compiles cc_ops/*.cc (and with CUDA cuda/*.cu and cc_ops/*_gpu.cc) with TensorFlow's
-    flags and records the build's TensorFlow and CUDA architectures in _build_info.py."""
+    """Compiles csrc/**/*.cc but *_gpu.cc (and with CUDA csrc/**/*.cu and *_gpu.cc) with
+    TensorFlow's flags, includes relative to csrc/, and records the build's TensorFlow and CUDA
+    architectures in _build_info.py."""
 
     def finalize_options(self):
         super().finalize_options()
@@ -432,9 +435,9 @@ class BuildTensorFlowOps(build_ext):
                 cudart_args, linkage = toolkit.cudart_link_args()
                 ext.extra_link_args += cudart_args
                 shim = self._cuda_shim(toolkit)
-                gpu_cc_flags = ["-DGOOGLE_CUDA=1", "-Icuda", f"-I{shim}", f"-I{toolkit.runtime_include_dir()}"]
+                gpu_cc_flags = ["-DGOOGLE_CUDA=1", f"-I{shim}", f"-I{toolkit.runtime_include_dir()}"]
                 nvcc_command = [toolkit.nvcc, "-std=c++17", "-O3", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                                "-Xcompiler", "-fPIC", "-Icc_ops", "-Icuda", "-Wno-deprecated-gpu-targets"] + \
+                                "-Xcompiler", "-fPIC", f"-I{SOURCES}", "-Wno-deprecated-gpu-targets"] + \
                     [f"-I{d}" for d in toolkit.extra_include_dirs] + gencode_flags(toolkit.archs)
                 cuda = (nvcc_command, gpu_cc_flags)
         _compile_with_progress(self.compiler, cuda,
@@ -467,8 +470,10 @@ class BuildTensorFlowOps(build_ext):
         return os.path.join(*ext_name.split(".")) + ".so"
 
 
-def _relative(pattern):
-    return sorted(glob.glob(pattern, root_dir=HERE))
+def _relative(*suffixes):
+    """The files under csrc/ (any depth) whose names end with one of suffixes, sorted."""
+    return sorted(path for path in glob.glob(f"{SOURCES}/**/*", root_dir=HERE, recursive=True)
+                  if path.endswith(suffixes))
 
 
 if __name__ == "__main__":  # pip's build backend and `python setup.py` both run it as __main__
@@ -477,9 +482,9 @@ if __name__ == "__main__":  # pip's build backend and `python setup.py` both run
             Extension(
                 OP_LIBRARY,
                 # The GPU units are dropped at build time when the build has no CUDA.
-                sources=_relative("cc_ops/*.cc") + _relative("cuda/*.cu"),
-                depends=_relative("cc_ops/*.h") + _relative("cuda/*.h") + _relative("cuda/*.cuh"),
-                include_dirs=["cc_ops"],
+                sources=_relative(".cc", ".cu"),
+                depends=_relative(".h", ".cuh"),
+                include_dirs=[SOURCES],
                 language="c++",
             )
         ],

@@ -71,10 +71,12 @@ if url != "file://" + root:
 if not (os.path.exists(lib) and os.path.exists(info_path)):
     sys.exit(print("the op library is not built"))
 built = os.path.getmtime(lib)
-for folder in ("cc_ops", "cuda"):
-    for name in sorted(os.listdir(os.path.join(root, folder))):
-        if os.path.getmtime(os.path.join(root, folder, name)) > built:
-            sys.exit(print(f"{folder}/{name} changed"))
+for folder, _, names in sorted(os.walk(os.path.join(root, "csrc"))):
+    if os.path.getmtime(folder) > built:  # a file added, removed or renamed there
+        sys.exit(print(f"{os.path.relpath(folder, root)}/ changed"))
+    for name in sorted(names):
+        if os.path.getmtime(os.path.join(folder, name)) > built:
+            sys.exit(print(f"{os.path.relpath(os.path.join(folder, name), root)} changed"))
 for name in ("setup.py", "pyproject.toml"):
     if os.path.getmtime(os.path.join(root, name)) > built:
         sys.exit(print(f"{name} changed"))

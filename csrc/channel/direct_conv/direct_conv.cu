@@ -1,0 +1,958 @@
+// DirectSparseConv and its backprop on the GPU (Hackel et al., Algorithms 1 and 2),
+// deterministic without atomics.
+//
+// Forward, sort-based, memory proportional to the contributions:
+//  1. Every input entry i owns max_row contribution slots, one per present weight of its
+//     input channel (fewer weights or an output outside the grid leave a slot empty).
+//     Slot (i, r) holds (output key, value_i * w); empty slots hold a key past every
+//     output key. The slot count n * max_row is known on the host, so no count is read
+//     back before the sort: the op keeps its one host round trip.
+//  2. A stable radix sort by output key. Entries are in key order (b, ic, x), and for a
+//     fixed output y = x - delta the entries of one input channel are in kernel-offset
+//     order, so each output key's contributions end up in (ic, kernel offset) order,
+//     the CPU kernel's order: summed left to right with the CPU's roundings, the values
+//     are bit-identical to the CPU kernel's.
+//  3. A compaction of the first slot of each output key sums its run and adds the bias:
+//     the touched set, sorted by key; touched_counts from binary searches.
+//  4. k-selection: a stable sort of the touched entries by score, largest first, then a
+//     stable sort by segment; the first k of each segment are kept. Both sorts are
+//     stable, so equal scores stay in key order: ties go to the smaller key.
+//  5. A compaction of the kept entries gives the output size (read back with the
+//     checks) and, after the OpKernel allocated the outputs, writes them in key order.
+//
+// Temporary memory of the forward pass, U = n * max_row contribution slots:
+//   U * (16 + 2 * sizeof(T))   keys and values of the contributions, double-buffered
+//                              (the touched set and the score sort reuse them)
+//   + V * 9 with k-selection   entry indices (double-buffered) and keep flags, for
+//                              V = min(U, B * Cout * R^d) >= the touched entries
+//   + n * (12 + 4 * d)         per-entry output base, input channel, coordinates
+//   + 32 bytes per 2048 slots, (B * Cout + 1) * 8, the weight table, CUB's scratch.
+//
+// Backprop, one thread per input entry for in_grad (same order as the CPU, so
+// bit-identical), binary search of the output key in the sorted out_keys; filter_grad
+// and bias_grad from fixed partitions summed by fixed-order block trees, so they are
+// deterministic but not bit-identical to the CPU's sequential sums.
+// Temporary memory of the backprop: n * (12 + 4 * d) + (B * Cin + B * Cout + 2) * 8
+//   + sizeof(T) * (P * B * G + B * Cout * G') for the partial sums, G, G' <= 256.
+#include <cstdint>
+#include <cstring>
+
+#include "channel/direct_conv/direct_conv_gpu.h"
+#include "common/gpu_util.cuh"
+
+namespace tf_sparseconv {
+namespace gpu {
+namespace {
+
+// The score of k-selection as an unsigned integer that sorts like the number.
+template <typename T>
+struct ScoreBits;
+template <>
+struct ScoreBits<float> {
+  using type = uint32_t;
+  __device__ static uint32_t Ordered(float x) {
+    const uint32_t u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  }
+};
+template <>
+struct ScoreBits<double> {
+  using type = uint64_t;
+  __device__ static uint64_t Ordered(double x) {
+    const uint64_t u = static_cast<uint64_t>(__double_as_longlong(x));
+    return (u & 0x8000000000000000ull) ? ~u : (u | 0x8000000000000000ull);
+  }
+};
+
+__device__ inline bool Reaches(const int32_t* x, const GpuPresentWeight& w, int d) {
+  for (int j = 0; j < d; ++j) {
+    if (x[j] < w.lo[j] || x[j] >= w.hi[j]) return false;
+  }
+  return true;
+}
+
+// The data of every input entry that the contribution kernels need: the output key of
+// its position in output channel 0, its input channel and its coordinates.
+struct EntryData {
+  int64_t* out_base;
+  int32_t* ic;
+  int32_t* coords;  // n * d
+};
+
+__global__ void EntryDataKernel(KeyLayout L, int64_t cout, const int64_t* keys, int64_t n,
+                                const Report* report, EntryData e) {
+  if (!ChecksPassed(report)) return;
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    const int64_t seg = L.segment_of(keys[i]);
+    const int64_t lin = keys[i] - seg * L.spatial_size;
+    const int64_t b = seg / L.channels;
+    e.out_base[i] = b * cout * L.spatial_size + lin;
+    e.ic[i] = static_cast<int32_t>(seg - b * L.channels);
+    DecodeSpatial(lin, L, e.coords + i * L.d);
+  }
+}
+
+template <typename T>
+__global__ void ContributionsKernel(KeyLayout L, EntryData e, const T* values, const T* filter,
+                                    const GpuPresentWeight* weights, const int64_t* row_begin,
+                                    int64_t max_row, int64_t num_slots, uint64_t no_output,
+                                    const Report* report, uint64_t* out_keys, T* products) {
+  const bool valid = ChecksPassed(report);
+  TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
+    uint64_t key = no_output;
+    T product = T(0);
+    if (valid) {
+      const int64_t i = slot / max_row;
+      const int64_t r = slot - i * max_row;
+      const int64_t row = row_begin[e.ic[i]];
+      if (r < row_begin[e.ic[i] + 1] - row) {
+        const GpuPresentWeight& w = weights[row + r];
+        if (Reaches(e.coords + i * L.d, w, L.d)) {
+          key = static_cast<uint64_t>(e.out_base[i] + w.oc * L.spatial_size - w.lin_delta);
+          product = MulRn(values[i], filter[w.filter_index]);
+        }
+      }
+    }
+    out_keys[slot] = key;
+    products[slot] = product;
+  }
+}
+
+struct IsFirstOfKey {
+  const uint64_t* keys;
+  uint64_t no_output;
+  __device__ bool operator()(int64_t q) const {
+    return keys[q] != no_output && (q == 0 || keys[q] != keys[q - 1]);
+  }
+};
+
+// Sums the run of equal keys that starts at q in slot order, then adds the bias, like
+// the CPU's dense accumulator (0 + c1 + c2 + ...) + bias.
+template <typename T>
+struct SumContributions {
+  const uint64_t* keys;
+  const T* products;
+  int64_t num_slots;
+  const T* bias;
+  int64_t spatial_size;
+  int64_t cout;
+  int64_t* touched_keys;
+  T* touched_values;
+  __device__ void operator()(int64_t q, int64_t rank) const {
+    const uint64_t key = keys[q];
+    T sum = T(0);
+    for (int64_t p = q; p < num_slots && keys[p] == key; ++p) sum = AddRn(sum, products[p]);
+    const int64_t oc = (static_cast<int64_t>(key) / spatial_size) % cout;
+    touched_keys[rank] = static_cast<int64_t>(key);
+    touched_values[rank] = AddRn(sum, bias[oc]);
+  }
+};
+
+// begin[s] = first touched entry of segment s, for s in [0, num_segments].
+__global__ void SegmentBeginKernel(const int64_t* touched_keys, const int64_t* touched_total,
+                                   int64_t num_segments, int64_t spatial_size, int64_t* begin) {
+  const int64_t total = *touched_total;
+  TF_SPARSECONV_GRID_LOOP(s, num_segments + 1) {
+    begin[s] = LowerBound(touched_keys, total, s * spatial_size);
+  }
+}
+
+__global__ void SegmentCountKernel(const int64_t* begin, int64_t num_segments, int64_t* counts) {
+  TF_SPARSECONV_GRID_LOOP(s, num_segments) { counts[s] = begin[s + 1] - begin[s]; }
+}
+
+// positive[s] = touched entries > 0 of segment s (before k-selection). Integer atomics:
+// exact and independent of the order, so the result is deterministic.
+template <typename T>
+__global__ void PositiveCountKernel(const int64_t* touched_keys, const T* touched_values,
+                                    const int64_t* touched_total, int64_t num_slots,
+                                    int64_t spatial_size, int64_t* positive) {
+  const int64_t total = *touched_total;
+  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
+    if (j < total && touched_values[j] > T(0)) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&positive[touched_keys[j] / spatial_size]), 1ULL);
+    }
+  }
+}
+
+// Score keys for a stable ascending sort that puts the largest score first; slots past
+// the touched set sort last.
+template <typename T>
+__global__ void ScoreKernel(const T* touched_values, const int64_t* touched_total,
+                            int64_t num_slots, bool by_magnitude,
+                            typename ScoreBits<T>::type* score, int32_t* index) {
+  using Bits = typename ScoreBits<T>::type;
+  const int64_t total = *touched_total;
+  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
+    index[j] = static_cast<int32_t>(j);
+    if (j < total) {
+      T s = by_magnitude ? fabs(touched_values[j]) : touched_values[j];
+      if (s == T(0)) s = T(0);  // -0 == +0 on the CPU: a tie, decided by the key
+      score[j] = ~ScoreBits<T>::Ordered(s);
+    } else {
+      score[j] = ~Bits(0);
+    }
+  }
+}
+
+__global__ void SegmentKeyKernel(const int32_t* index, const int64_t* touched_keys,
+                                 const int64_t* touched_total, int64_t num_slots,
+                                 int64_t spatial_size, uint32_t no_segment, uint32_t* segment) {
+  const int64_t total = *touched_total;
+  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
+    const int64_t t = index[j];
+    segment[j] = t < total ? static_cast<uint32_t>(touched_keys[t] / spatial_size) : no_segment;
+  }
+}
+
+// After both sorts, segment s occupies positions begin[s] .. begin[s + 1] in (score desc,
+// key asc) order: the first k positions are kept.
+__global__ void KeepKernel(const uint32_t* segment, const int32_t* index, const int64_t* begin,
+                           int64_t num_slots, uint32_t no_segment, int64_t k, uint8_t* keep) {
+  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
+    if (segment[j] == no_segment) continue;
+    keep[index[j]] = (j - begin[segment[j]]) < k ? 1 : 0;
+  }
+}
+
+struct IsKept {
+  const int64_t* touched_total;
+  const uint8_t* keep;  // nullptr: all touched entries
+  __device__ bool operator()(int64_t q) const {
+    return q < *touched_total && (keep == nullptr || keep[q] != 0);
+  }
+};
+
+template <typename T>
+struct CopyKept {
+  const int64_t* touched_keys;
+  const T* touched_values;
+  int64_t* out_keys;
+  T* out_values;
+  __device__ void operator()(int64_t q, int64_t rank) const {
+    out_keys[rank] = touched_keys[q];
+    out_values[rank] = touched_values[q];
+  }
+};
+
+// ---- backprop ----
+
+// A fixed-order tree over the block's threads (blockDim.x == kThreads): the same sum for
+// the same inputs on every run.
+template <typename T>
+__device__ T BlockSum(T value, T* shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      shared[threadIdx.x] = AddRn(shared[threadIdx.x], shared[threadIdx.x + stride]);
+    }
+    __syncthreads();
+  }
+  const T total = shared[0];
+  __syncthreads();  // the caller's next BlockSum rewrites shared
+  return total;
+}
+
+// Where an output key's entry is: a binary search in the sorted out_keys, or, where the
+// dense grid is used, index[key] (-1: none), built once per call.
+struct OutputLookup {
+  const int64_t* out_keys;
+  int64_t n_out;
+  const int32_t* index;  // nullptr: binary search
+  __device__ int64_t Find(int64_t key) const {
+    if (index != nullptr) return index[key];
+    const int64_t p = LowerBound(out_keys, n_out, key);
+    return p < n_out && out_keys[p] == key ? p : -1;
+  }
+};
+
+__global__ void OutputIndexKernel(const int64_t* out_keys, int64_t n_out, int64_t num_keys, const Report* report,
+                                  int32_t* index) {
+  if (!ChecksPassed(report)) return;
+  TF_SPARSECONV_GRID_LOOP(p, n_out) {
+    const int64_t key = out_keys[p];
+    if (key >= 0 && key < num_keys) index[key] = static_cast<int32_t>(p);
+  }
+}
+
+// The output entry that entry i feeds through w, or -1 (outside the grid, or dropped by
+// k-selection and so absent from out_keys).
+__device__ inline int64_t LinkedOutput(const KeyLayout& L, const EntryData& e, int64_t i,
+                                       const GpuPresentWeight& w, const OutputLookup& out) {
+  if (!Reaches(e.coords + i * L.d, w, L.d)) return -1;
+  return out.Find(e.out_base[i] + w.oc * L.spatial_size - w.lin_delta);
+}
+
+template <typename T>
+__global__ void InGradKernel(KeyLayout L, EntryData e, const T* filter,
+                             const GpuPresentWeight* weights, const int64_t* row_begin,
+                             OutputLookup out, const T* out_grad, int64_t n, const Report* report,
+                             T* in_grad) {
+  const bool valid = ChecksPassed(report);
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    T sum = T(0);
+    if (valid) {
+      const int32_t ic = e.ic[i];
+      for (int64_t r = row_begin[ic]; r < row_begin[ic + 1]; ++r) {
+        const int64_t p = LinkedOutput(L, e, i, weights[r], out);
+        if (p >= 0) sum = AddRn(sum, MulRn(out_grad[p], filter[weights[r].filter_index]));
+      }
+    }
+    in_grad[i] = sum;
+  }
+}
+
+__global__ void KeyBoundsKernel(const int64_t* keys, int64_t n, int64_t num_segments,
+                                int64_t spatial_size, const Report* report, int64_t* begin) {
+  const bool valid = ChecksPassed(report);
+  TF_SPARSECONV_GRID_LOOP(s, num_segments + 1) {
+    begin[s] = valid ? LowerBound(keys, n, s * spatial_size) : 0;
+  }
+}
+
+// Block (w, b, c) sums g * v over part c of input segment (b, ic(w)).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    FilterGradPartialKernel(KeyLayout L, EntryData e, const T* values,
+                            const GpuPresentWeight* weights, int64_t num_weights,
+                            const int64_t* in_begin, OutputLookup out, const T* out_grad,
+                            int64_t parts, const Report* report, T* partial) {
+  __shared__ T shared[kThreads];
+  const bool valid = ChecksPassed(report);
+  const int64_t num_blocks = num_weights * L.batch * parts;
+  for (int64_t blk = blockIdx.x; blk < num_blocks; blk += gridDim.x) {
+    const int64_t w = blk / (L.batch * parts);
+    const int64_t b = (blk / parts) % L.batch;
+    const int64_t c = blk % parts;
+    T sum = T(0);
+    if (valid) {
+      const GpuPresentWeight& pw = weights[w];
+      const int64_t seg = b * L.channels + pw.ic;
+      const int64_t len = in_begin[seg + 1] - in_begin[seg];
+      const int64_t lo = in_begin[seg] + len * c / parts;
+      const int64_t hi = in_begin[seg] + len * (c + 1) / parts;
+      for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
+        const int64_t p = LinkedOutput(L, e, i, pw, out);
+        if (p >= 0) sum = AddRn(sum, MulRn(out_grad[p], values[i]));
+      }
+    }
+    const T total = BlockSum(sum, shared);
+    if (threadIdx.x == 0) partial[blk] = total;
+  }
+}
+
+template <typename T>
+__global__ void FilterGradKernel(const GpuPresentWeight* weights, int64_t num_weights,
+                                 const T* partial, int64_t parts_per_weight, T* filter_grad) {
+  TF_SPARSECONV_GRID_LOOP(w, num_weights) {
+    T sum = T(0);
+    for (int64_t j = 0; j < parts_per_weight; ++j) {
+      sum = AddRn(sum, partial[w * parts_per_weight + j]);
+    }
+    filter_grad[weights[w].filter_index] = sum;
+  }
+}
+
+// Block (s, c) sums out_grad over part c of output segment s.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    BiasGradPartialKernel(const int64_t* out_begin, int64_t num_segments, const T* out_grad,
+                          int64_t parts, const Report* report, T* partial) {
+  __shared__ T shared[kThreads];
+  const bool valid = ChecksPassed(report);
+  for (int64_t blk = blockIdx.x; blk < num_segments * parts; blk += gridDim.x) {
+    const int64_t s = blk / parts;
+    const int64_t c = blk % parts;
+    T sum = T(0);
+    if (valid) {
+      const int64_t len = out_begin[s + 1] - out_begin[s];
+      const int64_t lo = out_begin[s] + len * c / parts;
+      const int64_t hi = out_begin[s] + len * (c + 1) / parts;
+      for (int64_t p = lo + threadIdx.x; p < hi; p += kThreads) sum = AddRn(sum, out_grad[p]);
+    }
+    const T total = BlockSum(sum, shared);
+    if (threadIdx.x == 0) partial[blk] = total;
+  }
+}
+
+template <typename T>
+__global__ void BiasGradKernel(const T* partial, int64_t batch, int64_t cout, int64_t parts,
+                               T* bias_grad) {
+  TF_SPARSECONV_GRID_LOOP(oc, cout) {
+    T sum = T(0);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t c = 0; c < parts; ++c) sum = AddRn(sum, partial[(b * cout + oc) * parts + c]);
+    }
+    bias_grad[oc] = sum;
+  }
+}
+
+// Parts per segment so that a block of kThreads sums about 8 items per thread.
+inline int64_t PartsFor(int64_t items, int64_t segments) {
+  const int64_t per_segment = segments > 0 ? items / segments : 0;
+  const int64_t parts = (per_segment + kTileSize - 1) / kTileSize;
+  return parts < 1 ? 1 : (parts > 256 ? 256 : parts);
+}
+
+inline unsigned int LoopBlocks(int64_t blocks) {
+  return static_cast<unsigned int>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
+}
+
+// --- the dense-grid forward (DirectConvDataflow::kDense) ----------------------------------------
+
+// dense_in[key] = values[i], bit `key` of in_bits and bit (b, lin) of site_bits for every
+// entry; dense_in is not cleared, it is read only where the bitmap says an entry is.
+template <typename T>
+__global__ void ScatterDenseKernel(KeyLayout L, const int64_t* keys, const T* values, int64_t n,
+                                   const Report* report, T* dense_in, uint32_t* in_bits, uint32_t* site_bits) {
+  if (!ChecksPassed(report)) return;  // unsorted or out-of-range keys: nothing is computed
+  const int64_t num_keys = L.num_keys(), per_batch = L.channels * L.spatial_size;
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    const int64_t key = keys[i];
+    if (key < 0 || key >= num_keys) continue;
+    dense_in[key] = values[i];
+    atomicOr(in_bits + (key >> 5), 1u << (key & 31));
+    const int64_t site = key / per_batch * L.spatial_size + key % L.spatial_size;
+    atomicOr(site_bits + (site >> 5), 1u << (site & 31));
+  }
+}
+
+// Whether the input site x = y + delta of output site y and present weight w lies in the
+// grid; delta is recovered from lo = max(0, delta) and hi = min(R, R + delta).
+__device__ inline bool InputInGrid(const int32_t* y, const GpuPresentWeight& w, const KeyLayout& L) {
+  bool inside = true;
+  for (int j = 0; j < L.d; ++j) {
+    const int32_t delta = w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(L.extent[j]);
+    const int32_t x = y[j] + delta;
+    inside = inside && x >= 0 && x < L.extent[j];
+  }
+  return inside;
+}
+
+// mask[b * S + lin(y)]: bit (offset % 32) set for each present kernel offset whose input
+// site y + delta lies in the grid and holds an entry of any channel. Exact for up to 32
+// offsets; beyond, offsets share bits and a set bit only means "maybe" (never a miss).
+__global__ void NeighbourMaskKernel(KeyLayout L, const GpuPresentWeight* weights, const int64_t* offset_rep,
+                                    int64_t num_offsets, const uint32_t* site_bits, const Report* report,
+                                    uint32_t* mask) {
+  if (!ChecksPassed(report)) return;
+  TF_SPARSECONV_GRID_LOOP(site, L.batch * L.spatial_size) {
+    const int64_t b = site / L.spatial_size, lin = site - b * L.spatial_size;
+    int32_t y[kMaxSpatialDims];
+    DecodeSpatial(lin, L, y);
+    uint32_t bits = 0;
+    for (int64_t r = 0; r < num_offsets; ++r) {
+      const GpuPresentWeight& w = weights[offset_rep[r]];
+      const int64_t neighbour = site + w.lin_delta;
+      if (InputInGrid(y, w, L) && ((site_bits[neighbour >> 5] >> (neighbour & 31)) & 1u)) bits |= 1u << w.offset_bit;
+    }
+    mask[site] = bits;
+  }
+}
+
+// One thread per output key o = (b * Cout + oc) * S + lin(y) of the dense grid: the sum over
+// ic ascending, then the (ic, oc) weights in kernel-offset order (x = y + delta ascending),
+// of value(x, ic) * w -- the order of the sorted contributions and of the CPU -- and the
+// bias, where at least one input is present. The site's neighbour mask skips sites with no
+// input in reach and weights whose offset reaches none, without changing that order. Each
+// warp's 32 consecutive outputs form one word of the touched bitmap, written by one lane:
+// no atomics.
+template <typename T>
+__global__ void DenseAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_in, const uint32_t* in_bits,
+                                      const uint32_t* neighbour_mask, const T* filter,
+                                      const GpuPresentWeight* weights, const int64_t* pair_begin, const T* bias,
+                                      const Report* report, T* out_values, uint32_t* out_bits) {
+  if (!ChecksPassed(report)) return;
+  const int64_t total = L.batch * cout * L.spatial_size;
+  const int64_t words = (total + 31) / 32;
+  const int64_t warp_stride = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+  for (int64_t word = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; word < words;
+       word += warp_stride) {
+    const int64_t o = word * 32 + lane;
+    bool touched = false;
+    const int64_t seg = o / L.spatial_size, lin = o - seg * L.spatial_size;
+    const int64_t b = seg / cout, oc = seg - b * cout;
+    const uint32_t mask = o < total ? neighbour_mask[b * L.spatial_size + lin] : 0u;
+    if (mask != 0u) {
+      int32_t y[kMaxSpatialDims];
+      DecodeSpatial(lin, L, y);
+      T sum = T(0);
+      for (int64_t ic = 0; ic < L.channels; ++ic) {
+        const int64_t base = (b * L.channels + ic) * L.spatial_size + lin;
+        const int64_t end = pair_begin[ic * cout + oc + 1];
+        for (int64_t p = pair_begin[ic * cout + oc]; p < end; ++p) {
+          const GpuPresentWeight& w = weights[p];
+          if (!((mask >> w.offset_bit) & 1u) || !InputInGrid(y, w, L)) continue;
+          const int64_t key = base + w.lin_delta;
+          if ((in_bits[key >> 5] >> (key & 31)) & 1u) {
+            sum = AddRn(sum, MulRn(dense_in[key], filter[w.filter_index]));
+            touched = true;
+          }
+        }
+      }
+      if (touched) out_values[o] = AddRn(sum, bias[oc]);
+    }
+    const unsigned int bits = __ballot_sync(0xffffffffu, touched);
+    if (lane == 0) out_bits[word] = bits;
+  }
+}
+
+// Where R^d is a multiple of 32: one thread per site (b, y) and kDenseChunk output
+// channels oc0 .. oc0 + kDenseChunk - 1, so each present input value(x, ic) is read once
+// for all of them. Per output the sums run over ic ascending, then kernel offsets ascending
+// -- the CPU's order, as in DenseAccumulateKernel. A warp's 32 lanes are 32 consecutive
+// sites of one (b, chunk), so per output channel they form one word of the touched bitmap.
+constexpr int kDenseChunk = 8;
+
+template <typename T>
+__global__ void DenseSiteAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_in, const uint32_t* in_bits,
+                                          const uint32_t* neighbour_mask, const T* filter, const uint8_t* present,
+                                          const GpuPresentWeight* weights, const int64_t* offset_rep,
+                                          int64_t num_offsets, const T* bias, const Report* report,
+                                          T* out_values, uint32_t* out_bits) {
+  if (!ChecksPassed(report)) return;
+  const int64_t S = L.spatial_size, cin = L.channels;
+  const int64_t chunks = (cout + kDenseChunk - 1) / kDenseChunk;
+  const int lane = threadIdx.x % 32;
+  // S % 32 == 0 and the stride is a multiple of 32: every warp iteration is whole.
+  TF_SPARSECONV_GRID_LOOP(t, L.batch * chunks * S) {
+    const int64_t lin = t % S, rest = t / S;
+    const int64_t chunk = rest % chunks, b = rest / chunks;
+    const int64_t oc0 = chunk * kDenseChunk;
+    const int n_oc = static_cast<int>(cout - oc0 < kDenseChunk ? cout - oc0 : kDenseChunk);
+    const uint32_t mask = neighbour_mask[b * S + lin];
+    T sum[kDenseChunk];
+#pragma unroll
+    for (int j = 0; j < kDenseChunk; ++j) sum[j] = T(0);
+    uint32_t touched = 0;
+    if (mask != 0u) {
+      int32_t y[kMaxSpatialDims];
+      DecodeSpatial(lin, L, y);
+      for (int64_t ic = 0; ic < cin; ++ic) {
+        const int64_t base = (b * cin + ic) * S + lin;
+        for (int64_t r = 0; r < num_offsets; ++r) {
+          const GpuPresentWeight& w = weights[offset_rep[r]];
+          if (!((mask >> w.offset_bit) & 1u) || !InputInGrid(y, w, L)) continue;
+          const int64_t key = base + w.lin_delta;
+          if (!((in_bits[key >> 5] >> (key & 31)) & 1u)) continue;
+          const T value = dense_in[key];
+          // the filter row of (this offset, ic): [K..., Cin, Cout] from w's own index
+          const int64_t row = w.filter_index - (static_cast<int64_t>(w.ic) * cout + w.oc) + ic * cout + oc0;
+#pragma unroll
+          for (int j = 0; j < kDenseChunk; ++j) {
+            if (j < n_oc && present[row + j]) {
+              sum[j] = AddRn(sum[j], MulRn(value, filter[row + j]));
+              touched |= 1u << j;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kDenseChunk; ++j) {
+      if (j >= n_oc) break;  // the same for the whole warp (one chunk)
+      const int64_t o = (b * cout + oc0 + j) * S + lin;
+      const bool is_touched = (touched >> j) & 1u;
+      if (is_touched) out_values[o] = AddRn(sum[j], bias[oc0 + j]);
+      const unsigned int bits = __ballot_sync(0xffffffffu, is_touched);
+      if (lane == 0) out_bits[o >> 5] = bits;
+    }
+  }
+}
+
+struct IsTouchedBit {
+  const uint32_t* bits;
+  __device__ bool operator()(int64_t o) const { return (bits[o >> 5] >> (o & 31)) & 1u; }
+};
+
+template <typename T>
+struct CopyTouched {
+  const T* values;
+  int64_t* touched_keys;
+  T* touched_values;
+  __device__ void operator()(int64_t o, int64_t rank) const {
+    touched_keys[rank] = o;
+    touched_values[rank] = values[o];
+  }
+};
+
+// The weight table's views that only the dense grid reads, on the device.
+struct DenseTables {
+  const int64_t* pair_begin = nullptr;
+  const int64_t* offset_rep = nullptr;
+  const uint8_t* present = nullptr;  // [K..., Cin, Cout] byte table: is this weight present
+};
+
+// A new device report with the forward's data checks (ConvCheck slots) queued into it.
+template <typename T>
+GpuStatus QueueForwardChecks(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const T* bias,
+                             Report** device_report) {
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, device_report));
+  CheckSlot* checks = (*device_report)->checks;
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, a.keys, a.n, a.in_layout.num_keys(), &checks[kConvKeys]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &checks[kConvValues]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.filter, a.filter_size, &checks[kConvFilter]));
+  return CheckNaN(stream, bias, a.cout, &checks[kConvBias]);
+}
+
+// Uploads the weight table and computes the per-entry data (or, given `dense`, the dense
+// grid's tables instead); shared by both passes.
+template <typename T>
+GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a,
+                         const Report* report, const GpuPresentWeight** weights,
+                         const int64_t** row_begin, EntryData* e, DenseTables* dense = nullptr) {
+  void* device = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.items,
+                                       sizeof(GpuPresentWeight) * a.weights.count, &device,
+                                       "present weights"));
+  *weights = static_cast<const GpuPresentWeight*>(device);
+  TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.row_begin,
+                                       sizeof(int64_t) * (a.in_layout.channels + 1), &device,
+                                       "present weights"));
+  *row_begin = static_cast<const int64_t*>(device);
+  if (dense != nullptr) {
+    TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.pair_begin,
+                                         sizeof(int64_t) * (a.in_layout.channels * a.cout + 1), &device,
+                                         "present weights"));
+    dense->pair_begin = static_cast<const int64_t*>(device);
+    TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.offset_rep,
+                                         sizeof(int64_t) * a.weights.num_offsets, &device, "present weights"));
+    dense->offset_rep = static_cast<const int64_t*>(device);
+    TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.present, a.weights.present_size, &device,
+                                         "present weights"));
+    dense->present = static_cast<const uint8_t*>(device);
+    return GpuStatus::Ok();  // the dense grid needs no per-entry data
+  }
+  e->out_base = scratch->DeviceArray<int64_t>(a.n);
+  e->ic = scratch->DeviceArray<int32_t>(a.n);
+  e->coords = scratch->DeviceArray<int32_t>(a.n * a.in_layout.d);
+  if (!e->out_base || !e->ic || !e->coords) return GpuStatus::OutOfMemory("entry data");
+  if (a.n > 0) {
+    EntryDataKernel<<<BlocksFor(a.n), kThreads, 0, stream>>>(a.in_layout, a.cout, a.keys, a.n,
+                                                             report, *e);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("entry data");
+  }
+  return GpuStatus::Ok();
+}
+
+}  // namespace
+
+template <typename T>
+GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
+                                       const DirectConvGpuArgs<T>& a, const T* bias,
+                                       SelectionMode selection, int64_t k,
+                                       DirectConvDataflow dataflow, int64_t* touched_counts,
+                                       int64_t* positive_counts, Report* report) {
+  const KeyLayout& L = a.in_layout;
+  const int64_t num_segments = L.batch * a.cout;
+  const int64_t num_slots = ContributionSlots(a.n, a.weights.max_row);
+  const bool dense = UseDenseGrid(a, dataflow);
+  if ((!dense && num_slots > kMaxSortItems) || num_segments > kMaxSegments) {
+    return GpuStatus{"direct conv", "too many contributions or segments"};
+  }
+  const uint64_t no_output = static_cast<uint64_t>(num_segments * L.spatial_size);
+  // Touched keys are distinct and below no_output, and each needs a contribution, so the
+  // touched set never exceeds either bound; the passes over it run on that many items.
+  const int64_t touched_bound = std::min<int64_t>(num_slots, static_cast<int64_t>(no_output));
+
+  Report* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(QueueForwardChecks(stream, scratch, a, bias, &device_report));
+
+  const GpuPresentWeight* weights = nullptr;
+  const int64_t* row_begin = nullptr;
+  DenseTables tables;
+  EntryData e;
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e, dense ? &tables : nullptr));
+
+  int64_t* touched_total = scratch->DeviceArray<int64_t>(1);
+  int64_t* segment_begin = scratch->DeviceArray<int64_t>(num_segments + 1);
+  if (!touched_total || !segment_begin) return GpuStatus::OutOfMemory("touched set");
+  touched_total_ = touched_total;
+  uint64_t* slot_keys[2] = {nullptr, nullptr};
+  T* slot_values[2] = {nullptr, nullptr};
+  void* free_buffers[2] = {nullptr, nullptr};  // room for touched_bound items of sizeof(T) (and >= 4) bytes
+  int current = 0;
+  if (touched_bound == 0) {
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(touched_total, 0, sizeof(int64_t), stream), "touched set");
+  } else if (dense) {
+    const int64_t in_keys = L.num_keys(), total = static_cast<int64_t>(no_output);
+    const int64_t sites = L.batch * L.spatial_size;
+    T* dense_in = scratch->DeviceArray<T>(in_keys);
+    uint32_t* in_bits = scratch->DeviceArray<uint32_t>((in_keys + 31) / 32);
+    uint32_t* site_bits = scratch->DeviceArray<uint32_t>((sites + 31) / 32);
+    uint32_t* neighbour_mask = scratch->DeviceArray<uint32_t>(sites);
+    T* out_values = scratch->DeviceArray<T>(total);
+    uint32_t* out_bits = scratch->DeviceArray<uint32_t>((total + 31) / 32);
+    int64_t* touched_keys = scratch->DeviceArray<int64_t>(touched_bound);
+    T* touched_values = scratch->DeviceArray<T>(touched_bound);
+    if (!dense_in || !in_bits || !site_bits || !neighbour_mask || !out_values || !out_bits || !touched_keys ||
+        !touched_values) {
+      return GpuStatus::OutOfMemory("dense grid");
+    }
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(in_bits, 0, sizeof(uint32_t) * ((in_keys + 31) / 32), stream), "dense grid");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(site_bits, 0, sizeof(uint32_t) * ((sites + 31) / 32), stream), "dense grid");
+    if (a.n > 0) {
+      ScatterDenseKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, a.keys, a.values, a.n, device_report,
+                                                                    dense_in, in_bits, site_bits);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid input");
+    }
+    // A failed check leaves the masks unwritten; the kernel below reads none of them then.
+    NeighbourMaskKernel<<<BlocksFor(sites), kThreads, 0, stream>>>(
+        L, weights, tables.offset_rep, a.weights.num_offsets, site_bits, device_report, neighbour_mask);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid neighbours");
+    // The kernel clears the words of out_bits it owns; a failed check leaves them unset.
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * ((total + 31) / 32), stream), "dense grid");
+    if (L.spatial_size % 32 == 0) {
+      const int64_t threads = sites * ((a.cout + kDenseChunk - 1) / kDenseChunk);
+      DenseSiteAccumulateKernel<T><<<BlocksFor(threads), kThreads, 0, stream>>>(
+          L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, tables.present, weights, tables.offset_rep,
+          a.weights.num_offsets, bias, device_report, out_values, out_bits);
+    } else {
+      DenseAccumulateKernel<T><<<BlocksFor(total), kThreads, 0, stream>>>(
+          L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, weights, tables.pair_begin, bias, device_report,
+          out_values, out_bits);
+    }
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid sums");
+    const IsTouchedBit is_touched{out_bits};
+    Compaction runs;
+    TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, is_touched, total, touched_total, &runs));
+    TF_SPARSECONV_RETURN_IF_ERROR(
+        WriteCompaction(stream, runs, is_touched, CopyTouched<T>{out_values, touched_keys, touched_values}));
+    touched_keys_ = touched_keys;
+    touched_values_ = touched_values;
+  } else {
+    for (int buffer = 0; buffer < 2; ++buffer) {
+      slot_keys[buffer] = scratch->DeviceArray<uint64_t>(num_slots);
+      slot_values[buffer] = scratch->DeviceArray<T>(num_slots);
+      if (!slot_keys[buffer] || !slot_values[buffer]) {
+        return GpuStatus::OutOfMemory("contributions");
+      }
+    }
+    ContributionsKernel<T><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+        L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, no_output,
+        device_report, slot_keys[0], slot_values[0]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("contributions");
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, slot_keys, slot_values, num_slots,
+                                            BitsFor(no_output), &current));
+    // The sorted contributions are in buffer `current`; the touched set goes to the other.
+    int64_t* touched_keys = reinterpret_cast<int64_t*>(slot_keys[1 - current]);
+    T* touched_values = slot_values[1 - current];
+    touched_keys_ = touched_keys;
+    touched_values_ = touched_values;
+    const IsFirstOfKey first_of_key{slot_keys[current], no_output};
+    Compaction runs;
+    TF_SPARSECONV_RETURN_IF_ERROR(
+        CountCompaction(stream, scratch, first_of_key, num_slots, touched_total, &runs));
+    TF_SPARSECONV_RETURN_IF_ERROR(WriteCompaction(
+        stream, runs, first_of_key,
+        SumContributions<T>{slot_keys[current], slot_values[current], num_slots, bias,
+                            L.spatial_size, a.cout, touched_keys, touched_values}));
+    free_buffers[0] = slot_keys[current];  // the contributions are summed: reusable
+    free_buffers[1] = slot_values[current];
+  }
+  SegmentBeginKernel<<<BlocksFor(num_segments + 1), kThreads, 0, stream>>>(
+      touched_keys_, touched_total, num_segments, L.spatial_size, segment_begin);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
+  SegmentCountKernel<<<BlocksFor(num_segments), kThreads, 0, stream>>>(segment_begin,
+                                                                       num_segments,
+                                                                       touched_counts);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(positive_counts, 0, num_segments * sizeof(int64_t), stream), "positive counts");
+  if (touched_bound > 0) {
+    PositiveCountKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        touched_keys_, touched_values_, touched_total, touched_bound, L.spatial_size, positive_counts);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("positive counts");
+  }
+
+  if (selection != SelectionMode::kNone && touched_bound > 0) {
+    // The sort keys go to the free buffers: the summed contributions', or new ones.
+    for (int buffer = 0; buffer < 2; ++buffer) {
+      if (free_buffers[buffer] == nullptr) free_buffers[buffer] = scratch->DeviceArray<uint64_t>(touched_bound);
+      if (free_buffers[buffer] == nullptr) return GpuStatus::OutOfMemory("k-selection");
+    }
+    using Bits = typename ScoreBits<T>::type;
+    Bits* score[2] = {static_cast<Bits*>(free_buffers[0]), static_cast<Bits*>(free_buffers[1])};
+    int32_t* index[2] = {scratch->DeviceArray<int32_t>(touched_bound),
+                         scratch->DeviceArray<int32_t>(touched_bound)};
+    uint8_t* keep = scratch->DeviceArray<uint8_t>(touched_bound);
+    if (!index[0] || !index[1] || !keep) return GpuStatus::OutOfMemory("k-selection");
+    ScoreKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        touched_values_, touched_total, touched_bound, selection == SelectionMode::kAbs, score[0],
+        index[0]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection scores");
+    int by_score = 0;
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, score, index, touched_bound,
+                                            static_cast<int>(8 * sizeof(Bits)), &by_score));
+    const uint32_t no_segment = static_cast<uint32_t>(num_segments);
+    uint32_t* segment[2] = {static_cast<uint32_t*>(free_buffers[0]), static_cast<uint32_t*>(free_buffers[1])};
+    int32_t* segment_index[2] = {index[by_score], index[1 - by_score]};
+    SegmentKeyKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        segment_index[0], touched_keys_, touched_total, touched_bound, L.spatial_size, no_segment,
+        segment[0]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection segments");
+    int by_segment = 0;
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, segment, segment_index, touched_bound,
+                                            BitsFor(no_segment), &by_segment));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(keep, 0, touched_bound, stream),
+                                            "k-selection");
+    KeepKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        segment[by_segment], segment_index[by_segment], segment_begin, touched_bound, no_segment, k,
+        keep);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
+    keep_ = keep;
+  }
+  TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, IsKept{touched_total, keep_},
+                                                touched_bound, &device_report->count, &kept_));
+  return ReadReport(stream, scratch, device_report, report);
+}
+
+template <typename T>
+GpuStatus DirectConvForwardGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values) const {
+  return WriteCompaction(stream, kept_, IsKept{touched_total_, keep_},
+                         CopyKept<T>{touched_keys_, touched_values_, out_keys, out_values});
+}
+
+template <typename T>
+GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a,
+                                const int64_t* out_keys, const T* out_grad, int64_t n_out,
+                                DirectConvDataflow dataflow, T* in_grad, T* filter_grad, T* bias_grad,
+                                Report* report) {
+  const KeyLayout& L = a.in_layout;
+  const KeyLayout out_layout = L.WithChannels(a.cout);
+  Report* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  CheckSlot* checks = device_report->checks;
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      CheckSortedKeys(stream, a.keys, a.n, L.num_keys(), &checks[kBackpropKeys]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &checks[kBackpropValues]));
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      CheckNaN(stream, a.filter, a.filter_size, &checks[kBackpropFilter]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, out_keys, n_out, out_layout.num_keys(),
+                                                &checks[kBackpropOutKeys]));
+
+  const GpuPresentWeight* weights = nullptr;
+  const int64_t* row_begin = nullptr;
+  EntryData e;
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e));
+
+  // Where the forward would use the dense grid, the output keys get a dense index too
+  // (4 bytes per output key of the grid) instead of a binary search per contribution.
+  OutputLookup out{out_keys, n_out, nullptr};
+  if (UseDenseGrid(a, dataflow) && n_out < (int64_t{1} << 31) && a.n > 0) {
+    const int64_t num_out_keys = out_layout.num_keys();
+    int32_t* index = scratch->DeviceArray<int32_t>(num_out_keys);
+    if (!index) return GpuStatus::OutOfMemory("output index");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(index, 0xff, sizeof(int32_t) * num_out_keys, stream),
+                                            "output index");  // -1: no entry
+    if (n_out > 0) {
+      OutputIndexKernel<<<BlocksFor(n_out), kThreads, 0, stream>>>(out_keys, n_out, num_out_keys, device_report,
+                                                                   index);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output index");
+    }
+    out.index = index;
+  }
+  if (a.n > 0) {
+    InGradKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(
+        L, e, a.filter, weights, row_begin, out, out_grad, a.n, device_report, in_grad);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
+  }
+
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(filter_grad, 0, sizeof(T) * a.filter_size, stream), "filter gradient");
+  const int64_t in_segments = L.num_segments();
+  int64_t* in_begin = scratch->DeviceArray<int64_t>(in_segments + 1);
+  if (!in_begin) return GpuStatus::OutOfMemory("filter gradient");
+  KeyBoundsKernel<<<BlocksFor(in_segments + 1), kThreads, 0, stream>>>(
+      a.keys, a.n, in_segments, L.spatial_size, device_report, in_begin);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  if (a.weights.count > 0) {
+    const int64_t parts = PartsFor(a.n, in_segments);
+    const int64_t parts_per_weight = L.batch * parts;
+    T* partial = scratch->DeviceArray<T>(a.weights.count * parts_per_weight);
+    if (!partial) return GpuStatus::OutOfMemory("filter gradient");
+    FilterGradPartialKernel<T><<<LoopBlocks(a.weights.count * parts_per_weight), kThreads, 0,
+                                 stream>>>(L, e, a.values, weights, a.weights.count, in_begin,
+                                           out, out_grad, parts, device_report, partial);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+    FilterGradKernel<T><<<BlocksFor(a.weights.count), kThreads, 0, stream>>>(
+        weights, a.weights.count, partial, parts_per_weight, filter_grad);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  }
+
+  const int64_t out_segments = out_layout.num_segments();
+  const int64_t bias_parts = PartsFor(n_out, out_segments);
+  int64_t* out_begin = scratch->DeviceArray<int64_t>(out_segments + 1);
+  T* bias_partial = scratch->DeviceArray<T>(out_segments * bias_parts);
+  if (!out_begin || !bias_partial) return GpuStatus::OutOfMemory("bias gradient");
+  KeyBoundsKernel<<<BlocksFor(out_segments + 1), kThreads, 0, stream>>>(
+      out_keys, n_out, out_segments, L.spatial_size, device_report, out_begin);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bias gradient");
+  BiasGradPartialKernel<T><<<LoopBlocks(out_segments * bias_parts), kThreads, 0, stream>>>(
+      out_begin, out_segments, out_grad, bias_parts, device_report, bias_partial);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bias gradient");
+  BiasGradKernel<T><<<BlocksFor(a.cout), kThreads, 0, stream>>>(bias_partial, L.batch, a.cout,
+                                                               bias_parts, bias_grad);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bias gradient");
+  return ReadReport(stream, scratch, device_report, report);
+}
+
+__global__ void ExampleBeginKernel(const int64_t* keys, int64_t n, int64_t batch, int64_t per_example,
+                                   int64_t* begin) {
+  TF_SPARSECONV_GRID_LOOP(b, batch + 1) { begin[b] = LowerBound(keys, n, b * per_example); }
+}
+
+GpuStatus ExampleBegins(Stream stream, Scratch* scratch, const int64_t* keys, int64_t n, int64_t batch,
+                        int64_t per_example, int64_t* host_begin) {
+  int64_t* begin = scratch->DeviceArray<int64_t>(batch + 1);
+  int64_t* pinned = static_cast<int64_t*>(scratch->PinnedHost(sizeof(int64_t) * (batch + 1)));
+  if (!begin || !pinned) return GpuStatus::OutOfMemory("example offsets");
+  ExampleBeginKernel<<<BlocksFor(batch + 1), kThreads, 0, stream>>>(keys, n, batch, per_example, begin);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("example offsets");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(pinned, begin, sizeof(int64_t) * (batch + 1), cudaMemcpyDeviceToHost, stream),
+      "example offsets");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaStreamSynchronize(stream), "stream synchronize");
+  std::memcpy(host_begin, pinned, sizeof(int64_t) * (batch + 1));
+  return GpuStatus::Ok();
+}
+
+GpuStatus CopyCounts(Stream stream, int64_t* to, const int64_t* from, int64_t count) {
+  if (count == 0) return GpuStatus::Ok();
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(to, from, sizeof(int64_t) * count, cudaMemcpyDeviceToDevice, stream), "counts copy");
+  return GpuStatus::Ok();
+}
+
+template <typename T>
+GpuStatus DirectConvCheckInputs(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const T* bias,
+                                Report* report) {
+  Report* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(QueueForwardChecks(stream, scratch, a, bias, &device_report));
+  return ReadReport(stream, scratch, device_report, report);
+}
+
+template GpuStatus DirectConvCheckInputs<float>(Stream, Scratch*, const DirectConvGpuArgs<float>&, const float*,
+                                                Report*);
+template GpuStatus DirectConvCheckInputs<double>(Stream, Scratch*, const DirectConvGpuArgs<double>&, const double*,
+                                                 Report*);
+template class DirectConvForwardGpu<float>;
+template class DirectConvForwardGpu<double>;
+template GpuStatus DirectConvBackpropGpu<float>(Stream, Scratch*, const DirectConvGpuArgs<float>&,
+                                                const int64_t*, const float*, int64_t,
+                                                DirectConvDataflow, float*, float*, float*, Report*);
+template GpuStatus DirectConvBackpropGpu<double>(Stream, Scratch*,
+                                                 const DirectConvGpuArgs<double>&,
+                                                 const int64_t*, const double*, int64_t,
+                                                 DirectConvDataflow, double*, double*, double*, Report*);
+
+}  // namespace gpu
+}  // namespace tf_sparseconv

@@ -1,0 +1,113 @@
+// Attributes and host-side input checks of DirectSparseConv(Backprop), shared by the CPU
+// and GPU OpKernels so that both reject the same inputs with the same messages. The
+// checks that read keys and values (sorted, in range, NaN) run where the data lives.
+#ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHECKS_H_
+#define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHECKS_H_
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "channel/channel_sparse.h"
+#include "channel/direct_conv/direct_conv.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tf_sparseconv {
+
+inline Accumulator ParseAccumulator(const std::string& name) {
+  return name == "dense" ? Accumulator::kDense : name == "merge" ? Accumulator::kMerge : Accumulator::kAuto;
+}
+
+struct ConvAttrs {
+  SelectionMode selection = SelectionMode::kNone;
+  Accumulator accumulator = Accumulator::kAuto;
+  int64_t k = 0;
+  float rho_up = 0.0f;
+
+  // Reads and checks the attributes; a failure is recorded in ctx.
+  void Read(tensorflow::OpKernelConstruction* ctx) {
+    std::string selection_name, accumulator_name;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("selection", &selection_name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("accumulator", &accumulator_name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("k", &k));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rho_up", &rho_up));
+    selection = selection_name == "signed" ? SelectionMode::kSigned
+                : selection_name == "abs"  ? SelectionMode::kAbs
+                                           : SelectionMode::kNone;
+    accumulator = ParseAccumulator(accumulator_name);
+    OP_REQUIRES(ctx, k >= 0, tensorflow::errors::InvalidArgument("k must be >= 0, got ", k));
+    OP_REQUIRES(ctx, !std::isnan(rho_up) && rho_up >= 0.0f && rho_up <= 1.0f,
+                tensorflow::errors::InvalidArgument("rho_up must be in (0, 1], got ", rho_up));
+    if (selection == SelectionMode::kNone) {
+      OP_REQUIRES(ctx, k == 0 && rho_up == 0.0f,
+                  tensorflow::errors::InvalidArgument(
+                      "k / rho_up given with selection='none'; set selection to 'signed' or "
+                      "'abs' to bound density"));
+    } else {
+      OP_REQUIRES(ctx, (k > 0) != (rho_up > 0.0f),
+                  tensorflow::errors::InvalidArgument(
+                      "selection='", selection_name, "' needs exactly one of k > 0 or rho_up in "
+                      "(0, 1], got k = ", k, ", rho_up = ", rho_up));
+    }
+  }
+
+  // The per-(b, oc) bound: k, or ceil(rho_up * S).
+  int64_t EffectiveK(int64_t spatial_size) const {
+    return k > 0 ? k
+                 : static_cast<int64_t>(std::ceil(static_cast<double>(rho_up) * spatial_size));
+  }
+};
+
+struct ConvShapes {
+  int64_t kernel_size[kMaxSpatialDims] = {};
+  int64_t cout = 0;
+};
+
+// Inputs in_values, filter and filter_mask against the input layout (the keys' own
+// checks come before this one).
+inline absl::Status CheckConvShapes(const tensorflow::Tensor& keys,
+                                    const tensorflow::Tensor& values,
+                                    const tensorflow::Tensor& filter,
+                                    const tensorflow::Tensor& mask, const KeyLayout& L,
+                                    ConvShapes* shapes) {
+  namespace errors = ::tensorflow::errors;
+  TF_RETURN_IF_ERROR(ValidateValuesMatchKeys(keys, values, "input"));
+  if (filter.dims() != L.d + 2) {
+    return errors::InvalidArgument("filter must have rank ", L.d + 2,
+                                   " [K1..Kd, Cin, Cout] for ", L.d,
+                                   "-D input, got shape ", filter.shape().DebugString());
+  }
+  for (int j = 0; j < L.d; ++j) {
+    shapes->kernel_size[j] = filter.dim_size(j);
+    if (shapes->kernel_size[j] % 2 == 0) {
+      return errors::InvalidArgument("kernel sizes must be odd ('same' padding centres the "
+                                     "kernel), got ", filter.shape().DebugString());
+    }
+  }
+  if (filter.dim_size(L.d) != L.channels) {
+    return errors::InvalidArgument("channel mismatch: filter has Cin = ",
+                                   filter.dim_size(L.d), " but the input has ",
+                                   L.channels, " channels");
+  }
+  shapes->cout = filter.dim_size(L.d + 1);
+  if (shapes->cout == 0) return errors::InvalidArgument("filter has zero output channels");
+  if (mask.shape() != filter.shape()) {
+    return errors::InvalidArgument("filter_mask must have the filter's shape ",
+                                   filter.shape().DebugString(), ", got ",
+                                   mask.shape().DebugString());
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckBiasShape(const tensorflow::Tensor& bias, int64_t cout) {
+  if (bias.dims() != 1 || bias.dim_size(0) != cout) {
+    return tensorflow::errors::InvalidArgument("bias must have shape [", cout, "], got ",
+                                               bias.shape().DebugString());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHECKS_H_

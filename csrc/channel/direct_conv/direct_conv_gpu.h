@@ -1,0 +1,154 @@
+// The GPU functors of DirectSparseConv and DirectSparseConvBackprop (CUDA-free interface;
+// kernels in direct_conv.cu). Same contract as direct_conv.h: stride 1,
+// 'same' zero padding, only present weights, the output support is the touched set,
+// bias there only, then k-selection per (b, oc) with ties to the smaller key.
+#ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_GPU_H_
+#define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_GPU_H_
+
+#include <cstdint>
+
+#include "common/gpu_common.h"
+#include "channel/direct_conv/selection_mode.h"
+
+namespace tf_sparseconv {
+namespace gpu {
+
+// One present filter weight, seen from the input: entry x feeds output y = x - delta.
+struct GpuPresentWeight {
+  int64_t lin_delta;             // delta in row-major spatial index units
+  int64_t filter_index;          // flat index into the [K..., Cin, Cout] filter
+  int32_t ic;
+  int32_t oc;
+  int32_t offset_bit;            // (kernel offset index) % 32: its bit in a neighbour mask
+  int32_t lo[kMaxSpatialDims];   // x_j must lie in [lo_j, hi_j) for y to be inside
+  int32_t hi[kMaxSpatialDims];
+};
+
+// The present weights grouped by input channel, in host memory: row ic is
+// items[row_begin[ic] .. row_begin[ic + 1]), ordered by (oc, kernel offset), the order
+// in which the CPU kernel sums the contributions to one output entry.
+struct GpuWeightTable {
+  const GpuPresentWeight* items = nullptr;
+  const int64_t* row_begin = nullptr;  // cin + 1
+  const int64_t* pair_begin = nullptr; // cin * cout + 1: the (ic, oc) runs, ic-major
+  const int64_t* offset_rep = nullptr; // num_offsets: an item of each kernel offset present at all,
+  int64_t num_offsets = 0;             //   in ascending offset order
+  const uint8_t* present = nullptr;    // present_size: 1 at the filter index of each present weight
+  int64_t present_size = 0;
+  int64_t count = 0;
+  int64_t max_row = 0;                 // the longest row
+};
+
+template <typename T>
+struct DirectConvGpuArgs {
+  KeyLayout in_layout;                 // [B, R..., Cin]
+  int64_t cout = 0;
+  const int64_t* keys = nullptr;       // device; checked here, not before
+  const T* values = nullptr;
+  int64_t n = 0;
+  const T* filter = nullptr;           // device, [K..., Cin, Cout]
+  int64_t filter_size = 0;
+  GpuWeightTable weights;
+};
+
+// Contribution slots of the forward pass: n * max_row, which must not exceed
+// kMaxSortItems (the OpKernel says so before calling).
+inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_row; }
+
+// How the forward forms the touched set (TF_SPARSECONV_DIRECT_DATAFLOW, read per call):
+//  kSort:  every (entry, present weight) contribution in a slot, radix-sorted by output
+//          key and summed per run; temporary memory ~ U * (16 + 2 * sizeof(T)) for the
+//          U = n * max_row slots, whatever the grid.
+//  kDense: the input scattered into a dense [B, Cin, R^d] buffer with a presence bitmap,
+//          and a 32-bit neighbour mask per site (b, y): bit (offset % 32) set where the
+//          site y + delta of a present kernel offset holds an entry of any channel. Then
+//          one thread per site (b, y) and 8 output channels (one per output where R^d is
+//          not a multiple of 32) skips a site whose mask is 0 and otherwise sums its
+//          present inputs, weights whose bit is clear skipped, in the CPU's order (each
+//          input read once for all its channels), and marks a touched bitmap, compacted in
+//          key order; temporary memory ~ B * R^d * ((Cin + Cout) * (sizeof(T) + 1/8)
+//          + 4 + 1/8), whatever the entries. The paper's dense R^d buffers, used only where
+//          they are the smaller.
+//  kAuto:  kDense where its temporary memory is below kSort's, else kSort.
+// Both give the same touched set and bit-identical values (the CPU's summation order).
+enum class DirectConvDataflow { kAuto, kSort, kDense };
+
+template <typename T>
+inline double SortForwardBytes(const DirectConvGpuArgs<T>& a) {
+  return static_cast<double>(ContributionSlots(a.n, a.weights.max_row)) * (16.0 + 2.0 * sizeof(T));
+}
+template <typename T>
+inline double DenseForwardBytes(const DirectConvGpuArgs<T>& a) {
+  const double grid = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size);
+  // input buffer and bitmap; site bitmap and neighbour masks; output values and bitmap;
+  // touched keys and values, selection keys
+  return grid * static_cast<double>(a.in_layout.channels) * (sizeof(T) + 0.125) + grid * (4.0 + 0.125) +
+         grid * static_cast<double>(a.cout) * (sizeof(T) + 0.125 + 8.0 + sizeof(T) + 16.0);
+}
+template <typename T>
+inline bool UseDenseGrid(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataflow) {
+  if (dataflow == DirectConvDataflow::kAuto) return DenseForwardBytes(a) < SortForwardBytes(a);
+  return dataflow == DirectConvDataflow::kDense;
+}
+
+enum ConvCheck { kConvKeys = 0, kConvValues = 1, kConvFilter = 2, kConvBias = 3 };
+
+template <typename T>
+class DirectConvForwardGpu {
+ public:
+  // Checks (ConvCheck), computes the touched set, adds the bias, selects k per (b, oc);
+  // writes touched_counts and positive_counts (entries > 0 before k-selection), each
+  // [B * Cout]; report->count = kept entries. Blocks until the report is on the host.
+  GpuStatus Run(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& args,
+                const T* bias, SelectionMode selection, int64_t k, DirectConvDataflow dataflow,
+                int64_t* touched_counts, int64_t* positive_counts, Report* report);
+  // Writes the report->count kept entries in key order.
+  GpuStatus Write(Stream stream, int64_t* out_keys, T* out_values) const;
+
+ private:
+  const int64_t* touched_keys_ = nullptr;
+  const T* touched_values_ = nullptr;
+  const int64_t* touched_total_ = nullptr;  // device
+  const uint8_t* keep_ = nullptr;           // nullptr: keep every touched entry
+  Compaction kept_;
+};
+
+// A forward in groups of whole examples (TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB, the OpKernel):
+// each output key and each (b, oc) selection involves one example only, so running
+// DirectConvForwardGpu on the entries of examples [b0, b1) (keys and values offset, n the
+// group's, the layout the whole batch's) gives exactly the whole run's entries of those
+// examples, and their counts in touched/positive_counts[b0 * Cout, b1 * Cout).
+
+// host_begin[b] = the first entry with key >= b * per_example, b = 0 .. batch (sorted keys;
+// batch + 1 values). Blocks until they are on the host.
+GpuStatus ExampleBegins(Stream stream, Scratch* scratch, const int64_t* keys, int64_t n, int64_t batch,
+                        int64_t per_example, int64_t* host_begin);
+// to[0, count) = from[0, count), both on the device, queued on the stream.
+GpuStatus CopyCounts(Stream stream, int64_t* to, const int64_t* from, int64_t count);
+// The forward's data checks alone (ConvCheck slots, over all entries). Blocks until the
+// report is on the host.
+template <typename T>
+GpuStatus DirectConvCheckInputs(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& args, const T* bias,
+                                Report* report);
+
+enum ConvBackpropCheck {
+  kBackpropKeys = 0,
+  kBackpropValues = 1,
+  kBackpropFilter = 2,
+  kBackpropOutKeys = 3
+};
+
+// Eq. 3: gradients at the input entries, the present weights (all other filter_grad
+// entries are 0) and the bias. Checks (ConvBackpropCheck), then blocks until the report
+// is on the host. Where UseDenseGrid(args, dataflow), the output entries are found through
+// a dense [B * Cout * R^d] int32 index (built per call) instead of binary searches.
+template <typename T>
+GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch,
+                                const DirectConvGpuArgs<T>& args, const int64_t* out_keys,
+                                const T* out_grad, int64_t n_out, DirectConvDataflow dataflow,
+                                T* in_grad, T* filter_grad, T* bias_grad, Report* report);
+
+}  // namespace gpu
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_GPU_H_

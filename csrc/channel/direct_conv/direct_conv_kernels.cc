@@ -1,0 +1,836 @@
+// CPU kernels of DirectSparseConv and DirectSparseConvBackprop: the OpKernels validate
+// and allocate; the functors do the arithmetic on TensorFlow's intra-op thread pool.
+#define EIGEN_USE_THREADS
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "channel/direct_conv/direct_conv.h"
+#include "channel/direct_conv/direct_conv_checks.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "unsupported/Eigen/CXX11/Tensor"
+
+namespace tf_sparseconv {
+
+using CPUDevice = Eigen::ThreadPoolDevice;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+namespace errors = ::tensorflow::errors;
+
+PresentWeights BuildPresentWeights(const bool* mask, const int64_t* kernel_size,
+                                   int64_t cin, int64_t cout, const KeyLayout& layout) {
+  const int d = layout.d;
+  int64_t num_offsets = 1;
+  for (int j = 0; j < d; ++j) num_offsets *= kernel_size[j];
+  PresentWeights w;
+  w.cin = cin;
+  w.cout = cout;
+  w.row_begin.assign(cout * cin + 1, 0);
+  // Count, then fill, so each (oc, ic) row is contiguous and in kernel-offset order.
+  for (int64_t off = 0; off < num_offsets; ++off)
+    for (int64_t ic = 0; ic < cin; ++ic)
+      for (int64_t oc = 0; oc < cout; ++oc)
+        if (mask == nullptr || mask[(off * cin + ic) * cout + oc])
+          ++w.row_begin[oc * cin + ic + 1];
+  for (int64_t r = 0; r < cout * cin; ++r) w.row_begin[r + 1] += w.row_begin[r];
+  w.items.resize(w.row_begin[cout * cin]);
+  std::vector<int64_t> cursor(w.row_begin.begin(), w.row_begin.end() - 1);
+  for (int64_t off = 0; off < num_offsets; ++off) {
+    PresentWeight pw;
+    pw.lin_delta = 0;
+    int64_t rest = off;
+    for (int j = d - 1; j >= 0; --j) {
+      const int64_t kj = rest % kernel_size[j];
+      rest /= kernel_size[j];
+      const int64_t delta = kj - (kernel_size[j] - 1) / 2;
+      pw.lin_delta += delta * layout.stride[j];
+      pw.lo[j] = static_cast<int32_t>(std::max<int64_t>(0, delta));
+      pw.hi[j] = static_cast<int32_t>(std::min<int64_t>(layout.extent[j],
+                                                        layout.extent[j] + delta));
+    }
+    for (int64_t ic = 0; ic < cin; ++ic)
+      for (int64_t oc = 0; oc < cout; ++oc) {
+        const int64_t fi = (off * cin + ic) * cout + oc;
+        if (mask != nullptr && !mask[fi]) continue;
+        pw.filter_index = fi;
+        w.items[cursor[oc * cin + ic]++] = pw;
+      }
+  }
+  return w;
+}
+
+namespace {
+
+inline bool Reaches(const int32_t* x, const PresentWeight& pw, int d) {
+  for (int j = 0; j < d; ++j)
+    if (x[j] < pw.lo[j] || x[j] >= pw.hi[j]) return false;
+  return true;
+}
+
+// One sorted stream of contributions: the entries of input segment (b, ic), shifted by
+// one present weight. Shifting preserves order, so each stream is sorted by output
+// position, and the k-way merge of all streams visits output positions in order.
+template <typename T>
+struct ContributionStream {
+  int64_t pos, end, base;  // entry cursor, end, key of lin 0 in this input segment
+  const PresentWeight* pw;
+  T w;
+  int64_t out_lin;
+};
+
+template <typename T>
+bool AdvanceToValid(const DirectConvArgs<T>& a, ContributionStream<T>* s) {
+  const int d = a.in_layout.d;
+  while (s->pos < s->end) {
+    if (Reaches(a.coords + s->pos * d, *s->pw, d)) {
+      s->out_lin = a.keys[s->pos] - s->base - s->pw->lin_delta;
+      return true;
+    }
+    ++s->pos;
+  }
+  return false;
+}
+
+// Keeps at most k entries by score, ties to the smaller spatial index, in index order:
+// nth_element on a copy of the scores finds the k-th largest score t; one pass in
+// position order then keeps every entry above t and the first entries equal to t.
+template <typename T>
+void SelectTopK(SelectionMode mode, int64_t k, SegmentResult<T>* r) {
+  const int64_t m = static_cast<int64_t>(r->lin.size());
+  if (mode == SelectionMode::kNone || m <= k) return;
+  const T* v = r->values.data();
+  auto score = [&](int64_t i) { return mode == SelectionMode::kAbs ? std::abs(v[i]) : v[i]; };
+  std::vector<T> scores(m);
+  for (int64_t i = 0; i < m; ++i) scores[i] = score(i);
+  std::nth_element(scores.begin(), scores.begin() + (k - 1), scores.end(), std::greater<T>());
+  const T threshold = scores[k - 1];
+  int64_t above = 0;
+  for (int64_t i = 0; i < k; ++i) above += scores[i] > threshold;  // the k best hold all > t
+  int64_t ties_left = k - above, kept = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const T si = score(i);
+    if (si > threshold || (si == threshold && ties_left-- > 0)) {
+      r->lin[kept] = r->lin[i];
+      r->values[kept] = r->values[i];
+      ++kept;
+    }
+  }
+  r->lin.resize(kept);
+  r->values.resize(kept);
+}
+
+template <typename T>
+void FinishSegment(const DirectConvArgs<T>& a, int64_t oc, SegmentResult<T>* out);
+
+// Moves segment u's kept entries into its slot of the staged output, if there is one.
+template <typename T>
+void Emit(const SegmentSink<T>* sink, int64_t u, SegmentResult<T>* r) {
+  if (sink == nullptr) return;
+  const int64_t at = sink->slot_begin[u];
+  for (size_t j = 0; j < r->lin.size(); ++j) {
+    sink->keys[at + j] = u * sink->spatial_size + r->lin[j];
+    sink->values[at + j] = r->values[j];
+  }
+  r->kept = static_cast<int64_t>(r->lin.size());
+  std::vector<int64_t>().swap(r->lin);
+  std::vector<T>().swap(r->values);
+}
+
+// What the dense path needs beside the args: per input channel the kernel offsets with
+// at least one present weight (filter_index = the [Cout] row (offset * Cin + ic) * Cout),
+// the filter with pruned weights zeroed, and the mask as bytes.
+template <typename T>
+struct DenseTables {
+  std::vector<std::vector<PresentWeight>> reaches;
+  // Per reach, its present output channels when the row is mostly pruned (fewer than a
+  // third present): then only those are visited, so pruning saves time here too.
+  std::vector<std::vector<std::vector<int32_t>>> sparse_rows;
+  std::vector<T> masked_filter;
+  std::vector<uint8_t> mask;
+  int64_t max_abs_delta = 0;  // largest |lin_delta| of any present offset
+};
+
+// Calls fn(oc) for the output channels a reach's row must visit.
+template <typename Fn>
+inline void ForEachRowChannel(const std::vector<int32_t>& sparse_row, int64_t cout, Fn fn) {
+  if (sparse_row.empty()) {
+    for (int64_t oc = 0; oc < cout; ++oc) fn(oc);
+  } else {
+    for (const int32_t oc : sparse_row) fn(oc);
+  }
+}
+
+template <typename T>
+DenseTables<T> BuildDenseTables(const DirectConvArgs<T>& a) {
+  const int64_t cin = a.in_layout.channels, cout = a.cout;
+  DenseTables<T> t;
+  t.reaches.resize(cin);
+  t.masked_filter.assign(a.filter_size, T(0));
+  t.mask.assign(a.filter_size, 0);
+  std::vector<uint8_t> listed(a.filter_size / cout, 0);  // one flag per (offset, ic) row
+  for (const PresentWeight& pw : a.weights->items) {
+    t.masked_filter[pw.filter_index] = a.filter[pw.filter_index];
+    t.mask[pw.filter_index] = 1;
+    const int64_t row = pw.filter_index / cout;
+    if (listed[row]) continue;
+    listed[row] = 1;
+    PresentWeight r = pw;
+    r.filter_index = row * cout;
+    t.reaches[row % cin].push_back(r);
+    t.max_abs_delta = std::max(t.max_abs_delta, std::abs(pw.lin_delta));
+  }
+  t.sparse_rows.resize(cin);
+  for (int64_t ic = 0; ic < cin; ++ic) {
+    auto& list = t.reaches[ic];  // kernel-offset order: the merge path's summation order
+    std::sort(list.begin(), list.end(), [](const PresentWeight& x, const PresentWeight& y) {
+      return x.filter_index < y.filter_index;
+    });
+    for (const PresentWeight& r : list) {
+      std::vector<int32_t> present;
+      for (int64_t oc = 0; oc < cout; ++oc)
+        if (t.mask[r.filter_index + oc]) present.push_back(static_cast<int32_t>(oc));
+      if (3 * static_cast<int64_t>(present.size()) >= cout) present.clear();  // dense row
+      t.sparse_rows[ic].push_back(std::move(present));
+    }
+  }
+  return t;
+}
+
+// Output positions the dense path holds at once: the whole grid if its scratch fits
+// kDenseSlabBytes, else slabs of that size but at least 8 * max|delta|, so that at most
+// a quarter of the inputs near a slab's border are visited twice.
+template <typename T>
+int64_t DenseSlabCells(int64_t spatial_size, int64_t cout, int64_t max_abs_delta) {
+  const int64_t cell_bytes = cout * (static_cast<int64_t>(sizeof(T)) + 1) + 1;
+  const int64_t fitting = std::max<int64_t>(1, kDenseSlabBytes / cell_bytes);
+  return std::min(spatial_size, std::max(fitting, 8 * max_abs_delta));
+}
+
+// Per-block scratch of the dense path, allocated on first use: position-major sums and
+// touched flags [S, Cout], and one flag per position to skip untouched rows quickly.
+template <typename T>
+struct DenseScratch {
+  std::vector<T> sum;
+  std::vector<uint8_t> touched;
+  std::vector<uint8_t> row_touched;
+};
+
+// The dense path (gather-GEMM-scatter): one batch element, all output channels at once.
+// Each (input entry, kernel offset) adds v * w[offset, ic, :] to one contiguous [Cout] row,
+// a vectorisable multiply-add; pruned weights enter as 0 but do not mark the row touched.
+// For one output (y, oc) the additions come in (ic, offset) order, as in the merge path,
+// so both give identical values.
+template <typename T>
+void ConvolveBatchElement(const DirectConvArgs<T>& a, const DenseTables<T>& t, int64_t b,
+                          DenseScratch<T>* scratch, SegmentResult<T>* out) {
+  const KeyLayout& L = a.in_layout;
+  const int64_t S = L.spatial_size, cin = L.channels, cout = a.cout;
+  const int d = L.d;
+  const int64_t slab = DenseSlabCells<T>(S, cout, t.max_abs_delta);
+  if (scratch->sum.empty()) {
+    scratch->sum.assign(slab * cout, T(0));
+    scratch->touched.assign(slab * cout, 0);
+    scratch->row_touched.assign(slab + 8, 0);  // +8: word reads past the end
+  }
+  T* sum = scratch->sum.data();
+  uint8_t* touched = scratch->touched.data();
+  uint8_t* row_touched = scratch->row_touched.data();
+  for (int64_t oc = 0; oc < cout; ++oc) {
+    out[oc].lin.clear();
+    out[oc].values.clear();
+  }
+  // Output positions [y0, y1) at a time; the inputs that reach them have lin in
+  // [y0 - max|delta|, y1 + max|delta|), one contiguous key range per input segment.
+  for (int64_t y0 = 0; y0 < S; y0 += slab) {
+    const int64_t y1 = std::min(S, y0 + slab);
+    for (int64_t ic = 0; ic < cin; ++ic) {
+      const int64_t seg = b * cin + ic;
+      const int64_t base = seg * S;
+      const int64_t* first = a.keys + a.in_offsets[seg];
+      const int64_t* last = a.keys + a.in_offsets[seg + 1];
+      if (y0 > 0 || y1 < S) {
+        first = std::lower_bound(first, last, base + y0 - t.max_abs_delta);
+        last = std::lower_bound(first, last, base + y1 + t.max_abs_delta);
+      }
+      for (int64_t i = first - a.keys; i < last - a.keys; ++i) {
+        const int32_t* x = a.coords + i * d;
+        const T v = a.values[i];
+        const int64_t lin = a.keys[i] - base;
+        for (size_t ri = 0; ri < t.reaches[ic].size(); ++ri) {
+          const PresentWeight& r = t.reaches[ic][ri];
+          const int64_t y = lin - r.lin_delta;
+          if (y < y0 || y >= y1 || !Reaches(x, r, d)) continue;
+          const T* w = t.masked_filter.data() + r.filter_index;
+          const uint8_t* m = t.mask.data() + r.filter_index;
+          T* row = sum + (y - y0) * cout;
+          uint8_t* flags = touched + (y - y0) * cout;
+          const std::vector<int32_t>& sparse_row = t.sparse_rows[ic][ri];
+          if (sparse_row.empty()) {
+            for (int64_t oc = 0; oc < cout; ++oc) {  // vectorised
+              row[oc] += v * w[oc];
+              flags[oc] |= m[oc];
+            }
+          } else {
+            for (const int32_t oc : sparse_row) {
+              row[oc] += v * w[oc];
+              flags[oc] = 1;
+            }
+          }
+          row_touched[y - y0] = 1;
+        }
+      }
+    }
+    for (int64_t row_index = 0; row_index < y1 - y0;) {
+      uint64_t word;
+      std::memcpy(&word, row_touched + row_index, 8);
+      if (word == 0) {
+        row_index += 8;
+        continue;
+      }
+      if (row_touched[row_index]) {
+        T* row = sum + row_index * cout;
+        uint8_t* flags = touched + row_index * cout;
+        for (int64_t oc = 0; oc < cout; ++oc) {
+          if (flags[oc]) {
+            out[oc].lin.push_back(y0 + row_index);
+            out[oc].values.push_back(row[oc]);
+          }
+          row[oc] = T(0);
+          flags[oc] = 0;
+        }
+        row_touched[row_index] = 0;
+      }
+      ++row_index;
+    }
+  }
+  for (int64_t oc = 0; oc < cout; ++oc) FinishSegment(a, oc, &out[oc]);
+}
+
+// The merge path: one (b, oc) segment, k-way merging its sorted contribution streams.
+template <typename T>
+void ConvolveSegment(const DirectConvArgs<T>& a, int64_t b, int64_t oc, SegmentResult<T>* out) {
+  const KeyLayout& L = a.in_layout;
+  const int64_t cin = L.channels;
+  std::vector<ContributionStream<T>> streams;
+  int64_t contributions = 0;
+  for (int64_t ic = 0; ic < cin; ++ic) {
+    const int64_t seg = b * cin + ic;
+    const int64_t s0 = a.in_offsets[seg], s1 = a.in_offsets[seg + 1];
+    if (s0 == s1) continue;
+    for (const PresentWeight* pw = a.weights->begin(oc, ic); pw != a.weights->end(oc, ic);
+         ++pw) {
+      streams.push_back({s0, s1, seg * L.spatial_size, pw, a.filter[pw->filter_index], 0});
+      contributions += s1 - s0;
+    }
+  }
+  out->lin.clear();
+  out->values.clear();
+  if (streams.empty()) {
+    out->touched = 0;
+    out->positive = 0;
+    return;
+  }
+  {
+    std::vector<int32_t> heap;  // stream indices, min-heap on (out_lin, stream index)
+    heap.reserve(streams.size());
+    auto later = [&](int32_t x, int32_t y) {
+      const int64_t lx = streams[x].out_lin, ly = streams[y].out_lin;
+      return lx > ly || (lx == ly && x > y);
+    };
+    for (int32_t si = 0; si < static_cast<int32_t>(streams.size()); ++si)
+      if (AdvanceToValid(a, &streams[si])) heap.push_back(si);
+    std::make_heap(heap.begin(), heap.end(), later);
+    while (!heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), later);
+      ContributionStream<T>& s = streams[heap.back()];
+      const T c = a.values[s.pos] * s.w;
+      if (!out->lin.empty() && out->lin.back() == s.out_lin) {
+        out->values.back() += c;
+      } else {
+        out->lin.push_back(s.out_lin);
+        out->values.push_back(c);
+      }
+      ++s.pos;
+      if (AdvanceToValid(a, &s)) {
+        std::push_heap(heap.begin(), heap.end(), later);
+      } else {
+        heap.pop_back();
+      }
+    }
+  }
+  FinishSegment(a, oc, out);
+}
+
+// Bias on the touched entries, the positive count, k-selection (Alg. 1 lines 10-12).
+template <typename T>
+void FinishSegment(const DirectConvArgs<T>& a, int64_t oc, SegmentResult<T>* out) {
+  out->touched = static_cast<int64_t>(out->lin.size());
+  const T bias = a.bias[oc];
+  out->positive = 0;
+  for (T& v : out->values) {
+    v += bias;
+    out->positive += v > T(0);
+  }
+  SelectTopK(a.selection, a.k, out);
+  // Results of all segments live until the output is assembled: release the touched
+  // set's excess so that they hold at most k entries each (the memory bound).
+  out->lin.shrink_to_fit();
+  out->values.shrink_to_fit();
+}
+
+// Visits every (input entry, kept output entry) pair linked by one present weight, in
+// input order; out_keys of the segment are sorted, so the search pointer only moves on.
+template <typename T, typename Fn>
+void ForEachLink(const DirectConvBackpropArgs<T>& g, int64_t b, int64_t ic, int64_t oc,
+                 const PresentWeight& pw, Fn fn) {
+  const DirectConvArgs<T>& a = g.forward;
+  const KeyLayout& L = a.in_layout;
+  const int d = L.d;
+  const int64_t in_seg = b * L.channels + ic;
+  const int64_t out_seg = b * a.cout + oc;
+  const int64_t o1 = g.out_offsets[out_seg + 1];
+  int64_t p = g.out_offsets[out_seg];
+  if (p == o1) return;
+  const int64_t shift = (out_seg - in_seg) * L.spatial_size - pw.lin_delta;
+  for (int64_t i = a.in_offsets[in_seg]; i < a.in_offsets[in_seg + 1]; ++i) {
+    if (!Reaches(a.coords + i * d, pw, d)) continue;
+    const int64_t target = a.keys[i] + shift;
+    if (g.out_keys[p] < target) {
+      p = std::lower_bound(g.out_keys + p, g.out_keys + o1, target) - g.out_keys;
+      if (p == o1) return;
+    }
+    if (g.out_keys[p] == target) fn(i, p);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+struct DirectConvForwardFunctor<CPUDevice, T> {
+  void operator()(const CPUDevice& device, const DirectConvArgs<T>& args,
+                  std::vector<SegmentResult<T>>* results, const SegmentSink<T>* sink) {
+    const KeyLayout& L = args.in_layout;
+    const int64_t batch = L.batch, cin = L.channels, cout = args.cout, S = L.spatial_size;
+    const int64_t units = batch * cout;
+    results->resize(units);
+    // Contributions (entry, present weight) and (entry, offset) row updates, for the cost model.
+    double contributions = 0, row_updates = 0;
+    const DenseTables<T> tables = args.accumulator == Accumulator::kMerge ? DenseTables<T>()
+                                                                          : BuildDenseTables(args);
+    for (int64_t ic = 0; ic < cin; ++ic) {
+      int64_t present = 0;
+      for (int64_t oc = 0; oc < cout; ++oc) present += args.weights->end(oc, ic) - args.weights->begin(oc, ic);
+      int64_t entries = 0;
+      for (int64_t b = 0; b < batch; ++b) entries += args.in_offsets[b * cin + ic + 1] - args.in_offsets[b * cin + ic];
+      contributions += static_cast<double>(entries) * present;
+      if (!tables.reaches.empty()) row_updates += static_cast<double>(entries) * tables.reaches[ic].size();
+    }
+    bool dense = args.accumulator == Accumulator::kDense;
+    if (args.accumulator == Accumulator::kAuto) {
+      // Dense: a word test per 8 positions, vectorised [Cout] row updates, and each
+      // touched row's extraction; merge: heap steps of log2(#streams) per contribution.
+      const double streams = std::max(1.0, static_cast<double>(args.weights->count()) / cout);
+      // A slab scratch beyond the per-core cache turns each row update into a memory
+      // miss (measured at 256^3: ~16x a cached update); the merge path streams.
+      const int64_t slab = DenseSlabCells<T>(S, cout, tables.max_abs_delta);
+      const double scratch_bytes = slab * (cout * (sizeof(T) + 1.0) + 1.0);
+      const double miss = scratch_bytes > kCacheFriendlyScratchBytes ? 16.0 : 1.0;
+      const double dense_cost = batch * S / 8.0 + row_updates * (2.0 + cout / 4.0) * miss +
+                                std::min(static_cast<double>(batch * S), row_updates) * cout;
+      const double merge_cost = contributions * (4.0 + 2.0 * std::log2(streams + 1.0));
+      dense = dense_cost < merge_cost;
+    }
+    if (dense) {
+      device.parallelFor(batch, Eigen::TensorOpCost(0, 0, 10.0 * (1.0 + row_updates * cout / batch)),
+                         [&](Eigen::Index first, Eigen::Index last) {
+                           DenseScratch<T> scratch;
+                           for (Eigen::Index b = first; b < last; ++b) {
+                             ConvolveBatchElement(args, tables, b, &scratch, results->data() + b * cout);
+                             for (int64_t oc = 0; oc < cout; ++oc)
+                               Emit(sink, b * cout + oc, &(*results)[b * cout + oc]);
+                           }
+                         });
+      return;
+    }
+    device.parallelFor(units, Eigen::TensorOpCost(0, 0, 10.0 * (1.0 + contributions / units)),
+                       [&](Eigen::Index first, Eigen::Index last) {
+                         for (Eigen::Index u = first; u < last; ++u) {
+                           ConvolveSegment(args, u / cout, u % cout, &(*results)[u]);
+                           Emit(sink, u, &(*results)[u]);
+                         }
+                       });
+  }
+};
+
+namespace {
+
+// Backward through the merge path's layout: for every present weight, walk the input
+// segment and find its outputs in the sorted out_keys (a forward-only search).
+template <typename T>
+void SearchBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, T* in_grad,
+                    T* filter_grad, double links) {
+  const DirectConvArgs<T>& a = g.forward;
+  const int64_t batch = a.in_layout.batch, cin = a.in_layout.channels, cout = a.cout;
+  const PresentWeights& W = *a.weights;
+  const double work = 10.0 * (1.0 + links / std::max<int64_t>(1, cin * cout));
+  // dL/dx: each (b, ic) segment is owned by one thread, so no atomics are needed and
+  // the summation order is fixed (oc, then kernel offset): deterministic.
+  device.parallelFor(batch * cin, Eigen::TensorOpCost(0, 0, work * cout / batch),
+                     [&](Eigen::Index first, Eigen::Index last) {
+                       for (Eigen::Index u = first; u < last; ++u) {
+                         const int64_t b = u / cin, ic = u % cin;
+                         for (int64_t oc = 0; oc < cout; ++oc)
+                           for (const PresentWeight* pw = W.begin(oc, ic); pw != W.end(oc, ic); ++pw) {
+                             const T w = a.filter[pw->filter_index];
+                             ForEachLink(g, b, ic, oc, *pw,
+                                         [&](int64_t i, int64_t p) { in_grad[i] += g.out_grad[p] * w; });
+                           }
+                       }
+                     });
+  // dL/dw: only present weights get a gradient (Eq. 3); one thread per (ic, oc).
+  device.parallelFor(cin * cout, Eigen::TensorOpCost(0, 0, work * batch),
+                     [&](Eigen::Index first, Eigen::Index last) {
+                       for (Eigen::Index u = first; u < last; ++u) {
+                         const int64_t oc = u / cin, ic = u % cin;
+                         for (const PresentWeight* pw = W.begin(oc, ic); pw != W.end(oc, ic); ++pw) {
+                           T acc = T(0);
+                           for (int64_t b = 0; b < batch; ++b)
+                             ForEachLink(g, b, ic, oc, *pw, [&](int64_t i, int64_t p) {
+                               acc += g.out_grad[p] * a.values[i];
+                             });
+                           filter_grad[pw->filter_index] = acc;
+                         }
+                       }
+                     });
+}
+
+// Backward through the dense path's layout: dL/dy scattered into a position-major
+// [B, S, Cout] buffer (an output absent after k-selection holds 0: no gradient, Eq. 3),
+// then per (entry, offset) a [Cout] dot product for dL/dx and a [Cout] update for dL/dw.
+template <typename T>
+void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, T* in_grad,
+                   T* filter_grad) {
+  const DirectConvArgs<T>& a = g.forward;
+  const KeyLayout& L = a.in_layout;
+  const int64_t batch = L.batch, cin = L.channels, cout = a.cout, S = L.spatial_size;
+  const int d = L.d;
+  const DenseTables<T> t = BuildDenseTables(a);
+  std::vector<T> grad(batch * S * cout, T(0));
+  for (int64_t p = 0; p < g.n_out; ++p) {
+    const int64_t seg = g.out_keys[p] / S, lin = g.out_keys[p] % S;
+    grad[((seg / cout) * S + lin) * cout + seg % cout] = g.out_grad[p];
+  }
+  const T* G = grad.data();
+  const double per_entry = 1.0 + 2.0 * cout * (t.masked_filter.size() / std::max<int64_t>(1, cin * cout));
+  device.parallelFor(batch * cin, Eigen::TensorOpCost(0, 0, per_entry * (1.0 + a.n / (batch * cin))),
+                     [&](Eigen::Index first, Eigen::Index last) {
+                       for (Eigen::Index u = first; u < last; ++u) {
+                         const int64_t b = u / cin, ic = u % cin, seg = b * cin + ic;
+                         for (int64_t i = a.in_offsets[seg]; i < a.in_offsets[seg + 1]; ++i) {
+                           const int32_t* x = a.coords + i * d;
+                           const int64_t lin = a.keys[i] - seg * S;
+                           T acc = T(0);
+                           for (size_t ri = 0; ri < t.reaches[ic].size(); ++ri) {
+                             const PresentWeight& r = t.reaches[ic][ri];
+                             if (!Reaches(x, r, d)) continue;
+                             const T* row = G + (b * S + lin - r.lin_delta) * cout;
+                             const T* w = t.masked_filter.data() + r.filter_index;
+                             ForEachRowChannel(t.sparse_rows[ic][ri], cout,
+                                               [&](int64_t oc) { acc += row[oc] * w[oc]; });
+                           }
+                           in_grad[i] = acc;
+                         }
+                       }
+                     });
+  // dL/dw: units (ic, batch chunk) accumulate partial sums, added in chunk order, so the
+  // result does not depend on the thread count. Pruned weights get none (Eq. 3).
+  const int64_t chunks = std::min<int64_t>(batch, 16);
+  const int64_t row_stride = cin * cout;  // filter_index of (offset, ic) rows step by this
+  const int64_t offsets = a.filter_size / row_stride;
+  std::vector<T> partial(cin * chunks * offsets * cout, T(0));
+  device.parallelFor(cin * chunks, Eigen::TensorOpCost(0, 0, per_entry * (1.0 + a.n / (cin * chunks))),
+                     [&](Eigen::Index first, Eigen::Index last) {
+                       for (Eigen::Index u = first; u < last; ++u) {
+                         const int64_t ic = u / chunks, chunk = u % chunks;
+                         T* part = partial.data() + u * offsets * cout;
+                         for (int64_t b = chunk * batch / chunks; b < (chunk + 1) * batch / chunks; ++b) {
+                           const int64_t seg = b * cin + ic;
+                           for (int64_t i = a.in_offsets[seg]; i < a.in_offsets[seg + 1]; ++i) {
+                             const int32_t* x = a.coords + i * d;
+                             const int64_t lin = a.keys[i] - seg * S;
+                             const T v = a.values[i];
+                             for (size_t ri = 0; ri < t.reaches[ic].size(); ++ri) {
+                               const PresentWeight& r = t.reaches[ic][ri];
+                               if (!Reaches(x, r, d)) continue;
+                               const T* row = G + (b * S + lin - r.lin_delta) * cout;
+                               T* acc = part + (r.filter_index / row_stride) * cout;
+                               ForEachRowChannel(t.sparse_rows[ic][ri], cout,
+                                                 [&](int64_t oc) { acc[oc] += v * row[oc]; });
+                             }
+                           }
+                         }
+                       }
+                     });
+  for (int64_t ic = 0; ic < cin; ++ic)
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const T* part = partial.data() + (ic * chunks + chunk) * offsets * cout;
+      for (int64_t off = 0; off < offsets; ++off)
+        for (int64_t oc = 0; oc < cout; ++oc) {
+          const int64_t fi = (off * cin + ic) * cout + oc;
+          if (t.mask[fi]) filter_grad[fi] += part[off * cout + oc];
+        }
+    }
+}
+
+}  // namespace
+
+template <typename T>
+struct DirectConvBackpropFunctor<CPUDevice, T> {
+  void operator()(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, T* in_grad,
+                  T* filter_grad, T* bias_grad) {
+    const DirectConvArgs<T>& a = g.forward;
+    const KeyLayout& L = a.in_layout;
+    const int64_t batch = L.batch, cin = L.channels, cout = a.cout, S = L.spatial_size;
+    const PresentWeights& W = *a.weights;
+    // Lookups: every (input entry, present weight) pair of the same input channel.
+    double links = 0;
+    for (int64_t ic = 0; ic < cin; ++ic) {
+      int64_t weights_of_ic = 0;
+      for (int64_t oc = 0; oc < cout; ++oc) weights_of_ic += W.end(oc, ic) - W.begin(oc, ic);
+      int64_t entries = 0;
+      for (int64_t b = 0; b < batch; ++b)
+        entries += a.in_offsets[b * cin + ic + 1] - a.in_offsets[b * cin + ic];
+      links += static_cast<double>(entries) * weights_of_ic;
+    }
+    const int64_t grad_cells = batch * S * cout;
+    bool dense = g.accumulator == Accumulator::kDense;
+    if (g.accumulator == Accumulator::kAuto) {
+      // A search costs ~log2 of the segment size; the buffer costs its zero-fill.
+      const double search = std::log2(2.0 + static_cast<double>(g.n_out) / std::max<int64_t>(1, batch * cout));
+      dense = grad_cells * static_cast<int64_t>(sizeof(T)) <= kMaxDenseGradientBytes &&
+              grad_cells / 4.0 < links * search;
+    }
+    std::fill(in_grad, in_grad + a.n, T(0));
+    std::fill(filter_grad, filter_grad + a.filter_size, T(0));
+    if (dense) {
+      DenseBackprop(device, g, in_grad, filter_grad);
+    } else {
+      SearchBackprop(device, g, in_grad, filter_grad, links);
+    }
+    for (int64_t oc = 0; oc < cout; ++oc) {
+      T acc = T(0);
+      for (int64_t b = 0; b < batch; ++b) {
+        const int64_t seg = b * cout + oc;
+        for (int64_t p = g.out_offsets[seg]; p < g.out_offsets[seg + 1]; ++p)
+          acc += g.out_grad[p];
+      }
+      bias_grad[oc] = acc;
+    }
+  }
+};
+
+namespace {
+
+// Checks shared by the forward and backward kernels; fills the layout, the kernel size
+// and the decoded coordinates / segment offsets of the input.
+template <typename T>
+struct ConvInputs {
+  KeyLayout layout;
+  int64_t kernel_size[kMaxSpatialDims];
+  int64_t cout = 0;
+  std::vector<int32_t> coords;
+  std::vector<int64_t> in_offsets;
+  PresentWeights weights;
+};
+
+template <typename T>
+absl::Status PrepareConvInputs(OpKernelContext* ctx, ConvInputs<T>* c) {
+  const Tensor& keys = ctx->input(0);
+  const Tensor& values = ctx->input(1);
+  const Tensor& filter = ctx->input(3);
+  const Tensor& mask = ctx->input(4);
+  TF_RETURN_IF_ERROR(MakeKeyLayout(ctx->input(2), &c->layout));
+  TF_RETURN_IF_ERROR(ValidateKeysTensor(keys, c->layout, "input"));
+  const KeyLayout& L = c->layout;
+  ConvShapes shapes;
+  TF_RETURN_IF_ERROR(CheckConvShapes(keys, values, filter, mask, L, &shapes));
+  std::copy(shapes.kernel_size, shapes.kernel_size + kMaxSpatialDims, c->kernel_size);
+  c->cout = shapes.cout;
+  TF_RETURN_IF_ERROR(RejectNaN(values.flat<T>().data(), values.NumElements(), "input values"));
+  TF_RETURN_IF_ERROR(RejectNaN(filter.flat<T>().data(), filter.NumElements(), "filter"));
+  const int64_t n = keys.NumElements();
+  const int64_t* k = keys.flat<int64_t>().data();
+  c->coords.resize(n * L.d);
+  for (int64_t i = 0; i < n; ++i) DecodeSpatial(L.spatial_of(k[i]), L, &c->coords[i * L.d]);
+  SegmentOffsets(k, n, L, &c->in_offsets);
+  c->weights = BuildPresentWeights(mask.flat<bool>().data(), c->kernel_size, L.channels,
+                                   c->cout, L);
+  return absl::OkStatus();
+}
+
+template <typename T>
+DirectConvArgs<T> MakeArgs(OpKernelContext* ctx, const ConvInputs<T>& c) {
+  DirectConvArgs<T> a;
+  a.in_layout = c.layout;
+  a.cout = c.cout;
+  a.keys = ctx->input(0).flat<int64_t>().data();
+  a.values = ctx->input(1).flat<T>().data();
+  a.n = ctx->input(0).NumElements();
+  a.coords = c.coords.data();
+  a.in_offsets = c.in_offsets.data();
+  a.filter = ctx->input(3).flat<T>().data();
+  a.filter_size = ctx->input(3).NumElements();
+  a.weights = &c.weights;
+  return a;
+}
+
+}  // namespace
+
+template <typename T>
+class DirectSparseConvOp : public OpKernel {
+ public:
+  explicit DirectSparseConvOp(OpKernelConstruction* ctx) : OpKernel(ctx) { attrs_.Read(ctx); }
+
+  void Compute(OpKernelContext* ctx) override {
+    ConvInputs<T> c;
+    OP_REQUIRES_OK(ctx, PrepareConvInputs<T>(ctx, &c));
+    const Tensor& bias = ctx->input(5);
+    OP_REQUIRES_OK(ctx, CheckBiasShape(bias, c.cout));
+    OP_REQUIRES_OK(ctx, RejectNaN(bias.flat<T>().data(), c.cout, "bias"));
+    DirectConvArgs<T> a = MakeArgs(ctx, c);
+    a.bias = bias.flat<T>().data();
+    a.selection = attrs_.selection;
+    a.accumulator = attrs_.accumulator;
+    a.k = attrs_.EffectiveK(c.layout.spatial_size);
+    const CPUDevice& device = ctx->eigen_device<CPUDevice>();
+    const int64_t units = c.layout.batch * c.cout;
+    const int64_t S = c.layout.spatial_size;
+    Tensor *out_shape, *touched, *positive;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(2).shape(), &out_shape));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({c.layout.batch, c.cout}), &touched));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({c.layout.batch, c.cout}), &positive));
+    auto shape_out = out_shape->flat<int64_t>();
+    shape_out = ctx->input(2).flat<int64_t>();
+    shape_out(c.layout.d + 1) = c.cout;
+    std::vector<SegmentResult<T>> results;
+    if (a.selection != SelectionMode::kNone) {
+      // Each segment keeps at most min(k, its contributions) entries, known before it
+      // runs: they go straight into that slot of a staged output, compacted afterwards,
+      // so the kept entries exist once (the output is at most B * Cout * k entries).
+      std::vector<int64_t> slot(units + 1, 0);
+      for (int64_t u = 0; u < units; ++u) {
+        const int64_t b = u / c.cout, oc = u % c.cout;
+        int64_t contributions = 0;
+        for (int64_t ic = 0; ic < c.layout.channels; ++ic)
+          contributions += (c.in_offsets[b * c.layout.channels + ic + 1] - c.in_offsets[b * c.layout.channels + ic]) *
+                           (c.weights.end(oc, ic) - c.weights.begin(oc, ic));
+        slot[u + 1] = slot[u] + std::min(a.k, contributions);
+      }
+      Tensor staged_keys, staged_values;
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({slot[units]}), &staged_keys));
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DataTypeToEnum<T>::v(), TensorShape({slot[units]}),
+                                             &staged_values));
+      SegmentSink<T> sink{staged_keys.flat<int64_t>().data(), staged_values.flat<T>().data(), slot.data(), S};
+      DirectConvForwardFunctor<CPUDevice, T>()(device, a, &results, &sink);
+      int64_t n = 0;
+      for (int64_t u = 0; u < units; ++u) {  // slots only move forward: memmove in order
+        std::memmove(sink.keys + n, sink.keys + slot[u], results[u].kept * sizeof(int64_t));
+        std::memmove(sink.values + n, sink.values + slot[u], results[u].kept * sizeof(T));
+        n += results[u].kept;
+      }
+      ctx->set_output(0, staged_keys.Slice(0, n));
+      ctx->set_output(1, staged_values.Slice(0, n));
+    } else {
+      DirectConvForwardFunctor<CPUDevice, T>()(device, a, &results, nullptr);
+      std::vector<int64_t> offset(units + 1, 0);
+      for (int64_t u = 0; u < units; ++u) offset[u + 1] = offset[u] + results[u].lin.size();
+      Tensor *out_keys, *out_values;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({offset[units]}), &out_keys));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({offset[units]}), &out_values));
+      int64_t* ok = out_keys->flat<int64_t>().data();
+      T* ov = out_values->flat<T>().data();
+      device.parallelFor(units, Eigen::TensorOpCost(0, 0, 1.0 + offset[units] / (units + 1.0)),
+                         [&](Eigen::Index first, Eigen::Index last) {
+                           for (Eigen::Index u = first; u < last; ++u) {
+                             const SegmentResult<T>& r = results[u];
+                             for (size_t j = 0; j < r.lin.size(); ++j) {
+                               ok[offset[u] + j] = u * S + r.lin[j];
+                               ov[offset[u] + j] = r.values[j];
+                             }
+                           }
+                         });
+    }
+    int64_t* tc = touched->flat<int64_t>().data();
+    int64_t* pc = positive->flat<int64_t>().data();
+    for (int64_t u = 0; u < units; ++u) {
+      tc[u] = results[u].touched;
+      pc[u] = results[u].positive;
+    }
+  }
+
+ private:
+  ConvAttrs attrs_;
+};
+
+template <typename T>
+class DirectSparseConvBackpropOp : public OpKernel {
+ public:
+  explicit DirectSparseConvBackpropOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string accumulator;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("accumulator", &accumulator));
+    accumulator_ = ParseAccumulator(accumulator);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    ConvInputs<T> c;
+    OP_REQUIRES_OK(ctx, PrepareConvInputs<T>(ctx, &c));
+    const Tensor& out_keys = ctx->input(5);
+    const Tensor& out_grad = ctx->input(6);
+    const KeyLayout out_layout = c.layout.WithChannels(c.cout);
+    OP_REQUIRES_OK(ctx, ValidateKeysTensor(out_keys, out_layout, "output"));
+    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(out_keys, out_grad, "output gradient"));
+    std::vector<int64_t> out_offsets;
+    SegmentOffsets(out_keys.flat<int64_t>().data(), out_keys.NumElements(), out_layout,
+                   &out_offsets);
+    DirectConvBackpropArgs<T> g;
+    g.forward = MakeArgs(ctx, c);
+    g.out_keys = out_keys.flat<int64_t>().data();
+    g.out_grad = out_grad.flat<T>().data();
+    g.n_out = out_keys.NumElements();
+    g.out_offsets = out_offsets.data();
+    g.accumulator = accumulator_;
+    Tensor *in_grad, *filter_grad, *bias_grad;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ctx->input(1).shape(), &in_grad));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(3).shape(), &filter_grad));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({c.cout}), &bias_grad));
+    DirectConvBackpropFunctor<CPUDevice, T>()(ctx->eigen_device<CPUDevice>(), g,
+                                              in_grad->flat<T>().data(),
+                                              filter_grad->flat<T>().data(),
+                                              bias_grad->flat<T>().data());
+  }
+
+ private:
+  Accumulator accumulator_;
+};
+
+#define REGISTER_CPU(T)                                                               \
+  REGISTER_KERNEL_BUILDER(                                                            \
+      Name("DirectSparseConv").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      DirectSparseConvOp<T>);                                                         \
+  REGISTER_KERNEL_BUILDER(Name("DirectSparseConvBackprop")                            \
+                              .Device(::tensorflow::DEVICE_CPU)                       \
+                              .TypeConstraint<T>("T"),                                \
+                          DirectSparseConvBackpropOp<T>);
+REGISTER_CPU(float);
+REGISTER_CPU(double);
+#undef REGISTER_CPU
+
+}  // namespace tf_sparseconv

@@ -1,0 +1,110 @@
+// SparseMaxPool on the GPU (Hackel et al. §3.3): every entry gets its pooled key, a
+// stable radix sort groups the entries of each window (ties keep key order), and each
+// run of equal pooled keys becomes one output entry, its maximum the first largest
+// value, i.e. ties go to the smaller key, like the CPU kernel.
+// Temporary memory: 24 bytes per entry (pooled keys and entry indices, double-buffered)
+// + 16 bytes per 2048 entries + CUB's sort scratch.
+#include "common/gpu_util.cuh"
+#include "channel/max_pool/max_pool_gpu.h"
+
+namespace tf_sparseconv {
+namespace gpu {
+namespace {
+
+__global__ void PooledKeysKernel(PoolGeometry g, const int64_t* keys, int64_t n,
+                                 const Report* report, uint64_t* pooled, int32_t* order) {
+  const bool valid = ChecksPassed(report);
+  const uint64_t no_window = static_cast<uint64_t>(g.out.num_keys());
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    order[i] = static_cast<int32_t>(i);
+    if (!valid) {
+      pooled[i] = no_window;
+      continue;
+    }
+    const int64_t seg = g.in.segment_of(keys[i]);
+    const int64_t lin = keys[i] - seg * g.in.spatial_size;
+    int64_t pooled_lin = 0;
+    for (int j = 0; j < g.in.d; ++j) {
+      const int64_t x = (lin / g.in.stride[j]) % g.in.extent[j];
+      pooled_lin += (x / g.strides[j]) * g.out.stride[j];
+    }
+    pooled[i] = static_cast<uint64_t>(seg * g.out.spatial_size + pooled_lin);
+  }
+}
+
+struct IsWindowStart {
+  const uint64_t* pooled;
+  uint64_t no_window;
+  __device__ bool operator()(int64_t j) const {
+    return pooled[j] != no_window && (j == 0 || pooled[j] != pooled[j - 1]);
+  }
+};
+
+template <typename T>
+struct WriteWindowMax {
+  const uint64_t* pooled;
+  const int32_t* order;
+  const T* values;
+  int64_t n;
+  int64_t* out_keys;
+  T* out_values;
+  int64_t* argmax;
+  __device__ void operator()(int64_t j, int64_t rank) const {
+    int64_t best = order[j];
+    for (int64_t q = j + 1; q < n && pooled[q] == pooled[j]; ++q) {
+      if (values[order[q]] > values[best]) best = order[q];  // strict: ties keep key order
+    }
+    out_keys[rank] = static_cast<int64_t>(pooled[j]);
+    out_values[rank] = values[best];
+    argmax[rank] = best;
+  }
+};
+
+}  // namespace
+
+template <typename T>
+GpuStatus SparseMaxPoolGpu<T>::Count(Stream stream, Scratch* scratch, const PoolGeometry& g,
+                                     const int64_t* keys, const T* values, int64_t n,
+                                     Report* report) {
+  values_ = values;
+  n_ = n;
+  no_window_ = static_cast<uint64_t>(g.out.num_keys());
+  Report* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, keys, n, g.in.num_keys(),
+                                                &device_report->checks[kPoolKeys]));
+  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, values, n, &device_report->checks[kPoolNaN]));
+  if (n > 0) {
+    uint64_t* pooled[2] = {scratch->DeviceArray<uint64_t>(n), scratch->DeviceArray<uint64_t>(n)};
+    int32_t* order[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
+    if (!pooled[0] || !pooled[1] || !order[0] || !order[1]) {
+      return GpuStatus::OutOfMemory("max-pool keys");
+    }
+    PooledKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(g, keys, n, device_report,
+                                                            pooled[0], order[0]);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("max-pool keys");
+    int current = 0;
+    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, pooled, order, n,
+                                            BitsFor(no_window_), &current));
+    pooled_ = pooled[current];
+    order_ = order[current];
+  }
+  TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch,
+                                                IsWindowStart{pooled_, no_window_}, n,
+                                                &device_report->count, &compaction_));
+  return ReadReport(stream, scratch, device_report, report);
+}
+
+template <typename T>
+GpuStatus SparseMaxPoolGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values,
+                                     int64_t* argmax) const {
+  return WriteCompaction(
+      stream, compaction_, IsWindowStart{pooled_, no_window_},
+      WriteWindowMax<T>{pooled_, order_, values_, n_, out_keys, out_values, argmax});
+}
+
+template class SparseMaxPoolGpu<float>;
+template class SparseMaxPoolGpu<double>;
+
+}  // namespace gpu
+}  // namespace tf_sparseconv

@@ -1,0 +1,130 @@
+// The non-template parts of gpu_util.cuh: key checks, the Report and its round trip.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "common/gpu_util.cuh"
+
+namespace tf_sparseconv {
+namespace gpu {
+namespace {
+
+__global__ void CheckSortedKeysKernel(const int64_t* keys, int64_t n, int64_t limit,
+                                      CheckSlot* slot) {
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    const int64_t key = keys[i];
+    if (key < 0 || key >= limit || (i > 0 && key <= keys[i - 1])) RecordFirst(slot, i);
+  }
+}
+
+__global__ void DescribeSortedKeysKernel(const int64_t* keys, CheckSlot* slot) {
+  if (slot->first == kNoError) return;
+  const int64_t i = static_cast<int64_t>(slot->first);
+  slot->detail[0] = keys[i];
+  slot->detail[1] = i > 0 ? keys[i - 1] : 0;
+}
+
+__global__ void CheckKeysInRangeKernel(const int64_t* keys, int64_t n, int64_t limit,
+                                       CheckSlot* slot) {
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    if (keys[i] < 0 || keys[i] >= limit) RecordFirst(slot, i);
+  }
+}
+
+__global__ void DescribeKeyKernel(const int64_t* keys, CheckSlot* slot) {
+  if (slot->first == kNoError) return;
+  slot->detail[0] = keys[slot->first];
+}
+
+template <typename T>
+__global__ void CheckNaNKernel(const T* x, int64_t n, CheckSlot* slot) {
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    if (isnan(x[i])) RecordFirst(slot, i);
+  }
+}
+
+__global__ void CompactionTotalKernel(const int64_t* tile_counts, const int64_t* tile_offsets,
+                                      int64_t num_tiles, int64_t* total) {
+  *total = tile_offsets[num_tiles - 1] + tile_counts[num_tiles - 1];
+}
+
+}  // namespace
+
+GpuStatus CheckSortedKeys(Stream stream, const int64_t* keys, int64_t n, int64_t limit,
+                          CheckSlot* slot) {
+  if (n == 0) return GpuStatus::Ok();
+  CheckSortedKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(keys, n, limit, slot);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("key check");
+  DescribeSortedKeysKernel<<<1, 1, 0, stream>>>(keys, slot);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("key check");
+  return GpuStatus::Ok();
+}
+
+GpuStatus CheckKeysInRange(Stream stream, const int64_t* keys, int64_t n, int64_t limit,
+                           CheckSlot* slot) {
+  if (n == 0) return GpuStatus::Ok();
+  CheckKeysInRangeKernel<<<BlocksFor(n), kThreads, 0, stream>>>(keys, n, limit, slot);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("key range check");
+  DescribeKeyKernel<<<1, 1, 0, stream>>>(keys, slot);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("key range check");
+  return GpuStatus::Ok();
+}
+
+template <typename T>
+GpuStatus CheckNaN(Stream stream, const T* x, int64_t n, CheckSlot* slot) {
+  if (n == 0) return GpuStatus::Ok();
+  CheckNaNKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(x, n, slot);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
+  return GpuStatus::Ok();
+}
+
+template GpuStatus CheckNaN<float>(Stream, const float*, int64_t, CheckSlot*);
+template GpuStatus CheckNaN<double>(Stream, const double*, int64_t, CheckSlot*);
+
+GpuStatus CompactionTotal(Stream stream, const int64_t* tile_counts,
+                          const int64_t* tile_offsets, int64_t num_tiles, int64_t* total) {
+  CompactionTotalKernel<<<1, 1, 0, stream>>>(tile_counts, tile_offsets, num_tiles, total);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("compaction total");
+  return GpuStatus::Ok();
+}
+
+GpuStatus NewReport(Stream stream, Scratch* scratch, Report** report) {
+  *report = static_cast<Report*>(scratch->Device(sizeof(Report)));
+  if (*report == nullptr) return GpuStatus::OutOfMemory("report");
+  // All bits set: every CheckSlot::first is kNoError.
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(*report, 0xFF, sizeof(Report), stream),
+                                          "report");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(&(*report)->count, 0, sizeof((*report)->count), stream), "report");
+  return GpuStatus::Ok();
+}
+
+GpuStatus ReadReport(Stream stream, Scratch* scratch, const Report* device_report,
+                     Report* host_report) {
+  Report* pinned = static_cast<Report*>(scratch->PinnedHost(sizeof(Report)));
+  if (pinned == nullptr) return GpuStatus::OutOfMemory("report (host)");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(pinned, device_report, sizeof(Report), cudaMemcpyDeviceToHost, stream),
+      "report copy");
+  // Also surfaces any error of the kernels queued before (a fault, a bad launch).
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaStreamSynchronize(stream), "stream synchronize");
+  std::memcpy(host_report, pinned, sizeof(Report));
+  return GpuStatus::Ok();
+}
+
+GpuStatus Upload(Stream stream, Scratch* scratch, const void* host, size_t bytes,
+                 void** device, const char* what) {
+  *device = scratch->Device(bytes > 0 ? bytes : 1);
+  if (*device == nullptr) return GpuStatus::OutOfMemory(what);
+  if (bytes == 0) return GpuStatus::Ok();
+  void* pinned = scratch->PinnedHost(bytes);
+  if (pinned == nullptr) return GpuStatus::OutOfMemory(what);
+  std::memcpy(pinned, host, bytes);
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(*device, pinned, bytes, cudaMemcpyHostToDevice, stream), what);
+  return GpuStatus::Ok();
+}
+
+}  // namespace gpu
+}  // namespace tf_sparseconv

@@ -1,0 +1,241 @@
+// Device-side building blocks of the GPU functors: launch helpers, the data checks that
+// fill a Report, order-preserving stream compaction, and the host round trip.
+//
+// Determinism: nothing here adds floating-point numbers in an order that depends on
+// thread timing. The only atomics are integer atomicMin on check positions, whose
+// result does not depend on the order they land in.
+#ifndef TF_SPARSECONV_COMMON_GPU_UTIL_CUH_
+#define TF_SPARSECONV_COMMON_GPU_UTIL_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "common/gpu_common.h"
+#include "common/primitives.h"
+
+namespace tf_sparseconv {
+namespace gpu {
+
+#define TF_SPARSECONV_RETURN_IF_CUDA_ERROR(where)                  \
+  do {                                                             \
+    const cudaError_t cuda_error_ = cudaGetLastError();            \
+    if (cuda_error_ != cudaSuccess) {                              \
+      return GpuStatus{(where), cudaGetErrorString(cuda_error_)};  \
+    }                                                              \
+  } while (0)
+
+#define TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(call, where)        \
+  do {                                                              \
+    const cudaError_t cuda_error_ = (call);                         \
+    if (cuda_error_ != cudaSuccess) {                               \
+      return GpuStatus{(where), cudaGetErrorString(cuda_error_)};   \
+    }                                                               \
+  } while (0)
+
+#define TF_SPARSECONV_RETURN_IF_ERROR(expr)  \
+  do {                                       \
+    const GpuStatus status_ = (expr);        \
+    if (!status_.ok()) return status_;       \
+  } while (0)
+
+constexpr int kThreads = 256;
+
+// Every element-wise kernel loops with a grid stride, so any grid covers any n.
+inline unsigned int BlocksFor(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned int>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
+}
+
+#define TF_SPARSECONV_GRID_LOOP(i, n)                                              \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;    \
+       i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+// Bits that hold every value in [0, max_value]: the end_bit of a radix sort.
+inline int BitsFor(uint64_t max_value) {
+  int bits = 1;
+  while (bits < 64 && (max_value >> bits) != 0) ++bits;
+  return bits;
+}
+
+// Products and sums with explicit rounding: nvcc would otherwise contract a * b + c
+// into one fused multiply-add, and the results would differ from the CPU kernels',
+// which round the product first.
+__device__ inline float MulRn(float a, float b) { return __fmul_rn(a, b); }
+__device__ inline double MulRn(double a, double b) { return __dmul_rn(a, b); }
+__device__ inline float AddRn(float a, float b) { return __fadd_rn(a, b); }
+__device__ inline double AddRn(double a, double b) { return __dadd_rn(a, b); }
+
+// The segment owning position p: the q in [0, segments) with begin[q] <= p < begin[q + 1],
+// for begin rising from begin[0] = 0 to begin[segments] > p (empty segments are skipped).
+__device__ inline int64_t OwnerOf(const int64_t* begin, int64_t segments, int64_t p) {
+  int64_t lo = 0, hi = segments;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (begin[mid] <= p) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// First position p in [0, n) with a[p] >= value (n if none).
+__device__ inline int64_t LowerBound(const int64_t* a, int64_t n, int64_t value) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (a[mid] < value) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// ---- Data checks --------------------------------------------------------------------
+
+// Kernels that run after the checks read this first: on invalid input they write
+// nothing that depends on the data (keys could index out of bounds).
+__device__ inline bool ChecksPassed(const Report* report) {
+  for (int c = 0; c < kMaxChecks; ++c) {
+    if (report->checks[c].first != kNoError) return false;
+  }
+  return true;
+}
+
+__device__ inline void RecordFirst(CheckSlot* slot, int64_t position) {
+  atomicMin(&slot->first, static_cast<unsigned long long>(position));
+}
+
+// ValidateKeys of channel/channel_sparse.h: records the first entry that is out of range or not
+// above its predecessor, with detail = {its key, the key before it}.
+GpuStatus CheckSortedKeys(Stream stream, const int64_t* keys, int64_t n, int64_t limit,
+                          CheckSlot* slot);
+// CheckKeysInRange of the conversions (keys may be unsorted): the first key outside
+// [0, limit), with detail = {its key}.
+GpuStatus CheckKeysInRange(Stream stream, const int64_t* keys, int64_t n, int64_t limit,
+                           CheckSlot* slot);
+
+// RejectNaN of channel/channel_sparse.h: the first NaN (float and double, in gpu_util.cu).
+template <typename T>
+GpuStatus CheckNaN(Stream stream, const T* x, int64_t n, CheckSlot* slot);
+
+// ---- The Report and the host round trip ----------------------------------------------
+
+// A Report in device memory with every check passed and count 0.
+GpuStatus NewReport(Stream stream, Scratch* scratch, Report** report);
+
+// The op's one host round trip: copies the Report to pinned host memory and waits for
+// the stream.
+GpuStatus ReadReport(Stream stream, Scratch* scratch, const Report* device_report,
+                     Report* host_report);
+
+// Copies a host table to the device through pinned memory that lives until Compute
+// returns, which is after ReadReport has waited for the copy.
+GpuStatus Upload(Stream stream, Scratch* scratch, const void* host, size_t bytes,
+                 void** device, const char* what);
+
+// ---- Order-preserving stream compaction -----------------------------------------------
+//
+// Selects the positions q in [0, n) with pred(q) and hands each to emit(q, rank), rank
+// counting the selected positions before q. Two passes over fixed tiles of the index
+// range: CountCompaction counts per tile and scans the counts (the total lands in
+// device memory, e.g. the Report, so the host learns the output size from the one
+// round trip); WriteCompaction recounts each tile and emits in order. pred must give
+// the same answer in both passes. Temporary memory: 16 bytes per tile of 2048 indices.
+
+constexpr int kTileItems = 8;
+constexpr int64_t kTileSize = static_cast<int64_t>(kThreads) * kTileItems;
+
+inline unsigned int TileBlocks(int64_t num_tiles) {
+  return static_cast<unsigned int>(num_tiles > 65536 ? 65536 : num_tiles);
+}
+
+template <typename Pred>
+__global__ void __launch_bounds__(kThreads)
+    CountTilesKernel(Pred pred, int64_t n, int64_t num_tiles, int64_t* tile_counts) {
+  using BlockReduce = cub::BlockReduce<int, kThreads>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int64_t first = tile * kTileSize + static_cast<int64_t>(threadIdx.x) * kTileItems;
+    int selected = 0;
+    for (int j = 0; j < kTileItems; ++j) {
+      const int64_t q = first + j;
+      if (q < n && pred(q)) ++selected;
+    }
+    const int tile_total = BlockReduce(temp).Sum(selected);
+    if (threadIdx.x == 0) tile_counts[tile] = tile_total;
+    __syncthreads();  // temp is reused by the next tile
+  }
+}
+
+template <typename Pred, typename Emit>
+__global__ void __launch_bounds__(kThreads)
+    WriteTilesKernel(Pred pred, Emit emit, int64_t n, int64_t num_tiles,
+                     const int64_t* tile_offsets) {
+  using BlockScan = cub::BlockScan<int, kThreads>;
+  __shared__ typename BlockScan::TempStorage temp;
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int64_t first = tile * kTileSize + static_cast<int64_t>(threadIdx.x) * kTileItems;
+    bool hit[kTileItems];
+    int selected = 0;
+    for (int j = 0; j < kTileItems; ++j) {
+      const int64_t q = first + j;
+      hit[j] = q < n && pred(q);
+      selected += hit[j];
+    }
+    int before = 0;
+    BlockScan(temp).ExclusiveSum(selected, before);
+    int64_t rank = tile_offsets[tile] + before;
+    for (int j = 0; j < kTileItems; ++j) {
+      if (hit[j]) emit(first + j, rank++);
+    }
+    __syncthreads();
+  }
+}
+
+// *total = tile_offsets[last] + tile_counts[last].
+GpuStatus CompactionTotal(Stream stream, const int64_t* tile_counts,
+                          const int64_t* tile_offsets, int64_t num_tiles, int64_t* total);
+
+template <typename Pred>
+GpuStatus CountCompaction(Stream stream, Scratch* scratch, Pred pred, int64_t n,
+                          int64_t* total, Compaction* c) {
+  c->n = n;
+  c->num_tiles = (n + kTileSize - 1) / kTileSize;
+  if (c->num_tiles == 0) {
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(total, 0, sizeof(int64_t), stream),
+                                            "compaction total");
+    return GpuStatus::Ok();
+  }
+  c->tile_counts = scratch->DeviceArray<int64_t>(c->num_tiles);
+  c->tile_offsets = scratch->DeviceArray<int64_t>(c->num_tiles);
+  if (c->tile_counts == nullptr || c->tile_offsets == nullptr) {
+    return GpuStatus::OutOfMemory("compaction tiles");
+  }
+  CountTilesKernel<Pred><<<TileBlocks(c->num_tiles), kThreads, 0, stream>>>(
+      pred, n, c->num_tiles, c->tile_counts);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("compaction count");
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      ExclusiveSum(stream, scratch, c->tile_counts, c->tile_offsets, c->num_tiles));
+  return CompactionTotal(stream, c->tile_counts, c->tile_offsets, c->num_tiles, total);
+}
+
+template <typename Pred, typename Emit>
+GpuStatus WriteCompaction(Stream stream, const Compaction& c, Pred pred, Emit emit) {
+  if (c.num_tiles == 0) return GpuStatus::Ok();
+  WriteTilesKernel<Pred, Emit><<<TileBlocks(c.num_tiles), kThreads, 0, stream>>>(
+      pred, emit, c.n, c.num_tiles, c.tile_offsets);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("compaction write");
+  return GpuStatus::Ok();
+}
+
+}  // namespace gpu
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_COMMON_GPU_UTIL_CUH_

@@ -1,0 +1,65 @@
+// The key layout of the channel-sparse tensor, shared by the CPU kernels and the CUDA
+// sources: plain data and arithmetic, no TensorFlow or CUDA headers, so nvcc compiles it
+// as host and device code.
+//
+// Key layout (Hackel et al. §3): key = (b * C + c) * S + lin(x), with S = R1 * ... * Rd
+// and lin(x) the row-major spatial index. Sorting by key therefore sorts by batch,
+// then channel, then spatial position, and each (batch, channel) pair is one
+// contiguous "segment" of the entries.
+#ifndef TF_SPARSECONV_COMMON_KEY_LAYOUT_H_
+#define TF_SPARSECONV_COMMON_KEY_LAYOUT_H_
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define TF_SPARSECONV_HOST_DEVICE __host__ __device__
+#else
+#define TF_SPARSECONV_HOST_DEVICE
+#endif
+
+namespace tf_sparseconv {
+
+constexpr int kMaxSpatialDims = 4;
+
+struct KeyLayout {
+  int d = 0;                              // number of spatial dimensions
+  int64_t batch = 0;                      // B
+  int64_t channels = 0;                   // C
+  int64_t extent[kMaxSpatialDims] = {};   // R1 ... Rd
+  int64_t stride[kMaxSpatialDims] = {};   // row-major strides of the spatial index
+  int64_t spatial_size = 0;               // S = R1 * ... * Rd
+
+  TF_SPARSECONV_HOST_DEVICE int64_t num_segments() const { return batch * channels; }
+  TF_SPARSECONV_HOST_DEVICE int64_t num_keys() const { return batch * channels * spatial_size; }
+  TF_SPARSECONV_HOST_DEVICE int64_t segment_of(int64_t key) const { return key / spatial_size; }
+  TF_SPARSECONV_HOST_DEVICE int64_t spatial_of(int64_t key) const { return key % spatial_size; }
+  TF_SPARSECONV_HOST_DEVICE int64_t key_of(int64_t b, int64_t c, int64_t lin) const {
+    return (b * channels + c) * spatial_size + lin;
+  }
+  // The same spatial layout with a different channel count.
+  TF_SPARSECONV_HOST_DEVICE KeyLayout WithChannels(int64_t c) const {
+    KeyLayout out = *this;
+    out.channels = c;
+    return out;
+  }
+};
+
+// The spatial coordinates of a spatial index: coords[j] = x_j.
+TF_SPARSECONV_HOST_DEVICE inline void DecodeSpatial(int64_t lin, const KeyLayout& layout,
+                                                    int32_t* coords) {
+  for (int j = 0; j < layout.d; ++j) {
+    coords[j] = static_cast<int32_t>((lin / layout.stride[j]) % layout.extent[j]);
+  }
+}
+
+// Position of the entry with key `key` in a dense [B, R..., C] buffer (memory order
+// b, spatial, channel, whereas keys are ordered b, channel, spatial).
+TF_SPARSECONV_HOST_DEVICE inline int64_t DenseIndex(int64_t key, const KeyLayout& L) {
+  const int64_t seg = key / L.spatial_size, lin = key % L.spatial_size;
+  const int64_t b = seg / L.channels, c = seg % L.channels;
+  return (b * L.spatial_size + lin) * L.channels + c;
+}
+
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_COMMON_KEY_LAYOUT_H_

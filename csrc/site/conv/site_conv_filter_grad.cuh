@@ -1,0 +1,227 @@
+// SiteSparseConvFilterGrad's partial products for float on sm_80 and later, with the
+// pairs' rows pipelined through cp.async: on the CUDA cores (kTf32 false: TF32 not
+// allowed) or on the tensor cores through mma.sync m16n8k8 TF32 (site_conv_mma_sync.cuh).
+//
+// dW[q] = X[in_rows]^T G[out_rows] over q's pairs. As site_conv.cu's kernels, a block
+// computes one chunk's partial product for one [kBM input channels x kBN output channels]
+// tile of dW[q] (FilterGradReduceKernel then adds the chunks in order: no atomics). Each
+// step stages kBK pairs: their input rows' kBM channels and their gradient rows' kBN
+// channels, as stored (row-major, the tile's channels contiguous), while the products of
+// the previous steps run.
+//
+// Why beside site_conv.cu's filter-gradient kernels: those stage through registers and
+// wait, in 64 x 64 tiles whose threads own 4 x 4 results (CUDA cores) or whose warps own
+// 16 x 32 (WMMA); at 128 to 256 channels they are the backward's slowest part.
+//
+// CUDA cores: each thread owns kMG groups of 4 input channels x kNG groups of 4 output
+// channels; per pair it reads kMG + kNG 16-byte vectors for 16 kMG kNG FMAs.
+// Tensor cores: A = X^T (input channels x pairs), B = G (pairs x output channels); with
+// g = lane / 4, t = lane % 4 lane (g, t) reads A (g, t) = X[pair t][channel g] and
+// B (t, g) = G[pair t][channel g] (and the +8 / +4 ones): rows kBM + 8 and kBN + 8 floats
+// long (multiples of 32 plus 8), so the 32 lanes hit 32 banks.
+//
+// Requirements (checked by the host): cin and cout multiples of 4, 16-byte aligned
+// feature and gradient pointers.
+#ifndef TF_SPARSECONV_SITE_CONV_SITE_CONV_FILTER_GRAD_CUH_
+#define TF_SPARSECONV_SITE_CONV_SITE_CONV_FILTER_GRAD_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/gpu_util.cuh"
+#include "site/conv/site_conv_mma.cuh"
+#include "site/conv/site_conv_mma_sync.cuh"
+
+namespace tf_sparseconv {
+namespace gpu {
+namespace filter_grad {
+
+using pipelined::kBlockThreads;
+using pipelined::kStages;
+using pipelined::kWarps;
+
+template <int kBM, int kBN>
+struct Layout {
+  static constexpr int kBK = 16;  // pairs per step
+  static constexpr int kLdX = kBM + 8;
+  static constexpr int kLdG = kBN + 8;
+  static constexpr int kXStage = kBK * kLdX;
+  static constexpr int kGStage = kBK * kLdG;
+  static constexpr int kXVectors = kBK * kBM / 4;
+  static constexpr int kGVectors = kBK * kBN / 4;
+  static constexpr size_t kSharedBytes = sizeof(float) * static_cast<size_t>(kStages) * (kXStage + kGStage);
+  // CUDA cores
+  static constexpr int kColThreads = 16;
+  static constexpr int kRowThreads = kBlockThreads / kColThreads;
+  static constexpr int kMG = kBM / (4 * kRowThreads);
+  static constexpr int kNG = kBN / (4 * kColThreads);
+  // Tensor cores
+  static constexpr int kWarpsN = kBN >= 64 ? 2 : 1;
+  static constexpr int kWarpsM = kWarps / kWarpsN;
+  static constexpr int kWM = kBM / kWarpsM;
+  static constexpr int kWN = kBN / kWarpsN;
+  static constexpr int kFM = kWM / 16;
+  static constexpr int kFN = kWN / 8;
+  static_assert(kBM % 64 == 0 && kBN % 64 == 0, "64- or 128-channel tiles");
+  static_assert(kMG >= 1 && kNG >= 1 && kFM >= 1 && kFN >= 1, "every thread and warp owns results");
+  static_assert(kXVectors % kBlockThreads == 0 && kGVectors % kBlockThreads == 0, "whole copies per thread");
+};
+
+template <int kBM, int kBN, bool kTf32>
+__global__ void __launch_bounds__(kBlockThreads)
+    PartialKernel(const float* features, const float* out_grad, const int32_t* in_rows, const int32_t* out_rows,
+                  const int64_t* splits, const int64_t* chunk_begin, int64_t volume, int64_t chunk_pairs,
+                  int64_t num_chunks, int64_t cin, int64_t cout, int64_t in_tiles, int64_t out_tiles,
+                  const Report* report, float* partial) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (report != nullptr && !ChecksPassed(report)) return;
+  using L = Layout<kBM, kBN>;
+  extern __shared__ __align__(128) unsigned char shared[];
+  float* x_stages = reinterpret_cast<float*>(shared);
+  float* g_stages = x_stages + kStages * L::kXStage;
+  const int64_t tiles = in_tiles * out_tiles;
+  const int64_t items = num_chunks * tiles;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t chunk = item / tiles;
+    const int64_t tile = item - chunk * tiles;
+    const int64_t k0 = (tile / out_tiles) * kBM;
+    const int64_t c0 = (tile % out_tiles) * kBN;
+    const int64_t q = OwnerOf(chunk_begin, volume, chunk);
+    const int64_t begin = splits[q] + (chunk - chunk_begin[q]) * chunk_pairs;
+    const int64_t end = begin + chunk_pairs < splits[q + 1] ? begin + chunk_pairs : splits[q + 1];
+    const int64_t steps = (end - begin + L::kBK - 1) / L::kBK;
+    auto issue = [&](int64_t step) {
+      const int buffer = static_cast<int>(step % kStages);
+      const int64_t p0 = begin + step * L::kBK;
+      float* xs = x_stages + buffer * L::kXStage;
+      float* gs = g_stages + buffer * L::kGStage;
+#pragma unroll
+      for (int v = threadIdx.x; v < L::kXVectors; v += kBlockThreads) {
+        const int r = v / (kBM / 4), cc = v % (kBM / 4);
+        const int64_t p = p0 + r, k = k0 + cc * 4;
+        const int64_t in = p < end ? in_rows[p] : -1;
+        const bool ok = in >= 0 && k < cin;
+        pipelined::CopyAsync16(xs + r * L::kLdX + cc * 4, ok ? features + in * cin + k : features, ok);
+      }
+#pragma unroll
+      for (int v = threadIdx.x; v < L::kGVectors; v += kBlockThreads) {
+        const int r = v / (kBN / 4), cc = v % (kBN / 4);
+        const int64_t p = p0 + r, c = c0 + cc * 4;
+        const int64_t o = p < end ? out_rows[p] : -1;
+        const bool ok = o >= 0 && c < cout;
+        pipelined::CopyAsync16(gs + r * L::kLdG + cc * 4, ok ? out_grad + o * cout + c : out_grad, ok);
+      }
+    };
+    float* dst = partial + chunk * cin * cout;
+    if constexpr (kTf32) {
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
+      const int g = lane / 4, t = lane % 4;
+      float acc[L::kFM][L::kFN][4];
+      pipelined::ZeroAccumulators(acc);
+      pipelined::RunPipeline(steps, issue, [&](int buffer) {
+        const float* xs = x_stages + buffer * L::kXStage + t * L::kLdX + wm * L::kWM + g;
+        const float* gs = g_stages + buffer * L::kGStage + t * L::kLdG + wn * L::kWN + g;
+#pragma unroll
+        for (int k8 = 0; k8 < L::kBK; k8 += 8) {
+          uint32_t af[L::kFM][4];
+#pragma unroll
+          for (int i = 0; i < L::kFM; ++i) {
+            const float* ai = xs + k8 * L::kLdX + 16 * i;
+            af[i][0] = mma_sync::ToTf32(ai[0]);
+            af[i][1] = mma_sync::ToTf32(ai[8]);
+            af[i][2] = mma_sync::ToTf32(ai[4 * L::kLdX]);
+            af[i][3] = mma_sync::ToTf32(ai[4 * L::kLdX + 8]);
+          }
+#pragma unroll
+          for (int j = 0; j < L::kFN; ++j) {
+            const float* bj = gs + k8 * L::kLdG + 8 * j;
+            const uint32_t b0 = mma_sync::ToTf32(bj[0]), b1 = mma_sync::ToTf32(bj[4 * L::kLdG]);
+#pragma unroll
+            for (int i = 0; i < L::kFM; ++i) mma_sync::MmaTf32(acc[i][j], af[i], b0, b1);
+          }
+        }
+      });
+      // Lane (g, t) holds output channels 2t, 2t + 1 of input channels g and g + 8 of each
+      // 16 x 8 piece (cout is a multiple of 4: both columns or neither exist).
+#pragma unroll
+      for (int i = 0; i < L::kFM; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t k = k0 + wm * L::kWM + 16 * i + 8 * h + g;
+          if (k >= cin) continue;
+#pragma unroll
+          for (int j = 0; j < L::kFN; ++j) {
+            const int64_t c = c0 + wn * L::kWN + 8 * j + 2 * t;
+            if (c < cout) *reinterpret_cast<float2*>(dst + k * cout + c) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+          }
+        }
+      }
+    } else {
+      const int tx = threadIdx.x % L::kColThreads, ty = threadIdx.x / L::kColThreads;
+      float acc[4 * L::kMG][4 * L::kNG];
+#pragma unroll
+      for (int i = 0; i < 4 * L::kMG; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4 * L::kNG; ++j) acc[i][j] = 0.0f;
+      }
+      pipelined::RunPipeline(steps, issue, [&](int buffer) {
+        const float* xs = x_stages + buffer * L::kXStage + ty * 4;
+        const float* gs = g_stages + buffer * L::kGStage + tx * 4;
+#pragma unroll 4
+        for (int r = 0; r < L::kBK; ++r) {
+          float4 xv[L::kMG], gv[L::kNG];
+#pragma unroll
+          for (int m = 0; m < L::kMG; ++m) {
+            xv[m] = *reinterpret_cast<const float4*>(xs + r * L::kLdX + m * 4 * L::kRowThreads);
+          }
+#pragma unroll
+          for (int n = 0; n < L::kNG; ++n) {
+            gv[n] = *reinterpret_cast<const float4*>(gs + r * L::kLdG + n * 4 * L::kColThreads);
+          }
+#pragma unroll
+          for (int m = 0; m < L::kMG; ++m) {
+            const float xm[4] = {xv[m].x, xv[m].y, xv[m].z, xv[m].w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+#pragma unroll
+              for (int n = 0; n < L::kNG; ++n) {
+                acc[4 * m + i][4 * n + 0] = fmaf(xm[i], gv[n].x, acc[4 * m + i][4 * n + 0]);
+                acc[4 * m + i][4 * n + 1] = fmaf(xm[i], gv[n].y, acc[4 * m + i][4 * n + 1]);
+                acc[4 * m + i][4 * n + 2] = fmaf(xm[i], gv[n].z, acc[4 * m + i][4 * n + 2]);
+                acc[4 * m + i][4 * n + 3] = fmaf(xm[i], gv[n].w, acc[4 * m + i][4 * n + 3]);
+              }
+            }
+          }
+        }
+      });
+#pragma unroll
+      for (int m = 0; m < L::kMG; ++m) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t k = k0 + m * 4 * L::kRowThreads + ty * 4 + i;
+          if (k >= cin) continue;
+#pragma unroll
+          for (int n = 0; n < L::kNG; ++n) {
+            const int64_t c = c0 + n * 4 * L::kColThreads + tx * 4;
+            if (c < cout) {
+              *reinterpret_cast<float4*>(dst + k * cout + c) =
+                  make_float4(acc[4 * m + i][4 * n], acc[4 * m + i][4 * n + 1], acc[4 * m + i][4 * n + 2],
+                              acc[4 * m + i][4 * n + 3]);
+            }
+          }
+        }
+      }
+    }
+    pipelined::WaitCopies<0>();  // only empty groups can be left, but none may outlive the item
+    __syncthreads();             // the stages are refilled by the next item
+  }
+#endif
+}
+
+}  // namespace filter_grad
+}  // namespace gpu
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_SITE_CONV_SITE_CONV_FILTER_GRAD_CUH_

@@ -1,0 +1,193 @@
+// Registration of the site-sparse convolution family: kernel-map construction and the
+// gather-GEMM-scatter convolution with its filter gradient.
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+#include "site/site_checks.h"
+
+namespace tf_sparseconv {
+
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("SiteKernelMap")
+    .Input("coords: int32")
+    .Input("spatial_shape: int32")
+    .Input("batch_size: int32")
+    .Output("out_coords: int32")
+    .Output("out_spatial_shape: int32")
+    .Output("in_rows: int32")
+    .Output("out_rows: int32")
+    .Output("offset_splits: int32")
+    .Attr("mode: {'submanifold', 'strided', 'transposed'}")
+    .Attr("kernel_size: list(int) >= 1")
+    .Attr("strides: list(int) >= 1")
+    .Attr("padding: list(int) >= 1")
+    .Attr("dilation: list(int) >= 1")
+    .Attr("builder: {'hash', 'sort'} = 'hash'")
+    .SetShapeFn([](InferenceContext* c) {
+      std::vector<int> kernel;
+      TF_RETURN_IF_ERROR(c->GetAttr("kernel_size", &kernel));
+      int64_t volume = 1;
+      for (int k : kernel) volume *= k;
+      ShapeHandle coords;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &coords));
+      c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(coords, 1)));
+      c->set_output(1, c->Vector(static_cast<int64_t>(kernel.size())));
+      c->set_output(2, c->Vector(c->UnknownDim()));
+      c->set_output(3, c->Vector(c->UnknownDim()));
+      c->set_output(4, c->Vector(volume + 1));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The kernel map of a site-sparse convolution: which input site feeds which output site
+through which kernel offset. coords [N, 1 + d] holds a batch index and d spatial
+coordinates per site (unique, in range, any order). Outputs: the output sites
+(out_coords: the input sites for 'submanifold'; otherwise every site some input
+reaches, sorted by batch then coordinates), their spatial shape, and the pairs
+(in_rows[p], out_rows[p]) grouped by kernel offset: offset q owns pairs
+offset_splits[q] .. offset_splits[q + 1]. Build it once per geometry and reuse it in
+every layer with that geometry. Conventions are spconv 2.x's (site_geometry.h).
+builder: how the GPU kernel builds the map: 'hash' (a hash table of the sites, probed
+per site and kernel offset) or 'sort' (the sites sorted once, each offset's shifted
+queries searched in them, as in Minuet). Both give identical outputs, the CPU kernel's;
+the CPU kernel has one builder (a hash table) and accepts either value.
+)doc");
+
+REGISTER_OP("SiteSparseConv")
+    .Input("features: T")
+    .Input("filters: T")
+    .Input("in_rows: int32")
+    .Input("out_rows: int32")
+    .Input("offset_splits: int32")
+    .Input("num_out: int32")
+    .Input("neighbours: int32")
+    .Output("out_features: T")
+    .Attr("T: {float, double, half, bfloat16}")
+    .Attr("map_is_trusted: bool = false")
+    .Attr("map_is_submanifold: bool = false")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle features, filters, neighbours;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(6), 1, &neighbours));
+      TF_RETURN_IF_ERROR(c->WithRankAtMost(neighbours, 2, &neighbours));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &features));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &filters));
+      DimensionHandle cin;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(features, 1), c->Dim(filters, 1), &cin));
+      DimensionHandle rows = c->UnknownDim();
+      const ::tensorflow::Tensor* num_out = c->input_tensor(5);
+      if (num_out != nullptr) rows = c->MakeDim(num_out->scalar<int32_t>()());
+      c->set_output(0, c->Matrix(rows, c->Dim(filters, 2)));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Sparse convolution of site features by gather-GEMM-scatter: for every kernel offset q,
+out_features[out_rows[p]] += features[in_rows[p]] @ filters[q] over q's pairs.
+filters is [K, Cin, Cout] (the kernel [k1, ..., kd, Cin, Cout] with its offsets
+flattened). half and bfloat16 accumulate in float32 (on the GPU, from sm_80 for bfloat16
+and sm_70 for half, their products run on tensor cores). On the GPU from sm_80, float
+follows TensorFlow's TF32 setting (tf.config.experimental.enable_tensor_float_32_execution,
+on by default, as for MatMul and Conv2D): its products then run on tensor cores with
+each factor rounded to TF32 (10 mantissa bits) and float32 sums; where cin and cout are
+multiples of 4. With TF32 off, or on the CPU, products are full float32. num_out is the
+number of output sites.
+neighbours: empty (shape [0]), or SiteNeighbourTable's table of this map (with
+map_is_trusted). It changes no value beyond rounding: the GPU's tensor-core kernels of
+half and bfloat16 then run output-stationary from it (each output row computed over the
+offsets of one mask group in float32 and stored, the next group's sum added to the stored
+row) instead of scattering pairs with atomics, where that is faster (see the README);
+everywhere else it is checked for its shape and not read.
+map_is_trusted: the caller promises that the map is valid (every in_rows[p] <
+num_in, every out_rows[p] < num_out, at most one pair per output row and offset), as
+SiteKernelMap's maps are by construction; tf_sparseconv's wrappers set it for those
+maps only. The shape checks and the host-side checks of offset_splits stay either way.
+On the GPU a trusted call skips the row checks and the NaN scan of the features,
+which need a host round trip, so it enqueues its kernels without waiting for the
+device; a NaN then propagates into the output instead of raising. The CPU kernel
+checks rows and NaN features whatever the attr says (those checks cost no round trip
+there). An untrusted map is checked on every device and a bad one raises
+InvalidArgument; a trusted map that breaks the promise is undefined behaviour on the
+GPU (out-of-bounds reads and writes).
+map_is_submanifold: the caller promises that the map is a submanifold map whose
+offsets pair up mirrored (offset q's pairs are offset volume - 1 - q's reversed), as
+SiteKernelMap's 'submanifold' maps are by construction. It changes no value of this op;
+its gradient then computes the input gradient over the same pairs with the filters
+transposed and their offsets mirrored, reading the same neighbours table, instead of
+over the reversed pairs without one. Requires num_out == the number of input rows and
+an odd number of offsets (InvalidArgument otherwise).
+)doc");
+
+REGISTER_OP("SiteNeighbourTable")
+    .Input("in_rows: int32")
+    .Input("out_rows: int32")
+    .Input("offset_splits: int32")
+    .Input("num_in: int32")
+    .Input("num_out: int32")
+    .Output("neighbours: int32")
+    .Attr("map_is_trusted: bool = false")
+    .Attr("mask_groups: int = 1")  // kDefaultMaskGroups
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle splits;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &splits));
+      int64_t mask_groups = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("mask_groups", &mask_groups));
+      TF_RETURN_IF_ERROR(CheckMaskGroups(mask_groups));
+      DimensionHandle width = c->UnknownDim();
+      if (c->ValueKnown(c->Dim(splits, 0))) {
+        const int64_t volume = c->Value(c->Dim(splits, 0)) - 1;
+        width = c->MakeDim(NeighbourTableWidth(volume, MaskGroupsFor(volume, mask_groups)));
+      }
+      DimensionHandle rows = c->UnknownDim();
+      const ::tensorflow::Tensor* num_out = c->input_tensor(4);
+      if (num_out != nullptr) rows = c->MakeDim(num_out->scalar<int32_t>()());
+      c->set_output(0, c->Matrix(rows, width));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The output-major neighbour table of a kernel map with at most 32 offsets, for
+SiteSparseConv's `neighbours` input: neighbours [num_out, volume + 2 * G] int32, with
+G = min(mask_groups, volume) mask groups.
+neighbours[o, q] is the input row that feeds output row o through offset q (-1: none).
+The offsets fall into G contiguous groups, group g holding offsets g * volume / G to
+(g + 1) * volume / G - 1 (integer division). Per group, two columns list the output rows
+sorted by their neighbour mask's bits of that group (bit q set where neighbours[o, q] >=
+0; ascending, ties by row): at sorted position i, neighbours[i, volume + 2 g] is the
+mask restricted to group g and neighbours[i, volume + 2 g + 1] the output row. num_in
+and num_out are the numbers of input and output sites. Rows with equal bits then sit
+together, so the GPU's output-stationary kernel, which runs one pass per group, multiplies
+few empty rows; more groups mean fewer empty rows and one more pass over the output each.
+mask_groups: 1 to 4 (default 1, the faster on an H200 for most layers). Build the table once per map, like the map itself (the GPU kernel:
+one pass over the pairs and a radix sort per group). The map is checked as SiteSparseConv
+checks it (map_is_trusted: as there).
+)doc");
+
+REGISTER_OP("SiteSparseConvFilterGrad")
+    .Input("features: T")
+    .Input("out_grad: T")
+    .Input("in_rows: int32")
+    .Input("out_rows: int32")
+    .Input("offset_splits: int32")
+    .Output("filter_grad: T")
+    .Attr("T: {float, double, half, bfloat16}")
+    .Attr("map_is_trusted: bool = false")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle features, out_grad, splits;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &features));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &out_grad));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &splits));
+      DimensionHandle volume;
+      TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &volume));
+      c->set_output(0, c->MakeShape({volume, c->Dim(features, 1), c->Dim(out_grad, 1)}));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient of SiteSparseConv with respect to its filters: filter_grad[q] =
+features[in_rows]^T @ out_grad[out_rows] over offset q's pairs. float follows
+TensorFlow's TF32 setting on the GPU from sm_80, as SiteSparseConv does.
+map_is_trusted: as for SiteSparseConv, a promise that the map is valid. A trusted call
+on the GPU skips the row checks and their host round trip; the CPU kernel checks the
+rows regardless.
+)doc");
+
+}  // namespace tf_sparseconv

@@ -1,0 +1,90 @@
+// The GPU functor of SiteKernelMap (CUDA-free interface; kernels in site_kernel_map.cu).
+// Same contract as the CPU kernel (site_kernel_map_kernels.cc): the same output
+// sites in the same order, and the pairs grouped by kernel offset and, within one offset,
+// ordered by input row.
+#ifndef TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_GPU_H_
+#define TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_GPU_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "common/gpu_common.h"
+#include "site/kernel_map/site_geometry.h"
+
+namespace tf_sparseconv {
+namespace gpu {
+
+// How the GPU finds the output site of every (site, kernel offset) candidate. Both give
+// identical outputs; they differ in speed and temporary memory.
+//   kHash: an open-addressing table of site keys, probed once per candidate (submanifold);
+//          strided and transposed maps deduplicate the reached keys in a second table and
+//          sort only the distinct ones.
+//   kSort: Minuet's map step (seed 002 §4, §5.1): the site keys are sorted once; for each
+//          kernel offset the shifted queries of consecutive sorted sites form a sorted
+//          segment, whose chunks are matched against the sorted keys by a coarse search
+//          (the range of keys a chunk can hit) and a fine search in that range, staged in
+//          shared memory. Strided and transposed maps radix-sort the reached keys instead
+//          (the sort that finds the output sites already pairs every candidate with its
+//          output row).
+enum class SiteMapBuilder : int { kHash = 0, kSort = 1 };
+
+// What the host learns in the op's one round trip.
+struct SiteMapReport {
+  // The first entry row * (1 + d) + column outside its range, detail[0] = its value.
+  CheckSlot range;
+  // The first site that repeats an earlier one: first = (later row << 32) | earlier row,
+  // the pair the CPU kernel reports (earlier = the lowest row with those coordinates).
+  CheckSlot duplicate;
+  // A hash table that filled up (an internal error: its capacity bound was wrong).
+  CheckSlot table_full;
+  int64_t pairs = 0;
+  int64_t out_sites = 0;
+  std::vector<int32_t> offset_splits;  // volume + 1
+};
+
+// The site-key extents must satisfy MakeSiteGeometry's checks, and volume * n <=
+// kMaxSortItems (candidates are indexed and sorted with int).
+//
+// Temporary memory, with C = volume * n candidates:
+//   hash, submanifold   n * 28 + 12 * (pow2 >= 2n) + C * 4
+//   hash, otherwise     the above + 12 * (pow2 >= 2 * reachable sites) + C * 4
+//                       + 24 * out_sites
+//   sort, submanifold   n * (24 + 4 * (1 + d)) + C * 4 + 8 * volume * n / 256
+//   sort, otherwise     n * 24 + C * 28
+//   + 16 bytes per 2048 candidates (compactions) and CUB's sort scratch.
+class SiteKernelMapGpu {
+ public:
+  // Checks the sites (range, then duplicates) and finds every pair and output site;
+  // blocks until the report, with the pair count of every offset, is on the host.
+  GpuStatus Count(Stream stream, Scratch* scratch, const SiteGeometry& geometry,
+                  SiteMapBuilder builder, const int32_t* coords, int64_t n,
+                  SiteMapReport* report);
+  // Writes out_coords [out_sites, 1 + d] and in_rows, out_rows [pairs]; only enqueues.
+  GpuStatus Write(Stream stream, Scratch* scratch, int32_t* out_coords, int32_t* in_rows,
+                  int32_t* out_rows);
+
+ private:
+  SiteGeometry g_;
+  SiteMapBuilder builder_ = SiteMapBuilder::kHash;
+  const int32_t* coords_ = nullptr;
+  int64_t n_ = 0;
+  int64_t pairs_ = 0;
+  int64_t out_sites_ = 0;
+  // found[q * n + i]: the output row (submanifold; strided/transposed with kSort) or the
+  // hash-table slot (strided/transposed with kHash) that site i feeds through offset q,
+  // or -1.
+  int32_t* found_ = nullptr;
+  int64_t offset_stride_ = 0;  // the pair compaction's index space per offset
+  Compaction pair_compaction_;
+  // Strided and transposed maps.
+  unsigned long long* out_table_keys_ = nullptr;  // kHash: the reached keys
+  int32_t* out_table_rows_ = nullptr;             // kHash: slot -> output row (Write)
+  int64_t out_table_capacity_ = 0;
+  Compaction occupied_;                           // kHash: the occupied slots
+  const uint64_t* out_keys_ = nullptr;            // kSort: the sorted output keys
+};
+
+}  // namespace gpu
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_GPU_H_
