@@ -1,6 +1,7 @@
 // The TensorFlow side of the GPU functors' protocol (gpu_common.h): temporary
-// memory from the op's allocator, the compute stream, and the translation of a Report
-// into the CPU kernels' error messages. Only in builds with -DGOOGLE_CUDA=1.
+// memory from the op's allocator, the compute stream, and a failed GpuStatus as a
+// TensorFlow error (each family turns its failed checks into the CPU kernels' messages:
+// channel/channel_sparse_gpu.h, site/*/*_checks.h). Only in builds with -DGOOGLE_CUDA=1.
 #ifndef TF_SPARSECONV_COMMON_GPU_KERNEL_UTIL_H_
 #define TF_SPARSECONV_COMMON_GPU_KERNEL_UTIL_H_
 
@@ -13,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "channel/channel_sparse.h"
 #include "common/gpu_common.h"
 #include "tensorflow/core/common_runtime/device/device_event_mgr.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/errors.h"
 #include "xla/stream_executor/stream.h"
 
 namespace tf_sparseconv {
@@ -84,19 +85,6 @@ inline absl::Status ToStatus(const gpu::GpuStatus& status, const TempScratch& sc
     return tensorflow::errors::ResourceExhausted(op, " on GPU: out of memory (", status.where, ")");
   }
   return tensorflow::errors::Internal(op, " on GPU: ", status.where, ": ", status.what);
-}
-
-// The messages of ValidateKeys and RejectNaN for a failed check.
-inline absl::Status SortedKeysStatus(const gpu::CheckSlot& slot, int64_t limit,
-                                     const char* what) {
-  if (!gpu::Failed(slot)) return absl::OkStatus();
-  return InvalidKeyError(what, static_cast<int64_t>(slot.first), slot.detail[0], slot.detail[1],
-                         limit);
-}
-
-inline absl::Status NaNStatus(const gpu::CheckSlot& slot, const char* what) {
-  if (!gpu::Failed(slot)) return absl::OkStatus();
-  return NaNError(what, static_cast<int64_t>(slot.first));
 }
 
 // The GPU sorts count items with int.

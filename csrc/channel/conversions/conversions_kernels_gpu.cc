@@ -3,6 +3,7 @@
 #if GOOGLE_CUDA
 
 #include "channel/channel_sparse.h"
+#include "channel/channel_sparse_gpu.h"
 #include "channel/conversions/conversions_gpu.h"
 #include "common/gpu_kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"

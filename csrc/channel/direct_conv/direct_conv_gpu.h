@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "common/gpu_common.h"
 #include "channel/direct_conv/selection_mode.h"
+#include "common/gpu_common.h"
 
 namespace tf_sparseconv {
 namespace gpu {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "channel/channel_sparse_gpu.h"
 #include "channel/direct_conv/direct_conv.h"
 #include "channel/direct_conv/direct_conv_checks.h"
 #include "channel/direct_conv/direct_conv_gpu.h"

@@ -5,9 +5,10 @@
 #include <vector>
 
 #include "channel/channel_sparse.h"
-#include "common/gpu_kernel_util.h"
+#include "channel/channel_sparse_gpu.h"
 #include "channel/max_pool/max_pool.h"
 #include "channel/max_pool/max_pool_gpu.h"
+#include "common/gpu_kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {

@@ -3,8 +3,9 @@
 #if GOOGLE_CUDA
 
 #include "channel/channel_sparse.h"
-#include "common/gpu_kernel_util.h"
+#include "channel/channel_sparse_gpu.h"
 #include "channel/relu/sparse_relu_gpu.h"
+#include "common/gpu_kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {

@@ -11,8 +11,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "site/site_checks.h"
 #include "site/conv/site_conv.h"
+#include "site/conv/site_conv_checks.h"
 #include "site/conv/site_gemm_cpu.h"
 #include "tensorflow/core/framework/bfloat16.h"
 #include "tensorflow/core/framework/op_kernel.h"

@@ -13,8 +13,8 @@
 #include <type_traits>
 
 #include "common/gpu_kernel_util.h"
-#include "site/site_checks.h"
 #include "site/conv/site_conv.h"
+#include "site/conv/site_conv_checks.h"
 #include "site/conv/site_conv_gpu.h"
 #include "tensorflow/core/framework/bfloat16.h"
 #include "tensorflow/core/framework/op_kernel.h"

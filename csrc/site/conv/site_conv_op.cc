@@ -1,59 +1,16 @@
-// Registration of the site-sparse convolution family: kernel-map construction and the
-// gather-GEMM-scatter convolution with its filter gradient.
+// Registration of the site-sparse convolution ops: the gather-GEMM-scatter convolution over
+// a kernel map (site/kernel_map/site_kernel_map_op.cc), its neighbour table and its filter
+// gradient.
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
-#include "site/site_checks.h"
+#include "site/conv/site_conv_checks.h"
 
 namespace tf_sparseconv {
 
 using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
-
-REGISTER_OP("SiteKernelMap")
-    .Input("coords: int32")
-    .Input("spatial_shape: int32")
-    .Input("batch_size: int32")
-    .Output("out_coords: int32")
-    .Output("out_spatial_shape: int32")
-    .Output("in_rows: int32")
-    .Output("out_rows: int32")
-    .Output("offset_splits: int32")
-    .Attr("mode: {'submanifold', 'strided', 'transposed'}")
-    .Attr("kernel_size: list(int) >= 1")
-    .Attr("strides: list(int) >= 1")
-    .Attr("padding: list(int) >= 1")
-    .Attr("dilation: list(int) >= 1")
-    .Attr("builder: {'hash', 'sort'} = 'hash'")
-    .SetShapeFn([](InferenceContext* c) {
-      std::vector<int> kernel;
-      TF_RETURN_IF_ERROR(c->GetAttr("kernel_size", &kernel));
-      int64_t volume = 1;
-      for (int k : kernel) volume *= k;
-      ShapeHandle coords;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &coords));
-      c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(coords, 1)));
-      c->set_output(1, c->Vector(static_cast<int64_t>(kernel.size())));
-      c->set_output(2, c->Vector(c->UnknownDim()));
-      c->set_output(3, c->Vector(c->UnknownDim()));
-      c->set_output(4, c->Vector(volume + 1));
-      return absl::OkStatus();
-    })
-    .Doc(R"doc(
-The kernel map of a site-sparse convolution: which input site feeds which output site
-through which kernel offset. coords [N, 1 + d] holds a batch index and d spatial
-coordinates per site (unique, in range, any order). Outputs: the output sites
-(out_coords: the input sites for 'submanifold'; otherwise every site some input
-reaches, sorted by batch then coordinates), their spatial shape, and the pairs
-(in_rows[p], out_rows[p]) grouped by kernel offset: offset q owns pairs
-offset_splits[q] .. offset_splits[q + 1]. Build it once per geometry and reuse it in
-every layer with that geometry. Conventions are spconv 2.x's (site_geometry.h).
-builder: how the GPU kernel builds the map: 'hash' (a hash table of the sites, probed
-per site and kernel offset) or 'sort' (the sites sorted once, each offset's shifted
-queries searched in them, as in Minuet). Both give identical outputs, the CPU kernel's;
-the CPU kernel has one builder (a hash table) and accepts either value.
-)doc");
 
 REGISTER_OP("SiteSparseConv")
     .Input("features: T")

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "site/site_checks.h"
 #include "site/kernel_map/site_geometry.h"
+#include "site/kernel_map/site_kernel_map_checks.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "unsupported/Eigen/CXX11/Tensor"

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "common/gpu_kernel_util.h"
-#include "site/site_checks.h"
 #include "site/kernel_map/site_geometry.h"
+#include "site/kernel_map/site_kernel_map_checks.h"
 #include "site/kernel_map/site_kernel_map_gpu.h"
 #include "tensorflow/core/framework/op_kernel.h"
 

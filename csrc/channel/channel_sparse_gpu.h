@@ -1,0 +1,33 @@
+// The channel-sparse tensor's checks on the GPU (common/gpu_util.cuh's CheckSortedKeys and
+// CheckNaN) turned into the messages of ValidateKeys and RejectNaN (channel_sparse.h), so
+// both devices say the same thing. Only in builds with -DGOOGLE_CUDA=1.
+#ifndef TF_SPARSECONV_CHANNEL_CHANNEL_SPARSE_GPU_H_
+#define TF_SPARSECONV_CHANNEL_CHANNEL_SPARSE_GPU_H_
+
+#if GOOGLE_CUDA
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "channel/channel_sparse.h"
+#include "common/gpu_common.h"
+
+namespace tf_sparseconv {
+
+// The messages of ValidateKeys and RejectNaN for a failed check.
+inline absl::Status SortedKeysStatus(const gpu::CheckSlot& slot, int64_t limit,
+                                     const char* what) {
+  if (!gpu::Failed(slot)) return absl::OkStatus();
+  return InvalidKeyError(what, static_cast<int64_t>(slot.first), slot.detail[0], slot.detail[1],
+                         limit);
+}
+
+inline absl::Status NaNStatus(const gpu::CheckSlot& slot, const char* what) {
+  if (!gpu::Failed(slot)) return absl::OkStatus();
+  return NaNError(what, static_cast<int64_t>(slot.first));
+}
+
+}  // namespace tf_sparseconv
+
+#endif  // GOOGLE_CUDA
+#endif  // TF_SPARSECONV_CHANNEL_CHANNEL_SPARSE_GPU_H_

@@ -1,0 +1,168 @@
+// Checks and error messages of SiteKernelMap (its attributes, the geometry they give, the
+// sites), shared by its CPU and GPU kernels so both devices accept the same inputs and say
+// the same thing about bad ones.
+#ifndef TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_CHECKS_H_
+#define TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_CHECKS_H_
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "site/kernel_map/site_geometry.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/errors.h"
+
+namespace tf_sparseconv {
+
+// The attributes of SiteKernelMap, read once at kernel construction.
+struct SiteMapAttrs {
+  SiteMapMode mode = SiteMapMode::kSubmanifold;
+  std::vector<int64_t> kernel, stride, padding, dilation;
+
+  absl::Status Parse(tensorflow::OpKernelConstruction* ctx) {
+    std::string mode_name;
+    TF_RETURN_IF_ERROR(ctx->GetAttr("mode", &mode_name));
+    if (mode_name == "submanifold") {
+      mode = SiteMapMode::kSubmanifold;
+    } else if (mode_name == "strided") {
+      mode = SiteMapMode::kStrided;
+    } else if (mode_name == "transposed") {
+      mode = SiteMapMode::kTransposed;
+    } else {
+      return tensorflow::errors::InvalidArgument(
+          "mode must be 'submanifold', 'strided' or 'transposed', got '", mode_name, "'");
+    }
+    TF_RETURN_IF_ERROR(ctx->GetAttr("kernel_size", &kernel));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("strides", &stride));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("padding", &padding));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("dilation", &dilation));
+    const size_t d = kernel.size();
+    if (d < 1 || d > static_cast<size_t>(kMaxSpatialDims)) {
+      return tensorflow::errors::InvalidArgument("kernel_size must have 1 to ", kMaxSpatialDims,
+                                                 " entries (one per spatial dimension), got ", d);
+    }
+    if (stride.size() != d || padding.size() != d || dilation.size() != d) {
+      return tensorflow::errors::InvalidArgument(
+          "kernel_size, strides, padding and dilation must have one entry per spatial dimension, got ", d,
+          ", ", stride.size(), ", ", padding.size(), " and ", dilation.size());
+    }
+    for (size_t j = 0; j < d; ++j) {
+      if (kernel[j] < 1 || stride[j] < 1 || dilation[j] < 1 || padding[j] < 0) {
+        return tensorflow::errors::InvalidArgument(
+            "kernel_size, strides and dilation must be >= 1 and padding >= 0; dimension ", j, " has ",
+            kernel[j], ", ", stride[j], ", ", dilation[j], " and ", padding[j]);
+      }
+      if (mode == SiteMapMode::kSubmanifold && kernel[j] % 2 == 0) {
+        return tensorflow::errors::InvalidArgument(
+            "a submanifold convolution needs an odd kernel (its centre is the output site itself); "
+            "kernel_size[", j, "] = ", kernel[j]);
+      }
+      if (mode == SiteMapMode::kSubmanifold && (stride[j] != 1 || padding[j] != 0)) {
+        return tensorflow::errors::InvalidArgument(
+            "a submanifold convolution keeps the input sites: strides must be 1 and padding 0, got ",
+            stride[j], " and ", padding[j], " in dimension ", j);
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+// Geometry from the attributes and the input spatial shape [d] and batch size.
+inline absl::Status MakeSiteGeometry(const SiteMapAttrs& attrs, const tensorflow::Tensor& spatial_shape,
+                                     const tensorflow::Tensor& batch_size, SiteGeometry* g) {
+  const int d = static_cast<int>(attrs.kernel.size());
+  if (spatial_shape.dims() != 1 || spatial_shape.NumElements() != d) {
+    return tensorflow::errors::InvalidArgument("spatial_shape must be a vector of ", d,
+                                               " extents (one per kernel dimension), got shape ",
+                                               spatial_shape.shape().DebugString());
+  }
+  if (batch_size.dims() != 0) {
+    return tensorflow::errors::InvalidArgument("batch_size must be a scalar, got shape ",
+                                               batch_size.shape().DebugString());
+  }
+  g->d = d;
+  g->mode = attrs.mode;
+  g->batch = batch_size.scalar<int32_t>()();
+  if (g->batch < 1) return tensorflow::errors::InvalidArgument("batch_size must be >= 1, got ", g->batch);
+  auto shape = spatial_shape.flat<int32_t>();
+  g->volume = 1;
+  g->out_spatial_size = 1;
+  for (int j = 0; j < d; ++j) {
+    g->kernel[j] = attrs.kernel[j];
+    g->stride[j] = attrs.stride[j];
+    g->padding[j] = attrs.padding[j];
+    g->dilation[j] = attrs.dilation[j];
+    g->in_shape[j] = shape(j);
+    if (shape(j) < 1) {
+      return tensorflow::errors::InvalidArgument("spatial_shape entries must be >= 1, got spatial_shape[", j,
+                                                 "] = ", shape(j));
+    }
+    const int64_t span = g->dilation[j] * (g->kernel[j] - 1);
+    int64_t out;
+    switch (attrs.mode) {
+      case SiteMapMode::kSubmanifold:
+        out = g->in_shape[j];
+        break;
+      case SiteMapMode::kStrided:
+        out = (g->in_shape[j] + 2 * g->padding[j] - span - 1) / g->stride[j] + 1;
+        if (g->in_shape[j] + 2 * g->padding[j] - span - 1 < 0) out = 0;
+        break;
+      default:
+        out = (g->in_shape[j] - 1) * g->stride[j] - 2 * g->padding[j] + span + 1;
+        break;
+    }
+    if (out < 1 || out > std::numeric_limits<int32_t>::max()) {
+      return tensorflow::errors::InvalidArgument(
+          "the output spatial extent of dimension ", j, " would be ", out, " (input ", g->in_shape[j],
+          ", kernel ", g->kernel[j], ", stride ", g->stride[j], ", padding ", g->padding[j], ", dilation ",
+          g->dilation[j], "); it must be in [1, 2^31 - 1]");
+    }
+    g->out_shape[j] = out;
+    g->volume *= g->kernel[j];
+  }
+  // Site keys are (batch, coordinates) row-major over the larger grid: they must fit int64.
+  int64_t cells = g->batch;
+  for (int j = 0; j < d; ++j) {
+    const int64_t extent = g->in_shape[j] > g->out_shape[j] ? g->in_shape[j] : g->out_shape[j];
+    if (__builtin_mul_overflow(cells, extent, &cells)) {
+      return tensorflow::errors::InvalidArgument(
+          "key overflow: batch_size times the spatial extents must stay below 2^63");
+    }
+  }
+  for (int j = 0; j < d; ++j) g->out_spatial_size *= g->out_shape[j];
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckCoordsShape(const tensorflow::Tensor& coords, int d) {
+  if (coords.dims() != 2 || coords.dim_size(1) != d + 1) {
+    return tensorflow::errors::InvalidArgument(
+        "coords must be [N, ", d + 1, "] (batch index, then ", d, " spatial coordinates), got shape ",
+        coords.shape().DebugString());
+  }
+  if (coords.dim_size(0) > std::numeric_limits<int32_t>::max()) {
+    return tensorflow::errors::InvalidArgument("at most 2^31 - 1 sites are supported, got ", coords.dim_size(0));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CoordOutOfRangeError(int64_t row, int column, int64_t value, int64_t limit) {
+  if (column == 0) {
+    return tensorflow::errors::InvalidArgument("site ", row, " has batch index ", value,
+                                               ", outside [0, batch_size = ", limit, ")");
+  }
+  return tensorflow::errors::InvalidArgument("site ", row, " has coordinate ", value, " in spatial dimension ",
+                                             column - 1, ", outside [0, ", limit, ")");
+}
+
+inline absl::Status DuplicateSiteError(int64_t first, int64_t second) {
+  return tensorflow::errors::InvalidArgument("sites ", first, " and ", second,
+                                             " have the same coordinates; each site must appear once "
+                                             "(merge duplicates, e.g. with tf_sparseconv.voxelize_sites)");
+}
+
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_CHECKS_H_
