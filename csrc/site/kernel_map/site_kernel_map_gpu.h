@@ -1,4 +1,5 @@
-// The GPU functor of SiteKernelMap (CUDA-free interface; kernels in site_kernel_map.cu).
+// The GPU functor of SiteKernelMap (CUDA-free interface; kernels in site_kernel_map.cu,
+// and each builder's in site_kernel_map_hash.cu and site_kernel_map_sort.cu).
 // Same contract as the CPU kernel (site_kernel_map_kernels.cc): the same output
 // sites in the same order, and the pairs grouped by kernel offset and, within one offset,
 // ordered by input row.
@@ -27,6 +28,9 @@ namespace gpu {
 //          (the sort that finds the output sites already pairs every candidate with its
 //          output row).
 enum class SiteMapBuilder : int { kHash = 0, kSort = 1 };
+
+// The report in device memory (site_kernel_map.cuh).
+struct SiteMapDeviceReport;
 
 // What the host learns in the op's one round trip.
 struct SiteMapReport {
@@ -64,6 +68,16 @@ class SiteKernelMapGpu {
                   int32_t* out_rows);
 
  private:
+  // Each builder's part of Count: the duplicate check, found_, and the output sites of a
+  // strided or transposed map (site_kernel_map_hash.cu, site_kernel_map_sort.cu).
+  GpuStatus CountHash(Stream stream, Scratch* scratch, const int32_t* offset_index, uint64_t* site_keys[2],
+                      int32_t* site_rows[2], SiteMapDeviceReport* device_report);
+  GpuStatus CountSort(Stream stream, Scratch* scratch, const int32_t* offset_index, uint64_t* site_keys[2],
+                      int32_t* site_rows[2], SiteMapDeviceReport* device_report);
+  // Each builder's part of Write: the output sites of a strided or transposed map.
+  GpuStatus WriteHash(Stream stream, Scratch* scratch, int32_t* out_coords);
+  GpuStatus WriteSort(Stream stream, int32_t* out_coords);
+
   SiteGeometry g_;
   SiteMapBuilder builder_ = SiteMapBuilder::kHash;
   const int32_t* coords_ = nullptr;

@@ -1,0 +1,35 @@
+// What SiteKernelMapGpu's skeleton (site_kernel_map.cu) and its two builders
+// (site_kernel_map_hash.cu, site_kernel_map_sort.cu) share on the device.
+#ifndef TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_CUH_
+#define TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_CUH_
+
+#include <cstdint>
+
+#include "common/gpu_util.cuh"
+#include "site/kernel_map/site_kernel_map_gpu.h"
+
+namespace tf_sparseconv {
+namespace gpu {
+
+// The report in device memory, followed by volume + 1 int64 offset starts; the whole
+// block is copied to the host in one piece.
+struct SiteMapDeviceReport {
+  CheckSlot range;
+  CheckSlot duplicate;
+  CheckSlot table_full;
+  int64_t pairs;
+  int64_t out_sites;
+};
+
+__device__ inline bool SitesInRange(const SiteMapDeviceReport* report) {
+  return report->range.first == kNoError;
+}
+
+__device__ inline void LoadOffset(const int32_t* offset_index, int d, int64_t q, int64_t* qi) {
+  for (int j = 0; j < d; ++j) qi[j] = offset_index[q * d + j];
+}
+
+}  // namespace gpu
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_CUH_
