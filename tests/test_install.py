@@ -1,7 +1,8 @@
 """The install path: the package installed into the test environment (by scripts/setup_env.sh,
 as CI does from a fresh clone) imports from outside the source tree, declares its dependencies
-and its console script; a wheel carries the op library; setup.py's CUDA decision and GPU
-architecture choice, as pure functions."""
+and its console script; a wheel carries the op library, and one with GPU kernels compiles
+wherever nvcc is found; setup.py's CUDA decision and GPU architecture choice, as pure functions."""
+import glob
 import importlib.metadata
 import importlib.util
 import os
@@ -163,6 +164,44 @@ def test_wheel_contains_the_op_library_and_its_build_info(tmp_path):
     assert _requirement_names(re.findall(r"^Requires-Dist: (.+)$", metadata, flags=re.M)) == DECLARED
     # A non-editable build leaves the source tree's build info alone.
     assert not (source / "tf_sparseconv" / "_build_info.py").exists()
+
+
+def _cuda_compile_problem():
+    """Why this machine cannot compile the GPU kernels (no nvcc, or a toolkit without the CUDA
+    runtime or CUB headers), or None."""
+    nvcc = setup_py.find_nvcc()
+    if nvcc is None:
+        return "no CUDA compiler (nvcc): set CUDA_HOME or put nvcc on PATH to compile the GPU kernels"
+    try:
+        return setup_py.CudaToolkit(nvcc).problem()
+    except (OSError, subprocess.CalledProcessError) as e:
+        return f"{nvcc} does not run ({e})"
+
+
+def test_wheel_with_gpu_kernels_compiles(tmp_path):
+    """Every CUDA source and GPU OpKernel compiles and links, for one architecture (sm_90), where
+    nvcc is found, also without a GPU or a CUDA TensorFlow (TF_SPARSECONV_CUDA=1): CI's check of the
+    GPU code it cannot run (about 4 minutes on 2 cores)."""
+    problem = _cuda_compile_problem()
+    if problem:
+        pytest.skip(problem)
+    source = _source_copy(tmp_path)
+    env = dict(os.environ, TF_SPARSECONV_CUDA="1", TF_SPARSECONV_CUDA_ARCHS="90")
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v",
+                             "-w", str(tmp_path / "wheels"), str(source)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=2400)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert "CPU and GPU kernels (TF_SPARSECONV_CUDA=1" in output and "for sm_90 from TF_SPARSECONV_CUDA_ARCHS" in output
+    units = set(re.findall(r"tf_sparseconv: \[\d+/\d+\] (\S+)", output))
+    expected = {os.path.relpath(path, source) for pattern in ("**/*.cu", "**/*_gpu.cc")
+                for path in glob.glob(str(source / setup_py.SOURCES / pattern), recursive=True)}
+    assert expected and expected <= units, f"not compiled: {sorted(expected - units)}"
+    assert not re.search(r":\d+:\d+: warning:|\(\d+\): warning", output), "compiler warnings reached the build output"
+    (wheel,) = (tmp_path / "wheels").glob("tf_sparseconv-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        build_info = archive.read("tf_sparseconv/_build_info.py").decode()
+    assert "CUDA = True" in build_info and "CUDA_ARCHS = ['90']" in build_info
 
 
 # ---------------------------------------------------------------------------------------
