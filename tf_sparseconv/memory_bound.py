@@ -7,7 +7,7 @@ the bytes of the layer's outputs and of the temporaries its CPU kernel allocates
 for the whole forward pass the sum of all outputs plus the largest temporary (every
 activation kept alive at once: an upper bound for inference).
 
-The temporary terms follow the CPU kernels in cc_ops/ (see direct_conv_kernels.cc):
+The temporary terms follow the CPU kernels in csrc/channel/ (see direct_conv_kernels.cc):
 decoded coordinates (4 bytes per entry and dimension), segment offsets, the present-
 weight lists, the kept entries of every output segment until the output is assembled,
 and per worker block either the dense path's position-major [R1*...*Rd, Cout] scratch
@@ -46,7 +46,7 @@ ALLOCATION_OVERHEAD = 4096 + 16 + 64
 # pages (a to_dense call was measured one page over its buffers on a fresh CI machine).
 CALL_OVERHEAD = 64 << 10
 # Largest per-block scratch for which the conv kernel may pick its dense path
-# (kMaxDenseScratchBytes in cc_ops/direct_conv.h).
+# (kMaxDenseScratchBytes in csrc/channel/direct_conv/direct_conv.h).
 MAX_DENSE_SCRATCH_BYTES = 64 << 20
 
 

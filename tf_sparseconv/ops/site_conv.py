@@ -1,10 +1,11 @@
 """Site-sparse convolution: kernel maps, gather-GEMM-scatter convolution (submanifold,
 strided, transposed, inverse), pooling and density-bounded site selection.
 
-Conventions follow spconv 2.x (cc_ops/site_geometry.h): `site_conv(..., subm=True)` is
-SubMConv, `site_conv` SparseConv, `site_conv_transpose` SparseConvTranspose and
-`site_inverse_conv` SparseInverseConv. Kernels are TensorFlow-shaped [k1, ..., kd, Cin,
-Cout]; spconv's [Cout, k1, ..., kd, Cin] is `tf.transpose(w, [1, ..., d, d + 1, 0])`.
+Conventions follow spconv 2.x (csrc/site/kernel_map/site_geometry.h):
+`site_conv(..., subm=True)` is SubMConv, `site_conv` SparseConv, `site_conv_transpose`
+SparseConvTranspose and `site_inverse_conv` SparseInverseConv. Kernels are TensorFlow-shaped
+[k1, ..., kd, Cin, Cout]; spconv's [Cout, k1, ..., kd, Cin] is
+`tf.transpose(w, [1, ..., d, d + 1, 0])`.
 """
 import numbers
 import os
