@@ -5,6 +5,8 @@ that it learns."""
 import json
 import os
 import re
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -17,6 +19,7 @@ from tf_sparseconv import train
 from tf_sparseconv.models import core_model, normalize_point_clouds, octnet3
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A run of a few seconds: 8^3, two sparse blocks, 6 shapes per class (40 train, 8 validation).
 TINY = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--synthetic-per-class", "6",
         "--batch-size", "8"]
@@ -197,8 +200,9 @@ def test_vote_mirror_is_refused_for_mnist(tmp_path, capsys):
 
 
 def test_backup_dir_resumes_from_the_last_finished_epoch(tmp_path, capsys):
+    # a constant rate: under the built-in shapes' default cosine schedule --epochs may not grow
     common = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--synthetic-per-class", "6",
-              "--batch-size", "8", "--backup-dir", str(tmp_path / "backup")]
+              "--batch-size", "8", "--lr-schedule", "constant", "--backup-dir", str(tmp_path / "backup")]
     first = train.main(common + ["--epochs", "1", "--out", str(tmp_path / "a")])
     # Nothing left to train: the restored model is the first run's model, and its history is the first run's.
     again = train.main(common + ["--epochs", "1", "--out", str(tmp_path / "b")])
@@ -234,7 +238,7 @@ def test_backup_saved_before_lam_terms_resumes_only_with_the_weights_only_penalt
     """A run saved before --lam-terms existed pulled the weights only: resuming it under the
     new default (weights and biases) would change the regulariser mid-run, so it is refused."""
     parser = train.build_parser()
-    argv = ["--dataset", "synthetic", "--lam", "0.3", "--backup-dir", str(tmp_path)]
+    argv = ["--dataset", "synthetic", "--lam", "0.3", "--lr-schedule", "constant", "--backup-dir", str(tmp_path)]
     old = {k: v for k, v in vars(train.parse_args(parser, argv)).items()
            if k not in train.RESUMABLE_CHANGES and k not in ("lam_terms", "finetune_epochs", "lam_density")}
     (tmp_path / "run_args.json").write_text(json.dumps(old))
@@ -248,7 +252,7 @@ def test_backup_saved_before_the_eq4_options_needed_lam_resumes_a_baseline(tmp_p
     """A lambda = 0 run saved before --lam-terms and --finetune-epochs existed resumes under
     the same arguments: the missing options take the values main() resolves them to."""
     parser = train.build_parser()
-    argv = ["--dataset", "synthetic", "--backup-dir", str(tmp_path)]
+    argv = ["--dataset", "synthetic", "--lr-schedule", "constant", "--backup-dir", str(tmp_path)]
     old = {k: v for k, v in vars(train.parse_args(parser, argv)).items()
            if k not in train.RESUMABLE_CHANGES and k not in ("lam_terms", "finetune_epochs", "lam_density")}
     assert old["lam_reduction"] == "sum"
@@ -376,6 +380,8 @@ BAD_ARGUMENTS = [
     (["--synthetic-per-class", "0"], "--synthetic-per-class must be >= 1"),
     (["--resolution", "abc"], "argument --resolution: invalid int value: 'abc'"),
     (["--dataset", "mnist", "--resolution", "32"], "--resolution 32 does not apply to MNIST"),
+    (["--dataset", "mnist", "--augment"], "--augment applies to point clouds"),
+    (["--resolution", "16", "--lam", "0.1"], "at 16 every block is unbounded (rho 1.0); give --rho values below 1"),
     (["--dataset", "modelnet40", "--data-dir", "{missing}"],
      "--data-dir {missing} does not exist; expected a folder with modelnet40_train.npz"),
     (["--dataset", "modelnet40", "--data-dir", "{empty}"],
@@ -502,6 +508,16 @@ def test_a_run_writes_the_serving_model_split_curve_and_tensorboard(tmp_path, mo
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
     accuracy = float(np.mean(np.argmax(logits, axis=-1) == labels[val]))
     assert accuracy == pytest.approx(results["val_accuracy"])
+    # a fresh process needs nothing but `import tf_sparseconv` to load and use it
+    np.save(tmp_path / "clouds.npy", clouds[val])
+    script = ("import sys, keras, numpy as np, tf_sparseconv\n"
+              "model = keras.models.load_model(sys.argv[1])\n"
+              "print(' '.join(map(str, np.argmax(model.predict(np.load(sys.argv[2]), verbose=0), -1))))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(out / "model.keras"), str(tmp_path / "clouds.npy")],
+                          capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(c) for c in np.argmax(logits, -1)]
     # clouds elsewhere and at another scale are normalised as in training, not clipped
     np.testing.assert_allclose(model.predict(clouds[val] * 7.5 + 3.0, verbose=0), logits, rtol=1e-4, atol=1e-4)
     assert model.evaluate(clouds[val], labels[val], verbose=0, return_dict=True)["accuracy"] == pytest.approx(accuracy)
@@ -530,3 +546,31 @@ def test_a_run_writes_the_serving_model_split_curve_and_tensorboard(tmp_path, mo
     assert results["memory_unbounded_bytes"] > results["memory_bound_bytes"]  # rho 0.5 bounds it
     assert f"tf-sparseconv evaluate {os.path.join('runs', out.name, 'model.keras')} --split val" in printed
     assert f"tf-sparseconv predict {os.path.join('runs', out.name, 'model.keras')} FILE" in printed
+
+
+def test_a_few_epochs_on_the_built_in_shapes_learn_well_above_chance(tmp_path):
+    """16^3 with density bounds (k-selection on), 60 shapes per class, a quarter held out, a
+    constant rate: after 4 epochs the validation accuracy was 0.65 (chance: 1/8; 0.59 under
+    a cosine schedule, 0.57 with 80 shapes per class: at 16^3 these few shapes overfit)."""
+    results = train.main(["--dataset", "synthetic", "--resolution", "16", "--rho", "0.3", "0.6",
+                          "--synthetic-per-class", "60", "--val-fraction", "0.25", "--batch-size", "8", "--epochs", "4",
+                          "--lr-schedule", "constant", "--out", str(tmp_path / "run")])
+    assert results["examples"] == 480 and len(json.loads((tmp_path / "run" / "split.json").read_text())[
+        "val_indices"]) == 120
+    assert results["val_accuracy"] >= 0.5, results["history"]["val_accuracy"]
+    assert results["history"]["loss"][-1] < 0.75 * results["history"]["loss"][0]
+    # k-selection held the first block's layers at their bound
+    assert all(layer["density"] <= layer["rho_up"] + 1e-6 for layer in results["layers"])
+
+
+def test_the_main_job_is_octnet3_at_32_with_table4_bounds_on_the_built_in_shapes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = train.parse_args(train.build_parser(), [])
+    assert (args.model, args.dataset, args.resolution, args.rho) == ("octnet3", "synthetic", 32, None)
+    assert train.DEFAULT_RHOS[32] == (0.14, 0.33, 0.66)
+    assert (args.epochs, args.batch_size, args.lr_schedule, args.synthetic_per_class) == (
+        train.RECIPES["synthetic"]["epochs"], 8, "cosine", train.DEFAULT_SYNTHETIC_PER_CLASS)
+    assert args.out.startswith("runs/synthetic-octnet3-") and not os.path.exists("runs")
+    mnist = _npz(tmp_path / "mnist.npz", images=np.zeros([4, 28, 28], np.uint8), labels=np.zeros(4, np.int64))
+    other = train.parse_args(train.build_parser(), ["--dataset", "mnist", "--data-dir", mnist])
+    assert (other.resolution, other.epochs, other.batch_size, other.lr_schedule) == (28, 8, 32, "constant")

@@ -66,7 +66,8 @@ def _scalar_metadata():
 
 class TensorBoardScalars(keras.callbacks.Callback):
     """Per-epoch scalars under log_dir: train/ holds loss, accuracy, each sparse layer's
-    density (density/<layer>), present_weights and seconds_per_epoch; validation/ holds
+    density (density/<layer>), present_weights, seconds_per_epoch and
+    cpu_seconds_per_epoch; validation/ holds
     loss and accuracy under the same tags, so TensorBoard draws both in one chart. Needs
     no tensorboard package to write; `tensorboard --logdir <log_dir>` shows them."""
 
@@ -89,8 +90,8 @@ class TensorBoardScalars(keras.callbacks.Callback):
                     validation[key[4:]] = value
             elif key.endswith(DENSITY_SUFFIX):
                 train[f"density/{key[:-len(DENSITY_SUFFIX)]}"] = value
-            elif key == "sec_per_epoch":
-                train["seconds_per_epoch"] = value
+            elif key in ("sec_per_epoch", "cpu_sec_per_epoch"):
+                train[key.replace("sec_per_epoch", "seconds_per_epoch")] = value
             elif key != "peak_rss_bytes":
                 train[key] = value
         metadata = _scalar_metadata()
@@ -180,10 +181,11 @@ def memory_lines(results):
 def summary_lines(results, written, next_commands):
     """The closing summary: accuracy, the sparse layers, the memory bound against the dense
     grid's, peak memory, the files written ({name: description}) and the commands to run next."""
-    seconds = results["sec_per_epoch"]
+    seconds, cpu = results["sec_per_epoch"], results["history"].get("cpu_sec_per_epoch")
     chance = 1 / results["num_classes"]
     lines = [f"validation accuracy {results['val_accuracy']:.4f} (chance {chance:.3f}) after {results['epochs']} "
-             f"epochs; {np.mean(seconds):.1f} s per epoch (first {seconds[0]:.1f} s)"]
+             f"epochs; {np.mean(seconds):.1f} s per epoch (first {seconds[0]:.1f} s"
+             + (f"; CPU time {np.mean(cpu):.1f} s per epoch" if cpu else "") + ")"]
     if results.get("val_accuracy_mirror_vote") is not None:
         lines.append(f"validation accuracy voting over each cloud and its mirror image "
                      f"{results['val_accuracy_mirror_vote']:.4f}")
