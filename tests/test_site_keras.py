@@ -332,5 +332,5 @@ def test_train_entry_point_trains_site_resnet_on_synthetic(tmp_path, capsys):
     model = keras.models.load_model(tmp_path / "model.keras")
     assert model.output_shape == (None, 8)
     with pytest.raises(SystemExit):
-        train.main(["--model", "site-resnet", "--rho", "0.5", "--out", str(tmp_path)])
+        train.main(["--model", "site-resnet", "--rho", "0.5", "--out", str(tmp_path / "again")])
     assert "apply to the channel-sparse octnet3 model" in capsys.readouterr().err
