@@ -1,6 +1,7 @@
 // The channel-sparse tensor's checks on the GPU (common/gpu_util.cuh's CheckSortedKeys and
 // CheckNaN) turned into the messages of ValidateKeys and RejectNaN (channel_sparse.h), so
-// both devices say the same thing. Only in builds with -DGOOGLE_CUDA=1.
+// both devices say the same thing, and what every GPU functor of the family holds. Only in
+// builds with -DGOOGLE_CUDA=1.
 #ifndef TF_SPARSECONV_CHANNEL_CHANNEL_SPARSE_GPU_H_
 #define TF_SPARSECONV_CHANNEL_CHANNEL_SPARSE_GPU_H_
 
@@ -11,6 +12,8 @@
 #include "absl/status/status.h"
 #include "channel/channel_sparse.h"
 #include "common/gpu_common.h"
+#include "common/gpu_kernel_util.h"
+#include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {
 
@@ -26,6 +29,23 @@ inline absl::Status NaNStatus(const gpu::CheckSlot& slot, const char* what) {
   if (!gpu::Failed(slot)) return absl::OkStatus();
   return NaNError(what, static_cast<int64_t>(slot.first));
 }
+
+// The TensorFlow side of an op's GPU functor (the Op<GPUDevice, T> specialisations): the
+// op's temporary memory, which lives until Compute returns, its stream, and a failed
+// gpu::GpuStatus as the op's error.
+class GpuFunctorBase {
+ protected:
+  GpuFunctorBase(tensorflow::OpKernelContext* ctx, const char* op)
+      : scratch_(ctx), stream_(GpuStream(ctx)), op_(op) {}
+
+  absl::Status ToStatus(const gpu::GpuStatus& status) const {
+    return ::tf_sparseconv::ToStatus(status, scratch_, op_);
+  }
+
+  TempScratch scratch_;
+  const gpu::Stream stream_;
+  const char* const op_;
+};
 
 }  // namespace tf_sparseconv
 

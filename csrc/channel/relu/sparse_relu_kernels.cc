@@ -1,52 +1,48 @@
-// CPU kernel of the sparse ReLU.
-#include "channel/channel_sparse.h"
-#include "tensorflow/core/framework/op_kernel.h"
+// The sparse ReLU's CPU functor and the CPU registration of its OpKernel
+// (sparse_relu_kernels.h).
+#include "channel/relu/sparse_relu_kernels.h"
 
 namespace tf_sparseconv {
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-
 template <typename T>
-class SparseReluOp : public OpKernel {
+class SparseReluFunctor<CPUDevice, T> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& keys = ctx->input(0);
-    const Tensor& values = ctx->input(1);
-    KeyLayout L;
-    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &L));
-    OP_REQUIRES_OK(ctx, ValidateKeysTensor(keys, L, "relu input"));
-    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(keys, values, "relu input"));
-    const int64_t n = keys.NumElements();
-    const T* v = values.flat<T>().data();
-    OP_REQUIRES_OK(ctx, RejectNaN(v, n, "relu input values"));
-    int64_t m = 0;
-    for (int64_t i = 0; i < n; ++i) m += v[i] > T(0);
-    Tensor *out_keys, *out_values, *kept;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &out_keys));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m}), &out_values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({m}), &kept));
-    const int64_t* k = keys.flat<int64_t>().data();
-    int64_t* ok = out_keys->flat<int64_t>().data();
-    T* ov = out_values->flat<T>().data();
-    int64_t* kp = kept->flat<int64_t>().data();
-    for (int64_t i = 0, j = 0; i < n; ++i) {
-      if (!(v[i] > T(0))) continue;
-      ok[j] = k[i];
-      ov[j] = v[i];
-      kp[j++] = i;
-    }
+  explicit SparseReluFunctor(tensorflow::OpKernelContext*) {}
+
+  absl::Status Count(const KeyLayout& layout, const int64_t* keys, const T* values, int64_t n,
+                     int64_t* count) {
+    TF_RETURN_IF_ERROR(ValidateKeys(keys, n, layout, "relu input"));
+    TF_RETURN_IF_ERROR(RejectNaN(values, n, "relu input values"));
+    keys_ = keys;
+    values_ = values;
+    n_ = n;
+    *count = 0;
+    for (int64_t i = 0; i < n; ++i) *count += values[i] > T(0);
+    return absl::OkStatus();
   }
+
+  absl::Status Write(int64_t* out_keys, T* out_values, int64_t* kept) {
+    for (int64_t i = 0, j = 0; i < n_; ++i) {
+      if (!(values_[i] > T(0))) continue;
+      out_keys[j] = keys_[i];
+      out_values[j] = values_[i];
+      kept[j++] = i;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int64_t* keys_ = nullptr;
+  const T* values_ = nullptr;
+  int64_t n_ = 0;
 };
 
-REGISTER_KERNEL_BUILDER(
-    Name("SparseRelu").Device(::tensorflow::DEVICE_CPU).TypeConstraint<float>("T"),
-    SparseReluOp<float>);
-REGISTER_KERNEL_BUILDER(
-    Name("SparseRelu").Device(::tensorflow::DEVICE_CPU).TypeConstraint<double>("T"),
-    SparseReluOp<double>);
+#define REGISTER_CPU(T)                                                                       \
+  REGISTER_KERNEL_BUILDER(                                                                    \
+      Name("SparseRelu").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),             \
+      SparseReluOp<CPUDevice, T>);
+REGISTER_CPU(float);
+REGISTER_CPU(double);
+#undef REGISTER_CPU
 
 }  // namespace tf_sparseconv

@@ -1,50 +1,35 @@
-// GPU kernel of the sparse ReLU: checks and allocation here, arithmetic in
-// sparse_relu.cu.
+// The sparse ReLU's GPU functor, over SparseReluGpu (sparse_relu.cu), and the GPU
+// registration of its OpKernel (sparse_relu_kernels.h).
 #if GOOGLE_CUDA
 
-#include "channel/channel_sparse.h"
 #include "channel/channel_sparse_gpu.h"
 #include "channel/relu/sparse_relu_gpu.h"
-#include "common/gpu_kernel_util.h"
-#include "tensorflow/core/framework/op_kernel.h"
+#include "channel/relu/sparse_relu_kernels.h"
 
 namespace tf_sparseconv {
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-
 template <typename T>
-class SparseReluGpuOp : public OpKernel {
+class SparseReluFunctor<GPUDevice, T> : GpuFunctorBase {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& keys = ctx->input(0);
-    const Tensor& values = ctx->input(1);
-    KeyLayout L;
-    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &L));
-    OP_REQUIRES_OK(ctx, CheckKeysVector(keys, "relu input"));
-    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(keys, values, "relu input"));
-    TempScratch scratch(ctx);
-    gpu::SparseReluGpu<T> relu;
+  explicit SparseReluFunctor(tensorflow::OpKernelContext* ctx) : GpuFunctorBase(ctx, "SparseRelu") {}
+
+  // The data checks run on the device, in the pass that counts the kept entries.
+  absl::Status Count(const KeyLayout& layout, const int64_t* keys, const T* values, int64_t n,
+                     int64_t* count) {
     gpu::Report report;
-    OP_REQUIRES_OK(ctx, ToStatus(relu.Count(GpuStream(ctx), &scratch, L,
-                                            keys.flat<int64_t>().data(), values.flat<T>().data(),
-                                            keys.NumElements(), &report),
-                                 scratch, "SparseRelu"));
-    OP_REQUIRES_OK(ctx, SortedKeysStatus(report.checks[gpu::kReluKeys], L.num_keys(),
-                                         "relu input"));
-    OP_REQUIRES_OK(ctx, NaNStatus(report.checks[gpu::kReluNaN], "relu input values"));
-    Tensor *out_keys, *out_values, *kept;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({report.count}), &out_keys));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({report.count}), &out_values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({report.count}), &kept));
-    OP_REQUIRES_OK(ctx, ToStatus(relu.Write(GpuStream(ctx), out_keys->flat<int64_t>().data(),
-                                            out_values->flat<T>().data(),
-                                            kept->flat<int64_t>().data()),
-                                 scratch, "SparseRelu"));
+    TF_RETURN_IF_ERROR(ToStatus(relu_.Count(stream_, &scratch_, layout, keys, values, n, &report)));
+    TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[gpu::kReluKeys], layout.num_keys(), "relu input"));
+    TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kReluNaN], "relu input values"));
+    *count = report.count;
+    return absl::OkStatus();
   }
+
+  absl::Status Write(int64_t* out_keys, T* out_values, int64_t* kept) {
+    return ToStatus(relu_.Write(stream_, out_keys, out_values, kept));
+  }
+
+ private:
+  gpu::SparseReluGpu<T> relu_;
 };
 
 #define REGISTER_GPU(T)                                        \
@@ -52,7 +37,7 @@ class SparseReluGpuOp : public OpKernel {
                               .Device(::tensorflow::DEVICE_GPU) \
                               .TypeConstraint<T>("T")          \
                               .HostMemory("dense_shape"),      \
-                          SparseReluGpuOp<T>);
+                          SparseReluOp<GPUDevice, T>);
 REGISTER_GPU(float);
 REGISTER_GPU(double);
 #undef REGISTER_GPU
