@@ -1,118 +1,98 @@
-// CPU kernel of the sparse max-pooling op: per (b, c) segment, order the entries by
-// their pooled position (stably, so key order breaks ties), then reduce each run.
+// The sparse max-pooling op's CPU functor: per (b, c) segment, order the entries by their
+// pooled position (stably, so key order breaks ties), then reduce each run; and the CPU
+// registration of its OpKernel (max_pool_kernels.h).
 #define EIGEN_USE_THREADS
 
 #include <algorithm>
 #include <numeric>
 #include <vector>
 
-#include "channel/channel_sparse.h"
-#include "channel/max_pool/max_pool.h"
-#include "tensorflow/core/framework/op_kernel.h"
+#include "channel/max_pool/max_pool_kernels.h"
 #include "unsupported/Eigen/CXX11/Tensor"
 
 namespace tf_sparseconv {
 
-using CPUDevice = Eigen::ThreadPoolDevice;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-namespace errors = ::tensorflow::errors;
-
 template <typename T>
-class SparseMaxPoolOp : public OpKernel {
+class SparseMaxPoolFunctor<CPUDevice, T> {
  public:
-  explicit SparseMaxPoolOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("strides", &strides_));
-    OP_REQUIRES_OK(ctx, CheckStridesAttr(strides_));
-  }
+  explicit SparseMaxPoolFunctor(tensorflow::OpKernelContext* ctx)
+      : device_(ctx->eigen_device<CPUDevice>()) {}
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& keys = ctx->input(0);
-    const Tensor& values = ctx->input(1);
-    KeyLayout in;
-    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &in));
-    OP_REQUIRES_OK(ctx, CheckStridesMatch(strides_, in));
-    OP_REQUIRES_OK(ctx, ValidateKeysTensor(keys, in, "max_pool input"));
-    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(keys, values, "max_pool input"));
-    const int64_t n = keys.NumElements();
-    const int64_t* k = keys.flat<int64_t>().data();
-    const T* v = values.flat<T>().data();
-    OP_REQUIRES_OK(ctx, RejectNaN(v, n, "max_pool input values"));
-
-    std::vector<int64_t> out_dims;
-    KeyLayout out;
-    OP_REQUIRES_OK(ctx, PooledLayout(in, strides_, &out_dims, &out));
-
-    std::vector<int64_t> in_offsets;
-    SegmentOffsets(k, n, in, &in_offsets);
-    // pooled[i]: the output key of entry i; order: entries sorted by (pooled, i).
-    std::vector<int64_t> pooled(n), order(n);
-    std::vector<int64_t> seg_count(in.num_segments() + 1, 0);
-    const CPUDevice& device = ctx->eigen_device<CPUDevice>();
-    device.parallelFor(
-        in.num_segments(), Eigen::TensorOpCost(0, 0, 20.0 * (1.0 + n / (in.num_segments() + 1.0))),
+  absl::Status Count(const KeyLayout& in, const KeyLayout& out, const std::vector<int32_t>& strides,
+                     const int64_t* k, const T* v, int64_t n, int64_t* count) {
+    TF_RETURN_IF_ERROR(ValidateKeys(k, n, in, "max_pool input"));
+    TF_RETURN_IF_ERROR(RejectNaN(v, n, "max_pool input values"));
+    values_ = v;
+    n_ = n;
+    num_segments_ = in.num_segments();
+    SegmentOffsets(k, n, in, &in_offsets_);
+    // pooled_[i]: the output key of entry i; order_: entries sorted by (pooled, i).
+    pooled_.assign(n, 0);
+    order_.assign(n, 0);
+    seg_count_.assign(num_segments_ + 1, 0);
+    device_.parallelFor(
+        num_segments_, Eigen::TensorOpCost(0, 0, 20.0 * (1.0 + n / (num_segments_ + 1.0))),
         [&](Eigen::Index first, Eigen::Index last) {
           std::vector<int32_t> x(in.d);
           for (Eigen::Index s = first; s < last; ++s) {
-            const int64_t s0 = in_offsets[s], s1 = in_offsets[s + 1];
+            const int64_t s0 = in_offsets_[s], s1 = in_offsets_[s + 1];
             for (int64_t i = s0; i < s1; ++i) {
               DecodeSpatial(in.spatial_of(k[i]), in, x.data());
               int64_t lin = 0;
-              for (int j = 0; j < in.d; ++j) lin += (x[j] / strides_[j]) * out.stride[j];
-              pooled[i] = s * out.spatial_size + lin;
-              order[i] = i;
+              for (int j = 0; j < in.d; ++j) lin += (x[j] / strides[j]) * out.stride[j];
+              pooled_[i] = s * out.spatial_size + lin;
+              order_[i] = i;
             }
-            std::stable_sort(order.begin() + s0, order.begin() + s1,
-                             [&](int64_t a, int64_t b) { return pooled[a] < pooled[b]; });
+            std::stable_sort(order_.begin() + s0, order_.begin() + s1,
+                             [&](int64_t a, int64_t b) { return pooled_[a] < pooled_[b]; });
             int64_t runs = 0;
             for (int64_t i = s0; i < s1; ++i)
-              runs += (i == s0 || pooled[order[i]] != pooled[order[i - 1]]);
-            seg_count[s + 1] = runs;
+              runs += (i == s0 || pooled_[order_[i]] != pooled_[order_[i - 1]]);
+            seg_count_[s + 1] = runs;
           }
         });
-    for (int64_t s = 0; s < in.num_segments(); ++s) seg_count[s + 1] += seg_count[s];
-    const int64_t m = seg_count[in.num_segments()];
-    Tensor *out_keys, *out_values, *out_shape, *argmax;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &out_keys));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m}), &out_values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({in.d + 2}), &out_shape));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({m}), &argmax));
-    for (int j = 0; j < in.d + 2; ++j) out_shape->flat<int64_t>()(j) = out_dims[j];
-    int64_t* ok = out_keys->flat<int64_t>().data();
-    T* ov = out_values->flat<T>().data();
-    int64_t* am = argmax->flat<int64_t>().data();
-    device.parallelFor(in.num_segments(), Eigen::TensorOpCost(0, 0, 5.0 * (1.0 + n / (in.num_segments() + 1.0))),
-                       [&](Eigen::Index first, Eigen::Index last) {
-                         for (Eigen::Index s = first; s < last; ++s) {
-                           int64_t j = seg_count[s] - 1;
-                           for (int64_t i = in_offsets[s]; i < in_offsets[s + 1]; ++i) {
-                             const int64_t e = order[i];
-                             if (i == in_offsets[s] || pooled[e] != ok[j]) {
-                               ++j;
-                               ok[j] = pooled[e];
-                               ov[j] = v[e];
-                               am[j] = e;
-                             } else if (v[e] > ov[j]) {  // strict: ties keep the smaller key
-                               ov[j] = v[e];
-                               am[j] = e;
-                             }
-                           }
-                         }
-                       });
+    for (int64_t s = 0; s < num_segments_; ++s) seg_count_[s + 1] += seg_count_[s];
+    *count = seg_count_[num_segments_];
+    return absl::OkStatus();
+  }
+
+  absl::Status Write(int64_t* ok, T* ov, int64_t* am) {
+    const T* v = values_;
+    device_.parallelFor(num_segments_, Eigen::TensorOpCost(0, 0, 5.0 * (1.0 + n_ / (num_segments_ + 1.0))),
+                        [&](Eigen::Index first, Eigen::Index last) {
+                          for (Eigen::Index s = first; s < last; ++s) {
+                            int64_t j = seg_count_[s] - 1;
+                            for (int64_t i = in_offsets_[s]; i < in_offsets_[s + 1]; ++i) {
+                              const int64_t e = order_[i];
+                              if (i == in_offsets_[s] || pooled_[e] != ok[j]) {
+                                ++j;
+                                ok[j] = pooled_[e];
+                                ov[j] = v[e];
+                                am[j] = e;
+                              } else if (v[e] > ov[j]) {  // strict: ties keep the smaller key
+                                ov[j] = v[e];
+                                am[j] = e;
+                              }
+                            }
+                          }
+                        });
+    return absl::OkStatus();
   }
 
  private:
-  std::vector<int32_t> strides_;
+  const CPUDevice& device_;
+  const T* values_ = nullptr;
+  int64_t n_ = 0;
+  int64_t num_segments_ = 0;
+  std::vector<int64_t> in_offsets_, pooled_, order_, seg_count_;
 };
 
-REGISTER_KERNEL_BUILDER(
-    Name("SparseMaxPool").Device(::tensorflow::DEVICE_CPU).TypeConstraint<float>("T"),
-    SparseMaxPoolOp<float>);
-REGISTER_KERNEL_BUILDER(
-    Name("SparseMaxPool").Device(::tensorflow::DEVICE_CPU).TypeConstraint<double>("T"),
-    SparseMaxPoolOp<double>);
+#define REGISTER_CPU(T)                                                                   \
+  REGISTER_KERNEL_BUILDER(                                                                \
+      Name("SparseMaxPool").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),      \
+      SparseMaxPoolOp<CPUDevice, T>);
+REGISTER_CPU(float);
+REGISTER_CPU(double);
+#undef REGISTER_CPU
 
 }  // namespace tf_sparseconv
