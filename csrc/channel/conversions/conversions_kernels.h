@@ -1,0 +1,208 @@
+// The conversion and validation ops' OpKernels, one template each for both devices: the
+// shape checks and the allocation here, the data checks and the arithmetic in a functor per
+// op and device (CPU: conversions_kernels.cc; GPU: conversions_kernels_gpu.cc over
+// conversions.cu).
+//
+// Each functor runs the op's data checks itself and returns the first failure as its
+// status: the CPU on the host, before it writes; the GPU on the device, in the pass that
+// does the work (which is why the outputs are allocated before it runs), the results read
+// back in the op's one host round trip and turned into the CPU's messages
+// (channel_sparse_gpu.h). Only the GPU has size limits (its sorts count items with int):
+// those are the functors' CheckLimits, run before anything is allocated.
+#ifndef TF_SPARSECONV_CHANNEL_CONVERSIONS_CONVERSIONS_KERNELS_H_
+#define TF_SPARSECONV_CHANNEL_CONVERSIONS_CONVERSIONS_KERNELS_H_
+
+#include <cstdint>
+
+#include "channel/channel_sparse.h"
+#include "common/device.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_sparseconv {
+
+// ChannelSparseValidate:
+//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* keys,
+//                           const T* values, int64_t n);
+//   keys sorted, unique and in range ("channel-sparse", ValidateKeys), then no NaN ("values").
+template <typename Device, typename T>
+struct ValidateFunctor;
+
+// ChannelSparseEncodeKeys:
+//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* indices,
+//                           int64_t n, int64_t* keys);
+//   the first index outside its column's bound (IndexOutOfRangeError), rows in order.
+template <typename Device>
+struct EncodeKeysFunctor;
+
+// ChannelSparseDecodeKeys:
+//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* keys,
+//                           int64_t n, int64_t* indices);
+//   the first key out of range (KeyOutOfRangeError).
+template <typename Device>
+struct DecodeKeysFunctor;
+
+// ChannelSparseReorder:
+//   static absl::Status CheckLimits(int64_t n);
+//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* keys,
+//                           const T* values, int64_t n, int64_t* sorted_keys,
+//                           T* sorted_values, int64_t* permutation);
+//   the first key out of range (KeyOutOfRangeError), then the first duplicate in sorted
+//   order (DuplicateKeyError); a stable sort.
+template <typename Device, typename T>
+struct ReorderFunctor;
+
+// ChannelSparseToDense and ChannelSparseGatherDense:
+//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* keys,
+//                           const T* values, int64_t n, T* dense);
+//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* keys,
+//                           int64_t n, const T* dense, T* values);
+//   keys sorted, unique and in range ("to_dense" / "gather_dense", ValidateKeys).
+template <typename Device, typename T>
+struct ToDenseFunctor;
+template <typename Device, typename T>
+struct GatherDenseFunctor;
+
+// DenseToChannelSparse, in two phases around the allocation (no data checks):
+//   explicit DenseToChannelSparseFunctor(OpKernelContext*);
+//   absl::Status Count(const KeyLayout&, const T* dense, int64_t* count);  // non-zeros
+//   absl::Status Write(int64_t* keys, T* values);                         // in key order
+template <typename Device, typename T>
+class DenseToChannelSparseFunctor;
+
+template <typename Device, typename T>
+class ChannelSparseValidateOp : public tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    KeyLayout L;
+    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &L));
+    OP_REQUIRES_OK(ctx, CheckKeysVector(ctx->input(0), "channel-sparse"));
+    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(ctx->input(0), ctx->input(1), "channel-sparse"));
+    OP_REQUIRES_OK(ctx, ValidateFunctor<Device, T>()(ctx, L, ctx->input(0).flat<int64_t>().data(),
+                                                     ctx->input(1).flat<T>().data(),
+                                                     ctx->input(0).NumElements()));
+    ctx->set_output(0, ctx->input(0));
+    ctx->set_output(1, ctx->input(1));
+  }
+};
+
+template <typename Device>
+class ChannelSparseEncodeKeysOp : public tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    KeyLayout L;
+    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(1), &L));
+    const tensorflow::Tensor& indices = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckIndicesShape(indices, L));
+    const int64_t n = indices.dim_size(0);
+    tensorflow::Tensor* keys;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({n}), &keys));
+    OP_REQUIRES_OK(ctx, EncodeKeysFunctor<Device>()(ctx, L, indices.flat<int64_t>().data(), n,
+                                                    keys->flat<int64_t>().data()));
+  }
+};
+
+template <typename Device>
+class ChannelSparseDecodeKeysOp : public tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    KeyLayout L;
+    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(1), &L));
+    const tensorflow::Tensor& keys = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckUnsortedKeysVector(keys));
+    const int64_t n = keys.NumElements();
+    tensorflow::Tensor* indices;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({n, L.d + 2}), &indices));
+    OP_REQUIRES_OK(ctx, DecodeKeysFunctor<Device>()(ctx, L, keys.flat<int64_t>().data(), n,
+                                                    indices->flat<int64_t>().data()));
+  }
+};
+
+template <typename Device, typename T>
+class ChannelSparseReorderOp : public tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    using ::tensorflow::TensorShape;
+    KeyLayout L;
+    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &L));
+    const tensorflow::Tensor& keys = ctx->input(0);
+    const tensorflow::Tensor& values = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckUnsortedKeysVector(keys));
+    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(keys, values, "reorder"));
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES_OK(ctx, ReorderFunctor<Device, T>::CheckLimits(n));
+    tensorflow::Tensor *sorted_keys, *sorted_values, *perm;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &sorted_keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &sorted_values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &perm));
+    OP_REQUIRES_OK(ctx, ReorderFunctor<Device, T>()(ctx, L, keys.flat<int64_t>().data(),
+                                                    values.flat<T>().data(), n,
+                                                    sorted_keys->flat<int64_t>().data(),
+                                                    sorted_values->flat<T>().data(),
+                                                    perm->flat<int64_t>().data()));
+  }
+};
+
+template <typename Device, typename T>
+class ChannelSparseToDenseOp : public tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    KeyLayout L;
+    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &L));
+    OP_REQUIRES_OK(ctx, CheckKeysVector(ctx->input(0), "to_dense"));
+    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(ctx->input(0), ctx->input(1), "to_dense"));
+    tensorflow::TensorShape shape;
+    OP_REQUIRES_OK(ctx, tensorflow::TensorShape::BuildTensorShape(ctx->input(2).flat<int64_t>(), &shape));
+    tensorflow::Tensor* dense;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &dense));
+    OP_REQUIRES_OK(ctx, ToDenseFunctor<Device, T>()(ctx, L, ctx->input(0).flat<int64_t>().data(),
+                                                    ctx->input(1).flat<T>().data(),
+                                                    ctx->input(0).NumElements(), dense->flat<T>().data()));
+  }
+};
+
+template <typename Device, typename T>
+class ChannelSparseGatherDenseOp : public tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    KeyLayout L;
+    OP_REQUIRES_OK(ctx, LayoutOfDense(ctx->input(1), &L));
+    OP_REQUIRES_OK(ctx, CheckKeysVector(ctx->input(0), "gather_dense"));
+    const int64_t n = ctx->input(0).NumElements();
+    tensorflow::Tensor* values;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({n}), &values));
+    OP_REQUIRES_OK(ctx, GatherDenseFunctor<Device, T>()(ctx, L, ctx->input(0).flat<int64_t>().data(), n,
+                                                        ctx->input(1).flat<T>().data(),
+                                                        values->flat<T>().data()));
+  }
+};
+
+template <typename Device, typename T>
+class DenseToChannelSparseOp : public tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    using ::tensorflow::TensorShape;
+    const tensorflow::Tensor& dense = ctx->input(0);
+    KeyLayout L;
+    OP_REQUIRES_OK(ctx, LayoutOfDense(dense, &L));
+    DenseToChannelSparseFunctor<Device, T> convert(ctx);
+    int64_t n = 0;
+    OP_REQUIRES_OK(ctx, convert.Count(L, dense.flat<T>().data(), &n));
+    tensorflow::Tensor *keys, *values, *shape;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({dense.dims()}), &shape));
+    for (int i = 0; i < dense.dims(); ++i) shape->flat<int64_t>()(i) = dense.dim_size(i);
+    OP_REQUIRES_OK(ctx, convert.Write(keys->flat<int64_t>().data(), values->flat<T>().data()));
+  }
+};
+
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_CHANNEL_CONVERSIONS_CONVERSIONS_KERNELS_H_
