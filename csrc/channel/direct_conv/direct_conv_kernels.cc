@@ -1,5 +1,6 @@
-// CPU kernels of DirectSparseConv and DirectSparseConvBackprop: the OpKernels validate
-// and allocate; the functors do the arithmetic on TensorFlow's intra-op thread pool.
+// The CPU functors of DirectSparseConv and DirectSparseConvBackprop, whose arithmetic runs
+// on TensorFlow's intra-op thread pool, and the CPU registration of their OpKernels
+// (direct_conv_kernels.h, which validate and allocate).
 #define EIGEN_USE_THREADS
 
 #include <algorithm>
@@ -11,15 +12,13 @@
 
 #include "channel/direct_conv/direct_conv.h"
 #include "channel/direct_conv/direct_conv_checks.h"
+#include "channel/direct_conv/direct_conv_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "unsupported/Eigen/CXX11/Tensor"
 
 namespace tf_sparseconv {
 
-using CPUDevice = Eigen::ThreadPoolDevice;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
@@ -639,196 +638,185 @@ struct DirectConvBackpropFunctor<CPUDevice, T> {
 
 namespace {
 
-// Checks shared by the forward and backward kernels; fills the layout, the kernel size
-// and the decoded coordinates / segment offsets of the input.
+// The host tables of the input: decoded coordinates, segment offsets and present weights.
+// The keys must have been validated.
 template <typename T>
-struct ConvInputs {
-  KeyLayout layout;
-  int64_t kernel_size[kMaxSpatialDims];
-  int64_t cout = 0;
+struct HostTables {
   std::vector<int32_t> coords;
   std::vector<int64_t> in_offsets;
   PresentWeights weights;
+
+  void Build(const ConvTensors<T>& in) {
+    const KeyLayout& L = in.layout;
+    coords.resize(in.n * L.d);
+    for (int64_t i = 0; i < in.n; ++i) DecodeSpatial(L.spatial_of(in.keys[i]), L, &coords[i * L.d]);
+    SegmentOffsets(in.keys, in.n, L, &in_offsets);
+    weights = BuildPresentWeights(in.mask, in.shapes.kernel_size, L.channels, in.shapes.cout, L);
+  }
+
+  DirectConvArgs<T> Args(const ConvTensors<T>& in) const {
+    DirectConvArgs<T> a;
+    a.in_layout = in.layout;
+    a.cout = in.shapes.cout;
+    a.keys = in.keys;
+    a.values = in.values;
+    a.n = in.n;
+    a.coords = coords.data();
+    a.in_offsets = in_offsets.data();
+    a.filter = in.filter;
+    a.filter_size = in.filter_size;
+    a.weights = &weights;
+    return a;
+  }
 };
 
+// The data checks of inputs 0-4, on the host.
 template <typename T>
-absl::Status PrepareConvInputs(OpKernelContext* ctx, ConvInputs<T>* c) {
-  const Tensor& keys = ctx->input(0);
-  const Tensor& values = ctx->input(1);
-  const Tensor& filter = ctx->input(3);
-  const Tensor& mask = ctx->input(4);
-  TF_RETURN_IF_ERROR(MakeKeyLayout(ctx->input(2), &c->layout));
-  TF_RETURN_IF_ERROR(ValidateKeysTensor(keys, c->layout, "input"));
-  const KeyLayout& L = c->layout;
-  ConvShapes shapes;
-  TF_RETURN_IF_ERROR(CheckConvShapes(keys, values, filter, mask, L, &shapes));
-  std::copy(shapes.kernel_size, shapes.kernel_size + kMaxSpatialDims, c->kernel_size);
-  c->cout = shapes.cout;
-  TF_RETURN_IF_ERROR(RejectNaN(values.flat<T>().data(), values.NumElements(), "input values"));
-  TF_RETURN_IF_ERROR(RejectNaN(filter.flat<T>().data(), filter.NumElements(), "filter"));
-  const int64_t n = keys.NumElements();
-  const int64_t* k = keys.flat<int64_t>().data();
-  c->coords.resize(n * L.d);
-  for (int64_t i = 0; i < n; ++i) DecodeSpatial(L.spatial_of(k[i]), L, &c->coords[i * L.d]);
-  SegmentOffsets(k, n, L, &c->in_offsets);
-  c->weights = BuildPresentWeights(mask.flat<bool>().data(), c->kernel_size, L.channels,
-                                   c->cout, L);
-  return absl::OkStatus();
-}
-
-template <typename T>
-DirectConvArgs<T> MakeArgs(OpKernelContext* ctx, const ConvInputs<T>& c) {
-  DirectConvArgs<T> a;
-  a.in_layout = c.layout;
-  a.cout = c.cout;
-  a.keys = ctx->input(0).flat<int64_t>().data();
-  a.values = ctx->input(1).flat<T>().data();
-  a.n = ctx->input(0).NumElements();
-  a.coords = c.coords.data();
-  a.in_offsets = c.in_offsets.data();
-  a.filter = ctx->input(3).flat<T>().data();
-  a.filter_size = ctx->input(3).NumElements();
-  a.weights = &c.weights;
-  return a;
+absl::Status CheckConvData(const ConvTensors<T>& in) {
+  TF_RETURN_IF_ERROR(ValidateKeys(in.keys, in.n, in.layout, "input"));
+  TF_RETURN_IF_ERROR(RejectNaN(in.values, in.n, "input values"));
+  return RejectNaN(in.filter, in.filter_size, "filter");
 }
 
 }  // namespace
 
 template <typename T>
-class DirectSparseConvOp : public OpKernel {
+class DirectSparseConvFunctor<CPUDevice, T> {
  public:
-  explicit DirectSparseConvOp(OpKernelConstruction* ctx) : OpKernel(ctx) { attrs_.Read(ctx); }
+  DirectSparseConvFunctor(OpKernelContext* ctx, const ConvAttrs& attrs)
+      : ctx_(ctx), device_(ctx->eigen_device<CPUDevice>()), attrs_(attrs) {}
 
-  void Compute(OpKernelContext* ctx) override {
-    ConvInputs<T> c;
-    OP_REQUIRES_OK(ctx, PrepareConvInputs<T>(ctx, &c));
-    const Tensor& bias = ctx->input(5);
-    OP_REQUIRES_OK(ctx, CheckBiasShape(bias, c.cout));
-    OP_REQUIRES_OK(ctx, RejectNaN(bias.flat<T>().data(), c.cout, "bias"));
-    DirectConvArgs<T> a = MakeArgs(ctx, c);
-    a.bias = bias.flat<T>().data();
-    a.selection = attrs_.selection;
-    a.accumulator = attrs_.accumulator;
-    a.k = attrs_.EffectiveK(c.layout.spatial_size);
-    const CPUDevice& device = ctx->eigen_device<CPUDevice>();
-    const int64_t units = c.layout.batch * c.cout;
-    const int64_t S = c.layout.spatial_size;
-    Tensor *out_shape, *touched, *positive;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(2).shape(), &out_shape));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({c.layout.batch, c.cout}), &touched));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({c.layout.batch, c.cout}), &positive));
-    auto shape_out = out_shape->flat<int64_t>();
-    shape_out = ctx->input(2).flat<int64_t>();
-    shape_out(c.layout.d + 1) = c.cout;
-    std::vector<SegmentResult<T>> results;
-    if (a.selection != SelectionMode::kNone) {
+  absl::Status Prepare(const ConvTensors<T>& in, const T* bias) {
+    TF_RETURN_IF_ERROR(CheckConvData(in));
+    TF_RETURN_IF_ERROR(RejectNaN(bias, in.shapes.cout, "bias"));
+    tables_.Build(in);
+    a_ = tables_.Args(in);
+    a_.bias = bias;
+    a_.selection = attrs_.selection;
+    a_.accumulator = attrs_.accumulator;
+    a_.k = attrs_.EffectiveK(in.layout.spatial_size);
+    return absl::OkStatus();
+  }
+
+  absl::Status Count(int64_t* tc, int64_t* pc, int64_t* count) {
+    const KeyLayout& L = a_.in_layout;
+    const int64_t cout = a_.cout;
+    const int64_t units = L.batch * cout;
+    if (a_.selection != SelectionMode::kNone) {
       // Each segment keeps at most min(k, its contributions) entries, known before it
       // runs: they go straight into that slot of a staged output, compacted afterwards,
       // so the kept entries exist once (the output is at most B * Cout * k entries).
       std::vector<int64_t> slot(units + 1, 0);
       for (int64_t u = 0; u < units; ++u) {
-        const int64_t b = u / c.cout, oc = u % c.cout;
+        const int64_t b = u / cout, oc = u % cout;
         int64_t contributions = 0;
-        for (int64_t ic = 0; ic < c.layout.channels; ++ic)
-          contributions += (c.in_offsets[b * c.layout.channels + ic + 1] - c.in_offsets[b * c.layout.channels + ic]) *
-                           (c.weights.end(oc, ic) - c.weights.begin(oc, ic));
-        slot[u + 1] = slot[u] + std::min(a.k, contributions);
+        for (int64_t ic = 0; ic < L.channels; ++ic)
+          contributions += (tables_.in_offsets[b * L.channels + ic + 1] - tables_.in_offsets[b * L.channels + ic]) *
+                           (tables_.weights.end(oc, ic) - tables_.weights.begin(oc, ic));
+        slot[u + 1] = slot[u] + std::min(a_.k, contributions);
       }
-      Tensor staged_keys, staged_values;
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({slot[units]}), &staged_keys));
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DataTypeToEnum<T>::v(), TensorShape({slot[units]}),
-                                             &staged_values));
-      SegmentSink<T> sink{staged_keys.flat<int64_t>().data(), staged_values.flat<T>().data(), slot.data(), S};
-      DirectConvForwardFunctor<CPUDevice, T>()(device, a, &results, &sink);
+      TF_RETURN_IF_ERROR(ctx_->allocate_temp(::tensorflow::DT_INT64, TensorShape({slot[units]}), &staged_keys_));
+      TF_RETURN_IF_ERROR(ctx_->allocate_temp(::tensorflow::DataTypeToEnum<T>::v(), TensorShape({slot[units]}),
+                                             &staged_values_));
+      SegmentSink<T> sink{staged_keys_.flat<int64_t>().data(), staged_values_.flat<T>().data(), slot.data(),
+                          L.spatial_size};
+      DirectConvForwardFunctor<CPUDevice, T>()(device_, a_, &results_, &sink);
       int64_t n = 0;
       for (int64_t u = 0; u < units; ++u) {  // slots only move forward: memmove in order
-        std::memmove(sink.keys + n, sink.keys + slot[u], results[u].kept * sizeof(int64_t));
-        std::memmove(sink.values + n, sink.values + slot[u], results[u].kept * sizeof(T));
-        n += results[u].kept;
+        std::memmove(sink.keys + n, sink.keys + slot[u], results_[u].kept * sizeof(int64_t));
+        std::memmove(sink.values + n, sink.values + slot[u], results_[u].kept * sizeof(T));
+        n += results_[u].kept;
       }
-      ctx->set_output(0, staged_keys.Slice(0, n));
-      ctx->set_output(1, staged_values.Slice(0, n));
+      *count = n;
     } else {
-      DirectConvForwardFunctor<CPUDevice, T>()(device, a, &results, nullptr);
-      std::vector<int64_t> offset(units + 1, 0);
-      for (int64_t u = 0; u < units; ++u) offset[u + 1] = offset[u] + results[u].lin.size();
-      Tensor *out_keys, *out_values;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({offset[units]}), &out_keys));
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({offset[units]}), &out_values));
-      int64_t* ok = out_keys->flat<int64_t>().data();
-      T* ov = out_values->flat<T>().data();
-      device.parallelFor(units, Eigen::TensorOpCost(0, 0, 1.0 + offset[units] / (units + 1.0)),
-                         [&](Eigen::Index first, Eigen::Index last) {
-                           for (Eigen::Index u = first; u < last; ++u) {
-                             const SegmentResult<T>& r = results[u];
-                             for (size_t j = 0; j < r.lin.size(); ++j) {
-                               ok[offset[u] + j] = u * S + r.lin[j];
-                               ov[offset[u] + j] = r.values[j];
-                             }
-                           }
-                         });
+      DirectConvForwardFunctor<CPUDevice, T>()(device_, a_, &results_, nullptr);
+      offset_.assign(units + 1, 0);
+      for (int64_t u = 0; u < units; ++u) offset_[u + 1] = offset_[u] + results_[u].lin.size();
+      *count = offset_[units];
     }
-    int64_t* tc = touched->flat<int64_t>().data();
-    int64_t* pc = positive->flat<int64_t>().data();
     for (int64_t u = 0; u < units; ++u) {
-      tc[u] = results[u].touched;
-      pc[u] = results[u].positive;
+      tc[u] = results_[u].touched;
+      pc[u] = results_[u].positive;
     }
+    return absl::OkStatus();
+  }
+
+  bool Staged(int64_t count, Tensor* out_keys, Tensor* out_values) const {
+    if (a_.selection == SelectionMode::kNone) return false;
+    *out_keys = staged_keys_.Slice(0, count);
+    *out_values = staged_values_.Slice(0, count);
+    return true;
+  }
+
+  absl::Status Write(int64_t* ok, T* ov) {
+    const int64_t units = a_.in_layout.batch * a_.cout;
+    const int64_t S = a_.in_layout.spatial_size;
+    device_.parallelFor(units, Eigen::TensorOpCost(0, 0, 1.0 + offset_[units] / (units + 1.0)),
+                        [&](Eigen::Index first, Eigen::Index last) {
+                          for (Eigen::Index u = first; u < last; ++u) {
+                            const SegmentResult<T>& r = results_[u];
+                            for (size_t j = 0; j < r.lin.size(); ++j) {
+                              ok[offset_[u] + j] = u * S + r.lin[j];
+                              ov[offset_[u] + j] = r.values[j];
+                            }
+                          }
+                        });
+    return absl::OkStatus();
   }
 
  private:
-  ConvAttrs attrs_;
+  OpKernelContext* const ctx_;
+  const CPUDevice& device_;
+  const ConvAttrs attrs_;
+  HostTables<T> tables_;
+  DirectConvArgs<T> a_;
+  std::vector<SegmentResult<T>> results_;
+  std::vector<int64_t> offset_;  // segment u's first output entry (no selection)
+  Tensor staged_keys_, staged_values_;
 };
 
 template <typename T>
-class DirectSparseConvBackpropOp : public OpKernel {
+class DirectSparseConvBackpropFunctor<CPUDevice, T> {
  public:
-  explicit DirectSparseConvBackpropOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string accumulator;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("accumulator", &accumulator));
-    accumulator_ = ParseAccumulator(accumulator);
+  DirectSparseConvBackpropFunctor(OpKernelContext* ctx, Accumulator accumulator)
+      : device_(ctx->eigen_device<CPUDevice>()), accumulator_(accumulator) {}
+
+  absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys, const T* out_grad, int64_t n_out) {
+    TF_RETURN_IF_ERROR(CheckConvData(in));
+    const KeyLayout out_layout = in.layout.WithChannels(in.shapes.cout);
+    TF_RETURN_IF_ERROR(ValidateKeys(out_keys, n_out, out_layout, "output"));
+    tables_.Build(in);
+    SegmentOffsets(out_keys, n_out, out_layout, &out_offsets_);
+    g_.forward = tables_.Args(in);
+    g_.out_keys = out_keys;
+    g_.out_grad = out_grad;
+    g_.n_out = n_out;
+    g_.out_offsets = out_offsets_.data();
+    g_.accumulator = accumulator_;
+    return absl::OkStatus();
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    ConvInputs<T> c;
-    OP_REQUIRES_OK(ctx, PrepareConvInputs<T>(ctx, &c));
-    const Tensor& out_keys = ctx->input(5);
-    const Tensor& out_grad = ctx->input(6);
-    const KeyLayout out_layout = c.layout.WithChannels(c.cout);
-    OP_REQUIRES_OK(ctx, ValidateKeysTensor(out_keys, out_layout, "output"));
-    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(out_keys, out_grad, "output gradient"));
-    std::vector<int64_t> out_offsets;
-    SegmentOffsets(out_keys.flat<int64_t>().data(), out_keys.NumElements(), out_layout,
-                   &out_offsets);
-    DirectConvBackpropArgs<T> g;
-    g.forward = MakeArgs(ctx, c);
-    g.out_keys = out_keys.flat<int64_t>().data();
-    g.out_grad = out_grad.flat<T>().data();
-    g.n_out = out_keys.NumElements();
-    g.out_offsets = out_offsets.data();
-    g.accumulator = accumulator_;
-    Tensor *in_grad, *filter_grad, *bias_grad;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ctx->input(1).shape(), &in_grad));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(3).shape(), &filter_grad));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({c.cout}), &bias_grad));
-    DirectConvBackpropFunctor<CPUDevice, T>()(ctx->eigen_device<CPUDevice>(), g,
-                                              in_grad->flat<T>().data(),
-                                              filter_grad->flat<T>().data(),
-                                              bias_grad->flat<T>().data());
+  absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad) {
+    DirectConvBackpropFunctor<CPUDevice, T>()(device_, g_, in_grad, filter_grad, bias_grad);
+    return absl::OkStatus();
   }
 
  private:
-  Accumulator accumulator_;
+  const CPUDevice& device_;
+  const Accumulator accumulator_;
+  HostTables<T> tables_;
+  std::vector<int64_t> out_offsets_;
+  DirectConvBackpropArgs<T> g_;
 };
 
-#define REGISTER_CPU(T)                                                               \
-  REGISTER_KERNEL_BUILDER(                                                            \
+#define REGISTER_CPU(T)                                                                 \
+  REGISTER_KERNEL_BUILDER(                                                              \
       Name("DirectSparseConv").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
-      DirectSparseConvOp<T>);                                                         \
-  REGISTER_KERNEL_BUILDER(Name("DirectSparseConvBackprop")                            \
-                              .Device(::tensorflow::DEVICE_CPU)                       \
-                              .TypeConstraint<T>("T"),                                \
-                          DirectSparseConvBackpropOp<T>);
+      DirectSparseConvOp<CPUDevice, T>);                                                \
+  REGISTER_KERNEL_BUILDER(Name("DirectSparseConvBackprop")                              \
+                              .Device(::tensorflow::DEVICE_CPU)                         \
+                              .TypeConstraint<T>("T"),                                  \
+                          DirectSparseConvBackpropOp<CPUDevice, T>);
 REGISTER_CPU(float);
 REGISTER_CPU(double);
 #undef REGISTER_CPU

@@ -1,7 +1,7 @@
-// GPU kernels of DirectSparseConv and DirectSparseConvBackprop: the checks of the CPU
-// kernels (shapes here, data on the device) and the allocation; the arithmetic is in
-// direct_conv.cu. dense_shape and filter_mask live in host memory: the present
-// weights are listed on the host, as on the CPU, and sent to the device as a table.
+// The GPU functors of DirectSparseConv and DirectSparseConvBackprop, over direct_conv.cu,
+// and the GPU registration of their OpKernels (direct_conv_kernels.h): the data checks run
+// on the device. dense_shape and filter_mask live in host memory: the present weights are
+// listed on the host, as on the CPU, and sent to the device as a table.
 #if GOOGLE_CUDA
 
 #include <algorithm>
@@ -15,13 +15,12 @@
 #include "channel/direct_conv/direct_conv.h"
 #include "channel/direct_conv/direct_conv_checks.h"
 #include "channel/direct_conv/direct_conv_gpu.h"
+#include "channel/direct_conv/direct_conv_kernels.h"
 #include "common/gpu_kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
@@ -94,31 +93,22 @@ WeightTable ByInputChannel(const PresentWeights& w, int d) {
   return table;
 }
 
-// Host-side checks of inputs 0-4 and the weight table.
+// The device's view of inputs 0-4: the weight table (whose vectors args->weights points
+// into) built on the host.
 template <typename T>
-absl::Status PrepareGpuConv(OpKernelContext* ctx, ConvShapes* shapes, WeightTable* table,
-                            gpu::DirectConvGpuArgs<T>* args) {
-  const Tensor& keys = ctx->input(0);
-  const Tensor& values = ctx->input(1);
-  const Tensor& filter = ctx->input(3);
-  const Tensor& mask = ctx->input(4);
-  KeyLayout L;
-  TF_RETURN_IF_ERROR(MakeKeyLayout(ctx->input(2), &L));
-  TF_RETURN_IF_ERROR(CheckKeysVector(keys, "input"));
-  TF_RETURN_IF_ERROR(CheckConvShapes(keys, values, filter, mask, L, shapes));
+void GpuConvArgs(const ConvTensors<T>& in, WeightTable* table, gpu::DirectConvGpuArgs<T>* args) {
+  const KeyLayout& L = in.layout;
   const PresentWeights weights =
-      BuildPresentWeights(mask.flat<bool>().data(), shapes->kernel_size, L.channels,
-                          shapes->cout, L);
+      BuildPresentWeights(in.mask, in.shapes.kernel_size, L.channels, in.shapes.cout, L);
   *table = ByInputChannel(weights, L.d);
   args->in_layout = L;
-  args->cout = shapes->cout;
-  args->keys = keys.flat<int64_t>().data();
-  args->values = values.flat<T>().data();
-  args->n = keys.NumElements();
-  args->filter = filter.flat<T>().data();
-  args->filter_size = filter.NumElements();
+  args->cout = in.shapes.cout;
+  args->keys = in.keys;
+  args->values = in.values;
+  args->n = in.n;
+  args->filter = in.filter;
+  args->filter_size = in.filter_size;
   args->weights = table->View();
-  return absl::OkStatus();
 }
 
 // TF_SPARSECONV_DIRECT_DATAFLOW: "auto" (or unset), "sort" or "dense" (direct_conv_gpu.h).
@@ -160,192 +150,204 @@ std::vector<std::pair<int64_t, int64_t>> ExampleGroups(const std::vector<int64_t
   return groups;
 }
 
+// The forward's device-side checks (ConvCheck slots) as the CPU's messages.
+absl::Status ForwardReportStatus(const gpu::Report& report, const KeyLayout& L) {
+  TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[gpu::kConvKeys], L.num_keys(), "input"));
+  TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kConvValues], "input values"));
+  TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kConvFilter], "filter"));
+  return NaNStatus(report.checks[gpu::kConvBias], "bias");
+}
+
 }  // namespace
 
+// The data checks run on the device, in Count (in groups: in a pass of their own first);
+// Prepare reads the dataflow choices and refuses what the GPU kernels cannot index. The
+// attribute `accumulator` is the CPU's: the GPU's choice is TF_SPARSECONV_DIRECT_DATAFLOW.
 template <typename T>
-class DirectSparseConvGpuOp : public OpKernel {
+class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
  public:
-  explicit DirectSparseConvGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) { attrs_.Read(ctx); }
+  DirectSparseConvFunctor(OpKernelContext* ctx, const ConvAttrs& attrs)
+      : GpuFunctorBase(ctx, "DirectSparseConv"), ctx_(ctx), attrs_(attrs) {}
 
-  void Compute(OpKernelContext* ctx) override {
-    ConvShapes shapes;
-    WeightTable table;
-    gpu::DirectConvGpuArgs<T> args;
-    OP_REQUIRES_OK(ctx, PrepareGpuConv<T>(ctx, &shapes, &table, &args));
-    const Tensor& bias = ctx->input(5);
-    OP_REQUIRES_OK(ctx, CheckBiasShape(bias, shapes.cout));
-    const KeyLayout& L = args.in_layout;
-    gpu::DirectConvDataflow dataflow = gpu::DirectConvDataflow::kAuto;
-    OP_REQUIRES_OK(ctx, DataflowFromEnvironment(&dataflow));
+  absl::Status Prepare(const ConvTensors<T>& in, const T* bias) {
+    GpuConvArgs(in, &table_, &args_);
+    bias_ = bias;
+    const KeyLayout& L = args_.in_layout;
+    k_ = attrs_.EffectiveK(L.spatial_size);
+    TF_RETURN_IF_ERROR(DataflowFromEnvironment(&dataflow_));
     int64_t temp_limit = 0;
-    OP_REQUIRES_OK(ctx, TempLimitFromEnvironment(&temp_limit));
+    TF_RETURN_IF_ERROR(TempLimitFromEnvironment(&temp_limit));
+    temp_limit_ = static_cast<double>(temp_limit);
     // In groups, each group's contributions are checked against the sort's limit instead.
-    const bool sort = !gpu::UseDenseGrid(args, dataflow);
-    const bool in_groups = sort && temp_limit > 0 && L.batch > 1 && args.n > 0 &&
-                           gpu::SortForwardBytes(args) > static_cast<double>(temp_limit);
-    if (sort && !in_groups) {
-      OP_REQUIRES_OK(ctx, CheckSortable(gpu::ContributionSlots(args.n, table.max_row),
-                                        "DirectSparseConv",
-                                        "contributions (entries x present weights of one input "
-                                        "channel)"));
+    const bool sort = !gpu::UseDenseGrid(args_, dataflow_);
+    in_groups_ = sort && temp_limit > 0 && L.batch > 1 && args_.n > 0 &&
+                 gpu::SortForwardBytes(args_) > temp_limit_;
+    if (sort && !in_groups_) {
+      TF_RETURN_IF_ERROR(CheckSortable(gpu::ContributionSlots(args_.n, table_.max_row), "DirectSparseConv",
+                                       "contributions (entries x present weights of one input "
+                                       "channel)"));
     }
-    OP_REQUIRES(ctx, L.batch * shapes.cout <= gpu::kMaxSegments,
-                errors::ResourceExhausted("DirectSparseConv on GPU supports at most 2^32 - 2 "
-                                          "(batch, output channel) segments"));
-    Tensor *out_shape, *touched, *positive;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(2).shape(), &out_shape));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({L.batch, shapes.cout}), &touched));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({L.batch, shapes.cout}), &positive));
-    auto shape_out = out_shape->flat<int64_t>();
-    shape_out = ctx->input(2).flat<int64_t>();
-    shape_out(L.d + 1) = shapes.cout;
+    if (L.batch * args_.cout > gpu::kMaxSegments) {
+      return errors::ResourceExhausted("DirectSparseConv on GPU supports at most 2^32 - 2 "
+                                       "(batch, output channel) segments");
+    }
+    return absl::OkStatus();
+  }
 
-    if (in_groups) {
-      ComputeInGroups(ctx, args, bias.flat<T>().data(), static_cast<double>(temp_limit),
-                      touched->flat<int64_t>().data(), positive->flat<int64_t>().data());
-      return;
-    }
-    TempScratch scratch(ctx);
-    gpu::DirectConvForwardGpu<T> conv;
+  absl::Status Count(int64_t* touched, int64_t* positive, int64_t* count) {
+    if (in_groups_) return CountInGroups(touched, positive, count);
     gpu::Report report;
-    OP_REQUIRES_OK(ctx, ToStatus(conv.Run(GpuStream(ctx), &scratch, args, bias.flat<T>().data(),
-                                          attrs_.selection, attrs_.EffectiveK(L.spatial_size), dataflow,
-                                          touched->flat<int64_t>().data(),
-                                          positive->flat<int64_t>().data(), &report),
-                                 scratch, "DirectSparseConv"));
-    OP_REQUIRES_OK(ctx, ReportStatus(report, L));
-    Tensor *out_keys, *out_values;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({report.count}), &out_keys));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({report.count}), &out_values));
-    OP_REQUIRES_OK(ctx, ToStatus(conv.Write(GpuStream(ctx), out_keys->flat<int64_t>().data(),
-                                            out_values->flat<T>().data()),
-                                 scratch, "DirectSparseConv"));
+    TF_RETURN_IF_ERROR(ToStatus(conv_.Run(stream_, &scratch_, args_, bias_, attrs_.selection, k_, dataflow_,
+                                          touched, positive, &report)));
+    TF_RETURN_IF_ERROR(ForwardReportStatus(report, args_.in_layout));
+    *count = report.count;
+    return absl::OkStatus();
+  }
+
+  bool Staged(int64_t, Tensor*, Tensor*) const { return false; }
+
+  absl::Status Write(int64_t* out_keys, T* out_values) {
+    if (in_groups_) return WriteInGroups(out_keys, out_values);
+    return ToStatus(conv_.Write(stream_, out_keys, out_values));
   }
 
  private:
-  static absl::Status ReportStatus(const gpu::Report& report, const KeyLayout& L) {
-    TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[gpu::kConvKeys], L.num_keys(), "input"));
-    TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kConvValues], "input values"));
-    TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kConvFilter], "filter"));
-    return NaNStatus(report.checks[gpu::kConvBias], "bias");
-  }
-
   // The sort dataflow in groups of whole examples, each group's temporaries released before
   // the next: once to count every group's kept entries (and fill the counts), then, with
   // the output allocated, once more to write them. Twice the work for a peak of the output
   // and one group's temporaries instead of the whole batch's (direct_conv_gpu.h).
-  void ComputeInGroups(OpKernelContext* ctx, const gpu::DirectConvGpuArgs<T>& args, const T* bias, double limit,
-                       int64_t* touched, int64_t* positive) {
-    const KeyLayout& L = args.in_layout;
-    const gpu::Stream stream = GpuStream(ctx);
-    std::vector<int64_t> begin(L.batch + 1);
+  absl::Status CountInGroups(int64_t* touched, int64_t* positive, int64_t* count) {
+    const KeyLayout& L = args_.in_layout;
+    begin_.assign(L.batch + 1, 0);
     {
       // The groups are found from the keys, so they are checked over all entries first.
-      TempScratch scratch(ctx);
+      TempScratch scratch(ctx_);
       gpu::Report report;
-      OP_REQUIRES_OK(ctx, ToStatus(gpu::DirectConvCheckInputs<T>(stream, &scratch, args, bias, &report), scratch,
-                                   "DirectSparseConv"));
-      OP_REQUIRES_OK(ctx, ReportStatus(report, L));
-      OP_REQUIRES_OK(ctx, ToStatus(gpu::ExampleBegins(stream, &scratch, args.keys, args.n, L.batch,
-                                                      L.channels * L.spatial_size, begin.data()),
-                                   scratch, "DirectSparseConv"));
+      TF_RETURN_IF_ERROR(::tf_sparseconv::ToStatus(
+          gpu::DirectConvCheckInputs<T>(stream_, &scratch, args_, bias_, &report), scratch, op_));
+      TF_RETURN_IF_ERROR(ForwardReportStatus(report, L));
+      TF_RETURN_IF_ERROR(::tf_sparseconv::ToStatus(
+          gpu::ExampleBegins(stream_, &scratch, args_.keys, args_.n, L.batch, L.channels * L.spatial_size,
+                             begin_.data()),
+          scratch, op_));
     }
-    const double bytes_per_entry = gpu::SortForwardBytes(args) / static_cast<double>(args.n);
-    const auto groups = ExampleGroups(begin, bytes_per_entry, limit);
-    const int64_t segments = L.batch * args.cout;
-    Tensor group_counts;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64, TensorShape({2, segments}), &group_counts));
-    int64_t* group_touched = group_counts.flat<int64_t>().data();
+    const double bytes_per_entry = gpu::SortForwardBytes(args_) / static_cast<double>(args_.n);
+    groups_ = ExampleGroups(begin_, bytes_per_entry, temp_limit_);
+    const int64_t segments = L.batch * args_.cout;
+    TF_RETURN_IF_ERROR(ctx_->allocate_temp(tensorflow::DT_INT64, TensorShape({2, segments}), &group_counts_));
+    int64_t* group_touched = group_counts_.flat<int64_t>().data();
     int64_t* group_positive = group_touched + segments;
-    const int64_t k = attrs_.EffectiveK(L.spatial_size);
-    auto run_group = [&](const std::pair<int64_t, int64_t>& g, TempScratch* scratch,
-                         gpu::DirectConvForwardGpu<T>* conv, gpu::Report* report) {
-      gpu::DirectConvGpuArgs<T> part = args;
-      part.keys = args.keys + begin[g.first];
-      part.values = args.values + begin[g.first];
-      part.n = begin[g.second] - begin[g.first];
-      TF_RETURN_IF_ERROR(CheckSortable(gpu::ContributionSlots(part.n, args.weights.max_row), "DirectSparseConv",
-                                       "contributions of one group of examples (TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB)"));
-      return ToStatus(conv->Run(stream, scratch, part, bias, attrs_.selection, k, gpu::DirectConvDataflow::kSort,
-                                group_touched, group_positive, report),
-                      *scratch, "DirectSparseConv");
-    };
-    std::vector<int64_t> kept(groups.size());
-    for (size_t i = 0; i < groups.size(); ++i) {
-      TempScratch scratch(ctx);
+    kept_.assign(groups_.size(), 0);
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      TempScratch scratch(ctx_);
       gpu::DirectConvForwardGpu<T> conv;
       gpu::Report report;
-      OP_REQUIRES_OK(ctx, run_group(groups[i], &scratch, &conv, &report));
-      OP_REQUIRES_OK(ctx, ReportStatus(report, L));
-      kept[i] = report.count;
-      const int64_t first = groups[i].first * args.cout, count = (groups[i].second - groups[i].first) * args.cout;
-      OP_REQUIRES_OK(ctx, ToStatus(gpu::CopyCounts(stream, touched + first, group_touched + first, count), scratch,
-                                   "DirectSparseConv"));
-      OP_REQUIRES_OK(ctx, ToStatus(gpu::CopyCounts(stream, positive + first, group_positive + first, count),
-                                   scratch, "DirectSparseConv"));
+      TF_RETURN_IF_ERROR(RunGroup(groups_[i], &scratch, &conv, &report));
+      TF_RETURN_IF_ERROR(ForwardReportStatus(report, L));
+      kept_[i] = report.count;
+      const int64_t first = groups_[i].first * args_.cout;
+      const int64_t n = (groups_[i].second - groups_[i].first) * args_.cout;
+      TF_RETURN_IF_ERROR(::tf_sparseconv::ToStatus(
+          gpu::CopyCounts(stream_, touched + first, group_touched + first, n), scratch, op_));
+      TF_RETURN_IF_ERROR(::tf_sparseconv::ToStatus(
+          gpu::CopyCounts(stream_, positive + first, group_positive + first, n), scratch, op_));
     }
     int64_t total = 0;
-    for (int64_t count : kept) total += count;
-    Tensor *out_keys, *out_values;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total}), &out_keys));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({total}), &out_values));
+    for (int64_t kept : kept_) total += kept;
+    *count = total;
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteInGroups(int64_t* out_keys, T* out_values) {
     int64_t offset = 0;
-    for (size_t i = 0; i < groups.size(); ++i) {
-      if (kept[i] == 0) continue;
-      TempScratch scratch(ctx);
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      if (kept_[i] == 0) continue;
+      TempScratch scratch(ctx_);
       gpu::DirectConvForwardGpu<T> conv;
       gpu::Report report;
-      OP_REQUIRES_OK(ctx, run_group(groups[i], &scratch, &conv, &report));
-      OP_REQUIRES(ctx, report.count == kept[i],
-                  errors::Internal("DirectSparseConv: examples ", groups[i].first, "..", groups[i].second - 1,
-                                   " kept ", report.count, " entries on the second pass, ", kept[i], " on the first"));
-      OP_REQUIRES_OK(ctx, ToStatus(conv.Write(stream, out_keys->flat<int64_t>().data() + offset,
-                                              out_values->flat<T>().data() + offset),
-                                   scratch, "DirectSparseConv"));
-      offset += kept[i];
+      TF_RETURN_IF_ERROR(RunGroup(groups_[i], &scratch, &conv, &report));
+      if (report.count != kept_[i]) {
+        return errors::Internal("DirectSparseConv: examples ", groups_[i].first, "..", groups_[i].second - 1,
+                                " kept ", report.count, " entries on the second pass, ", kept_[i], " on the first");
+      }
+      TF_RETURN_IF_ERROR(::tf_sparseconv::ToStatus(
+          conv.Write(stream_, out_keys + offset, out_values + offset), scratch, op_));
+      offset += kept_[i];
     }
+    return absl::OkStatus();
   }
 
-  ConvAttrs attrs_;
+  absl::Status RunGroup(const std::pair<int64_t, int64_t>& g, TempScratch* scratch,
+                        gpu::DirectConvForwardGpu<T>* conv, gpu::Report* report) {
+    const int64_t segments = args_.in_layout.batch * args_.cout;
+    int64_t* group_touched = group_counts_.flat<int64_t>().data();
+    int64_t* group_positive = group_touched + segments;
+    gpu::DirectConvGpuArgs<T> part = args_;
+    part.keys = args_.keys + begin_[g.first];
+    part.values = args_.values + begin_[g.first];
+    part.n = begin_[g.second] - begin_[g.first];
+    TF_RETURN_IF_ERROR(CheckSortable(gpu::ContributionSlots(part.n, args_.weights.max_row), "DirectSparseConv",
+                                     "contributions of one group of examples (TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB)"));
+    return ::tf_sparseconv::ToStatus(conv->Run(stream_, scratch, part, bias_, attrs_.selection, k_,
+                                               gpu::DirectConvDataflow::kSort, group_touched, group_positive,
+                                               report),
+                                     *scratch, op_);
+  }
+
+  OpKernelContext* const ctx_;
+  const ConvAttrs attrs_;
+  WeightTable table_;
+  gpu::DirectConvGpuArgs<T> args_;
+  const T* bias_ = nullptr;
+  int64_t k_ = 0;
+  gpu::DirectConvDataflow dataflow_ = gpu::DirectConvDataflow::kAuto;
+  double temp_limit_ = 0;
+  bool in_groups_ = false;
+  gpu::DirectConvForwardGpu<T> conv_;
+  // In groups: the first entry of each example, the groups, each group's kept entries, and
+  // the [2, B * Cout] counts the groups' runs write before they are copied out.
+  std::vector<int64_t> begin_;
+  std::vector<std::pair<int64_t, int64_t>> groups_;
+  std::vector<int64_t> kept_;
+  Tensor group_counts_;
 };
 
+// The data checks run on the device with the gradients. The attribute `accumulator` is the
+// CPU's: the GPU's choice is TF_SPARSECONV_DIRECT_DATAFLOW.
 template <typename T>
-class DirectSparseConvBackpropGpuOp : public OpKernel {
+class DirectSparseConvBackpropFunctor<GPUDevice, T> : GpuFunctorBase {
  public:
-  using OpKernel::OpKernel;
+  DirectSparseConvBackpropFunctor(OpKernelContext* ctx, Accumulator)
+      : GpuFunctorBase(ctx, "DirectSparseConvBackprop") {}
 
-  void Compute(OpKernelContext* ctx) override {
-    ConvShapes shapes;
-    WeightTable table;
-    gpu::DirectConvGpuArgs<T> args;
-    OP_REQUIRES_OK(ctx, PrepareGpuConv<T>(ctx, &shapes, &table, &args));
-    const Tensor& out_keys = ctx->input(5);
-    const Tensor& out_grad = ctx->input(6);
-    OP_REQUIRES_OK(ctx, CheckKeysVector(out_keys, "output"));
-    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(out_keys, out_grad, "output gradient"));
-    Tensor *in_grad, *filter_grad, *bias_grad;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ctx->input(1).shape(), &in_grad));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(3).shape(), &filter_grad));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({shapes.cout}), &bias_grad));
-
-    gpu::DirectConvDataflow dataflow = gpu::DirectConvDataflow::kAuto;
-    OP_REQUIRES_OK(ctx, DataflowFromEnvironment(&dataflow));
-    TempScratch scratch(ctx);
-    gpu::Report report;
-    OP_REQUIRES_OK(ctx, ToStatus(gpu::DirectConvBackpropGpu<T>(
-                                     GpuStream(ctx), &scratch, args,
-                                     out_keys.flat<int64_t>().data(), out_grad.flat<T>().data(),
-                                     out_keys.NumElements(), dataflow, in_grad->flat<T>().data(),
-                                     filter_grad->flat<T>().data(), bias_grad->flat<T>().data(),
-                                     &report),
-                                 scratch, "DirectSparseConvBackprop"));
-    const KeyLayout& L = args.in_layout;
-    OP_REQUIRES_OK(ctx, SortedKeysStatus(report.checks[gpu::kBackpropKeys], L.num_keys(), "input"));
-    OP_REQUIRES_OK(ctx, NaNStatus(report.checks[gpu::kBackpropValues], "input values"));
-    OP_REQUIRES_OK(ctx, NaNStatus(report.checks[gpu::kBackpropFilter], "filter"));
-    OP_REQUIRES_OK(ctx, SortedKeysStatus(report.checks[gpu::kBackpropOutKeys],
-                                         L.WithChannels(shapes.cout).num_keys(), "output"));
+  absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys, const T* out_grad, int64_t n_out) {
+    GpuConvArgs(in, &table_, &args_);
+    out_keys_ = out_keys;
+    out_grad_ = out_grad;
+    n_out_ = n_out;
+    return absl::OkStatus();
   }
+
+  absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad) {
+    gpu::DirectConvDataflow dataflow = gpu::DirectConvDataflow::kAuto;
+    TF_RETURN_IF_ERROR(DataflowFromEnvironment(&dataflow));
+    gpu::Report report;
+    TF_RETURN_IF_ERROR(ToStatus(gpu::DirectConvBackpropGpu<T>(stream_, &scratch_, args_, out_keys_, out_grad_,
+                                                              n_out_, dataflow, in_grad, filter_grad, bias_grad,
+                                                              &report)));
+    const KeyLayout& L = args_.in_layout;
+    TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[gpu::kBackpropKeys], L.num_keys(), "input"));
+    TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kBackpropValues], "input values"));
+    TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kBackpropFilter], "filter"));
+    return SortedKeysStatus(report.checks[gpu::kBackpropOutKeys], L.WithChannels(args_.cout).num_keys(), "output");
+  }
+
+ private:
+  WeightTable table_;
+  gpu::DirectConvGpuArgs<T> args_;
+  const int64_t* out_keys_ = nullptr;
+  const T* out_grad_ = nullptr;
+  int64_t n_out_ = 0;
 };
 
 #define REGISTER_GPU(T)                                                      \
@@ -355,13 +357,13 @@ class DirectSparseConvBackpropGpuOp : public OpKernel {
                               .HostMemory("dense_shape")                     \
                               .HostMemory("filter_mask")                     \
                               .HostMemory("out_dense_shape"),                \
-                          DirectSparseConvGpuOp<T>);                         \
+                          DirectSparseConvOp<GPUDevice, T>);                 \
   REGISTER_KERNEL_BUILDER(Name("DirectSparseConvBackprop")                   \
                               .Device(::tensorflow::DEVICE_GPU)              \
                               .TypeConstraint<T>("T")                        \
                               .HostMemory("dense_shape")                     \
                               .HostMemory("filter_mask"),                    \
-                          DirectSparseConvBackpropGpuOp<T>);
+                          DirectSparseConvBackpropOp<GPUDevice, T>);
 REGISTER_GPU(float);
 REGISTER_GPU(double);
 #undef REGISTER_GPU

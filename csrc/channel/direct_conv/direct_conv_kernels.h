@@ -1,0 +1,157 @@
+// The OpKernels of DirectSparseConv and DirectSparseConvBackprop, one template each for both
+// devices: the attribute and shape checks and the allocation here; the data checks and the
+// arithmetic in DirectSparseConvFunctor / DirectSparseConvBackpropFunctor<Device, T> (CPU:
+// direct_conv_kernels.cc over the functors of direct_conv.h; GPU: direct_conv_kernels_gpu.cc
+// over direct_conv.cu).
+//
+// The data checks (keys sorted, unique and in range: "input", "output"; no NaN in "input
+// values", "filter", "bias") are the functors': the CPU runs them on the host in Prepare,
+// before anything is allocated; the GPU runs them on the device with the work (Count,
+// Run), their results read back in the op's one host round trip and turned into the same
+// messages (channel_sparse_gpu.h). The GPU's Prepare instead lists the present weights,
+// reads its dataflow choices and refuses inputs beyond its limits (sort sizes, segments).
+#ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_KERNELS_H_
+#define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_KERNELS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "channel/channel_sparse.h"
+#include "channel/direct_conv/direct_conv.h"
+#include "channel/direct_conv/direct_conv_checks.h"
+#include "common/device.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_sparseconv {
+
+// The forward's and backward's inputs 0-4, their shapes checked.
+template <typename T>
+struct ConvTensors {
+  KeyLayout layout;                   // [B, R..., Cin]
+  ConvShapes shapes;
+  const int64_t* keys = nullptr;
+  const T* values = nullptr;
+  int64_t n = 0;
+  const T* filter = nullptr;          // [K..., Cin, Cout]
+  int64_t filter_size = 0;
+  const bool* mask = nullptr;         // host memory on both devices
+};
+
+// DirectSparseConv, per device:
+//   DirectSparseConvFunctor(OpKernelContext* ctx, const ConvAttrs& attrs);
+//   absl::Status Prepare(const ConvTensors<T>& in, const T* bias);
+//   absl::Status Count(int64_t* touched_counts, int64_t* positive_counts, int64_t* count);
+//     The convolution, bias and k-selection; fills both [B, Cout] counts; *count = the
+//     kept entries.
+//   bool Staged(int64_t count, Tensor* out_keys, Tensor* out_values);
+//     Where the kept entries already lie in buffers of the functor's (the CPU's k-selected
+//     path stages them in per-segment slots, compacted in place), those buffers, set as
+//     outputs 0 and 1 instead of allocating and copying; otherwise false.
+//   absl::Status Write(int64_t* out_keys, T* out_values);  // the kept entries in key order
+template <typename Device, typename T>
+class DirectSparseConvFunctor;
+
+// DirectSparseConvBackprop, per device:
+//   DirectSparseConvBackpropFunctor(OpKernelContext* ctx, Accumulator accumulator);
+//   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys,
+//                        const T* out_grad, int64_t n_out);
+//   absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad);  // Eq. 3
+template <typename Device, typename T>
+class DirectSparseConvBackpropFunctor;
+
+// Inputs 0-4 (keys, values, dense_shape, filter, filter_mask) of both ops.
+template <typename T>
+absl::Status CheckConvTensors(tensorflow::OpKernelContext* ctx, ConvTensors<T>* in) {
+  const tensorflow::Tensor& keys = ctx->input(0);
+  const tensorflow::Tensor& values = ctx->input(1);
+  const tensorflow::Tensor& filter = ctx->input(3);
+  const tensorflow::Tensor& mask = ctx->input(4);
+  TF_RETURN_IF_ERROR(MakeKeyLayout(ctx->input(2), &in->layout));
+  TF_RETURN_IF_ERROR(CheckKeysVector(keys, "input"));
+  TF_RETURN_IF_ERROR(CheckConvShapes(keys, values, filter, mask, in->layout, &in->shapes));
+  in->keys = keys.flat<int64_t>().data();
+  in->values = values.flat<T>().data();
+  in->n = keys.NumElements();
+  in->filter = filter.flat<T>().data();
+  in->filter_size = filter.NumElements();
+  in->mask = mask.flat<bool>().data();
+  return absl::OkStatus();
+}
+
+template <typename Device, typename T>
+class DirectSparseConvOp : public tensorflow::OpKernel {
+ public:
+  explicit DirectSparseConvOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) { attrs_.Read(ctx); }
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    using ::tensorflow::Tensor;
+    using ::tensorflow::TensorShape;
+    ConvTensors<T> in;
+    OP_REQUIRES_OK(ctx, CheckConvTensors<T>(ctx, &in));
+    const Tensor& bias = ctx->input(5);
+    const int64_t cout = in.shapes.cout;
+    OP_REQUIRES_OK(ctx, CheckBiasShape(bias, cout));
+    DirectSparseConvFunctor<Device, T> conv(ctx, attrs_);
+    OP_REQUIRES_OK(ctx, conv.Prepare(in, bias.flat<T>().data()));
+    const KeyLayout& L = in.layout;
+    Tensor *out_shape, *touched, *positive;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(2).shape(), &out_shape));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({L.batch, cout}), &touched));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({L.batch, cout}), &positive));
+    auto shape_out = out_shape->flat<int64_t>();
+    shape_out = ctx->input(2).flat<int64_t>();
+    shape_out(L.d + 1) = cout;
+    int64_t m = 0;
+    OP_REQUIRES_OK(ctx, conv.Count(touched->flat<int64_t>().data(), positive->flat<int64_t>().data(), &m));
+    Tensor staged_keys, staged_values;
+    if (conv.Staged(m, &staged_keys, &staged_values)) {
+      ctx->set_output(0, staged_keys);
+      ctx->set_output(1, staged_values);
+      return;
+    }
+    Tensor *out_keys, *out_values;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &out_keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m}), &out_values));
+    OP_REQUIRES_OK(ctx, conv.Write(out_keys->flat<int64_t>().data(), out_values->flat<T>().data()));
+  }
+
+ private:
+  ConvAttrs attrs_;
+};
+
+template <typename Device, typename T>
+class DirectSparseConvBackpropOp : public tensorflow::OpKernel {
+ public:
+  explicit DirectSparseConvBackpropOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string accumulator;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("accumulator", &accumulator));
+    accumulator_ = ParseAccumulator(accumulator);
+  }
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    using ::tensorflow::Tensor;
+    using ::tensorflow::TensorShape;
+    ConvTensors<T> in;
+    OP_REQUIRES_OK(ctx, CheckConvTensors<T>(ctx, &in));
+    const Tensor& out_keys = ctx->input(5);
+    const Tensor& out_grad = ctx->input(6);
+    OP_REQUIRES_OK(ctx, CheckKeysVector(out_keys, "output"));
+    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(out_keys, out_grad, "output gradient"));
+    DirectSparseConvBackpropFunctor<Device, T> backprop(ctx, accumulator_);
+    OP_REQUIRES_OK(ctx, backprop.Prepare(in, out_keys.flat<int64_t>().data(), out_grad.flat<T>().data(),
+                                         out_keys.NumElements()));
+    Tensor *in_grad, *filter_grad, *bias_grad;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ctx->input(1).shape(), &in_grad));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(3).shape(), &filter_grad));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({in.shapes.cout}), &bias_grad));
+    OP_REQUIRES_OK(ctx, backprop.Run(in_grad->flat<T>().data(), filter_grad->flat<T>().data(),
+                                     bias_grad->flat<T>().data()));
+  }
+
+ private:
+  Accumulator accumulator_;
+};
+
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_KERNELS_H_
