@@ -31,8 +31,8 @@ sys.path.insert(0, HERE)
 from train_step import device_name, layer_rows  # noqa: E402
 
 from tf_sparseconv import data as datasets  # noqa: E402
-from tf_sparseconv import train as trainer  # noqa: E402
-from tf_sparseconv.keras_layers.conv import SparseConv  # noqa: E402
+from tf_sparseconv.training import train as trainer  # noqa: E402
+from tf_sparseconv.channel.conv_layer import SparseConv  # noqa: E402
 from tf_sparseconv.models import octnet3  # noqa: E402
 
 

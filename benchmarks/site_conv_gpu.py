@@ -36,8 +36,8 @@ from site_scenes import CHAIN, LAYERS, layer_weights, level_features, scenes  # 
 from timing import check_sync, interleaved_medians, median_time, queued_s_per_call, sync_method  # noqa: E402
 
 from tf_sparseconv._op_library import ops as _ops  # noqa: E402
-from tf_sparseconv.ops.site_conv import kernel_map  # noqa: E402
-from tf_sparseconv.site_sparse_tensor import make_site_sparse  # noqa: E402
+from tf_sparseconv.site import kernel_map  # noqa: E402
+from tf_sparseconv.site.tensor import make_site_sparse  # noqa: E402
 
 DEFAULT_OUT = os.path.join(HERE, "results", "site_conv_gpu.jsonl")
 # fp32: float32 with TF32 off (full float32 products); tf32: float32 with TensorFlow's TF32

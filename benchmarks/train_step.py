@@ -31,7 +31,7 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tf_sparseconv import data as datasets  # noqa: E402
 from tf_sparseconv.models import DEFAULT_RHOS, octnet3  # noqa: E402
-from tf_sparseconv.train import DEFAULT_DATA_DIR, keras_batches  # noqa: E402
+from tf_sparseconv.training.train import DEFAULT_DATA_DIR, keras_batches  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import median_time, sync  # noqa: E402

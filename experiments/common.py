@@ -11,9 +11,9 @@ RESULTS = os.path.join(REPO, "experiments", "results")
 
 
 def training_command(name, train_args, work_dir):
-    """(command, environment, output folder) of `python -m tf_sparseconv.train` with train_args."""
+    """(command, environment, output folder) of `tf-sparseconv train` with train_args."""
     out = os.path.join(work_dir, name)
-    command = [sys.executable, "-m", "tf_sparseconv.train", *map(str, train_args), "--out", out]
+    command = [sys.executable, "-m", "tf_sparseconv", "train", *map(str, train_args), "--out", out]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
                TF_CPP_MIN_LOG_LEVEL="2")
     return command, env, out
@@ -25,9 +25,9 @@ def read_results(out):
 
 
 def run_training(name, train_args, work_dir):
-    """Runs `python -m tf_sparseconv.train` with train_args; returns its results.json."""
+    """Runs `tf-sparseconv train` with train_args; returns its results.json."""
     command, env, out = training_command(name, train_args, work_dir)
-    print(f"=== {name}: {' '.join(command[3:])}", flush=True)
+    print(f"=== {name}: {' '.join(command[4:])}", flush=True)
     start = time.perf_counter()
     subprocess.run(command, check=True, env=env)
     results = read_results(out)
@@ -37,14 +37,14 @@ def run_training(name, train_args, work_dir):
 
 
 def run_trainings_at_once(runs, work_dir, poll_seconds=30):
-    """Runs several `python -m tf_sparseconv.train` configurations ({name: train_args}) as
+    """Runs several `tf-sparseconv train` configurations ({name: train_args}) as
     concurrent processes (on a GPU they then share it), each logging to <work_dir>/<name>.log;
     prints every log's newest epoch line while they run. Returns {name: results.json}."""
     os.makedirs(work_dir, exist_ok=True)
     procs, start = {}, time.perf_counter()
     for name, train_args in runs.items():
         command, env, out = training_command(name, train_args, work_dir)
-        print(f"=== {name}: {' '.join(command[3:])}", flush=True)
+        print(f"=== {name}: {' '.join(command[4:])}", flush=True)
         log = open(os.path.join(work_dir, f"{name}.log"), "w")
         procs[name] = (subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log, out)
     while any(proc.poll() is None for proc, _, _ in procs.values()):

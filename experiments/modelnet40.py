@@ -36,7 +36,7 @@ def recipe(results):
 
 
 def result_row(res, batch_size):
-    """A modelnet40.json row from a results.json of python -m tf_sparseconv.train."""
+    """A modelnet40.json row from a results.json of tf-sparseconv train."""
     seconds = res["sec_per_epoch"]
     row = {"resolution": res["resolution"], "epochs": res["epochs"], "val_accuracy": res["val_accuracy"],
            "sec_per_epoch": sum(seconds[1:]) / max(1, len(seconds) - 1) if len(seconds) > 1 else seconds[0],
@@ -61,7 +61,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-examples", type=int, default=0, help="stratified subset of the 9,843 shapes (0: all)")
     p.add_argument("--augment", nargs="?", const="rotate", choices=("rotate", "mirror", "scale"), default=None,
-                   help="as python -m tf_sparseconv.train --augment")
+                   help="as tf-sparseconv train --augment")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
     p.add_argument("--data-dir", default=None)
@@ -69,14 +69,14 @@ def main():
                    help="keep each resolution's checkpoint here and resume from it (default: no backup)")
     p.add_argument("--replace", action="store_true",
                    help="start modelnet40.json afresh (default: keep the rows of other recipes)")
-    p.add_argument("--vote-mirror", action="store_true", help="as python -m tf_sparseconv.train --vote-mirror")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="as python -m tf_sparseconv.train --weight-decay")
+    p.add_argument("--vote-mirror", action="store_true", help="as tf-sparseconv train --vote-mirror")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="as tf-sparseconv train --weight-decay")
     p.add_argument("--label-smoothing", type=float, default=0.0,
-                   help="as python -m tf_sparseconv.train --label-smoothing")
-    p.add_argument("--features", nargs="+", default=["occupancy"], help="as python -m tf_sparseconv.train --features")
+                   help="as tf-sparseconv train --label-smoothing")
+    p.add_argument("--features", nargs="+", default=["occupancy"], help="as tf-sparseconv train --features")
     p.add_argument("--replot", action="store_true", help="only redraw modelnet40.png and print the rows, no training")
     p.add_argument("--add-results", nargs="+", metavar="RESULTS_JSON",
-                   help="add the rows of runs made with python -m tf_sparseconv.train --dataset modelnet40 "
+                   help="add the rows of runs made with tf-sparseconv train --dataset modelnet40 "
                         "(e.g. on a lent GPU), then redraw; no training")
     p.add_argument("--note", help="with --add-results: a note stored in the added rows (e.g. how they were timed)")
     args = p.parse_args()
@@ -89,7 +89,7 @@ def main():
             with open(path) as f:
                 res = json.load(f)
             if res.get("dataset") != "modelnet40" or "examples" not in res:
-                raise SystemExit(f"{path} is not the results.json of a ModelNet40 run of tf_sparseconv.train "
+                raise SystemExit(f"{path} is not the results.json of a ModelNet40 run of tf-sparseconv train "
                                  "(dataset and examples recorded)")
             row = result_row(res, res["batch_size"])
             if args.note:

@@ -49,10 +49,10 @@ if REPO not in sys.path:  # tf_sparseconv from this checkout, as the training pr
 
 
 def split(args, max_examples=None):
-    """(examples, labels, train_idx, val_idx) exactly as `tf_sparseconv.train` makes them
+    """(examples, labels, train_idx, val_idx) exactly as `tf-sparseconv train` makes them
     (with --max-examples, or max_examples where given)."""
     from tf_sparseconv import data as datasets
-    from tf_sparseconv import train as trainer
+    from tf_sparseconv.training import train as trainer
     data_dir = args.data_dir or trainer.DEFAULT_DATA_DIR
     examples, labels, _ = trainer.load_examples("modelnet40", data_dir, {"points": 1024, "synthetic_per_class": 150},
                                                 args.seed)
@@ -65,10 +65,10 @@ def split(args, max_examples=None):
 
 
 def training_data(args, max_examples=None):
-    """The training and validation batches exactly as `tf_sparseconv.train` builds them, and
+    """The training and validation batches exactly as `tf-sparseconv train` builds them, and
     the number of training shapes."""
     from tf_sparseconv import data as datasets
-    from tf_sparseconv import train as trainer
+    from tf_sparseconv.training import train as trainer
     examples, labels, train_idx, val_idx = split(args, max_examples)
 
     def make(idx, shuffle):
@@ -185,7 +185,7 @@ def model_path(work, run, epoch, last=False):
     """A run's sparse core after the given epoch: its snapshot (train.py's naming), or for
     the last epoch of a run trained before train.py saved a point-cloud model as
     model.keras and kept no snapshot of that epoch, model.keras (then the core itself)."""
-    from tf_sparseconv.train import snapshot_path
+    from tf_sparseconv.training.train import snapshot_path
     out = os.path.join(work, run)
     path = snapshot_path(out, epoch)
     return os.path.join(out, "model.keras") if last and not os.path.exists(path) else path
@@ -279,7 +279,7 @@ def add_retiming(rows, work, args):
     """Re-times the models of --retime-epochs (default: the last) of every run on this
     machine and adds the figures to those rows' "retimed" lists (one entry per device and
     shape count; a later run on the same replaces it)."""
-    from tf_sparseconv.train import device_description
+    from tf_sparseconv.training.train import device_description
     last = max(row["epoch"] for row in rows)
     epochs = args.retime_epochs or [last]
     paths = {}

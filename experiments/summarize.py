@@ -340,7 +340,7 @@ def main():
     sections = [("modelnet40.json", modelnet_section), ("mnist.json", mnist_section),
                 ("pruning.json", pruning_section), ("selection.json", selection_section)]
     lines = ["# Experiments", "",
-             "Each script trains with `python -m tf_sparseconv.train` in its own process and writes JSON and a PNG to",
+             "Each script trains with `tf-sparseconv train` in its own process and writes JSON and a PNG to",
              "`experiments/results/`; this page is generated from those files by `python experiments/summarize.py`.",
              "Runs use this machine's 2 CPU cores unless a table names the lent GPU (the paper used a Titan Xp GPU), at",
              "the epochs and data sizes given in each table; where that is fewer than the paper's, the table says so",

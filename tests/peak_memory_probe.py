@@ -12,7 +12,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_memory_bound import DATA, classifier, peak_bytes_of, random_surfaces  # noqa: E402
-from tf_sparseconv.memory_bound import memory_bound  # noqa: E402
+from tf_sparseconv.models.memory_bound import memory_bound  # noqa: E402
 
 
 def main(source, resolution, batch, points_per_sample):

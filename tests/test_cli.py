@@ -17,10 +17,11 @@ from test_data_mnist import write_idx_folder
 from test_data_modelnet import CUBE_QUADS, CUBE_VERTICES, off_text, write
 from test_data_scannet import grid_mesh, write_ply
 
-from tf_sparseconv import cli, train
+from tf_sparseconv import cli
 from tf_sparseconv.data import SCANNET_CLASSES, load_modelnet_meshes, load_scannet_objects, make_shapes
-from tf_sparseconv.memory_bound import memory_bound
 from tf_sparseconv.models import image_classifier, octnet3, point_cloud_classifier
+from tf_sparseconv.models.memory_bound import memory_bound
+from tf_sparseconv.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POINTS = 128
@@ -377,7 +378,7 @@ def test_evaluate_split_val_rescores_the_training_runs_validation_examples(capsy
 
 
 def test_tensorflow_errors_on_user_data_become_one_line(models):
-    from tf_sparseconv.evaluate import predict_logits
+    from tf_sparseconv.cli.evaluate import predict_logits
 
     model = keras.models.load_model(models["paths"]["none"])
     far = np.random.default_rng(0).normal(size=(3, POINTS, 3)).astype(np.float32) * 5

@@ -1,5 +1,5 @@
 """Voxelization against a per-point loop reference: occupancy, counts, mean normals, clipping,
-key order, errors; and the tf_sparseconv.voxelize re-export."""
+key order, errors."""
 import time
 
 import numpy as np
@@ -133,10 +133,8 @@ def test_bad_arguments(rng):
         voxelize_points(rng.uniform(-1, 1, (1, 4, 3)), 8, bounds=(1.0, -1.0))
 
 
-def test_dtype_and_legacy_module():
-    from tf_sparseconv import voxelize as legacy
-    assert legacy.voxelize_points is voxelize_points
-    x = legacy.voxelize_points([np.zeros((2, 3))], 3, (-1.0, 1.0), np.float64)
+def test_dtype():
+    x = voxelize_points([np.zeros((2, 3))], 3, (-1.0, 1.0), np.float64)
     assert x.dtype == np.float64 and x.keys.numpy().tolist() == [13]
 
 

@@ -380,7 +380,7 @@ def test_backprop_op_rejects_output_keys_of_another_geometry():
 def test_k_from_rho_up_matches_the_op_where_rho_up_times_size_is_whole():
     """ceil(0.1 * 100) is 10 in double precision, but the op holds rho_up as float32 (0.1000000015)
     and keeps 11: the Python bound must say 11 too."""
-    from tf_sparseconv.ops.direct_conv import k_from_rho_up
+    from tf_sparseconv.channel.direct_conv import k_from_rho_up
     assert k_from_rho_up(0.1, (10, 10)) == 11
     dense = np.zeros((1, 10, 10, 1), np.float32)
     dense[0, :, :, 0] = np.arange(1, 101, dtype=np.float32).reshape(10, 10)

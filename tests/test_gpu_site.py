@@ -15,9 +15,8 @@ import tensorflow as tf
 
 from tf_sparseconv import _build_info
 from tf_sparseconv._op_library import ops
-from tf_sparseconv.ops.site_conv import (kernel_map, neighbour_table, site_conv, site_conv_transpose,
-                                         site_inverse_conv)
-from tf_sparseconv.site_sparse_tensor import make_site_sparse
+from tf_sparseconv.site import kernel_map, neighbour_table, site_conv, site_conv_transpose, site_inverse_conv
+from tf_sparseconv.site.tensor import make_site_sparse
 
 from tests.site_map_helpers import hand_built
 

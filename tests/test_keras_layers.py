@@ -7,7 +7,7 @@ import keras
 
 import tf_sparseconv as ts
 from tf_sparseconv import keras_layers as kl
-from tf_sparseconv.voxelize import voxelize_points
+from tf_sparseconv.data.voxelize import voxelize_points
 
 
 def random_clouds(rng, batch, points=200):

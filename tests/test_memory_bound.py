@@ -12,7 +12,7 @@ import tensorflow as tf
 import keras
 
 from tf_sparseconv import keras_layers as kl
-from tf_sparseconv.memory_bound import BoundedInference, MemoryBudgetExceeded, largest_batch_within, memory_bound
+from tf_sparseconv.models.memory_bound import BoundedInference, MemoryBudgetExceeded, largest_batch_within, memory_bound
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "modelnet40_train.npz")
 

@@ -17,7 +17,7 @@ from tf_sparseconv import keras_layers as kl
 from tf_sparseconv import models
 from tf_sparseconv.data import (image_arrays, images_to_channel_sparse, normalize_to_unit_sphere, voxelize_arrays,
                                 voxelize_points)
-from tf_sparseconv.ops.site_conversions import from_channel_sparse
+from tf_sparseconv.site.conversions import from_channel_sparse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FEATURE_SETS = [("occupancy",), ("count",), ("occupancy", "normals"), ("offset", "count", "normals")]

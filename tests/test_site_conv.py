@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_sparseconv.ops.site_conv import (kernel_map, site_conv, site_conv_transpose, site_inverse_conv)
-from tf_sparseconv.site_sparse_tensor import make_site_sparse
+from tf_sparseconv.site import (kernel_map, site_conv, site_conv_transpose, site_inverse_conv)
+from tf_sparseconv.site.tensor import make_site_sparse
 
 from tests.site_map_helpers import hand_built
 
@@ -291,8 +291,8 @@ def test_results_do_not_depend_on_the_thread_count(rng):
 
 AVX2_AND_PORTABLE_SCRIPT = """
 import sys, numpy as np, tensorflow as tf
-from tf_sparseconv.ops.site_conv import site_conv
-from tf_sparseconv.site_sparse_tensor import make_site_sparse
+from tf_sparseconv.site import site_conv
+from tf_sparseconv.site.tensor import make_site_sparse
 rng = np.random.default_rng(7)
 occupied = rng.random((2, 9, 9, 9)) < 0.3
 coords = np.argwhere(occupied).astype(np.int32)
@@ -489,7 +489,7 @@ def test_gradient_ops_inherit_map_is_trusted(rng):
 
 
 def test_trust_survives_the_keras_dict(rng):
-    from tf_sparseconv.keras_layers.site_inputs import as_site_keras_inputs, from_site_keras_inputs
+    from tf_sparseconv.site.keras_io import as_site_keras_inputs, from_site_keras_inputs
     coords, features = random_sites(rng, 1, (6, 6), 0.5, 2)
     x = make_site_sparse(coords, features, (6, 6), 1)
     built = kernel_map(x, 3, strides=2, padding=1)
@@ -523,7 +523,7 @@ def numpy_neighbour_table(in_rows, out_rows, splits, num_out, groups):
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
 @pytest.mark.parametrize("groups", [None, 2, 3, 4])
 def test_neighbour_table_matches_numpy(rng, mode, kernel, strides, inverse, groups):
-    from tf_sparseconv.ops.site_conv import neighbour_table
+    from tf_sparseconv.site import neighbour_table
     coords, features = random_sites(rng, 2, (7, 6, 7), 0.3, 1)
     x = make_site_sparse(coords, features, (7, 6, 7), 2)
     kmap = kernel_map(x, kernel, strides, mode=mode)
@@ -586,7 +586,7 @@ def test_conv_checks_a_given_neighbour_table_and_gives_the_same_values(rng):
     kmap = kernel_map(x, 3, mode="submanifold")
     filters = tf.constant(rng.standard_normal((27, 4, 5)), tf.float32)
     n = len(coords)
-    from tf_sparseconv.ops.site_conv import neighbour_table
+    from tf_sparseconv.site import neighbour_table
     table = neighbour_table(kmap)
     args = (x.features, filters, kmap.in_rows, kmap.out_rows, kmap.offset_splits, n)
     plain = ops.site_sparse_conv(*args, tf.zeros([0], tf.int32), map_is_trusted=True)
@@ -600,8 +600,8 @@ def test_conv_checks_a_given_neighbour_table_and_gives_the_same_values(rng):
 
 
 def test_layers_build_neighbour_tables_once_per_keyed_map_and_carry_them(monkeypatch, rng):
-    from tf_sparseconv.keras_layers.site_inputs import as_site_keras_inputs, from_site_keras_inputs
-    from tf_sparseconv.ops.site_conv import neighbour_table
+    from tf_sparseconv.site.keras_io import as_site_keras_inputs, from_site_keras_inputs
+    from tf_sparseconv.site import neighbour_table
     coords, features = random_sites(rng, 2, (8, 8, 8), 0.3, 4, np.float16)
     x = make_site_sparse(coords, features, (8, 8, 8), 2)
     w = tf.constant(rng.standard_normal((3, 3, 3, 4, 4)) / 10, tf.float16)

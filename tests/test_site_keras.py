@@ -10,12 +10,11 @@ import pytest
 import tensorflow as tf
 
 from tf_sparseconv import keras_layers as kl
-from tf_sparseconv import train
+from tf_sparseconv.training import train
 from tf_sparseconv.models import site_resnet, site_unet
-from tf_sparseconv.ops.site_conv import (global_pool, select_sites, site_conv, site_conv_transpose,
-                                         site_inverse_conv, site_pool)
-from tf_sparseconv.ops.site_conversions import voxelize_sites
-from tf_sparseconv.site_sparse_tensor import make_site_sparse
+from tf_sparseconv.site import global_pool, select_sites, site_conv, site_conv_transpose, site_inverse_conv, site_pool
+from tf_sparseconv.site.conversions import voxelize_sites
+from tf_sparseconv.site.tensor import make_site_sparse
 from test_site_conv import random_sites
 
 SHAPE = (8, 8, 8)

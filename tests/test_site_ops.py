@@ -6,10 +6,10 @@ import pytest
 import tensorflow as tf
 
 import tf_sparseconv as tsc
-from tf_sparseconv.ops.site_conv import global_pool, select_sites, site_conv, site_pool
-from tf_sparseconv.ops.site_conversions import (from_channel_sparse, site_from_dense, site_to_dense,
-                                                to_channel_sparse, voxelize_sites)
-from tf_sparseconv.site_sparse_tensor import SiteSparseTensor, make_site_sparse
+from tf_sparseconv.site import global_pool, select_sites, site_conv, site_pool
+from tf_sparseconv.site.conversions import (from_channel_sparse, site_from_dense, site_to_dense, to_channel_sparse,
+                                            voxelize_sites)
+from tf_sparseconv.site.tensor import SiteSparseTensor, make_site_sparse
 from test_site_conv import random_sites, rows_at, to_grid
 
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tf_sparseconv import data as datasets
 from tf_sparseconv import keras_layers as kl
-from tf_sparseconv import train
+from tf_sparseconv.training import train
 from tf_sparseconv.models import core_model, normalize_point_clouds, octnet3
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
@@ -43,7 +43,7 @@ def test_octnet3_64_keeps_its_signal_only_with_he_initialisation():
     import tensorflow as tf
 
     from tf_sparseconv import data as datasets
-    from tf_sparseconv.train import keras_batches
+    from tf_sparseconv.training.train import keras_batches
     clouds, labels, _ = datasets.make_shapes(num_per_class=1, seed=3)
     x, _ = next(iter(keras_batches(datasets.point_cloud_dataset(clouds[:4], labels[:4], 64, 4, shuffle=False))))
     spread = {}
@@ -279,7 +279,7 @@ def test_cosine_schedule_decays_to_zero_and_fixes_the_epochs_of_a_backup(tmp_pat
 
 
 def test_smoothed_crossentropy_matches_its_definition():
-    from tf_sparseconv.losses import SmoothedSparseCrossentropy
+    from tf_sparseconv.training.losses import SmoothedSparseCrossentropy
     rng = np.random.default_rng(7)
     logits = rng.normal(size=(6, 5)).astype(np.float32)
     labels = rng.integers(0, 5, size=6)

@@ -16,18 +16,14 @@ from tf_sparseconv._native_logs import quiet_startup
 
 with quiet_startup():
     from tf_sparseconv._op_library import ops as raw_ops  # noqa: F401  (loads and checks the op library)
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
-from tf_sparseconv.ops.conversions import (decode_keys, encode_keys, from_dense, from_sparse_tensor,
-                                           gather_dense, reorder, to_dense, to_sparse_tensor, validate)
-from tf_sparseconv.ops.direct_conv import direct_conv, k_from_rho_up
-from tf_sparseconv.ops.max_pool import sparse_max_pool
-from tf_sparseconv.ops.relu import sparse_relu
-from tf_sparseconv.ops.site_conv import (global_pool, kernel_map, neighbour_table, select_sites, site_conv,
-                                         site_conv_transpose, site_inverse_conv, site_pool)
-from tf_sparseconv.ops.site_conversions import (from_channel_sparse, site_from_dense, site_to_dense,
-                                                to_channel_sparse, voxelize_sites)
-from tf_sparseconv.site_sparse_tensor import KernelMap, SiteSparseTensor, make_site_sparse
-from tf_sparseconv import keras_layers, losses  # noqa: F401,E402  (registers the Keras layers and losses)
+from tf_sparseconv.channel import (ChannelSparseTensor, decode_keys, direct_conv, encode_keys, from_dense,
+                                   from_sparse_tensor, gather_dense, k_from_rho_up, reorder, sparse_max_pool,
+                                   sparse_relu, to_dense, to_sparse_tensor, validate)
+from tf_sparseconv.site import (KernelMap, SiteSparseTensor, from_channel_sparse, global_pool, kernel_map,
+                                make_site_sparse, neighbour_table, select_sites, site_conv, site_conv_transpose,
+                                site_from_dense, site_inverse_conv, site_pool, site_to_dense, to_channel_sparse,
+                                voxelize_sites)
+from tf_sparseconv import keras_layers, training  # noqa: F401,E402  (registers the Keras layers and losses)
 
 __version__ = "0.1.0"
 

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.data.npz import read_npz_arrays
 
 THRESHOLD = 50

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.data.mnist import THRESHOLD, image_arrays
 from tf_sparseconv.data.voxelize import num_channels, voxelize_arrays
 

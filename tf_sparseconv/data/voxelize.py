@@ -8,7 +8,7 @@ For a dense occupancy grid [B, r, r, r, C] that already exists, ts.from_dense is
 import numpy as np
 import tensorflow as tf
 
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.channel.tensor import ChannelSparseTensor
 
 # Channels each feature contributes, in this order within its slot of `features`.
 FEATURE_CHANNELS = {"occupancy": 1, "count": 1, "normals": 3, "offset": 3}

@@ -1,4 +1,6 @@
-"""Keras 3 layers over the channel-sparse and the site-sparse ops (TensorFlow backend).
+"""Keras 3 layers of both families (TensorFlow backend), gathered from the packages that
+define them: tf_sparseconv.channel, tf_sparseconv.site, tf_sparseconv.training and
+tf_sparseconv.models.preprocessing.
 
 Between layers a channel-sparse batch is the dict made by `as_keras_inputs`; models start
 from `sparse_input`, `PointCloudToSparse` (point clouds, normalised and voxelized in the
@@ -9,17 +11,15 @@ A site-sparse batch is the dict made by `as_site_keras_inputs` (cached kernel ma
 included); models start from `site_input` or `SiteVoxelize` and leave through
 `SiteGlobalPool`, `SiteToPoints` or the dict's "features" rows.
 """
-from tf_sparseconv.keras_layers.conv import SparseConv
-from tf_sparseconv.keras_layers.density_regularizer import DensityRegularizer
-from tf_sparseconv.keras_layers.fine_tune import FineTunePhase
-from tf_sparseconv.keras_layers.layers import DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense, VoxelizePoints
-from tf_sparseconv.keras_layers.preprocessing import ClassNames, ImageToSparse, PointCloudToSparse, SparseToSite
-from tf_sparseconv.keras_layers.pruning import WarningShotPruning, present_weight_count, sparse_conv_layers
-from tf_sparseconv.keras_layers.site_inputs import as_site_keras_inputs, from_site_keras_inputs, site_input
-from tf_sparseconv.keras_layers.site_layers import (SiteAdd, SiteConcat, SiteConv, SiteConvTranspose, SiteFeatures,
-                                                    SiteGlobalPool, SiteInverseConv, SitePool, SiteSelect,
-                                                    SiteToPoints, SiteVoxelize, SubMConv)
-from tf_sparseconv.keras_layers.sparse_inputs import as_keras_inputs, from_keras_inputs, sparse_input
+from tf_sparseconv.channel import (DenseToSparse, SparseConv, SparseMaxPool, SparseReLU, SparseToDense,
+                                   as_keras_inputs, from_keras_inputs, sparse_input)
+from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse, VoxelizePoints
+from tf_sparseconv.models.serving import ClassNames
+from tf_sparseconv.site import (SiteAdd, SiteConcat, SiteConv, SiteConvTranspose, SiteFeatures, SiteGlobalPool,
+                                SiteInverseConv, SitePool, SiteSelect, SiteToPoints, SiteVoxelize, SparseToSite,
+                                SubMConv, as_site_keras_inputs, from_site_keras_inputs, site_input)
+from tf_sparseconv.training import (DensityRegularizer, FineTunePhase, WarningShotPruning, present_weight_count,
+                                    sparse_conv_layers)
 
 __all__ = ["SparseConv", "SparseReLU", "SparseMaxPool", "SparseToDense", "DenseToSparse", "VoxelizePoints",
            "PointCloudToSparse", "ImageToSparse", "SparseToSite", "ClassNames",

@@ -15,7 +15,9 @@ import math
 
 import keras
 
-from tf_sparseconv.keras_layers import SparseConv, SparseMaxPool, SparseToDense, sparse_input
+from tf_sparseconv.channel.conv_layer import SparseConv
+from tf_sparseconv.channel.keras_io import sparse_input
+from tf_sparseconv.channel.layers import SparseMaxPool, SparseToDense
 
 BLOCK_CHANNELS = (8, 16, 24, 32, 40, 48)
 # Table 4's default bounds for ModelNet40 (Figure 7, right) by resolution, and MNIST's

@@ -3,7 +3,8 @@
 A core (OctNet3: channel-sparse dict input; site_resnet: site dict input) learns from
 batches voxelized by NumPy. point_cloud_classifier and image_classifier put the same
 preprocessing in front of it as Keras layers (PointCloudToSparse / ImageToSparse, and
-SparseToSite for a site core) and ClassNames behind it, so the saved model takes point
+SparseToSite for a site core) and ClassNames (identity on the logits that keeps the class
+names in the saved model) behind it, so the saved model takes point
 clouds [B, N, 3 or 6] or images [B, H, W] and returns logits [B, num_classes]:
 
     model = point_cloud_classifier(core, 32, class_names=classes, points_per_cloud=1024)
@@ -20,11 +21,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_sparseconv.channel.keras_io import FIELDS as SPARSE_FIELDS
 from tf_sparseconv.data.voxelize import num_channels
-from tf_sparseconv.keras_layers.preprocessing import (ClassNames, ImageToSparse, PointCloudToSparse, SparseToSite,
-                                                      check_features, normalize_unit_sphere)
-from tf_sparseconv.keras_layers.site_inputs import FIELDS as SITE_FIELDS
-from tf_sparseconv.keras_layers.sparse_inputs import FIELDS as SPARSE_FIELDS
+from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse, check_features, normalize_unit_sphere
+from tf_sparseconv.site.keras_io import FIELDS as SITE_FIELDS
+from tf_sparseconv.site.layers import SparseToSite
 
 # Clouds normalised per TensorFlow call: bounds the memory of normalize_point_clouds.
 _CHUNK = 256
@@ -172,3 +173,31 @@ def input_spec(model):
         return {"kind": "images", "threshold": layer.threshold, "image_shape": tuple(model.input.shape[1:])}
     raise ValueError(f"model {model.name!r} takes sparse inputs, not point clouds or images; wrap its core with "
                      "tf_sparseconv.models.point_cloud_classifier or image_classifier")
+
+
+@keras.saving.register_keras_serializable(package="tf_sparseconv")
+class ClassNames(keras.layers.Layer):
+    """Identity on logits [B, num_classes] that stores the class names (None: unnamed) in
+    the model's config, so a saved model reports what its outputs mean."""
+
+    def __init__(self, names=None, **kwargs):
+        super().__init__(**kwargs)
+        if names is not None:
+            names = tuple(str(n) for n in names)
+            if not names or len(set(names)) != len(names):
+                raise ValueError(f"{self.name}: class names must be distinct and at least one, got {names}")
+        self.names = names
+
+    def build(self, input_shape):
+        classes = input_shape[-1]
+        if self.names is not None and classes is not None and classes != len(self.names):
+            raise ValueError(f"{self.name}: {len(self.names)} class names for logits of {classes} classes")
+
+    def call(self, logits):
+        return tf.identity(logits)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "names": None if self.names is None else list(self.names)}

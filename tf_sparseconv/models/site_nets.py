@@ -13,9 +13,9 @@ SiteVoxelize). Submanifold layers of one level share one kernel map ("subm<level
 """
 import keras
 
-from tf_sparseconv.keras_layers.site_inputs import site_input
-from tf_sparseconv.keras_layers.site_layers import (SiteAdd, SiteConcat, SiteConv, SiteFeatures, SiteGlobalPool,
-                                                    SiteInverseConv, SiteSelect, SiteToPoints, SiteVoxelize)
+from tf_sparseconv.site.keras_io import site_input
+from tf_sparseconv.site.layers import (SiteAdd, SiteConcat, SiteConv, SiteFeatures, SiteGlobalPool, SiteInverseConv,
+                                       SiteSelect, SiteToPoints, SiteVoxelize)
 
 
 def _spatial_shape(resolution, spatial_dims):

@@ -3,7 +3,7 @@ key (de)compression and validation, with gradients."""
 import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor, make_channel_sparse
+from tf_sparseconv.channel.tensor import ChannelSparseTensor, make_channel_sparse
 
 
 def _check(x):

@@ -1,9 +1,9 @@
 """Keras 3 layers over the site-sparse ops (TensorFlow backend).
 
-Between layers a SiteSparseTensor is the dict of site_inputs.py; models start from
-site_input or SiteVoxelize (point clouds) and leave through SiteGlobalPool (dense
-[B, C]), SiteToPoints (per-point rows) or the "features" entry of a site dict (per-site
-rows). Submanifold, strided, transposed and inverse convolutions follow spconv 2.x
+Between layers a SiteSparseTensor is the dict of keras_io.py; models start from
+site_input, SiteVoxelize (point clouds) or SparseToSite (a channel-sparse batch) and
+leave through SiteGlobalPool (dense [B, C]), SiteToPoints (per-point rows) or the
+"features" entry of a site dict (per-site rows). Submanifold, strided, transposed and inverse convolutions follow spconv 2.x
 (SubMConv, SparseConv, SparseConvTranspose, SparseInverseConv), with kernel maps cached
 under indice_key exactly as the ops cache them. Batch norm, activations, dropout and
 dense layers are ordinary Keras layers on the feature rows, through SiteFeatures.
@@ -13,12 +13,14 @@ import numbers
 import keras
 import tensorflow as tf
 
-from tf_sparseconv.keras_layers.site_inputs import (SiteLayer, as_site_keras_inputs, from_site_keras_inputs,
-                                                    map_geometries, site_dict_from, site_shapes)
-from tf_sparseconv.ops.site_conv import (global_pool, select_sites, site_conv, site_conv_transpose,
-                                         site_inverse_conv, site_pool)
-from tf_sparseconv.ops.site_conversions import REDUCTIONS, voxelize_sites
-from tf_sparseconv.site_sparse_tensor import SiteSparseTensor
+from tf_sparseconv.channel.keras_io import from_keras_inputs, logical_shape
+from tf_sparseconv.site.conv import site_conv, site_conv_transpose, site_inverse_conv
+from tf_sparseconv.site.conversions import REDUCTIONS, from_channel_sparse, voxelize_sites
+from tf_sparseconv.site.keras_io import (SiteLayer, as_site_keras_inputs, from_site_keras_inputs, map_geometries,
+                                         site_dict_from, site_shapes)
+from tf_sparseconv.site.pool import global_pool, site_pool
+from tf_sparseconv.site.select import select_sites
+from tf_sparseconv.site.tensor import SiteSparseTensor
 
 POOL_MODES = ("max", "avg")
 GLOBAL_POOL_MODES = ("max", "mean", "sum")
@@ -530,3 +532,22 @@ class SiteToPoints(keras.layers.Layer):
         x = from_site_keras_inputs(sites)
         padded = tf.concat([tf.zeros_like(x.features[:1]), x.features], axis=0)
         return tf.gather(padded, tf.maximum(tf.cast(point_to_site, tf.int32), -1) + 1)
+
+
+@keras.saving.register_keras_serializable(package="tf_sparseconv")
+class SparseToSite(keras.layers.Layer):
+    """The channel-sparse dict -> the site dict of as_site_keras_inputs: one site per
+    position with a stored entry, its C values as the feature row (what training feeds a
+    site-sparse core, tf_sparseconv.training.train.site_keras_batches)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_jit = False
+
+    def call(self, inputs):
+        x = from_keras_inputs(inputs)
+        sites = from_channel_sparse(x)
+        return as_site_keras_inputs(sites.with_features(tf.ensure_shape(sites.features, [None, x.shape[-1]])))
+
+    def build(self, input_shape):
+        logical_shape(input_shape)  # refuses anything but the channel-sparse dict

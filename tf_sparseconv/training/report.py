@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_sparseconv.keras_layers import present_weight_count
+from tf_sparseconv.training.pruning import present_weight_count
 
 DENSITY_SUFFIX = "_density"
 

@@ -9,7 +9,7 @@ layers can build their weights) and costs nothing at run time.
 import keras
 import tensorflow as tf
 
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.channel.tensor import ChannelSparseTensor
 
 FIELDS = ("keys", "values", "dense_shape", "shape_token")
 

@@ -5,10 +5,9 @@ import math
 import keras
 import tensorflow as tf
 
-from tf_sparseconv.keras_layers.density_regularizer import DensityRegularizer
-from tf_sparseconv.keras_layers.sparse_inputs import SparseLayer, logical_shape
-from tf_sparseconv.ops.direct_conv import SELECTION_MODES, direct_conv, k_from_rho_up
-from tf_sparseconv.ops.relu import sparse_relu
+from tf_sparseconv.channel.direct_conv import SELECTION_MODES, direct_conv, k_from_rho_up
+from tf_sparseconv.channel.keras_io import SparseLayer, logical_shape
+from tf_sparseconv.channel.relu import sparse_relu
 
 ACTIVATIONS = (None, "linear", "relu")
 

@@ -8,7 +8,7 @@ that is small only once (crossing zero between two large values) keeps its place
 import keras
 import numpy as np
 
-from tf_sparseconv.keras_layers.conv import SparseConv
+from tf_sparseconv.channel.conv_layer import SparseConv
 
 
 def sparse_conv_layers(model):

@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.channel.tensor import ChannelSparseTensor
 
 SELECTION_MODES = ("none", "signed", "abs")
 ACCUMULATORS = ("auto", "dense", "merge")

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from tf_sparseconv.cli import Progress, UsageError, check_model_file, load_model, one_line, positive_int
+from tf_sparseconv.cli.common import Progress, UsageError, check_model_file, load_model, one_line, positive_int
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip()
 # Points per cloud when the model does not say how many it was trained with.
@@ -113,7 +113,7 @@ def top_classes(logits, class_names, k):
 
 
 def run(args):
-    from tf_sparseconv.evaluate import predict_logits
+    from tf_sparseconv.cli.evaluate import predict_logits
 
     check_model_file(args.model)
     _check_files(args.files)

@@ -27,12 +27,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
-from tf_sparseconv.keras_layers.conv import SparseConv
-from tf_sparseconv.keras_layers import site_layers
-from tf_sparseconv.keras_layers.layers import DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense
-from tf_sparseconv.keras_layers.preprocessing import ClassNames, ImageToSparse, PointCloudToSparse, SparseToSite
-from tf_sparseconv.keras_layers.sparse_inputs import FIELDS, as_keras_inputs, from_keras_inputs
+from tf_sparseconv.channel.conv_layer import SparseConv
+from tf_sparseconv.channel.keras_io import FIELDS, as_keras_inputs, from_keras_inputs
+from tf_sparseconv.channel.layers import DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense
+from tf_sparseconv.channel.tensor import ChannelSparseTensor
+from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse
+from tf_sparseconv.models.serving import ClassNames
 
 # LayerBound.kind of the layers whose outputs are channel-sparse.
 SPARSE_KINDS = ("voxelize", "image", "sparse_conv", "sparse_relu", "sparse_max_pool")
@@ -232,7 +232,7 @@ SITE_MODEL_NOTE = ("no memory bound for site-sparse models: the bound covers the
 
 
 def _is_site_layer(layer):
-    return isinstance(layer, SparseToSite) or type(layer).__module__ == site_layers.__name__
+    return type(layer).__module__.startswith("tf_sparseconv.site.")
 
 
 def _flat_layers(model):

@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 
-from tf_sparseconv.cli import Progress, UsageError, check_model_file, check_out_dir, load_model, one_line, \
-    positive_int
+from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, check_out_dir, load_model, one_line,
+                                     positive_int)
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip() + """
 
@@ -166,7 +166,7 @@ def _check_compatible(kind, spec, data):
 def _load_validation_set(record, data):
     """The training run's validation examples, loaded as training loaded them; refuses other data."""
     from tf_sparseconv.data.test_split import LabelledSet
-    from tf_sparseconv.train import labels_sha256, load_examples
+    from tf_sparseconv.training.train import labels_sha256, load_examples
 
     sizes = {"points": record.get("points", 1024), "synthetic_per_class": record.get("synthetic_per_class")}
     print(f"loading {data or 'the built-in shapes'} as the training run did", file=sys.stderr, flush=True)

@@ -3,10 +3,9 @@ core network, inside the model, so a saved model takes raw data.
 
 - PointCloudToSparse: points [B, N, 3 or 6] -> the channel-sparse dict [B, r, r, r, C],
   equal to tf_sparseconv.data.voxelize_arrays on the same (normalised) coordinates;
+- VoxelizePoints: PointCloudToSparse for occupancy only, without normalisation;
 - ImageToSparse: images [B, H, W] (0..255) -> the channel-sparse dict [B, H, W, 1], equal
-  to tf_sparseconv.data.image_arrays;
-- SparseToSite: channel-sparse dict -> site dict, for site-sparse cores;
-- ClassNames: identity on logits that keeps the class names in the saved model.
+  to tf_sparseconv.data.image_arrays.
 
 normalize_unit_sphere and voxelize_point_tensor are the TensorFlow functions the layer
 runs; tf_sparseconv.models.normalize_point_clouds runs the same normalisation on NumPy
@@ -15,11 +14,9 @@ arrays, so training data voxelized by NumPy gets exactly the keys the layer comp
 import keras
 import tensorflow as tf
 
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.channel.keras_io import as_keras_inputs
+from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.data.voxelize import num_channels
-from tf_sparseconv.keras_layers.site_inputs import as_site_keras_inputs
-from tf_sparseconv.keras_layers.sparse_inputs import as_keras_inputs, from_keras_inputs, logical_shape
-from tf_sparseconv.ops.site_conversions import from_channel_sparse
 
 NORMALIZATIONS = ("unit_sphere", "none")
 
@@ -227,6 +224,28 @@ class PointCloudToSparse(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
+class VoxelizePoints(PointCloudToSparse):
+    """A batch of point clouds [B, N, 3] -> occupancy [B, r, r, r, 1], inside the graph:
+    PointCloudToSparse(resolution, features=("occupancy",), normalize="none", bounds).
+
+    Coordinates are mapped from `bounds` onto r cells per axis; several points in one voxel
+    make one entry of value 1. Points outside `bounds` raise InvalidArgumentError (they are
+    not clipped into the border cells); PointCloudToSparse also normalises clouds and
+    computes further features.
+    """
+
+    def __init__(self, resolution, bounds=(-1.0, 1.0), **kwargs):
+        super().__init__(resolution, features=("occupancy",), normalize="none", bounds=bounds, **kwargs)
+
+    def get_config(self):
+        config = super().get_config()
+        for key in ("features", "normalize", "points_per_cloud"):
+            config.pop(key)
+        return config
+
+
+
+@keras.saving.register_keras_serializable(package="tf_sparseconv")
 class ImageToSparse(keras.layers.Layer):
     """Images [B, H, W] with values 0..255 (uint8 or float) -> the channel-sparse dict
     [B, H, W, 1]: pixels >= threshold keep v / 255, the rest are dropped (MNIST, §4.2).
@@ -270,52 +289,5 @@ class ImageToSparse(keras.layers.Layer):
         return {**super().get_config(), "threshold": self.threshold}
 
 
-@keras.saving.register_keras_serializable(package="tf_sparseconv")
-class SparseToSite(keras.layers.Layer):
-    """The channel-sparse dict -> the site dict of as_site_keras_inputs: one site per
-    position with a stored entry, its C values as the feature row (what training feeds a
-    site-sparse core, tf_sparseconv.train.site_keras_batches)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.supports_jit = False
-
-    def call(self, inputs):
-        x = from_keras_inputs(inputs)
-        sites = from_channel_sparse(x)
-        return as_site_keras_inputs(sites.with_features(tf.ensure_shape(sites.features, [None, x.shape[-1]])))
-
-    def build(self, input_shape):
-        logical_shape(input_shape)  # refuses anything but the channel-sparse dict
-
-
-@keras.saving.register_keras_serializable(package="tf_sparseconv")
-class ClassNames(keras.layers.Layer):
-    """Identity on logits [B, num_classes] that stores the class names (None: unnamed) in
-    the model's config, so a saved model reports what its outputs mean."""
-
-    def __init__(self, names=None, **kwargs):
-        super().__init__(**kwargs)
-        if names is not None:
-            names = tuple(str(n) for n in names)
-            if not names or len(set(names)) != len(names):
-                raise ValueError(f"{self.name}: class names must be distinct and at least one, got {names}")
-        self.names = names
-
-    def build(self, input_shape):
-        classes = input_shape[-1]
-        if self.names is not None and classes is not None and classes != len(self.names):
-            raise ValueError(f"{self.name}: {len(self.names)} class names for logits of {classes} classes")
-
-    def call(self, logits):
-        return tf.identity(logits)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        return {**super().get_config(), "names": None if self.names is None else list(self.names)}
-
-
-__all__ = ["PointCloudToSparse", "ImageToSparse", "SparseToSite", "ClassNames", "normalize_unit_sphere",
+__all__ = ["PointCloudToSparse", "VoxelizePoints", "ImageToSparse", "normalize_unit_sphere",
            "voxelize_point_tensor", "check_point_clouds", "NORMALIZATIONS"]

@@ -9,7 +9,7 @@ densities stayed where the regulariser left them, and the phase recovered little
 """
 import keras
 
-from tf_sparseconv.keras_layers.pruning import sparse_conv_layers
+from tf_sparseconv.training.pruning import sparse_conv_layers
 
 
 class FineTunePhase(keras.callbacks.Callback):

@@ -2,7 +2,7 @@
 import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor
+from tf_sparseconv.channel.tensor import ChannelSparseTensor
 
 
 def sparse_max_pool(x, strides):

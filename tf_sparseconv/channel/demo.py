@@ -1,6 +1,6 @@
 """Demo: voxelize point clouds, run a sparse conv stack, print densities and memory bounds.
 
-    python -m tf_sparseconv.demo [--resolution 64] [--batch 4]
+    python -m tf_sparseconv.channel.demo [--resolution 64] [--batch 4]
 
 Every conv layer keeps at most k = ceil(rho_up * r^3) entries per (batch, channel), so
 its output is bounded by B * Cout * k entries before anything runs; the demo prints that
@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_sparseconv as ts
-from tf_sparseconv.voxelize import voxelize_points
+from tf_sparseconv.data.voxelize import voxelize_points
 
 
 def procedural_shapes(batch, points_per_shape, rng):

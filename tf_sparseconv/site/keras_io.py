@@ -33,7 +33,7 @@ models (skip connections included), subclassed models, tf.function and SavedMode
 import keras
 import tensorflow as tf
 
-from tf_sparseconv.site_sparse_tensor import MODES, KernelMap, SiteSparseTensor
+from tf_sparseconv.site.tensor import MODES, KernelMap, SiteSparseTensor
 
 FIELDS = ("coords", "features", "spatial_shape", "batch_size", "shape_token")
 MAP_FIELDS = ("in_rows", "out_rows", "offset_splits", "in_coords", "out_coords", "in_spatial_shape",

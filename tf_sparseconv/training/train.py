@@ -44,16 +44,18 @@ from tf_sparseconv import data as datasets
 from tf_sparseconv.data.mnist import IDX_FILES, THRESHOLD
 from tf_sparseconv.data.modelnet import MESH_LAYOUT
 from tf_sparseconv.data.scannet import SCAN_LAYOUT
-from tf_sparseconv.keras_layers import (DensityRegularizer, FineTunePhase, WarningShotPruning, as_keras_inputs,
-                                        as_site_keras_inputs, present_weight_count, sparse_conv_layers)
-from tf_sparseconv.keras_layers.density_regularizer import DENSITIES
-from tf_sparseconv.losses import SmoothedSparseCrossentropy
-from tf_sparseconv.memory_bound import memory_bound
+from tf_sparseconv.channel.keras_io import as_keras_inputs
 from tf_sparseconv.models import (DEFAULT_RHOS, image_classifier, normalize_point_clouds, octnet3,
                                   point_cloud_classifier, site_resnet)
+from tf_sparseconv.models.memory_bound import memory_bound
 from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS
-from tf_sparseconv.ops.site_conversions import from_channel_sparse
-from tf_sparseconv.training_report import (EpochProgress, PresentWeights, TensorBoardScalars, plot_training_curve,
+from tf_sparseconv.site.conversions import from_channel_sparse
+from tf_sparseconv.site.keras_io import as_site_keras_inputs
+from tf_sparseconv.training.density_regularizer import DENSITIES, DensityRegularizer
+from tf_sparseconv.training.fine_tune import FineTunePhase
+from tf_sparseconv.training.losses import SmoothedSparseCrossentropy
+from tf_sparseconv.training.pruning import WarningShotPruning, present_weight_count, sparse_conv_layers
+from tf_sparseconv.training.report import (EpochProgress, PresentWeights, TensorBoardScalars, plot_training_curve,
                                            summary_lines)
 
 PROG = "tf-sparseconv train"
@@ -64,7 +66,7 @@ OPTIMIZERS = ("adam", "adagrad", "sgd")
 SITE_MODEL_NOTE = ("memory bound: not computed for site-resnet; the bound covers the channel-sparse layers "
                    "(SparseConv, SparseMaxPool) only, and a site model's memory follows its active sites")
 DEFAULT_DATA_DIR = os.environ.get(
-    "TF_SPARSECONV_DATA", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data"))
+    "TF_SPARSECONV_DATA", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data"))
 MNIST_RESOLUTION = 28
 DEFAULT_RESOLUTION = 32
 # The main job, `tf-sparseconv train` alone: OctNet3 at 32^3 with Table 4's bounds (0.14,

@@ -31,7 +31,7 @@ class KernelMap(tf.experimental.ExtensionType):
     Setting it on a map that breaks those rules is undefined behaviour on the GPU.
 
     neighbours / inverse_neighbours: the map's SiteNeighbourTable (output-major; see
-    tf_sparseconv.ops.site_conv.neighbour_table), and that of the reversed map (for the
+    tf_sparseconv.site.kernel_map.neighbour_table), and that of the reversed map (for the
     inverse convolution), when built. The layers build them once per map stored under an
     indice_key, for half and bfloat16 features on a GPU, where the convolution then runs
     output-stationary from them; they change no value.
@@ -175,3 +175,8 @@ def make_site_sparse(coords, features, spatial_shape, batch_size, kernel_maps=No
     static = tf.TensorShape([int(v) for v in known]) if known is not None else \
         tf.TensorShape([None] * spatial_shape.shape[0]) if spatial_shape.shape[0] is not None else tf.TensorShape(None)
     return SiteSparseTensor(coords, features, spatial_shape, batch_size, dict(kernel_maps or {}), static)
+
+
+def check_site_tensor(x, what):
+    if not isinstance(x, SiteSparseTensor):
+        raise TypeError(f"{what} expects a SiteSparseTensor, got {type(x).__name__}")

@@ -1,10 +1,10 @@
 """tf-sparseconv bound: a saved model's memory bound, beside the dense grid's.
 
-The bound (tf_sparseconv.memory_bound) holds for any input: every density-bounded
+The bound (tf_sparseconv.models.memory_bound) holds for any input: every density-bounded
 sparse convolution keeps at most k entries per example and channel, whatever the cloud.
 The dense figure is the same layers' activations stored as dense float tensors.
 """
-from tf_sparseconv.cli import UsageError, check_model_file, load_model, one_line, positive_int
+from tf_sparseconv.cli.common import UsageError, check_model_file, load_model, one_line, positive_int
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip()
 
@@ -19,7 +19,7 @@ def add_arguments(parser):
 
 
 def run(args):
-    from tf_sparseconv.memory_bound import memory_bound
+    from tf_sparseconv.models.memory_bound import memory_bound
 
     check_model_file(args.model)
     model, spec, _ = load_model(args.model, serving=False)

@@ -6,9 +6,9 @@ and tf.data, and carry gradients to the features.
 """
 import tensorflow as tf
 
-from tf_sparseconv.channel_sparse_tensor import ChannelSparseTensor, make_channel_sparse
-from tf_sparseconv.ops.conversions import decode_keys, encode_keys
-from tf_sparseconv.site_sparse_tensor import SiteSparseTensor, make_site_sparse
+from tf_sparseconv.channel.conversions import decode_keys, encode_keys
+from tf_sparseconv.channel.tensor import ChannelSparseTensor, make_channel_sparse
+from tf_sparseconv.site.tensor import SiteSparseTensor, make_site_sparse
 
 REDUCTIONS = ("mean", "max", "first")
 

@@ -2,11 +2,10 @@
 of the channel-sparse representation."""
 import keras
 
-from tf_sparseconv.keras_layers.preprocessing import PointCloudToSparse
-from tf_sparseconv.keras_layers.sparse_inputs import SparseLayer, as_keras_inputs, from_keras_inputs, logical_shape
-from tf_sparseconv.ops.conversions import from_dense, to_dense
-from tf_sparseconv.ops.max_pool import sparse_max_pool
-from tf_sparseconv.ops.relu import sparse_relu
+from tf_sparseconv.channel.conversions import from_dense, to_dense
+from tf_sparseconv.channel.keras_io import SparseLayer, as_keras_inputs, from_keras_inputs, logical_shape
+from tf_sparseconv.channel.max_pool import sparse_max_pool
+from tf_sparseconv.channel.relu import sparse_relu
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
@@ -66,24 +65,3 @@ class DenseToSparse(keras.layers.Layer):
 
     def call(self, inputs):
         return as_keras_inputs(from_dense(inputs))
-
-
-@keras.saving.register_keras_serializable(package="tf_sparseconv")
-class VoxelizePoints(PointCloudToSparse):
-    """A batch of point clouds [B, N, 3] -> occupancy [B, r, r, r, 1], inside the graph:
-    PointCloudToSparse(resolution, features=("occupancy",), normalize="none", bounds).
-
-    Coordinates are mapped from `bounds` onto r cells per axis; several points in one voxel
-    make one entry of value 1. Points outside `bounds` raise InvalidArgumentError (they are
-    not clipped into the border cells); PointCloudToSparse also normalises clouds and
-    computes further features.
-    """
-
-    def __init__(self, resolution, bounds=(-1.0, 1.0), **kwargs):
-        super().__init__(resolution, features=("occupancy",), normalize="none", bounds=bounds, **kwargs)
-
-    def get_config(self):
-        config = super().get_config()
-        for key in ("features", "normalize", "points_per_cloud"):
-            config.pop(key)
-        return config

@@ -1,0 +1,152 @@
+"""Site-sparse convolution by gather-GEMM-scatter over a kernel map: submanifold,
+strided, transposed and inverse, with the gradient of the SiteSparseConv op.
+
+Conventions follow spconv 2.x (csrc/site/kernel_map/site_geometry.h):
+`site_conv(..., subm=True)` is SubMConv, `site_conv` SparseConv, `site_conv_transpose`
+SparseConvTranspose and `site_inverse_conv` SparseInverseConv. Kernels are TensorFlow-shaped
+[k1, ..., kd, Cin, Cout]; spconv's [Cout, k1, ..., kd, Cin] is
+`tf.transpose(w, [1, ..., d, d + 1, 0])`.
+"""
+import tensorflow as tf
+
+from tf_sparseconv._op_library import ops as _ops
+from tf_sparseconv.site.kernel_map import along_map, assert_rows_match, neighbour_table, per_dim, wants_tables
+from tf_sparseconv.site.tensor import SiteSparseTensor, check_site_tensor
+
+
+def _no_table():
+    """SiteSparseConv's empty neighbours input."""
+    return tf.zeros([0], tf.int32)
+
+
+def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted, neighbours=None, submanifold=False):
+    filters = tf.reshape(kernel, [-1, kernel.shape[-2], kernel.shape[-1]])
+    if neighbours is None:
+        neighbours = _no_table()
+    return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out, neighbours,
+                                 map_is_trusted=trusted, map_is_submanifold=submanifold)
+
+
+def _check_kernel(x, kernel, what):
+    d = x.spatial_rank
+    if kernel.shape.rank != d + 2:
+        raise ValueError(f"{what}: the kernel must be [k1, ..., k{d}, Cin, Cout] for {d} spatial dimensions, "
+                         f"got shape {kernel.shape}")
+    if x.channels is not None and kernel.shape[-2] is not None and kernel.shape[-2] != x.channels:
+        raise ValueError(f"{what}: the kernel takes {kernel.shape[-2]} input channels but the sites have "
+                         f"{x.channels}")
+    if kernel.dtype != x.dtype:
+        raise TypeError(f"{what}: kernel dtype {kernel.dtype.name} differs from the features' {x.dtype.name}")
+
+
+def _with_bias(out, bias):
+    return out if bias is None else tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
+
+
+def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False, indice_key=None):
+    """Sparse convolution of x with kernel [k1, ..., kd, Cin, Cout].
+
+    subm=True: submanifold convolution, output sites = input sites (odd kernel; padding
+    must be 0 or the "same" padding dilation * (k - 1) / 2, which spconv accepts and
+    ignores). Otherwise a strided convolution whose output sites are every site an input
+    reaches. With indice_key, the map is taken from x.kernel_maps when there and stored
+    on the output, so layers of one geometry share it and site_inverse_conv finds it.
+    On a GPU of sm_80 or later, float32 follows TensorFlow's TF32 switch
+    (tf.config.experimental.enable_tensor_float_32_execution, on by default). For half
+    and bfloat16 on a GPU, a map under an indice_key gets its neighbour table once
+    (KernelMap.neighbours), and the layers of that map run output-stationary from it.
+    """
+    check_site_tensor(x, "site_conv")
+    kernel = tf.convert_to_tensor(kernel)
+    _check_kernel(x, kernel, "site_conv")
+    d = x.spatial_rank
+    kernel_size = tuple(int(k) for k in kernel.shape[:d])
+    dilation = per_dim(dilation, d, "dilation", 1)
+    if subm:
+        same = tuple(dl * (k - 1) // 2 for k, dl in zip(kernel_size, dilation))
+        pad = per_dim(padding, d, "padding", 0)
+        if pad not in ((0,) * d, same):
+            raise ValueError(f"a submanifold convolution keeps its sites: padding must be 0 or {same}, got {pad}")
+        if per_dim(strides, d, "strides", 1) != (1,) * d:
+            raise ValueError("a submanifold convolution keeps its sites: strides must be 1")
+        geometry = ("submanifold", kernel_size, (1,) * d, (0,) * d, dilation)
+    else:
+        geometry = ("strided", kernel_size, per_dim(strides, d, "strides", 1), per_dim(padding, d, "padding", 0),
+                    dilation)
+    # Only SiteKernelMap's own submanifold maps are promised mirrored to the op.
+    return along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
+        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
+              kmap.neighbours, submanifold=subm and kmap.trusted), bias))
+
+
+def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None):
+    """Transposed (generative) convolution: every site an input reaches through
+    o = x * stride - padding + q * dilation becomes an output site (spconv's
+    SparseConvTranspose)."""
+    check_site_tensor(x, "site_conv_transpose")
+    kernel = tf.convert_to_tensor(kernel)
+    _check_kernel(x, kernel, "site_conv_transpose")
+    d = x.spatial_rank
+    geometry = ("transposed", tuple(int(k) for k in kernel.shape[:d]), per_dim(strides, d, "strides", 1),
+                per_dim(padding, d, "padding", 0), per_dim(dilation, d, "dilation", 1))
+    return along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
+        _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
+              kmap.neighbours), bias))
+
+
+def site_inverse_conv(x, kernel, indice_key, bias=None):
+    """Inverse of the strided convolution stored under indice_key: back onto its input
+    sites (spconv's SparseInverseConv). x must hold that convolution's output sites; the
+    kernel [k1, ..., kd, Cin, Cout] has the strided layer's kernel size."""
+    check_site_tensor(x, "site_inverse_conv")
+    if indice_key not in x.kernel_maps:
+        raise KeyError(f"site_inverse_conv: no kernel map under indice_key {indice_key!r}; the strided convolution "
+                       f"it inverts must have been given that key (maps here: {sorted(x.kernel_maps)})")
+    kmap = x.kernel_maps[indice_key]
+    if kmap.mode != "strided":
+        raise ValueError(f"site_inverse_conv inverts a strided convolution; the map under {indice_key!r} is "
+                         f"{kmap.mode!r}")
+    kernel = tf.convert_to_tensor(kernel)
+    _check_kernel(x, kernel, "site_inverse_conv")
+    if tuple(int(k) for k in kernel.shape[:x.spatial_rank]) != kmap.kernel_size:
+        raise ValueError(f"site_inverse_conv: kernel size {tuple(kernel.shape[:x.spatial_rank])} differs from the "
+                         f"strided convolution's {kmap.kernel_size} under {indice_key!r}")
+    if kmap.inverse_neighbours is None and wants_tables(x.dtype, kmap):
+        kmap = kmap.with_tables(inverse_neighbours=neighbour_table(kmap, inverse=True))
+    with tf.control_dependencies([assert_rows_match(kmap.out_coords, x.features, indice_key)]):
+        num_out = tf.shape(kmap.in_coords)[0]
+    # Reversed pairs stay valid: every map SiteKernelMap builds has at most one pair per
+    # input row and offset too (for an offset the output site fixes the input site and
+    # back), so a trusted map is trusted both ways.
+    out = _with_bias(_conv(x.features, kernel, kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out,
+                           kmap.trusted, kmap.inverse_neighbours), bias)
+    known = tf.get_static_value(kmap.in_spatial_shape)
+    static = tf.TensorShape([int(v) for v in known]) if known is not None else tf.TensorShape([None] * len(
+        kmap.kernel_size))
+    maps = dict(x.kernel_maps)
+    maps[indice_key] = kmap  # with its inverse table, if one was built
+    return SiteSparseTensor(kmap.in_coords, out, kmap.in_spatial_shape, x.batch_size, maps, static)
+
+
+@tf.RegisterGradient("SiteSparseConv")
+def _site_sparse_conv_grad(op, out_grad):
+    features, filters, in_rows, out_rows, splits, _, neighbours = op.inputs
+    # A map trusted forward is trusted reversed (see site_inverse_conv).
+    trusted = op.get_attr("map_is_trusted")
+    transposed = tf.transpose(filters, [0, 2, 1])
+    if op.get_attr("map_is_submanifold"):
+        # The reversed pairs of offset q are the pairs of the mirrored offset
+        # volume - 1 - q, so the input gradient is the forward's own convolution (its
+        # pairs, and its neighbour table where it has one) with the transposed filters in
+        # mirrored order.
+        features_grad = _ops.site_sparse_conv(out_grad, tf.reverse(transposed, [0]), in_rows, out_rows, splits,
+                                              tf.shape(features)[0], neighbours, map_is_trusted=trusted,
+                                              map_is_submanifold=True)
+    else:
+        # The same gather-GEMM-scatter with the pairs reversed and each offset's filter
+        # transposed (the forward's neighbour table is of no use to the reversed pairs).
+        features_grad = _ops.site_sparse_conv(out_grad, transposed, out_rows, in_rows, splits,
+                                              tf.shape(features)[0], _no_table(), map_is_trusted=trusted)
+    filters_grad = _ops.site_sparse_conv_filter_grad(features, out_grad, in_rows, out_rows, splits,
+                                                     map_is_trusted=trusted)
+    return [features_grad, filters_grad, None, None, None, None, None]
