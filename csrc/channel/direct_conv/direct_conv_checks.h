@@ -1,6 +1,7 @@
-// Attributes and host-side input checks of DirectSparseConv(Backprop), shared by the CPU
-// and GPU OpKernels so that both reject the same inputs with the same messages. The
-// checks that read keys and values (sorted, in range, NaN) run where the data lives.
+// Attributes and host-side input checks of DirectSparseConv(Backprop), run by their
+// OpKernel templates (direct_conv_kernels.h) on both devices, so that both reject the same
+// inputs with the same messages. The checks that read keys and values (sorted, in range,
+// NaN) are the functors': they run where the data lives.
 #ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHECKS_H_
 #define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHECKS_H_
 
