@@ -8,6 +8,7 @@ import tensorflow as tf
 from tf_sparseconv.channel.direct_conv import SELECTION_MODES, direct_conv, k_from_rho_up
 from tf_sparseconv.channel.keras_io import SparseLayer, logical_shape
 from tf_sparseconv.channel.relu import sparse_relu
+from tf_sparseconv.geometry import per_dim
 
 ACTIVATIONS = (None, "linear", "relu")
 
@@ -84,8 +85,8 @@ class SparseConv(SparseLayer):
         cin = shape[-1]
         if cin is None:
             raise ValueError(f"{self.name}: the input's channel count must be known, got shape {shape}")
-        sizes = (self.kernel_size,) * d if isinstance(self.kernel_size, int) else tuple(self.kernel_size)
-        if len(sizes) != d or any(s < 1 or s % 2 == 0 for s in sizes):
+        sizes = per_dim(self.kernel_size, d, "kernel_size", what=self.name)
+        if any(s % 2 == 0 for s in sizes):  # the op's 'same' padding centres the kernel on each entry
             raise ValueError(f"{self.name}: kernel_size must be {d} odd sizes, got {self.kernel_size}")
         self.spatial_shape = tuple(shape[1:-1].as_list())
         self.kernel_shape = (*sizes, int(cin), self.filters)

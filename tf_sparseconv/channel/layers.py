@@ -6,6 +6,7 @@ from tf_sparseconv.channel.conversions import from_dense, to_dense
 from tf_sparseconv.channel.keras_io import SparseLayer, as_keras_inputs, from_keras_inputs, logical_shape
 from tf_sparseconv.channel.max_pool import sparse_max_pool
 from tf_sparseconv.channel.relu import sparse_relu
+from tf_sparseconv.geometry import per_dim
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
@@ -29,9 +30,7 @@ class SparseMaxPool(SparseLayer):
 
     def build(self, input_shape):
         d = logical_shape(input_shape).rank - 2
-        self.strides = [self.pool_size] * d if isinstance(self.pool_size, int) else list(self.pool_size)
-        if len(self.strides) != d:
-            raise ValueError(f"{self.name}: pool_size has {len(self.strides)} entries for {d} spatial dimensions")
+        self.strides = list(per_dim(self.pool_size, d, "pool_size", what=self.name))
 
     def sparse_call(self, x, training=None):
         return sparse_max_pool(x, self.strides)

@@ -3,6 +3,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
+from tf_sparseconv.geometry import pooled_shape
 
 
 def sparse_max_pool(x, strides):
@@ -12,19 +13,14 @@ def sparse_max_pool(x, strides):
     """
     if not isinstance(x, ChannelSparseTensor):
         raise TypeError(f"sparse_max_pool expects a ChannelSparseTensor, got {type(x).__name__}")
-    d = x.spatial_rank
-    strides = [int(strides)] * d if isinstance(strides, int) else [int(s) for s in strides]
+    strides = [int(strides)] * x.spatial_rank if isinstance(strides, int) else [int(s) for s in strides]
+    # The op checks the strides (InvalidArgumentError naming the bad one).
     keys, values, dense_shape, _ = _ops.sparse_max_pool(x.keys, x.values, x.dense_shape, strides=strides)
-    return ChannelSparseTensor(keys, values, dense_shape, pooled_shape(x.shape, strides))
-
-
-def pooled_shape(shape, strides):
-    """Static shape after pooling: spatial extents ceil(R / s)."""
-    if shape.rank is None:
-        return tf.TensorShape(None)
-    dims = shape.as_list()
-    spatial = [None if r is None else -(-r // s) for r, s in zip(dims[1:-1], strides)]
-    return tf.TensorShape([dims[0], *spatial, dims[-1]])
+    shape = x.shape
+    if shape.rank is not None and len(strides) == shape.rank - 2 and min(strides) >= 1:
+        dims = shape.as_list()
+        shape = tf.TensorShape([dims[0], *pooled_shape(dims[1:-1], strides), dims[-1]])
+    return ChannelSparseTensor(keys, values, dense_shape, shape)
 
 
 @tf.RegisterGradient("SparseMaxPool")

@@ -31,6 +31,7 @@ from tf_sparseconv.channel.conv_layer import SparseConv
 from tf_sparseconv.channel.keras_io import FIELDS, as_keras_inputs, from_keras_inputs
 from tf_sparseconv.channel.layers import DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
+from tf_sparseconv.geometry import pooled_shape
 from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse
 from tf_sparseconv.models.serving import ClassNames
 
@@ -164,7 +165,7 @@ def _bound_layer(layer, shape, in_entries, batch, value_bytes, threads):
                 3 * ALLOCATION_OVERHEAD)
     if isinstance(layer, SparseMaxPool):
         strides = layer.strides
-        out_shape = (shape[0], *[-(-r // s) for r, s in zip(shape[1:-1], strides)], shape[-1])
+        out_shape = (shape[0], *pooled_shape(shape[1:-1], strides), shape[-1])
         entries = min(in_entries, math.prod(out_shape))
         out_bytes = _sparse_bytes(entries, value_bytes) + entries * INDEX_BYTES
         temp = in_entries * (2 * INDEX_BYTES + 4 * (len(shape) - 2)) + (batch * shape[-1] + 1) * 2 * INDEX_BYTES

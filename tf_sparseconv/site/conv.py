@@ -10,7 +10,8 @@ SparseConvTranspose and `site_inverse_conv` SparseInverseConv. Kernels are Tenso
 import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
-from tf_sparseconv.site.kernel_map import along_map, assert_rows_match, neighbour_table, per_dim, wants_tables
+from tf_sparseconv.geometry import conv_geometry
+from tf_sparseconv.site.kernel_map import along_map, assert_rows_match, neighbour_table, wants_tables
 from tf_sparseconv.site.tensor import SiteSparseTensor, check_site_tensor
 
 
@@ -47,8 +48,8 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     """Sparse convolution of x with kernel [k1, ..., kd, Cin, Cout].
 
     subm=True: submanifold convolution, output sites = input sites (odd kernel; padding
-    must be 0 or the "same" padding dilation * (k - 1) / 2, which spconv accepts and
-    ignores). Otherwise a strided convolution whose output sites are every site an input
+    must be 0 or "same", dilation * (k - 1) / 2, which spconv accepts and ignores).
+    Otherwise a strided convolution whose output sites are every site an input
     reaches. With indice_key, the map is taken from x.kernel_maps when there and stored
     on the output, so layers of one geometry share it and site_inverse_conv finds it.
     On a GPU of sm_80 or later, float32 follows TensorFlow's TF32 switch
@@ -60,19 +61,7 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     kernel = tf.convert_to_tensor(kernel)
     _check_kernel(x, kernel, "site_conv")
     d = x.spatial_rank
-    kernel_size = tuple(int(k) for k in kernel.shape[:d])
-    dilation = per_dim(dilation, d, "dilation", 1)
-    if subm:
-        same = tuple(dl * (k - 1) // 2 for k, dl in zip(kernel_size, dilation))
-        pad = per_dim(padding, d, "padding", 0)
-        if pad not in ((0,) * d, same):
-            raise ValueError(f"a submanifold convolution keeps its sites: padding must be 0 or {same}, got {pad}")
-        if per_dim(strides, d, "strides", 1) != (1,) * d:
-            raise ValueError("a submanifold convolution keeps its sites: strides must be 1")
-        geometry = ("submanifold", kernel_size, (1,) * d, (0,) * d, dilation)
-    else:
-        geometry = ("strided", kernel_size, per_dim(strides, d, "strides", 1), per_dim(padding, d, "padding", 0),
-                    dilation)
+    geometry = conv_geometry("submanifold" if subm else "strided", d, kernel.shape[:d], strides, padding, dilation)
     # Only SiteKernelMap's own submanifold maps are promised mirrored to the op.
     return along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
         _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
@@ -87,8 +76,7 @@ def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, 
     kernel = tf.convert_to_tensor(kernel)
     _check_kernel(x, kernel, "site_conv_transpose")
     d = x.spatial_rank
-    geometry = ("transposed", tuple(int(k) for k in kernel.shape[:d]), per_dim(strides, d, "strides", 1),
-                per_dim(padding, d, "padding", 0), per_dim(dilation, d, "dilation", 1))
+    geometry = conv_geometry("transposed", d, kernel.shape[:d], strides, padding, dilation)
     return along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
         _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
               kmap.neighbours), bias))

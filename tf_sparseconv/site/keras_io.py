@@ -33,7 +33,8 @@ models (skip connections included), subclassed models, tf.function and SavedMode
 import keras
 import tensorflow as tf
 
-from tf_sparseconv.site.tensor import MODES, KernelMap, SiteSparseTensor
+from tf_sparseconv.geometry import MODES, ConvGeometry
+from tf_sparseconv.site.tensor import KernelMap, SiteSparseTensor
 
 FIELDS = ("coords", "features", "spatial_shape", "batch_size", "shape_token")
 MAP_FIELDS = ("in_rows", "out_rows", "offset_splits", "in_coords", "out_coords", "in_spatial_shape",
@@ -73,7 +74,7 @@ def decode_geometry(token_shape):
     mode = MODES[int(dims[0]) % len(MODES)]
     parts = [tuple(int(v) for v in dims[1 + i * d:1 + (i + 1) * d]) for i in range(5)]
     in_static = tuple(v if v > 0 else None for v in parts[4])
-    return (mode, *parts[:4]), in_static
+    return ConvGeometry(mode, *parts[:4]), in_static
 
 
 def token_is_trusted(token_shape):

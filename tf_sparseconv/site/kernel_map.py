@@ -6,36 +6,13 @@ the GPU's half / bfloat16 convolution reads. along_map is what every layer that 
 between sites does: take the map cached under its indice_key (or build it), run a
 computation along it, and hand the map on with the output so later layers reuse it.
 """
-import numbers
 import os
 
 import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
+from tf_sparseconv.geometry import output_shape, per_dim
 from tf_sparseconv.site.tensor import KernelMap, SiteSparseTensor, check_site_tensor
-
-
-def per_dim(value, d, name, minimum):
-    values = (int(value),) * d if isinstance(value, numbers.Integral) else tuple(int(v) for v in value)
-    if len(values) != d:
-        raise ValueError(f"{name} needs one entry per spatial dimension ({d}), got {values}")
-    if any(v < minimum for v in values):
-        raise ValueError(f"{name} entries must be >= {minimum}, got {values}")
-    return values
-
-
-def static_out_shape(static, mode, kernel_size, strides, padding, dilation):
-    if static.rank is None:
-        return static
-    dims = []
-    for r, k, s, p, dl in zip(static.as_list(), kernel_size, strides, padding, dilation):
-        if r is None or mode == "submanifold":
-            dims.append(r)
-        elif mode == "strided":
-            dims.append((r + 2 * p - dl * (k - 1) - 1) // s + 1)
-        else:
-            dims.append((r - 1) * s - 2 * p + dl * (k - 1) + 1)
-    return tf.TensorShape(dims)
 
 
 def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided", builder="hash"):
@@ -122,5 +99,7 @@ def along_map(x, indice_key, geometry, compute):
     maps = dict(x.kernel_maps)
     if indice_key is not None:
         maps[indice_key] = kmap
-    static = static_out_shape(x.static_spatial_shape, *geometry)
+    static = x.static_spatial_shape
+    if static.rank is not None:
+        static = tf.TensorShape(output_shape(static.as_list(), geometry))
     return SiteSparseTensor(kmap.out_coords, out, kmap.out_spatial_shape, x.batch_size, maps, static)

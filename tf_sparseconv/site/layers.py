@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from tf_sparseconv.channel.keras_io import from_keras_inputs, logical_shape
+from tf_sparseconv.geometry import checked_output_shape, conv_geometry, per_dim
 from tf_sparseconv.site.conv import site_conv, site_conv_transpose, site_inverse_conv
 from tf_sparseconv.site.conversions import REDUCTIONS, from_channel_sparse, voxelize_sites
 from tf_sparseconv.site.keras_io import (SiteLayer, as_site_keras_inputs, from_site_keras_inputs, map_geometries,
@@ -24,15 +25,6 @@ from tf_sparseconv.site.tensor import SiteSparseTensor
 
 POOL_MODES = ("max", "avg")
 GLOBAL_POOL_MODES = ("max", "mean", "sum")
-
-
-def _as_tuple(value, d, name, minimum, layer):
-    values = (int(value),) * d if isinstance(value, numbers.Integral) else tuple(int(v) for v in value)
-    if len(values) != d:
-        raise ValueError(f"{layer}: {name} needs one entry per spatial dimension ({d}), got {value}")
-    if any(v < minimum for v in values):
-        raise ValueError(f"{layer}: {name} entries must be >= {minimum}, got {value}")
-    return values
 
 
 def _check_option(value, name, layer_name):
@@ -85,18 +77,14 @@ class _SiteConvBase(SiteLayer):
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
 
-    def _resolve(self, d, kernel_size=None):
-        """Per-dimension kernel size, strides, padding and dilation for d spatial dims."""
-        k = _as_tuple(kernel_size or self.kernel_size, d, "kernel_size", 1, self.name)
-        s = _as_tuple(self.strides, d, "strides", 1, self.name)
-        dl = _as_tuple(self.dilation, d, "dilation", 1, self.name)
-        if self.padding == "valid":
-            p = (0,) * d
-        elif self.padding == "same":
-            p = tuple(l * (kk - 1) // 2 for kk, l in zip(k, dl))
-        else:
-            p = _as_tuple(self.padding, d, "padding", 0, self.name)
-        return k, s, p, dl
+    def _geometry(self, mode, spatial):
+        """This layer's ConvGeometry on the static spatial shape `spatial`, refusing one
+        that leaves no output site."""
+        geometry = conv_geometry(mode, len(spatial), self.kernel_size, self.strides, self.padding, self.dilation,
+                                 what=self.name)
+        checked_output_shape(spatial, geometry, self.name)
+        self._conv_args = dict(strides=geometry.strides, padding=geometry.padding, dilation=geometry.dilation)
+        return geometry
 
     def _add_weights(self, kernel_size, cin):
         if cin is None:
@@ -160,23 +148,9 @@ class SiteConv(_SiteConvBase):
 
     def build(self, input_shape):
         spatial, cin = site_shapes(input_shape, self.name)
-        d = len(spatial)
-        k, s, p, dl = self._resolve(d)
-        if self.subm:
-            same = tuple(l * (kk - 1) // 2 for kk, l in zip(k, dl))
-            if p not in ((0,) * d, same):
-                raise ValueError(f"{self.name}: a submanifold convolution keeps its sites: padding must be 0 or "
-                                 f"{same}, got {p}")
-            self.geometry = ("submanifold", k, (1,) * d, (0,) * d, dl)
-        else:
-            out = [(r + 2 * pp - l * (kk - 1) - 1) // ss + 1 for r, kk, ss, pp, l in zip(spatial, k, s, p, dl)]
-            if any(o < 1 for o in out):
-                raise ValueError(f"{self.name}: kernel {k}, strides {s}, padding {p}, dilation {dl} leave no output "
-                                 f"site on the spatial shape {spatial} (output extents {out})")
-            self.geometry = ("strided", k, s, p, dl)
-        self._conv_args = dict(strides=s, padding=p, dilation=dl)
+        self.geometry = self._geometry("submanifold" if self.subm else "strided", spatial)
         self._check_cached(input_shape, self.geometry)
-        self._add_weights(k, cin)
+        self._add_weights(self.geometry.kernel_size, cin)
 
     def site_call(self, x, training=None):
         y = site_conv(x, self.kernel, self.bias, subm=self.subm, indice_key=self.indice_key, **self._conv_args)
@@ -198,14 +172,9 @@ class SiteConvTranspose(_SiteConvBase):
 
     def build(self, input_shape):
         spatial, cin = site_shapes(input_shape, self.name)
-        k, s, p, dl = self._resolve(len(spatial))
-        out = [(r - 1) * ss - 2 * pp + l * (kk - 1) + 1 for r, kk, ss, pp, l in zip(spatial, k, s, p, dl)]
-        if any(o < 1 for o in out):
-            raise ValueError(f"{self.name}: padding {p} leaves no output site on the spatial shape {spatial}")
-        self.geometry = ("transposed", k, s, p, dl)
-        self._conv_args = dict(strides=s, padding=p, dilation=dl)
+        self.geometry = self._geometry("transposed", spatial)
         self._check_cached(input_shape, self.geometry)
-        self._add_weights(k, cin)
+        self._add_weights(self.geometry.kernel_size, cin)
 
     def site_call(self, x, training=None):
         return self._activate(site_conv_transpose(x, self.kernel, self.bias, indice_key=self.indice_key,
@@ -244,8 +213,8 @@ class SiteInverseConv(_SiteConvBase):
         if mode != "strided":
             raise ValueError(f"{self.name}: SiteInverseConv inverts a strided convolution; the map under "
                              f"{self.indice_key!r} is {mode!r}")
-        if self.kernel_size is not None and _as_tuple(self.kernel_size, len(spatial), "kernel_size", 1,
-                                                      self.name) != kernel_size:
+        if self.kernel_size is not None and per_dim(self.kernel_size, len(spatial), "kernel_size",
+                                                    what=self.name) != kernel_size:
             raise ValueError(f"{self.name}: kernel_size {self.kernel_size} differs from the strided convolution's "
                              f"{kernel_size} under {self.indice_key!r}")
         self.geometry = geometry
@@ -283,12 +252,11 @@ class SitePool(SiteLayer):
 
     def build(self, input_shape):
         spatial, _ = site_shapes(input_shape, self.name)
-        d = len(spatial)
-        size = _as_tuple(self.pool_size, d, "pool_size", 1, self.name)
-        strides = size if self.strides is None else _as_tuple(self.strides, d, "strides", 1, self.name)
-        padding = _as_tuple(self.padding, d, "padding", 0, self.name)
-        self._pool_args = dict(pool_size=size, strides=strides, padding=padding)
-        geometry = ("strided", size, strides, padding, (1,) * d)
+        size = per_dim(self.pool_size, len(spatial), "pool_size", what=self.name)
+        geometry = conv_geometry("strided", len(spatial), size, size if self.strides is None else self.strides,
+                                 self.padding, what=self.name)
+        checked_output_shape(spatial, geometry, self.name)
+        self._pool_args = dict(pool_size=size, strides=geometry.strides, padding=geometry.padding)
         cached = map_geometries(input_shape).get(self.indice_key) if self.indice_key is not None else None
         if cached is not None and cached[0] != geometry:
             raise ValueError(f"{self.name}: the kernel map under indice_key {self.indice_key!r} was built for "

@@ -8,7 +8,8 @@ gradients.
 """
 import tensorflow as tf
 
-from tf_sparseconv.site.kernel_map import along_map, per_dim
+from tf_sparseconv.geometry import conv_geometry, per_dim
+from tf_sparseconv.site.kernel_map import along_map
 from tf_sparseconv.site.tensor import check_site_tensor
 
 
@@ -20,9 +21,8 @@ def site_pool(x, pool_size, strides=None, padding=0, mode="max", indice_key=None
     if mode not in ("max", "avg"):
         raise ValueError(f"site_pool mode must be 'max' or 'avg', got {mode!r}")
     d = x.spatial_rank
-    pool_size = per_dim(pool_size, d, "pool_size", 1)
-    strides = pool_size if strides is None else per_dim(strides, d, "strides", 1)
-    geometry = ("strided", pool_size, strides, per_dim(padding, d, "padding", 0), (1,) * d)
+    pool_size = per_dim(pool_size, d, "pool_size")
+    geometry = conv_geometry("strided", d, pool_size, pool_size if strides is None else strides, padding)
     reduce = tf.math.unsorted_segment_max if mode == "max" else tf.math.unsorted_segment_mean
     return along_map(x, indice_key, geometry,
                       lambda kmap, num_out: reduce(tf.gather(x.features, kmap.in_rows), kmap.out_rows, num_out))

@@ -13,7 +13,7 @@ import typing
 
 import tensorflow as tf
 
-MODES = ("submanifold", "strided", "transposed")
+from tf_sparseconv.geometry import MODES, ConvGeometry
 
 
 class KernelMap(tf.experimental.ExtensionType):
@@ -72,7 +72,7 @@ class KernelMap(tf.experimental.ExtensionType):
         return tf.shape(self.in_rows)[0]
 
     def geometry(self):
-        return (self.mode, self.kernel_size, self.strides, self.padding, self.dilation)
+        return ConvGeometry(self.mode, self.kernel_size, self.strides, self.padding, self.dilation)
 
     def with_tables(self, neighbours=None, inverse_neighbours=None):
         """This map with its neighbour tables set (None keeps the present one)."""
