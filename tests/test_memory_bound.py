@@ -177,4 +177,7 @@ def test_split_mode_runs_a_serving_model_within_budget(rng):
     runner = BoundedInference(serving, memory_bound(serving, 3).total_bytes)
     assert runner.chunk_size == 3
     points = random_surfaces(rng, 7, 100) * 4 + 2  # normalised by the model
-    np.testing.assert_allclose(runner(points).numpy(), serving(points).numpy(), rtol=1e-5, atol=1e-6)
+    # On a GPU the dense head's matmuls run in TF32 with algorithms chosen per batch size, so
+    # a chunk of one and the whole batch agree to TF32's precision, not float32's.
+    tolerance = dict(rtol=2e-3, atol=2e-4) if tf.config.list_physical_devices("GPU") else dict(rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(runner(points).numpy(), serving(points).numpy(), **tolerance)

@@ -302,10 +302,13 @@ def test_saved_models_load_in_a_fresh_process_and_predict_as_in_training(rng, tm
                             text=True, timeout=600, cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr[-4000:]
     results = json.loads(result.stdout.strip().splitlines()[-1])
+    # The fresh process runs on the CPU; where a GPU is visible here, the expected logits come
+    # from its TF32 matmuls and convolutions, which agree with float32 to about 1e-3.
+    tolerance = dict(rtol=2e-3, atol=1e-3) if tf.config.list_physical_devices("GPU") else dict(rtol=1e-5, atol=1e-5)
     for kind, logits in expected.items():
         assert logits.std() > 1e-3, f"{kind}: vacuous comparison, the core's logits are constant"
         for suffix in ("predict", "predict_dataset"):
-            np.testing.assert_allclose(np.load(tmp_path / f"{kind}_{suffix}.npy"), logits, rtol=1e-5, atol=1e-5,
+            np.testing.assert_allclose(np.load(tmp_path / f"{kind}_{suffix}.npy"), logits, **tolerance,
                                        err_msg=f"{kind} {suffix}")
         accuracy = np.mean(np.argmax(logits, -1) == labels)
         loss = np.mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
