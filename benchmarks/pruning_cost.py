@@ -32,7 +32,7 @@ from train_step import device_name, layer_rows  # noqa: E402
 
 from tf_sparseconv import data as datasets  # noqa: E402
 from tf_sparseconv.training import train as trainer  # noqa: E402
-from tf_sparseconv.channel.conv_layer import SparseConv  # noqa: E402
+from tf_sparseconv.channel.conv_layer import DirectSparseConv  # noqa: E402
 from tf_sparseconv.models import octnet3  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def main():
     model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     for step in range(args.warm_steps):
         model.train_on_batch(*batches[step % len(batches)])
-    convs = [layer for layer in model.layers if isinstance(layer, SparseConv)]
+    convs = [layer for layer in model.layers if isinstance(layer, DirectSparseConv)]
     trained = [conv.kernel.numpy() for conv in convs]
     rng = np.random.default_rng(args.seed)
     rows = []
@@ -84,7 +84,7 @@ def main():
         weights = int(sum(conv.present_weights() for conv in convs))
         step_ms = statistics.median(times) * 1e3
         rows.append({"kind": "step", "present": present, "present_weights": weights, "step_ms": step_ms})
-        layers = [r for r in layer_rows(model, batches[0], args.reps) if r["class"] == "SparseConv"]
+        layers = [r for r in layer_rows(model, batches[0], args.reps) if r["class"] == "DirectSparseConv"]
         for r in layers:
             rows.append({"kind": "layer", "present": present, **r})
         conv_ms = sum(r["fwd_bwd_ms"] for r in layers)

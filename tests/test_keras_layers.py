@@ -22,9 +22,10 @@ def random_clouds(rng, batch, points=200):
 def point_classifier(resolution=8, classes=3, density_regularizer=None):
     inputs = keras.Input((None, 3))
     h = kl.VoxelizePoints(resolution)(inputs)
-    h = kl.SparseConv(6, 3, rho_up=0.5, activation="relu", density_regularizer=density_regularizer, name="conv_a")(h)
+    h = kl.DirectSparseConv(6, 3, rho_up=0.5, activation="relu", density_regularizer=density_regularizer,
+                            name="conv_a")(h)
     h = kl.SparseMaxPool(2)(h)
-    h = kl.SparseConv(8, 3, rho_up=0.6, activation="relu", name="conv_b")(h)
+    h = kl.DirectSparseConv(8, 3, rho_up=0.6, activation="relu", name="conv_b")(h)
     h = keras.layers.Flatten()(kl.SparseToDense()(h))
     return keras.Model(inputs, keras.layers.Dense(classes)(h))
 
@@ -33,7 +34,7 @@ class SubclassedClassifier(keras.Model):
     def __init__(self, classes=3, **kwargs):
         super().__init__(**kwargs)
         self.voxelize = kl.VoxelizePoints(8)
-        self.conv = kl.SparseConv(6, 3, rho_up=0.5, activation="relu")
+        self.conv = kl.DirectSparseConv(6, 3, rho_up=0.5, activation="relu")
         self.pool = kl.SparseMaxPool(2)
         self.to_dense = kl.SparseToDense()
         self.flatten = keras.layers.Flatten()
@@ -52,7 +53,7 @@ def compile_for_test(model, jit_compile="auto"):
 def test_sparse_conv_layer_equals_the_raw_op(rng):
     dense = (rng.random((2, 7, 6, 5, 2)) < 0.2) * rng.standard_normal((2, 7, 6, 5, 2))
     x = ts.from_dense(dense.astype(np.float32))
-    layer = kl.SparseConv(4, 3, rho_up=0.1, activation="relu")
+    layer = kl.DirectSparseConv(4, 3, rho_up=0.1, activation="relu")
     out = kl.from_keras_inputs(layer(kl.as_keras_inputs(x)))
     expected = ts.sparse_relu(ts.direct_conv(x, layer.kernel, layer.bias, selection="signed", rho_up=0.1))
     np.testing.assert_array_equal(out.keys.numpy(), expected.keys.numpy())
@@ -149,7 +150,7 @@ def test_sparse_model_inside_tf_function_with_dataset(rng):
 
 def test_sparse_input_feeds_channel_sparse_batches_from_tf_data(rng):
     inputs = kl.sparse_input((8, 8, 8, 1))
-    h = kl.SparseConv(4, 3, activation="relu")(inputs)
+    h = kl.DirectSparseConv(4, 3, activation="relu")(inputs)
     model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(kl.SparseToDense()(h))))
     compile_for_test(model)
     grids = (rng.random((8, 8, 8, 8, 1)) < 0.1).astype(np.float32)
@@ -170,12 +171,12 @@ def test_sparse_input_feeds_channel_sparse_batches_from_tf_data(rng):
 ])
 def test_sparse_conv_rejects_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        kl.SparseConv(4, 3, **kwargs)
+        kl.DirectSparseConv(4, 3, **kwargs)
 
 
 def test_sparse_conv_rejects_even_kernel_at_build():
     with pytest.raises(ValueError, match="odd sizes"):
-        kl.SparseConv(4, 2)(kl.sparse_input((5, 5, 1)))
+        kl.DirectSparseConv(4, 2)(kl.sparse_input((5, 5, 1)))
 
 
 def test_layers_reject_inputs_that_are_not_channel_sparse_dicts():

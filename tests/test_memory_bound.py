@@ -20,10 +20,10 @@ DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mo
 def classifier(resolution=32):
     inputs = keras.Input((None, 3))
     h = kl.VoxelizePoints(resolution)(inputs)
-    h = kl.SparseConv(8, 3, rho_up=2.0 / resolution, activation="relu", name="conv1")(h)
-    h = kl.SparseConv(8, 3, rho_up=2.0 / resolution, activation="relu", name="conv2")(h)
+    h = kl.DirectSparseConv(8, 3, rho_up=2.0 / resolution, activation="relu", name="conv1")(h)
+    h = kl.DirectSparseConv(8, 3, rho_up=2.0 / resolution, activation="relu", name="conv2")(h)
     h = kl.SparseMaxPool(2, name="pool1")(h)
-    h = kl.SparseConv(16, 3, rho_up=4.0 / resolution, activation="relu", name="conv3")(h)
+    h = kl.DirectSparseConv(16, 3, rho_up=4.0 / resolution, activation="relu", name="conv3")(h)
     h = kl.SparseMaxPool(2, name="pool2")(h)
     h = keras.layers.Flatten()(kl.SparseToDense(name="to_dense")(h))
     return keras.Model(inputs, keras.layers.Dense(10)(h))
@@ -116,7 +116,7 @@ def test_split_mode_runs_within_budget_and_matches_the_full_batch(rng):
 
 def test_split_mode_splits_channel_sparse_batches(rng):
     inputs = kl.sparse_input((8, 8, 8, 1))
-    h = kl.SparseConv(4, 3, rho_up=0.2, activation="relu")(inputs)
+    h = kl.DirectSparseConv(4, 3, rho_up=0.2, activation="relu")(inputs)
     model = keras.Model(inputs, keras.layers.Flatten()(kl.SparseToDense()(h)))
     grids = (rng.random((5, 8, 8, 8, 1)) < 0.1).astype(np.float32)
     from tf_sparseconv import from_dense

@@ -91,8 +91,8 @@ def test_reduction_survives_config_and_layer_serialization():
     again = kl.DensityRegularizer.from_config(reg.get_config())
     assert (again.scale, again.o, again.b1, again.b2, again.reduction, again.include_bias) == (
         0.2, 0.05, 0.3, 0.2, "filter", False)
-    layer = kl.SparseConv(4, 3, rho_up=0.3, activation="relu", density_regularizer=reg)
-    rebuilt = kl.SparseConv.from_config(layer.get_config())
+    layer = kl.DirectSparseConv(4, 3, rho_up=0.3, activation="relu", density_regularizer=reg)
+    rebuilt = kl.DirectSparseConv.from_config(layer.get_config())
     assert rebuilt.density_regularizer.reduction == "filter" and rebuilt.density_regularizer.b1 == 0.3
     assert rebuilt.density_regularizer.include_bias is False
 
@@ -126,7 +126,7 @@ def test_regularised_bias_alone_moves_density_toward_rho_up(rng, start_bias, dir
     density falls; too sparse, b < 0 pulls them up and it rises."""
     dense = (rng.random((4, 12, 12, 1)) < 0.3).astype(np.float32)
     x = kl.as_keras_inputs(ts.from_dense(dense))
-    layer = kl.SparseConv(4, 3, rho_up=0.3, activation="relu",
+    layer = kl.DirectSparseConv(4, 3, rho_up=0.3, activation="relu",
                           density_regularizer=kl.DensityRegularizer(scale=4.0, reduction="filter"))
     layer(x)
     layer.kernel.assign(np.full(layer.kernel.shape, 0.01 * np.sign(start_bias), np.float32))
@@ -146,7 +146,7 @@ def test_layer_penalty_uses_the_density_before_k_selection(rng):
     dense = (rng.random((2, 9, 9, 1)) < 0.4).astype(np.float32)
     x = kl.as_keras_inputs(ts.from_dense(dense))
     reg = kl.DensityRegularizer(scale=0.5, reduction="filter")
-    layer = kl.SparseConv(3, 3, rho_up=0.1, activation="relu", density_regularizer=reg,
+    layer = kl.DirectSparseConv(3, 3, rho_up=0.1, activation="relu", density_regularizer=reg,
                           bias_initializer=keras.initializers.Constant(0.01))
     layer(x)
     layer.kernel.assign(np.full(layer.kernel.shape, 0.2, np.float32))  # every touched response positive
@@ -177,7 +177,7 @@ def test_regularizer_alone_moves_density_toward_rho_up(rng, start_bias, directio
     dense = (rng.random((4, 12, 12, 1)) < 0.3).astype(np.float32)
     x = kl.as_keras_inputs(ts.from_dense(dense))
     regularizer = kl.DensityRegularizer(scale=scale, reduction=reduction)
-    layer = kl.SparseConv(4, 3, rho_up=0.3, activation="relu", density_regularizer=regularizer,
+    layer = kl.DirectSparseConv(4, 3, rho_up=0.3, activation="relu", density_regularizer=regularizer,
                           kernel_initializer=keras.initializers.RandomNormal(0.0, 0.1),
                           bias_initializer=keras.initializers.Constant(start_bias), use_bias=True)
     layer(x)
@@ -208,7 +208,7 @@ def assert_regularizer_alone_moves_density(layer, x, variable, learning_rate, di
 
 def pruning_model():
     inputs = kl.sparse_input((6, 6, 1))
-    h = kl.SparseConv(2, 3, name="conv")(inputs)
+    h = kl.DirectSparseConv(2, 3, name="conv")(inputs)
     return keras.Model(inputs, kl.SparseToDense()(h))
 
 
@@ -243,7 +243,7 @@ def grid_dataset(rng, count=16):
 
 def test_pruned_weights_stay_zero_through_training_and_present_count_never_grows(rng):
     inputs = kl.sparse_input((8, 8, 1))
-    h = kl.SparseConv(4, 3, activation="relu", name="conv")(inputs)
+    h = kl.DirectSparseConv(4, 3, activation="relu", name="conv")(inputs)
     h = keras.layers.Flatten()(kl.SparseToDense()(h))
     model = keras.Model(inputs, keras.layers.Dense(2)(h))
     model.compile(keras.optimizers.Adam(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -265,7 +265,7 @@ def test_pruning_callback_rejects_non_positive_epsilon():
 
 def regularised_classifier(scale):
     inputs = kl.sparse_input((8, 8, 1))
-    h = kl.SparseConv(4, 3, rho_up=0.2, activation="relu", name="conv",
+    h = kl.DirectSparseConv(4, 3, rho_up=0.2, activation="relu", name="conv",
                       density_regularizer=kl.DensityRegularizer(scale, reduction="sum"))(inputs)
     h = keras.layers.Flatten()(kl.SparseToDense()(h))
     return keras.Model(inputs, keras.layers.Dense(2)(h))
@@ -326,7 +326,7 @@ def test_layer_penalty_with_density_per_channel_uses_each_channels_survivors(rng
     b2 rho_up; the layer-wide density would give both the same b."""
     dense = (rng.random((2, 9, 9, 1)) < 0.4).astype(np.float32)
     x = kl.as_keras_inputs(ts.from_dense(dense))
-    layer = kl.SparseConv(2, 3, rho_up=0.1, activation="relu",
+    layer = kl.DirectSparseConv(2, 3, rho_up=0.1, activation="relu",
                           density_regularizer=kl.DensityRegularizer(scale=0.5, reduction="sum", density="channel"))
     layer(x)
     kernel = np.zeros(layer.kernel.shape, np.float32)
@@ -340,7 +340,7 @@ def test_layer_penalty_with_density_per_channel_uses_each_channels_survivors(rng
     b = [0.1 + 0.1 * (rho[0] - 0.1), -0.1 * 0.1]
     expected = 0.5 * (9 * (0.2 + b[0]) ** 2 + b[0] ** 2 + 9 * (-0.2 + b[1]) ** 2 + b[1] ** 2)
     assert float(layer.losses[-1]) == pytest.approx(expected, rel=1e-5)
-    again = kl.SparseConv.from_config(layer.get_config())
+    again = kl.DirectSparseConv.from_config(layer.get_config())
     assert again.density_regularizer.density == "channel"
 
 

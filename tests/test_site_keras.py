@@ -51,11 +51,11 @@ def assert_same_sites(actual, expected, rtol=1e-5):
 
 def test_convolution_layers_equal_the_raw_ops(rng):
     x = sites(rng)
-    subm = kl.SiteConv(4, 3, subm=True, indice_key="s0", activation="relu", bias_initializer="random_normal")
-    down = kl.SiteConv(5, 3, strides=2, padding=1, indice_key="d0")
-    again = kl.SubMConv(4, 3, indice_key="s0", use_bias=False)
-    up = kl.SiteInverseConv(4, "d0")
-    transposed = kl.SiteConvTranspose(2, 2, strides=2, indice_key="t0")
+    subm = kl.SubMConv3D(4, 3, indice_key="s0", activation="relu", bias_initializer="random_normal")
+    down = kl.SparseConv3D(5, 3, strides=2, padding="same", indice_key="d0")
+    again = kl.SubMConv3D(4, 3, indice_key="s0", use_bias=False)
+    up = kl.SparseInverseConv3D(4, indice_key="d0")
+    transposed = kl.SparseConvTranspose3D(2, 2, strides=2, indice_key="t0")
 
     h = subm(kl.as_site_keras_inputs(x))
     g = down(h)
@@ -85,9 +85,8 @@ def test_convolution_layers_equal_the_raw_ops(rng):
 def test_pool_select_global_pool_features_and_merge_layers_equal_the_raw_ops(rng):
     x = sites(rng, batch=3, channels=4, density=0.3)
     d = kl.as_site_keras_inputs(x)
-    for mode in ("max", "avg"):
-        assert_same_sites(kl.from_site_keras_inputs(kl.SitePool(2, mode=mode, indice_key="p")(d)),
-                          site_pool(x, 2, mode=mode))
+    for layer, mode in ((kl.SiteMaxPooling3D, "max"), (kl.SiteAveragePooling3D, "avg")):
+        assert_same_sites(kl.from_site_keras_inputs(layer(2, indice_key="p")(d)), site_pool(x, 2, mode=mode))
     for mode in ("max", "mean", "sum"):
         np.testing.assert_allclose(kl.SiteGlobalPool(mode)(d).numpy(), global_pool(x, mode).numpy(), rtol=1e-6)
     assert_same_sites(kl.from_site_keras_inputs(kl.SiteSelect(5)(d)), select_sites(x, 5))
@@ -129,12 +128,12 @@ def test_voxelize_layer_matches_voxelize_sites_and_to_points_gathers_rows(rng):
 
 
 def small_unet_by_hand(spatial_shape=SHAPE, channels=3):
-    """subm (s0) -> strided (d0) -> subm (s1) -> SiteInverseConv (d0) -> concat skip."""
+    """subm (s0) -> strided (d0) -> subm (s1) -> SparseInverseConv3D (d0) -> concat skip."""
     inputs = kl.site_input(spatial_shape, channels)
-    skip = kl.SiteConv(4, 3, subm=True, indice_key="s0", name="stem")(inputs)
-    h = kl.SiteConv(6, 2, strides=2, indice_key="d0", name="down")(skip)
-    h = kl.SiteConv(6, 3, subm=True, indice_key="s1", name="mid")(h)
-    h = kl.SiteInverseConv(4, "d0", name="up")(h)
+    skip = kl.SubMConv3D(4, 3, indice_key="s0", name="stem")(inputs)
+    h = kl.SparseConv3D(6, 2, strides=2, indice_key="d0", name="down")(skip)
+    h = kl.SubMConv3D(6, 3, indice_key="s1", name="mid")(h)
+    h = kl.SparseInverseConv3D(4, indice_key="d0", name="up")(h)
     h = kl.SiteConcat(name="skip")([h, skip])
     return keras.Model(inputs, h["features"])
 
@@ -202,7 +201,7 @@ def test_unet_on_points_fits_and_lowers_the_loss(rng):
     points, _, point_labels = clouds(rng, 24)
     model = compiled(site_unet(2, 8, channels=(8, 16), points=True))
     assert model.output_shape == (None, None, 2)
-    assert sum(isinstance(layer, kl.SiteInverseConv) for layer in model.layers) == 1
+    assert sum(isinstance(layer, kl.SparseInverseConv3D) for layer in model.layers) == 1
     losses = model.fit(points, point_labels, batch_size=8, epochs=3, verbose=0).history["loss"]
     assert losses[-1] < 0.7 * losses[0], losses
 
@@ -211,13 +210,13 @@ class SubclassedSegmenter(keras.Model):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.voxelize = kl.SiteVoxelize(8, return_point_map=True)
-        self.stem = kl.SiteConv(8, 3, subm=True, indice_key="s0")
+        self.stem = kl.SubMConv3D(8, 3, indice_key="s0")
         self.bn = kl.SiteFeatures(keras.layers.BatchNormalization())
         self.relu = kl.SiteFeatures(keras.layers.ReLU())
-        self.down = kl.SiteConv(8, 2, strides=2, indice_key="d0")
-        self.up = kl.SiteInverseConv(8, "d0", activation="relu")
+        self.down = kl.SparseConv3D(8, 2, strides=2, indice_key="d0")
+        self.up = kl.SparseInverseConv3D(8, indice_key="d0", activation="relu")
         self.concat = kl.SiteConcat()
-        self.head = kl.SiteConv(2, 1, subm=True)
+        self.head = kl.SubMConv3D(2, 1)
         self.to_points = kl.SiteToPoints()
 
     def call(self, points, training=None):
@@ -259,31 +258,39 @@ def test_unet_on_site_inputs_round_trips_through_keras_file_and_export(rng, tmp_
 
 
 def test_bad_configurations_give_clear_errors(rng):
-    with pytest.raises(ValueError, match="strides must be 1"):
-        kl.SiteConv(4, 3, subm=True, strides=2)
+    with pytest.raises(TypeError, match="strides"):
+        kl.SubMConv3D(4, 3, strides=2)  # a submanifold convolution has none
     with pytest.raises(ValueError, match="odd kernel"):
-        kl.SiteConv(4, 2, subm=True)
+        kl.SubMConv3D(4, 2)
+    with pytest.raises(ValueError, match=r"kernel_size needs one entry per spatial dimension \(3\)"):
+        kl.SparseConv3D(4, (2, 2))
+    with pytest.raises(ValueError, match="padding must be an int, a tuple, 'valid' or 'same'"):
+        kl.SparseConv3D(4, 2, padding="full")
     with pytest.raises(ValueError, match="takes its strides from the strided convolution"):
-        kl.SiteInverseConv(4, "d0", strides=2)
-    with pytest.raises(ValueError, match="mode must be one of"):
-        kl.SitePool(2, mode="median")
+        kl.SparseInverseConv3D(4, indice_key="d0", strides=2)
+    with pytest.raises(TypeError, match="needs the indice_key"):
+        kl.SparseInverseConv3D(4, 2)
     with pytest.raises(TypeError, match="wraps a keras.layers.Layer"):
         kl.SiteFeatures("relu")
     inputs = kl.site_input(SHAPE, 3)
-    h = kl.SiteConv(4, 3, subm=True, indice_key="s0")(inputs)
-    g = kl.SiteConv(4, 2, strides=2, indice_key="d0")(h)
+    h = kl.SubMConv3D(4, 3, indice_key="s0")(inputs)
+    g = kl.SparseConv3D(4, 2, strides=2, indice_key="d0")(h)
     with pytest.raises(ValueError, match=r"no kernel map under indice_key 'down1'.*maps here: \['d0', 's0'\]"):
-        kl.SiteInverseConv(4, "down1")(g)
+        kl.SparseInverseConv3D(4, indice_key="down1")(g)
     with pytest.raises(ValueError, match="inverts a strided convolution; the map under 's0' is 'submanifold'"):
-        kl.SiteInverseConv(4, "s0")(g)
+        kl.SparseInverseConv3D(4, indice_key="s0")(g)
     with pytest.raises(ValueError, match="differs from the strided convolution's"):
-        kl.SiteInverseConv(4, "d0", kernel_size=3)(g)
+        kl.SparseInverseConv3D(4, 3, indice_key="d0")(g)
     with pytest.raises(ValueError, match="indice_key 'd0' was built for"):
-        kl.SiteConv(4, 3, subm=True, indice_key="d0")(g)
+        kl.SubMConv3D(4, 3, indice_key="d0")(g)
     with pytest.raises(ValueError, match="leave no output site"):
-        kl.SiteConv(4, 9, strides=1)(inputs)
+        kl.SparseConv3D(4, 9, strides=1)(inputs)
+    with pytest.raises(ValueError, match="a 2-D layer got sites with 3 spatial dimensions"):
+        kl.SubMConv2D(4, 3)(inputs)
+    with pytest.raises(ValueError, match="a 2-D layer got sites with 3 spatial dimensions"):
+        kl.SiteMaxPooling2D(2)(inputs)
     with pytest.raises(TypeError, match="takes the site dict made by as_site_keras_inputs"):
-        kl.SiteConv(4, 3)(kl.sparse_input((8, 8, 8, 1)))
+        kl.SparseConv3D(4, 3)(kl.sparse_input((8, 8, 8, 1)))
     with pytest.raises(TypeError, match="site Keras layers take the dict"):
         kl.SiteSelect(3)({"keys": tf.zeros([0], tf.int64)})
 
@@ -297,11 +304,15 @@ def test_bad_configurations_give_clear_errors(rng):
 
 
 @pytest.mark.parametrize("layer", [
-    kl.SiteConv(4, (3, 1, 3), subm=True, indice_key="s", activation="relu", kernel_regularizer="l2", use_bias=False),
-    kl.SiteConv(4, 2, strides=(2, 2, 1), padding="valid", dilation=1, indice_key="d", kernel_initializer="he_normal"),
-    kl.SiteConvTranspose(3, 3, strides=2, padding=1, indice_key="t", bias_regularizer="l1"),
-    kl.SiteInverseConv(5, "d", kernel_size=2, activation="gelu"),
-    kl.SitePool((2, 2, 1), strides=1, padding=0, mode="avg", indice_key="p"),
+    kl.SubMConv3D(4, (3, 1, 3), indice_key="s", activation="relu", kernel_regularizer="l2", use_bias=False),
+    kl.SubMConv2D(4, 3, dilation_rate=2),
+    kl.SparseConv3D(4, 2, strides=(2, 2, 1), padding="valid", dilation_rate=1, indice_key="d",
+                    kernel_initializer="he_normal"),
+    kl.SparseConv1D(2, 3, strides=2, padding="same"),
+    kl.SparseConvTranspose3D(3, 3, strides=2, padding=1, indice_key="t", bias_regularizer="l1"),
+    kl.SparseInverseConv3D(5, 2, indice_key="d", activation="gelu"),
+    kl.SiteAveragePooling3D((2, 2, 1), strides=1, padding="valid", indice_key="p"),
+    kl.SiteMaxPooling4D(2),
     kl.SiteGlobalPool("sum"), kl.SiteSelect(7), kl.SiteConcat(validate=False), kl.SiteAdd(),
     kl.SiteFeatures(keras.layers.BatchNormalization(momentum=0.5)),
     kl.SiteVoxelize((4, 5, 6), bounds=((0, 0, 0), (1, 2, 3)), reduction="max", clip=False, return_point_map=True),

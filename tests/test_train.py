@@ -29,10 +29,10 @@ TINY = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "-
 def test_octnet3_follows_table4(resolution, sparse_convs, dense_convs):
     model = octnet3(resolution, 40)
     layers = model.layers
-    assert sum(isinstance(layer, kl.SparseConv) for layer in layers) == sparse_convs
+    assert sum(isinstance(layer, kl.DirectSparseConv) for layer in layers) == sparse_convs
     assert sum(isinstance(layer, keras.layers.Conv3D) for layer in layers) == dense_convs
     assert model.output_shape == (None, 40)
-    bounds = sorted({layer.rho_up for layer in layers if isinstance(layer, kl.SparseConv) and layer.rho_up})
+    bounds = sorted({layer.rho_up for layer in layers if isinstance(layer, kl.DirectSparseConv) and layer.rho_up})
     assert bounds == sorted({rho for rho in {16: (), 32: (0.14, 0.33, 0.66), 64: (0.06, 0.14, 0.33)}[resolution]})
 
 
@@ -58,7 +58,7 @@ def test_octnet3_64_keeps_its_signal_only_with_he_initialisation():
 
 def test_octnet3_for_mnist_is_two_dimensional():
     model = octnet3(28, 10, rhos=(0.05, 0.1), spatial_dims=2)
-    assert all(layer.kernel.shape[:2] == (3, 3) for layer in model.layers if isinstance(layer, kl.SparseConv))
+    assert all(layer.kernel.shape[:2] == (3, 3) for layer in model.layers if isinstance(layer, kl.DirectSparseConv))
     assert model.output_shape == (None, 10)
 
 
@@ -186,7 +186,7 @@ def test_features_give_the_model_its_input_channels(tmp_path):
                           "--out", str(tmp_path)])
     assert results["features"] == ["occupancy", "offset"]
     model = core_model(keras.models.load_model(tmp_path / "model.keras"))
-    first = next(layer for layer in model.layers if isinstance(layer, kl.SparseConv))
+    first = next(layer for layer in model.layers if isinstance(layer, kl.DirectSparseConv))
     assert tuple(first.kernel.shape)[-2] == 4  # occupancy + 3 offsets in
 
 

@@ -46,6 +46,17 @@ def per_dim(value, rank, name, minimum=1, what=None):
     return values
 
 
+def int_or_ints(value, name, what):
+    """An int or a tuple of ints, as a layer stores an option before it knows its rank
+    (ValueError otherwise)."""
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    try:
+        return tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}: {name} must be an int or a sequence of ints, got {value!r}") from None
+
+
 def same_padding(kernel_size, dilation):
     """d (k - 1) // 2 per dimension: what keeps an odd kernel centred on its site."""
     return tuple(dl * (k - 1) // 2 for k, dl in zip(kernel_size, dilation))

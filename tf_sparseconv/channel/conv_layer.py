@@ -1,4 +1,4 @@
-"""SparseConv: the direct sparse convolution as a Keras layer, with k-selection, pruning
+"""DirectSparseConv: the direct sparse convolution as a Keras layer, with k-selection, pruning
 masks, density metrics and adaptive density regularisation."""
 import math
 
@@ -25,7 +25,7 @@ class KeepPrunedAtZero(keras.constraints.Constraint):
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
-class SparseConv(SparseLayer):
+class DirectSparseConv(SparseLayer):
     """Direct sparse convolution over 1-4 spatial dimensions ('same' padding, stride 1).
 
     Args:

@@ -1,6 +1,6 @@
 """Memory bounds known before a model runs, and inference that keeps within a budget.
 
-Every SparseConv keeps at most k entries per (batch, channel) (§3.2), so its output is
+Every DirectSparseConv keeps at most k entries per (batch, channel) (§3.2), so its output is
 bounded by B * Cout * k entries whatever the input; ReLU and max-pooling never add
 entries. From these caps this module computes, per layer, a guaranteed upper bound on
 the bytes of the layer's outputs and of the temporaries its CPU kernel allocates, and
@@ -27,7 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_sparseconv.channel.conv_layer import SparseConv
+from tf_sparseconv.channel.conv_layer import DirectSparseConv
 from tf_sparseconv.channel.keras_io import FIELDS, as_keras_inputs, from_keras_inputs
 from tf_sparseconv.channel.layers import DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
@@ -105,7 +105,7 @@ def _sparse_bytes(entries, value_bytes):
 
 
 def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
-    """Output and temporary bytes of one SparseConv (+ its ReLU) on an input bounded by
+    """Output and temporary bytes of one DirectSparseConv (+ its ReLU) on an input bounded by
     in_entries entries."""
     d = len(shape) - 2
     cin, cout = shape[-1], layer.filters
@@ -156,7 +156,7 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
 
 def _bound_layer(layer, shape, in_entries, batch, value_bytes, threads):
     """(kind, output shape, output entries, output bytes, temporary bytes) of one layer."""
-    if isinstance(layer, SparseConv):
+    if isinstance(layer, DirectSparseConv):
         out_shape = (*shape[:-1], layer.filters)
         entries, out_bytes, temp = _conv_bound(layer, shape, in_entries, batch, value_bytes, threads)
         return "sparse_conv", out_shape, entries, out_bytes, temp
@@ -228,8 +228,8 @@ def _dense_layer_bound(layer, shape, batch, value_bytes):
     return tuple(int(s) for s in out_shape), elements, elements * value_bytes
 
 
-SITE_MODEL_NOTE = ("no memory bound for site-sparse models: the bound covers the channel-sparse layers (SparseConv, "
-                   "SparseMaxPool), and a site model's memory follows its active sites")
+SITE_MODEL_NOTE = ("no memory bound for site-sparse models: the bound covers the channel-sparse layers "
+                   "(DirectSparseConv, SparseMaxPool), and a site model's memory follows its active sites")
 
 
 def _is_site_layer(layer):
@@ -278,13 +278,13 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
                                      shape, entries, out_bytes, temp + CALL_OVERHEAD, dense))
         elif isinstance(layer, DenseToSparse):
             raise TypeError("DenseToSparse takes arbitrary dense input: bound the model from sparse_input instead")
-        elif isinstance(layer, (SparseConv, SparseReLU, SparseMaxPool, SparseToDense)):
+        elif isinstance(layer, (DirectSparseConv, SparseReLU, SparseMaxPool, SparseToDense)):
             if shape is None:
                 raise TypeError(f"layer {layer.name} has no bounded input before it")
             kind, shape, entries, out_bytes, temp = _bound_layer(layer, shape, entries, batch_size, value_bytes,
                                                                  threads)
             # A dense convolution with an activation holds its pre-activation output too, as the sparse one does.
-            dense_tensors = 2 if isinstance(layer, SparseConv) and layer.activation == "relu" else 1
+            dense_tensors = 2 if isinstance(layer, DirectSparseConv) and layer.activation == "relu" else 1
             bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp + CALL_OVERHEAD,
                                      dense_tensors * math.prod(shape) * value_bytes))
         else:

@@ -15,7 +15,7 @@ import math
 
 import keras
 
-from tf_sparseconv.channel.conv_layer import SparseConv
+from tf_sparseconv.channel.conv_layer import DirectSparseConv
 from tf_sparseconv.channel.keras_io import sparse_input
 from tf_sparseconv.channel.layers import SparseMaxPool, SparseToDense
 
@@ -56,7 +56,7 @@ def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, s
             h = SparseMaxPool(2, name=f"pool{block}")(h)
         for i in range(3):
             bound = dict(rho_up=rho) if rho < 1.0 else {}
-            h = SparseConv(BLOCK_CHANNELS[block], 3, activation="relu", selection=selection if bound else None,
+            h = DirectSparseConv(BLOCK_CHANNELS[block], 3, activation="relu", selection=selection if bound else None,
                            density_regularizer=density_regularizer if bound else None,
                            kernel_initializer=kernel_initializer, name=f"sparse_conv{block + 1}_{i + 1}", **bound)(h)
     h = SparseToDense(name="to_dense")(h)

@@ -5,7 +5,7 @@
   convolutions between levels, global pooling and a dense head.
 - site_unet: a small MinkUNet-style segmentation network: per level submanifold
   convolutions (+ batch norm, ReLU), stride-2 strided convolutions down under indice_keys
-  "down1", "down2", ..., SiteInverseConv up through the same keys, skip connections by
+  "down1", "down2", ..., SparseInverseConv up through the same keys, skip connections by
   feature concatenation at equal sites, a 1^d convolution to per-site logits.
 
 Both take site inputs (site_input) or point clouds [B, N, d + F] (points=True, through
@@ -13,9 +13,10 @@ SiteVoxelize). Submanifold layers of one level share one kernel map ("subm<level
 """
 import keras
 
+from tf_sparseconv.site.conv_layers import SPARSE_CONV, SPARSE_INVERSE_CONV, SUBM_CONV
 from tf_sparseconv.site.keras_io import site_input
-from tf_sparseconv.site.layers import (SiteAdd, SiteConcat, SiteConv, SiteFeatures, SiteGlobalPool, SiteInverseConv,
-                                       SiteSelect, SiteToPoints, SiteVoxelize)
+from tf_sparseconv.site.layers import SiteAdd, SiteConcat, SiteFeatures, SiteSelect, SiteToPoints, SiteVoxelize
+from tf_sparseconv.site.pool_layers import SiteGlobalPool
 
 
 def _spatial_shape(resolution, spatial_dims):
@@ -38,19 +39,21 @@ def bn_relu(h, name, relu=True):
     return SiteFeatures(keras.layers.ReLU(), name=f"{name}_relu")(h) if relu else h
 
 
-def conv_bn_relu(h, filters, kernel_size, name, relu=True, **conv_kwargs):
-    h = SiteConv(filters, kernel_size, use_bias=False, name=name, **conv_kwargs)(h)
+def conv_bn_relu(h, conv, filters, kernel_size, name, relu=True, **conv_kwargs):
+    """conv (a layer class such as SubMConv3D) without bias, then batch norm and ReLU."""
+    h = conv(filters, kernel_size, use_bias=False, name=name, **conv_kwargs)(h)
     return bn_relu(h, name, relu)
 
 
-def residual_block(h, filters, in_channels, key, name):
+def residual_block(h, filters, in_channels, key, name, rank):
     """Two submanifold 3^d convolutions with batch norm around an identity shortcut (a
     1^d convolution where the channel count changes)."""
     shortcut = h
+    subm = SUBM_CONV[rank]
     if in_channels != filters:
-        shortcut = conv_bn_relu(h, filters, 1, f"{name}_proj", relu=False, subm=True, indice_key=f"{key}_1x1")
-    h = conv_bn_relu(h, filters, 3, f"{name}_conv1", subm=True, indice_key=key)
-    h = conv_bn_relu(h, filters, 3, f"{name}_conv2", relu=False, subm=True, indice_key=key)
+        shortcut = conv_bn_relu(h, subm, filters, 1, f"{name}_proj", relu=False, indice_key=f"{key}_1x1")
+    h = conv_bn_relu(h, subm, filters, 3, f"{name}_conv1", indice_key=key)
+    h = conv_bn_relu(h, subm, filters, 3, f"{name}_conv2", relu=False, indice_key=key)
     h = SiteAdd(name=f"{name}_add")([h, shortcut])
     return SiteFeatures(keras.layers.ReLU(), name=f"{name}_relu")(h)
 
@@ -72,16 +75,17 @@ def site_resnet(num_classes, resolution=16, spatial_dims=3, in_channels=1, chann
     if any(r < 2 ** (len(channels) - 1) for r in spatial_shape):
         raise ValueError(f"spatial shape {spatial_shape} is too small for {len(channels) - 1} stride-2 levels")
     inputs, h, _ = _inputs(spatial_shape, in_channels, points, point_features, bounds, False, name)
-    h = conv_bn_relu(h, channels[0], 3, "stem", subm=True, indice_key="subm0")
+    rank = len(spatial_shape)
+    h = conv_bn_relu(h, SUBM_CONV[rank], channels[0], 3, "stem", indice_key="subm0")
     if select_k:
         h = SiteSelect(select_k, name="select")(h)
     width = channels[0]
     for level, filters in enumerate(channels):
         if level:
-            h = conv_bn_relu(h, filters, 2, f"down{level}", strides=2, indice_key=f"down{level}")
+            h = conv_bn_relu(h, SPARSE_CONV[rank], filters, 2, f"down{level}", strides=2, indice_key=f"down{level}")
             width = filters
         for b in range(blocks):
-            h = residual_block(h, filters, width, f"subm{level}", f"level{level}_block{b + 1}")
+            h = residual_block(h, filters, width, f"subm{level}", f"level{level}_block{b + 1}", rank)
             width = filters
     h = SiteGlobalPool(pool, name="global_pool")(h)
     if dropout:
@@ -103,18 +107,22 @@ def site_unet(num_classes, resolution=32, spatial_dims=3, in_channels=1, channel
     if any(r < 2 ** (len(channels) - 1) for r in spatial_shape):
         raise ValueError(f"spatial shape {spatial_shape} is too small for {len(channels) - 1} stride-2 levels")
     inputs, h, point_to_site = _inputs(spatial_shape, in_channels, points, point_features, bounds, True, name)
-    h = conv_bn_relu(h, channels[0], 3, "stem", subm=True, indice_key="subm0")
-    h = residual_block(h, channels[0], channels[0], "subm0", "enc0")
+    rank = len(spatial_shape)
+    h = conv_bn_relu(h, SUBM_CONV[rank], channels[0], 3, "stem", indice_key="subm0")
+    h = residual_block(h, channels[0], channels[0], "subm0", "enc0", rank)
     skips = [h]
     for level in range(1, len(channels)):
-        h = conv_bn_relu(h, channels[level], 2, f"down{level}", strides=2, indice_key=f"down{level}")
-        h = residual_block(h, channels[level], channels[level], f"subm{level}", f"enc{level}")
+        h = conv_bn_relu(h, SPARSE_CONV[rank], channels[level], 2, f"down{level}", strides=2,
+                         indice_key=f"down{level}")
+        h = residual_block(h, channels[level], channels[level], f"subm{level}", f"enc{level}", rank)
         skips.append(h)
     for level in range(len(channels) - 1, 0, -1):
-        h = SiteInverseConv(channels[level - 1], f"down{level}", use_bias=False, name=f"up{level}")(h)
+        h = SPARSE_INVERSE_CONV[rank](channels[level - 1], indice_key=f"down{level}", use_bias=False,
+                                      name=f"up{level}")(h)
         h = bn_relu(h, f"up{level}")
         h = SiteConcat(name=f"skip{level - 1}")([h, skips[level - 1]])
-        h = residual_block(h, channels[level - 1], 2 * channels[level - 1], f"subm{level - 1}", f"dec{level - 1}")
-    h = SiteConv(num_classes, 1, subm=True, indice_key="head", name="logits")(h)
+        h = residual_block(h, channels[level - 1], 2 * channels[level - 1], f"subm{level - 1}", f"dec{level - 1}",
+                           rank)
+    h = SUBM_CONV[rank](num_classes, 1, indice_key="head", name="logits")(h)
     outputs = SiteToPoints(name="to_points")([h, point_to_site]) if points else h["features"]
     return keras.Model(inputs, outputs, name=name)

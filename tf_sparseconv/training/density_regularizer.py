@@ -6,7 +6,7 @@ weights towards -b. With rho the layer's measured density and rho_up its bound:
                                                        the following ReLU drops more)
     b = -b2 * (rho_up - rho)       otherwise          (resources unused: raise them)
 
-rho is measured by SparseConv in the same training step, before k-selection (the ReLU's
+rho is measured by DirectSparseConv in the same training step, before k-selection (the ReLU's
 survivors over all cells of the batch): measured after it, rho could never exceed rho_up
 and b would never carry the offset o.
 

@@ -1,9 +1,9 @@
 """A fine-tuning phase after density regularisation and pruning.
 
-From a chosen epoch on, every SparseConv's Eq. 4 penalty is off and warning-shot pruning
-stops checking, so the pruned structure is fixed (pruned weights stay exactly zero: the op
-skips them and gives them no gradient) and the remaining weights and biases train on the
-data loss alone. §4.3 of Hackel et al. suggests fine-tuning a pruned model this way for
+From a chosen epoch on, every DirectSparseConv's Eq. 4 penalty is off and warning-shot
+pruning stops checking, so the pruned structure is fixed (pruned weights stay exactly zero:
+the op skips them and gives them no gradient) and the remaining weights and biases train on
+the data loss alone. §4.3 of Hackel et al. suggests fine-tuning a pruned model this way for
 transfer learning. In this project's Fig. 6 studies (experiments/README.md) the masks and
 densities stayed where the regulariser left them, and the phase recovered little accuracy.
 """

@@ -8,11 +8,11 @@ that is small only once (crossing zero between two large values) keeps its place
 import keras
 import numpy as np
 
-from tf_sparseconv.channel.conv_layer import SparseConv
+from tf_sparseconv.channel.conv_layer import DirectSparseConv
 
 
 def sparse_conv_layers(model):
-    return [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, SparseConv)]
+    return [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, DirectSparseConv)]
 
 
 def present_weight_count(model):
@@ -30,7 +30,7 @@ class WarningShotPruning(keras.callbacks.Callback):
         self.history = []  # per epoch: {"epoch", "pruned", "present_weights"}
 
     def prune(self, model):
-        """One warning-shot check over every SparseConv of model; returns the number pruned."""
+        """One warning-shot check over every DirectSparseConv of model; returns the number pruned."""
         pruned = 0
         for layer in sparse_conv_layers(model):
             kernel = layer.kernel.numpy()

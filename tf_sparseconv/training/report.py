@@ -20,7 +20,7 @@ DENSITY_SUFFIX = "_density"
 
 
 class PresentWeights(keras.callbacks.Callback):
-    """Adds `present_weights` (the unpruned weights of every SparseConv) to each epoch's logs,
+    """Adds `present_weights` (the unpruned weights of every DirectSparseConv) to each epoch's logs,
     unless warning-shot pruning, placed before it, has added them already."""
 
     def on_epoch_end(self, epoch, logs=None):

@@ -64,7 +64,7 @@ MODELS = ("octnet3", "site-resnet")
 LAM_TERMS = ("weights+biases", "weights")
 OPTIMIZERS = ("adam", "adagrad", "sgd")
 SITE_MODEL_NOTE = ("memory bound: not computed for site-resnet; the bound covers the channel-sparse layers "
-                   "(SparseConv, SparseMaxPool) only, and a site model's memory follows its active sites")
+                   "(DirectSparseConv, SparseMaxPool) only, and a site model's memory follows its active sites")
 DEFAULT_DATA_DIR = os.environ.get(
     "TF_SPARSECONV_DATA", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data"))
 MNIST_RESOLUTION = 28
