@@ -18,8 +18,8 @@ from tf_sparseconv import keras_layers as kl
 from tf_sparseconv.training import train
 from tf_sparseconv.models import core_model, normalize_point_clouds, octnet3
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A run of a few seconds: 8^3, two sparse blocks, 6 shapes per class (40 train, 8 validation).
 TINY = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--synthetic-per-class", "6",
         "--batch-size", "8"]

@@ -1,6 +1,6 @@
-"""The layer names of tf_sparseconv 0.1 (SparseConv, SiteConv, SubMConv, SiteConvTranspose,
-SiteInverseConv, SitePool, dilation=) warn, compute what their new names compute, and
-models saved with them (tests/data, saved by 0.1) load and give the same outputs."""
+"""The site layer names of tf_sparseconv 0.1 (SiteConv, SubMConv, SiteConvTranspose,
+SiteInverseConv, SitePool, dilation=) warn, compute what their new names compute, and a
+model saved with them (tests/fixtures, saved by 0.1) loads and gives the same outputs."""
 import json
 import os
 
@@ -10,9 +10,9 @@ import pytest
 
 import tf_sparseconv as ts
 from tf_sparseconv import keras_layers as kl
-from test_site_conv import random_sites
+from tests.site.helpers import random_sites
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
 SHAPE = (6, 6, 6)
 
 
@@ -66,18 +66,6 @@ def test_old_site_names_keep_their_checks():
         kl.SiteInverseConv(4, "d0", strides=2)
 
 
-def test_sparse_conv_is_direct_sparse_conv(random_dense):
-    x = kl.as_keras_inputs(ts.from_dense(random_dense([2, 5, 5, 1], 0.4)))
-    new = kl.DirectSparseConv(3, 3, rho_up=0.5)
-    with pytest.warns(DeprecationWarning, match="use DirectSparseConv"):
-        old = kl.SparseConv(3, 3, rho_up=0.5)
-    assert isinstance(old, kl.DirectSparseConv)  # pruning, the memory bound and the reports count it
-    expected = new(x)
-    old(x)
-    old.set_weights(new.get_weights())
-    np.testing.assert_array_equal(old(x)["values"].numpy(), expected["values"].numpy())
-
-
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("make", [
     lambda: kl.SiteConv(4, 3, subm=True, padding=1, indice_key="s"),
@@ -85,8 +73,7 @@ def test_sparse_conv_is_direct_sparse_conv(random_dense):
     lambda: kl.SiteConvTranspose(3, 3, strides=2, padding=1),
     lambda: kl.SiteInverseConv(5, "d", kernel_size=2),
     lambda: kl.SitePool((2, 2, 1), strides=1, mode="avg"),
-    lambda: kl.SparseConv(4, 3, rho_up=0.2, activation="relu"),
-], ids=["SiteConv-subm", "SiteConv", "SiteConvTranspose", "SiteInverseConv", "SitePool", "SparseConv"])
+], ids=["SiteConv-subm", "SiteConv", "SiteConvTranspose", "SiteInverseConv", "SitePool"])
 def test_old_layer_configs_round_trip(make):
     layer = make()
     config = keras.saving.serialize_keras_object(layer)
@@ -95,13 +82,9 @@ def test_old_layer_configs_round_trip(make):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_models_saved_with_the_old_names_load_and_compute_the_same():
-    io = np.load(os.path.join(DATA, "old_names_io.npz"))
-    channel = keras.models.load_model(os.path.join(DATA, "old_channel_names.keras"))
-    out = channel(kl.as_keras_inputs(ts.from_dense(io["channel_in"])))
-    np.testing.assert_allclose(out.numpy(), io["channel_out"], rtol=1e-6, atol=1e-7)
-    assert sum(isinstance(layer, kl.DirectSparseConv) for layer in channel.layers) == 2
-    site = keras.models.load_model(os.path.join(DATA, "old_site_names.keras"))
+def test_a_model_saved_with_the_old_names_loads_and_computes_the_same():
+    io = np.load(os.path.join(FIXTURES, "old_names_io.npz"))
+    site = keras.models.load_model(os.path.join(FIXTURES, "old_site_names.keras"))
     x = kl.as_site_keras_inputs(ts.make_site_sparse(io["site_coords"], io["site_features"], (4, 4, 4), 2))
     np.testing.assert_allclose(site(x).numpy(), io["site_out"], rtol=1e-6, atol=1e-7)
     assert [type(layer).__name__ for layer in site.layers if "Site" in type(layer).__name__] == [

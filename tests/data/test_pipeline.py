@@ -13,7 +13,7 @@ from tf_sparseconv.data.pipeline import (Augmentation, augment_point_clouds, ima
 from tf_sparseconv.data.synthetic import make_shapes
 from tf_sparseconv.data.voxelize import voxelize_points
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 @pytest.fixture(scope="module")

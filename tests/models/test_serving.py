@@ -19,7 +19,7 @@ from tf_sparseconv.data import (image_arrays, images_to_channel_sparse, normaliz
                                 voxelize_points)
 from tf_sparseconv.site.conversions import from_channel_sparse
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FEATURE_SETS = [("occupancy",), ("count",), ("occupancy", "normals"), ("offset", "count", "normals")]
 
 
@@ -44,7 +44,8 @@ def boundary_clouds(rng, batch, points, resolution):
     normalisation leaves them exactly as they are."""
     step = 2.0 / resolution
     half = points // 2
-    grid = rng.integers(-resolution // 2, resolution // 2 + 1, (batch, 4 * half, 3)) * step
+    # About a third of the lattice points lie in the unit sphere: draw enough for any seed.
+    grid = rng.integers(-resolution // 2, resolution // 2 + 1, (batch, 16 * half, 3)) * step
     inside = [g[np.sum(g * g, axis=1) <= 1.0][:half - 1] for g in grid]
     clouds = []
     for b, kept in enumerate(inside):

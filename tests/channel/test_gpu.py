@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
                                  reason="no GPU visible to TensorFlow"),
               pytest.mark.usefixtures("strict_placement")]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU, GPU = "/CPU:0", "/GPU:0"
 RTOL = {np.float32: 1e-5, np.float64: 1e-12}
 SHAPES = [pytest.param([2, 9, 3], id="1d"), pytest.param([3, 4, 5, 2], id="2d"),
@@ -470,7 +470,7 @@ def test_gpu_results_are_bit_identical_under_op_determinism():
     script = textwrap.dedent("""
         import numpy as np, tensorflow as tf
         tf.config.experimental.enable_op_determinism()
-        from tests.test_gpu import all_outputs
+        from tests.channel.test_gpu import all_outputs
         for dtype in (np.float32, np.float64):
             first, second = all_outputs(11, dtype), all_outputs(11, dtype)
             for a, b in zip(first, second):

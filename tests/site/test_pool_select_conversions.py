@@ -10,7 +10,7 @@ from tf_sparseconv.site import global_pool, select_sites, site_conv, site_pool
 from tf_sparseconv.site.conversions import (from_channel_sparse, site_from_dense, site_to_dense, to_channel_sparse,
                                             voxelize_sites)
 from tf_sparseconv.site.tensor import SiteSparseTensor, make_site_sparse
-from test_site_conv import random_sites, rows_at, to_grid
+from tests.site.helpers import random_sites, rows_at, to_grid
 
 
 def test_max_pool_matches_dense_max_pool_where_empty_cells_are_minus_infinity(rng):

@@ -10,7 +10,7 @@ import pytest
 import tf_sparseconv as ts
 from tf_sparseconv.data.mnist import image_arrays, images_to_channel_sparse, load_mnist, read_idx
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 def idx_bytes(array, type_code=0x08):

@@ -8,7 +8,7 @@ import pytest
 from tf_sparseconv.data.modelnet import (MODELNET10_CLASSES, load_modelnet_meshes, load_modelnet_npz,
                                          normalize_to_unit_sphere, read_off, sample_surface)
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 CUBE_VERTICES = [(x, y, z) for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)]
 CUBE_QUADS = [(0, 1, 3, 2), (4, 6, 7, 5), (0, 4, 5, 1), (2, 3, 7, 6), (0, 2, 6, 4), (1, 5, 7, 3)]

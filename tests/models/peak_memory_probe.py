@@ -2,7 +2,7 @@
 prints it beside the bounds as JSON. Run in a fresh process with MALLOC_MMAP_THRESHOLD_
 set, so that large buffers are mapped and unmapped and RSS follows live memory.
 
-    python tests/peak_memory_probe.py random|modelnet40 RESOLUTION BATCH POINTS
+    python tests/models/peak_memory_probe.py random|modelnet40 RESOLUTION BATCH POINTS
 """
 import json
 import os
@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_memory_bound import DATA, classifier, peak_bytes_of, random_surfaces  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.models.test_memory_bound import DATA, classifier, peak_bytes_of, random_surfaces  # noqa: E402
 from tf_sparseconv.models.memory_bound import memory_bound  # noqa: E402
 
 

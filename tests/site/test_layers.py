@@ -15,7 +15,7 @@ from tf_sparseconv.models import site_resnet, site_unet
 from tf_sparseconv.site import global_pool, select_sites, site_conv, site_conv_transpose, site_inverse_conv, site_pool
 from tf_sparseconv.site.conversions import voxelize_sites
 from tf_sparseconv.site.tensor import make_site_sparse
-from test_site_conv import random_sites
+from tests.site.helpers import random_sites
 
 SHAPE = (8, 8, 8)
 

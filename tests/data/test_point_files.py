@@ -5,13 +5,14 @@ import pickle
 import numpy as np
 import pytest
 from PIL import Image
-from test_data_mnist import write_idx_folder
-from test_data_modelnet import CUBE_QUADS, CUBE_VERTICES, make_layout, off_text, write
-from test_data_scannet import grid_mesh, write_ply, write_scene
 
 from tf_sparseconv.data import point_files, test_split
 from tf_sparseconv.data.modelnet import load_modelnet_meshes, load_modelnet_npz
 from tf_sparseconv.data.scannet import load_scannet_objects
+
+from tests.data.test_mnist import write_idx_folder
+from tests.data.test_modelnet import CUBE_QUADS, CUBE_VERTICES, make_layout, off_text, write
+from tests.data.test_scannet import grid_mesh, write_ply, write_scene
 
 TETRAHEDRON = ([(0, 0, 0), (2, 0, 0), (0, 2, 0), (0, 0, 2)], [(0, 2, 1), (0, 1, 3), (0, 3, 2), (1, 2, 3)])
 

@@ -14,7 +14,8 @@ import keras
 from tf_sparseconv import keras_layers as kl
 from tf_sparseconv.models.memory_bound import BoundedInference, MemoryBudgetExceeded, largest_batch_within, memory_bound
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "modelnet40_train.npz")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(REPO, "..", "shared", "data", "modelnet40_train.npz")
 
 
 def classifier(resolution=32):
@@ -83,8 +84,7 @@ def test_measured_peak_memory_never_exceeds_the_bound(source):
     # The bound is the CPU kernels': the probe runs with any GPU hidden.
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", TF_CPP_MIN_LOG_LEVEL="3",
                CUDA_VISIBLE_DEVICES="-1",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                           os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peak_memory_probe.py")
     result = subprocess.run([sys.executable, probe, source, "32", "16", "8192"], env=env, capture_output=True,
                             text=True, timeout=600)

@@ -18,13 +18,13 @@ from tf_sparseconv._op_library import ops
 from tf_sparseconv.site import kernel_map, neighbour_table, site_conv, site_conv_transpose, site_inverse_conv
 from tf_sparseconv.site.tensor import make_site_sparse
 
-from tests.site_map_helpers import hand_built
+from tests.site.helpers import hand_built
 
 pytestmark = [pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
                                  reason="no GPU visible to TensorFlow"),
               pytest.mark.usefixtures("strict_placement")]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU, GPU = "/CPU:0", "/GPU:0"
 NO_NEIGHBOURS = tf.zeros([0], tf.int32)  # SiteSparseConv's neighbours input, not given
 BUILDERS = ["hash", "sort"]
@@ -356,7 +356,7 @@ def test_gpu_results_are_bit_identical_under_op_determinism():
         import numpy as np, tensorflow as tf
         tf.config.experimental.enable_op_determinism()
         import os
-        from tests.test_gpu_site import gpu_outputs
+        from tests.site.test_gpu import gpu_outputs
         first, second = gpu_outputs(5), gpu_outputs(5)
         for a, b in zip(first, second):
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))

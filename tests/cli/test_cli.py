@@ -13,9 +13,6 @@ import keras
 import numpy as np
 import pytest
 from PIL import Image
-from test_data_mnist import write_idx_folder
-from test_data_modelnet import CUBE_QUADS, CUBE_VERTICES, off_text, write
-from test_data_scannet import grid_mesh, write_ply
 
 from tf_sparseconv import cli
 from tf_sparseconv.data import SCANNET_CLASSES, load_modelnet_meshes, load_scannet_objects, make_shapes
@@ -23,7 +20,11 @@ from tf_sparseconv.models import image_classifier, octnet3, point_cloud_classifi
 from tf_sparseconv.models.memory_bound import memory_bound
 from tf_sparseconv.training import train
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.data.test_mnist import write_idx_folder
+from tests.data.test_modelnet import CUBE_QUADS, CUBE_VERTICES, off_text, write
+from tests.data.test_scannet import grid_mesh, write_ply
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 POINTS = 128
 TETRAHEDRON = ([(0, 0, 0), (2, 0, 0), (0, 2, 0), (0, 0, 2)], [(0, 2, 1), (0, 1, 3), (0, 3, 2), (1, 2, 3)])
 

@@ -11,26 +11,7 @@ import tensorflow as tf
 from tf_sparseconv.site import (kernel_map, site_conv, site_conv_transpose, site_inverse_conv)
 from tf_sparseconv.site.tensor import make_site_sparse
 
-from tests.site_map_helpers import hand_built
-
-
-def random_sites(rng, batch, shape, density, channels, dtype=np.float32):
-    """Random unique sites (shuffled, so nothing relies on order) and their features."""
-    occupied = rng.random((batch, *shape)) < density
-    coords = np.argwhere(occupied).astype(np.int32)
-    coords = coords[rng.permutation(len(coords))]
-    features = rng.standard_normal((len(coords), channels)).astype(dtype)
-    return coords, features
-
-
-def to_grid(coords, features, batch, shape, fill=0.0):
-    grid = np.full((batch, *shape, features.shape[1]), fill, features.dtype)
-    grid[tuple(coords.T)] = features
-    return grid
-
-
-def rows_at(grid, coords):
-    return grid[tuple(np.asarray(coords).T)]
+from tests.site.helpers import hand_built, random_sites, rows_at, to_grid
 
 
 def numpy_conv(grid, kernel, strides, padding, dilation):
@@ -319,7 +300,7 @@ def test_avx2_products_match_the_portable_path(tmp_path):
     import sys
     if not os.path.exists("/proc/cpuinfo") or not {"avx2", "fma"} <= set(open("/proc/cpuinfo").read().split()):
         pytest.skip("this CPU has no AVX2 and FMA: only the portable path runs")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     outputs = {}
     for name, extra in (("avx2", {}), ("portable", {"TF_SPARSECONV_DISABLE_AVX2": "1"})):
         env = dict(os.environ)
