@@ -4,9 +4,8 @@ and noise.
 
 Anisotropy and occlusion keep it from being trivial (a sphere becomes an ellipsoid, close to
 a capsule; a short cylinder approaches a disc, a flat box a plane patch; a cut cone looks
-like a cut tetrahedron), while the surfaces stay distinct enough at 16^3-32^3 to be learnable:
-with 300 shapes per class, a small dense 3-D CNN on 16^3 occupancy reached 71% validation
-accuracy after 10 epochs (still rising), nearest centroids on global shape statistics ~60%.
+like a cut tetrahedron), while the surfaces stay distinct enough at 16^3-32^3 to be learnable
+(docs/channel.md, "Data", gives baselines).
 Every shape is a pure function of (seed, class, index), so the set is identical on every machine.
 """
 import numpy as np

@@ -5,11 +5,9 @@ between blocks. The first blocks are sparse, each with its density bound rho (th
 paper's rho_x1, rho_x2, rho_x3); then sparseToDense, dense blocks down to 4^d, dropout
 0.5, a 1024-unit layer and the classifier.
 
-Kernels of the ReLU layers start from He initialisation (variance 2 / fan_in) by default.
-With Keras' Glorot default the signal shrinks by about half per ReLU layer; the 15
-convolutions of the 64^3 net then hand the classifier logits with a spread of ~5e-4 and
-Adam (lr 1e-3) stays at the majority class, while He-initialised it trains (measured on
-an H200: 0.75 validation accuracy after 320 steps, against 0.14).
+Kernels of the ReLU layers start from He initialisation (variance 2 / fan_in) by default:
+with Keras' Glorot default the signal shrinks by about half per ReLU layer, and the deep
+nets (64^3: 15 convolutions) do not train (docs/channel.md, "OctNet3").
 """
 import math
 

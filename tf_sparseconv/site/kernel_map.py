@@ -65,9 +65,9 @@ def neighbour_table(kmap, inverse=False, mask_groups=None):
 def wants_tables(dtype, kmap):
     """Whether a convolution of dtype features over kmap (stored under an indice_key,
     so reused) should build its neighbour table: on a GPU, for half and bfloat16, whose
-    output-stationary kernel from a ready table is the faster dataflow there up to 128
-    output channels (H200, README; the op decides per call); never for float (its TF32
-    kernel is faster on pairs). The table is only read with a trusted map.
+    output-stationary kernel then reads a ready table instead of building one per call;
+    never for float, which runs on pairs (docs/gpu-kernels.md: the dataflows and what
+    "auto" picks). The table is only read with a trusted map.
     TF_SPARSECONV_SITE_TABLES=always|never overrides (always: also on the CPU, whose
     kernel checks and ignores it; for tests)."""
     if not kmap.trusted or kmap.volume > 32:

@@ -1,54 +1,18 @@
 """Adaptive density regularisation (Hackel et al. §3.5, Eq. 4).
 
-The penalty lambda * sum((w + b)^2) over a layer's present filter weights pulls the
-weights towards -b. With rho the layer's measured density and rho_up its bound:
+The penalty lambda * sum((w + b)^2) over a layer's present filter weights (and, with
+include_bias, its biases: §3.5 lowers "the values of filter weights and biases") pulls
+them towards -b, where b compares the layer's density rho with its bound rho_up:
     b = o + b1 * (rho - rho_up)    if rho > rho_up   (too dense: lower the weights, so
                                                        the following ReLU drops more)
     b = -b2 * (rho_up - rho)       otherwise          (resources unused: raise them)
+rho is measured by DirectSparseConv in the same training step, before k-selection: after
+it, rho could never exceed rho_up and b would never carry the offset o.
 
-rho is measured by DirectSparseConv in the same training step, before k-selection (the ReLU's
-survivors over all cells of the batch): measured after it, rho could never exceed rho_up
-and b would never carry the offset o.
-
-Reduction. The paper writes the penalty as a sum and gives lambda in {0.1, 0.2, 0.3} with
-o = b1 = b2 = 0.1, but states neither how the sum is normalised nor the weights' scale.
-`reduction` chooses what the squares are summed over, i.e. the per-weight gradient
-2 lambda (w + b) / divisor:
-    "sum"    (default; the issue's lambda * sum) divisor 1: lambda acts like a weight decay
-             of 2 lambda = 0.6 towards -b. Against a cross-entropy gradient of 1e-2..1e-1
-             per conv weight (OctNet3 16^3, batch 32) it dominates every weight: with
-             lambda >= 0.1 all weights of a layer go to -b ~ -0.1..-0.15, larger than
-             their Glorot scale, and since the layers' inputs are ReLU outputs (>= 0) every
-             response dies; ModelNet40 16^3 fell to chance (0.091) with Adam and Adagrad.
-    "filter" divisor Cout: the sum over each output channel's filter (the weights that
-             produce one channel, the unit k-selection bounds per batch element),
-             averaged over the layer's filters, so lambda does not grow with the layer's
-             width. Per-weight strength 2 lambda / Cout (0.075 and 0.0375 for OctNet3's 8
-             and 16 channels at lambda 0.3), the same order as the data gradient: the
-             regulariser moves the density towards rho_up and prunes without destroying
-             accuracy. experiments/pruning.py uses this.
-    "mean"   divisor = the layer's present weights (fan-in * Cout, 216..6912 in OctNet3
-             16^3): lambda <= 0.3 is then 100-1000x weaker than the data gradient and
-             hardly moves the density (the measured rho stayed 2-4x above rho_up after 3
-             epochs, as without regularisation); use lambda of order the weight count.
-All three have the same minimiser for a layer on its own (every weight at -b); they differ
-only in how strongly that pull competes with the data loss.
-
-Terms. §3.5 encourages sparsity "by lowering the values (not magnitudes) of filter weights
-and biases", so by default (include_bias=True) each of the layer's biases is pulled towards
--b like a present weight, one more term of its filter's sum. include_bias=False pulls the
-weights only (what this project did until 2026-11-24; the Fig. 6 runs of that date are
-marked lam_terms "weights" in experiments/results/).
-
-Density. The paper compares "the density" with "the upper bound implied by the k-selection
-filter"; k-selection bounds every (example, channel) on its own. density="layer" (default)
-takes rho over all of the layer's output channels, one b for the whole layer; "channel"
-takes each output channel's own rho (its survivors over the batch's cells) and pulls that
-channel's filter and bias with its own b. Under "layer" a layer with two channels cut to k
-and six dead reads as under its bound and every filter is pulled up by the same small b;
-under "channel" the cut channels are pulled down and the dead ones up. Measured (ModelNet40
-16^3, lambda 0.3, epsilon 0.03, 60 epochs): "channel" left one live channel per layer of
-the first block, not more, and was faster and less accurate than "layer".
+The paper leaves open how the sum is normalised and which density is meant; `reduction`
+("sum", "filter", "mean": the divisor 1, Cout or the number of terms) and `density`
+("layer", or "channel": each output channel's own rho and b) are those choices. What each
+does to training, with the measurements: docs/channel.md, "Eq. 4's choices".
 """
 import keras
 import tensorflow as tf
@@ -59,6 +23,9 @@ DENSITIES = ("layer", "channel")
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
 class DensityRegularizer:
+    """Eq. 4 for one layer: scale is lambda, o, b1 and b2 are Eq. 4's; reduction,
+    include_bias and density are the choices of the module docstring."""
+
     def __init__(self, scale=0.1, o=0.1, b1=0.1, b2=0.1, reduction="sum", include_bias=True, density="layer"):
         for name, value in (("scale", scale), ("o", o), ("b1", b1), ("b2", b2)):
             if not value >= 0:
