@@ -1,5 +1,10 @@
 """Loads the compiled op library, refusing a TensorFlow it was not built against.
 
+The ops are registered under the namespace "TfSparseconv>" (e.g. TfSparseconv>SiteSparseConv,
+the name graphs and SavedModels show); `ops` offers their Python wrappers without the
+namespace's prefix (ops.site_sparse_conv), and OP_NAMESPACE + "SiteSparseConv" is the name
+to give tf.RegisterGradient.
+
 A library built against another TensorFlow version or C++ ABI fails with undefined
 symbols or, worse, loads and corrupts memory; both are turned into an ImportError that
 says what to rebuild.
@@ -44,4 +49,18 @@ def load():
                           f"{e.message.splitlines()[0]}. {_REBUILD}") from None
 
 
-ops = load()
+OP_NAMESPACE = "TfSparseconv>"
+_WRAPPER_PREFIX = "tf_sparseconv_"  # TensorFlow's Python name of the namespace
+
+
+class _Ops:
+    """The library's op wrappers, named without the namespace's prefix."""
+
+    def __init__(self, library):
+        for name in dir(library):
+            if not name.startswith("_"):
+                setattr(self, name[len(_WRAPPER_PREFIX):] if name.startswith(_WRAPPER_PREFIX) else name,
+                        getattr(library, name))
+
+
+ops = _Ops(load())
