@@ -5,7 +5,7 @@
 #   test       runs the whole test suite with the GPU visible (every op then runs on the GPU)
 #   memcheck   tests/channel/test_gpu.py under compute-sanitizer --tool memcheck
 #   racecheck  tests/channel/test_gpu.py under compute-sanitizer --tool racecheck
-# Usage: scripts/gpu_check.sh [STAGE...]   (default: all four, in that order)
+# Usage: dev/gpu_check.sh [STAGE...]   (default: all four, in that order)
 # SANITIZER_PYTEST_ARGS: pytest options for the sanitized run (default: "-x -q"; split on
 # spaces); SANITIZER_K: a -k expression, passed as one argument (e.g. "not large"; racecheck's
 # default: "not numerical_jacobian").

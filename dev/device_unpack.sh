@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the lent GPU, in the last call of a lease (see scripts/device_parts.sh): joins the
+# On the lent GPU, in the last call of a lease (see dev/device_parts.sh): joins the
 # pieces copied to /tmp/blob by the earlier calls and the one carried now, unpacks
 # TensorFlow-GPU (then `. /tmp/tfgpu.env`), spconv where it was packed (`. /tmp/peers.env`),
 # puts the packed op library into tf_sparseconv/ and the LiDAR frame into .devdata/.

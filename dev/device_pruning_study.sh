@@ -2,9 +2,9 @@
 # Fig. 6 studies on the lent GPU (experiments/README.md). A study outlives one device call
 # (10 minutes), so it runs in its own process session, which lives on between calls while
 # the machine is held:
-#   bash scripts/device_pruning_study.sh start     # last call of a lease (scripts/device_parts.sh,
+#   bash dev/device_pruning_study.sh start     # last call of a lease (dev/device_parts.sh,
 #                                                  # with DEVPARTS_DATA=modelnet40_train.npz)
-#   bash scripts/device_pruning_study.sh collect   # repeat until it lists the results in $OUT
+#   bash dev/device_pruning_study.sh collect   # repeat until it lists the results in $OUT
 # start unpacks TensorFlow-GPU, copies this checkout to /tmp/repo and starts every study,
 # each training its configurations side by side on the GPU (all studies share it);
 # collect waits for them, then re-times each study's saved models on 4 of the host's cores
@@ -46,7 +46,7 @@ names() { tr ';' '\n' <<< "$STUDIES" | sed 's/:.*//'; }
 options() { tr ';' '\n' <<< "$STUDIES" | grep "^$1:" | sed 's/^[^:]*://'; }
 case "${1:-}" in
   start)
-    bash scripts/device_unpack.sh > /tmp/unpack.log 2>&1 || { tail -30 /tmp/unpack.log; exit 1; }
+    bash dev/device_unpack.sh > /tmp/unpack.log 2>&1 || { tail -30 /tmp/unpack.log; exit 1; }
     . /tmp/tfgpu.env
     rm -rf /tmp/repo /tmp/retime.started && cp -a . /tmp/repo && cd /tmp/repo
     for name in $(names); do

@@ -11,7 +11,7 @@
 # Then, in one lease, back to back: for k = 1 .. N-1, `run` with
 #   command: mkdir -p /tmp/blob && cp .devparts/ck/* /tmp/blob/     carry: [".devparts/ck"]
 # and last, carrying .devparts/cN:
-#   command: bash scripts/device_unpack.sh && . /tmp/tfgpu.env && ...
+#   command: bash dev/device_unpack.sh && . /tmp/tfgpu.env && ...
 # (device_unpack.sh sources neither env file itself; add `. /tmp/peers.env` where spconv is used.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
