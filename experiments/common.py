@@ -1,5 +1,10 @@
 """Shared by the experiment scripts: run one training configuration in its own process
-(so its peak memory is its own), and write JSON results and plots."""
+(so its peak memory is its own), and write JSON results and plots.
+
+A results file is a JSON list of rows written one row per line, so that a rerun's diff
+shows the rows it changed; experiments/summarize.py renders experiments/README.md from them.
+"""
+import fcntl
 import json
 import os
 import subprocess
@@ -85,13 +90,46 @@ def read_json(filename):
         return json.load(f)
 
 
+def dumps_rows(rows):
+    """A JSON list with one row per line."""
+    return "[\n" + ",\n".join(json.dumps(row, separators=(",", ":")) for row in rows) + "\n]\n"
+
+
 def write_json(filename, rows):
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, filename)
     with open(path, "w") as f:
-        json.dump(rows, f, indent=1)
+        f.write(dumps_rows(rows))
     print(f"wrote {path}")
     return path
+
+
+def replace_rows(filename, rows, replaced, order=None):
+    """Writes rows into a results file in place of its rows for which replaced(row) holds,
+    keeping the others (e.g. the other seeds of one figure), sorted by order where given.
+    The file is locked meanwhile, so studies that share it may finish at the same time.
+    Returns all rows of the file."""
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, filename)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        text = f.read()
+        rows = [row for row in (json.loads(text) if text.strip() else []) if not replaced(row)] + list(rows)
+        if order:
+            rows.sort(key=order)
+        f.seek(0)
+        f.truncate()
+        f.write(dumps_rows(rows))
+    print(f"wrote {path}")
+    return rows
+
+
+def refuse_to_overwrite(parser, filename, replace, replaced=lambda row: True):
+    """Stops before any training where the results file already holds rows this run would
+    replace (those for which replaced(row) holds), unless --replace was given."""
+    if not replace and any(replaced(row) for row in read_json(filename)):
+        parser.error(f"experiments/results/{filename} already holds these results; give --replace to overwrite them")
 
 
 def save_figure(figure, filename):

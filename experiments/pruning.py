@@ -1,8 +1,14 @@
 """Adaptive density regularisation and warning-shot pruning (Hackel et al. §4.3, Fig. 6):
 present weights, time per epoch and accuracy over epochs for several lambda. Writes
-experiments/results/pruning.json and pruning.png.
+experiments/results/<--results-name>.json (default pruning) and its .png figure.
 
     python experiments/pruning.py --resolution 16 --max-examples 3000 --epochs 8
+
+The results file holds one row per run and epoch, tagged with --seed; the last epoch's row
+of each run also carries its sparse convolutions after training (`layers`: present weights
+and output density against the bound). A study repeated with another --seed adds its rows to
+the same file (one figure, a row of panels per seed); rows of the same seed are replaced only
+with --replace.
 
 Each lambda trains in its own process (lambda = 0: neither regularisation nor pruning, the
 baseline of Fig. 6). The Eq. 4 penalty uses --reduction (default "filter": lambda times the
@@ -31,7 +37,6 @@ than the one that trained them:
         --retime-max-examples 3000 --retime-repeats 2                         # on the CPU
 """
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -42,7 +47,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common import REPO, RESULTS, run_training, run_trainings_at_once, save_figure, write_json  # noqa: E402
+from common import (REPO, read_json, refuse_to_overwrite, replace_rows, run_training,  # noqa: E402
+                    run_trainings_at_once, save_figure)
 
 if REPO not in sys.path:  # tf_sparseconv from this checkout, as the training processes use it
     sys.path.insert(0, REPO)
@@ -141,7 +147,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-examples", type=int, default=0)
     p.add_argument("--val-fraction", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="data split, initialisation and shuffling; the file keeps each seed's rows")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--parallel", action="store_true",
                    help="train the lambdas as concurrent processes (on a GPU they share it; their training-log "
@@ -158,27 +165,40 @@ def main():
                    help="keep each lambda's results.json and models here (default: a temporary folder)")
     p.add_argument("--results-name", default="pruning",
                    help="write experiments/results/<name>.json and .png (a second study beside the main one)")
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite the rows of this --seed where the results file already holds some")
     p.add_argument("--retime-only", action="store_true",
-                   help="only re-time the models of an earlier run (its --work-dir and the same data options) "
-                        "and update experiments/results/pruning.json")
+                   help="only re-time the models of an earlier run (its --work-dir, --seed and the same data "
+                        "options) and update its rows of experiments/results/<--results-name>.json")
     args = p.parse_args()
     rhos = args.rho or ([0.12, 0.24] if args.resolution == 16 else None)
+    filename = f"{args.results_name}.json"
     if args.retime_only:
         if not args.work_dir:
             p.error("--retime-only needs the --work-dir of an earlier run")
-        with open(os.path.join(RESULTS, f"{args.results_name}.json")) as f:
-            rows = json.load(f)
+        rows = seeds_of(read_json(filename)).get(args.seed)
+        if not rows:
+            p.error(f"experiments/results/{filename} holds no rows of seed {args.seed}")
         for row in rows:  # files written before runs were named: one run per lambda
             row.setdefault("run", f"pruning_{row['lambda']}")
         add_retiming(rows, args.work_dir, args)
-    elif args.work_dir:
-        os.makedirs(args.work_dir, exist_ok=True)
-        rows = train_all(args, rhos, args.work_dir)
     else:
-        with tempfile.TemporaryDirectory() as work:
-            rows = train_all(args, rhos, work)
+        refuse_to_overwrite(p, filename, args.replace, lambda row: row.get("seed", 0) == args.seed)
+        if args.work_dir:
+            os.makedirs(args.work_dir, exist_ok=True)
+            train_all(args, rhos, args.work_dir)
+        else:
+            with tempfile.TemporaryDirectory() as work:
+                train_all(args, rhos, work)
+    rows = read_json(filename)
     plot(rows, args.results_name)
     summary(rows)
+
+
+def save_rows(rows, args):
+    """Puts rows (of args.seed) into the results file in place of that seed's rows, keeping the other seeds."""
+    return replace_rows(f"{args.results_name}.json", rows, lambda row: row.get("seed", 0) == args.seed,
+                        order=lambda row: row.get("seed", 0))
 
 
 def model_path(work, run, epoch, last=False):
@@ -212,11 +232,21 @@ def configurations(args):
 
 
 def runs_of(rows):
-    """The runs of pruning.json in (lambda, threshold, terms, fine-tuning) order, each [its rows by epoch]."""
-    names = sorted({row["run"] for row in rows}, key=lambda n: next(
-        (r["lambda"], r["prune_eps"], r.get("lam_terms") or "", r.get("finetune_epochs") or 0)
-        for r in rows if r["run"] == n))
-    return [[row for row in rows if row["run"] == name] for name in names]
+    """The runs of a results file in (seed, lambda, threshold, terms, fine-tuning) order, each [its rows by epoch]."""
+    def run(row):
+        return row.get("seed", 0), row["run"]
+    names = sorted({run(row) for row in rows}, key=lambda n: next(
+        (n[0], r["lambda"], r["prune_eps"], r.get("lam_terms") or "", r.get("finetune_epochs") or 0)
+        for r in rows if run(r) == n))
+    return [[row for row in rows if run(row) == name] for name in names]
+
+
+def seeds_of(rows):
+    """{seed: its rows} of a results file, seeds in order (rows that name none: seed 0)."""
+    seeds = {}
+    for row in rows:
+        seeds.setdefault(row.get("seed", 0), []).append(row)
+    return dict(sorted(seeds.items()))
 
 
 def variant_note(row):
@@ -257,19 +287,21 @@ def train_all(args, rhos, work):
     for name, res in results.items():
         present = [entry["present_weights"] for entry in res["pruning"]] or [res["present_weights"]] * args.epochs
         for epoch in range(args.epochs):
-            rows.append({"run": name, "lambda": res["lambda"],
+            rows.append({"run": name, "seed": args.seed, "lambda": res["lambda"],
                          "lam_terms": res.get("lam_terms") if res["lambda"] > 0 else None,
                          "finetune_epochs": res.get("finetune_epochs", 0),
                          "lam_density": res.get("lam_density") if res["lambda"] > 0 else None,
                          "epoch": epoch + 1, "present_weights": present[epoch],
                          "sec_per_epoch": res["sec_per_epoch"][epoch],
                          "val_accuracy": res["history"]["val_accuracy"][epoch],
+                         "train_accuracy": res["history"]["accuracy"][epoch],
                          "resolution": res["resolution"], "rhos": res["rhos"], "reduction": args.reduction,
                          "prune_eps": res["prune_eps"], "optimizer": args.optimizer, "lr": args.lr,
                          "lr_schedule": args.lr_schedule, "device": res["device"], "parallel": args.parallel,
                          "train_examples": len(train_idx), "val_examples": len(val_idx),
                          "snapshot": epoch + 1 in args.snapshot_epochs or epoch + 1 == args.epochs})
-    write_json(f"{args.results_name}.json", rows)
+        rows[-1]["layers"] = res["layers"]  # each sparse convolution after the last epoch
+    save_rows(rows, args)
     if args.retime_repeats > 0:
         add_retiming(rows, work, args)
     return rows
@@ -299,7 +331,7 @@ def add_retiming(rows, work, args):
                  "cpu_sec_per_epoch": min(cpu for _, cpu in runs), "cpu_sec_runs": [cpu for _, cpu in runs]}
         row["retimed"] = [e for e in row.get("retimed", [])
                           if (e["device"], e["train_examples"]) != (device, train_examples)] + [entry]
-    write_json(f"{args.results_name}.json", rows)
+    save_rows(rows, args)
 
 
 def retimed_devices(rows):
@@ -313,7 +345,22 @@ def retimed_series(run, device):
 
 
 def plot(rows, name="pruning"):
-    figure, axes = plt.subplots(1, 3, figsize=(13, 4))
+    """The figure of a results file: present weights, seconds and accuracy per epoch, one row
+    of panels per seed."""
+    seeds = seeds_of(rows)
+    figure, grid = plt.subplots(len(seeds), 3, figsize=(13, 4 * len(seeds)), squeeze=False)
+    for axes, (seed, seed_rows) in zip(grid, seeds.items()):
+        plot_seed(axes, seed_rows)
+        if len(seeds) > 1:
+            axes[0].set_title(f"seed {seed}")
+    first = rows[0]
+    figure.suptitle(f"Regularisation ({first['reduction']} reduction) and pruning, ModelNet40 {first['resolution']}³, "
+                    f"bounds {first['rhos']}, {first['train_examples']} training shapes, trained on "
+                    f"{first.get('device', 'CPU')}")
+    save_figure(figure, f"{name}.png")
+
+
+def plot_seed(axes, rows):
     devices = retimed_devices(rows)
     for run in runs_of(rows):
         epochs = [row["epoch"] for row in run]
@@ -330,19 +377,16 @@ def plot(rows, name="pruning"):
         shapes = next(e["train_examples"] for r in rows for e in r.get("retimed", []) if e["device"] == devices[0])
         axes[1].set_title(f"★ models re-timed on {devices[0]}, {shapes} training shapes (least of interleaved repeats)",
                           fontsize=8)
-    first = rows[0]
-    figure.suptitle(f"Regularisation ({first['reduction']} reduction) and pruning, ModelNet40 {first['resolution']}³, "
-                    f"bounds {first['rhos']}, {first['train_examples']} training shapes, trained on "
-                    f"{first.get('device', 'CPU')}")
-    save_figure(figure, f"{name}.png")
 
 
 def summary(rows):
     devices = retimed_devices(rows)
+    several = len(seeds_of(rows)) > 1
     print(f"{'run':<26}{'present weights':>16}{'val. accuracy':>15}  re-timed s/epoch at epochs")
     for run in runs_of(rows):
         last = run[-1]
-        print(f"{label(last):<26}{last['present_weights']:>16}{last['val_accuracy']:>15.3f}  " + "; ".join(
+        name = (f"seed {last.get('seed', 0)}: " if several else "") + label(last)
+        print(f"{name:<26}{last['present_weights']:>16}{last['val_accuracy']:>15.3f}  " + "; ".join(
             f"{device}: " + ", ".join(f"{e}: {entry['sec_per_epoch']:.1f}" for e, entry in retimed_series(run, device))
             for device in devices))
 

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common import run_training, save_figure, write_json  # noqa: E402
+from common import refuse_to_overwrite, run_training, save_figure, write_json  # noqa: E402
 
 
 def main():
@@ -22,7 +22,9 @@ def main():
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-examples", type=int, default=0)
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--replace", action="store_true", help="overwrite experiments/results/selection.json")
     args = p.parse_args()
+    refuse_to_overwrite(p, "selection.json", args.replace)
     rows, curves = [], {}
     with tempfile.TemporaryDirectory() as work:
         for mode in ("signed", "abs"):

@@ -2,7 +2,8 @@
 
     python experiments/summarize.py
 
-Reads experiments/results/{modelnet40,mnist,pruning,selection}.json (whichever exist).
+Reads experiments/results/{modelnet40,mnist,pruning,selection}.json and the further Fig. 6
+studies (pruning_*.json; whichever exist).
 """
 import json
 import os
@@ -168,42 +169,41 @@ def pruning_table(rows):
     return lines, met
 
 
-# Further Fig. 6 studies beside pruning.json: (results file, what it varies), in the order shown.
+# Further Fig. 6 studies beside pruning.json: (results file, seed, what it varies), in the order shown.
 PRUNING_STUDIES = (
-    ("pruning_thresholds.json", "The same study again with smaller pruning thresholds for λ = 0.3, with its own λ = 0 "
+    ("pruning_thresholds.json", 0, "The same study again with smaller pruning thresholds for λ = 0.3, with its own λ = 0 "
      "baseline (the two λ = 0 runs differ only by the GPU's non-deterministic summation order, which shows the "
      "run-to-run spread)"),
-    ("pruning_biases.json", "With Eq. 4 on the filter weights **and the biases** (§3.5 lowers or raises \"the values "
+    ("pruning_biases.json", 0, "With Eq. 4 on the filter weights **and the biases** (§3.5 lowers or raises \"the values "
      "of filter weights and biases\"; the two studies above pulled the weights only), every λ with ε = 0.01 and "
      "0.03, seven runs side by side, re-timed after the last epoch only"),
-    ("pruning_long.json", "Over **60 epochs** (the cosine schedule over 60; the paper trained 90), Eq. 4 on weights "
+    ("pruning_long.json", 0, "Over **60 epochs** (the cosine schedule over 60; the paper trained 90), Eq. 4 on weights "
      "and biases, λ = 0 and 0.3 with ε = 0.01 and 0.03"),
-    ("pruning_90.json", "Over **90 epochs**, as the paper (cosine schedule over 90), Eq. 4 on weights and biases, "
+    ("pruning_90.json", 0, "Over **90 epochs**, as the paper (cosine schedule over 90), Eq. 4 on weights and biases, "
      "λ = 0 and 0.3 with ε = 0.01"),
-    ("pruning_finetune.json", "Over 60 epochs with a **fine-tuning phase**: λ = 0.3, ε = 0.03, the last 15 or 30 "
+    ("pruning_finetune.json", 0, "Over 60 epochs with a **fine-tuning phase**: λ = 0.3, ε = 0.03, the last 15 or 30 "
      "epochs without Eq. 4 and pruning (`train.py --finetune-epochs`), so the pruned structure is fixed and the "
      "remaining weights train on the data loss alone"),
-    ("pruning_finetune_seed1.json", "The same with 15 fine-tuning epochs, **seed 1** (another validation split, "
+    ("pruning_finetune.json", 1, "The same with 15 fine-tuning epochs, **seed 1** (another validation split, "
      "initialisation and shuffling; its own λ = 0)"),
-    ("pruning_finetune_seed2.json", "And **seed 2**"),
-    ("pruning_channel.json", "Over 60 epochs with Eq. 4's density taken **per output channel** (`train.py "
+    ("pruning_finetune.json", 2, "And **seed 2**"),
+    ("pruning_channel.json", 0, "Over 60 epochs with Eq. 4's density taken **per output channel** (`train.py "
      "--lam-density channel`: each filter pulled by its own channel's b, since k-selection bounds every channel on "
      "its own), λ = 0.3, ε = 0.03, with and without 15 fine-tuning epochs"),
-    ("pruning_32.json", "At **32³**: OctNet3-32³ with its Table 4 bounds ρ = [0.14, 0.33, 0.66] (three sparse "
+    ("pruning_32.json", 0, "At **32³**: OctNet3-32³ with its Table 4 bounds ρ = [0.14, 0.33, 0.66] (three sparse "
      "blocks, nine sparse convolutions), all 8858 training shapes and the 985 validation shapes, adam lr 0.001 "
      "(cosine) over 40 epochs, λ = 0 against λ = 0.3, ε = 0.03, Eq. 4 on weights and biases (`filter` reduction), "
      "the last 10 epochs fine-tuned; re-timed on the GPU with all shapes and on 4 host cores with 898 of them; "
      "seed 0"),
-    ("pruning_32_seed1.json", "The same at 32³, **seed 1**"),
-    ("pruning_32_seed2.json", "And at 32³, **seed 2**"),
+    ("pruning_32.json", 1, "The same at 32³, **seed 1**"),
+    ("pruning_32.json", 2, "And at 32³, **seed 2**"),
 )
 
-# The studies repeated over seeds, pooled for the verdict: (what they are, results files, the
+# The studies repeated over seeds, pooled for the verdict: (what they are, results file, the
 # fine-tuning epochs of their lambda = 0.3 run).
 SEED_GROUPS = (
-    ("16³, 60 epochs, last 15 fine-tuned", ("pruning_finetune.json", "pruning_finetune_seed1.json",
-                                            "pruning_finetune_seed2.json"), 15),
-    ("32³, 40 epochs, last 10 fine-tuned", ("pruning_32.json", "pruning_32_seed1.json", "pruning_32_seed2.json"), 10),
+    ("16³, 60 epochs, last 15 fine-tuned", "pruning_finetune.json", 15),
+    ("32³, 40 epochs, last 10 fine-tuned", "pruning_32.json", 10),
 )
 
 
@@ -266,22 +266,16 @@ def pooled_seed_line(title, seeds, finetune):
             + ("**goal met**." if met else "goal not met.")), met
 
 
-def layer_table(study, runs):
+def layer_table(runs):
     """Present weights and output density of each sparse convolution after the last epoch,
-    from the runs' own results.json kept under results/pruning_runs/ (where kept)."""
-    found = {}
-    for run in runs:
-        path = os.path.join(HERE, "results", "pruning_runs", f"{study}_{run[0]['run']}.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                found[run[0]["run"]] = (run[-1], json.load(f)["layers"])
+    from the `layers` of the runs' last rows (where recorded)."""
+    found = [(run[-1], run[-1]["layers"]) for run in runs if run[-1].get("layers")]
     if not found:
         return []
-    names = [layer["layer"] for layer in next(iter(found.values()))[1]]
-    lines = ["", "Each sparse convolution after the last epoch, present weights / all (output density; bound ρ_up), "
-             f"from `results/pruning_runs/{study}_*.json`:", "",
+    names = [layer["layer"] for layer in found[0][1]]
+    lines = ["", "Each sparse convolution after the last epoch, present weights / all (output density; bound ρ_up):", "",
              "| λ | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for last, layers in found.values():
+    for last, layers in found:
         lines.append(f"| {run_label(last)} | " + " | ".join(
             f"{layer['present_weights']}/{layer['weights']} ({layer['density']:.3f}; {layer['rho_up']})"
             for layer in layers) + " |")
@@ -289,7 +283,7 @@ def layer_table(study, runs):
 
 
 def pruning_section(rows, studies=(), earlier=None):
-    """pruning.json's study, then the further studies [(filename, rows, what it varies)]."""
+    """pruning.json's study, then the further studies [(filename, seed, rows, what it varies)]."""
     first = rows[0]
     lines = ["## Adaptive density regularisation and warning-shot pruning (Fig. 6)", "",
              f"ModelNet40 {first['resolution']}³, OctNet3 with bounds ρ = {first['rhos']}, all {first['train_examples']} "
@@ -304,14 +298,14 @@ def pruning_section(rows, studies=(), earlier=None):
              "(a stratified subset; the CPU is where the op's cost follows density); least of the repeats.", ""]
     table, met = pruning_table(rows)
     lines += table
-    for filename, study, text in studies:
-        lines += ["", f"{text} (`experiments/results/{filename}`):", ""]
+    for filename, seed, study, text in studies:
+        lines += ["", f"{text} (`experiments/results/{filename}`" + (f", seed {seed}" if seed else "") + "):", ""]
         more, met_more = pruning_table(study)
-        lines += more + layer_table(filename[:-5], pruning.runs_of(study))
+        lines += more + layer_table(pruning.runs_of(study))
         met += met_more
-    found = {name: study for name, study, _ in studies}
-    pooled = [pooled_seed_line(title, [pruning.runs_of(found[name]) for name in names if name in found], finetune)[0]
-              for title, names, finetune in SEED_GROUPS]
+    pooled = [pooled_seed_line(title, [pruning.runs_of(study) for name, _, study, _ in studies if name == filename],
+                               finetune)[0]
+              for title, filename, finetune in SEED_GROUPS]
     lines += ["", f"Goal (λ = 0.3 at least 60% faster per epoch than λ = 0 at equal accuracy): {sum(met)} of "
               f"{len(met)} λ = 0.3 runs above are at least 60% faster per CPU epoch (wall time) with an accuracy "
               f"within two standard errors of their own λ = 0."]
@@ -348,10 +342,13 @@ def main():
     for filename, render in sections:
         rows = load(filename)
         if rows and filename == "pruning.json":
-            studies = [(name, load(name), text) for name, text in PRUNING_STUDIES if load(name)]
+            seeds = {name: pruning.seeds_of(load(name) or []) for name, _, _ in PRUNING_STUDIES}
+            studies = [(name, seed, seeds[name][seed], text) for name, seed, text in PRUNING_STUDIES
+                       if seed in seeds[name]]
             lines += render(rows, studies, load("pruning_cpu_subset.json"))
             lines += ["", "![pruning](results/pruning.png)", "", "Data: `results/pruning.json`.", ""]
-            lines += [f"![{name[:-5]}](results/{name[:-5]}.png)" for name, _, _ in studies] + [""]
+            lines += [f"![{name[:-5]}](results/{name[:-5]}.png)" for name in dict.fromkeys(name for name, *_ in studies)]
+            lines += [""]
         elif rows:
             lines += render(rows) + ["", f"![{filename[:-5]}](results/{filename[:-5]}.png)", "",
                                      f"Data: `results/{filename}`.", ""]

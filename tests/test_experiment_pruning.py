@@ -1,5 +1,7 @@
 """The Fig. 6 study's bookkeeping (experiments/pruning.py, experiments/summarize.py): run
-naming per (lambda, threshold), and the comparison against lambda = 0 it reports."""
+naming per (lambda, threshold), the comparison against lambda = 0 it reports, and its results
+files (the seeds of one figure in one file, one row per line, not overwritten unasked)."""
+import argparse
 import json
 import os
 import sys
@@ -9,6 +11,7 @@ import pytest
 
 EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
 sys.path.insert(0, EXPERIMENTS)
+import common  # noqa: E402
 import pruning  # noqa: E402
 import summarize  # noqa: E402
 
@@ -69,18 +72,45 @@ def test_the_goal_needs_60_percent_less_time_and_accuracy_within_two_standard_er
     assert any(f"{saving:.0%} less time per epoch on CPU (4 cores)" in line for line in lines), lines
 
 
-def test_layer_table_reads_each_runs_own_results(tmp_path, monkeypatch):
-    kept = tmp_path / "results" / "pruning_runs"
-    kept.mkdir(parents=True)
+def test_layer_table_reads_the_layers_of_each_runs_last_row():
     layers = [{"layer": "sparse_conv1_1", "rho_up": 0.12, "density": 0.0581, "present_weights": 58, "weights": 216}]
-    (kept / "study_pruning_0.3.json").write_text(json.dumps({"layers": layers}))
-    monkeypatch.setattr(summarize, "HERE", str(tmp_path))
-    rows = rows_of("pruning_0.3", 0.3, 0.01, 0.8, 4.0) + rows_of("pruning_0.0", 0.0, 0.0, 0.81, 10.0)
-    lines = summarize.layer_table("study", pruning.runs_of(rows))
+    pruned, base = rows_of("pruning_0.3", 0.3, 0.01, 0.8, 4.0), rows_of("pruning_0.0", 0.0, 0.0, 0.81, 10.0)
+    pruned[-1]["layers"] = layers
+    lines = summarize.layer_table(pruning.runs_of(pruned + base))
     assert "| λ | sparse_conv1_1 |" in lines
-    assert "| 0.3 (ε = 0.01) | 58/216 (0.058; 0.12) |" in lines  # the baseline kept no file: no row
+    assert "| 0.3 (ε = 0.01) | 58/216 (0.058; 0.12) |" in lines  # the baseline recorded none: no row
     assert not any(line.startswith("| 0.0") for line in lines)
-    assert summarize.layer_table("other", pruning.runs_of(rows)) == []
+    assert summarize.layer_table(pruning.runs_of(base)) == []
+
+
+def test_runs_of_keeps_the_seeds_of_one_file_apart():
+    rows = [dict(row, seed=seed) for seed in (1, 0) for row in rows_of("pruning_0.3", 0.3, 0.01, 0.8, 4.0)]
+    assert [(run[0]["seed"], len(run)) for run in pruning.runs_of(rows)] == [(0, 2), (1, 2)]
+    assert list(pruning.seeds_of(rows)) == [0, 1]
+    assert list(pruning.seeds_of(rows_of("pruning_0.0", 0.0, 0.0, 0.81, 10.0))) == [0]  # rows naming none
+
+
+def test_a_seed_replaces_only_its_own_rows_one_row_per_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", str(tmp_path))
+    args = types.SimpleNamespace(results_name="study", seed=1)
+    old = [dict(row, seed=seed) for seed in (0, 1, 2) for row in rows_of("pruning_0.0", 0.0, 0.0, 0.81, 10.0)]
+    common.write_json("study.json", old)
+    new = [dict(row, seed=1) for row in rows_of("pruning_0.3", 0.3, 0.01, 0.8, 4.0)]
+    rows = pruning.save_rows(new, args)
+    assert rows == old[:2] + new + old[4:]
+    text = (tmp_path / "study.json").read_text()
+    assert json.loads(text) == rows and len(text.splitlines()) == len(rows) + 2
+
+
+def test_a_run_that_would_replace_results_needs_replace(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", str(tmp_path))
+    common.write_json("study.json", [{"seed": 0}])
+    parser = argparse.ArgumentParser()
+    common.refuse_to_overwrite(parser, "study.json", False, lambda row: row["seed"] == 1)  # another seed: goes on
+    common.refuse_to_overwrite(parser, "study.json", True, lambda row: row["seed"] == 0)
+    common.refuse_to_overwrite(parser, "absent.json", False)
+    with pytest.raises(SystemExit):
+        common.refuse_to_overwrite(parser, "study.json", False, lambda row: row["seed"] == 0)
 
 
 @pytest.mark.parametrize("accuracy,seconds,met", [(0.80, [3.8, 4.2, 3.4], True), (0.80, [4.2, 4.2, 3.8], False),

@@ -3,10 +3,10 @@ are removed (git history keeps them), so a reader can trust that what is there i
 
 A file counts as cited where docs/*.md, README.md or experiments/README.md name it by its
 path from the repository root (benchmarks/results/x.jsonl) or from its results folder's
-parent (results/x.png, as experiments/README.md links its figures); a file in a subfolder of
-a results folder (experiments/results/pruning_runs/) may be cited by naming that folder.
+parent (results/x.png, as experiments/README.md links its figures).
 """
 import glob
+import json
 import os
 
 import pytest
@@ -34,11 +34,7 @@ def result_files():
 
 def citations(folder, inside):
     """The strings any one of which cites results file `inside` of `folder`."""
-    names = [f"{folder}/{inside}", f"results/{inside}"]
-    if "/" in inside:  # a subfolder may be cited as a whole
-        sub = inside.rsplit("/", 1)[0]
-        names += [f"{folder}/{sub}/", f"results/{sub}/"]
-    return names
+    return [f"{folder}/{inside}", f"results/{inside}"]
 
 
 def uncited(files, docs):
@@ -61,10 +57,20 @@ def test_every_result_file_is_cited(folder):
                          f"experiments/README.md, or remove them): {missing}")
 
 
+def test_experiment_results_are_written_one_row_per_line():
+    """experiments/common.py's layout: a JSON list, one row per line (no pretty-printed histories)."""
+    for folder, inside in result_files():
+        if folder == "experiments/results" and inside.endswith(".json"):
+            with open(os.path.join(REPO, folder, inside), encoding="utf-8") as f:
+                text = f.read()
+            assert len(text.splitlines()) == len(json.loads(text)) + 2, inside
+
+
 def test_citation_rules():
     docs = {"docs/a.md": "`benchmarks/results/x.jsonl`, ![f](results/y.png), `results/runs/`",
             "README.md": "mentions z.json only by its bare name"}
     files = [("benchmarks/results", "x.jsonl"), ("experiments/results", "y.png"),
              ("experiments/results", "runs/r1.json"), ("experiments/results", "z.json"),
              ("benchmarks/results", "w.jsonl")]
-    assert uncited(files, docs) == ["experiments/results/z.json", "benchmarks/results/w.jsonl"]
+    assert uncited(files, docs) == ["experiments/results/runs/r1.json", "experiments/results/z.json",
+                                    "benchmarks/results/w.jsonl"]
