@@ -19,7 +19,7 @@ without ('none').
            Each memory row also splits the peak as Table 1 does: out_bytes, the output tensor
            (8-byte keys, 4-byte values: the paper's "Sparse 64bit" row), and temp_bytes, the
            rest of the peak (the paper's "Sparse Temp" row).
-  --memory-only --temp-limit-mb L: only the memory rows, with TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB=L
+  --memory-only --temp-limit-mb L: only the memory rows, our op given temp_limit_bytes = L MiB
            (the forward in groups of examples whose sort buffers fit L MiB), recorded as
            temp_limit_mb and appended to --out.
 
@@ -79,8 +79,10 @@ def make_inputs(rng, batch, r, rho_f):
     return x, w, mask, bias
 
 
-def sparse_conv_fn(selection, r):
+def sparse_conv_fn(selection, r, temp_limit_mb=None):
     kwargs = {} if selection == "none" else dict(selection=selection, rho_up=1.0 / r)
+    if temp_limit_mb:
+        kwargs["temp_limit_bytes"] = temp_limit_mb << 20
 
     @tf.function
     def conv(keys, values, dense_shape, w, mask, bias):
@@ -124,7 +126,7 @@ def run_config(rng, mode, batch, r, rho_f, device_name, args):
     records = []
     dense_result = None
     for selection in SELECTIONS:
-        conv = sparse_conv_fn(selection, r)
+        conv = sparse_conv_fn(selection, r, args.temp_limit_mb)
         call = lambda: conv(x, w, mask, bias)  # noqa: E731
         # Keys as in the CPU file (benchmarks/direct_conv.py), plus the selection's name.
         record = dict(kind=mode, r=r, rho=1.0 / r, rho_f=rho_f, batch=batch, cin=CIN, cout=COUT,
@@ -260,7 +262,7 @@ def main():
     parser.add_argument("--memory-only", action="store_true",
                         help="only the memory rows (no dense baseline), appended to --out")
     parser.add_argument("--temp-limit-mb", type=int, default=None,
-                        help="with --memory-only: TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB for our op")
+                        help="with --memory-only: our op's temp_limit_bytes, in MiB")
     parser.add_argument("--resolutions", type=int, nargs="+", choices=RESOLUTIONS, default=None,
                         help="with --memory-only: these resolutions (default: all)")
     args = parser.parse_args()
@@ -269,10 +271,8 @@ def main():
         return
     if (args.temp_limit_mb is not None or args.resolutions) and not args.memory_only:
         parser.error("--temp-limit-mb and --resolutions go with --memory-only")
-    if args.temp_limit_mb is not None:
-        if args.temp_limit_mb < 1:
-            parser.error("--temp-limit-mb must be at least 1")
-        os.environ["TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB"] = str(args.temp_limit_mb)
+    if args.temp_limit_mb is not None and args.temp_limit_mb < 1:
+        parser.error("--temp-limit-mb must be at least 1")
     args.warmup, args.repeats, args.budget = (1, 3, 0.5) if args.quick else (2, 7, 2.0)
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:

@@ -16,6 +16,10 @@ on a GPU the epoch rows are also appended to results/direct_conv_gpu.jsonl, besi
 direct convolution's GPU figures, where the epochs of earlier runs stay as history.
 
     python benchmarks/train_step.py --resolutions 32 64 [--epoch] [--dataflows sort dense auto] [--out PATH]
+
+--dataflows: the DirectSparseConv layers' dataflow= for the step and layer figures, one model
+each in turn, each starting from the weights the previous one reached; the epoch runs with
+--epoch-dataflow.
     python benchmarks/train_step.py --table [--out PATH]   # docs/benchmarks.md's figures of a results file
 """
 import argparse
@@ -30,6 +34,7 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tf_sparseconv import data as datasets  # noqa: E402
+from tf_sparseconv.channel.direct_conv import DATAFLOWS  # noqa: E402
 from tf_sparseconv.models import DEFAULT_RHOS, octnet3  # noqa: E402
 from tf_sparseconv.training.train import DEFAULT_DATA_DIR, keras_batches  # noqa: E402
 
@@ -46,8 +51,8 @@ def device_name():
     return f"CPU ({os.cpu_count()} cores)"
 
 
-def build(resolution, classes, batch_size):
-    model = octnet3(resolution, classes, DEFAULT_RHOS[resolution])
+def build(resolution, classes, dataflow="auto"):
+    model = octnet3(resolution, classes, DEFAULT_RHOS[resolution], dataflow=dataflow)
     model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     return model
@@ -111,9 +116,10 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--epoch", action="store_true", help="also time one real epoch over all training shapes")
-    p.add_argument("--dataflows", nargs="*", default=[None],
-                   help="TF_SPARSECONV_DIRECT_DATAFLOW values to time the step and layers under, in one process "
-                        "(e.g. sort dense auto; default: the environment's)")
+    p.add_argument("--dataflows", nargs="+", choices=DATAFLOWS, default=["auto"],
+                   help="the sparse convolutions' dataflow= to time the step and layers under, in one process "
+                        "(e.g. sort dense auto)")
+    p.add_argument("--epoch-dataflow", choices=DATAFLOWS, default="auto", help="the dataflow of --epoch")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     p.add_argument("--out", default=None, help="JSON-lines file to write (default: by device, see above)")
     p.add_argument("--table", action="store_true", help="print the figures of --out (default: the GPU file) and exit")
@@ -139,12 +145,13 @@ def main():
         for _ in pipeline:
             batches += 1
         input_ms = (time.perf_counter() - start) / batches * 1e3
-        model = build(r, len(classes), args.batch_size)
         cached = pipeline.take(1).cache().repeat()
         steps_per_epoch = -(-len(train_idx) // args.batch_size)
+        weights = None
         for dataflow in args.dataflows:
-            if dataflow:
-                os.environ["TF_SPARSECONV_DIRECT_DATAFLOW"] = dataflow  # read by the ops at every call
+            model = build(r, len(classes), dataflow)
+            if weights is not None:
+                model.set_weights(weights)
             model.fit(cached, steps_per_epoch=args.steps, epochs=1, verbose=0)  # warm-up and tracing
             epoch_times = []
             for _ in range(3):
@@ -165,16 +172,16 @@ def main():
                 print(f"  {layer['layer']:<22}{layer['class']:<16} fwd {layer['fwd_ms']:8.2f} ms   "
                       f"fwd+bwd {layer['fwd_bwd_ms']:8.2f} ms", flush=True)
                 out_rows.append(layer)
-            os.environ.pop("TF_SPARSECONV_DIRECT_DATAFLOW", None)
+            weights = model.get_weights()
         if args.epoch:
-            model = build(r, len(classes), args.batch_size)
+            model = build(r, len(classes), args.epoch_dataflow)
             full = make(train_idx)
             model.fit(full.take(2), epochs=1, verbose=0)  # tracing, outside the timed epoch
             start = time.perf_counter()
             history = model.fit(full, epochs=1, verbose=2)
             seconds = time.perf_counter() - start
             row = {"kind": "epoch", "resolution": r, "device": device, "sec_per_epoch": seconds,
-                   "dataflow": os.environ.get("TF_SPARSECONV_DIRECT_DATAFLOW", "auto"),
+                   "dataflow": args.epoch_dataflow,
                    "steps": steps_per_epoch, "ms_per_step": seconds / steps_per_epoch * 1e3,
                    "batch": args.batch_size, "train_accuracy": float(history.history["accuracy"][-1]),
                    "note": f"one epoch of model.fit over {len(train_idx)} ModelNet40 shapes after a 2-step "

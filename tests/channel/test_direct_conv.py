@@ -1,5 +1,5 @@
 """Direct sparse convolution against dense references: values, support, k-selection,
-gradients (Eq. 3), accumulators, graph mode, SavedModel and every error path."""
+gradients (Eq. 3), dataflows, graph mode, SavedModel and every error path."""
 import itertools
 
 import numpy as np
@@ -75,13 +75,13 @@ CONV_CASES = [
 
 
 @pytest.mark.parametrize("batch,spatial,cin,cout,kernel,density,filter_density", CONV_CASES)
-@pytest.mark.parametrize("accumulator", ["auto", "dense", "merge"])
+@pytest.mark.parametrize("dataflow", ["auto", "sort", "dense"])
 def test_conv_matches_dense_convolution_on_touched_set(rng, batch, spatial, cin, cout, kernel,
-                                                        density, filter_density, accumulator):
+                                                        density, filter_density, dataflow):
     dense = random_sparse(rng, batch, spatial, cin, density)
     w, mask = random_filter(rng, kernel, cin, cout, filter_density)
     bias = rng.standard_normal(cout)
-    y, touched, positive = ts.direct_conv(ts.from_dense(dense), w, bias, mask, accumulator=accumulator,
+    y, touched, positive = ts.direct_conv(ts.from_dense(dense), w, bias, mask, dataflow=dataflow,
                                           return_counts=True)
     keys, values, flat_touched = reference_conv(dense, w, mask, bias)
     np.testing.assert_array_equal(y.keys.numpy(), keys)
@@ -94,14 +94,39 @@ def test_conv_matches_dense_convolution_on_touched_set(rng, batch, spatial, cin,
     np.testing.assert_array_equal(positive.numpy(), expected_positive)
 
 
-def test_dense_and_merge_accumulators_are_bit_identical(rng):
+def test_sort_and_dense_dataflows_are_bit_identical(rng):
     dense = random_sparse(rng, 2, (12, 11, 10), 4, 0.08, np.float32)
     w, mask = random_filter(rng, (3, 3, 3), 4, 5, 0.6, np.float32)
     x = ts.from_dense(dense)
-    a = ts.direct_conv(x, w, None, mask, accumulator="dense")
-    b = ts.direct_conv(x, w, None, mask, accumulator="merge")
+    a = ts.direct_conv(x, w, None, mask, dataflow="dense")
+    b = ts.direct_conv(x, w, None, mask, dataflow="sort")
     np.testing.assert_array_equal(a.keys.numpy(), b.keys.numpy())
     np.testing.assert_array_equal(a.values.numpy(), b.values.numpy())
+
+
+def test_accumulator_is_the_deprecated_name_of_dataflow(rng):
+    dense = random_sparse(rng, 2, (9, 8), 2, 0.2)
+    w, mask = random_filter(rng, (3, 3), 2, 3, 0.6)
+    x = ts.from_dense(dense)
+    for accumulator, dataflow in (("merge", "sort"), ("dense", "dense")):
+        with pytest.warns(DeprecationWarning, match="use dataflow="):
+            old = ts.direct_conv(x, w, None, mask, selection="signed", k=4, accumulator=accumulator)
+        new = ts.direct_conv(x, w, None, mask, selection="signed", k=4, dataflow=dataflow)
+        np.testing.assert_array_equal(old.keys.numpy(), new.keys.numpy())
+        np.testing.assert_array_equal(old.values.numpy(), new.values.numpy())
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="disagree"):
+        ts.direct_conv(x, w, None, mask, dataflow="dense", accumulator="merge")
+
+
+def test_temp_limit_changes_nothing_on_the_cpu(rng):
+    """The cap is on the GPU sort's contribution buffers; the CPU's sort holds none."""
+    dense = random_sparse(rng, 3, (8, 7), 2, 0.3)
+    w, mask = random_filter(rng, (3, 3), 2, 3, 0.6)
+    x = ts.from_dense(dense)
+    expected = ts.direct_conv(x, w, None, mask, dataflow="sort")
+    got = ts.direct_conv(x, w, None, mask, dataflow="sort", temp_limit_bytes=1)
+    np.testing.assert_array_equal(got.keys.numpy(), expected.keys.numpy())
+    np.testing.assert_array_equal(got.values.numpy(), expected.values.numpy())
 
 
 def test_pruned_weights_are_skipped_and_change_nothing(rng):
@@ -189,18 +214,18 @@ def _conv_values_fn(x, mask, **kwargs):
     return f
 
 
-@pytest.mark.parametrize("spatial,kernel,cin,cout,accumulator", [
+@pytest.mark.parametrize("spatial,kernel,cin,cout,dataflow", [
     ((7, 6), (3, 3), 2, 3, "dense"),
-    ((7, 6), (3, 3), 2, 3, "merge"),
+    ((7, 6), (3, 3), 2, 3, "sort"),
     ((5, 4, 5), (3, 3, 3), 2, 2, "auto"),
     ((11,), (5,), 3, 2, "auto"),
 ])
-def test_gradients_match_numerical_jacobian_float64(rng, spatial, kernel, cin, cout, accumulator):
+def test_gradients_match_numerical_jacobian_float64(rng, spatial, kernel, cin, cout, dataflow):
     dense = random_sparse(rng, 2, spatial, cin, 0.25)
     w, mask = random_filter(rng, kernel, cin, cout, 0.6)
     x = ts.from_dense(dense)
     theoretical, numerical = tf.test.compute_gradient(
-        _conv_values_fn(x, mask, accumulator=accumulator),
+        _conv_values_fn(x, mask, dataflow=dataflow),
         [x.values, tf.constant(w), tf.constant(rng.standard_normal(cout))])
     for t, n in zip(theoretical, numerical):
         np.testing.assert_allclose(t, n, atol=1e-7)
@@ -344,12 +369,30 @@ def test_conv_rejects_bad_selection_options(kwargs, match):
         ts.direct_conv(x, np.ones((3, 3, 1, 1)), **kwargs)
 
 
-def test_conv_rejects_unknown_selection_or_accumulator_names():
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(selection="top"), "selection must be one of"),
+    (dict(dataflow="fastest"), r"dataflow must be one of \('auto', 'sort', 'dense'\)"),
+    (dict(accumulator="hash"), "accumulator must be one of"),
+    (dict(temp_limit_bytes=-1), "temp_limit_bytes must be a whole number of bytes >= 0"),
+    (dict(temp_limit_bytes=1.5), "temp_limit_bytes must be a whole number of bytes >= 0"),
+    (dict(temp_limit_bytes="12MB"), "temp_limit_bytes must be a whole number of bytes >= 0"),
+])
+def test_conv_rejects_unknown_choices_in_python(kwargs, match):
     x = _sparse([0, 7], [1, 5, 5, 1])
-    with pytest.raises(ValueError, match="selection must be one of"):
-        ts.direct_conv(x, np.ones((3, 3, 1, 1)), selection="top")
-    with pytest.raises(ValueError, match="accumulator must be one of"):
-        ts.direct_conv(x, np.ones((3, 3, 1, 1)), accumulator="hash")
+    with pytest.raises(ValueError, match=match):
+        ts.direct_conv(x, np.ones((3, 3, 1, 1)), **kwargs)
+
+
+def test_conv_op_rejects_unknown_dataflow_and_negative_temp_limit():
+    x = _sparse([0, 7], [1, 5, 5, 1])
+    inputs = dict(in_keys=x.keys, in_values=x.values, dense_shape=x.dense_shape,
+                  filter=tf.ones((3, 3, 1, 1), tf.float64), filter_mask=tf.ones((3, 3, 1, 1), tf.bool))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow"):
+        ts.raw_ops.direct_sparse_conv(**inputs, bias=tf.zeros([1], tf.float64), dataflow="fastest")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"temp_limit_bytes must be >= 0 \(0: no limit\), got -1"):
+        ts.raw_ops.direct_sparse_conv(**inputs, bias=tf.zeros([1], tf.float64), temp_limit_bytes=-1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow"):
+        ts.raw_ops.direct_sparse_conv_backprop(**inputs, out_keys=x.keys, out_grad=x.values, dataflow="merge")
 
 
 @pytest.mark.parametrize("where", ["values", "filter", "bias"])

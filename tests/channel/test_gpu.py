@@ -42,9 +42,10 @@ CONV_CASES = [
     pytest.param(1, (8, 8, 8), 2, 3, (5, 5, 3), 0.03, 0.6, id="3d-75-offsets-site-chunks"),
 ]
 
-# The forward's two dataflows (TF_SPARSECONV_DIRECT_DATAFLOW; `auto` picks the dense grid for
-# every small grid here): each conv test runs with both forced.
+# The direct convolution's two dataflows (`dataflow=`; `auto` picks the dense grid for every
+# small grid here): each conv test runs its GPU calls with both forced, through gpu_dataflow.
 DIRECT_DATAFLOWS = ["sort", "dense"]
+gpu_dataflow = "auto"
 
 
 def pytest_generate_tests(metafunc):
@@ -56,7 +57,7 @@ def pytest_generate_tests(metafunc):
 def direct_dataflow(request, monkeypatch):
     mode = getattr(request, "param", None)
     if mode is not None:
-        monkeypatch.setenv("TF_SPARSECONV_DIRECT_DATAFLOW", mode)
+        monkeypatch.setattr(sys.modules[__name__], "gpu_dataflow", mode)
     return mode
 
 
@@ -230,6 +231,9 @@ def conv_inputs(rng, batch, spatial, cin, cout, kernel, density, filter_density,
 
 
 def run_conv(device, keys, values, dense_shape, w, mask, bias, **kwargs):
+    """direct_conv on `device`; on the GPU with dataflow=gpu_dataflow unless kwargs name one."""
+    if device == GPU:
+        kwargs.setdefault("dataflow", gpu_dataflow)
     with tf.device(device):
         x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(dense_shape))
         y, touched, positive = ts.direct_conv(x, tf.constant(w), tf.constant(bias), tf.constant(mask),
@@ -308,9 +312,9 @@ def test_conv_of_an_empty_input_and_all_pruned_filter(rng, dtype):
     assert y_gpu.keys.shape[0] == 0 and not touched.numpy().any()
 
 
-def test_conv_accumulator_attribute_does_not_change_the_gpu_result(rng):
+def test_gpu_dataflows_give_bit_identical_results(rng):
     inputs = conv_inputs(rng, 2, (9, 8, 7), 2, 3, (3, 3, 3), 0.1, 0.6, np.float32)
-    results = [run_conv(GPU, *inputs, accumulator=a)[0] for a in ("auto", "dense", "merge")]
+    results = [run_conv(GPU, *inputs, dataflow=dataflow)[0] for dataflow in ("auto", "sort", "dense")]
     for y in results[1:]:
         np.testing.assert_array_equal(y.keys.numpy(), results[0].keys.numpy())
         np.testing.assert_array_equal(y.values.numpy(), results[0].values.numpy())
@@ -335,14 +339,16 @@ def test_large_conv_matches_cpu(rng, selection, dtype):
 
 # --- gradients ---------------------------------------------------------------------------------
 
-def backprop(device, keys, values, dense_shape, w, mask, out_keys, out_grad, accumulator="auto"):
-    """Raw backprop outputs. The GPU sums dL/dx in the order of the CPU's search path
-    (accumulator='merge'), so that CPU run is the bit-identical reference."""
+def backprop(device, keys, values, dense_shape, w, mask, out_keys, out_grad, dataflow=None):
+    """Raw backprop outputs (on the GPU with dataflow=gpu_dataflow unless given). The GPU sums
+    dL/dx in the order of the CPU's search path (dataflow='sort'), so that CPU run is the
+    bit-identical reference."""
+    dataflow = dataflow or (gpu_dataflow if device == GPU else "auto")
     with tf.device(device):
         return [t.numpy() for t in ts.raw_ops.direct_sparse_conv_backprop(
             in_keys=tf.constant(keys), in_values=tf.constant(values), dense_shape=tf.constant(dense_shape),
             filter=tf.constant(w), filter_mask=tf.constant(mask), out_keys=tf.constant(out_keys),
-            out_grad=tf.constant(out_grad), accumulator=accumulator)]
+            out_grad=tf.constant(out_grad), dataflow=dataflow)]
 
 
 @pytest.mark.parametrize("selection", [pytest.param({}, id="none"),
@@ -355,7 +361,7 @@ def test_conv_backprop_matches_cpu(rng, batch, spatial, cin, cout, kernel, densi
     y, _ = run_conv(CPU, keys, values, dense_shape, w, mask, bias, **selection)
     out_keys = y.keys.numpy()
     out_grad = rng.standard_normal(len(out_keys)).astype(dtype)
-    cpu = backprop(CPU, keys, values, dense_shape, w, mask, out_keys, out_grad, accumulator="merge")
+    cpu = backprop(CPU, keys, values, dense_shape, w, mask, out_keys, out_grad, dataflow="sort")
     gpu = backprop(GPU, keys, values, dense_shape, w, mask, out_keys, out_grad)
     np.testing.assert_array_equal(gpu[0], cpu[0])  # in_grad: the CPU's summation order
     assert np.all(gpu[1][~mask] == 0)
@@ -367,7 +373,7 @@ def test_large_conv_backprop_matches_cpu(rng, dtype):
     keys, values, dense_shape, w, mask, bias = large_conv_inputs(rng, dtype)
     y, _ = run_conv(CPU, keys, values, dense_shape, w, mask, bias)
     out_grad = rng.standard_normal(y.keys.shape[0]).astype(dtype)
-    cpu = backprop(CPU, keys, values, dense_shape, w, mask, y.keys.numpy(), out_grad, accumulator="merge")
+    cpu = backprop(CPU, keys, values, dense_shape, w, mask, y.keys.numpy(), out_grad, dataflow="sort")
     gpu = backprop(GPU, keys, values, dense_shape, w, mask, y.keys.numpy(), out_grad)
     np.testing.assert_array_equal(gpu[0], cpu[0])
     for g, c in zip(gpu[1:], cpu[1:]):
@@ -389,7 +395,8 @@ def test_conv_relu_pool_gradients_on_gpu_match_cpu(rng, dtype):
 
     def net(v, filters, b):
         x = ts.ChannelSparseTensor(tf.constant(keys), v, tf.constant(dense_shape))
-        y = ts.sparse_relu(ts.direct_conv(x, filters, b, tf.constant(mask), selection="signed", k=20))
+        y = ts.sparse_relu(ts.direct_conv(x, filters, b, tf.constant(mask), selection="signed", k=20,
+                                          dataflow=gpu_dataflow))
         return ts.to_dense(ts.sparse_max_pool(y, 2))
 
     cpu = tape_gradients(CPU, net, values, w, bias)
@@ -408,7 +415,7 @@ def test_conv_gradient_matches_numerical_jacobian_on_gpu_float64(rng, spatial, k
         x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(dense_shape))
 
         def f(v, filters, b):
-            y = ts.direct_conv(x.with_values(v), filters, b, tf.constant(mask))
+            y = ts.direct_conv(x.with_values(v), filters, b, tf.constant(mask), dataflow=gpu_dataflow)
             assert_on_gpu(y.values)
             return y.values
 
@@ -545,7 +552,8 @@ def test_conv_nan_gives_the_cpu_error_on_gpu(where):
         values, w, b = np.ones(2), np.ones((3, 3, 1, 1)), np.zeros(1)
         {"values": values, "filter": w, "bias": b}[where].flat[-1] = np.nan
         x = sparse_of([0, 7], [1, 5, 5, 1])
-        return ts.direct_conv(x.with_values(tf.constant(values)), tf.constant(w), tf.constant(b))
+        return ts.direct_conv(x.with_values(tf.constant(values)), tf.constant(w), tf.constant(b),
+                              dataflow=gpu_dataflow)
     assert_same_error(conv, "contains NaN")
     if where != "bias":
         assert_same_error(lambda: ts.raw_ops.direct_sparse_conv_backprop(
@@ -554,7 +562,7 @@ def test_conv_nan_gives_the_cpu_error_on_gpu(where):
             dense_shape=tf.constant([1, 5, 5, 1], tf.int64),
             filter=tf.constant(np.full((3, 3, 1, 1), np.nan if where == "filter" else 1.0)),
             filter_mask=tf.ones((3, 3, 1, 1), tf.bool), out_keys=tf.constant([0, 1], tf.int64),
-            out_grad=tf.ones([2], tf.float64)), "contains NaN")
+            out_grad=tf.ones([2], tf.float64), dataflow=gpu_dataflow), "contains NaN")
 
 
 def test_nan_values_give_the_cpu_error_on_gpu():
@@ -604,15 +612,23 @@ def test_savedmodel_runs_on_gpu_like_eager_cpu(rng, tmp_path):
     assert_same_sparse(got, expected, np.float32)
 
 
-def test_unknown_direct_dataflow_is_rejected(monkeypatch, rng):
-    monkeypatch.setenv("TF_SPARSECONV_DIRECT_DATAFLOW", "fastest")
-    inputs = conv_inputs(rng, 1, (5, 5), 1, 2, (3, 3), 0.3, 1.0, np.float32)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_DIRECT_DATAFLOW"):
-        run_conv(GPU, *inputs)
+def test_unknown_direct_choices_are_rejected(rng):
+    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 1, (5, 5), 1, 2, (3, 3), 0.3, 1.0, np.float32)
+    with pytest.raises(ValueError, match="dataflow must be one of"):
+        run_conv(GPU, keys, values, dense_shape, w, mask, bias, dataflow="fastest")
+    for bad in ("lots", -1, 1.5, "12MB"):
+        with pytest.raises(ValueError, match="temp_limit_bytes must be a whole number of bytes >= 0"):
+            run_conv(GPU, keys, values, dense_shape, w, mask, bias, temp_limit_bytes=bad)
+    inputs = dict(in_keys=tf.constant(keys), in_values=tf.constant(values), dense_shape=tf.constant(dense_shape),
+                  filter=tf.constant(w), filter_mask=tf.constant(mask), bias=tf.constant(bias))
+    with tf.device(GPU):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow"):
+            ts.raw_ops.direct_sparse_conv(**inputs, dataflow="fastest")
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"temp_limit_bytes must be >= 0"):
+            ts.raw_ops.direct_sparse_conv(**inputs, temp_limit_bytes=-1)
 
 
-
-# --- the forward in groups of examples (TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB) ---------------------
+# --- the forward in groups of examples (temp_limit_bytes) ---------------------------------------
 
 def grouped_inputs(rng, dtype):
     """7 examples (example 3 empty) of ~550 entries and ~65 present weights per input channel:
@@ -632,13 +648,12 @@ def peak_gpu_bytes(fn):
 @pytest.mark.parametrize("selection", [pytest.param({}, id="none"),
                                        pytest.param(dict(selection="signed", rho_up=0.002), id="signed"),
                                        pytest.param(dict(selection="abs", k=7), id="abs-k7")])
-@pytest.mark.parametrize("limit_mb", ["1", "2"])  # 1: one example per group; 2: two (float32) or one
-def test_forward_in_example_groups_is_the_one_run_result(rng, monkeypatch, selection, limit_mb, dtype):
-    monkeypatch.setenv("TF_SPARSECONV_DIRECT_DATAFLOW", "sort")
+@pytest.mark.parametrize("limit_mb", [1, 2])  # 1: one example per group; 2: two (float32) or one
+def test_forward_in_example_groups_is_the_one_run_result(rng, selection, limit_mb, dtype):
     inputs = grouped_inputs(rng, dtype)
-    (y_one, counts_one), peak_one = peak_gpu_bytes(lambda: run_conv(GPU, *inputs, **selection))
-    monkeypatch.setenv("TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB", limit_mb)
-    (y_grouped, counts_grouped), peak_grouped = peak_gpu_bytes(lambda: run_conv(GPU, *inputs, **selection))
+    (y_one, counts_one), peak_one = peak_gpu_bytes(lambda: run_conv(GPU, *inputs, dataflow="sort", **selection))
+    (y_grouped, counts_grouped), peak_grouped = peak_gpu_bytes(
+        lambda: run_conv(GPU, *inputs, dataflow="sort", temp_limit_bytes=limit_mb << 20, **selection))
     assert_on_gpu(y_grouped.keys, y_grouped.values, counts_grouped)
     np.testing.assert_array_equal(y_grouped.keys.numpy(), y_one.keys.numpy())
     np.testing.assert_array_equal(y_grouped.values.numpy(), y_one.values.numpy())
@@ -651,24 +666,15 @@ def test_forward_in_example_groups_is_the_one_run_result(rng, monkeypatch, selec
     assert peak_grouped < peak_one
 
 
-def test_forward_in_example_groups_checks_keys_across_the_groups(rng, monkeypatch):
-    monkeypatch.setenv("TF_SPARSECONV_DIRECT_DATAFLOW", "sort")
-    monkeypatch.setenv("TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB", "1")
+def test_forward_in_example_groups_checks_keys_across_the_groups(rng):
+    grouped = dict(dataflow="sort", temp_limit_bytes=1 << 20)
     keys, values, dense_shape, w, mask, bias = grouped_inputs(rng, np.float64)
     per_example = 24 ** 3 * 2
     last_of_first = np.searchsorted(keys, per_example) - 1
     keys[[last_of_first, last_of_first + 1]] = keys[[last_of_first + 1, last_of_first]]  # unsorted at a boundary
     with pytest.raises(tf.errors.InvalidArgumentError, match="must be sorted"):
-        run_conv(GPU, keys, values, dense_shape, w, mask, bias)
+        run_conv(GPU, keys, values, dense_shape, w, mask, bias, **grouped)
     keys, values, dense_shape, w, mask, bias = grouped_inputs(rng, np.float64)
     values[-1] = np.nan
     with pytest.raises(tf.errors.InvalidArgumentError, match="contains NaN"):
-        run_conv(GPU, keys, values, dense_shape, w, mask, bias)
-
-
-@pytest.mark.parametrize("text", ["lots", "-1", "1.5", "12MB"])
-def test_bad_temp_limit_is_rejected(rng, monkeypatch, text):
-    monkeypatch.setenv("TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB", text)
-    inputs = conv_inputs(rng, 1, (5, 5), 1, 2, (3, 3), 0.3, 1.0, np.float32)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB must be"):
-        run_conv(GPU, *inputs)
+        run_conv(GPU, keys, values, dense_shape, w, mask, bias, **grouped)

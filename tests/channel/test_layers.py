@@ -168,10 +168,42 @@ def test_sparse_input_feeds_channel_sparse_batches_from_tf_data(rng):
     (dict(activation="sigmoid"), "fill empty space"),
     (dict(density_regularizer=kl.DensityRegularizer()), "give rho_up"),
     (dict(selection="top", k=3), "selection must be one of"),
+    (dict(dataflow="merge"), r"dataflow must be one of \('auto', 'sort', 'dense'\)"),
+    (dict(temp_limit_bytes=-1), "temp_limit_bytes must be a whole number of bytes >= 0"),
 ])
 def test_sparse_conv_rejects_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         kl.DirectSparseConv(4, 3, **kwargs)
+
+
+def test_dataflow_and_temp_limit_reach_the_ops_and_the_config(rng):
+    dense = (rng.random((2, 6, 5, 2)) < 0.3) * rng.standard_normal((2, 6, 5, 2))
+    x = kl.as_keras_inputs(ts.from_dense(dense.astype(np.float32)))
+    layer = kl.DirectSparseConv(3, 3, k=4, dataflow="sort", temp_limit_bytes=np.int64(1 << 20))
+    layer(x)
+    config = layer.get_config()
+    assert (config["dataflow"], config["temp_limit_bytes"]) == ("sort", 1 << 20) and "accumulator" not in config
+    restored = kl.DirectSparseConv.from_config(config)
+    assert (restored.dataflow, restored.temp_limit_bytes) == ("sort", 1 << 20)
+
+    @tf.function
+    def kernel_gradient():
+        with tf.GradientTape() as tape:
+            y = layer(x)
+        return tape.gradient(y["values"], layer.kernel)
+
+    ops = {op.type: op for op in kernel_gradient.get_concrete_function().graph.get_operations()}
+    forward, backprop = ops["DirectSparseConv"], ops["DirectSparseConvBackprop"]
+    assert (forward.get_attr("dataflow"), forward.get_attr("temp_limit_bytes")) == (b"sort", 1 << 20)
+    assert backprop.get_attr("dataflow") == b"sort"
+
+
+def test_a_0_1_config_with_accumulator_loads_as_dataflow():
+    config = kl.DirectSparseConv(3, 3).get_config()
+    del config["dataflow"], config["temp_limit_bytes"]
+    assert kl.DirectSparseConv.from_config({**config, "accumulator": "auto"}).dataflow == "auto"
+    with pytest.warns(DeprecationWarning, match="use dataflow="):
+        assert kl.DirectSparseConv.from_config({**config, "accumulator": "merge"}).dataflow == "sort"
 
 
 def test_sparse_conv_rejects_even_kernel_at_build():

@@ -5,7 +5,8 @@ import math
 import keras
 import tensorflow as tf
 
-from tf_sparseconv.channel.direct_conv import SELECTION_MODES, direct_conv, k_from_rho_up
+from tf_sparseconv.channel.direct_conv import (SELECTION_MODES, check_dataflow, check_temp_limit, direct_conv,
+                                               k_from_rho_up)
 from tf_sparseconv.channel.keras_io import SparseLayer, logical_shape
 from tf_sparseconv.channel.relu import sparse_relu
 from tf_sparseconv.geometry import per_dim
@@ -37,13 +38,16 @@ class DirectSparseConv(SparseLayer):
         to 'signed' when a bound is given.
       activation: None or 'relu' (sparse ReLU; a dense activation would fill empty space).
       density_regularizer: a DensityRegularizer (Eq. 4), needs rho_up.
+      dataflow: 'auto', 'sort' or 'dense', how the op forms the touched set (direct_conv).
+      temp_limit_bytes: a cap on the GPU sort's contribution buffers (None: no cap).
+      accumulator: 0.1's name of dataflow ('merge' is 'sort'), deprecated.
     Metrics: `<name>_density`, the output density (entries / (B * R1*...*Rd * filters)).
     """
 
     def __init__(self, filters, kernel_size=3, rho_up=None, k=None, selection=None, activation=None,
                  use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
                  kernel_regularizer=None, bias_regularizer=None, density_regularizer=None,
-                 accumulator="auto", **kwargs):
+                 dataflow="auto", temp_limit_bytes=None, accumulator=None, **kwargs):
         super().__init__(**kwargs)
         if rho_up is not None and k is not None:
             raise ValueError("give rho_up or k, not both")
@@ -62,6 +66,8 @@ class DirectSparseConv(SparseLayer):
                              f"got {activation!r}")
         if density_regularizer is not None and rho_up is None:
             raise ValueError("density_regularizer (Eq. 4) compares the density with rho_up: give rho_up")
+        self.dataflow = check_dataflow(dataflow, accumulator)
+        self.temp_limit_bytes = None if temp_limit_bytes is None else check_temp_limit(temp_limit_bytes)
         self.filters = int(filters)
         self.kernel_size = kernel_size
         self.rho_up, self.k, self.selection = rho_up, k, selection
@@ -76,7 +82,6 @@ class DirectSparseConv(SparseLayer):
         self.density_regularizer = density_regularizer
         # Set False by FineTunePhase: the regulariser stays in the config, its penalty is off.
         self.density_regularization_on = True
-        self.accumulator = accumulator
         self.density_metric = keras.metrics.Mean(name=f"{self.name}_density")
 
     def build(self, input_shape):
@@ -114,7 +119,8 @@ class DirectSparseConv(SparseLayer):
     def sparse_call(self, x, training=None):
         y, touched, positive = direct_conv(
             x, self.kernel, self.bias, tf.cast(self.mask, tf.bool), selection=self.selection,
-            k=self.k, rho_up=self.rho_up, accumulator=self.accumulator, return_counts=True)
+            k=self.k, rho_up=self.rho_up, dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes,
+            return_counts=True)
         if self.activation == "relu":
             y = sparse_relu(y)
         cells = tf.cast(tf.reduce_prod(y.dense_shape), tf.float32)
@@ -144,5 +150,5 @@ class DirectSparseConv(SparseLayer):
             bias_regularizer=keras.regularizers.serialize(self.bias_regularizer),
             density_regularizer=None if self.density_regularizer is None
             else keras.saving.serialize_keras_object(self.density_regularizer),
-            accumulator=self.accumulator)
+            dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes)
         return config

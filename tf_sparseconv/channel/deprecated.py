@@ -3,6 +3,8 @@ they warn (DeprecationWarning) when built, and models saved with them load.
 
     SparseConv -> DirectSparseConv (spconv's SparseConv is the strided site convolution,
                   tf_sparseconv.keras_layers.SparseConv3D)
+    accumulator= -> dataflow= ('merge' is 'sort'), of direct_conv and DirectSparseConv: it
+                  warns in tf_sparseconv.channel.direct_conv.check_dataflow
 """
 import warnings
 

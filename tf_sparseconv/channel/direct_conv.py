@@ -1,5 +1,7 @@
 """Direct sparse convolution with k-selection attention (Hackel et al. Alg. 1, §3.2)."""
 import math
+import numbers
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -8,7 +10,36 @@ from tf_sparseconv._op_library import ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 
 SELECTION_MODES = ("none", "signed", "abs")
-ACCUMULATORS = ("auto", "dense", "merge")
+DATAFLOWS = ("auto", "sort", "dense")
+# tf_sparseconv 0.1's name of the CPU's dataflow choice, kept one release: its 'merge' is 'sort'.
+ACCUMULATORS = {"auto": "auto", "dense": "dense", "merge": "sort"}
+
+
+def check_dataflow(dataflow, accumulator=None):
+    """The dataflow to run: `dataflow`, or what the deprecated `accumulator` names (warning)."""
+    if dataflow not in DATAFLOWS:
+        raise ValueError(f"dataflow must be one of {DATAFLOWS}, got {dataflow!r}")
+    if accumulator is None or accumulator == "auto":
+        return dataflow
+    if accumulator not in ACCUMULATORS:
+        raise ValueError(f"accumulator must be one of {tuple(ACCUMULATORS)}, got {accumulator!r}")
+    warnings.warn("tf_sparseconv: accumulator= is deprecated and will be removed; use dataflow= "
+                  "('merge' is 'sort')", DeprecationWarning, stacklevel=3)
+    named = ACCUMULATORS[accumulator]
+    if dataflow not in ("auto", named):
+        raise ValueError(f"dataflow={dataflow!r} and accumulator={accumulator!r} disagree; give dataflow alone")
+    return named
+
+
+def check_temp_limit(temp_limit_bytes):
+    """The op's temp_limit_bytes: a whole number of bytes >= 0, 0 (or None) for no limit."""
+    if temp_limit_bytes is None:
+        return 0
+    if isinstance(temp_limit_bytes, bool) or not isinstance(temp_limit_bytes, numbers.Integral) \
+            or temp_limit_bytes < 0:
+        raise ValueError(f"temp_limit_bytes must be a whole number of bytes >= 0 (None or 0: no limit), "
+                         f"got {temp_limit_bytes!r}")
+    return int(temp_limit_bytes)
 
 
 def k_from_rho_up(rho_up, spatial_shape):
@@ -22,15 +53,20 @@ def k_from_rho_up(rho_up, spatial_shape):
 
 
 def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=None,
-                rho_up=None, accumulator="auto", return_counts=False):
+                rho_up=None, dataflow="auto", temp_limit_bytes=None, accumulator=None, return_counts=False):
     """Convolves a ChannelSparseTensor [B, R..., Cin] with a [K..., Cin, Cout] filter.
 
     Stride 1, 'same' zero padding, odd kernel sizes, cross-correlation as in
     tf.nn.convolution, restricted to the touched set: every position that a present
     entry reaches through a present (filter_mask true) weight. `selection` 'signed' or
     'abs' keeps at most k entries per (batch, output channel); give k or rho_up.
-    `accumulator` picks how the CPU kernel sums ('auto', 'dense', 'merge': the same
-    values); the GPU kernel has one, sort-based, way and ignores it.
+
+    `dataflow` chooses how the touched set is formed, on either device, with the same
+    result: 'sort' (the contributions in output-key order; memory follows the entries),
+    'dense' (buffers over the grid; memory follows B * R1*...*Rd) or 'auto' (each device's
+    rule). `temp_limit_bytes` caps the GPU sort's contribution buffers by running the batch
+    in groups of whole examples (None or 0: no cap); the CPU holds no such buffers.
+    `accumulator` is 0.1's name of the choice ('merge' is 'sort'), deprecated.
 
     Returns a ChannelSparseTensor [B, R..., Cout]; with return_counts also two [B, Cout]
     int64 tensors measured before k-selection: the support size (touched entries) and the
@@ -40,8 +76,8 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         raise TypeError(f"direct_conv expects a ChannelSparseTensor, got {type(x).__name__}")
     if selection not in SELECTION_MODES:
         raise ValueError(f"selection must be one of {SELECTION_MODES}, got {selection!r}")
-    if accumulator not in ACCUMULATORS:
-        raise ValueError(f"accumulator must be one of {ACCUMULATORS}, got {accumulator!r}")
+    dataflow = check_dataflow(dataflow, accumulator)
+    temp_limit_bytes = check_temp_limit(temp_limit_bytes)
     filters = tf.convert_to_tensor(filters, dtype=x.dtype)
     cout = tf.shape(filters)[-1]
     if bias is None:
@@ -52,7 +88,8 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         in_keys=x.keys, in_values=x.values, dense_shape=x.dense_shape, filter=filters,
         filter_mask=tf.cast(filter_mask, tf.bool), bias=tf.convert_to_tensor(bias, dtype=x.dtype),
         selection=selection, k=0 if k is None else int(k),
-        rho_up=0.0 if rho_up is None else float(rho_up), accumulator=accumulator)
+        rho_up=0.0 if rho_up is None else float(rho_up), dataflow=dataflow,
+        temp_limit_bytes=temp_limit_bytes)
     out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])
     y = ChannelSparseTensor(keys, values, dense_shape, out_shape)
     return (y, touched, positive) if return_counts else y
@@ -64,5 +101,5 @@ def _direct_sparse_conv_grad(op, _keys_grad, values_grad, _shape_grad, _touched_
     in_grad, filter_grad, bias_grad = _ops.direct_sparse_conv_backprop(
         in_keys=in_keys, in_values=in_values, dense_shape=dense_shape, filter=filters,
         filter_mask=filter_mask, out_keys=op.outputs[0], out_grad=values_grad,
-        accumulator=op.get_attr("accumulator"))
+        dataflow=op.get_attr("dataflow"))
     return [None, in_grad, None, filter_grad, None, bias_grad]

@@ -35,11 +35,12 @@ def _default_dense_blocks(resolution, sparse_blocks):
 
 def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, selection="signed",
             density_regularizer=None, dense_blocks=None, dropout=0.5, fc_units=1024, kernel_initializer="he_normal",
-            name=None):
+            dataflow="auto", name=None):
     """A functional Keras model taking sparse_input((r,)*d + (in_channels,)) batches.
 
     kernel_initializer: of every ReLU layer (sparse and dense convolutions, the
-    fc_units layer); the classifier keeps Glorot's."""
+    fc_units layer); the classifier keeps Glorot's.
+    dataflow: of every DirectSparseConv ('auto', 'sort' or 'dense'; direct_conv)."""
     rhos = tuple(rhos if rhos is not None else DEFAULT_RHOS[resolution])
     if not 1 <= len(rhos) <= len(BLOCK_CHANNELS):
         raise ValueError(f"need 1 to {len(BLOCK_CHANNELS)} sparse blocks, got {len(rhos)} rho values")
@@ -56,7 +57,8 @@ def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, s
             bound = dict(rho_up=rho) if rho < 1.0 else {}
             h = DirectSparseConv(BLOCK_CHANNELS[block], 3, activation="relu", selection=selection if bound else None,
                            density_regularizer=density_regularizer if bound else None,
-                           kernel_initializer=kernel_initializer, name=f"sparse_conv{block + 1}_{i + 1}", **bound)(h)
+                           kernel_initializer=kernel_initializer, dataflow=dataflow,
+                           name=f"sparse_conv{block + 1}_{i + 1}", **bound)(h)
     h = SparseToDense(name="to_dense")(h)
     conv = keras.layers.Conv3D if spatial_dims == 3 else keras.layers.Conv2D
     pool = keras.layers.MaxPool3D if spatial_dims == 3 else keras.layers.MaxPool2D

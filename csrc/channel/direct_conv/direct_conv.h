@@ -13,16 +13,9 @@
 #include <vector>
 
 #include "channel/channel_sparse.h"
-#include "channel/direct_conv/selection_mode.h"
+#include "channel/direct_conv/direct_conv_choices.h"
 
 namespace tf_sparseconv {
-
-// How responses are summed. Both give bit-identical results (contributions to one
-// output are added in the same order); they differ in cost: kDense works per batch
-// element in a position-major [R1*...*Rd, Cout] buffer with vectorisable [Cout] rows
-// (gather-GEMM-scatter), kMerge k-way merges the sorted contribution streams of one
-// (b, oc) segment (memory proportional to the entries). kAuto picks the cheaper.
-enum class Accumulator { kAuto, kDense, kMerge };
 
 // One present filter weight, seen from the input: entry x feeds output y = x - delta.
 struct PresentWeight {
@@ -66,7 +59,10 @@ struct DirectConvArgs {
   const T* bias = nullptr;              // [Cout]
   SelectionMode selection = SelectionMode::kNone;
   int64_t k = 0;                        // per (b, oc) bound when selection != kNone
-  Accumulator accumulator = Accumulator::kAuto;
+  // kDense works per batch element in a position-major [R1*...*Rd, Cout] buffer with
+  // vectorisable [Cout] rows (gather-GEMM-scatter); kSort k-way merges the sorted
+  // contribution streams of one (b, oc) segment; kAuto picks the cheaper. Identical results.
+  DirectConvDataflow dataflow = DirectConvDataflow::kAuto;
 };
 
 // The kept entries of one output segment (b, oc), sorted by spatial index.
@@ -105,8 +101,8 @@ struct DirectConvBackpropArgs {
   int64_t n_out = 0;
   const int64_t* out_offsets = nullptr; // segment (b, oc) -> entry range, B*Cout+1
   // kDense scatters out_grad into a [B*Cout*S] buffer (an output key is its index there)
-  // and reads it directly; kMerge searches the sorted out_keys. Identical results.
-  Accumulator accumulator = Accumulator::kAuto;
+  // and reads it directly; kSort searches the sorted out_keys.
+  DirectConvDataflow dataflow = DirectConvDataflow::kAuto;
 };
 
 // The dense path's forward scratch per block, [slab, Cout] sums and flags (bytes; the

@@ -16,27 +16,37 @@
 
 namespace tf_sparseconv {
 
-inline Accumulator ParseAccumulator(const std::string& name) {
-  return name == "dense" ? Accumulator::kDense : name == "merge" ? Accumulator::kMerge : Accumulator::kAuto;
+// The attribute `dataflow` of both ops (its values are checked by the op registration).
+inline absl::Status ReadDataflow(tensorflow::OpKernelConstruction* ctx, DirectConvDataflow* dataflow) {
+  std::string name;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("dataflow", &name));
+  *dataflow = name == "sort" ? DirectConvDataflow::kSort
+              : name == "dense" ? DirectConvDataflow::kDense
+                                : DirectConvDataflow::kAuto;
+  return absl::OkStatus();
 }
 
 struct ConvAttrs {
   SelectionMode selection = SelectionMode::kNone;
-  Accumulator accumulator = Accumulator::kAuto;
+  DirectConvDataflow dataflow = DirectConvDataflow::kAuto;
   int64_t k = 0;
   float rho_up = 0.0f;
+  int64_t temp_limit_bytes = 0;  // the GPU sort's contribution buffers; 0: no limit
 
   // Reads and checks the attributes; a failure is recorded in ctx.
   void Read(tensorflow::OpKernelConstruction* ctx) {
-    std::string selection_name, accumulator_name;
+    std::string selection_name;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("selection", &selection_name));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("accumulator", &accumulator_name));
+    OP_REQUIRES_OK(ctx, ReadDataflow(ctx, &dataflow));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("k", &k));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("rho_up", &rho_up));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("temp_limit_bytes", &temp_limit_bytes));
     selection = selection_name == "signed" ? SelectionMode::kSigned
                 : selection_name == "abs"  ? SelectionMode::kAbs
                                            : SelectionMode::kNone;
-    accumulator = ParseAccumulator(accumulator_name);
+    OP_REQUIRES(ctx, temp_limit_bytes >= 0,
+                tensorflow::errors::InvalidArgument("temp_limit_bytes must be >= 0 (0: no limit), got ",
+                                                    temp_limit_bytes));
     OP_REQUIRES(ctx, k >= 0, tensorflow::errors::InvalidArgument("k must be >= 0, got ", k));
     OP_REQUIRES(ctx, !std::isnan(rho_up) && rho_up >= 0.0f && rho_up <= 1.0f,
                 tensorflow::errors::InvalidArgument("rho_up must be in (0, 1], got ", rho_up));

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "channel/direct_conv/selection_mode.h"
+#include "channel/direct_conv/direct_conv_choices.h"
 #include "common/gpu_common.h"
 
 namespace tf_sparseconv {
@@ -55,7 +55,7 @@ struct DirectConvGpuArgs {
 // kMaxSortItems (the OpKernel says so before calling).
 inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_row; }
 
-// How the forward forms the touched set (TF_SPARSECONV_DIRECT_DATAFLOW, read per call):
+// How the forward forms the touched set (DirectConvDataflow, direct_conv_choices.h):
 //  kSort:  every (entry, present weight) contribution in a slot, radix-sorted by output
 //          key and summed per run; temporary memory ~ U * (16 + 2 * sizeof(T)) for the
 //          U = n * max_row slots, whatever the grid.
@@ -71,7 +71,6 @@ inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_ro
 //          they are the smaller.
 //  kAuto:  kDense where its temporary memory is below kSort's, else kSort.
 // Both give the same touched set and bit-identical values (the CPU's summation order).
-enum class DirectConvDataflow { kAuto, kSort, kDense };
 
 template <typename T>
 inline double SortForwardBytes(const DirectConvGpuArgs<T>& a) {
@@ -113,7 +112,7 @@ class DirectConvForwardGpu {
   Compaction kept_;
 };
 
-// A forward in groups of whole examples (TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB, the OpKernel):
+// A forward in groups of whole examples (the attribute temp_limit_bytes, the OpKernel):
 // each output key and each (b, oc) selection involves one example only, so running
 // DirectConvForwardGpu on the entries of examples [b0, b1) (keys and values offset, n the
 // group's, the layout the whole batch's) gives exactly the whole run's entries of those

@@ -422,8 +422,8 @@ struct DirectConvForwardFunctor<CPUDevice, T> {
     results->resize(units);
     // Contributions (entry, present weight) and (entry, offset) row updates, for the cost model.
     double contributions = 0, row_updates = 0;
-    const DenseTables<T> tables = args.accumulator == Accumulator::kMerge ? DenseTables<T>()
-                                                                          : BuildDenseTables(args);
+    const DenseTables<T> tables = args.dataflow == DirectConvDataflow::kSort ? DenseTables<T>()
+                                                                            : BuildDenseTables(args);
     for (int64_t ic = 0; ic < cin; ++ic) {
       int64_t present = 0;
       for (int64_t oc = 0; oc < cout; ++oc) present += args.weights->end(oc, ic) - args.weights->begin(oc, ic);
@@ -432,8 +432,8 @@ struct DirectConvForwardFunctor<CPUDevice, T> {
       contributions += static_cast<double>(entries) * present;
       if (!tables.reaches.empty()) row_updates += static_cast<double>(entries) * tables.reaches[ic].size();
     }
-    bool dense = args.accumulator == Accumulator::kDense;
-    if (args.accumulator == Accumulator::kAuto) {
+    bool dense = args.dataflow == DirectConvDataflow::kDense;
+    if (args.dataflow == DirectConvDataflow::kAuto) {
       // Dense: a word test per 8 positions, vectorised [Cout] row updates, and each
       // touched row's extraction; merge: heap steps of log2(#streams) per contribution.
       const double streams = std::max(1.0, static_cast<double>(args.weights->count()) / cout);
@@ -610,8 +610,8 @@ struct DirectConvBackpropFunctor<CPUDevice, T> {
       links += static_cast<double>(entries) * weights_of_ic;
     }
     const int64_t grad_cells = batch * S * cout;
-    bool dense = g.accumulator == Accumulator::kDense;
-    if (g.accumulator == Accumulator::kAuto) {
+    bool dense = g.dataflow == DirectConvDataflow::kDense;
+    if (g.dataflow == DirectConvDataflow::kAuto) {
       // A search costs ~log2 of the segment size; the buffer costs its zero-fill.
       const double search = std::log2(2.0 + static_cast<double>(g.n_out) / std::max<int64_t>(1, batch * cout));
       dense = grad_cells * static_cast<int64_t>(sizeof(T)) <= kMaxDenseGradientBytes &&
@@ -693,7 +693,7 @@ class DirectSparseConvFunctor<CPUDevice, T> {
     a_ = tables_.Args(in);
     a_.bias = bias;
     a_.selection = attrs_.selection;
-    a_.accumulator = attrs_.accumulator;
+    a_.dataflow = attrs_.dataflow;
     a_.k = attrs_.EffectiveK(in.layout.spatial_size);
     return absl::OkStatus();
   }
@@ -778,8 +778,8 @@ class DirectSparseConvFunctor<CPUDevice, T> {
 template <typename T>
 class DirectSparseConvBackpropFunctor<CPUDevice, T> {
  public:
-  DirectSparseConvBackpropFunctor(OpKernelContext* ctx, Accumulator accumulator)
-      : device_(ctx->eigen_device<CPUDevice>()), accumulator_(accumulator) {}
+  DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow)
+      : device_(ctx->eigen_device<CPUDevice>()), dataflow_(dataflow) {}
 
   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys, const T* out_grad, int64_t n_out) {
     TF_RETURN_IF_ERROR(CheckConvData(in));
@@ -792,7 +792,7 @@ class DirectSparseConvBackpropFunctor<CPUDevice, T> {
     g_.out_grad = out_grad;
     g_.n_out = n_out;
     g_.out_offsets = out_offsets_.data();
-    g_.accumulator = accumulator_;
+    g_.dataflow = dataflow_;
     return absl::OkStatus();
   }
 
@@ -803,7 +803,7 @@ class DirectSparseConvBackpropFunctor<CPUDevice, T> {
 
  private:
   const CPUDevice& device_;
-  const Accumulator accumulator_;
+  const DirectConvDataflow dataflow_;
   HostTables<T> tables_;
   std::vector<int64_t> out_offsets_;
   DirectConvBackpropArgs<T> g_;

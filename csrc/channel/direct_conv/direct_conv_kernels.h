@@ -9,7 +9,7 @@
 // before anything is allocated; the GPU runs them on the device with the work (Count,
 // Run), their results read back in the op's one host round trip and turned into the same
 // messages (channel_sparse_gpu.h). The GPU's Prepare instead lists the present weights,
-// reads its dataflow choices and refuses inputs beyond its limits (sort sizes, segments).
+// chooses its dataflow and refuses inputs beyond its limits (sort sizes, segments).
 #ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_KERNELS_H_
 #define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_KERNELS_H_
 
@@ -52,7 +52,7 @@ template <typename Device, typename T>
 class DirectSparseConvFunctor;
 
 // DirectSparseConvBackprop, per device:
-//   DirectSparseConvBackpropFunctor(OpKernelContext* ctx, Accumulator accumulator);
+//   DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow);
 //   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys,
 //                        const T* out_grad, int64_t n_out);
 //   absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad);  // Eq. 3
@@ -123,9 +123,7 @@ template <typename Device, typename T>
 class DirectSparseConvBackpropOp : public tensorflow::OpKernel {
  public:
   explicit DirectSparseConvBackpropOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string accumulator;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("accumulator", &accumulator));
-    accumulator_ = ParseAccumulator(accumulator);
+    OP_REQUIRES_OK(ctx, ReadDataflow(ctx, &dataflow_));
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
@@ -137,7 +135,7 @@ class DirectSparseConvBackpropOp : public tensorflow::OpKernel {
     const Tensor& out_grad = ctx->input(6);
     OP_REQUIRES_OK(ctx, CheckKeysVector(out_keys, "output"));
     OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(out_keys, out_grad, "output gradient"));
-    DirectSparseConvBackpropFunctor<Device, T> backprop(ctx, accumulator_);
+    DirectSparseConvBackpropFunctor<Device, T> backprop(ctx, dataflow_);
     OP_REQUIRES_OK(ctx, backprop.Prepare(in, out_keys.flat<int64_t>().data(), out_grad.flat<T>().data(),
                                          out_keys.NumElements()));
     Tensor *in_grad, *filter_grad, *bias_grad;
@@ -149,7 +147,7 @@ class DirectSparseConvBackpropOp : public tensorflow::OpKernel {
   }
 
  private:
-  Accumulator accumulator_;
+  DirectConvDataflow dataflow_ = DirectConvDataflow::kAuto;
 };
 
 }  // namespace tf_sparseconv

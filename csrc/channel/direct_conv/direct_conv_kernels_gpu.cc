@@ -5,9 +5,7 @@
 #if GOOGLE_CUDA
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
-#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -111,30 +109,6 @@ void GpuConvArgs(const ConvTensors<T>& in, WeightTable* table, gpu::DirectConvGp
   args->weights = table->View();
 }
 
-// TF_SPARSECONV_DIRECT_DATAFLOW: "auto" (or unset), "sort" or "dense" (direct_conv_gpu.h).
-absl::Status DataflowFromEnvironment(gpu::DirectConvDataflow* dataflow) {
-  static constexpr const char* kChoices[] = {"auto", "sort", "dense"};  // DirectConvDataflow's order
-  return EnumFromEnvironment("TF_SPARSECONV_DIRECT_DATAFLOW", kChoices, dataflow);
-}
-
-// TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB: a limit in MiB on the sort dataflow's contribution
-// buffers (0 or unset: none). Where the buffers of one run would exceed it, the forward runs
-// in groups of whole examples, each within the limit where one example fits it.
-absl::Status TempLimitFromEnvironment(int64_t* bytes) {
-  *bytes = 0;
-  const char* text = std::getenv("TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB");
-  if (text == nullptr || *text == '\0') return absl::OkStatus();
-  char* end = nullptr;
-  errno = 0;
-  const long long mib = std::strtoll(text, &end, 10);
-  if (errno != 0 || *end != '\0' || mib < 0 || mib > (1LL << 40)) {
-    return errors::InvalidArgument("TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB must be a non-negative whole number of MiB "
-                                   "(0: no limit), got \"", text, "\"");
-  }
-  *bytes = static_cast<int64_t>(mib) << 20;
-  return absl::OkStatus();
-}
-
 // Consecutive example ranges [b0, b1) whose contribution buffers (entries * bytes_per_entry)
 // stay within limit; an example above the limit alone is a group of its own.
 std::vector<std::pair<int64_t, int64_t>> ExampleGroups(const std::vector<int64_t>& begin, double bytes_per_entry,
@@ -161,8 +135,8 @@ absl::Status ForwardReportStatus(const gpu::Report& report, const KeyLayout& L) 
 }  // namespace
 
 // The data checks run on the device, in Count (in groups: in a pass of their own first);
-// Prepare reads the dataflow choices and refuses what the GPU kernels cannot index. The
-// attribute `accumulator` is the CPU's: the GPU's choice is TF_SPARSECONV_DIRECT_DATAFLOW.
+// Prepare settles the dataflow, and whether the sort runs in groups of examples to keep its
+// contribution buffers within temp_limit_bytes, and refuses what the GPU kernels cannot index.
 template <typename T>
 class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
  public:
@@ -174,13 +148,10 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
     bias_ = bias;
     const KeyLayout& L = args_.in_layout;
     k_ = attrs_.EffectiveK(L.spatial_size);
-    TF_RETURN_IF_ERROR(DataflowFromEnvironment(&dataflow_));
-    int64_t temp_limit = 0;
-    TF_RETURN_IF_ERROR(TempLimitFromEnvironment(&temp_limit));
-    temp_limit_ = static_cast<double>(temp_limit);
+    temp_limit_ = static_cast<double>(attrs_.temp_limit_bytes);
     // In groups, each group's contributions are checked against the sort's limit instead.
-    const bool sort = !gpu::UseDenseGrid(args_, dataflow_);
-    in_groups_ = sort && temp_limit > 0 && L.batch > 1 && args_.n > 0 &&
+    const bool sort = !gpu::UseDenseGrid(args_, attrs_.dataflow);
+    in_groups_ = sort && attrs_.temp_limit_bytes > 0 && L.batch > 1 && args_.n > 0 &&
                  gpu::SortForwardBytes(args_) > temp_limit_;
     if (sort && !in_groups_) {
       TF_RETURN_IF_ERROR(CheckSortable(gpu::ContributionSlots(args_.n, table_.max_row), "DirectSparseConv",
@@ -197,7 +168,7 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
   absl::Status Count(int64_t* touched, int64_t* positive, int64_t* count) {
     if (in_groups_) return CountInGroups(touched, positive, count);
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(conv_.Run(stream_, &scratch_, args_, bias_, attrs_.selection, k_, dataflow_,
+    TF_RETURN_IF_ERROR(ToStatus(conv_.Run(stream_, &scratch_, args_, bias_, attrs_.selection, k_, attrs_.dataflow,
                                           touched, positive, &report)));
     TF_RETURN_IF_ERROR(ForwardReportStatus(report, args_.in_layout));
     *count = report.count;
@@ -287,9 +258,9 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
     part.values = args_.values + begin_[g.first];
     part.n = begin_[g.second] - begin_[g.first];
     TF_RETURN_IF_ERROR(CheckSortable(gpu::ContributionSlots(part.n, args_.weights.max_row), "DirectSparseConv",
-                                     "contributions of one group of examples (TF_SPARSECONV_DIRECT_TEMP_LIMIT_MB)"));
+                                     "contributions of one group of examples (temp_limit_bytes)"));
     return ::tf_sparseconv::ToStatus(conv->Run(stream_, scratch, part, bias_, attrs_.selection, k_,
-                                               gpu::DirectConvDataflow::kSort, group_touched, group_positive,
+                                               DirectConvDataflow::kSort, group_touched, group_positive,
                                                report),
                                      *scratch, op_);
   }
@@ -300,7 +271,6 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
   gpu::DirectConvGpuArgs<T> args_;
   const T* bias_ = nullptr;
   int64_t k_ = 0;
-  gpu::DirectConvDataflow dataflow_ = gpu::DirectConvDataflow::kAuto;
   double temp_limit_ = 0;
   bool in_groups_ = false;
   gpu::DirectConvForwardGpu<T> conv_;
@@ -312,13 +282,12 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
   Tensor group_counts_;
 };
 
-// The data checks run on the device with the gradients. The attribute `accumulator` is the
-// CPU's: the GPU's choice is TF_SPARSECONV_DIRECT_DATAFLOW.
+// The data checks run on the device with the gradients.
 template <typename T>
 class DirectSparseConvBackpropFunctor<GPUDevice, T> : GpuFunctorBase {
  public:
-  DirectSparseConvBackpropFunctor(OpKernelContext* ctx, Accumulator)
-      : GpuFunctorBase(ctx, "DirectSparseConvBackprop") {}
+  DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow)
+      : GpuFunctorBase(ctx, "DirectSparseConvBackprop"), dataflow_(dataflow) {}
 
   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys, const T* out_grad, int64_t n_out) {
     GpuConvArgs(in, &table_, &args_);
@@ -329,11 +298,9 @@ class DirectSparseConvBackpropFunctor<GPUDevice, T> : GpuFunctorBase {
   }
 
   absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad) {
-    gpu::DirectConvDataflow dataflow = gpu::DirectConvDataflow::kAuto;
-    TF_RETURN_IF_ERROR(DataflowFromEnvironment(&dataflow));
     gpu::Report report;
     TF_RETURN_IF_ERROR(ToStatus(gpu::DirectConvBackpropGpu<T>(stream_, &scratch_, args_, out_keys_, out_grad_,
-                                                              n_out_, dataflow, in_grad, filter_grad, bias_grad,
+                                                              n_out_, dataflow_, in_grad, filter_grad, bias_grad,
                                                               &report)));
     const KeyLayout& L = args_.in_layout;
     TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[gpu::kBackpropKeys], L.num_keys(), "input"));
@@ -343,6 +310,7 @@ class DirectSparseConvBackpropFunctor<GPUDevice, T> : GpuFunctorBase {
   }
 
  private:
+  const DirectConvDataflow dataflow_;
   WeightTable table_;
   gpu::DirectConvGpuArgs<T> args_;
   const int64_t* out_keys_ = nullptr;

@@ -25,7 +25,8 @@ REGISTER_OP("DirectSparseConv")
     .Attr("selection: {'none', 'signed', 'abs'} = 'none'")
     .Attr("k: int = 0")
     .Attr("rho_up: float = 0")
-    .Attr("accumulator: {'auto', 'dense', 'merge'} = 'auto'")
+    .Attr("dataflow: {'auto', 'sort', 'dense'} = 'auto'")
+    .Attr("temp_limit_bytes: int = 0")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
@@ -53,6 +54,17 @@ With selection 'signed' (largest values) or 'abs' (largest magnitudes), at most 
 entries per (batch, output channel) are kept, ties going to the smaller key;
 k = ceil(rho_up * R1 * ... * Rd) when rho_up is given instead of k.
 
+dataflow chooses how the touched set is formed, the same two ways on both devices, with
+the same result: 'sort' takes the contributions in output-key order and sums them per key,
+its memory following the contributions (the GPU radix-sorts them, the CPU k-way merges
+the sorted stream of each present weight); 'dense' works in buffers over the grid, its
+memory following B * R1 * ... * Rd. 'auto' picks per call by each device's rule (the GPU:
+the smaller temporary memory; the CPU: a cost model).
+temp_limit_bytes caps the contribution buffers of the GPU's sort (0: no cap): where those of
+the whole batch would exceed it, the forward runs in groups of whole examples, twice the
+work for a lower peak, with the same result. The CPU's sort merges streams and holds no such
+buffers, so the cap always holds there; 'dense' needs none.
+
 in_keys: sorted unique int64 keys of the input, layout (b * Cin + c) * S + lin(x).
 in_values: one value per key.
 dense_shape: [B, R1, ..., Rd, Cin].
@@ -77,7 +89,7 @@ REGISTER_OP("DirectSparseConvBackprop")
     .Output("filter_grad: T")
     .Output("bias_grad: T")
     .Attr("T: {float, double}")
-    .Attr("accumulator: {'auto', 'dense', 'merge'} = 'auto'")
+    .Attr("dataflow: {'auto', 'sort', 'dense'} = 'auto'")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(1));
       c->set_output(1, c->input(3));
@@ -91,6 +103,9 @@ REGISTER_OP("DirectSparseConvBackprop")
 Gradients of DirectSparseConv (Hackel et al., Algorithm 2 and Eq. 3): the input
 gradient exists only at the input entries, the filter gradient only at present
 weights, and the bias gradient sums over the kept output entries.
+
+dataflow: the forward's; 'sort' finds the output entries by searching the sorted out_keys,
+'dense' through the dense output grid, 'auto' by each device's rule.
 )doc");
 
 }  // namespace tf_sparseconv

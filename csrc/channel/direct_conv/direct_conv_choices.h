@@ -1,0 +1,29 @@
+// The typed choices of DirectSparseConv and its backprop (their attributes `selection` and
+// `dataflow`), without TensorFlow or CUDA headers so that the CUDA sources share them.
+#ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHOICES_H_
+#define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHOICES_H_
+
+namespace tf_sparseconv {
+
+// k-selection (Hackel et al. §3.2): kSigned keeps the k largest values, kAbs the k largest
+// magnitudes; ties go to the smaller key.
+enum class SelectionMode { kNone, kSigned, kAbs };
+
+// How the touched set is formed and summed, the same two ways on both devices:
+//  kSort:  the contributions taken in output-key order and summed per key; memory follows
+//          the contributions, whatever the grid. The GPU radix-sorts every (entry, present
+//          weight) contribution; the CPU k-way merges the per-weight streams of one
+//          (batch, output channel), each sorted already. The backprop searches the sorted
+//          output keys.
+//  kDense: buffers over the grid; memory follows B * R^d, whatever the entries. The GPU
+//          scatters the input into [B, Cin, R^d] with neighbour masks; the CPU adds into
+//          position-major [R^d, Cout] rows per batch element. The backprop reads the output
+//          gradient through the dense output grid.
+//  kAuto:  each device's rule (the GPU: the smaller temporary memory, direct_conv_gpu.h; the
+//          CPU: its cost model, direct_conv_kernels.cc).
+// On each device both give the same touched set and bit-identical forward values.
+enum class DirectConvDataflow { kAuto, kSort, kDense };
+
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHOICES_H_
