@@ -11,7 +11,9 @@ from tf_sparseconv._native_logs import is_startup_notice
 
 
 def test_loads_against_the_installed_tensorflow():
-    assert hasattr(_op_library.load(), "direct_sparse_conv")
+    library = _op_library.load()
+    assert hasattr(library, "tf_sparseconv_direct_sparse_conv")  # the op TfSparseconv>DirectSparseConv
+    assert callable(_op_library.ops.direct_sparse_conv)  # its wrapper without the prefix
 
 
 @pytest.mark.parametrize("attribute,value", [("TF_VERSION", "2.0.0"), ("CXX11_ABI", "7")])

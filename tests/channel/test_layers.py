@@ -193,7 +193,7 @@ def test_dataflow_and_temp_limit_reach_the_ops_and_the_config(rng):
         return tape.gradient(y["values"], layer.kernel)
 
     ops = {op.type: op for op in kernel_gradient.get_concrete_function().graph.get_operations()}
-    forward, backprop = ops["DirectSparseConv"], ops["DirectSparseConvBackprop"]
+    forward, backprop = ops["TfSparseconv>DirectSparseConv"], ops["TfSparseconv>DirectSparseConvBackprop"]
     assert (forward.get_attr("dataflow"), forward.get_attr("temp_limit_bytes")) == (b"sort", 1 << 20)
     assert backprop.get_attr("dataflow") == b"sort"
 

@@ -2,7 +2,7 @@
 key (de)compression and validation, with gradients."""
 import tensorflow as tf
 
-from tf_sparseconv._op_library import ops as _ops
+from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor, make_channel_sparse
 
 
@@ -76,31 +76,31 @@ def validate(x):
     return ChannelSparseTensor(keys, values, x.dense_shape, x.shape)
 
 
-@tf.RegisterGradient("ChannelSparseToDense")
+@tf.RegisterGradient(OP_NAMESPACE + "ChannelSparseToDense")
 def _to_dense_grad(op, grad):
     return [None, _ops.channel_sparse_gather_dense(op.inputs[0], grad), None]
 
 
-@tf.RegisterGradient("ChannelSparseGatherDense")
+@tf.RegisterGradient(OP_NAMESPACE + "ChannelSparseGatherDense")
 def _gather_dense_grad(op, grad):
     return [None, _ops.channel_sparse_to_dense(op.inputs[0], grad, tf.shape(op.inputs[1], out_type=tf.int64))]
 
 
-@tf.RegisterGradient("DenseToChannelSparse")
+@tf.RegisterGradient(OP_NAMESPACE + "DenseToChannelSparse")
 def _from_dense_grad(op, _keys_grad, values_grad, _shape_grad):
     return [_ops.channel_sparse_to_dense(op.outputs[0], values_grad, op.outputs[2])]
 
 
-@tf.RegisterGradient("ChannelSparseReorder")
+@tf.RegisterGradient(OP_NAMESPACE + "ChannelSparseReorder")
 def _reorder_grad(op, _keys_grad, values_grad, _perm_grad):
     n = tf.shape(op.inputs[1], out_type=tf.int64)
     return [None, tf.scatter_nd(op.outputs[2][:, None], values_grad, n), None]
 
 
-@tf.RegisterGradient("ChannelSparseValidate")
+@tf.RegisterGradient(OP_NAMESPACE + "ChannelSparseValidate")
 def _validate_grad(_op, _keys_grad, values_grad):
     return [None, values_grad, None]
 
 
-tf.no_gradient("ChannelSparseEncodeKeys")
-tf.no_gradient("ChannelSparseDecodeKeys")
+tf.no_gradient(OP_NAMESPACE + "ChannelSparseEncodeKeys")
+tf.no_gradient(OP_NAMESPACE + "ChannelSparseDecodeKeys")

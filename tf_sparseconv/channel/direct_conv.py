@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from tf_sparseconv._op_library import ops as _ops
+from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 
 SELECTION_MODES = ("none", "signed", "abs")
@@ -95,7 +95,7 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     return (y, touched, positive) if return_counts else y
 
 
-@tf.RegisterGradient("DirectSparseConv")
+@tf.RegisterGradient(OP_NAMESPACE + "DirectSparseConv")
 def _direct_sparse_conv_grad(op, _keys_grad, values_grad, _shape_grad, _touched_grad, _positive_grad):
     in_keys, in_values, dense_shape, filters, filter_mask, _bias = op.inputs
     in_grad, filter_grad, bias_grad = _ops.direct_sparse_conv_backprop(

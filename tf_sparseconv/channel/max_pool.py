@@ -1,7 +1,7 @@
 """Sparse max-pooling (Hackel et al. §3.3): window = stride, output position floor(x / s)."""
 import tensorflow as tf
 
-from tf_sparseconv._op_library import ops as _ops
+from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.geometry import pooled_shape
 
@@ -23,7 +23,7 @@ def sparse_max_pool(x, strides):
     return ChannelSparseTensor(keys, values, dense_shape, shape)
 
 
-@tf.RegisterGradient("SparseMaxPool")
+@tf.RegisterGradient(OP_NAMESPACE + "SparseMaxPool")
 def _sparse_max_pool_grad(op, _keys_grad, values_grad, _shape_grad, _argmax_grad):
     n = tf.shape(op.inputs[1], out_type=tf.int64)
     return [None, tf.scatter_nd(op.outputs[3][:, None], values_grad, n), None]

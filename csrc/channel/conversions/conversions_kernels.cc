@@ -143,29 +143,29 @@ class DenseToChannelSparseFunctor<CPUDevice, T> {
   std::vector<int64_t> offset_;
 };
 
-#define REGISTER_CPU(T)                                                                      \
-  REGISTER_KERNEL_BUILDER(Name("ChannelSparseValidate")                                      \
-                              .Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),      \
-                          ChannelSparseValidateOp<CPUDevice, T>);                            \
-  REGISTER_KERNEL_BUILDER(Name("ChannelSparseReorder")                                       \
-                              .Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),      \
-                          ChannelSparseReorderOp<CPUDevice, T>);                             \
-  REGISTER_KERNEL_BUILDER(Name("ChannelSparseToDense")                                       \
-                              .Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),      \
-                          ChannelSparseToDenseOp<CPUDevice, T>);                             \
-  REGISTER_KERNEL_BUILDER(Name("ChannelSparseGatherDense")                                   \
-                              .Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),      \
-                          ChannelSparseGatherDenseOp<CPUDevice, T>);                         \
-  REGISTER_KERNEL_BUILDER(Name("DenseToChannelSparse")                                       \
-                              .Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),      \
+#define REGISTER_CPU(T)                                                                 \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>ChannelSparseValidate")                    \
+                              .Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+                          ChannelSparseValidateOp<CPUDevice, T>);                       \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>ChannelSparseReorder")                     \
+                              .Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+                          ChannelSparseReorderOp<CPUDevice, T>);                        \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>ChannelSparseToDense")                     \
+                              .Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+                          ChannelSparseToDenseOp<CPUDevice, T>);                        \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>ChannelSparseGatherDense")                 \
+                              .Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+                          ChannelSparseGatherDenseOp<CPUDevice, T>);                    \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DenseToChannelSparse")                     \
+                              .Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
                           DenseToChannelSparseOp<CPUDevice, T>);
 REGISTER_CPU(float);
 REGISTER_CPU(double);
 #undef REGISTER_CPU
 
-REGISTER_KERNEL_BUILDER(Name("ChannelSparseEncodeKeys").Device(::tensorflow::DEVICE_CPU),
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>ChannelSparseEncodeKeys").Device(::tensorflow::DEVICE_CPU),
                         ChannelSparseEncodeKeysOp<CPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("ChannelSparseDecodeKeys").Device(::tensorflow::DEVICE_CPU),
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>ChannelSparseDecodeKeys").Device(::tensorflow::DEVICE_CPU),
                         ChannelSparseDecodeKeysOp<CPUDevice>);
 
 }  // namespace tf_sparseconv

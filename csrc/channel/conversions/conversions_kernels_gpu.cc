@@ -123,39 +123,39 @@ class DenseToChannelSparseFunctor<GPUDevice, T> : GpuFunctorBase {
   gpu::DenseToChannelSparseGpu<T> convert_;
 };
 
-#define REGISTER_GPU(T)                                                                    \
-  REGISTER_KERNEL_BUILDER(Name("ChannelSparseValidate")                                    \
-                              .Device(::tensorflow::DEVICE_GPU)                            \
-                              .TypeConstraint<T>("T")                                      \
-                              .HostMemory("dense_shape"),                                  \
-                          ChannelSparseValidateOp<GPUDevice, T>);                          \
-  REGISTER_KERNEL_BUILDER(Name("ChannelSparseReorder")                                     \
-                              .Device(::tensorflow::DEVICE_GPU)                            \
-                              .TypeConstraint<T>("T")                                      \
-                              .HostMemory("dense_shape"),                                  \
-                          ChannelSparseReorderOp<GPUDevice, T>);                           \
-  REGISTER_KERNEL_BUILDER(Name("ChannelSparseToDense")                                     \
-                              .Device(::tensorflow::DEVICE_GPU)                            \
-                              .TypeConstraint<T>("T")                                      \
-                              .HostMemory("dense_shape"),                                  \
-                          ChannelSparseToDenseOp<GPUDevice, T>);                           \
-  REGISTER_KERNEL_BUILDER(                                                                 \
-      Name("ChannelSparseGatherDense").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"), \
-      ChannelSparseGatherDenseOp<GPUDevice, T>);                                           \
-  REGISTER_KERNEL_BUILDER(Name("DenseToChannelSparse")                                     \
-                              .Device(::tensorflow::DEVICE_GPU)                            \
-                              .TypeConstraint<T>("T")                                      \
-                              .HostMemory("dense_shape"),                                  \
+#define REGISTER_GPU(T)                                                                                      \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>ChannelSparseValidate")                                         \
+                              .Device(::tensorflow::DEVICE_GPU)                                              \
+                              .TypeConstraint<T>("T")                                                        \
+                              .HostMemory("dense_shape"),                                                    \
+                          ChannelSparseValidateOp<GPUDevice, T>);                                            \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>ChannelSparseReorder")                                          \
+                              .Device(::tensorflow::DEVICE_GPU)                                              \
+                              .TypeConstraint<T>("T")                                                        \
+                              .HostMemory("dense_shape"),                                                    \
+                          ChannelSparseReorderOp<GPUDevice, T>);                                             \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>ChannelSparseToDense")                                          \
+                              .Device(::tensorflow::DEVICE_GPU)                                              \
+                              .TypeConstraint<T>("T")                                                        \
+                              .HostMemory("dense_shape"),                                                    \
+                          ChannelSparseToDenseOp<GPUDevice, T>);                                             \
+  REGISTER_KERNEL_BUILDER(                                                                                   \
+      Name("TfSparseconv>ChannelSparseGatherDense").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"), \
+      ChannelSparseGatherDenseOp<GPUDevice, T>);                                                             \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DenseToChannelSparse")                                          \
+                              .Device(::tensorflow::DEVICE_GPU)                                              \
+                              .TypeConstraint<T>("T")                                                        \
+                              .HostMemory("dense_shape"),                                                    \
                           DenseToChannelSparseOp<GPUDevice, T>);
 REGISTER_GPU(float);
 REGISTER_GPU(double);
 #undef REGISTER_GPU
 
-REGISTER_KERNEL_BUILDER(Name("ChannelSparseEncodeKeys")
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>ChannelSparseEncodeKeys")
                             .Device(::tensorflow::DEVICE_GPU)
                             .HostMemory("dense_shape"),
                         ChannelSparseEncodeKeysOp<GPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("ChannelSparseDecodeKeys")
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>ChannelSparseDecodeKeys")
                             .Device(::tensorflow::DEVICE_GPU)
                             .HostMemory("dense_shape"),
                         ChannelSparseDecodeKeysOp<GPUDevice>);

@@ -7,7 +7,7 @@ namespace tf_sparseconv {
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-REGISTER_OP("ChannelSparseValidate")
+REGISTER_OP("TfSparseconv>ChannelSparseValidate")
     .Input("keys: int64")
     .Input("values: T")
     .Input("dense_shape: int64")
@@ -24,7 +24,7 @@ Checks a channel-sparse tensor: keys sorted, unique and inside [0, prod(dense_sh
 one value per key, a valid dense_shape, no NaN values. Passes keys and values through.
 )doc");
 
-REGISTER_OP("ChannelSparseEncodeKeys")
+REGISTER_OP("TfSparseconv>ChannelSparseEncodeKeys")
     .Input("indices: int64")
     .Input("dense_shape: int64")
     .Output("keys: int64")
@@ -39,7 +39,7 @@ Compresses [N, d+2] indices (b, x1..xd, c) into keys (b * C + c) * S + lin(x); e
 coordinate must be inside dense_shape. The keys keep the order of the rows.
 )doc");
 
-REGISTER_OP("ChannelSparseDecodeKeys")
+REGISTER_OP("TfSparseconv>ChannelSparseDecodeKeys")
     .Input("keys: int64")
     .Input("dense_shape: int64")
     .Output("indices: int64")
@@ -52,7 +52,7 @@ REGISTER_OP("ChannelSparseDecodeKeys")
     })
     .Doc("Expands keys into [N, d+2] indices (b, x1..xd, c).");
 
-REGISTER_OP("ChannelSparseReorder")
+REGISTER_OP("TfSparseconv>ChannelSparseReorder")
     .Input("keys: int64")
     .Input("values: T")
     .Input("dense_shape: int64")
@@ -71,7 +71,7 @@ Sorts in-range keys (and their values) into the canonical order; duplicate keys 
 error. sorted_values[i] = values[permutation[i]].
 )doc");
 
-REGISTER_OP("ChannelSparseToDense")
+REGISTER_OP("TfSparseconv>ChannelSparseToDense")
     .Input("keys: int64")
     .Input("values: T")
     .Input("dense_shape: int64")
@@ -85,7 +85,7 @@ REGISTER_OP("ChannelSparseToDense")
     })
     .Doc("Scatters a channel-sparse tensor into a dense [B, R1..Rd, C] tensor (zeros elsewhere).");
 
-REGISTER_OP("ChannelSparseGatherDense")
+REGISTER_OP("TfSparseconv>ChannelSparseGatherDense")
     .Input("keys: int64")
     .Input("dense: T")
     .Output("values: T")
@@ -96,7 +96,7 @@ REGISTER_OP("ChannelSparseGatherDense")
     })
     .Doc("Reads a dense [B, R1..Rd, C] tensor at the positions of the keys (the adjoint of ToDense).");
 
-REGISTER_OP("DenseToChannelSparse")
+REGISTER_OP("TfSparseconv>DenseToChannelSparse")
     .Input("dense: T")
     .Output("keys: int64")
     .Output("values: T")

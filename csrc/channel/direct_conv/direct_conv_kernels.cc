@@ -809,13 +809,13 @@ class DirectSparseConvBackpropFunctor<CPUDevice, T> {
   DirectConvBackpropArgs<T> g_;
 };
 
-#define REGISTER_CPU(T)                                                                 \
-  REGISTER_KERNEL_BUILDER(                                                              \
-      Name("DirectSparseConv").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
-      DirectSparseConvOp<CPUDevice, T>);                                                \
-  REGISTER_KERNEL_BUILDER(Name("DirectSparseConvBackprop")                              \
-                              .Device(::tensorflow::DEVICE_CPU)                         \
-                              .TypeConstraint<T>("T"),                                  \
+#define REGISTER_CPU(T)                                                                              \
+  REGISTER_KERNEL_BUILDER(                                                                           \
+      Name("TfSparseconv>DirectSparseConv").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      DirectSparseConvOp<CPUDevice, T>);                                                             \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvBackprop")                              \
+                              .Device(::tensorflow::DEVICE_CPU)                                      \
+                              .TypeConstraint<T>("T"),                                               \
                           DirectSparseConvBackpropOp<CPUDevice, T>);
 REGISTER_CPU(float);
 REGISTER_CPU(double);

@@ -318,19 +318,19 @@ class DirectSparseConvBackpropFunctor<GPUDevice, T> : GpuFunctorBase {
   int64_t n_out_ = 0;
 };
 
-#define REGISTER_GPU(T)                                                      \
-  REGISTER_KERNEL_BUILDER(Name("DirectSparseConv")                           \
-                              .Device(::tensorflow::DEVICE_GPU)              \
-                              .TypeConstraint<T>("T")                        \
-                              .HostMemory("dense_shape")                     \
-                              .HostMemory("filter_mask")                     \
-                              .HostMemory("out_dense_shape"),                \
-                          DirectSparseConvOp<GPUDevice, T>);                 \
-  REGISTER_KERNEL_BUILDER(Name("DirectSparseConvBackprop")                   \
-                              .Device(::tensorflow::DEVICE_GPU)              \
-                              .TypeConstraint<T>("T")                        \
-                              .HostMemory("dense_shape")                     \
-                              .HostMemory("filter_mask"),                    \
+#define REGISTER_GPU(T)                                                 \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConv")         \
+                              .Device(::tensorflow::DEVICE_GPU)         \
+                              .TypeConstraint<T>("T")                   \
+                              .HostMemory("dense_shape")                \
+                              .HostMemory("filter_mask")                \
+                              .HostMemory("out_dense_shape"),           \
+                          DirectSparseConvOp<GPUDevice, T>);            \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvBackprop") \
+                              .Device(::tensorflow::DEVICE_GPU)         \
+                              .TypeConstraint<T>("T")                   \
+                              .HostMemory("dense_shape")                \
+                              .HostMemory("filter_mask"),               \
                           DirectSparseConvBackpropOp<GPUDevice, T>);
 REGISTER_GPU(float);
 REGISTER_GPU(double);

@@ -9,7 +9,7 @@ using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-REGISTER_OP("DirectSparseConv")
+REGISTER_OP("TfSparseconv>DirectSparseConv")
     .Input("in_keys: int64")
     .Input("in_values: T")
     .Input("dense_shape: int64")
@@ -77,7 +77,7 @@ positive_counts: [B, Cout] entries > 0 of each segment before k-selection (what 
   following ReLU would keep without the bound; the density of Eq. 4).
 )doc");
 
-REGISTER_OP("DirectSparseConvBackprop")
+REGISTER_OP("TfSparseconv>DirectSparseConvBackprop")
     .Input("in_keys: int64")
     .Input("in_values: T")
     .Input("dense_shape: int64")

@@ -87,9 +87,9 @@ class SparseMaxPoolFunctor<CPUDevice, T> {
   std::vector<int64_t> in_offsets_, pooled_, order_, seg_count_;
 };
 
-#define REGISTER_CPU(T)                                                                   \
-  REGISTER_KERNEL_BUILDER(                                                                \
-      Name("SparseMaxPool").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),      \
+#define REGISTER_CPU(T)                                                                           \
+  REGISTER_KERNEL_BUILDER(                                                                        \
+      Name("TfSparseconv>SparseMaxPool").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
       SparseMaxPoolOp<CPUDevice, T>);
 REGISTER_CPU(float);
 REGISTER_CPU(double);

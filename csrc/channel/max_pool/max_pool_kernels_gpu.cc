@@ -39,12 +39,12 @@ class SparseMaxPoolFunctor<GPUDevice, T> : GpuFunctorBase {
   gpu::SparseMaxPoolGpu<T> pool_;
 };
 
-#define REGISTER_GPU(T)                                          \
-  REGISTER_KERNEL_BUILDER(Name("SparseMaxPool")                  \
-                              .Device(::tensorflow::DEVICE_GPU)  \
-                              .TypeConstraint<T>("T")            \
-                              .HostMemory("dense_shape")         \
-                              .HostMemory("out_dense_shape"),    \
+#define REGISTER_GPU(T)                                         \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>SparseMaxPool")    \
+                              .Device(::tensorflow::DEVICE_GPU) \
+                              .TypeConstraint<T>("T")           \
+                              .HostMemory("dense_shape")        \
+                              .HostMemory("out_dense_shape"),   \
                           SparseMaxPoolOp<GPUDevice, T>);
 REGISTER_GPU(float);
 REGISTER_GPU(double);

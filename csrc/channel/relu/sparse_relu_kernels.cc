@@ -37,9 +37,9 @@ class SparseReluFunctor<CPUDevice, T> {
   int64_t n_ = 0;
 };
 
-#define REGISTER_CPU(T)                                                                       \
-  REGISTER_KERNEL_BUILDER(                                                                    \
-      Name("SparseRelu").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),             \
+#define REGISTER_CPU(T)                                                                        \
+  REGISTER_KERNEL_BUILDER(                                                                     \
+      Name("TfSparseconv>SparseRelu").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
       SparseReluOp<CPUDevice, T>);
 REGISTER_CPU(float);
 REGISTER_CPU(double);

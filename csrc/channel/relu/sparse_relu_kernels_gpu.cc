@@ -32,11 +32,11 @@ class SparseReluFunctor<GPUDevice, T> : GpuFunctorBase {
   gpu::SparseReluGpu<T> relu_;
 };
 
-#define REGISTER_GPU(T)                                        \
-  REGISTER_KERNEL_BUILDER(Name("SparseRelu")                   \
+#define REGISTER_GPU(T)                                         \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>SparseRelu")       \
                               .Device(::tensorflow::DEVICE_GPU) \
-                              .TypeConstraint<T>("T")          \
-                              .HostMemory("dense_shape"),      \
+                              .TypeConstraint<T>("T")           \
+                              .HostMemory("dense_shape"),       \
                           SparseReluOp<GPUDevice, T>);
 REGISTER_GPU(float);
 REGISTER_GPU(double);

@@ -6,7 +6,7 @@ namespace tf_sparseconv {
 
 using ::tensorflow::shape_inference::InferenceContext;
 
-REGISTER_OP("SparseRelu")
+REGISTER_OP("TfSparseconv>SparseRelu")
     .Input("keys: int64")
     .Input("values: T")
     .Input("dense_shape: int64")
