@@ -9,6 +9,7 @@ import sys
 import time
 import zipfile
 
+from tf_sparseconv.data.npz import without_pickle_advice
 
 
 class UsageError(Exception):
@@ -28,10 +29,7 @@ def one_line(error):
             lines = [line for line in lines if not line.startswith(("Graph execution", "Detected at", "File ", "[["))]
             lines = lines[-1:]
         line = lines[0] if lines else type(error).__name__
-    # numpy's own advice for pickled files is unsafe; say what the file is instead.
-    if "allow_pickle" in line:
-        line = "the file holds pickled Python objects, which are not loaded since that would run code from it"
-    return line
+    return without_pickle_advice(line)
 
 
 def positive_int(text):

@@ -1,15 +1,20 @@
-"""Reading named arrays from an .npz archive with errors that name the file and the problem."""
+"""Reading named arrays from an .npz archive with errors that name the file and the problem,
+and the one wording of why Python objects in a file are not read (every reader of .npy and
+.npz files uses it)."""
 import zipfile
 
 import numpy as np
 
+# Python objects in a file are never loaded: unpickling runs code from the file.
+NOT_UNPICKLED = "Python objects and pickles are not loaded, since unpickling runs code from the file"
 
-def _reason(error):
-    # numpy suggests allow_pickle=True for bytes it cannot read as arrays; loading pickles
-    # from a file runs its code, so the advice is never passed on.
-    text = str(error)
-    if "allow_pickle" in text or "pickle" in text.lower():
-        return "its contents are not numeric arrays"
+
+def without_pickle_advice(text):
+    """text, or, where it is numpy's refusal to unpickle (a file of Python objects, or bytes
+    numpy could read only as a pickle), which advises allow_pickle=True, what is wrong instead."""
+    text = str(text)
+    if "allow_pickle" in text:
+        return f"its contents are not plain arrays: {NOT_UNPICKLED}"
     return text
 
 
@@ -18,7 +23,7 @@ def read_npz_arrays(path, names):
     try:
         data = np.load(path, allow_pickle=False)
     except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:  # np.load tries pickle on non-zip bytes
-        raise ValueError(f"{path}: not a readable .npz file ({_reason(e)})") from None
+        raise ValueError(f"{path}: not a readable .npz file ({without_pickle_advice(e)})") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise ValueError(f"{path}: not a readable .npz file (a single .npy array, not an .npz archive)")
     with data:
@@ -28,4 +33,4 @@ def read_npz_arrays(path, names):
         try:
             return {name: data[name] for name in names}
         except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:  # a member that does not decode
-            raise ValueError(f"{path}: not a readable .npz file ({_reason(e)})") from None
+            raise ValueError(f"{path}: not a readable .npz file ({without_pickle_advice(e)})") from None

@@ -15,6 +15,8 @@ import zlib
 
 import numpy as np
 
+from tf_sparseconv.data.npz import NOT_UNPICKLED
+
 POINT_SUFFIXES = (".off", ".ply", ".npy", ".npz")
 IMAGE_SUFFIXES = (".png", ".npy", ".npz")
 # Points sampled from a mesh when the caller does not say how many.
@@ -57,8 +59,8 @@ def _array_header(stream, path, member=None):
     except (ValueError, OSError, EOFError) as e:
         raise ValueError(f"{where}: not a valid NumPy array ({e})") from None
     if dtype.hasobject:
-        raise ValueError(f"{where}: holds Python objects (dtype {dtype}); such arrays are not read, since loading "
-                         "them would run code from the file. Save plain numeric arrays (np.save / np.savez)")
+        raise ValueError(f"{where}: holds Python objects (dtype {dtype}); {NOT_UNPICKLED}. Save plain arrays "
+                         "(np.save / np.savez; text as np.array(names, dtype=str))")
     return tuple(shape), dtype
 
 
@@ -77,7 +79,8 @@ def npz_headers(path):
     path = os.fspath(path)
     with open(path, "rb") as f:
         if f.read(4) != _ZIP_MAGIC:
-            raise ValueError(f"{path}: not a NumPy .npz archive (not a zip file)")
+            raise ValueError(f"{path}: not a NumPy .npz archive (not a zip file); expected an archive written by "
+                             "numpy.savez")
     try:
         with zipfile.ZipFile(path) as archive:
             headers = {}

@@ -34,7 +34,6 @@ import os
 import shutil
 import sys
 import time
-import zipfile
 
 import keras
 import numpy as np
@@ -43,6 +42,7 @@ import tensorflow as tf
 from tf_sparseconv import data as datasets
 from tf_sparseconv.data.mnist import IDX_FILES, THRESHOLD
 from tf_sparseconv.data.modelnet import MESH_LAYOUT
+from tf_sparseconv.data.point_files import npz_headers
 from tf_sparseconv.data.scannet import SCAN_LAYOUT
 from tf_sparseconv.channel.keras_io import as_keras_inputs
 from tf_sparseconv.models import (DEFAULT_RHOS, image_classifier, normalize_point_clouds, octnet3,
@@ -133,38 +133,10 @@ def _expected_data(dataset):
     return f"the ScanNet scans {SCAN_LAYOUT}"
 
 
-def npz_headers(path):
-    """{name: (shape, dtype)} of the arrays in an .npz, read from the .npy headers alone
-    (nothing is unpickled or loaded); ValueError naming the file for anything else."""
-    try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise ValueError(f"{path} is not a readable .npz file ({one_line(e)}); expected an archive written by "
-                         "numpy.savez") from None
-    headers = {}
-    with archive:
-        for info in archive.infolist():
-            if not info.filename.endswith(".npy"):
-                continue
-            name = info.filename[:-4]
-            try:
-                with archive.open(info) as f:
-                    version = np.lib.format.read_magic(f)
-                    if version == (1, 0):
-                        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-                    elif version == (2, 0):
-                        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-                    else:
-                        raise ValueError(f"unsupported .npy format version {version}")
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-                raise ValueError(f"{path}: array {name!r} is not readable ({one_line(e)})") from None
-            headers[name] = (tuple(shape), dtype)
-    return headers
-
-
 def check_npz(path, form):
     """Raises ValueError with one line unless the .npz at path holds the arrays of
-    NPZ_ARRAYS[form] with consistent shapes, none of them Python objects."""
+    NPZ_ARRAYS[form] with consistent shapes, none of them Python objects (read from the .npy
+    headers alone: nothing is unpickled or loaded)."""
     headers = npz_headers(path)
     expected = NPZ_ARRAYS[form]
     missing = sorted(set(expected) - set(headers))
@@ -173,9 +145,6 @@ def check_npz(path, form):
                          f"{NPZ_FORMS[form]}")
     for name, (kind, ndim) in expected.items():
         shape, dtype = headers[name]
-        if dtype.hasobject:
-            raise ValueError(f"{path}: array {name!r} holds Python objects, which are not loaded (unpickling "
-                             "runs code); save it as a plain array, e.g. np.array(names, dtype=str)")
         wanted = {"uint8": dtype == np.uint8, "integer": dtype.kind in "iu", "string": dtype.kind in "US"}[kind]
         if len(shape) != ndim or not wanted:
             raise ValueError(f"{path}: array {name!r} is {dtype} {list(shape)}; expected {NPZ_FORMS[form]}")
