@@ -54,13 +54,17 @@ def logical_shape(input_shape):
     raise TypeError(f"sparse Keras layers take the dict made by as_keras_inputs / sparse_input; got shapes {input_shape}")
 
 
-class SparseLayer(keras.layers.Layer):
-    """Base of the sparse layers: dict in, dict out; custom ops XLA cannot compile."""
+class CustomOpLayer(keras.layers.Layer):
+    """A layer running the library's ops, TensorFlow custom ops that XLA cannot compile: Keras
+    is told not to jit_compile models using it."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        # The ops are TensorFlow custom ops: tell Keras not to jit_compile models using them.
         self.supports_jit = False
+
+
+class SparseLayer(CustomOpLayer):
+    """Base of the sparse layers: dict in, dict out."""
 
     def call(self, inputs, training=None):
         # Subclasses define sparse_call(ChannelSparseTensor, training) -> ChannelSparseTensor.

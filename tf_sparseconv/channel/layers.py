@@ -3,7 +3,8 @@ of the channel-sparse representation."""
 import keras
 
 from tf_sparseconv.channel.conversions import from_dense, to_dense
-from tf_sparseconv.channel.keras_io import SparseLayer, as_keras_inputs, from_keras_inputs, logical_shape
+from tf_sparseconv.channel.keras_io import (CustomOpLayer, SparseLayer, as_keras_inputs, from_keras_inputs,
+                                            logical_shape)
 from tf_sparseconv.channel.max_pool import sparse_max_pool
 from tf_sparseconv.channel.relu import sparse_relu
 from tf_sparseconv.geometry import per_dim
@@ -40,12 +41,8 @@ class SparseMaxPool(SparseLayer):
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
-class SparseToDense(keras.layers.Layer):
+class SparseToDense(CustomOpLayer):
     """The channel-sparse batch as a dense [B, R1, ..., Rd, C] tensor (zeros elsewhere)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.supports_jit = False
 
     def call(self, inputs):
         return to_dense(from_keras_inputs(inputs))
@@ -55,12 +52,8 @@ class SparseToDense(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
-class DenseToSparse(keras.layers.Layer):
+class DenseToSparse(CustomOpLayer):
     """A dense batch [B, R1, ..., Rd, C] (e.g. occupancy grids) -> its non-zero entries."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.supports_jit = False
 
     def call(self, inputs):
         return as_keras_inputs(from_dense(inputs))
