@@ -146,6 +146,16 @@ inline absl::Status ValidateValuesMatchKeys(const tensorflow::Tensor& keys,
   return absl::OkStatus();
 }
 
+// A channel-sparse tensor given as keys, values and dense_shape: its layout, keys a vector
+// and one value per key; `what` names the tensor in the messages.
+inline absl::Status CheckSparseTensor(const tensorflow::Tensor& keys, const tensorflow::Tensor& values,
+                                      const tensorflow::Tensor& dense_shape, const char* what,
+                                      KeyLayout* layout) {
+  TF_RETURN_IF_ERROR(MakeKeyLayout(dense_shape, layout));
+  TF_RETURN_IF_ERROR(CheckKeysVector(keys, what));
+  return ValidateValuesMatchKeys(keys, values, what);
+}
+
 inline absl::Status NaNError(const char* what, int64_t i) {
   return tensorflow::errors::InvalidArgument(what, " contains NaN at position ", i);
 }
@@ -163,6 +173,14 @@ absl::Status RejectNaN(const T* x, int64_t n, const char* what) {
 inline absl::Status KeyOutOfRangeError(int64_t i, int64_t key, int64_t limit) {
   return tensorflow::errors::InvalidArgument("key out of range at entry ", i, ": ", key,
                                              " is not in [0, ", limit, ")");
+}
+
+// Keys that may be unsorted (Decode, Reorder) but must lie inside the layout.
+inline absl::Status CheckKeysInLayout(const int64_t* keys, int64_t n, const KeyLayout& layout) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (keys[i] < 0 || keys[i] >= layout.num_keys()) return KeyOutOfRangeError(i, keys[i], layout.num_keys());
+  }
+  return absl::OkStatus();
 }
 
 // Indices [N, d+2] rows are (b, x1..xd, c): the exclusive upper bound of column j.

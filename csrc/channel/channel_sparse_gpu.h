@@ -1,7 +1,7 @@
-// The channel-sparse tensor's checks on the GPU (common/gpu_util.cuh's CheckSortedKeys and
-// CheckNaN) turned into the messages of ValidateKeys and RejectNaN (channel_sparse.h), so
-// both devices say the same thing, and what every GPU functor of the family holds. Only in
-// builds with -DGOOGLE_CUDA=1.
+// The channel-sparse tensor's checks on the GPU (common/gpu_util.cuh's CheckSortedKeys,
+// CheckKeysInRange and CheckNaN) turned into the messages of ValidateKeys, CheckKeysInLayout
+// and RejectNaN (channel_sparse.h), so both devices say the same thing, and what every GPU
+// functor of the family holds. Only in builds with -DGOOGLE_CUDA=1.
 #ifndef TF_SPARSECONV_CHANNEL_CHANNEL_SPARSE_GPU_H_
 #define TF_SPARSECONV_CHANNEL_CHANNEL_SPARSE_GPU_H_
 
@@ -28,6 +28,20 @@ inline absl::Status SortedKeysStatus(const gpu::CheckSlot& slot, int64_t limit,
 inline absl::Status NaNStatus(const gpu::CheckSlot& slot, const char* what) {
   if (!gpu::Failed(slot)) return absl::OkStatus();
   return NaNError(what, static_cast<int64_t>(slot.first));
+}
+
+// The checks of NewEntryReport (channel_sparse.cuh): the keys' (named keys_what), then the
+// values' (values_what).
+inline absl::Status EntryReportStatus(const gpu::Report& report, int keys_check, int nan_check, int64_t limit,
+                                      const char* keys_what, const char* values_what) {
+  TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[keys_check], limit, keys_what));
+  return NaNStatus(report.checks[nan_check], values_what);
+}
+
+// The message of CheckKeysInLayout for a failed CheckKeysInRange.
+inline absl::Status KeysInLayoutStatus(const gpu::CheckSlot& slot, int64_t limit) {
+  if (!gpu::Failed(slot)) return absl::OkStatus();
+  return KeyOutOfRangeError(static_cast<int64_t>(slot.first), slot.detail[0], limit);
 }
 
 // The TensorFlow side of an op's GPU functor (the Op<GPUDevice, T> specialisations): the

@@ -1,6 +1,7 @@
 // The conversion and validation ops on the GPU. Scatter and gather kernels skip keys
 // outside the layout, so that invalid input, which the Report rejects, cannot make them
 // write or read out of bounds.
+#include "channel/channel_sparse.cuh"
 #include "channel/conversions/conversions_gpu.h"
 #include "common/gpu_util.cuh"
 
@@ -122,11 +123,8 @@ template <typename T>
 GpuStatus ValidateGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
                       const int64_t* keys, const T* values, int64_t n, Report* report) {
   Report* device_report = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, keys, n, layout.num_keys(),
-                                                &device_report->checks[kValidateKeys]));
-  TF_SPARSECONV_RETURN_IF_ERROR(
-      CheckNaN(stream, values, n, &device_report->checks[kValidateNaN]));
+  TF_SPARSECONV_RETURN_IF_ERROR(NewEntryReport(stream, scratch, keys, values, n, layout.num_keys(), kValidateKeys,
+                                               kValidateNaN, &device_report));
   return ReadReport(stream, scratch, device_report, report);
 }
 

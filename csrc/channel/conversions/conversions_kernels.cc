@@ -12,8 +12,8 @@ using ::tensorflow::OpKernelContext;
 
 template <typename T>
 struct ValidateFunctor<CPUDevice, T> {
-  absl::Status operator()(OpKernelContext*, const KeyLayout& L, const int64_t* keys,
-                          const T* values, int64_t n) {
+  explicit ValidateFunctor(OpKernelContext*) {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n) {
     TF_RETURN_IF_ERROR(ValidateKeys(keys, n, L, "channel-sparse"));
     return RejectNaN(values, n, "values");
   }
@@ -21,8 +21,8 @@ struct ValidateFunctor<CPUDevice, T> {
 
 template <>
 struct EncodeKeysFunctor<CPUDevice> {
-  absl::Status operator()(OpKernelContext*, const KeyLayout& L, const int64_t* idx, int64_t n,
-                          int64_t* k) {
+  explicit EncodeKeysFunctor(OpKernelContext*) {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* idx, int64_t n, int64_t* k) {
     const int64_t rank = L.d + 2;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t* row = idx + i * rank;
@@ -40,12 +40,9 @@ struct EncodeKeysFunctor<CPUDevice> {
 
 template <>
 struct DecodeKeysFunctor<CPUDevice> {
-  absl::Status operator()(OpKernelContext*, const KeyLayout& L, const int64_t* k, int64_t n,
-                          int64_t* out) {
-    // Keys may be unsorted here but must lie inside the layout.
-    for (int64_t i = 0; i < n; ++i) {
-      if (k[i] < 0 || k[i] >= L.num_keys()) return KeyOutOfRangeError(i, k[i], L.num_keys());
-    }
+  explicit DecodeKeysFunctor(OpKernelContext*) {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* k, int64_t n, int64_t* out) {
+    TF_RETURN_IF_ERROR(CheckKeysInLayout(k, n, L));
     const int64_t rank = L.d + 2;
     std::vector<int32_t> x(L.d);
     for (int64_t i = 0; i < n; ++i) {
@@ -64,11 +61,10 @@ template <typename T>
 struct ReorderFunctor<CPUDevice, T> {
   static absl::Status CheckLimits(int64_t) { return absl::OkStatus(); }
 
-  absl::Status operator()(OpKernelContext*, const KeyLayout& L, const int64_t* k, const T* v,
-                          int64_t n, int64_t* sk, T* sv, int64_t* p) {
-    for (int64_t i = 0; i < n; ++i) {
-      if (k[i] < 0 || k[i] >= L.num_keys()) return KeyOutOfRangeError(i, k[i], L.num_keys());
-    }
+  explicit ReorderFunctor(OpKernelContext*) {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* k, const T* v, int64_t n, int64_t* sk, T* sv,
+                          int64_t* p) {
+    TF_RETURN_IF_ERROR(CheckKeysInLayout(k, n, L));
     std::iota(p, p + n, int64_t{0});
     std::stable_sort(p, p + n, [&](int64_t a, int64_t b) { return k[a] < k[b]; });
     for (int64_t i = 0; i < n; ++i) {
@@ -82,8 +78,8 @@ struct ReorderFunctor<CPUDevice, T> {
 
 template <typename T>
 struct ToDenseFunctor<CPUDevice, T> {
-  absl::Status operator()(OpKernelContext*, const KeyLayout& L, const int64_t* k, const T* v,
-                          int64_t n, T* out) {
+  explicit ToDenseFunctor(OpKernelContext*) {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* k, const T* v, int64_t n, T* out) {
     TF_RETURN_IF_ERROR(ValidateKeys(k, n, L, "to_dense"));
     std::fill(out, out + L.num_keys(), T(0));
     for (int64_t i = 0; i < n; ++i) out[DenseIndex(k[i], L)] = v[i];
@@ -93,8 +89,8 @@ struct ToDenseFunctor<CPUDevice, T> {
 
 template <typename T>
 struct GatherDenseFunctor<CPUDevice, T> {
-  absl::Status operator()(OpKernelContext*, const KeyLayout& L, const int64_t* k, int64_t n,
-                          const T* dense, T* out) {
+  explicit GatherDenseFunctor(OpKernelContext*) {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* k, int64_t n, const T* dense, T* out) {
     TF_RETURN_IF_ERROR(ValidateKeys(k, n, L, "gather_dense"));
     for (int64_t i = 0; i < n; ++i) out[i] = dense[DenseIndex(k[i], L)];
     return absl::OkStatus();

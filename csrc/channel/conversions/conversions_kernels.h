@@ -3,7 +3,8 @@
 // op and device (CPU: conversions_kernels.cc; GPU: conversions_kernels_gpu.cc over
 // conversions.cu).
 //
-// Each functor runs the op's data checks itself and returns the first failure as its
+// Each functor is constructed with the op's context (explicit XFunctor(OpKernelContext*))
+// for one call. It runs the op's data checks itself and returns the first failure as its
 // status: the CPU on the host, before it writes; the GPU on the device, in the pass that
 // does the work (which is why the outputs are allocated before it runs), the results read
 // back in the op's one host round trip and turned into the CPU's messages
@@ -21,41 +22,37 @@
 namespace tf_sparseconv {
 
 // ChannelSparseValidate:
-//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* keys,
-//                           const T* values, int64_t n);
+//   absl::Status operator()(const KeyLayout&, const int64_t* keys, const T* values, int64_t n);
 //   keys sorted, unique and in range ("channel-sparse", ValidateKeys), then no NaN ("values").
 template <typename Device, typename T>
 struct ValidateFunctor;
 
 // ChannelSparseEncodeKeys:
-//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* indices,
-//                           int64_t n, int64_t* keys);
+//   absl::Status operator()(const KeyLayout&, const int64_t* indices, int64_t n, int64_t* keys);
 //   the first index outside its column's bound (IndexOutOfRangeError), rows in order.
 template <typename Device>
 struct EncodeKeysFunctor;
 
 // ChannelSparseDecodeKeys:
-//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* keys,
-//                           int64_t n, int64_t* indices);
-//   the first key out of range (KeyOutOfRangeError).
+//   absl::Status operator()(const KeyLayout&, const int64_t* keys, int64_t n, int64_t* indices);
+//   the first key out of range (CheckKeysInLayout).
 template <typename Device>
 struct DecodeKeysFunctor;
 
 // ChannelSparseReorder:
 //   static absl::Status CheckLimits(int64_t n);
-//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* keys,
-//                           const T* values, int64_t n, int64_t* sorted_keys,
-//                           T* sorted_values, int64_t* permutation);
-//   the first key out of range (KeyOutOfRangeError), then the first duplicate in sorted
+//   absl::Status operator()(const KeyLayout&, const int64_t* keys, const T* values, int64_t n,
+//                           int64_t* sorted_keys, T* sorted_values, int64_t* permutation);
+//   the first key out of range (CheckKeysInLayout), then the first duplicate in sorted
 //   order (DuplicateKeyError); a stable sort.
 template <typename Device, typename T>
 struct ReorderFunctor;
 
 // ChannelSparseToDense and ChannelSparseGatherDense:
-//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* keys,
-//                           const T* values, int64_t n, T* dense);
-//   absl::Status operator()(OpKernelContext*, const KeyLayout&, const int64_t* keys,
-//                           int64_t n, const T* dense, T* values);
+//   absl::Status operator()(const KeyLayout&, const int64_t* keys, const T* values, int64_t n,
+//                           T* dense);
+//   absl::Status operator()(const KeyLayout&, const int64_t* keys, int64_t n, const T* dense,
+//                           T* values);
 //   keys sorted, unique and in range ("to_dense" / "gather_dense", ValidateKeys).
 template <typename Device, typename T>
 struct ToDenseFunctor;
@@ -63,7 +60,6 @@ template <typename Device, typename T>
 struct GatherDenseFunctor;
 
 // DenseToChannelSparse, in two phases around the allocation (no data checks):
-//   explicit DenseToChannelSparseFunctor(OpKernelContext*);
 //   absl::Status Count(const KeyLayout&, const T* dense, int64_t* count);  // non-zeros
 //   absl::Status Write(int64_t* keys, T* values);                         // in key order
 template <typename Device, typename T>
@@ -75,12 +71,10 @@ class ChannelSparseValidateOp : public tensorflow::OpKernel {
   using OpKernel::OpKernel;
   void Compute(tensorflow::OpKernelContext* ctx) override {
     KeyLayout L;
-    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &L));
-    OP_REQUIRES_OK(ctx, CheckKeysVector(ctx->input(0), "channel-sparse"));
-    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(ctx->input(0), ctx->input(1), "channel-sparse"));
-    OP_REQUIRES_OK(ctx, ValidateFunctor<Device, T>()(ctx, L, ctx->input(0).flat<int64_t>().data(),
-                                                     ctx->input(1).flat<T>().data(),
-                                                     ctx->input(0).NumElements()));
+    OP_REQUIRES_OK(ctx, CheckSparseTensor(ctx->input(0), ctx->input(1), ctx->input(2), "channel-sparse", &L));
+    OP_REQUIRES_OK(ctx, ValidateFunctor<Device, T>(ctx)(L, ctx->input(0).flat<int64_t>().data(),
+                                                        ctx->input(1).flat<T>().data(),
+                                                        ctx->input(0).NumElements()));
     ctx->set_output(0, ctx->input(0));
     ctx->set_output(1, ctx->input(1));
   }
@@ -98,8 +92,8 @@ class ChannelSparseEncodeKeysOp : public tensorflow::OpKernel {
     const int64_t n = indices.dim_size(0);
     tensorflow::Tensor* keys;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({n}), &keys));
-    OP_REQUIRES_OK(ctx, EncodeKeysFunctor<Device>()(ctx, L, indices.flat<int64_t>().data(), n,
-                                                    keys->flat<int64_t>().data()));
+    OP_REQUIRES_OK(ctx, EncodeKeysFunctor<Device>(ctx)(L, indices.flat<int64_t>().data(), n,
+                                                       keys->flat<int64_t>().data()));
   }
 };
 
@@ -115,8 +109,8 @@ class ChannelSparseDecodeKeysOp : public tensorflow::OpKernel {
     const int64_t n = keys.NumElements();
     tensorflow::Tensor* indices;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({n, L.d + 2}), &indices));
-    OP_REQUIRES_OK(ctx, DecodeKeysFunctor<Device>()(ctx, L, keys.flat<int64_t>().data(), n,
-                                                    indices->flat<int64_t>().data()));
+    OP_REQUIRES_OK(ctx, DecodeKeysFunctor<Device>(ctx)(L, keys.flat<int64_t>().data(), n,
+                                                       indices->flat<int64_t>().data()));
   }
 };
 
@@ -138,11 +132,9 @@ class ChannelSparseReorderOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &sorted_keys));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &sorted_values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &perm));
-    OP_REQUIRES_OK(ctx, ReorderFunctor<Device, T>()(ctx, L, keys.flat<int64_t>().data(),
-                                                    values.flat<T>().data(), n,
-                                                    sorted_keys->flat<int64_t>().data(),
-                                                    sorted_values->flat<T>().data(),
-                                                    perm->flat<int64_t>().data()));
+    OP_REQUIRES_OK(ctx, ReorderFunctor<Device, T>(ctx)(L, keys.flat<int64_t>().data(), values.flat<T>().data(), n,
+                                                       sorted_keys->flat<int64_t>().data(),
+                                                       sorted_values->flat<T>().data(), perm->flat<int64_t>().data()));
   }
 };
 
@@ -152,16 +144,14 @@ class ChannelSparseToDenseOp : public tensorflow::OpKernel {
   using OpKernel::OpKernel;
   void Compute(tensorflow::OpKernelContext* ctx) override {
     KeyLayout L;
-    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &L));
-    OP_REQUIRES_OK(ctx, CheckKeysVector(ctx->input(0), "to_dense"));
-    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(ctx->input(0), ctx->input(1), "to_dense"));
+    OP_REQUIRES_OK(ctx, CheckSparseTensor(ctx->input(0), ctx->input(1), ctx->input(2), "to_dense", &L));
     tensorflow::TensorShape shape;
     OP_REQUIRES_OK(ctx, tensorflow::TensorShape::BuildTensorShape(ctx->input(2).flat<int64_t>(), &shape));
     tensorflow::Tensor* dense;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &dense));
-    OP_REQUIRES_OK(ctx, ToDenseFunctor<Device, T>()(ctx, L, ctx->input(0).flat<int64_t>().data(),
-                                                    ctx->input(1).flat<T>().data(),
-                                                    ctx->input(0).NumElements(), dense->flat<T>().data()));
+    OP_REQUIRES_OK(ctx, ToDenseFunctor<Device, T>(ctx)(L, ctx->input(0).flat<int64_t>().data(),
+                                                       ctx->input(1).flat<T>().data(),
+                                                       ctx->input(0).NumElements(), dense->flat<T>().data()));
   }
 };
 
@@ -176,9 +166,9 @@ class ChannelSparseGatherDenseOp : public tensorflow::OpKernel {
     const int64_t n = ctx->input(0).NumElements();
     tensorflow::Tensor* values;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({n}), &values));
-    OP_REQUIRES_OK(ctx, GatherDenseFunctor<Device, T>()(ctx, L, ctx->input(0).flat<int64_t>().data(), n,
-                                                        ctx->input(1).flat<T>().data(),
-                                                        values->flat<T>().data()));
+    OP_REQUIRES_OK(ctx, GatherDenseFunctor<Device, T>(ctx)(L, ctx->input(0).flat<int64_t>().data(), n,
+                                                           ctx->input(1).flat<T>().data(),
+                                                           values->flat<T>().data()));
   }
 };
 

@@ -1,6 +1,7 @@
 // The GPU functors of the conversion and validation ops, over conversions.cu, and the GPU
 // registration of their OpKernels (conversions_kernels.h). Each functor's data checks run
-// on the device with its work and come back in its Report.
+// on the device with its work and come back in its Report; its temporaries live as long as
+// the functor (GpuFunctorBase).
 #if GOOGLE_CUDA
 
 #include "channel/channel_sparse_gpu.h"
@@ -12,26 +13,21 @@ namespace tf_sparseconv {
 using ::tensorflow::OpKernelContext;
 
 template <typename T>
-struct ValidateFunctor<GPUDevice, T> {
-  absl::Status operator()(OpKernelContext* ctx, const KeyLayout& L, const int64_t* keys,
-                          const T* values, int64_t n) {
-    TempScratch scratch(ctx);
+struct ValidateFunctor<GPUDevice, T> : GpuFunctorBase {
+  explicit ValidateFunctor(OpKernelContext* ctx) : GpuFunctorBase(ctx, "ChannelSparseValidate") {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n) {
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(gpu::ValidateGpu<T>(GpuStream(ctx), &scratch, L, keys, values, n, &report),
-                                scratch, "ChannelSparseValidate"));
-    TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[gpu::kValidateKeys], L.num_keys(), "channel-sparse"));
-    return NaNStatus(report.checks[gpu::kValidateNaN], "values");
+    TF_RETURN_IF_ERROR(ToStatus(gpu::ValidateGpu<T>(stream_, &scratch_, L, keys, values, n, &report)));
+    return EntryReportStatus(report, gpu::kValidateKeys, gpu::kValidateNaN, L.num_keys(), "channel-sparse", "values");
   }
 };
 
 template <>
-struct EncodeKeysFunctor<GPUDevice> {
-  absl::Status operator()(OpKernelContext* ctx, const KeyLayout& L, const int64_t* indices,
-                          int64_t n, int64_t* keys) {
-    TempScratch scratch(ctx);
+struct EncodeKeysFunctor<GPUDevice> : GpuFunctorBase {
+  explicit EncodeKeysFunctor(OpKernelContext* ctx) : GpuFunctorBase(ctx, "ChannelSparseEncodeKeys") {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* indices, int64_t n, int64_t* keys) {
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(gpu::EncodeKeysGpu(GpuStream(ctx), &scratch, L, indices, n, keys, &report),
-                                scratch, "ChannelSparseEncodeKeys"));
+    TF_RETURN_IF_ERROR(ToStatus(gpu::EncodeKeysGpu(stream_, &scratch_, L, indices, n, keys, &report)));
     const gpu::CheckSlot& slot = report.checks[gpu::kEncodeIndices];
     if (!gpu::Failed(slot)) return absl::OkStatus();
     // The slot holds the flat position i * rank + j of the first index out of range.
@@ -43,35 +39,26 @@ struct EncodeKeysFunctor<GPUDevice> {
 };
 
 template <>
-struct DecodeKeysFunctor<GPUDevice> {
-  absl::Status operator()(OpKernelContext* ctx, const KeyLayout& L, const int64_t* keys,
-                          int64_t n, int64_t* indices) {
-    TempScratch scratch(ctx);
+struct DecodeKeysFunctor<GPUDevice> : GpuFunctorBase {
+  explicit DecodeKeysFunctor(OpKernelContext* ctx) : GpuFunctorBase(ctx, "ChannelSparseDecodeKeys") {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* keys, int64_t n, int64_t* indices) {
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(gpu::DecodeKeysGpu(GpuStream(ctx), &scratch, L, keys, n, indices, &report),
-                                scratch, "ChannelSparseDecodeKeys"));
-    const gpu::CheckSlot& slot = report.checks[gpu::kDecodeKeys];
-    if (!gpu::Failed(slot)) return absl::OkStatus();
-    return KeyOutOfRangeError(static_cast<int64_t>(slot.first), slot.detail[0], L.num_keys());
+    TF_RETURN_IF_ERROR(ToStatus(gpu::DecodeKeysGpu(stream_, &scratch_, L, keys, n, indices, &report)));
+    return KeysInLayoutStatus(report.checks[gpu::kDecodeKeys], L.num_keys());
   }
 };
 
 template <typename T>
-struct ReorderFunctor<GPUDevice, T> {
+struct ReorderFunctor<GPUDevice, T> : GpuFunctorBase {
   static absl::Status CheckLimits(int64_t n) { return CheckSortable(n, "ChannelSparseReorder", "keys"); }
 
-  absl::Status operator()(OpKernelContext* ctx, const KeyLayout& L, const int64_t* keys,
-                          const T* values, int64_t n, int64_t* sorted_keys, T* sorted_values,
-                          int64_t* permutation) {
-    TempScratch scratch(ctx);
+  explicit ReorderFunctor(OpKernelContext* ctx) : GpuFunctorBase(ctx, "ChannelSparseReorder") {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n, int64_t* sorted_keys,
+                          T* sorted_values, int64_t* permutation) {
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(gpu::ReorderGpu<T>(GpuStream(ctx), &scratch, L, keys, values, n, sorted_keys,
-                                                   sorted_values, permutation, &report),
-                                scratch, "ChannelSparseReorder"));
-    const gpu::CheckSlot& range = report.checks[gpu::kReorderRange];
-    if (gpu::Failed(range)) {
-      return KeyOutOfRangeError(static_cast<int64_t>(range.first), range.detail[0], L.num_keys());
-    }
+    TF_RETURN_IF_ERROR(ToStatus(gpu::ReorderGpu<T>(stream_, &scratch_, L, keys, values, n, sorted_keys,
+                                                   sorted_values, permutation, &report)));
+    TF_RETURN_IF_ERROR(KeysInLayoutStatus(report.checks[gpu::kReorderRange], L.num_keys()));
     const gpu::CheckSlot& duplicate = report.checks[gpu::kReorderDuplicates];
     if (gpu::Failed(duplicate)) {
       return DuplicateKeyError(duplicate.detail[0], duplicate.detail[1], duplicate.detail[2]);
@@ -81,26 +68,21 @@ struct ReorderFunctor<GPUDevice, T> {
 };
 
 template <typename T>
-struct ToDenseFunctor<GPUDevice, T> {
-  absl::Status operator()(OpKernelContext* ctx, const KeyLayout& L, const int64_t* keys,
-                          const T* values, int64_t n, T* dense) {
-    TempScratch scratch(ctx);
+struct ToDenseFunctor<GPUDevice, T> : GpuFunctorBase {
+  explicit ToDenseFunctor(OpKernelContext* ctx) : GpuFunctorBase(ctx, "ChannelSparseToDense") {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n, T* dense) {
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(gpu::ToDenseGpu<T>(GpuStream(ctx), &scratch, L, keys, values, n, dense, &report),
-                                scratch, "ChannelSparseToDense"));
+    TF_RETURN_IF_ERROR(ToStatus(gpu::ToDenseGpu<T>(stream_, &scratch_, L, keys, values, n, dense, &report)));
     return SortedKeysStatus(report.checks[gpu::kDenseKeys], L.num_keys(), "to_dense");
   }
 };
 
 template <typename T>
-struct GatherDenseFunctor<GPUDevice, T> {
-  absl::Status operator()(OpKernelContext* ctx, const KeyLayout& L, const int64_t* keys, int64_t n,
-                          const T* dense, T* values) {
-    TempScratch scratch(ctx);
+struct GatherDenseFunctor<GPUDevice, T> : GpuFunctorBase {
+  explicit GatherDenseFunctor(OpKernelContext* ctx) : GpuFunctorBase(ctx, "ChannelSparseGatherDense") {}
+  absl::Status operator()(const KeyLayout& L, const int64_t* keys, int64_t n, const T* dense, T* values) {
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(gpu::GatherDenseGpu<T>(GpuStream(ctx), &scratch, L, keys, n, dense, values,
-                                                       &report),
-                                scratch, "ChannelSparseGatherDense"));
+    TF_RETURN_IF_ERROR(ToStatus(gpu::GatherDenseGpu<T>(stream_, &scratch_, L, keys, n, dense, values, &report)));
     return SortedKeysStatus(report.checks[gpu::kDenseKeys], L.num_keys(), "gather_dense");
   }
 };

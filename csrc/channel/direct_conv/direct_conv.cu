@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "channel/channel_sparse.cuh"
 #include "channel/direct_conv/direct_conv_gpu.h"
 #include "common/gpu_util.cuh"
 
@@ -117,14 +118,6 @@ __global__ void ContributionsKernel(KeyLayout L, EntryData e, const T* values, c
     products[slot] = product;
   }
 }
-
-struct IsFirstOfKey {
-  const uint64_t* keys;
-  uint64_t no_output;
-  __device__ bool operator()(int64_t q) const {
-    return keys[q] != no_output && (q == 0 || keys[q] != keys[q - 1]);
-  }
-};
 
 // Sums the run of equal keys that starts at q in slot order, then adds the bias, like
 // the CPU's dense accumulator (0 + c1 + c2 + ...) + bias.
@@ -220,18 +213,6 @@ struct IsKept {
   const uint8_t* keep;  // nullptr: all touched entries
   __device__ bool operator()(int64_t q) const {
     return q < *touched_total && (keep == nullptr || keep[q] != 0);
-  }
-};
-
-template <typename T>
-struct CopyKept {
-  const int64_t* touched_keys;
-  const T* touched_values;
-  int64_t* out_keys;
-  T* out_values;
-  __device__ void operator()(int64_t q, int64_t rank) const {
-    out_keys[rank] = touched_keys[q];
-    out_values[rank] = touched_values[q];
   }
 };
 
@@ -589,10 +570,9 @@ struct DenseTables {
 template <typename T>
 GpuStatus QueueForwardChecks(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const T* bias,
                              Report** device_report) {
-  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, device_report));
+  TF_SPARSECONV_RETURN_IF_ERROR(NewEntryReport(stream, scratch, a.keys, a.values, a.n, a.in_layout.num_keys(),
+                                               kConvKeys, kConvValues, device_report));
   CheckSlot* checks = (*device_report)->checks;
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, a.keys, a.n, a.in_layout.num_keys(), &checks[kConvKeys]));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &checks[kConvValues]));
   TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.filter, a.filter_size, &checks[kConvFilter]));
   return CheckNaN(stream, bias, a.cout, &checks[kConvBias]);
 }
@@ -746,7 +726,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     T* touched_values = slot_values[1 - current];
     touched_keys_ = touched_keys;
     touched_values_ = touched_values;
-    const IsFirstOfKey first_of_key{slot_keys[current], no_output};
+    const IsRunStart first_of_key{slot_keys[current], no_output};
     Compaction runs;
     TF_SPARSECONV_RETURN_IF_ERROR(
         CountCompaction(stream, scratch, first_of_key, num_slots, touched_total, &runs));
@@ -817,7 +797,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
 template <typename T>
 GpuStatus DirectConvForwardGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values) const {
   return WriteCompaction(stream, kept_, IsKept{touched_total_, keep_},
-                         CopyKept<T>{touched_keys_, touched_values_, out_keys, out_values});
+                         CopyEntries<T>{touched_keys_, touched_values_, out_keys, out_values, nullptr});
 }
 
 template <typename T>
@@ -828,11 +808,9 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   const KeyLayout& L = a.in_layout;
   const KeyLayout out_layout = L.WithChannels(a.cout);
   Report* device_report = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  TF_SPARSECONV_RETURN_IF_ERROR(NewEntryReport(stream, scratch, a.keys, a.values, a.n, L.num_keys(), kBackpropKeys,
+                                               kBackpropValues, &device_report));
   CheckSlot* checks = device_report->checks;
-  TF_SPARSECONV_RETURN_IF_ERROR(
-      CheckSortedKeys(stream, a.keys, a.n, L.num_keys(), &checks[kBackpropKeys]));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &checks[kBackpropValues]));
   TF_SPARSECONV_RETURN_IF_ERROR(
       CheckNaN(stream, a.filter, a.filter_size, &checks[kBackpropFilter]));
   TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, out_keys, n_out, out_layout.num_keys(),

@@ -75,15 +75,11 @@ struct ConvShapes {
   int64_t cout = 0;
 };
 
-// Inputs in_values, filter and filter_mask against the input layout (the keys' own
-// checks come before this one).
-inline absl::Status CheckConvShapes(const tensorflow::Tensor& keys,
-                                    const tensorflow::Tensor& values,
-                                    const tensorflow::Tensor& filter,
-                                    const tensorflow::Tensor& mask, const KeyLayout& L,
-                                    ConvShapes* shapes) {
+// Inputs filter and filter_mask against the input layout (the input tensor's own checks,
+// CheckSparseTensor, come before this one).
+inline absl::Status CheckConvShapes(const tensorflow::Tensor& filter, const tensorflow::Tensor& mask,
+                                    const KeyLayout& L, ConvShapes* shapes) {
   namespace errors = ::tensorflow::errors;
-  TF_RETURN_IF_ERROR(ValidateValuesMatchKeys(keys, values, "input"));
   if (filter.dims() != L.d + 2) {
     return errors::InvalidArgument("filter must have rank ", L.d + 2,
                                    " [K1..Kd, Cin, Cout] for ", L.d,

@@ -656,15 +656,9 @@ struct HostTables {
 
   DirectConvArgs<T> Args(const ConvTensors<T>& in) const {
     DirectConvArgs<T> a;
-    a.in_layout = in.layout;
-    a.cout = in.shapes.cout;
-    a.keys = in.keys;
-    a.values = in.values;
-    a.n = in.n;
+    in.CopyTo(&a);
     a.coords = coords.data();
     a.in_offsets = in_offsets.data();
-    a.filter = in.filter;
-    a.filter_size = in.filter_size;
     a.weights = &weights;
     return a;
   }

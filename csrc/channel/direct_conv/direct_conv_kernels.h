@@ -35,6 +35,18 @@ struct ConvTensors {
   const T* filter = nullptr;          // [K..., Cin, Cout]
   int64_t filter_size = 0;
   const bool* mask = nullptr;         // host memory on both devices
+
+  // What both devices' arguments (DirectConvArgs, gpu::DirectConvGpuArgs) take from them.
+  template <typename Args>
+  void CopyTo(Args* a) const {
+    a->in_layout = layout;
+    a->cout = shapes.cout;
+    a->keys = keys;
+    a->values = values;
+    a->n = n;
+    a->filter = filter;
+    a->filter_size = filter_size;
+  }
 };
 
 // DirectSparseConv, per device:
@@ -66,9 +78,8 @@ absl::Status CheckConvTensors(tensorflow::OpKernelContext* ctx, ConvTensors<T>* 
   const tensorflow::Tensor& values = ctx->input(1);
   const tensorflow::Tensor& filter = ctx->input(3);
   const tensorflow::Tensor& mask = ctx->input(4);
-  TF_RETURN_IF_ERROR(MakeKeyLayout(ctx->input(2), &in->layout));
-  TF_RETURN_IF_ERROR(CheckKeysVector(keys, "input"));
-  TF_RETURN_IF_ERROR(CheckConvShapes(keys, values, filter, mask, in->layout, &in->shapes));
+  TF_RETURN_IF_ERROR(CheckSparseTensor(keys, values, ctx->input(2), "input", &in->layout));
+  TF_RETURN_IF_ERROR(CheckConvShapes(filter, mask, in->layout, &in->shapes));
   in->keys = keys.flat<int64_t>().data();
   in->values = values.flat<T>().data();
   in->n = keys.NumElements();

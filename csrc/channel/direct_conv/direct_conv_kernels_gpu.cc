@@ -99,13 +99,7 @@ void GpuConvArgs(const ConvTensors<T>& in, WeightTable* table, gpu::DirectConvGp
   const PresentWeights weights =
       BuildPresentWeights(in.mask, in.shapes.kernel_size, L.channels, in.shapes.cout, L);
   *table = ByInputChannel(weights, L.d);
-  args->in_layout = L;
-  args->cout = in.shapes.cout;
-  args->keys = in.keys;
-  args->values = in.values;
-  args->n = in.n;
-  args->filter = in.filter;
-  args->filter_size = in.filter_size;
+  in.CopyTo(args);
   args->weights = table->View();
 }
 
@@ -126,8 +120,8 @@ std::vector<std::pair<int64_t, int64_t>> ExampleGroups(const std::vector<int64_t
 
 // The forward's device-side checks (ConvCheck slots) as the CPU's messages.
 absl::Status ForwardReportStatus(const gpu::Report& report, const KeyLayout& L) {
-  TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[gpu::kConvKeys], L.num_keys(), "input"));
-  TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kConvValues], "input values"));
+  TF_RETURN_IF_ERROR(
+      EntryReportStatus(report, gpu::kConvKeys, gpu::kConvValues, L.num_keys(), "input", "input values"));
   TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kConvFilter], "filter"));
   return NaNStatus(report.checks[gpu::kConvBias], "bias");
 }
@@ -303,8 +297,8 @@ class DirectSparseConvBackpropFunctor<GPUDevice, T> : GpuFunctorBase {
                                                               n_out_, dataflow_, in_grad, filter_grad, bias_grad,
                                                               &report)));
     const KeyLayout& L = args_.in_layout;
-    TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[gpu::kBackpropKeys], L.num_keys(), "input"));
-    TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kBackpropValues], "input values"));
+    TF_RETURN_IF_ERROR(
+        EntryReportStatus(report, gpu::kBackpropKeys, gpu::kBackpropValues, L.num_keys(), "input", "input values"));
     TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kBackpropFilter], "filter"));
     return SortedKeysStatus(report.checks[gpu::kBackpropOutKeys], L.WithChannels(args_.cout).num_keys(), "output");
   }

@@ -4,7 +4,7 @@
 // value, i.e. ties go to the smaller key, like the CPU kernel.
 // Temporary memory: 24 bytes per entry (pooled keys and entry indices, double-buffered)
 // + 16 bytes per 2048 entries + CUB's sort scratch.
-#include "common/gpu_util.cuh"
+#include "channel/channel_sparse.cuh"
 #include "channel/max_pool/max_pool_gpu.h"
 
 namespace tf_sparseconv {
@@ -31,14 +31,6 @@ __global__ void PooledKeysKernel(PoolGeometry g, const int64_t* keys, int64_t n,
     pooled[i] = static_cast<uint64_t>(seg * g.out.spatial_size + pooled_lin);
   }
 }
-
-struct IsWindowStart {
-  const uint64_t* pooled;
-  uint64_t no_window;
-  __device__ bool operator()(int64_t j) const {
-    return pooled[j] != no_window && (j == 0 || pooled[j] != pooled[j - 1]);
-  }
-};
 
 template <typename T>
 struct WriteWindowMax {
@@ -70,10 +62,8 @@ GpuStatus SparseMaxPoolGpu<T>::Count(Stream stream, Scratch* scratch, const Pool
   n_ = n;
   no_window_ = static_cast<uint64_t>(g.out.num_keys());
   Report* device_report = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, keys, n, g.in.num_keys(),
-                                                &device_report->checks[kPoolKeys]));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, values, n, &device_report->checks[kPoolNaN]));
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      NewEntryReport(stream, scratch, keys, values, n, g.in.num_keys(), kPoolKeys, kPoolNaN, &device_report));
   if (n > 0) {
     uint64_t* pooled[2] = {scratch->DeviceArray<uint64_t>(n), scratch->DeviceArray<uint64_t>(n)};
     int32_t* order[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
@@ -90,7 +80,7 @@ GpuStatus SparseMaxPoolGpu<T>::Count(Stream stream, Scratch* scratch, const Pool
     order_ = order[current];
   }
   TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch,
-                                                IsWindowStart{pooled_, no_window_}, n,
+                                                IsRunStart{pooled_, no_window_}, n,
                                                 &device_report->count, &compaction_));
   return ReadReport(stream, scratch, device_report, report);
 }
@@ -99,7 +89,7 @@ template <typename T>
 GpuStatus SparseMaxPoolGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values,
                                      int64_t* argmax) const {
   return WriteCompaction(
-      stream, compaction_, IsWindowStart{pooled_, no_window_},
+      stream, compaction_, IsRunStart{pooled_, no_window_},
       WriteWindowMax<T>{pooled_, order_, values_, n_, out_keys, out_values, argmax});
 }
 

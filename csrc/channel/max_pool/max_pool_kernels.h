@@ -46,10 +46,8 @@ class SparseMaxPoolOp : public tensorflow::OpKernel {
     const Tensor& keys = ctx->input(0);
     const Tensor& values = ctx->input(1);
     KeyLayout in;
-    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &in));
+    OP_REQUIRES_OK(ctx, CheckSparseTensor(keys, values, ctx->input(2), "max_pool input", &in));
     OP_REQUIRES_OK(ctx, CheckStridesMatch(strides_, in));
-    OP_REQUIRES_OK(ctx, CheckKeysVector(keys, "max_pool input"));
-    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(keys, values, "max_pool input"));
     std::vector<int64_t> out_dims;
     KeyLayout out;
     OP_REQUIRES_OK(ctx, PooledLayout(in, strides_, &out_dims, &out));

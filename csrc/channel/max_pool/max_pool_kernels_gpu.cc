@@ -25,8 +25,8 @@ class SparseMaxPoolFunctor<GPUDevice, T> : GpuFunctorBase {
     for (int j = 0; j < in.d; ++j) g.strides[j] = strides[j];
     gpu::Report report;
     TF_RETURN_IF_ERROR(ToStatus(pool_.Count(stream_, &scratch_, g, keys, values, n, &report)));
-    TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[gpu::kPoolKeys], in.num_keys(), "max_pool input"));
-    TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kPoolNaN], "max_pool input values"));
+    TF_RETURN_IF_ERROR(EntryReportStatus(report, gpu::kPoolKeys, gpu::kPoolNaN, in.num_keys(), "max_pool input",
+                                         "max_pool input values"));
     *count = report.count;
     return absl::OkStatus();
   }

@@ -37,9 +37,7 @@ class SparseReluOp : public tensorflow::OpKernel {
     const Tensor& keys = ctx->input(0);
     const Tensor& values = ctx->input(1);
     KeyLayout L;
-    OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &L));
-    OP_REQUIRES_OK(ctx, CheckKeysVector(keys, "relu input"));
-    OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(keys, values, "relu input"));
+    OP_REQUIRES_OK(ctx, CheckSparseTensor(keys, values, ctx->input(2), "relu input", &L));
     SparseReluFunctor<Device, T> relu(ctx);
     int64_t m = 0;
     OP_REQUIRES_OK(ctx, relu.Count(L, keys.flat<int64_t>().data(), values.flat<T>().data(),

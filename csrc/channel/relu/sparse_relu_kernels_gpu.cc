@@ -18,8 +18,8 @@ class SparseReluFunctor<GPUDevice, T> : GpuFunctorBase {
                      int64_t* count) {
     gpu::Report report;
     TF_RETURN_IF_ERROR(ToStatus(relu_.Count(stream_, &scratch_, layout, keys, values, n, &report)));
-    TF_RETURN_IF_ERROR(SortedKeysStatus(report.checks[gpu::kReluKeys], layout.num_keys(), "relu input"));
-    TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kReluNaN], "relu input values"));
+    TF_RETURN_IF_ERROR(
+        EntryReportStatus(report, gpu::kReluKeys, gpu::kReluNaN, layout.num_keys(), "relu input", "relu input values"));
     *count = report.count;
     return absl::OkStatus();
   }
