@@ -94,39 +94,38 @@ def test_conv_matches_dense_convolution_on_touched_set(rng, batch, spatial, cin,
     np.testing.assert_array_equal(positive.numpy(), expected_positive)
 
 
-def test_sort_and_dense_dataflows_are_bit_identical(rng):
-    dense = random_sparse(rng, 2, (12, 11, 10), 4, 0.08, np.float32)
-    w, mask = random_filter(rng, (3, 3, 3), 4, 5, 0.6, np.float32)
-    x = ts.from_dense(dense)
-    a = ts.direct_conv(x, w, None, mask, dataflow="dense")
-    b = ts.direct_conv(x, w, None, mask, dataflow="sort")
+def sparse_case(rng, batch, spatial, cin, cout, density, filter_density, dtype=np.float64):
+    """A ChannelSparseTensor input, a 3^d filter and its mask."""
+    x = ts.from_dense(random_sparse(rng, batch, spatial, cin, density, dtype))
+    return (x, *random_filter(rng, (3,) * len(spatial), cin, cout, filter_density, dtype))
+
+
+def assert_identical(a, b):
     np.testing.assert_array_equal(a.keys.numpy(), b.keys.numpy())
     np.testing.assert_array_equal(a.values.numpy(), b.values.numpy())
 
 
+def test_sort_and_dense_dataflows_are_bit_identical(rng):
+    x, w, mask = sparse_case(rng, 2, (12, 11, 10), 4, 5, 0.08, 0.6, np.float32)
+    assert_identical(ts.direct_conv(x, w, None, mask, dataflow="dense"),
+                     ts.direct_conv(x, w, None, mask, dataflow="sort"))
+
+
 def test_accumulator_is_the_deprecated_name_of_dataflow(rng):
-    dense = random_sparse(rng, 2, (9, 8), 2, 0.2)
-    w, mask = random_filter(rng, (3, 3), 2, 3, 0.6)
-    x = ts.from_dense(dense)
+    x, w, mask = sparse_case(rng, 2, (9, 8), 2, 3, 0.2, 0.6)
     for accumulator, dataflow in (("merge", "sort"), ("dense", "dense")):
         with pytest.warns(DeprecationWarning, match="use dataflow="):
             old = ts.direct_conv(x, w, None, mask, selection="signed", k=4, accumulator=accumulator)
-        new = ts.direct_conv(x, w, None, mask, selection="signed", k=4, dataflow=dataflow)
-        np.testing.assert_array_equal(old.keys.numpy(), new.keys.numpy())
-        np.testing.assert_array_equal(old.values.numpy(), new.values.numpy())
+        assert_identical(old, ts.direct_conv(x, w, None, mask, selection="signed", k=4, dataflow=dataflow))
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="disagree"):
         ts.direct_conv(x, w, None, mask, dataflow="dense", accumulator="merge")
 
 
 def test_temp_limit_changes_nothing_on_the_cpu(rng):
     """The cap is on the GPU sort's contribution buffers; the CPU's sort holds none."""
-    dense = random_sparse(rng, 3, (8, 7), 2, 0.3)
-    w, mask = random_filter(rng, (3, 3), 2, 3, 0.6)
-    x = ts.from_dense(dense)
-    expected = ts.direct_conv(x, w, None, mask, dataflow="sort")
-    got = ts.direct_conv(x, w, None, mask, dataflow="sort", temp_limit_bytes=1)
-    np.testing.assert_array_equal(got.keys.numpy(), expected.keys.numpy())
-    np.testing.assert_array_equal(got.values.numpy(), expected.values.numpy())
+    x, w, mask = sparse_case(rng, 3, (8, 7), 2, 3, 0.3, 0.6)
+    assert_identical(ts.direct_conv(x, w, None, mask, dataflow="sort", temp_limit_bytes=1),
+                     ts.direct_conv(x, w, None, mask, dataflow="sort"))
 
 
 def test_pruned_weights_are_skipped_and_change_nothing(rng):
