@@ -136,17 +136,10 @@ def uses_table(dataflow):
     return dataflow == "table"
 
 
-# The op's forward-dataflow switch, read at every call: 'table' is the default dataflow
-# ('auto') given a neighbour table.
-DATAFLOW_SWITCH = "TF_SPARSECONV_SITE_DATAFLOW"
-
-
-def set_dataflow(dataflow):
-    os.environ[DATAFLOW_SWITCH] = "auto" if uses_table(dataflow) else dataflow
-
-
-def clear_switches():
-    os.environ.pop(DATAFLOW_SWITCH, None)
+def op_dataflow(dataflow):
+    """SiteSparseConv's dataflow attr for a timed dataflow: 'table' is the default ('auto')
+    given a neighbour table; 'pairs' and 'outputs' are forced."""
+    return "auto" if uses_table(dataflow) else dataflow
 
 
 def call_times(fn, fargs, args):
@@ -211,33 +204,36 @@ def run_ours(args):
                 g = tf.constant(np.random.default_rng(3000 + li).standard_normal((int(num_out), cout)), dt)
 
                 in_bits, out_bits = device_int32(in_rows), device_int32(out_rows)
-
-                @tf.function
-                def fwd(f, w, nb_bits):
-                    return _ops.site_sparse_conv(f, w, int32_of(in_bits), int32_of(out_bits), splits, num_out,
-                                                 int32_of(nb_bits), map_is_trusted=trusted)
-
                 # Read by bwd from this iteration's scope, like the rows: as a defaulted
                 # Python argument of bwd it slowed every call of bwd's ConcreteFunction.
                 submanifold = kind == "subm"
 
-                @tf.function
-                def bwd(f, w, g, nb_bits):
-                    # As the op's gradient runs them: a submanifold layer's input gradient
-                    # over its own pairs (and table) with mirrored filters, the others over
-                    # the reversed pairs.
-                    in_rows, out_rows, nb = int32_of(in_bits), int32_of(out_bits), int32_of(nb_bits)
-                    if submanifold:
-                        df = _ops.site_sparse_conv(g, tf.reverse(tf.transpose(w, [0, 2, 1]), [0]), in_rows, out_rows,
-                                                   splits, num_in, nb, map_is_trusted=trusted,
-                                                   map_is_submanifold=True)
-                    else:
-                        df = _ops.site_sparse_conv(g, tf.transpose(w, [0, 2, 1]), out_rows, in_rows, splits, num_in,
-                                                   NO_TABLE, map_is_trusted=trusted)
-                    dw = _ops.site_sparse_conv_filter_grad(f, g, in_rows, out_rows, splits, map_is_trusted=trusted)
-                    return df, dw
+                def layer_functions(flow):
+                    """The layer's forward and backward with the op's dataflow attr `flow`."""
+                    @tf.function
+                    def fwd(f, w, nb_bits):
+                        return _ops.site_sparse_conv(f, w, int32_of(in_bits), int32_of(out_bits), splits, num_out,
+                                                     int32_of(nb_bits), map_is_trusted=trusted, dataflow=flow)
 
-                y = fwd(feats, w, NO_TABLE_BITS)
+                    @tf.function
+                    def bwd(f, w, g, nb_bits):
+                        # As the op's gradient runs them: a submanifold layer's input gradient
+                        # over its own pairs (and table) with mirrored filters, the others over
+                        # the reversed pairs, in the forward's dataflow.
+                        in_rows, out_rows, nb = int32_of(in_bits), int32_of(out_bits), int32_of(nb_bits)
+                        if submanifold:
+                            df = _ops.site_sparse_conv(g, tf.reverse(tf.transpose(w, [0, 2, 1]), [0]), in_rows,
+                                                       out_rows, splits, num_in, nb, map_is_trusted=trusted,
+                                                       map_is_submanifold=True, dataflow=flow)
+                        else:
+                            df = _ops.site_sparse_conv(g, tf.transpose(w, [0, 2, 1]), out_rows, in_rows, splits,
+                                                       num_in, NO_TABLE, map_is_trusted=trusted, dataflow=flow)
+                        dw = _ops.site_sparse_conv_filter_grad(f, g, in_rows, out_rows, splits,
+                                                               map_is_trusted=trusted)
+                        return df, dw
+                    return fwd, bwd
+
+                y = layer_functions("auto")[0](feats, w, NO_TABLE_BITS)
                 if dtype_name == "fp32":
                     pick = np.random.default_rng(li).choice(int(num_out), min(CHECK_ROWS, int(num_out)), replace=False)
                     reference[name] = (level_coords[out_level][pick], y.numpy()[pick])
@@ -256,7 +252,7 @@ def run_ours(args):
                                         "ours_s": t_table, "pairs": pairs})
                         print(f"  {name:<18} neighbour table build: {t_table * 1e3:8.3f} ms", flush=True)
                     table_bits = device_int32(table) if table is not None else NO_TABLE_BITS
-                    set_dataflow(dataflow)
+                    fwd, bwd = layer_functions(op_dataflow(dataflow))
                     # Every dataflow gives the default's values within fp16 before it is timed.
                     y_flow = fwd(feats, w, table_bits if uses_table(dataflow) else NO_TABLE_BITS)
                     y_flow = y_flow.numpy().astype(np.float32)
@@ -280,7 +276,6 @@ def run_ours(args):
                         print(f"  {name:<18} {dtype_name} {dataflow:<7} {pass_name}: {t * 1e3:8.3f} ms "
                               f"(tf.function {t_function * 1e3:8.3f}, eager {t_eager * 1e3:8.3f}, "
                               f"device {tg * 1e3 if tg else float('nan'):8.3f} ms), {pairs:,} pairs", flush=True)
-                clear_switches()
         np.savez(os.path.join(args.exchange, f"{scene}_reference.npz"),
                  **{f"{n}_coords": c for n, (c, _) in reference.items()},
                  **{f"{n}_out": o for n, (_, o) in reference.items()})
@@ -316,31 +311,31 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
 
         plan_bits = [(device_int32(rows[0]), device_int32(rows[1])) for rows in plan]
 
-        def forward(f, ws, use_tables):
+        def forward(f, ws, use_tables, flow):
             nbs = [int32_of(t) for t in tables()] if use_tables else [NO_TABLE] * len(plan)
             for (_, _, splits, _, num_out, _), (in_bits, out_bits), w, nb, name in zip(plan, plan_bits, ws, nbs,
                                                                                       CHAIN):
                 in_rows, out_rows = int32_of(in_bits), int32_of(out_bits)
                 f = _ops.site_sparse_conv(f, w, in_rows, out_rows, splits, num_out, nb, map_is_trusted=trusted,
-                                          map_is_submanifold=spec[name][0] == "subm" and trusted)
+                                          map_is_submanifold=spec[name][0] == "subm" and trusted, dataflow=flow)
             return f
 
-        def functions(use_tables):
-            fwd = tf.function(lambda f, *ws: forward(f, ws, use_tables))
+        def functions(dataflow):
+            use_tables, flow = uses_table(dataflow), op_dataflow(dataflow)
+            fwd = tf.function(lambda f, *ws: forward(f, ws, use_tables, flow))
 
             @tf.function
             def fwd_bwd(f, *ws):
                 with tf.GradientTape() as tape:
                     tape.watch([f, *ws])
-                    loss = tf.reduce_sum(tf.cast(forward(f, ws, use_tables), tf.float32))
-                return tape.gradient(loss, [f, *ws])
+                    loss = tf.reduce_sum(tf.cast(forward(f, ws, use_tables, flow), tf.float32))
+                return tape.gradient(loss, [f, *ws])  # the gradients run the forward's dataflow
             return fwd, fwd_bwd
 
         for dataflow in dataflows_for(dtype_name, args):
-            set_dataflow(dataflow)
             if uses_table(dataflow):
                 tables()  # eagerly, outside the functions' graphs
-            fwd, fwd_bwd = functions(uses_table(dataflow))
+            fwd, fwd_bwd = functions(dataflow)
             for pass_name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
                 t, t_function, t_eager = call_times(fn, (feats, *weights), args)
                 tg = queued_s_per_call(fn, max(1, args.loop_calls // 4), (feats, *weights), op_by_op=False) \
@@ -352,7 +347,6 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
                              "deterministic": args.deterministic})
                 print(f"  end_to_end {dtype_name} {dataflow} {pass_name}: {t * 1e3:.3f} ms "
                       f"(tf.function {t_function * 1e3:.3f}, eager {t_eager * 1e3:.3f} ms)", flush=True)
-        clear_switches()
     return rows
 
 

@@ -270,51 +270,44 @@ def test_results_do_not_depend_on_the_thread_count(rng):
         np.testing.assert_array_equal(f(features).numpy(), first)
 
 
-AVX2_AND_PORTABLE_SCRIPT = """
-import sys, numpy as np, tensorflow as tf
-from tf_sparseconv.site import site_conv
-from tf_sparseconv.site.tensor import make_site_sparse
-rng = np.random.default_rng(7)
-occupied = rng.random((2, 9, 9, 9)) < 0.3
-coords = np.argwhere(occupied).astype(np.int32)
-results = []
-# cin/cout: 16-column panels, an 8-column one and a masked tail; rows past whole tiles.
-for cin, cout, dtype in ((5, 37, tf.float32), (16, 16, tf.float32), (24, 8, tf.float16)):
-    features = tf.cast(rng.standard_normal((len(coords), cin)), dtype)
-    kernel = tf.cast(rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin), dtype)
+def conv_and_gradients_with(cpu_products, coords, features, kernel, upstream):
+    """SiteSparseConv of a submanifold map and both gradients, with the given cpu_products."""
+    from tf_sparseconv._op_library import ops
     x = make_site_sparse(coords, features, (9, 9, 9), 2)
+    kmap = kernel_map(x, 3, mode="submanifold")
+    filters = tf.reshape(kernel, [27, kernel.shape[-2], kernel.shape[-1]])
     with tf.GradientTape() as tape:
-        tape.watch([features, kernel])
-        y = site_conv(x, kernel, subm=True).features
-    upstream = tf.cast(np.linspace(-1, 1, int(np.prod(y.shape))).reshape(y.shape), dtype)
-    results += [t.numpy().astype(np.float64) for t in
-                [y, *tape.gradient(y, [features, kernel], output_gradients=upstream)]]
-np.savez(sys.argv[1], *results)
-"""
+        tape.watch([features, filters])
+        y = ops.site_sparse_conv(features, filters, kmap.in_rows, kmap.out_rows, kmap.offset_splits,
+                                 len(coords), tf.zeros([0], tf.int32), map_is_trusted=True, map_is_submanifold=True,
+                                 cpu_products=cpu_products)
+    return [t.numpy().astype(np.float64) for t in [y, *tape.gradient(y, [features, filters], output_gradients=upstream)]]
 
 
-def test_avx2_products_match_the_portable_path(tmp_path):
-    # The AVX2 + FMA products are chosen once per process: one process per path.
-    import os
-    import subprocess
-    import sys
-    if not os.path.exists("/proc/cpuinfo") or not {"avx2", "fma"} <= set(open("/proc/cpuinfo").read().split()):
-        pytest.skip("this CPU has no AVX2 and FMA: only the portable path runs")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    outputs = {}
-    for name, extra in (("avx2", {}), ("portable", {"TF_SPARSECONV_DISABLE_AVX2": "1"})):
-        env = dict(os.environ)
-        env.pop("TF_SPARSECONV_DISABLE_AVX2", None)
-        env.update(extra, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
-        path = tmp_path / f"{name}.npz"
-        subprocess.run([sys.executable, "-c", AVX2_AND_PORTABLE_SCRIPT, str(path)], env=env, check=True,
-                       capture_output=True)
-        outputs[name] = [v for _, v in sorted(np.load(path).items(), key=lambda kv: int(kv[0].split("_")[1]))]
-    for i, (a, b) in enumerate(zip(outputs["avx2"], outputs["portable"])):
-        half = i >= 6  # the float16 case: both round the same float32 sums to half once
-        scale = np.max(np.abs(b))
-        tolerance = 2e-3 if half else 1e-5  # fused multiply-adds and another sum order
-        np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance * scale, err_msg=f"output {i}")
+def test_avx2_products_match_the_portable_path(rng):
+    """cpu_products='auto' (the AVX2 + FMA tiles where the CPU has them) against 'portable'
+    (Eigen's GEMM), forward and both gradients (the gradients pass the attr on)."""
+    occupied = rng.random((2, 9, 9, 9)) < 0.3
+    coords = np.argwhere(occupied).astype(np.int32)
+    # cin/cout: 16-column panels, an 8-column one and a masked tail; rows past whole tiles.
+    for cin, cout, dtype in ((5, 37, tf.float32), (16, 16, tf.float32), (24, 8, tf.float16)):
+        features = tf.cast(rng.standard_normal((len(coords), cin)), dtype)
+        kernel = tf.cast(rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin), dtype)
+        upstream = tf.cast(np.linspace(-1, 1, len(coords) * cout).reshape(len(coords), cout), dtype)
+        auto = conv_and_gradients_with("auto", coords, features, kernel, upstream)
+        portable = conv_and_gradients_with("portable", coords, features, kernel, upstream)
+        for what, a, b in zip(("features", "input gradient", "kernel gradient"), auto, portable):
+            # half: both round the same float32 sums to half once.
+            tolerance = 2e-3 if dtype == tf.float16 else 1e-5  # fused multiply-adds and another sum order
+            np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance * np.max(np.abs(b)),
+                                       err_msg=f"{what}, {cin} -> {cout} {dtype.name}")
+
+
+def test_cpu_products_choices_are_checked():
+    from tf_sparseconv._op_library import ops
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="cpu_products"):
+        ops.site_sparse_conv(tf.ones([2, 1]), tf.ones([1, 1, 1]), [0], [0], [0, 1], 2, tf.zeros([0], tf.int32),
+                             cpu_products="fastest")
 
 
 def test_empty_sites_give_empty_outputs():
@@ -482,28 +475,23 @@ def test_trust_survives_the_keras_dict(rng):
 
 # --- neighbour tables (SiteNeighbourTable) ----------------------------------------------------------
 
-def numpy_neighbour_table(in_rows, out_rows, splits, num_out, groups):
+def numpy_neighbour_table(in_rows, out_rows, splits, num_out):
     volume = len(splits) - 1
-    groups = min(groups, volume)
-    table = np.full((num_out, volume + 2 * groups), -1, np.int64)
+    table = np.full((num_out, volume + 2), -1, np.int64)
     masks = np.zeros(num_out, np.int64)
     for q in range(volume):
         for p in range(splits[q], splits[q + 1]):
             table[out_rows[p], q] = in_rows[p]
             masks[out_rows[p]] |= 1 << q
-    for g in range(groups):
-        lo, hi = g * volume // groups, (g + 1) * volume // groups
-        bits = masks & (((1 << hi) - 1) & ~((1 << lo) - 1))
-        order = np.argsort(bits, kind="stable")
-        table[:, volume + 2 * g] = bits[order].astype(np.uint32).view(np.int32)
-        table[:, volume + 2 * g + 1] = order
+    order = np.argsort(masks, kind="stable")
+    table[:, volume] = masks[order].astype(np.uint32).view(np.int32)
+    table[:, volume + 1] = order
     return table
 
 
 @pytest.mark.parametrize("mode,kernel,strides", [("submanifold", 3, 1), ("strided", 2, 2), ("strided", 3, 2)])
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
-@pytest.mark.parametrize("groups", [None, 2, 3, 4])
-def test_neighbour_table_matches_numpy(rng, mode, kernel, strides, inverse, groups):
+def test_neighbour_table_matches_numpy(rng, mode, kernel, strides, inverse):
     from tf_sparseconv.site import neighbour_table
     coords, features = random_sites(rng, 2, (7, 6, 7), 0.3, 1)
     x = make_site_sparse(coords, features, (7, 6, 7), 2)
@@ -512,36 +500,26 @@ def test_neighbour_table_matches_numpy(rng, mode, kernel, strides, inverse, grou
     num_in, num_out = len(coords), int(kmap.out_coords.shape[0])
     if inverse:
         in_rows, out_rows, num_out = out_rows, in_rows, num_in
-    expected = numpy_neighbour_table(in_rows, out_rows, kmap.offset_splits.numpy(), num_out,
-                                     1 if groups is None else groups)
-    table = neighbour_table(kmap, inverse=inverse, mask_groups=groups).numpy()
+    expected = numpy_neighbour_table(in_rows, out_rows, kmap.offset_splits.numpy(), num_out)
+    table = neighbour_table(kmap, inverse=inverse).numpy()
     np.testing.assert_array_equal(table, expected)
-    # Per group, every output row appears once among the sorted rows, its bits beside it,
-    # and every pair's offset bit is in exactly one group.
+    # Every output row appears once among the sorted rows, its mask beside it, and the
+    # masks hold every pair's offset bit.
     volume = kernel ** 3
-    n_groups = (table.shape[1] - volume) // 2
-    union = np.zeros(num_out, np.uint32)
-    for g in range(n_groups):
-        assert sorted(table[:, volume + 2 * g + 1]) == list(range(num_out))
-        bits = table[:, volume + 2 * g].view(np.uint32)
-        assert np.all(np.diff(bits) >= 0)
-        assert not np.any(union[table[:, volume + 2 * g + 1]] & bits)
-        union[table[:, volume + 2 * g + 1]] |= bits
-    expected_union = np.zeros(num_out, np.uint32)
+    assert sorted(table[:, volume + 1]) == list(range(num_out))
+    masks = table[:, volume].view(np.uint32)
+    assert np.all(np.diff(masks) >= 0)
+    expected_masks = np.zeros(num_out, np.uint32)
     for q in range(volume):
-        expected_union[table[:, q] >= 0] |= np.uint32(1 << q)
-    np.testing.assert_array_equal(union, expected_union)
+        expected_masks[table[:, q] >= 0] |= np.uint32(1 << q)
+    np.testing.assert_array_equal(masks, expected_masks[table[:, volume + 1]])
 
 
-def test_neighbour_table_groups_are_capped_by_the_volume():
+def test_neighbour_table_of_one_offset():
     from tf_sparseconv._op_library import ops
-    table = ops.site_neighbour_table(in_rows=[0, 1], out_rows=[0, 1], offset_splits=[0, 2], num_in=2, num_out=2,
-                                     mask_groups=4)
-    assert table.shape == (2, 1 + 2)  # one offset: one group
-    for bad in (0, 5):
-        with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="mask_groups must be 1 to 4"):
-            ops.site_neighbour_table(in_rows=[0], out_rows=[0], offset_splits=[0, 1], num_in=1, num_out=1,
-                                     mask_groups=bad)
+    table = ops.site_neighbour_table(in_rows=[1, 0], out_rows=[0, 2], offset_splits=[0, 2], num_in=2, num_out=3)
+    # input row per output row; then the rows sorted by mask (row 1 has none) beside their masks
+    np.testing.assert_array_equal(table.numpy(), [[1, 0, 1], [-1, 1, 0], [0, 1, 2]])
 
 
 def test_neighbour_table_rejects_bad_maps():
@@ -581,8 +559,10 @@ def test_conv_checks_a_given_neighbour_table_and_gives_the_same_values(rng):
 
 
 def test_layers_build_neighbour_tables_once_per_keyed_map_and_carry_them(monkeypatch, rng):
+    import importlib
     from tf_sparseconv.site.keras_io import as_site_keras_inputs, from_site_keras_inputs
     from tf_sparseconv.site import neighbour_table
+    maps = importlib.import_module("tf_sparseconv.site.kernel_map")
     coords, features = random_sites(rng, 2, (8, 8, 8), 0.3, 4, np.float16)
     x = make_site_sparse(coords, features, (8, 8, 8), 2)
     w = tf.constant(rng.standard_normal((3, 3, 3, 4, 4)) / 10, tf.float16)
@@ -593,10 +573,11 @@ def test_layers_build_neighbour_tables_once_per_keyed_map_and_carry_them(monkeyp
         y = site_conv(site_conv(x, w, subm=True, indice_key="s"), w, subm=True, indice_key="s")
         down = site_conv(y, wd, strides=2, indice_key="d")
         return y, site_inverse_conv(down, wu, "d")
-    # On this CPU-only machine the default builds no table; "always" builds and carries them.
+    # On this CPU-only machine no table is built; where a GPU is visible, half types build
+    # them under 'auto' (the CPU kernels check the tables and compute from the pairs).
     y, up = net()
     assert y.kernel_maps["s"].neighbours is None and up.kernel_maps["d"].inverse_neighbours is None
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
+    monkeypatch.setattr(maps, "gpu_visible", lambda: True)
     y_t, up_t = net()
     np.testing.assert_array_equal(y_t.features.numpy(), y.features.numpy())
     np.testing.assert_array_equal(up_t.features.numpy(), up.features.numpy())
@@ -607,8 +588,71 @@ def test_layers_build_neighbour_tables_once_per_keyed_map_and_carry_them(monkeyp
     # Through the Keras dict and back, the tables stay with their maps.
     back = from_site_keras_inputs(as_site_keras_inputs(up_t))
     np.testing.assert_array_equal(back.kernel_maps["d"].inverse_neighbours.numpy(), d.inverse_neighbours.numpy())
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "never")
-    assert site_conv(x, w, subm=True, indice_key="s").kernel_maps["s"].neighbours is None
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "sometimes")
-    with pytest.raises(ValueError, match="TF_SPARSECONV_SITE_TABLES"):
-        site_conv(x, w, subm=True, indice_key="s")
+    # 'pairs' never reads a table, so none is built.
+    assert site_conv(x, w, subm=True, indice_key="s", dataflow="pairs").kernel_maps["s"].neighbours is None
+
+
+def test_which_dataflows_build_neighbour_tables(monkeypatch, rng):
+    import importlib
+    maps = importlib.import_module("tf_sparseconv.site.kernel_map")
+    coords, features = random_sites(rng, 1, (6, 6, 6), 0.4, 2)
+    x = make_site_sparse(coords, features, (6, 6, 6), 1)
+    small, large = kernel_map(x, 3, mode="submanifold"), kernel_map(x, 5, mode="submanifold")
+    half = (tf.float16, tf.bfloat16)
+    monkeypatch.setattr(maps, "gpu_visible", lambda: True)
+    for dtype in (tf.float16, tf.bfloat16, tf.float32, tf.float64):
+        assert maps.wants_tables(dtype, small, "auto") == (dtype in half), dtype
+        assert maps.wants_tables(dtype, small, "outputs"), dtype
+        assert not maps.wants_tables(dtype, small, "pairs"), dtype
+        assert not maps.wants_tables(dtype, large, "outputs"), "125 offsets: no table"
+        assert not maps.wants_tables(dtype, hand_built(small), "outputs"), "a table is read with a trusted map only"
+    monkeypatch.setattr(maps, "gpu_visible", lambda: False)
+    assert not maps.wants_tables(tf.float16, small, "auto") and not maps.wants_tables(tf.float32, small, "outputs")
+
+
+def test_dataflow_choices(rng):
+    from tf_sparseconv._op_library import ops
+    coords, features = random_sites(rng, 2, (6, 6, 6), 0.4, 3)
+    x = make_site_sparse(coords, features, (6, 6, 6), 2)
+    w = tf.constant(rng.standard_normal((3, 3, 3, 3, 4)), tf.float32)
+    auto = site_conv(x, w, subm=True).features.numpy()
+    # The CPU has one dataflow: 'pairs' is it, 'outputs' is refused.
+    np.testing.assert_array_equal(site_conv(x, w, subm=True, dataflow="pairs").features.numpy(), auto)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow='outputs' runs on the GPU only"):
+        site_conv(x, w, subm=True, dataflow="outputs")
+    for call in (lambda: site_conv(x, w, subm=True, dataflow="fastest"),
+                 lambda: site_conv_transpose(x, w, strides=2, dataflow="fastest"),
+                 lambda: site_inverse_conv(site_conv(x, w, strides=2, indice_key="d"), tf.transpose(
+                     w, [0, 1, 2, 4, 3]), "d", dataflow="Auto")):
+        with pytest.raises(ValueError, match="dataflow must be 'auto', 'pairs' or 'outputs'"):
+            call()
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="dataflow"):
+        ops.site_sparse_conv(x.features, tf.reshape(w, [27, 3, 4]), [0], [0], tf.constant([0] + [1] * 27), 2,
+                             tf.zeros([0], tf.int32), dataflow="fastest")
+
+
+def test_the_gradients_run_the_forward_dataflow_and_cpu_products(rng):
+    from tf_sparseconv._op_library import ops
+    coords, features = random_sites(rng, 2, (6, 6, 6), 0.4, 3)
+    x = make_site_sparse(coords, features, (6, 6, 6), 2)
+    filters = tf.constant(rng.standard_normal((27, 3, 4)), tf.float32)
+    for mode in ("submanifold", "strided"):
+        kmap = kernel_map(x, 3, 2 if mode == "strided" else 1, mode=mode)
+        num_out = tf.shape(kmap.out_coords)[0]
+
+        @tf.function
+        def gradients(features, kmap=kmap, num_out=num_out, mode=mode):
+            with tf.GradientTape() as tape:
+                tape.watch([features, filters])
+                y = ops.site_sparse_conv(features, filters, kmap.in_rows, kmap.out_rows, kmap.offset_splits,
+                                         num_out, tf.zeros([0], tf.int32), map_is_trusted=True,
+                                         map_is_submanifold=mode == "submanifold", dataflow="pairs",
+                                         cpu_products="portable")
+            return tape.gradient(y, [features, filters])
+        graph = gradients.get_concrete_function(tf.TensorSpec([None, 3], tf.float32)).graph
+        ops_of = {kind: [op for op in graph.get_operations() if op.type.endswith(kind)]
+                  for kind in ("SiteSparseConv", "SiteSparseConvFilterGrad")}
+        assert len(ops_of["SiteSparseConv"]) == 2 and len(ops_of["SiteSparseConvFilterGrad"]) == 1, mode
+        for op in ops_of["SiteSparseConv"]:  # the forward and the input gradient
+            assert op.get_attr("dataflow") == b"pairs" and op.get_attr("cpu_products") == b"portable", mode
+        assert ops_of["SiteSparseConvFilterGrad"][0].get_attr("cpu_products") == b"portable", mode

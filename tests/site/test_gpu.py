@@ -329,14 +329,14 @@ def test_gradients_match_numerical_gradients_on_gpu_in_float64(rng):
 
 # --- determinism -------------------------------------------------------------------------------
 
-def gpu_outputs(seed, dtype=tf.float32):
+def gpu_outputs(seed, dtype=tf.float32, dataflow="auto"):
     """Forward and gradients of a submanifold and a strided layer on the GPU, as numpy."""
     rng = np.random.default_rng(seed)
     coords = random_sites(rng, 2, (16, 16, 16), 0.2)
     features = on_cpu(rng.standard_normal((len(coords), 24)), dtype)
     kernel = on_cpu(rng.standard_normal((3, 3, 3, 24, 40)) / 10, dtype)
     outputs = []
-    for kwargs in (dict(subm=True), dict(strides=2, padding=1)):
+    for kwargs in (dict(subm=True, dataflow=dataflow), dict(strides=2, padding=1, dataflow=dataflow)):
         y, _, _ = conv_and_gradients(GPU, coords, features, kernel, (16, 16, 16), 2, kwargs)
         upstream = np.linspace(-1, 1, int(np.prod(y.shape))).reshape(y.shape)
         outputs += [t.numpy() for t in conv_and_gradients(GPU, coords, features, kernel, (16, 16, 16), 2, kwargs,
@@ -355,15 +355,13 @@ def test_gpu_results_are_bit_identical_under_op_determinism():
     script = textwrap.dedent("""
         import numpy as np, tensorflow as tf
         tf.config.experimental.enable_op_determinism()
-        import os
         from tests.site.test_gpu import gpu_outputs
         first, second = gpu_outputs(5), gpu_outputs(5)
         for a, b in zip(first, second):
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
         # half: the default dataflow under determinism is the output-stationary kernel's
         first, second = gpu_outputs(5, tf.float16), gpu_outputs(5, tf.float16)
-        os.environ["TF_SPARSECONV_SITE_DATAFLOW"] = "outputs"
-        forced = gpu_outputs(5, tf.float16)
+        forced = gpu_outputs(5, tf.float16, "outputs")
         for a, b, c in zip(first, second, forced):
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
             np.testing.assert_array_equal(a.view(np.uint8), c.view(np.uint8))
@@ -596,19 +594,21 @@ def test_float32_conv_uses_tf32_where_tensorflow_allows_it(rng, cin, cout):
         assert np.max(np.abs(tf32 - strict)) > 1e-6 * scale, what
 
 
-# --- the output-stationary dataflow (TF_SPARSECONV_SITE_DATAFLOW=outputs) -------------------------
+# --- the output-stationary dataflow (dataflow="outputs") ------------------------------------------
 
-def cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs):
-    """(cpu, first, second): conv_and_gradients on the CPU and twice on the GPU, on random
-    sites, features, kernel and upstream gradient; float runs with TF32 on."""
+def cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs, gpu_kwargs=None):
+    """(cpu, first, second): conv_and_gradients on the CPU (kwargs) and twice on the GPU
+    (kwargs and gpu_kwargs, e.g. a dataflow the CPU does not have), on random sites,
+    features, kernel and upstream gradient; float runs with TF32 on."""
     tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)
     coords = random_sites(rng, batch, shape, density)
     features = on_cpu(rng.standard_normal((len(coords), cin)), dtype)
     w = on_cpu(rng.standard_normal((*kernel, cin, cout)) / np.sqrt(np.prod(kernel) * cin), dtype)
     y_cpu, _, _ = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs)
     upstream = rng.standard_normal(y_cpu.shape)
-    return tuple(conv_and_gradients(device, coords, features, w, shape, batch, kwargs, upstream)
-                 for device in (CPU, GPU, GPU))
+    on_gpu = dict(kwargs, **(gpu_kwargs or {}))
+    return tuple(conv_and_gradients(device, coords, features, w, shape, batch, args, upstream)
+                 for device, args in ((CPU, kwargs), (GPU, on_gpu), (GPU, on_gpu)))
 
 
 def assert_gpu_matches_cpu(dtype, cpu, gpu):
@@ -623,85 +623,41 @@ def assert_gpu_matches_cpu(dtype, cpu, gpu):
 
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
 @pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
-def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(monkeypatch, rng, dtype, batch, shape,
-                                                                         kernel, cin, cout, density, kwargs):
-    monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "outputs")
-    cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs)
+def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(rng, dtype, batch, shape, kernel, cin, cout,
+                                                                         density, kwargs):
+    cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs,
+                                              dict(dataflow="outputs"))
     assert_gpu_matches_cpu(dtype, cpu, first)
     # Where the output-stationary kernel runs (whole 16-byte rows, at most 32 offsets),
     # every output row is stored once: no atomics, so no timing in the sums (forward and
-    # input gradient). Other shapes fall back to the pair tiles and their atomics.
+    # input gradient, which runs the forward's dataflow). Other shapes run the pair tiles
+    # and their atomics.
     vec = 4 if dtype == tf.float32 else 8
     if cin % vec == 0 and cout % vec == 0 and np.prod(kernel) <= 32:
         for what, g, again in zip(("features", "input gradient"), first, second):
             np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
 
 
-@pytest.mark.parametrize("switch", ["TF_SPARSECONV_SITE_DATAFLOW", "TF_SPARSECONV_SITE_TABLE_PRODUCTS",
-                                    "TF_SPARSECONV_SITE_ROW_STEP", "TF_SPARSECONV_SITE_TABLE_ROWS"])
-def test_unknown_switch_value_is_rejected(monkeypatch, rng, switch):
-    monkeypatch.setenv(switch, "fastest")
-    coords = random_sites(rng, 1, (6, 6, 6), 0.3)
-    features = on_cpu(rng.standard_normal((len(coords), 8)), tf.float16)
-    w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), tf.float16)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=switch):
-        conv_and_gradients(GPU, coords, features, w, (6, 6, 6), 1, dict(subm=True))
-
-
-@pytest.mark.parametrize("products", ["mma_sync", "wmma"])
-@pytest.mark.parametrize("dataflow", ["outputs", "table"])
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
-@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
-def test_output_stationary_products_match_cpu(monkeypatch, rng, dtype, batch, shape, kernel, cin, cout, density,
-                                              kwargs, dataflow, products):
-    """TF_SPARSECONV_SITE_TABLE_PRODUCTS: the output-stationary tiles multiply through
-    mma.sync (the default) or WMMA, with the table built per call (outputs) or once (table)."""
-    if dataflow == "outputs":
-        monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "outputs")
-    else:
-        if np.prod(kernel) > 32:
-            pytest.skip("neighbour tables hold kernels of at most 32 offsets")
-        monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
-        kwargs = dict(kwargs, indice_key="k")
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_PRODUCTS", products)
-    cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs)
-    assert_gpu_matches_cpu(dtype, cpu, first)
-    vec = 4 if dtype == tf.float32 else 8
-    runs_output_stationary = cin % vec == 0 and cout % vec == 0 and np.prod(kernel) <= 32 and (
-        dataflow == "outputs" or dtype != tf.float32)
-    if runs_output_stationary:  # every output row stored once: the forward repeats bit for bit
-        np.testing.assert_array_equal(first[0].numpy().view(np.uint8), second[0].numpy().view(np.uint8))
-
-
-@pytest.mark.parametrize("row_step", ["64", "128"])
-@pytest.mark.parametrize("dataflow", ["pairs", "table"])
-@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=lambda t: t.name)
-@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
-def test_forced_row_steps_match_cpu(monkeypatch, rng, dtype, batch, shape, kernel, cin, cout, density, kwargs,
-                                    dataflow, row_step):
-    """TF_SPARSECONV_SITE_ROW_STEP=64|128: the half tiles (pairs, and output-stationary from
-    a table) bring 64 or 128 bytes of each input row per step, whatever the width, so the
-    128-byte steps also run with channel counts that leave a zero-filled tail (40, 72, 136)."""
-    if dataflow == "table":
-        if np.prod(kernel) > 32:
-            pytest.skip("neighbour tables hold kernels of at most 32 offsets")
-        monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
-        kwargs = dict(kwargs, indice_key="k")
-    else:
-        monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", "pairs")
-    monkeypatch.setenv("TF_SPARSECONV_SITE_ROW_STEP", row_step)
-    cpu, first, _ = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs)
-    assert_gpu_matches_cpu(dtype, cpu, first)
-
-
-def test_wmma_table_products_refuse_64_row_tiles(monkeypatch, rng):
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_PRODUCTS", "wmma")
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_ROWS", "64")
-    coords = random_sites(rng, 1, (6, 6, 6), 0.3)
-    features = on_cpu(rng.standard_normal((len(coords), 8)), tf.float16)
-    w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), tf.float16)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="TF_SPARSECONV_SITE_TABLE_ROWS=64 needs"):
-        conv_and_gradients(GPU, coords, features, w, (6, 6, 6), 1, dict(subm=True))
+def test_pairs_dataflow_ignores_a_given_table(rng, dtype):
+    """dataflow="pairs" runs the pair tiles whatever the call is given: with a table, its
+    result matches the CPU's as without one."""
+    tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)
+    coords = random_sites(rng, 2, (9, 8, 9), 0.25)
+    features = on_cpu(rng.standard_normal((len(coords), 16)), dtype)
+    w = on_cpu(rng.standard_normal((27, 16, 24)) / 20, dtype)
+    with tf.device(CPU):
+        x = make_site_sparse(coords, features, (9, 8, 9), 2)
+        kmap = kernel_map(x, 3, mode="submanifold")
+    results = {}
+    for name, device, table in (("cpu", CPU, NO_NEIGHBOURS), ("plain", GPU, NO_NEIGHBOURS), ("table", GPU, None)):
+        with tf.device(device):
+            if table is None:
+                table = neighbour_table(kmap)
+            results[name] = ops.site_sparse_conv(features, w, kmap.in_rows, kmap.out_rows, kmap.offset_splits,
+                                                 len(coords), table, map_is_trusted=True, dataflow="pairs")
+    for name in ("plain", "table"):
+        assert_gpu_matches_cpu(dtype, [results["cpu"]], [results[name]])
 
 
 # --- neighbour tables (SiteNeighbourTable) and the convolution that reads them ---------------------
@@ -715,10 +671,9 @@ TABLE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("groups", [None, 2, 3, 4])
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
 @pytest.mark.parametrize("batch,shape,kernel,strides,padding,mode", TABLE_CASES)
-def test_neighbour_table_matches_cpu_exactly(rng, batch, shape, kernel, strides, padding, mode, inverse, groups):
+def test_neighbour_table_matches_cpu_exactly(rng, batch, shape, kernel, strides, padding, mode, inverse):
     coords = random_sites(rng, batch, shape, 0.05 if max(shape) > 20 else 0.3)
     with tf.device(CPU):
         x = make_site_sparse(coords, np.ones((len(coords), 1), np.float32), shape, batch)
@@ -726,28 +681,22 @@ def test_neighbour_table_matches_cpu_exactly(rng, batch, shape, kernel, strides,
     tables = {}
     for device in (CPU, GPU):
         with tf.device(device):
-            tables[device] = neighbour_table(kmap, inverse=inverse, mask_groups=groups).numpy()
+            tables[device] = neighbour_table(kmap, inverse=inverse).numpy()
     np.testing.assert_array_equal(tables[GPU], tables[CPU])
-    volume = np.prod(kernel)
-    assert tables[CPU].shape[1] == volume + 2 * min(1 if groups is None else groups, volume)
+    assert tables[CPU].shape[1] == np.prod(kernel) + 2
 
 
-@pytest.mark.parametrize("rows", ["auto", "64", "128"])
-@pytest.mark.parametrize("groups", [1, 2, 3, 4])
 @pytest.mark.parametrize("dataflow", ["auto", "outputs"])
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=lambda t: t.name)
 @pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
-def test_conv_from_tables_of_any_mask_groups_matches_cpu(monkeypatch, rng, dtype, batch, shape, kernel, cin, cout,
-                                                        density, kwargs, dataflow, groups, rows):
-    """One output-stationary pass per mask group, the later ones adding to the stored rows:
-    the forward and (submanifold) the input gradient from the same table match the CPU's
-    pairs, and repeat bit for bit. dataflow=outputs makes the op read the table at every
-    width, 256 channels included; rows: the tiles' output rows (TF_SPARSECONV_SITE_TABLE_ROWS)."""
+def test_conv_from_a_given_table_matches_cpu(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs,
+                                            dataflow):
+    """The op given a table: the forward and (submanifold) the input gradient from the same
+    table match the CPU's pairs, and repeat bit for bit; both dataflows read the table at
+    every width, 256 channels included."""
     volume = int(np.prod(kernel))
     if volume > 32:
         pytest.skip("neighbour tables hold kernels of at most 32 offsets")
-    monkeypatch.setenv("TF_SPARSECONV_SITE_DATAFLOW", dataflow)
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLE_ROWS", rows)
     subm = bool(kwargs.get("subm"))
     coords = random_sites(rng, batch, shape, density)
     features = on_cpu(rng.standard_normal((len(coords), cin)), dtype)
@@ -759,18 +708,18 @@ def test_conv_from_tables_of_any_mask_groups_matches_cpu(monkeypatch, rng, dtype
         num_out = tf.shape(kmap.out_coords)[0]
         upstream = on_cpu(rng.standard_normal((int(num_out), cout)), dtype)
 
-    def run(device, table):
+    def run(device, table, dataflow):
         with tf.device(device):
             with tf.GradientTape() as tape:
                 tape.watch(features)
                 y = ops.site_sparse_conv(features, w, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out,
-                                         table, map_is_trusted=True, map_is_submanifold=subm)
+                                         table, map_is_trusted=True, map_is_submanifold=subm, dataflow=dataflow)
             return y, tape.gradient(y, features, output_gradients=upstream)
     with tf.device(GPU):
-        table = neighbour_table(kmap, mask_groups=groups)
-    assert table.shape[1] == volume + 2 * min(groups, volume)
-    cpu = run(CPU, NO_NEIGHBOURS)
-    first, second = run(GPU, table), run(GPU, table)
+        table = neighbour_table(kmap)
+    assert table.shape[1] == volume + 2
+    cpu = run(CPU, NO_NEIGHBOURS, "auto")
+    first, second = run(GPU, table, dataflow), run(GPU, table, dataflow)
     for what, c, g, again in zip(("features", "input gradient"), cpu, first, second):
         assert_close(g, c, dtype, what)
         if cin % 8 == 0 and cout % 8 == 0 and (what == "features" or subm):
@@ -779,37 +728,63 @@ def test_conv_from_tables_of_any_mask_groups_matches_cpu(monkeypatch, rng, dtype
 
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
 @pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
-def test_conv_from_neighbour_tables_matches_cpu_and_repeats_bit_for_bit(monkeypatch, rng, dtype, batch, shape,
-                                                                        kernel, cin, cout, density, kwargs):
+def test_conv_from_neighbour_tables_matches_cpu_and_repeats_bit_for_bit(rng, dtype, batch, shape, kernel, cin, cout,
+                                                                        density, kwargs):
+    """Layers under an indice_key build the map's table once and run from it: half and
+    bfloat16 under 'auto', float under 'outputs' (its TF32 table tiles)."""
     if np.prod(kernel) > 32:
         pytest.skip("neighbour tables hold kernels of at most 32 offsets")
-    # Tables for every type: float (TF32 on here) must ignore them under the default
-    # dataflow and give the pair tiles' result.
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
+    on_gpu = dict(dataflow="outputs" if dtype == tf.float32 else "auto")
     cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density,
-                                              dict(kwargs, indice_key="k"))
+                                              dict(kwargs, indice_key="k"), on_gpu)
     assert_gpu_matches_cpu(dtype, cpu, first)
-    # half and bfloat16 run output-stationary from the table where its tiles apply (at any
-    # width since 2026-11-24): each output row is stored once, so the forward repeats bit
-    # for bit.
-    if dtype != tf.float32 and cin % 8 == 0 and cout % 8 == 0:
+    # Output-stationary from the table where its tiles apply (at any width): each output
+    # row is stored once, so the forward repeats bit for bit.
+    vec = 4 if dtype == tf.float32 else 8
+    if cin % vec == 0 and cout % vec == 0:
         np.testing.assert_array_equal(first[0].numpy().view(np.uint8), second[0].numpy().view(np.uint8))
     # A submanifold layer's input gradient runs output-stationary from the same table
     # (mirrored offsets, map_is_submanifold): it repeats too.
-    if dtype != tf.float32 and kwargs.get("subm") and cin % 8 == 0 and cout % 8 == 0:
+    if kwargs.get("subm") and cin % vec == 0 and cout % vec == 0:
         np.testing.assert_array_equal(first[1].numpy().view(np.uint8), second[1].numpy().view(np.uint8))
 
 
-def test_layers_build_neighbour_tables_for_half_types_on_gpu(rng):
+def test_float_runs_the_pairs_from_a_given_table_under_auto(rng):
+    """auto reads a table for half types only: float given one runs the pair tiles, and
+    its result matches the call without a table."""
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    coords = random_sites(rng, 2, (9, 8, 9), 0.25)
+    features = on_cpu(rng.standard_normal((len(coords), 16)), tf.float32)
+    w = on_cpu(rng.standard_normal((27, 16, 16)) / 20, tf.float32)
+    with tf.device(CPU):
+        x = make_site_sparse(coords, features, (9, 8, 9), 2)
+        kmap = kernel_map(x, 3, mode="submanifold")
+    results = {}
+    for name, device, table in (("cpu", CPU, NO_NEIGHBOURS), ("plain", GPU, NO_NEIGHBOURS), ("table", GPU, None)):
+        with tf.device(device):
+            if table is None:
+                table = neighbour_table(kmap)
+            results[name] = ops.site_sparse_conv(features, w, kmap.in_rows, kmap.out_rows, kmap.offset_splits,
+                                                 len(coords), table, map_is_trusted=True).numpy()
+    scale = np.max(np.abs(results["cpu"]))
+    for name in ("plain", "table"):
+        np.testing.assert_allclose(results[name], results["cpu"], rtol=5e-3, atol=5e-3 * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("dataflow", ["auto", "pairs", "outputs"])
+def test_layers_build_neighbour_tables_where_the_dataflow_reads_them(rng, dataflow):
     coords = random_sites(rng, 2, (9, 9, 9), 0.25)
     with tf.device(GPU):
-        for dtype, built in ((tf.float16, True), (tf.bfloat16, True), (tf.float32, False)):
+        for dtype in (tf.float16, tf.bfloat16, tf.float32):
+            built = dataflow == "outputs" or (dataflow == "auto" and dtype != tf.float32)
             x = make_site_sparse(coords, on_cpu(rng.standard_normal((len(coords), 8)), dtype), (9, 9, 9), 2)
             w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), dtype)
-            y = site_conv(x, w, subm=True, indice_key="s")
+            y = site_conv(x, w, subm=True, indice_key="s", dataflow=dataflow)
             assert (y.kernel_maps["s"].neighbours is not None) == built, dtype
-            down = site_conv(y, on_cpu(rng.standard_normal((2, 2, 2, 8, 16)), dtype), strides=2, indice_key="d")
-            up = site_inverse_conv(down, on_cpu(rng.standard_normal((2, 2, 2, 16, 8)), dtype), "d")
+            down = site_conv(y, on_cpu(rng.standard_normal((2, 2, 2, 8, 16)), dtype), strides=2, indice_key="d",
+                             dataflow=dataflow)
+            up = site_inverse_conv(down, on_cpu(rng.standard_normal((2, 2, 2, 16, 8)), dtype), "d",
+                                   dataflow=dataflow)
             assert (up.kernel_maps["d"].inverse_neighbours is not None) == built, dtype
             # A map without indice_key is used once: no table.
             assert not site_conv(x, w, subm=True).kernel_maps
@@ -827,12 +802,11 @@ def test_neighbour_table_ops_give_the_cpu_errors_on_gpu(rng):
     assert_same_error(lambda: table(offset_splits=[0, 1, 2] + [3] * 31), "1 to 32 offsets")
     features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
     conv = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_out=2)
-    for width in (3, 5, 2 + 2 * 3):  # volume 2: two or four extra columns (one or two groups)
+    for width in (3, 5, 6):  # volume 2: the table has 2 + 2 columns
         assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **conv,
                                                        neighbours=tf.zeros([2, width], tf.int32),
                                                        map_is_trusted=True),
                           "neighbours must be SiteNeighbourTable's")
-    assert_same_error(lambda: table(mask_groups=5), "mask_groups must be 1 to 4")
     with tf.device(CPU):
         good = table()
     assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **conv, neighbours=good),

@@ -127,14 +127,14 @@ def test_voxelize_layer_matches_voxelize_sites_and_to_points_gathers_rows(rng):
     np.testing.assert_array_equal(per_point[1, -5:], 0)
 
 
-def small_unet_by_hand(spatial_shape=SHAPE, channels=3):
+def small_unet_by_hand(spatial_shape=SHAPE, channels=3, dtype="float32"):
     """subm (s0) -> strided (d0) -> subm (s1) -> SparseInverseConv3D (d0) -> concat skip."""
-    inputs = kl.site_input(spatial_shape, channels)
-    skip = kl.SubMConv3D(4, 3, indice_key="s0", name="stem")(inputs)
-    h = kl.SparseConv3D(6, 2, strides=2, indice_key="d0", name="down")(skip)
-    h = kl.SubMConv3D(6, 3, indice_key="s1", name="mid")(h)
-    h = kl.SparseInverseConv3D(4, indice_key="d0", name="up")(h)
-    h = kl.SiteConcat(name="skip")([h, skip])
+    inputs = kl.site_input(spatial_shape, channels, dtype=dtype)
+    skip = kl.SubMConv3D(4, 3, indice_key="s0", name="stem", dtype=dtype)(inputs)
+    h = kl.SparseConv3D(6, 2, strides=2, indice_key="d0", name="down", dtype=dtype)(skip)
+    h = kl.SubMConv3D(6, 3, indice_key="s1", name="mid", dtype=dtype)(h)
+    h = kl.SparseInverseConv3D(4, indice_key="d0", name="up", dtype=dtype)(h)
+    h = kl.SiteConcat(name="skip", dtype=dtype)([h, skip])
     return keras.Model(inputs, h["features"])
 
 
@@ -157,14 +157,17 @@ def test_inverse_conv_finds_the_map_through_a_functional_model(rng):
 
 
 def test_neighbour_tables_flow_through_a_functional_model_and_its_export(monkeypatch, rng, tmp_path):
-    # The layers build tables only for half types on a GPU; "always" builds them here, so
-    # the Keras dicts carry them between layers (and the CPU kernels ignore them).
-    x = kl.as_site_keras_inputs(sites(rng))
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "never")
-    plain = small_unet_by_hand()
+    # The layers build tables for half types where a GPU is visible (dataflow 'auto'); made
+    # to believe one is here, they build them on the CPU, so the Keras dicts carry them
+    # between layers (and the CPU kernels check them and compute from the pairs).
+    import importlib
+    maps = importlib.import_module("tf_sparseconv.site.kernel_map")
+    x = sites(rng)
+    x = kl.as_site_keras_inputs(x.with_features(tf.cast(x.features, tf.float16)))
+    plain = small_unet_by_hand(dtype="float16")
     expected = plain(x).numpy()
-    monkeypatch.setenv("TF_SPARSECONV_SITE_TABLES", "always")
-    model = small_unet_by_hand()
+    monkeypatch.setattr(maps, "gpu_visible", lambda: True)
+    model = small_unet_by_hand(dtype="float16")
     model.set_weights(plain.get_weights())
     h = x
     for name in ("stem", "down", "mid", "up"):  # the layers' own calls, eagerly: their dicts
@@ -172,11 +175,11 @@ def test_neighbour_tables_flow_through_a_functional_model_and_its_export(monkeyp
         if name == "mid":
             assert "neighbours" in h["maps"]["s1"] and "neighbours" in h["maps"]["d0"]
     assert "inverse_neighbours" in h["maps"]["d0"]
-    np.testing.assert_allclose(model(x).numpy(), expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(tf.function(model)(x).numpy(), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(model(x).numpy(), expected)
+    np.testing.assert_array_equal(tf.function(model)(x).numpy(), expected)
     model.export(str(tmp_path / "exported"), verbose=False)
     exported = tf.saved_model.load(str(tmp_path / "exported"))
-    np.testing.assert_allclose(exported.serve(x).numpy(), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(exported.serve(x).numpy(), expected)
 
 
 def test_resnet_on_points_fits_and_round_trips_through_keras_file_and_export(rng, tmp_path):
@@ -272,6 +275,11 @@ def test_bad_configurations_give_clear_errors(rng):
         kl.SparseInverseConv3D(4, 2)
     with pytest.raises(TypeError, match="wraps a keras.layers.Layer"):
         kl.SiteFeatures("relu")
+    for layer in (kl.SubMConv3D, kl.SparseConv2D, kl.SparseConvTranspose1D):
+        with pytest.raises(ValueError, match="dataflow must be 'auto', 'pairs' or 'outputs', got 'tiles'"):
+            layer(4, 3, dataflow="tiles")
+    with pytest.raises(ValueError, match="dataflow must be 'auto', 'pairs' or 'outputs', got None"):
+        kl.SparseInverseConv3D(4, indice_key="d0", dataflow=None)
     inputs = kl.site_input(SHAPE, 3)
     h = kl.SubMConv3D(4, 3, indice_key="s0")(inputs)
     g = kl.SparseConv3D(4, 2, strides=2, indice_key="d0")(h)
@@ -309,8 +317,8 @@ def test_bad_configurations_give_clear_errors(rng):
     kl.SparseConv3D(4, 2, strides=(2, 2, 1), padding="valid", dilation_rate=1, indice_key="d",
                     kernel_initializer="he_normal"),
     kl.SparseConv1D(2, 3, strides=2, padding="same"),
-    kl.SparseConvTranspose3D(3, 3, strides=2, padding=1, indice_key="t", bias_regularizer="l1"),
-    kl.SparseInverseConv3D(5, 2, indice_key="d", activation="gelu"),
+    kl.SparseConvTranspose3D(3, 3, strides=2, padding=1, indice_key="t", bias_regularizer="l1", dataflow="outputs"),
+    kl.SparseInverseConv3D(5, 2, indice_key="d", activation="gelu", dataflow="pairs"),
     kl.SiteAveragePooling3D((2, 2, 1), strides=1, padding="valid", indice_key="p"),
     kl.SiteMaxPooling4D(2),
     kl.SiteGlobalPool("sum"), kl.SiteSelect(7), kl.SiteConcat(validate=False), kl.SiteAdd(),
@@ -323,6 +331,27 @@ def test_layer_configs_round_trip(layer):
     restored = keras.saving.deserialize_keras_object(json.loads(json.dumps(config)))
     assert type(restored) is type(layer) and restored.get_config() == layer.get_config()
     assert restored.supports_jit is False
+
+
+def test_conv_layers_keep_their_dataflow_and_old_configs_run_auto(rng):
+    x = sites(rng)
+    for dataflow in ("auto", "pairs", "outputs"):
+        layer = kl.SubMConv3D(4, 3, dataflow=dataflow)
+        assert layer.get_config()["dataflow"] == dataflow
+        assert keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer)).dataflow == dataflow
+    config = kl.SparseConv3D(4, 2, strides=2).get_config()
+    del config["dataflow"]  # as saved by 0.1
+    assert kl.SparseConv3D.from_config(config).dataflow == "auto"
+    # On the CPU 'pairs' is the one dataflow, and 'outputs' is refused by the op.
+    pairs = kl.SubMConv3D(4, 3, dataflow="pairs")
+    y = pairs(kl.as_site_keras_inputs(x))
+    auto = kl.SubMConv3D(4, 3)
+    auto(kl.as_site_keras_inputs(x))
+    auto.set_weights(pairs.get_weights())
+    np.testing.assert_array_equal(auto(kl.as_site_keras_inputs(x))["features"].numpy(), y["features"].numpy())
+    outputs = kl.SubMConv3D(4, 3, dataflow="outputs")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow='outputs' runs on the GPU only"):
+        outputs(kl.as_site_keras_inputs(x))
 
 
 def test_train_entry_point_trains_site_resnet_on_synthetic(tmp_path, capsys):

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
 from tf_sparseconv.geometry import conv_geometry
-from tf_sparseconv.site.kernel_map import along_map, assert_rows_match, neighbour_table, wants_tables
+from tf_sparseconv.site.kernel_map import along_map, assert_rows_match, check_dataflow, with_inverse_table
 from tf_sparseconv.site.tensor import SiteSparseTensor, check_site_tensor
 
 
@@ -20,12 +20,13 @@ def _no_table():
     return tf.zeros([0], tf.int32)
 
 
-def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted, neighbours=None, submanifold=False):
+def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted, neighbours=None, submanifold=False,
+          dataflow="auto"):
     filters = tf.reshape(kernel, [-1, kernel.shape[-2], kernel.shape[-1]])
     if neighbours is None:
         neighbours = _no_table()
     return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out, neighbours,
-                                 map_is_trusted=trusted, map_is_submanifold=submanifold)
+                                 map_is_trusted=trusted, map_is_submanifold=submanifold, dataflow=dataflow)
 
 
 def _check_kernel(x, kernel, what):
@@ -44,7 +45,7 @@ def _with_bias(out, bias):
     return out if bias is None else tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
 
 
-def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False, indice_key=None):
+def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False, indice_key=None, dataflow="auto"):
     """Sparse convolution of x with kernel [k1, ..., kd, Cin, Cout].
 
     subm=True: submanifold convolution, output sites = input sites (odd kernel; padding
@@ -53,11 +54,15 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     reaches. With indice_key, the map is taken from x.kernel_maps when there and stored
     on the output, so layers of one geometry share it and site_inverse_conv finds it.
     On a GPU of sm_80 or later, float32 follows TensorFlow's TF32 switch
-    (tf.config.experimental.enable_tensor_float_32_execution, on by default). For half
-    and bfloat16 on a GPU, a map under an indice_key gets its neighbour table once
-    (KernelMap.neighbours), and the layers of that map run output-stationary from it.
+    (tf.config.experimental.enable_tensor_float_32_execution, on by default).
+    dataflow: the GPU's, as spconv's algo= (SiteSparseConv; docs/gpu-kernels.md): "auto"
+    (the default), "pairs" or "outputs"; the CPU runs "auto" and "pairs" and refuses
+    "outputs". Under "auto" with half and bfloat16 on a GPU, or "outputs", a map under an
+    indice_key gets its neighbour table once (KernelMap.neighbours), and the layers of that
+    map run output-stationary from it.
     """
     check_site_tensor(x, "site_conv")
+    check_dataflow(dataflow, "site_conv")
     kernel = tf.convert_to_tensor(kernel)
     _check_kernel(x, kernel, "site_conv")
     d = x.spatial_rank
@@ -65,28 +70,31 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     # Only SiteKernelMap's own submanifold maps are promised mirrored to the op.
     return along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
         _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
-              kmap.neighbours, submanifold=subm and kmap.trusted), bias))
+              kmap.neighbours, submanifold=subm and kmap.trusted, dataflow=dataflow), bias), dataflow)
 
 
-def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None):
+def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None, dataflow="auto"):
     """Transposed (generative) convolution: every site an input reaches through
     o = x * stride - padding + q * dilation becomes an output site (spconv's
-    SparseConvTranspose)."""
+    SparseConvTranspose). dataflow: as for site_conv."""
     check_site_tensor(x, "site_conv_transpose")
+    check_dataflow(dataflow, "site_conv_transpose")
     kernel = tf.convert_to_tensor(kernel)
     _check_kernel(x, kernel, "site_conv_transpose")
     d = x.spatial_rank
     geometry = conv_geometry("transposed", d, kernel.shape[:d], strides, padding, dilation)
     return along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
         _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
-              kmap.neighbours), bias))
+              kmap.neighbours, dataflow=dataflow), bias), dataflow)
 
 
-def site_inverse_conv(x, kernel, indice_key, bias=None):
+def site_inverse_conv(x, kernel, indice_key, bias=None, dataflow="auto"):
     """Inverse of the strided convolution stored under indice_key: back onto its input
     sites (spconv's SparseInverseConv). x must hold that convolution's output sites; the
-    kernel [k1, ..., kd, Cin, Cout] has the strided layer's kernel size."""
+    kernel [k1, ..., kd, Cin, Cout] has the strided layer's kernel size. dataflow: as for
+    site_conv (the table is the reversed map's, KernelMap.inverse_neighbours)."""
     check_site_tensor(x, "site_inverse_conv")
+    check_dataflow(dataflow, "site_inverse_conv")
     if indice_key not in x.kernel_maps:
         raise KeyError(f"site_inverse_conv: no kernel map under indice_key {indice_key!r}; the strided convolution "
                        f"it inverts must have been given that key (maps here: {sorted(x.kernel_maps)})")
@@ -99,15 +107,14 @@ def site_inverse_conv(x, kernel, indice_key, bias=None):
     if tuple(int(k) for k in kernel.shape[:x.spatial_rank]) != kmap.kernel_size:
         raise ValueError(f"site_inverse_conv: kernel size {tuple(kernel.shape[:x.spatial_rank])} differs from the "
                          f"strided convolution's {kmap.kernel_size} under {indice_key!r}")
-    if kmap.inverse_neighbours is None and wants_tables(x.dtype, kmap):
-        kmap = kmap.with_tables(inverse_neighbours=neighbour_table(kmap, inverse=True))
+    kmap = with_inverse_table(kmap, x.dtype, dataflow)
     with tf.control_dependencies([assert_rows_match(kmap.out_coords, x.features, indice_key)]):
         num_out = tf.shape(kmap.in_coords)[0]
     # Reversed pairs stay valid: every map SiteKernelMap builds has at most one pair per
     # input row and offset too (for an offset the output site fixes the input site and
     # back), so a trusted map is trusted both ways.
     out = _with_bias(_conv(x.features, kernel, kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out,
-                           kmap.trusted, kmap.inverse_neighbours), bias)
+                           kmap.trusted, kmap.inverse_neighbours, dataflow=dataflow), bias)
     known = tf.get_static_value(kmap.in_spatial_shape)
     static = tf.TensorShape([int(v) for v in known]) if known is not None else tf.TensorShape([None] * len(
         kmap.kernel_size))
@@ -119,8 +126,10 @@ def site_inverse_conv(x, kernel, indice_key, bias=None):
 @tf.RegisterGradient("SiteSparseConv")
 def _site_sparse_conv_grad(op, out_grad):
     features, filters, in_rows, out_rows, splits, _, neighbours = op.inputs
-    # A map trusted forward is trusted reversed (see site_inverse_conv).
-    trusted = op.get_attr("map_is_trusted")
+    # A map trusted forward is trusted reversed (see site_inverse_conv); the input gradient
+    # runs the forward's dataflow, and both gradients its CPU products.
+    choices = dict(map_is_trusted=op.get_attr("map_is_trusted"), cpu_products=op.get_attr("cpu_products"))
+    dataflow = op.get_attr("dataflow")
     transposed = tf.transpose(filters, [0, 2, 1])
     if op.get_attr("map_is_submanifold"):
         # The reversed pairs of offset q are the pairs of the mirrored offset
@@ -128,13 +137,12 @@ def _site_sparse_conv_grad(op, out_grad):
         # pairs, and its neighbour table where it has one) with the transposed filters in
         # mirrored order.
         features_grad = _ops.site_sparse_conv(out_grad, tf.reverse(transposed, [0]), in_rows, out_rows, splits,
-                                              tf.shape(features)[0], neighbours, map_is_trusted=trusted,
-                                              map_is_submanifold=True)
+                                              tf.shape(features)[0], neighbours, map_is_submanifold=True,
+                                              dataflow=dataflow, **choices)
     else:
         # The same gather-GEMM-scatter with the pairs reversed and each offset's filter
         # transposed (the forward's neighbour table is of no use to the reversed pairs).
         features_grad = _ops.site_sparse_conv(out_grad, transposed, out_rows, in_rows, splits,
-                                              tf.shape(features)[0], _no_table(), map_is_trusted=trusted)
-    filters_grad = _ops.site_sparse_conv_filter_grad(features, out_grad, in_rows, out_rows, splits,
-                                                     map_is_trusted=trusted)
+                                              tf.shape(features)[0], _no_table(), dataflow=dataflow, **choices)
+    filters_grad = _ops.site_sparse_conv_filter_grad(features, out_grad, in_rows, out_rows, splits, **choices)
     return [features_grad, filters_grad, None, None, None, None, None]

@@ -5,7 +5,8 @@ SubMConv{1,2,3,4}D (submanifold), SparseConv{1,2,3,4}D (strided), SparseConvTran
 Arguments follow Keras (filters, kernel_size, strides, padding="valid"|"same" or spconv's
 int padding, dilation_rate, activation, initializers, regularizers) plus spconv's
 indice_key: layers of one geometry under one key share one kernel map, and an inverse
-convolution maps back through the map of the strided convolution whose key it names.
+convolution maps back through the map of the strided convolution whose key it names; and
+dataflow="auto"|"pairs"|"outputs", the GPU's dataflow (spconv's algo=; site_conv).
 The _SiteConv bases take the rank from their input (rank None); the named classes fix it.
 """
 import warnings
@@ -16,6 +17,7 @@ import tensorflow as tf
 from tf_sparseconv.geometry import PADDINGS, checked_output_shape, conv_geometry, int_or_ints, per_dim
 from tf_sparseconv.site.conv import site_conv, site_conv_transpose, site_inverse_conv
 from tf_sparseconv.site.keras_io import SiteLayer, map_geometries, site_shapes
+from tf_sparseconv.site.kernel_map import check_dataflow
 from tf_sparseconv.site.tensor import SiteSparseTensor
 
 register = keras.saving.register_keras_serializable(package="tf_sparseconv")
@@ -41,9 +43,10 @@ class _SiteConv(SiteLayer):
 
     def __init__(self, filters, kernel_size, strides=1, padding="valid", dilation_rate=1, indice_key=None,
                  activation=None, use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
-                 kernel_regularizer=None, bias_regularizer=None, **kwargs):
+                 kernel_regularizer=None, bias_regularizer=None, dataflow="auto", **kwargs):
         dilation_rate = dilation_rate_of(dilation_rate, kwargs, type(self).__name__)
         super().__init__(**kwargs)
+        self.dataflow = check_dataflow(dataflow, self.name)
         if int(filters) < 1:
             raise ValueError(f"{self.name}: filters must be >= 1, got {filters}")
         self.filters = int(filters)
@@ -122,7 +125,8 @@ class _SiteConv(SiteLayer):
         config = super().get_config()
         config.update(
             filters=self.filters, kernel_size=self.kernel_size, strides=self.strides, padding=self.padding,
-            dilation_rate=self.dilation_rate, indice_key=self.indice_key, use_bias=self.use_bias,
+            dilation_rate=self.dilation_rate, indice_key=self.indice_key, dataflow=self.dataflow,
+            use_bias=self.use_bias,
             activation=keras.activations.serialize(self.activation),
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
@@ -145,7 +149,7 @@ class _SubMConv(_SiteConv):
 
     def site_call(self, x, training=None):
         return self._activate(site_conv(x, self.kernel, self.bias, subm=True, indice_key=self.indice_key,
-                                        **self._conv_args))
+                                        dataflow=self.dataflow, **self._conv_args))
 
     def get_config(self):
         config = super().get_config()
@@ -162,7 +166,8 @@ class _SparseConv(_SiteConv):
     mode = "strided"
 
     def site_call(self, x, training=None):
-        return self._activate(site_conv(x, self.kernel, self.bias, indice_key=self.indice_key, **self._conv_args))
+        return self._activate(site_conv(x, self.kernel, self.bias, indice_key=self.indice_key, dataflow=self.dataflow,
+                                        **self._conv_args))
 
 
 class _SparseConvTranspose(_SiteConv):
@@ -174,7 +179,7 @@ class _SparseConvTranspose(_SiteConv):
 
     def site_call(self, x, training=None):
         return self._activate(site_conv_transpose(x, self.kernel, self.bias, indice_key=self.indice_key,
-                                                  **self._conv_args))
+                                                  dataflow=self.dataflow, **self._conv_args))
 
 
 class _SparseInverseConv(_SiteConv):
@@ -218,7 +223,7 @@ class _SparseInverseConv(_SiteConv):
         self._add_weights(geometry.kernel_size, cin)
 
     def site_call(self, x, training=None):
-        y = site_inverse_conv(x, self.kernel, self.indice_key, self.bias)
+        y = site_inverse_conv(x, self.kernel, self.indice_key, self.bias, dataflow=self.dataflow)
         # The op cannot know the static shape of the finer sites; the map's token did.
         y = SiteSparseTensor(y.coords, y.features, y.spatial_shape, y.batch_size, y.kernel_maps,
                              y.static_spatial_shape.merge_with(self.out_static_shape))

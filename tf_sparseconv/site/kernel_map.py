@@ -2,12 +2,10 @@
 
 kernel_map wraps the SiteKernelMap op (submanifold, strided and transposed geometry, as
 spconv 2.x defines it); neighbour_table wraps SiteNeighbourTable, the output-major view
-the GPU's half / bfloat16 convolution reads. along_map is what every layer that moves
+the GPU's output-stationary dataflow reads. along_map is what every layer that moves
 between sites does: take the map cached under its indice_key (or build it), run a
 computation along it, and hand the map on with the output so later layers reuse it.
 """
-import os
-
 import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
@@ -46,39 +44,46 @@ def cached_kernel_map(x, indice_key, geometry):
     return kernel_map(x, kernel_size, strides, padding, dilation, mode)
 
 
-def neighbour_table(kmap, inverse=False, mask_groups=None):
+def neighbour_table(kmap, inverse=False):
     """SiteNeighbourTable of kmap (inverse=True: of the reversed map, output rows = its
-    input sites), for maps of at most 32 kernel offsets: [num_out, volume + 2 * G] int32,
-    the input row per output row and offset (-1: none), then per mask group (G of them,
-    min(mask_groups, volume); None: the op's default, 1) the output rows sorted by their
-    neighbour mask's bits of that group. SiteSparseConv reads it on the GPU for half and
-    bfloat16, one pass per group."""
+    input sites), for maps of at most 32 kernel offsets: [num_out, volume + 2] int32, the
+    input row per output row and offset (-1: none), then the output rows sorted by their
+    neighbour masks, each beside its mask. SiteSparseConv's output-stationary dataflow
+    reads it on the GPU."""
     num_in, num_out = tf.shape(kmap.in_coords)[0], tf.shape(kmap.out_coords)[0]
-    groups = {} if mask_groups is None else {"mask_groups": mask_groups}
     if inverse:
         return _ops.site_neighbour_table(kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out, num_in,
-                                         map_is_trusted=kmap.trusted, **groups)
+                                         map_is_trusted=kmap.trusted)
     return _ops.site_neighbour_table(kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_in, num_out,
-                                     map_is_trusted=kmap.trusted, **groups)
+                                     map_is_trusted=kmap.trusted)
 
 
-def wants_tables(dtype, kmap):
-    """Whether a convolution of dtype features over kmap (stored under an indice_key,
-    so reused) should build its neighbour table: on a GPU, for half and bfloat16, whose
-    output-stationary kernel then reads a ready table instead of building one per call;
-    never for float, which runs on pairs (docs/gpu-kernels.md: the dataflows and what
-    "auto" picks). The table is only read with a trusted map.
-    TF_SPARSECONV_SITE_TABLES=always|never overrides (always: also on the CPU, whose
-    kernel checks and ignores it; for tests)."""
-    if not kmap.trusted or kmap.volume > 32:
+DATAFLOWS = ("auto", "pairs", "outputs")
+
+
+def check_dataflow(dataflow, what):
+    """dataflow, if it is one of SiteSparseConv's (DATAFLOWS); ValueError otherwise."""
+    if not isinstance(dataflow, str) or dataflow not in DATAFLOWS:
+        raise ValueError(f"{what}: dataflow must be 'auto', 'pairs' or 'outputs', got {dataflow!r}")
+    return dataflow
+
+
+def gpu_visible():
+    """Whether TensorFlow sees a GPU, where the convolutions run by default."""
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
+def wants_tables(dtype, kmap, dataflow="auto"):
+    """Whether a convolution of dtype features over kmap (stored under an indice_key, so
+    reused) with this dataflow should build the map's neighbour table once, for the GPU's
+    output-stationary dataflow to read instead of building one per call: on a GPU, for
+    'outputs' with any dtype and for 'auto' with half and bfloat16 (the types 'auto' runs
+    output-stationary from a table; docs/gpu-kernels.md); never for 'pairs', nor on the
+    CPU, whose kernel would only check the table. The table is only read with a trusted
+    map of at most 32 offsets."""
+    if dataflow == "pairs" or not kmap.trusted or kmap.volume > 32 or not gpu_visible():
         return False
-    choice = os.environ.get("TF_SPARSECONV_SITE_TABLES", "auto")
-    if choice not in ("auto", "always", "never"):
-        raise ValueError(f"TF_SPARSECONV_SITE_TABLES must be auto, always or never, got {choice!r}")
-    if choice != "auto":
-        return choice == "always"
-    return (dtype in (tf.float16, tf.bfloat16) and os.environ.get("TF_SPARSECONV_SITE_DATAFLOW", "auto") != "pairs"
-            and bool(tf.config.list_logical_devices("GPU")))
+    return dataflow == "outputs" or dtype in (tf.float16, tf.bfloat16)
 
 
 def assert_rows_match(kmap_rows, features, indice_key):
@@ -87,11 +92,12 @@ def assert_rows_match(kmap_rows, features, indice_key):
         message=f"the kernel map under indice_key {indice_key!r} belongs to other sites (site counts differ)")
 
 
-def along_map(x, indice_key, geometry, compute):
+def along_map(x, indice_key, geometry, compute, dataflow="auto"):
     """The output sites of geometry's map over x (cached under indice_key) with features
-    compute(kmap, num_out); the map is stored on the output under indice_key."""
+    compute(kmap, num_out); the map is stored on the output under indice_key, with its
+    neighbour table where the dataflow wants one (wants_tables)."""
     kmap = cached_kernel_map(x, indice_key, geometry)
-    if indice_key is not None and kmap.neighbours is None and wants_tables(x.dtype, kmap):
+    if indice_key is not None and kmap.neighbours is None and wants_tables(x.dtype, kmap, dataflow):
         kmap = kmap.with_tables(neighbours=neighbour_table(kmap))
     with tf.control_dependencies([assert_rows_match(kmap.in_coords, x.features, indice_key)]):
         num_out = tf.shape(kmap.out_coords)[0]
@@ -103,3 +109,11 @@ def along_map(x, indice_key, geometry, compute):
     if static.rank is not None:
         static = tf.TensorShape(output_shape(static.as_list(), geometry))
     return SiteSparseTensor(kmap.out_coords, out, kmap.out_spatial_shape, x.batch_size, maps, static)
+
+
+def with_inverse_table(kmap, dtype, dataflow="auto"):
+    """kmap with the neighbour table of its reversed pairs, where the inverse convolution's
+    dataflow wants one (wants_tables) and it has none yet."""
+    if kmap.inverse_neighbours is None and wants_tables(dtype, kmap, dataflow):
+        return kmap.with_tables(inverse_neighbours=neighbour_table(kmap, inverse=True))
+    return kmap

@@ -56,12 +56,12 @@
 #include <vector>
 
 #include "common/gpu_util.cuh"
-#include "site/conv/site_conv_gpu.h"
-#include "site/conv/site_conv_mma.cuh"
 #include "site/conv/site_conv_filter_grad.cuh"
-#include "site/conv/site_conv_outputs.cuh"
-#include "site/conv/site_conv_simt.cuh"
+#include "site/conv/site_conv_gpu.h"
 #include "site/conv/site_conv_mma_sync.cuh"
+#include "site/conv/site_conv_outputs.cuh"
+#include "site/conv/site_conv_pipeline.cuh"
+#include "site/conv/site_conv_simt.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -706,7 +706,8 @@ GpuStatus LaunchGatherGemmScatter(Stream stream, const SiteConvArgs<T>& a, const
   return GpuStatus::Ok();
 }
 
-// The WMMA element type of site_conv_mma.cuh's kernel for storage type T (void: none).
+// The element type of the mma.sync tiles (site_conv_mma_sync.cuh, site_conv_outputs.cuh)
+// for storage type T (void: none).
 template <typename T>
 struct PipelinedMma {
   using type = void;
@@ -731,7 +732,7 @@ int CurrentComputeMajor() {
   return major;
 }
 
-// Whether the forward runs on site_conv_mma.cuh's pipelined tensor-core kernel: sm_80 and
+// Whether the forward runs on the pipelined tensor-core kernels (mma.sync): sm_80 and
 // later, half or bfloat16, or float with TF32 allowed; whole 16-byte vectors per row.
 template <typename T>
 bool UsePipelined(const SiteConvArgs<T>& a, bool allow_tf32) {
@@ -801,20 +802,15 @@ GpuStatus LaunchSimt(Stream stream, const SiteConvArgs<float>& a, const OffsetTa
   return LaunchSimtTiles<128, kAtomic>(stream, a, table, first_tile, num_tiles, report, out);
 }
 
-// Whether half and bfloat16 tiles step through the input rows 128 bytes at a time
-// (SiteRowStep): under kAuto, for inputs of at least 128 channels in whole 64-channel
-// steps, and for the output-stationary tiles only where outputs average two pairs or
-// more; float (TF32) always steps 64 bytes. Measured on an H200 (2026-11-24, fp16, four
-// scenes): 128-byte steps up to 9% faster for the pairs and for submanifold tables, but up
-// to 23% slower for the tables of inverse convolutions (one pair per output), whose tiles
-// gather mostly zero rows and want the occupancy of the smaller stages.
+// Whether half and bfloat16 tiles step through the input rows 128 bytes at a time: for
+// inputs of at least 128 channels in whole 64-channel steps, and for the output-stationary
+// tiles only where outputs average two pairs or more (inverse convolutions, one pair per
+// output, gather mostly zero rows and keep the occupancy of the smaller stages); float
+// (TF32) always steps 64 bytes. The measurements behind the rule: docs/gpu-kernels.md.
 template <typename M, typename T>
-bool WideRowSteps(SiteRowStep row_step, const SiteConvArgs<T>& a, bool output_stationary) {
+bool WideRowSteps(const SiteConvArgs<T>& a, bool output_stationary) {
   if (std::is_same<M, pipelined::Tf32>::value) return false;
-  if (row_step == SiteRowStep::kAuto) {
-    return a.cin >= 128 && a.cin % 64 == 0 && (!output_stationary || a.pairs >= 2 * a.num_out);
-  }
-  return row_step == SiteRowStep::kBytes128;
+  return a.cin >= 128 && a.cin % 64 == 0 && (!output_stationary || a.pairs >= 2 * a.num_out);
 }
 
 // Output tiles as wide as cout needs, up to 128 columns.
@@ -831,7 +827,7 @@ GpuStatus LaunchMmaSyncWidth(Stream stream, const SiteConvArgs<T>& a, const Offs
 }
 
 template <bool kAtomic, typename T>
-GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, SiteRowStep row_step, const OffsetTable& table,
+GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table,
                           int64_t first_tile, int64_t num_tiles, const Report* report, float* out) {
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
@@ -839,7 +835,7 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, SiteRowStep r
   } else {
     // site_conv_mma_sync.cuh's kernel (float with TF32, half, bfloat16).
     if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
-      if (WideRowSteps<M>(row_step, a, false)) {
+      if (WideRowSteps<M>(a, false)) {
         return LaunchMmaSyncWidth<M, kAtomic, 128>(stream, a, table, first_tile, num_tiles, report, out);
       }
     }
@@ -847,74 +843,41 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, SiteRowStep r
   }
 }
 
-// The output-stationary tiles, their products through mma.sync (site_conv_outputs.cuh,
-// MmaSyncGatherGemmStoreKernel) or WMMA (GatherGemmStoreKernel); both take the same
-// arguments. One launch per mask group of the table, in order (the later add to the first).
-template <typename M, int kBN, bool kMmaSync, int kStepBytes, int kRows, typename T>
+// The output-stationary tiles (site_conv_outputs.cuh) of kBN columns.
+template <typename M, int kBN, int kStepBytes, typename T>
 GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                      int64_t groups, const Report* report, T* out) {
-  using S = typename pipelined::Element<M>::Stored;
-  static_assert(kMmaSync || (kStepBytes == 64 && kRows == pipelined::kBM), "the WMMA tiles: 128 rows, 64-byte steps");
-  constexpr size_t kShared =
-      kMmaSync ? mma_sync::Layout<M, kBN, kStepBytes, kRows>::kSharedBytes : pipelined::Tiles<M, kBN>::kSharedBytes;
-  const auto kernel = kMmaSync ? output_stationary::MmaSyncGatherGemmStoreKernel<M, kBN, kStepBytes, kRows>
-                               : output_stationary::GatherGemmStoreKernel<M, kBN>;
+                                      const Report* report, T* out) {
+  using Layout = mma_sync::Layout<M, kBN, kStepBytes>;
+  using S = typename Layout::S;
+  const auto kernel = output_stationary::GatherGemmStoreKernel<M, kBN, kStepBytes>;
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)),
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
       "gather-GEMM-store (shared memory)");
   const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
-  const int64_t tiles = (a.num_out + kRows - 1) / kRows;
-  for (int64_t group = 0; group < groups; ++group) {
-    kernel<<<GridFor(tiles * col_tiles), pipelined::kBlockThreads, kShared, stream>>>(
-        reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume, groups,
-        group, a.num_out, a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
-  }
+  const int64_t tiles = (a.num_out + Layout::kTileRows - 1) / Layout::kTileRows;
+  kernel<<<GridFor(tiles * col_tiles), mma_sync::kBlockThreads, Layout::kSharedBytes, stream>>>(
+      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume, a.num_out,
+      a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
   return GpuStatus::Ok();
 }
 
 // Output tiles as wide as cout needs, up to 128 columns.
-template <typename M, bool kMmaSync, int kStepBytes, int kRows, typename T>
+template <typename M, int kStepBytes, typename T>
 GpuStatus LaunchOutputStationaryWidth(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                      int64_t groups, const Report* report, T* out) {
-  if (a.cout <= 32) {
-    return LaunchOutputStationaryTiles<M, 32, kMmaSync, kStepBytes, kRows>(stream, a, neighbours, groups, report, out);
-  }
-  if (a.cout <= 64) {
-    return LaunchOutputStationaryTiles<M, 64, kMmaSync, kStepBytes, kRows>(stream, a, neighbours, groups, report, out);
-  }
-  return LaunchOutputStationaryTiles<M, 128, kMmaSync, kStepBytes, kRows>(stream, a, neighbours, groups, report, out);
+                                      const Report* report, T* out) {
+  if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32, kStepBytes>(stream, a, neighbours, report, out);
+  if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64, kStepBytes>(stream, a, neighbours, report, out);
+  return LaunchOutputStationaryTiles<M, 128, kStepBytes>(stream, a, neighbours, report, out);
 }
 
-template <typename M, int kRows, typename T>
-GpuStatus LaunchMmaSyncOutputStationary(Stream stream, const SiteConvArgs<T>& a, SiteRowStep row_step,
-                                        const int32_t* neighbours, int64_t groups, const Report* report, T* out) {
-  if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
-    if (WideRowSteps<M>(row_step, a, true)) {
-      return LaunchOutputStationaryWidth<M, true, 128, kRows>(stream, a, neighbours, groups, report, out);
-    }
-  }
-  return LaunchOutputStationaryWidth<M, true, 64, kRows>(stream, a, neighbours, groups, report, out);
-}
-
-// 64-row tiles only with the mma.sync products (the WMMA tiles hold 128 rows).
 template <typename M, typename T>
-GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, SiteTableProducts products,
-                                 SiteRowStep row_step, SiteTableRows table_rows, const int32_t* neighbours,
-                                 int64_t groups, const Report* report, T* out) {
-  // auto keeps 128 rows, the faster in 25 of the 32 fp16 table forwards measured on an
-  // H200 (2026-11-24, README).
-  const bool rows64 = table_rows == SiteTableRows::kRows64;
-  if (products == SiteTableProducts::kWmma) {
-    if (rows64) {
-      return GpuStatus{"gather-GEMM-store",
-                       "TF_SPARSECONV_SITE_TABLE_ROWS=64 needs TF_SPARSECONV_SITE_TABLE_PRODUCTS=mma_sync (the WMMA "
-                       "tiles hold 128 rows)"};
-    }
-    return LaunchOutputStationaryWidth<M, false, 64, pipelined::kBM>(stream, a, neighbours, groups, report, out);
+GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
+                                 const Report* report, T* out) {
+  if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
+    if (WideRowSteps<M>(a, true)) return LaunchOutputStationaryWidth<M, 128>(stream, a, neighbours, report, out);
   }
-  if (rows64) return LaunchMmaSyncOutputStationary<M, 64>(stream, a, row_step, neighbours, groups, report, out);
-  return LaunchMmaSyncOutputStationary<M, pipelined::kBM>(stream, a, row_step, neighbours, groups, report, out);
+  return LaunchOutputStationaryWidth<M, 64>(stream, a, neighbours, report, out);
 }
 
 template <int kBM, int kBN, bool kTf32>
@@ -954,62 +917,53 @@ GpuStatus LaunchFilterGradPipelined(Stream stream, const SiteConvArgs<float>& a,
                                               partial);
 }
 
-// SiteNeighbourTable's layout (site_conv_outputs.cuh) of a map with volume <= 32 and
-// `groups` mask groups into neighbours [num_out, volume + 2 * groups]: the table, then per
-// group the outputs sorted by the group's mask bits.
+// SiteNeighbourTable's layout (site_conv_outputs.cuh) of a map with volume <= 32 into
+// neighbours [num_out, volume + 2]: the table, then the outputs sorted by their masks.
 // Temporary memory: 20 * num_out bytes and the sort's scratch.
 GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in_rows, const int32_t* out_rows,
-                              const int64_t* device_splits, int64_t volume, int64_t groups, int64_t pairs,
-                              int64_t num_in, int64_t num_out, int32_t* neighbours) {
-  const int64_t n = num_out, width = NeighbourTableWidth(volume, groups);
+                              const int64_t* device_splits, int64_t volume, int64_t pairs, int64_t num_in,
+                              int64_t num_out, int32_t* neighbours) {
+  const int64_t n = num_out, width = NeighbourTableWidth(volume);
   if (n == 0) return GpuStatus::Ok();
-  uint32_t* masks = scratch->DeviceArray<uint32_t>(n);
   uint32_t* keys[2] = {scratch->DeviceArray<uint32_t>(n), scratch->DeviceArray<uint32_t>(n)};
   int32_t* rows[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
-  if (!masks || !keys[0] || !keys[1] || !rows[0] || !rows[1]) return GpuStatus::OutOfMemory("neighbour table");
+  if (!keys[0] || !keys[1] || !rows[0] || !rows[1]) return GpuStatus::OutOfMemory("neighbour table");
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(neighbours, 0xff, sizeof(int32_t) * n * width, stream),
                                           "neighbour table");  // -1: none
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(masks, 0, sizeof(uint32_t) * n, stream), "neighbour table");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(keys[0], 0, sizeof(uint32_t) * n, stream), "neighbour table");
   if (pairs > 0) {
     output_stationary::NeighbourTableKernel<<<BlocksFor(pairs), kThreads, 0, stream>>>(
-        in_rows, out_rows, device_splits, volume, width, pairs, num_in, n, neighbours, masks);
+        in_rows, out_rows, device_splits, volume, width, pairs, num_in, n, neighbours, keys[0]);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
   }
-  for (int64_t g = 0; g < groups; ++g) {
-    const int lo = static_cast<int>(MaskGroupBegin(volume, groups, g));
-    const int count = static_cast<int>(MaskGroupBegin(volume, groups, g + 1)) - lo;
-    output_stationary::GroupKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(masks, n, lo, count, keys[0], rows[0]);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
-    int current = 0;
-    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, keys, rows, n, count, &current));
-    output_stationary::SortedColumnsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(
-        keys[current], rows[current], n, width, volume + 2 * g, lo, neighbours);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
-  }
+  output_stationary::OutputRowsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(n, rows[0]);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+  int current = 0;
+  TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, keys, rows, n, static_cast<int>(volume), &current));
+  output_stationary::SortedColumnsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(keys[current], rows[current], n,
+                                                                               width, volume, neighbours);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
   return GpuStatus::Ok();
 }
 
 // The whole output-stationary forward: the neighbour table (unless given), then the
-// products. Temporary memory without a given table: 4 * num_out * (volume + 2 *
-// kDefaultMaskGroups + 5) bytes and the sort's scratch.
+// products. Temporary memory without a given table: 4 * num_out * (volume + 7) bytes and
+// the sort's scratch.
 template <typename T>
 GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a,
-                                  const OffsetTable& offsets, SiteTableProducts products, SiteRowStep row_step,
-                                  SiteTableRows table_rows, const int32_t* neighbours, int64_t groups,
-                                  const Report* report, T* out) {
+                                  const OffsetTable& offsets, const int32_t* neighbours, const Report* report, T* out) {
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
     return GpuStatus{"gather-GEMM-store", "no tensor-core kernel for this type"};
   } else {
     if (neighbours == nullptr) {
-      groups = MaskGroupsFor(a.volume, kDefaultMaskGroups);
-      int32_t* built = scratch->DeviceArray<int32_t>(a.num_out * NeighbourTableWidth(a.volume, groups));
+      int32_t* built = scratch->DeviceArray<int32_t>(a.num_out * NeighbourTableWidth(a.volume));
       if (built == nullptr) return GpuStatus::OutOfMemory("neighbour table");
       TF_SPARSECONV_RETURN_IF_ERROR(BuildNeighbourTable(stream, scratch, a.in_rows, a.out_rows, offsets.splits,
-                                                        a.volume, groups, a.pairs, a.num_in, a.num_out, built));
+                                                        a.volume, a.pairs, a.num_in, a.num_out, built));
       neighbours = built;
     }
-    return LaunchOutputStationary<M>(stream, a, products, row_step, table_rows, neighbours, groups, report, out);
+    return LaunchOutputStationary<M>(stream, a, neighbours, report, out);
   }
 }
 
@@ -1017,15 +971,13 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
 
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
-                             bool deterministic, bool allow_tf32, SiteDataflow dataflow,
-                             SiteTableProducts products, SiteRowStep row_step, SiteTableRows table_rows,
-                             bool trusted, const int32_t* neighbours, int64_t mask_groups, T* out,
-                             Report* report) {
+                             const SiteConvOptions& options, const int32_t* neighbours, T* out, Report* report) {
   using A = typename AccumulatorOf<T>::type;
+  const bool trusted = options.trusted, deterministic = options.deterministic;
   Report* device_report = nullptr;  // stays nullptr for a trusted map: the kernels then skip the report
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
-  const bool pipelined = UsePipelined(a, allow_tf32);
-  const bool simt = UseSimtPipelined(a, allow_tf32);
+  const bool pipelined = UsePipelined(a, options.allow_tf32);
+  const bool simt = UseSimtPipelined(a, options.allow_tf32);
   OffsetTable table;
   TF_SPARSECONV_RETURN_IF_ERROR(UploadOffsetTable(stream, scratch, a.offset_splits, a.volume, checked,
                                                   pipelined || simt ? pipelined::kBM : kTileRows, &table));
@@ -1040,22 +992,17 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
     }
   }
   const int64_t outputs = a.num_out * a.cout;
-  // auto: output-stationary for half and bfloat16 under determinism or from a given
-  // table. Up to 2026-11-24 only up to 128 output channels: at C 256 the table's tiles
-  // were slower than the pairs (855 against 712 us, lidar frame at 5 cm, H200), until
-  // their copies were queued without waiting on the table (TableGather): then, fp16 on
-  // an H200, 0.596 against 0.600 ms (lidar), 0.505 against 0.727 (synthetic, batch 1),
-  // 1.610 against 3.004 (batch 4) at 256 -> 256, and 0.33 against 1.12 ms at 128 -> 256
-  // strided (batch 4). Its TF32 kernel is slower than the pairs' throughout.
+  // auto: output-stationary for half and bfloat16 under determinism or from a given table
+  // (at any width); the pairs otherwise, and always for float, whose TF32 table tiles are
+  // slower than its pair tiles (docs/gpu-kernels.md, "What was tried").
+  const SiteDataflow dataflow = options.dataflow;
   const bool want_outputs =
       dataflow == SiteDataflow::kOutputs ||
       (dataflow == SiteDataflow::kAuto && sizeof(T) == 2 && (deterministic || neighbours != nullptr));
   const bool output_stationary = want_outputs && pipelined && a.volume <= kMaxNeighbourVolume;
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.
-    TF_SPARSECONV_RETURN_IF_ERROR(
-        OutputStationaryForward(stream, scratch, a, table, products, row_step, table_rows, neighbours, mask_groups,
-                                device_report, out));
+    TF_SPARSECONV_RETURN_IF_ERROR(OutputStationaryForward(stream, scratch, a, table, neighbours, device_report, out));
   } else if (outputs > 0) {
     A* acc = nullptr;
     if constexpr (std::is_same<A, T>::value) {
@@ -1073,7 +1020,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
           if constexpr (std::is_same<A, float>::value) {
             if (pipelined) {
               TF_SPARSECONV_RETURN_IF_ERROR(
-                  (LaunchPipelined<false>(stream, a, row_step, table, first, count, device_report, acc)));
+                  (LaunchPipelined<false>(stream, a, table, first, count, device_report, acc)));
               continue;
             }
           }
@@ -1088,7 +1035,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
         }
       } else if constexpr (std::is_same<A, float>::value) {
         if (pipelined) {
-          TF_SPARSECONV_RETURN_IF_ERROR((LaunchPipelined<true>(stream, a, row_step, table, 0, table.units, device_report, acc)));
+          TF_SPARSECONV_RETURN_IF_ERROR((LaunchPipelined<true>(stream, a, table, 0, table.units, device_report, acc)));
         } else if constexpr (std::is_same<T, float>::value) {
           TF_SPARSECONV_RETURN_IF_ERROR(
               (simt ? LaunchSimt<true>(stream, a, table, 0, table.units, device_report, acc)
@@ -1178,8 +1125,8 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
 
 GpuStatus SiteNeighbourTableGpu(Stream stream, Scratch* scratch, const int32_t* in_rows, const int32_t* out_rows,
                                 const int32_t* host_splits, const CheckedMap& checked, int64_t volume,
-                                int64_t mask_groups, int64_t num_in, int64_t num_out, bool trusted,
-                                int32_t* neighbours, Report* report) {
+                                int64_t num_in, int64_t num_out, bool trusted, int32_t* neighbours,
+                                Report* report) {
   Report* device_report = nullptr;
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
   OffsetTable table;
@@ -1189,7 +1136,7 @@ GpuStatus SiteNeighbourTableGpu(Stream stream, Scratch* scratch, const int32_t* 
         CheckMap(stream, scratch, in_rows, out_rows, table.splits, checked, num_in, num_out, volume, device_report));
   }
   TF_SPARSECONV_RETURN_IF_ERROR(BuildNeighbourTable(stream, scratch, in_rows, out_rows, table.splits, volume,
-                                                    mask_groups, checked.pairs, num_in, num_out, neighbours));
+                                                    checked.pairs, num_in, num_out, neighbours));
   if (trusted) {
     scratch->HoldPinnedUntilQueuedWorkRuns();
     return GpuStatus::Ok();
@@ -1229,10 +1176,8 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
 }
 
 #define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
-  template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&, bool, \
-                                           bool, SiteDataflow, SiteTableProducts, SiteRowStep, SiteTableRows,  \
-                                           bool,                                                               \
-                                           const int32_t*, int64_t, T*, Report*);                              \
+  template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,       \
+                                           const SiteConvOptions&, const int32_t*, T*, Report*);              \
   template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \
                                               bool, bool, const T*, T*, Report*);
 TF_SPARSECONV_INSTANTIATE_SITE_CONV(float)

@@ -23,41 +23,34 @@ struct SiteConvArgs {
 
 // out[num_out, cout] = sum over offsets q and their pairs p of
 //   features[in_rows[p]] @ filters[q], accumulated in AccumulatorOf<T> and written as T.
+// avx2: the AVX2 products (cpu_products 'auto' on a CPU that has them), else Eigen's GEMM.
 template <typename Device, typename T>
 struct SiteConvFunctor {
-  void operator()(const Device& device, const SiteConvArgs<T>& args, T* out);
+  void operator()(const Device& device, const SiteConvArgs<T>& args, bool avx2, T* out);
 };
 
 // filter_grad[volume, cin, cout]: filter_grad[q] = sum over q's pairs of
 //   features[in_rows[p]]^T out_grad[out_rows[p]] (args.filters unused, cout from out_grad).
 template <typename Device, typename T>
 struct SiteConvFilterGradFunctor {
-  void operator()(const Device& device, const SiteConvArgs<T>& args, const T* out_grad, T* filter_grad);
+  void operator()(const Device& device, const SiteConvArgs<T>& args, bool avx2, const T* out_grad,
+                  T* filter_grad);
 };
 
 // SiteNeighbourTable's layout (site_conv_op.cc), shared by the CPU and GPU kernels: one
 // 32-bit neighbour mask per output row, so at most 32 kernel offsets, and rows of
-// volume + 2 * groups int32: the input row per offset, then per mask group g (offsets
-// MaskGroupBegin(g) .. MaskGroupBegin(g + 1) - 1) the outputs sorted by their mask's bits
-// of that group, as (bits, output row). Splitting the mask (spconv's mask split) makes the
-// rows a sorted tile shares far more alike: the tiles multiply fewer rows without a pair
-// (benchmarks/site_table_waste.py: at most 2.2x the pairs with one group, 1.42x with two,
-// 1.19x with three), at one more pass over the output per group.
+// volume + 2 int32: the input row per offset, then the outputs sorted by their masks, as
+// (mask, output row), so that the rows of one output-stationary tile share most of their
+// offsets. One sorted order over the whole mask: splitting it into groups (spconv's mask
+// split) leaves fewer rows without a pair in a tile but costs one more pass over the
+// output per group, which measured slower for most layers (docs/gpu-kernels.md, "What was
+// tried").
 constexpr int64_t kMaxNeighbourVolume = 32;
-constexpr int64_t kMaxMaskGroups = 4;
-// SiteNeighbourTable's mask_groups default (its REGISTER_OP says the same), and the
-// groups of the tables the GPU forward builds per call. One group: on an H200 (2026-11-24,
-// four scenes, fp16 forward, README) two groups were faster only for submanifold layers of
-// 128 channels (by 6-8%) and slower for every strided, inverse and 32/64-channel layer; the
-// rows a tile multiplies without a pair cost less than one more pass over the output.
-constexpr int64_t kDefaultMaskGroups = 1;
-// At most one group per offset (and one for an empty kernel).
-constexpr int64_t MaskGroupsFor(int64_t volume, int64_t requested) {
-  return requested < volume ? (requested < 1 ? 1 : requested) : (volume < 1 ? 1 : volume);
-}
-constexpr int64_t NeighbourTableWidth(int64_t volume, int64_t groups) { return volume + 2 * groups; }
-// The first offset of group g (g = groups: volume), contiguous groups of near-equal size.
-constexpr int64_t MaskGroupBegin(int64_t volume, int64_t groups, int64_t g) { return g * volume / groups; }
+constexpr int64_t NeighbourTableWidth(int64_t volume) { return volume + 2; }
+
+// SiteSparseConv's dataflow attr: 'auto', 'pairs' or 'outputs' (site_conv_op.cc). The CPU
+// has one dataflow, the pairs'; the GPU's choices are in site_conv_gpu.h.
+enum class SiteDataflow { kAuto, kPairs, kOutputs };
 
 // float for float, half and bfloat16 (half-precision storage, float32 arithmetic);
 // double for double.

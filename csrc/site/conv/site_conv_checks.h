@@ -5,6 +5,7 @@
 #define TF_SPARSECONV_SITE_CONV_SITE_CONV_CHECKS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "site/conv/site_conv.h"
@@ -146,43 +147,54 @@ inline absl::Status CheckNeighbourTableInputs(const tensorflow::Tensor& in_rows,
   return absl::OkStatus();
 }
 
-// SiteNeighbourTable's mask_groups attr.
-inline absl::Status CheckMaskGroups(int64_t mask_groups) {
-  if (mask_groups < 1 || mask_groups > kMaxMaskGroups) {
-    return tensorflow::errors::InvalidArgument("mask_groups must be 1 to ", kMaxMaskGroups, ", got ", mask_groups);
-  }
-  return absl::OkStatus();
-}
-
-// SiteSparseConv's neighbours input: empty, or [num_out, volume + 2 * groups] from
-// SiteNeighbourTable of a trusted map (*given says which, *groups its mask groups).
+// SiteSparseConv's neighbours input: empty, or [num_out, volume + 2] from
+// SiteNeighbourTable of a trusted map (*given says which).
 inline absl::Status CheckNeighboursInput(const tensorflow::Tensor& neighbours, int64_t num_out, int64_t volume,
-                                         bool map_is_trusted, bool* given, int64_t* groups) {
+                                         bool map_is_trusted, bool* given) {
   *given = neighbours.NumElements() > 0 || neighbours.dims() == 2;
-  *groups = 0;
   if (!*given) {
     if (neighbours.dims() != 1) {
-      return tensorflow::errors::InvalidArgument(
-          "neighbours must be empty (shape [0]) or [num_out, volume + 2 * mask groups], got ",
-          neighbours.shape().DebugString());
+      return tensorflow::errors::InvalidArgument("neighbours must be empty (shape [0]) or [num_out, volume + 2], got ",
+                                                 neighbours.shape().DebugString());
     }
     return absl::OkStatus();
   }
   TF_RETURN_IF_ERROR(CheckNeighbourVolume(volume));
-  const int64_t extra = neighbours.dims() == 2 ? neighbours.dim_size(1) - volume : -1;
-  const int64_t most = MaskGroupsFor(volume, kMaxMaskGroups);
-  if (neighbours.dims() != 2 || neighbours.dim_size(0) != num_out || extra < 2 || extra % 2 != 0 ||
-      extra / 2 > most) {
-    return tensorflow::errors::InvalidArgument(
-        "neighbours must be SiteNeighbourTable's [num_out, volume + 2 * mask groups] = [", num_out, ", ", volume,
-        " + 2 * (1 to ", most, ")] for this map, got ", neighbours.shape().DebugString());
+  if (neighbours.dims() != 2 || neighbours.dim_size(0) != num_out ||
+      neighbours.dim_size(1) != NeighbourTableWidth(volume)) {
+    return tensorflow::errors::InvalidArgument("neighbours must be SiteNeighbourTable's [num_out, volume + 2] = [",
+                                               num_out, ", ", NeighbourTableWidth(volume), "] for this map, got ",
+                                               neighbours.shape().DebugString());
   }
   if (!map_is_trusted) {
     return tensorflow::errors::InvalidArgument(
         "neighbours are read without checks, so they are accepted with map_is_trusted only (a table "
         "SiteNeighbourTable built from this trusted map)");
   }
-  *groups = extra / 2;
+  return absl::OkStatus();
+}
+
+// SiteSparseConv's dataflow attr (TensorFlow admits only the listed values).
+inline absl::Status ParseSiteDataflow(const std::string& name, SiteDataflow* dataflow) {
+  if (name == "auto") {
+    *dataflow = SiteDataflow::kAuto;
+  } else if (name == "pairs") {
+    *dataflow = SiteDataflow::kPairs;
+  } else if (name == "outputs") {
+    *dataflow = SiteDataflow::kOutputs;
+  } else {
+    return tensorflow::errors::InvalidArgument("dataflow must be 'auto', 'pairs' or 'outputs', got '", name, "'");
+  }
+  return absl::OkStatus();
+}
+
+// The CPU kernel has one dataflow, the pairs' (per-offset gather-GEMM-scatter).
+inline absl::Status CheckCpuDataflow(SiteDataflow dataflow) {
+  if (dataflow == SiteDataflow::kOutputs) {
+    return tensorflow::errors::InvalidArgument(
+        "dataflow='outputs' runs on the GPU only (output-stationary tiles on tensor cores); the CPU kernel has "
+        "one dataflow, per-offset gather-GEMM-scatter over the pairs: use dataflow='auto' or 'pairs' on the CPU");
+  }
   return absl::OkStatus();
 }
 

@@ -30,8 +30,8 @@
 #include <cstdint>
 
 #include "common/gpu_util.cuh"
-#include "site/conv/site_conv_mma.cuh"
 #include "site/conv/site_conv_mma_sync.cuh"
+#include "site/conv/site_conv_pipeline.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {

@@ -7,7 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -58,17 +58,26 @@ void RowPointers(const T* x, int64_t width, const int32_t* rows, int64_t n, floa
 
 }  // namespace
 
-// TF_SPARSECONV_DISABLE_AVX2 (any value) keeps Eigen's portable path, e.g. to test it on
-// a CPU that has AVX2.
 bool CpuHasAvx2Fma() {
-  static const bool has = std::getenv("TF_SPARSECONV_DISABLE_AVX2") == nullptr && __builtin_cpu_supports("avx2") &&
-                          __builtin_cpu_supports("fma");
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
+}
+
+// The cpu_products attr: 'auto' takes the AVX2 products where the CPU has them,
+// 'portable' keeps Eigen's GEMM.
+absl::Status UseAvx2Products(OpKernelConstruction* ctx, bool* avx2) {
+  std::string products;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("cpu_products", &products));
+  if (products != "auto" && products != "portable") {
+    return tensorflow::errors::InvalidArgument("cpu_products must be 'auto' or 'portable', got '", products, "'");
+  }
+  *avx2 = products == "auto" && CpuHasAvx2Fma();
+  return absl::OkStatus();
 }
 
 template <typename T>
 struct SiteConvFunctor<CPUDevice, T> {
-  void operator()(const CPUDevice& device, const SiteConvArgs<T>& a, T* out) {
+  void operator()(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx2, T* out) {
     using A = typename AccumulatorOf<T>::type;
     std::vector<A> filters(a.volume * a.cin * a.cout);
     ToAccumulator(a.filters, static_cast<int64_t>(filters.size()), filters.data());
@@ -88,7 +97,7 @@ struct SiteConvFunctor<CPUDevice, T> {
       const Eigen::Map<const RowMajor<A>> w(filters.data() + q * a.cin * a.cout, a.cin, a.cout);
       const int64_t blocks = (count + kPairBlock - 1) / kPairBlock;
       if constexpr (std::is_same_v<A, float>) {
-        if (CpuHasAvx2Fma()) {
+        if (avx2) {
           device.parallelFor(blocks, Eigen::TensorOpCost(0, 0, 2.0 * kPairBlock * a.cin * a.cout),
                              [&](Eigen::Index first, Eigen::Index last) {
                                std::vector<float> staging(std::is_same_v<T, float> ? 0 : kPairBlock * a.cin);
@@ -132,12 +141,12 @@ struct SiteConvFunctor<CPUDevice, T> {
 
 template <typename T>
 struct SiteConvFilterGradFunctor<CPUDevice, T> {
-  void operator()(const CPUDevice& device, const SiteConvArgs<T>& a, const T* out_grad, T* filter_grad) {
+  void operator()(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx2, const T* out_grad, T* filter_grad) {
     using A = typename AccumulatorOf<T>::type;
     // One offset per task: offsets write disjoint filter slices, so no reduction is needed
     // and the sum order (by pair) does not depend on the thread count.
     if constexpr (std::is_same_v<A, float>) {
-      if (CpuHasAvx2Fma()) {
+      if (avx2) {
         device.parallelFor(a.volume, Eigen::TensorOpCost(0, 0, 2.0 * a.pairs / a.volume * a.cin * a.cout),
                            [&](Eigen::Index first, Eigen::Index last) {
                              const bool convert = !std::is_same_v<T, float>;
@@ -221,8 +230,13 @@ class SiteSparseConvOp : public OpKernel {
   explicit SiteSparseConvOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_submanifold", &map_is_submanifold_));
+    std::string dataflow;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dataflow", &dataflow));
+    OP_REQUIRES_OK(ctx, ParseSiteDataflow(dataflow, &dataflow_));
+    OP_REQUIRES_OK(ctx, UseAvx2Products(ctx, &avx2_));
   }
   void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, CheckCpuDataflow(dataflow_));
     const Tensor& features = ctx->input(0);
     const Tensor& filters = ctx->input(1);
     const Tensor& num_out_t = ctx->input(5);
@@ -234,30 +248,27 @@ class SiteSparseConvOp : public OpKernel {
     a.features = features.flat<T>().data();
     a.filters = filters.flat<T>().data();
     bool neighbours_given = false;  // the CPU's products read the pairs either way
-    int64_t mask_groups = 0;
-    OP_REQUIRES_OK(ctx, CheckNeighboursInput(ctx->input(6), a.num_out, a.volume, map_is_trusted_, &neighbours_given,
-                                             &mask_groups));
+    OP_REQUIRES_OK(ctx, CheckNeighboursInput(ctx->input(6), a.num_out, a.volume, map_is_trusted_, &neighbours_given));
     OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(map_is_submanifold_, a.num_in, a.num_out, a.volume));
     OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, a.num_in, a.num_out));
     OP_REQUIRES_OK(ctx, RejectNaNRows(a.features, a.num_in, a.cin, "features"));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.num_out, a.cout}), &out));
-    SiteConvFunctor<CPUDevice, T>()(ctx->eigen_device<CPUDevice>(), a, out->flat<T>().data());
+    SiteConvFunctor<CPUDevice, T>()(ctx->eigen_device<CPUDevice>(), a, avx2_, out->flat<T>().data());
   }
 
  private:
   bool map_is_trusted_ = false;
   bool map_is_submanifold_ = false;
+  SiteDataflow dataflow_ = SiteDataflow::kAuto;
+  bool avx2_ = false;
 };
 
-// SiteNeighbourTable (layout in site_conv_op.cc): the table, then per mask group the
-// outputs stably sorted by the group's bits, which is the order of the GPU's LSD radix sort.
+// SiteNeighbourTable (layout in site_conv_op.cc): the table, then the outputs stably
+// sorted by their masks, which is the order of the GPU's LSD radix sort.
 class SiteNeighbourTableOp : public OpKernel {
  public:
-  explicit SiteNeighbourTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("mask_groups", &mask_groups_));
-    OP_REQUIRES_OK(ctx, CheckMaskGroups(mask_groups_));
-  }
+  using OpKernel::OpKernel;
 
   void Compute(OpKernelContext* ctx) override {
     SiteMapView map;
@@ -265,8 +276,7 @@ class SiteNeighbourTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(ctx->input(0), ctx->input(1), ctx->input(2), ctx->input(3),
                                                   ctx->input(4), &map, &num_in, &num_out));
     OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, num_in, num_out));
-    const int64_t volume = map.volume, groups = MaskGroupsFor(volume, mask_groups_);
-    const int64_t width = NeighbourTableWidth(volume, groups);
+    const int64_t volume = map.volume, width = NeighbourTableWidth(volume);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, width}), &out));
     int32_t* table = out->flat<int32_t>().data();
@@ -279,28 +289,22 @@ class SiteNeighbourTableOp : public OpKernel {
       }
     }
     std::vector<int32_t> order(num_out);
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t lo = MaskGroupBegin(volume, groups, g), hi = MaskGroupBegin(volume, groups, g + 1);
-      const uint32_t bits = static_cast<uint32_t>(((uint64_t{1} << hi) - 1) & ~((uint64_t{1} << lo) - 1));
-      for (int64_t o = 0; o < num_out; ++o) order[o] = static_cast<int32_t>(o);
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int32_t x, int32_t y) { return (masks[x] & bits) < (masks[y] & bits); });
-      for (int64_t i = 0; i < num_out; ++i) {
-        table[i * width + volume + 2 * g] = static_cast<int32_t>(masks[order[i]] & bits);
-        table[i * width + volume + 2 * g + 1] = order[i];
-      }
+    for (int64_t o = 0; o < num_out; ++o) order[o] = static_cast<int32_t>(o);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return masks[x] < masks[y]; });
+    for (int64_t i = 0; i < num_out; ++i) {
+      table[i * width + volume] = static_cast<int32_t>(masks[order[i]]);
+      table[i * width + volume + 1] = order[i];
     }
   }
-
- private:
-  int64_t mask_groups_ = kDefaultMaskGroups;
 };
 REGISTER_KERNEL_BUILDER(Name("SiteNeighbourTable").Device(::tensorflow::DEVICE_CPU), SiteNeighbourTableOp);
 
 template <typename T>
 class SiteSparseConvFilterGradOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit SiteSparseConvFilterGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, UseAvx2Products(ctx, &avx2_));
+  }
   void Compute(OpKernelContext* ctx) override {
     const Tensor& features = ctx->input(0);
     const Tensor& out_grad = ctx->input(1);
@@ -314,9 +318,12 @@ class SiteSparseConvFilterGradOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, a.num_in, a.num_out));
     Tensor* filter_grad;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.volume, a.cin, a.cout}), &filter_grad));
-    SiteConvFilterGradFunctor<CPUDevice, T>()(ctx->eigen_device<CPUDevice>(), a, out_grad.flat<T>().data(),
+    SiteConvFilterGradFunctor<CPUDevice, T>()(ctx->eigen_device<CPUDevice>(), a, avx2_, out_grad.flat<T>().data(),
                                               filter_grad->flat<T>().data());
   }
+
+ private:
+  bool avx2_ = false;
 };
 
 #define REGISTER_SITE_CONV_CPU(T)                                                                     \

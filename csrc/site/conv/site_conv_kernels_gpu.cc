@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <type_traits>
 
 #include "common/gpu_kernel_util.h"
@@ -104,30 +105,6 @@ absl::Status TrustedSplitsStatus(const SiteMapView& map, int64_t bad_offset) {
   return BadSplitsError(bad_offset, s[bad_offset], s[bad_offset + 1], map.pairs);
 }
 
-// TF_SPARSECONV_SITE_DATAFLOW: "auto" (or unset), "pairs" or "outputs" (site_conv_gpu.h).
-absl::Status DataflowFromEnvironment(gpu::SiteDataflow* dataflow) {
-  static constexpr const char* kChoices[] = {"auto", "pairs", "outputs"};  // SiteDataflow's order
-  return EnumFromEnvironment("TF_SPARSECONV_SITE_DATAFLOW", kChoices, dataflow);
-}
-
-// TF_SPARSECONV_SITE_TABLE_PRODUCTS: "mma_sync" (or unset) or "wmma" (site_conv_gpu.h).
-absl::Status TableProductsFromEnvironment(gpu::SiteTableProducts* products) {
-  static constexpr const char* kChoices[] = {"mma_sync", "wmma"};  // SiteTableProducts' order
-  return EnumFromEnvironment("TF_SPARSECONV_SITE_TABLE_PRODUCTS", kChoices, products);
-}
-
-// TF_SPARSECONV_SITE_ROW_STEP: "auto" (or unset), "64" or "128" (site_conv_gpu.h).
-absl::Status RowStepFromEnvironment(gpu::SiteRowStep* row_step) {
-  static constexpr const char* kChoices[] = {"auto", "64", "128"};  // SiteRowStep's order
-  return EnumFromEnvironment("TF_SPARSECONV_SITE_ROW_STEP", kChoices, row_step);
-}
-
-// TF_SPARSECONV_SITE_TABLE_ROWS: "auto" (or unset), "64" or "128" (site_conv_gpu.h).
-absl::Status TableRowsFromEnvironment(gpu::SiteTableRows* table_rows) {
-  static constexpr const char* kChoices[] = {"auto", "64", "128"};  // SiteTableRows' order
-  return EnumFromEnvironment("TF_SPARSECONV_SITE_TABLE_ROWS", kChoices, table_rows);
-}
-
 }  // namespace
 
 template <typename T>
@@ -136,6 +113,9 @@ class SiteSparseConvGpuOp : public OpKernel {
   explicit SiteSparseConvGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_submanifold", &map_is_submanifold_));
+    std::string dataflow;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dataflow", &dataflow));
+    OP_REQUIRES_OK(ctx, ParseSiteDataflow(dataflow, &dataflow_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -157,35 +137,22 @@ class SiteSparseConvGpuOp : public OpKernel {
     a.filters = reinterpret_cast<const G*>(filters.flat<T>().data());
     const Tensor& neighbours = ctx->input(6);
     bool neighbours_given = false;
-    int64_t mask_groups = 0;
-    OP_REQUIRES_OK(ctx, CheckNeighboursInput(neighbours, a.num_out, a.volume, map_is_trusted_, &neighbours_given,
-                                             &mask_groups));
+    OP_REQUIRES_OK(ctx, CheckNeighboursInput(neighbours, a.num_out, a.volume, map_is_trusted_, &neighbours_given));
     OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(map_is_submanifold_, a.num_in, a.num_out, a.volume));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.num_out, a.cout}), &out));
     TempScratch scratch(ctx);
     gpu::Report report;
+    gpu::SiteConvOptions options;
+    options.deterministic = tensorflow::OpDeterminismRequired();
     // float multiplies in TF32 where TensorFlow allows it, as its own MatMul and Conv do.
-    const bool allow_tf32 = std::is_same<T, float>::value && tensorflow::tensor_float_32_execution_enabled();
-    gpu::SiteDataflow dataflow = gpu::SiteDataflow::kAuto;
-    OP_REQUIRES_OK(ctx, DataflowFromEnvironment(&dataflow));
-    gpu::SiteTableProducts products = gpu::SiteTableProducts::kMmaSync;
-    OP_REQUIRES_OK(ctx, TableProductsFromEnvironment(&products));
-    gpu::SiteRowStep row_step = gpu::SiteRowStep::kAuto;
-    OP_REQUIRES_OK(ctx, RowStepFromEnvironment(&row_step));
-    gpu::SiteTableRows table_rows = gpu::SiteTableRows::kAuto;
-    OP_REQUIRES_OK(ctx, TableRowsFromEnvironment(&table_rows));
-    OP_REQUIRES(ctx, !(products == gpu::SiteTableProducts::kWmma && table_rows == gpu::SiteTableRows::kRows64),
-                tensorflow::errors::InvalidArgument("TF_SPARSECONV_SITE_TABLE_ROWS=64 needs TF_SPARSECONV_SITE_TABLE_PRODUCTS="
-                                        "mma_sync: the WMMA tiles hold 128 rows"));
-    OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(GpuStream(ctx), &scratch, a, checked,
-                                                            tensorflow::OpDeterminismRequired(), allow_tf32,
-                                                            dataflow, products, row_step, table_rows,
-                                                            map_is_trusted_,
-                                                            neighbours_given ? neighbours.flat<int32_t>().data()
-                                                                             : nullptr,
-                                                            mask_groups,
-                                                            reinterpret_cast<G*>(out->flat<T>().data()), &report),
+    options.allow_tf32 = std::is_same<T, float>::value && tensorflow::tensor_float_32_execution_enabled();
+    options.dataflow = dataflow_;
+    options.trusted = map_is_trusted_;
+    OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteConvForwardGpu<G>(
+                                     GpuStream(ctx), &scratch, a, checked, options,
+                                     neighbours_given ? neighbours.flat<int32_t>().data() : nullptr,
+                                     reinterpret_cast<G*>(out->flat<T>().data()), &report),
                                  scratch, "SiteSparseConv"));
     if (map_is_trusted_) return;  // no report: nothing was checked on the device
     OP_REQUIRES_OK(ctx, MapRowsStatus(ctx, &scratch, report, map, checked, bad_offset, a.num_in, a.num_out,
@@ -200,6 +167,7 @@ class SiteSparseConvGpuOp : public OpKernel {
  private:
   bool map_is_trusted_ = false;
   bool map_is_submanifold_ = false;
+  SiteDataflow dataflow_ = SiteDataflow::kAuto;
 };
 
 template <typename T>
@@ -248,8 +216,6 @@ class SiteNeighbourTableGpuOp : public OpKernel {
  public:
   explicit SiteNeighbourTableGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("mask_groups", &mask_groups_));
-    OP_REQUIRES_OK(ctx, CheckMaskGroups(mask_groups_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -263,15 +229,12 @@ class SiteNeighbourTableGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckedPrefix(map, &checked, &bad_offset));
     if (map_is_trusted_) OP_REQUIRES_OK(ctx, TrustedSplitsStatus(map, bad_offset));
     Tensor* out;
-    const int64_t groups = MaskGroupsFor(map.volume, mask_groups_);
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(0, TensorShape({num_out, NeighbourTableWidth(map.volume, groups)}), &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, NeighbourTableWidth(map.volume)}), &out));
     TempScratch scratch(ctx);
     gpu::Report report;
     OP_REQUIRES_OK(ctx, ToStatus(gpu::SiteNeighbourTableGpu(GpuStream(ctx), &scratch, map.in_rows, map.out_rows,
-                                                            map.offset_splits, checked, map.volume, groups, num_in,
-                                                            num_out, map_is_trusted_, out->flat<int32_t>().data(),
-                                                            &report),
+                                                            map.offset_splits, checked, map.volume, num_in, num_out,
+                                                            map_is_trusted_, out->flat<int32_t>().data(), &report),
                                  scratch, "SiteNeighbourTable"));
     if (map_is_trusted_) return;
     OP_REQUIRES_OK(ctx,
@@ -280,7 +243,6 @@ class SiteNeighbourTableGpuOp : public OpKernel {
 
  private:
   bool map_is_trusted_ = false;
-  int64_t mask_groups_ = kDefaultMaskGroups;
 };
 REGISTER_KERNEL_BUILDER(Name("SiteNeighbourTable")
                             .Device(::tensorflow::DEVICE_GPU)

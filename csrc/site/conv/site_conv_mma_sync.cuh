@@ -1,15 +1,14 @@
 // The forward gather-GEMM-scatter of SiteSparseConv (and so its input gradient) on the
 // tensor cores of sm_80 and later through mma.sync directly: float with TF32 allowed
-// (m16n8k8), half and bfloat16 (m16n8k16), with the tiles and the cp.async pipeline of
-// site_conv_mma.cuh's WMMA kernel (128 pairs x up to 128 columns, 64-byte row steps).
+// (m16n8k8), half and bfloat16 (m16n8k16), in tiles of 128 pairs x up to 128 columns fed
+// by site_conv_pipeline.cuh's cp.async pipeline.
 //
 // Why not WMMA: its TF32 fragments are loaded from shared memory by load_matrix_sync,
 // then rounded element by element, and its accumulators leave through store_matrix_sync
 // and a staging area before the scatter. With the PTX fragment layouts known, each lane
 // loads exactly its values per MMA (TF32: 4 + 2 floats, rounded once; 16-bit: ldmatrix),
-// and scatter-adds its accumulators from registers.
-// Measured on an H200 (lidar frame at 5 cm, forward, device time), WMMA -> this kernel
-// for TF32: 1.94 -> 0.92 ms at 256 -> 256 channels, 0.86 -> 0.41 ms at 128 -> 128 (README).
+// and scatter-adds its accumulators from registers: about twice as fast (docs/gpu-kernels.md,
+// "What was tried").
 //
 // Fragment layouts (PTX ISA), with g = lane / 4 and t = lane % 4:
 // - m16n8k8 TF32: A (16 x 8): a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4);
@@ -39,7 +38,7 @@
 #include <type_traits>
 
 #include "common/gpu_util.cuh"
-#include "site/conv/site_conv_mma.cuh"
+#include "site/conv/site_conv_pipeline.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -53,9 +52,8 @@ using pipelined::kWarps;
 // M: pipelined::Tf32 (float storage), __half or __nv_bfloat16 (16-bit storage).
 // kStepBytes: the bytes of each input row one pipeline step brings in, 64 or 128 (whole
 // 128-byte lines per row and half the steps and barriers for the same channels; for wide
-// inputs, see SiteRowStep in site_conv_gpu.h).
-// kRows: the tile's rows, 128 or 64 (the output-stationary tiles' SiteTableRows).
-template <typename M, int kBN, int kStepBytes = 64, int kRows = kBM>
+// inputs, site_conv.cu's WideRowSteps).
+template <typename M, int kBN, int kStepBytes = 64>
 struct Layout {
   using S = typename pipelined::Element<M>::Stored;
   static constexpr bool kTf32 = std::is_same<M, pipelined::Tf32>::value;
@@ -64,28 +62,26 @@ struct Layout {
   static constexpr int kBK = kStepBytes / sizeof(S);      // channels per step
   static constexpr int kLdA = kBK + kVec;                 // rows padded by 16 bytes (80 or 144 bytes)
   static constexpr int kLdB = kBN + 8;                    // see the bank conflicts above
-  // Two warp columns from 64 columns, and as many as 16-row warp pieces need (64-row tiles).
-  static constexpr int kWarpsN = (kBN >= 64 ? 2 : 1) > kWarps / (kRows / 16) ? (kBN >= 64 ? 2 : 1)
-                                                                              : kWarps / (kRows / 16);
+  static constexpr int kWarpsN = kBN >= 64 ? 2 : 1;  // two warp columns from 64 columns
   static constexpr int kWarpsM = kWarps / kWarpsN;
-  static constexpr int kTileRows = kRows;
-  static constexpr int kWM = kRows / kWarpsM;     // rows per warp
+  static constexpr int kTileRows = kBM;
+  static constexpr int kWM = kBM / kWarpsM;       // rows per warp
   static constexpr int kWN = kBN / kWarpsN;       // columns per warp
   static constexpr int kFM = kWM / 16;            // m16 pieces per warp
   static constexpr int kFN = kWN / 8;             // n8 pieces per warp
-  static constexpr int kAStage = kRows * kLdA;
+  static constexpr int kAStage = kBM * kLdA;
   static constexpr int kBStage = kBK * kLdB;
   static constexpr int kBVectors = kBK * kBN / kVec;
   static constexpr size_t kPipelineBytes = sizeof(S) * static_cast<size_t>(kStages) * (kAStage + kBStage);
-  static constexpr size_t kSharedBytes = kPipelineBytes + sizeof(int32_t) * kRows;
+  static constexpr size_t kSharedBytes = kPipelineBytes + sizeof(int32_t) * kBM;
   // Input-row copies: thread x copies 16-byte piece x % kAChunks of the tile rows
   // x / kAChunks + r * kARowStride, r < kAPasses (2 rows of 64-byte steps, 4 of 128-byte).
   static constexpr int kAChunks = kBK / kVec;
   static constexpr int kARowStride = kBlockThreads / kAChunks;
-  static constexpr int kAPasses = kRows / kARowStride;
+  static constexpr int kAPasses = kBM / kARowStride;
   static_assert(kStepBytes == 64 || kStepBytes == 128, "steps of 64 or 128 bytes per row");
   static_assert(kBN % 32 == 0 && kWM % 16 == 0 && kWN % 16 == 0, "whole fragments (and ldmatrix pairs) per warp");
-  static_assert(kAPasses * kARowStride == kRows && kARowStride * kAChunks == kBlockThreads,
+  static_assert(kAPasses * kARowStride == kBM && kARowStride * kAChunks == kBlockThreads,
                 "the block's threads copy whole input rows");
   static_assert((kLdB * sizeof(S)) % 16 == 0, "16-byte aligned filter rows");
 };
@@ -168,13 +164,12 @@ __device__ inline void Add2(float* dst, float x, float y) {
 // issue(step) queues the copies of one step's A and B stages (and commits nothing); acc
 // gets this warp's (wm, wn) piece of the tile, float32, in the C fragment layout above.
 // The kernels of this file and the output-stationary one (site_conv_outputs.cuh) share it.
-template <typename M, int kBN, int kStepBytes, int kRows = kBM, typename Issue>
+template <typename M, int kBN, int kStepBytes, typename Issue>
 __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& issue, const typename Layout<M, kBN>::S* a_stages,
                                                   const typename Layout<M, kBN>::S* b_stages, int wm, int wn, int lane,
-                                                  float (&acc)[Layout<M, kBN, 64, kRows>::kFM]
-                                                              [Layout<M, kBN, 64, kRows>::kFN][4]) {
+                                                  float (&acc)[Layout<M, kBN>::kFM][Layout<M, kBN>::kFN][4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using L = Layout<M, kBN, kStepBytes, kRows>;
+  using L = Layout<M, kBN, kStepBytes>;
   using S = typename L::S;
   const int g = lane / 4, t = lane % 4;
   pipelined::ZeroAccumulators(acc);
@@ -232,11 +227,11 @@ __device__ __forceinline__ void PipelinedProducts(int64_t steps, const Issue& is
 // lane (g, t) holds columns 2t, 2t + 1 of rows g and g + 8 of each 16 x 8 piece. o: the
 // output row (rows[r] for tile row r; negative rows are skipped), c: the first column,
 // below cout (cout is a multiple of 4, so both columns or neither exist).
-// acc: the warp's accumulators, const or not (put may then change them through float&).
-template <typename M, int kBN, int kRows = kBM, typename Acc, typename Put>
+// acc: the warp's accumulators.
+template <typename M, int kBN, typename Acc, typename Put>
 __device__ __forceinline__ void ForEachAccumulatorPair(const int32_t* rows, int64_t col0, int64_t cout, int wm, int wn,
                                                        int lane, Acc& acc, const Put& put) {
-  using L = Layout<M, kBN, 64, kRows>;
+  using L = Layout<M, kBN>;
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < L::kFM; ++i) {

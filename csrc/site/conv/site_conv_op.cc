@@ -24,6 +24,8 @@ REGISTER_OP("SiteSparseConv")
     .Attr("T: {float, double, half, bfloat16}")
     .Attr("map_is_trusted: bool = false")
     .Attr("map_is_submanifold: bool = false")
+    .Attr("dataflow: {'auto', 'pairs', 'outputs'} = 'auto'")
+    .Attr("cpu_products: {'auto', 'portable'} = 'auto'")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle features, filters, neighbours;
       TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(6), 1, &neighbours));
@@ -50,11 +52,23 @@ each factor rounded to TF32 (10 mantissa bits) and float32 sums; where cin and c
 multiples of 4. With TF32 off, or on the CPU, products are full float32. num_out is the
 number of output sites.
 neighbours: empty (shape [0]), or SiteNeighbourTable's table of this map (with
-map_is_trusted). It changes no value beyond rounding: the GPU's tensor-core kernels of
-half and bfloat16 then run output-stationary from it (each output row computed over the
-offsets of one mask group in float32 and stored, the next group's sum added to the stored
-row) instead of scattering pairs with atomics, where that is faster (see the README);
-everywhere else it is checked for its shape and not read.
+map_is_trusted). It changes no value beyond rounding: the GPU's output-stationary
+dataflow reads it instead of building a table in the call; everywhere else it is checked
+for its shape and not read.
+dataflow: how the GPU computes the output (docs/gpu-kernels.md, "The site family"). 'pairs':
+tiles of pairs, their products scatter-added onto the output rows (with atomics; under
+TensorFlow's op determinism one launch per offset without them). 'outputs': tiles of
+output rows from the neighbour table (given, or built in the call), each row computed over
+all its offsets and stored once; on sm_80+ for kernels of at most 32 offsets whose rows
+are whole 16-byte vectors (half and bfloat16, and float with TF32), the pairs elsewhere.
+'auto': 'outputs' for half and bfloat16 given a neighbour table or under op
+determinism, 'pairs' otherwise. The CPU kernel has one dataflow, per-offset
+gather-GEMM-scatter over the pairs: 'auto' and 'pairs' run it, 'outputs' is
+InvalidArgument there.
+cpu_products: the CPU kernel's products. 'auto': AVX2 and FMA tiles where the CPU has
+them (float, and half and bfloat16 converted to float), Eigen's GEMM otherwise;
+'portable': Eigen's GEMM always (the portable path, e.g. to test it on a CPU with AVX2, or
+to match another machine's CPU results). No effect on the GPU.
 map_is_trusted: the caller promises that the map is valid (every in_rows[p] <
 num_in, every out_rows[p] < num_out, at most one pair per output row and offset), as
 SiteKernelMap's maps are by construction; tf_sparseconv's wrappers set it for those
@@ -83,18 +97,11 @@ REGISTER_OP("SiteNeighbourTable")
     .Input("num_out: int32")
     .Output("neighbours: int32")
     .Attr("map_is_trusted: bool = false")
-    .Attr("mask_groups: int = 1")  // kDefaultMaskGroups
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle splits;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &splits));
-      int64_t mask_groups = 0;
-      TF_RETURN_IF_ERROR(c->GetAttr("mask_groups", &mask_groups));
-      TF_RETURN_IF_ERROR(CheckMaskGroups(mask_groups));
       DimensionHandle width = c->UnknownDim();
-      if (c->ValueKnown(c->Dim(splits, 0))) {
-        const int64_t volume = c->Value(c->Dim(splits, 0)) - 1;
-        width = c->MakeDim(NeighbourTableWidth(volume, MaskGroupsFor(volume, mask_groups)));
-      }
+      if (c->ValueKnown(c->Dim(splits, 0))) width = c->MakeDim(NeighbourTableWidth(c->Value(c->Dim(splits, 0)) - 1));
       DimensionHandle rows = c->UnknownDim();
       const ::tensorflow::Tensor* num_out = c->input_tensor(4);
       if (num_out != nullptr) rows = c->MakeDim(num_out->scalar<int32_t>()());
@@ -103,20 +110,16 @@ REGISTER_OP("SiteNeighbourTable")
     })
     .Doc(R"doc(
 The output-major neighbour table of a kernel map with at most 32 offsets, for
-SiteSparseConv's `neighbours` input: neighbours [num_out, volume + 2 * G] int32, with
-G = min(mask_groups, volume) mask groups.
+SiteSparseConv's `neighbours` input: neighbours [num_out, volume + 2] int32.
 neighbours[o, q] is the input row that feeds output row o through offset q (-1: none).
-The offsets fall into G contiguous groups, group g holding offsets g * volume / G to
-(g + 1) * volume / G - 1 (integer division). Per group, two columns list the output rows
-sorted by their neighbour mask's bits of that group (bit q set where neighbours[o, q] >=
-0; ascending, ties by row): at sorted position i, neighbours[i, volume + 2 g] is the
-mask restricted to group g and neighbours[i, volume + 2 g + 1] the output row. num_in
-and num_out are the numbers of input and output sites. Rows with equal bits then sit
-together, so the GPU's output-stationary kernel, which runs one pass per group, multiplies
-few empty rows; more groups mean fewer empty rows and one more pass over the output each.
-mask_groups: 1 to 4 (default 1, the faster on an H200 for most layers). Build the table once per map, like the map itself (the GPU kernel:
-one pass over the pairs and a radix sort per group). The map is checked as SiteSparseConv
-checks it (map_is_trusted: as there).
+The last two columns list the output rows sorted by their neighbour masks (bit q set
+where neighbours[o, q] >= 0; ascending, ties by row): at sorted position i,
+neighbours[i, volume] is the mask and neighbours[i, volume + 1] the output row. num_in
+and num_out are the numbers of input and output sites. Rows with equal masks then sit
+together, so the tiles of the GPU's output-stationary dataflow multiply few empty rows.
+Build the table once per map, like the map itself (the GPU kernel: one pass over the
+pairs and a radix sort). The map is checked as SiteSparseConv checks it (map_is_trusted:
+as there).
 )doc");
 
 REGISTER_OP("SiteSparseConvFilterGrad")
@@ -128,6 +131,7 @@ REGISTER_OP("SiteSparseConvFilterGrad")
     .Output("filter_grad: T")
     .Attr("T: {float, double, half, bfloat16}")
     .Attr("map_is_trusted: bool = false")
+    .Attr("cpu_products: {'auto', 'portable'} = 'auto'")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle features, out_grad, splits;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &features));
@@ -145,6 +149,8 @@ TensorFlow's TF32 setting on the GPU from sm_80, as SiteSparseConv does.
 map_is_trusted: as for SiteSparseConv, a promise that the map is valid. A trusted call
 on the GPU skips the row checks and their host round trip; the CPU kernel checks the
 rows regardless.
+cpu_products: as for SiteSparseConv, the CPU kernel's AVX2 products ('auto') or Eigen's
+GEMM ('portable').
 )doc");
 
 }  // namespace tf_sparseconv

@@ -4,29 +4,25 @@
 // float32 accumulator to clear and convert, and the sum order is fixed, so the result is
 // deterministic as it stands.
 //
-// It reads the map as a neighbour table (SiteNeighbourTable's layout, width = volume +
-// 2 * groups int32 per row): table[o * width + q] = input row of output o at offset q
-// (-1: none), and per mask group g (offsets MaskGroupBegin(g) .. MaskGroupBegin(g + 1) - 1)
-// two columns volume + 2 g, volume + 2 g + 1: at sorted position i, the mask bits of that
-// group of the i-th output (bit q: a pair at q) and that output's row, the outputs sorted
-// by those bits (stable radix sort) so that a block's 128 rows share most of their offsets.
-// One launch per group: the block runs the offsets in the union of its rows' bits,
-// gathering zero rows (cp.async zero-fill, no memory read) where a row has none; the first
-// group's launch stores every output row, the later ones add their sums to the stored rows
-// (in float32, rounded once more to the stored type) and skip tiles without offsets. This
-// is spconv's MaskImplicitGemm with its mask split on our map layout. The table is built
-// per call, or once per map by SiteNeighbourTable and passed in (the build is about a
-// third of the call for 32-64 channels).
+// It reads the map as a neighbour table (SiteNeighbourTable's layout, width = volume + 2
+// int32 per row): table[o * width + q] = input row of output o at offset q (-1: none),
+// and two columns volume, volume + 1: at sorted position i, the neighbour mask of the
+// i-th output (bit q: a pair at q) and that output's row, the outputs sorted by their
+// masks (stable radix sort) so that a block's 128 rows share most of their offsets. The
+// block runs the offsets in the union of its rows' masks, gathering zero rows (cp.async
+// zero-fill, no memory read) where a row has none, and stores every output row. This is
+// spconv's MaskImplicitGemm on our map layout. The table is built per call, or once per
+// map by SiteNeighbourTable and passed in.
 //
-// Tiles, pipeline and fragments are site_conv_mma.cuh's; the same requirements hold
-// (16-byte vectors per row and aligned pointers).
+// The pipeline and the products are the pair tiles' (site_conv_mma_sync.cuh: mma.sync
+// with ldmatrix fragments, or TF32 m16n8k8); the same requirements hold (16-byte vectors
+// per row and aligned pointers).
 #ifndef TF_SPARSECONV_SITE_CONV_SITE_CONV_OUTPUTS_CUH_
 #define TF_SPARSECONV_SITE_CONV_SITE_CONV_OUTPUTS_CUH_
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -34,82 +30,47 @@
 
 #include "common/gpu_util.cuh"
 #include "site/conv/site_conv.h"
-#include "site/conv/site_conv_mma.cuh"
 #include "site/conv/site_conv_mma_sync.cuh"
+#include "site/conv/site_conv_pipeline.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
 namespace output_stationary {
 
-namespace wmma = nvcuda::wmma;
 using pipelined::CopyAsync16;
 using pipelined::Element;
 using pipelined::kBlockThreads;
-using pipelined::kBM;
-using pipelined::kStageLd;
 using pipelined::kStages;
-using pipelined::PipelinedProducts;
 using pipelined::Tf32;
-using pipelined::Tiles;
 using pipelined::WaitCopies;
 
-// Rows of the table hold volume + 2 * groups int32 (NeighbourTableWidth, site_conv.h).
-
-// table[o * width + q] = in_rows[p] and bit q of masks[o] for every pair p of offset q.
-// Rows out of range are skipped: an unchecked map's products never run (Report).
+// table[o * width + q] = in_rows[p] and bit q of masks[o] for every pair p of offset q
+// (width = NeighbourTableWidth, site_conv.h). Rows out of range are skipped: an
+// unchecked map's products never run (Report).
 __global__ void NeighbourTableKernel(const int32_t* in_rows, const int32_t* out_rows, const int64_t* splits,
                                      int64_t volume, int64_t width, int64_t pairs, int64_t num_in, int64_t num_out,
                                      int32_t* table, uint32_t* masks) {
   TF_SPARSECONV_GRID_LOOP(p, pairs) {
-    const int64_t lo = OwnerOf(splits, volume, p);  // the offset of pair p
+    const int64_t q = OwnerOf(splits, volume, p);  // the offset of pair p
     const int64_t i = in_rows[p], o = out_rows[p];
     if (i < 0 || i >= num_in || o < 0 || o >= num_out) continue;
-    table[o * width + lo] = static_cast<int32_t>(i);
-    atomicOr(masks + o, 1u << lo);
+    table[o * width + q] = static_cast<int32_t>(i);
+    atomicOr(masks + o, 1u << q);
   }
 }
 
-// One group's sort keys: the mask bits lo .. lo + count - 1 of every output, shifted down,
-// and the output rows in order.
-__global__ void GroupKeysKernel(const uint32_t* masks, int64_t n, int lo, int count, uint32_t* keys, int32_t* rows) {
-  const uint32_t low = static_cast<uint32_t>((uint64_t{1} << count) - 1);
-  TF_SPARSECONV_GRID_LOOP(o, n) {
-    keys[o] = (masks[o] >> lo) & low;
-    rows[o] = static_cast<int32_t>(o);
-  }
+// The sort's values: the output rows in order.
+__global__ void OutputRowsKernel(int64_t n, int32_t* rows) {
+  TF_SPARSECONV_GRID_LOOP(o, n) { rows[o] = static_cast<int32_t>(o); }
 }
 
-// A group's two columns (column, column + 1): the sorted bits, shifted back up to their
-// offsets, and the output row at each sorted position.
-__global__ void SortedColumnsKernel(const uint32_t* sorted_keys, const int32_t* order, int64_t n, int64_t width,
-                                    int64_t column, int lo, int32_t* table) {
+// The table's last two columns: the sorted masks and the output row at each sorted position.
+__global__ void SortedColumnsKernel(const uint32_t* sorted_masks, const int32_t* order, int64_t n, int64_t width,
+                                    int64_t volume, int32_t* table) {
   TF_SPARSECONV_GRID_LOOP(i, n) {
-    table[i * width + column] = static_cast<int32_t>(sorted_keys[i] << lo);
-    table[i * width + column + 1] = order[i];
+    table[i * width + volume] = static_cast<int32_t>(sorted_masks[i]);
+    table[i * width + volume + 1] = order[i];
   }
-}
-
-// 8 consecutive outputs (columns c .. c + 7 of one row, all < cout) from float32 values.
-__device__ inline void Store8(float* dst, const float* v) {
-  *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
-  *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
-}
-template <typename M>
-__device__ inline void Store8(uint16_t* dst, const float* v) {
-  uint32_t packed[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint16_t lo, hi;
-    if constexpr (std::is_same<M, __half>::value) {
-      lo = __half_as_ushort(__float2half_rn(v[2 * i]));
-      hi = __half_as_ushort(__float2half_rn(v[2 * i + 1]));
-    } else {
-      lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i]));
-      hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * i + 1]));
-    }
-    packed[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
-  }
-  *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
 // Two consecutive outputs from float32 values: a float2, or a half2 / bfloat162 (both
@@ -125,31 +86,17 @@ __device__ inline void Store2(typename Element<M>::Stored* dst, float x, float y
   }
 }
 
-// Two consecutive stored outputs as float32 (4- or 8-byte aligned, as for Store2).
-template <typename M>
-__device__ inline float2 Load2(const typename Element<M>::Stored* src) {
-  if constexpr (std::is_same<M, Tf32>::value) {
-    return *reinterpret_cast<const float2*>(src);
-  } else if constexpr (std::is_same<M, __half>::value) {
-    return __half22float2(*reinterpret_cast<const __half2*>(src));
-  } else {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src));
-  }
-}
-
-// A tile of kRows output rows (in the order of the group whose columns start at `column`)
-// and the offsets of that group any of them has a pair at, in shared memory; the block's
-// threads all call it, between barriers.
+// A tile of kRows output rows (in the table's sorted order) and the offsets any of them
+// has a pair at, in shared memory; the block's threads all call it, between barriers.
 template <int kRows>
 __device__ inline void LoadTile(const int32_t* table, int64_t tile, int64_t num_out, int64_t volume, int64_t width,
-                                int64_t column, int32_t* rows, int* offsets, int* num_offsets,
-                                unsigned int* tile_mask) {
+                                int32_t* rows, int* offsets, int* num_offsets, unsigned int* tile_mask) {
   if (threadIdx.x == 0) *tile_mask = 0u;
   __syncthreads();
   if (threadIdx.x < kRows) {
     const int64_t i = tile * kRows + threadIdx.x;
-    rows[threadIdx.x] = i < num_out ? table[i * width + column + 1] : -1;
-    if (i < num_out) atomicOr(tile_mask, static_cast<uint32_t>(table[i * width + column]));
+    rows[threadIdx.x] = i < num_out ? table[i * width + volume + 1] : -1;
+    if (i < num_out) atomicOr(tile_mask, static_cast<uint32_t>(table[i * width + volume]));
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -168,12 +115,9 @@ __device__ inline void LoadTile(const int32_t* table, int64_t tile, int64_t num_
 // of the filter rows. Steps must be issued in order 0, 1, 2, ... (RunPipeline does): the
 // step's offset, channels and stage are counted along instead of divided out.
 // The table entries of the next offset are read one offset ahead into registers, and
-// the source pointers are formed once per offset. On an H200 (ncu, synth b4, C 128), the
-// queueing with the table read at each step's issue and 64-bit index products per copy
-// took about three instructions for each of the products' (tensor-core MMAs and ldmatrix
-// loads), and every step's copies waited for an L2 round trip of the table.
-// L: the tile layout (pipelined::Tiles for WMMA, mma_sync::Layout), whose constants of
-// the same names mean the same.
+// the source pointers are formed once per offset, so that the copies neither wait for a
+// table read nor cost more instructions than the products they feed (docs/gpu-kernels.md,
+// "What was tried"). L: the tile layout (mma_sync::Layout).
 template <typename L, int kBN>
 struct TableGather {
   using S = typename L::S;
@@ -248,106 +192,12 @@ struct TableGather {
   }
 };
 
-// The block's walk over the output-stationary tiles of mask group `group` (L::kTileRows output
-// rows in the group's order x kBN columns) shared by both table kernels: per tile, its rows
-// and offsets (LoadTile) and the gathers of its steps (TableGather with layout L), then
-// tile(issue, steps, col0) multiplies and stores; the barrier after it frees rows, offsets
-// and stages. Past the first group a tile without offsets adds nothing and is skipped.
-template <typename L, int kBN, typename Tile>
-__device__ __forceinline__ void ForEachTableTile(const typename L::S* features, const typename L::S* filters,
-                                                 const int32_t* table, int64_t volume, int64_t groups, int64_t group,
-                                                 int64_t num_out, int64_t cin, int64_t cout, int64_t col_tiles,
-                                                 typename L::S* a_stages, typename L::S* b_stages, int32_t* rows,
-                                                 const Tile& tile_products) {
-  __shared__ int offsets[kMaxNeighbourVolume];
-  __shared__ int num_offsets;
-  __shared__ unsigned int tile_mask;
-  const int a_row = threadIdx.x / L::kAChunks, a_chunk = threadIdx.x % L::kAChunks;
-  const int64_t k_steps = (cin + L::kBK - 1) / L::kBK;
-  const int64_t tiles = (num_out + L::kTileRows - 1) / L::kTileRows;
-  const int64_t width = volume + 2 * groups, column = volume + 2 * group;  // NeighbourTableWidth
-  for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
-    const int64_t tile = item / col_tiles;
-    const int64_t col0 = (item % col_tiles) * kBN;
-    LoadTile<L::kTileRows>(table, tile, num_out, volume, width, column, rows, offsets, &num_offsets, &tile_mask);
-    const int64_t steps = num_offsets * k_steps;  // the same for the whole block
-    const TableGather<L, kBN> issue{features, filters, table, offsets, a_stages, b_stages, width, cin,
-                                    cout,     k_steps, col0,  rows,    a_row,    a_chunk,  num_offsets};
-    issue.Start();
-    if (group == 0 || steps > 0) tile_products(issue, steps, col0);
-    __syncthreads();  // rows, the offset list and the stages are refilled by the next item
-  }
-}
-
-template <typename M, int kBN>
-__global__ void __launch_bounds__(kBlockThreads)
-    GatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
-                          const int32_t* table, int64_t volume, int64_t groups, int64_t group, int64_t num_out,
-                          int64_t cin, int64_t cout, int64_t col_tiles, const Report* report,
-                          typename Element<M>::Stored* out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if (report != nullptr && !ChecksPassed(report)) return;
-  using T = Tiles<M, kBN>;
-  using S = typename T::S;
-  constexpr bool kTf32 = std::is_same<M, Tf32>::value;
-  extern __shared__ __align__(128) unsigned char shared[];
-  S* a_stages = reinterpret_cast<S*>(shared);
-  S* b_stages = a_stages + kStages * T::kAStage;
-  float* staging = reinterpret_cast<float*>(shared + T::kPipelineBytes);
-  int32_t* rows = reinterpret_cast<int32_t*>(shared + T::kPipelineBytes + T::kStagingBytes);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wm = warp % T::kWarpsM, wn = warp / T::kWarpsM;
-  float* my_staging = staging + warp * 16 * kStageLd;
-  ForEachTableTile<T, kBN>(features, filters, table, volume, groups, group, num_out, cin, cout, col_tiles, a_stages,
-                           b_stages, rows, [&](const TableGather<T, kBN>& issue, int64_t steps, int64_t col0) {
-    pipelined::Accumulators<M, kBN> acc;
-    PipelinedProducts<M, kBN>(steps, issue, a_stages, b_stages, wm, wn, acc);
-    WaitCopies<0>();
-    // Store: lane l writes row l / 2, columns 8 (l % 2) .. + 8 of each 16 x 16 piece.
-    const int r = lane / 2, c8 = (lane % 2) * 8;
-#pragma unroll
-    for (int i = 0; i < T::kFM; ++i) {
-      const int64_t o = rows[wm * T::kWM + 16 * i + r];
-#pragma unroll
-      for (int j = 0; j < T::kFN; ++j) {
-        wmma::store_matrix_sync(my_staging, acc[i][j], kStageLd, wmma::mem_row_major);
-        __syncwarp();
-        const int64_t c = col0 + wn * T::kWN + 16 * j + c8;
-        float* v = my_staging + r * kStageLd + c8;
-        if (o >= 0 && group > 0 && c < cout) {
-          // A later group: add the stored sum (8 columns, or 4 where a float row ends).
-          const int n = c + 8 <= cout ? 8 : 4;
-          for (int e = 0; e < n; e += 2) {
-            const float2 old = Load2<M>(out + o * cout + c + e);
-            v[e] += old.x;
-            v[e + 1] += old.y;
-          }
-        }
-        if (o >= 0) {
-          if constexpr (kTf32) {
-            // float: cout is a multiple of 4, so either half of the 8 columns may end it.
-            if (c + 8 <= cout) {
-              Store8(out + o * cout + c, v);
-            } else if (c + 4 <= cout) {
-              *reinterpret_cast<float4*>(out + o * cout + c) = make_float4(v[0], v[1], v[2], v[3]);
-            }
-          } else {
-            if (c + 8 <= cout) Store8<M>(out + o * cout + c, v);  // cout is a multiple of 8
-          }
-        }
-        __syncwarp();
-      }
-    }
-  });
-#endif
-}
-
-// Blocks per SM the mma.sync table kernel is compiled for (its registers capped to fit):
-// as many as its shared memory allows on sm_90 (228 KB per SM, 1 KB of it per block for
-// the system, about 0.4 KB static), at most 2 for 128-column tiles (64 float
-// accumulators a thread), 3 for 64 and 4 for 32 columns. Left to itself the compiler
-// keeps the copies' loop-invariant addresses in registers and takes more, which cost
-// 128 x 128 tiles their second block per SM and narrower tiles one or two.
+// Blocks per SM the table kernel is compiled for (its registers capped to fit): as many
+// as its shared memory allows on sm_90 (228 KB per SM, 1 KB of it per block for the
+// system, about 0.4 KB static), at most 2 for 128-column tiles (64 float accumulators a
+// thread), 3 for 64 and 4 for 32 columns. Left to itself the compiler keeps the copies'
+// loop-invariant addresses in registers and takes more, which cost 128 x 128 tiles their
+// second block per SM and narrower tiles one or two.
 template <typename L, int kBN>
 constexpr int TableMinBlocks() {
   constexpr int kBySharedMemory = static_cast<int>((228 * 1024) / (L::kSharedBytes + 1024 + 512));
@@ -355,49 +205,51 @@ constexpr int TableMinBlocks() {
   return std::max(1, std::min(kBySharedMemory, kByAccumulators));
 }
 
-// GatherGemmStoreKernel's tiles, offsets and gathers with the products of the pair tiles'
-// kernel (site_conv_mma_sync.cuh: mma.sync with ldmatrix fragments, or TF32 m16n8k8)
-// instead of WMMA; each lane stores its accumulators' column pairs from registers, so no
-// staging area. Chosen by SiteTableProducts::kMmaSync (TF_SPARSECONV_SITE_TABLE_PRODUCTS).
-template <typename M, int kBN, int kStepBytes, int kRows>
-__global__ void __launch_bounds__(kBlockThreads, (TableMinBlocks<mma_sync::Layout<M, kBN, kStepBytes, kRows>, kBN>()))
-    MmaSyncGatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
-                                 const int32_t* table, int64_t volume, int64_t groups, int64_t group,
-                                 int64_t num_out, int64_t cin, int64_t cout, int64_t col_tiles, const Report* report,
-                                 typename Element<M>::Stored* out) {
+// The output-stationary tiles (128 output rows in the table's order x kBN columns): per
+// tile, its rows and offsets (LoadTile), the gathers of its steps through the table
+// (TableGather), the products of the pair tiles' kernel (mma_sync::PipelinedProducts), and
+// each lane's column pairs stored from registers. Rows without pairs get zeros: every
+// output row is stored. report: nullptr for a trusted map; otherwise the products run
+// only if every check passed.
+template <typename M, int kBN, int kStepBytes>
+__global__ void __launch_bounds__(kBlockThreads, (TableMinBlocks<mma_sync::Layout<M, kBN, kStepBytes>, kBN>()))
+    GatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
+                          const int32_t* table, int64_t volume, int64_t num_out, int64_t cin, int64_t cout,
+                          int64_t col_tiles, const Report* report, typename Element<M>::Stored* out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // Uniform over the block: no barrier is skipped by some threads only.
   if (report != nullptr && !ChecksPassed(report)) return;
-  using L = mma_sync::Layout<M, kBN, kStepBytes, kRows>;
+  using L = mma_sync::Layout<M, kBN, kStepBytes>;
   using S = typename L::S;
   extern __shared__ __align__(128) unsigned char shared[];
+  __shared__ int offsets[kMaxNeighbourVolume];
+  __shared__ int num_offsets;
+  __shared__ unsigned int tile_mask;
   S* a_stages = reinterpret_cast<S*>(shared);
   S* b_stages = a_stages + kStages * L::kAStage;
   int32_t* rows = reinterpret_cast<int32_t*>(shared + L::kPipelineBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
-  ForEachTableTile<L, kBN>(features, filters, table, volume, groups, group, num_out, cin, cout, col_tiles, a_stages,
-                           b_stages, rows, [&](const TableGather<L, kBN>& issue, int64_t steps, int64_t col0) {
+  const int a_row = threadIdx.x / L::kAChunks, a_chunk = threadIdx.x % L::kAChunks;
+  const int64_t k_steps = (cin + L::kBK - 1) / L::kBK;
+  const int64_t tiles = (num_out + L::kTileRows - 1) / L::kTileRows;
+  const int64_t width = volume + 2;  // NeighbourTableWidth (site_conv.h)
+  for (int64_t item = blockIdx.x; item < tiles * col_tiles; item += gridDim.x) {
+    const int64_t tile = item / col_tiles;
+    const int64_t col0 = (item % col_tiles) * kBN;
+    LoadTile<L::kTileRows>(table, tile, num_out, volume, width, rows, offsets, &num_offsets, &tile_mask);
+    const int64_t steps = num_offsets * k_steps;  // the same for the whole block
+    const TableGather<L, kBN> issue{features, filters, table, offsets, a_stages, b_stages, width, cin,
+                                    cout,     k_steps, col0,  rows,    a_row,    a_chunk,  num_offsets};
+    issue.Start();
     float acc[L::kFM][L::kFN][4];
-    mma_sync::PipelinedProducts<M, kBN, kStepBytes, kRows>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
+    mma_sync::PipelinedProducts<M, kBN, kStepBytes>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     WaitCopies<0>();
-    // Store from the accumulators; in the first group rows without pairs get zeros (every
-    // output row is stored), later groups add to the stored rows.
-    if (group > 0) {
-      // A later group adds the stored sums first, every load before the first store:
-      // interleaved with the stores, each load would wait for the one before it (a load
-      // after a store to `out` may alias it), which on an H200 cost as much as a group's
-      // products.
-      mma_sync::ForEachAccumulatorPair<M, kBN, kRows>(rows, col0, cout, wm, wn, lane, acc,
-                                                      [&](int64_t o, int64_t c, float& x, float& y) {
-        const float2 old = Load2<M>(out + o * cout + c);
-        x += old.x;
-        y += old.y;
-      });
-    }
-    mma_sync::ForEachAccumulatorPair<M, kBN, kRows>(
+    mma_sync::ForEachAccumulatorPair<M, kBN>(
         rows, col0, cout, wm, wn, lane, acc,
         [&](int64_t o, int64_t c, float x, float y) { Store2<M>(out + o * cout + c, x, y); });
-  });
+    __syncthreads();  // rows, the offset list and the stages are refilled by the next item
+  }
 #endif
 }
 

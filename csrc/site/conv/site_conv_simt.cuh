@@ -1,15 +1,14 @@
 // The forward gather-GEMM-scatter of SiteSparseConv (and so its input gradient) in float32
-// on the CUDA cores of sm_80 and later, for float when TF32 is not allowed: the tiles and
-// the cp.async pipeline of site_conv_mma.cuh's kernel, with the products in FMAs.
+// on the CUDA cores of sm_80 and later, for float when TF32 is not allowed: tiles of 128
+// pairs fed by site_conv_pipeline.cuh's cp.async pipeline, with the products in FMAs.
 //
 // Why not site_conv.cu's CUDA-core kernel: it gathers one float per thread and step into
 // shared memory through registers and waits for it, and each thread owns 4 x 4 results
 // read from shared memory one float at a time (8 loads per 16 FMAs). Here the gathers of
 // the next steps are in flight while the current one multiplies, and each thread owns up
 // to 8 x 8 results, reading its input rows and filter columns as 16-byte vectors: for a
-// 128 x 128 tile 16 vector loads per 256 FMAs. Measured on an H200 (lidar frame at 5 cm,
-// forward, device time): 4.29 -> 2.22 ms at 256 -> 256 channels, 1.56 -> 0.81 ms at
-// 128 -> 128, 0.43 -> 0.26 ms at 64 -> 64 (README).
+// 128 x 128 tile 16 vector loads per 256 FMAs, about twice as fast (docs/gpu-kernels.md,
+// "What was tried").
 //
 // Thread layout: kColThreads threads along the columns, each owning kNG groups of 4
 // consecutive columns (kColThreads * 4 apart), and kRowThreads along the rows, each
@@ -27,7 +26,7 @@
 #include <cstdint>
 
 #include "common/gpu_util.cuh"
-#include "site/conv/site_conv_mma.cuh"
+#include "site/conv/site_conv_pipeline.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -39,22 +38,25 @@ using pipelined::kStages;
 
 template <int kBN>
 struct Layout {
-  // Shared-memory stages as the TF32 kernel's: 16 channels per step, 80-byte input rows.
-  using Stages = pipelined::Tiles<pipelined::Tf32, kBN>;
-  static constexpr int kBK = Stages::kBK;
-  static constexpr int kLdA = Stages::kLdA;
-  static constexpr int kLdB = Stages::kLdB;
+  // Shared-memory stages: 16 channels per step, rows padded by 16 bytes (80-byte input rows).
+  static constexpr int kBK = 16;
+  static constexpr int kLdA = kBK + 4;
+  static constexpr int kLdB = kBN + 4;
+  static constexpr int kAStage = kBM * kLdA;  // floats
+  static constexpr int kBStage = kBK * kLdB;
+  static constexpr int kBVectors = kBK * kBN / 4;  // 16-byte copies of filter rows per step
+  static constexpr size_t kPipelineBytes = sizeof(float) * static_cast<size_t>(kStages) * (kAStage + kBStage);
   static constexpr int kColThreads = kBN / 4 < 16 ? kBN / 4 : 16;
   static constexpr int kRowThreads = kBlockThreads / kColThreads;
   static constexpr int kNG = kBN / (4 * kColThreads);  // column groups per thread
   static constexpr int kMG = kBM / (4 * kRowThreads);  // row groups per thread
-  static constexpr size_t kSharedBytes = Stages::kPipelineBytes + sizeof(int32_t) * kBM;
+  static constexpr size_t kSharedBytes = kPipelineBytes + sizeof(int32_t) * kBM;
   static_assert(kBK % 4 == 0 && kNG >= 1 && kMG >= 1, "whole 4 x 4 groups per thread");
   static_assert(kColThreads * kRowThreads == kBlockThreads, "every thread owns results");
 };
 
 // Two blocks per SM: at 128 columns the 8 x 8 results would otherwise take 169 registers
-// and one block per SM; capped at 128 (a few spills) it ran 4-11% faster on an H200.
+// and one block per SM; capped at 128 (a few spills) it runs faster (docs/gpu-kernels.md).
 template <int kBN, bool kAtomic>
 __global__ void __launch_bounds__(kBlockThreads, 2)
     GatherGemmScatterKernel(const float* features, const float* filters, const int32_t* in_rows,
@@ -66,11 +68,10 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   // passed (uniform over the block, so no barrier is skipped by some threads only).
   if (report != nullptr && !ChecksPassed(report)) return;
   using L = Layout<kBN>;
-  using St = typename L::Stages;
   extern __shared__ __align__(128) unsigned char shared[];
   float* a_stages = reinterpret_cast<float*>(shared);
-  float* b_stages = a_stages + kStages * St::kAStage;
-  int32_t* rows_out = reinterpret_cast<int32_t*>(shared + St::kPipelineBytes);
+  float* b_stages = a_stages + kStages * L::kAStage;
+  int32_t* rows_out = reinterpret_cast<int32_t*>(shared + L::kPipelineBytes);
   const int tx = threadIdx.x % L::kColThreads, ty = threadIdx.x / L::kColThreads;
   const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
   const int64_t steps = (cin + L::kBK - 1) / L::kBK;
@@ -88,14 +89,14 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
     auto issue = [&](int64_t step) {
       const int buffer = static_cast<int>(step % kStages);
       const int64_t k0 = step * L::kBK;
-      float* a = a_stages + buffer * St::kAStage;
-      float* b = b_stages + buffer * St::kBStage;
+      float* a = a_stages + buffer * L::kAStage;
+      float* b = b_stages + buffer * L::kBStage;
       const int64_t k = k0 + a_chunk * 4;
       pipelined::CopyAsync16(a + a_row * L::kLdA + a_chunk * 4,
                              row0 >= 0 && k < cin ? features + row0 * cin + k : features, row0 >= 0 && k < cin);
       pipelined::CopyAsync16(a + (a_row + 64) * L::kLdA + a_chunk * 4,
                              row1 >= 0 && k < cin ? features + row1 * cin + k : features, row1 >= 0 && k < cin);
-      for (int v = threadIdx.x; v < St::kBVectors; v += kBlockThreads) {
+      for (int v = threadIdx.x; v < L::kBVectors; v += kBlockThreads) {
         const int kr = v / (kBN / 4), cc = v % (kBN / 4);
         const int64_t kk = k0 + kr, c = col0 + cc * 4;
         const bool ok = kk < cin && c < cout;
@@ -109,8 +110,8 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
       for (int j = 0; j < 4 * L::kNG; ++j) acc[i][j] = 0.0f;
     }
     pipelined::RunPipeline(steps, issue, [&](int buffer) {
-      const float* a = a_stages + buffer * St::kAStage;
-      const float* b = b_stages + buffer * St::kBStage;
+      const float* a = a_stages + buffer * L::kAStage;
+      const float* b = b_stages + buffer * L::kBStage;
 #pragma unroll
       for (int k4 = 0; k4 < L::kBK; k4 += 4) {
         float4 av[4 * L::kMG];  // this thread's rows, channels k4 .. k4 + 3
