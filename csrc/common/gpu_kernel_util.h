@@ -87,6 +87,22 @@ inline absl::Status ToStatus(const gpu::GpuStatus& status, const TempScratch& sc
   return tensorflow::errors::Internal(op, " on GPU: ", status.where, ": ", status.what);
 }
 
+// What a GPU functor (an Op<GPUDevice, T>'s, site/*/*_kernels_gpu.cc) holds of its op: the
+// temporary memory, which lives until Compute returns, the op's stream, and a failed
+// gpu::GpuStatus as the op's error.
+class GpuOpContext {
+ protected:
+  GpuOpContext(tensorflow::OpKernelContext* ctx, const char* op) : scratch_(ctx), stream_(GpuStream(ctx)), op_(op) {}
+
+  absl::Status ToStatus(const gpu::GpuStatus& status) const {
+    return ::tf_sparseconv::ToStatus(status, scratch_, op_);
+  }
+
+  TempScratch scratch_;
+  const gpu::Stream stream_;
+  const char* const op_;
+};
+
 // The GPU sorts count items with int.
 inline absl::Status CheckSortable(int64_t items, const char* op, const char* what) {
   if (items > gpu::kMaxSortItems) {

@@ -638,10 +638,12 @@ def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(rng, dty
             np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
 
 
-@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
-def test_pairs_dataflow_ignores_a_given_table(rng, dtype):
-    """dataflow="pairs" runs the pair tiles whatever the call is given: with a table, its
-    result matches the CPU's as without one."""
+@pytest.mark.parametrize("dtype,dataflow", [(tf.float16, "pairs"), (tf.bfloat16, "pairs"), (tf.float32, "pairs"),
+                                            (tf.float32, "auto")], ids=lambda v: getattr(v, "name", v))
+def test_the_pairs_run_from_a_given_table_where_the_dataflow_says_so(rng, dtype, dataflow):
+    """dataflow="pairs" runs the pair tiles whatever the call is given, and so does "auto"
+    for float (it reads a table for half types only): with a table, the result matches the
+    CPU's as without one."""
     tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)
     coords = random_sites(rng, 2, (9, 8, 9), 0.25)
     features = on_cpu(rng.standard_normal((len(coords), 16)), dtype)
@@ -655,7 +657,8 @@ def test_pairs_dataflow_ignores_a_given_table(rng, dtype):
             if table is None:
                 table = neighbour_table(kmap)
             results[name] = ops.site_sparse_conv(features, w, kmap.in_rows, kmap.out_rows, kmap.offset_splits,
-                                                 len(coords), table, map_is_trusted=True, dataflow="pairs")
+                                                 len(coords), table, map_is_trusted=True,
+                                                 dataflow="auto" if device == CPU else dataflow)
     for name in ("plain", "table"):
         assert_gpu_matches_cpu(dtype, [results["cpu"]], [results[name]])
 
@@ -747,28 +750,6 @@ def test_conv_from_neighbour_tables_matches_cpu_and_repeats_bit_for_bit(rng, dty
     # (mirrored offsets, map_is_submanifold): it repeats too.
     if kwargs.get("subm") and cin % vec == 0 and cout % vec == 0:
         np.testing.assert_array_equal(first[1].numpy().view(np.uint8), second[1].numpy().view(np.uint8))
-
-
-def test_float_runs_the_pairs_from_a_given_table_under_auto(rng):
-    """auto reads a table for half types only: float given one runs the pair tiles, and
-    its result matches the call without a table."""
-    tf.config.experimental.enable_tensor_float_32_execution(True)
-    coords = random_sites(rng, 2, (9, 8, 9), 0.25)
-    features = on_cpu(rng.standard_normal((len(coords), 16)), tf.float32)
-    w = on_cpu(rng.standard_normal((27, 16, 16)) / 20, tf.float32)
-    with tf.device(CPU):
-        x = make_site_sparse(coords, features, (9, 8, 9), 2)
-        kmap = kernel_map(x, 3, mode="submanifold")
-    results = {}
-    for name, device, table in (("cpu", CPU, NO_NEIGHBOURS), ("plain", GPU, NO_NEIGHBOURS), ("table", GPU, None)):
-        with tf.device(device):
-            if table is None:
-                table = neighbour_table(kmap)
-            results[name] = ops.site_sparse_conv(features, w, kmap.in_rows, kmap.out_rows, kmap.offset_splits,
-                                                 len(coords), table, map_is_trusted=True).numpy()
-    scale = np.max(np.abs(results["cpu"]))
-    for name in ("plain", "table"):
-        np.testing.assert_allclose(results[name], results["cpu"], rtol=5e-3, atol=5e-3 * scale, err_msg=name)
 
 
 @pytest.mark.parametrize("dataflow", ["auto", "pairs", "outputs"])

@@ -235,6 +235,27 @@ __global__ void DescribeRepeatKernel(const int32_t* out_rows, CheckSlot* slot) {
 
 // ---- Forward -------------------------------------------------------------------------
 
+// One step of the CUDA-core tiles (forward and filter gradient): acc[i][j] += the sum over
+// k of as[k][ty + 16 i] * bs[k][tx + 16 j], each of 16 x 16 threads owning kSub x kSub
+// results 16 apart.
+template <typename A, int kLdA, int kLdB>
+__device__ __forceinline__ void AccumulateProducts(const A (&as)[kTileDepth][kLdA], const A (&bs)[kTileDepth][kLdB],
+                                                   int tx, int ty, A (&acc)[kSub][kSub]) {
+#pragma unroll
+  for (int k = 0; k < kTileDepth; ++k) {
+    A a[kSub], b[kSub];
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) a[i] = as[k][ty + 16 * i];
+#pragma unroll
+    for (int j = 0; j < kSub; ++j) b[j] = bs[k][tx + 16 * j];
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) acc[i][j] += a[i] * b[j];
+    }
+  }
+}
+
 template <typename T, typename A, bool kAtomic>
 __device__ void CudaCoreGatherGemmScatter(const T* features, const T* filters, const int32_t* in_rows,
                                           const int32_t* out_rows, const int64_t* splits, const int64_t* tile_begin,
@@ -249,24 +270,16 @@ __device__ void CudaCoreGatherGemmScatter(const T* features, const T* filters, c
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const int64_t items = num_tiles * col_tiles;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t tile = first_tile + item / col_tiles;
-    const int64_t col0 = (item % col_tiles) * kTileCols;
-    const int64_t q = OwnerOf(tile_begin, volume, tile);
-    const int64_t p0 = splits[q] + (tile - tile_begin[q]) * kTileRows;
-    const int64_t p_end = splits[q + 1];
+    const PairTile t = PairTileOf(item, col_tiles, first_tile, tile_begin, splits, volume, kTileRows, kTileCols);
     if (threadIdx.x < kTileRows) {
-      const int64_t p = p0 + threadIdx.x;
-      rows_in[threadIdx.x] = p < p_end ? in_rows[p] : -1;
-      rows_out[threadIdx.x] = p < p_end ? out_rows[p] : -1;
+      const int64_t p = t.p0 + threadIdx.x;
+      rows_in[threadIdx.x] = p < t.p_end ? in_rows[p] : -1;
+      rows_out[threadIdx.x] = p < t.p_end ? out_rows[p] : -1;
     }
     __syncthreads();
     A acc[kSub][kSub];
-#pragma unroll
-    for (int i = 0; i < kSub; ++i) {
-#pragma unroll
-      for (int j = 0; j < kSub; ++j) acc[i][j] = A(0);
-    }
-    const T* w = filters + q * cin * cout;
+    ZeroTile(acc);
+    const T* w = filters + t.q * cin * cout;
     for (int64_t k0 = 0; k0 < cin; k0 += kTileDepth) {
       for (int e = threadIdx.x; e < kTileDepth * kTileRows; e += kThreads) {
         const int r = e / kTileDepth, k = e % kTileDepth;
@@ -275,22 +288,10 @@ __device__ void CudaCoreGatherGemmScatter(const T* features, const T* filters, c
       }
       for (int e = threadIdx.x; e < kTileDepth * kTileCols; e += kThreads) {
         const int k = e / kTileCols, c = e % kTileCols;
-        weights[k][c] = k0 + k < cin && col0 + c < cout ? ToAcc(w[(k0 + k) * cout + col0 + c]) : A(0);
+        weights[k][c] = k0 + k < cin && t.col0 + c < cout ? ToAcc(w[(k0 + k) * cout + t.col0 + c]) : A(0);
       }
       __syncthreads();
-#pragma unroll
-      for (int k = 0; k < kTileDepth; ++k) {
-        A a[kSub], b[kSub];
-#pragma unroll
-        for (int i = 0; i < kSub; ++i) a[i] = gathered[k][ty + 16 * i];
-#pragma unroll
-        for (int j = 0; j < kSub; ++j) b[j] = weights[k][tx + 16 * j];
-#pragma unroll
-        for (int i = 0; i < kSub; ++i) {
-#pragma unroll
-          for (int j = 0; j < kSub; ++j) acc[i][j] += a[i] * b[j];
-        }
-      }
+      AccumulateProducts(gathered, weights, tx, ty, acc);
       __syncthreads();  // gathered and weights are refilled next step
     }
 #pragma unroll
@@ -300,7 +301,7 @@ __device__ void CudaCoreGatherGemmScatter(const T* features, const T* filters, c
       A* dst = out + o * cout;
 #pragma unroll
       for (int j = 0; j < kSub; ++j) {
-        const int64_t c = col0 + tx + 16 * j;
+        const int64_t c = t.col0 + tx + 16 * j;
         if (c >= cout) continue;
         if constexpr (kAtomic) {
           atomicAdd(dst + c, acc[i][j]);
@@ -339,17 +340,14 @@ __device__ void TensorCoreGatherGemmScatter(const T* features, const T* filters,
   const bool w_vectors = cout % 8 == 0 && reinterpret_cast<uintptr_t>(filters16) % 16 == 0;
   const int64_t items = num_tiles * col_tiles;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t tile = first_tile + item / col_tiles;
-    const int64_t col0 = (item % col_tiles) * kTileCols;
-    const int64_t q = OwnerOf(tile_begin, volume, tile);
-    const int64_t p0 = splits[q] + (tile - tile_begin[q]) * kTileRows;
-    const int64_t p_end = splits[q + 1];
+    const PairTile t = PairTileOf(item, col_tiles, first_tile, tile_begin, splits, volume, kTileRows, kTileCols);
+    const int64_t col0 = t.col0;
     if (threadIdx.x < kTileRows) {
-      const int64_t p = p0 + threadIdx.x;
-      rows_out[threadIdx.x] = p < p_end ? out_rows[p] : -1;
+      const int64_t p = t.p0 + threadIdx.x;
+      rows_out[threadIdx.x] = p < t.p_end ? out_rows[p] : -1;
     }
-    const int64_t row = p0 + a_row < p_end ? in_rows[p0 + a_row] : -1;
-    const uint16_t* w = filters16 + q * cin * cout;
+    const int64_t row = t.p0 + a_row < t.p_end ? in_rows[t.p0 + a_row] : -1;
+    const uint16_t* w = filters16 + t.q * cin * cout;
     // The next step's values are loaded before this step's MMAs, so the gather's latency
     // overlaps the arithmetic.
     auto load_a = [&](int64_t k0) {
@@ -442,27 +440,19 @@ __device__ void CudaCoreFilterGradPartial(const T* features, const T* out_grad, 
   __shared__ int32_t rows_in[kTileDepth];
   __shared__ int32_t rows_out[kTileDepth];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int64_t tiles = in_tiles * out_tiles;
+  const int64_t tiles = in_tiles * out_tiles;  // hoisted: computed per item it costs registers
   const int64_t items = num_chunks * tiles;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t chunk = item / tiles;
-    const int64_t tile = item - chunk * tiles;
-    const int64_t k0 = (tile / out_tiles) * kTileCols;
-    const int64_t c0 = (tile % out_tiles) * kTileCols;
-    const int64_t q = OwnerOf(chunk_begin, volume, chunk);
-    const int64_t begin = splits[q] + (chunk - chunk_begin[q]) * chunk_pairs;
-    const int64_t end = begin + chunk_pairs < splits[q + 1] ? begin + chunk_pairs : splits[q + 1];
+    const ChunkTile t = ChunkTileOf(item, in_tiles, out_tiles, chunk_begin, splits, volume, chunk_pairs, kTileCols,
+                                    kTileCols);
+    const int64_t k0 = t.k0, c0 = t.c0;
     A acc[kSub][kSub];
-#pragma unroll
-    for (int i = 0; i < kSub; ++i) {
-#pragma unroll
-      for (int j = 0; j < kSub; ++j) acc[i][j] = A(0);
-    }
-    for (int64_t p0 = begin; p0 < end; p0 += kTileDepth) {
+    ZeroTile(acc);
+    for (int64_t p0 = t.begin; p0 < t.end; p0 += kTileDepth) {
       if (threadIdx.x < kTileDepth) {
         const int64_t p = p0 + threadIdx.x;
-        rows_in[threadIdx.x] = p < end ? in_rows[p] : -1;
-        rows_out[threadIdx.x] = p < end ? out_rows[p] : -1;
+        rows_in[threadIdx.x] = p < t.end ? in_rows[p] : -1;
+        rows_out[threadIdx.x] = p < t.end ? out_rows[p] : -1;
       }
       __syncthreads();
       for (int e = threadIdx.x; e < kTileDepth * kTileCols; e += kThreads) {
@@ -472,22 +462,10 @@ __device__ void CudaCoreFilterGradPartial(const T* features, const T* out_grad, 
         grad[r][k] = o >= 0 && c0 + k < cout ? ToAcc(out_grad[o * cout + c0 + k]) : A(0);
       }
       __syncthreads();
-#pragma unroll
-      for (int r = 0; r < kTileDepth; ++r) {
-        A a[kSub], b[kSub];
-#pragma unroll
-        for (int i = 0; i < kSub; ++i) a[i] = x[r][ty + 16 * i];
-#pragma unroll
-        for (int j = 0; j < kSub; ++j) b[j] = grad[r][tx + 16 * j];
-#pragma unroll
-        for (int i = 0; i < kSub; ++i) {
-#pragma unroll
-          for (int j = 0; j < kSub; ++j) acc[i][j] += a[i] * b[j];
-        }
-      }
+      AccumulateProducts(x, grad, tx, ty, acc);
       __syncthreads();  // rows, x and grad are refilled next step
     }
-    A* dst = partial + chunk * cin * cout;
+    A* dst = partial + t.chunk * cin * cout;
 #pragma unroll
     for (int i = 0; i < kSub; ++i) {
       const int64_t k = k0 + ty + 16 * i;
@@ -539,16 +517,12 @@ __device__ void TensorCoreFilterGradPartial(const T* features, const T* out_grad
   }
   const bool x_vectors = cin % kVec == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const bool g_vectors = cout % kVec == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0;
-  const int64_t tiles = in_tiles * out_tiles;
+  const int64_t tiles = in_tiles * out_tiles;  // hoisted: computed per item it costs registers
   const int64_t items = num_chunks * tiles;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t chunk = item / tiles;
-    const int64_t tile = item - chunk * tiles;
-    const int64_t k0 = (tile / out_tiles) * kTileCols;
-    const int64_t c0 = (tile % out_tiles) * kTileCols;
-    const int64_t q = OwnerOf(chunk_begin, volume, chunk);
-    const int64_t begin = splits[q] + (chunk - chunk_begin[q]) * chunk_pairs;
-    const int64_t end = begin + chunk_pairs < splits[q + 1] ? begin + chunk_pairs : splits[q + 1];
+    const ChunkTile t = ChunkTileOf(item, in_tiles, out_tiles, chunk_begin, splits, volume, chunk_pairs, kTileCols,
+                                    kTileCols);
+    const int64_t begin = t.begin, end = t.end, k0 = t.k0, c0 = t.c0;
     uint4 x_next[kLoads], g_next[kLoads];
     // The next step's rows are loaded before this step's MMAs (latency under arithmetic).
     auto stage = [&](int64_t p0) {
@@ -594,7 +568,7 @@ __device__ void TensorCoreFilterGradPartial(const T* features, const T* out_grad
       wmma::store_matrix_sync(product + 16 * wm * kMmaLdC + 32 * wn + 16 * j, acc[j], kMmaLdC, wmma::mem_row_major);
     }
     __syncthreads();
-    float* dst = partial + chunk * cin * cout;
+    float* dst = partial + t.chunk * cin * cout;
     for (int e = threadIdx.x; e < kTileCols * kTileCols; e += kThreads) {
       const int r = e / kTileCols, c = e % kTileCols;
       if (k0 + r < cin && c0 + c < cout) dst[(k0 + r) * cout + c0 + c] = product[r * kMmaLdC + c];

@@ -1,5 +1,7 @@
-// Functor contracts of the site-sparse convolution (gather-GEMM-scatter), shared by the
-// CPU kernels (site_conv_kernels.cc) and the GPU kernels (site_conv.cu).
+// What the site-sparse convolution's devices share, free of TensorFlow and CUDA headers: a
+// call's arguments (the CPU functors in site_conv_kernels.cc and the GPU kernels in
+// site_conv.cu compute from them), the neighbour table's layout, the dataflow choice and
+// the accumulator type.
 #ifndef TF_SPARSECONV_SITE_CONV_SITE_CONV_H_
 #define TF_SPARSECONV_SITE_CONV_SITE_CONV_H_
 
@@ -7,10 +9,12 @@
 
 namespace tf_sparseconv {
 
-// Everything one call of the convolution needs, with the rows already validated: every
-// in_row < num_in, every out_row < num_out, splits rising from 0 to pairs, and no output
-// row twice within one kernel offset (so one offset's scatter never collides with
-// itself and needs no atomics on the CPU).
+// Everything one call of the convolution (and its filter gradient) computes from: out
+// [num_out, cout] = sum over offsets q and their pairs p of features[in_rows[p]] @
+// filters[q], accumulated in AccumulatorOf<T> and written as T. The products run on valid
+// rows only: every in_row < num_in, every out_row < num_out, splits rising from 0 to
+// pairs, and no output row twice within one kernel offset (so one offset's scatter never
+// collides with itself and needs no atomics on the CPU).
 template <typename T>
 struct SiteConvArgs {
   const T* features = nullptr;   // [num_in, cin]
@@ -19,22 +23,6 @@ struct SiteConvArgs {
   const int32_t* out_rows = nullptr;
   const int32_t* offset_splits = nullptr;  // host copy on every device: [volume + 1]
   int64_t volume = 0, pairs = 0, num_in = 0, num_out = 0, cin = 0, cout = 0;
-};
-
-// out[num_out, cout] = sum over offsets q and their pairs p of
-//   features[in_rows[p]] @ filters[q], accumulated in AccumulatorOf<T> and written as T.
-// avx2: the AVX2 products (cpu_products 'auto' on a CPU that has them), else Eigen's GEMM.
-template <typename Device, typename T>
-struct SiteConvFunctor {
-  void operator()(const Device& device, const SiteConvArgs<T>& args, bool avx2, T* out);
-};
-
-// filter_grad[volume, cin, cout]: filter_grad[q] = sum over q's pairs of
-//   features[in_rows[p]]^T out_grad[out_rows[p]] (args.filters unused, cout from out_grad).
-template <typename Device, typename T>
-struct SiteConvFilterGradFunctor {
-  void operator()(const Device& device, const SiteConvArgs<T>& args, bool avx2, const T* out_grad,
-                  T* filter_grad);
 };
 
 // SiteNeighbourTable's layout (site_conv_op.cc), shared by the CPU and GPU kernels: one

@@ -68,6 +68,22 @@ struct Layout {
   static_assert(kXVectors % kBlockThreads == 0 && kGVectors % kBlockThreads == 0, "whole copies per thread");
 };
 
+// Queues the copies of kWidth channels from first_column of the rows (through rows[p]) of
+// pairs p0 .. p0 + kPairs - 1, zero-filled past `end` and past row_length, into a stage of
+// kPairs rows ld floats apart.
+template <int kPairs, int kWidth>
+__device__ __forceinline__ void CopyPairRows(float* stage, int ld, int64_t p0, int64_t end, const int32_t* rows,
+                                             const float* source, int64_t row_length, int64_t first_column) {
+#pragma unroll
+  for (int v = threadIdx.x; v < kPairs * kWidth / 4; v += kBlockThreads) {
+    const int r = v / (kWidth / 4), cc = v % (kWidth / 4);
+    const int64_t p = p0 + r, c = first_column + cc * 4;
+    const int64_t row = p < end ? rows[p] : -1;
+    const bool ok = row >= 0 && c < row_length;
+    pipelined::CopyAsync16(stage + r * ld + cc * 4, ok ? source + row * row_length + c : source, ok);
+  }
+}
+
 template <int kBM, int kBN, bool kTf32>
 __global__ void __launch_bounds__(kBlockThreads)
     PartialKernel(const float* features, const float* out_grad, const int32_t* in_rows, const int32_t* out_rows,
@@ -80,40 +96,19 @@ __global__ void __launch_bounds__(kBlockThreads)
   extern __shared__ __align__(128) unsigned char shared[];
   float* x_stages = reinterpret_cast<float*>(shared);
   float* g_stages = x_stages + kStages * L::kXStage;
-  const int64_t tiles = in_tiles * out_tiles;
+  const int64_t tiles = in_tiles * out_tiles;  // hoisted: computed per item it costs registers
   const int64_t items = num_chunks * tiles;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t chunk = item / tiles;
-    const int64_t tile = item - chunk * tiles;
-    const int64_t k0 = (tile / out_tiles) * kBM;
-    const int64_t c0 = (tile % out_tiles) * kBN;
-    const int64_t q = OwnerOf(chunk_begin, volume, chunk);
-    const int64_t begin = splits[q] + (chunk - chunk_begin[q]) * chunk_pairs;
-    const int64_t end = begin + chunk_pairs < splits[q + 1] ? begin + chunk_pairs : splits[q + 1];
-    const int64_t steps = (end - begin + L::kBK - 1) / L::kBK;
+    const ChunkTile t = ChunkTileOf(item, in_tiles, out_tiles, chunk_begin, splits, volume, chunk_pairs, kBM, kBN);
+    const int64_t k0 = t.k0, c0 = t.c0;
+    const int64_t steps = (t.end - t.begin + L::kBK - 1) / L::kBK;
     auto issue = [&](int64_t step) {
       const int buffer = static_cast<int>(step % kStages);
-      const int64_t p0 = begin + step * L::kBK;
-      float* xs = x_stages + buffer * L::kXStage;
-      float* gs = g_stages + buffer * L::kGStage;
-#pragma unroll
-      for (int v = threadIdx.x; v < L::kXVectors; v += kBlockThreads) {
-        const int r = v / (kBM / 4), cc = v % (kBM / 4);
-        const int64_t p = p0 + r, k = k0 + cc * 4;
-        const int64_t in = p < end ? in_rows[p] : -1;
-        const bool ok = in >= 0 && k < cin;
-        pipelined::CopyAsync16(xs + r * L::kLdX + cc * 4, ok ? features + in * cin + k : features, ok);
-      }
-#pragma unroll
-      for (int v = threadIdx.x; v < L::kGVectors; v += kBlockThreads) {
-        const int r = v / (kBN / 4), cc = v % (kBN / 4);
-        const int64_t p = p0 + r, c = c0 + cc * 4;
-        const int64_t o = p < end ? out_rows[p] : -1;
-        const bool ok = o >= 0 && c < cout;
-        pipelined::CopyAsync16(gs + r * L::kLdG + cc * 4, ok ? out_grad + o * cout + c : out_grad, ok);
-      }
+      const int64_t p0 = t.begin + step * L::kBK;
+      CopyPairRows<L::kBK, kBM>(x_stages + buffer * L::kXStage, L::kLdX, p0, t.end, in_rows, features, cin, k0);
+      CopyPairRows<L::kBK, kBN>(g_stages + buffer * L::kGStage, L::kLdG, p0, t.end, out_rows, out_grad, cout, c0);
     };
-    float* dst = partial + chunk * cin * cout;
+    float* dst = partial + t.chunk * cin * cout;
     if constexpr (kTf32) {
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
       const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
@@ -161,11 +156,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     } else {
       const int tx = threadIdx.x % L::kColThreads, ty = threadIdx.x / L::kColThreads;
       float acc[4 * L::kMG][4 * L::kNG];
-#pragma unroll
-      for (int i = 0; i < 4 * L::kMG; ++i) {
-#pragma unroll
-        for (int j = 0; j < 4 * L::kNG; ++j) acc[i][j] = 0.0f;
-      }
+      ZeroTile(acc);
       pipelined::RunPipeline(steps, issue, [&](int buffer) {
         const float* xs = x_stages + buffer * L::kXStage + ty * 4;
         const float* gs = g_stages + buffer * L::kGStage + tx * 4;

@@ -1,33 +1,28 @@
-// CPU kernels of the site-sparse convolution: the OpKernels check the map and allocate;
-// the functors gather a block of input rows, multiply it by the offset's filter with
-// Eigen's GEMM and scatter-add the products into the output rows. The map_is_trusted
-// attr is ignored here: the map's rows and the features' NaNs are checked on every call,
-// since on the CPU those checks need no round trip and cost little next to the GEMMs.
+// The CPU functors of SiteSparseConv, SiteSparseConvFilterGrad and SiteNeighbourTable and
+// the CPU registration of their OpKernels (site_conv_kernels.h). The functors gather a
+// block of input rows, multiply it by the offset's filter (Eigen's GEMM, or AVX2 tiles of
+// our own, site_gemm_avx2.cc) and scatter-add the products into the output rows. The map's
+// rows and the features' NaNs are checked on every call, map_is_trusted or not: on the CPU
+// those checks need no round trip and cost little next to the GEMMs.
 #define EIGEN_USE_THREADS
 
 #include <algorithm>
 #include <cmath>
-#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "site/conv/site_conv.h"
 #include "site/conv/site_conv_checks.h"
+#include "site/conv/site_conv_kernels.h"
 #include "site/conv/site_gemm_cpu.h"
 #include "tensorflow/core/framework/bfloat16.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/tensor.h"
 #include "Eigen/Core"
 #include "unsupported/Eigen/CXX11/Tensor"
 
 namespace tf_sparseconv {
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using CPUDevice = Eigen::ThreadPoolDevice;
 
 namespace {
 
@@ -56,143 +51,121 @@ void RowPointers(const T* x, int64_t width, const int32_t* rows, int64_t n, floa
   }
 }
 
-}  // namespace
-
-bool CpuHasAvx2Fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
-
-// The cpu_products attr: 'auto' takes the AVX2 products where the CPU has them,
-// 'portable' keeps Eigen's GEMM.
-absl::Status UseAvx2Products(OpKernelConstruction* ctx, bool* avx2) {
-  std::string products;
-  TF_RETURN_IF_ERROR(ctx->GetAttr("cpu_products", &products));
-  if (products != "auto" && products != "portable") {
-    return tensorflow::errors::InvalidArgument("cpu_products must be 'auto' or 'portable', got '", products, "'");
-  }
-  *avx2 = products == "auto" && CpuHasAvx2Fma();
-  return absl::OkStatus();
-}
-
+// out = the convolution (site_conv.h) of a map whose rows are checked.
 template <typename T>
-struct SiteConvFunctor<CPUDevice, T> {
-  void operator()(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx2, T* out) {
-    using A = typename AccumulatorOf<T>::type;
-    std::vector<A> filters(a.volume * a.cin * a.cout);
-    ToAccumulator(a.filters, static_cast<int64_t>(filters.size()), filters.data());
-    // float and double accumulate in place; half types in a float32 copy of the output.
-    std::vector<A> staged;
-    A* acc;
-    if constexpr (std::is_same_v<A, T>) {
-      acc = out;
-    } else {
-      staged.resize(a.num_out * a.cout);
-      acc = staged.data();
-    }
-    std::fill(acc, acc + a.num_out * a.cout, A(0));
-    for (int64_t q = 0; q < a.volume; ++q) {
-      const int64_t begin = a.offset_splits[q], count = a.offset_splits[q + 1] - begin;
-      if (count == 0) continue;
-      const Eigen::Map<const RowMajor<A>> w(filters.data() + q * a.cin * a.cout, a.cin, a.cout);
-      const int64_t blocks = (count + kPairBlock - 1) / kPairBlock;
-      if constexpr (std::is_same_v<A, float>) {
-        if (avx2) {
-          device.parallelFor(blocks, Eigen::TensorOpCost(0, 0, 2.0 * kPairBlock * a.cin * a.cout),
-                             [&](Eigen::Index first, Eigen::Index last) {
-                               std::vector<float> staging(std::is_same_v<T, float> ? 0 : kPairBlock * a.cin);
-                               const float* in[kPairBlock];
-                               float* dst[kPairBlock];
-                               for (Eigen::Index blk = first; blk < last; ++blk) {
-                                 const int64_t p0 = begin + blk * kPairBlock;
-                                 const int64_t rows = std::min(kPairBlock, begin + count - p0);
-                                 RowPointers(a.features, a.cin, a.in_rows + p0, rows, staging.data(), in);
-                                 for (int64_t r = 0; r < rows; ++r) dst[r] = acc + a.out_rows[p0 + r] * a.cout;
-                                 GatherGemmScatterAvx2(rows, a.cin, a.cout, in, w.data(), dst);
-                               }
-                             });
-          continue;
-        }
-      }
-      device.parallelFor(blocks, Eigen::TensorOpCost(0, 0, 2.0 * kPairBlock * a.cin * a.cout),
-                         [&](Eigen::Index first, Eigen::Index last) {
-                           RowMajor<A> gathered(kPairBlock, a.cin), product(kPairBlock, a.cout);
-                           for (Eigen::Index blk = first; blk < last; ++blk) {
-                             const int64_t p0 = begin + blk * kPairBlock;
-                             const int64_t rows = std::min(kPairBlock, begin + count - p0);
-                             for (int64_t r = 0; r < rows; ++r)
-                               ToAccumulator(a.features + a.in_rows[p0 + r] * a.cin, a.cin, &gathered(r, 0));
-                             product.topRows(rows).noalias() = gathered.topRows(rows) * w;
-                             // Output rows are unique within one offset (checked), so the
-                             // blocks of this offset never write the same row.
-                             for (int64_t r = 0; r < rows; ++r) {
-                               A* dst = acc + a.out_rows[p0 + r] * a.cout;
-                               const A* src = &product(r, 0);
-                               for (int64_t c = 0; c < a.cout; ++c) dst[c] += src[c];
-                             }
-                           }
-                         });
-    }
-    if constexpr (!std::is_same_v<A, T>) {
-      for (int64_t i = 0; i < a.num_out * a.cout; ++i) out[i] = static_cast<T>(acc[i]);
-    }
+void ConvOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx2, T* out) {
+  using A = typename AccumulatorOf<T>::type;
+  std::vector<A> filters(a.volume * a.cin * a.cout);
+  ToAccumulator(a.filters, static_cast<int64_t>(filters.size()), filters.data());
+  // float and double accumulate in place; half types in a float32 copy of the output.
+  std::vector<A> staged;
+  A* acc;
+  if constexpr (std::is_same_v<A, T>) {
+    acc = out;
+  } else {
+    staged.resize(a.num_out * a.cout);
+    acc = staged.data();
   }
-};
-
-template <typename T>
-struct SiteConvFilterGradFunctor<CPUDevice, T> {
-  void operator()(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx2, const T* out_grad, T* filter_grad) {
-    using A = typename AccumulatorOf<T>::type;
-    // One offset per task: offsets write disjoint filter slices, so no reduction is needed
-    // and the sum order (by pair) does not depend on the thread count.
+  std::fill(acc, acc + a.num_out * a.cout, A(0));
+  for (int64_t q = 0; q < a.volume; ++q) {
+    const int64_t begin = a.offset_splits[q], count = a.offset_splits[q + 1] - begin;
+    if (count == 0) continue;
+    const Eigen::Map<const RowMajor<A>> w(filters.data() + q * a.cin * a.cout, a.cin, a.cout);
+    const int64_t blocks = (count + kPairBlock - 1) / kPairBlock;
     if constexpr (std::is_same_v<A, float>) {
       if (avx2) {
-        device.parallelFor(a.volume, Eigen::TensorOpCost(0, 0, 2.0 * a.pairs / a.volume * a.cin * a.cout),
+        device.parallelFor(blocks, Eigen::TensorOpCost(0, 0, 2.0 * kPairBlock * a.cin * a.cout),
                            [&](Eigen::Index first, Eigen::Index last) {
-                             const bool convert = !std::is_same_v<T, float>;
-                             std::vector<float> x_staging(convert ? kPairBlock * a.cin : 0);
-                             std::vector<float> g_staging(convert ? kPairBlock * a.cout : 0);
-                             std::vector<float> dw(a.cin * a.cout);
-                             const float* x[kPairBlock];
-                             const float* g[kPairBlock];
-                             for (Eigen::Index q = first; q < last; ++q) {
-                               std::fill(dw.begin(), dw.end(), 0.0f);
-                               const int64_t begin = a.offset_splits[q], end = a.offset_splits[q + 1];
-                               for (int64_t p0 = begin; p0 < end; p0 += kPairBlock) {
-                                 const int64_t rows = std::min(kPairBlock, end - p0);
-                                 RowPointers(a.features, a.cin, a.in_rows + p0, rows, x_staging.data(), x);
-                                 RowPointers(out_grad, a.cout, a.out_rows + p0, rows, g_staging.data(), g);
-                                 OuterProductSumAvx2(rows, a.cin, a.cout, x, g, dw.data());
-                               }
-                               T* dst = filter_grad + q * a.cin * a.cout;
-                               for (int64_t i = 0; i < a.cin * a.cout; ++i) dst[i] = static_cast<T>(dw[i]);
+                             std::vector<float> staging(std::is_same_v<T, float> ? 0 : kPairBlock * a.cin);
+                             const float* in[kPairBlock];
+                             float* dst[kPairBlock];
+                             for (Eigen::Index blk = first; blk < last; ++blk) {
+                               const int64_t p0 = begin + blk * kPairBlock;
+                               const int64_t rows = std::min(kPairBlock, begin + count - p0);
+                               RowPointers(a.features, a.cin, a.in_rows + p0, rows, staging.data(), in);
+                               for (int64_t r = 0; r < rows; ++r) dst[r] = acc + a.out_rows[p0 + r] * a.cout;
+                               GatherGemmScatterAvx2(rows, a.cin, a.cout, in, w.data(), dst);
                              }
                            });
-        return;
+        continue;
       }
     }
-    device.parallelFor(a.volume, Eigen::TensorOpCost(0, 0, 2.0 * a.pairs / a.volume * a.cin * a.cout),
+    device.parallelFor(blocks, Eigen::TensorOpCost(0, 0, 2.0 * kPairBlock * a.cin * a.cout),
                        [&](Eigen::Index first, Eigen::Index last) {
-                         RowMajor<A> x(kPairBlock, a.cin), g(kPairBlock, a.cout), dw(a.cin, a.cout);
-                         for (Eigen::Index q = first; q < last; ++q) {
-                           dw.setZero();
-                           const int64_t begin = a.offset_splits[q], end = a.offset_splits[q + 1];
-                           for (int64_t p0 = begin; p0 < end; p0 += kPairBlock) {
-                             const int64_t rows = std::min(kPairBlock, end - p0);
-                             for (int64_t r = 0; r < rows; ++r) {
-                               ToAccumulator(a.features + a.in_rows[p0 + r] * a.cin, a.cin, &x(r, 0));
-                               ToAccumulator(out_grad + a.out_rows[p0 + r] * a.cout, a.cout, &g(r, 0));
-                             }
-                             dw.noalias() += x.topRows(rows).transpose() * g.topRows(rows);
+                         RowMajor<A> gathered(kPairBlock, a.cin), product(kPairBlock, a.cout);
+                         for (Eigen::Index blk = first; blk < last; ++blk) {
+                           const int64_t p0 = begin + blk * kPairBlock;
+                           const int64_t rows = std::min(kPairBlock, begin + count - p0);
+                           for (int64_t r = 0; r < rows; ++r)
+                             ToAccumulator(a.features + a.in_rows[p0 + r] * a.cin, a.cin, &gathered(r, 0));
+                           product.topRows(rows).noalias() = gathered.topRows(rows) * w;
+                           // Output rows are unique within one offset (checked), so the
+                           // blocks of this offset never write the same row.
+                           for (int64_t r = 0; r < rows; ++r) {
+                             A* dst = acc + a.out_rows[p0 + r] * a.cout;
+                             const A* src = &product(r, 0);
+                             for (int64_t c = 0; c < a.cout; ++c) dst[c] += src[c];
                            }
-                           T* dst = filter_grad + q * a.cin * a.cout;
-                           for (int64_t i = 0; i < a.cin * a.cout; ++i) dst[i] = static_cast<T>(dw.data()[i]);
                          }
                        });
   }
-};
+  if constexpr (!std::is_same_v<A, T>) {
+    for (int64_t i = 0; i < a.num_out * a.cout; ++i) out[i] = static_cast<T>(acc[i]);
+  }
+}
 
-namespace {
+// filter_grad[q] = features[in_rows]^T out_grad[out_rows] over q's pairs, the rows checked.
+template <typename T>
+void FilterGradOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx2, const T* out_grad,
+                     T* filter_grad) {
+  using A = typename AccumulatorOf<T>::type;
+  // One offset per task: offsets write disjoint filter slices, so no reduction is needed
+  // and the sum order (by pair) does not depend on the thread count.
+  if constexpr (std::is_same_v<A, float>) {
+    if (avx2) {
+      device.parallelFor(a.volume, Eigen::TensorOpCost(0, 0, 2.0 * a.pairs / a.volume * a.cin * a.cout),
+                         [&](Eigen::Index first, Eigen::Index last) {
+                           const bool convert = !std::is_same_v<T, float>;
+                           std::vector<float> x_staging(convert ? kPairBlock * a.cin : 0);
+                           std::vector<float> g_staging(convert ? kPairBlock * a.cout : 0);
+                           std::vector<float> dw(a.cin * a.cout);
+                           const float* x[kPairBlock];
+                           const float* g[kPairBlock];
+                           for (Eigen::Index q = first; q < last; ++q) {
+                             std::fill(dw.begin(), dw.end(), 0.0f);
+                             const int64_t begin = a.offset_splits[q], end = a.offset_splits[q + 1];
+                             for (int64_t p0 = begin; p0 < end; p0 += kPairBlock) {
+                               const int64_t rows = std::min(kPairBlock, end - p0);
+                               RowPointers(a.features, a.cin, a.in_rows + p0, rows, x_staging.data(), x);
+                               RowPointers(out_grad, a.cout, a.out_rows + p0, rows, g_staging.data(), g);
+                               OuterProductSumAvx2(rows, a.cin, a.cout, x, g, dw.data());
+                             }
+                             T* dst = filter_grad + q * a.cin * a.cout;
+                             for (int64_t i = 0; i < a.cin * a.cout; ++i) dst[i] = static_cast<T>(dw[i]);
+                           }
+                         });
+      return;
+    }
+  }
+  device.parallelFor(a.volume, Eigen::TensorOpCost(0, 0, 2.0 * a.pairs / a.volume * a.cin * a.cout),
+                     [&](Eigen::Index first, Eigen::Index last) {
+                       RowMajor<A> x(kPairBlock, a.cin), g(kPairBlock, a.cout), dw(a.cin, a.cout);
+                       for (Eigen::Index q = first; q < last; ++q) {
+                         dw.setZero();
+                         const int64_t begin = a.offset_splits[q], end = a.offset_splits[q + 1];
+                         for (int64_t p0 = begin; p0 < end; p0 += kPairBlock) {
+                           const int64_t rows = std::min(kPairBlock, end - p0);
+                           for (int64_t r = 0; r < rows; ++r) {
+                             ToAccumulator(a.features + a.in_rows[p0 + r] * a.cin, a.cin, &x(r, 0));
+                             ToAccumulator(out_grad + a.out_rows[p0 + r] * a.cout, a.cout, &g(r, 0));
+                           }
+                           dw.noalias() += x.topRows(rows).transpose() * g.topRows(rows);
+                         }
+                         T* dst = filter_grad + q * a.cin * a.cout;
+                         for (int64_t i = 0; i < a.cin * a.cout; ++i) dst[i] = static_cast<T>(dw.data()[i]);
+                       }
+                     });
+}
 
 template <typename T>
 absl::Status RejectNaNRows(const T* x, int64_t n, int64_t width, const char* what) {
@@ -222,117 +195,103 @@ absl::Status CheckSiteMapRows(const SiteMapView& map, int64_t num_in, int64_t nu
   return absl::OkStatus();
 }
 
+// SiteNeighbourTable's layout (site_conv_op.cc) of a checked map: the table, then the
+// outputs stably sorted by their masks, which is the order of the GPU's LSD radix sort.
+void NeighbourTableOnCpu(const SiteMapView& map, int64_t num_out, int32_t* table) {
+  const int64_t volume = map.volume, width = NeighbourTableWidth(volume);
+  std::fill(table, table + num_out * width, -1);
+  std::vector<uint32_t> masks(num_out, 0u);
+  for (int64_t q = 0; q < volume; ++q) {
+    for (int64_t p = map.offset_splits[q]; p < map.offset_splits[q + 1]; ++p) {
+      table[map.out_rows[p] * width + q] = map.in_rows[p];
+      masks[map.out_rows[p]] |= 1u << q;
+    }
+  }
+  std::vector<int32_t> order(num_out);
+  for (int64_t o = 0; o < num_out; ++o) order[o] = static_cast<int32_t>(o);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return masks[x] < masks[y]; });
+  for (int64_t i = 0; i < num_out; ++i) {
+    table[i * width + volume] = static_cast<int32_t>(masks[order[i]]);
+    table[i * width + volume + 1] = order[i];
+  }
+}
+
 }  // namespace
 
-template <typename T>
-class SiteSparseConvOp : public OpKernel {
- public:
-  explicit SiteSparseConvOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_trusted", &map_is_trusted_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("map_is_submanifold", &map_is_submanifold_));
-    std::string dataflow;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dataflow", &dataflow));
-    OP_REQUIRES_OK(ctx, ParseSiteDataflow(dataflow, &dataflow_));
-    OP_REQUIRES_OK(ctx, UseAvx2Products(ctx, &avx2_));
-  }
-  void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, CheckCpuDataflow(dataflow_));
-    const Tensor& features = ctx->input(0);
-    const Tensor& filters = ctx->input(1);
-    const Tensor& num_out_t = ctx->input(5);
-    OP_REQUIRES_OK(ctx, CheckSiteConvInputs(features, filters, num_out_t));
-    SiteMapView map;
-    OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(2), ctx->input(3), ctx->input(4), filters.dim_size(0), &map));
-    SiteConvArgs<T> a = SiteConvArgsOf<T>(map, features.dim_size(0), num_out_t.scalar<int32_t>()(),
-                                          features.dim_size(1), filters.dim_size(2));
-    a.features = features.flat<T>().data();
-    a.filters = filters.flat<T>().data();
-    bool neighbours_given = false;  // the CPU's products read the pairs either way
-    OP_REQUIRES_OK(ctx, CheckNeighboursInput(ctx->input(6), a.num_out, a.volume, map_is_trusted_, &neighbours_given));
-    OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(map_is_submanifold_, a.num_in, a.num_out, a.volume));
-    OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, a.num_in, a.num_out));
-    OP_REQUIRES_OK(ctx, RejectNaNRows(a.features, a.num_in, a.cin, "features"));
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.num_out, a.cout}), &out));
-    SiteConvFunctor<CPUDevice, T>()(ctx->eigen_device<CPUDevice>(), a, avx2_, out->flat<T>().data());
+// What the CPU functors of the convolution and its filter gradient hold: the thread pool,
+// and whether the products run on the AVX2 tiles (where the CPU has them, unless
+// cpu_products is 'portable').
+class CpuSiteConvFunctor {
+ protected:
+  CpuSiteConvFunctor(OpKernelContext* ctx, const SiteConvAttrs& attrs)
+      : device_(ctx->eigen_device<CPUDevice>()), attrs_(attrs) {
+    static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    avx2_ = has_avx2 && !attrs.portable_products;
   }
 
- private:
-  bool map_is_trusted_ = false;
-  bool map_is_submanifold_ = false;
-  SiteDataflow dataflow_ = SiteDataflow::kAuto;
+  const CPUDevice& device_;
+  const SiteConvAttrs& attrs_;
   bool avx2_ = false;
 };
 
-// SiteNeighbourTable (layout in site_conv_op.cc): the table, then the outputs stably
-// sorted by their masks, which is the order of the GPU's LSD radix sort.
-class SiteNeighbourTableOp : public OpKernel {
+template <typename T>
+class SiteConvFunctor<CPUDevice, T> : CpuSiteConvFunctor {
  public:
-  using OpKernel::OpKernel;
+  SiteConvFunctor(OpKernelContext* ctx, const SiteConvAttrs& attrs) : CpuSiteConvFunctor(ctx, attrs) {}
 
-  void Compute(OpKernelContext* ctx) override {
-    SiteMapView map;
-    int64_t num_in = 0, num_out = 0;
-    OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(ctx->input(0), ctx->input(1), ctx->input(2), ctx->input(3),
-                                                  ctx->input(4), &map, &num_in, &num_out));
-    OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, num_in, num_out));
-    const int64_t volume = map.volume, width = NeighbourTableWidth(volume);
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_out, width}), &out));
-    int32_t* table = out->flat<int32_t>().data();
-    std::fill(table, table + num_out * width, -1);
-    std::vector<uint32_t> masks(num_out, 0u);
-    for (int64_t q = 0; q < volume; ++q) {
-      for (int64_t p = map.offset_splits[q]; p < map.offset_splits[q + 1]; ++p) {
-        table[map.out_rows[p] * width + q] = map.in_rows[p];
-        masks[map.out_rows[p]] |= 1u << q;
-      }
-    }
-    std::vector<int32_t> order(num_out);
-    for (int64_t o = 0; o < num_out; ++o) order[o] = static_cast<int32_t>(o);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return masks[x] < masks[y]; });
-    for (int64_t i = 0; i < num_out; ++i) {
-      table[i * width + volume] = static_cast<int32_t>(masks[order[i]]);
-      table[i * width + volume + 1] = order[i];
-    }
+  absl::Status Prepare(const SiteMapView& map, const SiteConvArgs<T>& a) {
+    TF_RETURN_IF_ERROR(CheckCpuDataflow(attrs_.dataflow));
+    TF_RETURN_IF_ERROR(CheckSiteMapRows(map, a.num_in, a.num_out));
+    return RejectNaNRows(a.features, a.num_in, a.cin, "features");
+  }
+
+  // The products read the pairs, given a neighbour table or not.
+  absl::Status Run(const SiteConvArgs<T>& a, const int32_t* /*neighbours*/, T* out) {
+    ConvOnCpu(device_, a, avx2_, out);
+    return absl::OkStatus();
   }
 };
-REGISTER_KERNEL_BUILDER(Name("SiteNeighbourTable").Device(::tensorflow::DEVICE_CPU), SiteNeighbourTableOp);
 
 template <typename T>
-class SiteSparseConvFilterGradOp : public OpKernel {
+class SiteConvFilterGradFunctor<CPUDevice, T> : CpuSiteConvFunctor {
  public:
-  explicit SiteSparseConvFilterGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, UseAvx2Products(ctx, &avx2_));
-  }
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& features = ctx->input(0);
-    const Tensor& out_grad = ctx->input(1);
-    const Tensor& splits = ctx->input(4);
-    OP_REQUIRES_OK(ctx, CheckSiteFilterGradInputs(features, out_grad, splits));
-    SiteMapView map;
-    OP_REQUIRES_OK(ctx, CheckSiteMapShapes(ctx->input(2), ctx->input(3), splits, splits.NumElements() - 1, &map));
-    SiteConvArgs<T> a = SiteConvArgsOf<T>(map, features.dim_size(0), out_grad.dim_size(0),
-                                          features.dim_size(1), out_grad.dim_size(1));
-    a.features = features.flat<T>().data();
-    OP_REQUIRES_OK(ctx, CheckSiteMapRows(map, a.num_in, a.num_out));
-    Tensor* filter_grad;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.volume, a.cin, a.cout}), &filter_grad));
-    SiteConvFilterGradFunctor<CPUDevice, T>()(ctx->eigen_device<CPUDevice>(), a, avx2_, out_grad.flat<T>().data(),
-                                              filter_grad->flat<T>().data());
+  SiteConvFilterGradFunctor(OpKernelContext* ctx, const SiteConvAttrs& attrs) : CpuSiteConvFunctor(ctx, attrs) {}
+
+  absl::Status Prepare(const SiteMapView& map, const SiteConvArgs<T>& a) {
+    return CheckSiteMapRows(map, a.num_in, a.num_out);
   }
 
- private:
-  bool avx2_ = false;
+  absl::Status Run(const SiteConvArgs<T>& a, const T* out_grad, T* filter_grad) {
+    FilterGradOnCpu(device_, a, avx2_, out_grad, filter_grad);
+    return absl::OkStatus();
+  }
 };
+
+template <>
+class SiteNeighbourTableFunctor<CPUDevice> {
+ public:
+  SiteNeighbourTableFunctor(OpKernelContext*, const SiteConvAttrs&) {}
+
+  absl::Status Prepare(const SiteMapView& map, int64_t num_in, int64_t num_out) {
+    return CheckSiteMapRows(map, num_in, num_out);
+  }
+
+  absl::Status Run(const SiteMapView& map, int64_t /*num_in*/, int64_t num_out, int32_t* table) {
+    NeighbourTableOnCpu(map, num_out, table);
+    return absl::OkStatus();
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SiteNeighbourTable").Device(::tensorflow::DEVICE_CPU),
+                        SiteNeighbourTableOp<CPUDevice>);
 
 #define REGISTER_SITE_CONV_CPU(T)                                                                     \
   REGISTER_KERNEL_BUILDER(                                                                            \
       Name("SiteSparseConv").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),                 \
-      SiteSparseConvOp<T>);                                                                           \
+      SiteSparseConvOp<CPUDevice, T>);                                                                \
   REGISTER_KERNEL_BUILDER(                                                                            \
       Name("SiteSparseConvFilterGrad").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),       \
-      SiteSparseConvFilterGradOp<T>);
+      SiteSparseConvFilterGradOp<CPUDevice, T>);
 REGISTER_SITE_CONV_CPU(float)
 REGISTER_SITE_CONV_CPU(double)
 REGISTER_SITE_CONV_CPU(Eigen::half)

@@ -267,47 +267,17 @@ __global__ void __launch_bounds__(kBlockThreads)
   int32_t* rows_out = reinterpret_cast<int32_t*>(shared + L::kPipelineBytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
-  const int a_row = threadIdx.x / L::kAChunks, a_chunk = threadIdx.x % L::kAChunks;  // rows a_row + r * kARowStride
   const int64_t steps = (cin + L::kBK - 1) / L::kBK;
   const int64_t items = num_tiles * col_tiles;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t tile = first_tile + item / col_tiles;
-    const int64_t col0 = (item % col_tiles) * kBN;
-    const int64_t q = OwnerOf(tile_begin, volume, tile);
-    const int64_t p0 = splits[q] + (tile - tile_begin[q]) * kBM;
-    const int64_t p_end = splits[q + 1];
-    if (threadIdx.x < kBM) rows_out[threadIdx.x] = p0 + threadIdx.x < p_end ? out_rows[p0 + threadIdx.x] : -1;
-    int64_t in_row[L::kAPasses];
-#pragma unroll
-    for (int r = 0; r < L::kAPasses; ++r) {
-      const int64_t p = p0 + a_row + r * L::kARowStride;
-      in_row[r] = p < p_end ? in_rows[p] : -1;
-    }
-    const S* w = filters + q * cin * cout;
-    auto issue = [&](int64_t step) {
-      const int buffer = static_cast<int>(step % kStages);
-      const int64_t k0 = step * L::kBK;
-      S* a = a_stages + buffer * L::kAStage;
-      S* b = b_stages + buffer * L::kBStage;
-      const int64_t k = k0 + a_chunk * L::kVec;
-#pragma unroll
-      for (int r = 0; r < L::kAPasses; ++r) {
-        const bool ok = in_row[r] >= 0 && k < cin;
-        pipelined::CopyAsync16(a + (a_row + r * L::kARowStride) * L::kLdA + a_chunk * L::kVec,
-                               ok ? features + in_row[r] * cin + k : features, ok);
-      }
-      for (int v = threadIdx.x; v < L::kBVectors; v += kBlockThreads) {
-        const int kr = v / (kBN / L::kVec), cc = v % (kBN / L::kVec);
-        const int64_t kk = k0 + kr, c = col0 + cc * L::kVec;
-        const bool ok = kk < cin && c < cout;
-        pipelined::CopyAsync16(b + kr * L::kLdB + cc * L::kVec, ok ? w + kk * cout + c : filters, ok);
-      }
-    };
+    const PairTile t = PairTileOf(item, col_tiles, first_tile, tile_begin, splits, volume, kBM, kBN);
+    if (threadIdx.x < kBM) rows_out[threadIdx.x] = t.p0 + threadIdx.x < t.p_end ? out_rows[t.p0 + threadIdx.x] : -1;
+    const pipelined::PairTileCopies<L, kBN> issue(t, in_rows, features, filters, a_stages, b_stages, cin, cout);
     float acc[L::kFM][L::kFN][4];
     PipelinedProducts<M, kBN, kStepBytes>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     pipelined::WaitCopies<0>();  // only empty groups can be left, but none may outlive the item
     // Scatter-add from the accumulators.
-    ForEachAccumulatorPair<M, kBN>(rows_out, col0, cout, wm, wn, lane, acc,
+    ForEachAccumulatorPair<M, kBN>(rows_out, t.col0, cout, wm, wn, lane, acc,
                                    [&](int64_t o, int64_t c, float x, float y) { Add2<kAtomic>(out + o * cout + c, x, y); });
     __syncthreads();  // rows_out and the stages are refilled by the next item
   }

@@ -1,8 +1,10 @@
-// The pieces the pipelined site-convolution kernels of sm_80 and later share: tiles of
-// kBM = 128 pairs or output rows whose input rows are gathered through cp.async (16 bytes
-// per copy, zero-filled past the pairs and channels) kStages - 1 steps ahead of the step
-// being multiplied, and the 16-byte atomic adds of sm_90; and the element types of the
-// tensor-core kernels (half, bfloat16, and float as TF32).
+// The pieces the site-convolution kernels share: where a block's item of work lies (a tile
+// of pairs and columns, or a chunk of pairs and a tile of the filter gradient), and for the
+// pipelined kernels of sm_80 and later, tiles of kBM = 128 pairs or output rows whose input
+// rows are gathered through cp.async (16 bytes per copy, zero-filled past the pairs and
+// channels) kStages - 1 steps ahead of the step being multiplied, the 16-byte atomic adds
+// of sm_90, and the element types of the tensor-core kernels (half, bfloat16, and float as
+// TF32).
 //
 // The kernels built on these: the pair tiles' forward, site_conv_mma_sync.cuh (tensor
 // cores through mma.sync: float with TF32, half, bfloat16) and site_conv_simt.cuh (float
@@ -25,6 +27,52 @@
 
 namespace tf_sparseconv {
 namespace gpu {
+
+// One item of a forward kernel's grid-stride loop over the tiles of all offsets: tile
+// first_tile + item / col_tiles, of `rows` pairs (offset q's tiles start at tile_begin[q]),
+// and the item % col_tiles-th tile of `cols` output columns. The tile holds pairs p0 ..
+// min(p0 + rows, p_end) - 1 of offset q.
+struct PairTile {
+  int64_t q, p0, p_end, col0;
+};
+__device__ __forceinline__ PairTile PairTileOf(int64_t item, int64_t col_tiles, int64_t first_tile, const int64_t* tile_begin,
+                                      const int64_t* splits, int64_t volume, int rows, int cols) {
+  const int64_t tile = first_tile + item / col_tiles;
+  const int64_t col0 = (item % col_tiles) * cols;
+  const int64_t q = OwnerOf(tile_begin, volume, tile);
+  const int64_t p0 = splits[q] + (tile - tile_begin[q]) * rows;
+  const int64_t p_end = splits[q + 1];
+  return PairTile{q, p0, p_end, col0};
+}
+
+// One item of a filter-gradient kernel's grid-stride loop: chunk item / (in_tiles *
+// out_tiles) of `chunk_pairs` pairs (offset q's chunks start at chunk_begin[q]; the chunk
+// holds pairs begin .. end - 1), and the tile of dW[q] it computes, input channels k0 ..
+// k0 + tile_in - 1 by output channels c0 .. c0 + tile_out - 1.
+struct ChunkTile {
+  int64_t chunk, begin, end, k0, c0;
+};
+__device__ inline ChunkTile ChunkTileOf(int64_t item, int64_t in_tiles, int64_t out_tiles, const int64_t* chunk_begin,
+                                        const int64_t* splits, int64_t volume, int64_t chunk_pairs, int tile_in,
+                                        int tile_out) {
+  const int64_t tiles = in_tiles * out_tiles;
+  const int64_t chunk = item / tiles, tile = item - chunk * tiles;
+  const int64_t q = OwnerOf(chunk_begin, volume, chunk);
+  const int64_t begin = splits[q] + (chunk - chunk_begin[q]) * chunk_pairs;
+  const int64_t end = begin + chunk_pairs < splits[q + 1] ? begin + chunk_pairs : splits[q + 1];
+  return ChunkTile{chunk, begin, end, (tile / out_tiles) * tile_in, (tile % out_tiles) * tile_out};
+}
+
+// Sets a thread's kM x kN results to zero.
+template <typename A, int kM, int kN>
+__device__ __forceinline__ void ZeroTile(A (&acc)[kM][kN]) {
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) acc[i][j] = A(0);
+  }
+}
+
 namespace pipelined {
 
 namespace wmma = nvcuda::wmma;
@@ -128,6 +176,65 @@ __device__ __forceinline__ void RunPipeline(int64_t steps, const Issue& issue, c
     compute(static_cast<int>(step % kStages));
   }
 }
+
+// The copies of a pair tile's steps, issue(step) of RunPipeline for the pipelined pair
+// kernels: step s brings channels s * kBK .. s * kBK + kBK - 1 of the tile's input rows
+// (this thread's chunk of tile rows a_row + r * kARowStride; zero-filled past the pairs and
+// past cin) into stage s % kStages, and the same channels of the offset's filter at columns
+// col0 .. col0 + kBN - 1 (zero-filled past cout). L: the tile layout (mma_sync::Layout,
+// simt::Layout), whose constants of the same names mean the same.
+template <typename L, int kBN>
+struct PairTileCopies {
+  using S = typename L::S;
+
+  __device__ PairTileCopies(const PairTile& t, const int32_t* in_rows, const S* features, const S* filters,
+                            S* a_stages, S* b_stages, int64_t cin, int64_t cout)
+      : features(features),
+        filters(filters),
+        w(filters + t.q * cin * cout),
+        a_stages(a_stages),
+        b_stages(b_stages),
+        cin(cin),
+        cout(cout),
+        col0(t.col0),
+        a_row(threadIdx.x / L::kAChunks),
+        a_chunk(threadIdx.x % L::kAChunks) {
+#pragma unroll
+    for (int r = 0; r < L::kAPasses; ++r) {
+      const int64_t p = t.p0 + a_row + r * L::kARowStride;
+      in_row[r] = p < t.p_end ? in_rows[p] : -1;
+    }
+  }
+
+  __device__ void operator()(int64_t step) const {
+    const int buffer = static_cast<int>(step % kStages);
+    const int64_t k0 = step * L::kBK;
+    S* a = a_stages + buffer * L::kAStage;
+    S* b = b_stages + buffer * L::kBStage;
+    const int64_t k = k0 + a_chunk * L::kVec;
+#pragma unroll
+    for (int r = 0; r < L::kAPasses; ++r) {
+      const bool ok = in_row[r] >= 0 && k < cin;
+      CopyAsync16(a + (a_row + r * L::kARowStride) * L::kLdA + a_chunk * L::kVec,
+                  ok ? features + in_row[r] * cin + k : features, ok);
+    }
+    for (int v = threadIdx.x; v < L::kBVectors; v += kBlockThreads) {
+      const int kr = v / (kBN / L::kVec), cc = v % (kBN / L::kVec);
+      const int64_t kk = k0 + kr, c = col0 + cc * L::kVec;
+      const bool ok = kk < cin && c < cout;
+      CopyAsync16(b + kr * L::kLdB + cc * L::kVec, ok ? w + kk * cout + c : filters, ok);
+    }
+  }
+
+  const S* features;
+  const S* filters;
+  const S* w;  // the tile's offset's filter
+  S* a_stages;
+  S* b_stages;
+  int64_t cin, cout, col0;
+  int a_row, a_chunk;
+  int64_t in_row[L::kAPasses];  // -1: no pair
+};
 
 // Adds 4 consecutive floats: one vector atomic on sm_90, four scalar ones before.
 template <bool kAtomic>

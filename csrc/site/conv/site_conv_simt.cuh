@@ -39,13 +39,20 @@ using pipelined::kStages;
 template <int kBN>
 struct Layout {
   // Shared-memory stages: 16 channels per step, rows padded by 16 bytes (80-byte input rows).
+  using S = float;
+  static constexpr int kVec = 4;  // floats per 16-byte copy
   static constexpr int kBK = 16;
-  static constexpr int kLdA = kBK + 4;
-  static constexpr int kLdB = kBN + 4;
+  static constexpr int kLdA = kBK + kVec;
+  static constexpr int kLdB = kBN + kVec;
   static constexpr int kAStage = kBM * kLdA;  // floats
   static constexpr int kBStage = kBK * kLdB;
-  static constexpr int kBVectors = kBK * kBN / 4;  // 16-byte copies of filter rows per step
+  static constexpr int kBVectors = kBK * kBN / kVec;  // 16-byte copies of filter rows per step
   static constexpr size_t kPipelineBytes = sizeof(float) * static_cast<size_t>(kStages) * (kAStage + kBStage);
+  // Input-row copies (pipelined::PairTileCopies): thread x copies 16-byte piece x % 4 of
+  // the tile rows x / 4 and x / 4 + 64.
+  static constexpr int kAChunks = kBK / kVec;
+  static constexpr int kARowStride = kBlockThreads / kAChunks;
+  static constexpr int kAPasses = kBM / kARowStride;
   static constexpr int kColThreads = kBN / 4 < 16 ? kBN / 4 : 16;
   static constexpr int kRowThreads = kBlockThreads / kColThreads;
   static constexpr int kNG = kBN / (4 * kColThreads);  // column groups per thread
@@ -53,10 +60,11 @@ struct Layout {
   static constexpr size_t kSharedBytes = kPipelineBytes + sizeof(int32_t) * kBM;
   static_assert(kBK % 4 == 0 && kNG >= 1 && kMG >= 1, "whole 4 x 4 groups per thread");
   static_assert(kColThreads * kRowThreads == kBlockThreads, "every thread owns results");
+  static_assert(kAPasses * kARowStride == kBM, "the block's threads copy whole input rows");
 };
 
 // Two blocks per SM: at 128 columns the 8 x 8 results would otherwise take 169 registers
-// and one block per SM; capped at 128 (a few spills) it runs faster (docs/gpu-kernels.md).
+// and one block per SM; capped at 128 it runs faster (docs/gpu-kernels.md).
 template <int kBN, bool kAtomic>
 __global__ void __launch_bounds__(kBlockThreads, 2)
     GatherGemmScatterKernel(const float* features, const float* filters, const int32_t* in_rows,
@@ -73,42 +81,15 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   float* b_stages = a_stages + kStages * L::kAStage;
   int32_t* rows_out = reinterpret_cast<int32_t*>(shared + L::kPipelineBytes);
   const int tx = threadIdx.x % L::kColThreads, ty = threadIdx.x / L::kColThreads;
-  const int a_row = threadIdx.x / 4, a_chunk = threadIdx.x % 4;  // and a_row + 64
   const int64_t steps = (cin + L::kBK - 1) / L::kBK;
   const int64_t items = num_tiles * col_tiles;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t tile = first_tile + item / col_tiles;
-    const int64_t col0 = (item % col_tiles) * kBN;
-    const int64_t q = OwnerOf(tile_begin, volume, tile);
-    const int64_t p0 = splits[q] + (tile - tile_begin[q]) * kBM;
-    const int64_t p_end = splits[q + 1];
-    if (threadIdx.x < kBM) rows_out[threadIdx.x] = p0 + threadIdx.x < p_end ? out_rows[p0 + threadIdx.x] : -1;
-    const int64_t row0 = p0 + a_row < p_end ? in_rows[p0 + a_row] : -1;
-    const int64_t row1 = p0 + a_row + 64 < p_end ? in_rows[p0 + a_row + 64] : -1;
-    const float* w = filters + q * cin * cout;
-    auto issue = [&](int64_t step) {
-      const int buffer = static_cast<int>(step % kStages);
-      const int64_t k0 = step * L::kBK;
-      float* a = a_stages + buffer * L::kAStage;
-      float* b = b_stages + buffer * L::kBStage;
-      const int64_t k = k0 + a_chunk * 4;
-      pipelined::CopyAsync16(a + a_row * L::kLdA + a_chunk * 4,
-                             row0 >= 0 && k < cin ? features + row0 * cin + k : features, row0 >= 0 && k < cin);
-      pipelined::CopyAsync16(a + (a_row + 64) * L::kLdA + a_chunk * 4,
-                             row1 >= 0 && k < cin ? features + row1 * cin + k : features, row1 >= 0 && k < cin);
-      for (int v = threadIdx.x; v < L::kBVectors; v += kBlockThreads) {
-        const int kr = v / (kBN / 4), cc = v % (kBN / 4);
-        const int64_t kk = k0 + kr, c = col0 + cc * 4;
-        const bool ok = kk < cin && c < cout;
-        pipelined::CopyAsync16(b + kr * L::kLdB + cc * 4, ok ? w + kk * cout + c : filters, ok);
-      }
-    };
+    const PairTile t = PairTileOf(item, col_tiles, first_tile, tile_begin, splits, volume, kBM, kBN);
+    const int64_t col0 = t.col0;
+    if (threadIdx.x < kBM) rows_out[threadIdx.x] = t.p0 + threadIdx.x < t.p_end ? out_rows[t.p0 + threadIdx.x] : -1;
+    const pipelined::PairTileCopies<L, kBN> issue(t, in_rows, features, filters, a_stages, b_stages, cin, cout);
     float acc[4 * L::kMG][4 * L::kNG];
-#pragma unroll
-    for (int i = 0; i < 4 * L::kMG; ++i) {
-#pragma unroll
-      for (int j = 0; j < 4 * L::kNG; ++j) acc[i][j] = 0.0f;
-    }
+    ZeroTile(acc);
     pipelined::RunPipeline(steps, issue, [&](int buffer) {
       const float* a = a_stages + buffer * L::kAStage;
       const float* b = b_stages + buffer * L::kBStage;

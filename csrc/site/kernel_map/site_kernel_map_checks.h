@@ -21,8 +21,15 @@ namespace tf_sparseconv {
 struct SiteMapAttrs {
   SiteMapMode mode = SiteMapMode::kSubmanifold;
   std::vector<int64_t> kernel, stride, padding, dilation;
+  // How the GPU builds the map ('hash' or 'sort'); both give the CPU's map, and the CPU's
+  // one builder serves either value.
+  std::string builder = "hash";
 
   absl::Status Parse(tensorflow::OpKernelConstruction* ctx) {
+    TF_RETURN_IF_ERROR(ctx->GetAttr("builder", &builder));
+    if (builder != "hash" && builder != "sort") {
+      return tensorflow::errors::InvalidArgument("builder must be 'hash' or 'sort', got '", builder, "'");
+    }
     std::string mode_name;
     TF_RETURN_IF_ERROR(ctx->GetAttr("mode", &mode_name));
     if (mode_name == "submanifold") {

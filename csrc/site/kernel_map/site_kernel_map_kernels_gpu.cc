@@ -1,86 +1,67 @@
-// GPU kernel of SiteKernelMap: the CPU kernel's shape and geometry checks here, the site
-// checks and the map on the device (site_kernel_map.cu), the CPU kernel's messages
-// for bad sites. out_spatial_shape and offset_splits are produced in host memory: both
-// are known on the host after the one round trip, and the convolution reads
-// offset_splits on the host, so a cached map costs the layers that use it no copies.
+// SiteKernelMap's GPU functor, over site_kernel_map.cu, and the GPU registration of its
+// OpKernel (site_kernel_map_kernels.h): the site checks and the map on the device, read
+// back in one round trip as the CPU kernel's messages for bad sites. out_spatial_shape and
+// offset_splits are produced in host memory: both are known on the host after that round
+// trip, and the convolution reads offset_splits on the host, so a cached map costs the
+// layers that use it no copies.
 #if GOOGLE_CUDA
 
 #include <cstdint>
-#include <string>
 
 #include "common/gpu_kernel_util.h"
 #include "site/kernel_map/site_geometry.h"
 #include "site/kernel_map/site_kernel_map_checks.h"
 #include "site/kernel_map/site_kernel_map_gpu.h"
+#include "site/kernel_map/site_kernel_map_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
-class SiteKernelMapGpuOp : public OpKernel {
+template <>
+class SiteKernelMapFunctor<GPUDevice> : GpuOpContext {
  public:
-  explicit SiteKernelMapGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, attrs_.Parse(ctx));
-    std::string builder;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("builder", &builder));
-    builder_ = builder == "sort" ? gpu::SiteMapBuilder::kSort : gpu::SiteMapBuilder::kHash;
-  }
+  SiteKernelMapFunctor(tensorflow::OpKernelContext* ctx, const SiteMapAttrs& attrs)
+      : GpuOpContext(ctx, "SiteKernelMap"),
+        builder_(attrs.builder == "sort" ? gpu::SiteMapBuilder::kSort : gpu::SiteMapBuilder::kHash) {}
 
-  void Compute(OpKernelContext* ctx) override {
-    SiteGeometry g;
-    OP_REQUIRES_OK(ctx, MakeSiteGeometry(attrs_, ctx->input(1), ctx->input(2), &g));
-    const Tensor& coords = ctx->input(0);
-    OP_REQUIRES_OK(ctx, CheckCoordsShape(coords, g.d));
-    const int64_t n = coords.dim_size(0);
-    const int width = g.d + 1;
+  absl::Status Count(const SiteGeometry& g, const int32_t* coords, int64_t n, SiteMapCounts* counts) {
     int64_t candidates = 0;
-    OP_REQUIRES(ctx, !__builtin_mul_overflow(g.volume, n, &candidates),
-                errors::ResourceExhausted("SiteKernelMap on GPU: sites times kernel offsets overflows"));
-    OP_REQUIRES_OK(ctx, CheckSortable(candidates, "SiteKernelMap", "(site, kernel offset) candidates"));
-
-    TempScratch scratch(ctx);
-    gpu::SiteKernelMapGpu map;
+    if (__builtin_mul_overflow(g.volume, n, &candidates)) {
+      return errors::ResourceExhausted("SiteKernelMap on GPU: sites times kernel offsets overflows");
+    }
+    TF_RETURN_IF_ERROR(CheckSortable(candidates, op_, "(site, kernel offset) candidates"));
     gpu::SiteMapReport report;
-    OP_REQUIRES_OK(ctx, ToStatus(map.Count(GpuStream(ctx), &scratch, g, builder_, coords.flat<int32_t>().data(), n,
-                                           &report),
-                                 scratch, "SiteKernelMap"));
+    TF_RETURN_IF_ERROR(ToStatus(map_.Count(stream_, &scratch_, g, builder_, coords, n, &report)));
+    const int width = g.d + 1;
     if (gpu::Failed(report.range)) {
       const int64_t e = static_cast<int64_t>(report.range.first);
       const int column = static_cast<int>(e % width);
       const int64_t limit = column == 0 ? g.batch : g.in_shape[column - 1];
-      OP_REQUIRES_OK(ctx, CoordOutOfRangeError(e / width, column, report.range.detail[0], limit));
+      return CoordOutOfRangeError(e / width, column, report.range.detail[0], limit);
     }
     if (gpu::Failed(report.duplicate)) {
       const uint64_t pair = report.duplicate.first;
-      OP_REQUIRES_OK(ctx, DuplicateSiteError(static_cast<int64_t>(pair & 0xffffffffull),
-                                             static_cast<int64_t>(pair >> 32)));
+      return DuplicateSiteError(static_cast<int64_t>(pair & 0xffffffffull), static_cast<int64_t>(pair >> 32));
     }
-    OP_REQUIRES(ctx, !gpu::Failed(report.table_full),
-                errors::Internal("SiteKernelMap on GPU: a hash table filled up (its capacity bound is wrong); "
-                                 "use builder='sort' or the CPU"));
+    if (gpu::Failed(report.table_full)) {
+      return errors::Internal("SiteKernelMap on GPU: a hash table filled up (its capacity bound is wrong); "
+                              "use builder='sort' or the CPU");
+    }
+    counts->pairs = report.pairs;
+    counts->out_sites = report.out_sites;
+    counts->offset_splits = report.offset_splits;
+    return absl::OkStatus();
+  }
 
-    Tensor *out_coords, *out_shape, *in_rows, *out_rows, *splits;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({report.out_sites, width}), &out_coords));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({g.d}), &out_shape));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({report.pairs}), &in_rows));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({report.pairs}), &out_rows));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({g.volume + 1}), &splits));
-    for (int j = 0; j < g.d; ++j) out_shape->flat<int32_t>()(j) = static_cast<int32_t>(g.out_shape[j]);
-    for (int64_t q = 0; q <= g.volume; ++q) splits->flat<int32_t>()(q) = report.offset_splits[q];
-    OP_REQUIRES_OK(ctx, ToStatus(map.Write(GpuStream(ctx), &scratch, out_coords->flat<int32_t>().data(),
-                                           in_rows->flat<int32_t>().data(), out_rows->flat<int32_t>().data()),
-                                 scratch, "SiteKernelMap"));
+  absl::Status Write(int32_t* out_coords, int32_t* in_rows, int32_t* out_rows) {
+    return ToStatus(map_.Write(stream_, &scratch_, out_coords, in_rows, out_rows));
   }
 
  private:
-  SiteMapAttrs attrs_;
-  gpu::SiteMapBuilder builder_ = gpu::SiteMapBuilder::kHash;
+  const gpu::SiteMapBuilder builder_;
+  gpu::SiteKernelMapGpu map_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("SiteKernelMap")
@@ -89,7 +70,7 @@ REGISTER_KERNEL_BUILDER(Name("SiteKernelMap")
                             .HostMemory("batch_size")
                             .HostMemory("out_spatial_shape")
                             .HostMemory("offset_splits"),
-                        SiteKernelMapGpuOp);
+                        SiteKernelMapOp<GPUDevice>);
 
 }  // namespace tf_sparseconv
 

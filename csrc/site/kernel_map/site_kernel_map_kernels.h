@@ -1,0 +1,76 @@
+// SiteKernelMap's OpKernel, one template for both devices: the attributes, the geometry and
+// the coordinates' shape here, with the allocation of the outputs; the site checks (in
+// range, no duplicates) and the map itself in SiteKernelMapFunctor<Device> (CPU:
+// site_kernel_map_kernels.cc, a hash table probed per site and kernel offset; GPU:
+// site_kernel_map_kernels_gpu.cc over site_kernel_map.cu and its two builders, the checks
+// on the device and read back in the op's one host round trip as the CPU's messages).
+#ifndef TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_KERNELS_H_
+#define TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_KERNELS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "common/device.h"
+#include "site/kernel_map/site_geometry.h"
+#include "site/kernel_map/site_kernel_map_checks.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tf_sparseconv {
+
+// What Count finds: the map's size, known on the host before the outputs are allocated.
+struct SiteMapCounts {
+  int64_t pairs = 0;
+  int64_t out_sites = 0;
+  std::vector<int32_t> offset_splits;  // volume + 1
+};
+
+// The functor's contract, specialised per device:
+//   SiteKernelMapFunctor(OpKernelContext* ctx, const SiteMapAttrs& attrs);
+//   absl::Status Count(const SiteGeometry& g, const int32_t* coords, int64_t n, SiteMapCounts* counts);
+//     Checks the sites of coords [n, 1 + d] (every entry in range, then no site twice:
+//     CoordOutOfRangeError and DuplicateSiteError, the first offending site in row
+//     order) and finds the pairs and the output sites.
+//   absl::Status Write(int32_t* out_coords, int32_t* in_rows, int32_t* out_rows);
+//     The output sites [out_sites, 1 + d] and the pairs grouped by offset, within one
+//     offset ordered by input row.
+template <typename Device>
+class SiteKernelMapFunctor;
+
+template <typename Device>
+class SiteKernelMapOp : public tensorflow::OpKernel {
+ public:
+  explicit SiteKernelMapOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, attrs_.Parse(ctx));
+  }
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    using ::tensorflow::Tensor;
+    using ::tensorflow::TensorShape;
+    SiteGeometry g;
+    OP_REQUIRES_OK(ctx, MakeSiteGeometry(attrs_, ctx->input(1), ctx->input(2), &g));
+    const Tensor& coords = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckCoordsShape(coords, g.d));
+    SiteKernelMapFunctor<Device> map(ctx, attrs_);
+    SiteMapCounts counts;
+    OP_REQUIRES_OK(ctx, map.Count(g, coords.flat<int32_t>().data(), coords.dim_size(0), &counts));
+    Tensor *out_coords, *out_shape, *in_rows, *out_rows, *splits;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({counts.out_sites, g.d + 1}), &out_coords));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({g.d}), &out_shape));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({counts.pairs}), &in_rows));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({counts.pairs}), &out_rows));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({g.volume + 1}), &splits));
+    // Both in host memory on every device (the GPU registers them so).
+    for (int j = 0; j < g.d; ++j) out_shape->flat<int32_t>()(j) = static_cast<int32_t>(g.out_shape[j]);
+    for (int64_t q = 0; q <= g.volume; ++q) splits->flat<int32_t>()(q) = counts.offset_splits[q];
+    OP_REQUIRES_OK(ctx, map.Write(out_coords->flat<int32_t>().data(), in_rows->flat<int32_t>().data(),
+                                  out_rows->flat<int32_t>().data()));
+  }
+
+ private:
+  SiteMapAttrs attrs_;
+};
+
+}  // namespace tf_sparseconv
+
+#endif  // TF_SPARSECONV_SITE_KERNEL_MAP_SITE_KERNEL_MAP_KERNELS_H_
