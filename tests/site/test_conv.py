@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_sparseconv._op_library import OP_NAMESPACE
 from tf_sparseconv.site import (kernel_map, site_conv, site_conv_transpose, site_inverse_conv)
 from tf_sparseconv.site.tensor import make_site_sparse
 
 from tests.site.helpers import hand_built, random_sites, rows_at, to_grid
+
+CONV, FILTER_GRAD = OP_NAMESPACE + "SiteSparseConv", OP_NAMESPACE + "SiteSparseConvFilterGrad"  # graphs' op types
 
 
 def numpy_conv(grid, kernel, strides, padding, dilation):
@@ -451,14 +454,14 @@ def test_gradient_ops_inherit_map_is_trusted(rng):
             return tape.gradient(loss, [f, kernel])
 
         graph = grads.get_concrete_function(tf.constant(features)).graph
-        conv_ops = [op for op in graph.get_operations() if op.type in ("SiteSparseConv", "SiteSparseConvFilterGrad")]
+        conv_ops = [op for op in graph.get_operations() if op.type in (CONV, FILTER_GRAD)]
         assert len(conv_ops) == 3  # forward, input gradient, filter gradient
         assert all(op.get_attr("map_is_trusted") == expected for op in conv_ops)
         # Only a trusted submanifold map is promised mirrored, and its input gradient keeps the promise.
-        assert all(op.get_attr("map_is_submanifold") == expected for op in conv_ops if op.type == "SiteSparseConv")
+        assert all(op.get_attr("map_is_submanifold") == expected for op in conv_ops if op.type == CONV)
     strided = tf.function(lambda f: site_conv(x.with_features(f), kernel, strides=2).features)
     graph = strided.get_concrete_function(tf.constant(features)).graph
-    strided_ops = [op for op in graph.get_operations() if op.type == "SiteSparseConv"]
+    strided_ops = [op for op in graph.get_operations() if op.type == CONV]
     assert len(strided_ops) == 1 and not strided_ops[0].get_attr("map_is_submanifold")
 
 
@@ -650,9 +653,8 @@ def test_the_gradients_run_the_forward_dataflow_and_cpu_products(rng):
                                          cpu_products="portable")
             return tape.gradient(y, [features, filters])
         graph = gradients.get_concrete_function(tf.TensorSpec([None, 3], tf.float32)).graph
-        ops_of = {kind: [op for op in graph.get_operations() if op.type.endswith(kind)]
-                  for kind in ("SiteSparseConv", "SiteSparseConvFilterGrad")}
-        assert len(ops_of["SiteSparseConv"]) == 2 and len(ops_of["SiteSparseConvFilterGrad"]) == 1, mode
-        for op in ops_of["SiteSparseConv"]:  # the forward and the input gradient
+        ops_of = {kind: [op for op in graph.get_operations() if op.type == kind] for kind in (CONV, FILTER_GRAD)}
+        assert len(ops_of[CONV]) == 2 and len(ops_of[FILTER_GRAD]) == 1, mode
+        for op in ops_of[CONV]:  # the forward and the input gradient
             assert op.get_attr("dataflow") == b"pairs" and op.get_attr("cpu_products") == b"portable", mode
-        assert ops_of["SiteSparseConvFilterGrad"][0].get_attr("cpu_products") == b"portable", mode
+        assert ops_of[FILTER_GRAD][0].get_attr("cpu_products") == b"portable", mode

@@ -9,7 +9,7 @@ SparseConvTranspose and `site_inverse_conv` SparseInverseConv. Kernels are Tenso
 """
 import tensorflow as tf
 
-from tf_sparseconv._op_library import ops as _ops
+from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.geometry import conv_geometry
 from tf_sparseconv.site.kernel_map import along_map, assert_rows_match, check_dataflow, with_inverse_table
 from tf_sparseconv.site.tensor import SiteSparseTensor, check_site_tensor
@@ -123,7 +123,7 @@ def site_inverse_conv(x, kernel, indice_key, bias=None, dataflow="auto"):
     return SiteSparseTensor(kmap.in_coords, out, kmap.in_spatial_shape, x.batch_size, maps, static)
 
 
-@tf.RegisterGradient("SiteSparseConv")
+@tf.RegisterGradient(OP_NAMESPACE + "SiteSparseConv")
 def _site_sparse_conv_grad(op, out_grad):
     features, filters, in_rows, out_rows, splits, _, neighbours = op.inputs
     # A map trusted forward is trusted reversed (see site_inverse_conv); the input gradient

@@ -282,15 +282,15 @@ class SiteNeighbourTableFunctor<CPUDevice> {
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("SiteNeighbourTable").Device(::tensorflow::DEVICE_CPU),
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>SiteNeighbourTable").Device(::tensorflow::DEVICE_CPU),
                         SiteNeighbourTableOp<CPUDevice>);
 
-#define REGISTER_SITE_CONV_CPU(T)                                                                     \
-  REGISTER_KERNEL_BUILDER(                                                                            \
-      Name("SiteSparseConv").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),                 \
-      SiteSparseConvOp<CPUDevice, T>);                                                                \
-  REGISTER_KERNEL_BUILDER(                                                                            \
-      Name("SiteSparseConvFilterGrad").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),       \
+#define REGISTER_SITE_CONV_CPU(T)                                                                            \
+  REGISTER_KERNEL_BUILDER(                                                                                   \
+      Name("TfSparseconv>SiteSparseConv").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),           \
+      SiteSparseConvOp<CPUDevice, T>);                                                                       \
+  REGISTER_KERNEL_BUILDER(                                                                                   \
+      Name("TfSparseconv>SiteSparseConvFilterGrad").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
       SiteSparseConvFilterGradOp<CPUDevice, T>);
 REGISTER_SITE_CONV_CPU(float)
 REGISTER_SITE_CONV_CPU(double)

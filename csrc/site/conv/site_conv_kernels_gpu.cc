@@ -201,7 +201,7 @@ class SiteNeighbourTableFunctor<GPUDevice> : GpuSiteMapFunctor {
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("SiteNeighbourTable")
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>SiteNeighbourTable")
                             .Device(::tensorflow::DEVICE_GPU)
                             .HostMemory("offset_splits")
                             .HostMemory("num_in")
@@ -209,13 +209,13 @@ REGISTER_KERNEL_BUILDER(Name("SiteNeighbourTable")
                         SiteNeighbourTableOp<GPUDevice>);
 
 #define REGISTER_SITE_CONV_GPU(T)                                        \
-  REGISTER_KERNEL_BUILDER(Name("SiteSparseConv")                         \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>SiteSparseConv")            \
                               .Device(::tensorflow::DEVICE_GPU)          \
                               .TypeConstraint<T>("T")                    \
                               .HostMemory("offset_splits")               \
                               .HostMemory("num_out"),                    \
                           SiteSparseConvOp<GPUDevice, T>);               \
-  REGISTER_KERNEL_BUILDER(Name("SiteSparseConvFilterGrad")               \
+  REGISTER_KERNEL_BUILDER(Name("TfSparseconv>SiteSparseConvFilterGrad")  \
                               .Device(::tensorflow::DEVICE_GPU)          \
                               .TypeConstraint<T>("T")                    \
                               .HostMemory("offset_splits"),              \

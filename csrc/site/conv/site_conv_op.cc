@@ -12,7 +12,7 @@ using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-REGISTER_OP("SiteSparseConv")
+REGISTER_OP("TfSparseconv>SiteSparseConv")
     .Input("features: T")
     .Input("filters: T")
     .Input("in_rows: int32")
@@ -89,7 +89,7 @@ over the reversed pairs without one. Requires num_out == the number of input row
 an odd number of offsets (InvalidArgument otherwise).
 )doc");
 
-REGISTER_OP("SiteNeighbourTable")
+REGISTER_OP("TfSparseconv>SiteNeighbourTable")
     .Input("in_rows: int32")
     .Input("out_rows: int32")
     .Input("offset_splits: int32")
@@ -122,7 +122,7 @@ pairs and a radix sort). The map is checked as SiteSparseConv checks it (map_is_
 as there).
 )doc");
 
-REGISTER_OP("SiteSparseConvFilterGrad")
+REGISTER_OP("TfSparseconv>SiteSparseConvFilterGrad")
     .Input("features: T")
     .Input("out_grad: T")
     .Input("in_rows: int32")

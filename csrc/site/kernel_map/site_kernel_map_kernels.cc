@@ -180,7 +180,7 @@ class SiteKernelMapFunctor<CPUDevice> {
   std::vector<int32_t> splits_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("SiteKernelMap")
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>SiteKernelMap")
                             .Device(::tensorflow::DEVICE_CPU)
                             .HostMemory("spatial_shape")
                             .HostMemory("batch_size"),

@@ -64,7 +64,7 @@ class SiteKernelMapFunctor<GPUDevice> : GpuOpContext {
   gpu::SiteKernelMapGpu map_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("SiteKernelMap")
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>SiteKernelMap")
                             .Device(::tensorflow::DEVICE_GPU)
                             .HostMemory("spatial_shape")
                             .HostMemory("batch_size")

@@ -8,7 +8,7 @@ namespace tf_sparseconv {
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-REGISTER_OP("SiteKernelMap")
+REGISTER_OP("TfSparseconv>SiteKernelMap")
     .Input("coords: int32")
     .Input("spatial_shape: int32")
     .Input("batch_size: int32")
