@@ -9,9 +9,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 #include <vector>
 
 #include "common/gpu_common.h"
@@ -111,25 +108,6 @@ inline absl::Status CheckSortable(int64_t items, const char* op, const char* wha
         "; split the batch or run the op on the CPU");
   }
   return absl::OkStatus();
-}
-
-// A kernel's dataflow chosen by the environment variable `name`: choices are the names of
-// Enum's values in their order, the first ("auto") also meaning unset. Read per call, so
-// tests and benchmarks can switch it within one process; any other value is rejected.
-template <typename Enum, size_t N>
-absl::Status EnumFromEnvironment(const char* name, const char* const (&choices)[N], Enum* value) {
-  const char* choice = std::getenv(name);
-  for (size_t i = 0; i < N; ++i) {
-    if (choice == nullptr ? i == 0 : std::strcmp(choice, choices[i]) == 0) {
-      *value = static_cast<Enum>(i);
-      return absl::OkStatus();
-    }
-  }
-  std::string listed;
-  for (size_t i = 0; i < N; ++i) {
-    listed += std::string(i == 0 ? "" : (i + 1 == N ? " or " : ", ")) + "\"" + choices[i] + "\"";
-  }
-  return tensorflow::errors::InvalidArgument(name, " must be ", listed, ", got \"", choice, "\"");
 }
 
 }  // namespace tf_sparseconv
