@@ -1,5 +1,6 @@
-"""Shared fixtures: a per-test seeded Generator, random sparse dense-arrays, fill levels,
-value dtypes, the float64 gradient check and an exact ChannelSparseTensor comparison, and strict GPU placement."""
+"""Shared fixtures: the device a test runs on (CPU, and the GPU where TensorFlow sees one,
+with strict placement), a per-test seeded Generator, random sparse dense-arrays, fill levels,
+value dtypes, the float64 gradient check and an exact ChannelSparseTensor comparison."""
 import zlib
 
 import numpy as np
@@ -7,6 +8,44 @@ import pytest
 import tensorflow as tf
 
 import tf_sparseconv as ts  # noqa: E402
+from tests.device import CPU, GPU, assert_on, gpu_visible
+
+NO_GPU = "no GPU visible to TensorFlow"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: a test case that runs on the GPU (the gpu case of the device "
+                                       "fixture, or a test of the gpu fixture); added at collection")
+
+
+def pytest_collection_modifyitems(items):
+    """Marks the GPU cases, so that `-m gpu` selects them (e.g. under compute-sanitizer)."""
+    for item in items:
+        params = getattr(item, "callspec", None)
+        if "gpu" in item.fixturenames or (params is not None and params.params.get("device") == "gpu"):
+            item.add_marker(pytest.mark.gpu)
+
+
+@pytest.fixture(params=["cpu", "gpu"])
+def device(request):
+    """The device the test builds its inputs and runs its ops on, under tf.device(device):
+    "/CPU:0", and "/GPU:0" where TensorFlow sees a GPU (with strict placement)."""
+    if request.param == "cpu":
+        return CPU
+    if not gpu_visible():
+        pytest.skip(NO_GPU)
+    request.getfixturevalue("strict_placement")
+    return GPU
+
+
+@pytest.fixture
+def gpu(request):
+    """For tests that exist because there is a GPU (GPU against CPU, bit-identical reruns,
+    dataflows that agree): "/GPU:0", with strict placement; skipped without a GPU."""
+    if not gpu_visible():
+        pytest.skip(NO_GPU)
+    request.getfixturevalue("strict_placement")
+    return GPU
 
 
 @pytest.fixture
@@ -51,10 +90,18 @@ def dtype(request):
 
 @pytest.fixture
 def assert_gradient_matches_numerical():
-    """check(f, x): float64 theoretical Jacobian of f at x equals the numerical one (and is not 0)."""
-    def check(f, x):
-        x = tf.constant(x, tf.float64)
-        theoretical, numerical = tf.test.compute_gradient(f, [x])
+    """check(f, x, device): float64 theoretical Jacobian of f at x equals the numerical one (and
+    is not 0), both computed on `device`, where f's result must live (the Jacobians' own
+    machinery needs soft_placement on the GPU)."""
+    def check(f, x, device=CPU):
+        def on_device(v):
+            y = f(v)
+            assert_on(device, y)
+            return y
+
+        with tf.device(device):
+            x = tf.constant(x, tf.float64)
+            theoretical, numerical = tf.test.compute_gradient(on_device, [x])
         assert np.any(theoretical[0]), "vacuous gradient check: the Jacobian is all zero"
         np.testing.assert_allclose(theoretical[0], numerical[0], atol=1e-6)
         return theoretical[0]
@@ -74,10 +121,10 @@ def assert_same_channel_sparse():
 
 @pytest.fixture
 def strict_placement(request):
-    """For the GPU tests: an op without a GPU kernel must fail under tf.device('/GPU:0'),
-    not run on the CPU; tests marked soft_placement (TensorFlow machinery with CPU-only
-    ops, e.g. restoring a SavedModel or the numerical Jacobian) check instead that the
-    results come from the GPU."""
+    """For the GPU tests (the device and gpu fixtures apply it): an op without a GPU kernel
+    must fail under tf.device('/GPU:0'), not run on the CPU; tests marked soft_placement
+    (TensorFlow machinery with CPU-only ops, e.g. restoring a SavedModel or the numerical
+    Jacobian) check instead that the results come from the GPU."""
     previous = tf.config.get_soft_device_placement()
     tf.config.set_soft_device_placement(request.node.get_closest_marker("soft_placement") is not None)
     yield

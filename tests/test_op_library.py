@@ -60,3 +60,9 @@ def test_quiet_startup_writes_back_every_other_line_of_descriptor_2():
         "    os.write(2, b'and its second line\\n')\n")
     assert result.returncode == 0
     assert result.stderr == "a real error\nand its second line\n"
+
+
+def test_op_library_was_built_with_cuda(gpu):
+    """With a GPU visible, the suite's GPU cases need the library's GPU kernels."""
+    assert _build_info.CUDA, "the op library has no GPU kernels; rebuild with nvcc available"
+    assert _build_info.CUDA_ARCHS

@@ -1,12 +1,24 @@
-"""Direct sparse convolution against dense references: values, support, k-selection,
-gradients (Eq. 3), dataflows, graph mode, SavedModel and every error path."""
+"""Direct sparse convolution against dense references on each device: values, support,
+k-selection, gradients (Eq. 3), dataflows, graph mode, SavedModel and every error path; on the
+GPU, with each dataflow, against the CPU: keys, counts and forward values bit-identical,
+gradients within tolerance, the CPU's errors, bit-identical reruns (also under op
+determinism), the forward in groups of examples, and a SavedModel."""
 import itertools
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_sparseconv as ts
+from tests.channel.helpers import (assert_close, assert_close_on, assert_same_sparse, random_filter,
+                                   random_sparse_components, sparse_on)
+from tests.device import CPU, GPU, assert_on, assert_on_gpu, assert_same_error, on
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def random_sparse(rng, batch, spatial, channels, density, dtype=np.float64):
@@ -25,7 +37,8 @@ def dense_conv(x, w):
     """'same' cross-correlation for any d: tf.nn.convolution for d <= 3, shifted sums for d = 4."""
     d = x.ndim - 2
     if d <= 3:
-        return tf.nn.convolution(x, w, padding="SAME").numpy()
+        with tf.device(CPU):
+            return tf.nn.convolution(x, w, padding="SAME").numpy()
     out = np.zeros(x.shape[:-1] + (w.shape[-1],), dtype=x.dtype)
     half = [(k - 1) // 2 for k in w.shape[:d]]
     padded = np.pad(x, [(0, 0)] + [(h, h) for h in half] + [(0, 0)])
@@ -57,32 +70,38 @@ def reference_selection(keys, values, segment_size, k, mode):
     return keys[kept], values[kept]
 
 
-def random_filter(rng, kernel, cin, cout, filter_density, dtype=np.float64):
-    w = rng.standard_normal((*kernel, cin, cout)).astype(dtype)
-    mask = rng.random(w.shape) < filter_density
-    return w, mask
-
-
 CONV_CASES = [
     # (batch, spatial, cin, cout, kernel, density, filter_density)
-    (1, (9,), 2, 3, (3,), 0.3, 1.0),
-    (2, (7, 6), 3, 4, (3, 3), 0.2, 0.5),
-    (3, (8, 5), 1, 2, (5, 3), 0.1, 0.7),
-    (2, (6, 5, 4), 2, 3, (3, 3, 3), 0.15, 0.5),
-    (1, (9, 9, 9), 1, 8, (3, 3, 3), 0.05, 0.1),
-    (2, (4, 3, 4, 3), 2, 2, (3, 1, 3, 3), 0.2, 0.6),
+    pytest.param(1, (9,), 2, 3, (3,), 0.3, 1.0, id="1d"),
+    pytest.param(2, (7, 6), 3, 4, (3, 3), 0.2, 0.5, id="2d"),
+    pytest.param(3, (8, 5), 1, 2, (5, 3), 0.1, 0.7, id="2d-anisotropic-kernel"),
+    pytest.param(2, (6, 5, 4), 2, 3, (3, 3, 3), 0.15, 0.5, id="3d"),
+    pytest.param(1, (9, 9, 9), 1, 8, (3, 3, 3), 0.05, 0.1, id="3d-pruned"),
+    pytest.param(2, (4, 3, 4, 3), 2, 2, (3, 1, 3, 3), 0.2, 0.6, id="4d"),
+]
+# The GPU against the CPU: conv_inputs leaves example 1 of a batch of 3 empty.
+GPU_CONV_CASES = CONV_CASES + [
+    pytest.param(3, (6, 7), 2, 3, (3, 3), 0.3, 0.8, id="2d-batch1-empty"),
+    # more than 32 kernel offsets: the dense grid's neighbour masks share bits between offsets
+    pytest.param(2, (8, 9, 7), 2, 3, (5, 5, 3), 0.04, 0.6, id="3d-75-offsets"),
+    pytest.param(1, (5, 5, 4, 4), 1, 2, (3, 3, 3, 3), 0.05, 0.5, id="4d-81-offsets"),
+    # R^d a multiple of 32: the dense grid's thread per site and 8 output channels (a partial last chunk)
+    pytest.param(3, (8, 8), 3, 11, (3, 3), 0.2, 0.7, id="2d-site-chunks"),
+    pytest.param(2, (4, 8, 8), 2, 9, (3, 3, 3), 0.1, 0.6, id="3d-site-chunks"),
+    pytest.param(1, (8, 8, 8), 2, 3, (5, 5, 3), 0.03, 0.6, id="3d-75-offsets-site-chunks"),
 ]
 
 
 @pytest.mark.parametrize("batch,spatial,cin,cout,kernel,density,filter_density", CONV_CASES)
 @pytest.mark.parametrize("dataflow", ["auto", "sort", "dense"])
 def test_conv_matches_dense_convolution_on_touched_set(rng, batch, spatial, cin, cout, kernel,
-                                                        density, filter_density, dataflow):
+                                                        density, filter_density, dataflow, device):
     dense = random_sparse(rng, batch, spatial, cin, density)
     w, mask = random_filter(rng, kernel, cin, cout, filter_density)
     bias = rng.standard_normal(cout)
-    y, touched, positive = ts.direct_conv(ts.from_dense(dense), w, bias, mask, dataflow=dataflow,
-                                          return_counts=True)
+    with tf.device(device):
+        y, touched, positive = ts.direct_conv(ts.from_dense(dense), w, bias, mask, dataflow=dataflow,
+                                              return_counts=True)
     keys, values, flat_touched = reference_conv(dense, w, mask, bias)
     np.testing.assert_array_equal(y.keys.numpy(), keys)
     np.testing.assert_allclose(y.values.numpy(), values, rtol=1e-10, atol=1e-10)
@@ -105,10 +124,11 @@ def assert_identical(a, b):
     np.testing.assert_array_equal(a.values.numpy(), b.values.numpy())
 
 
-def test_sort_and_dense_dataflows_are_bit_identical(rng):
-    x, w, mask = sparse_case(rng, 2, (12, 11, 10), 4, 5, 0.08, 0.6, np.float32)
-    assert_identical(ts.direct_conv(x, w, None, mask, dataflow="dense"),
-                     ts.direct_conv(x, w, None, mask, dataflow="sort"))
+def test_sort_and_dense_dataflows_are_bit_identical(rng, device):
+    with tf.device(device):
+        x, w, mask = sparse_case(rng, 2, (12, 11, 10), 4, 5, 0.08, 0.6, np.float32)
+        assert_identical(ts.direct_conv(x, w, None, mask, dataflow="dense"),
+                         ts.direct_conv(x, w, None, mask, dataflow="sort"))
 
 
 def test_accumulator_is_the_deprecated_name_of_dataflow(rng):
@@ -128,22 +148,25 @@ def test_temp_limit_changes_nothing_on_the_cpu(rng):
                      ts.direct_conv(x, w, None, mask, dataflow="sort"))
 
 
-def test_pruned_weights_are_skipped_and_change_nothing(rng):
+def test_pruned_weights_are_skipped_and_change_nothing(rng, device):
     dense = random_sparse(rng, 1, (8, 8), 2, 0.2)
     w, mask = random_filter(rng, (3, 3), 2, 3, 0.4)
-    x = ts.from_dense(dense)
-    masked = ts.direct_conv(x, w, None, mask)
     garbage = np.where(mask, w, 1e6)  # pruned weights hold huge values: must not leak in
-    np.testing.assert_array_equal(ts.direct_conv(x, garbage, None, mask).values.numpy(), masked.values.numpy())
+    with tf.device(device):
+        x = ts.from_dense(dense)
+        masked = ts.direct_conv(x, w, None, mask)
+        with_garbage = ts.direct_conv(x, garbage, None, mask)
+    np.testing.assert_array_equal(with_garbage.values.numpy(), masked.values.numpy())
 
 
-def test_bias_only_on_touched_entries_empty_space_stays_empty(rng):
+def test_bias_only_on_touched_entries_empty_space_stays_empty(rng, device):
     dense = np.zeros((1, 10, 10, 1))
     dense[0, 5, 5, 0] = 2.0
     w = np.ones((3, 3, 1, 2))
-    y = ts.direct_conv(ts.from_dense(dense), w, np.array([10.0, -1.0]))
+    with tf.device(device):
+        y = ts.direct_conv(ts.from_dense(dense), w, np.array([10.0, -1.0]))
+        out = ts.to_dense(y).numpy()
     assert y.num_entries.numpy() == 2 * 9
-    out = ts.to_dense(y).numpy()
     np.testing.assert_allclose(out[0, 4:7, 4:7, 0], 12.0)
     np.testing.assert_allclose(out[0, 4:7, 4:7, 1], 1.0)
     assert np.count_nonzero(out) == 18
@@ -154,13 +177,15 @@ def test_bias_only_on_touched_entries_empty_space_stays_empty(rng):
     (2, (10, 9), 2, 3, (3, 3), 0.2),
     (3, (6, 7, 5), 2, 2, (3, 3, 3), 0.1),
 ])
-def test_k_selection_keeps_k_best_per_batch_and_channel(rng, mode, batch, spatial, cin, cout, kernel, density):
+def test_k_selection_keeps_k_best_per_batch_and_channel(rng, mode, batch, spatial, cin, cout, kernel, density,
+                                                         device):
     dense = random_sparse(rng, batch, spatial, cin, density)
     w, mask = random_filter(rng, kernel, cin, cout, 0.7)
     bias = rng.standard_normal(cout)
     k = 7
-    y, touched, positive = ts.direct_conv(ts.from_dense(dense), w, bias, mask, selection=mode, k=k,
-                                          return_counts=True)
+    with tf.device(device):
+        y, touched, positive = ts.direct_conv(ts.from_dense(dense), w, bias, mask, selection=mode, k=k,
+                                              return_counts=True)
     keys, values, _ = reference_conv(dense, w, mask, bias)
     exp_keys, exp_values = reference_selection(keys, values, int(np.prod(spatial)), k, mode)
     np.testing.assert_array_equal(y.keys.numpy(), exp_keys)
@@ -174,114 +199,127 @@ def test_k_selection_keeps_k_best_per_batch_and_channel(rng, mode, batch, spatia
     np.testing.assert_array_equal(positive.numpy().reshape(-1), expected_positive)
 
 
-def test_rho_up_sets_k_to_ceil_of_rho_up_times_spatial_size(rng):
+def test_rho_up_sets_k_to_ceil_of_rho_up_times_spatial_size(rng, device):
     dense = random_sparse(rng, 1, (10, 10), 1, 0.5)
     w = rng.standard_normal((3, 3, 1, 2))
-    y = ts.direct_conv(ts.from_dense(dense), w, selection="signed", rho_up=0.055)
+    with tf.device(device):
+        y = ts.direct_conv(ts.from_dense(dense), w, selection="signed", rho_up=0.055)
     counts = np.bincount(y.keys.numpy() // 100, minlength=2)
     np.testing.assert_array_equal(counts, [6, 6])  # ceil(0.055 * 100) = 6
     assert ts.k_from_rho_up(0.055, (10, 10)) == 6
 
 
-def test_k_selection_ties_prefer_smaller_key():
+def test_k_selection_ties_prefer_smaller_key(device):
     dense = np.zeros((1, 1, 12, 1))
     dense[0, 0, [1, 4, 7, 10], 0] = [5.0, 5.0, -5.0, 5.0]
     w = np.ones((1, 1, 1, 1))
-    signed = ts.direct_conv(ts.from_dense(dense), w, selection="signed", k=2)
+    with tf.device(device):
+        signed = ts.direct_conv(ts.from_dense(dense), w, selection="signed", k=2)
+        absolute = ts.direct_conv(ts.from_dense(dense), w, selection="abs", k=3)
     np.testing.assert_array_equal(signed.keys.numpy(), [1, 4])
-    absolute = ts.direct_conv(ts.from_dense(dense), w, selection="abs", k=3)
     np.testing.assert_array_equal(absolute.keys.numpy(), [1, 4, 7])
 
 
-def test_empty_input_and_empty_batch_element(rng):
+def test_empty_input_and_empty_batch_element(rng, device):
     w = rng.standard_normal((3, 3, 2, 3))
-    empty = ts.ChannelSparseTensor(tf.zeros([0], tf.int64), tf.zeros([0], tf.float64),
-                                   tf.constant([2, 5, 5, 2], tf.int64))
-    y = ts.direct_conv(empty, w, np.ones(3), selection="signed", k=3)
+    with tf.device(device):
+        empty = ts.ChannelSparseTensor(tf.zeros([0], tf.int64), tf.zeros([0], tf.float64),
+                                       tf.constant([2, 5, 5, 2], tf.int64))
+        y = ts.direct_conv(empty, w, np.ones(3), selection="signed", k=3)
     assert y.num_entries.numpy() == 0
     dense = random_sparse(rng, 3, (5, 5), 2, 0.3)
     dense[1] = 0.0
-    y = ts.direct_conv(ts.from_dense(dense), w, np.ones(3))
+    with tf.device(device):
+        y = ts.direct_conv(ts.from_dense(dense), w, np.ones(3))
     keys, values, _ = reference_conv(dense, w, np.ones_like(w, bool), np.ones(3))
     np.testing.assert_array_equal(y.keys.numpy(), keys)
     np.testing.assert_allclose(y.values.numpy(), values, rtol=1e-10)
 
 
-def _conv_values_fn(x, mask, **kwargs):
+def _conv_values_fn(x, mask, device, **kwargs):
     def f(values, filters, bias):
-        return ts.direct_conv(x.with_values(values), filters, bias, mask, **kwargs).values
+        y = ts.direct_conv(x.with_values(values), filters, bias, mask, **kwargs).values
+        assert_on(device, y)
+        return y
     return f
 
 
+@pytest.mark.soft_placement
 @pytest.mark.parametrize("spatial,kernel,cin,cout,dataflow", [
     ((7, 6), (3, 3), 2, 3, "dense"),
     ((7, 6), (3, 3), 2, 3, "sort"),
     ((5, 4, 5), (3, 3, 3), 2, 2, "auto"),
     ((11,), (5,), 3, 2, "auto"),
 ])
-def test_gradients_match_numerical_jacobian_float64(rng, spatial, kernel, cin, cout, dataflow):
+def test_gradients_match_numerical_jacobian_float64(rng, spatial, kernel, cin, cout, dataflow, device):
     dense = random_sparse(rng, 2, spatial, cin, 0.25)
     w, mask = random_filter(rng, kernel, cin, cout, 0.6)
-    x = ts.from_dense(dense)
-    theoretical, numerical = tf.test.compute_gradient(
-        _conv_values_fn(x, mask, dataflow=dataflow),
-        [x.values, tf.constant(w), tf.constant(rng.standard_normal(cout))])
+    with tf.device(device):
+        x = ts.from_dense(dense)
+        theoretical, numerical = tf.test.compute_gradient(
+            _conv_values_fn(x, mask, device, dataflow=dataflow),
+            [x.values, tf.constant(w), tf.constant(rng.standard_normal(cout))])
     for t, n in zip(theoretical, numerical):
         np.testing.assert_allclose(t, n, atol=1e-7)
 
 
-def test_gradients_follow_eq3_support_and_present_zero_weights(rng):
+def test_gradients_follow_eq3_support_and_present_zero_weights(rng, device):
     dense = random_sparse(rng, 2, (6, 6), 2, 0.3)
     w, mask = random_filter(rng, (3, 3), 2, 3, 0.5)
     present_zero = np.argwhere(mask)[0]
     w[tuple(present_zero)] = 0.0  # a weight passing through zero keeps its gradient
-    x = ts.from_dense(dense)
-    filters = tf.Variable(w)
-    bias = tf.Variable(np.zeros(3))
-    with tf.GradientTape() as tape:
-        y = ts.direct_conv(x, filters, bias, mask)
-        loss = tf.reduce_sum(y.values ** 2)
-    g_filter, g_bias = tape.gradient(loss, [filters, bias])
+    with tf.device(device):
+        x = ts.from_dense(dense)
+        filters = tf.Variable(w)
+        bias = tf.Variable(np.zeros(3))
+        with tf.GradientTape() as tape:
+            y = ts.direct_conv(x, filters, bias, mask)
+            loss = tf.reduce_sum(y.values ** 2)
+        g_filter, g_bias = tape.gradient(loss, [filters, bias])
     assert np.all(g_filter.numpy()[~mask] == 0.0)
     assert g_filter.numpy()[tuple(present_zero)] != 0.0
     # Bias gradient: sum of dL/dy over the entries that received the bias.
     grad_y = 2 * y.values.numpy()
     seg = y.keys.numpy() // 36 % 3
-    np.testing.assert_allclose(g_bias.numpy(), np.bincount(seg, grad_y, minlength=3), rtol=1e-12)
+    assert_close_on(device, g_bias.numpy(), np.bincount(seg, grad_y, minlength=3), rtol=1e-12)
 
 
 @pytest.mark.parametrize("mode", ["signed", "abs"])
-def test_dropped_entries_receive_no_gradient_and_kept_match_dense_gradient(rng, mode):
+def test_dropped_entries_receive_no_gradient_and_kept_match_dense_gradient(rng, mode, device):
     dense = random_sparse(rng, 2, (8, 7), 2, 0.3)
     w, mask = random_filter(rng, (3, 3), 2, 3, 0.6)
     bias = rng.standard_normal(3)
-    x = ts.from_dense(dense)
-    values, filters, b = tf.constant(x.values), tf.constant(w), tf.constant(bias)
-    with tf.GradientTape() as tape:
-        tape.watch([values, filters, b])
-        y = ts.direct_conv(x.with_values(values), filters, b, mask, selection=mode, k=5)
-        upstream = tf.constant(rng.standard_normal(y.values.shape[0]))
-        loss = tf.reduce_sum(y.values * upstream)
-    g_values, g_filter, g_bias = tape.gradient(loss, [values, filters, b])
+    with tf.device(device):
+        x = ts.from_dense(dense)
+        values, filters, b = tf.constant(x.values), tf.constant(w), tf.constant(bias)
+        with tf.GradientTape() as tape:
+            tape.watch([values, filters, b])
+            y = ts.direct_conv(x.with_values(values), filters, b, mask, selection=mode, k=5)
+            upstream = tf.constant(rng.standard_normal(y.values.shape[0]))
+            loss = tf.reduce_sum(y.values * upstream)
+        g_values, g_filter, g_bias = tape.gradient(loss, [values, filters, b])
     # Reference: the dense convolution, differentiated through the kept positions only.
-    dense_in = tf.constant(dense)
-    dense_w = tf.constant(w * mask)
-    kept_idx = ts.decode_keys(y.keys, y.dense_shape)
-    with tf.GradientTape() as tape:
-        tape.watch([dense_in, dense_w])
-        full = tf.nn.convolution(dense_in, dense_w, padding="SAME")
-        ref_loss = tf.reduce_sum(tf.gather_nd(full, kept_idx) * upstream)
-    ref_in, ref_w = tape.gradient(ref_loss, [dense_in, dense_w])
-    np.testing.assert_allclose(g_values.numpy(), ts.gather_dense(x, ref_in).values.numpy(), atol=1e-10)
-    np.testing.assert_allclose(g_filter.numpy(), ref_w.numpy() * mask, atol=1e-10)
+    with tf.device(CPU):
+        dense_in = tf.constant(dense)
+        dense_w = tf.constant(w * mask)
+        kept_idx = ts.decode_keys(y.keys, y.dense_shape)
+        with tf.GradientTape() as tape:
+            tape.watch([dense_in, dense_w])
+            full = tf.nn.convolution(dense_in, dense_w, padding="SAME")
+            ref_loss = tf.reduce_sum(tf.gather_nd(full, kept_idx) * upstream)
+        ref_in, ref_w = tape.gradient(ref_loss, [dense_in, dense_w])
+        ref_values = ts.gather_dense(x, ref_in).values.numpy()
+    assert_close_on(device, g_values.numpy(), ref_values, atol=1e-10)
+    assert_close_on(device, g_filter.numpy(), ref_w.numpy() * mask, atol=1e-10)
     seg = y.keys.numpy() // 56 % 3
-    np.testing.assert_allclose(g_bias.numpy(), np.bincount(seg, upstream.numpy(), minlength=3), atol=1e-10)
+    assert_close_on(device, g_bias.numpy(), np.bincount(seg, upstream.numpy(), minlength=3), atol=1e-10)
 
 
-def test_conv_in_tf_function_with_gradient(rng):
+def test_conv_in_tf_function_with_gradient(rng, device):
     dense = random_sparse(rng, 2, (6, 6, 6), 1, 0.1, np.float32)
-    w = tf.Variable(rng.standard_normal((3, 3, 3, 1, 4)).astype(np.float32))
-    x = ts.from_dense(dense)
+    with tf.device(device):
+        w = tf.Variable(rng.standard_normal((3, 3, 3, 1, 4)).astype(np.float32))
+        x = ts.from_dense(dense)
     spec = ts.ChannelSparseTensor.spec([None, 6, 6, 6, 1], tf.float32)
 
     @tf.function(input_signature=[spec])
@@ -291,8 +329,9 @@ def test_conv_in_tf_function_with_gradient(rng):
             loss = tf.reduce_sum(y.values)
         return loss, tape.gradient(loss, w)
 
-    loss, grad = step(x)
-    eager_y = ts.sparse_relu(ts.direct_conv(x, w, selection="signed", rho_up=0.05))
+    with tf.device(device):
+        loss, grad = step(x)
+        eager_y = ts.sparse_relu(ts.direct_conv(x, w, selection="signed", rho_up=0.05))
     np.testing.assert_allclose(loss.numpy(), tf.reduce_sum(eager_y.values).numpy(), rtol=1e-6)
     assert grad.shape == w.shape
 
@@ -319,6 +358,32 @@ def test_conv_savedmodel_round_trip(rng, tmp_path):
     got = restored(x)
     np.testing.assert_array_equal(got.keys.numpy(), expected.keys.numpy())
     np.testing.assert_array_equal(got.values.numpy(), expected.values.numpy())
+
+
+@pytest.mark.soft_placement
+def test_savedmodel_runs_on_gpu_like_eager_cpu(rng, tmp_path, gpu):
+    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 2, (9, 8, 7), 2, 4, (3, 3, 3), 0.1, 0.5,
+                                                           np.float32)
+
+    class Net(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(w)
+            self.b = tf.Variable(bias)
+            self.mask = tf.Variable(mask, trainable=False)
+
+        @tf.function(input_signature=[ts.ChannelSparseTensor.spec([None] * 5, tf.float32)])
+        def __call__(self, x):
+            y = ts.sparse_relu(ts.direct_conv(x, self.w, self.b, self.mask, selection="abs", k=30))
+            return ts.sparse_max_pool(y, 2)
+
+    with tf.device(CPU):
+        expected = Net()(sparse_on(CPU, keys, values, dense_shape))
+    tf.saved_model.save(Net(), str(tmp_path / "model"))
+    with tf.device(GPU):
+        restored = tf.saved_model.load(str(tmp_path / "model"))
+        got = restored(sparse_on(GPU, keys, values, dense_shape))
+    assert_same_sparse(got, expected, np.float32)
 
 
 def _sparse(keys, shape, dtype=tf.float64):
@@ -419,13 +484,373 @@ def test_backprop_op_rejects_output_keys_of_another_geometry():
             out_grad=tf.ones([2], tf.float64))
 
 
-def test_k_from_rho_up_matches_the_op_where_rho_up_times_size_is_whole():
+def test_k_from_rho_up_matches_the_op_where_rho_up_times_size_is_whole(device):
     """ceil(0.1 * 100) is 10 in double precision, but the op holds rho_up as float32 (0.1000000015)
     and keeps 11: the Python bound must say 11 too."""
     from tf_sparseconv.channel.direct_conv import k_from_rho_up
     assert k_from_rho_up(0.1, (10, 10)) == 11
     dense = np.zeros((1, 10, 10, 1), np.float32)
     dense[0, :, :, 0] = np.arange(1, 101, dtype=np.float32).reshape(10, 10)
-    x = ts.from_dense(dense)
-    y = ts.direct_conv(x, np.ones((1, 1, 1, 1), np.float32), selection="signed", rho_up=0.1)
+    with tf.device(device):
+        y = ts.direct_conv(ts.from_dense(dense), np.ones((1, 1, 1, 1), np.float32), selection="signed", rho_up=0.1)
     assert int(y.num_entries) == k_from_rho_up(0.1, (10, 10))
+
+
+# --- on the GPU, against the CPU ----------------------------------------------------------------
+
+@pytest.fixture(params=["sort", "dense"])
+def gpu_dataflow(request):
+    """The direct convolution's two dataflows (`dataflow=`; `auto` picks the dense grid for every
+    small grid here): a test taking this fixture runs its GPU calls with each forced."""
+    return request.param
+
+
+def conv_inputs(rng, batch, spatial, cin, cout, kernel, density, filter_density, dtype, tie_values=None):
+    empty_batch = 1 if batch == 3 else None
+    keys, values, dense_shape = random_sparse_components(rng, (batch, *spatial, cin), density, dtype,
+                                                         empty_batch=empty_batch, tie_values=tie_values)
+    w, mask = random_filter(rng, kernel, cin, cout, filter_density, dtype)
+    bias = rng.standard_normal(cout).astype(dtype)
+    return keys, values, dense_shape, w, mask, bias
+
+
+def run_conv(device, keys, values, dense_shape, w, mask, bias, **kwargs):
+    """direct_conv on `device` (dataflow="auto" unless kwargs name one)."""
+    with tf.device(device):
+        x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(dense_shape))
+        y, touched, positive = ts.direct_conv(x, tf.constant(w), tf.constant(bias), tf.constant(mask),
+                                              return_counts=True, **kwargs)
+        return y, tf.stack([touched, positive])  # [2, B, Cout]: touched and positive counts
+
+
+SELECTIONS = [pytest.param({}, id="none"), pytest.param(dict(selection="signed", k=5), id="signed-k5"),
+              pytest.param(dict(selection="abs", k=3), id="abs-k3"),
+              pytest.param(dict(selection="signed", rho_up=0.2), id="signed-rho0.2"),
+              pytest.param(dict(selection="abs", k=1), id="abs-k1"),
+              pytest.param(dict(selection="signed", k=100000), id="signed-k-above-touched")]
+
+
+@pytest.mark.parametrize("selection", SELECTIONS)
+@pytest.mark.parametrize("batch,spatial,cin,cout,kernel,density,filter_density", GPU_CONV_CASES)
+def test_conv_matches_cpu(rng, batch, spatial, cin, cout, kernel, density, filter_density, selection, dtype,
+                          gpu_dataflow, gpu):
+    inputs = conv_inputs(rng, batch, spatial, cin, cout, kernel, density, filter_density, dtype)
+    y_cpu, counts_cpu = run_conv(CPU, *inputs, **selection)
+    y_gpu, counts_gpu = run_conv(GPU, *inputs, dataflow=gpu_dataflow, **selection)
+    assert_same_sparse(y_gpu, y_cpu, dtype)
+    assert_on_gpu(counts_gpu)
+    np.testing.assert_array_equal(counts_gpu.numpy(), counts_cpu.numpy())
+
+
+@pytest.mark.parametrize("selection", ["signed", "abs"])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_conv_k_selection_ties_go_to_the_smaller_key_like_cpu(rng, selection, k, dtype, gpu_dataflow, gpu):
+    # Values and weights from small integer sets: many equal responses, exact in float32.
+    inputs = conv_inputs(rng, 2, (8, 9), 2, 3, (3, 3), 0.3, 0.7, dtype, tie_values=[-1.0, 1.0, 2.0])
+    keys, values, dense_shape, w, mask, _ = inputs
+    w = np.round(w).astype(dtype)
+    bias = np.zeros(3, dtype)
+    touched, _ = run_conv(CPU, keys, values, dense_shape, w, mask, bias)
+    segments = touched.keys.numpy() // (8 * 9)
+    scores = touched.values.numpy() if selection == "signed" else np.abs(touched.values.numpy())
+    assert any(len(np.unique(scores[segments == s])) < np.sum(segments == s) for s in np.unique(segments)), \
+        "the case needs tied responses within a segment"
+    y_cpu, _ = run_conv(CPU, keys, values, dense_shape, w, mask, bias, selection=selection, k=k)
+    y_gpu, _ = run_conv(GPU, keys, values, dense_shape, w, mask, bias, selection=selection, k=k,
+                        dataflow=gpu_dataflow)
+    assert_same_sparse(y_gpu, y_cpu, dtype)
+
+
+def test_conv_k_selection_ties_at_zero_prefer_the_smaller_key(gpu_dataflow, gpu):
+    # Stored +0 and -0 entries are equal responses, as on the CPU.
+    keys = np.array([1, 4, 7, 10], np.int64)
+    values = np.array([3.0, -0.0, 0.0, 3.0])
+    w, mask, bias = np.ones((1, 1, 1, 1)), np.ones((1, 1, 1, 1), bool), np.array([0.0])
+    for selection in ("signed", "abs"):
+        y_cpu, _ = run_conv(CPU, keys, values, np.array([1, 1, 12, 1]), w, mask, bias, selection=selection, k=3)
+        y_gpu, _ = run_conv(GPU, keys, values, np.array([1, 1, 12, 1]), w, mask, bias, selection=selection, k=3,
+                            dataflow=gpu_dataflow)
+        np.testing.assert_array_equal(y_cpu.keys.numpy(), [1, 4, 10])
+        np.testing.assert_array_equal(y_gpu.keys.numpy(), y_cpu.keys.numpy())
+
+
+@pytest.mark.parametrize("batch,spatial,cin,cout,kernel,density,filter_density", GPU_CONV_CASES)
+def test_conv_values_are_bit_identical_to_cpu(rng, batch, spatial, cin, cout, kernel, density, filter_density,
+                                              dtype, gpu_dataflow, gpu):
+    """Contributions are summed in the CPU's order with the CPU's roundings (no FMA)."""
+    inputs = conv_inputs(rng, batch, spatial, cin, cout, kernel, density, filter_density, dtype)
+    y_cpu, _ = run_conv(CPU, *inputs)
+    y_gpu, _ = run_conv(GPU, *inputs, dataflow=gpu_dataflow)
+    np.testing.assert_array_equal(y_gpu.values.numpy(), y_cpu.values.numpy())
+
+
+def test_conv_of_an_empty_input_and_all_pruned_filter(rng, dtype, gpu_dataflow, gpu):
+    w, mask = random_filter(rng, (3, 3), 2, 3, 0.5, dtype)
+    empty = (np.zeros([0], np.int64), np.zeros([0], dtype), np.array([2, 5, 5, 2], np.int64))
+    for filter_mask in (mask, np.zeros_like(mask)):
+        for kwargs in ({}, dict(selection="signed", k=3)):
+            y_gpu, touched = run_conv(GPU, *empty, w, filter_mask, np.ones(3, dtype), dataflow=gpu_dataflow,
+                                      **kwargs)
+            assert y_gpu.keys.shape[0] == 0
+            np.testing.assert_array_equal(touched.numpy(), np.zeros((2, 2, 3)))
+    keys, values, dense_shape = random_sparse_components(rng, [2, 5, 5, 2], 0.4, dtype)
+    y_gpu, touched = run_conv(GPU, keys, values, dense_shape, w, np.zeros_like(mask), np.ones(3, dtype),
+                              dataflow=gpu_dataflow)
+    assert y_gpu.keys.shape[0] == 0 and not touched.numpy().any()
+
+
+def test_gpu_dataflows_give_bit_identical_results(rng, gpu):
+    inputs = conv_inputs(rng, 2, (9, 8, 7), 2, 3, (3, 3, 3), 0.1, 0.6, np.float32)
+    results = [run_conv(GPU, *inputs, dataflow=dataflow)[0] for dataflow in ("auto", "sort", "dense")]
+    for y in results[1:]:
+        np.testing.assert_array_equal(y.keys.numpy(), results[0].keys.numpy())
+        np.testing.assert_array_equal(y.values.numpy(), results[0].values.numpy())
+
+
+def large_conv_inputs(rng, dtype):
+    """Enough entries for many compaction tiles, sort passes and gradient parts per segment."""
+    return conv_inputs(rng, 2, (40, 36, 32), 2, 4, (3, 3, 3), 0.03, 0.6, dtype)
+
+
+@pytest.mark.parametrize("selection", [pytest.param({}, id="none"),
+                                       pytest.param(dict(selection="signed", rho_up=0.01), id="signed"),
+                                       pytest.param(dict(selection="abs", k=500), id="abs")])
+def test_large_conv_matches_cpu(rng, selection, dtype, gpu_dataflow, gpu):
+    inputs = large_conv_inputs(rng, dtype)
+    y_cpu, counts_cpu = run_conv(CPU, *inputs, **selection)
+    y_gpu, counts_gpu = run_conv(GPU, *inputs, dataflow=gpu_dataflow, **selection)
+    assert counts_cpu.numpy()[0].min() > 2048, "the case needs segments larger than a tile"
+    assert_same_sparse(y_gpu, y_cpu, dtype)
+    np.testing.assert_array_equal(counts_gpu.numpy(), counts_cpu.numpy())
+
+
+def backprop(device, keys, values, dense_shape, w, mask, out_keys, out_grad, dataflow="auto"):
+    """Raw backprop outputs. The GPU sums dL/dx in the order of the CPU's search path
+    (dataflow='sort'), so that CPU run is the bit-identical reference."""
+    with tf.device(device):
+        return [t.numpy() for t in ts.raw_ops.direct_sparse_conv_backprop(
+            in_keys=tf.constant(keys), in_values=tf.constant(values), dense_shape=tf.constant(dense_shape),
+            filter=tf.constant(w), filter_mask=tf.constant(mask), out_keys=tf.constant(out_keys),
+            out_grad=tf.constant(out_grad), dataflow=dataflow)]
+
+
+@pytest.mark.parametrize("selection", [pytest.param({}, id="none"),
+                                       pytest.param(dict(selection="abs", k=4), id="abs-k4")])
+@pytest.mark.parametrize("batch,spatial,cin,cout,kernel,density,filter_density", GPU_CONV_CASES)
+def test_conv_backprop_matches_cpu(rng, batch, spatial, cin, cout, kernel, density, filter_density, selection,
+                                   dtype, gpu_dataflow, gpu):
+    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, batch, spatial, cin, cout, kernel, density,
+                                                           filter_density, dtype)
+    y, _ = run_conv(CPU, keys, values, dense_shape, w, mask, bias, **selection)
+    out_keys = y.keys.numpy()
+    out_grad = rng.standard_normal(len(out_keys)).astype(dtype)
+    cpu_grads = backprop(CPU, keys, values, dense_shape, w, mask, out_keys, out_grad, dataflow="sort")
+    gpu_grads = backprop(GPU, keys, values, dense_shape, w, mask, out_keys, out_grad, dataflow=gpu_dataflow)
+    np.testing.assert_array_equal(gpu_grads[0], cpu_grads[0])  # in_grad: the CPU's summation order
+    assert np.all(gpu_grads[1][~mask] == 0)
+    for g, c in zip(gpu_grads[1:], cpu_grads[1:]):
+        assert_close(g, c, dtype)
+
+
+def test_large_conv_backprop_matches_cpu(rng, dtype, gpu_dataflow, gpu):
+    keys, values, dense_shape, w, mask, bias = large_conv_inputs(rng, dtype)
+    y, _ = run_conv(CPU, keys, values, dense_shape, w, mask, bias)
+    out_grad = rng.standard_normal(y.keys.shape[0]).astype(dtype)
+    cpu_grads = backprop(CPU, keys, values, dense_shape, w, mask, y.keys.numpy(), out_grad, dataflow="sort")
+    gpu_grads = backprop(GPU, keys, values, dense_shape, w, mask, y.keys.numpy(), out_grad, dataflow=gpu_dataflow)
+    np.testing.assert_array_equal(gpu_grads[0], cpu_grads[0])
+    for g, c in zip(gpu_grads[1:], cpu_grads[1:]):
+        assert_close(g, c, dtype)
+
+
+def tape_gradients(device, fn, *arrays):
+    with tf.device(device):
+        variables = [tf.constant(a) for a in arrays]
+        with tf.GradientTape() as tape:
+            tape.watch(variables)
+            out = fn(*variables)
+            loss = tf.reduce_sum(out * out)
+        return [g.numpy() for g in tape.gradient(loss, variables)]
+
+
+def test_conv_relu_pool_gradients_on_gpu_match_cpu(rng, dtype, gpu_dataflow, gpu):
+    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 2, (8, 7, 6), 2, 3, (3, 3, 3), 0.15, 0.6, dtype)
+
+    def net(v, filters, b):
+        x = ts.ChannelSparseTensor(tf.constant(keys), v, tf.constant(dense_shape))
+        y = ts.sparse_relu(ts.direct_conv(x, filters, b, tf.constant(mask), selection="signed", k=20,
+                                          dataflow=gpu_dataflow))
+        return ts.to_dense(ts.sparse_max_pool(y, 2))
+
+    cpu_grads = tape_gradients(CPU, net, values, w, bias)
+    gpu_grads = tape_gradients(GPU, net, values, w, bias)
+    for g, c in zip(gpu_grads, cpu_grads):
+        assert_close(g, c, dtype)
+
+
+@pytest.mark.soft_placement
+@pytest.mark.parametrize("spatial,kernel,cin,cout", [((7, 6), (3, 3), 2, 3), ((5, 4, 5), (3, 3, 3), 2, 2),
+                                                     ((11,), (5,), 3, 2)])
+def test_conv_gradient_matches_numerical_jacobian_on_gpu_float64(rng, spatial, kernel, cin, cout, gpu_dataflow,
+                                                                 gpu):
+    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 2, spatial, cin, cout, kernel, 0.25, 0.6,
+                                                           np.float64)
+    with tf.device(GPU):
+        x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(dense_shape))
+
+        def f(v, filters, b):
+            y = ts.direct_conv(x.with_values(v), filters, b, tf.constant(mask), dataflow=gpu_dataflow)
+            assert_on_gpu(y.values)
+            return y.values
+
+        theoretical, numerical = tf.test.compute_gradient(f, [tf.constant(values), tf.constant(w),
+                                                              tf.constant(bias)])
+    for t, n in zip(theoretical, numerical):
+        assert np.any(t)
+        np.testing.assert_allclose(t, n, atol=1e-7)
+
+
+# --- determinism ---------------------------------------------------------------------------------
+
+def all_outputs(rng_seed, dtype):
+    """Every op's outputs on the GPU, as numpy arrays, for inputs from rng_seed."""
+    rng = np.random.default_rng(rng_seed)
+    keys, values, dense_shape, w, mask, bias = large_conv_inputs(rng, dtype)
+    outputs = []
+    for kwargs in ({}, dict(selection="signed", rho_up=0.01)):
+        y, touched = run_conv(GPU, keys, values, dense_shape, w, mask, bias, **kwargs)
+        outputs += [y.keys.numpy(), y.values.numpy(), touched.numpy()]
+        out_grad = np.linspace(-1, 1, y.keys.shape[0]).astype(dtype)
+        outputs += backprop(GPU, keys, values, dense_shape, w, mask, y.keys.numpy(), out_grad)
+    x = sparse_on(GPU, keys, values, dense_shape)
+    outputs += [t.numpy() for t in on(GPU, ts.raw_ops.sparse_max_pool, x.keys, x.values, x.dense_shape,
+                                      strides=[2, 2, 3])]
+    outputs += [t.numpy() for t in on(GPU, ts.raw_ops.sparse_relu, x.keys, x.values, x.dense_shape)]
+    dense = on(GPU, ts.to_dense, x)
+    outputs += [dense.numpy()] + [t.numpy() for t in on(GPU, ts.raw_ops.dense_to_channel_sparse, dense)]
+    return outputs
+
+
+def test_gpu_results_are_bit_identical_across_runs(dtype, gpu):
+    first, second = all_outputs(7, dtype), all_outputs(7, dtype)
+    for a, b in zip(first, second):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_gpu_results_are_bit_identical_under_op_determinism(gpu):
+    # enable_op_determinism cannot be turned off again: a process of its own.
+    script = textwrap.dedent("""
+        import numpy as np, tensorflow as tf
+        tf.config.experimental.enable_op_determinism()
+        from tests.channel.test_direct_conv import all_outputs
+        for dtype in (np.float32, np.float64):
+            first, second = all_outputs(11, dtype), all_outputs(11, dtype)
+            for a, b in zip(first, second):
+                np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+        print("bit-identical under op determinism")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "bit-identical under op determinism" in result.stdout
+
+
+# --- errors on the GPU: the CPU's messages ------------------------------------------------------
+
+@pytest.mark.parametrize("out_keys,phrase", [([0, 99], "output key out of range"), ([5, 2], "must be sorted"),
+                                             ([4, 4], "must be unique")])
+def test_backprop_output_keys_give_the_cpu_error_on_gpu(out_keys, phrase, gpu):
+    assert_same_error(lambda: ts.raw_ops.direct_sparse_conv_backprop(
+        in_keys=tf.constant([0, 7], tf.int64), in_values=tf.ones([2], tf.float64),
+        dense_shape=tf.constant([1, 5, 5, 1], tf.int64), filter=tf.ones((3, 3, 1, 1), tf.float64),
+        filter_mask=tf.ones((3, 3, 1, 1), tf.bool), out_keys=tf.constant(out_keys, tf.int64),
+        out_grad=tf.ones([2], tf.float64)), phrase)
+
+
+@pytest.mark.parametrize("where", ["values", "filter", "bias"])
+def test_conv_nan_gives_the_cpu_error_on_gpu(where, gpu_dataflow, gpu):
+    def conv():
+        values, w, b = np.ones(2), np.ones((3, 3, 1, 1)), np.zeros(1)
+        {"values": values, "filter": w, "bias": b}[where].flat[-1] = np.nan
+        x = _sparse([0, 7], [1, 5, 5, 1])
+        return ts.direct_conv(x.with_values(tf.constant(values)), tf.constant(w), tf.constant(b),
+                              dataflow=gpu_dataflow)
+    assert_same_error(conv, "contains NaN")
+    if where != "bias":
+        assert_same_error(lambda: ts.raw_ops.direct_sparse_conv_backprop(
+            in_keys=tf.constant([0, 7], tf.int64),
+            in_values=tf.constant([1.0, np.nan] if where == "values" else [1.0, 1.0], tf.float64),
+            dense_shape=tf.constant([1, 5, 5, 1], tf.int64),
+            filter=tf.constant(np.full((3, 3, 1, 1), np.nan if where == "filter" else 1.0)),
+            filter_mask=tf.ones((3, 3, 1, 1), tf.bool), out_keys=tf.constant([0, 1], tf.int64),
+            out_grad=tf.ones([2], tf.float64), dataflow=gpu_dataflow), "contains NaN")
+
+
+def test_unknown_direct_choices_are_rejected(rng, gpu):
+    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 1, (5, 5), 1, 2, (3, 3), 0.3, 1.0, np.float32)
+    with pytest.raises(ValueError, match="dataflow must be one of"):
+        run_conv(GPU, keys, values, dense_shape, w, mask, bias, dataflow="fastest")
+    for bad in ("lots", -1, 1.5, "12MB"):
+        with pytest.raises(ValueError, match="temp_limit_bytes must be a whole number of bytes >= 0"):
+            run_conv(GPU, keys, values, dense_shape, w, mask, bias, temp_limit_bytes=bad)
+    inputs = dict(in_keys=tf.constant(keys), in_values=tf.constant(values), dense_shape=tf.constant(dense_shape),
+                  filter=tf.constant(w), filter_mask=tf.constant(mask), bias=tf.constant(bias))
+    with tf.device(GPU):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow"):
+            ts.raw_ops.direct_sparse_conv(**inputs, dataflow="fastest")
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"temp_limit_bytes must be >= 0"):
+            ts.raw_ops.direct_sparse_conv(**inputs, temp_limit_bytes=-1)
+
+
+# --- the forward in groups of examples (temp_limit_bytes) ---------------------------------------
+
+def grouped_inputs(rng, dtype):
+    """7 examples (example 3 empty) of ~550 entries and ~65 present weights per input channel:
+    ~0.86 MB of sort buffers per example in float32, ~1.15 MB in float64."""
+    keys, values, dense_shape = random_sparse_components(rng, (7, 24, 24, 24, 2), 0.02, dtype, empty_batch=3)
+    w, mask = random_filter(rng, (3, 3, 3), 2, 4, 0.6, dtype)
+    return keys, values, dense_shape, w, mask, rng.standard_normal(4).astype(dtype)
+
+
+def peak_gpu_bytes(fn):
+    tf.config.experimental.reset_memory_stats("GPU:0")
+    before = tf.config.experimental.get_memory_info("GPU:0")["current"]
+    result = fn()
+    return result, tf.config.experimental.get_memory_info("GPU:0")["peak"] - before
+
+
+@pytest.mark.parametrize("selection", [pytest.param({}, id="none"),
+                                       pytest.param(dict(selection="signed", rho_up=0.002), id="signed"),
+                                       pytest.param(dict(selection="abs", k=7), id="abs-k7")])
+@pytest.mark.parametrize("limit_mb", [1, 2])  # 1: one example per group; 2: two (float32) or one
+def test_forward_in_example_groups_is_the_one_run_result(rng, selection, limit_mb, dtype, gpu):
+    inputs = grouped_inputs(rng, dtype)
+    (y_one, counts_one), peak_one = peak_gpu_bytes(lambda: run_conv(GPU, *inputs, dataflow="sort", **selection))
+    (y_grouped, counts_grouped), peak_grouped = peak_gpu_bytes(
+        lambda: run_conv(GPU, *inputs, dataflow="sort", temp_limit_bytes=limit_mb << 20, **selection))
+    assert_on_gpu(y_grouped.keys, y_grouped.values, counts_grouped)
+    np.testing.assert_array_equal(y_grouped.keys.numpy(), y_one.keys.numpy())
+    np.testing.assert_array_equal(y_grouped.values.numpy(), y_one.values.numpy())
+    np.testing.assert_array_equal(counts_grouped.numpy(), counts_one.numpy())
+    assert counts_one.numpy()[0, 3].sum() == 0 and counts_one.numpy()[0].sum() > 0  # the empty example
+    y_cpu, counts_cpu = run_conv(CPU, *inputs, **selection)
+    assert_same_sparse(y_grouped, y_cpu, dtype)
+    np.testing.assert_array_equal(counts_grouped.numpy(), counts_cpu.numpy())
+    # The groups' temporaries replace the whole batch's: the peak falls.
+    assert peak_grouped < peak_one
+
+
+def test_forward_in_example_groups_checks_keys_across_the_groups(rng, gpu):
+    grouped = dict(dataflow="sort", temp_limit_bytes=1 << 20)
+    keys, values, dense_shape, w, mask, bias = grouped_inputs(rng, np.float64)
+    per_example = 24 ** 3 * 2
+    last_of_first = np.searchsorted(keys, per_example) - 1
+    keys[[last_of_first, last_of_first + 1]] = keys[[last_of_first + 1, last_of_first]]  # unsorted at a boundary
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be sorted"):
+        run_conv(GPU, keys, values, dense_shape, w, mask, bias, **grouped)
+    keys, values, dense_shape, w, mask, bias = grouped_inputs(rng, np.float64)
+    values[-1] = np.nan
+    with pytest.raises(tf.errors.InvalidArgumentError, match="contains NaN"):
+        run_conv(GPU, keys, values, dense_shape, w, mask, bias, **grouped)

@@ -1,10 +1,13 @@
 """Sparse max-pooling (window = stride, output at floor(x / s), extents ceil(R / s)): values and
-support against dense tf.nn.max_pool and a numpy reference, arg-max gradients and ties."""
+support against dense tf.nn.max_pool and a numpy reference, arg-max gradients and ties, on each
+device; the GPU's outputs, arg-max of ties included, identical to the CPU's."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_sparseconv as ts
+from tests.channel.helpers import random_sparse_components
+from tests.device import CPU, GPU, assert_on, assert_on_gpu, on
 
 # (shape, strides, padding) where tf.nn.max_pool pools the same windows: VALID with extents
 # divisible by the stride, or SAME with stride 2 (odd extents are padded by 1 at the end).
@@ -78,26 +81,31 @@ def first_maximum_jacobian(x, y, strides):
 
 @pytest.mark.parametrize("shape, strides, padding", DENSE_AGREEING_CASES)
 def test_sparse_max_pool_equals_dense_tf_max_pool_on_positive_inputs(shape, strides, padding, fill, dtype,
-                                                                     random_dense):
+                                                                     random_dense, device):
     dense = random_dense(shape, dtype=dtype, sign="positive", **fill)
-    y = ts.sparse_max_pool(ts.from_dense(dense), strides)
+    with tf.device(device):
+        y = ts.sparse_max_pool(ts.from_dense(dense), strides)
+        y_dense = ts.to_dense(y)
     assert y.dtype == dtype
-    expected = tf.nn.max_pool(dense.astype(np.float32), strides, strides, padding)  # exact in float32
-    np.testing.assert_array_equal(ts.to_dense(y).numpy(), expected.numpy().astype(dtype))
+    with tf.device(CPU):
+        expected = tf.nn.max_pool(dense.astype(np.float32), strides, strides, padding)  # exact in float32
+    np.testing.assert_array_equal(y_dense.numpy(), expected.numpy().astype(dtype))
 
 
 @pytest.mark.parametrize("shape, strides", CASES)
-def test_sparse_max_pool_output_extents_are_ceil_of_extent_over_stride(shape, strides, random_dense):
-    y = ts.sparse_max_pool(ts.from_dense(random_dense(shape, 0.3)), strides)
+def test_sparse_max_pool_output_extents_are_ceil_of_extent_over_stride(shape, strides, random_dense, device):
+    with tf.device(device):
+        y = ts.sparse_max_pool(ts.from_dense(random_dense(shape, 0.3)), strides)
     spatial_strides = per_dimension(strides, len(shape) - 2)
     expected = [shape[0]] + [int(np.ceil(r / s)) for r, s in zip(shape[1:-1], spatial_strides)] + [shape[-1]]
     np.testing.assert_array_equal(y.dense_shape.numpy(), expected)
 
 
 @pytest.mark.parametrize("shape, strides", CASES)
-def test_sparse_max_pool_support_is_exactly_the_nonempty_windows(shape, strides, fill, random_dense):
+def test_sparse_max_pool_support_is_exactly_the_nonempty_windows(shape, strides, fill, random_dense, device):
     dense = random_dense(shape, **fill)
-    y = ts.validate(ts.sparse_max_pool(ts.from_dense(dense), strides))
+    with tf.device(device):
+        y = ts.validate(ts.sparse_max_pool(ts.from_dense(dense), strides))
     _, nonempty = reference_max_pool(dense, strides)
     assert int(y.num_entries) == np.count_nonzero(nonempty)
     np.testing.assert_array_equal(support_of(y), nonempty)
@@ -106,38 +114,48 @@ def test_sparse_max_pool_support_is_exactly_the_nonempty_windows(shape, strides,
 @pytest.mark.parametrize("sign", ["mixed", "negative"])
 @pytest.mark.parametrize("shape, strides", CASES)
 def test_sparse_max_pool_value_is_the_max_of_the_present_entries_even_if_negative(shape, strides, sign, fill,
-                                                                                  dtype, random_dense):
+                                                                                  dtype, random_dense, device):
     dense = random_dense(shape, dtype=dtype, sign=sign, **fill)
-    y = ts.sparse_max_pool(ts.from_dense(dense), strides)
+    with tf.device(device):
+        y_dense = ts.to_dense(ts.sparse_max_pool(ts.from_dense(dense), strides))
     expected, nonempty = reference_max_pool(dense, strides)
     if sign == "negative":
         assert np.all(expected[nonempty] < 0)
-    np.testing.assert_array_equal(ts.to_dense(y).numpy(), expected)
+    np.testing.assert_array_equal(y_dense.numpy(), expected)
 
 
+@pytest.mark.soft_placement
 @pytest.mark.parametrize("shape, strides", [
     pytest.param([2, 9, 2], 3, id="1d"), pytest.param([2, 4, 6, 2], [2, 3], id="2d-anisotropic"),
     pytest.param([1, 4, 5, 4, 2], 2, id="3d-odd"),
 ])
-def test_sparse_max_pool_gradient_of_tied_maxima_goes_to_the_smaller_key(shape, strides, rng):
+def test_sparse_max_pool_gradient_of_tied_maxima_goes_to_the_smaller_key(shape, strides, rng, device):
     dense = np.where(rng.random(shape) < 0.7, rng.choice([-1.0, 1.0, 2.0], shape), 0.0)
-    x = ts.from_dense(dense)
-    y = ts.sparse_max_pool(x, strides)
+
+    def pooled_values(v):
+        values = ts.sparse_max_pool(x.with_values(v), strides).values
+        assert_on(device, values)
+        return values
+
+    with tf.device(device):
+        x = ts.from_dense(dense)
+        y = ts.sparse_max_pool(x, strides)
+        theoretical, _ = tf.test.compute_gradient(pooled_values, [x.values])
     expected, tied_windows = first_maximum_jacobian(x, y, strides)
     assert tied_windows, "the input must hold tied maxima"
-    theoretical, _ = tf.test.compute_gradient(lambda v: ts.sparse_max_pool(x.with_values(v), strides).values,
-                                              [x.values])
     np.testing.assert_array_equal(theoretical[0], expected)
 
 
+@pytest.mark.soft_placement
 @pytest.mark.parametrize("shape, strides", GRADIENT_CASES)
 def test_sparse_max_pool_gradient_matches_numerical_jacobian(shape, strides, random_dense,
-                                                             assert_gradient_matches_numerical):
-    x = ts.from_dense(random_dense(shape, 0.6))  # distinct values: no ties
-    y = ts.sparse_max_pool(x, strides)
+                                                             assert_gradient_matches_numerical, device):
+    with tf.device(device):
+        x = ts.from_dense(random_dense(shape, 0.6))  # distinct values: no ties
+        y = ts.sparse_max_pool(x, strides)
     assert int(y.num_entries) < int(x.num_entries), "the check needs windows with several entries"
     jacobian = assert_gradient_matches_numerical(
-        lambda values: ts.sparse_max_pool(x.with_values(values), strides).values, x.values)
+        lambda values: ts.sparse_max_pool(x.with_values(values), strides).values, x.values, device)
     np.testing.assert_array_equal(jacobian, first_maximum_jacobian(x, y, strides)[0])
 
 
@@ -169,3 +187,25 @@ def test_sparse_max_pool_rejects_malformed_input(keys, values, message):
                                tf.constant([1, 4, 2, 1], tf.int64))
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         ts.sparse_max_pool(x, 2)
+
+
+@pytest.mark.parametrize("shape,strides", CASES)
+@pytest.mark.parametrize("values", ["distinct", "ties"])
+def test_max_pool_matches_cpu_including_argmax_of_ties(rng, shape, strides, values, dtype, gpu):
+    ties = [-1.0, 1.0, 2.0] if values == "ties" else None
+    for density in (0.0, 0.6):
+        keys, vals, dense_shape = random_sparse_components(rng, shape, density, dtype, tie_values=ties)
+        results = {device: on(device, ts.raw_ops.sparse_max_pool, keys, vals, dense_shape, strides=strides)
+                   for device in (CPU, GPU)}
+        assert_on_gpu(results[GPU][1], results[GPU][3])
+        for gpu_out, cpu_out in zip(results[GPU], results[CPU]):
+            np.testing.assert_array_equal(gpu_out.numpy(), cpu_out.numpy())
+
+
+def test_max_pool_of_many_entries_matches_cpu(rng, dtype, gpu):
+    keys, vals, dense_shape = random_sparse_components(rng, [2, 40, 40, 30, 3], 0.2, dtype,
+                                                       tie_values=[0.5, 1.0, 1.5, -2.0])
+    results = {device: on(device, ts.raw_ops.sparse_max_pool, keys, vals, dense_shape, strides=[2, 3, 2])
+               for device in (CPU, GPU)}
+    for gpu_out, cpu_out in zip(results[GPU], results[CPU]):
+        np.testing.assert_array_equal(gpu_out.numpy(), cpu_out.numpy())
