@@ -26,26 +26,26 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.gpu)
 
 
-@pytest.fixture(params=["cpu", "gpu"])
-def device(request):
-    """The device the test builds its inputs and runs its ops on, under tf.device(device):
-    "/CPU:0", and "/GPU:0" where TensorFlow sees a GPU (with strict placement)."""
-    if request.param == "cpu":
-        return CPU
+def _gpu_or_skip(request):
+    """"/GPU:0" with strict placement, or a skip where TensorFlow sees no GPU."""
     if not gpu_visible():
         pytest.skip(NO_GPU)
     request.getfixturevalue("strict_placement")
     return GPU
+
+
+@pytest.fixture(params=["cpu", "gpu"])
+def device(request):
+    """The device the test builds its inputs and runs its ops on, under tf.device(device):
+    "/CPU:0", and "/GPU:0" where TensorFlow sees a GPU (with strict placement)."""
+    return CPU if request.param == "cpu" else _gpu_or_skip(request)
 
 
 @pytest.fixture
 def gpu(request):
     """For tests that exist because there is a GPU (GPU against CPU, bit-identical reruns,
     dataflows that agree): "/GPU:0", with strict placement; skipped without a GPU."""
-    if not gpu_visible():
-        pytest.skip(NO_GPU)
-    request.getfixturevalue("strict_placement")
-    return GPU
+    return _gpu_or_skip(request)
 
 
 @pytest.fixture

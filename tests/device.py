@@ -1,13 +1,18 @@
 """Running a test on a device: the device strings of tests/conftest.py's `device` and `gpu`
 fixtures, running a function there, checking where results live, and comparing the error
 messages of both devices. Imported as `tests.device`, so that a subprocess finds it too."""
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 CPU, GPU = "/CPU:0", "/GPU:0"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def gpu_visible():
@@ -49,3 +54,14 @@ def assert_same_error(fn, phrase):
                 fn()
         messages[device] = first_line(error.value)
     assert messages[GPU] == messages[CPU]
+
+
+def run_in_own_process(script):
+    """stdout of `script` (dedented) run by a fresh interpreter at the repository root, for
+    settings that cannot be undone (e.g. op determinism); fails the test with its output if it
+    exits non-zero."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout

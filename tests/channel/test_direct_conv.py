@@ -4,10 +4,6 @@ GPU, with each dataflow, against the CPU: keys, counts and forward values bit-id
 gradients within tolerance, the CPU's errors, bit-identical reruns (also under op
 determinism), the forward in groups of examples, and a SavedModel."""
 import itertools
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -16,9 +12,7 @@ import tensorflow as tf
 import tf_sparseconv as ts
 from tests.channel.helpers import (assert_close, assert_close_on, assert_same_sparse, random_filter,
                                    random_sparse_components, sparse_on)
-from tests.device import CPU, GPU, assert_on, assert_on_gpu, assert_same_error, on
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.device import CPU, GPU, assert_on, assert_on_gpu, assert_same_error, on, run_in_own_process
 
 
 def random_sparse(rng, batch, spatial, channels, density, dtype=np.float64):
@@ -740,7 +734,7 @@ def test_gpu_results_are_bit_identical_across_runs(dtype, gpu):
 
 def test_gpu_results_are_bit_identical_under_op_determinism(gpu):
     # enable_op_determinism cannot be turned off again: a process of its own.
-    script = textwrap.dedent("""
+    output = run_in_own_process("""
         import numpy as np, tensorflow as tf
         tf.config.experimental.enable_op_determinism()
         from tests.channel.test_direct_conv import all_outputs
@@ -750,11 +744,7 @@ def test_gpu_results_are_bit_identical_under_op_determinism(gpu):
                 np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
         print("bit-identical under op determinism")
     """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "bit-identical under op determinism" in result.stdout
+    assert "bit-identical under op determinism" in output
 
 
 # --- errors on the GPU: the CPU's messages ------------------------------------------------------
