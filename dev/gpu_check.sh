@@ -2,9 +2,11 @@
 # GPU check, on a machine with an NVIDIA GPU and TensorFlow importable by `python3` (e.g.
 # from PYTHONPATH=/tmp/site; no virtual environment is created):
 #   build      builds the op library with CUDA for sm_90 only (TF_SPARSECONV_CUDA_ARCHS overrides)
-#   test       runs the whole test suite with the GPU visible (every op then runs on the GPU)
-#   memcheck   tests/channel/test_gpu.py under compute-sanitizer --tool memcheck
-#   racecheck  tests/channel/test_gpu.py under compute-sanitizer --tool racecheck
+#   test       runs the whole test suite with the GPU visible: the GPU cases (the gpu case of
+#              tests/conftest.py's device fixture, and the tests of its gpu fixture) then run
+#   memcheck   the channel family's GPU cases (pytest tests/channel -m gpu) under
+#              compute-sanitizer --tool memcheck
+#   racecheck  the same under compute-sanitizer --tool racecheck
 # Usage: dev/gpu_check.sh [STAGE...]   (default: all four, in that order)
 # SANITIZER_PYTEST_ARGS: pytest options for the sanitized run (default: "-x -q"; split on
 # spaces); SANITIZER_K: a -k expression, passed as one argument (e.g. "not large"; racecheck's
@@ -50,7 +52,7 @@ from tf_sparseconv import _build_info
 if not _build_info.CUDA:
     sys.exit("the op library has no GPU kernels (CUDA = False in tf_sparseconv/_build_info.py)")
 if not tf.config.list_physical_devices("GPU"):
-    sys.exit("TensorFlow sees no GPU: tests/channel/test_gpu.py would be skipped")
+    sys.exit("TensorFlow sees no GPU: the tests' GPU cases would be skipped")
 print("op library with GPU kernels for sm_" + ", sm_".join(_build_info.CUDA_ARCHS) +
       f" (nvcc {_build_info.CUDA_VERSION}); TensorFlow sees {tf.config.list_physical_devices('GPU')}")
 PY
@@ -71,7 +73,7 @@ for stage in "${STAGES[@]}"; do
       ;;
     memcheck|racecheck)
       log="$LOGS/sanitizer_$stage.log"
-      echo "=== $stage: tests/channel/test_gpu.py under compute-sanitizer"
+      echo "=== $stage: tests/channel -m gpu under compute-sanitizer"
       # TensorFlow's default allocator carves tensors out of one big block, which hides
       # out-of-bounds accesses from memcheck; cudaMallocAsync gives every tensor its own.
       # shellcheck disable=SC2086
@@ -84,7 +86,7 @@ for stage in "${STAGES[@]}"; do
       [ -n "$k" ] && k_args=(-k "$k")
       gpu_ready && logged "$log" env TF_GPU_ALLOCATOR=cuda_malloc_async \
           "$SANITIZER" --tool "$stage" --target-processes all --error-exitcode 99 --print-limit 100 \
-          "$PYTHON" -m pytest tests/channel/test_gpu.py ${SANITIZER_PYTEST_ARGS:--x -q} "${k_args[@]}" -p no:cacheprovider
+          "$PYTHON" -m pytest tests/channel -m gpu ${SANITIZER_PYTEST_ARGS:--x -q} "${k_args[@]}" -p no:cacheprovider
       rc=$?
       if [ -f "$log" ]; then
         if [ $rc -eq 0 ] && grep -E "(ERROR|RACECHECK) SUMMARY: [1-9]" "$log" >/dev/null; then
