@@ -4,11 +4,16 @@ test module finds it too."""
 import numpy as np
 
 
-def random_sites(rng, batch, shape, density, channels, dtype=np.float32):
-    """Random unique sites (shuffled, so nothing relies on order) and their features."""
+def random_coords(rng, batch, shape, density):
+    """Unique random sites in shuffled order (nothing may rely on the order)."""
     occupied = rng.random((batch, *shape)) < density
     coords = np.argwhere(occupied).astype(np.int32)
-    coords = coords[rng.permutation(len(coords))]
+    return coords[rng.permutation(len(coords))]
+
+
+def random_sites(rng, batch, shape, density, channels, dtype=np.float32):
+    """random_coords and standard-normal features of them."""
+    coords = random_coords(rng, batch, shape, density)
     features = rng.standard_normal((len(coords), channels)).astype(dtype)
     return coords, features
 
@@ -21,7 +26,6 @@ def to_grid(coords, features, batch, shape, fill=0.0):
 
 def rows_at(grid, coords):
     return grid[tuple(np.asarray(coords).T)]
-
 
 
 def hand_built(m, **changes):

@@ -1,18 +1,22 @@
-"""Site-sparse convolution against dense references: tf.nn.convolution (1-3 spatial
-dims), a NumPy shift-and-multiply convolution (4-D), dense gradients for the inverse
-convolution, tf.nn.conv_transpose for the transposed one; float64 gradient checks and
-the error paths of the kernel map and the convolution."""
+"""Site-sparse convolution against dense references on each device: tf.nn.convolution (1-3
+spatial dims), a NumPy shift-and-multiply convolution (4-D), dense gradients for the inverse
+convolution, tf.nn.conv_transpose for the transposed one; float64 gradient checks; the
+CPU's own products, checks and dataflows; and the GPU against the CPU: the convolution and
+its gradients in every dtype within stated tolerances, TF32, the output-stationary dataflow
+and neighbour tables, bit-identical reruns under op determinism, the CPU's error messages
+for every bad input and trusted maps."""
 import itertools
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_sparseconv._op_library import OP_NAMESPACE
-from tf_sparseconv.site import (kernel_map, site_conv, site_conv_transpose, site_inverse_conv)
+from tf_sparseconv._op_library import OP_NAMESPACE, ops
+from tf_sparseconv.site import kernel_map, neighbour_table, site_conv, site_conv_transpose, site_inverse_conv
 from tf_sparseconv.site.tensor import make_site_sparse
 
-from tests.site.helpers import hand_built, random_sites, rows_at, to_grid
+from tests.device import CPU, GPU, assert_on, assert_same_error, run_in_own_process
+from tests.site.helpers import hand_built, random_coords, random_sites, rows_at, to_grid
 
 CONV, FILTER_GRAD = OP_NAMESPACE + "SiteSparseConv", OP_NAMESPACE + "SiteSparseConvFilterGrad"  # graphs' op types
 
@@ -40,36 +44,61 @@ def reached_sites(coords, batch, shape, kernel_size, strides, padding, dilation)
 
 
 def tf_dense_conv(grid, kernel, strides, padding, dilation):
+    """tf.nn.convolution on the CPU (the reference, whichever device the test is about)."""
     pad = [[0, 0]] + [[p, p] for p in padding] + [[0, 0]]
-    return tf.nn.convolution(tf.pad(grid, pad), kernel, strides=strides, padding="VALID", dilations=dilation).numpy()
+    with tf.device(CPU):
+        return tf.nn.convolution(tf.pad(grid, pad), kernel, strides=strides, padding="VALID",
+                                 dilations=dilation).numpy()
+
+
+# float32 on the GPU: TensorFlow's default lets the products run in TF32 (10 of float32's 23
+# mantissa bits in each factor), within 5e-3 of the largest magnitude, as the GPU tests below allow.
+TF32_TOLERANCE = 5e-3
+
+
+def assert_close_on(device, actual, expected, rtol, atol):
+    """assert_allclose within rtol and atol; a float32 result of the GPU with TF32 on, within
+    TF32_TOLERANCE of the largest magnitude."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    if device == GPU and actual.dtype == np.float32 and tf.config.experimental.tensor_float_32_execution_enabled():
+        scale = np.max(np.abs(expected)) if expected.size else 0.0
+        rtol, atol = max(rtol, TF32_TOLERANCE), max(atol, TF32_TOLERANCE * scale)
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
+
+
+def random_conv_on(device, rng, batch, shape, density, cin, cout, kernel_size, **kwargs):
+    """Random sites with cin channels and a float32 kernel to cout, and their site_conv(**kwargs)
+    on `device`: (coords, features, kernel, output)."""
+    coords, features = random_sites(rng, batch, shape, density, cin)
+    kernel = rng.standard_normal((*kernel_size, cin, cout)).astype(np.float32)
+    with tf.device(device):
+        y = site_conv(make_site_sparse(coords, features, shape, batch), kernel, **kwargs)
+    return coords, features, kernel, y
 
 
 @pytest.mark.parametrize("shape,kernel_size,dilation", [
     ((11,), (3,), (1,)), ((9, 10), (3, 3), (1,2)), ((7, 8, 6), (3, 3, 3), (1, 1, 1)),
     ((8, 7, 9), (5, 3, 1), (1, 1, 1)), ((5, 4, 5, 4), (3, 3, 3, 3), (1, 1, 1, 1))])
-def test_submanifold_conv_matches_dense_convolution_at_the_input_sites(rng, shape, kernel_size, dilation):
-    batch, cin, cout = 2, 3, 4
-    coords, features = random_sites(rng, batch, shape, 0.3, cin)
-    kernel = rng.standard_normal((*kernel_size, cin, cout)).astype(np.float32)
-    x = make_site_sparse(coords, features, shape, batch)
-    y = site_conv(x, kernel, subm=True, dilation=dilation)
+def test_submanifold_conv_matches_dense_convolution_at_the_input_sites(rng, shape, kernel_size, dilation, device):
+    batch = 2
+    coords, features, kernel, y = random_conv_on(device, rng, batch, shape, 0.3, 3, 4, kernel_size, subm=True,
+                                                 dilation=dilation)
     np.testing.assert_array_equal(y.coords.numpy(), coords)
     same = [dl * (k - 1) // 2 for k, dl in zip(kernel_size, dilation)]
     grid = to_grid(coords, features, batch, shape)
     dense = numpy_conv(grid, kernel, [1] * len(shape), same, dilation) if len(shape) == 4 else \
         tf_dense_conv(grid, kernel, [1] * len(shape), same, dilation)
-    np.testing.assert_allclose(y.features.numpy(), rows_at(dense, coords), rtol=1e-4, atol=1e-4)
+    assert_close_on(device, y.features.numpy(), rows_at(dense, coords), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("shape,kernel_size,strides,padding", [
     ((12,), (3,), (2,), (1,)), ((9, 10), (2, 2), (2, 2), (0, 0)), ((9, 8, 7), (3, 3, 3), (2, 2, 2), (1, 1, 1)),
     ((8, 8, 8), (2, 3, 2), (2, 1, 2), (0, 1, 0)), ((6, 5, 6, 5), (3, 3, 3, 3), (2, 2, 2, 2), (1, 0, 1, 0))])
-def test_strided_conv_matches_dense_convolution_on_every_reached_site(rng, shape, kernel_size, strides, padding):
-    batch, cin, cout = 2, 3, 5
-    coords, features = random_sites(rng, batch, shape, 0.25, cin)
-    kernel = rng.standard_normal((*kernel_size, cin, cout)).astype(np.float32)
-    x = make_site_sparse(coords, features, shape, batch)
-    y = site_conv(x, kernel, strides=strides, padding=padding)
+def test_strided_conv_matches_dense_convolution_on_every_reached_site(rng, shape, kernel_size, strides, padding,
+                                                                      device):
+    batch = 2
+    coords, features, kernel, y = random_conv_on(device, rng, batch, shape, 0.25, 3, 5, kernel_size, strides=strides,
+                                                 padding=padding)
     dilation = [1] * len(shape)
     expected_sites = reached_sites(coords, batch, shape, kernel_size, strides, padding, dilation)
     np.testing.assert_array_equal(y.coords.numpy(), expected_sites)  # sorted by batch, then coordinates
@@ -78,7 +107,7 @@ def test_strided_conv_matches_dense_convolution_on_every_reached_site(rng, shape
         tf_dense_conv(grid, kernel, strides, padding, dilation)
     np.testing.assert_array_equal(y.spatial_shape.numpy(), dense.shape[1:-1])
     assert y.static_spatial_shape.as_list() == list(dense.shape[1:-1])
-    np.testing.assert_allclose(y.features.numpy(), rows_at(dense, expected_sites), rtol=1e-4, atol=1e-4)
+    assert_close_on(device, y.features.numpy(), rows_at(dense, expected_sites), rtol=1e-4, atol=1e-4)
 
 
 def test_numpy_reference_agrees_with_tf_convolution(rng):
@@ -88,133 +117,134 @@ def test_numpy_reference_agrees_with_tf_convolution(rng):
                                tf_dense_conv(grid, kernel, (2, 1, 2), (1, 0, 1), (1, 1, 1)), rtol=1e-10)
 
 
-def test_transposed_conv_matches_tf_conv_transpose(rng):
+def test_transposed_conv_matches_tf_conv_transpose(rng, device):
     batch, shape, cin, cout, k, s = 2, (5, 4, 6), 3, 2, (3, 2, 3), (2, 2, 2)
     coords, features = random_sites(rng, batch, shape, 0.3, cin)
     kernel = rng.standard_normal((*k, cin, cout)).astype(np.float32)
-    y = site_conv_transpose(make_site_sparse(coords, features, shape, batch), kernel, strides=s)
+    with tf.device(device):
+        y = site_conv_transpose(make_site_sparse(coords, features, shape, batch), kernel, strides=s)
     out_shape = [(r - 1) * st + kk for r, st, kk in zip(shape, s, k)]
-    dense = tf.nn.conv_transpose(to_grid(coords, features, batch, shape), np.swapaxes(kernel, -1, -2),
-                                 [batch, *out_shape, cout], strides=s, padding="VALID").numpy()
+    with tf.device(CPU):
+        dense = tf.nn.conv_transpose(to_grid(coords, features, batch, shape), np.swapaxes(kernel, -1, -2),
+                                     [batch, *out_shape, cout], strides=s, padding="VALID").numpy()
+        occupancy = tf.nn.conv_transpose(to_grid(coords, np.ones((len(coords), 1), np.float32), batch, shape),
+                                         np.ones((*k, 1, 1), np.float32), [batch, *out_shape, 1], strides=s,
+                                         padding="VALID").numpy()
     np.testing.assert_array_equal(y.spatial_shape.numpy(), out_shape)
-    occupancy = tf.nn.conv_transpose(to_grid(coords, np.ones((len(coords), 1), np.float32), batch, shape),
-                                     np.ones((*k, 1, 1), np.float32), [batch, *out_shape, 1], strides=s,
-                                     padding="VALID").numpy()
     expected_sites = np.argwhere(occupancy[..., 0] > 0).astype(np.int32)
     np.testing.assert_array_equal(y.coords.numpy(), expected_sites)
-    np.testing.assert_allclose(y.features.numpy(), rows_at(dense, expected_sites), rtol=1e-4, atol=1e-4)
+    assert_close_on(device, y.features.numpy(), rows_at(dense, expected_sites), rtol=1e-4, atol=1e-4)
 
 
-def test_inverse_conv_is_the_input_gradient_of_the_strided_conv(rng):
+def test_inverse_conv_is_the_input_gradient_of_the_strided_conv(rng, device):
     """SparseInverseConv with kernel W^T = d(strided conv with W)/d(input) applied to the
     coarse features, computed densely by TensorFlow."""
     batch, shape, cfine, ccoarse = 2, (8, 7, 8), 3, 4
     coords, features = random_sites(rng, batch, shape, 0.3, cfine)
     kernel = rng.standard_normal((3, 3, 3, cfine, ccoarse)).astype(np.float32)
-    x = make_site_sparse(coords, features, shape, batch)
-    coarse = site_conv(x, kernel, strides=2, padding=1, indice_key="down1")
-    upstream = rng.standard_normal(coarse.features.shape).astype(np.float32)
-    back = site_inverse_conv(coarse.with_features(tf.constant(upstream)), np.swapaxes(kernel, -1, -2), "down1")
+    with tf.device(device):
+        x = make_site_sparse(coords, features, shape, batch)
+        coarse = site_conv(x, kernel, strides=2, padding=1, indice_key="down1")
+        upstream = rng.standard_normal(coarse.features.shape).astype(np.float32)
+        back = site_inverse_conv(coarse.with_features(tf.constant(upstream)), np.swapaxes(kernel, -1, -2), "down1")
     np.testing.assert_array_equal(back.coords.numpy(), coords)
     np.testing.assert_array_equal(back.spatial_shape.numpy(), shape)
-    grid = tf.constant(to_grid(coords, features, batch, shape))
-    with tf.GradientTape() as tape:
-        tape.watch(grid)
-        dense = tf.nn.conv3d(tf.pad(grid, [[0, 0], [1, 1], [1, 1], [1, 1], [0, 0]]), kernel,
-                             strides=[1, 2, 2, 2, 1], padding="VALID", data_format="NDHWC")
-    grad = tape.gradient(dense, grid, output_gradients=tf.scatter_nd(coarse.coords, upstream, dense.shape))
-    np.testing.assert_allclose(back.features.numpy(), rows_at(grad.numpy(), coords), rtol=1e-4, atol=1e-4)
+    with tf.device(CPU):
+        grid = tf.constant(to_grid(coords, features, batch, shape))
+        with tf.GradientTape() as tape:
+            tape.watch(grid)
+            dense = tf.nn.conv3d(tf.pad(grid, [[0, 0], [1, 1], [1, 1], [1, 1], [0, 0]]), kernel,
+                                 strides=[1, 2, 2, 2, 1], padding="VALID", data_format="NDHWC")
+        grad = tape.gradient(dense, grid, output_gradients=tf.scatter_nd(coarse.coords, upstream, dense.shape))
+    assert_close_on(device, back.features.numpy(), rows_at(grad.numpy(), coords), rtol=1e-4, atol=1e-4)
 
 
-def test_kernel_map_is_reused_under_its_indice_key_and_geometry_is_checked(rng):
+def test_kernel_map_is_reused_under_its_indice_key_and_geometry_is_checked(rng, device):
     coords, features = random_sites(rng, 1, (6, 6, 6), 0.3, 2)
-    x = make_site_sparse(coords, features, (6, 6, 6), 1)
     kernel = rng.standard_normal((3, 3, 3, 2, 2)).astype(np.float32)
-    y = site_conv(x, kernel, subm=True, indice_key="subm1")
-    z = site_conv(y, kernel, subm=True, indice_key="subm1")
-    assert z.kernel_maps["subm1"].in_rows is y.kernel_maps["subm1"].in_rows
-    with pytest.raises(ValueError, match="indice_key 'subm1' was built for"):
-        site_conv(y, kernel, strides=2, indice_key="subm1")
-    # A map of other sites under the key: the site counts differ.
-    other = make_site_sparse(coords[:-3], features[:-3], (6, 6, 6), 1).with_map("subm1", y.kernel_maps["subm1"])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="belongs to other sites"):
-        site_conv(other, kernel, subm=True, indice_key="subm1")
+    with tf.device(device):
+        x = make_site_sparse(coords, features, (6, 6, 6), 1)
+        y = site_conv(x, kernel, subm=True, indice_key="subm1")
+        z = site_conv(y, kernel, subm=True, indice_key="subm1")
+        assert z.kernel_maps["subm1"].in_rows is y.kernel_maps["subm1"].in_rows
+        with pytest.raises(ValueError, match="indice_key 'subm1' was built for"):
+            site_conv(y, kernel, strides=2, indice_key="subm1")
+        # A map of other sites under the key: the site counts differ.
+        other = make_site_sparse(coords[:-3], features[:-3], (6, 6, 6), 1).with_map("subm1", y.kernel_maps["subm1"])
+        with pytest.raises(tf.errors.InvalidArgumentError, match="belongs to other sites"):
+            site_conv(other, kernel, subm=True, indice_key="subm1")
 
 
-def test_submanifold_kernel_map_pairs_match_a_brute_force_search(rng):
-    coords, _ = random_sites(rng, 2, (5, 6), 0.4, 1)
-    x = make_site_sparse(coords, np.zeros((len(coords), 1), np.float32), (5, 6), 2)
-    m = kernel_map(x, 3, mode="submanifold")
-    splits = m.offset_splits.numpy()
-    where = {tuple(c): i for i, c in enumerate(coords)}
-    for q, (dx, dy) in enumerate(itertools.product(range(3), range(3))):
-        expected = sorted((where[(b, u + dx - 1, v + dy - 1)], o) for o, (b, u, v) in enumerate(coords)
-                          if (b, u + dx - 1, v + dy - 1) in where)
-        got = sorted(zip(m.in_rows.numpy()[splits[q]:splits[q + 1]], m.out_rows.numpy()[splits[q]:splits[q + 1]]))
-        assert got == expected
-
-
+@pytest.mark.soft_placement
 @pytest.mark.parametrize("subm", [True, False])
-def test_gradients_match_numerical_gradients_in_float64(rng, subm):
+def test_gradients_match_numerical_gradients_in_float64(rng, subm, device):
     batch, shape, cin, cout = 2, (5, 4, 5), 2, 3
     coords, features = random_sites(rng, batch, shape, 0.35, cin, np.float64)
     kernel = rng.standard_normal((3, 3, 3, cin, cout))
-    x = make_site_sparse(coords, features, shape, batch)
     kwargs = dict(subm=True) if subm else dict(strides=2, padding=1)
 
     def f(features, kernel):
-        return site_conv(x.with_features(features), kernel, **kwargs).features
+        y = site_conv(x.with_features(features), kernel, **kwargs).features
+        assert_on(device, y)
+        return y
 
-    theoretical, numerical = tf.test.compute_gradient(f, [tf.constant(features), tf.constant(kernel)])
+    with tf.device(device):
+        x = make_site_sparse(coords, features, shape, batch)
+        theoretical, numerical = tf.test.compute_gradient(f, [tf.constant(features), tf.constant(kernel)])
     for t, n in zip(theoretical, numerical):
+        assert np.any(t)
         np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.soft_placement
 @pytest.mark.parametrize("shape,kernel_size,dilation", [
     ((9, 8), (3, 5), (2, 1)), ((5, 6, 5), (3, 1, 5), (1, 1, 1)), ((4, 3, 4, 3), (3, 3, 1, 3), (1, 1, 1, 2))])
-def test_submanifold_input_gradient_runs_the_forward_pairs_mirrored(rng, shape, kernel_size, dilation):
+def test_submanifold_input_gradient_runs_the_forward_pairs_mirrored(rng, shape, kernel_size, dilation, device):
     """The gradient of a submanifold op (map_is_submanifold) convolves over the forward's
     own pairs with the transposed filters in mirrored offset order; it must equal the
     gradient over the reversed pairs, and the numerical gradient, for kernels of unequal
     sides and dilations (where a wrong mirror would pair the wrong offsets)."""
-    from tf_sparseconv._op_library import ops
     cin, cout = 3, 2
     coords, features = random_sites(rng, 2, shape, 0.4, cin, np.float64)
-    x = make_site_sparse(coords, features, shape, 2)
-    kmap = kernel_map(x, kernel_size, dilation=dilation, mode="submanifold")
+    with tf.device(device):
+        x = make_site_sparse(coords, features, shape, 2)
+        kmap = kernel_map(x, kernel_size, dilation=dilation, mode="submanifold")
+        table = tf.zeros([0], tf.int32)
     volume = int(np.prod(kernel_size))
     filters = rng.standard_normal((volume, cin, cout))
     n = len(coords)
-    table = tf.zeros([0], tf.int32)
 
     def conv(mirrored):
         def f(features, filters):
-            return ops.site_sparse_conv(features, filters, kmap.in_rows, kmap.out_rows, kmap.offset_splits, n, table,
-                                        map_is_trusted=True, map_is_submanifold=mirrored)
+            y = ops.site_sparse_conv(features, filters, kmap.in_rows, kmap.out_rows, kmap.offset_splits, n, table,
+                                     map_is_trusted=True, map_is_submanifold=mirrored)
+            assert_on(device, y)
+            return y
         return f
 
-    mirrored = tf.test.compute_gradient(conv(True), [tf.constant(features), tf.constant(filters)])
-    reversed_pairs = tf.test.compute_gradient(conv(False), [tf.constant(features), tf.constant(filters)])
+    with tf.device(device):
+        mirrored = tf.test.compute_gradient(conv(True), [tf.constant(features), tf.constant(filters)])
+        reversed_pairs = tf.test.compute_gradient(conv(False), [tf.constant(features), tf.constant(filters)])
     for got, want in zip(mirrored[0], reversed_pairs[0]):  # theoretical
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     for t, numerical in zip(mirrored[0], mirrored[1]):
         np.testing.assert_allclose(t, numerical, rtol=1e-6, atol=1e-6)
     # The second derivative (the gradient's own gradient is mirrored again) against the
     # first derivative's numerical gradient.
-    dy = tf.constant(rng.standard_normal((n, cout)))
+    dy = rng.standard_normal((n, cout))
 
     def input_grad(features, filters):
         with tf.GradientTape() as tape:
             tape.watch(features)
             y = conv(True)(features, filters)
-        return tape.gradient(y, features, output_gradients=dy)
+        return tape.gradient(y, features, output_gradients=tf.constant(dy))
 
-    theoretical, numerical = tf.test.compute_gradient(input_grad, [tf.constant(features), tf.constant(filters)])
+    with tf.device(device):
+        theoretical, numerical = tf.test.compute_gradient(input_grad, [tf.constant(features), tf.constant(filters)])
     np.testing.assert_allclose(theoretical[1], numerical[1], rtol=1e-6, atol=1e-6)
 
 
 def test_map_is_submanifold_is_refused_for_maps_that_cannot_be(rng):
-    from tf_sparseconv._op_library import ops
     coords, features = random_sites(rng, 1, (6, 6), 0.5, 2)
     x = make_site_sparse(coords, features, (6, 6), 1)
     down = kernel_map(x, 3, 2, mode="strided")
@@ -228,54 +258,63 @@ def test_map_is_submanifold_is_refused_for_maps_that_cannot_be(rng):
                              len(coords), tf.zeros([0], tf.int32), map_is_trusted=True, map_is_submanifold=True)
 
 
-def test_transposed_and_inverse_gradients_match_numerical_gradients(rng):
+@pytest.mark.soft_placement
+def test_transposed_and_inverse_gradients_match_numerical_gradients(rng, device):
     coords, features = random_sites(rng, 1, (6, 5, 6), 0.35, 2, np.float64)
-    x = make_site_sparse(coords, features, (6, 5, 6), 1)
-    coarse = site_conv(x, rng.standard_normal((2, 2, 2, 2, 3)), strides=2, indice_key="d")
+    with tf.device(device):
+        x = make_site_sparse(coords, features, (6, 5, 6), 1)
+        coarse = site_conv(x, rng.standard_normal((2, 2, 2, 2, 3)), strides=2, indice_key="d")
     kernel = rng.standard_normal((2, 2, 2, 3, 2))
 
     def inverse(features, kernel):
-        return site_inverse_conv(coarse.with_features(features), kernel, "d").features
+        y = site_inverse_conv(coarse.with_features(features), kernel, "d").features
+        assert_on(device, y)
+        return y
 
     def transposed(features, kernel):
-        return site_conv_transpose(x.with_features(features), kernel, strides=2, padding=1).features
+        y = site_conv_transpose(x.with_features(features), kernel, strides=2, padding=1).features
+        assert_on(device, y)
+        return y
 
     for f, start in ((inverse, coarse.features), (transposed, features)):
         k = kernel if f is inverse else np.swapaxes(kernel, -1, -2)
-        theoretical, numerical = tf.test.compute_gradient(f, [tf.constant(start), tf.constant(k)])
+        with tf.device(device):
+            theoretical, numerical = tf.test.compute_gradient(f, [tf.constant(start), tf.constant(k)])
         for t, n in zip(theoretical, numerical):
             np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype,tolerance", [(tf.float16, 2e-2), (tf.bfloat16, 6e-2)])
-def test_half_precision_matches_float32_within_tolerance(rng, dtype, tolerance):
+def test_half_precision_matches_float32_within_tolerance(rng, dtype, tolerance, device):
     coords, features = random_sites(rng, 2, (10, 10, 10), 0.2, 16)
     kernel = (rng.standard_normal((3, 3, 3, 16, 16)) / np.sqrt(27 * 16)).astype(np.float32)
-    x = make_site_sparse(coords, features, (10, 10, 10), 2)
-    reference = site_conv(x, kernel, subm=True).features.numpy()
-    half = site_conv(x.with_features(tf.cast(features, dtype)), tf.cast(kernel, dtype), subm=True)
+    with tf.device(CPU):  # the float32 reference; the casts there (not every GPU Cast has every type)
+        reference = site_conv(make_site_sparse(coords, features, (10, 10, 10), 2), kernel, subm=True).features.numpy()
+        half_features, half_kernel = tf.cast(features, dtype), tf.cast(kernel, dtype)
+    with tf.device(device):
+        half = site_conv(make_site_sparse(coords, half_features, (10, 10, 10), 2), half_kernel, subm=True)
     assert half.features.dtype == dtype
     scale = np.abs(reference).max()
-    np.testing.assert_allclose(tf.cast(half.features, tf.float32).numpy(), reference, atol=tolerance * scale)
+    np.testing.assert_allclose(half.features.numpy().astype(np.float32), reference, atol=tolerance * scale)
 
 
 def test_results_do_not_depend_on_the_thread_count(rng):
-    coords, features = random_sites(rng, 2, (12, 12, 12), 0.2, 8)
-    kernel = rng.standard_normal((3, 3, 3, 8, 8)).astype(np.float32)
-    x = make_site_sparse(coords, features, (12, 12, 12), 2)
+    with tf.device(CPU):  # the CPU kernel's thread pool
+        coords, features = random_sites(rng, 2, (12, 12, 12), 0.2, 8)
+        kernel = rng.standard_normal((3, 3, 3, 8, 8)).astype(np.float32)
+        x = make_site_sparse(coords, features, (12, 12, 12), 2)
 
-    @tf.function
-    def f(features):
-        return site_conv(x.with_features(features), kernel, strides=2, padding=1).features
+        @tf.function
+        def f(features):
+            return site_conv(x.with_features(features), kernel, strides=2, padding=1).features
 
-    first = f(features).numpy()
-    for _ in range(3):
-        np.testing.assert_array_equal(f(features).numpy(), first)
+        first = f(features).numpy()
+        for _ in range(3):
+            np.testing.assert_array_equal(f(features).numpy(), first)
 
 
 def conv_and_gradients_with(cpu_products, coords, features, kernel, upstream):
     """SiteSparseConv of a submanifold map and both gradients, with the given cpu_products."""
-    from tf_sparseconv._op_library import ops
     x = make_site_sparse(coords, features, (9, 9, 9), 2)
     kmap = kernel_map(x, 3, mode="submanifold")
     filters = tf.reshape(kernel, [27, kernel.shape[-2], kernel.shape[-1]])
@@ -290,46 +329,35 @@ def conv_and_gradients_with(cpu_products, coords, features, kernel, upstream):
 def test_avx2_products_match_the_portable_path(rng):
     """cpu_products='auto' (the AVX2 + FMA tiles where the CPU has them) against 'portable'
     (Eigen's GEMM), forward and both gradients (the gradients pass the attr on)."""
-    occupied = rng.random((2, 9, 9, 9)) < 0.3
-    coords = np.argwhere(occupied).astype(np.int32)
-    # cin/cout: 16-column panels, an 8-column one and a masked tail; rows past whole tiles.
-    for cin, cout, dtype in ((5, 37, tf.float32), (16, 16, tf.float32), (24, 8, tf.float16)):
-        features = tf.cast(rng.standard_normal((len(coords), cin)), dtype)
-        kernel = tf.cast(rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin), dtype)
-        upstream = tf.cast(np.linspace(-1, 1, len(coords) * cout).reshape(len(coords), cout), dtype)
-        auto = conv_and_gradients_with("auto", coords, features, kernel, upstream)
-        portable = conv_and_gradients_with("portable", coords, features, kernel, upstream)
-        for what, a, b in zip(("features", "input gradient", "kernel gradient"), auto, portable):
-            # half: both round the same float32 sums to half once.
-            tolerance = 2e-3 if dtype == tf.float16 else 1e-5  # fused multiply-adds and another sum order
-            np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance * np.max(np.abs(b)),
-                                       err_msg=f"{what}, {cin} -> {cout} {dtype.name}")
+    with tf.device(CPU):  # the CPU kernel's products
+        occupied = rng.random((2, 9, 9, 9)) < 0.3
+        coords = np.argwhere(occupied).astype(np.int32)
+        # cin/cout: 16-column panels, an 8-column one and a masked tail; rows past whole tiles.
+        for cin, cout, dtype in ((5, 37, tf.float32), (16, 16, tf.float32), (24, 8, tf.float16)):
+            features = tf.cast(rng.standard_normal((len(coords), cin)), dtype)
+            kernel = tf.cast(rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin), dtype)
+            upstream = tf.cast(np.linspace(-1, 1, len(coords) * cout).reshape(len(coords), cout), dtype)
+            auto = conv_and_gradients_with("auto", coords, features, kernel, upstream)
+            portable = conv_and_gradients_with("portable", coords, features, kernel, upstream)
+            for what, a, b in zip(("features", "input gradient", "kernel gradient"), auto, portable):
+                # half: both round the same float32 sums to half once.
+                tolerance = 2e-3 if dtype == tf.float16 else 1e-5  # fused multiply-adds and another sum order
+                np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance * np.max(np.abs(b)),
+                                           err_msg=f"{what}, {cin} -> {cout} {dtype.name}")
 
 
 def test_cpu_products_choices_are_checked():
-    from tf_sparseconv._op_library import ops
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="cpu_products"):
         ops.site_sparse_conv(tf.ones([2, 1]), tf.ones([1, 1, 1]), [0], [0], [0, 1], 2, tf.zeros([0], tf.int32),
                              cpu_products="fastest")
 
 
-def test_empty_sites_give_empty_outputs():
-    x = make_site_sparse(np.zeros((0, 4), np.int32), np.zeros((0, 3), np.float32), (4, 4, 4), 2)
-    y = site_conv(x, np.ones((3, 3, 3, 3, 5), np.float32), strides=2, padding=1)
-    assert y.features.shape == (0, 5) and y.coords.shape == (0, 4)
-    assert site_conv(x, np.ones((3, 3, 3, 3, 5), np.float32), subm=True).features.shape == (0, 5)
-
-
-@pytest.mark.parametrize("coords,match", [
-    ([[0, 1, 1], [0, 2, 2], [0, 1, 1]], "sites 0 and 2 have the same coordinates"),
-    ([[0, 1, 1], [0, 4, 2]], "coordinate 4 in spatial dimension 0, outside"),
-    ([[-1, 1, 1]], "batch index -1, outside"),
-    ([[2, 1, 1]], "batch index 2, outside"),
-])
-def test_bad_sites_are_rejected(coords, match):
-    x = make_site_sparse(np.array(coords, np.int32), np.ones((len(coords), 1), np.float32), (4, 4), 2)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
-        kernel_map(x, 3, mode="submanifold")
+def test_empty_sites_give_empty_outputs(device):
+    with tf.device(device):
+        x = make_site_sparse(np.zeros((0, 4), np.int32), np.zeros((0, 3), np.float32), (4, 4, 4), 2)
+        y = site_conv(x, np.ones((3, 3, 3, 3, 5), np.float32), strides=2, padding=1)
+        assert y.features.shape == (0, 5) and y.coords.shape == (0, 4)
+        assert site_conv(x, np.ones((3, 3, 3, 3, 5), np.float32), subm=True).features.shape == (0, 5)
 
 
 def test_bad_geometry_is_rejected(rng):
@@ -348,7 +376,6 @@ def test_bad_geometry_is_rejected(rng):
 
 
 def test_conv_op_rejects_maps_that_do_not_fit_the_features(rng):
-    from tf_sparseconv._op_library import ops
     features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
     filters = tf.ones([2, 2, 3])
     ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_out=2,
@@ -397,46 +424,46 @@ def test_hand_built_bad_map_is_still_rejected(rng):
         with pytest.raises(tf.errors.InvalidArgumentError, match=match):
             site_conv(x.with_map("k", bad), kernel, subm=True, indice_key="k")
         with pytest.raises(tf.errors.InvalidArgumentError, match=match):  # the filter gradient checks too
-            from tf_sparseconv._op_library import ops
             ops.site_sparse_conv_filter_grad(x.features, tf.ones([len(coords), 4]), bad.in_rows, bad.out_rows,
                                              bad.offset_splits)
 
 
 def test_cpu_checks_maps_even_when_trusted(rng):
-    from tf_sparseconv._op_library import ops
-    features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
-    bad = dict(in_rows=[0, 1, 2], out_rows=[1, 1, 0], offset_splits=[0, 2, 3])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="output row 1 appears twice"):
-        ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **bad, num_out=2, neighbours=tf.zeros([0], tf.int32),
-                             map_is_trusted=True)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="output row 1 appears twice"):
-        ops.site_sparse_conv_filter_grad(features, tf.ones([2, 3]), **bad, map_is_trusted=True)
+    with tf.device(CPU):  # the GPU skips these checks for a trusted map
+        features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
+        bad = dict(in_rows=[0, 1, 2], out_rows=[1, 1, 0], offset_splits=[0, 2, 3])
+        with pytest.raises(tf.errors.InvalidArgumentError, match="output row 1 appears twice"):
+            ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **bad, num_out=2, neighbours=tf.zeros([0], tf.int32),
+                                 map_is_trusted=True)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="output row 1 appears twice"):
+            ops.site_sparse_conv_filter_grad(features, tf.ones([2, 3]), **bad, map_is_trusted=True)
 
 
 @pytest.mark.parametrize("kwargs", [dict(subm=True), dict(strides=2, padding=1)], ids=["subm", "strided"])
 def test_trusted_map_gives_the_results_of_the_untrusted_map(rng, kwargs):
-    coords, features = random_sites(rng, 2, (7, 6, 7), 0.3, 5)
-    x = make_site_sparse(coords, features, (7, 6, 7), 2)
-    kernel = tf.constant(rng.standard_normal((3, 3, 3, 5, 6)), tf.float32)
-    geometry = dict(mode="submanifold") if kwargs.get("subm") else dict(strides=2, padding=1)
-    trusted = kernel_map(x, 3, **geometry)
-    results = []
-    for m in (trusted, hand_built(trusted)):
-        f = tf.constant(features)
-        with tf.GradientTape() as tape:
-            tape.watch([f, kernel])
-            y = site_conv(x.with_features(f).with_map("k", m), kernel, indice_key="k", **kwargs)
-            inverse = site_inverse_conv(y, tf.transpose(kernel, [0, 1, 2, 4, 3]), "k") if not kwargs.get(
-                "subm") else y
-            loss = tf.reduce_sum(y.features * y.features) + tf.reduce_sum(inverse.features)
-        results.append([y.features, inverse.features, *tape.gradient(loss, [f, kernel])])
-    for i, (a, b) in enumerate(zip(*results)):
-        if i == 2 and kwargs.get("subm"):
-            # A trusted submanifold map's input gradient runs its own pairs mirrored
-            # (map_is_submanifold), the hand-built one's the reversed pairs: other sum orders.
-            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
-        else:
-            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with tf.device(CPU):  # the CPU's sums, bit for bit (the GPU's, within tolerance: further down)
+        coords, features = random_sites(rng, 2, (7, 6, 7), 0.3, 5)
+        x = make_site_sparse(coords, features, (7, 6, 7), 2)
+        kernel = tf.constant(rng.standard_normal((3, 3, 3, 5, 6)), tf.float32)
+        geometry = dict(mode="submanifold") if kwargs.get("subm") else dict(strides=2, padding=1)
+        trusted = kernel_map(x, 3, **geometry)
+        results = []
+        for m in (trusted, hand_built(trusted)):
+            f = tf.constant(features)
+            with tf.GradientTape() as tape:
+                tape.watch([f, kernel])
+                y = site_conv(x.with_features(f).with_map("k", m), kernel, indice_key="k", **kwargs)
+                inverse = site_inverse_conv(y, tf.transpose(kernel, [0, 1, 2, 4, 3]), "k") if not kwargs.get(
+                    "subm") else y
+                loss = tf.reduce_sum(y.features * y.features) + tf.reduce_sum(inverse.features)
+            results.append([y.features, inverse.features, *tape.gradient(loss, [f, kernel])])
+        for i, (a, b) in enumerate(zip(*results)):
+            if i == 2 and kwargs.get("subm"):
+                # A trusted submanifold map's input gradient runs its own pairs mirrored
+                # (map_is_submanifold), the hand-built one's the reversed pairs: other sum orders.
+                np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+            else:
+                np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 def test_gradient_ops_inherit_map_is_trusted(rng):
@@ -476,166 +503,84 @@ def test_trust_survives_the_keras_dict(rng):
     assert back.kernel_maps["trusted"].geometry() == built.geometry() == back.kernel_maps["hand"].geometry()
 
 
-# --- neighbour tables (SiteNeighbourTable) ----------------------------------------------------------
-
-def numpy_neighbour_table(in_rows, out_rows, splits, num_out):
-    volume = len(splits) - 1
-    table = np.full((num_out, volume + 2), -1, np.int64)
-    masks = np.zeros(num_out, np.int64)
-    for q in range(volume):
-        for p in range(splits[q], splits[q + 1]):
-            table[out_rows[p], q] = in_rows[p]
-            masks[out_rows[p]] |= 1 << q
-    order = np.argsort(masks, kind="stable")
-    table[:, volume] = masks[order].astype(np.uint32).view(np.int32)
-    table[:, volume + 1] = order
-    return table
-
-
-@pytest.mark.parametrize("mode,kernel,strides", [("submanifold", 3, 1), ("strided", 2, 2), ("strided", 3, 2)])
-@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
-def test_neighbour_table_matches_numpy(rng, mode, kernel, strides, inverse):
-    from tf_sparseconv.site import neighbour_table
-    coords, features = random_sites(rng, 2, (7, 6, 7), 0.3, 1)
-    x = make_site_sparse(coords, features, (7, 6, 7), 2)
-    kmap = kernel_map(x, kernel, strides, mode=mode)
-    in_rows, out_rows = kmap.in_rows.numpy(), kmap.out_rows.numpy()
-    num_in, num_out = len(coords), int(kmap.out_coords.shape[0])
-    if inverse:
-        in_rows, out_rows, num_out = out_rows, in_rows, num_in
-    expected = numpy_neighbour_table(in_rows, out_rows, kmap.offset_splits.numpy(), num_out)
-    table = neighbour_table(kmap, inverse=inverse).numpy()
-    np.testing.assert_array_equal(table, expected)
-    # Every output row appears once among the sorted rows, its mask beside it, and the
-    # masks hold every pair's offset bit.
-    volume = kernel ** 3
-    assert sorted(table[:, volume + 1]) == list(range(num_out))
-    masks = table[:, volume].view(np.uint32)
-    assert np.all(np.diff(masks) >= 0)
-    expected_masks = np.zeros(num_out, np.uint32)
-    for q in range(volume):
-        expected_masks[table[:, q] >= 0] |= np.uint32(1 << q)
-    np.testing.assert_array_equal(masks, expected_masks[table[:, volume + 1]])
-
-
-def test_neighbour_table_of_one_offset():
-    from tf_sparseconv._op_library import ops
-    table = ops.site_neighbour_table(in_rows=[1, 0], out_rows=[0, 2], offset_splits=[0, 2], num_in=2, num_out=3)
-    # input row per output row; then the rows sorted by mask (row 1 has none) beside their masks
-    np.testing.assert_array_equal(table.numpy(), [[1, 0, 1], [-1, 1, 0], [0, 1, 2]])
-
-
-def test_neighbour_table_rejects_bad_maps():
-    from tf_sparseconv._op_library import ops
-    ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_in=4, num_out=2)
-    assert ops.site_neighbour_table(**ok).shape == (2, 2 + 2 * 1)
-    cases = [
-        (dict(in_rows=[0, 1, 4]), "in_rows\\[2\\] = 4 is outside \\[0, 4\\)"),
-        (dict(out_rows=[1, 1, 0]), "output row 1 appears twice for kernel offset 0"),
-        (dict(offset_splits=[0, 3, 2]), "offset_splits must rise"),
-        (dict(offset_splits=[0, 1, 2] + [3] * 31), "1 to 32 offsets"),
-        (dict(num_in=-1), "non-negative"),
-    ]
-    for kwargs, match in cases:
-        with pytest.raises(tf.errors.InvalidArgumentError, match=match):
-            ops.site_neighbour_table(**dict(ok, **kwargs))
-
+# --- neighbour tables and dataflows -------------------------------------------------------------
 
 def test_conv_checks_a_given_neighbour_table_and_gives_the_same_values(rng):
-    from tf_sparseconv._op_library import ops
-    coords, features = random_sites(rng, 1, (6, 6, 6), 0.4, 4)
-    x = make_site_sparse(coords, features, (6, 6, 6), 1)
-    kmap = kernel_map(x, 3, mode="submanifold")
-    filters = tf.constant(rng.standard_normal((27, 4, 5)), tf.float32)
-    n = len(coords)
-    from tf_sparseconv.site import neighbour_table
-    table = neighbour_table(kmap)
-    args = (x.features, filters, kmap.in_rows, kmap.out_rows, kmap.offset_splits, n)
-    plain = ops.site_sparse_conv(*args, tf.zeros([0], tf.int32), map_is_trusted=True)
-    np.testing.assert_array_equal(ops.site_sparse_conv(*args, table, map_is_trusted=True).numpy(), plain.numpy())
-    with pytest.raises(tf.errors.InvalidArgumentError, match="neighbours must be SiteNeighbourTable's"):
-        ops.site_sparse_conv(*args, table[:, :-1], map_is_trusted=True)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="neighbours must be SiteNeighbourTable's"):
-        ops.site_sparse_conv(*args, table[1:], map_is_trusted=True)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="accepted with map_is_trusted only"):
-        ops.site_sparse_conv(*args, table)
+    with tf.device(CPU):  # the CPU checks a table and computes from the pairs
+        coords, features = random_sites(rng, 1, (6, 6, 6), 0.4, 4)
+        x = make_site_sparse(coords, features, (6, 6, 6), 1)
+        kmap = kernel_map(x, 3, mode="submanifold")
+        filters = tf.constant(rng.standard_normal((27, 4, 5)), tf.float32)
+        n = len(coords)
+        table = neighbour_table(kmap)
+        args = (x.features, filters, kmap.in_rows, kmap.out_rows, kmap.offset_splits, n)
+        plain = ops.site_sparse_conv(*args, tf.zeros([0], tf.int32), map_is_trusted=True)
+        np.testing.assert_array_equal(ops.site_sparse_conv(*args, table, map_is_trusted=True).numpy(), plain.numpy())
+        with pytest.raises(tf.errors.InvalidArgumentError, match="neighbours must be SiteNeighbourTable's"):
+            ops.site_sparse_conv(*args, table[:, :-1], map_is_trusted=True)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="neighbours must be SiteNeighbourTable's"):
+            ops.site_sparse_conv(*args, table[1:], map_is_trusted=True)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="accepted with map_is_trusted only"):
+            ops.site_sparse_conv(*args, table)
 
 
 def test_layers_build_neighbour_tables_once_per_keyed_map_and_carry_them(monkeypatch, rng):
     import importlib
     from tf_sparseconv.site.keras_io import as_site_keras_inputs, from_site_keras_inputs
-    from tf_sparseconv.site import neighbour_table
     maps = importlib.import_module("tf_sparseconv.site.kernel_map")
     coords, features = random_sites(rng, 2, (8, 8, 8), 0.3, 4, np.float16)
-    x = make_site_sparse(coords, features, (8, 8, 8), 2)
-    w = tf.constant(rng.standard_normal((3, 3, 3, 4, 4)) / 10, tf.float16)
-    wd = tf.constant(rng.standard_normal((2, 2, 2, 4, 8)) / 10, tf.float16)
-    wu = tf.constant(rng.standard_normal((2, 2, 2, 8, 4)) / 10, tf.float16)
+    with tf.device(CPU):  # the CPU kernels check the tables and compute from the pairs
+        x = make_site_sparse(coords, features, (8, 8, 8), 2)
+        w = tf.constant(rng.standard_normal((3, 3, 3, 4, 4)) / 10, tf.float16)
+        wd = tf.constant(rng.standard_normal((2, 2, 2, 4, 8)) / 10, tf.float16)
+        wu = tf.constant(rng.standard_normal((2, 2, 2, 8, 4)) / 10, tf.float16)
 
-    def net():
-        y = site_conv(site_conv(x, w, subm=True, indice_key="s"), w, subm=True, indice_key="s")
-        down = site_conv(y, wd, strides=2, indice_key="d")
-        return y, site_inverse_conv(down, wu, "d")
-    # On this CPU-only machine no table is built; where a GPU is visible, half types build
-    # them under 'auto' (the CPU kernels check the tables and compute from the pairs).
-    y, up = net()
-    assert y.kernel_maps["s"].neighbours is None and up.kernel_maps["d"].inverse_neighbours is None
-    monkeypatch.setattr(maps, "gpu_visible", lambda: True)
-    y_t, up_t = net()
-    np.testing.assert_array_equal(y_t.features.numpy(), y.features.numpy())
-    np.testing.assert_array_equal(up_t.features.numpy(), up.features.numpy())
-    s, d = y_t.kernel_maps["s"], up_t.kernel_maps["d"]
-    np.testing.assert_array_equal(s.neighbours.numpy(), neighbour_table(s).numpy())
-    np.testing.assert_array_equal(d.neighbours.numpy(), neighbour_table(d).numpy())
-    np.testing.assert_array_equal(d.inverse_neighbours.numpy(), neighbour_table(d, inverse=True).numpy())
-    # Through the Keras dict and back, the tables stay with their maps.
-    back = from_site_keras_inputs(as_site_keras_inputs(up_t))
-    np.testing.assert_array_equal(back.kernel_maps["d"].inverse_neighbours.numpy(), d.inverse_neighbours.numpy())
-    # 'pairs' never reads a table, so none is built.
-    assert site_conv(x, w, subm=True, indice_key="s", dataflow="pairs").kernel_maps["s"].neighbours is None
-
-
-def test_which_dataflows_build_neighbour_tables(monkeypatch, rng):
-    import importlib
-    maps = importlib.import_module("tf_sparseconv.site.kernel_map")
-    coords, features = random_sites(rng, 1, (6, 6, 6), 0.4, 2)
-    x = make_site_sparse(coords, features, (6, 6, 6), 1)
-    small, large = kernel_map(x, 3, mode="submanifold"), kernel_map(x, 5, mode="submanifold")
-    half = (tf.float16, tf.bfloat16)
-    monkeypatch.setattr(maps, "gpu_visible", lambda: True)
-    for dtype in (tf.float16, tf.bfloat16, tf.float32, tf.float64):
-        assert maps.wants_tables(dtype, small, "auto") == (dtype in half), dtype
-        assert maps.wants_tables(dtype, small, "outputs"), dtype
-        assert not maps.wants_tables(dtype, small, "pairs"), dtype
-        assert not maps.wants_tables(dtype, large, "outputs"), "125 offsets: no table"
-        assert not maps.wants_tables(dtype, hand_built(small), "outputs"), "a table is read with a trusted map only"
-    monkeypatch.setattr(maps, "gpu_visible", lambda: False)
-    assert not maps.wants_tables(tf.float16, small, "auto") and not maps.wants_tables(tf.float32, small, "outputs")
+        def net():
+            y = site_conv(site_conv(x, w, subm=True, indice_key="s"), w, subm=True, indice_key="s")
+            down = site_conv(y, wd, strides=2, indice_key="d")
+            return y, site_inverse_conv(down, wu, "d")
+        # Without a GPU no table is built; where one is visible, half types build them under
+        # 'auto'. The layers are made to believe each in turn.
+        monkeypatch.setattr(maps, "gpu_visible", lambda: False)
+        y, up = net()
+        assert y.kernel_maps["s"].neighbours is None and up.kernel_maps["d"].inverse_neighbours is None
+        monkeypatch.setattr(maps, "gpu_visible", lambda: True)
+        y_t, up_t = net()
+        np.testing.assert_array_equal(y_t.features.numpy(), y.features.numpy())
+        np.testing.assert_array_equal(up_t.features.numpy(), up.features.numpy())
+        s, d = y_t.kernel_maps["s"], up_t.kernel_maps["d"]
+        np.testing.assert_array_equal(s.neighbours.numpy(), neighbour_table(s).numpy())
+        np.testing.assert_array_equal(d.neighbours.numpy(), neighbour_table(d).numpy())
+        np.testing.assert_array_equal(d.inverse_neighbours.numpy(), neighbour_table(d, inverse=True).numpy())
+        # Through the Keras dict and back, the tables stay with their maps.
+        back = from_site_keras_inputs(as_site_keras_inputs(up_t))
+        np.testing.assert_array_equal(back.kernel_maps["d"].inverse_neighbours.numpy(), d.inverse_neighbours.numpy())
+        # 'pairs' never reads a table, so none is built.
+        assert site_conv(x, w, subm=True, indice_key="s", dataflow="pairs").kernel_maps["s"].neighbours is None
 
 
 def test_dataflow_choices(rng):
-    from tf_sparseconv._op_library import ops
-    coords, features = random_sites(rng, 2, (6, 6, 6), 0.4, 3)
-    x = make_site_sparse(coords, features, (6, 6, 6), 2)
-    w = tf.constant(rng.standard_normal((3, 3, 3, 3, 4)), tf.float32)
-    auto = site_conv(x, w, subm=True).features.numpy()
-    # The CPU has one dataflow: 'pairs' is it, 'outputs' is refused.
-    np.testing.assert_array_equal(site_conv(x, w, subm=True, dataflow="pairs").features.numpy(), auto)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow='outputs' runs on the GPU only"):
-        site_conv(x, w, subm=True, dataflow="outputs")
-    for call in (lambda: site_conv(x, w, subm=True, dataflow="fastest"),
-                 lambda: site_conv_transpose(x, w, strides=2, dataflow="fastest"),
-                 lambda: site_inverse_conv(site_conv(x, w, strides=2, indice_key="d"), tf.transpose(
-                     w, [0, 1, 2, 4, 3]), "d", dataflow="Auto")):
-        with pytest.raises(ValueError, match="dataflow must be 'auto', 'pairs' or 'outputs'"):
-            call()
-    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="dataflow"):
-        ops.site_sparse_conv(x.features, tf.reshape(w, [27, 3, 4]), [0], [0], tf.constant([0] + [1] * 27), 2,
-                             tf.zeros([0], tf.int32), dataflow="fastest")
+    with tf.device(CPU):  # the CPU's dataflows
+        coords, features = random_sites(rng, 2, (6, 6, 6), 0.4, 3)
+        x = make_site_sparse(coords, features, (6, 6, 6), 2)
+        w = tf.constant(rng.standard_normal((3, 3, 3, 3, 4)), tf.float32)
+        auto = site_conv(x, w, subm=True).features.numpy()
+        # The CPU has one dataflow: 'pairs' is it, 'outputs' is refused.
+        np.testing.assert_array_equal(site_conv(x, w, subm=True, dataflow="pairs").features.numpy(), auto)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow='outputs' runs on the GPU only"):
+            site_conv(x, w, subm=True, dataflow="outputs")
+        for call in (lambda: site_conv(x, w, subm=True, dataflow="fastest"),
+                     lambda: site_conv_transpose(x, w, strides=2, dataflow="fastest"),
+                     lambda: site_inverse_conv(site_conv(x, w, strides=2, indice_key="d"), tf.transpose(
+                         w, [0, 1, 2, 4, 3]), "d", dataflow="Auto")):
+            with pytest.raises(ValueError, match="dataflow must be 'auto', 'pairs' or 'outputs'"):
+                call()
+        with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="dataflow"):
+            ops.site_sparse_conv(x.features, tf.reshape(w, [27, 3, 4]), [0], [0], tf.constant([0] + [1] * 27), 2,
+                                 tf.zeros([0], tf.int32), dataflow="fastest")
 
 
 def test_the_gradients_run_the_forward_dataflow_and_cpu_products(rng):
-    from tf_sparseconv._op_library import ops
     coords, features = random_sites(rng, 2, (6, 6, 6), 0.4, 3)
     x = make_site_sparse(coords, features, (6, 6, 6), 2)
     filters = tf.constant(rng.standard_normal((27, 3, 4)), tf.float32)
@@ -658,3 +603,508 @@ def test_the_gradients_run_the_forward_dataflow_and_cpu_products(rng):
         for op in ops_of[CONV]:  # the forward and the input gradient
             assert op.get_attr("dataflow") == b"pairs" and op.get_attr("cpu_products") == b"portable", mode
         assert ops_of[FILTER_GRAD][0].get_attr("cpu_products") == b"portable", mode
+
+
+# === the GPU against the CPU ======================================================================
+
+NO_NEIGHBOURS = tf.zeros([0], tf.int32)  # SiteSparseConv's neighbours input, not given
+# GPU against CPU, relative to the largest magnitude of the CPU result. float32 and
+# float64: sums in another order. float16 and bfloat16: both devices accumulate in
+# float32 and round once at the end, so they differ by about one rounding of the output
+# (2^-11 and 2^-8 relative), plus the float32 differences. The gpu tests run float32
+# without TF32 (tests/site/conftest.py), except where a test turns it on.
+TOLERANCE = {tf.float32: 1e-5, tf.float64: 1e-12, tf.float16: 2e-3, tf.bfloat16: 1.6e-2}
+
+
+def on_cpu(value, dtype):
+    """value as a tensor of dtype, converted on the CPU (not every GPU Cast has every type)."""
+    with tf.device(CPU):
+        return tf.cast(tf.constant(np.asarray(value, np.float32)), dtype)
+
+
+def assert_close(actual, expected, dtype, what=""):
+    actual = np.asarray(actual.numpy(), np.float64)
+    expected = np.asarray(expected.numpy(), np.float64)
+    assert actual.shape == expected.shape, what
+    scale = np.max(np.abs(expected)) if expected.size else 0.0
+    np.testing.assert_allclose(actual, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype] * scale,
+                               err_msg=what)
+
+
+# --- convolution and gradients: GPU == CPU within tolerance --------------------------------------
+
+CONV_CASES = [
+    # (batch, shape, kernel, cin, cout, density, kwargs)
+    pytest.param(2, (30,), (3,), 3, 5, 0.5, dict(subm=True), id="1d-subm"),
+    pytest.param(2, (11, 12), (3, 3), 17, 20, 0.3, dict(strides=2, padding=1), id="2d-strided"),
+    pytest.param(2, (9, 8, 9), (3, 3, 3), 8, 8, 0.25, dict(subm=True), id="3d-subm"),
+    pytest.param(1, (20, 20, 20), (3, 3, 3), 70, 130, 0.12, dict(subm=True), id="3d-subm-wide-multi-tile"),
+    pytest.param(2, (10, 9, 10), (2, 2, 2), 16, 32, 0.3, dict(strides=2), id="3d-k2s2"),
+    pytest.param(2, (5, 4, 5, 4), (3, 3, 3, 3), 4, 3, 0.3, dict(subm=True), id="4d-subm"),
+    # Rows of a multiple of 8 channels: the 16-byte loads of the tensor-core tiles, four
+    # 32-channel steps, a second column tile with an 8-column tail.
+    pytest.param(1, (16, 16, 16), (3, 3, 3), 128, 72, 0.1, dict(subm=True), id="3d-subm-c128-vector-loads"),
+    # The pipelined tensor-core kernel (sm_80+, half and bfloat16): a 32-channel step and an
+    # 8-channel tail, two 128-column tiles of which the second has 8 columns.
+    pytest.param(1, (14, 14, 14), (3, 3, 3), 40, 136, 0.1, dict(subm=True), id="3d-subm-c40-c136-two-col-tiles"),
+    # 256 channels both ways: two 128-column tiles, 128-byte row steps, forward and gradient.
+    pytest.param(1, (12, 12, 12), (3, 3, 3), 256, 256, 0.12, dict(subm=True), id="3d-subm-c256"),
+]
+DTYPES = [tf.float32, tf.float64, tf.float16, tf.bfloat16]
+
+
+def conv_and_gradients(device, coords, features, kernel, shape, batch, kwargs, upstream=None, transpose=False):
+    """The features of site_conv (or site_conv_transpose) on `device`, and the gradients of
+    sum(features * upstream) with respect to the input features and the kernel. features,
+    kernel: tensors (of any dtype, on the CPU); upstream: a NumPy array."""
+    if upstream is not None:
+        upstream = on_cpu(upstream, features.dtype)
+    with tf.device(device):
+        x = make_site_sparse(coords, features, shape, batch)
+        with tf.GradientTape() as tape:
+            tape.watch([features, kernel])
+            conv = site_conv_transpose if transpose else site_conv
+            y = conv(x.with_features(features), kernel, **kwargs).features
+        if upstream is None:
+            return y, None, None
+        df, dw = tape.gradient(y, [features, kernel], output_gradients=upstream)
+    return y, df, dw
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
+def test_conv_and_gradients_match_cpu(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs, gpu):
+    coords = random_coords(rng, batch, shape, density)
+    features = on_cpu(rng.standard_normal((len(coords), cin)), dtype)
+    w = on_cpu(rng.standard_normal((*kernel, cin, cout)) / np.sqrt(np.prod(kernel) * cin), dtype)
+    y_cpu, _, _ = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs)
+    upstream = rng.standard_normal(y_cpu.shape)
+    y_cpu, df_cpu, dw_cpu = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs, upstream)
+    y_gpu, df_gpu, dw_gpu = conv_and_gradients(GPU, coords, features, w, shape, batch, kwargs, upstream)
+    for t in (y_gpu, df_gpu, dw_gpu):
+        assert "GPU" in t.device and t.dtype == dtype
+    assert_close(y_gpu, y_cpu, dtype, "features")
+    assert_close(df_gpu, df_cpu, dtype, "input gradient")
+    assert_close(dw_gpu, dw_cpu, dtype, "kernel gradient")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: t.name)
+def test_transposed_and_inverse_conv_match_cpu(rng, dtype, gpu):
+    coords = random_coords(rng, 2, (8, 7, 8), 0.3)
+    features = on_cpu(rng.standard_normal((len(coords), 6)), dtype)
+    w = on_cpu(rng.standard_normal((3, 3, 3, 6, 5)) / 9, dtype)
+    kwargs = dict(strides=2, padding=1)
+    y_cpu, _, _ = conv_and_gradients(CPU, coords, features, w, (8, 7, 8), 2, kwargs, transpose=True)
+    upstream = rng.standard_normal(y_cpu.shape)
+    cpu = conv_and_gradients(CPU, coords, features, w, (8, 7, 8), 2, kwargs, upstream, transpose=True)
+    gpu = conv_and_gradients(GPU, coords, features, w, (8, 7, 8), 2, kwargs, upstream, transpose=True)
+    for g, c, what in zip(gpu, cpu, ("features", "input gradient", "kernel gradient")):
+        assert_close(g, c, dtype, what)
+    with tf.device(CPU):
+        w_back = tf.transpose(w, [0, 1, 2, 4, 3])
+    results = {}
+    for device in (CPU, GPU):
+        with tf.device(device):
+            x = make_site_sparse(coords, features, (8, 7, 8), 2)
+            coarse = site_conv(x, w, strides=2, padding=1, indice_key="down")
+            results[device] = site_inverse_conv(coarse, w_back, "down")
+    np.testing.assert_array_equal(results[GPU].coords.numpy(), results[CPU].coords.numpy())
+    assert_close(results[GPU].features, results[CPU].features, dtype, "inverse conv")
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=lambda t: t.name)
+def test_conv_with_no_pairs_or_no_outputs(dtype, gpu):
+    features = tf.ones([4, 3], dtype)
+    filters = tf.ones([2, 3, 5], dtype)
+    for device in (CPU, GPU):
+        with tf.device(device):
+            y = ops.site_sparse_conv(features, filters, tf.zeros([0], tf.int32), tf.zeros([0], tf.int32),
+                                     tf.constant([0, 0, 0]), tf.constant(6), NO_NEIGHBOURS)
+            assert y.shape == (6, 5) and not np.any(y.numpy())
+            y = ops.site_sparse_conv(tf.zeros([0, 3], dtype), filters, tf.zeros([0], tf.int32),
+                                     tf.zeros([0], tf.int32), tf.constant([0, 0, 0]), tf.constant(0), NO_NEIGHBOURS)
+            assert y.shape == (0, 5)
+            dw = ops.site_sparse_conv_filter_grad(features, tf.ones([6, 5], dtype), tf.zeros([0], tf.int32),
+                                                  tf.zeros([0], tf.int32), tf.constant([0, 0, 0]))
+            assert dw.shape == (2, 3, 5) and not np.any(dw.numpy())
+
+
+# --- determinism -------------------------------------------------------------------------------
+
+def gpu_outputs(seed, dtype=tf.float32, dataflow="auto"):
+    """Forward and gradients of a submanifold and a strided layer on the GPU, as numpy."""
+    rng = np.random.default_rng(seed)
+    coords = random_coords(rng, 2, (16, 16, 16), 0.2)
+    features = on_cpu(rng.standard_normal((len(coords), 24)), dtype)
+    kernel = on_cpu(rng.standard_normal((3, 3, 3, 24, 40)) / 10, dtype)
+    outputs = []
+    for kwargs in (dict(subm=True, dataflow=dataflow), dict(strides=2, padding=1, dataflow=dataflow)):
+        y, _, _ = conv_and_gradients(GPU, coords, features, kernel, (16, 16, 16), 2, kwargs)
+        upstream = np.linspace(-1, 1, int(np.prod(y.shape))).reshape(y.shape)
+        outputs += [t.numpy() for t in conv_and_gradients(GPU, coords, features, kernel, (16, 16, 16), 2, kwargs,
+                                                          upstream)]
+    return outputs
+
+
+def test_filter_gradient_is_bit_identical_across_runs(gpu):
+    first, second = gpu_outputs(3), gpu_outputs(3)
+    for i in (2, 5):  # the kernel gradients: fixed chunks, no atomics
+        np.testing.assert_array_equal(first[i].view(np.uint8), second[i].view(np.uint8))
+
+
+def test_gpu_results_are_bit_identical_under_op_determinism(gpu):
+    # enable_op_determinism cannot be turned off again: a process of its own.
+    output = run_in_own_process("""
+        import numpy as np, tensorflow as tf
+        tf.config.experimental.enable_op_determinism()
+        from tests.site.test_conv import gpu_outputs
+        first, second = gpu_outputs(5), gpu_outputs(5)
+        for a, b in zip(first, second):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+        # half: the default dataflow under determinism is the output-stationary kernel's
+        first, second = gpu_outputs(5, tf.float16), gpu_outputs(5, tf.float16)
+        forced = gpu_outputs(5, tf.float16, "outputs")
+        for a, b, c in zip(first, second, forced):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+            np.testing.assert_array_equal(a.view(np.uint8), c.view(np.uint8))
+        print("bit-identical under op determinism")
+    """)
+    assert "bit-identical under op determinism" in output
+
+
+# --- errors: the CPU's messages -----------------------------------------------------------------
+
+MAP_ERRORS = [
+    (dict(in_rows=[0, 1, 4]), r"in_rows\[2\] = 4 is outside \[0, 4\)"),
+    (dict(out_rows=[0, 2, 0]), r"out_rows\[1\] = 2 is outside \[0, 2\)"),
+    (dict(out_rows=[1, 1, 0]), "output row 1 appears twice for kernel offset 0"),
+    (dict(offset_splits=[0, 3, 2]), "offset_splits must rise"),
+    (dict(offset_splits=[0, 3]), "one entry per kernel offset plus one"),
+    # The CPU's order: pair by pair, a pair's ranges before its repeat, then later errors.
+    (dict(in_rows=[0, 1, 4], out_rows=[1, 1, 0]), "output row 1 appears twice for kernel offset 0"),
+    (dict(in_rows=[0, 5, 1], out_rows=[0, 0, 1]), r"in_rows\[1\] = 5 is outside"),
+    (dict(in_rows=[-1, 1, 2], out_rows=[0, 9, 1]), r"in_rows\[0\] = -1 is outside"),
+    (dict(out_rows=[0, 1, -3]), r"out_rows\[2\] = -3 is outside"),
+    (dict(in_rows=[0, 1, 2, 3], out_rows=[0, 1, 1, 1], offset_splits=[0, 3, 4]),
+     "output row 1 appears twice for kernel offset 0"),
+    (dict(in_rows=[0, 1, 2, 3], out_rows=[0, 1, 1, 1], offset_splits=[0, 2, 4]),
+     "output row 1 appears twice for kernel offset 1"),
+]
+
+
+THREE_OFFSET_MAP_ERRORS = [
+    # (in_rows, out_rows, splits, phrase) with three offsets
+    ([0, 9, 2, 3], [0, 1, 0, 1], [0, 2, 1, 4], r"in_rows\[1\] = 9 is outside"),
+    ([0, 1, 2, 9], [0, 1, 0, 1], [0, 2, 1, 4], "offset_splits must rise .*offset 1 spans \\[2, 1\\)"),
+    ([0, 1, 2, 3], [0, 1, 0, 1], [0, 2, 5, 4], "offset 1 spans \\[2, 5\\)"),
+    ([0, 1, 2, 3], [0, 1, 0, 1], [1, 2, 3, 4], "offset 0 spans \\[1, 4\\)"),
+]
+
+
+def test_conv_ops_give_the_cpu_errors_on_gpu(rng, gpu):
+    features = rng.standard_normal((4, 2)).astype(np.float32)
+    ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_out=2)
+
+    def conv(kwargs, features=features, filters=None):
+        kwargs = dict(ok, **kwargs)
+        filters = tf.ones([2, 2, 3]) if filters is None else filters
+        return ops.site_sparse_conv(tf.convert_to_tensor(features), filters, kwargs["in_rows"], kwargs["out_rows"],
+                                    kwargs["offset_splits"], kwargs["num_out"], NO_NEIGHBOURS)
+
+    def filter_grad(kwargs):
+        kwargs = dict(ok, **kwargs)
+        return ops.site_sparse_conv_filter_grad(tf.constant(features), tf.ones([kwargs["num_out"], 3]),
+                                                kwargs["in_rows"], kwargs["out_rows"], kwargs["offset_splits"])
+
+    for kwargs, phrase in MAP_ERRORS:
+        assert_same_error(lambda: conv(kwargs), phrase)
+        if "one entry per kernel offset" not in phrase:
+            assert_same_error(lambda: filter_grad(kwargs), phrase)
+    for in_rows, out_rows, splits, phrase in THREE_OFFSET_MAP_ERRORS:
+        kwargs = dict(in_rows=in_rows, out_rows=out_rows, offset_splits=splits)
+        assert_same_error(lambda: conv(kwargs, filters=tf.ones([3, 2, 3])), phrase)
+        assert_same_error(lambda: filter_grad(kwargs), phrase)
+    assert_same_error(lambda: conv({}, filters=tf.ones([2, 3, 3])), "Cin")
+    nan = features.copy()
+    nan[1, 1] = np.nan
+    assert_same_error(lambda: conv({}, features=nan), "features row 1 column 1 is NaN")
+    for dtype in (tf.float16, tf.bfloat16, tf.float64):
+        typed_nan, typed_filters = on_cpu(nan, dtype), on_cpu(np.ones([2, 2, 3]), dtype)
+        assert_same_error(lambda: conv({}, features=typed_nan, filters=typed_filters),
+                          "features row 1 column 1 is NaN")
+    # A bad map is reported before NaN features, as on the CPU.
+    assert_same_error(lambda: conv(dict(out_rows=[1, 1, 0]), features=nan), "appears twice")
+
+
+def test_repeated_output_row_among_many_pairs_reports_the_first(rng, gpu):
+    """The bitmask flags some repeat; the error path finds the CPU's first one."""
+    n, volume = 5000, 27
+    pairs_per_offset = 150
+    in_rows = np.concatenate([rng.permutation(n)[:pairs_per_offset] for _ in range(volume)]).astype(np.int32)
+    out_rows = np.concatenate([rng.permutation(n)[:pairs_per_offset] for _ in range(volume)]).astype(np.int32)
+    for p in (3001, 1201, 2501):  # repeat the previous pair's output row within offset p // 150
+        out_rows[p] = out_rows[p - 1]
+    splits = np.arange(0, volume * pairs_per_offset + 1, pairs_per_offset).astype(np.int32)
+    features = tf.ones([n, 2])
+    assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([volume, 2, 2]), in_rows, out_rows, splits, n,
+                                                   NO_NEIGHBOURS),
+                      "appears twice for kernel offset 8")
+
+
+# --- trusted maps on the GPU ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("kwargs", [dict(subm=True), dict(strides=2, padding=1)], ids=["subm", "strided"])
+def test_trusted_map_on_gpu_matches_untrusted_map_and_cpu(rng, dtype, kwargs, gpu):
+    coords = random_coords(rng, 2, (10, 9, 10), 0.3)
+    features = on_cpu(rng.standard_normal((len(coords), 24)), dtype)
+    w = on_cpu(rng.standard_normal((3, 3, 3, 24, 40)) / np.sqrt(27 * 24), dtype)
+    geometry = dict(mode="submanifold") if kwargs.get("subm") else dict(strides=2, padding=1)
+    results = {}
+    upstream = None
+    for device, trust in ((CPU, True), (GPU, True), (GPU, False)):
+        with tf.device(device):
+            x = make_site_sparse(coords, features, (10, 9, 10), 2)
+            m = kernel_map(x, 3, **geometry)
+            assert m.trusted
+            m = m if trust else hand_built(m)
+            with tf.GradientTape() as tape:
+                tape.watch([features, w])
+                y = site_conv(x.with_map("k", m), w, indice_key="k", **kwargs).features
+            if upstream is None:
+                upstream = on_cpu(rng.standard_normal(y.shape), dtype)
+            results[device, trust] = [y, *tape.gradient(y, [features, w], output_gradients=upstream)]
+    for what, cpu, trusted, untrusted in zip(("features", "input gradient", "kernel gradient"), results[CPU, True],
+                                             results[GPU, True], results[GPU, False]):
+        assert "GPU" in trusted.device
+        assert_close(trusted, untrusted, dtype, what)
+        assert_close(trusted, cpu, dtype, what)
+
+
+def test_hand_built_bad_map_is_rejected_on_gpu(rng, gpu):
+    coords = random_coords(rng, 1, (6, 6), 0.5)
+    features = rng.standard_normal((len(coords), 2)).astype(np.float32)
+    kernel = np.ones((3, 3, 2, 4), np.float32)
+    with tf.device(CPU):
+        good = kernel_map(make_site_sparse(coords, features, (6, 6), 1), 3, mode="submanifold")
+    out_rows, splits = good.out_rows.numpy(), good.offset_splits.numpy()
+    q = int(np.argmax(np.diff(splits) >= 2))
+    out_rows[splits[q] + 1] = out_rows[splits[q]]
+    in_rows = good.in_rows.numpy()
+    in_rows[0] = len(coords) + 3
+    for bad, phrase in ((dict(out_rows=out_rows), "appears twice"), (dict(in_rows=in_rows), r"in_rows\[0\] = ")):
+        def call(bad=bad):
+            x = make_site_sparse(coords, features, (6, 6), 1)
+            m = hand_built(good, **{k: tf.constant(v) for k, v in bad.items()})
+            return site_conv(x.with_map("k", m), kernel, subm=True, indice_key="k")
+        assert_same_error(call, phrase)
+
+
+def test_trusted_calls_check_splits_on_the_host_and_skip_the_nan_scan_on_gpu(rng, gpu):
+    features = rng.standard_normal((4, 2)).astype(np.float32)
+    rising = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], num_out=2, neighbours=NO_NEIGHBOURS)
+    # Splits are checked on the host whatever the attr says.
+    assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), offset_splits=[0, 3, 2],
+                                                   map_is_trusted=True, **rising), "offset_splits must rise")
+    assert_same_error(lambda: ops.site_sparse_conv_filter_grad(features, tf.ones([2, 3]), rising["in_rows"],
+                                                               rising["out_rows"], [0, 3, 2], map_is_trusted=True),
+                      "offset_splits must rise")
+    # NaN features: the CPU still rejects them; a trusted GPU call skips the scan (no
+    # round trip) and the NaN reaches the output rows it feeds.
+    nan = features.copy()
+    nan[1, 1] = np.nan
+    with tf.device(CPU), pytest.raises(tf.errors.InvalidArgumentError, match="NaN"):
+        ops.site_sparse_conv(nan, tf.ones([2, 2, 3]), offset_splits=[0, 2, 3], map_is_trusted=True, **rising)
+    with tf.device(GPU):
+        y = ops.site_sparse_conv(nan, tf.ones([2, 2, 3]), offset_splits=[0, 2, 3], map_is_trusted=True, **rising)
+    assert np.all(np.isnan(y.numpy()[1])) and not np.any(np.isnan(y.numpy()[0]))
+
+
+# --- float32 through TF32 -------------------------------------------------------------------------
+
+# (cin, cout): 32-, 64- and 128-column tiles; channel steps of 16 with tails of 8; a second
+# column tile of 4 columns; the filter gradient's tiles of 64 x 64, 128 x 128, 64 x 128 and
+# 128 x 64 channels (the last with tails of 4 both ways).
+TF32_CASES = [(8, 8), (24, 40), (128, 72), (40, 132), (100, 36)]
+
+
+@pytest.mark.parametrize("cin,cout", TF32_CASES, ids=lambda v: str(v))
+def test_float32_conv_uses_tf32_where_tensorflow_allows_it(rng, cin, cout, gpu):
+    coords = random_coords(rng, 1, (14, 14, 14), 0.15)
+    features64 = rng.standard_normal((len(coords), cin))
+    kernel64 = rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin)
+    upstream = None
+    results = {}
+    for name, device, dtype, tf32 in (("reference", CPU, tf.float64, False), ("strict", GPU, tf.float32, False),
+                                      ("tf32", GPU, tf.float32, True)):
+        tf.config.experimental.enable_tensor_float_32_execution(tf32)
+        features, kernel = on_cpu(features64, dtype), on_cpu(kernel64, dtype)
+        if upstream is None:
+            y, _, _ = conv_and_gradients(device, coords, features, kernel, (14, 14, 14), 1, dict(subm=True))
+            upstream = rng.standard_normal(y.shape)
+        results[name] = conv_and_gradients(device, coords, features, kernel, (14, 14, 14), 1, dict(subm=True),
+                                           upstream)
+    for i, what in enumerate(("features", "input gradient", "kernel gradient")):
+        reference = results["reference"][i].numpy()
+        strict, tf32 = results["strict"][i].numpy(), results["tf32"][i].numpy()
+        scale = np.max(np.abs(reference))
+        np.testing.assert_allclose(strict, reference, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
+        # TF32 keeps 10 of float32's 23 mantissa bits in each factor (relative rounding
+        # 2^-11): products within about 2^-10, sums of them well within 5e-3 of the scale.
+        np.testing.assert_allclose(tf32, reference, rtol=5e-3, atol=5e-3 * scale, err_msg=what)
+        # Both kernels (the forward one computes the input gradient too) ran on TF32: the
+        # results differ from the float32 products'.
+        assert np.max(np.abs(tf32 - strict)) > 1e-6 * scale, what
+
+
+# --- the output-stationary dataflow (dataflow="outputs") ------------------------------------------
+
+def cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs, gpu_kwargs=None):
+    """(cpu, first, second): conv_and_gradients on the CPU (kwargs) and twice on the GPU
+    (kwargs and gpu_kwargs, e.g. a dataflow the CPU does not have), on random sites,
+    features, kernel and upstream gradient; float runs with TF32 on."""
+    tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)
+    coords = random_coords(rng, batch, shape, density)
+    features = on_cpu(rng.standard_normal((len(coords), cin)), dtype)
+    w = on_cpu(rng.standard_normal((*kernel, cin, cout)) / np.sqrt(np.prod(kernel) * cin), dtype)
+    y_cpu, _, _ = conv_and_gradients(CPU, coords, features, w, shape, batch, kwargs)
+    upstream = rng.standard_normal(y_cpu.shape)
+    on_gpu = dict(kwargs, **(gpu_kwargs or {}))
+    return tuple(conv_and_gradients(device, coords, features, w, shape, batch, args, upstream)
+                 for device, args in ((CPU, kwargs), (GPU, on_gpu), (GPU, on_gpu)))
+
+
+def assert_gpu_matches_cpu(dtype, cpu, gpu):
+    """Features and both gradients within the dtype's tolerance (TF32's for float)."""
+    for what, c, g in zip(("features", "input gradient", "kernel gradient"), cpu, gpu):
+        if dtype == tf.float32:
+            scale = np.max(np.abs(c.numpy())) if c.shape.num_elements() else 0.0
+            np.testing.assert_allclose(g.numpy(), c.numpy(), rtol=5e-3, atol=5e-3 * scale, err_msg=what)
+        else:
+            assert_close(g, c, dtype, what)
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
+@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
+def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(rng, dtype, batch, shape, kernel, cin, cout,
+                                                                         density, kwargs, gpu):
+    cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs,
+                                              dict(dataflow="outputs"))
+    assert_gpu_matches_cpu(dtype, cpu, first)
+    # Where the output-stationary kernel runs (whole 16-byte rows, at most 32 offsets),
+    # every output row is stored once: no atomics, so no timing in the sums (forward and
+    # input gradient, which runs the forward's dataflow). Other shapes run the pair tiles
+    # and their atomics.
+    vec = 4 if dtype == tf.float32 else 8
+    if cin % vec == 0 and cout % vec == 0 and np.prod(kernel) <= 32:
+        for what, g, again in zip(("features", "input gradient"), first, second):
+            np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
+
+
+@pytest.mark.parametrize("dtype,dataflow", [(tf.float16, "pairs"), (tf.bfloat16, "pairs"), (tf.float32, "pairs"),
+                                            (tf.float32, "auto")], ids=lambda v: getattr(v, "name", v))
+def test_the_pairs_run_from_a_given_table_where_the_dataflow_says_so(rng, dtype, dataflow, gpu):
+    """dataflow="pairs" runs the pair tiles whatever the call is given, and so does "auto"
+    for float (it reads a table for half types only): with a table, the result matches the
+    CPU's as without one."""
+    tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)
+    coords = random_coords(rng, 2, (9, 8, 9), 0.25)
+    features = on_cpu(rng.standard_normal((len(coords), 16)), dtype)
+    w = on_cpu(rng.standard_normal((27, 16, 24)) / 20, dtype)
+    with tf.device(CPU):
+        x = make_site_sparse(coords, features, (9, 8, 9), 2)
+        kmap = kernel_map(x, 3, mode="submanifold")
+    results = {}
+    for name, device, table in (("cpu", CPU, NO_NEIGHBOURS), ("plain", GPU, NO_NEIGHBOURS), ("table", GPU, None)):
+        with tf.device(device):
+            if table is None:
+                table = neighbour_table(kmap)
+            results[name] = ops.site_sparse_conv(features, w, kmap.in_rows, kmap.out_rows, kmap.offset_splits,
+                                                 len(coords), table, map_is_trusted=True,
+                                                 dataflow="auto" if device == CPU else dataflow)
+    for name in ("plain", "table"):
+        assert_gpu_matches_cpu(dtype, [results["cpu"]], [results[name]])
+
+
+# --- the convolution from neighbour tables ---------------------------------------------------------
+
+@pytest.mark.parametrize("dataflow", ["auto", "outputs"])
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=lambda t: t.name)
+@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
+def test_conv_from_a_given_table_matches_cpu(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs,
+                                            dataflow, gpu):
+    """The op given a table: the forward and (submanifold) the input gradient from the same
+    table match the CPU's pairs, and repeat bit for bit; both dataflows read the table at
+    every width, 256 channels included."""
+    volume = int(np.prod(kernel))
+    if volume > 32:
+        pytest.skip("neighbour tables hold kernels of at most 32 offsets")
+    subm = bool(kwargs.get("subm"))
+    coords = random_coords(rng, batch, shape, density)
+    features = on_cpu(rng.standard_normal((len(coords), cin)), dtype)
+    w = on_cpu(rng.standard_normal((volume, cin, cout)) / np.sqrt(volume * cin), dtype)
+    with tf.device(CPU):
+        x = make_site_sparse(coords, features, shape, batch)
+        kmap = kernel_map(x, kernel, kwargs.get("strides", 1), kwargs.get("padding", 0),
+                          mode="submanifold" if subm else "strided")
+        num_out = tf.shape(kmap.out_coords)[0]
+        upstream = on_cpu(rng.standard_normal((int(num_out), cout)), dtype)
+
+    def run(device, table, dataflow):
+        with tf.device(device):
+            with tf.GradientTape() as tape:
+                tape.watch(features)
+                y = ops.site_sparse_conv(features, w, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out,
+                                         table, map_is_trusted=True, map_is_submanifold=subm, dataflow=dataflow)
+            return y, tape.gradient(y, features, output_gradients=upstream)
+    with tf.device(GPU):
+        table = neighbour_table(kmap)
+    assert table.shape[1] == volume + 2
+    cpu = run(CPU, NO_NEIGHBOURS, "auto")
+    first, second = run(GPU, table, dataflow), run(GPU, table, dataflow)
+    for what, c, g, again in zip(("features", "input gradient"), cpu, first, second):
+        assert_close(g, c, dtype, what)
+        if cin % 8 == 0 and cout % 8 == 0 and (what == "features" or subm):
+            np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32], ids=lambda t: t.name)
+@pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
+def test_conv_from_neighbour_tables_matches_cpu_and_repeats_bit_for_bit(rng, dtype, batch, shape, kernel, cin, cout,
+                                                                        density, kwargs, gpu):
+    """Layers under an indice_key build the map's table once and run from it: half and
+    bfloat16 under 'auto', float under 'outputs' (its TF32 table tiles)."""
+    if np.prod(kernel) > 32:
+        pytest.skip("neighbour tables hold kernels of at most 32 offsets")
+    on_gpu = dict(dataflow="outputs" if dtype == tf.float32 else "auto")
+    cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density,
+                                              dict(kwargs, indice_key="k"), on_gpu)
+    assert_gpu_matches_cpu(dtype, cpu, first)
+    # Output-stationary from the table where its tiles apply (at any width): each output
+    # row is stored once, so the forward repeats bit for bit.
+    vec = 4 if dtype == tf.float32 else 8
+    if cin % vec == 0 and cout % vec == 0:
+        np.testing.assert_array_equal(first[0].numpy().view(np.uint8), second[0].numpy().view(np.uint8))
+    # A submanifold layer's input gradient runs output-stationary from the same table
+    # (mirrored offsets, map_is_submanifold): it repeats too.
+    if kwargs.get("subm") and cin % vec == 0 and cout % vec == 0:
+        np.testing.assert_array_equal(first[1].numpy().view(np.uint8), second[1].numpy().view(np.uint8))
+
+
+@pytest.mark.parametrize("dataflow", ["auto", "pairs", "outputs"])
+def test_layers_build_neighbour_tables_where_the_dataflow_reads_them(rng, dataflow, gpu):
+    coords = random_coords(rng, 2, (9, 9, 9), 0.25)
+    with tf.device(GPU):
+        for dtype in (tf.float16, tf.bfloat16, tf.float32):
+            built = dataflow == "outputs" or (dataflow == "auto" and dtype != tf.float32)
+            x = make_site_sparse(coords, on_cpu(rng.standard_normal((len(coords), 8)), dtype), (9, 9, 9), 2)
+            w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), dtype)
+            y = site_conv(x, w, subm=True, indice_key="s", dataflow=dataflow)
+            assert (y.kernel_maps["s"].neighbours is not None) == built, dtype
+            down = site_conv(y, on_cpu(rng.standard_normal((2, 2, 2, 8, 16)), dtype), strides=2, indice_key="d",
+                             dataflow=dataflow)
+            up = site_inverse_conv(down, on_cpu(rng.standard_normal((2, 2, 2, 16, 8)), dtype), "d",
+                                   dataflow=dataflow)
+            assert (up.kernel_maps["d"].inverse_neighbours is not None) == built, dtype
+            # A map without indice_key is used once: no table.
+            assert not site_conv(x, w, subm=True).kernel_maps

@@ -7,9 +7,11 @@ import os
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tf_sparseconv as ts
 from tf_sparseconv import keras_layers as kl
+from tests.device import CPU
 from tests.site.helpers import random_sites
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
@@ -31,28 +33,29 @@ def same_outputs(old, new, x, pre=None):
 
 
 def test_old_site_names_warn_and_equal_the_new_ones(rng):
-    x = site_batch(rng)
-    down = kl.SparseConv3D(4, 2, strides=2, indice_key="d0")
-    with pytest.warns(DeprecationWarning, match="SiteConv is deprecated"):
-        old = kl.SiteConv(4, 3, subm=True, indice_key="s0")
-    same_outputs(old, kl.SubMConv3D(4, 3, indice_key="s0"), x)
-    with pytest.warns(DeprecationWarning, match="SubMConv is deprecated"):
-        old = kl.SubMConv(4, 3, padding=1)
-    assert isinstance(old, kl.SiteConv) and old.subm
-    same_outputs(old, kl.SubMConv3D(4, 3), x)
-    with pytest.warns(DeprecationWarning, match="dilation is deprecated, use dilation_rate"):
-        old = kl.SiteConv(4, 3, strides=2, padding=1, dilation=2)
-    same_outputs(old, kl.SparseConv3D(4, 3, strides=2, padding=1, dilation_rate=2), x)
-    with pytest.warns(DeprecationWarning, match="SiteConvTranspose is deprecated"):
-        old = kl.SiteConvTranspose(3, 2, strides=2)
-    same_outputs(old, kl.SparseConvTranspose3D(3, 2, strides=2), x)
-    with pytest.warns(DeprecationWarning, match="SiteInverseConv is deprecated"):
-        old = kl.SiteInverseConv(3, "d0")
-    same_outputs(old, kl.SparseInverseConv3D(3, indice_key="d0"), x, pre=down)
-    for mode, new in (("max", kl.SiteMaxPooling3D), ("avg", kl.SiteAveragePooling3D)):
-        with pytest.warns(DeprecationWarning, match="SitePool is deprecated"):
-            old = kl.SitePool(2, mode=mode)
-        np.testing.assert_array_equal(old(x)["features"].numpy(), new(2)(x)["features"].numpy())
+    with tf.device(CPU):  # the CPU's sums, the same for the same weights
+        x = site_batch(rng)
+        down = kl.SparseConv3D(4, 2, strides=2, indice_key="d0")
+        with pytest.warns(DeprecationWarning, match="SiteConv is deprecated"):
+            old = kl.SiteConv(4, 3, subm=True, indice_key="s0")
+        same_outputs(old, kl.SubMConv3D(4, 3, indice_key="s0"), x)
+        with pytest.warns(DeprecationWarning, match="SubMConv is deprecated"):
+            old = kl.SubMConv(4, 3, padding=1)
+        assert isinstance(old, kl.SiteConv) and old.subm
+        same_outputs(old, kl.SubMConv3D(4, 3), x)
+        with pytest.warns(DeprecationWarning, match="dilation is deprecated, use dilation_rate"):
+            old = kl.SiteConv(4, 3, strides=2, padding=1, dilation=2)
+        same_outputs(old, kl.SparseConv3D(4, 3, strides=2, padding=1, dilation_rate=2), x)
+        with pytest.warns(DeprecationWarning, match="SiteConvTranspose is deprecated"):
+            old = kl.SiteConvTranspose(3, 2, strides=2)
+        same_outputs(old, kl.SparseConvTranspose3D(3, 2, strides=2), x)
+        with pytest.warns(DeprecationWarning, match="SiteInverseConv is deprecated"):
+            old = kl.SiteInverseConv(3, "d0")
+        same_outputs(old, kl.SparseInverseConv3D(3, indice_key="d0"), x, pre=down)
+        for mode, new in (("max", kl.SiteMaxPooling3D), ("avg", kl.SiteAveragePooling3D)):
+            with pytest.warns(DeprecationWarning, match="SitePool is deprecated"):
+                old = kl.SitePool(2, mode=mode)
+            np.testing.assert_array_equal(old(x)["features"].numpy(), new(2)(x)["features"].numpy())
 
 
 def test_old_site_names_keep_their_checks():
@@ -83,10 +86,11 @@ def test_old_layer_configs_round_trip(make):
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_model_saved_with_the_old_names_loads_and_computes_the_same():
-    io = np.load(os.path.join(FIXTURES, "old_names_io.npz"))
-    site = keras.models.load_model(os.path.join(FIXTURES, "old_site_names.keras"))
-    x = kl.as_site_keras_inputs(ts.make_site_sparse(io["site_coords"], io["site_features"], (4, 4, 4), 2))
-    np.testing.assert_allclose(site(x).numpy(), io["site_out"], rtol=1e-6, atol=1e-7)
-    assert [type(layer).__name__ for layer in site.layers if "Site" in type(layer).__name__] == [
-        "SiteConv", "SiteConv", "SiteConv", "SiteInverseConv", "SitePool", "SiteConvTranspose", "SitePool",
-        "SiteGlobalPool"]
+    with tf.device(CPU):  # the outputs 0.1 saved, computed on the CPU in float32
+        io = np.load(os.path.join(FIXTURES, "old_names_io.npz"))
+        site = keras.models.load_model(os.path.join(FIXTURES, "old_site_names.keras"))
+        x = kl.as_site_keras_inputs(ts.make_site_sparse(io["site_coords"], io["site_features"], (4, 4, 4), 2))
+        np.testing.assert_allclose(site(x).numpy(), io["site_out"], rtol=1e-6, atol=1e-7)
+        assert [type(layer).__name__ for layer in site.layers if "Site" in type(layer).__name__] == [
+            "SiteConv", "SiteConv", "SiteConv", "SiteInverseConv", "SitePool", "SiteConvTranspose", "SitePool",
+            "SiteGlobalPool"]

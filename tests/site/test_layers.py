@@ -15,6 +15,7 @@ from tf_sparseconv.models import site_resnet, site_unet
 from tf_sparseconv.site import global_pool, select_sites, site_conv, site_conv_transpose, site_inverse_conv, site_pool
 from tf_sparseconv.site.conversions import voxelize_sites
 from tf_sparseconv.site.tensor import make_site_sparse
+from tests.device import CPU
 from tests.site.helpers import random_sites
 
 SHAPE = (8, 8, 8)
@@ -159,27 +160,30 @@ def test_inverse_conv_finds_the_map_through_a_functional_model(rng):
 def test_neighbour_tables_flow_through_a_functional_model_and_its_export(monkeypatch, rng, tmp_path):
     # The layers build tables for half types where a GPU is visible (dataflow 'auto'); made
     # to believe one is here, they build them on the CPU, so the Keras dicts carry them
-    # between layers (and the CPU kernels check them and compute from the pairs).
+    # between layers (and the CPU kernels check them and compute from the pairs, which
+    # gives the results of a model without tables bit for bit).
     import importlib
     maps = importlib.import_module("tf_sparseconv.site.kernel_map")
-    x = sites(rng)
-    x = kl.as_site_keras_inputs(x.with_features(tf.cast(x.features, tf.float16)))
-    plain = small_unet_by_hand(dtype="float16")
-    expected = plain(x).numpy()
-    monkeypatch.setattr(maps, "gpu_visible", lambda: True)
-    model = small_unet_by_hand(dtype="float16")
-    model.set_weights(plain.get_weights())
-    h = x
-    for name in ("stem", "down", "mid", "up"):  # the layers' own calls, eagerly: their dicts
-        h = model.get_layer(name)(h)
-        if name == "mid":
-            assert "neighbours" in h["maps"]["s1"] and "neighbours" in h["maps"]["d0"]
-    assert "inverse_neighbours" in h["maps"]["d0"]
-    np.testing.assert_array_equal(model(x).numpy(), expected)
-    np.testing.assert_array_equal(tf.function(model)(x).numpy(), expected)
-    model.export(str(tmp_path / "exported"), verbose=False)
-    exported = tf.saved_model.load(str(tmp_path / "exported"))
-    np.testing.assert_array_equal(exported.serve(x).numpy(), expected)
+    with tf.device(CPU):
+        x = sites(rng)
+        x = kl.as_site_keras_inputs(x.with_features(tf.cast(x.features, tf.float16)))
+        monkeypatch.setattr(maps, "gpu_visible", lambda: False)
+        plain = small_unet_by_hand(dtype="float16")
+        expected = plain(x).numpy()
+        monkeypatch.setattr(maps, "gpu_visible", lambda: True)
+        model = small_unet_by_hand(dtype="float16")
+        model.set_weights(plain.get_weights())
+        h = x
+        for name in ("stem", "down", "mid", "up"):  # the layers' own calls, eagerly: their dicts
+            h = model.get_layer(name)(h)
+            if name == "mid":
+                assert "neighbours" in h["maps"]["s1"] and "neighbours" in h["maps"]["d0"]
+        assert "inverse_neighbours" in h["maps"]["d0"]
+        np.testing.assert_array_equal(model(x).numpy(), expected)
+        np.testing.assert_array_equal(tf.function(model)(x).numpy(), expected)
+        model.export(str(tmp_path / "exported"), verbose=False)
+        exported = tf.saved_model.load(str(tmp_path / "exported"))
+        np.testing.assert_array_equal(exported.serve(x).numpy(), expected)
 
 
 def test_resnet_on_points_fits_and_round_trips_through_keras_file_and_export(rng, tmp_path):
@@ -343,15 +347,16 @@ def test_conv_layers_keep_their_dataflow_and_old_configs_run_auto(rng):
     del config["dataflow"]  # as saved by 0.1
     assert kl.SparseConv3D.from_config(config).dataflow == "auto"
     # On the CPU 'pairs' is the one dataflow, and 'outputs' is refused by the op.
-    pairs = kl.SubMConv3D(4, 3, dataflow="pairs")
-    y = pairs(kl.as_site_keras_inputs(x))
-    auto = kl.SubMConv3D(4, 3)
-    auto(kl.as_site_keras_inputs(x))
-    auto.set_weights(pairs.get_weights())
-    np.testing.assert_array_equal(auto(kl.as_site_keras_inputs(x))["features"].numpy(), y["features"].numpy())
-    outputs = kl.SubMConv3D(4, 3, dataflow="outputs")
-    with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow='outputs' runs on the GPU only"):
-        outputs(kl.as_site_keras_inputs(x))
+    with tf.device(CPU):
+        pairs = kl.SubMConv3D(4, 3, dataflow="pairs")
+        y = pairs(kl.as_site_keras_inputs(x))
+        auto = kl.SubMConv3D(4, 3)
+        auto(kl.as_site_keras_inputs(x))
+        auto.set_weights(pairs.get_weights())
+        np.testing.assert_array_equal(auto(kl.as_site_keras_inputs(x))["features"].numpy(), y["features"].numpy())
+        outputs = kl.SubMConv3D(4, 3, dataflow="outputs")
+        with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow='outputs' runs on the GPU only"):
+            outputs(kl.as_site_keras_inputs(x))
 
 
 def test_train_entry_point_trains_site_resnet_on_synthetic(tmp_path, capsys):

@@ -1,0 +1,71 @@
+"""Conversions of the site-sparse tensor on each device: dense grids and back (site order),
+point clouds (voxelization with a point -> site map, each reduction) and the channel-sparse
+tensor and back."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_sparseconv as tsc
+from tf_sparseconv.site.conversions import (from_channel_sparse, site_from_dense, site_to_dense, to_channel_sparse,
+                                            voxelize_sites)
+from tf_sparseconv.site.tensor import make_site_sparse
+from tests.device import assert_on
+from tests.site.helpers import random_sites
+
+# The conversions are compositions of TensorFlow ops, some of them (sorts, unique keys,
+# int32 index arithmetic) without GPU kernels for every type: they run with soft placement,
+# and the values they produce must come from the device.
+pytestmark = pytest.mark.soft_placement
+
+
+def test_dense_round_trip_and_site_order(rng, device):
+    grid = rng.standard_normal((2, 5, 4, 6, 3)).astype(np.float32) * (rng.random((2, 5, 4, 6, 1)) < 0.2)
+    with tf.device(device):
+        x = site_from_dense(grid)
+        back = site_to_dense(x)
+    assert_on(device, x.features, back)
+    expected = np.argwhere(np.any(grid != 0, axis=-1)).astype(np.int32)
+    np.testing.assert_array_equal(x.coords.numpy(), expected)
+    np.testing.assert_array_equal(back.numpy(), grid)
+    assert x.static_spatial_shape.as_list() == [5, 4, 6]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "max", "first"])
+def test_voxelize_reduces_points_per_voxel_and_maps_points_to_sites(rng, reduction, device):
+    points = rng.uniform(-0.2, 2.2, (300, 3)).astype(np.float32)
+    batch_index = rng.integers(0, 2, 300).astype(np.int32)
+    point_features = rng.standard_normal((300, 2)).astype(np.float32)
+    with tf.device(device):
+        x, point_to_site = voxelize_sites(points, 0.5, (4, 4, 4), batch_index, 2, point_features,
+                                          reduction=reduction)
+    assert_on(device, x.features)
+    cells = np.floor(points / 0.5).astype(np.int64)
+    inside = np.all((cells >= 0) & (cells < 4), axis=1)
+    p2s = point_to_site.numpy()
+    np.testing.assert_array_equal(p2s < 0, ~inside)
+    coords = x.coords.numpy()
+    site_keys = [tuple(c) for c in coords]
+    assert site_keys == sorted(set(site_keys))  # unique, sorted by batch then coordinates
+    for i in np.flatnonzero(inside):
+        assert tuple(coords[p2s[i]]) == (batch_index[i], *cells[i])
+    for s in range(len(coords)):
+        members = np.flatnonzero(p2s == s)
+        expected = {"mean": point_features[members].mean(0), "max": point_features[members].max(0),
+                    "first": point_features[members[0]]}[reduction]
+        np.testing.assert_allclose(x.features.numpy()[s], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_channel_sparse_round_trip(rng, device):
+    coords, features = random_sites(rng, 2, (4, 5, 3), 0.3, 3)
+    features[rng.random(features.shape) < 0.3] = 0
+    with tf.device(device):
+        x = make_site_sparse(coords, features, (4, 5, 3), 2)
+        cs = to_channel_sparse(x)
+        channel_dense, site_dense = tsc.to_dense(cs), site_to_dense(x)
+        back = from_channel_sparse(cs)
+    assert_on(device, cs.values, back.features)
+    np.testing.assert_array_equal(channel_dense.numpy(), site_dense.numpy())
+    keep = np.any(features != 0, axis=1)  # sites whose channels are all zero have no entry
+    order = np.lexsort(coords[keep].T[::-1])
+    np.testing.assert_array_equal(back.coords.numpy(), coords[keep][order])
+    np.testing.assert_array_equal(back.features.numpy(), features[keep][order])

@@ -1,0 +1,329 @@
+"""Kernel maps (SiteKernelMap) and neighbour tables (SiteNeighbourTable): pairs against a
+brute-force search and tables against NumPy on each device; bad sites and geometry
+rejected; both GPU builders ('hash' and 'sort') identical to the CPU's map (all modes, 1-D
+to 4-D, shuffled and empty inputs) and the GPU's tables to the CPU's, with the CPU's
+error messages for every bad input."""
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_sparseconv._op_library import ops
+from tf_sparseconv.site import kernel_map, neighbour_table
+from tf_sparseconv.site.tensor import make_site_sparse
+
+from tests.device import CPU, GPU, assert_same_error
+from tests.site.helpers import hand_built, random_coords, random_sites
+
+
+def test_submanifold_kernel_map_pairs_match_a_brute_force_search(rng, device):
+    coords, _ = random_sites(rng, 2, (5, 6), 0.4, 1)
+    with tf.device(device):
+        x = make_site_sparse(coords, np.zeros((len(coords), 1), np.float32), (5, 6), 2)
+        m = kernel_map(x, 3, mode="submanifold")
+    splits = m.offset_splits.numpy()
+    where = {tuple(c): i for i, c in enumerate(coords)}
+    for q, (dx, dy) in enumerate(itertools.product(range(3), range(3))):
+        expected = sorted((where[(b, u + dx - 1, v + dy - 1)], o) for o, (b, u, v) in enumerate(coords)
+                          if (b, u + dx - 1, v + dy - 1) in where)
+        got = sorted(zip(m.in_rows.numpy()[splits[q]:splits[q + 1]], m.out_rows.numpy()[splits[q]:splits[q + 1]]))
+        assert got == expected
+
+
+@pytest.mark.parametrize("coords,match", [
+    ([[0, 1, 1], [0, 2, 2], [0, 1, 1]], "sites 0 and 2 have the same coordinates"),
+    ([[0, 1, 1], [0, 4, 2]], "coordinate 4 in spatial dimension 0, outside"),
+    ([[-1, 1, 1]], "batch index -1, outside"),
+    ([[2, 1, 1]], "batch index 2, outside"),
+])
+def test_bad_sites_are_rejected(coords, match):
+    x = make_site_sparse(np.array(coords, np.int32), np.ones((len(coords), 1), np.float32), (4, 4), 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+        kernel_map(x, 3, mode="submanifold")
+
+
+# --- both GPU builders == CPU ---------------------------------------------------------------------
+
+BUILDERS = ["hash", "sort"]
+
+
+def raw_map(device, coords, shape, batch, mode, kernel, strides, padding, dilation, builder="hash"):
+    with tf.device(device):
+        outputs = ops.site_kernel_map(tf.constant(coords, tf.int32), tf.constant(shape, tf.int32),
+                                      tf.constant(batch, tf.int32), mode=mode, kernel_size=list(kernel),
+                                      strides=list(strides), padding=list(padding), dilation=list(dilation),
+                                      builder=builder)
+    return outputs
+
+
+def assert_same_map(gpu, cpu):
+    names = ("out_coords", "out_spatial_shape", "in_rows", "out_rows", "offset_splits")
+    for name, g, c in zip(names, gpu, cpu):
+        assert g.dtype == c.dtype, name
+        np.testing.assert_array_equal(g.numpy(), c.numpy(), err_msg=name)
+
+
+MAP_CASES = [
+    # (batch, shape, kernel, strides, padding, dilation, density)
+    pytest.param(2, (40,), (3,), (1,), (0,), (1,), 0.4, id="1d"),
+    pytest.param(2, (40,), (5,), (2,), (1,), (2,), 0.4, id="1d-dilated"),
+    pytest.param(3, (13, 11), (3, 3), (2, 2), (1, 1), (1, 1), 0.3, id="2d"),
+    pytest.param(1, (12, 9), (3, 5), (1, 2), (0, 1), (2, 1), 0.35, id="2d-anisotropic"),
+    pytest.param(2, (24, 24, 24), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), 0.15, id="3d-multi-tile"),
+    pytest.param(2, (9, 8, 7), (2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1), 0.3, id="3d-k2s2"),
+    pytest.param(1, (6, 5, 7), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1), 1.0, id="3d-full"),
+    pytest.param(2, (6, 5, 6, 5), (3, 3, 3, 3), (2, 1, 2, 1), (1, 0, 1, 0), (1, 1, 1, 1), 0.2, id="4d"),
+]
+
+
+def geometry_for(mode, kernel, strides, padding, dilation):
+    """Submanifold maps need odd kernels, stride 1 and padding 0."""
+    if mode != "submanifold":
+        return kernel, strides, padding, dilation
+    d = len(kernel)
+    return tuple(k | 1 for k in kernel), (1,) * d, (0,) * d, dilation
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("mode", ["submanifold", "strided", "transposed"])
+@pytest.mark.parametrize("batch,shape,kernel,strides,padding,dilation,density", MAP_CASES)
+def test_kernel_map_matches_cpu_exactly(rng, builder, mode, batch, shape, kernel, strides, padding, dilation,
+                                        density, gpu):
+    coords = random_coords(rng, batch, shape, density)
+    geometry = geometry_for(mode, kernel, strides, padding, dilation)
+    cpu = raw_map(CPU, coords, shape, batch, mode, *geometry)
+    gpu = raw_map(GPU, coords, shape, batch, mode, *geometry, builder=builder)
+    for t in (gpu[0], gpu[2], gpu[3]):
+        assert "GPU" in t.device, f"expected a GPU result, got one on {t.device}"
+    assert_same_map(gpu, cpu)
+    assert int(cpu[4].numpy()[-1]) > 0 or len(coords) == 0
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("mode", ["submanifold", "strided", "transposed"])
+@pytest.mark.parametrize("d", [1, 2, 3, 4])
+def test_kernel_map_of_no_sites_is_empty_on_gpu(builder, mode, d, gpu):
+    geometry = geometry_for(mode, (3,) * d, (2,) * d, (1,) * d, (1,) * d)
+    coords = np.zeros((0, d + 1), np.int32)
+    cpu = raw_map(CPU, coords, (5,) * d, 2, mode, *geometry)
+    gpu = raw_map(GPU, coords, (5,) * d, 2, mode, *geometry, builder=builder)
+    assert_same_map(gpu, cpu)
+    assert gpu[0].shape == (0, d + 1) and gpu[2].shape == (0,)
+    np.testing.assert_array_equal(gpu[4].numpy(), np.zeros(3 ** d + 1))
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_kernel_map_of_one_site_and_of_the_largest_batch_index(builder, gpu):
+    coords = np.array([[4, 0, 6]], np.int32)
+    for mode in ("submanifold", "strided", "transposed"):
+        geometry = geometry_for(mode, (3, 3), (2, 2), (1, 1), (1, 1))
+        assert_same_map(raw_map(GPU, coords, (3, 7), 5, mode, *geometry, builder=builder),
+                        raw_map(CPU, coords, (3, 7), 5, mode, *geometry))
+
+
+def test_sort_builder_searches_long_key_ranges_in_global_memory(rng, gpu):
+    """A sparse row above a dense one: a chunk of 256 sorted sites of the sparse row spans
+    2048 columns, so its queries shifted into the dense row range over more keys than a
+    block stages in shared memory, and the search runs in global memory instead."""
+    width = 6000
+    sparse = np.stack([np.zeros(width // 8), np.zeros(width // 8), np.arange(0, width, 8)], 1)
+    dense = np.stack([np.zeros(width), np.ones(width), np.arange(width)], 1)
+    coords = np.concatenate([sparse, dense]).astype(np.int32)
+    coords = coords[rng.permutation(len(coords))]
+    geometry = ((3, 3), (1, 1), (0, 0), (1, 1))
+    cpu = raw_map(CPU, coords, (3, width), 1, "submanifold", *geometry)
+    for builder in BUILDERS:
+        assert_same_map(raw_map(GPU, coords, (3, width), 1, "submanifold", *geometry, builder=builder), cpu)
+
+
+def test_kernel_map_of_a_lidar_like_surface_matches_cpu(rng, gpu):
+    """Many sites (tens of thousands) on a few planes: long runs of neighbours."""
+    grid = np.zeros((1, 160, 160, 24), bool)
+    grid[0, :, :, 2] = rng.random((160, 160)) < 0.9                      # ground
+    grid[0, 40, :, :] = rng.random((160, 24)) < 0.7                       # a wall
+    coords = np.argwhere(grid).astype(np.int32)
+    coords = coords[rng.permutation(len(coords))]
+    for mode, geometry in [("submanifold", ((3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))),
+                           ("strided", ((3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1))),
+                           ("transposed", ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1)))]:
+        cpu = raw_map(CPU, coords, (160, 160, 24), 1, mode, *geometry)
+        for builder in BUILDERS:
+            assert_same_map(raw_map(GPU, coords, (160, 160, 24), 1, mode, *geometry, builder=builder), cpu)
+
+
+def test_kernel_map_python_wrapper_passes_the_builder_through(rng, gpu):
+    coords = random_coords(rng, 2, (8, 8, 8), 0.2)
+    with tf.device(GPU):
+        x = make_site_sparse(coords, np.ones((len(coords), 1), np.float32), (8, 8, 8), 2)
+        maps = [kernel_map(x, 3, strides=2, padding=1, builder=b) for b in BUILDERS]
+    for name in ("in_rows", "out_rows", "offset_splits", "out_coords"):
+        np.testing.assert_array_equal(getattr(maps[0], name).numpy(), getattr(maps[1], name).numpy())
+
+
+# --- errors on the GPU: the CPU's messages ----------------------------------------------------------
+
+BAD_SITES = [
+    pytest.param([[0, 1, 1], [0, 2, 2], [0, 1, 1]], "sites 0 and 2 have the same coordinates", id="duplicate"),
+    pytest.param([[0, 1, 1], [0, 3, 3], [0, 2, 2], [0, 3, 3], [0, 1, 1]], "sites 1 and 3 have the same",
+                 id="duplicates-lowest-later-row"),
+    pytest.param([[0, 1, 1], [0, 2, 1], [0, 1, 1], [0, 2, 1], [0, 1, 1]], "sites 0 and 2 have the same",
+                 id="triplicate"),
+    pytest.param([[0, 1, 1], [0, 4, 2]], "coordinate 4 in spatial dimension 0, outside", id="coordinate"),
+    pytest.param([[0, 1, 1], [0, 1, -2], [0, 9, 1]], "coordinate -2 in spatial dimension 1, outside",
+                 id="first-of-two-coordinates"),
+    pytest.param([[-1, 1, 1]], "batch index -1, outside", id="negative-batch"),
+    pytest.param([[0, 1, 1], [2, 1, 1]], "batch index 2, outside", id="batch"),
+    pytest.param([[0, 1, 1], [0, 1, 1], [0, 7, 1]], "coordinate 7 in spatial dimension 0",
+                 id="range-before-duplicates"),
+]
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("mode", ["submanifold", "strided", "transposed"])
+@pytest.mark.parametrize("coords,phrase", BAD_SITES)
+def test_bad_sites_give_the_cpu_error_on_gpu(coords, phrase, mode, builder, gpu):
+    geometry = geometry_for(mode, (3, 3), (2, 2), (1, 1), (1, 1))
+    coords = np.array(coords, np.int32)
+    assert_same_error(lambda: ops.site_kernel_map(
+        tf.constant(coords), tf.constant([4, 4]), tf.constant(2), mode=mode, kernel_size=list(geometry[0]),
+        strides=list(geometry[1]), padding=list(geometry[2]), dilation=list(geometry[3]), builder=builder), phrase)
+
+
+def test_bad_geometry_gives_the_cpu_error_on_gpu(rng, gpu):
+    coords = random_coords(rng, 1, (4, 4), 0.5)
+
+    def map_of(k, mode):
+        x = make_site_sparse(coords, np.ones((len(coords), 2), np.float32), (4, 4), 1)
+        return kernel_map(x, k, mode=mode)
+    assert_same_error(lambda: map_of(2, "submanifold"), "needs an odd kernel")
+    assert_same_error(lambda: map_of(7, "strided"), "output spatial extent")
+
+
+# --- neighbour tables (SiteNeighbourTable) --------------------------------------------------------
+
+def numpy_neighbour_table(in_rows, out_rows, splits, num_out):
+    volume = len(splits) - 1
+    table = np.full((num_out, volume + 2), -1, np.int64)
+    masks = np.zeros(num_out, np.int64)
+    for q in range(volume):
+        for p in range(splits[q], splits[q + 1]):
+            table[out_rows[p], q] = in_rows[p]
+            masks[out_rows[p]] |= 1 << q
+    order = np.argsort(masks, kind="stable")
+    table[:, volume] = masks[order].astype(np.uint32).view(np.int32)
+    table[:, volume + 1] = order
+    return table
+
+
+@pytest.mark.parametrize("mode,kernel,strides", [("submanifold", 3, 1), ("strided", 2, 2), ("strided", 3, 2)])
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
+def test_neighbour_table_matches_numpy(rng, mode, kernel, strides, inverse, device):
+    coords, features = random_sites(rng, 2, (7, 6, 7), 0.3, 1)
+    with tf.device(device):
+        x = make_site_sparse(coords, features, (7, 6, 7), 2)
+        kmap = kernel_map(x, kernel, strides, mode=mode)
+        table = neighbour_table(kmap, inverse=inverse).numpy()
+    in_rows, out_rows = kmap.in_rows.numpy(), kmap.out_rows.numpy()
+    num_in, num_out = len(coords), int(kmap.out_coords.shape[0])
+    if inverse:
+        in_rows, out_rows, num_out = out_rows, in_rows, num_in
+    expected = numpy_neighbour_table(in_rows, out_rows, kmap.offset_splits.numpy(), num_out)
+    np.testing.assert_array_equal(table, expected)
+    # Every output row appears once among the sorted rows, its mask beside it, and the
+    # masks hold every pair's offset bit.
+    volume = kernel ** 3
+    assert sorted(table[:, volume + 1]) == list(range(num_out))
+    masks = table[:, volume].view(np.uint32)
+    assert np.all(np.diff(masks) >= 0)
+    expected_masks = np.zeros(num_out, np.uint32)
+    for q in range(volume):
+        expected_masks[table[:, q] >= 0] |= np.uint32(1 << q)
+    np.testing.assert_array_equal(masks, expected_masks[table[:, volume + 1]])
+
+
+def test_neighbour_table_of_one_offset(device):
+    with tf.device(device):
+        table = ops.site_neighbour_table(in_rows=[1, 0], out_rows=[0, 2], offset_splits=[0, 2], num_in=2, num_out=3)
+    # input row per output row; then the rows sorted by mask (row 1 has none) beside their masks
+    np.testing.assert_array_equal(table.numpy(), [[1, 0, 1], [-1, 1, 0], [0, 1, 2]])
+
+
+def test_neighbour_table_rejects_bad_maps():
+    ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_in=4, num_out=2)
+    assert ops.site_neighbour_table(**ok).shape == (2, 2 + 2 * 1)
+    cases = [
+        (dict(in_rows=[0, 1, 4]), "in_rows\\[2\\] = 4 is outside \\[0, 4\\)"),
+        (dict(out_rows=[1, 1, 0]), "output row 1 appears twice for kernel offset 0"),
+        (dict(offset_splits=[0, 3, 2]), "offset_splits must rise"),
+        (dict(offset_splits=[0, 1, 2] + [3] * 31), "1 to 32 offsets"),
+        (dict(num_in=-1), "non-negative"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+            ops.site_neighbour_table(**dict(ok, **kwargs))
+
+
+def test_which_dataflows_build_neighbour_tables(monkeypatch, rng):
+    import importlib
+    maps = importlib.import_module("tf_sparseconv.site.kernel_map")
+    coords, features = random_sites(rng, 1, (6, 6, 6), 0.4, 2)
+    x = make_site_sparse(coords, features, (6, 6, 6), 1)
+    small, large = kernel_map(x, 3, mode="submanifold"), kernel_map(x, 5, mode="submanifold")
+    half = (tf.float16, tf.bfloat16)
+    monkeypatch.setattr(maps, "gpu_visible", lambda: True)
+    for dtype in (tf.float16, tf.bfloat16, tf.float32, tf.float64):
+        assert maps.wants_tables(dtype, small, "auto") == (dtype in half), dtype
+        assert maps.wants_tables(dtype, small, "outputs"), dtype
+        assert not maps.wants_tables(dtype, small, "pairs"), dtype
+        assert not maps.wants_tables(dtype, large, "outputs"), "125 offsets: no table"
+        assert not maps.wants_tables(dtype, hand_built(small), "outputs"), "a table is read with a trusted map only"
+    monkeypatch.setattr(maps, "gpu_visible", lambda: False)
+    assert not maps.wants_tables(tf.float16, small, "auto") and not maps.wants_tables(tf.float32, small, "outputs")
+
+
+TABLE_CASES = [
+    # (batch, shape, kernel, strides, padding, mode)
+    pytest.param(2, (9, 8, 9), (3, 3, 3), (1, 1, 1), (0, 0, 0), "submanifold", id="3d-subm"),
+    pytest.param(2, (10, 9, 10), (2, 2, 2), (2, 2, 2), (0, 0, 0), "strided", id="3d-k2s2"),
+    pytest.param(3, (11, 12), (3, 3), (2, 2), (1, 1), "strided", id="2d-strided"),
+    pytest.param(1, (40, 40, 40), (3, 3, 3), (1, 1, 1), (0, 0, 0), "submanifold", id="3d-subm-many-sites"),
+]
+
+
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
+@pytest.mark.parametrize("batch,shape,kernel,strides,padding,mode", TABLE_CASES)
+def test_neighbour_table_matches_cpu_exactly(rng, batch, shape, kernel, strides, padding, mode, inverse, gpu):
+    coords = random_coords(rng, batch, shape, 0.05 if max(shape) > 20 else 0.3)
+    with tf.device(CPU):
+        x = make_site_sparse(coords, np.ones((len(coords), 1), np.float32), shape, batch)
+        kmap = kernel_map(x, kernel, strides, padding, mode=mode)
+    tables = {}
+    for device in (CPU, GPU):
+        with tf.device(device):
+            tables[device] = neighbour_table(kmap, inverse=inverse).numpy()
+    np.testing.assert_array_equal(tables[GPU], tables[CPU])
+    assert tables[CPU].shape[1] == np.prod(kernel) + 2
+
+
+def test_neighbour_table_ops_give_the_cpu_errors_on_gpu(rng, gpu):
+    ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_in=4, num_out=2)
+
+    def table(**kwargs):
+        return ops.site_neighbour_table(**dict(ok, **kwargs))
+    assert_same_error(lambda: table(in_rows=[0, 1, 4]), "in_rows\\[2\\] = 4 is outside \\[0, 4\\)")
+    assert_same_error(lambda: table(out_rows=[0, 2, 0]), "out_rows\\[1\\] = 2 is outside \\[0, 2\\)")
+    assert_same_error(lambda: table(out_rows=[1, 1, 0]), "output row 1 appears twice for kernel offset 0")
+    assert_same_error(lambda: table(offset_splits=[0, 3, 2]), "offset_splits must rise")
+    assert_same_error(lambda: table(offset_splits=[0, 1, 2] + [3] * 31), "1 to 32 offsets")
+    features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
+    conv = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_out=2)
+    for width in (3, 5, 6):  # volume 2: the table has 2 + 2 columns
+        assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **conv,
+                                                       neighbours=tf.zeros([2, width], tf.int32),
+                                                       map_is_trusted=True),
+                          "neighbours must be SiteNeighbourTable's")
+    with tf.device(CPU):
+        good = table()
+    assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **conv, neighbours=good),
+                      "accepted with map_is_trusted only")

@@ -1,0 +1,46 @@
+"""The site-sparse tensor: its type checks, and the tensor in tf.function, tf.data and a
+SavedModel."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_sparseconv.site import site_conv
+from tf_sparseconv.site.tensor import SiteSparseTensor, make_site_sparse
+from tests.device import CPU
+from tests.site.helpers import random_sites
+
+
+def test_site_tensor_in_tf_function_tf_data_and_saved_model(rng, tmp_path):
+    with tf.device(CPU):  # the CPU's sums, the same in every run (the GPU's may be added in another order)
+        coords, features = random_sites(rng, 2, (6, 6, 6), 0.3, 2)
+        x = make_site_sparse(coords, features, (6, 6, 6), 2)
+        kernel = tf.Variable(rng.standard_normal((3, 3, 3, 2, 4)).astype(np.float32))
+        down = tf.Variable(rng.standard_normal((3, 3, 3, 4, 2)).astype(np.float32))
+
+        class Net(tf.Module):
+            def __init__(self):
+                self.kernel, self.down = kernel, down
+
+            @tf.function(input_signature=[SiteSparseTensor.spec([6, 6, 6], 2)])
+            def __call__(self, x):
+                y = site_conv(x, self.kernel, subm=True, indice_key="s1")
+                return site_conv(y, self.down, strides=2, padding=1).features
+
+        net = Net()
+        eager = site_conv(site_conv(x, kernel, subm=True), down, strides=2, padding=1).features.numpy()
+        np.testing.assert_allclose(net(x).numpy(), eager, rtol=1e-5)
+        tf.saved_model.save(net, str(tmp_path / "net"))
+        np.testing.assert_allclose(tf.saved_model.load(str(tmp_path / "net"))(x).numpy(), eager, rtol=1e-5)
+        dataset = tf.data.Dataset.from_tensors(x).repeat(2).map(lambda s: s.with_features(s.features * 2))
+        for item in dataset:
+            assert isinstance(item, SiteSparseTensor)
+            np.testing.assert_array_equal(item.features.numpy(), features * 2)
+
+
+def test_type_checks():
+    with pytest.raises(TypeError, match="must be int32"):
+        SiteSparseTensor(tf.zeros([1, 3], tf.int64), tf.zeros([1, 2]), tf.constant([4, 4]), tf.constant(1))
+    with pytest.raises(ValueError, match="2 sites but 3 feature rows"):
+        make_site_sparse(np.zeros((2, 3), np.int32), np.zeros((3, 2), np.float32), (4, 4), 1)
+    with pytest.raises(ValueError, match="coords must be"):
+        make_site_sparse(np.zeros((2, 4), np.int32), np.zeros((2, 2), np.float32), (4, 4), 1)
