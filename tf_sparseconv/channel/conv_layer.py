@@ -1,6 +1,7 @@
 """DirectSparseConv: the direct sparse convolution as a Keras layer, with k-selection, pruning
 masks, density metrics and adaptive density regularisation."""
 import math
+import threading
 
 import keras
 import tensorflow as tf
@@ -23,6 +24,16 @@ class KeepPrunedAtZero(keras.constraints.Constraint):
 
     def __call__(self, w):
         return w * tf.cast(self.mask, w.dtype)
+
+
+def _sum_over_replicas(survivors, cells):
+    """(survivors, cells) summed over the replicas of a tf.distribute strategy with more
+    than one, so Eq. 4's density is the global batch's and every replica pulls its weights
+    the same way; unchanged on one replica."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return survivors, cells
+    return tuple(context.all_reduce(tf.distribute.ReduceOp.SUM, [survivors, cells]))
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
@@ -106,6 +117,21 @@ class DirectSparseConv(SparseLayer):
             self.bias = self.add_weight(name="bias", shape=(self.filters,), initializer=self.bias_initializer,
                                         regularizer=self.bias_regularizer)
 
+    # Keras keeps a layer's add_loss losses in one list, shared by the threads in which a
+    # MirroredStrategy runs its replicas; Eq. 4's all-reduce interleaves the replicas within
+    # the forward pass, so each replica would read every replica's penalty. A list per
+    # thread keeps each replica's own.
+    @property
+    def _losses(self):
+        per_thread = self.__dict__.setdefault("_losses_per_thread", threading.local())
+        if not hasattr(per_thread, "losses"):
+            per_thread.losses = []
+        return per_thread.losses
+
+    @_losses.setter
+    def _losses(self, value):
+        self.__dict__.setdefault("_losses_per_thread", threading.local()).losses = value
+
     @property
     def k_bound(self):
         """Entries kept per (batch, channel): k, ceil(rho_up * S), or S without a bound."""
@@ -128,11 +154,13 @@ class DirectSparseConv(SparseLayer):
         if self.density_regularizer is not None and self.density_regularization_on and training:
             # Eq. 4's rho: what the layer would keep without the bound (the ReLU's survivors
             # before k-selection), so b > 0 exactly when k-selection has to cut.
-            survivors = positive if self.activation == "relu" else touched  # [B, Cout]
+            survivors = tf.cast(tf.reduce_sum(positive if self.activation == "relu" else touched, axis=0),
+                                tf.float32)  # [Cout]
+            survivors, all_cells = _sum_over_replicas(survivors, cells)
             if self.density_regularizer.density == "channel":
-                rho = tf.cast(tf.reduce_sum(survivors, axis=0), tf.float32) / (cells / self.filters)
+                rho = survivors / (all_cells / self.filters)
             else:
-                rho = tf.cast(tf.reduce_sum(survivors), tf.float32) / cells
+                rho = tf.reduce_sum(survivors) / all_cells
             self.add_loss(self.density_regularizer.penalty(self.kernel, self.mask, rho, self.rho_up, self.bias))
         return y
 

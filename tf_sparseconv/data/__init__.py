@@ -14,8 +14,8 @@
 from tf_sparseconv.data.mnist import image_arrays, images_to_channel_sparse, load_mnist, read_idx
 from tf_sparseconv.data.modelnet import (MODELNET10_CLASSES, load_modelnet_meshes, load_modelnet_npz,
                                          normalize_to_unit_sphere, read_off, sample_surface)
-from tf_sparseconv.data.pipeline import (NAMED_AUGMENTATIONS, Augmentation, augment_point_clouds, image_dataset,
-                                         point_cloud_dataset, stratified_split)
+from tf_sparseconv.data.pipeline import (NAMED_AUGMENTATIONS, Augmentation, ReplicaSplit, augment_point_clouds,
+                                         image_dataset, point_cloud_dataset, stratified_split)
 from tf_sparseconv.data.point_files import read_image_file, read_point_file
 from tf_sparseconv.data.scannet import SCANNET_CLASSES, load_scannet_objects, read_ply, scene_objects
 from tf_sparseconv.data.synthetic import SHAPE_CLASSES, make_shapes
@@ -30,6 +30,6 @@ __all__ = [
     "read_idx", "load_mnist", "image_arrays", "images_to_channel_sparse",
     "make_shapes", "SHAPE_CLASSES",
     "stratified_split", "Augmentation", "NAMED_AUGMENTATIONS", "augment_point_clouds", "point_cloud_dataset",
-    "image_dataset",
+    "image_dataset", "ReplicaSplit",
     "read_point_file", "read_image_file", "detect_kind", "load_test_split",
 ]

@@ -7,6 +7,11 @@ NumPy code; a ChannelSparseTensor (an ExtensionType, so a valid tf.data element)
 assembled from them. The data stays in a NumPy closure, never in the graph. Augmentation
 draws from a per-batch seed out of tf.data.Dataset.random, so runs are reproducible and
 parallel map calls cannot reorder the random stream, yet every epoch differs.
+
+Under tf.distribute, split=ReplicaSplit(...) makes the batches of some replicas instead:
+each global batch of indices (the same on every host: same seed, same order) is cut into
+one contiguous part per replica, in replica order, and this input pipeline yields the parts
+of its replicas (strategy.distribute_datasets_from_function hands them out in that order).
 """
 import dataclasses
 
@@ -32,6 +37,24 @@ def stratified_split(labels, val_fraction=0.1, seed=0):
     val = np.sort(np.concatenate(val)) if val else np.zeros([0], np.int64)
     train = np.setdiff1d(np.arange(len(labels)), val)
     return train.astype(np.int64), val.astype(np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaSplit:
+    """Which parts of every global batch one input pipeline makes: replicas in all, and
+    the `count` replicas from `first` on (one host's). Of a global batch of n, replica r of
+    R gets the next n // R examples, one more while r < n % R, so B / R each when R divides
+    B, and the parts in replica order are the batch in order. A part that would be empty (a
+    last batch smaller than R, without drop_remainder) gets the batch's first example with
+    sample weight 0 instead, after all the batch's own: the ops take no empty batch, and
+    every replica must run every step."""
+    replicas: int
+    first: int = 0
+    count: int = 1
+
+    def __post_init__(self):
+        if not (self.replicas >= 1 and self.count >= 1 and 0 <= self.first and self.first + self.count <= self.replicas):
+            raise ValueError(f"ReplicaSplit needs 0 <= first < first + count <= replicas, got {self}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,37 +106,66 @@ def augment_point_clouds(points, rng, augmentation=Augmentation()):
     return points.astype(np.float32)
 
 
-def _sparse_batches(num_examples, batch_size, shuffle, seed, drop_remainder, make_batch, sample_shape):
+def _replica_parts(batch_indices, batch_seed, split):
+    """The parts of one global batch of indices that split's replicas train on, as a
+    dataset of (indices, seed, sample weights); each part's seed is the batch's plus its
+    replica index, so one replica (R = 1) draws what the unsplit pipeline draws."""
+    n = tf.shape(batch_indices, out_type=tf.int64)[0]
+
+    def part(i):
+        r = split.first + i
+        size, extra = n // split.replicas, n % split.replicas
+        start = r * size + tf.minimum(r, extra)
+        end = start + size + tf.cast(r < extra, tf.int64)
+        empty = end <= start
+        indices = tf.cond(empty, lambda: batch_indices[:1], lambda: batch_indices[start:end])
+        weights = tf.fill(tf.shape(indices), tf.where(empty, 0.0, 1.0))
+        return indices, batch_seed + r, weights
+
+    return tf.data.Dataset.range(split.count).map(part)
+
+
+def _sparse_batches(num_examples, batch_size, shuffle, seed, drop_remainder, make_batch, sample_shape, split=None):
     """Dataset of (ChannelSparseTensor, labels) from make_batch(indices, batch_seed) ->
-    (keys, values, dense_shape, labels) in NumPy; sample_shape is the static (R..., C)."""
+    (keys, values, dense_shape, labels) in NumPy; sample_shape is the static (R..., C).
+    With split (a ReplicaSplit), the parts of each global batch of batch_size for its
+    replicas; without drop_remainder they come with sample weights (0 on a filler)."""
     rank = len(sample_shape) + 1
     if num_examples == 0:
         raise ValueError("cannot build a dataset from 0 examples")
+    if split is not None and drop_remainder and batch_size % split.replicas:
+        raise ValueError(f"the global batch size {batch_size} is not divisible by the {split.replicas} replicas")
     indices = tf.data.Dataset.range(num_examples)
     if shuffle:
         indices = indices.shuffle(num_examples, seed=seed, reshuffle_each_iteration=True)
     indices = indices.batch(batch_size, drop_remainder=drop_remainder)
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+    batches = tf.data.Dataset.zip(indices, seeds)
     batch_dim = batch_size if drop_remainder else None
+    weighted = split is not None and not drop_remainder
+    if split is not None:
+        batches = batches.flat_map(lambda batch_indices, batch_seed: _replica_parts(batch_indices, batch_seed, split))
+        batch_dim = batch_size // split.replicas if drop_remainder else None
 
-    def assemble(batch_indices, batch_seed):
+    def assemble(batch_indices, batch_seed, weights=None):
         keys, values, dense_shape, labels = tf.numpy_function(
             make_batch, [batch_indices, batch_seed], [tf.int64, tf.float32, tf.int64, tf.int64], stateful=False)
         x = ChannelSparseTensor(tf.ensure_shape(keys, [None]), tf.ensure_shape(values, [None]),
                                 tf.ensure_shape(dense_shape, [rank]), tf.TensorShape([batch_dim, *sample_shape]))
+        if weighted:
+            return x, tf.ensure_shape(labels, [batch_dim]), weights
         return x, tf.ensure_shape(labels, [batch_dim])
 
-    return (tf.data.Dataset.zip(indices, seeds)
-            .map(assemble, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-            .prefetch(tf.data.AUTOTUNE))
+    return batches.map(assemble, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
 
 
 def point_cloud_dataset(points, labels, resolution, batch_size, *, features=("occupancy",), bounds=(-1.0, 1.0),
-                        shuffle=True, augmentation=None, seed=0, drop_remainder=False):
+                        shuffle=True, augmentation=None, seed=0, drop_remainder=False, split=None):
     """Batches (ChannelSparseTensor [B, r, r, r, C], labels int64 [B]) of voxelized clouds.
 
     points: [M, N, 3 or 6] (columns 3:6 normals, for features containing "normals");
-    augmentation: None or an Augmentation, applied before voxelizing.
+    augmentation: None or an Augmentation, applied before voxelizing; split: a
+    ReplicaSplit (batch_size is then the global batch; see the module docstring).
     """
     points = np.asarray(points)
     labels = np.asarray(labels, np.int64)
@@ -133,11 +185,13 @@ def point_cloud_dataset(points, labels, resolution, batch_size, *, features=("oc
         return keys, values, dense_shape, labels[batch_indices]
 
     sample_shape = (resolution, resolution, resolution, num_channels(features))
-    return _sparse_batches(len(points), batch_size, shuffle, seed, drop_remainder, make_batch, sample_shape)
+    return _sparse_batches(len(points), batch_size, shuffle, seed, drop_remainder, make_batch, sample_shape, split)
 
 
-def image_dataset(images, labels, batch_size, *, threshold=THRESHOLD, shuffle=True, seed=0, drop_remainder=False):
-    """Batches (ChannelSparseTensor [B, H, W, 1], labels int64 [B]) of thresholded uint8 images."""
+def image_dataset(images, labels, batch_size, *, threshold=THRESHOLD, shuffle=True, seed=0, drop_remainder=False,
+                  split=None):
+    """Batches (ChannelSparseTensor [B, H, W, 1], labels int64 [B]) of thresholded uint8 images
+    (split: as point_cloud_dataset's)."""
     images = np.asarray(images)
     labels = np.asarray(labels, np.int64)
     if images.ndim != 3 or len(images) != len(labels):
@@ -148,4 +202,4 @@ def image_dataset(images, labels, batch_size, *, threshold=THRESHOLD, shuffle=Tr
         return keys, values, dense_shape, labels[batch_indices]
 
     return _sparse_batches(len(images), batch_size, shuffle, seed, drop_remainder, make_batch,
-                           (*images.shape[1:], 1))
+                           (*images.shape[1:], 1), split)

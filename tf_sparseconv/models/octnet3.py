@@ -16,6 +16,7 @@ import keras
 from tf_sparseconv.channel.conv_layer import DirectSparseConv
 from tf_sparseconv.channel.keras_io import sparse_input
 from tf_sparseconv.channel.layers import SparseMaxPool, SparseToDense
+from tf_sparseconv.models.replicas import accept_per_replica_batches
 
 BLOCK_CHANNELS = (8, 16, 24, 32, 40, 48)
 # Table 4's default bounds for ModelNet40 (Figure 7, right) by resolution, and MNIST's
@@ -40,7 +41,10 @@ def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, s
 
     kernel_initializer: of every ReLU layer (sparse and dense convolutions, the
     fc_units layer); the classifier keeps Glorot's.
-    dataflow: of every DirectSparseConv ('auto', 'sort' or 'dense'; direct_conv)."""
+    dataflow: of every DirectSparseConv ('auto', 'sort' or 'dense'; direct_conv).
+    Built in a tf.distribute strategy's scope, it trains on per-replica sparse batches
+    (models.replicas); the density bounds then hold per replica's batch, and Eq. 4 reads
+    the density of the global batch."""
     rhos = tuple(rhos if rhos is not None else DEFAULT_RHOS[resolution])
     if not 1 <= len(rhos) <= len(BLOCK_CHANNELS):
         raise ValueError(f"need 1 to {len(BLOCK_CHANNELS)} sparse blocks, got {len(rhos)} rho values")
@@ -71,4 +75,4 @@ def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, s
     h = keras.layers.Dropout(dropout)(h)
     h = keras.layers.Dense(fc_units, activation="relu", kernel_initializer=kernel_initializer)(h)
     outputs = keras.layers.Dense(num_classes, name="logits")(h)
-    return keras.Model(inputs, outputs, name=name or f"octnet3_{resolution}")
+    return accept_per_replica_batches(keras.Model(inputs, outputs, name=name or f"octnet3_{resolution}"))

@@ -10,9 +10,15 @@
 
 Both take site inputs (site_input) or point clouds [B, N, d + F] (points=True, through
 SiteVoxelize). Submanifold layers of one level share one kernel map ("subm<level>").
+
+Under a tf.distribute strategy each replica holds its own sites; synchronized_bn=True makes
+every batch norm compute its statistics over the sites of all replicas (Keras'
+BatchNormalization(synchronized=True): sums and counts all-reduced, so replicas holding
+different numbers of sites weigh each site alike), as one device would over the global batch.
 """
 import keras
 
+from tf_sparseconv.models.replicas import accept_per_replica_batches
 from tf_sparseconv.site.conv_layers import SPARSE_CONV, SPARSE_INVERSE_CONV, SUBM_CONV
 from tf_sparseconv.site.keras_io import site_input
 from tf_sparseconv.site.layers import SiteAdd, SiteConcat, SiteFeatures, SiteSelect, SiteToPoints, SiteVoxelize
@@ -34,40 +40,42 @@ def _inputs(spatial_shape, in_channels, points, point_features, bounds, return_p
     return inputs, inputs, None
 
 
-def bn_relu(h, name, relu=True):
-    h = SiteFeatures(keras.layers.BatchNormalization(momentum=0.9), name=f"{name}_bn")(h)
+def bn_relu(h, name, relu=True, synchronized=False):
+    h = SiteFeatures(keras.layers.BatchNormalization(momentum=0.9, synchronized=synchronized), name=f"{name}_bn")(h)
     return SiteFeatures(keras.layers.ReLU(), name=f"{name}_relu")(h) if relu else h
 
 
-def conv_bn_relu(h, conv, filters, kernel_size, name, relu=True, **conv_kwargs):
+def conv_bn_relu(h, conv, filters, kernel_size, name, relu=True, synchronized=False, **conv_kwargs):
     """conv (a layer class such as SubMConv3D) without bias, then batch norm and ReLU."""
     h = conv(filters, kernel_size, use_bias=False, name=name, **conv_kwargs)(h)
-    return bn_relu(h, name, relu)
+    return bn_relu(h, name, relu, synchronized)
 
 
-def residual_block(h, filters, in_channels, key, name, rank):
+def residual_block(h, filters, in_channels, key, name, rank, synchronized=False):
     """Two submanifold 3^d convolutions with batch norm around an identity shortcut (a
     1^d convolution where the channel count changes)."""
     shortcut = h
     subm = SUBM_CONV[rank]
+    sync = dict(synchronized=synchronized)
     if in_channels != filters:
-        shortcut = conv_bn_relu(h, subm, filters, 1, f"{name}_proj", relu=False, indice_key=f"{key}_1x1")
-    h = conv_bn_relu(h, subm, filters, 3, f"{name}_conv1", indice_key=key)
-    h = conv_bn_relu(h, subm, filters, 3, f"{name}_conv2", relu=False, indice_key=key)
+        shortcut = conv_bn_relu(h, subm, filters, 1, f"{name}_proj", relu=False, indice_key=f"{key}_1x1", **sync)
+    h = conv_bn_relu(h, subm, filters, 3, f"{name}_conv1", indice_key=key, **sync)
+    h = conv_bn_relu(h, subm, filters, 3, f"{name}_conv2", relu=False, indice_key=key, **sync)
     h = SiteAdd(name=f"{name}_add")([h, shortcut])
     return SiteFeatures(keras.layers.ReLU(), name=f"{name}_relu")(h)
 
 
 def site_resnet(num_classes, resolution=16, spatial_dims=3, in_channels=1, channels=(16, 32, 64), blocks=1,
                 points=False, point_features=0, bounds=(-1.0, 1.0), select_k=None, pool="max", dropout=0.3,
-                name="site_resnet"):
+                synchronized_bn=False, name="site_resnet"):
     """A functional ResNet-style classifier -> logits [B, num_classes].
 
     resolution: int (spatial_dims axes) or a tuple; channels: per level (level l > 0
     starts with a stride-2 strided convolution, "down<l>"); blocks: residual blocks per
     level; select_k: keep at most this many sites per example after the stem
     (SiteSelect, density-bounded sites); points=True: takes point clouds [B, N, d + F]
-    mapped from bounds, else site_input(resolution, in_channels).
+    mapped from bounds, else site_input(resolution, in_channels); synchronized_bn: batch
+    norm over the sites of all replicas (module docstring).
     """
     spatial_shape = _spatial_shape(resolution, spatial_dims)
     if not channels:
@@ -76,30 +84,33 @@ def site_resnet(num_classes, resolution=16, spatial_dims=3, in_channels=1, chann
         raise ValueError(f"spatial shape {spatial_shape} is too small for {len(channels) - 1} stride-2 levels")
     inputs, h, _ = _inputs(spatial_shape, in_channels, points, point_features, bounds, False, name)
     rank = len(spatial_shape)
-    h = conv_bn_relu(h, SUBM_CONV[rank], channels[0], 3, "stem", indice_key="subm0")
+    sync = dict(synchronized=synchronized_bn)
+    h = conv_bn_relu(h, SUBM_CONV[rank], channels[0], 3, "stem", indice_key="subm0", **sync)
     if select_k:
         h = SiteSelect(select_k, name="select")(h)
     width = channels[0]
     for level, filters in enumerate(channels):
         if level:
-            h = conv_bn_relu(h, SPARSE_CONV[rank], filters, 2, f"down{level}", strides=2, indice_key=f"down{level}")
+            h = conv_bn_relu(h, SPARSE_CONV[rank], filters, 2, f"down{level}", strides=2, indice_key=f"down{level}",
+                             **sync)
             width = filters
         for b in range(blocks):
-            h = residual_block(h, filters, width, f"subm{level}", f"level{level}_block{b + 1}", rank)
+            h = residual_block(h, filters, width, f"subm{level}", f"level{level}_block{b + 1}", rank, **sync)
             width = filters
     h = SiteGlobalPool(pool, name="global_pool")(h)
     if dropout:
         h = keras.layers.Dropout(dropout)(h)
     outputs = keras.layers.Dense(num_classes, name="logits")(h)
-    return keras.Model(inputs, outputs, name=name)
+    return accept_per_replica_batches(keras.Model(inputs, outputs, name=name))
 
 
 def site_unet(num_classes, resolution=32, spatial_dims=3, in_channels=1, channels=(16, 32, 64), points=False,
-              point_features=0, bounds=(-1.0, 1.0), name="site_unet"):
+              point_features=0, bounds=(-1.0, 1.0), synchronized_bn=False, name="site_unet"):
     """A functional MinkUNet-style segmentation network.
 
     Site inputs -> per-site logits [N, num_classes], one row per input site in input
     order; points=True -> per-point logits [B, N, num_classes] (zeros for dropped points).
+    synchronized_bn: batch norm over the sites of all replicas (module docstring).
     """
     spatial_shape = _spatial_shape(resolution, spatial_dims)
     if len(channels) < 2:
@@ -108,21 +119,22 @@ def site_unet(num_classes, resolution=32, spatial_dims=3, in_channels=1, channel
         raise ValueError(f"spatial shape {spatial_shape} is too small for {len(channels) - 1} stride-2 levels")
     inputs, h, point_to_site = _inputs(spatial_shape, in_channels, points, point_features, bounds, True, name)
     rank = len(spatial_shape)
-    h = conv_bn_relu(h, SUBM_CONV[rank], channels[0], 3, "stem", indice_key="subm0")
-    h = residual_block(h, channels[0], channels[0], "subm0", "enc0", rank)
+    sync = dict(synchronized=synchronized_bn)
+    h = conv_bn_relu(h, SUBM_CONV[rank], channels[0], 3, "stem", indice_key="subm0", **sync)
+    h = residual_block(h, channels[0], channels[0], "subm0", "enc0", rank, **sync)
     skips = [h]
     for level in range(1, len(channels)):
         h = conv_bn_relu(h, SPARSE_CONV[rank], channels[level], 2, f"down{level}", strides=2,
-                         indice_key=f"down{level}")
-        h = residual_block(h, channels[level], channels[level], f"subm{level}", f"enc{level}", rank)
+                         indice_key=f"down{level}", **sync)
+        h = residual_block(h, channels[level], channels[level], f"subm{level}", f"enc{level}", rank, **sync)
         skips.append(h)
     for level in range(len(channels) - 1, 0, -1):
         h = SPARSE_INVERSE_CONV[rank](channels[level - 1], indice_key=f"down{level}", use_bias=False,
                                       name=f"up{level}")(h)
-        h = bn_relu(h, f"up{level}")
+        h = bn_relu(h, f"up{level}", **sync)
         h = SiteConcat(name=f"skip{level - 1}")([h, skips[level - 1]])
         h = residual_block(h, channels[level - 1], 2 * channels[level - 1], f"subm{level - 1}", f"dec{level - 1}",
-                           rank)
+                           rank, **sync)
     h = SUBM_CONV[rank](num_classes, 1, indice_key="head", name="logits")(h)
     outputs = SiteToPoints(name="to_points")([h, point_to_site]) if points else h["features"]
-    return keras.Model(inputs, outputs, name=name)
+    return accept_per_replica_batches(keras.Model(inputs, outputs, name=name))

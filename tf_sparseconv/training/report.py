@@ -168,8 +168,11 @@ def memory_lines(results):
     """The memory bound of the forward pass for the batch size, its activations against
     the same layers' outputs as dense grids, and the bound without the density bounds."""
     activations, dense = results["memory_bound_activation_bytes"], results["memory_dense_bytes"]
-    lines = [f"memory bound at batch {results['batch_size']}: {megabytes(results['memory_bound_bytes'])} for any "
-             f"input (per layer in results.json)"]
+    replicas = results.get("replicas", 1)
+    at = (f"per replica at its batch {results['batch_size_per_replica']} (global {results['batch_size']})"
+          if replicas > 1 else f"at batch {results['batch_size']}")
+    lines = [f"memory bound {at}: {megabytes(results['memory_bound_bytes'])} for any input (per layer in "
+             "results.json)"]
     if dense:
         lines.append(f"  activations {megabytes(activations)} against the dense grid's {megabytes(dense)} "
                      f"({activations / dense:.2f}x)")
@@ -186,6 +189,11 @@ def summary_lines(results, written, next_commands):
     lines = [f"validation accuracy {results['val_accuracy']:.4f} (chance {chance:.3f}) after {results['epochs']} "
              f"epochs; {np.mean(seconds):.1f} s per epoch (first {seconds[0]:.1f} s"
              + (f"; CPU time {np.mean(cpu):.1f} s per epoch" if cpu else "") + ")"]
+    if "replicas" in results:
+        unit = "images" if results.get("dataset") == "mnist" else "shapes"
+        lines.append(f"{results['replicas']} replica(s) (--strategy {results['strategy']}), global batch "
+                     f"{results['batch_size']} ({results['batch_size_per_replica']} per replica): "
+                     f"{results['shapes_per_s']:.1f} {unit}/s over all replicas")
     if results.get("val_accuracy_mirror_vote") is not None:
         lines.append(f"validation accuracy voting over each cloud and its mirror image "
                      f"{results['val_accuracy_mirror_vote']:.4f}")

@@ -21,6 +21,11 @@ Keras' bar on a terminal and one short line per epoch otherwise; the summary giv
 validation accuracy, each sparse layer's density and present weights, and the memory bound
 for the batch size against the dense grid's.
 
+--strategy mirrored trains on every GPU of this host, --strategy multi-worker on every host
+of the cluster in TF_CONFIG (run the same command on each); --batch-size is then the global
+batch, cut into one sparse batch per replica (training.distribute), and only the chief
+writes --out.
+
 --model site-resnet trains models.site_resnet (submanifold residual blocks, strided
 downsampling, global pooling) on the same batches converted to site-sparse tensors; the
 density bounds, Eq. 4 regularisation, pruning and the memory bound of the channel-sparse
@@ -52,6 +57,8 @@ from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS
 from tf_sparseconv.site.conversions import from_channel_sparse
 from tf_sparseconv.site.keras_io import as_site_keras_inputs
 from tf_sparseconv.training.density_regularizer import DENSITIES, DensityRegularizer
+from tf_sparseconv.training.distribute import (STRATEGIES, cluster_from_tf_config, expected_replicas, is_chief,
+                                               make_strategy, per_replica_dataset, steps_per_epoch)
 from tf_sparseconv.training.fine_tune import FineTunePhase
 from tf_sparseconv.training.losses import SmoothedSparseCrossentropy
 from tf_sparseconv.training.pruning import WarningShotPruning, present_weight_count, sparse_conv_layers
@@ -225,15 +232,16 @@ def labels_sha256(labels):
 
 
 def keras_batches(dataset):
-    return dataset.map(lambda x, y: (as_keras_inputs(x), y))
+    """The channel-sparse batches as the dicts Keras takes (labels and any sample weights kept)."""
+    return dataset.map(lambda x, *rest: (as_keras_inputs(x), *rest))
 
 
 def site_keras_batches(dataset):
     """The channel-sparse batches as site dicts: one site per occupied voxel (pixel)."""
-    def convert(x, y):
+    def convert(x, *rest):
         sites = from_channel_sparse(x)
         sites = sites.with_features(tf.ensure_shape(sites.features, [None, x.shape[-1]]))
-        return as_site_keras_inputs(sites), y
+        return as_site_keras_inputs(sites), *rest
     return dataset.map(convert)
 
 
@@ -380,17 +388,18 @@ def snapshot_path(out, epoch):
     return os.path.join(out, f"model_epoch{epoch}.keras")
 
 
-def mirror_vote_accuracy(model, make_dataset, clouds, labels):
+def mirror_vote_accuracy(model, make_dataset, clouds, labels, steps=None):
     """Accuracy of the mean softmax over each cloud and its copy with x negated (normals
     too): test-time voting over the symmetry that --augment mirror trains for. make_dataset
-    maps clouds [M, N, 3+] to the model's unshuffled batches, in order."""
+    maps clouds [M, N, 3+] to the model's unshuffled batches, in order (per replica under a
+    strategy, with steps: the rows after the M clouds' are fillers)."""
     mirrored = np.array(clouds, np.float32, copy=True)
     mirrored[..., 0] *= -1
     if mirrored.shape[-1] >= 6:
         mirrored[..., 3] *= -1
     probabilities = 0.0
     for view in (clouds, mirrored):
-        logits = model.predict(make_dataset(view), verbose=0)
+        logits = model.predict(make_dataset(view), steps=steps, verbose=0)[:len(labels)]
         probabilities = probabilities + tf.nn.softmax(logits).numpy()
     return float(np.mean(np.argmax(probabilities, axis=-1) == np.asarray(labels)))
 
@@ -432,8 +441,14 @@ def build_parser():
     p.add_argument("--epochs", type=int, default=None,
                    help=f"default: {main['epochs']} on the built-in shapes, {other['epochs']} on the other datasets")
     p.add_argument("--batch-size", type=int, default=None,
-                   help=f"default: {main['batch_size']} on the built-in shapes, {other['batch_size']} on the other "
-                        "datasets; the memory bound is given for it")
+                   help=f"the global batch (default: {main['batch_size']} on the built-in shapes, {other['batch_size']} "
+                        "on the other datasets); under --strategy mirrored / multi-worker each replica trains on "
+                        "batch-size / replicas examples, and the memory bound is given for that")
+    p.add_argument("--strategy", choices=STRATEGIES, default="default",
+                   help="default: one device; mirrored: every GPU of this host (tf.distribute.MirroredStrategy); "
+                        "multi-worker: every host of the cluster in the TF_CONFIG environment variable "
+                        "(tf.distribute.MultiWorkerMirroredStrategy; run the same command on each host, the chief "
+                        "writes --out)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (> 0)")
     p.add_argument("--weight-decay", type=float, default=0.0,
@@ -493,7 +508,10 @@ def default_out(dataset, model):
 
 
 def _check_out(parser, args):
-    """--out: never a file; an existing non-empty folder only with --overwrite."""
+    """--out: never a file; an existing non-empty folder only with --overwrite. A worker
+    of a multi-worker cluster other than the chief writes nothing there."""
+    if not _writes_results(args):
+        return
     if args.out is None:
         args.out = default_out(args.dataset, args.model)
         return
@@ -502,6 +520,37 @@ def _check_out(parser, args):
     if os.path.isdir(args.out) and os.listdir(args.out) and not args.overwrite:
         parser.error(f"--out {args.out} exists and is not empty; give a new folder (or leave --out out for a new "
                      f"one under {RUNS_DIR}/), or add --overwrite to replace the results there")
+
+
+def _writes_results(args):
+    """False for the tasks of a multi-worker cluster (TF_CONFIG) other than the chief; a
+    malformed TF_CONFIG is reported by _check_strategy."""
+    if args.strategy != "multi-worker":
+        return True
+    try:
+        return cluster_from_tf_config()[2]
+    except ValueError:
+        return True
+
+
+def _check_strategy(parser, args):
+    """--strategy: TF_CONFIG for multi-worker, devices the op library has kernels for, and
+    a global --batch-size the replicas divide. A worker other than the chief keeps its
+    backup in <--backup-dir>/worker<task>, beside the chief's."""
+    try:
+        replicas = expected_replicas(args.strategy)
+    except ValueError as e:
+        parser.error(one_line(e))
+    if args.batch_size % replicas:
+        below = args.batch_size // replicas * replicas
+        parser.error(f"--batch-size {args.batch_size} is the global batch and must be divisible by the {replicas} "
+                     f"replicas of --strategy {args.strategy} (each trains on batch-size / {replicas} examples); use "
+                     f"{below or replicas} or {below + replicas}")
+    if args.strategy == "multi-worker" and args.backup_dir:
+        _, task, chief = cluster_from_tf_config()
+        if not chief:
+            args.backup_dir = os.path.join(args.backup_dir, f"worker{task}")
+    return replicas
 
 
 def _check_values(parser, args):
@@ -613,6 +662,7 @@ def parse_args(parser, argv=None):
     _check_values(parser, args)
     _check_resolution(parser, args)
     _check_model_options(parser, args)
+    _check_strategy(parser, args)
     try:
         check_data(args.dataset, args.data_dir, tuple(args.features))
     except (OSError, ValueError) as e:
@@ -667,9 +717,43 @@ def serving_model(core, args, classes, points_per_cloud):
                                   class_names=classes, points_per_cloud=points_per_cloud)
 
 
+def build_model(args, num_classes, in_channels, steps, synchronized_bn=False):
+    """(model, rhos, optimizer, loss) of the run: the site ResNet (its batch norm
+    synchronized over the replicas with synchronized_bn) or OctNet3 with the density
+    bounds rhos; steps: optimizer steps per epoch, for a cosine schedule."""
+    spatial_dims = 2 if args.dataset == "mnist" else 3
+    if args.model == "site-resnet":
+        rhos = ()
+        model = site_resnet(num_classes, args.resolution, spatial_dims=spatial_dims, in_channels=in_channels,
+                            channels=tuple(args.site_channels), blocks=args.site_blocks, select_k=args.site_k or None,
+                            synchronized_bn=synchronized_bn)
+    else:
+        rhos = tuple(args.rho) if args.rho else DEFAULT_RHOS[args.resolution]
+        regularizer = DensityRegularizer(args.lam, reduction=args.lam_reduction, density=args.lam_density,
+                                         include_bias=args.lam_terms == "weights+biases") if args.lam > 0 else None
+        model = octnet3(args.resolution, num_classes, rhos, spatial_dims=spatial_dims, in_channels=in_channels,
+                        selection=args.selection, density_regularizer=regularizer,
+                        kernel_initializer=args.init or "he_normal")
+    learning_rate = args.lr
+    if args.lr_schedule == "cosine":
+        learning_rate = keras.optimizers.schedules.CosineDecay(args.lr, decay_steps=args.epochs * steps)
+    optimizer = build_optimizer(args.optimizer, learning_rate, args.weight_decay)
+    loss = (SmoothedSparseCrossentropy(args.label_smoothing) if args.label_smoothing > 0
+            else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, rhos, optimizer, loss
+
+
 def main(argv=None):
     parser = build_parser()
     args = parse_args(parser, argv)
+    # First: MultiWorkerMirroredStrategy must configure TensorFlow before anything runs.
+    strategy = make_strategy(args.strategy)
+    replicas = strategy.num_replicas_in_sync
+    if replicas != expected_replicas(args.strategy) or args.batch_size % replicas:
+        parser.error(f"--strategy {args.strategy} made {replicas} replicas, which do not divide --batch-size "
+                     f"{args.batch_size}")
+    distributed = args.strategy != "default"
+    chief = is_chief(strategy)
     site = args.model == "site-resnet"
     image_data = args.dataset == "mnist"
     resolution = args.resolution
@@ -691,68 +775,75 @@ def main(argv=None):
         parser.error(f"--val-fraction {args.val_fraction} of {len(labels)} examples in {len(classes)} classes leaves "
                      f"{len(train_idx)} for training and {len(val_idx)} for validation; both need some (use more "
                      "examples or another --val-fraction)")
-    if image_data:
-        make = lambda idx, shuffle: datasets.image_dataset(examples[idx], labels[idx], args.batch_size,  # noqa: E731
-                                                           shuffle=shuffle, seed=args.seed)
-    else:
-        augmentation = datasets.Augmentation.named(args.augment) if args.augment else None
-
-        def cloud_batches(clouds, cloud_labels, shuffle):
-            return datasets.point_cloud_dataset(
-                clouds, cloud_labels, resolution, args.batch_size, features=tuple(args.features), shuffle=shuffle,
-                seed=args.seed, augmentation=augmentation if shuffle else None)
-        make = lambda idx, shuffle: cloud_batches(examples[idx], labels[idx], shuffle)  # noqa: E731
     to_keras = site_keras_batches if site else keras_batches
-    train, val = to_keras(make(train_idx, True)), to_keras(make(val_idx, False))
+    augmentation = datasets.Augmentation.named(args.augment) if args.augment and not image_data else None
+
+    def cloud_batches(clouds, cloud_labels, shuffle, split=None, drop_remainder=False):
+        """Keras batches of clouds (images); with split, one input pipeline's replica batches."""
+        if image_data:
+            return to_keras(datasets.image_dataset(clouds, cloud_labels, args.batch_size, shuffle=shuffle,
+                                                   seed=args.seed, split=split, drop_remainder=drop_remainder))
+        return to_keras(datasets.point_cloud_dataset(
+            clouds, cloud_labels, resolution, args.batch_size, features=tuple(args.features), shuffle=shuffle,
+            seed=args.seed, augmentation=augmentation if shuffle else None, split=split, drop_remainder=drop_remainder))
+
+    fit_steps, val_steps = {}, None
+    if distributed:
+        # Each replica builds its own sparse batch; the last incomplete global batch of an
+        # epoch is left out of training (the replicas' parts would differ in size), kept for
+        # validation (a replica without an example of it gets a filler of weight 0).
+        train_steps, val_steps = (steps_per_epoch(len(train_idx), args.batch_size, True),
+                                  steps_per_epoch(len(val_idx), args.batch_size, False))
+        if not train_steps:
+            parser.error(f"--batch-size {args.batch_size} is more than the {len(train_idx)} training examples; with "
+                         f"--strategy {args.strategy} an epoch trains on whole global batches only")
+        train = per_replica_dataset(strategy, lambda split: cloud_batches(examples[train_idx], labels[train_idx], True,
+                                                                          split, drop_remainder=True))
+        val = per_replica_dataset(strategy, lambda split: cloud_batches(examples[val_idx], labels[val_idx], False,
+                                                                        split))
+        fit_steps = dict(steps_per_epoch=train_steps, validation_steps=val_steps)
+        trained_per_epoch = train_steps * args.batch_size
+    else:
+        train = cloud_batches(examples[train_idx], labels[train_idx], True)
+        val = cloud_batches(examples[val_idx], labels[val_idx], False)
+        trained_per_epoch = len(train_idx)
     print(f"      {len(train_idx)} training and {len(val_idx)} validation examples, {len(classes)} classes, "
           f"resolution {resolution}", flush=True)
 
-    if site:
-        rhos = ()
-        in_channels = int(train.element_spec[0]["features"].shape[-1])
-        model = site_resnet(len(classes), resolution, spatial_dims=2 if image_data else 3, in_channels=in_channels,
-                            channels=tuple(args.site_channels), blocks=args.site_blocks, select_k=args.site_k or None)
-    else:
-        rhos = tuple(args.rho) if args.rho else DEFAULT_RHOS[resolution]
-        regularizer = DensityRegularizer(args.lam, reduction=args.lam_reduction, density=args.lam_density,
-                                         include_bias=args.lam_terms == "weights+biases") if args.lam > 0 else None
-        model = octnet3(resolution, len(classes), rhos, spatial_dims=2 if image_data else 3,
-                        in_channels=1 if image_data else datasets.num_channels(args.features),
-                        selection=args.selection, density_regularizer=regularizer,
-                        kernel_initializer=args.init or "he_normal")
-    learning_rate = args.lr
-    if args.lr_schedule == "cosine":
-        steps_per_epoch = -(-len(train_idx) // args.batch_size)
-        learning_rate = keras.optimizers.schedules.CosineDecay(args.lr, decay_steps=args.epochs * steps_per_epoch)
-    optimizer = build_optimizer(args.optimizer, learning_rate, args.weight_decay)
-    loss = (SmoothedSparseCrossentropy(args.label_smoothing) if args.label_smoothing > 0
-            else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.compile(optimizer, loss, metrics=["accuracy"])
-    bound = None if site else memory_bound(model, args.batch_size)
+    in_channels = 1 if image_data else datasets.num_channels(args.features)
+    with strategy.scope():
+        model, rhos, optimizer, loss = build_model(
+            args, len(classes), in_channels, fit_steps.get("steps_per_epoch", -(-len(train_idx) // args.batch_size)),
+            synchronized_bn=replicas > 1)
+        model.compile(optimizer, loss, metrics=["accuracy"])
+    replica_batch = args.batch_size // replicas
+    bound = None if site else memory_bound(model, replica_batch)
     # What the density bounds buy: the same net without them may hold every cell of its grid.
     unbounded = None if site or all(rho >= 1 for rho in rhos) else memory_bound(
         octnet3(resolution, len(classes), (1.0,) * len(rhos), spatial_dims=2 if image_data else 3,
-                in_channels=model.input["shape_token"].shape[-1]), args.batch_size)
+                in_channels=in_channels), replica_batch)
 
     if args.backup_dir:
         prepare_backup_dir(parser, args)
-    prepare_out(args.out, args.overwrite)
-    write_json(os.path.join(args.out, "split.json"),
-               split_record(args, data_path, all_labels, keep, train_idx, val_idx, classes))
+    if chief:
+        prepare_out(args.out, args.overwrite)
+        write_json(os.path.join(args.out, "split.json"),
+                   split_record(args, data_path, all_labels, keep, train_idx, val_idx, classes))
     callbacks = [EpochTimer()]
     pruning = WarningShotPruning(args.prune_eps) if args.prune_eps > 0 else None
     if pruning:
         callbacks.append(pruning)
     if args.finetune_epochs:  # before the snapshots and the epoch log, as pruning
         callbacks.append(FineTunePhase(args.epochs - args.finetune_epochs, pruning))
-    if args.snapshot_epochs:  # after pruning, so a snapshot holds that epoch's masks
+    if args.snapshot_epochs and chief:  # after pruning, so a snapshot holds that epoch's masks
         callbacks.append(EpochSnapshots(args.out, args.snapshot_epochs))
     if not site:
         callbacks.append(PresentWeights())  # after pruning: this epoch's count
     terminal = sys.stdout.isatty()
     if not terminal:
         callbacks.append(EpochProgress(args.epochs))
-    callbacks.append(TensorBoardScalars(os.path.join(args.out, "tensorboard")))
+    if chief:
+        callbacks.append(TensorBoardScalars(os.path.join(args.out, "tensorboard")))
     epoch_log = EpochLog(args.backup_dir) if args.backup_dir else None
     if epoch_log:
         callbacks += [epoch_log, keras.callbacks.BackupAndRestore(args.backup_dir, delete_checkpoint=False)]
@@ -762,20 +853,25 @@ def main(argv=None):
     described = (f"channels {tuple(args.site_channels)}, {args.site_blocks} residual block(s) per level"
                  + (f", at most {args.site_k} sites per example" if args.site_k else "")) if site \
         else f"sparse blocks rho = {rhos}"
-    print(f"[2/4] training {model.name} ({described}) for {args.epochs} epochs, batch {args.batch_size}; "
-          f"writing to {args.out}", flush=True)
+    on = f" on {replicas} replicas ({replica_batch} examples each)" if distributed else ""
+    print(f"[2/4] training {model.name} ({described}) for {args.epochs} epochs, batch {args.batch_size}{on}; "
+          f"writing to {args.out if chief else 'nothing (the chief writes the results)'}", flush=True)
     history = model.fit(train, validation_data=val, epochs=args.epochs, callbacks=callbacks, shuffle=False,
-                        verbose=1 if terminal else 0).history
+                        verbose=1 if terminal else 0, **fit_steps).history
     if epoch_log:
         history = epoch_log.history()  # every epoch of the run, not only this process's
     seconds = history["sec_per_epoch"]
 
     print("[3/4] evaluating", flush=True)
-    val_metrics = model.evaluate(val, verbose=0, return_dict=True)
+    val_metrics = model.evaluate(val, steps=val_steps, verbose=0, return_dict=True)
     vote = None
     if args.vote_mirror:
-        vote = mirror_vote_accuracy(model, lambda clouds: to_keras(cloud_batches(clouds, labels[val_idx], False)),
-                                    examples[val_idx], labels[val_idx])
+        if distributed:
+            make_votes = lambda clouds: per_replica_dataset(  # noqa: E731
+                strategy, lambda split: cloud_batches(clouds, labels[val_idx], False, split))
+        else:
+            make_votes = lambda clouds: cloud_batches(clouds, labels[val_idx], False)  # noqa: E731
+        vote = mirror_vote_accuracy(model, make_votes, examples[val_idx], labels[val_idx], steps=val_steps)
     layers = [{"layer": layer.name, "rho_up": layer.rho_up, "density": float(history[f"{layer.name}_density"][-1]),
                "present_weights": layer.present_weights(), "weights": int(np.prod(layer.kernel_shape))}
               for layer in sparse_conv_layers(model)]
@@ -783,7 +879,9 @@ def main(argv=None):
         "model": args.model, "dataset": args.dataset, "examples": int(len(labels)),
         "num_classes": len(classes), "classes": list(classes),
         "resolution": resolution, "epochs": len(history.get("loss", [])),
-        "batch_size": args.batch_size,
+        "batch_size": args.batch_size, "strategy": args.strategy, "replicas": replicas,
+        "batch_size_per_replica": replica_batch,
+        "shapes_per_s": trained_per_epoch / float(np.mean(seconds[1:] or seconds)),
         "rhos": list(rhos), "lambda": args.lam, "lam_terms": args.lam_terms, "lam_density": args.lam_density,
         "prune_eps": args.prune_eps,
         "finetune_epochs": args.finetune_epochs,
@@ -808,7 +906,11 @@ def main(argv=None):
     }
     if site:
         results.update(site_channels=list(args.site_channels), site_blocks=args.site_blocks, site_k=args.site_k,
-                       parameters=int(model.count_params()))
+                       parameters=int(model.count_params()), synchronized_bn=replicas > 1)
+    if not chief:
+        print(f"[4/4] done: this worker trained {replicas // cluster_from_tf_config()[0]} of the {replicas} replicas; "
+              "the chief writes the results", flush=True)
+        return results
     write_json(os.path.join(args.out, "results.json"), results)
     plot_training_curve(history, os.path.join(args.out, "training_curve.png"),
                         bounds={row["layer"]: row["rho_up"] for row in layers},

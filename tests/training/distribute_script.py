@@ -1,0 +1,213 @@
+"""Trains small models of both families on one device and under tf.distribute, for
+tests/training/test_distribute.py, which starts it in a fresh process: logical devices
+must be configured, and MultiWorkerMirroredStrategy created, before TensorFlow
+initialises. Writes what the test compares into --out:
+
+  python distribute_script.py single --out DIR    one device: DIR/single.npz
+  python distribute_script.py mirrored --out DIR  2 logical CPUs: DIR/mirrored.npz, DIR/checks.json
+  python distribute_script.py worker --out DIR    a MultiWorkerMirroredStrategy task (TF_CONFIG):
+                                                  DIR/worker<task>.npz
+
+Every run trains the same models on the same global batches (16 synthetic shapes at 8^3,
+global batch 8, 2 epochs of 2 steps): an OctNet3 with k-selection and Eq. 4 through
+model.fit, the same OctNet3 with Eq. 4's per-channel density through a custom loop
+(strategy.run), and a site ResNet with batch norm (synchronized under a strategy) through
+model.fit. Dropout is off, so one device and R replicas must end with the same weights.
+"""
+import argparse
+import json
+import os
+import sys
+
+MODES = ("single", "mirrored", "worker")
+RESOLUTION, GLOBAL_BATCH, EPOCHS, EXAMPLES = 8, 8, 2, 16
+
+
+def configure(mode):
+    import tensorflow as tf
+    if mode == "mirrored":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    if mode == "worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return None
+
+
+def data():
+    from tf_sparseconv import data as datasets
+    clouds, labels, _ = datasets.make_shapes(num_per_class=2, seed=0)
+    return clouds[:EXAMPLES], labels[:EXAMPLES]
+
+
+def batches(family, split=None):
+    """The global batches, or one input pipeline's replica batches with split."""
+    from tf_sparseconv import data as datasets
+    from tf_sparseconv.training.train import keras_batches, site_keras_batches
+    clouds, labels = data()
+    dataset = datasets.point_cloud_dataset(clouds, labels, RESOLUTION, GLOBAL_BATCH, seed=3, drop_remainder=True,
+                                           split=split)
+    return (site_keras_batches if family == "site" else keras_batches)(dataset)
+
+
+def feed(strategy, family):
+    """(dataset, fit arguments): the global batches on one device, per-replica batches
+    under a strategy; repeated in both, so both draw epoch e's order from the e-th pass of
+    the shuffle (Keras starts an unused pass between epochs of a dataset it re-iterates)."""
+    from tf_sparseconv.training.distribute import per_replica_dataset, steps_per_epoch
+    steps = {"steps_per_epoch": steps_per_epoch(EXAMPLES, GLOBAL_BATCH, drop_remainder=True)}
+    if strategy is None:
+        return batches(family).repeat(), steps
+    return per_replica_dataset(strategy, lambda split: batches(family, split)), steps
+
+
+def build(family, synchronized_bn=False, density="layer"):
+    import keras
+
+    from tf_sparseconv.models import octnet3, site_resnet
+    from tf_sparseconv.training import DensityRegularizer
+    keras.utils.set_random_seed(0)
+    if family == "site":
+        model = site_resnet(8, RESOLUTION, channels=(8, 16), dropout=0.0, pool="mean", synchronized_bn=synchronized_bn)
+    else:
+        # rho 0.1 and 0.3: k-selection cuts in every sparse layer of these shapes
+        model = octnet3(RESOLUTION, 8, (0.1, 0.3), dropout=0.0, fc_units=32,
+                        density_regularizer=DensityRegularizer(0.05, density=density))
+    return model
+
+
+def weights(model):
+    return [w.numpy() for w in model.weights]
+
+
+def fit(strategy, family):
+    import keras
+    import tensorflow as tf
+    with (strategy or tf.distribute.get_strategy()).scope():
+        model = build(family, synchronized_bn=strategy is not None)
+        model.compile(keras.optimizers.SGD(0.05, momentum=0.9),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    dataset, steps = feed(strategy, family)
+    history = model.fit(dataset, epochs=EPOCHS, verbose=0, **steps).history
+    return model, history
+
+
+def custom_loop(strategy):
+    """Eq. 4 with per-channel densities, trained by strategy.run (or directly on one device)."""
+    import keras
+    import tensorflow as tf
+    dataset, _ = feed(strategy, "channel")
+    strategy = strategy or tf.distribute.get_strategy()
+    with strategy.scope():
+        model = build("channel", density="channel")
+        optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+    cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.nn.compute_average_loss(cross_entropy(y, logits), global_batch_size=GLOBAL_BATCH)
+            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(iterator):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=next(iterator)), axis=None)
+
+    iterator = iter(dataset)
+    losses = [float(step(iterator)) for _ in range(EPOCHS * EXAMPLES // GLOBAL_BATCH)]
+    return model, losses
+
+
+def run_all(strategy):
+    """{name: weights} and {name: losses} of the three trainings."""
+    results, losses = {}, {}
+    for family in ("channel", "site"):
+        model, history = fit(strategy, family)
+        results[f"fit_{family}"] = weights(model)
+        losses[f"fit_{family}"] = history["loss"]
+    model, loop_losses = custom_loop(strategy)
+    results["loop_channel"] = weights(model)
+    losses["loop_channel"] = loop_losses
+    return results, losses
+
+
+def save(path, results, losses):
+    import numpy as np
+    arrays = {f"{name}/{i}": w for name, ws in results.items() for i, w in enumerate(ws)}
+    np.savez(path, losses=json.dumps(losses), **arrays)
+
+
+def pruning_checks(strategy):
+    """Masks, warnings and kernels of every replica after warning-shot pruning epochs."""
+    import keras
+    import numpy as np
+
+    from tf_sparseconv.training import WarningShotPruning, sparse_conv_layers
+    with strategy.scope():
+        model = build("channel")
+        model.compile(keras.optimizers.SGD(0.05, momentum=0.9),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    dataset, steps = feed(strategy, "channel")
+    pruning = WarningShotPruning(epsilon=0.05)
+    model.fit(dataset, epochs=3, verbose=0, callbacks=[pruning], **steps)
+    checks = {"pruned": sum(row["pruned"] for row in pruning.history), "replicas_equal": True, "replicas": 0}
+    for layer in sparse_conv_layers(model):
+        for variable in (layer.mask, layer.warned, layer.kernel):
+            copies = [v.numpy() for v in strategy.experimental_local_results(variable.value)]
+            checks["replicas"] = len(copies)
+            checks["replicas_equal"] &= all(np.array_equal(copies[0], c) for c in copies[1:])
+    return checks
+
+
+def batch_norm_checks(strategy):
+    """A synchronized batch norm over replicas holding 5 and 11 sites against one over all 16."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    rows = np.random.default_rng(0).normal(2.0, 3.0, (16, 4)).astype(np.float32)
+    parts = (rows[:5], rows[5:])
+    with strategy.scope():
+        synced = keras.layers.BatchNormalization(momentum=0.0, synchronized=True)
+        synced.build((None, 4))
+
+    @tf.function
+    def step():
+        context = tf.distribute.get_replica_context()
+        features = tf.switch_case(context.replica_id_in_sync_group, [lambda p=p: tf.constant(p) for p in parts])
+        return synced(features, training=True)
+
+    out = strategy.experimental_local_results(strategy.run(step))
+    reference = keras.layers.BatchNormalization(momentum=0.0)
+    expected = reference(rows, training=True).numpy()
+    return {"outputs_close": bool(np.allclose(np.concatenate([o.numpy() for o in out]), expected, atol=1e-4)),
+            "mean_close": bool(np.allclose(synced.moving_mean.numpy(), rows.mean(0), atol=1e-5)),
+            "variance_close": bool(np.allclose(synced.moving_variance.numpy(), rows.var(0), rtol=1e-4))}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=MODES)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    strategy = configure(args.mode)
+    import tf_sparseconv  # noqa: F401  registers the layers
+    results, losses = run_all(strategy)
+    if args.mode == "single":
+        save(os.path.join(args.out, "single.npz"), results, losses)
+    elif args.mode == "mirrored":
+        save(os.path.join(args.out, "mirrored.npz"), results, losses)
+        checks = {"pruning": pruning_checks(strategy), "batch_norm": batch_norm_checks(strategy),
+                  "replicas": strategy.num_replicas_in_sync}
+        with open(os.path.join(args.out, "checks.json"), "w") as f:
+            json.dump(checks, f)
+    else:
+        task = strategy.cluster_resolver.task_id
+        save(os.path.join(args.out, f"worker{task}.npz"), results, losses)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

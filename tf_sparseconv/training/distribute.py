@@ -1,0 +1,183 @@
+"""Training on several devices and hosts with tf.distribute, for both op families.
+
+`tf-sparseconv train --strategy` offers three of TensorFlow's strategies:
+
+- default: TensorFlow's default strategy, one device;
+- mirrored: tf.distribute.MirroredStrategy over this host's GPUs (without GPUs, over its
+  logical CPU devices: one unless the program configured more);
+- multi-worker: tf.distribute.MultiWorkerMirroredStrategy over the hosts TF_CONFIG lists,
+  each with its GPUs (or its CPU).
+
+Sparse batches differ in size, so they are never cut by the strategy: each replica builds
+its own (per_replica_dataset, through strategy.distribute_datasets_from_function). Every
+host draws the same global batches (same seed, same order) and makes the parts of its own
+replicas (data.ReplicaSplit): replica r of R trains on examples [r B / R, (r + 1) B / R) of
+a global batch of B, so the replicas together see exactly the one-device batch. Keras scales
+each replica's mean loss by 1 / R and sums the gradients, Eq. 4 reads the density of the
+global batch (DirectSparseConv all-reduces it) and the site nets' batch norm can be
+synchronized, so a step on R replicas is a step on one device, up to float rounding.
+
+Other strategies (TPUStrategy, ParameterServerStrategy, CentralStorageStrategy) are
+refused by check_strategy: the op library has no TPU kernels, and Keras 3 trains with
+neither of the other two.
+"""
+import json
+import math
+import os
+
+import tensorflow as tf
+
+from tf_sparseconv.data.pipeline import ReplicaSplit
+
+STRATEGIES = ("default", "mirrored", "multi-worker")
+TF_CONFIG_EXAMPLE = ('TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
+                     '"task": {"type": "worker", "index": 0}}\' (index 1 on host2)')
+TRAINING_JOBS = ("chief", "worker")
+
+
+def cluster_from_tf_config(environ=None):
+    """(workers, task_id, chief) of the cluster the TF_CONFIG environment variable describes,
+    as MultiWorkerMirroredStrategy reads it (https://www.tensorflow.org/guide/distributed_training):
+    workers counts the chief and worker tasks, task_id is this task's place among them (the
+    chief first) and chief says whether this task writes the results. ValueError (one line)
+    for a missing or malformed TF_CONFIG."""
+    environ = os.environ if environ is None else environ
+    text = environ.get("TF_CONFIG", "").strip()
+    if not text:
+        raise ValueError(f"--strategy multi-worker reads the cluster from the TF_CONFIG environment variable, which is "
+                         f"not set; set it on every host, e.g. {TF_CONFIG_EXAMPLE}")
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"TF_CONFIG is not valid JSON ({e.msg} at character {e.pos}); expected e.g. "
+                         f"{TF_CONFIG_EXAMPLE}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict) \
+            or not isinstance(config.get("task"), dict):
+        raise ValueError(f"TF_CONFIG must be a JSON object with a 'cluster' object and a 'task' object; expected e.g. "
+                         f"{TF_CONFIG_EXAMPLE}")
+    cluster, task = config["cluster"], config["task"]
+    other = sorted(set(cluster) - set(TRAINING_JOBS))
+    if other:
+        raise ValueError(f"TF_CONFIG's cluster has the job(s) {other}; MultiWorkerMirroredStrategy trains on "
+                         f"{' and '.join(TRAINING_JOBS)} tasks only (parameter servers and evaluators are not served)")
+    addresses = []
+    for job in TRAINING_JOBS:
+        tasks = cluster.get(job, [])
+        if not isinstance(tasks, list) or not all(isinstance(a, str) and _is_address(a) for a in tasks):
+            raise ValueError(f"TF_CONFIG's cluster['{job}'] must be a list of 'host:port' addresses, got {tasks!r}")
+        addresses += tasks
+    if not addresses:
+        raise ValueError(f"TF_CONFIG's cluster lists no worker; expected e.g. {TF_CONFIG_EXAMPLE}")
+    if len(cluster.get("chief", [])) > 1:
+        raise ValueError(f"TF_CONFIG's cluster has {len(cluster['chief'])} chief tasks; at most one")
+    if len(set(addresses)) != len(addresses):
+        raise ValueError(f"TF_CONFIG's cluster lists an address twice: {addresses}")
+    kind, index = task.get("type"), task.get("index")
+    if kind not in cluster:
+        raise ValueError(f"TF_CONFIG's task type {kind!r} is not a job of its cluster ({sorted(cluster)})")
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cluster[kind]):
+        raise ValueError(f"TF_CONFIG's task index {index!r} is not in 0..{len(cluster[kind]) - 1} (the "
+                         f"{len(cluster[kind])} '{kind}' task(s) of its cluster)")
+    chiefs = len(cluster.get("chief", []))
+    task_id = index if kind == "chief" else chiefs + index
+    return len(addresses), task_id, task_id == 0
+
+
+def _is_address(text):
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+def local_devices(name):
+    """The devices one host's replicas run on under strategy name: the GPUs, or without
+    them the CPU devices (mirrored: every logical CPU device; multi-worker: the CPU)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if name == "default":
+        return ["GPU:0" if gpus else "CPU:0"]
+    if gpus:
+        return [f"GPU:{i}" for i in range(len(gpus))]
+    if name == "mirrored":
+        return [device.name for device in tf.config.list_logical_devices("CPU")]
+    return ["CPU:0"]
+
+
+def expected_replicas(name, environ=None):
+    """How many replicas strategy name will train on, known before it is created (it
+    reads TF_CONFIG and the device lists only); ValueError for a setup it cannot serve."""
+    if name not in STRATEGIES:
+        raise ValueError(f"--strategy must be one of {STRATEGIES}, got {name!r}")
+    if name == "default":
+        return 1
+    workers = cluster_from_tf_config(environ)[0] if name == "multi-worker" else 1
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus and not _library_has_gpu_kernels():
+        raise ValueError(f"--strategy {name} would put its replicas on the {len(gpus)} GPU(s) of this host, but the "
+                         "tf_sparseconv op library was built without CUDA kernels; rebuild it on a machine with nvcc "
+                         "(docs/install.md) or use --strategy default")
+    # A multi-worker host must not list logical devices before the strategy configures
+    # its collectives: count its GPUs (or its one CPU).
+    return workers * (len(gpus) if gpus else len(local_devices(name)))
+
+
+def _library_has_gpu_kernels():
+    from tf_sparseconv import _build_info
+    return bool(getattr(_build_info, "CUDA", False))
+
+
+def make_strategy(name):
+    """The tf.distribute strategy of name (STRATEGIES). multi-worker must be made before
+    TensorFlow runs anything else in the process, as TensorFlow requires."""
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(local_devices(name))
+    if name == "multi-worker":
+        cluster_from_tf_config()
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    raise ValueError(f"--strategy must be one of {STRATEGIES}, got {name!r}")
+
+
+def check_strategy(strategy):
+    """Raises ValueError unless the op library and Keras can train under strategy: the
+    default strategy, OneDeviceStrategy, MirroredStrategy or MultiWorkerMirroredStrategy."""
+    served = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
+              tf.distribute.OneDeviceStrategy)
+    if isinstance(strategy, served) or strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy():
+        return strategy
+    name = type(strategy).__name__
+    why = ("the op library has no TPU kernels" if "TPU" in name else
+           "Keras 3's fit does not train under it" if "ParameterServer" in name or "CentralStorage" in name else
+           "it is not one of the strategies tested with the sparse ops")
+    raise ValueError(f"{name} cannot train tf_sparseconv models ({why}); use MirroredStrategy (one host) or "
+                     "MultiWorkerMirroredStrategy (several hosts)")
+
+
+def is_chief(strategy):
+    """Whether this process writes the run's results, checkpoints and summaries (all but
+    one process of a multi-worker cluster only train)."""
+    return bool(strategy.extended.should_checkpoint)
+
+
+def per_replica_dataset(strategy, make, repeat=True):
+    """A distributed dataset whose replicas hold their own sparse batches: make(split) ->
+    tf.data.Dataset of one input pipeline's replica batches, in replica order, for the
+    data.ReplicaSplit split (data.point_cloud_dataset(..., split=split) makes them).
+    repeat: cycle through the data, so model.fit(..., steps_per_epoch=steps_per_epoch(...))
+    runs whole epochs (Keras counts the steps of a distributed dataset wrongly otherwise)."""
+    check_strategy(strategy)
+
+    def dataset_fn(context):
+        local = context.num_replicas_in_sync // context.num_input_pipelines
+        split = ReplicaSplit(context.num_replicas_in_sync, context.input_pipeline_id * local, local)
+        dataset = make(split)
+        return dataset.repeat() if repeat else dataset
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def steps_per_epoch(num_examples, global_batch_size, drop_remainder):
+    """Steps of one pass over num_examples in global batches (the last one incomplete
+    unless drop_remainder)."""
+    if drop_remainder:
+        return num_examples // global_batch_size
+    return math.ceil(num_examples / global_batch_size)
