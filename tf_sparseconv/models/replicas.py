@@ -6,6 +6,12 @@ fails when the replicas hold sparse batches of different sizes (keys [N1] beside
 "Inputs to operation AddN must have the same size and shape"; keras-team/keras#19246).
 accept_per_replica_batches builds that state from one replica's element spec instead, so
 nothing is averaged and no batch is drawn from the data before the first epoch.
+
+Under MultiWorkerMirroredStrategy Keras 3 also averages each step's scalar logs over the
+replicas along an axis 0 they do not have ("Invalid reduction dimension 0 for input with 0
+dimensions"; tensorflow/tensorflow#72388); there each replica's step logs get that axis
+(one element), which the average removes again. The epoch's logs are Keras' reading of the
+metrics, whose totals and counts are summed over all replicas.
 """
 import tensorflow as tf
 
@@ -34,4 +40,18 @@ def accept_per_replica_batches(model):
         return build(iterator=iterator, data_batch=data_batch)
 
     model._maybe_symbolic_build = build_from_one_replica
+    model.train_step = _logs_with_a_replica_axis(model, model.train_step)
+    model.test_step = _logs_with_a_replica_axis(model, model.test_step)
     return model
+
+
+def _logs_with_a_replica_axis(model, step):
+    """step, whose scalar logs get an axis of one element under MultiWorkerMirroredStrategy
+    (module docstring)."""
+    def step_with_axis(data):
+        logs = step(data)
+        if not isinstance(model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return logs
+        return tf.nest.map_structure(lambda v: tf.reshape(v, [1]) if tf.is_tensor(v) and v.shape.rank == 0 else v,
+                                     logs)
+    return step_with_axis

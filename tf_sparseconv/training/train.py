@@ -399,7 +399,7 @@ def mirror_vote_accuracy(model, make_dataset, clouds, labels, steps=None):
         mirrored[..., 3] *= -1
     probabilities = 0.0
     for view in (clouds, mirrored):
-        logits = model.predict(make_dataset(view), steps=steps, verbose=0)[:len(labels)]
+        logits = model.predict(make_dataset(view), verbose=0, **({"steps": steps} if steps else {}))[:len(labels)]
         probabilities = probabilities + tf.nn.softmax(logits).numpy()
     return float(np.mean(np.argmax(probabilities, axis=-1) == np.asarray(labels)))
 
