@@ -158,6 +158,14 @@ def is_chief(strategy):
     return bool(strategy.extended.should_checkpoint)
 
 
+def replica_values(strategy, value):
+    """An int of every replica, in replica order (a collective: every worker must call it)."""
+    @tf.function
+    def gather():
+        return strategy.gather(strategy.run(lambda: tf.constant([value], tf.int64)), axis=0)
+    return [int(v) for v in gather().numpy()]
+
+
 def per_replica_dataset(strategy, make, repeat=True):
     """A distributed dataset whose replicas hold their own sparse batches: make(split) ->
     tf.data.Dataset of one input pipeline's replica batches, in replica order, for the

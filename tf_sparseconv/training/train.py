@@ -58,7 +58,7 @@ from tf_sparseconv.site.conversions import from_channel_sparse
 from tf_sparseconv.site.keras_io import as_site_keras_inputs
 from tf_sparseconv.training.density_regularizer import DENSITIES, DensityRegularizer
 from tf_sparseconv.training.distribute import (STRATEGIES, cluster_from_tf_config, expected_replicas, is_chief,
-                                               make_strategy, per_replica_dataset, steps_per_epoch)
+                                               make_strategy, per_replica_dataset, replica_values, steps_per_epoch)
 from tf_sparseconv.training.fine_tune import FineTunePhase
 from tf_sparseconv.training.losses import SmoothedSparseCrossentropy
 from tf_sparseconv.training.pruning import WarningShotPruning, present_weight_count, sparse_conv_layers
@@ -293,6 +293,15 @@ class EpochLog(keras.callbacks.Callback):
                     by_epoch[row.pop("epoch")] = row
         rows = [by_epoch[e] for e in sorted(by_epoch)]
         return {key: [row[key] for row in rows] for key in (rows[0] if rows else {})}
+
+
+def backed_up_epochs(backup_dir):
+    """The epochs keras.callbacks.BackupAndRestore has saved in backup_dir (0 for none)."""
+    path = os.path.join(backup_dir, "training_metadata.json")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        return int(json.load(f).get("epoch", 0))
 
 
 # Arguments that may change when a backed-up run is resumed; any other change is refused,
@@ -823,6 +832,12 @@ def main(argv=None):
         octnet3(resolution, len(classes), (1.0,) * len(rhos), spatial_dims=2 if image_data else 3,
                 in_channels=in_channels), replica_batch)
 
+    if args.backup_dir and args.strategy == "multi-worker":
+        # Each worker resumes from its own backup; they must hold the same epoch.
+        backed_up = replica_values(strategy, backed_up_epochs(args.backup_dir))
+        if len(set(backed_up)) > 1:
+            parser.error(f"the workers' backups (--backup-dir, <dir>/worker<task> beside the chief's) end after "
+                         f"different epochs ({backed_up}, by replica); restore them from one epoch or start anew")
     if args.backup_dir:
         prepare_backup_dir(parser, args)
     if chief:
