@@ -3,10 +3,11 @@ tests/training/test_distribute.py, which starts it in a fresh process: logical d
 must be configured, and MultiWorkerMirroredStrategy created, before TensorFlow
 initialises. Writes what the test compares into --out:
 
-  python distribute_script.py single --out DIR    one device: DIR/single.npz
-  python distribute_script.py mirrored --out DIR  2 logical CPUs: DIR/mirrored.npz, DIR/checks.json
+  python distribute_script.py mirrored --out DIR  2 logical CPUs: DIR/single.npz (on one of them),
+                                                  DIR/mirrored.npz (on both), DIR/checks.json
   python distribute_script.py worker --out DIR    a MultiWorkerMirroredStrategy task (TF_CONFIG):
                                                   DIR/worker<task>.npz
+  python distribute_script.py train -- ARGS...    `tf-sparseconv train ARGS` with 2 logical CPUs
 
 Every run trains the same models on the same global batches (16 synthetic shapes at 8^3,
 global batch 8, 2 epochs of 2 steps): an OctNet3 with k-selection and Eq. 4 through
@@ -19,13 +20,13 @@ import json
 import os
 import sys
 
-MODES = ("single", "mirrored", "worker")
+MODES = ("mirrored", "worker", "train")
 RESOLUTION, GLOBAL_BATCH, EPOCHS, EXAMPLES = 8, 8, 2, 16
 
 
 def configure(mode):
     import tensorflow as tf
-    if mode == "mirrored":
+    if mode in ("mirrored", "train"):
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -72,7 +73,7 @@ def build(family, synchronized_bn=False, density="layer"):
     else:
         # rho 0.1 and 0.3: k-selection cuts in every sparse layer of these shapes
         model = octnet3(RESOLUTION, 8, (0.1, 0.3), dropout=0.0, fc_units=32,
-                        density_regularizer=DensityRegularizer(0.05, density=density))
+                        density_regularizer=DensityRegularizer(1.0, density=density))
     return model
 
 
@@ -190,14 +191,18 @@ def batch_norm_checks(strategy):
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=MODES)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
+    parser.add_argument("train_args", nargs="*")
     args = parser.parse_args(argv)
     strategy = configure(args.mode)
+    if args.mode == "train":
+        from tf_sparseconv.training import train
+        train.main(args.train_args)
+        return 0
     import tf_sparseconv  # noqa: F401  registers the layers
     results, losses = run_all(strategy)
-    if args.mode == "single":
-        save(os.path.join(args.out, "single.npz"), results, losses)
-    elif args.mode == "mirrored":
+    if args.mode == "mirrored":
+        save(os.path.join(args.out, "single.npz"), *run_all(None))
         save(os.path.join(args.out, "mirrored.npz"), results, losses)
         checks = {"pruning": pruning_checks(strategy), "batch_norm": batch_norm_checks(strategy),
                   "replicas": strategy.num_replicas_in_sync}

@@ -190,10 +190,12 @@ def summary_lines(results, written, next_commands):
              f"epochs; {np.mean(seconds):.1f} s per epoch (first {seconds[0]:.1f} s"
              + (f"; CPU time {np.mean(cpu):.1f} s per epoch" if cpu else "") + ")"]
     if "replicas" in results:
-        unit = "images" if results.get("dataset") == "mnist" else "shapes"
-        lines.append(f"{results['replicas']} replica(s) (--strategy {results['strategy']}), global batch "
-                     f"{results['batch_size']} ({results['batch_size_per_replica']} per replica): "
-                     f"{results['shapes_per_s']:.1f} {unit}/s over all replicas")
+        rate = f"{results['shapes_per_s']:.1f} {'images' if results.get('dataset') == 'mnist' else 'shapes'}/s"
+        lines.append(f"throughput {rate} on one device (batch {results['batch_size']})" if results["replicas"] == 1
+                     and results["strategy"] == "default" else
+                     f"{results['replicas']} replicas (--strategy {results['strategy']}), global batch "
+                     f"{results['batch_size']} ({results['batch_size_per_replica']} per replica): {rate} over all "
+                     "replicas")
     if results.get("val_accuracy_mirror_vote") is not None:
         lines.append(f"validation accuracy voting over each cloud and its mirror image "
                      f"{results['val_accuracy_mirror_vote']:.4f}")

@@ -1,0 +1,249 @@
+"""Training under tf.distribute, for both op families: one device and two replicas (two
+logical CPUs under MirroredStrategy, two worker processes under MultiWorkerMirroredStrategy
+on 127.0.0.1) train the same weights on the same global batches; warning-shot pruning leaves
+every replica the same masks; synchronized batch norm over replicas holding different
+numbers of sites computes the one-device statistics; the trainer's --strategy resumes from
+its backups and refuses bad setups in one line.
+
+The trainings run in fresh processes (tests/training/distribute_script.py): logical devices
+and MultiWorkerMirroredStrategy must be set up before TensorFlow initialises."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_sparseconv.training import distribute, train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+SCRIPT = os.path.join(HERE, "distribute_script.py")
+TIMEOUT = 240  # seconds for one process (or both workers) to finish
+# A small run of the trainer: 8^3, two sparse blocks with Eq. 4, 48 shapes (40 train, 8 val).
+TINY = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--synthetic-per-class", "6",
+        "--batch-size", "8", "--lam", "0.1", "--lr-schedule", "constant"]
+SITE_TINY = ["--model", "site-resnet", "--dataset", "synthetic", "--resolution", "8", "--site-channels", "8", "16",
+             "--synthetic-per-class", "6", "--batch-size", "8"]
+
+
+def free_ports(count):
+    """Ports on 127.0.0.1 that nothing listens on now."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_config(ports, index):
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
+
+
+def environment(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2", **extra)
+    return env
+
+
+def run_processes(commands, cwd):
+    """Runs the commands [(argv, env)] at once; (return code, output) of each. Every process
+    is killed after TIMEOUT seconds, or when the test ends early (a worker whose peer died
+    waits for it and ignores SIGTERM)."""
+    processes = []
+    try:
+        for argv, env in commands:
+            processes.append(subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        results = []
+        for process in processes:
+            output, _ = process.communicate(timeout=TIMEOUT)
+            results.append((process.returncode, output))
+        return results
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def run_workers(argv_of_task, cwd):
+    """Two MultiWorkerMirroredStrategy tasks on free ports of 127.0.0.1."""
+    ports = free_ports(2)
+    return run_processes([(argv_of_task(i), environment(TF_CONFIG=tf_config(ports, i))) for i in range(2)], cwd)
+
+
+def load(path):
+    archive = np.load(path)
+    runs = {}
+    for key in archive.files:
+        if key != "losses":
+            name, index = key.rsplit("/", 1)
+            runs.setdefault(name, {})[int(index)] = archive[key]
+    return {name: [w[i] for i in sorted(w)] for name, w in runs.items()}, json.loads(str(archive["losses"]))
+
+
+def assert_same_training(expected, actual):
+    (weights, losses), (other_weights, other_losses) = expected, actual
+    assert sorted(weights) == sorted(other_weights) == ["fit_channel", "fit_site", "loop_channel"]
+    for name in weights:
+        assert len(weights[name]) == len(other_weights[name])
+        for i, (w, v) in enumerate(zip(weights[name], other_weights[name])):
+            np.testing.assert_allclose(v, w, rtol=1e-4, atol=2e-5, err_msg=f"{name} weight {i}")
+        np.testing.assert_allclose(other_losses[name], losses[name], rtol=1e-5, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory):
+    """One process with two logical CPUs: the trainings on one device and on two replicas,
+    and the pruning and batch-norm checks."""
+    out = tmp_path_factory.mktemp("mirrored")
+    [(code, output)] = run_processes([([sys.executable, SCRIPT, "mirrored", "--out", str(out)], environment())], REPO)
+    assert code == 0, output[-3000:]
+    with open(out / "checks.json") as f:
+        checks = json.load(f)
+    return load(out / "single.npz"), load(out / "mirrored.npz"), checks
+
+
+def test_two_mirrored_replicas_train_the_weights_of_one_device(mirrored):
+    # OctNet3 with k-selection and Eq. 4 (fit; custom loop with per-channel densities) and a
+    # site ResNet with synchronized batch norm. Without the all-reduce of Eq. 4's density,
+    # replicas whose densities lie on either side of rho_up pull their weights their own way:
+    # the per-channel run's weights then differ by ~1e-3, the fit's losses by ~2e-5.
+    single, two_replicas, checks = mirrored
+    assert checks["replicas"] == 2
+    assert_same_training(single, two_replicas)
+    assert all(losses[-1] < losses[0] for losses in single[1].values())  # and they trained
+
+
+def test_warning_shot_pruning_leaves_every_replica_the_same_masks(mirrored):
+    pruning = mirrored[2]["pruning"]
+    assert pruning["replicas"] == 2 and pruning["pruned"] > 0
+    assert pruning["replicas_equal"]  # masks, warnings and kernels, read from each replica's copy
+
+
+def test_synchronized_batch_norm_over_replicas_of_5_and_11_sites_matches_one_device(mirrored):
+    assert mirrored[2]["batch_norm"] == {"outputs_close": True, "mean_close": True, "variance_close": True}
+
+
+def test_two_workers_train_the_weights_of_one_device(mirrored, tmp_path):
+    results = run_workers(lambda i: [sys.executable, SCRIPT, "worker", "--out", str(tmp_path)], REPO)
+    for code, output in results:
+        assert code == 0, output[-3000:]
+    for task in range(2):
+        assert_same_training(mirrored[0], load(tmp_path / f"worker{task}.npz"))
+
+
+def test_trainer_on_two_workers_resumes_from_the_backups(tmp_path):
+    backup = tmp_path / "backup"
+
+    def trainer(out, epochs):
+        return lambda i: [sys.executable, "-m", "tf_sparseconv", "train", *TINY, "--strategy", "multi-worker",
+                          "--epochs", str(epochs), "--backup-dir", str(backup), "--out", str(tmp_path / out)]
+
+    first = run_workers(trainer("first", 1), REPO)
+    assert all(code == 0 for code, _ in first), first[0][1][-3000:] + first[1][1][-3000:]
+    assert "2 replicas (--strategy multi-worker), global batch 8 (4 per replica)" in first[0][1]
+    assert "the chief writes the results" in first[1][1] and not os.path.exists(tmp_path / "first" / "worker1")
+    assert sorted(os.listdir(backup / "worker1")) == sorted(n for n in os.listdir(backup) if n != "worker1")
+    second = run_workers(trainer("second", 2), REPO)
+    assert all(code == 0 for code, _ in second), second[0][1][-3000:] + second[1][1][-3000:]
+    assert f"resuming from {backup}: 1 epoch(s) done" in second[0][1]
+    assert f"resuming from {backup / 'worker1'}: 1 epoch(s) done" in second[1][1]
+    assert len(re.findall(r"^epoch \d/2 ", second[0][1], re.M)) == 1  # only the second epoch ran
+    with open(tmp_path / "first" / "results.json") as f:
+        before = json.load(f)
+    with open(tmp_path / "second" / "results.json") as f:
+        after = json.load(f)
+    assert (after["strategy"], after["replicas"], after["epochs"]) == ("multi-worker", 2, 2)
+    assert after["history"]["loss"][0] == before["history"]["loss"][0]
+    assert after["shapes_per_s"] > 0
+
+
+def test_trainer_mirrored_over_two_logical_cpus_reports_replicas_and_throughput(tmp_path):
+    [(code, output)] = run_processes(
+        [([sys.executable, SCRIPT, "train", "--", *SITE_TINY, "--strategy", "mirrored", "--epochs", "1",
+           "--vote-mirror", "--out", str(tmp_path / "run")],
+          environment())], REPO)
+    assert code == 0, output[-3000:]
+    assert "on 2 replicas (4 examples each)" in output
+    assert re.search(r"^2 replicas \(--strategy mirrored\), global batch 8 \(4 per replica\): [\d.]+ shapes/s",
+                     output, re.M), output[-3000:]
+    with open(tmp_path / "run" / "results.json") as f:
+        results = json.load(f)
+    assert (results["replicas"], results["batch_size_per_replica"], results["synchronized_bn"]) == (2, 4, True)
+    assert 0 <= results["val_accuracy_mirror_vote"] <= 1
+
+
+# --- bad setups: one line, exit code 2, nothing written ---------------------------------------
+
+def two_workers(index=0):
+    return tf_config([12345, 12346], index)
+
+
+BAD_SETUPS = [
+    (["--strategy", "multi-worker"], None, "--strategy multi-worker reads the cluster from the TF_CONFIG environment "
+                                           "variable, which is not set"),
+    (["--strategy", "multi-worker"], "{not json", "TF_CONFIG is not valid JSON"),
+    (["--strategy", "multi-worker"], '{"cluster": {"worker": ["127.0.0.1:1"]}}',
+     "TF_CONFIG must be a JSON object with a 'cluster' object and a 'task' object"),
+    (["--strategy", "multi-worker"], '{"cluster": {"worker": ["nohost"]}, "task": {"type": "worker", "index": 0}}',
+     "TF_CONFIG's cluster['worker'] must be a list of 'host:port' addresses"),
+    (["--strategy", "multi-worker"], two_workers(2), "TF_CONFIG's task index 2 is not in 0..1"),
+    (["--strategy", "multi-worker"],
+     '{"cluster": {"worker": ["a:1"], "ps": ["b:2"]}, "task": {"type": "worker", "index": 0}}',
+     "TF_CONFIG's cluster has the job(s) ['ps']; MultiWorkerMirroredStrategy trains on chief and worker tasks only"),
+    (["--strategy", "multi-worker", "--batch-size", "7"], two_workers(),
+     "--batch-size 7 is the global batch and must be divisible by the 2 replicas of --strategy multi-worker"),
+    (["--strategy", "parameter-server"], None, "argument --strategy: invalid choice: 'parameter-server'"),
+]
+
+
+@pytest.mark.parametrize("argv,config,message", BAD_SETUPS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_bad_setups_end_in_one_line_with_exit_code_2_and_nothing_written(tmp_path, monkeypatch, capsys, argv, config,
+                                                                         message):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    if config is not None:
+        monkeypatch.setenv("TF_CONFIG", config)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--synthetic-per-class", "6", "--epochs", "1", *argv])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tf-sparseconv train: error: "), lines
+    assert message in lines[0]
+    assert os.listdir(tmp_path) == []
+
+
+def test_replicas_on_gpus_without_gpu_kernels_are_refused(monkeypatch):
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: [tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")]
+                        if kind == "GPU" else [])
+    monkeypatch.setattr(distribute, "_library_has_gpu_kernels", lambda: False)
+    with pytest.raises(ValueError, match="--strategy mirrored would put its replicas on the 1 GPU.* built without CUDA "
+                                         "kernels; rebuild it .* or use --strategy default"):
+        distribute.expected_replicas("mirrored")
+    assert distribute.expected_replicas("default") == 1
+
+
+def test_strategies_the_op_library_cannot_serve_are_refused():
+    with pytest.raises(ValueError, match=r"CentralStorageStrategy cannot train tf_sparseconv models \(Keras 3's fit "
+                                         r"does not train under it\); use MirroredStrategy"):
+        distribute.check_strategy(tf.distribute.experimental.CentralStorageStrategy())
+    assert distribute.check_strategy(tf.distribute.get_strategy()) is tf.distribute.get_strategy()
+
+
+def test_tf_config_of_a_chief_and_workers():
+    config = json.dumps({"cluster": {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"]},
+                         "task": {"type": "worker", "index": 1}})
+    assert distribute.cluster_from_tf_config({"TF_CONFIG": config}) == (3, 2, False)
+    assert distribute.cluster_from_tf_config({"TF_CONFIG": two_workers(0)}) == (2, 0, True)
