@@ -1,5 +1,6 @@
 """tf.data pipelines: element types and static shapes, batches equal direct voxelization,
-seeded shuffling and augmentation, the stratified split, and errors at construction."""
+seeded shuffling and augmentation, the stratified split, the replicas' parts of a global
+batch, and errors at construction."""
 from pathlib import Path
 
 import numpy as np
@@ -8,8 +9,8 @@ import tensorflow as tf
 
 import tf_sparseconv as ts
 from tf_sparseconv.data.mnist import images_to_channel_sparse
-from tf_sparseconv.data.pipeline import (Augmentation, augment_point_clouds, image_dataset, point_cloud_dataset,
-                                         stratified_split)
+from tf_sparseconv.data.pipeline import (Augmentation, ReplicaSplit, augment_point_clouds, image_dataset,
+                                         point_cloud_dataset, stratified_split)
 from tf_sparseconv.data.synthetic import make_shapes
 from tf_sparseconv.data.voxelize import voxelize_points
 
@@ -50,6 +51,40 @@ def test_elements_are_channel_sparse_tensors_with_static_shapes(shapes):
     assert sizes == [16, 16, 8]
     dropped = point_cloud_dataset(points, labels, 8, 16, drop_remainder=True)
     assert dropped.element_spec[1].shape.as_list() == [16] and len(list(dropped)) == 2
+
+
+def test_replica_parts_cut_each_global_batch_in_replica_order(shapes):
+    # 40 shapes in global batches of 16, 16 and 8 over 3 replicas: parts of 6, 5, 5 (one
+    # more for the first n % R replicas) and of 3, 3, 2; a pipeline making replicas 1 and 2
+    # makes their parts of the same global batches (same seed, same shuffle).
+    points, labels, _ = shapes
+    whole = [y.numpy() for _, y in point_cloud_dataset(points, labels, 8, 16, seed=4)]
+    assert [len(y) for y in whole] == [16, 16, 8]
+    bounds = [[0, 6, 11, 16], [0, 6, 11, 16], [0, 3, 6, 8]]
+    for first, count in ((0, 3), (1, 2)):
+        parts = [(y.numpy(), w.numpy()) for _, y, w in point_cloud_dataset(
+            points, labels, 8, 16, seed=4, split=ReplicaSplit(3, first, count))]
+        assert len(parts) == 3 * count and all(np.all(w == 1) for _, w in parts)
+        for step, batch in enumerate(whole):
+            for i in range(count):
+                r = first + i
+                np.testing.assert_array_equal(parts[step * count + i][0], batch[bounds[step][r]:bounds[step][r + 1]])
+
+
+def test_replicas_without_an_example_of_the_last_batch_get_a_weightless_filler(shapes, assert_same_channel_sparse):
+    points, labels, _ = shapes
+    parts = list(point_cloud_dataset(points[:5], labels[:5], 8, 4, shuffle=False, split=ReplicaSplit(3)))
+    dropped = list(point_cloud_dataset(points[:5], labels[:5], 8, 4, shuffle=False, drop_remainder=True,
+                                       split=ReplicaSplit(4, 2, 2)))
+    assert [len(y) for _, y, _ in parts] == [2, 1, 1, 1, 1, 1]  # 4 = 2 + 1 + 1, then 1 example and 2 fillers
+    assert [w.numpy().tolist() for _, _, w in parts[3:]] == [[1.0], [0.0], [0.0]]
+    assert_same_channel_sparse(parts[4][0], parts[3][0])  # a filler repeats the batch's first example
+    assert [len(element) for element in dropped] == [2, 2]  # (x, y): no weights
+    assert [len(y) for _, y in dropped] == [1, 1]  # replicas 2 and 3 of 4, the last batch left out
+    with pytest.raises(ValueError, match="global batch size 6 is not divisible by the 4 replicas"):
+        point_cloud_dataset(points, labels, 8, 6, drop_remainder=True, split=ReplicaSplit(4))
+    with pytest.raises(ValueError, match="ReplicaSplit needs 0 <= first"):
+        ReplicaSplit(2, 1, 2)
 
 
 def test_batch_equals_direct_voxelization(shapes, assert_same_channel_sparse):

@@ -42,7 +42,7 @@ def stratified_split(labels, val_fraction=0.1, seed=0):
 @dataclasses.dataclass(frozen=True)
 class ReplicaSplit:
     """Which parts of every global batch one input pipeline makes: replicas in all, and
-    the `count` replicas from `first` on (one host's). Of a global batch of n, replica r of
+    the `count` replicas from `first` on (one host's; count None: all from first). Of a global batch of n, replica r of
     R gets the next n // R examples, one more while r < n % R, so B / R each when R divides
     B, and the parts in replica order are the batch in order. A part that would be empty (a
     last batch smaller than R, without drop_remainder) gets the batch's first example with
@@ -50,9 +50,11 @@ class ReplicaSplit:
     every replica must run every step."""
     replicas: int
     first: int = 0
-    count: int = 1
+    count: int = None
 
     def __post_init__(self):
+        if self.count is None:
+            object.__setattr__(self, "count", self.replicas - self.first)
         if not (self.replicas >= 1 and self.count >= 1 and 0 <= self.first and self.first + self.count <= self.replicas):
             raise ValueError(f"ReplicaSplit needs 0 <= first < first + count <= replicas, got {self}")
 
