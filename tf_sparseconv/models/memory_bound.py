@@ -18,6 +18,9 @@ bounded through its core: the voxelized grid its PointCloudToSparse / ImageToSpa
 makes is the first activation. The voxelization's own temporaries grow with the points
 per cloud: they are in the bound only when points_per_sample is given. For comparison,
 ModelBound.dense_bytes is what the same layers' outputs take as dense tensors.
+
+Bounds are per device: under a tf.distribute strategy each replica holds its own batch, so
+give memory_bound the batch of one replica (the global batch / replicas).
 """
 import dataclasses
 import math

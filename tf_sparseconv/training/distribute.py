@@ -130,6 +130,8 @@ def make_strategy(name):
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
+        if tf.config.list_physical_devices("GPU"):
+            return tf.distribute.MirroredStrategy()  # every GPU
         return tf.distribute.MirroredStrategy(local_devices(name))
     if name == "multi-worker":
         cluster_from_tf_config()
