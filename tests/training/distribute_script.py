@@ -12,8 +12,10 @@ initialises. Writes what the test compares into --out:
 Every run trains the same models on the same global batches (16 synthetic shapes at 8^3,
 global batch 8, 2 epochs of 2 steps): an OctNet3 with k-selection and Eq. 4 through
 model.fit, the same OctNet3 with Eq. 4's per-channel density through a custom loop
-(strategy.run), and a site ResNet with batch norm (synchronized under a strategy) through
-model.fit. Dropout is off, so one device and R replicas must end with the same weights.
+(strategy.run), a site ResNet with batch norm (synchronized under a strategy) through
+model.fit, and a site UNet labelling every site with its shape's class through a custom
+loop that averages over the sites of all replicas. Dropout is off, so one device and R
+replicas must end with the same weights.
 """
 import argparse
 import json
@@ -43,11 +45,15 @@ def data():
 
 def batches(family, split=None):
     """The global batches, or one input pipeline's replica batches with split."""
+    import tensorflow as tf
+
     from tf_sparseconv import data as datasets
     from tf_sparseconv.training.train import keras_batches, site_keras_batches
     clouds, labels = data()
     dataset = datasets.point_cloud_dataset(clouds, labels, RESOLUTION, GLOBAL_BATCH, seed=3, drop_remainder=True,
                                            split=split)
+    if family == "unet":  # per-site labels: the class of the site's shape
+        return site_keras_batches(dataset).map(lambda x, y: (x, tf.gather(y, x["coords"][:, 0])))
     return (site_keras_batches if family == "site" else keras_batches)(dataset)
 
 
@@ -65,9 +71,11 @@ def feed(strategy, family):
 def build(family, synchronized_bn=False, density="layer"):
     import keras
 
-    from tf_sparseconv.models import octnet3, site_resnet
+    from tf_sparseconv.models import octnet3, site_resnet, site_unet
     from tf_sparseconv.training import DensityRegularizer
     keras.utils.set_random_seed(0)
+    if family == "unet":
+        return site_unet(8, RESOLUTION, channels=(8, 16), synchronized_bn=synchronized_bn)
     if family == "site":
         model = site_resnet(8, RESOLUTION, channels=(8, 16), dropout=0.0, pool="mean", synchronized_bn=synchronized_bn)
     else:
@@ -122,16 +130,47 @@ def custom_loop(strategy):
     return model, losses
 
 
+def unet_loop(strategy):
+    """The site UNet's per-site cross-entropy averaged over the sites of all replicas (each
+    replica divides its sum by the all-reduced site count), trained by strategy.run."""
+    import keras
+    import tensorflow as tf
+    dataset, _ = feed(strategy, "unet")
+    synchronized = strategy is not None
+    strategy = strategy or tf.distribute.get_strategy()
+    with strategy.scope():
+        model = build("unet", synchronized_bn=synchronized)
+        optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+    cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def replica_step(x, y):
+        sites = tf.distribute.get_replica_context().all_reduce("SUM", tf.cast(tf.size(y), tf.float32))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(cross_entropy(y, model(x, training=True))) / sites
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(iterator):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=next(iterator)), axis=None)
+
+    iterator = iter(dataset)
+    losses = [float(step(iterator)) for _ in range(EPOCHS * EXAMPLES // GLOBAL_BATCH)]
+    return model, losses
+
+
 def run_all(strategy):
-    """{name: weights} and {name: losses} of the three trainings."""
+    """{name: weights} and {name: losses} of the four trainings."""
     results, losses = {}, {}
     for family in ("channel", "site"):
         model, history = fit(strategy, family)
         results[f"fit_{family}"] = weights(model)
         losses[f"fit_{family}"] = history["loss"]
-    model, loop_losses = custom_loop(strategy)
-    results["loop_channel"] = weights(model)
-    losses["loop_channel"] = loop_losses
+    for name, loop in (("loop_channel", custom_loop), ("loop_unet", unet_loop)):
+        model, loop_losses = loop(strategy)
+        results[name] = weights(model)
+        losses[name] = loop_losses
     return results, losses
 
 

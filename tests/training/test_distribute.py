@@ -94,7 +94,7 @@ def load(path):
 
 def assert_same_training(expected, actual):
     (weights, losses), (other_weights, other_losses) = expected, actual
-    assert sorted(weights) == sorted(other_weights) == ["fit_channel", "fit_site", "loop_channel"]
+    assert sorted(weights) == sorted(other_weights) == ["fit_channel", "fit_site", "loop_channel", "loop_unet"]
     for name in weights:
         assert len(weights[name]) == len(other_weights[name])
         for i, (w, v) in enumerate(zip(weights[name], other_weights[name])):
@@ -115,8 +115,8 @@ def mirrored(tmp_path_factory):
 
 
 def test_two_mirrored_replicas_train_the_weights_of_one_device(mirrored):
-    # OctNet3 with k-selection and Eq. 4 (fit; custom loop with per-channel densities) and a
-    # site ResNet with synchronized batch norm. Without the all-reduce of Eq. 4's density,
+    # OctNet3 with k-selection and Eq. 4 (fit; custom loop with per-channel densities), a
+    # site ResNet (fit) and a site UNet (custom loop) with synchronized batch norm. Without the all-reduce of Eq. 4's density,
     # replicas whose densities lie on either side of rho_up pull their weights their own way:
     # the per-channel run's weights then differ by ~1e-3, the fit's losses by ~2e-5.
     single, two_replicas, checks = mirrored
