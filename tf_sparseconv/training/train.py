@@ -520,6 +520,7 @@ def _check_out(parser, args):
     """--out: never a file; an existing non-empty folder only with --overwrite. A worker
     of a multi-worker cluster other than the chief writes nothing there."""
     if not _writes_results(args):
+        args.out = args.out or default_out(args.dataset, args.model)
         return
     if args.out is None:
         args.out = default_out(args.dataset, args.model)
@@ -757,10 +758,10 @@ def main(argv=None):
     args = parse_args(parser, argv)
     # First: MultiWorkerMirroredStrategy must configure TensorFlow before anything runs.
     strategy = make_strategy(args.strategy)
-    replicas = strategy.num_replicas_in_sync
-    if replicas != expected_replicas(args.strategy) or args.batch_size % replicas:
-        parser.error(f"--strategy {args.strategy} made {replicas} replicas, which do not divide --batch-size "
-                     f"{args.batch_size}")
+    replicas, expected = strategy.num_replicas_in_sync, expected_replicas(args.strategy)
+    if replicas != expected:
+        parser.error(f"--strategy {args.strategy} made {replicas} replicas, not the {expected} that this host's devices "
+                     "and TF_CONFIG promise (every host of a cluster needs the same number of GPUs)")
     distributed = args.strategy != "default"
     chief = is_chief(strategy)
     site = args.model == "site-resnet"
