@@ -12,6 +12,7 @@ import zipfile
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from PIL import Image
 
 from tf_sparseconv import cli
@@ -237,6 +238,8 @@ def test_bad_strategy_setup_is_one_line_exit_2_and_writes_nothing(capsys, monkey
     if config is not None:
         monkeypatch.setenv("TF_CONFIG", config)
     monkeypatch.chdir(tmp_path)
+    devices = tf.config.list_physical_devices  # one replica per worker, as on hosts without GPUs
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [] if kind == "GPU" else devices(kind))
     code, out, err = run(capsys, "train", *argv)
     assert code == 2 and out == ""
     lines = err.strip().splitlines()

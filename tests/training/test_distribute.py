@@ -50,9 +50,18 @@ def tf_config(ports, index):
 
 
 def environment(**extra):
+    """The test processes' environment: CPUs only (a GPU would hold a one-device run, not
+    the replicas), no TF_CONFIG but the one given."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2", **extra)
+    env.update(PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2",
+               CUDA_VISIBLE_DEVICES="", **extra)
     return env
+
+
+def hide_gpus(monkeypatch):
+    """This process's replica counts as on a machine without GPUs."""
+    devices = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [] if kind == "GPU" else devices(kind))
 
 
 def run_processes(commands, cwd):
@@ -215,6 +224,7 @@ def test_bad_setups_end_in_one_line_with_exit_code_2_and_nothing_written(tmp_pat
     if config is not None:
         monkeypatch.setenv("TF_CONFIG", config)
     monkeypatch.chdir(tmp_path)
+    hide_gpus(monkeypatch)
     with pytest.raises(SystemExit) as exit_info:
         train.main(["--synthetic-per-class", "6", "--epochs", "1", *argv])
     assert exit_info.value.code == 2
