@@ -3,6 +3,7 @@
 - density_regularizer.py: the adaptive density penalty (Hackel et al. Eq. 4);
 - pruning.py: warning-shot pruning (§3.6); fine_tune.py: the phase after it;
 - losses.py: label-smoothed sparse cross-entropy;
+- distribute.py: the tf.distribute strategies of `--strategy` and per-replica sparse batches;
 - train.py: `tf-sparseconv train`; report.py: its progress lines, curves and summary.
 
 Only the Keras objects are imported here; train.py loads with the command.
