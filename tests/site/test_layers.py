@@ -89,7 +89,9 @@ def test_pool_select_global_pool_features_and_merge_layers_equal_the_raw_ops(rng
     for layer, mode in ((kl.SiteMaxPooling3D, "max"), (kl.SiteAveragePooling3D, "avg")):
         assert_same_sites(kl.from_site_keras_inputs(layer(2, indice_key="p")(d)), site_pool(x, 2, mode=mode))
     for mode in ("max", "mean", "sum"):
-        np.testing.assert_allclose(kl.SiteGlobalPool(mode)(d).numpy(), global_pool(x, mode).numpy(), rtol=1e-6)
+        # On a GPU the segment sums add with atomics, in another order at every call.
+        np.testing.assert_allclose(kl.SiteGlobalPool(mode)(d).numpy(), global_pool(x, mode).numpy(), rtol=1e-5,
+                                   atol=1e-7)
     assert_same_sites(kl.from_site_keras_inputs(kl.SiteSelect(5)(d)), select_sites(x, 5))
     dense = keras.layers.Dense(6)
     wrapped = kl.SiteFeatures(dense)(d)
@@ -241,13 +243,14 @@ def test_subclassed_model_fits_and_checkpoints_round_trip(rng, tmp_path):
     assert losses[-1] < 0.7 * losses[0], losses
     expected = model.predict(points, verbose=0)
     assert expected.shape == (16, 64, 2)
-    np.testing.assert_allclose(model(points).numpy(), expected, rtol=1e-5, atol=1e-6)
+    # float32 sums in another order at every call on a GPU (the pair tiles add with atomics)
+    np.testing.assert_allclose(model(points).numpy(), expected, rtol=1e-5, atol=1e-5)
     path = str(tmp_path / "ckpt.weights.h5")
     model.save_weights(path)
     other = SubclassedSegmenter()
     other(points[:2])
     other.load_weights(path)
-    np.testing.assert_allclose(other(points).numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(other(points).numpy(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_unet_on_site_inputs_round_trips_through_keras_file_and_export(rng, tmp_path):
