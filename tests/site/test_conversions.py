@@ -69,3 +69,43 @@ def test_channel_sparse_round_trip(rng, device):
     order = np.lexsort(coords[keep].T[::-1])
     np.testing.assert_array_equal(back.coords.numpy(), coords[keep][order])
     np.testing.assert_array_equal(back.features.numpy(), features[keep][order])
+
+
+@pytest.mark.parametrize("case, message", [
+    (dict(voxel_size=0.0), "voxel_size must be positive and finite"),
+    (dict(voxel_size=-0.5), "voxel_size must be positive and finite"),
+    (dict(voxel_size=float("nan")), "voxel_size must be positive and finite"),
+    (dict(voxel_size=[0.5, 0.0, 0.5]), "voxel_size must be positive and finite"),
+    (dict(batch_index=[0, -1, 0, 1]), r"batch_index must lie in \[0, batch_size\)"),
+    (dict(batch_index=[0, 2, 0, 1]), r"batch_index must lie in \[0, batch_size\)"),
+    (dict(nan_point=True), "points hold NaN or Inf coordinates"),
+    (dict(inf_point=True), "points hold NaN or Inf coordinates"),
+    (dict(nan_feature=True), "features hold NaN or Inf"),
+])
+def test_voxelize_refuses_bad_sizes_batches_and_non_finite_values(case, message):
+    points = np.array([[0.1, 0.2, 0.3], [1.1, 0.2, 0.3], [0.6, 1.4, 0.3], [0.1, 0.2, 0.3]], np.float32)
+    features = np.ones((4, 2), np.float32)
+    if case.get("nan_point"):
+        points[1, 2] = np.nan
+    if case.get("inf_point"):
+        points[2, 0] = np.inf
+    if case.get("nan_feature"):
+        features[3, 1] = np.nan
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        voxelize_sites(points, case.get("voxel_size", 0.5), (4, 4, 4), case.get("batch_index", [0, 1, 0, 1]), 2,
+                       features)
+
+
+def test_voxelize_drops_non_finite_points_when_asked_and_refuses_other_types():
+    points = np.array([[0.1, 0.2, 0.3], [np.nan, 0.2, 0.3], [0.6, 1.4, np.inf]], np.float32)
+    features = np.array([[1.0], [np.nan], [2.0]], np.float32)  # a dropped point's features are not read
+    x, point_to_site = voxelize_sites(points, 0.5, (4, 4, 4), features=features, non_finite="drop")
+    np.testing.assert_array_equal(point_to_site.numpy(), [0, -1, -1])
+    np.testing.assert_array_equal(x.coords.numpy(), [[0, 0, 0, 0]])
+    np.testing.assert_array_equal(x.features.numpy(), [[1.0]])
+    with pytest.raises(TypeError, match="points must be real numbers, got complex64"):
+        voxelize_sites(points.astype(np.complex64), 0.5, (4, 4, 4))
+    with pytest.raises(ValueError, match="voxel_size must be a scalar or one size per axis"):
+        voxelize_sites(points, [0.5, 0.5], (4, 4, 4))
+    with pytest.raises(ValueError, match="non_finite must be 'raise' or 'drop'"):
+        voxelize_sites(points, 0.5, (4, 4, 4), non_finite="ignore")

@@ -115,12 +115,10 @@ def test_voxelize_layer_matches_voxelize_sites_and_to_points_gathers_rows(rng):
     sites_dict, point_to_site = kl.SiteVoxelize(4, return_point_map=True)(points)
     got = kl.from_site_keras_inputs(sites_dict)
     flat = points.reshape(-1, 4)
-    finite = np.isfinite(flat[:, :3]).all(1)
-    xyz = np.clip(np.where(finite[:, None], flat[:, :3], -1), -1, 1 - 0.25)  # outside points: border cells
-    batch = np.where(finite, np.repeat([0, 1], 40), -1)
+    xyz = np.clip(flat[:, :3], -1, 1 - 0.25)  # outside points: border cells; the NaN padding stays NaN
     features = np.concatenate([np.ones((80, 1), np.float32), flat[:, 3:]], 1)
-    expected, expected_map = voxelize_sites(xyz, 0.5, (4, 4, 4), batch, 2, features,
-                                            origin=[-1, -1, -1])
+    expected, expected_map = voxelize_sites(xyz, 0.5, (4, 4, 4), np.repeat([0, 1], 40), 2, features,
+                                            origin=[-1, -1, -1], non_finite="drop")
     assert_same_sites(got, expected)
     np.testing.assert_array_equal(point_to_site.numpy().reshape(-1), expected_map.numpy())
     assert (point_to_site.numpy()[1, -5:] == -1).all() and got.channels == 2

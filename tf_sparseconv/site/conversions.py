@@ -55,7 +55,7 @@ def site_to_dense(x):
 
 
 def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_size=None, features=None,
-                   origin=None, reduction="mean"):
+                   origin=None, reduction="mean", non_finite="raise"):
     """Point clouds -> sites (voxels holding at least one point) and the point -> site map.
 
     points [N, d] (float); batch_index [N] (default all 0); features [N, F] per point
@@ -65,10 +65,18 @@ def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_si
     Returns (SiteSparseTensor with sites sorted by batch then coordinates,
     point_to_site [N] int32: the site row of each point, -1 for points outside), so
     per-point outputs are tf.gather(site_features, point_to_site) for the points inside.
+    Refused with InvalidArgument: a voxel_size that is not positive and finite (scalar or
+    one per axis), batch indices outside [0, batch_size), NaN or infinite features, and NaN
+    or infinite coordinates unless non_finite="drop", which maps such points to -1 like the
+    points outside the grid (their features are then not read).
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if non_finite not in ("raise", "drop"):
+        raise ValueError(f"non_finite must be 'raise' or 'drop', got {non_finite!r}")
     points = tf.convert_to_tensor(points)
+    if not (points.dtype.is_floating or points.dtype.is_integer):
+        raise TypeError(f"voxelize_sites: points must be real numbers, got {points.dtype.name}")
     if not points.dtype.is_floating:
         points = tf.cast(points, tf.float32)
     d = points.shape[-1]
@@ -83,9 +91,33 @@ def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_si
     batch_size = tf.convert_to_tensor(batch_size, tf.int32)
     features = tf.ones([n, 1], points.dtype) if features is None else tf.convert_to_tensor(features)
     origin = tf.zeros([d], points.dtype) if origin is None else tf.cast(origin, points.dtype)
-    cells = tf.floor((points - origin) / tf.cast(voxel_size, points.dtype))
+    voxel_size = tf.convert_to_tensor(voxel_size)
+    if voxel_size.dtype.is_complex or not (voxel_size.dtype.is_floating or voxel_size.dtype.is_integer):
+        raise TypeError(f"voxelize_sites: voxel_size must be real, got {voxel_size.dtype.name}")
+    if voxel_size.shape.rank not in (0, 1) or (voxel_size.shape.rank == 1 and voxel_size.shape[0] not in (1, d)):
+        raise ValueError(f"voxelize_sites: voxel_size must be a scalar or one size per axis ({d}), "
+                         f"got shape {voxel_size.shape}")
+    voxel_size = tf.cast(voxel_size, points.dtype)
+    finite = tf.reduce_all(tf.math.is_finite(points), axis=1)
+    features_finite = (tf.reduce_all(tf.math.is_finite(features), axis=1) if features.dtype.is_floating
+                       else tf.ones_like(finite))
+    checks = [
+        tf.debugging.assert_equal(tf.reduce_all(tf.math.is_finite(voxel_size) & (voxel_size > 0)), True,
+                                  message="voxelize_sites: voxel_size must be positive and finite"),
+        tf.debugging.assert_equal(tf.reduce_all((batch_index >= 0) & (batch_index < batch_size)), True,
+                                  message="voxelize_sites: batch_index must lie in [0, batch_size)"),
+        # The features of a dropped point are never read: only those of the kept ones must be finite.
+        tf.debugging.assert_equal(tf.reduce_all(features_finite | ~finite), True,
+                                  message="voxelize_sites: features hold NaN or Inf"),
+    ]
+    if non_finite == "raise":
+        checks.append(tf.debugging.assert_equal(
+            tf.reduce_all(finite), True, message="voxelize_sites: points hold NaN or Inf coordinates "
+                                                 "(non_finite='drop' leaves such points out)"))
+    with tf.control_dependencies(checks):
+        cells = tf.floor((points - origin) / voxel_size)
     inside = tf.reduce_all((cells >= 0) & (cells < tf.cast(spatial_shape, points.dtype)), axis=1)
-    inside &= (batch_index >= 0) & (batch_index < batch_size)
+    inside &= finite
     kept = tf.cast(tf.where(inside)[:, 0], tf.int32)
     coords = tf.concat([tf.gather(batch_index, kept)[:, None], tf.cast(tf.gather(cells, kept), tf.int32)], 1)
     keys = _row_major_keys(coords, tf.concat([batch_size[None], spatial_shape], 0))

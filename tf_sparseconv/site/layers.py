@@ -188,14 +188,11 @@ class SiteVoxelize(keras.layers.Layer):
         lo = tf.constant(self.bounds[0], points.dtype)
         hi = tf.constant(self.bounds[1], points.dtype)
         voxel = (hi - lo) / tf.constant(self.resolution, points.dtype)
-        finite = tf.reduce_all(tf.math.is_finite(xyz), axis=1)
-        xyz = tf.where(finite[:, None], xyz, lo)
         if self.clip:
-            xyz = tf.clip_by_value(xyz, lo, hi - voxel / 2)
-        batch_index = tf.where(finite, tf.repeat(tf.range(batch), n), -1)
+            xyz = tf.clip_by_value(xyz, lo, hi - voxel / 2)  # NaN rows (padding) stay NaN
         features = tf.concat([tf.ones_like(flat[:, :1]), flat[:, d:]], axis=1)
-        sites, point_to_site = voxelize_sites(xyz, voxel, self.resolution, batch_index, batch, features, origin=lo,
-                                              reduction=self.reduction)
+        sites, point_to_site = voxelize_sites(xyz, voxel, self.resolution, tf.repeat(tf.range(batch), n), batch,
+                                              features, origin=lo, reduction=self.reduction, non_finite="drop")
         out = as_site_keras_inputs(sites)
         if self.return_point_map:
             return out, tf.reshape(point_to_site, [batch, n])
