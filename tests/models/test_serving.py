@@ -322,3 +322,10 @@ def test_saved_models_load_in_a_fresh_process_and_predict_as_in_training(rng, tm
     assert spec["columns"] == 6 and spec["points_per_cloud"] == 300 and spec["resolution"] == 16
     assert results["site"]["input_spec"]["columns"] == 3
     assert results["image"]["input_spec"] == {"kind": "images", "threshold": 50, "image_shape": [28, 28]}
+
+
+def test_octnet3_without_table4_bounds_for_the_resolution_asks_for_rhos():
+    with pytest.raises(ValueError, match=r"default density bounds \(Table 4\) for resolutions \[16, 28, 32, 64, "
+                                         r"128\], got 8: give rhos"):
+        models.octnet3(8, 3)
+    assert models.octnet3(8, 3, rhos=(1.0, 1.0)).output_shape == (None, 3)

@@ -45,6 +45,9 @@ def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, s
     Built in a tf.distribute strategy's scope, it trains on per-replica sparse batches
     (models.replicas); the density bounds then hold per replica's batch, and Eq. 4 reads
     the density of the global batch."""
+    if rhos is None and resolution not in DEFAULT_RHOS:
+        raise ValueError(f"octnet3 has default density bounds (Table 4) for resolutions {sorted(DEFAULT_RHOS)}, "
+                         f"got {resolution!r}: give rhos=(rho_1, ...) for another resolution")
     rhos = tuple(rhos if rhos is not None else DEFAULT_RHOS[resolution])
     if not 1 <= len(rhos) <= len(BLOCK_CHANNELS):
         raise ValueError(f"need 1 to {len(BLOCK_CHANNELS)} sparse blocks, got {len(rhos)} rho values")
