@@ -215,39 +215,6 @@ def test_bad_argument_is_one_line_exit_2_and_writes_nothing(capsys, bad_inputs, 
     assert _files(bad_inputs, *model_dirs) == before
 
 
-TWO_WORKERS = json.dumps({"cluster": {"worker": ["127.0.0.1:12345", "127.0.0.1:12346"]},
-                          "task": {"type": "worker", "index": 0}})
-STRATEGY_ARGUMENTS = [
-    (["--strategy", "fast"], None, r"argument --strategy: invalid choice: 'fast' \(choose from .*default.*, "
-                                   r".*mirrored.*, .*multi-worker.*\)"),
-    (["--strategy", "multi-worker"], None, r"--strategy multi-worker reads the cluster from the TF_CONFIG environment "
-                                           r"variable, which is not set; set it on every host, e\.g\. TF_CONFIG="),
-    (["--strategy", "multi-worker"], "[1, 2]", r"TF_CONFIG must be a JSON object with a 'cluster' object"),
-    (["--strategy", "multi-worker"], '{"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}',
-     r"TF_CONFIG's cluster lists no worker"),
-    (["--strategy", "multi-worker", "--batch-size", "9"], TWO_WORKERS,
-     r"--batch-size 9 is the global batch and must be divisible by the 2 replicas of --strategy multi-worker "
-     r"\(each trains on batch-size / 2 examples\); use 8 or 10"),
-]
-
-
-@pytest.mark.parametrize("argv, config, message", STRATEGY_ARGUMENTS, ids=[m[:30] for _, _, m in STRATEGY_ARGUMENTS])
-def test_bad_strategy_setup_is_one_line_exit_2_and_writes_nothing(capsys, monkeypatch, tmp_path, argv, config,
-                                                                  message):
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    if config is not None:
-        monkeypatch.setenv("TF_CONFIG", config)
-    monkeypatch.chdir(tmp_path)
-    devices = tf.config.list_physical_devices  # one replica per worker, as on hosts without GPUs
-    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [] if kind == "GPU" else devices(kind))
-    code, out, err = run(capsys, "train", *argv)
-    assert code == 2 and out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tf-sparseconv train: error: "), err
-    assert __import__("re").search(message, lines[0]), lines[0]
-    assert os.listdir(tmp_path) == []
-
-
 # --- evaluate --------------------------------------------------------------------------------
 
 def test_evaluate_mesh_tree_matches_the_models_own_predictions(capsys, tmp_path, models):

@@ -101,23 +101,22 @@ def fit(strategy, family):
     return model, history
 
 
-def custom_loop(strategy):
-    """Eq. 4 with per-channel densities, trained by strategy.run (or directly on one device)."""
+def train_loop(strategy, family, replica_loss, **build_args):
+    """SGD with momentum on replica_loss(model, cross_entropy, x, y) through strategy.run (or
+    directly on one device); (model, the step losses summed over the replicas)."""
     import keras
     import tensorflow as tf
-    dataset, _ = feed(strategy, "channel")
+    dataset, _ = feed(strategy, family)
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
-        model = build("channel", density="channel")
+        model = build(family, **build_args)
         optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
         optimizer.build(model.trainable_variables)
     cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
     def replica_step(x, y):
         with tf.GradientTape() as tape:
-            logits = model(x, training=True)
-            loss = tf.nn.compute_average_loss(cross_entropy(y, logits), global_batch_size=GLOBAL_BATCH)
-            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            loss = replica_loss(model, cross_entropy, x, y)
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
@@ -128,36 +127,30 @@ def custom_loop(strategy):
     iterator = iter(dataset)
     losses = [float(step(iterator)) for _ in range(EPOCHS * EXAMPLES // GLOBAL_BATCH)]
     return model, losses
+
+
+def custom_loop(strategy):
+    """Eq. 4 with per-channel densities, trained by strategy.run (or directly on one device)."""
+    import tensorflow as tf
+
+    def replica_loss(model, cross_entropy, x, y):
+        logits = model(x, training=True)
+        loss = tf.nn.compute_average_loss(cross_entropy(y, logits), global_batch_size=GLOBAL_BATCH)
+        return loss + tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+
+    return train_loop(strategy, "channel", replica_loss, density="channel")
 
 
 def unet_loop(strategy):
     """The site UNet's per-site cross-entropy averaged over the sites of all replicas (each
     replica divides its sum by the all-reduced site count), trained by strategy.run."""
-    import keras
     import tensorflow as tf
-    dataset, _ = feed(strategy, "unet")
-    synchronized = strategy is not None
-    strategy = strategy or tf.distribute.get_strategy()
-    with strategy.scope():
-        model = build("unet", synchronized_bn=synchronized)
-        optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
-        optimizer.build(model.trainable_variables)
-    cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
-    def replica_step(x, y):
+    def replica_loss(model, cross_entropy, x, y):
         sites = tf.distribute.get_replica_context().all_reduce("SUM", tf.cast(tf.size(y), tf.float32))
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(cross_entropy(y, model(x, training=True))) / sites
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
+        return tf.reduce_sum(cross_entropy(y, model(x, training=True))) / sites
 
-    @tf.function
-    def step(iterator):
-        return strategy.reduce("SUM", strategy.run(replica_step, args=next(iterator)), axis=None)
-
-    iterator = iter(dataset)
-    losses = [float(step(iterator)) for _ in range(EPOCHS * EXAMPLES // GLOBAL_BATCH)]
-    return model, losses
+    return train_loop(strategy, "unet", replica_loss, synchronized_bn=strategy is not None)
 
 
 def run_all(strategy):

@@ -201,10 +201,13 @@ def two_workers(index=0):
 
 BAD_SETUPS = [
     (["--strategy", "multi-worker"], None, "--strategy multi-worker reads the cluster from the TF_CONFIG environment "
-                                           "variable, which is not set"),
+                                           "variable, which is not set; set it on every host, e.g. TF_CONFIG="),
     (["--strategy", "multi-worker"], "{not json", "TF_CONFIG is not valid JSON"),
+    (["--strategy", "multi-worker"], "[1, 2]", "TF_CONFIG must be a JSON object with a 'cluster' object"),
     (["--strategy", "multi-worker"], '{"cluster": {"worker": ["127.0.0.1:1"]}}',
      "TF_CONFIG must be a JSON object with a 'cluster' object and a 'task' object"),
+    (["--strategy", "multi-worker"], '{"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}',
+     "TF_CONFIG's cluster lists no worker"),
     (["--strategy", "multi-worker"], '{"cluster": {"worker": ["nohost"]}, "task": {"type": "worker", "index": 0}}',
      "TF_CONFIG's cluster['worker'] must be a list of 'host:port' addresses"),
     (["--strategy", "multi-worker"], two_workers(2), "TF_CONFIG's task index 2 is not in 0..1"),
@@ -212,7 +215,8 @@ BAD_SETUPS = [
      '{"cluster": {"worker": ["a:1"], "ps": ["b:2"]}, "task": {"type": "worker", "index": 0}}',
      "TF_CONFIG's cluster has the job(s) ['ps']; MultiWorkerMirroredStrategy trains on chief and worker tasks only"),
     (["--strategy", "multi-worker", "--batch-size", "7"], two_workers(),
-     "--batch-size 7 is the global batch and must be divisible by the 2 replicas of --strategy multi-worker"),
+     "--batch-size 7 is the global batch and must be divisible by the 2 replicas of --strategy multi-worker "
+     "(each trains on batch-size / 2 examples); use 6 or 8"),
     (["--strategy", "parameter-server"], None, "argument --strategy: invalid choice: 'parameter-server'"),
 ]
 
