@@ -37,6 +37,17 @@ def clouds(rng, batch, points=64):
     return c, labels, (c[..., 2] > 0).astype(np.int64)
 
 
+def assert_round_trips(model, x, expected, tmp_path):
+    """The model saved to a .keras file and loaded, and exported as a SavedModel and loaded,
+    give the expected outputs on x."""
+    model.save(str(tmp_path / "m.keras"))
+    restored = keras.models.load_model(str(tmp_path / "m.keras"))
+    np.testing.assert_allclose(restored(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+    model.export(str(tmp_path / "exported"), verbose=False)
+    exported = tf.saved_model.load(str(tmp_path / "exported"))
+    np.testing.assert_allclose(exported.serve(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 def compiled(model, lr=0.1):
     # Plain SGD: no optimizer slots to build and trace, so these tests stay fast.
     model.compile(keras.optimizers.SGD(lr), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -195,12 +206,7 @@ def test_resnet_on_points_fits_and_round_trips_through_keras_file_and_export(rng
     assert losses[-1] < 0.7 * losses[0], losses
     # Eager calls (no tracing): inference batch norm with the moving statistics fit left.
     expected = model(points).numpy()
-    model.save(str(tmp_path / "m.keras"))
-    restored = keras.models.load_model(str(tmp_path / "m.keras"))
-    np.testing.assert_allclose(restored(points).numpy(), expected, rtol=1e-5, atol=1e-6)
-    model.export(str(tmp_path / "exported"), verbose=False)
-    exported = tf.saved_model.load(str(tmp_path / "exported"))
-    np.testing.assert_allclose(exported.serve(points).numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert_round_trips(model, points, expected, tmp_path)
 
 
 def test_unet_on_points_fits_and_lowers_the_loss(rng):
@@ -257,12 +263,7 @@ def test_unet_on_site_inputs_round_trips_through_keras_file_and_export(rng, tmp_
     model(x, training=True)  # moves the batch-norm statistics away from their initial values
     expected = model(x).numpy()
     assert expected.shape == (x["coords"].shape[0], 3)  # one logit row per input site
-    model.save(str(tmp_path / "m.keras"))
-    restored = keras.models.load_model(str(tmp_path / "m.keras"))
-    np.testing.assert_allclose(restored(x).numpy(), expected, rtol=1e-5, atol=1e-6)
-    model.export(str(tmp_path / "exported"), verbose=False)
-    exported = tf.saved_model.load(str(tmp_path / "exported"))
-    np.testing.assert_allclose(exported.serve(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert_round_trips(model, x, expected, tmp_path)
 
 
 def test_bad_configurations_give_clear_errors(rng):
