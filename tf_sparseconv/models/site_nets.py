@@ -65,6 +65,17 @@ def residual_block(h, filters, in_channels, key, name, rank, synchronized=False)
     return SiteFeatures(keras.layers.ReLU(), name=f"{name}_relu")(h)
 
 
+def _inputs_and_stem(spatial_shape, channels, in_channels, points, point_features, bounds, point_map, name, sync):
+    """Both networks' start: the check that every stride-2 level fits the spatial shape, the
+    inputs, and the submanifold stem -> (inputs, stem output, point_to_site, rank)."""
+    if any(r < 2 ** (len(channels) - 1) for r in spatial_shape):
+        raise ValueError(f"spatial shape {spatial_shape} is too small for {len(channels) - 1} stride-2 levels")
+    inputs, h, point_to_site = _inputs(spatial_shape, in_channels, points, point_features, bounds, point_map, name)
+    rank = len(spatial_shape)
+    h = conv_bn_relu(h, SUBM_CONV[rank], channels[0], 3, "stem", indice_key="subm0", **sync)
+    return inputs, h, point_to_site, rank
+
+
 def site_resnet(num_classes, resolution=16, spatial_dims=3, in_channels=1, channels=(16, 32, 64), blocks=1,
                 points=False, point_features=0, bounds=(-1.0, 1.0), select_k=None, pool="max", dropout=0.3,
                 synchronized_bn=False, name="site_resnet"):
@@ -80,12 +91,9 @@ def site_resnet(num_classes, resolution=16, spatial_dims=3, in_channels=1, chann
     spatial_shape = _spatial_shape(resolution, spatial_dims)
     if not channels:
         raise ValueError("site_resnet needs at least one level (channels)")
-    if any(r < 2 ** (len(channels) - 1) for r in spatial_shape):
-        raise ValueError(f"spatial shape {spatial_shape} is too small for {len(channels) - 1} stride-2 levels")
-    inputs, h, _ = _inputs(spatial_shape, in_channels, points, point_features, bounds, False, name)
-    rank = len(spatial_shape)
     sync = dict(synchronized=synchronized_bn)
-    h = conv_bn_relu(h, SUBM_CONV[rank], channels[0], 3, "stem", indice_key="subm0", **sync)
+    inputs, h, _, rank = _inputs_and_stem(spatial_shape, channels, in_channels, points, point_features, bounds, False,
+                                          name, sync)
     if select_k:
         h = SiteSelect(select_k, name="select")(h)
     width = channels[0]
@@ -115,12 +123,9 @@ def site_unet(num_classes, resolution=32, spatial_dims=3, in_channels=1, channel
     spatial_shape = _spatial_shape(resolution, spatial_dims)
     if len(channels) < 2:
         raise ValueError("site_unet needs at least two levels (channels)")
-    if any(r < 2 ** (len(channels) - 1) for r in spatial_shape):
-        raise ValueError(f"spatial shape {spatial_shape} is too small for {len(channels) - 1} stride-2 levels")
-    inputs, h, point_to_site = _inputs(spatial_shape, in_channels, points, point_features, bounds, True, name)
-    rank = len(spatial_shape)
     sync = dict(synchronized=synchronized_bn)
-    h = conv_bn_relu(h, SUBM_CONV[rank], channels[0], 3, "stem", indice_key="subm0", **sync)
+    inputs, h, point_to_site, rank = _inputs_and_stem(spatial_shape, channels, in_channels, points, point_features,
+                                                      bounds, True, name, sync)
     h = residual_block(h, channels[0], channels[0], "subm0", "enc0", rank, **sync)
     skips = [h]
     for level in range(1, len(channels)):
