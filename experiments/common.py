@@ -125,6 +125,22 @@ def replace_rows(filename, rows, replaced, order=None):
     return rows
 
 
+def add_training_arguments(parser, filename, epochs, batch_size, max_examples_help=None):
+    """The arguments a study passes on to every training (training_flags) and --replace for
+    its results file."""
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--max-examples", type=int, default=0, help=max_examples_help)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--replace", action="store_true", help=f"overwrite experiments/results/{filename}")
+
+
+def training_flags(args):
+    """The trainer's flags for add_training_arguments' arguments."""
+    flags = ["--epochs", args.epochs, "--batch-size", args.batch_size, "--max-examples", args.max_examples]
+    return flags + (["--data-dir", args.data_dir] if args.data_dir else [])
+
+
 def refuse_to_overwrite(parser, filename, replace, replaced=lambda row: True):
     """Stops before any training where the results file already holds rows this run would
     replace (those for which replaced(row) holds), unless --replace was given."""

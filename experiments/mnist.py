@@ -11,25 +11,21 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common import refuse_to_overwrite, run_training, save_figure, write_json  # noqa: E402
+from common import (add_training_arguments, refuse_to_overwrite, run_training, save_figure,  # noqa: E402
+                    training_flags, write_json)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rhos", type=float, nargs="+", default=[0.035, 0.05, 0.075])
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=50)
-    p.add_argument("--max-examples", type=int, default=0, help="stratified subset of the 60,000 images (0: all)")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--replace", action="store_true", help="overwrite experiments/results/mnist.json")
+    add_training_arguments(p, "mnist.json", epochs=10, batch_size=50,
+                           max_examples_help="stratified subset of the 60,000 images (0: all)")
     args = p.parse_args()
     refuse_to_overwrite(p, "mnist.json", args.replace)
     rows, curves = [], {}
     with tempfile.TemporaryDirectory() as work:
         for rho in args.rhos:
-            train_args = ["--dataset", "mnist", "--rho", rho, 2 * rho, "--epochs", args.epochs,
-                          "--batch-size", args.batch_size, "--max-examples", args.max_examples]
-            train_args += ["--data-dir", args.data_dir] if args.data_dir else []
+            train_args = ["--dataset", "mnist", "--rho", rho, 2 * rho, *training_flags(args)]
             res = run_training(f"mnist_{rho}", train_args, work)
             curves[rho] = res["history"]["val_accuracy"]
             for epoch, accuracy in enumerate(curves[rho], start=1):
