@@ -29,6 +29,22 @@ __device__ inline void LoadOffset(const int32_t* offset_index, int d, int64_t q,
   for (int j = 0; j < d; ++j) qi[j] = offset_index[q * d + j];
 }
 
+// Candidate idx of the grid over volume * n (i varies fastest, q = idx / n): site i moved by
+// kernel offset q. True, with the key of the output site it reaches, where the sites passed
+// the range check and the offset lands on an output site.
+__device__ inline bool CandidateOutKey(const int32_t* coords, int64_t n, const SiteGeometry& g,
+                                       const int32_t* offset_index, bool in_range, int64_t idx,
+                                       int64_t* key) {
+  const int64_t q = idx / n;
+  const int64_t i = idx - q * n;
+  int64_t qi[kMaxSpatialDims], o[kMaxSpatialDims];
+  LoadOffset(offset_index, g.d, q, qi);
+  const int32_t* site = coords + i * (g.d + 1);
+  if (!in_range || !g.OutputOf(site + 1, qi, o)) return false;
+  *key = g.OutKey(site[0], o);
+  return true;
+}
+
 }  // namespace gpu
 }  // namespace tf_sparseconv
 

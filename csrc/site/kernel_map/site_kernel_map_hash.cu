@@ -94,16 +94,11 @@ __global__ void ProbeSubmanifoldKernel(const int32_t* coords, int64_t n, SiteGeo
                                        const int32_t* offset_index, DeviceTable t,
                                        const SiteMapDeviceReport* report, int32_t* found) {
   const bool in_range = SitesInRange(report);
-  const int width = g.d + 1;
   TF_SPARSECONV_GRID_LOOP(idx, g.volume * n) {
-    const int64_t q = idx / n;
-    const int64_t i = idx - q * n;
     int32_t row = -1;
-    int64_t qi[kMaxSpatialDims], o[kMaxSpatialDims];
-    LoadOffset(offset_index, g.d, q, qi);
-    const int32_t* site = coords + i * width;
-    if (in_range && g.OutputOf(site + 1, qi, o)) {
-      row = TableFind(t, static_cast<unsigned long long>(g.OutKey(site[0], o)));
+    int64_t key;
+    if (CandidateOutKey(coords, n, g, offset_index, in_range, idx, &key)) {
+      row = TableFind(t, static_cast<unsigned long long>(key));
     }
     found[idx] = row;
   }
@@ -115,16 +110,11 @@ __global__ void InsertCandidatesKernel(const int32_t* coords, int64_t n, SiteGeo
                                        const int32_t* offset_index, DeviceTable t,
                                        SiteMapDeviceReport* report, int32_t* found) {
   const bool in_range = SitesInRange(report);
-  const int width = g.d + 1;
   TF_SPARSECONV_GRID_LOOP(idx, g.volume * n) {
-    const int64_t q = idx / n;
-    const int64_t i = idx - q * n;
     int32_t slot = -1;
-    int64_t qi[kMaxSpatialDims], o[kMaxSpatialDims];
-    LoadOffset(offset_index, g.d, q, qi);
-    const int32_t* site = coords + i * width;
-    if (in_range && g.OutputOf(site + 1, qi, o)) {
-      const int64_t s = TableInsert(t, static_cast<unsigned long long>(g.OutKey(site[0], o)));
+    int64_t key;
+    if (CandidateOutKey(coords, n, g, offset_index, in_range, idx, &key)) {
+      const int64_t s = TableInsert(t, static_cast<unsigned long long>(key));
       if (s < 0) {
         RecordFirst(&report->table_full, idx);
       } else {

@@ -132,15 +132,10 @@ __global__ void CandidateKeysKernel(const int32_t* coords, int64_t n, SiteGeomet
                                     uint64_t no_output, uint64_t* keys, int32_t* index,
                                     int32_t* found) {
   const bool in_range = SitesInRange(report);
-  const int width = g.d + 1;
   TF_SPARSECONV_GRID_LOOP(idx, g.volume * n) {
-    const int64_t q = idx / n;
-    const int64_t i = idx - q * n;
-    int64_t qi[kMaxSpatialDims], o[kMaxSpatialDims];
-    LoadOffset(offset_index, g.d, q, qi);
-    const int32_t* site = coords + i * width;
-    const bool reached = in_range && g.OutputOf(site + 1, qi, o);
-    keys[idx] = reached ? static_cast<uint64_t>(g.OutKey(site[0], o)) : no_output;
+    int64_t key;
+    const bool reached = CandidateOutKey(coords, n, g, offset_index, in_range, idx, &key);
+    keys[idx] = reached ? static_cast<uint64_t>(key) : no_output;
     index[idx] = static_cast<int32_t>(idx);  // volume * n <= 2^31 - 1
     found[idx] = -1;
   }
