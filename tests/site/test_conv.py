@@ -959,6 +959,21 @@ def test_float32_conv_uses_tf32_where_tensorflow_allows_it(rng, cin, cout, gpu):
 
 # --- the output-stationary dataflow (dataflow="outputs") ------------------------------------------
 
+OUTPUTS_REFUSED = r"dataflow='outputs' \(output-stationary tiles on tensor cores\) does not apply to this convolution"
+
+
+def outputs_apply(dtype, volume, cin, cout):
+    """Whether the GPU's output-stationary tiles take this convolution, so that the op runs
+    dataflow='outputs' rather than refusing it: sm_80 and later, half or bfloat16 (float
+    with TF32 on), rows of whole 16-byte vectors, at most 32 offsets."""
+    details = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0])
+    if details.get("compute_capability", (0, 0))[0] < 8 or dtype == tf.float64 or volume > 32:
+        return False
+    if dtype == tf.float32 and not tf.config.experimental.tensor_float_32_execution_enabled():
+        return False
+    vec = 4 if dtype == tf.float32 else 8
+    return cin % vec == 0 and cout % vec == 0
+
 def cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs, gpu_kwargs=None):
     """(cpu, first, second): conv_and_gradients on the CPU (kwargs) and twice on the GPU
     (kwargs and gpu_kwargs, e.g. a dataflow the CPU does not have), on random sites,
@@ -988,17 +1003,36 @@ def assert_gpu_matches_cpu(dtype, cpu, gpu):
 @pytest.mark.parametrize("batch,shape,kernel,cin,cout,density,kwargs", CONV_CASES)
 def test_output_stationary_dataflow_matches_cpu_and_repeats_bit_for_bit(rng, dtype, batch, shape, kernel, cin, cout,
                                                                          density, kwargs, gpu):
+    tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)
+    if not outputs_apply(dtype, int(np.prod(kernel)), cin, cout):
+        # Shapes the tiles do not take: refused, not run on the pairs in its place.
+        with pytest.raises(tf.errors.InvalidArgumentError, match=OUTPUTS_REFUSED):
+            cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs,
+                                 dict(dataflow="outputs"))
+        return
     cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, kwargs,
                                               dict(dataflow="outputs"))
     assert_gpu_matches_cpu(dtype, cpu, first)
-    # Where the output-stationary kernel runs (whole 16-byte rows, at most 32 offsets),
-    # every output row is stored once: no atomics, so no timing in the sums (forward and
-    # input gradient, which runs the forward's dataflow). Other shapes run the pair tiles
-    # and their atomics.
-    vec = 4 if dtype == tf.float32 else 8
-    if cin % vec == 0 and cout % vec == 0 and np.prod(kernel) <= 32:
-        for what, g, again in zip(("features", "input gradient"), first, second):
-            np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
+    # Every output row is stored once: no atomics, so no timing in the sums (forward and
+    # input gradient, which runs the forward's dataflow).
+    for what, g, again in zip(("features", "input gradient"), first, second):
+        np.testing.assert_array_equal(g.numpy().view(np.uint8), again.numpy().view(np.uint8), err_msg=what)
+
+
+def test_output_stationary_dataflow_refuses_double_and_names_auto(rng, gpu):
+    coords = random_coords(rng, 2, (9, 8, 9), 0.25)
+    features = on_cpu(rng.standard_normal((len(coords), 8)), tf.float64)
+    w = on_cpu(rng.standard_normal((3, 3, 3, 8, 8)), tf.float64)
+    with tf.device(gpu):
+        x = make_site_sparse(coords, features, (9, 8, 9), 2)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=OUTPUTS_REFUSED + r": .*no such kernel for double; use dataflow='auto'"):
+            site_conv(x, w, subm=True, dataflow="outputs")
+        # 'auto' runs the pairs on the same call.
+        y = site_conv(x, w, subm=True)
+    with tf.device(CPU):
+        expected = site_conv(make_site_sparse(coords, features, (9, 8, 9), 2), w, subm=True)
+    np.testing.assert_allclose(y.features.numpy(), expected.features.numpy(), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype,dataflow", [(tf.float16, "pairs"), (tf.bfloat16, "pairs"), (tf.float32, "pairs"),
@@ -1060,6 +1094,10 @@ def test_conv_from_a_given_table_matches_cpu(rng, dtype, batch, shape, kernel, c
     with tf.device(GPU):
         table = neighbour_table(kmap)
     assert table.shape[1] == volume + 2
+    if dataflow == "outputs" and not outputs_apply(dtype, volume, cin, cout):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=OUTPUTS_REFUSED):
+            run(GPU, table, dataflow)
+        return
     cpu = run(CPU, NO_NEIGHBOURS, "auto")
     first, second = run(GPU, table, dataflow), run(GPU, table, dataflow)
     for what, c, g, again in zip(("features", "input gradient"), cpu, first, second):
@@ -1077,6 +1115,12 @@ def test_conv_from_neighbour_tables_matches_cpu_and_repeats_bit_for_bit(rng, dty
     if np.prod(kernel) > 32:
         pytest.skip("neighbour tables hold kernels of at most 32 offsets")
     on_gpu = dict(dataflow="outputs" if dtype == tf.float32 else "auto")
+    tf.config.experimental.enable_tensor_float_32_execution(dtype == tf.float32)
+    if dtype == tf.float32 and not outputs_apply(dtype, int(np.prod(kernel)), cin, cout):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=OUTPUTS_REFUSED):
+            cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density, dict(kwargs, indice_key="k"),
+                                 on_gpu)
+        return
     cpu, first, second = cpu_and_two_gpu_runs(rng, dtype, batch, shape, kernel, cin, cout, density,
                                               dict(kwargs, indice_key="k"), on_gpu)
     assert_gpu_matches_cpu(dtype, cpu, first)
@@ -1093,6 +1137,7 @@ def test_conv_from_neighbour_tables_matches_cpu_and_repeats_bit_for_bit(rng, dty
 
 @pytest.mark.parametrize("dataflow", ["auto", "pairs", "outputs"])
 def test_layers_build_neighbour_tables_where_the_dataflow_reads_them(rng, dataflow, gpu):
+    tf.config.experimental.enable_tensor_float_32_execution(True)  # float's 'outputs' multiplies in TF32
     coords = random_coords(rng, 2, (9, 9, 9), 0.25)
     with tf.device(GPU):
         for dtype in (tf.float16, tf.bfloat16, tf.float32):

@@ -266,6 +266,18 @@ def test_unet_on_site_inputs_round_trips_through_keras_file_and_export(rng, tmp_
     assert_round_trips(model, x, expected, tmp_path)
 
 
+def test_outputs_dataflow_with_more_than_32_offsets_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"sub: dataflow='outputs' runs kernels of at most 32 offsets on the GPU's "
+                                         r"output-stationary tiles, and kernel_size 5 has 125; use dataflow='auto'"):
+        kl.SubMConv3D(4, 5, dataflow="outputs", name="sub")
+    with pytest.raises(ValueError, match=r"kernel_size \(3, 3, 4\) has 36"):
+        kl.SparseConv3D(4, (3, 3, 4), dataflow="outputs")
+    # 32 offsets, or any kernel under 'auto' and 'pairs', are accepted.
+    assert kl.SparseConv3D(4, (2, 4, 4), dataflow="outputs").dataflow == "outputs"
+    assert kl.SubMConv3D(4, 5, dataflow="auto").dataflow == "auto"
+    assert kl.SubMConv3D(4, 5, dataflow="pairs").dataflow == "pairs"
+
+
 def test_bad_configurations_give_clear_errors(rng):
     with pytest.raises(TypeError, match="strides"):
         kl.SubMConv3D(4, 3, strides=2)  # a submanifold convolution has none

@@ -9,6 +9,7 @@ convolution maps back through the map of the strided convolution whose key it na
 dataflow="auto"|"pairs"|"outputs", the GPU's dataflow (spconv's algo=; site_conv).
 The _SiteConv bases take the rank from their input (rank None); the named classes fix it.
 """
+import math
 import warnings
 
 import keras
@@ -64,6 +65,14 @@ class _SiteConv(SiteLayer):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 per_dim(value, self.rank or (1 if isinstance(value, int) else len(value)), name, minimum, self.name)
+        # The kernel's offsets, where known before the input: a fixed rank or a tuple kernel_size.
+        known = self.kernel_size is not None and (self.rank or not isinstance(self.kernel_size, int))
+        if self.dataflow == "outputs" and known:
+            volume = math.prod(per_dim(self.kernel_size, self.rank or len(self.kernel_size), "kernel_size"))
+            if volume > 32:  # the neighbour tables' bound (SiteSparseConv's dataflow doc)
+                raise ValueError(f"{self.name}: dataflow='outputs' runs kernels of at most 32 offsets on the GPU's "
+                                 f"output-stationary tiles, and kernel_size {self.kernel_size} has {volume}; use "
+                                 "dataflow='auto' (or 'pairs')")
         if indice_key is not None and not isinstance(indice_key, str):
             raise TypeError(f"{self.name}: indice_key must be a string or None, got {indice_key!r}")
         self.indice_key = indice_key

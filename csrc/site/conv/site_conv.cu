@@ -52,6 +52,7 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -706,19 +707,38 @@ int CurrentComputeMajor() {
   return major;
 }
 
-// Whether the forward runs on the pipelined tensor-core kernels (mma.sync): sm_80 and
-// later, half or bfloat16, or float with TF32 allowed; whole 16-byte vectors per row.
+// Why the pipelined tensor-core kernels (mma.sync) cannot run this forward, or "" where
+// they can: they need sm_80 and later, half or bfloat16, or float with TF32 allowed, and
+// rows of whole 16-byte vectors.
+template <typename T>
+std::string PipelinedUnavailable(const SiteConvArgs<T>& a, bool allow_tf32) {
+  if constexpr (std::is_void<typename PipelinedMma<T>::type>::value) {
+    return "they multiply half, bfloat16 and float (with TF32) on tensor cores, and there is no such kernel for "
+           "double";
+  } else {
+    if (std::is_same<T, float>::value && !allow_tf32) {
+      return "float multiplies on them in TF32 only, and TF32 is off "
+             "(tf.config.experimental.enable_tensor_float_32_execution)";
+    }
+    constexpr int64_t vec = 16 / sizeof(T);
+    if (a.cin % vec != 0 || a.cout % vec != 0) {
+      return "their rows are whole 16-byte vectors: input and output channels must be multiples of " +
+             std::to_string(vec) + " for this dtype, got " + std::to_string(a.cin) + " and " + std::to_string(a.cout);
+    }
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (!aligned(a.features) || !aligned(a.filters)) return "features and filters must start on 16-byte boundaries";
+    const int major = CurrentComputeMajor();
+    if (major < 8) {
+      return "they need compute capability 8.0 or later (sm_80), and this GPU's is " + std::to_string(major) + ".x";
+    }
+    return "";
+  }
+}
+
+// Whether the forward runs on the pipelined tensor-core kernels.
 template <typename T>
 bool UsePipelined(const SiteConvArgs<T>& a, bool allow_tf32) {
-  if constexpr (std::is_void<typename PipelinedMma<T>::type>::value) {
-    return false;
-  } else {
-    if (std::is_same<T, float>::value && !allow_tf32) return false;
-    constexpr int64_t vec = 16 / sizeof(T);
-    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    return a.cin > 0 && a.cin % vec == 0 && a.cout % vec == 0 && aligned(a.features) && aligned(a.filters) &&
-           CurrentComputeMajor() >= 8;
-  }
+  return a.cin > 0 && PipelinedUnavailable(a, allow_tf32).empty();
 }
 
 // Whether float's forward runs on site_conv_simt.cuh's pipelined CUDA-core kernel: sm_80
@@ -944,6 +964,16 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
 }  // namespace
 
 template <typename T>
+std::string OutputStationaryUnavailable(const SiteConvArgs<T>& a, bool allow_tf32) {
+  std::string why = PipelinedUnavailable(a, allow_tf32);
+  if (why.empty() && a.volume > kMaxNeighbourVolume) {
+    why = "their neighbour tables hold kernels of at most " + std::to_string(kMaxNeighbourVolume) +
+          " offsets, and this kernel has " + std::to_string(a.volume);
+  }
+  return why;
+}
+
+template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a, const CheckedMap& checked,
                              const SiteConvOptions& options, const int32_t* neighbours, T* out, Report* report) {
   using A = typename AccumulatorOf<T>::type;
@@ -1150,6 +1180,7 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
 }
 
 #define TF_SPARSECONV_INSTANTIATE_SITE_CONV(T)                                                               \
+  template std::string OutputStationaryUnavailable<T>(const SiteConvArgs<T>&, bool);                          \
   template GpuStatus SiteConvForwardGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,       \
                                            const SiteConvOptions&, const int32_t*, T*, Report*);              \
   template GpuStatus SiteConvFilterGradGpu<T>(Stream, Scratch*, const SiteConvArgs<T>&, const CheckedMap&,    \

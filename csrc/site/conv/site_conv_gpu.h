@@ -6,6 +6,7 @@
 #define TF_SPARSECONV_SITE_CONV_SITE_CONV_GPU_H_
 
 #include <cstdint>
+#include <string>
 
 #include "common/gpu_common.h"
 #include "site/conv/site_conv.h"
@@ -59,7 +60,8 @@ struct SiteConvOptions {
 // The dataflow on sm_80+ where the tensor-core kernels apply and volume <= 32: tiles of
 // pairs scatter-added with atomics, or under determinism one launch per offset without
 // them (kPairs), or tiles of output rows, each stored once (kOutputs,
-// site_conv_outputs.cuh). Elsewhere kOutputs runs kPairs. kAuto: kOutputs for half and
+// site_conv_outputs.cuh). Elsewhere the op refuses kOutputs before the call
+// (OutputStationaryUnavailable); with no input channels it runs kPairs. kAuto: kOutputs for half and
 // bfloat16 under determinism or given `neighbours`, kPairs otherwise (the measurements
 // behind the rule: docs/gpu-kernels.md).
 // neighbours: nullptr, or SiteNeighbourTable's table of this map ([num_out, volume + 2],
@@ -67,6 +69,13 @@ struct SiteConvOptions {
 // Temporary memory: num_out * volume / 8 bytes (the repeat check), 16 * (volume + 1),
 // num_out * cout * 4 for half and bfloat16 on the pairs (the float32 accumulator), and
 // 4 * num_out * (volume + 7) bytes for a table built in the call.
+// Why the output-stationary tiles (kOutputs) cannot run this forward on the current
+// device, for an error message, or "" where they can: they need the pipelined tensor-core
+// kernels (sm_80+, half, bfloat16 or float with allow_tf32, rows of whole 16-byte
+// vectors) and volume <= 32. Host-side: reads no device memory.
+template <typename T>
+std::string OutputStationaryUnavailable(const SiteConvArgs<T>& args, bool allow_tf32);
+
 template <typename T>
 GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
                              const CheckedMap& checked, const SiteConvOptions& options,

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "common/gpu_kernel_util.h"
@@ -151,6 +152,14 @@ class SiteConvFunctor<GPUDevice, T> : GpuSiteMapFunctor {
   absl::Status Prepare(const SiteMapView& map, const SiteConvArgs<T>&) { return PrepareMap(map); }
 
   absl::Status Run(const SiteConvArgs<T>& a, const int32_t* neighbours, T* out) {
+    if (dataflow_ == SiteDataflow::kOutputs) {
+      const std::string why = gpu::OutputStationaryUnavailable(StoredArgs(a), AllowTf32<T>());
+      if (!why.empty()) {
+        return tensorflow::errors::InvalidArgument(
+            "dataflow='outputs' (output-stationary tiles on tensor cores) does not apply to this convolution: ", why,
+            "; use dataflow='auto', which chooses the pairs dataflow here, or 'pairs'");
+      }
+    }
     gpu::SiteConvOptions options;
     options.deterministic = tensorflow::OpDeterminismRequired();
     options.allow_tf32 = AllowTf32<T>();

@@ -60,7 +60,9 @@ tiles of pairs, their products scatter-added onto the output rows (with atomics;
 TensorFlow's op determinism one launch per offset without them). 'outputs': tiles of
 output rows from the neighbour table (given, or built in the call), each row computed over
 all its offsets and stored once; on sm_80+ for kernels of at most 32 offsets whose rows
-are whole 16-byte vectors (half and bfloat16, and float with TF32), the pairs elsewhere.
+are whole 16-byte vectors (half and bfloat16, and float with TF32), InvalidArgument
+elsewhere (double, float with TF32 off, older GPUs, other widths or kernels), which
+names the reason; 'auto' chooses the pairs there.
 'auto': 'outputs' for half and bfloat16 given a neighbour table or under op
 determinism, 'pairs' otherwise. The CPU kernel has one dataflow, per-offset
 gather-GEMM-scatter over the pairs: 'auto' and 'pairs' run it, 'outputs' is
