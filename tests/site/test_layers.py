@@ -15,7 +15,7 @@ from tf_sparseconv.models import site_resnet, site_unet
 from tf_sparseconv.site import global_pool, select_sites, site_conv, site_conv_transpose, site_inverse_conv, site_pool
 from tf_sparseconv.site.conversions import voxelize_sites
 from tf_sparseconv.site.tensor import make_site_sparse
-from tests.device import CPU
+from tests.device import CPU, gpu_visible
 from tests.site.helpers import random_sites
 
 SHAPE = (8, 8, 8)
@@ -40,12 +40,15 @@ def clouds(rng, batch, points=64):
 def assert_round_trips(model, x, expected, tmp_path):
     """The model saved to a .keras file and loaded, and exported as a SavedModel and loaded,
     give the expected outputs on x."""
+    # On a GPU the exported graph may pick other kernels (TF32 matmuls and convolutions,
+    # atomics in another order) than the eager call: agreement to about 1e-3 there.
+    tolerance = dict(rtol=2e-3, atol=1e-3) if gpu_visible() else dict(rtol=1e-5, atol=1e-6)
     model.save(str(tmp_path / "m.keras"))
     restored = keras.models.load_model(str(tmp_path / "m.keras"))
-    np.testing.assert_allclose(restored(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(restored(x).numpy(), expected, **tolerance)
     model.export(str(tmp_path / "exported"), verbose=False)
     exported = tf.saved_model.load(str(tmp_path / "exported"))
-    np.testing.assert_allclose(exported.serve(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(exported.serve(x).numpy(), expected, **tolerance)
 
 
 def compiled(model, lr=0.1):
