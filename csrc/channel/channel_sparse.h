@@ -82,6 +82,25 @@ inline absl::Status MakeKeyLayout(const tensorflow::Tensor& dense_shape,
   return MakeKeyLayoutFromDims(dims.data(), rank, layout);
 }
 
+// The most (batch, channel) segments an op that keeps per-segment tables (segment offsets,
+// counts: 8 to 16 bytes each, on the host and the device) accepts: 2^24, i.e. B * C of a
+// batch of 256 with 65536 channels. The tables are sized from dense_shape alone, so an
+// empty tensor with a huge B or C would otherwise allocate them before any data is read.
+constexpr int64_t kMaxSegments = int64_t{1} << 24;
+
+// Refuses a layout (`what`: the tensor, e.g. "input") whose B * C exceeds kMaxSegments;
+// `channels` is C, or the output's channel count when the table is the output's.
+inline absl::Status CheckSegmentCount(int64_t batch, int64_t channels, const char* what) {
+  int64_t segments;
+  if (__builtin_mul_overflow(batch, channels, &segments) || segments > kMaxSegments) {
+    return tensorflow::errors::InvalidArgument(
+        "the dense_shape of ", what, " has B = ", batch, " and C = ", channels,
+        ", more than ", kMaxSegments, " (2^24) (batch, channel) segments, the most supported; "
+        "split the batch or the channels");
+  }
+  return absl::OkStatus();
+}
+
 // The error of entry i of a key array whose entries before i are valid: out of range,
 // or not above the previous key (key_before; unused when i == 0).
 inline absl::Status InvalidKeyError(const char* what, int64_t i, int64_t key,

@@ -844,3 +844,18 @@ def test_forward_in_example_groups_checks_keys_across_the_groups(rng, gpu):
     values[-1] = np.nan
     with pytest.raises(tf.errors.InvalidArgumentError, match="contains NaN"):
         run_conv(GPU, keys, values, dense_shape, w, mask, bias, **grouped)
+
+
+@pytest.mark.parametrize("shape", [[2**40, 1, 1], [2**29, 1, 1], [2**12, 1, 2**13]], ids=["2^40", "2^29", "channels"])
+def test_conv_refuses_huge_empty_shapes_before_sizing_tables(shape):
+    # Used to size per-(batch, channel) tables from dense_shape alone: SIGSEGV from an
+    # escaping std::bad_alloc, or gigabytes for an empty tensor.
+    x = _sparse([], shape)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"dense_shape of input has B = .* \(2\^24\)"):
+        ts.direct_conv(x, np.ones((1, shape[2], 1)))
+
+
+def test_conv_refuses_an_output_with_too_many_segments():
+    x = _sparse([], [2**12, 1, 1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"dense_shape of output has B = 4096 and C = 8192"):
+        ts.direct_conv(x, np.ones((1, 1, 2**13)))

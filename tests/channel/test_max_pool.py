@@ -209,3 +209,11 @@ def test_max_pool_of_many_entries_matches_cpu(rng, dtype, gpu):
                for device in (CPU, GPU)}
     for gpu_out, cpu_out in zip(results[GPU], results[CPU]):
         np.testing.assert_array_equal(gpu_out.numpy(), cpu_out.numpy())
+
+
+@pytest.mark.parametrize("shape", [[2**40, 1, 1], [2**29, 1, 1]], ids=["2^40", "2^29"])
+def test_sparse_max_pool_refuses_huge_empty_shapes_before_sizing_tables(shape):
+    # Used to size per-(batch, channel) tables from dense_shape alone (SIGSEGV, or gigabytes).
+    x = ts.ChannelSparseTensor(tf.zeros([0], tf.int64), tf.zeros([0]), tf.constant(shape, tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"max_pool input has B = .* \(2\^24\)"):
+        ts.sparse_max_pool(x, [1])

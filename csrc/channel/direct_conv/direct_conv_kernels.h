@@ -20,6 +20,7 @@
 #include "channel/direct_conv/direct_conv.h"
 #include "channel/direct_conv/direct_conv_checks.h"
 #include "common/device.h"
+#include "common/guarded_compute.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {
@@ -80,6 +81,9 @@ absl::Status CheckConvTensors(tensorflow::OpKernelContext* ctx, ConvTensors<T>* 
   const tensorflow::Tensor& mask = ctx->input(4);
   TF_RETURN_IF_ERROR(CheckSparseTensor(keys, values, ctx->input(2), "input", &in->layout));
   TF_RETURN_IF_ERROR(CheckConvShapes(filter, mask, in->layout, &in->shapes));
+  // Per-segment tables of the input (B * Cin) and of the output (B * Cout).
+  TF_RETURN_IF_ERROR(CheckSegmentCount(in->layout.batch, in->layout.channels, "input"));
+  TF_RETURN_IF_ERROR(CheckSegmentCount(in->layout.batch, in->shapes.cout, "output"));
   in->keys = keys.flat<int64_t>().data();
   in->values = values.flat<T>().data();
   in->n = keys.NumElements();
@@ -95,6 +99,11 @@ class DirectSparseConvOp : public tensorflow::OpKernel {
   explicit DirectSparseConvOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) { attrs_.Read(ctx); }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
+    GuardedCompute(ctx, "direct_conv", [&] { ComputeUnguarded(ctx); });
+  }
+
+ private:
+  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
     using ::tensorflow::Tensor;
     using ::tensorflow::TensorShape;
     ConvTensors<T> in;
@@ -138,6 +147,11 @@ class DirectSparseConvBackpropOp : public tensorflow::OpKernel {
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
+    GuardedCompute(ctx, "direct_conv_backprop", [&] { ComputeUnguarded(ctx); });
+  }
+
+ private:
+  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
     using ::tensorflow::Tensor;
     using ::tensorflow::TensorShape;
     ConvTensors<T> in;

@@ -11,6 +11,7 @@
 #include "channel/channel_sparse.h"
 #include "channel/max_pool/max_pool.h"
 #include "common/device.h"
+#include "common/guarded_compute.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {
@@ -41,12 +42,18 @@ class SparseMaxPoolOp : public tensorflow::OpKernel {
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
+    GuardedCompute(ctx, "sparse_max_pool", [&] { ComputeUnguarded(ctx); });
+  }
+
+ private:
+  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
     using ::tensorflow::Tensor;
     using ::tensorflow::TensorShape;
     const Tensor& keys = ctx->input(0);
     const Tensor& values = ctx->input(1);
     KeyLayout in;
     OP_REQUIRES_OK(ctx, CheckSparseTensor(keys, values, ctx->input(2), "max_pool input", &in));
+    OP_REQUIRES_OK(ctx, CheckSegmentCount(in.batch, in.channels, "max_pool input"));
     OP_REQUIRES_OK(ctx, CheckStridesMatch(strides_, in));
     std::vector<int64_t> out_dims;
     KeyLayout out;
