@@ -327,3 +327,12 @@ def test_neighbour_table_ops_give_the_cpu_errors_on_gpu(rng, gpu):
         good = table()
     assert_same_error(lambda: ops.site_sparse_conv(features, tf.ones([2, 2, 3]), **conv, neighbours=good),
                       "accepted with map_is_trusted only")
+
+
+@pytest.mark.parametrize("kernel,mode", [((1001,) * 3, "transposed"), ((2**21,), "strided"),
+                                         ((2**31 - 1,) * 4, "strided")], ids=["10^9", "2^21", "overflow"])
+def test_kernel_map_refuses_kernel_volumes_beyond_the_limit(kernel, mode):
+    # Used to size per-offset tables by the volume: gigabytes, or SIGSEGV.
+    x = make_site_sparse(np.zeros((1, len(kernel) + 1), np.int32), np.ones((1, 1), np.float32), (4,) * len(kernel), 1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"kernel_size \[.*\] has more than 1048576 \(2\^20\)"):
+        kernel_map(x, kernel, mode=mode)

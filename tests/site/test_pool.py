@@ -77,3 +77,10 @@ def test_global_pool_per_batch_element_and_empty_elements_give_zero(rng, device)
             mine = features[coords[:, 0] == b]
             expected = reduce(mine, axis=0) if len(mine) else np.zeros(4)
             np.testing.assert_allclose(pooled[b], expected, rtol=1e-5, err_msg=f"{mode}, batch {b}")
+
+
+def test_site_pool_refuses_a_window_beyond_the_kernel_volume_limit():
+    # A 4097^3 window used to size a vector by its volume: SIGSEGV.
+    x = make_site_sparse(np.zeros((1, 4), np.int32), np.ones((1, 1), np.float32), (4097, 4097, 4097), 1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"kernel_size \[4097, 4097, 4097\] has more than"):
+        site_pool(x, 4097)

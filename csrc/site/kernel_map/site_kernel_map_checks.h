@@ -17,6 +17,11 @@
 
 namespace tf_sparseconv {
 
+// The most kernel offsets (k1 * ... * kd) a map may have: 2^20, e.g. a 101^3 window. The
+// map's offset_splits (an output) and the builders' per-offset tables are sized by the
+// volume before any site is read.
+constexpr int64_t kMaxKernelVolume = int64_t{1} << 20;
+
 // The attributes of SiteKernelMap, read once at kernel construction.
 struct SiteMapAttrs {
   SiteMapMode mode = SiteMapMode::kSubmanifold;
@@ -71,6 +76,16 @@ struct SiteMapAttrs {
         return tensorflow::errors::InvalidArgument(
             "a submanifold convolution keeps the input sites: strides must be 1 and padding 0, got ",
             stride[j], " and ", padding[j], " in dimension ", j);
+      }
+    }
+    int64_t volume = 1;
+    for (size_t j = 0; j < d; ++j) {
+      if (__builtin_mul_overflow(volume, kernel[j], &volume) || volume > kMaxKernelVolume) {
+        std::string sizes;
+        for (size_t i = 0; i < d; ++i) sizes += (i ? ", " : "") + std::to_string(kernel[i]);
+        return tensorflow::errors::InvalidArgument(
+            "kernel_size [", sizes, "] has more than ", kMaxKernelVolume,
+            " (2^20) offsets (the product of its entries), the most a kernel map supports");
       }
     }
     return absl::OkStatus();

@@ -1,5 +1,6 @@
 // Registration of SiteKernelMap: which input site feeds which output site through which
 // kernel offset, the map every site-sparse convolution op (site/conv/) takes.
+#include "site/kernel_map/site_kernel_map_checks.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -26,15 +27,21 @@ REGISTER_OP("TfSparseconv>SiteKernelMap")
     .SetShapeFn([](InferenceContext* c) {
       std::vector<int> kernel;
       TF_RETURN_IF_ERROR(c->GetAttr("kernel_size", &kernel));
+      // A volume the kernel refuses (kMaxKernelVolume, with its message) or a product that
+      // overflows leaves the splits' length unknown here.
       int64_t volume = 1;
-      for (int k : kernel) volume *= k;
+      bool known = true;
+      for (int k : kernel) {
+        known = known && k >= 1 && !__builtin_mul_overflow(volume, int64_t{k}, &volume) &&
+                volume <= kMaxKernelVolume;
+      }
       ShapeHandle coords;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &coords));
       c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(coords, 1)));
       c->set_output(1, c->Vector(static_cast<int64_t>(kernel.size())));
       c->set_output(2, c->Vector(c->UnknownDim()));
       c->set_output(3, c->Vector(c->UnknownDim()));
-      c->set_output(4, c->Vector(volume + 1));
+      c->set_output(4, c->Vector(known ? c->MakeDim(volume + 1) : c->UnknownDim()));
       return absl::OkStatus();
     })
     .Doc(R"doc(
@@ -50,6 +57,8 @@ builder: how the GPU kernel builds the map: 'hash' (a hash table of the sites, p
 per site and kernel offset) or 'sort' (the sites sorted once, each offset's shifted
 queries searched in them, as in Minuet). Both give identical outputs, the CPU kernel's;
 the CPU kernel has one builder (a hash table) and accepts either value.
+A kernel has at most 2^20 offsets (the product of kernel_size), since the map's tables
+are sized by it before any site is read; more is InvalidArgument.
 )doc");
 
 }  // namespace tf_sparseconv
