@@ -6,6 +6,7 @@ its gradients in every dtype within stated tolerances, TF32, the output-stationa
 and neighbour tables, bit-identical reruns under op determinism, the CPU's error messages
 for every bad input and trusted maps."""
 import itertools
+import resource
 
 import numpy as np
 import pytest
@@ -1153,3 +1154,27 @@ def test_layers_build_neighbour_tables_where_the_dataflow_reads_them(rng, datafl
             assert (up.kernel_maps["d"].inverse_neighbours is not None) == built, dtype
             # A map without indice_key is used once: no table.
             assert not site_conv(x, w, subm=True).kernel_maps
+
+
+def test_map_check_memory_follows_the_pairs_not_num_out(rng):
+    """num_out = 2^31 - 1 used to size an 8 GB check vector before anything was read."""
+    coords, features = random_sites(rng, 1, (6, 6), 0.5, 2)
+    x = make_site_sparse(coords, features, (6, 6), 1)
+    good = kernel_map(x, 3, mode="submanifold")
+    out_rows, splits = good.out_rows.numpy(), good.offset_splits.numpy()
+    q = int(np.argmax(np.diff(splits) >= 2))
+    repeated = out_rows.copy()
+    repeated[splits[q] + 1] = repeated[splits[q]]
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    with tf.device(CPU):
+        for rows, match in ((repeated, "appears twice"), (out_rows, None)):
+            args = (good.in_rows, tf.constant(rows), good.offset_splits)
+            if match is None:  # the check passes without a table over num_out; the table op then sizes its output
+                table = ops.site_neighbour_table(*args, len(coords), 2 * len(out_rows) + 5000)
+                assert table.shape[0] == 2 * len(out_rows) + 5000
+                continue
+            with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+                ops.site_sparse_conv(x.features, tf.ones([9, 2, 3]), *args, 2**31 - 1, tf.zeros([0], tf.int32))
+            with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+                ops.site_neighbour_table(*args, len(coords), 2**31 - 1)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before < 1 << 20  # under 1 GiB more

@@ -180,7 +180,12 @@ absl::Status CheckSiteMapRows(const SiteMapView& map, int64_t num_in, int64_t nu
   if (map.offset_splits[0] != 0 || map.offset_splits[map.volume] != map.pairs) {
     return BadSplitsError(0, map.offset_splits[0], map.offset_splits[map.volume], map.pairs);
   }
-  std::vector<int32_t> last_offset(num_out, -1);
+  // The repeat check: a table over the output rows where num_out is within a small factor
+  // of the pairs, else (num_out is a scalar input, 2^31 - 1 at most) each offset's rows
+  // sorted, so the check's memory follows the map, not num_out.
+  const bool by_row = num_out <= 2 * map.pairs + 4096;
+  std::vector<int32_t> last_offset(by_row ? num_out : 0, -1);
+  std::vector<int32_t> rows;
   for (int64_t q = 0; q < map.volume; ++q) {
     const int64_t begin = map.offset_splits[q], end = map.offset_splits[q + 1];
     if (begin > end || end > map.pairs) return BadSplitsError(q, begin, end, map.pairs);
@@ -188,8 +193,16 @@ absl::Status CheckSiteMapRows(const SiteMapView& map, int64_t num_in, int64_t nu
       const int64_t i = map.in_rows[p], o = map.out_rows[p];
       if (i < 0 || i >= num_in) return MapRowOutOfRangeError("in_rows", p, i, num_in);
       if (o < 0 || o >= num_out) return MapRowOutOfRangeError("out_rows", p, o, num_out);
-      if (last_offset[o] == q) return RepeatedOutputRowError(q, o);
-      last_offset[o] = static_cast<int32_t>(q);
+      if (by_row) {
+        if (last_offset[o] == q) return RepeatedOutputRowError(q, o);
+        last_offset[o] = static_cast<int32_t>(q);
+      }
+    }
+    if (!by_row) {
+      rows.assign(map.out_rows + begin, map.out_rows + end);
+      std::sort(rows.begin(), rows.end());
+      const auto repeat = std::adjacent_find(rows.begin(), rows.end());
+      if (repeat != rows.end()) return RepeatedOutputRowError(q, *repeat);
     }
   }
   return absl::OkStatus();
