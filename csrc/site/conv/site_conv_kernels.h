@@ -17,6 +17,7 @@
 #include <string>
 
 #include "common/device.h"
+#include "common/guarded_compute.h"
 #include "site/conv/site_conv.h"
 #include "site/conv/site_conv_checks.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -91,6 +92,11 @@ class SiteSparseConvOp : public SiteConvOpKernel {
   using SiteConvOpKernel::SiteConvOpKernel;
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
+    GuardedCompute(ctx, "site_conv", [&] { ComputeUnguarded(ctx); });
+  }
+
+ private:
+  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
     using ::tensorflow::Tensor;
     const Tensor& features = ctx->input(0);
     const Tensor& filters = ctx->input(1);
@@ -122,6 +128,11 @@ class SiteSparseConvFilterGradOp : public SiteConvOpKernel {
   using SiteConvOpKernel::SiteConvOpKernel;
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
+    GuardedCompute(ctx, "site_conv_filter_grad", [&] { ComputeUnguarded(ctx); });
+  }
+
+ private:
+  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
     using ::tensorflow::Tensor;
     const Tensor& features = ctx->input(0);
     const Tensor& out_grad = ctx->input(1);
@@ -146,6 +157,11 @@ class SiteNeighbourTableOp : public SiteConvOpKernel {
   using SiteConvOpKernel::SiteConvOpKernel;
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
+    GuardedCompute(ctx, "site_neighbour_table", [&] { ComputeUnguarded(ctx); });
+  }
+
+ private:
+  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
     SiteMapView map;
     int64_t num_in = 0, num_out = 0;
     OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(ctx->input(0), ctx->input(1), ctx->input(2), ctx->input(3),

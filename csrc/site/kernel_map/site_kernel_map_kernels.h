@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/device.h"
+#include "common/guarded_compute.h"
 #include "site/kernel_map/site_geometry.h"
 #include "site/kernel_map/site_kernel_map_checks.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -45,6 +46,11 @@ class SiteKernelMapOp : public tensorflow::OpKernel {
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
+    GuardedCompute(ctx, "site_kernel_map", [&] { ComputeUnguarded(ctx); });
+  }
+
+ private:
+  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
     using ::tensorflow::Tensor;
     using ::tensorflow::TensorShape;
     SiteGeometry g;
