@@ -67,7 +67,8 @@ buffers, so the cap always holds there; 'dense' needs none.
 
 in_keys: sorted unique int64 keys of the input, layout (b * Cin + c) * S + lin(x).
 in_values: one value per key.
-dense_shape: [B, R1, ..., Rd, Cin].
+dense_shape: [B, R1, ..., Rd, Cin]; B * Cin and B * Cout at most 2^24 (the op keeps a
+  table entry per (batch, channel) segment).
 filter: [K1, ..., Kd, Cin, Cout], odd kernel sizes.
 filter_mask: same shape as filter; false marks a pruned weight.
 bias: [Cout].

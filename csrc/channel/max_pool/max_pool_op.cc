@@ -29,7 +29,8 @@ Max-pooling of a channel-sparse tensor with window = stride: the entry at x move
 floor(x / s), and each output entry is the maximum of the entries present in its
 window (empty windows stay empty, so negative maxima survive). Output spatial extents
 are ceil(R / s). argmax[j] is the input position of the maximum of output entry j;
-ties go to the smaller key.
+ties go to the smaller key. B * C is at most 2^24 (a table entry per (batch, channel)
+segment).
 )doc");
 
 }  // namespace tf_sparseconv
