@@ -103,9 +103,11 @@ def test_pool_select_global_pool_features_and_merge_layers_equal_the_raw_ops(rng
     for layer, mode in ((kl.SiteMaxPooling3D, "max"), (kl.SiteAveragePooling3D, "avg")):
         assert_same_sites(kl.from_site_keras_inputs(layer(2, indice_key="p")(d)), site_pool(x, 2, mode=mode))
     for mode in ("max", "mean", "sum"):
-        # On a GPU the segment sums add with atomics, in another order at every call.
-        np.testing.assert_allclose(kl.SiteGlobalPool(mode)(d).numpy(), global_pool(x, mode).numpy(), rtol=1e-5,
-                                   atol=1e-7)
+        # On a GPU the segment sums add with atomics, in another order at every call: float32
+        # agreement relative to the largest pooled value.
+        expected = global_pool(x, mode).numpy()
+        np.testing.assert_allclose(kl.SiteGlobalPool(mode)(d).numpy(), expected, rtol=1e-5,
+                                   atol=1e-5 * np.abs(expected).max())
     assert_same_sites(kl.from_site_keras_inputs(kl.SiteSelect(5)(d)), select_sites(x, 5))
     dense = keras.layers.Dense(6)
     wrapped = kl.SiteFeatures(dense)(d)
