@@ -336,3 +336,22 @@ def test_kernel_map_refuses_kernel_volumes_beyond_the_limit(kernel, mode):
     x = make_site_sparse(np.zeros((1, len(kernel) + 1), np.int32), np.ones((1, 1), np.float32), (4,) * len(kernel), 1)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"kernel_size \[.*\] has more than 1048576 \(2\^20\)"):
         kernel_map(x, kernel, mode=mode)
+
+
+def test_a_refused_call_leaves_the_next_call_its_own_inputs(device, rng):
+    # On the GPU, TensorFlow's eager runtime once ran the call after a failed kernel
+    # construction with the failed call's host-memory inputs: here its spatial_shape (4, 4, 4),
+    # which put the site at z = 4 outside the grid. Attributes are now refused by Compute.
+    coords = np.array([[0, 0, 0, 4], [0, 1, 2, 7], [1, 7, 5, 1]], np.int32)
+    with tf.device(device):
+        refused = make_site_sparse(np.zeros((1, 4), np.int32), np.ones((1, 1), np.float32), (4, 4, 4), 1)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="has more than 1048576"):
+            kernel_map(refused, (1001,) * 3, mode="transposed")
+        x = make_site_sparse(coords, rng.normal(size=(3, 2)).astype(np.float32), (8, 8, 8), 2)
+        got = kernel_map(x, 3, mode="strided", strides=2)
+    with tf.device(CPU):
+        expected = kernel_map(make_site_sparse(coords, np.zeros((3, 2), np.float32), (8, 8, 8), 2), 3,
+                              mode="strided", strides=2)
+    np.testing.assert_array_equal(got.out_spatial_shape.numpy(), [3, 3, 3])
+    for field in ("out_coords", "in_rows", "out_rows", "offset_splits"):
+        np.testing.assert_array_equal(getattr(got, field).numpy(), getattr(expected, field).numpy())

@@ -17,6 +17,7 @@
 
 #include "channel/channel_sparse.h"
 #include "common/device.h"
+#include "common/guarded_op_kernel.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {
@@ -66,10 +67,12 @@ template <typename Device, typename T>
 class DenseToChannelSparseFunctor;
 
 template <typename Device, typename T>
-class ChannelSparseValidateOp : public tensorflow::OpKernel {
+class ChannelSparseValidateOp : public GuardedOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tensorflow::OpKernelContext* ctx) override {
+  explicit ChannelSparseValidateOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "channel_sparse_validate") {}
+
+ private:
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, CheckSparseTensor(ctx->input(0), ctx->input(1), ctx->input(2), "channel-sparse", &L));
     OP_REQUIRES_OK(ctx, ValidateFunctor<Device, T>(ctx)(L, ctx->input(0).flat<int64_t>().data(),
@@ -81,10 +84,12 @@ class ChannelSparseValidateOp : public tensorflow::OpKernel {
 };
 
 template <typename Device>
-class ChannelSparseEncodeKeysOp : public tensorflow::OpKernel {
+class ChannelSparseEncodeKeysOp : public GuardedOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tensorflow::OpKernelContext* ctx) override {
+  explicit ChannelSparseEncodeKeysOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "channel_sparse_encode_keys") {}
+
+ private:
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(1), &L));
     const tensorflow::Tensor& indices = ctx->input(0);
@@ -98,10 +103,12 @@ class ChannelSparseEncodeKeysOp : public tensorflow::OpKernel {
 };
 
 template <typename Device>
-class ChannelSparseDecodeKeysOp : public tensorflow::OpKernel {
+class ChannelSparseDecodeKeysOp : public GuardedOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tensorflow::OpKernelContext* ctx) override {
+  explicit ChannelSparseDecodeKeysOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "channel_sparse_decode_keys") {}
+
+ private:
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(1), &L));
     const tensorflow::Tensor& keys = ctx->input(0);
@@ -115,10 +122,12 @@ class ChannelSparseDecodeKeysOp : public tensorflow::OpKernel {
 };
 
 template <typename Device, typename T>
-class ChannelSparseReorderOp : public tensorflow::OpKernel {
+class ChannelSparseReorderOp : public GuardedOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tensorflow::OpKernelContext* ctx) override {
+  explicit ChannelSparseReorderOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "channel_sparse_reorder") {}
+
+ private:
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     using ::tensorflow::TensorShape;
     KeyLayout L;
     OP_REQUIRES_OK(ctx, MakeKeyLayout(ctx->input(2), &L));
@@ -139,10 +148,12 @@ class ChannelSparseReorderOp : public tensorflow::OpKernel {
 };
 
 template <typename Device, typename T>
-class ChannelSparseToDenseOp : public tensorflow::OpKernel {
+class ChannelSparseToDenseOp : public GuardedOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tensorflow::OpKernelContext* ctx) override {
+  explicit ChannelSparseToDenseOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "channel_sparse_to_dense") {}
+
+ private:
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, CheckSparseTensor(ctx->input(0), ctx->input(1), ctx->input(2), "to_dense", &L));
     tensorflow::TensorShape shape;
@@ -156,10 +167,12 @@ class ChannelSparseToDenseOp : public tensorflow::OpKernel {
 };
 
 template <typename Device, typename T>
-class ChannelSparseGatherDenseOp : public tensorflow::OpKernel {
+class ChannelSparseGatherDenseOp : public GuardedOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tensorflow::OpKernelContext* ctx) override {
+  explicit ChannelSparseGatherDenseOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "channel_sparse_gather_dense") {}
+
+ private:
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, LayoutOfDense(ctx->input(1), &L));
     OP_REQUIRES_OK(ctx, CheckKeysVector(ctx->input(0), "gather_dense"));
@@ -173,10 +186,12 @@ class ChannelSparseGatherDenseOp : public tensorflow::OpKernel {
 };
 
 template <typename Device, typename T>
-class DenseToChannelSparseOp : public tensorflow::OpKernel {
+class DenseToChannelSparseOp : public GuardedOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(tensorflow::OpKernelContext* ctx) override {
+  explicit DenseToChannelSparseOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "dense_to_channel_sparse") {}
+
+ private:
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     using ::tensorflow::TensorShape;
     const tensorflow::Tensor& dense = ctx->input(0);
     KeyLayout L;

@@ -33,34 +33,37 @@ struct ConvAttrs {
   float rho_up = 0.0f;
   int64_t temp_limit_bytes = 0;  // the GPU sort's contribution buffers; 0: no limit
 
-  // Reads and checks the attributes; a failure is recorded in ctx.
-  void Read(tensorflow::OpKernelConstruction* ctx) {
+  // Reads and checks the attributes.
+  absl::Status Read(tensorflow::OpKernelConstruction* ctx) {
     std::string selection_name;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("selection", &selection_name));
-    OP_REQUIRES_OK(ctx, ReadDataflow(ctx, &dataflow));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("k", &k));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rho_up", &rho_up));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("temp_limit_bytes", &temp_limit_bytes));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("selection", &selection_name));
+    TF_RETURN_IF_ERROR(ReadDataflow(ctx, &dataflow));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("k", &k));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("rho_up", &rho_up));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("temp_limit_bytes", &temp_limit_bytes));
     selection = selection_name == "signed" ? SelectionMode::kSigned
                 : selection_name == "abs"  ? SelectionMode::kAbs
                                            : SelectionMode::kNone;
-    OP_REQUIRES(ctx, temp_limit_bytes >= 0,
-                tensorflow::errors::InvalidArgument("temp_limit_bytes must be >= 0 (0: no limit), got ",
-                                                    temp_limit_bytes));
-    OP_REQUIRES(ctx, k >= 0, tensorflow::errors::InvalidArgument("k must be >= 0, got ", k));
-    OP_REQUIRES(ctx, !std::isnan(rho_up) && rho_up >= 0.0f && rho_up <= 1.0f,
-                tensorflow::errors::InvalidArgument("rho_up must be in (0, 1], got ", rho_up));
-    if (selection == SelectionMode::kNone) {
-      OP_REQUIRES(ctx, k == 0 && rho_up == 0.0f,
-                  tensorflow::errors::InvalidArgument(
-                      "k / rho_up given with selection='none'; set selection to 'signed' or "
-                      "'abs' to bound density"));
-    } else {
-      OP_REQUIRES(ctx, (k > 0) != (rho_up > 0.0f),
-                  tensorflow::errors::InvalidArgument(
-                      "selection='", selection_name, "' needs exactly one of k > 0 or rho_up in "
-                      "(0, 1], got k = ", k, ", rho_up = ", rho_up));
+    if (temp_limit_bytes < 0) {
+      return tensorflow::errors::InvalidArgument("temp_limit_bytes must be >= 0 (0: no limit), got ",
+                                                 temp_limit_bytes);
     }
+    if (k < 0) return tensorflow::errors::InvalidArgument("k must be >= 0, got ", k);
+    if (std::isnan(rho_up) || rho_up < 0.0f || rho_up > 1.0f) {
+      return tensorflow::errors::InvalidArgument("rho_up must be in (0, 1], got ", rho_up);
+    }
+    if (selection == SelectionMode::kNone) {
+      if (k != 0 || rho_up != 0.0f) {
+        return tensorflow::errors::InvalidArgument(
+            "k / rho_up given with selection='none'; set selection to 'signed' or "
+            "'abs' to bound density");
+      }
+    } else if ((k > 0) == (rho_up > 0.0f)) {
+      return tensorflow::errors::InvalidArgument(
+          "selection='", selection_name, "' needs exactly one of k > 0 or rho_up in "
+          "(0, 1], got k = ", k, ", rho_up = ", rho_up);
+    }
+    return absl::OkStatus();
   }
 
   // The per-(b, oc) bound: k, or ceil(rho_up * S).

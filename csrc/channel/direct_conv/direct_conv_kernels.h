@@ -20,7 +20,7 @@
 #include "channel/direct_conv/direct_conv.h"
 #include "channel/direct_conv/direct_conv_checks.h"
 #include "common/device.h"
-#include "common/guarded_compute.h"
+#include "common/guarded_op_kernel.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {
@@ -94,16 +94,14 @@ absl::Status CheckConvTensors(tensorflow::OpKernelContext* ctx, ConvTensors<T>* 
 }
 
 template <typename Device, typename T>
-class DirectSparseConvOp : public tensorflow::OpKernel {
+class DirectSparseConvOp : public GuardedOpKernel {
  public:
-  explicit DirectSparseConvOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) { attrs_.Read(ctx); }
-
-  void Compute(tensorflow::OpKernelContext* ctx) override {
-    GuardedCompute(ctx, "direct_conv", [&] { ComputeUnguarded(ctx); });
+  explicit DirectSparseConvOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "direct_conv") {
+    AttrsOk(attrs_.Read(ctx));
   }
 
  private:
-  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     using ::tensorflow::Tensor;
     using ::tensorflow::TensorShape;
     ConvTensors<T> in;
@@ -140,18 +138,15 @@ class DirectSparseConvOp : public tensorflow::OpKernel {
 };
 
 template <typename Device, typename T>
-class DirectSparseConvBackpropOp : public tensorflow::OpKernel {
+class DirectSparseConvBackpropOp : public GuardedOpKernel {
  public:
-  explicit DirectSparseConvBackpropOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ReadDataflow(ctx, &dataflow_));
-  }
-
-  void Compute(tensorflow::OpKernelContext* ctx) override {
-    GuardedCompute(ctx, "direct_conv_backprop", [&] { ComputeUnguarded(ctx); });
+  explicit DirectSparseConvBackpropOp(tensorflow::OpKernelConstruction* ctx)
+      : GuardedOpKernel(ctx, "direct_conv_backprop") {
+    AttrsOk(ReadDataflow(ctx, &dataflow_));
   }
 
  private:
-  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     using ::tensorflow::Tensor;
     using ::tensorflow::TensorShape;
     ConvTensors<T> in;

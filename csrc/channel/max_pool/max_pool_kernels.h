@@ -11,7 +11,7 @@
 #include "channel/channel_sparse.h"
 #include "channel/max_pool/max_pool.h"
 #include "common/device.h"
-#include "common/guarded_compute.h"
+#include "common/guarded_op_kernel.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {
@@ -34,19 +34,14 @@ template <typename Device, typename T>
 class SparseMaxPoolFunctor;
 
 template <typename Device, typename T>
-class SparseMaxPoolOp : public tensorflow::OpKernel {
+class SparseMaxPoolOp : public GuardedOpKernel {
  public:
-  explicit SparseMaxPoolOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("strides", &strides_));
-    OP_REQUIRES_OK(ctx, CheckStridesAttr(strides_));
-  }
-
-  void Compute(tensorflow::OpKernelContext* ctx) override {
-    GuardedCompute(ctx, "sparse_max_pool", [&] { ComputeUnguarded(ctx); });
+  explicit SparseMaxPoolOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "sparse_max_pool") {
+    if (AttrsOk(ctx->GetAttr("strides", &strides_))) AttrsOk(CheckStridesAttr(strides_));
   }
 
  private:
-  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     using ::tensorflow::Tensor;
     using ::tensorflow::TensorShape;
     const Tensor& keys = ctx->input(0);

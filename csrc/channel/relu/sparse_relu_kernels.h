@@ -8,6 +8,7 @@
 
 #include "channel/channel_sparse.h"
 #include "common/device.h"
+#include "common/guarded_op_kernel.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {
@@ -27,11 +28,12 @@ template <typename Device, typename T>
 class SparseReluFunctor;
 
 template <typename Device, typename T>
-class SparseReluOp : public tensorflow::OpKernel {
+class SparseReluOp : public GuardedOpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit SparseReluOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "sparse_relu") {}
 
-  void Compute(tensorflow::OpKernelContext* ctx) override {
+ private:
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     using ::tensorflow::Tensor;
     using ::tensorflow::TensorShape;
     const Tensor& keys = ctx->input(0);

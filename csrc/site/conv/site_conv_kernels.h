@@ -17,7 +17,7 @@
 #include <string>
 
 #include "common/device.h"
-#include "common/guarded_compute.h"
+#include "common/guarded_op_kernel.h"
 #include "site/conv/site_conv.h"
 #include "site/conv/site_conv_checks.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -76,10 +76,10 @@ template <typename Device>
 class SiteNeighbourTableFunctor;
 
 // What the three OpKernels share: their attributes, read once.
-class SiteConvOpKernel : public tensorflow::OpKernel {
+class SiteConvOpKernel : public GuardedOpKernel {
  public:
-  explicit SiteConvOpKernel(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
+  SiteConvOpKernel(tensorflow::OpKernelConstruction* ctx, const char* op) : GuardedOpKernel(ctx, op) {
+    AttrsOk(attrs_.Read(ctx));
   }
 
  protected:
@@ -89,14 +89,10 @@ class SiteConvOpKernel : public tensorflow::OpKernel {
 template <typename Device, typename T>
 class SiteSparseConvOp : public SiteConvOpKernel {
  public:
-  using SiteConvOpKernel::SiteConvOpKernel;
-
-  void Compute(tensorflow::OpKernelContext* ctx) override {
-    GuardedCompute(ctx, "site_conv", [&] { ComputeUnguarded(ctx); });
-  }
+  explicit SiteSparseConvOp(tensorflow::OpKernelConstruction* ctx) : SiteConvOpKernel(ctx, "site_conv") {}
 
  private:
-  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     using ::tensorflow::Tensor;
     const Tensor& features = ctx->input(0);
     const Tensor& filters = ctx->input(1);
@@ -125,14 +121,10 @@ class SiteSparseConvOp : public SiteConvOpKernel {
 template <typename Device, typename T>
 class SiteSparseConvFilterGradOp : public SiteConvOpKernel {
  public:
-  using SiteConvOpKernel::SiteConvOpKernel;
-
-  void Compute(tensorflow::OpKernelContext* ctx) override {
-    GuardedCompute(ctx, "site_conv_filter_grad", [&] { ComputeUnguarded(ctx); });
-  }
+  explicit SiteSparseConvFilterGradOp(tensorflow::OpKernelConstruction* ctx) : SiteConvOpKernel(ctx, "site_conv_filter_grad") {}
 
  private:
-  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     using ::tensorflow::Tensor;
     const Tensor& features = ctx->input(0);
     const Tensor& out_grad = ctx->input(1);
@@ -154,14 +146,10 @@ class SiteSparseConvFilterGradOp : public SiteConvOpKernel {
 template <typename Device>
 class SiteNeighbourTableOp : public SiteConvOpKernel {
  public:
-  using SiteConvOpKernel::SiteConvOpKernel;
-
-  void Compute(tensorflow::OpKernelContext* ctx) override {
-    GuardedCompute(ctx, "site_neighbour_table", [&] { ComputeUnguarded(ctx); });
-  }
+  explicit SiteNeighbourTableOp(tensorflow::OpKernelConstruction* ctx) : SiteConvOpKernel(ctx, "site_neighbour_table") {}
 
  private:
-  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     SiteMapView map;
     int64_t num_in = 0, num_out = 0;
     OP_REQUIRES_OK(ctx, CheckNeighbourTableInputs(ctx->input(0), ctx->input(1), ctx->input(2), ctx->input(3),

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/device.h"
-#include "common/guarded_compute.h"
+#include "common/guarded_op_kernel.h"
 #include "site/kernel_map/site_geometry.h"
 #include "site/kernel_map/site_kernel_map_checks.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -39,18 +39,14 @@ template <typename Device>
 class SiteKernelMapFunctor;
 
 template <typename Device>
-class SiteKernelMapOp : public tensorflow::OpKernel {
+class SiteKernelMapOp : public GuardedOpKernel {
  public:
-  explicit SiteKernelMapOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, attrs_.Parse(ctx));
-  }
-
-  void Compute(tensorflow::OpKernelContext* ctx) override {
-    GuardedCompute(ctx, "site_kernel_map", [&] { ComputeUnguarded(ctx); });
+  explicit SiteKernelMapOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "site_kernel_map") {
+    AttrsOk(attrs_.Parse(ctx));
   }
 
  private:
-  void ComputeUnguarded(tensorflow::OpKernelContext* ctx) {
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     using ::tensorflow::Tensor;
     using ::tensorflow::TensorShape;
     SiteGeometry g;
