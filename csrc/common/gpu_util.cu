@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/gpu_util.cuh"
+#include "common/host_syncs.h"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -100,6 +101,12 @@ GpuStatus NewReport(Stream stream, Scratch* scratch, Report** report) {
   return GpuStatus::Ok();
 }
 
+GpuStatus WaitForStream(Stream stream) {
+  CountHostSync();
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaStreamSynchronize(stream), "stream synchronize");
+  return GpuStatus::Ok();
+}
+
 GpuStatus ReadReport(Stream stream, Scratch* scratch, const Report* device_report,
                      Report* host_report) {
   Report* pinned = static_cast<Report*>(scratch->PinnedHost(sizeof(Report)));
@@ -107,8 +114,7 @@ GpuStatus ReadReport(Stream stream, Scratch* scratch, const Report* device_repor
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemcpyAsync(pinned, device_report, sizeof(Report), cudaMemcpyDeviceToHost, stream),
       "report copy");
-  // Also surfaces any error of the kernels queued before (a fault, a bad launch).
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaStreamSynchronize(stream), "stream synchronize");
+  TF_SPARSECONV_RETURN_IF_ERROR(WaitForStream(stream));
   std::memcpy(host_report, pinned, sizeof(Report));
   return GpuStatus::Ok();
 }

@@ -130,6 +130,10 @@ GpuStatus CheckNaN(Stream stream, const T* x, int64_t n, CheckSlot* slot);
 // A Report in device memory with every check passed and count 0.
 GpuStatus NewReport(Stream stream, Scratch* scratch, Report** report);
 
+// The host waits for the stream (counted: common/host_syncs.h); also surfaces any error of
+// the kernels queued before (a fault, a bad launch).
+GpuStatus WaitForStream(Stream stream);
+
 // The op's one host round trip: copies the Report to pinned host memory and waits for
 // the stream.
 GpuStatus ReadReport(Stream stream, Scratch* scratch, const Report* device_report,

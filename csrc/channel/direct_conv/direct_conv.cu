@@ -898,7 +898,7 @@ GpuStatus ExampleBegins(Stream stream, Scratch* scratch, const int64_t* keys, in
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemcpyAsync(pinned, begin, sizeof(int64_t) * (batch + 1), cudaMemcpyDeviceToHost, stream),
       "example offsets");
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaStreamSynchronize(stream), "stream synchronize");
+  TF_SPARSECONV_RETURN_IF_ERROR(WaitForStream(stream));
   std::memcpy(host_begin, pinned, sizeof(int64_t) * (batch + 1));
   return GpuStatus::Ok();
 }

@@ -191,7 +191,7 @@ GpuStatus SiteKernelMapGpu::Count(Stream stream, Scratch* scratch, const SiteGeo
   if (pinned == nullptr) return GpuStatus::OutOfMemory("report (host)");
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemcpyAsync(pinned, device_report, report_bytes, cudaMemcpyDeviceToHost, stream), "report copy");
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaStreamSynchronize(stream), "stream synchronize");
+  TF_SPARSECONV_RETURN_IF_ERROR(WaitForStream(stream));
   SiteMapDeviceReport host;
   std::memcpy(&host, pinned, sizeof(SiteMapDeviceReport));
   report->range = host.range;

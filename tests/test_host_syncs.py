@@ -1,0 +1,45 @@
+"""host_sync_count: the library's count of its host waits for the GPU."""
+import numpy as np
+import tensorflow as tf
+
+import tf_sparseconv as ts
+from tests.device import CPU
+from tests.site.helpers import random_sites
+
+
+def sites(rng):
+    coords, features = random_sites(rng, 2, (8, 8, 8), 0.2, 4)
+    return ts.make_site_sparse(coords, features, (8, 8, 8), 2)
+
+
+def counted(fn):
+    before = ts.host_sync_count()
+    result = fn()
+    return result, ts.host_sync_count() - before
+
+
+def test_cpu_ops_never_wait(rng):
+    with tf.device(CPU):
+        x = sites(rng)
+        kernel = tf.constant(rng.standard_normal((3, 3, 3, 4, 5)).astype(np.float32))
+        _, waits = counted(lambda: ts.site_conv(x, kernel, subm=True).features.numpy())
+        dense = np.where(rng.random((1, 6, 6, 6, 2)) < 0.2, 1.0, 0.0).astype(np.float32)
+        _, more = counted(lambda: ts.sparse_relu(ts.from_dense(dense)).values.numpy())
+    assert waits == 0 and more == 0
+
+
+def test_gpu_kernel_map_waits_once_and_a_trusted_map_is_not_read_back(gpu, rng):
+    with tf.device(gpu):
+        x = sites(rng)
+        kernel = tf.constant(rng.standard_normal((3, 3, 3, 4, 5)).astype(np.float32))
+        kmap, waits = counted(lambda: ts.kernel_map(x, 3, mode="submanifold"))
+        assert waits == 1  # the map's sizes
+        _, waits = counted(lambda: ts.site_conv(x.with_map("s", kmap), kernel, subm=True, indice_key="s"))
+        assert waits == 0  # a trusted (library-built) map is not checked again
+        _, waits = counted(lambda: ts.site_conv(x, kernel, subm=True))
+        assert waits == 1  # the map built inside
+
+
+def test_the_count_is_readable_inside_tf_function():
+    read = tf.function(ts.host_sync_count)
+    assert read().dtype == tf.int64 and int(read()) == ts.host_sync_count()
