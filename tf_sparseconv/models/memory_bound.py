@@ -37,6 +37,9 @@ from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.geometry import pooled_shape
 from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse
 from tf_sparseconv.models.serving import ClassNames
+from tf_sparseconv.site.conv_layers import _SiteConv, _SparseInverseConv
+from tf_sparseconv.site.layers import SiteFeatures, SparseToSite, _SiteMerge
+from tf_sparseconv.site.pool_layers import SiteGlobalPool
 
 # LayerBound.kind of the layers whose outputs are channel-sparse.
 SPARSE_KINDS = ("voxelize", "image", "sparse_conv", "sparse_relu", "sparse_max_pool")
@@ -179,49 +182,120 @@ def _bound_layer(layer, shape, in_entries, batch, value_bytes, threads):
     raise TypeError(f"no bound for layer {layer.name} ({type(layer).__name__})")
 
 
-def _voxelize_temporary_bytes(layer, batch, points_per_sample):
-    """Bytes PointCloudToSparse allocates besides its output for batch clouds of
-    points_per_sample points: the sum of every allocation of its TensorFlow code (as if all
-    were alive at once, more than eager mode keeps). Per point: float32 / float64 copies of
-    the coordinates and the checks, the normalisation's copies and pairwise sums, cells and
-    site indices, tf.unique's hash table, the sort; per site and per stored entry: feature
-    sums, keys, masks, the argsort and the gathers."""
-    points = batch * points_per_sample
-    sites = batch * min(points_per_sample, layer.resolution ** 3)
-    entries = sites * layer.channels
-    per_point = 4 * layer.columns + 2 * 5 * layer.columns + 360 + 96
-    per_site = per_entry = 0
+# The CPU allocator that TensorFlow uses by default on x86 (oneDNN's pool, a best-fit
+# allocator with coalescing) keeps freed chunks and hands a free chunk out unsplit when it
+# is less than twice the request, as TensorFlow's GPU allocator does: a live tensor may
+# hold up to twice its bytes, and memory freed by one step is not always where the next
+# step's tensors fit. The preprocessing's many point-sized tensors are bounded at twice
+# their live bytes; memory_bound's docstring says what was measured.
+POOL_FACTOR = 2
+
+
+def _unique_table_bytes(n):
+    """Bytes of tf.unique's hash table for n values: TensorFlow's CPU kernel reserves an
+    absl::flat_hash_map for 2n entries (capacity 2^k - 1 slots for 7/8 load, each a 16-byte
+    (int64 value, index) slot and one control byte), allocated with malloc, outside the
+    tensor allocator."""
+    growth = 2 * n
+    capacity = 1 << max(4, (growth + (growth - 1) // 7).bit_length())
+    return 17 * capacity + 64
+
+
+def _voxelize_bytes(layer, batch, points_per_sample, columns):
+    """(temporary bytes, {phase: bytes}) of PointCloudToSparse on batch clouds of
+    points_per_sample points with `columns` float32 columns, beyond its input and its output.
+
+    Each phase is a statement of preprocessing.py at its largest, with the tensors alive
+    then as eager mode keeps them (every local until its function returns; graph mode
+    frees them earlier): per point p, per site s (at most min(points, r^3) per cloud) and
+    per stored entry e = s * channels. Widths: float64 and int64 8 bytes, a float32 point
+    4 * columns. No op is assumed to reuse its input's buffer.
+
+    normalize="unit_sphere" (normalize_unit_sphere), before voxelizing:
+      pairwise   xyz (24p) + its transpose (24p) + the first halving: a padded copy where N
+                 is odd (24p), both halves (24p) and their sum (12p)
+      radius     xyz + centred (48p) + squared's column products and slices (32p)
+      scale      xyz + centred + squared (56p) + centred / radius (24p) + its float32 cast (12p)
+      concat     xyz + centred + squared + the cast (68p) + the normals slice and the
+                 normalised clouds (4p per column beyond 3, 4p per column)
+    voxelize_point_tensor, the normalised clouds (4p per column) alive throughout:
+      scaled     xyz (24p) + xyz - lo (24p) + its product with r / (hi - lo) (24p)
+      cells      xyz + scaled (48p) + floor's int64 cast (24p), clip_by_value's minimum and
+                 maximum (48p)
+      site       xyz + scaled + cells (72p) + batch_of_point (8p) + the linearisation's
+                 products and sums (32p)
+      occupancy: unique: the above (88p) + its index (4p) and values (8s); its hash table
+                 (_unique_table_bytes) comes from malloc, beside the tensor pool.
+                 sort: the above (88p) + the sites, negated twice, top_k's values and
+                 indices and its index vector (at most 64s)
+      features:  unique with int64 index (88p + 8p + 8s, + the hash table); then, beside
+                 xyz, scaled, cells, batch_of_point, site and the index (96p), the offset's
+                 cast, shifted and local copies (72p, then local 24p kept), the normals'
+                 slice and float64 copy (12p + 24p); per site the counts, feature sums and
+                 their quotients and clips (at most 8 + 24 * channels s), per entry the
+                 float64 and float32 values, the key products and sums, the mask, the
+                 masked keys and values with their indices, argsort and the gathers (112e).
+    The bound is POOL_FACTOR times the largest phase's tensors, plus the hash table.
+    """
+    n, r = int(points_per_sample), layer.resolution
+    p = batch * n
+    s = batch * min(n, r ** 3)
+    e = s * layer.channels
+    phases = {}
+    carried = 0
     if layer.normalize == "unit_sphere":
-        per_point += 340 + 8 * layer.columns
-    if layer.features != ("occupancy",):
-        per_point += 128
-        per_site, per_entry = 168, 112
-    return points * per_point + sites * per_site + entries * per_entry + 64 * ALLOCATION_OVERHEAD
+        phases["normalize_pairwise"] = (84 + 24 * (n % 2)) * p
+        phases["normalize_radius"] = 80 * p
+        phases["normalize_scale"] = 92 * p
+        phases["normalize_concat"] = (68 + 4 * (columns - 3) + 4 * columns) * p
+        carried = 4 * columns * p
+    phases["voxelize_checks"] = carried + layer.columns * p
+    phases["voxelize_scaled"] = carried + 72 * p
+    phases["voxelize_cells"] = carried + 120 * p
+    phases["voxelize_site"] = carried + 112 * p
+    table = _unique_table_bytes(p)
+    if layer.features == ("occupancy",):
+        phases["unique"] = carried + 92 * p + 8 * s
+        phases["sort"] = carried + 88 * p + 64 * s
+    else:
+        offset = "offset" in layer.features
+        normals = "normals" in layer.features
+        phases["unique"] = carried + 96 * p + 8 * s
+        per_point = 96 + (72 if offset else 0)
+        if normals:
+            per_point = max(per_point, 96 + 24 * offset + 36)
+        phases["features"] = carried + per_point * p + (8 + 24 * layer.channels) * s + 112 * e
+    largest = max(phases.values())
+    return POOL_FACTOR * largest + table + 64 * ALLOCATION_OVERHEAD, phases
 
 
-def _input_bound(layer, batch, points_per_sample, value_bytes):
-    """(shape, entries, output bytes, temporary bytes, dense bytes, note) of a model-entry
-    layer: PointCloudToSparse (VoxelizePoints) or ImageToSparse."""
+def _input_bound(layer, batch, points_per_sample, value_bytes, columns=None):
+    """(shape, entries, output bytes, temporary bytes, dense bytes, note, input bytes) of a
+    model-entry layer: PointCloudToSparse (VoxelizePoints) or ImageToSparse. input bytes:
+    the float32 copy of the clouds or images that the model's call makes of what it is
+    given, alive through the pass."""
     if isinstance(layer, PointCloudToSparse):
         r, channels = layer.resolution, layer.channels
+        columns = layer.columns if columns is None else max(int(columns), layer.columns)
         cells = r ** 3
         per_sample = cells if points_per_sample is None else min(cells, points_per_sample)
         entries = batch * channels * per_sample
         shape = (batch, r, r, r, channels)
-        note = None
+        note, temp, points_bytes = None, 0, 0
         if points_per_sample is None:
-            temp = 0
-            note = (f"{layer.name}'s voxelization temporaries grow with the points per cloud and are not in the bound; "
-                    "give points_per_sample to include them")
+            note = (f"{layer.name}'s voxelization grows with the points per cloud and is not in the bound; "
+                    "give points_per_sample (BoundedInference takes it from each input)")
         else:
-            temp = _voxelize_temporary_bytes(layer, batch, points_per_sample)
-        return shape, entries, _sparse_bytes(entries, value_bytes), temp, math.prod(shape) * value_bytes, note
+            temp, _ = _voxelize_bytes(layer, batch, points_per_sample, columns)
+            points_bytes = 4 * columns * batch * int(points_per_sample)
+        return (shape, entries, _sparse_bytes(entries, value_bytes), temp, math.prod(shape) * value_bytes, note,
+                points_bytes)
     if isinstance(layer, ImageToSparse):
         shape = (batch, *layer.image_shape, 1)
         entries = math.prod(shape)
         # the float32 copy, the threshold mask, the kept pixel indices and values, per pixel
         temp = entries * (4 + 1 + 8 + 4) + 16 * ALLOCATION_OVERHEAD
-        return shape, entries, _sparse_bytes(entries, value_bytes), temp, entries * value_bytes, None
+        return shape, entries, _sparse_bytes(entries, value_bytes), temp, entries * value_bytes, None, 4 * entries
     raise TypeError(f"no bound for entry layer {layer.name}")
 
 
@@ -231,8 +305,139 @@ def _dense_layer_bound(layer, shape, batch, value_bytes):
     return tuple(int(s) for s in out_shape), elements, elements * value_bytes
 
 
-SITE_MODEL_NOTE = ("no memory bound for site-sparse models: the bound covers the channel-sparse layers "
-                   "(DirectSparseConv, SparseMaxPool), and a site model's memory follows its active sites")
+# The site layers that memory_bound covers; others are refused (TypeError naming them).
+SITE_KINDS = ("to_site", "site_conv", "site_features", "site_merge", "global_pool")
+
+
+def _site_fields(structure):
+    """(static spatial shape, channels) of a site dict of KerasTensors, of the first of a
+    list of them, or of the flat list Keras keeps as a layer's output (the dict's values
+    by sorted key: batch_size, coords, features, maps..., shape_token, spatial_shape)."""
+    if isinstance(structure, (list, tuple)) and isinstance(structure[0], dict):
+        structure = structure[0]
+    if isinstance(structure, dict):
+        token, features = structure["shape_token"], structure["features"]
+    else:
+        token, features = structure[-2], structure[2]
+    return tuple(int(r) for r in token.shape[1:]), int(features.shape[-1])
+
+
+def _site_input(layer):
+    return layer._inbound_nodes[0].arguments.args[0]
+
+
+def _hash_table_bytes(n):
+    """SiteKernelMap's CPU hash table over n sites: 2^k >= 2n slots of an int64 key and an
+    int32 row (site_kernel_map_kernels.cc)."""
+    return 12 * (1 << max(4, (2 * n - 1).bit_length()))
+
+
+class _SiteWalk:
+    """The site bounds of a site-sparse model's layers, in model order: sites per static
+    spatial shape (every tensor on one grid is bounded alike), kernel maps by indice_key."""
+
+    def __init__(self, batch, sites_per_sample, value_bytes, threads):
+        self.batch, self.per_sample = batch, sites_per_sample
+        self.value_bytes, self.threads = value_bytes, threads
+        self.sites, self.maps = {}, {}
+
+    def grid_sites(self, spatial):
+        cells = math.prod(spatial)
+        return self.batch * (cells if self.per_sample is None else min(cells, self.per_sample))
+
+    def to_site(self, layer, entries):
+        """SparseToSite: from_channel_sparse on `entries` stored entries (site_conversions.py):
+        per entry the decoded indices (8 (d + 2)), their site columns and key arithmetic
+        (8 (d + 1) + 24), the unique index (4), the gathered rows (4), the scatter indices (8);
+        per site the unique values and argsort (8 + 36), the inverted permutation (4), the
+        decoded coordinates and their casts (8 (2 d + 3) + 4 (d + 1)); tf.unique's table."""
+        spatial, channels = _site_fields(layer.output)
+        d = len(spatial)
+        sites = self.sites[spatial] = self.grid_sites(spatial)
+        out = sites * (4 * (d + 1) + channels * self.value_bytes)
+        temp = (entries * (8 * (d + 2) + 8 * (d + 1) + 24 + 16) + sites * (48 + 8 * (2 * d + 3) + 4 * (d + 1))
+                + _unique_table_bytes(entries) + out + 24 * ALLOCATION_OVERHEAD)
+        return "to_site", (self.batch, *spatial, channels), sites * channels, out, temp
+
+    def conv(self, layer):
+        """A site convolution: the kernel map where this layer builds it (the map's outputs
+        stay alive with the sites), the SiteSparseConv output and its CPU temporaries."""
+        in_spatial, cin = _site_fields(_site_input(layer))
+        out_spatial, cout = _site_fields(layer.output)
+        g = layer.geometry
+        d, volume = len(in_spatial), math.prod(g.kernel_size)
+        s_in = self.sites[in_spatial]
+        if isinstance(layer, _SparseInverseConv):
+            s_out = self.sites[out_spatial]
+            pairs = self.maps[layer.indice_key]
+        elif g.mode == "submanifold":
+            s_out, pairs = s_in, s_in * volume
+        else:
+            # An input site reaches ceil(k / s) outputs per dimension through a strided map
+            # (without dilation), every kernel offset through a transposed one.
+            reach = (math.prod(-(-k // st) for k, st in zip(g.kernel_size, g.strides))
+                     if g.mode == "strided" and all(l == 1 for l in g.dilation) else volume)
+            pairs = s_in * reach
+            s_out = min(self.grid_sites(out_spatial), pairs)
+        self.sites.setdefault(out_spatial, s_out)
+        out, temp = 0, 0
+        if not isinstance(layer, _SparseInverseConv) and (layer.indice_key is None or layer.indice_key not in self.maps):
+            if layer.indice_key is not None:
+                self.maps[layer.indice_key] = pairs
+            # in/out rows, offset splits, the output coordinates; the hash table over the
+            # input sites, each offset's pair vector (16-byte pairs, up to twice reserved),
+            # for new output sites their sorted keys and a second table.
+            out += 8 * pairs + 4 * (volume + 1) + (4 * (d + 1) * s_out if g.mode != "submanifold" else 0)
+            temp = _hash_table_bytes(s_in) + 32 * pairs + 24 * volume
+            if g.mode != "submanifold":
+                temp += 8 * pairs + _hash_table_bytes(s_out)
+        vb = self.value_bytes
+        features = s_out * cout * vb
+        # the output (and the bias sum and activation beside it); the filters' copy, the
+        # repeat check's table, per worker block a gathered slab and its products.
+        out += features * (1 + layer.use_bias + (layer.activation not in (None, keras.activations.linear)))
+        conv_temp = 4 * volume * cin * cout + 4 * (s_out + pairs) + (self.threads + 1) * 128 * (cin + cout) * 8
+        return "site_conv", (self.batch, *out_spatial, cout), s_out * cout, out, max(temp, conv_temp)
+
+    def features(self, layer):
+        """SiteFeatures: the wrapped layer's output rows; batch normalisation's two
+        intermediate [N, C] products beside them (the most any wrapped Keras layer holds)."""
+        spatial, cout = _site_fields(layer.output)
+        _, cin = _site_fields(_site_input(layer))
+        sites = self.sites[spatial]
+        out = sites * cout * self.value_bytes
+        return "site_features", (self.batch, *spatial, cout), sites * cout, out, 2 * sites * max(cin, cout) * self.value_bytes
+
+    def merge(self, layer):
+        """SiteAdd / SiteConcat: the merged rows; the coordinate comparison's mask."""
+        spatial, cout = _site_fields(layer.output)
+        sites = self.sites[spatial]
+        return ("site_merge", (self.batch, *spatial, cout), sites * cout, sites * cout * self.value_bytes,
+                sites * (len(spatial) + 1) * 4)
+
+    def global_pool(self, layer):
+        """SiteGlobalPool: [B, C]; the batch column, the segment counts' ones."""
+        spatial, channels = _site_fields(_site_input(layer))
+        sites = self.sites[spatial]
+        out = self.batch * channels * self.value_bytes
+        return "global_pool", (self.batch, channels), self.batch * channels, out, 12 * sites + 2 * out
+
+
+def _site_layer_bound(walk, layer, entries):
+    if isinstance(layer, SparseToSite):
+        if entries is None:
+            raise TypeError(f"layer {layer.name} has no bounded input before it")
+        return walk.to_site(layer, entries)
+    if isinstance(layer, _SiteConv):
+        return walk.conv(layer)
+    if isinstance(layer, SiteFeatures):
+        return walk.features(layer)
+    if isinstance(layer, _SiteMerge):
+        return walk.merge(layer)
+    if isinstance(layer, SiteGlobalPool):
+        return walk.global_pool(layer)
+    raise TypeError(f"no memory bound for the site layer {layer.name} ({type(layer).__name__}); the bound covers "
+                    "SparseToSite, the site convolutions, SiteFeatures, SiteAdd, SiteConcat and SiteGlobalPool")
 
 
 def _is_site_layer(layer):
@@ -250,6 +455,19 @@ def _flat_layers(model):
             yield layer
 
 
+def _input_shape(model):
+    """The model's per-example input shape, points per cloud as given there (None where any)."""
+    inputs = getattr(model, "inputs", None)
+    shape = getattr(inputs[0], "shape", None) if inputs else None
+    return tuple(shape[1:]) if shape is not None and len(shape) else ()
+
+
+def _input_columns(model):
+    """The columns of a point-cloud model's input [B, N, K] (None where not known)."""
+    shape = _input_shape(model)
+    return shape[-1] if len(shape) == 2 and shape[-1] is not None else None
+
+
 def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
     """Upper bounds for model at batch_size, per layer and for the forward pass.
 
@@ -263,20 +481,32 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
     value_bytes = tf.as_dtype(dtype).size
     threads = _worker_threads()
     layers = list(_flat_layers(model))
-    if any(_is_site_layer(layer) for layer in layers):
-        raise TypeError(f"{model.name}: {SITE_MODEL_NOTE}")
+    walk = _SiteWalk(batch_size, points_per_sample, value_bytes, threads)
     shape, entries, bounds, notes = None, None, [], []
-    sparse_inputs = [t for t in model.inputs if t.name.endswith("shape_token")] if hasattr(model, "inputs") else []
-    if sparse_inputs:
-        shape = (batch_size, *sparse_inputs[0].shape[1:])
+    structure = getattr(model, "input", None) if getattr(model, "inputs", None) else None
+    if isinstance(structure, dict) and set(FIELDS) == set(structure):
+        shape = (batch_size, *structure["shape_token"].shape[1:])
         entries = math.prod(shape)  # an arbitrary channel-sparse input can be dense
+    elif isinstance(structure, dict) and "coords" in structure:
+        spatial, _ = _site_fields(structure)
+        walk.sites[spatial] = walk.grid_sites(spatial)
     for layer in layers:
         if isinstance(layer, ClassNames):
             continue  # the identity on the logits
+        if _is_site_layer(layer):
+            kind, out_shape, out_entries, out_bytes, temp = _site_layer_bound(walk, layer, entries)
+            dense = batch_size * math.prod(out_shape[1:]) * value_bytes if kind != "global_pool" else out_bytes
+            bounds.append(LayerBound(layer.name, kind, out_shape, out_entries, out_bytes, temp + CALL_OVERHEAD,
+                                     dense))
+            shape, entries = (batch_size, out_shape[-1]) if kind == "global_pool" else None, None
+            continue
         if isinstance(layer, (PointCloudToSparse, ImageToSparse)):
-            shape, entries, out_bytes, temp, dense, note = _input_bound(layer, batch_size, points_per_sample,
-                                                                        value_bytes)
+            shape, entries, out_bytes, temp, dense, note, input_bytes = _input_bound(
+                layer, batch_size, points_per_sample, value_bytes, _input_columns(model))
             notes += [note] if note else []
+            if input_bytes:
+                bounds.append(LayerBound("inputs", "input", (batch_size, *_input_shape(model)), input_bytes // 4,
+                                         input_bytes, 0, input_bytes))
             bounds.append(LayerBound(layer.name, "voxelize" if isinstance(layer, PointCloudToSparse) else "image",
                                      shape, entries, out_bytes, temp + CALL_OVERHEAD, dense))
         elif isinstance(layer, DenseToSparse):
@@ -300,12 +530,31 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
                       sum(b.dense_bytes for b in bounds), tuple(notes))
 
 
+def _megabytes(n):
+    return f"{n / 2**20:,.1f} MB"
+
+
 class MemoryBudgetExceeded(ValueError):
-    pass
+    """A batch whose bound is over a budget. bound_bytes (of the batch, or of one example
+    where even one does not fit), budget_bytes, batch_size, points_per_sample (None for
+    other inputs) and largest_batch (examples per call within the budget) give the numbers."""
+
+    def __init__(self, message, bound_bytes, budget_bytes, batch_size, points_per_sample, largest_batch):
+        super().__init__(message)
+        self.bound_bytes, self.budget_bytes = bound_bytes, budget_bytes
+        self.batch_size, self.points_per_sample, self.largest_batch = batch_size, points_per_sample, largest_batch
+
+
+def _takes_point_clouds(model):
+    return any(isinstance(layer, PointCloudToSparse) for layer in _flat_layers(model))
 
 
 def largest_batch_within(model, budget_bytes, points_per_sample=None):
-    """The largest batch size whose bound fits the budget (0 if even 1 does not)."""
+    """The largest batch size whose bound fits the budget (0 if even 1 does not). A
+    point-cloud model needs points_per_sample: its voxelization grows with it."""
+    if points_per_sample is None and _takes_point_clouds(model):
+        raise ValueError(f"{model.name} voxelizes point clouds, whose memory grows with the points per cloud: "
+                         "give points_per_sample")
     lo, hi = 0, 1
     while memory_bound(model, hi, points_per_sample).total_bytes <= budget_bytes:
         lo, hi = hi, hi * 2
@@ -318,6 +567,18 @@ def largest_batch_within(model, budget_bytes, points_per_sample=None):
         else:
             hi = mid
     return lo
+
+
+@dataclasses.dataclass
+class BatchPlan:
+    """How BoundedInference runs one batch: chunks calls of at most chunk_size examples,
+    each bounded by chunk_bytes (batch_bytes: the whole batch in one call)."""
+    batch_size: int
+    points_per_sample: object  # points per cloud of the batch; None for other inputs
+    chunk_size: int
+    chunks: int
+    chunk_bytes: int
+    batch_bytes: int
 
 
 def _batch_slices(inputs, start, stop):
@@ -345,26 +606,66 @@ class BoundedInference:
     """Runs a model only on batches whose memory bound fits `budget_bytes`.
 
     on_exceed='refuse' raises MemoryBudgetExceeded for a batch over budget; 'split' runs
-    it in the largest chunks that fit and concatenates the outputs.
+    it in the largest chunks that fit and concatenates the outputs. Either way a batch of
+    which even one example is over budget raises MemoryBudgetExceeded, with the bound of
+    one example beside the budget.
+
+    A point-cloud model is bounded for the clouds of each call: points per cloud are read
+    from the input [B, N, K] (N), so larger clouds get smaller chunks. points_per_sample,
+    where given, plans chunk_size before any batch is seen (None until then otherwise).
     """
 
     def __init__(self, model, budget_bytes, on_exceed="split", points_per_sample=None):
         if on_exceed not in ("split", "refuse"):
             raise ValueError(f"on_exceed must be 'split' or 'refuse', got {on_exceed!r}")
+        if isinstance(budget_bytes, bool) or int(budget_bytes) != budget_bytes or budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be a positive whole number of bytes, got {budget_bytes!r}")
         self.model, self.budget_bytes, self.on_exceed = model, int(budget_bytes), on_exceed
-        self.points_per_sample = points_per_sample
-        self.chunk_size = largest_batch_within(model, self.budget_bytes, points_per_sample)
+        self.point_clouds = _takes_point_clouds(model)
+        self.points_per_sample = None if points_per_sample is None else int(points_per_sample)
+        self.chunk_size = (largest_batch_within(model, self.budget_bytes, self.points_per_sample)
+                           if self.points_per_sample is not None or not self.point_clouds else None)
+
+    def _points_of(self, inputs):
+        if not self.point_clouds:
+            return None
+        shape = tuple(np.shape(inputs)) if not isinstance(inputs, tf.Tensor) else tuple(inputs.shape)
+        if len(shape) != 3 or shape[1] is None:
+            raise ValueError(f"{self.model.name} takes point clouds [B, N, K] with N known, got shape {shape}")
+        return int(shape[1])
+
+    def plan(self, inputs):
+        """The BatchPlan of inputs (MemoryBudgetExceeded where they cannot run within the budget)."""
+        batch, points = _batch_size_of(inputs), self._points_of(inputs)
+        batch_bytes = memory_bound(self.model, max(batch, 1), points).total_bytes
+        if batch_bytes <= self.budget_bytes:
+            return BatchPlan(batch, points, batch, 1, batch_bytes, batch_bytes)
+        largest = (self.chunk_size if self.chunk_size is not None and points == self.points_per_sample
+                   else largest_batch_within(self.model, self.budget_bytes, points))
+        what = f"point clouds of {points:,} points" if points is not None else "examples"
+        budget = _megabytes(self.budget_bytes)
+        if largest == 0:
+            one = memory_bound(self.model, 1, points)
+            largest_temp = max(one.layers, key=lambda b: b.temporary_bytes)
+            raise MemoryBudgetExceeded(
+                f"even one of these {what} is bounded by {_megabytes(one.total_bytes)} (activations "
+                f"{_megabytes(one.activation_bytes)} + the largest temporaries, {largest_temp.name}'s, "
+                f"{_megabytes(one.temporary_bytes)}), over the budget of {budget}: raise budget_bytes"
+                + (" or give clouds of fewer points" if points is not None else ""),
+                one.total_bytes, self.budget_bytes, batch, points, 0)
+        if self.on_exceed == "refuse":
+            raise MemoryBudgetExceeded(
+                f"a batch of {batch} {what} is bounded by {_megabytes(batch_bytes)}, over the budget of {budget}; "
+                f"the largest batch within it is {largest} (use on_exceed='split')",
+                batch_bytes, self.budget_bytes, batch, points, largest)
+        return BatchPlan(batch, points, largest, -(-batch // largest),
+                         memory_bound(self.model, largest, points).total_bytes, batch_bytes)
 
     def __call__(self, inputs):
-        batch = _batch_size_of(inputs)
-        bound = memory_bound(self.model, batch, self.points_per_sample).total_bytes
-        if bound <= self.budget_bytes:
+        plan = self.plan(inputs)
+        if plan.chunks == 1:
             return self.model(inputs, training=False)
-        if self.on_exceed == "refuse" or self.chunk_size == 0:
-            raise MemoryBudgetExceeded(
-                f"batch of {batch} is bounded by {bound / 2**20:.1f} MB, over the budget of "
-                f"{self.budget_bytes / 2**20:.1f} MB; the largest batch within it is {self.chunk_size}"
-                + (" (use on_exceed='split')" if self.chunk_size else ""))
-        outputs = [self.model(_batch_slices(inputs, start, min(batch, start + self.chunk_size)), training=False)
-                   for start in range(0, batch, self.chunk_size)]
+        outputs = [self.model(_batch_slices(inputs, start, min(plan.batch_size, start + plan.chunk_size)),
+                              training=False)
+                   for start in range(0, plan.batch_size, plan.chunk_size)]
         return tf.concat(outputs, axis=0)
