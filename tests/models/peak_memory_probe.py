@@ -1,8 +1,17 @@
-"""Measures per-layer and forward-pass peak resident memory of the test classifier and
-prints it beside the bounds as JSON. Run in a fresh process with MALLOC_MMAP_THRESHOLD_
-set, so that large buffers are mapped and unmapped and RSS follows live memory.
+"""Measures peak resident memory beside the memory bound and prints it as JSON. Run in a
+fresh process with MALLOC_MMAP_THRESHOLD_ set, so that large buffers are mapped and
+unmapped and RSS follows live memory.
 
     python tests/models/peak_memory_probe.py random|modelnet40 RESOLUTION BATCH POINTS
+        per layer and per forward pass of the test classifier
+    python tests/models/peak_memory_probe.py serving octnet3|site_resnet RESOLUTION BATCH POINTS [BUDGET_BYTES]
+        one forward pass of a serving model (point_cloud_classifier around the core) on
+        NumPy clouds, through BoundedInference where a budget is given
+
+The measured peak is the growth of peak RSS over the call (VmHWM, reset first, minus VmRSS
+just before it): the model, its weights and the input are the baseline. The model is
+called once before, on one cloud of 64 points, so that its weights exist and its kernels
+are loaded without growing the allocator's pool ahead of the measured call.
 """
 import json
 import os
@@ -12,10 +21,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from tests.models.test_memory_bound import DATA, classifier, peak_bytes_of, random_surfaces  # noqa: E402
-from tf_sparseconv.models.memory_bound import memory_bound  # noqa: E402
+from tf_sparseconv.models.memory_bound import BoundedInference, memory_bound  # noqa: E402
 
 
-def main(source, resolution, batch, points_per_sample):
+def layers(source, resolution, batch, points_per_sample):
     rng = np.random.default_rng(0)
     if source == "modelnet40":
         with np.load(DATA) as data:
@@ -36,8 +45,34 @@ def main(source, resolution, batch, points_per_sample):
         h = out
     measured, _ = peak_bytes_of(lambda: model(points))
     rows.append({"layer": "forward_pass", "measured": measured, "bound": bound.total_bytes})
-    print(json.dumps(rows))
+    return rows
+
+
+def serving_model(core, resolution):
+    from tf_sparseconv import models
+    core = models.octnet3(resolution, 10) if core == "octnet3" else models.site_resnet(10, resolution)
+    return models.point_cloud_classifier(core, resolution)
+
+
+def serving(core, resolution, batch, points_per_sample, budget_bytes=None):
+    model = serving_model(core, resolution)
+    rng = np.random.default_rng(0)
+    model(random_surfaces(rng, 1, 64))
+    points = random_surfaces(rng, batch, points_per_sample)
+    if budget_bytes is None:
+        bound, calls = memory_bound(model, batch, points_per_sample).total_bytes, 1
+        measured, logits = peak_bytes_of(lambda: model(points))
+    else:
+        runner = BoundedInference(model, budget_bytes)
+        plan = runner.plan(points)
+        bound, calls = plan.chunk_bytes, plan.chunks
+        measured, logits = peak_bytes_of(lambda: runner(points))
+    return {"bound": bound, "measured": measured, "calls": calls, "logits": list(logits.shape)}
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    if sys.argv[1] == "serving":
+        budget = int(sys.argv[6]) if len(sys.argv) > 6 else None
+        print(json.dumps(serving(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), budget)))
+    else:
+        print(json.dumps(layers(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import keras
 
-from tf_sparseconv import keras_layers as kl
+from tf_sparseconv import from_dense, keras_layers as kl
 from tf_sparseconv.models.memory_bound import BoundedInference, MemoryBudgetExceeded, largest_batch_within, memory_bound
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,61 +76,140 @@ def test_measured_entries_never_exceed_the_bound(rng):
             assert int(tf.shape(h["keys"])[0]) <= bound[layer.name].output_entries
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc peak-RSS reset")
-@pytest.mark.parametrize("source", ["random", "modelnet40"])
-def test_measured_peak_memory_never_exceeds_the_bound(source):
-    if source == "modelnet40" and not os.path.exists(DATA):
-        pytest.skip("../shared/data/modelnet40_train.npz is absent")
+needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc peak-RSS reset")
+
+
+def probe(*args):
+    """peak_memory_probe.py's JSON for args, run in a fresh process."""
     # The bound is the CPU kernels': the probe runs with any GPU hidden.
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", TF_CPP_MIN_LOG_LEVEL="3",
                CUDA_VISIBLE_DEVICES="-1",
                PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peak_memory_probe.py")
-    result = subprocess.run([sys.executable, probe, source, "32", "16", "8192"], env=env, capture_output=True,
-                            text=True, timeout=600)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peak_memory_probe.py")
+    result = subprocess.run([sys.executable, script, *map(str, args)], env=env, capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@needs_proc
+@pytest.mark.parametrize("source", ["random", "modelnet40"])
+def test_measured_peak_memory_never_exceeds_the_bound(source):
+    if source == "modelnet40" and not os.path.exists(DATA):
+        pytest.skip("../shared/data/modelnet40_train.npz is absent")
+    rows = probe(source, 32, 16, 8192)
     for row in rows:
         assert row["measured"] <= row["bound"], f"{row['layer']}: measured {row['measured']} B > bound {row['bound']} B"
     conv_peaks = [row["measured"] for row in rows if row["layer"].startswith("conv")]
     assert min(conv_peaks) > 0, "the measurement must see the convolutions' memory"
 
 
+@needs_proc
+@pytest.mark.parametrize("core, batch, points", [("octnet3", 4, 1000), ("site_resnet", 4, 1000),
+                                                 ("octnet3", 2, 400_000)])
+def test_serving_models_peak_stays_under_the_bound_for_small_and_large_clouds(core, batch, points):
+    row = probe("serving", core, 32, batch, points)
+    assert row["logits"] == [batch, 10]
+    assert 0 < row["measured"] <= row["bound"], row
+    if points > 100_000:
+        # The voxelization dominates: the bound follows it within a small factor, not the whole grid.
+        assert row["bound"] < 3 * row["measured"], row
+
+
+@needs_proc
+def test_split_mode_keeps_the_measured_peak_of_large_clouds_under_the_budget():
+    from tests.models.peak_memory_probe import serving_model
+    budget = memory_bound(serving_model("octnet3", 32), 3, 200_000).total_bytes
+    row = probe("serving", "octnet3", 32, 8, 200_000, budget)
+    assert row["calls"] == 3 and row["logits"] == [8, 10]
+    assert 0 < row["measured"] <= row["bound"] <= budget, row
+
+
 def test_refuse_mode_rejects_a_batch_over_budget(rng):
     model = classifier(16)
-    budget = memory_bound(model, 3).total_bytes
-    runner = BoundedInference(model, budget, on_exceed="refuse")
-    assert runner.chunk_size == 3 == largest_batch_within(model, budget)
+    budget = memory_bound(model, 3, points_per_sample=500).total_bytes
+    runner = BoundedInference(model, budget, on_exceed="refuse", points_per_sample=500)
+    assert runner.chunk_size == 3 == largest_batch_within(model, budget, 500)
     points = random_surfaces(rng, 3, 500)
     np.testing.assert_allclose(runner(points).numpy(), model(points).numpy(), rtol=1e-6)
-    with pytest.raises(MemoryBudgetExceeded, match="over the budget"):
+    with pytest.raises(MemoryBudgetExceeded, match="a batch of 4 point clouds of 500 points is bounded by") as e:
         runner(random_surfaces(rng, 4, 500))
+    assert (e.value.bound_bytes, e.value.budget_bytes) == (memory_bound(model, 4, 500).total_bytes, budget)
+    assert (e.value.batch_size, e.value.points_per_sample, e.value.largest_batch) == (4, 500, 3)
 
 
 def test_split_mode_runs_within_budget_and_matches_the_full_batch(rng):
     model = classifier(16)
-    runner = BoundedInference(model, memory_bound(model, 3).total_bytes, on_exceed="split")
+    runner = BoundedInference(model, memory_bound(model, 3, points_per_sample=500).total_bytes, on_exceed="split")
     points = random_surfaces(rng, 8, 500)
+    plan = runner.plan(points)
+    assert (plan.chunk_size, plan.chunks) == (3, 3) and plan.chunk_bytes <= runner.budget_bytes < plan.batch_bytes
     np.testing.assert_allclose(runner(points).numpy(), model(points).numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_split_mode_splits_channel_sparse_batches(rng):
+def test_split_mode_bounds_the_points_per_cloud_it_is_given(rng):
+    # Planned for 100 points per cloud, the runner re-plans for the clouds it gets.
+    model = classifier(16)
+    budget = memory_bound(model, 3, points_per_sample=100).total_bytes
+    runner = BoundedInference(model, budget, points_per_sample=100)
+    assert runner.chunk_size == 3
+    points = random_surfaces(rng, 6, 5000)
+    plan = runner.plan(points)
+    assert plan.points_per_sample == 5000 and plan.chunk_size == largest_batch_within(model, budget, 5000) == 2
+    assert plan.chunk_bytes == memory_bound(model, 2, 5000).total_bytes <= budget
+    np.testing.assert_allclose(runner(points).numpy(), model(points).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_point_cloud_models_need_the_points_per_cloud_to_plan():
+    with pytest.raises(ValueError, match="give points_per_sample"):
+        largest_batch_within(classifier(16), 1 << 30)
+    assert BoundedInference(classifier(16), 1 << 30).chunk_size is None  # planned per call
+
+
+def test_voxelization_bound_grows_with_the_points_per_cloud():
+    model = classifier(32)
+    small, large = memory_bound(model, 4, 1000), memory_bound(model, 4, 400_000)
+    voxelize = next(b for b in large.layers if b.kind == "voxelize")
+    # At least the float64 coordinates and their scaled copy per point, twice for the allocator's pool.
+    assert voxelize.temporary_bytes > 2 * 48 * 4 * 400_000
+    assert large.layers[0].name == "inputs" and large.layers[0].output_bytes == 4 * 400_000 * 3 * 4
+    assert large.total_bytes > 100 * small.total_bytes / 10
+
+
+def classifier_on_sparse_input():
     inputs = kl.sparse_input((8, 8, 8, 1))
     h = kl.DirectSparseConv(4, 3, rho_up=0.2, activation="relu")(inputs)
-    model = keras.Model(inputs, keras.layers.Flatten()(kl.SparseToDense()(h)))
+    return keras.Model(inputs, keras.layers.Flatten()(kl.SparseToDense()(h)))
+
+
+def test_split_mode_splits_channel_sparse_batches(rng):
+    model = classifier_on_sparse_input()
     grids = (rng.random((5, 8, 8, 8, 1)) < 0.1).astype(np.float32)
-    from tf_sparseconv import from_dense
     batch = kl.as_keras_inputs(from_dense(grids))
     runner = BoundedInference(model, memory_bound(model, 2).total_bytes)
     assert runner.chunk_size == 2
     np.testing.assert_allclose(runner(batch).numpy(), model(batch).numpy(), rtol=1e-6)
 
 
-def test_budget_below_one_sample_is_refused_even_in_split_mode(rng):
+def test_budget_below_one_sample_is_refused_even_in_split_mode():
     model = classifier(16)
-    runner = BoundedInference(model, 1024, on_exceed="split")
-    with pytest.raises(MemoryBudgetExceeded, match="largest batch within it is 0"):
-        runner(random_surfaces(rng, 2, 100))
+    runner = BoundedInference(model, 64 << 20, on_exceed="split")
+    clouds = np.zeros((2, 2_000_000, 3), np.float32)  # never voxelized: the plan refuses first
+    one = memory_bound(model, 1, 2_000_000).total_bytes
+    message = (f"even one of these point clouds of 2,000,000 points is bounded by {one / 2**20:,.1f} MB "
+               r".*over the budget of 64.0 MB: raise budget_bytes or give clouds of fewer points")
+    with pytest.raises(MemoryBudgetExceeded, match=message) as e:
+        runner(clouds)
+    assert (e.value.bound_bytes, e.value.budget_bytes, e.value.largest_batch) == (one, 64 << 20, 0)
+    with pytest.raises(MemoryBudgetExceeded, match="even one of these examples is bounded by"):
+        BoundedInference(classifier_on_sparse_input(), 1024)(kl.as_keras_inputs(from_dense(np.ones((2, 8, 8, 8, 1),
+                                                                                                   np.float32))))
+
+
+def test_budget_must_be_a_positive_number_of_bytes():
+    for budget in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="budget_bytes must be a positive whole number of bytes"):
+            BoundedInference(classifier(16), budget)
 
 
 def test_serving_model_is_bounded_through_its_core_beside_the_dense_grid():
@@ -149,33 +228,54 @@ def test_serving_model_is_bounded_through_its_core_beside_the_dense_grid():
     assert bound.activation_bytes == core_bound.activation_bytes + voxelize.output_bytes
     table = bound.table()
     assert f"vs dense grid {bound.dense_bytes / 2**20:.2f} MB" in table
-    assert "voxelization temporaries grow with the points per cloud and are not in the bound" in table
+    assert "voxelization grows with the points per cloud and is not in the bound; give points_per_sample" in table
     sparse = [b for b in bound.layers if b.kind in ("voxelize", "sparse_conv", "sparse_max_pool")]
     assert (f"at most {sum(b.output_entries for b in sparse):,} stored entries vs "
             f"{sum(math.prod(b.output_shape) for b in sparse):,} dense grid elements") in table
-    # with the points per cloud known, the voxelized grid is capped and its temporaries are counted
+    # with the points per cloud known, the voxelized grid is capped, its temporaries are
+    # counted and so is the float32 copy of the clouds
     capped = memory_bound(serving, 4, points_per_sample=100)
-    assert capped.layers[0].output_entries == 4 * 100 and capped.notes == ()
-    assert capped.layers[0].temporary_bytes > 4 * 100 * 3 * 8
-    assert capped.layers[1].output_entries == conv.output_entries
+    inputs, voxelize, conv_capped = capped.layers[:3]
+    assert (inputs.name, inputs.output_bytes) == ("inputs", 4 * 100 * 3 * 4)
+    assert voxelize.output_entries == 4 * 100 and capped.notes == ()
+    assert voxelize.temporary_bytes > 4 * 100 * 3 * 8
+    assert conv_capped.output_entries == conv.output_entries
 
 
-def test_serving_models_of_images_bound_and_site_models_refused():
+def test_serving_models_of_images_bound():
     from tf_sparseconv import models
     images = models.image_classifier(models.octnet3(28, 10, rhos=(0.05, 0.10), spatial_dims=2, fc_units=16))
     bound = memory_bound(images, 2)
-    assert bound.layers[0].kind == "image" and bound.layers[0].output_entries == 2 * 28 * 28
-    assert bound.layers[1].output_entries == 2 * 8 * math.ceil(0.05 * 28 * 28)
-    site = models.point_cloud_classifier(models.site_resnet(3, 8, channels=(4,)), 8)
-    with pytest.raises(TypeError, match="no memory bound for site-sparse models"):
-        memory_bound(site, 2)
+    assert [b.kind for b in bound.layers[:3]] == ["input", "image", "sparse_conv"]
+    assert bound.layers[0].output_bytes == 2 * 28 * 28 * 4 and bound.layers[1].output_entries == 2 * 28 * 28
+    assert bound.layers[2].output_entries == 2 * 8 * math.ceil(0.05 * 28 * 28)
+
+
+def test_site_models_are_bounded_per_grid_of_sites():
+    from tf_sparseconv import models
+    core = models.site_resnet(3, 8, channels=(4, 6))
+    serving = models.point_cloud_classifier(core, 8)
+    bound = memory_bound(serving, 2, points_per_sample=100)
+    layers = {b.name: b for b in bound.layers}
+    assert layers["sparse_to_site"].kind == "to_site" and layers["sparse_to_site"].output_entries == 2 * 100
+    # submanifold layers keep the sites (at most the points, 100 per cloud), the stride-2
+    # level at most the 4^3 cells per cloud
+    assert layers["stem"].output_entries == 2 * 100 * 4 and layers["level0_block1_add"].output_entries == 2 * 100 * 4
+    assert layers["down1"].output_entries == 2 * 64 * 6 == layers["level1_block1_relu"].output_entries
+    # the stem builds level 0's submanifold map: 27 pairs per site at most, 4-byte rows
+    assert layers["stem"].output_bytes >= 2 * 100 * 27 * 8 + 2 * 100 * 4 * 4
+    assert layers["level0_block1_conv1"].output_bytes == 2 * 100 * 4 * 4  # the map is reused
+    assert layers["global_pool"].output_bytes == 2 * 6 * 4
+    assert memory_bound(core, 2).total_bytes < memory_bound(core, 4).total_bytes
+    with pytest.raises(TypeError, match="no memory bound for the site layer select"):
+        memory_bound(models.site_resnet(3, 8, channels=(4,), select_k=10), 2)
 
 
 def test_split_mode_runs_a_serving_model_within_budget(rng):
     from tf_sparseconv import models
     serving = models.point_cloud_classifier(models.octnet3(8, 3, rhos=(0.5, 0.5), fc_units=8), 8)
-    runner = BoundedInference(serving, memory_bound(serving, 3).total_bytes)
-    assert runner.chunk_size == 3
+    runner = BoundedInference(serving, memory_bound(serving, 3, points_per_sample=100).total_bytes)
+    assert runner.plan(random_surfaces(rng, 7, 100)).chunk_size == 3
     points = random_surfaces(rng, 7, 100) * 4 + 2  # normalised by the model
     # On a GPU the dense head's matmuls run in TF32 with algorithms chosen per batch size, so
     # a chunk of one and the whole batch agree to TF32's precision, not float32's.
