@@ -109,12 +109,12 @@ def measure(case, resolution, device):
     points = sphere_shells(rng, case["batch"], case["points_per_cloud"])
     budget = case["budget_bytes"]
     if budget is not None:
-        runner = BoundedInference(model, budget)
+        runner = BoundedInference(model, budget, device=device)
         plan = runner.plan(points)
         bound, calls, chunk = plan.chunk_bytes, plan.chunks, plan.chunk_size
         call = lambda: runner(points)  # noqa: E731
     else:
-        bound = memory_bound(model, case["batch"], points_per_sample=case["points_per_cloud"]).total_bytes
+        bound = memory_bound(model, case["batch"], case["points_per_cloud"], device=device).total_bytes
         calls, chunk = 1, case["batch"]
         call = lambda: model(points, training=False)  # noqa: E731
     if device == "gpu":

@@ -52,9 +52,7 @@ ALLOCATION_OVERHEAD = 4096 + 16 + 64
 # contexts and kernels' small bookkeeping. They come from the heap, which grows by whole
 # pages (a to_dense call was measured one page over its buffers on a fresh CI machine).
 CALL_OVERHEAD = 64 << 10
-# Largest per-block scratch for which the conv kernel may pick its dense path
-# (kMaxDenseScratchBytes in csrc/channel/direct_conv/direct_conv.h).
-MAX_DENSE_SCRATCH_BYTES = 64 << 20
+DEVICES = ("cpu", "gpu")
 
 
 @dataclasses.dataclass
@@ -110,9 +108,46 @@ def _sparse_bytes(entries, value_bytes):
     return entries * (KEY_BYTES + value_bytes)
 
 
-def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
+def _gpu_conv_temporary_bytes(layer, shape, in_entries, batch, value_bytes):
+    """Scratch of DirectConvForwardGpu::Run (csrc/channel/direct_conv/direct_conv.cu) on at
+    most in_entries input entries: the sort dataflow's two contribution buffers of keys and
+    values (one slot per entry and present weight of its input channel) and per-entry data;
+    the dense dataflow's grid buffers (input values, output sums, their bit masks, the
+    neighbour masks) and touched keys and values; k-selection's two index buffers and keep
+    flags (and, for the dense grid, its two score buffers); 8 bytes per sorted item for the
+    radix sorts' and compactions' temporary storage. 'auto' picks by the input's real
+    entries (DenseForwardBytes < SortForwardBytes in direct_conv_gpu.h), so the bound is
+    the larger of the dense grid and the sort at the most entries it would still sort."""
+    d = len(shape) - 2
+    cin, cout = shape[-1], layer.filters
+    cells = math.prod(shape[1:-1])
+    grid, no_output = batch * cells, batch * cout * cells
+    max_row = math.prod(layer.kernel_shape[:d]) * cout
+    select = layer.selection != "none"
+
+    def sort_bytes(n):
+        slots = n * max_row
+        touched = min(slots, no_output)
+        return slots * (16 + 2 * value_bytes + 8) + n * (12 + 4 * d) + (touched * 9 if select else 0)
+
+    touched = min(in_entries * max_row, no_output)
+    dense = (grid * cin * (value_bytes + 1) + grid * 5 + no_output * (value_bytes + 1)
+             + touched * (8 + value_bytes + 8) + (touched * 25 if select else 0))
+    if layer.dataflow == "dense":
+        return dense
+    if layer.dataflow == "sort":
+        return sort_bytes(in_entries)
+    # the op's estimates, which decide
+    dense_estimate = grid * cin * (value_bytes + 0.125) + grid * 4.125 + no_output * (2 * value_bytes + 24.125)
+    switch = int(dense_estimate // (max_row * (16 + 2 * value_bytes)))
+    if in_entries <= switch:
+        return sort_bytes(in_entries)
+    return max(dense, sort_bytes(switch))
+
+
+def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads, device="cpu"):
     """Output and temporary bytes of one DirectSparseConv (+ its ReLU) on an input bounded by
-    in_entries entries."""
+    in_entries entries, on the CPU or the GPU."""
     d = len(shape) - 2
     cin, cout = shape[-1], layer.filters
     cells = math.prod(shape[1:-1])
@@ -124,10 +159,12 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
     contributions = min(in_entries, cin * in_per_segment) * offsets
     touched = min(cells, contributions)
     streams = cin * offsets
-    # The dense path: per block a position-major [S, Cout] scratch, plus the masked filter,
-    # mask bytes and offset lists shared by all blocks.
+    # The dense path: per block a position-major [S, Cout] scratch (a slab of the grid where
+    # the grid's is large; the whole grid bounds it), plus the masked filter, mask bytes and
+    # offset lists shared by all blocks. The CPU's 'auto' picks a path from the entries'
+    # costs, which the bound does not know: it counts the larger of the two.
     dense_scratch = cells * cout * (value_bytes + 1) + cells + 8
-    dense = dense_scratch <= MAX_DENSE_SCRATCH_BYTES
+    dense = layer.dataflow != "sort"
     filter_size = offsets * cin * cout
     # masked filter and mask bytes, offset lists, per-row present-channel lists, row flags
     dense_tables = (filter_size * (value_bytes + 1) + offsets * cin * (48 + 24 + 4 * cout) + filter_size // cout
@@ -135,9 +172,10 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
     # The merge path: one segment in flight per block: its touched set (vector growth may
     # double the capacity), k-selection's index order, the contribution streams and heap.
     # The dense path holds Cout segments' touched sets at once.
-    segments_in_flight = cout if dense else 1
-    per_block = (segments_in_flight * (2 * touched * (KEY_BYTES + value_bytes) + touched * INDEX_BYTES)
-                 + streams * (48 + 4) + (dense_scratch if dense else 0))
+    touched_set = 2 * touched * (KEY_BYTES + value_bytes) + touched * INDEX_BYTES
+    merge_block = touched_set + streams * (48 + 4)
+    dense_block = cout * touched_set + streams * (48 + 4) + dense_scratch
+    per_block = max(dense_block if dense else 0, merge_block if layer.dataflow != "dense" else 0)
     # With k-selection each segment's kept entries go straight into the staged output;
     # without it they are held until the output's exact size is known, then copied.
     kept_until_assembly = _sparse_bytes(out_entries, value_bytes) if layer.selection == "none" else 0
@@ -157,14 +195,16 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads):
         # The ReLU's output and its kept-index vector exist beside the conv output.
         out_bytes += _sparse_bytes(out_entries, value_bytes) + out_entries * INDEX_BYTES
         allocations += 3
+    if device == "gpu":
+        temporary = _gpu_conv_temporary_bytes(layer, shape, in_entries, batch, value_bytes) + offsets * cin * cout * 48
     return out_entries, out_bytes, temporary + allocations * ALLOCATION_OVERHEAD
 
 
-def _bound_layer(layer, shape, in_entries, batch, value_bytes, threads):
+def _bound_layer(layer, shape, in_entries, batch, value_bytes, threads, device="cpu"):
     """(kind, output shape, output entries, output bytes, temporary bytes) of one layer."""
     if isinstance(layer, DirectSparseConv):
         out_shape = (*shape[:-1], layer.filters)
-        entries, out_bytes, temp = _conv_bound(layer, shape, in_entries, batch, value_bytes, threads)
+        entries, out_bytes, temp = _conv_bound(layer, shape, in_entries, batch, value_bytes, threads, device)
         return "sparse_conv", out_shape, entries, out_bytes, temp
     if isinstance(layer, SparseReLU):
         return ("sparse_relu", shape, in_entries, _sparse_bytes(in_entries, value_bytes) + in_entries * INDEX_BYTES,
@@ -336,9 +376,9 @@ class _SiteWalk:
     """The site bounds of a site-sparse model's layers, in model order: sites per static
     spatial shape (every tensor on one grid is bounded alike), kernel maps by indice_key."""
 
-    def __init__(self, batch, sites_per_sample, value_bytes, threads):
+    def __init__(self, batch, sites_per_sample, value_bytes, threads, device):
         self.batch, self.per_sample = batch, sites_per_sample
-        self.value_bytes, self.threads = value_bytes, threads
+        self.value_bytes, self.threads, self.device = value_bytes, threads, device
         self.sites, self.maps = {}, {}
 
     def grid_sites(self, spatial):
@@ -391,12 +431,24 @@ class _SiteWalk:
             temp = _hash_table_bytes(s_in) + 32 * pairs + 24 * volume
             if g.mode != "submanifold":
                 temp += 8 * pairs + _hash_table_bytes(s_out)
+            if self.device == "gpu":
+                # site_kernel_map*.cu: per (site, offset) candidate a found row (4) and, for
+                # the sort builder, two key (8) and index (4) buffers; per site sorted keys,
+                # rows and slots; hash tables of 2^k >= 2n slots over the input and output sites.
+                temp = max(temp, s_in * volume * 28 + 40 * s_in + 2 * _hash_table_bytes(s_in)
+                           + 2 * _hash_table_bytes(s_out) + 24 * s_out)
         vb = self.value_bytes
         features = s_out * cout * vb
         # the output (and the bias sum and activation beside it); the filters' copy, the
         # repeat check's table, per worker block a gathered slab and its products.
         out += features * (1 + layer.use_bias + (layer.activation not in (None, keras.activations.linear)))
         conv_temp = 4 * volume * cin * cout + 4 * (s_out + pairs) + (self.threads + 1) * 128 * (cin + cout) * 8
+        if self.device == "gpu":
+            # site_conv.cu: the map check's sorted keys and rows (24 per pair) and its bit per
+            # (output, offset); a neighbour table (4 (volume + 2) per output); float32
+            # accumulators for half types.
+            conv_temp = max(conv_temp, 24 * pairs + s_out * volume // 8 + 4 * (volume + 2) * s_out
+                            + 4 * s_out * cout + 4 * volume * cin * cout)
         return "site_conv", (self.batch, *out_spatial, cout), s_out * cout, out, max(temp, conv_temp)
 
     def features(self, layer):
@@ -468,7 +520,12 @@ def _input_columns(model):
     return shape[-1] if len(shape) == 2 and shape[-1] is not None else None
 
 
-def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
+def _default_device():
+    """Where TensorFlow runs a model by default: 'gpu' where it sees one."""
+    return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+
+
+def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, device=None):
     """Upper bounds for model at batch_size, per layer and for the forward pass.
 
     The model is a chain of layers starting at PointCloudToSparse (VoxelizePoints),
@@ -478,10 +535,13 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
     (default: the whole grid) and adds the voxelization's temporaries, which are left out
     without it. Site-sparse models are refused (TypeError).
     """
+    device = _default_device() if device is None else device
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES} (or None: where TensorFlow runs the model), got {device!r}")
     value_bytes = tf.as_dtype(dtype).size
     threads = _worker_threads()
     layers = list(_flat_layers(model))
-    walk = _SiteWalk(batch_size, points_per_sample, value_bytes, threads)
+    walk = _SiteWalk(batch_size, points_per_sample, value_bytes, threads, device)
     shape, entries, bounds, notes = None, None, [], []
     structure = getattr(model, "input", None) if getattr(model, "inputs", None) else None
     if isinstance(structure, dict) and set(FIELDS) == set(structure):
@@ -515,7 +575,7 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32):
             if shape is None:
                 raise TypeError(f"layer {layer.name} has no bounded input before it")
             kind, shape, entries, out_bytes, temp = _bound_layer(layer, shape, entries, batch_size, value_bytes,
-                                                                 threads)
+                                                                 threads, device)
             # A dense convolution with an activation holds its pre-activation output too, as the sparse one does.
             dense_tensors = 2 if isinstance(layer, DirectSparseConv) and layer.activation == "relu" else 1
             bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp + CALL_OVERHEAD,
@@ -549,20 +609,21 @@ def _takes_point_clouds(model):
     return any(isinstance(layer, PointCloudToSparse) for layer in _flat_layers(model))
 
 
-def largest_batch_within(model, budget_bytes, points_per_sample=None):
-    """The largest batch size whose bound fits the budget (0 if even 1 does not). A
-    point-cloud model needs points_per_sample: its voxelization grows with it."""
+def largest_batch_within(model, budget_bytes, points_per_sample=None, device=None):
+    """The largest batch size whose bound (on device, memory_bound's) fits the budget (0 if
+    even 1 does not). A point-cloud model needs points_per_sample: its voxelization grows
+    with it."""
     if points_per_sample is None and _takes_point_clouds(model):
         raise ValueError(f"{model.name} voxelizes point clouds, whose memory grows with the points per cloud: "
                          "give points_per_sample")
     lo, hi = 0, 1
-    while memory_bound(model, hi, points_per_sample).total_bytes <= budget_bytes:
+    while memory_bound(model, hi, points_per_sample, device=device).total_bytes <= budget_bytes:
         lo, hi = hi, hi * 2
         if hi > 1 << 20:
             return lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if memory_bound(model, mid, points_per_sample).total_bytes <= budget_bytes:
+        if memory_bound(model, mid, points_per_sample, device=device).total_bytes <= budget_bytes:
             lo = mid
         else:
             hi = mid
@@ -613,18 +674,26 @@ class BoundedInference:
     A point-cloud model is bounded for the clouds of each call: points per cloud are read
     from the input [B, N, K] (N), so larger clouds get smaller chunks. points_per_sample,
     where given, plans chunk_size before any batch is seen (None until then otherwise).
+    device: whose memory the budget is, 'cpu' or 'gpu' (default: where TensorFlow runs the
+    model, the GPU where it sees one).
     """
 
-    def __init__(self, model, budget_bytes, on_exceed="split", points_per_sample=None):
+    def __init__(self, model, budget_bytes, on_exceed="split", points_per_sample=None, device=None):
         if on_exceed not in ("split", "refuse"):
             raise ValueError(f"on_exceed must be 'split' or 'refuse', got {on_exceed!r}")
         if isinstance(budget_bytes, bool) or int(budget_bytes) != budget_bytes or budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be a positive whole number of bytes, got {budget_bytes!r}")
         self.model, self.budget_bytes, self.on_exceed = model, int(budget_bytes), on_exceed
+        self.device = _default_device() if device is None else device
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES} (or None), got {device!r}")
         self.point_clouds = _takes_point_clouds(model)
         self.points_per_sample = None if points_per_sample is None else int(points_per_sample)
-        self.chunk_size = (largest_batch_within(model, self.budget_bytes, self.points_per_sample)
+        self.chunk_size = (largest_batch_within(model, self.budget_bytes, self.points_per_sample, self.device)
                            if self.points_per_sample is not None or not self.point_clouds else None)
+
+    def _bound(self, batch, points):
+        return memory_bound(self.model, batch, points, device=self.device)
 
     def _points_of(self, inputs):
         if not self.point_clouds:
@@ -637,15 +706,15 @@ class BoundedInference:
     def plan(self, inputs):
         """The BatchPlan of inputs (MemoryBudgetExceeded where they cannot run within the budget)."""
         batch, points = _batch_size_of(inputs), self._points_of(inputs)
-        batch_bytes = memory_bound(self.model, max(batch, 1), points).total_bytes
+        batch_bytes = self._bound(max(batch, 1), points).total_bytes
         if batch_bytes <= self.budget_bytes:
             return BatchPlan(batch, points, batch, 1, batch_bytes, batch_bytes)
         largest = (self.chunk_size if self.chunk_size is not None and points == self.points_per_sample
-                   else largest_batch_within(self.model, self.budget_bytes, points))
+                   else largest_batch_within(self.model, self.budget_bytes, points, self.device))
         what = f"point clouds of {points:,} points" if points is not None else "examples"
         budget = _megabytes(self.budget_bytes)
         if largest == 0:
-            one = memory_bound(self.model, 1, points)
+            one = self._bound(1, points)
             largest_temp = max(one.layers, key=lambda b: b.temporary_bytes)
             raise MemoryBudgetExceeded(
                 f"even one of these {what} is bounded by {_megabytes(one.total_bytes)} (activations "
@@ -659,7 +728,7 @@ class BoundedInference:
                 f"the largest batch within it is {largest} (use on_exceed='split')",
                 batch_bytes, self.budget_bytes, batch, points, largest)
         return BatchPlan(batch, points, largest, -(-batch // largest),
-                         memory_bound(self.model, largest, points).total_bytes, batch_bytes)
+                         self._bound(largest, points).total_bytes, batch_bytes)
 
     def __call__(self, inputs):
         plan = self.plan(inputs)
