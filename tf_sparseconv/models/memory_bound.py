@@ -2,22 +2,32 @@
 
 Every DirectSparseConv keeps at most k entries per (batch, channel) (§3.2), so its output is
 bounded by B * Cout * k entries whatever the input; ReLU and max-pooling never add
-entries. From these caps this module computes, per layer, a guaranteed upper bound on
-the bytes of the layer's outputs and of the temporaries its CPU kernel allocates, and
-for the whole forward pass the sum of all outputs plus the largest temporary (every
-activation kept alive at once: an upper bound for inference).
+entries. From these caps this module computes, per layer, an upper bound on the bytes of
+the layer's outputs and of the temporaries its kernel allocates, and for the whole
+forward pass the sum of all outputs plus the largest temporary (every activation kept
+alive at once: an upper bound for inference).
 
-The temporary terms follow the CPU kernels in csrc/channel/ (see direct_conv_kernels.cc):
-decoded coordinates (4 bytes per entry and dimension), segment offsets, the present-
-weight lists, the kept entries of every output segment until the output is assembled,
-and per worker block either the dense path's position-major [R1*...*Rd, Cout] scratch
-or the touched set of one segment plus its merge heap.
+The temporary terms follow the kernels: on the CPU (csrc/channel/direct_conv/
+direct_conv_kernels.cc) decoded coordinates (4 bytes per entry and dimension), segment
+offsets, the present-weight lists, the kept entries of every output segment until the
+output is assembled, and per worker block the dense path's position-major
+[R1*...*Rd, Cout] scratch or the touched set of one segment plus its merge heap; on the
+GPU (direct_conv.cu) the sort's contribution buffers or the dense grid's buffers and
+k-selection's.
+
+Site-sparse models (models.site_resnet, site_unet with site inputs) are bounded per grid
+of sites: every tensor on one spatial shape holds at most B * min(cells, points per
+sample) sites (a strided level at most what its input reaches), a submanifold map at most
+volume pairs per site; each site layer adds its feature rows and, where it builds a kernel
+map, the map's rows and the builder's hash tables (_SiteWalk).
 
 A serving model (tf_sparseconv.models.point_cloud_classifier / image_classifier) is
-bounded through its core: the voxelized grid its PointCloudToSparse / ImageToSparse layer
-makes is the first activation. The voxelization's own temporaries grow with the points
-per cloud: they are in the bound only when points_per_sample is given. For comparison,
-ModelBound.dense_bytes is what the same layers' outputs take as dense tensors.
+bounded through its core, after its preprocessing: the float32 copy of the clouds or
+images, and the voxelized grid its PointCloudToSparse / ImageToSparse layer makes. The
+voxelization's temporaries grow with the points per cloud: they are in the bound when
+points_per_sample is given (BoundedInference takes it from each input); _voxelize_bytes
+lists them. For comparison, ModelBound.dense_bytes is what the same layers' outputs take
+as dense tensors.
 
 Bounds are per device: under a tf.distribute strategy each replica holds its own batch, so
 give memory_bound the batch of one replica (the global batch / replicas).
@@ -227,7 +237,7 @@ def _bound_layer(layer, shape, in_entries, batch, value_bytes, threads, device="
 # is less than twice the request, as TensorFlow's GPU allocator does: a live tensor may
 # hold up to twice its bytes, and memory freed by one step is not always where the next
 # step's tensors fit. The preprocessing's many point-sized tensors are bounded at twice
-# their live bytes; memory_bound's docstring says what was measured.
+# their live bytes (docs/memory-bounds.md has the measured peaks).
 POOL_FACTOR = 2
 
 
@@ -529,11 +539,35 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
     """Upper bounds for model at batch_size, per layer and for the forward pass.
 
     The model is a chain of layers starting at PointCloudToSparse (VoxelizePoints),
-    ImageToSparse or a sparse_input dict (functional or Sequential-like), or a serving
-    model around such a core (models.point_cloud_classifier / image_classifier).
-    points_per_sample caps the entries a point-cloud model's voxelization can make
-    (default: the whole grid) and adds the voxelization's temporaries, which are left out
-    without it. Site-sparse models are refused (TypeError).
+    ImageToSparse, a sparse_input dict or a site_input dict (functional), or a serving
+    model around such a core (models.point_cloud_classifier / image_classifier). Site
+    layers other than SparseToSite, the site convolutions, SiteFeatures, SiteAdd,
+    SiteConcat and SiteGlobalPool are refused (TypeError naming the layer).
+
+    points_per_sample caps the entries (sites) a point-cloud model's voxelization can make
+    (default: the whole grid) and adds the voxelization's temporaries and the clouds'
+    float32 copy, which grow with it and are left out without it (ModelBound.notes says so).
+    device: 'cpu' or 'gpu', whose kernels' temporaries are counted (default: where
+    TensorFlow runs the model, the GPU where it sees one).
+
+    What the bound covers: the bytes a forward call allocates beyond what exists before it
+    (the model's weights, the caller's input), on the device given: the model's copy of
+    its input, every layer's outputs alive together, and the largest single layer's
+    temporaries, those the kernels take from malloc included (tf.unique's hash table, the
+    CPU convolutions' vectors). Not covered: TensorFlow's fixed costs, paid once per
+    process or per new shape and not growing with the batch (thread pools, the eager
+    kernel cache, oneDNN's primitive cache, cuBLAS/cuDNN workspaces), and host memory
+    while the model runs on the GPU. The allocator's pool (oneDNN's on x86 CPUs, TensorFlow's
+    BFC on GPUs) can hold up to twice a request's bytes in a reused chunk; the
+    preprocessing's tensors, many and point-sized, are bounded at twice their live bytes
+    (POOL_FACTOR), the network's by their generous per-layer caps.
+
+    How it is checked (tests/models/test_memory_bound.py, benchmarks/memory_cap.py): in a
+    fresh process, after one call on a 64-point cloud, the growth of peak RSS over one call
+    (VmHWM, reset before, minus VmRSS just before it) on the CPU, and the allocator's
+    get_memory_info peak minus its current bytes before the call on the GPU, stay at or
+    under the bound for clouds of 1,000 and 400,000 points. docs/memory-bounds.md gives
+    the figures.
     """
     device = _default_device() if device is None else device
     if device not in DEVICES:
