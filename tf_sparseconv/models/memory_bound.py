@@ -355,10 +355,6 @@ def _dense_layer_bound(layer, shape, batch, value_bytes):
     return tuple(int(s) for s in out_shape), elements, elements * value_bytes
 
 
-# The site layers that memory_bound covers; others are refused (TypeError naming them).
-SITE_KINDS = ("to_site", "site_conv", "site_features", "site_merge", "global_pool")
-
-
 def _site_fields(structure):
     """(static spatial shape, channels) of a site dict of KerasTensors, of the first of a
     list of them, or of the flat list Keras keeps as a layer's output (the dict's values
