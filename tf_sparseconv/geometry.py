@@ -14,6 +14,7 @@ strided convolution then gives ceil(r / s), as Keras' "same" does. The channel f
 direct convolution is "same" with stride 1, and its max-pooling (window = stride, partial
 windows kept) gives ceil(r / s).
 """
+import math
 import numbers
 import typing
 
@@ -31,12 +32,20 @@ class ConvGeometry(typing.NamedTuple):
     dilation: typing.Tuple[int, ...]
 
 
+def _whole(value):
+    """value as an int when it is a whole number (not a bool, not 2.5: no silent rounding)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or int(value) != value:
+        raise ValueError(value)
+    return int(value)
+
+
 def per_dim(value, rank, name, minimum=1, what=None):
     """An int (for every dimension) or a sequence of rank ints, as a tuple of rank ints >=
     minimum; ValueError (prefixed by `what: `) otherwise."""
     prefix = f"{what}: " if what else ""
     try:
-        values = (int(value),) * rank if isinstance(value, numbers.Integral) else tuple(int(v) for v in value)
+        values = (_whole(value),) * rank if isinstance(value, numbers.Number) else tuple(_whole(v) for v in value)
     except (TypeError, ValueError):
         raise ValueError(f"{prefix}{name} must be an int or a sequence of ints, got {value!r}") from None
     if len(values) != rank:
@@ -49,10 +58,8 @@ def per_dim(value, rank, name, minimum=1, what=None):
 def int_or_ints(value, name, what):
     """An int or a tuple of ints, as a layer stores an option before it knows its rank
     (ValueError otherwise)."""
-    if isinstance(value, numbers.Integral):
-        return int(value)
     try:
-        return tuple(int(v) for v in value)
+        return _whole(value) if isinstance(value, numbers.Number) else tuple(_whole(v) for v in value)
     except (TypeError, ValueError):
         raise ValueError(f"{what}: {name} must be an int or a sequence of ints, got {value!r}") from None
 

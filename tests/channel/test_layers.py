@@ -206,9 +206,11 @@ def test_a_0_1_config_with_accumulator_loads_as_dataflow():
         assert kl.DirectSparseConv.from_config({**config, "accumulator": "merge"}).dataflow == "sort"
 
 
-def test_sparse_conv_rejects_even_kernel_at_build():
-    with pytest.raises(ValueError, match="odd sizes"):
-        kl.DirectSparseConv(4, 2)(kl.sparse_input((5, 5, 1)))
+def test_sparse_conv_rejects_even_kernels_when_made_and_other_ranks_at_build():
+    with pytest.raises(ValueError, match=r"conv: kernel_size entries must be odd .*, got \(3, 2\)"):
+        kl.DirectSparseConv(4, (3, 2), name="conv")
+    with pytest.raises(ValueError, match="kernel_size needs one entry per spatial dimension"):
+        kl.DirectSparseConv(4, (3, 3, 3))(kl.sparse_input((5, 5, 1)))
 
 
 def test_layers_reject_inputs_that_are_not_channel_sparse_dicts():

@@ -11,6 +11,7 @@ from tf_sparseconv.channel.direct_conv import (SELECTION_MODES, check_dataflow, 
 from tf_sparseconv.channel.keras_io import SparseLayer, logical_shape
 from tf_sparseconv.channel.relu import sparse_relu
 from tf_sparseconv.geometry import per_dim
+from tf_sparseconv.layer_config import choice, flag, real, whole, whole_or_wholes
 
 ACTIVATIONS = (None, "linear", "relu")
 
@@ -60,36 +61,48 @@ class DirectSparseConv(SparseLayer):
                  kernel_regularizer=None, bias_regularizer=None, density_regularizer=None,
                  dataflow="auto", temp_limit_bytes=None, accumulator=None, **kwargs):
         super().__init__(**kwargs)
+        what = self.name
         if rho_up is not None and k is not None:
-            raise ValueError("give rho_up or k, not both")
-        if rho_up is not None and not 0.0 < rho_up <= 1.0:
-            raise ValueError(f"rho_up must be in (0, 1], got {rho_up}")
-        if k is not None and k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+            raise ValueError(f"{what}: give rho_up or k, not both")
+        if rho_up is not None:
+            rho_up = real(rho_up, "rho_up", what, 0.0, 1.0, low_open=True)
+        if k is not None:
+            k = whole(k, "k", what)
         bounded = rho_up is not None or k is not None
         selection = selection or ("signed" if bounded else "none")
-        if selection not in SELECTION_MODES:
-            raise ValueError(f"selection must be one of {SELECTION_MODES}, got {selection!r}")
+        choice(selection, "selection", what, SELECTION_MODES)
         if bounded != (selection != "none"):
-            raise ValueError(f"selection={selection!r} needs a bound (rho_up or k) exactly when it is not 'none'")
+            raise ValueError(f"{what}: selection={selection!r} needs a bound (rho_up or k) exactly when it is not "
+                             "'none'")
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be None or 'relu' (a dense activation would fill empty space), "
-                             f"got {activation!r}")
+            raise ValueError(f"{what}: activation must be None or 'relu' (a dense activation would fill empty "
+                             f"space), got {activation!r}")
         if density_regularizer is not None and rho_up is None:
-            raise ValueError("density_regularizer (Eq. 4) compares the density with rho_up: give rho_up")
-        self.dataflow = check_dataflow(dataflow, accumulator)
-        self.temp_limit_bytes = None if temp_limit_bytes is None else check_temp_limit(temp_limit_bytes)
-        self.filters = int(filters)
-        self.kernel_size = kernel_size
+            raise ValueError(f"{what}: density_regularizer (Eq. 4) compares the density with rho_up: give rho_up")
+        try:
+            self.dataflow = check_dataflow(dataflow, accumulator)
+            self.temp_limit_bytes = None if temp_limit_bytes is None else check_temp_limit(temp_limit_bytes)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+        self.filters = whole(filters, "filters", what)
+        # Odd sizes >= 1 ('same' padding centres the kernel); their count is checked in build.
+        sizes = whole_or_wholes(kernel_size, "kernel_size", what)
+        if any(s % 2 == 0 for s in ((sizes,) if isinstance(sizes, int) else sizes)):
+            raise ValueError(f"{what}: kernel_size entries must be odd (the kernel is centred on each entry), "
+                             f"got {kernel_size}")
+        self.kernel_size = sizes
         self.rho_up, self.k, self.selection = rho_up, k, selection
         self.activation = None if activation == "linear" else activation
-        self.use_bias = use_bias
+        self.use_bias = flag(use_bias, "use_bias", what)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
         if isinstance(density_regularizer, dict):
-            density_regularizer = keras.saving.deserialize_keras_object(density_regularizer)
+            try:
+                density_regularizer = keras.saving.deserialize_keras_object(density_regularizer)
+            except ValueError as e:
+                raise ValueError(f"{what}: {e}") from None
         self.density_regularizer = density_regularizer
         # Set False by FineTunePhase: the regulariser stays in the config, its penalty is off.
         self.density_regularization_on = True

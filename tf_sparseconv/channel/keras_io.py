@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
+from tf_sparseconv.layer_config import FLOAT32_OR_64, dtype_policy
 
 FIELDS = ("keys", "values", "dense_shape", "shape_token")
 
@@ -60,6 +61,7 @@ class CustomOpLayer(keras.layers.Layer):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        dtype_policy(self, FLOAT32_OR_64)  # the channel ops' dtypes
         self.supports_jit = False
 
 

@@ -8,6 +8,7 @@ from tf_sparseconv.channel.keras_io import (CustomOpLayer, SparseLayer, as_keras
 from tf_sparseconv.channel.max_pool import sparse_max_pool
 from tf_sparseconv.channel.relu import sparse_relu
 from tf_sparseconv.geometry import per_dim
+from tf_sparseconv.layer_config import whole_or_wholes
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
@@ -24,10 +25,7 @@ class SparseMaxPool(SparseLayer):
 
     def __init__(self, pool_size=2, **kwargs):
         super().__init__(**kwargs)
-        sizes = (pool_size,) if isinstance(pool_size, int) else tuple(pool_size)
-        if any(int(s) < 1 for s in sizes):
-            raise ValueError(f"pool_size must be >= 1, got {pool_size}")
-        self.pool_size = pool_size
+        self.pool_size = whole_or_wholes(pool_size, "pool_size", self.name)
 
     def build(self, input_shape):
         d = logical_shape(input_shape).rank - 2

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from tf_sparseconv.geometry import PADDINGS, checked_output_shape, conv_geometry, int_or_ints, per_dim
+from tf_sparseconv.layer_config import flag, whole
 from tf_sparseconv.site.conv import site_conv, site_conv_transpose, site_inverse_conv
 from tf_sparseconv.site.keras_io import SiteLayer, map_geometries, site_shapes
 from tf_sparseconv.site.kernel_map import check_dataflow
@@ -48,9 +49,7 @@ class _SiteConv(SiteLayer):
         dilation_rate = dilation_rate_of(dilation_rate, kwargs, type(self).__name__)
         super().__init__(**kwargs)
         self.dataflow = check_dataflow(dataflow, self.name)
-        if int(filters) < 1:
-            raise ValueError(f"{self.name}: filters must be >= 1, got {filters}")
-        self.filters = int(filters)
+        self.filters = whole(filters, "filters", self.name)
         self.kernel_size = None if kernel_size is None else int_or_ints(kernel_size, "kernel_size", self.name)
         self.strides = int_or_ints(strides, "strides", self.name)
         if isinstance(padding, str):
@@ -76,7 +75,7 @@ class _SiteConv(SiteLayer):
         if indice_key is not None and not isinstance(indice_key, str):
             raise TypeError(f"{self.name}: indice_key must be a string or None, got {indice_key!r}")
         self.indice_key = indice_key
-        self.use_bias = bool(use_bias)
+        self.use_bias = flag(use_bias, "use_bias", self.name)
         self.activation = keras.activations.get(activation)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)

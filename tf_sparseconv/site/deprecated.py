@@ -18,6 +18,7 @@ import keras
 
 from tf_sparseconv.site.conv_layers import (_SiteConv, _SparseConv, _SparseConvTranspose, _SparseInverseConv,
                                             _SubMConv, dilation_rate_of)
+from tf_sparseconv.layer_config import flag
 from tf_sparseconv.site.pool_layers import POOL_MODES, _SitePooling
 
 register = keras.saving.register_keras_serializable(package="tf_sparseconv")
@@ -41,7 +42,7 @@ class SiteConv(_SiteConv):
         _warn("SiteConv", "SubMConv3D (subm=True) or SparseConv3D, or their 1-D, 2-D and 4-D forms")
         dilation_rate = dilation_rate_of(dilation_rate, kwargs, "SiteConv")
         super().__init__(filters, kernel_size, strides, padding, dilation_rate, indice_key, **kwargs)
-        self.subm = bool(subm)
+        self.subm = flag(subm, "subm", self.name)
         self.mode = "submanifold" if self.subm else "strided"
         if self.subm:
             if any(s != 1 for s in _entries(self.strides)):

@@ -34,6 +34,7 @@ import keras
 import tensorflow as tf
 
 from tf_sparseconv.geometry import MODES, ConvGeometry
+from tf_sparseconv.layer_config import FLOATS, dtype_policy
 from tf_sparseconv.site.tensor import KernelMap, SiteSparseTensor
 
 FIELDS = ("coords", "features", "spatial_shape", "batch_size", "shape_token")
@@ -188,6 +189,7 @@ class SiteLayer(keras.layers.Layer):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        dtype_policy(self, FLOATS)
         # The ops are TensorFlow custom ops: tell Keras not to jit_compile models using them.
         self.supports_jit = False
 

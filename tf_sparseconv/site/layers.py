@@ -10,6 +10,8 @@ import tensorflow as tf
 
 from tf_sparseconv.channel.keras_io import from_keras_inputs, logical_shape
 from tf_sparseconv.geometry import int_or_ints
+from tf_sparseconv.layer_config import (FLOAT32_OR_64, FLOATS, MAX_EXTENT, bounds_pair, choice, dtype_policy,
+                                         flag, whole)
 from tf_sparseconv.site.conversions import REDUCTIONS, from_channel_sparse, voxelize_sites
 from tf_sparseconv.site.keras_io import (SiteLayer, as_site_keras_inputs, from_site_keras_inputs, site_dict_from,
                                          site_shapes)
@@ -26,9 +28,7 @@ class SiteSelect(SiteLayer):
 
     def __init__(self, k, **kwargs):
         super().__init__(**kwargs)
-        if int(k) < 1:
-            raise ValueError(f"{self.name}: k must be >= 1, got {k}")
-        self.k = int(k)
+        self.k = whole(k, "k", self.name)
 
     def site_call(self, x, training=None):
         return select_sites(x, self.k)
@@ -81,7 +81,7 @@ class _SiteMerge(SiteLayer):
 
     def __init__(self, validate=True, **kwargs):
         super().__init__(**kwargs)
-        self.validate = bool(validate)
+        self.validate = flag(validate, "validate", self.name)
 
     def build(self, input_shape):
         if not isinstance(input_shape, (list, tuple)) or len(input_shape) < 2:
@@ -157,20 +157,22 @@ class SiteVoxelize(keras.layers.Layer):
     def __init__(self, resolution, bounds=(-1.0, 1.0), reduction="mean", clip=True, return_point_map=False,
                  **kwargs):
         super().__init__(**kwargs)
+        dtype_policy(self, FLOAT32_OR_64)  # float16 would round coordinates into other voxels
         resolution = int_or_ints(resolution, "resolution", self.name)
         self.resolution = (resolution,) * 3 if isinstance(resolution, int) else tuple(resolution)
-        if not 1 <= len(self.resolution) <= 4 or any(r < 1 for r in self.resolution):
-            raise ValueError(f"{self.name}: resolution must be 1 to 4 entries >= 1, got {resolution}")
+        if not 1 <= len(self.resolution) <= 4 or any(not 1 <= r <= MAX_EXTENT for r in self.resolution):
+            raise ValueError(f"{self.name}: resolution must be 1 to 4 entries in [1, {MAX_EXTENT}], got {resolution}")
         d = len(self.resolution)
-        lo, hi = bounds
-        self.bounds = tuple(tuple(float(v) for v in _as_tuple_float(b, d, self.name)) for b in (lo, hi))
-        if any(h <= l for l, h in zip(*self.bounds)):
-            raise ValueError(f"{self.name}: bounds need lo < hi on every axis, got {bounds}")
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"{self.name}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-        self.reduction = reduction
-        self.clip = bool(clip)
-        self.return_point_map = bool(return_point_map)
+        try:
+            lo, hi = bounds
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.name}: bounds must be (lo, hi), each a number or one per axis, "
+                             f"got {bounds!r}") from None
+        per_axis = [_as_tuple_float(b, d, self.name) for b in (lo, hi)]
+        self.bounds = tuple(zip(*(bounds_pair(pair, "bounds", self.name) for pair in zip(*per_axis))))
+        self.reduction = choice(reduction, "reduction", self.name, REDUCTIONS)
+        self.clip = flag(clip, "clip", self.name)
+        self.return_point_map = flag(return_point_map, "return_point_map", self.name)
         self.supports_jit = False
 
     def call(self, points):
@@ -204,7 +206,12 @@ class SiteVoxelize(keras.layers.Layer):
 
 
 def _as_tuple_float(value, d, name):
-    values = (float(value),) * d if isinstance(value, numbers.Real) else tuple(float(v) for v in value)
+    if isinstance(value, numbers.Real):
+        return (value,) * d
+    try:
+        values = tuple(value)
+    except TypeError:
+        raise ValueError(f"{name}: bounds need a number or one number per axis ({d}), got {value!r}") from None
     if len(values) != d:
         raise ValueError(f"{name}: bounds need one value per axis ({d}), got {value}")
     return values
@@ -218,6 +225,7 @@ class SiteToPoints(keras.layers.Layer):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        dtype_policy(self, FLOATS)
         self.supports_jit = False
 
     def call(self, inputs):
@@ -235,6 +243,7 @@ class SparseToSite(keras.layers.Layer):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        dtype_policy(self, FLOAT32_OR_64)  # the channel ops' dtypes
         self.supports_jit = False
 
     def call(self, inputs):

@@ -8,6 +8,7 @@ the convolutions do.
 import keras
 
 from tf_sparseconv.geometry import PADDINGS, checked_output_shape, conv_geometry, int_or_ints, per_dim
+from tf_sparseconv.layer_config import FLOATS, choice, dtype_policy
 from tf_sparseconv.site.keras_io import SiteLayer, from_site_keras_inputs, map_geometries, site_shapes
 from tf_sparseconv.site.pool import global_pool, site_pool
 
@@ -34,6 +35,10 @@ class _SitePooling(SiteLayer):
         else:
             padding = int_or_ints(padding, "padding", self.name)
         self.padding = padding
+        for name, minimum in (("pool_size", 1), ("strides", 1), ("padding", 0)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                per_dim(value, self.rank or (1 if isinstance(value, int) else len(value)), name, minimum, self.name)
         if indice_key is not None and not isinstance(indice_key, str):
             raise TypeError(f"{self.name}: indice_key must be a string or None, got {indice_key!r}")
         self.indice_key = indice_key
@@ -129,9 +134,8 @@ class SiteGlobalPool(keras.layers.Layer):
 
     def __init__(self, mode="mean", **kwargs):
         super().__init__(**kwargs)
-        if mode not in GLOBAL_POOL_MODES:
-            raise ValueError(f"{self.name}: mode must be one of {GLOBAL_POOL_MODES}, got {mode!r}")
-        self.mode = mode
+        self.mode = choice(mode, "mode", self.name, GLOBAL_POOL_MODES)
+        dtype_policy(self, FLOATS)
         self.supports_jit = False
 
     def call(self, inputs):

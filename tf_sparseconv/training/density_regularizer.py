@@ -17,6 +17,8 @@ does to training, with the measurements: docs/channel.md, "Eq. 4's choices".
 import keras
 import tensorflow as tf
 
+from tf_sparseconv.layer_config import choice, flag, real
+
 REDUCTIONS = ("sum", "mean", "filter")
 DENSITIES = ("layer", "channel")
 
@@ -27,16 +29,13 @@ class DensityRegularizer:
     include_bias and density are the choices of the module docstring."""
 
     def __init__(self, scale=0.1, o=0.1, b1=0.1, b2=0.1, reduction="sum", include_bias=True, density="layer"):
-        for name, value in (("scale", scale), ("o", o), ("b1", b1), ("b2", b2)):
-            if not value >= 0:
-                raise ValueError(f"DensityRegularizer {name} must be >= 0, got {value}")
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"DensityRegularizer reduction must be one of {REDUCTIONS}, got {reduction!r}")
-        self.scale, self.o, self.b1, self.b2 = float(scale), float(o), float(b1), float(b2)
-        if density not in DENSITIES:
-            raise ValueError(f"DensityRegularizer density must be one of {DENSITIES}, got {density!r}")
+        what = "DensityRegularizer"
+        self.scale, self.o, self.b1, self.b2 = (real(value, name, what, 0.0) for name, value in
+                                                (("scale", scale), ("o", o), ("b1", b1), ("b2", b2)))
+        choice(reduction, "reduction", what, REDUCTIONS)
+        choice(density, "density", what, DENSITIES)
         self.reduction = reduction
-        self.include_bias = bool(include_bias)
+        self.include_bias = flag(include_bias, "include_bias", what)
         self.density = density
 
     def bias(self, rho, rho_up):
