@@ -19,6 +19,7 @@ from tf_sparseconv import cli
 from tf_sparseconv.data import SCANNET_CLASSES, load_modelnet_meshes, load_scannet_objects, make_shapes
 from tf_sparseconv.models import image_classifier, octnet3, point_cloud_classifier
 from tf_sparseconv.models.memory_bound import memory_bound
+from tf_sparseconv.models.saving import CHECKSUM_MEMBER
 from tf_sparseconv.training import train
 
 from tests.data.test_mnist import write_idx_folder
@@ -358,6 +359,8 @@ def trained_run(tmp_path_factory):
 def test_evaluate_split_val_rescores_the_training_runs_validation_examples(capsys, trained_run):
     run_dir = trained_run / "run"
     split = json.loads((run_dir / "split.json").read_text())
+    with zipfile.ZipFile(run_dir / "model.keras") as archive:  # train saves the checksum evaluate verifies
+        assert CHECKSUM_MEMBER in archive.namelist()
     code, out, err = run(capsys, "evaluate", run_dir / "model.keras", "--split", "val", "--out", trained_run / "val")
     assert code == 0, err
     metrics = json.loads((trained_run / "val" / "metrics.json").read_text())

@@ -68,15 +68,12 @@ def load_model(path, serving=True):
 
     serving: refuse a model on sparse tensors (a bare core, such as train's epoch
     snapshots); otherwise its input_spec is None."""
-    import keras
-
-    import tf_sparseconv  # noqa: F401  (registers the layers a saved model names)
-    from tf_sparseconv.models import class_names, input_spec
+    from tf_sparseconv.models import ModelFileError, class_names, input_spec, load_model as load_checked
 
     try:
-        model = keras.models.load_model(path, compile=False)
-    except Exception as e:  # Keras raises many types for a broken or foreign archive
-        raise UsageError(f"{path}: cannot be loaded as a tf_sparseconv model ({one_line(e)})") from None
+        model = load_checked(path, compile=False)  # verifies the checksum train saves with the model
+    except ModelFileError as e:
+        raise UsageError(one_line(e)) from None
     try:
         spec = input_spec(model)
     except (TypeError, ValueError) as e:

@@ -17,6 +17,7 @@ import tensorflow as tf
 from tf_sparseconv.channel.keras_io import as_keras_inputs
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.data.voxelize import num_channels
+from tf_sparseconv.layer_config import FLOAT32_OR_64, MAX_EXTENT, bounds_pair, choice, dtype_policy, grid, real, whole
 
 NORMALIZATIONS = ("unit_sphere", "none")
 
@@ -63,6 +64,26 @@ def normalize_unit_sphere(points):
     radius = tf.where(radius > 0, radius, tf.ones_like(radius))
     normalized = tf.cast(centred / radius[:, None, None], tf.float32)
     return tf.concat([normalized, points[..., 3:]], axis=-1)
+
+
+def checked_shape(tensor, expected, what, described):
+    """tensor, after Assert ops that refuse, when the graph runs, another rank than
+    len(expected) and other extents where `expected` gives one (None: any): the signature
+    of an exported model does not check the shapes it is fed. described: the shape in
+    words for the message ("[B, N, 3] (x, y, z)")."""
+    n = len(expected)
+    shape = tf.shape(tensor)
+    message = tf.strings.format(f"{what}: expected {described}, got shape {{}}", shape, summarize=-1)
+    # The rank is read from the extents' values: the graph optimizer folds a Rank op (or the
+    # Size of the shape) into the rank the signature declares. Extents are >= 0, so -1 marks
+    # the end of the shape.
+    padded = tf.concat([shape, tf.fill([n + 1], -1)], 0)[:n + 1]
+    ok = tf.reduce_all(padded[:n] >= 0) & tf.equal(padded[n], -1)
+    fixed = [(axis, extent) for axis, extent in enumerate(expected) if extent is not None]
+    if fixed:
+        ok &= tf.reduce_all(tf.equal(tf.gather(padded, [axis for axis, _ in fixed]), [e for _, e in fixed]))
+    with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
+        return tf.identity(tensor)
 
 
 def _assert_batch_not_empty(tensor, what, items):
@@ -170,6 +191,8 @@ class PointCloudToSparse(keras.layers.Layer):
     point to radius 1 (bounds must contain [-1, 1]); "none" voxelizes the coordinates as
     given. Points outside `bounds`, NaN / infinite values and clouds without points raise
     InvalidArgumentError naming the cloud, an empty batch raises it too; nothing is clipped.
+    So do another rank or number of columns, checked in the graph as well (the signature of
+    an exported model does not check the shapes it is fed).
     points_per_cloud: the points per cloud the model was trained with; stored for tools
     that resample clouds before predicting (any N works).
     """
@@ -177,24 +200,22 @@ class PointCloudToSparse(keras.layers.Layer):
     def __init__(self, resolution, features=("occupancy",), normalize="unit_sphere", bounds=(-1.0, 1.0),
                  points_per_cloud=None, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(resolution, bool) or int(resolution) != resolution or resolution < 1:
-            raise ValueError(f"{self.name}: resolution must be a positive integer, got {resolution!r}")
-        self.resolution = int(resolution)
-        self.features = check_features(features)
-        if normalize not in NORMALIZATIONS:
-            raise ValueError(f"{self.name}: normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
-        self.normalize = normalize
-        lo, hi = (float(b) for b in bounds)
-        if not hi > lo:
-            raise ValueError(f"{self.name}: bounds must be (low, high) with low < high, got {bounds}")
+        what = self.name
+        dtype_policy(self, FLOAT32_OR_64)  # float16 would round coordinates into other voxels than in training
+        self.resolution = whole(resolution, "resolution", what, 1, MAX_EXTENT)
+        try:
+            self.features = check_features(features)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+        grid((self.resolution,) * 3, num_channels(self.features), what)
+        self.normalize = choice(normalize, "normalize", what, NORMALIZATIONS)
+        lo, hi = bounds_pair(bounds, "bounds", what)
         if normalize == "unit_sphere" and not (lo <= -1.0 and hi >= 1.0):
-            raise ValueError(f"{self.name}: normalize='unit_sphere' puts points anywhere in [-1, 1]; bounds {bounds} "
+            raise ValueError(f"{what}: normalize='unit_sphere' puts points anywhere in [-1, 1]; bounds {bounds} "
                              "must contain it")
         self.bounds = (lo, hi)
-        if points_per_cloud is not None and (int(points_per_cloud) != points_per_cloud or points_per_cloud < 1):
-            raise ValueError(f"{self.name}: points_per_cloud must be a positive integer or None, "
-                             f"got {points_per_cloud!r}")
-        self.points_per_cloud = None if points_per_cloud is None else int(points_per_cloud)
+        self.points_per_cloud = None if points_per_cloud is None else whole(points_per_cloud, "points_per_cloud",
+                                                                              what)
         self.supports_jit = False
 
     @property
@@ -208,10 +229,10 @@ class PointCloudToSparse(keras.layers.Layer):
 
     def call(self, points):
         points = tf.convert_to_tensor(points)
-        if points.shape.rank != 3 or (points.shape[-1] is not None and points.shape[-1] < self.columns):
-            raise ValueError(f"{self.name}: points must be [B, N, {self.columns}] (x, y, z"
-                             f"{', nx, ny, nz' * (self.columns > 3)}), got shape {points.shape}")
-        points = tf.cast(points, tf.float32)
+        described = f"points [B, N, {self.columns}] (x, y, z{', nx, ny, nz' * (self.columns > 3)})"
+        if points.shape.rank != 3 or points.shape[-1] not in (None, self.columns):
+            raise ValueError(f"{self.name}: expected {described}, got shape {points.shape}")
+        points = checked_shape(tf.cast(points, tf.float32), [None, None, self.columns], self.name, described)
         if self.normalize == "unit_sphere":
             with tf.control_dependencies(check_point_clouds(points, self.columns, self.name)):
                 points = normalize_unit_sphere(points)
@@ -251,14 +272,15 @@ class ImageToSparse(keras.layers.Layer):
     [B, H, W, 1]: pixels >= threshold keep v / 255, the rest are dropped (MNIST, §4.2).
 
     Equal to tf_sparseconv.data.image_arrays(images, threshold). Values outside 0..255 or
-    NaN raise InvalidArgumentError, and so does an empty batch. Images scaled to 0..1 are
+    NaN raise InvalidArgumentError, and so do an empty batch and, checked in the graph,
+    another rank or image size than the layer was built for. Images scaled to 0..1 are
     not detected: every pixel of them falls below the threshold.
     """
 
     def __init__(self, threshold=50, **kwargs):
         super().__init__(**kwargs)
-        if not 0 < float(threshold) <= 255:
-            raise ValueError(f"{self.name}: threshold must be in (0, 255], got {threshold!r}")
+        dtype_policy(self, FLOAT32_OR_64)
+        real(threshold, "threshold", self.name, 0, 255, low_open=True)
         self.threshold = threshold
         self.image_shape = None
         self.supports_jit = False
@@ -272,7 +294,8 @@ class ImageToSparse(keras.layers.Layer):
         images = tf.convert_to_tensor(images)
         if images.shape.rank != 3 or not images.shape[1:].is_fully_defined():
             raise ValueError(f"{self.name}: images must be [B, H, W] with H and W known, got shape {images.shape}")
-        images = tf.cast(images, tf.float32)
+        h, w = images.shape[1], images.shape[2]
+        images = checked_shape(tf.cast(images, tf.float32), [None, h, w], self.name, f"images [B, {h}, {w}]")
         valid = tf.reduce_all((images >= 0) & (images <= 255), axis=[1, 2])  # False for NaN too
         checks = [_assert_batch_not_empty(images, self.name, "images"),
                   _assert_per_example(valid, f"{self.name}: image {{}} of the batch has values outside 0..255 (or "
@@ -281,7 +304,6 @@ class ImageToSparse(keras.layers.Layer):
             flat = tf.reshape(images, [-1])
         keys = tf.where(flat >= tf.cast(self.threshold, tf.float32))[:, 0]
         values = tf.gather(flat, keys) / tf.constant(255, tf.float32)
-        h, w = images.shape[1], images.shape[2]
         dense_shape = tf.stack([tf.shape(images, out_type=tf.int64)[0], h, w, tf.constant(1, tf.int64)])
         return as_keras_inputs(ChannelSparseTensor(keys, values, dense_shape, tf.TensorShape([None, h, w, 1])))
 
@@ -290,4 +312,4 @@ class ImageToSparse(keras.layers.Layer):
 
 
 __all__ = ["PointCloudToSparse", "VoxelizePoints", "ImageToSparse", "normalize_unit_sphere",
-           "voxelize_point_tensor", "check_point_clouds", "NORMALIZATIONS"]
+           "voxelize_point_tensor", "check_point_clouds", "checked_shape", "NORMALIZATIONS"]

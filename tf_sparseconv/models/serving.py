@@ -8,10 +8,10 @@ names in the saved model) behind it, so the saved model takes point
 clouds [B, N, 3 or 6] or images [B, H, W] and returns logits [B, num_classes]:
 
     model = point_cloud_classifier(core, 32, class_names=classes, points_per_cloud=1024)
-    model.save("model.keras")
+    tf_sparseconv.models.save_model(model, "model.keras")   # model.save, plus a weights checksum
     # elsewhere:
     import tf_sparseconv, keras
-    model = keras.models.load_model("model.keras")
+    model = keras.models.load_model("model.keras")   # or tf_sparseconv.models.load_model: checks the file
     logits = model.predict(clouds)            # numpy [M, N, 3] or a tf.data.Dataset
 
 Training data must be normalised by normalize_point_clouds (the layer's own TensorFlow
@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from tf_sparseconv.channel.keras_io import FIELDS as SPARSE_FIELDS
 from tf_sparseconv.data.voxelize import num_channels
+from tf_sparseconv.layer_config import FLOATS, dtype_policy
 from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse, check_features, normalize_unit_sphere
 from tf_sparseconv.site.keras_io import FIELDS as SITE_FIELDS
 from tf_sparseconv.site.layers import SparseToSite
@@ -182,6 +183,7 @@ class ClassNames(keras.layers.Layer):
 
     def __init__(self, names=None, **kwargs):
         super().__init__(**kwargs)
+        dtype_policy(self, FLOATS)  # an integer dtype would round the logits
         if names is not None:
             names = tuple(str(n) for n in names)
             if not names or len(set(names)) != len(names):

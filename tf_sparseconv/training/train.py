@@ -13,7 +13,8 @@ nothing written.
 Writes into --out (default: a new folder runs/<dataset>-<model>-<date>-<time>; an existing
 non-empty folder only with --overwrite): model.keras, the trained model with its
 preprocessing (point clouds [B, N, 3] -> logits, or images [B, 28, 28] for MNIST; load it
-with keras.models.load_model after `import tf_sparseconv`), results.json, split.json (which
+with keras.models.load_model after `import tf_sparseconv`, or with tf_sparseconv.models.load_model,
+which also verifies the weights' checksum saved with it), results.json, split.json (which
 examples were held out for validation, for `tf-sparseconv evaluate --split val`),
 training_curve.png and tensorboard/. Point clouds are normalised into the unit sphere
 before training, the same way the saved model normalises what it is given. Progress is
@@ -51,7 +52,7 @@ from tf_sparseconv.data.point_files import npz_headers
 from tf_sparseconv.data.scannet import SCAN_LAYOUT
 from tf_sparseconv.channel.keras_io import as_keras_inputs
 from tf_sparseconv.models import (DEFAULT_RHOS, image_classifier, normalize_point_clouds, octnet3,
-                                  point_cloud_classifier, site_resnet)
+                                  point_cloud_classifier, save_model, site_resnet)
 from tf_sparseconv.models.memory_bound import memory_bound
 from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS
 from tf_sparseconv.site.conversions import from_channel_sparse
@@ -390,7 +391,7 @@ class EpochSnapshots(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch + 1 in self.epochs:
             os.makedirs(self.out, exist_ok=True)
-            self.model.save(snapshot_path(self.out, epoch + 1))
+            save_model(self.model, snapshot_path(self.out, epoch + 1))
 
 
 def snapshot_path(out, epoch):
@@ -932,7 +933,7 @@ def main(argv=None):
                         bounds={row["layer"]: row["rho_up"] for row in layers},
                         title=f"{args.model} on {args.dataset} at {resolution}" + ("²" if image_data else "³"))
     model_path = os.path.join(args.out, "model.keras")
-    serving_model(model, args, classes, None if image_data else int(examples.shape[1])).save(model_path)
+    save_model(serving_model(model, args, classes, None if image_data else int(examples.shape[1])), model_path)
 
     print("[4/4] summary")
     inputs = (f"images [B, {MNIST_RESOLUTION}, {MNIST_RESOLUTION}]" if image_data
