@@ -20,5 +20,6 @@ from tf_sparseconv._op_library import ops as _ops
 def host_sync_count():
     """The number of waits since the library was loaded: an int in eager mode (an int64
     scalar tensor inside tf.function, read where the function reaches it)."""
-    count = _ops.host_sync_count()
+    with tf.device("/CPU:0"):  # the count lives on the host, whatever the caller's device scope
+        count = _ops.host_sync_count()
     return int(count) if tf.executing_eagerly() else count

@@ -189,7 +189,9 @@ def test_a_model_of_both_families_loads_after_import_tf_sparseconv_alone(saved, 
     result = subprocess.run([sys.executable, "-c", LOAD_ONLY, saved["mixed"], str(tmp_path / "clouds.npy"),
                              str(tmp_path / "logits.npy")], env=ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), saved["mixed_logits"], rtol=1e-5, atol=1e-6)
+    # On a GPU another process may pick other kernels (TF32 products, atomics in another order).
+    tolerance = dict(rtol=2e-3, atol=1e-3) if tf.config.list_physical_devices("GPU") else dict(rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), saved["mixed_logits"], **tolerance)
 
 
 # ---- configs outside a layer's valid range are refused on load ------------------------------------------------------
