@@ -1,12 +1,15 @@
 """OFF parsing (standard and malformed headers, polygons, comments), area-weighted surface
-sampling, the ModelNet mesh layout and .npz loaders, their errors, and the real .npz."""
+sampling, the ModelNet mesh layout and .npz loaders, their errors, the official test split's
+class counts, and the real .npz (its up axis among them)."""
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tf_sparseconv.data.modelnet import (MODELNET10_CLASSES, load_modelnet_meshes, load_modelnet_npz,
-                                         normalize_to_unit_sphere, read_off, sample_surface)
+from tf_sparseconv.data.modelnet import (MODELNET10_CLASSES, MODELNET40_TEST_COUNTS, load_modelnet_meshes,
+                                         load_modelnet_npz, modelnet40_test_counts, normalize_to_unit_sphere, read_off,
+                                         sample_surface)
+from tf_sparseconv.data.pipeline import UP_AXIS
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -179,3 +182,26 @@ def test_real_modelnet40_and_modelnet10():
     assert set(np.unique(labels10)) == set(range(10))
     chair = classes.index("chair")
     np.testing.assert_array_equal(points10[labels10 == MODELNET10_CLASSES.index("chair")], points[labels == chair])
+
+
+def test_modelnet40_test_counts_sum_to_the_official_test_split():
+    counts = MODELNET40_TEST_COUNTS
+    assert len(counts) == 40 and sum(counts.values()) == 2468
+    assert sum(counts[c] for c in MODELNET10_CLASSES) == 908  # ModelNet10's test split
+    np.testing.assert_array_equal(modelnet40_test_counts(["chair", "bathtub", "desk", "xbox"]), [100, 50, 86, 20])
+    np.testing.assert_array_equal(modelnet40_test_counts(["chair", "bathtub", "desk", "xbox"], full=50),
+                                  [50, 25, 43, 10])
+    with pytest.raises(ValueError, match="no classes"):
+        modelnet40_test_counts(["chair", "sphere"])
+
+
+@pytest.mark.skipif(not (DATA / "modelnet40_train.npz").exists(), reason="../shared/data not available")
+def test_real_modelnet40_classes_are_the_test_counts_and_z_is_up():
+    points, labels, classes = load_modelnet_npz(DATA / "modelnet40_train.npz")
+    assert sorted(classes) == sorted(MODELNET40_TEST_COUNTS)
+    # people, bottles and doors are tallest along z; aeroplanes are flattest along it
+    extent = {c: (points[labels == classes.index(c)].max(1) - points[labels == classes.index(c)].min(1)).mean(0)
+              for c in ("person", "bottle", "door", "airplane")}
+    for c in ("person", "bottle", "door"):
+        assert np.argmax(extent[c]) == UP_AXIS, (c, extent[c])
+    assert np.argmin(extent["airplane"]) == UP_AXIS

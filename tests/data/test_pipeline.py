@@ -1,5 +1,5 @@
 """tf.data pipelines: element types and static shapes, batches equal direct voxelization,
-seeded shuffling and augmentation, the stratified split, the replicas' parts of a global
+seeded shuffling and augmentation, the stratified and balanced splits, the replicas' parts of a global
 batch, and errors at construction."""
 from pathlib import Path
 
@@ -9,8 +9,8 @@ import tensorflow as tf
 
 import tf_sparseconv as ts
 from tf_sparseconv.data.mnist import images_to_channel_sparse
-from tf_sparseconv.data.pipeline import (Augmentation, ReplicaSplit, augment_point_clouds, image_dataset,
-                                         point_cloud_dataset, stratified_split)
+from tf_sparseconv.data.pipeline import (Augmentation, ReplicaSplit, augment_point_clouds, balanced_split,
+                                         image_dataset, point_cloud_dataset, rotate_about_up, stratified_split)
 from tf_sparseconv.data.synthetic import make_shapes
 from tf_sparseconv.data.voxelize import voxelize_points
 
@@ -33,6 +33,71 @@ def test_stratified_split_is_fixed_disjoint_and_proportional(rng):
     assert not np.array_equal(val, stratified_split(labels, 0.25, seed=1)[1])
     with pytest.raises(ValueError, match="val_fraction"):
         stratified_split(labels, 1.0)
+
+
+def test_balanced_split_holds_out_per_class_capped_at_max_fraction():
+    labels = np.repeat(np.arange(4), [10, 200, 40, 3])[::-1].copy()  # classes not in label order
+    train, val = balanced_split(labels, 8, max_fraction=0.25, seed=0)
+    again = balanced_split(labels, 8, max_fraction=0.25, seed=0)
+    np.testing.assert_array_equal(train, again[0])
+    np.testing.assert_array_equal(val, again[1])
+    assert np.intersect1d(train, val).size == 0
+    np.testing.assert_array_equal(np.union1d(train, val), np.arange(len(labels)))
+    assert np.all(np.diff(train) > 0) and np.all(np.diff(val) > 0)
+    # min(8, floor(0.25 n_c)): 2 of 10, 8 of 200, 8 of 40, 0 of 3
+    np.testing.assert_array_equal(np.bincount(labels[val], minlength=4), [2, 8, 8, 0])
+    assert not np.array_equal(val, balanced_split(labels, 8, max_fraction=0.25, seed=1)[1])
+    # drawn in stratified_split's per-class order: the first examples of the same permutation
+    _, stratified = stratified_split(labels, 0.2, seed=0)  # 2, 40, 8, 1 of the classes
+    assert set(val) <= set(stratified) | set(np.flatnonzero(labels == 3))
+
+
+def test_balanced_split_takes_a_count_per_class_label():
+    labels = np.repeat(np.arange(3), [100, 100, 100])
+    _, val = balanced_split(labels, [20, 5, 0], max_fraction=0.5, seed=3)
+    np.testing.assert_array_equal(np.bincount(labels[val], minlength=3), [20, 5, 0])
+    with pytest.raises(ValueError, match="one per class label"):
+        balanced_split(labels, [20, 5])
+    with pytest.raises(ValueError, match=">= 0"):
+        balanced_split(labels, [20, -1, 3])
+    with pytest.raises(ValueError, match="max_fraction"):
+        balanced_split(labels, 5, max_fraction=1.0)
+
+
+def test_balanced_split_in_the_modelnet40_test_proportions():
+    # training-set sizes large enough that the cap never binds: the held-out counts are
+    # then exactly half of the official test's (100 -> 50, 86 -> 43, 50 -> 25, 20 -> 10)
+    classes = sorted(ts.data.MODELNET40_TEST_COUNTS)
+    labels = np.repeat(np.arange(40), 300)
+    counts = ts.data.modelnet40_test_counts(classes, full=50)
+    _, val = balanced_split(labels, counts, max_fraction=0.25, seed=0)
+    held = np.bincount(labels[val], minlength=40)
+    expected = np.array([ts.data.MODELNET40_TEST_COUNTS[c] for c in classes]) // 2
+    np.testing.assert_array_equal(held, expected)
+    assert held.sum() == 2468 // 2
+    assert sorted(set(expected)) == [10, 25, 43, 50]
+
+
+def test_rotate_about_up_turns_points_and_normals_counter_clockwise():
+    clouds = np.array([[[1.0, 0.0, 0.5, 0.0, 1.0, 0.0], [0.0, 2.0, -1.0, 1.0, 0.0, 0.0]]])
+    turned = rotate_about_up(clouds, np.pi / 2)
+    np.testing.assert_allclose(turned, [[[0.0, 1.0, 0.5, -1.0, 0.0, 0.0], [-2.0, 0.0, -1.0, 0.0, 1.0, 0.0]]],
+                               atol=1e-12)
+    about_x = rotate_about_up(clouds[..., :3], np.pi / 2, up_axis=0)
+    np.testing.assert_allclose(about_x, [[[1.0, -0.5, 0.0], [0.0, 1.0, 2.0]]], atol=1e-12)
+    np.testing.assert_array_equal(clouds[0, 0], [1.0, 0.0, 0.5, 0.0, 1.0, 0.0])  # a copy
+
+
+def test_stepped_rotation_augmentation_turns_by_multiples_of_its_step():
+    clouds = np.tile(np.array([[[1.0, 0.0, 0.3]]]), (64, 1, 1))
+    turned = augment_point_clouds(clouds, np.random.default_rng(0),
+                                  Augmentation(rotation_steps=12, scale_range=(1, 1), jitter=0))
+    angles = np.degrees(np.arctan2(turned[:, 0, 1], turned[:, 0, 0])) % 360
+    steps = angles / 30
+    np.testing.assert_allclose(steps, np.round(steps), atol=1e-4)
+    assert len(np.unique(np.round(steps) % 12)) >= 8  # many of the 12 views drawn
+    np.testing.assert_allclose(turned[..., 2], 0.3, atol=1e-6)
+    assert ts.data.NAMED_AUGMENTATIONS["rotate12"].rotation_steps == 12
 
 
 def test_elements_are_channel_sparse_tensors_with_static_shapes(shapes):

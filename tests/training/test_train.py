@@ -105,30 +105,39 @@ def test_train_on_thresholded_mnist_subset(tmp_path):
     assert np.mean(np.argmax(logits, -1) == labels[val]) == pytest.approx(results["val_accuracy"])
 
 
-class _MeanXModel:
-    """Logits [mean x + mean normal x, 0.5] per cloud: the first class wins where x leans positive."""
-
-    def predict(self, clouds, verbose=0):
-        x = clouds[..., 0].mean(axis=1) + (clouds[..., 3].mean(axis=1) if clouds.shape[-1] >= 6 else 0.0)
-        return np.stack([x, np.full_like(x, 0.5)], axis=-1)
-
-
-@pytest.mark.parametrize("columns", [3, 6])
-def test_mirror_vote_averages_the_softmax_of_a_cloud_and_its_mirror_image(columns):
-    clouds = np.zeros([3, 4, columns], np.float32)
-    clouds[0, :, 0] = 3.0  # [3, .5]: p0 0.924; mirrored [-3, .5]: p0 0.029; mean 0.476 -> class 1
-    clouds[1, :, 0] = 0.1  # [.1, .5] and [-.1, .5]: class 1 both ways
-    if columns == 6:
-        # [2, .5]: p0 0.818; with the normal mirrored too [-2, .5]: p0 0.076 -> class 1
-        # (mirroring x alone would repeat [2, .5] and vote class 0)
-        clouds[2, :, 3] = 2.0
-    before = clouds.copy()
-    labels = np.array([1, 1, 1])
-    model = _MeanXModel()
-    plain = np.mean(np.argmax(model.predict(clouds), axis=-1) == labels)
-    assert plain == pytest.approx(1 / 3 if columns == 6 else 2 / 3)
-    assert train.mirror_vote_accuracy(model, lambda view: view, clouds, labels) == pytest.approx(1.0)
-    np.testing.assert_array_equal(clouds, before)  # the caller's clouds are not mirrored in place
+def test_balanced_split_and_rotation_vote_are_recorded_and_evaluate_repeats_the_vote(tmp_path, capsys):
+    from tf_sparseconv import cli
+    argv = TINY + ["--epochs", "1", "--val-split", "balanced", "--val-per-class", "2", "--val-max-fraction", "0.4",
+                   "--vote", "rotations-3", "--out", str(tmp_path)]
+    results = train.main(argv)
+    printed = capsys.readouterr().out
+    assert "voting over 3 rotations of each cloud about the up axis" in printed
+    assert "validation mean per-class accuracy" in printed
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["command"] == "tf-sparseconv train " + " ".join(argv)
+    assert (saved["val_split"], saved["val_per_class"], saved["val_max_fraction"], saved["val_fraction"]) == \
+        ("balanced", 2, 0.4, None)
+    # min(2, floor(0.4 * 6)) of each of the 8 classes
+    assert saved["val_examples"] == 16 and saved["val_class_examples"] == [2] * 8
+    assert saved["val_overall"] == pytest.approx(saved["val_accuracy"])
+    # the Keras metric of the last epoch and the NumPy count of the final predictions agree
+    assert saved["val_mean_class"] == pytest.approx(saved["history"]["val_mean_class_accuracy"][-1])
+    scored = [a for a in saved["val_class_accuracy"].values() if a is not None]
+    assert saved["val_mean_class"] == pytest.approx(np.mean(scored))
+    assert saved["vote"] == "rotations-3" and 0 <= saved["val_overall_vote"] <= 1
+    assert saved["val_accuracy_mirror_vote"] is None and saved["val_overall_test_weighted"] is None
+    split = json.loads((tmp_path / "split.json").read_text())
+    assert (split["val_split"], split["val_per_class"], split["val_max_fraction"]) == ("balanced", 2, 0.4)
+    labels = datasets.make_shapes(num_per_class=6, seed=0)[1]
+    np.testing.assert_array_equal(np.bincount(labels[split["val_indices"]]), [2] * 8)
+    assert not set(split["val_indices"]) & set(split["train_indices"])
+    # the saved model voted over the same views by `evaluate` scores the same
+    assert cli.main(["evaluate", str(tmp_path / "model.keras"), "--split", "val", "--vote", "rotations-3",
+                     "--out", str(tmp_path / "eval")]) == 0
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["vote"] == "rotations-3"
+    assert metrics["overall_accuracy"] == pytest.approx(saved["val_overall_vote"])
+    assert metrics["mean_class_accuracy"] == pytest.approx(saved["val_mean_class_vote"])
 
 
 def test_snapshots_hold_the_model_of_their_epoch(tmp_path):
@@ -193,7 +202,7 @@ def test_features_give_the_model_its_input_channels(tmp_path):
 def test_vote_mirror_is_refused_for_mnist(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train.main(["--dataset", "mnist", "--vote-mirror", "--out", str(tmp_path)])
-    assert "--vote-mirror applies to point clouds" in capsys.readouterr().err
+    assert "--vote mirror applies to point clouds" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train.main(["--dataset", "mnist", "--features", "occupancy", "offset", "--out", str(tmp_path)])
     assert "--features applies to point clouds" in capsys.readouterr().err
@@ -378,6 +387,18 @@ BAD_ARGUMENTS = [
     (["--val-fraction", "1"], "--val-fraction must be in (0, 1)"),
     (["--max-examples", "-1"], "--max-examples must be >= 0"),
     (["--synthetic-per-class", "0"], "--synthetic-per-class must be >= 1"),
+    (["--val-split", "balanced", "--val-fraction", "0.2"],
+     "--val-fraction does not apply to --val-split balanced, which uses --val-per-class and --val-max-fraction"),
+    (["--val-per-class", "20"], "--val-per-class does not apply to --val-split stratified, which uses --val-fraction"),
+    (["--val-split", "balanced", "--val-per-class", "0"], "--val-per-class must be >= 1, got 0"),
+    (["--val-split", "balanced", "--val-max-fraction", "1"], "--val-max-fraction must be in (0, 1)"),
+    (["--val-split", "modelnet40-test"], "--val-split modelnet40-test follows the official ModelNet40 test split's "
+                                         "classes; use it with --dataset modelnet40 or modelnet10, not synthetic"),
+    (["--val-split", "random"], "argument --val-split: invalid choice: 'random'"),
+    (["--vote", "rotations-1"], "argument --vote: the vote must be none, mirror or rotations-N"),
+    (["--vote", "rotations-4", "--vote-mirror"], "--vote-mirror is --vote mirror; it cannot be combined with --vote "
+                                                 "rotations-4"),
+    (["--dataset", "mnist", "--vote", "rotations-4"], "--vote rotations-4 applies to point clouds, not to MNIST"),
     (["--resolution", "abc"], "argument --resolution: invalid int value: 'abc'"),
     (["--dataset", "mnist", "--resolution", "32"], "--resolution 32 does not apply to MNIST"),
     (["--dataset", "mnist", "--augment"], "--augment applies to point clouds"),
@@ -405,6 +426,8 @@ BAD_ARGUMENTS = [
      "--features normals needs surface normals"),
     # found only once the data is there: 2 shapes per class leave no validation example
     (["--synthetic-per-class", "2"], "leaves 16 for training and 0 for validation"),
+    (["--synthetic-per-class", "3", "--val-split", "balanced"], "--val-split balanced (--val-per-class 50, "
+                                                                "--val-max-fraction 0.25) of 24 examples"),
 ]
 
 
@@ -532,13 +555,15 @@ def test_a_run_writes_the_serving_model_split_curve_and_tensorboard(tmp_path, mo
     assert history["present_weights"] == [results["present_weights"]] * 2
     val_events = _events(out / "tensorboard" / "validation")
     assert val_events["accuracy"] == pytest.approx({1: history["val_accuracy"][0], 2: history["val_accuracy"][1]})
+    assert val_events["mean_class_accuracy"] == pytest.approx(
+        {1: history["val_mean_class_accuracy"][0], 2: history["val_mean_class_accuracy"][1]})
 
     # outside a terminal: one short line per epoch, then the summary
     epoch_lines = [line for line in printed.splitlines() if line.startswith("epoch ")]
     assert [line.split()[1] for line in epoch_lines] == ["1/2", "2/2"]
     assert all(len(line) < 100 for line in epoch_lines), epoch_lines
     assert re.fullmatch(r"epoch 2/2  loss \d+\.\d{4}  acc \d\.\d{4}  val_loss \d+\.\d{4}  val_acc \d\.\d{4}  "
-                        r"\d+\.\d s", epoch_lines[1])
+                        r"val_mean_class \d\.\d{4}  \d+\.\d s", epoch_lines[1])
     assert max(len(line) for line in printed.splitlines()) < 200
     bound = results["memory_bound_bytes"] / 2 ** 20
     assert f"memory bound at batch 8: {bound:.1f} MB for any input" in printed

@@ -4,9 +4,12 @@ Reads a test split (data.test_split: ModelNet OFF tree, point-cloud .npz, MNIST,
 scans) or, with --split val, exactly the validation examples of the run that saved the
 model (from its split.json). The data's class names are matched to the model's by name,
 so a test tree with fewer classes, or in another order, scores correctly; a class the
-model does not know is refused. Prints the overall and the mean per-class accuracy and a
-per-class table; writes metrics.json and confusion_matrix.png to a new folder.
+model does not know is refused. With --vote, each cloud is scored by the mean softmax over
+its mirror image or its rotations about the up axis (z) as well. Prints the overall and the
+mean per-class accuracy and a per-class table; writes metrics.json and confusion_matrix.png
+to a new folder.
 """
+import argparse
 import datetime
 import json
 import os
@@ -42,6 +45,10 @@ def add_arguments(parser):
     parser.add_argument("--points", type=positive_int, metavar="N",
                         help="points sampled per mesh or kept per ScanNet object (default: the model's points "
                              "per cloud, else 1024)")
+    parser.add_argument("--vote", type=_vote, default="none", metavar="VOTE",
+                        help="score each cloud by the mean softmax over views of it: none (default), mirror (and its "
+                             "x-mirrored copy) or rotations-N (N rotations about the up axis, z, by multiples of "
+                             "360/N degrees); as tf-sparseconv train --vote")
     parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
                         help="examples per prediction batch (default 32)")
     parser.add_argument("--seed", type=int, metavar="N", help="seed of the point sampling (default 0)")
@@ -49,6 +56,14 @@ def add_arguments(parser):
                         help="folder for metrics.json and confusion_matrix.png (default: a new "
                              "eval-<data>-<split>-<time> folder beside the model)")
     parser.add_argument("--overwrite", action="store_true", help="allow writing into a non-empty --out")
+
+
+def _vote(text):
+    from tf_sparseconv.training.voting import parse_vote
+    try:
+        return parse_vote(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _default_out(model_path, data_path, split):
@@ -155,12 +170,19 @@ def _names(names, limit=12):
     return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
-def _check_compatible(kind, spec, data):
+def _check_compatible(kind, spec, data, vote="none"):
     images = kind == "mnist"
     if images and spec["kind"] != "images":
         raise UsageError(f"{data} holds images, but the model takes point clouds")
     if not images and spec["kind"] == "images":
         raise UsageError(f"{data} holds point clouds, but the model takes images")
+    if vote != "none" and spec["kind"] == "images":
+        raise UsageError(f"--vote {vote} applies to point clouds, not to images (mirroring or rotating changes a "
+                         "digit)")
+    if vote != "none" and spec.get("normalize") == "none":
+        # the views turn about the origin, which may carry points out of the model's fixed bounds
+        raise UsageError(f"--vote {vote} needs a model that normalises its clouds (normalize='unit_sphere'); this "
+                         "one was saved with normalize='none'")
 
 
 def _load_validation_set(record, data):
@@ -259,8 +281,8 @@ def save_confusion_png(path, confusion, row_names, column_names, title):
     plt.close(fig)
 
 
-def _print_report(metrics, classes, source):
-    print(f"{metrics['examples']} examples from {source}")
+def _print_report(metrics, classes, source, vote="none"):
+    print(f"{metrics['examples']} examples from {source}" + (f", voting over views ({vote})" if vote != "none" else ""))
     print(f"overall accuracy     {metrics['overall_accuracy']:.4f}  ({metrics['correct']}/{metrics['examples']})")
     present = sum(1 for c in classes if metrics["per_class"][c]["examples"])
     print(f"mean class accuracy  {metrics['mean_class_accuracy']:.4f}  (over {present} classes)")
@@ -297,7 +319,7 @@ def run(args):
     out = args.out or _default_out(args.model, data, split)
     model, spec, model_names = load_model(args.model)
     num_outputs = int(model.outputs[0].shape[-1])
-    _check_compatible(kind, spec, data)
+    _check_compatible(kind, spec, data, args.vote)
     loaded, classes, model_index, notes, seed = _load_examples(args, kind, split, data, record, spec, model_names,
                                                                num_outputs)
     for note in notes:
@@ -305,21 +327,35 @@ def run(args):
     examples = _fit_to_model(loaded.examples, spec, data)
     if len(examples) == 0:
         raise UsageError(f"{data}: no examples of the classes {_names(classes)}")
-    logits = predict_logits(model, examples, args.batch_size, Progress("predicting", len(examples)))
+    if args.vote == "none":
+        scores = predict_logits(model, examples, args.batch_size, Progress("predicting", len(examples)))
+    else:
+        from tf_sparseconv.training.voting import vote_views, voted_probabilities
+        views = sum(1 for _ in vote_views(examples[:1], args.vote))
+        done = [0]
+
+        def predict(view):
+            done[0] += 1
+            return predict_logits(model, view, args.batch_size,
+                                  Progress(f"predicting view {done[0]}/{views} ({args.vote})", len(examples)))
+
+        scores = voted_probabilities(predict, examples, args.vote)
     true = model_index[loaded.labels]
-    metrics = classification_metrics(true, logits.argmax(1), classes, model_index, num_outputs)
-    _print_report(metrics, classes, loaded.source)
+    metrics = classification_metrics(true, scores.argmax(1), classes, model_index, num_outputs)
+    _print_report(metrics, classes, loaded.source, args.vote)
 
     output_names = list(model_names) if model_names else list(classes)
     summary = {"model": os.path.abspath(args.model), "data": os.path.abspath(data) if data else None,
                "kind": loaded.kind, "split": split, "classes": list(classes), "model_classes": output_names,
                "points_per_cloud": int(examples.shape[1]) if spec["kind"] == "points" else None, "seed": seed,
+               "vote": args.vote,
                **metrics}
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=1)
     run_name = os.path.basename(os.path.dirname(os.path.abspath(args.model)))
-    title = (f"{run_name} on {os.path.basename(data or 'synthetic')} ({split}): accuracy "
+    title = (f"{run_name} on {os.path.basename(data or 'synthetic')} ({split}"
+             + (f", vote {args.vote}" if args.vote != "none" else "") + "): accuracy "
              f"{metrics['overall_accuracy']:.3f}, mean class {metrics['mean_class_accuracy']:.3f}")
     save_confusion_png(os.path.join(out, "confusion_matrix.png"), metrics["confusion_matrix"], list(classes),
                        output_names, title)

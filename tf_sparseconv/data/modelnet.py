@@ -17,6 +17,34 @@ MODELNET10_CLASSES = ("bathtub", "bed", "chair", "desk", "dresser", "monitor", "
 
 MESH_LAYOUT = "<root>/<class>/{train,test}/*.off"
 
+# Shapes per class in the official ModelNet40 test split (2,468 in all), counted from the
+# <class>/test/*.off folders of Princeton's ModelNet40 archive (the same counts as its
+# modelnet40_test.txt file list); ModelNet10's test split (908) has the same counts for its
+# ten classes. Most classes have 100 test shapes, many 20, whatever their training size, so
+# a validation split that follows the training set's balance weights the classes
+# differently from the test (train --val-split modelnet40-test mirrors these counts).
+MODELNET40_TEST_COUNTS = {
+    "airplane": 100, "bathtub": 50, "bed": 100, "bench": 20, "bookshelf": 100, "bottle": 100, "bowl": 20,
+    "car": 100, "chair": 100, "cone": 20, "cup": 20, "curtain": 20, "desk": 86, "door": 20, "dresser": 86,
+    "flower_pot": 20, "glass_box": 100, "guitar": 100, "keyboard": 20, "lamp": 20, "laptop": 20, "mantel": 100,
+    "monitor": 100, "night_stand": 86, "person": 20, "piano": 100, "plant": 100, "radio": 20, "range_hood": 100,
+    "sink": 20, "sofa": 100, "stairs": 20, "stool": 20, "table": 100, "tent": 20, "toilet": 100, "tv_stand": 100,
+    "vase": 100, "wardrobe": 20, "xbox": 20,
+}
+
+def modelnet40_test_counts(classes, full=100):
+    """Validation examples per class (in the order of classes) in the proportions of the
+    official ModelNet40 test split: full for a class with 100 test shapes, round(full *
+    count / 100) for the others (full=50: 50, 43, 25 or 10)."""
+    unknown = [c for c in classes if c not in MODELNET40_TEST_COUNTS]
+    if unknown:
+        raise ValueError(f"the official ModelNet40 test split has no classes {unknown}; its test counts apply to "
+                         "ModelNet40 and ModelNet10 only")
+    if full < 1:
+        raise ValueError(f"full must be >= 1, got {full}")
+    return np.array([int(round(full * MODELNET40_TEST_COUNTS[c] / 100)) for c in classes], np.int64)
+
+
 # 'OFF' alone, or with the counts glued on as in some ModelNet files: "OFF490 518 0".
 _HEADER = re.compile(r"^OFF(?:\s*(\d.*))?$")
 

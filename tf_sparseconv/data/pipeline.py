@@ -1,5 +1,5 @@
 """tf.data pipelines yielding (ts.ChannelSparseTensor, labels) batches for Keras `fit`, plus
-the fixed stratified train/validation split.
+the fixed train/validation splits (stratified, or balanced across the classes).
 
 Index batches are shuffled by tf.data, then one tf.numpy_function per batch gathers the
 clouds (or images), augments them and builds keys/values/dense_shape with the vectorised
@@ -22,6 +22,10 @@ from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.data.mnist import THRESHOLD, image_arrays
 from tf_sparseconv.data.voxelize import num_channels, voxelize_arrays
 
+# The up axis of the point clouds: z in ModelNet's OFF meshes (and so in
+# modelnet40_train.npz, whose persons, bottles and doors are tallest along z) and in ScanNet.
+UP_AXIS = 2
+
 
 def stratified_split(labels, val_fraction=0.1, seed=0):
     """(train_idx, val_idx), both sorted: round(val_fraction * n_c) of each class c go to
@@ -29,11 +33,39 @@ def stratified_split(labels, val_fraction=0.1, seed=0):
     labels = np.asarray(labels)
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    val = []
-    for c in np.unique(labels):
-        members = np.flatnonzero(labels == c)
-        n_val = int(round(val_fraction * len(members)))
-        val.append(np.random.default_rng([seed, int(c)]).permutation(members)[:n_val])
+    classes = np.unique(labels)
+    return _held_out_split(labels, {c: int(round(val_fraction * np.sum(labels == c))) for c in classes}, seed)
+
+
+def balanced_split(labels, per_class, max_fraction=0.25, seed=0):
+    """(train_idx, val_idx), both sorted: min(per_class[c], floor(max_fraction * n_c)) of each
+    class c go to validation, so the large classes do not outweigh the others as they do in
+    a stratified split, and a small class keeps most of its examples for training.
+
+    per_class: one count for every class, or a sequence indexed by the label (e.g. the
+    official test split's counts, data.modelnet40_test_counts). Examples are drawn as
+    stratified_split draws them (the same per-class order), so the split is fixed by seed."""
+    labels = np.asarray(labels)
+    if not 0 < max_fraction < 1:
+        raise ValueError(f"max_fraction must be in (0, 1), got {max_fraction}")
+    classes = np.unique(labels)
+    counts = np.asarray(per_class)
+    if counts.ndim == 0:
+        counts = np.full(int(classes.max()) + 1 if len(classes) else 0, int(counts))
+    if len(classes) and (counts.ndim != 1 or len(counts) <= classes.max()):
+        raise ValueError(f"per_class must be one count or one per class label (labels go up to {classes.max()}), "
+                         f"got shape {counts.shape}")
+    if (counts < 0).any():
+        raise ValueError(f"per_class counts must be >= 0, got {counts.tolist()}")
+    return _held_out_split(labels, {c: min(int(counts[c]), int(max_fraction * np.sum(labels == c)))
+                                    for c in classes}, seed)
+
+
+def _held_out_split(labels, val_counts, seed):
+    """(train_idx, val_idx), sorted int64: the first val_counts[c] examples of class c in an
+    order drawn from a generator seeded from (seed, c) go to validation."""
+    val = [np.random.default_rng([seed, int(c)]).permutation(np.flatnonzero(labels == c))[:n]
+           for c, n in val_counts.items()]
     val = np.sort(np.concatenate(val)) if val else np.zeros([0], np.int64)
     train = np.setdiff1d(np.arange(len(labels)), val)
     return train.astype(np.int64), val.astype(np.int64)
@@ -61,9 +93,12 @@ class ReplicaSplit:
 
 @dataclasses.dataclass(frozen=True)
 class Augmentation:
-    """Per-cloud random rotation about the up axis, mirroring, isotropic scale and Gaussian jitter."""
+    """Per-cloud random rotation about the up axis, mirroring, isotropic scale and Gaussian
+    jitter. rotation_steps 0 draws any angle; N > 0 one of the N multiples of 360/N degrees
+    (the views that voting over rotations-N averages)."""
     rotate_up: bool = True
-    up_axis: int = 2          # z is up in ModelNet and ScanNet
+    up_axis: int = UP_AXIS
+    rotation_steps: int = 0
     mirror_axes: tuple = ()   # each axis here is negated in half of the clouds (for aligned data)
     scale_range: tuple = (0.85, 1.0)  # > 1 would push surfaces into the clipped border voxels
     jitter: float = 0.01      # std in unit-sphere units, clipped at 3 std
@@ -76,10 +111,28 @@ class Augmentation:
         return NAMED_AUGMENTATIONS[mode]
 
 
-# By name: 'rotate' (about z, for data in arbitrary orientations), 'mirror' (x negated at
-# random, for aligned data) or 'scale' (scale and jitter only); all three scale and jitter.
-NAMED_AUGMENTATIONS = {"rotate": Augmentation(), "mirror": Augmentation(rotate_up=False, mirror_axes=(0,)),
+# By name: 'rotate' (about z by any angle, for data in arbitrary orientations), 'rotate12'
+# (about z by a multiple of 30 degrees, the views of --vote rotations-12), 'mirror' (x negated
+# at random, for aligned data) or 'scale' (scale and jitter only); all of them scale and jitter.
+NAMED_AUGMENTATIONS = {"rotate": Augmentation(), "rotate12": Augmentation(rotation_steps=12),
+                       "mirror": Augmentation(rotate_up=False, mirror_axes=(0,)),
                        "scale": Augmentation(rotate_up=False)}
+
+
+def rotate_about_up(points, angles, up_axis=UP_AXIS):
+    """Copy of clouds [B, N, 3 or 6] (float64) rotated by angles [B] (radians,
+    counter-clockwise seen from above) about the up axis through the origin; normals
+    (columns 3:6) turn with the points."""
+    points = np.array(points, np.float64)
+    angles = np.broadcast_to(np.asarray(angles, np.float64), [len(points)])
+    cos, sin = np.cos(angles), np.sin(angles)
+    a, b = [axis for axis in range(3) if axis != up_axis]
+    rotation = np.tile(np.eye(3), (len(points), 1, 1))
+    rotation[:, a, a], rotation[:, a, b], rotation[:, b, a], rotation[:, b, b] = cos, -sin, sin, cos
+    points[..., :3] = np.einsum("bij,bnj->bni", rotation, points[..., :3])
+    if points.shape[-1] >= 6:
+        points[..., 3:6] = np.einsum("bij,bnj->bni", rotation, points[..., 3:6])
+    return points
 
 
 def augment_point_clouds(points, rng, augmentation=Augmentation()):
@@ -88,14 +141,10 @@ def augment_point_clouds(points, rng, augmentation=Augmentation()):
     points = np.array(points, np.float64)
     batch = len(points)
     if augmentation.rotate_up:
-        angle = rng.uniform(0, 2 * np.pi, batch)
-        cos, sin = np.cos(angle), np.sin(angle)
-        a, b = [axis for axis in range(3) if axis != augmentation.up_axis]
-        rotation = np.tile(np.eye(3), (batch, 1, 1))
-        rotation[:, a, a], rotation[:, a, b], rotation[:, b, a], rotation[:, b, b] = cos, -sin, sin, cos
-        points[..., :3] = np.einsum("bij,bnj->bni", rotation, points[..., :3])
-        if points.shape[-1] >= 6:
-            points[..., 3:6] = np.einsum("bij,bnj->bni", rotation, points[..., 3:6])
+        steps = augmentation.rotation_steps
+        angle = (rng.integers(0, steps, batch) * (2 * np.pi / steps) if steps
+                 else rng.uniform(0, 2 * np.pi, batch))
+        points = rotate_about_up(points, angle, augmentation.up_axis)
     for axis in augmentation.mirror_axes:
         sign = np.where(rng.random(batch) < 0.5, -1.0, 1.0)[:, None]
         points[..., axis] *= sign

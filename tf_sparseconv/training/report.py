@@ -30,7 +30,7 @@ class PresentWeights(keras.callbacks.Callback):
 
 class EpochProgress(keras.callbacks.Callback):
     """One line per finished epoch: `epoch 3/20  loss 1.234  acc 0.567  val_loss 1.345
-    val_acc 0.512  12.3 s`."""
+    val_acc 0.512  val_mean_class 0.487  12.3 s`."""
 
     def __init__(self, epochs, stream=None):
         super().__init__()
@@ -47,7 +47,9 @@ class EpochProgress(keras.callbacks.Callback):
 def epoch_line(epoch, epochs, logs, seconds):
     """The short progress line of epoch (counted from 0) of epochs."""
     parts = [f"epoch {epoch + 1}/{epochs}"]
-    for key, label in (("loss", "loss"), ("accuracy", "acc"), ("val_loss", "val_loss"), ("val_accuracy", "val_acc")):
+    for key, label in (("loss", "loss"), ("accuracy", "acc"), ("val_loss", "val_loss"), ("val_accuracy", "val_acc"),
+                       ("val_mean_class_accuracy", "val_mean_class"),
+                       ("val_test_weighted_accuracy", "val_test_w")):
         if key in logs:
             parts.append(f"{label} {float(logs[key]):.4f}")
     parts.append(f"{seconds:.1f} s")
@@ -68,7 +70,7 @@ class TensorBoardScalars(keras.callbacks.Callback):
     """Per-epoch scalars under log_dir: train/ holds loss, accuracy, each sparse layer's
     density (density/<layer>), present_weights, seconds_per_epoch and
     cpu_seconds_per_epoch; validation/ holds
-    loss and accuracy under the same tags, so TensorBoard draws both in one chart. Needs
+    loss, accuracy and mean_class_accuracy under the same tags, so TensorBoard draws both in one chart. Needs
     no tensorboard package to write; `tensorboard --logdir <log_dir>` shows them."""
 
     def __init__(self, log_dir):
@@ -116,7 +118,7 @@ def density_series(history):
 
 def plot_training_curve(history, path, bounds=None, title=None):
     """Writes a PNG of four panels over the epochs: loss, accuracy (training and
-    validation), each sparse layer's output density (with its bound rho_up from bounds,
+    validation, overall and mean per class), each sparse layer's output density (with its bound rho_up from bounds,
     {layer: rho_up or None}, dashed) and the present weights."""
     import matplotlib
     matplotlib.use("Agg")
@@ -128,6 +130,9 @@ def plot_training_curve(history, path, bounds=None, title=None):
         for prefix, name in (("", "training"), ("val_", "validation")):
             if prefix + key in history:
                 ax.plot(epochs, history[prefix + key], marker=".", label=name)
+        if key == "accuracy" and "val_mean_class_accuracy" in history:
+            ax.plot(epochs, history["val_mean_class_accuracy"], marker=".", linestyle="--",
+                    label="validation, mean per class")
         ax.set_title(label)
         ax.legend()
     densities = density_series(history)
@@ -196,9 +201,18 @@ def summary_lines(results, written, next_commands):
                      f"{results['replicas']} replicas (--strategy {results['strategy']}), global batch "
                      f"{results['batch_size']} ({results['batch_size_per_replica']} per replica): {rate} over all "
                      "replicas")
-    if results.get("val_accuracy_mirror_vote") is not None:
-        lines.append(f"validation accuracy voting over each cloud and its mirror image "
-                     f"{results['val_accuracy_mirror_vote']:.4f}")
+    if results.get("val_mean_class") is not None:
+        lines.append(f"validation mean per-class accuracy {results['val_mean_class']:.4f} over "
+                     f"{results['val_examples']} examples (--val-split {results['val_split']})")
+    if results.get("val_overall_test_weighted") is not None:
+        lines.append(f"validation accuracy at the official test split's class balance "
+                     f"{results['val_overall_test_weighted']:.4f} ± {results['val_overall_test_weighted_se']:.4f} "
+                     "(standard error)")
+    if results.get("vote", "none") != "none":
+        views = ("each cloud and its mirror image" if results["vote"] == "mirror" else
+                 f"{results['vote'].split('-')[1]} rotations of each cloud about the up axis")
+        lines.append(f"validation accuracy voting over {views} {results['val_overall_vote']:.4f} (mean per-class "
+                     f"{results['val_mean_class_vote']:.4f})")
     if results["layers"]:
         lines.append(f"{'sparse layer':<18}{'rho_up':>8}{'density':>10}{'present weights':>20}")
         for row in results["layers"]:

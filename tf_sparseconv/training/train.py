@@ -37,6 +37,7 @@ import glob
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -62,15 +63,23 @@ from tf_sparseconv.training.distribute import (STRATEGIES, cluster_from_tf_confi
                                                make_strategy, per_replica_dataset, replica_values, steps_per_epoch)
 from tf_sparseconv.training.fine_tune import FineTunePhase
 from tf_sparseconv.training.losses import SmoothedSparseCrossentropy
+from tf_sparseconv.training.metrics import MeanClassAccuracy, class_accuracies
 from tf_sparseconv.training.pruning import WarningShotPruning, present_weight_count, sparse_conv_layers
 from tf_sparseconv.training.report import (EpochProgress, PresentWeights, TensorBoardScalars, plot_training_curve,
                                            summary_lines)
+from tf_sparseconv.training.voting import VOTE_HELP, parse_vote, voted_probabilities
 
 PROG = "tf-sparseconv train"
 DATASETS = ("synthetic", "modelnet40", "modelnet10", "scannet", "mnist")
 MODELS = ("octnet3", "site-resnet")
 LAM_TERMS = ("weights+biases", "weights")
 OPTIMIZERS = ("adam", "adagrad", "sgd")
+# How the validation examples are chosen: --val-fraction of each class (stratified), up to
+# --val-per-class of each (balanced), or in the official ModelNet40 test's proportions
+# (modelnet40-test: --val-per-class for a class with 100 test shapes); the last two hold out
+# at most --val-max-fraction of any class.
+VAL_SPLITS = ("stratified", "balanced", "modelnet40-test")
+VAL_DEFAULTS = {"val_fraction": 0.1, "val_per_class": 50, "val_max_fraction": 0.25}
 SITE_MODEL_NOTE = ("memory bound: not computed for site-resnet; the bound covers the channel-sparse layers "
                    "(DirectSparseConv, SparseMaxPool) only, and a site model's memory follows its active sites")
 DEFAULT_DATA_DIR = os.environ.get(
@@ -306,10 +315,10 @@ def backed_up_epochs(backup_dir):
 
 
 # Arguments that may change when a backed-up run is resumed; any other change is refused,
-# because the checkpoint would silently continue a different experiment (--vote-mirror only
-# adds an evaluation at the end). A decaying learning rate spans the planned epochs, so
-# under one --epochs may not change either.
-RESUMABLE_CHANGES = ("epochs", "out", "overwrite", "backup_dir", "vote_mirror", "snapshot_epochs")
+# because the checkpoint would silently continue a different experiment (--vote only adds
+# an evaluation at the end). A decaying learning rate spans the planned epochs, so under
+# one --epochs may not change either.
+RESUMABLE_CHANGES = ("epochs", "out", "overwrite", "backup_dir", "vote_mirror", "vote", "snapshot_epochs")
 # Options whose parser default is None (given only with --lam > 0), as main() resolves them.
 RESOLVED_DEFAULTS = {"lam_reduction": "sum", "lam_terms": LAM_TERMS[0], "lam_density": DENSITIES[0]}
 
@@ -398,20 +407,40 @@ def snapshot_path(out, epoch):
     return os.path.join(out, f"model_epoch{epoch}.keras")
 
 
-def mirror_vote_accuracy(model, make_dataset, clouds, labels, steps=None):
-    """Accuracy of the mean softmax over each cloud and its copy with x negated (normals
-    too): test-time voting over the symmetry that --augment mirror trains for. make_dataset
-    maps clouds [M, N, 3+] to the model's unshuffled batches, in order (per replica under a
-    strategy, with steps: the rows after the M clouds' are fillers)."""
-    mirrored = np.array(clouds, np.float32, copy=True)
-    mirrored[..., 0] *= -1
-    if mirrored.shape[-1] >= 6:
-        mirrored[..., 3] *= -1
-    probabilities = 0.0
-    for view in (clouds, mirrored):
-        logits = model.predict(make_dataset(view), verbose=0, **({"steps": steps} if steps else {}))[:len(labels)]
-        probabilities = probabilities + tf.nn.softmax(logits).numpy()
-    return float(np.mean(np.argmax(probabilities, axis=-1) == np.asarray(labels)))
+def validation_scores(model, make_dataset, examples, labels, num_classes, vote="none", steps=None,
+                      test_weights=None):
+    """metrics.class_accuracies of the model on the validation examples ("per_class" as a
+    list, None for a class without examples), each example scored by the mean softmax over
+    vote's views of it (training.voting; "none": the example alone); with test_weights
+    (examples per class of a test split), also "weighted": the overall accuracy at the test's
+    class balance, and its standard error. make_dataset maps examples [M, ...] to the
+    model's unshuffled batches, in order (per replica under a strategy, with steps: the
+    rows after the M examples' are fillers)."""
+    def predict(view):
+        return model.predict(make_dataset(view), verbose=0, **({"steps": steps} if steps else {}))[:len(labels)]
+
+    probabilities = (voted_probabilities(predict, examples, vote) if vote != "none"
+                     else tf.nn.softmax(predict(examples)).numpy())
+    scores = class_accuracies(labels, np.argmax(probabilities, axis=-1), num_classes, test_weights)
+    scores["per_class"] = [None if np.isnan(a) else float(a) for a in scores["per_class"]]
+    return scores
+
+
+def test_class_weights(classes):
+    """The official ModelNet40 test split's examples per class for classes, or None where a
+    class is not one of ModelNet40's."""
+    if not all(c in datasets.MODELNET40_TEST_COUNTS for c in classes):
+        return None
+    return datasets.modelnet40_test_counts(classes)
+
+
+def validation_split(args, labels, classes):
+    """(train_idx, val_idx) of the loaded examples, as --val-split chooses them."""
+    if args.val_split == "stratified":
+        return datasets.stratified_split(labels, args.val_fraction, args.seed)
+    per_class = (datasets.modelnet40_test_counts(classes, args.val_per_class) if args.val_split == "modelnet40-test"
+                 else args.val_per_class)
+    return datasets.balanced_split(labels, per_class, args.val_max_fraction, args.seed)
 
 
 def build_parser():
@@ -469,9 +498,23 @@ def build_parser():
                    help="cosine: from --lr down to 0 over all --epochs (a backed-up run then keeps its --epochs); "
                         f"default: {main['lr_schedule']} on the built-in shapes, {other['lr_schedule']} on the other "
                         "datasets")
-    p.add_argument("--val-fraction", type=float, default=0.1,
-                   help="fraction of each class held out for validation, in (0, 1); the held-out examples are "
-                        "listed in <out>/split.json")
+    p.add_argument("--val-split", choices=VAL_SPLITS, default="stratified",
+                   help="how the validation examples are held out of the training data (listed in "
+                        "<out>/split.json): stratified, --val-fraction of each class (the default); balanced, "
+                        "--val-per-class of each class; modelnet40-test, in the class proportions of the official "
+                        "ModelNet40 test split (--val-per-class for its classes of 100 test shapes, 86, 50 and 20 "
+                        "scaled alike), so the validation accuracies estimate the test's; balanced and "
+                        "modelnet40-test hold out at most --val-max-fraction of any class")
+    p.add_argument("--val-fraction", type=float, default=None,
+                   help=f"--val-split stratified: fraction of each class held out, in (0, 1) (default "
+                        f"{VAL_DEFAULTS['val_fraction']})")
+    p.add_argument("--val-per-class", type=int, default=None,
+                   help=f"--val-split balanced: examples held out per class; modelnet40-test: per class of 100 test "
+                        f"shapes (default {VAL_DEFAULTS['val_per_class']}: 50, 43, 25 or 10 per ModelNet40 class)")
+    p.add_argument("--val-max-fraction", type=float, default=None,
+                   help=f"--val-split balanced or modelnet40-test: at most this fraction of a class is held out, in "
+                        f"(0, 1) (default {VAL_DEFAULTS['val_max_fraction']}), so small classes keep their training "
+                        "shapes")
     p.add_argument("--max-examples", type=int, default=0, help="use a stratified subset of this size (0: all)")
     p.add_argument("--synthetic-per-class", type=int, default=DEFAULT_SYNTHETIC_PER_CLASS,
                    help="shapes per class of the synthetic dataset")
@@ -482,8 +525,11 @@ def build_parser():
     p.add_argument("--features", nargs="+", choices=tuple(datasets.FEATURE_CHANNELS), default=["occupancy"],
                    help="voxel features of point clouds, in channel order: occupancy, count, normals (3), offset "
                         "(3: the mean point position within the voxel)")
-    p.add_argument("--vote-mirror", action="store_true",
-                   help="also report the validation accuracy of voting over each cloud and its x-mirrored copy")
+    p.add_argument("--vote", type=vote_argument, default="none",
+                   help=f"also score the validation examples by voting over views of each cloud: {VOTE_HELP}; the "
+                        "mean softmax over the views decides (rotations-12 suits --augment rotate12, mirror "
+                        "--augment mirror; default none)")
+    p.add_argument("--vote-mirror", action="store_true", help="the same as --vote mirror")
     p.add_argument("--init", choices=("he_normal", "glorot_uniform"),
                    help="octnet3: initialisation of the ReLU layers' kernels (default he_normal; Keras' "
                         "glorot_uniform leaves the 64^3 net untrainable)")
@@ -505,6 +551,13 @@ def build_parser():
                    "rerunning with the same arguments (--epochs may grow) continues from the last finished epoch "
                    "(give a new --out, or --overwrite)")
     return p
+
+
+def vote_argument(text):
+    try:
+        return parse_vote(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def default_out(dataset, model):
@@ -575,8 +628,6 @@ def _check_values(parser, args):
             parser.error(f"{flag} must be >= {least}, got {value}")
     if not args.lr > 0:
         parser.error(f"--lr must be > 0, got {args.lr}")
-    if not 0 < args.val_fraction < 1:
-        parser.error(f"--val-fraction must be in (0, 1) (the fraction of each class held out), got {args.val_fraction}")
     if args.lam < 0 or args.prune_eps < 0:
         parser.error(f"--lam and --prune-eps must be >= 0, got {args.lam} and {args.prune_eps}")
     if any(c < 1 for c in args.site_channels):
@@ -633,8 +684,13 @@ def _check_model_options(parser, args):
         parser.error(f"--weight-decay must be >= 0, got {args.weight_decay}")
     if not 0 <= args.label_smoothing < 1:
         parser.error(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
-    if args.vote_mirror and args.dataset == "mnist":
-        parser.error("--vote-mirror applies to point clouds, not to MNIST digits (mirroring changes a digit)")
+    if args.vote_mirror:
+        if args.vote not in ("none", "mirror"):
+            parser.error(f"--vote-mirror is --vote mirror; it cannot be combined with --vote {args.vote}")
+        args.vote = "mirror"
+    if args.vote != "none" and args.dataset == "mnist":
+        parser.error(f"--vote {args.vote} applies to point clouds, not to MNIST digits (mirroring or rotating "
+                     "changes a digit)")
     if args.dataset == "mnist" and args.features != ["occupancy"]:
         parser.error("--features applies to point clouds; MNIST digits have one thresholded channel")
     if args.dataset == "mnist" and args.augment:
@@ -661,6 +717,30 @@ def _check_model_options(parser, args):
         parser.error("--backup-dir cannot resume warning-shot pruning (--prune-eps); run it in one process")
 
 
+def _check_validation(parser, args):
+    """--val-split and the options of its kind; the others' defaults filled in."""
+    given = {key: getattr(args, key) for key in VAL_DEFAULTS if getattr(args, key) is not None}
+    used = ("val_fraction",) if args.val_split == "stratified" else ("val_per_class", "val_max_fraction")
+    stray = sorted(set(given) - set(used))
+    if stray:
+        parser.error(f"{', '.join('--' + key.replace('_', '-') for key in stray)} does not apply to --val-split "
+                     f"{args.val_split}, which uses {' and '.join('--' + key.replace('_', '-') for key in used)}")
+    for key in used:
+        setattr(args, key, given.get(key, VAL_DEFAULTS[key]))
+    if args.val_split == "stratified" and not 0 < args.val_fraction < 1:
+        parser.error(f"--val-fraction must be in (0, 1) (the fraction of each class held out), got {args.val_fraction}")
+    if args.val_split != "stratified":
+        if args.val_per_class < 1:
+            parser.error(f"--val-per-class must be >= 1, got {args.val_per_class}")
+        if not 0 < args.val_max_fraction < 1:
+            parser.error(f"--val-max-fraction must be in (0, 1) (the most of a class held out), got "
+                         f"{args.val_max_fraction}")
+    if args.val_split == "modelnet40-test" and args.dataset not in ("modelnet40", "modelnet10"):
+        parser.error(f"--val-split modelnet40-test follows the official ModelNet40 test split's classes; use it "
+                     f"with --dataset modelnet40 or modelnet10, not {args.dataset} (balanced: the same count per "
+                     "class)")
+
+
 def parse_args(parser, argv=None):
     """The checked arguments, with the defaults that depend on other options filled in.
     --out is checked first; then every value, the model's options, the data path (listings
@@ -671,6 +751,7 @@ def parse_args(parser, argv=None):
         if getattr(args, key) is None:
             setattr(args, key, value)
     _check_values(parser, args)
+    _check_validation(parser, args)
     _check_resolution(parser, args)
     _check_model_options(parser, args)
     _check_strategy(parser, args)
@@ -701,7 +782,9 @@ def split_record(args, data_path, labels, keep, train_idx, val_idx, classes):
     with what identifies the data (its path, example count and a sha256 of its labels), so
     `tf-sparseconv evaluate --split val` re-scores exactly the validation examples."""
     record = {"dataset": args.dataset, "data_path": os.path.abspath(data_path) if data_path else None,
-              "seed": args.seed, "val_fraction": args.val_fraction, "max_examples": args.max_examples,
+              "seed": args.seed, "val_split": args.val_split, "val_fraction": args.val_fraction,
+              "val_per_class": args.val_per_class, "val_max_fraction": args.val_max_fraction,
+              "max_examples": args.max_examples,
               "num_examples": int(len(labels)), "labels_sha256": labels_sha256(labels), "classes": list(classes),
               "val_indices": keep[val_idx].tolist(), "train_indices": keep[train_idx].tolist()}
     if args.dataset == "synthetic":
@@ -755,6 +838,7 @@ def build_model(args, num_classes, in_channels, steps, synchronized_bn=False):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser = build_parser()
     args = parse_args(parser, argv)
     # First: MultiWorkerMirroredStrategy must configure TensorFlow before anything runs.
@@ -781,11 +865,14 @@ def main(argv=None):
     if args.max_examples and args.max_examples < len(labels):
         keep, _ = datasets.stratified_split(labels, 1 - args.max_examples / len(labels), args.seed)
         examples, labels = examples[keep], labels[keep]
-    train_idx, val_idx = datasets.stratified_split(labels, args.val_fraction, args.seed)
+    train_idx, val_idx = validation_split(args, labels, classes)
     if not len(train_idx) or not len(val_idx):
-        parser.error(f"--val-fraction {args.val_fraction} of {len(labels)} examples in {len(classes)} classes leaves "
-                     f"{len(train_idx)} for training and {len(val_idx)} for validation; both need some (use more "
-                     "examples or another --val-fraction)")
+        held = (f"--val-fraction {args.val_fraction}" if args.val_split == "stratified" else
+                f"--val-split {args.val_split} (--val-per-class {args.val_per_class}, --val-max-fraction "
+                f"{args.val_max_fraction})")
+        parser.error(f"{held} of {len(labels)} examples in {len(classes)} classes leaves {len(train_idx)} for "
+                     f"training and {len(val_idx)} for validation; both need some (use more examples or hold out "
+                     "more)")
     to_keras = site_keras_batches if site else keras_batches
     augmentation = datasets.Augmentation.named(args.augment) if args.augment and not image_data else None
 
@@ -822,11 +909,16 @@ def main(argv=None):
           f"resolution {resolution}", flush=True)
 
     in_channels = 1 if image_data else datasets.num_channels(args.features)
+    # ModelNet's validation accuracy also at the official test's class balance (training.metrics)
+    test_weights = test_class_weights(classes) if args.dataset in ("modelnet40", "modelnet10") else None
     with strategy.scope():
         model, rhos, optimizer, loss = build_model(
             args, len(classes), in_channels, fit_steps.get("steps_per_epoch", -(-len(train_idx) // args.batch_size)),
             synchronized_bn=replicas > 1)
-        model.compile(optimizer, loss, metrics=["accuracy"])
+        metrics = ["accuracy", MeanClassAccuracy(len(classes))]
+        if test_weights is not None:
+            metrics.append(MeanClassAccuracy(len(classes), test_weights, name="test_weighted_accuracy"))
+        model.compile(optimizer, loss, metrics=metrics)
     replica_batch = args.batch_size // replicas
     bound = None if site else memory_bound(model, replica_batch)
     # What the density bounds buy: the same net without them may hold every cell of its grid.
@@ -881,14 +973,15 @@ def main(argv=None):
 
     print("[3/4] evaluating", flush=True)
     val_metrics = model.evaluate(val, steps=val_steps, verbose=0, return_dict=True)
-    vote = None
-    if args.vote_mirror:
-        if distributed:
-            make_votes = lambda clouds: per_replica_dataset(  # noqa: E731
-                strategy, lambda split: cloud_batches(clouds, labels[val_idx], False, split))
-        else:
-            make_votes = lambda clouds: cloud_batches(clouds, labels[val_idx], False)  # noqa: E731
-        vote = mirror_vote_accuracy(model, make_votes, examples[val_idx], labels[val_idx], steps=val_steps)
+    if distributed:
+        make_views = lambda clouds: per_replica_dataset(  # noqa: E731
+            strategy, lambda split: cloud_batches(clouds, labels[val_idx], False, split))
+    else:
+        make_views = lambda clouds: cloud_batches(clouds, labels[val_idx], False)  # noqa: E731
+    score = lambda vote: validation_scores(model, make_views, examples[val_idx], labels[val_idx],  # noqa: E731
+                                           len(classes), vote, steps=val_steps, test_weights=test_weights)
+    scores = score("none")
+    voted = None if args.vote == "none" else score(args.vote)
     layers = [{"layer": layer.name, "rho_up": layer.rho_up, "density": float(history[f"{layer.name}_density"][-1]),
                "present_weights": layer.present_weights(), "weights": int(np.prod(layer.kernel_shape))}
               for layer in sparse_conv_layers(model)]
@@ -904,7 +997,18 @@ def main(argv=None):
         "finetune_epochs": args.finetune_epochs,
         "selection": args.selection,
         "val_accuracy": float(val_metrics["accuracy"]), "val_loss": float(val_metrics["loss"]),
-        "val_accuracy_mirror_vote": vote,
+        "val_split": args.val_split, "val_fraction": args.val_fraction, "val_per_class": args.val_per_class,
+        "val_max_fraction": args.val_max_fraction, "val_examples": int(len(val_idx)),
+        "val_class_examples": np.bincount(labels[val_idx], minlength=len(classes)).tolist(),
+        "val_overall": scores["overall"], "val_mean_class": scores["mean_class"],
+        "val_overall_test_weighted": scores.get("weighted"), "val_overall_test_weighted_se": scores.get("weighted_se"),
+        "val_class_accuracy": dict(zip(classes, scores["per_class"])),
+        "vote": args.vote, "val_overall_vote": voted and voted["overall"],
+        "val_mean_class_vote": voted and voted["mean_class"],
+        "val_overall_test_weighted_vote": voted and voted.get("weighted"),
+        "val_overall_test_weighted_se_vote": voted and voted.get("weighted_se"),
+        "val_class_accuracy_vote": voted and dict(zip(classes, voted["per_class"])),
+        "val_accuracy_mirror_vote": voted["overall"] if args.vote == "mirror" else None,
         "history": {k: [float(v) for v in vs] for k, vs in history.items()},
         "sec_per_epoch": seconds, "layers": layers, "present_weights": present_weight_count(model),
         "memory_bound_bytes": bound.total_bytes if bound else None,
@@ -920,6 +1024,7 @@ def main(argv=None):
         "weight_decay": args.weight_decay, "label_smoothing": args.label_smoothing,
         "init": None if site else args.init or "he_normal", "features": None if image_data else list(args.features),
         "out": os.path.abspath(args.out),
+        "command": "tf-sparseconv train " + shlex.join(argv),
     }
     if site:
         results.update(site_channels=list(args.site_channels), site_blocks=args.site_blocks, site_k=args.site_k,
