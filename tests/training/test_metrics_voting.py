@@ -26,7 +26,9 @@ def test_class_accuracies_by_hand():
     weighted = class_accuracies(LABELS, PREDICTED, 4, class_weights=[100, 20, 50, 86])
     # class 3 is absent, so the weights of the others are renormalised: (100, 20, 50) / 170
     assert weighted["weighted"] == pytest.approx((100 * 0.5 + 20 * 1.0 + 50 * 0.0) / 170)
-    se = np.sqrt((100 / 170) ** 2 * 0.25 / 4 + (20 / 170) ** 2 * 0 / 1 + (50 / 170) ** 2 * 0 / 2)
+    # smoothed accuracies (correct + 1) / (n + 2): 3/6, 2/3, 1/4
+    se = np.sqrt((100 / 170) ** 2 * (1 / 2 * 1 / 2) / 4 + (20 / 170) ** 2 * (2 / 3 * 1 / 3) / 1
+                 + (50 / 170) ** 2 * (1 / 4 * 3 / 4) / 2)
     assert weighted["weighted_se"] == pytest.approx(se)
     with pytest.raises(ValueError, match="expected labels and predictions"):
         class_accuracies(LABELS, PREDICTED[:3], 4)

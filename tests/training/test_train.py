@@ -131,6 +131,16 @@ def test_balanced_split_and_rotation_vote_are_recorded_and_evaluate_repeats_the_
     labels = datasets.make_shapes(num_per_class=6, seed=0)[1]
     np.testing.assert_array_equal(np.bincount(labels[split["val_indices"]]), [2] * 8)
     assert not set(split["val_indices"]) & set(split["train_indices"])
+    # the saved model holds the weights, not the optimizer's state (Adam's two moments per weight)
+    import h5py
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "model.keras") as archive:
+        archive.extract("model.weights.h5", tmp_path / "unpacked")
+    with h5py.File(tmp_path / "unpacked" / "model.weights.h5") as weights:
+        names = []
+        weights.visit(names.append)
+    assert "layers/functional/layers/direct_sparse_conv/vars/0" in names
+    assert not any(name.startswith("layers/functional/optimizer") for name in names)  # the serving SGD: 2 scalars
     # the saved model voted over the same views by `evaluate` scores the same
     assert cli.main(["evaluate", str(tmp_path / "model.keras"), "--split", "val", "--vote", "rotations-3",
                      "--out", str(tmp_path / "eval")]) == 0

@@ -60,8 +60,9 @@ def class_accuracies(labels, predicted, num_classes, class_weights=None):
     """Scores of integer predictions [M]: {"overall", "mean_class", "per_class" [num_classes]
     (NaN for a class without examples, left out of the means)} and, with class_weights,
     "weighted" (sum_c w_c acc_c / sum_c w_c over the classes present, as MeanClassAccuracy)
-    and "weighted_se", its standard error sqrt(sum_c (w_c / sum w)^2 acc_c (1 - acc_c) / n_c)
-    with each class's examples taken as independent draws."""
+    and "weighted_se", its standard error sqrt(sum_c (w_c / sum w)^2 p_c (1 - p_c) / n_c) with
+    each class's examples taken as independent draws; p_c = (correct_c + 1) / (n_c + 2), not
+    acc_c, so a class of few examples all right (or all wrong) still counts its uncertainty."""
     labels, predicted = np.asarray(labels, np.int64), np.asarray(predicted, np.int64)
     if labels.shape != predicted.shape or labels.ndim != 1 or not len(labels):
         raise ValueError(f"expected labels and predictions [M], M > 0, got {labels.shape} and {predicted.shape}")
@@ -76,6 +77,7 @@ def class_accuracies(labels, predicted, num_classes, class_weights=None):
         weights = weights / weights.sum()
         accuracy = np.where(present, per_class, 0.0)
         scores["weighted"] = float(np.sum(weights * accuracy))
+        smoothed = (correct + 1) / (examples + 2)
         scores["weighted_se"] = float(np.sqrt(np.sum(
-            np.divide(weights ** 2 * accuracy * (1 - accuracy), examples, out=np.zeros(num_classes), where=present))))
+            np.divide(weights ** 2 * smoothed * (1 - smoothed), examples, out=np.zeros(num_classes), where=present))))
     return scores

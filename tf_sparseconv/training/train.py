@@ -15,12 +15,15 @@ non-empty folder only with --overwrite): model.keras, the trained model with its
 preprocessing (point clouds [B, N, 3] -> logits, or images [B, 28, 28] for MNIST; load it
 with keras.models.load_model after `import tf_sparseconv`, or with tf_sparseconv.models.load_model,
 which also verifies the weights' checksum saved with it), results.json, split.json (which
-examples were held out for validation, for `tf-sparseconv evaluate --split val`),
+examples were held out for validation, for `tf-sparseconv evaluate --split val`; --val-split
+chooses them: a stratified fraction, a count per class, or ModelNet40's test proportions),
 training_curve.png and tensorboard/. Point clouds are normalised into the unit sphere
 before training, the same way the saved model normalises what it is given. Progress is
-Keras' bar on a terminal and one short line per epoch otherwise; the summary gives the
-validation accuracy, each sparse layer's density and present weights, and the memory bound
-for the batch size against the dense grid's.
+Keras' bar on a terminal and one short line per epoch otherwise, with the validation
+accuracy, the mean per-class accuracy and, on ModelNet, the accuracy at the official test's
+class balance; the summary gives these (and, with --vote, those of voting over mirrored or
+rotated views), each sparse layer's density and present weights, and the memory bound for
+the batch size against the dense grid's.
 
 --strategy mirrored trains on every GPU of this host, --strategy multi-worker on every host
 of the cluster in TF_CONFIG (run the same command on each); --batch-size is then the global
@@ -1038,6 +1041,9 @@ def main(argv=None):
                         bounds={row["layer"]: row["rho_up"] for row in layers},
                         title=f"{args.model} on {args.dataset} at {resolution}" + ("²" if image_data else "³"))
     model_path = os.path.join(args.out, "model.keras")
+    # The serving model keeps the trained weights only; the core's optimizer state (twice the
+    # weights under Adam) stays in the snapshots and --backup-dir, where training resumes.
+    model.optimizer, model.compiled = None, False
     save_model(serving_model(model, args, classes, None if image_data else int(examples.shape[1])), model_path)
 
     print("[4/4] summary")

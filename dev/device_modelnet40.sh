@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# ModelNet40 recipes of experiments/modelnet40.py (issue 27) on the lent GPU. A run outlives
+# one device call (10 minutes), so it trains in its own process session, which lives on
+# between calls while the machine is held, with a checkpoint after every epoch:
+#   bash dev/device_modelnet40.sh start     # last call of a lease (dev/device_parts.sh, with
+#                                            # DEVPARTS_DATA=modelnet40_train.npz)
+#   bash dev/device_modelnet40.sh collect   # repeat until it lists RECIPE.tar in $OUT
+# start unpacks TensorFlow-GPU, copies this checkout to /tmp/repo and starts every recipe
+# of RUNS (default "octnet3-32 site-resnet-32") side by side on the GPU, each as
+# `experiments/modelnet40.py --run RECIPE $EXTRA` (EXTRA: further options, e.g. --epochs 60);
+# collect waits up to WAIT seconds (default 500), prints each run's newest epoch line, and
+# puts each finished run into $OUT/RECIPE.tar (results.json, split.json, model.keras,
+# training_curve.png, its log) beside experiments/results/modelnet40.json.
+# A lease is held for 30 minutes at most. To go on in the next one, collect with
+# BACKUP_OUT=1 before it ends: each run's checkpoint folder (weights and Adam's moments,
+# ~30 MB at 32^3) comes back as $OUT/backup-RECIPE.tar.aa, .ab, ... (15 MB pieces; the
+# device returns 8 files, 64 MB a call: give RUNS=one recipe where two do not fit). Here,
+# put the pieces into .mn40_backup/ (ignored by git); in the next lease, before start,
+# carry them in one call per recipe:
+#   command: mkdir -p /tmp/mn40_backup && cat .mn40_backup/backup-RECIPE.tar.* | tar -C /tmp/mn40_backup -xf -
+#   carry:   [".mn40_backup"]
+# and start as before: the runs continue from their last finished epoch (the same
+# arguments, or train refuses the checkpoint).
+# Back here: tar -xf RECIPE.tar, then python experiments/modelnet40.py --add-results RECIPE
+# RECIPE/results.json --keep-models DIR --note "..." and python experiments/summarize.py.
+set -uo pipefail
+RUNS=${RUNS:-octnet3-32 site-resnet-32}
+WAIT=${WAIT:-500}
+EXTRA=${EXTRA:-}
+BACKUP=/tmp/mn40_backup
+case "${1:-}" in
+  start)
+    bash dev/device_unpack.sh > /tmp/unpack.log 2>&1 || { tail -30 /tmp/unpack.log; exit 1; }
+    . /tmp/tfgpu.env
+    mkdir -p "$BACKUP"
+    rm -rf /tmp/repo && cp -a . /tmp/repo && cd /tmp/repo
+    for name in $RUNS; do
+      [ ! -d "$BACKUP/$name" ] || echo "$name: resuming from $(wc -l < "$BACKUP/$name/epochs.jsonl") epoch(s)"
+      # shellcheck disable=SC2086  # EXTRA is a list of options
+      TF_FORCE_GPU_ALLOW_GROWTH=true PYTHONUNBUFFERED=1 setsid nohup python3 experiments/modelnet40.py \
+        --run "$name" $EXTRA --data-dir .devdata --out-root /tmp/mn40_runs --backup-root "$BACKUP" \
+        > "/tmp/mn40_$name.log" 2>&1 < /dev/null &
+    done
+    sleep "${WATCH:-420}"
+    for name in $RUNS; do echo "$name: $(grep '^epoch ' "/tmp/mn40_$name.log" | tail -1)"; done
+    ;;
+  collect)
+    cd /tmp/repo
+    t0=$(date +%s)
+    while pgrep -f "experiments/modelnet40.py --run" > /dev/null && [ $(( $(date +%s) - t0 )) -lt "$WAIT" ]; do
+      sleep 10
+    done
+    for name in $RUNS; do
+      echo "$name: $(grep '^epoch ' "/tmp/mn40_$name.log" | tail -1)"
+      grep -E "Traceback|[A-Za-z]+Error:" "/tmp/mn40_$name.log" | tail -3
+      if [ "${BACKUP_OUT:-0}" = 1 ]; then
+        tar -C "$BACKUP" -cf - "$name" | split -b 15000000 - "$OUT/backup-$name.tar."
+      elif grep -q "=== $name finished" "/tmp/mn40_$name.log"; then
+        cp "/tmp/mn40_$name.log" "/tmp/mn40_runs/$name/train.log"
+        tar -C /tmp/mn40_runs -cf "$OUT/$name.tar" "$name/results.json" "$name/split.json" "$name/model.keras" \
+          "$name/training_curve.png" "$name/train.log"
+        cp experiments/results/modelnet40.json "$OUT/"
+      fi
+    done
+    ls -la "$OUT"
+    ;;
+  *) echo "usage: $0 start|collect" >&2; exit 2 ;;
+esac

@@ -1,0 +1,136 @@
+"""ModelNet40 study's bookkeeping (experiments/modelnet40.py, issue 27): its recipes are
+valid training commands on the test-balanced validation split, the rows it writes carry the
+issue's schema (the voted scores where a run voted, the exact command), earlier rows are
+migrated without losing a value, and test scores are attached to their run's row."""
+import json
+import os
+import shlex
+import sys
+
+import pytest
+
+from tf_sparseconv.training import train
+
+EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
+sys.path.insert(0, EXPERIMENTS)
+import common  # noqa: E402
+import modelnet40  # noqa: E402
+import summarize  # noqa: E402
+
+
+def results_json(vote="none", model="octnet3"):
+    """A results.json of tf-sparseconv train as main() writes it, with distinct numbers."""
+    voted = vote != "none"
+    return {"dataset": "modelnet40", "model": model, "resolution": 32, "epochs": 3, "examples": 9843,
+            "batch_size": 32, "features": ["occupancy", "offset"], "augment": "rotate12" if voted else None,
+            "val_split": "modelnet40-test", "val_fraction": None, "val_per_class": 50, "val_max_fraction": 0.25,
+            "val_examples": 1191, "val_overall": 0.81, "val_mean_class": 0.71, "val_overall_test_weighted": 0.79,
+            "val_overall_test_weighted_se": 0.012, "vote": vote,
+            "val_overall_vote": 0.84 if voted else None, "val_mean_class_vote": 0.74 if voted else None,
+            "val_overall_test_weighted_vote": 0.83 if voted else None,
+            "val_overall_test_weighted_se_vote": 0.011 if voted else None,
+            "memory_bound_bytes": None if model == "site-resnet" else 453983004,
+            "memory_bound_note": "not computed" if model == "site-resnet" else None,
+            "sec_per_epoch": [20.0, 13.0, 14.0], "device": "GPU: NVIDIA H200", "peak_rss_bytes": 2 ** 31,
+            "peak_gpu_bytes": 2 ** 29, "command": "tf-sparseconv train --dataset modelnet40 --vote " + vote,
+            "history": {"val_accuracy": [0.6, 0.7, 0.81], "val_mean_class_accuracy": [0.5, 0.6, 0.71],
+                        "val_test_weighted_accuracy": [0.58, 0.69, 0.79]}}
+
+
+@pytest.mark.parametrize("name", list(modelnet40.RECIPES))
+def test_each_recipe_is_a_training_command_on_the_test_balanced_split(name):
+    args = train.build_parser().parse_args(modelnet40.train_args(name, {}, "data", backup_root="/b"))
+    assert (args.dataset, args.val_split, args.val_per_class) == ("modelnet40", "modelnet40-test", 50)
+    assert args.lr_schedule == "cosine" and args.backup_dir == os.path.join("/b", name)
+    assert args.model == ("site-resnet" if name.startswith("site") else "octnet3")
+    assert args.resolution == (64 if "-64" in name else 32)
+    smoke = train.build_parser().parse_args(modelnet40.train_args(name, {"--epochs": 1, "--resolution": 16}))
+    assert (smoke.epochs, smoke.resolution) == (1, 16)  # the overrides come last and win
+
+
+def test_a_row_has_the_issue_schema_and_the_voted_scores_where_the_run_voted():
+    plain = modelnet40.result_row("octnet3-32", results_json())
+    assert set(modelnet40.ROW_KEYS) <= set(plain)
+    assert (plain["val_overall"], plain["val_mean_class"], plain["val_overall_test_weighted"]) == (0.81, 0.71, 0.79)
+    assert plain["vote"] == "none" and "val_overall_unvoted" not in plain
+    assert plain["train_s_per_epoch"] == pytest.approx(13.5)  # the first epoch (tracing) left out
+    assert plain["command"] == "tf-sparseconv train --dataset modelnet40 --vote none"
+    assert plain["reproduce"] is None  # not a recipe's command
+    assert plain["val_split"] == "modelnet40-test 50 (at most 0.25 of a class)"
+    assert plain["val_mean_class_per_epoch"] == [0.5, 0.6, 0.71]
+    voted = modelnet40.result_row("octnet3-32-rotate12", results_json("rotations-12"))
+    assert (voted["val_overall"], voted["val_mean_class"], voted["val_overall_test_weighted"],
+            voted["val_overall_test_weighted_se"]) == (0.84, 0.74, 0.83, 0.011)
+    assert (voted["val_overall_unvoted"], voted["val_mean_class_unvoted"]) == (0.81, 0.71)
+    assert voted["vote"] == "rotations-12"
+    site = modelnet40.result_row("site-resnet-32", results_json(model="site-resnet"))
+    assert site["model"] == "site-resnet" and site["memory_bound_bytes"] is None and site["memory_bound_note"]
+
+
+def test_a_recorded_command_is_matched_to_its_recipe_and_overrides():
+    def recorded(name, overrides):
+        flags = modelnet40.train_args(name, overrides, ".devdata", backup_root="/tmp/b")
+        return shlex.join(["tf-sparseconv", "train", *flags, "--overwrite", "--out", "/tmp/r/" + name])
+
+    assert modelnet40.reproducing_command(recorded("site-resnet-32", {})) == \
+        "python experiments/modelnet40.py --run site-resnet-32"
+    assert modelnet40.reproducing_command(recorded("octnet3-32", {"--epochs": 1, "--resolution": 16})) == \
+        "python experiments/modelnet40.py --run octnet3-32 --epochs 1 --resolution 16"
+    changed = recorded("octnet3-32", {}).replace("--weight-decay 0.5", "--weight-decay 0.2")
+    assert modelnet40.reproducing_command(changed) is None
+
+
+def test_earlier_rows_are_migrated_keeping_every_value():
+    old = {"resolution": 32, "epochs": 40, "val_accuracy": 0.9035, "sec_per_epoch": 28.3, "peak_bytes": 3e9,
+           "memory_bound_bytes": 453983004, "examples": 9843, "batch_size": 32, "rhos": [0.14, 0.33, 0.66],
+           "device": "GPU: NVIDIA H200", "recipe": "adam lr 0.001 cosine", "val_accuracy_per_epoch": [0.8, 0.9035],
+           "val_accuracy_mirror_vote": 0.9045, "note": "n"}
+    new = modelnet40.migrated_row(old)
+    assert set(modelnet40.ROW_KEYS) <= set(new)
+    assert (new["val_overall"], new["train_s_per_epoch"], new["val_overall_mirror_vote"]) == (0.9035, 28.3, 0.9045)
+    assert new["val_overall_per_epoch"] == [0.8, 0.9035] and new["val_split"] == "stratified 0.1"
+    assert (new["model"], new["vote"], new["val_mean_class"], new["command"]) == ("octnet3", "none", None, None)
+    assert all(new[k] == old[k] for k in ("peak_bytes", "examples", "rhos", "recipe", "note", "device"))
+    assert modelnet40.migrated_row(new) == new
+
+
+def test_the_committed_results_file_is_in_the_schema_and_renders():
+    rows = common.read_json("modelnet40.json")
+    assert rows and all(set(modelnet40.ROW_KEYS) <= set(row) for row in rows)
+    lines = summarize.modelnet_section(rows)
+    assert any("Earlier runs" in line for line in lines)
+
+
+def test_added_runs_and_test_scores_land_in_their_rows(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(common, "RESULTS", str(tmp_path))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(results_json("mirror")))
+    (run / "model.keras").write_bytes(b"model")
+    (run / "split.json").write_text("{}")
+    kept = tmp_path / "models"
+    modelnet40.main(["--add-results", "octnet3-32", str(run / "results.json"), "--keep-models", str(kept),
+                     "--note", "two calls"])
+    rows = common.read_json("modelnet40.json")
+    assert len(rows) == 1 and rows[0]["vote"] == "mirror" and rows[0]["note"] == "two calls"
+    assert rows[0]["model_file"] == str(kept / "octnet3-32" / "model.keras")
+    assert (kept / "octnet3-32" / "model.keras").read_bytes() == b"model"
+    modelnet40.main(["--add-results", "octnet3-32", str(run / "results.json")])  # the same run again: replaced
+    assert len(common.read_json("modelnet40.json")) == 1
+    metrics = {"overall_accuracy": 0.88, "mean_class_accuracy": 0.84, "examples": 2468, "vote": "mirror",
+               "data": "/data/ModelNet40"}
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    modelnet40.main(["--add-test", "octnet3-32", str(tmp_path / "metrics.json")])
+    row = common.read_json("modelnet40.json")[0]
+    assert (row["test_overall"], row["test_mean_class"], row["test_examples"], row["test_data"]) == \
+        (0.88, 0.84, 2468, "ModelNet40")
+    lines = summarize.modelnet_section(common.read_json("modelnet40.json"))
+    assert any("| octnet3-32 | octnet3 | 32³ | 3 | 9843 | mirror | 0.840 | 0.740 | 0.830 ± 0.011 | 0.880 / 0.840 | ≥ 0.9 |"
+               in line for line in lines), lines
+    with pytest.raises(SystemExit, match="no row of recipe site-resnet-32"):
+        modelnet40.main(["--add-test", "site-resnet-32", str(tmp_path / "metrics.json")])
+    capsys.readouterr()
+    modelnet40.main(["--list"])
+    listed = capsys.readouterr().out
+    assert all(f"{name}: " in listed for name in modelnet40.RECIPES)
+    assert "tf-sparseconv train --dataset modelnet40 --val-split modelnet40-test" in listed
