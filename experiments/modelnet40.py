@@ -1,145 +1,319 @@
-"""ModelNet40 classification with OctNet3 (Hackel et al. §4.4, Table 4 bounds) at several
-resolutions on ../shared/data/modelnet40_train.npz with a fixed stratified 10% validation
-split. Writes experiments/results/modelnet40.json and modelnet40.png.
+"""ModelNet40 classification (issue 27): OctNet3 and the site ResNet trained on
+../shared/data/modelnet40_train.npz, chosen on a validation split that mirrors the official
+test split's class balance. Writes experiments/results/modelnet40.json and modelnet40.png.
 
-    python experiments/modelnet40.py --resolutions 16 32 --epochs 10
+    python experiments/modelnet40.py --list                      # the recipes and their commands
+    python experiments/modelnet40.py --run octnet3-32 --backup-root /tmp/mn40_backup
+    python experiments/modelnet40.py --add-results octnet3-32 runs/<run>/results.json  # a run made elsewhere
+    python experiments/modelnet40.py --add-test octnet3-32 <eval folder>/metrics.json     # once, at the end
 
-Each row of the results file is one recipe (resolution, optimiser, learning-rate schedule,
-augmentation, device, examples); a rerun replaces only the row of its own recipe.
+The protocol: every recipe holds out `--val-split modelnet40-test` (from the training
+shapes only: 50 of a class with 100 test shapes, 43, 25 or 10 of the others, at most a
+quarter of a class), and reports each epoch the overall accuracy, the mean per-class
+accuracy and the overall accuracy reweighted to the test's class balance (with its standard
+error at the end). Recipes, epochs and votes are chosen by those numbers alone; the
+official test split is scored once per chosen model (`tf-sparseconv evaluate MODEL --data
+<ModelNet40 test>`) and added with --add-test, never used to choose.
 
-Runs too long for one sitting: give --backup-root DIR; each resolution keeps its checkpoint
-and epoch log under DIR/modelnet40_<r>, and rerunning the same command (a larger --epochs
-to go further) continues from the last finished epoch.
+A run keeps its model under --out-root/<recipe>/model.keras (for `tf-sparseconv evaluate`)
+and, with --backup-root, its checkpoint under --backup-root/<recipe>: the same command again
+continues from the last finished epoch (across device calls on a lent GPU:
+dev/device_modelnet40.sh). Each row of the results file is one run; a rerun of a recipe on
+the same device replaces its row. Rows of the earlier protocol (a 10% stratified split)
+stay in the file with "val_split": "stratified 0.1".
 """
 import argparse
 import json
 import os
-import tempfile
+import shlex
+import shutil
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from common import read_json, run_training, save_figure, write_json  # noqa: E402
+from common import REPO, read_json, replace_rows, run_training, save_figure  # noqa: E402
+
+RESULTS_FILE = "modelnet40.json"
+# Every recipe: ModelNet40's training shapes, a validation split in the official test's
+# class proportions, Adam with a cosine decay over the run, batch 32.
+PROTOCOL = ["--dataset", "modelnet40", "--val-split", "modelnet40-test", "--val-per-class", "50",
+            "--batch-size", "32", "--lr", "0.001", "--lr-schedule", "cosine", "--seed", "0"]
+# The best 32^3 recipe of the earlier protocol (experiments/README.md: occupancy and offset
+# features, decoupled weight decay 0.5, label smoothing 0.1) is the starting point of each.
+REGULARISED = ["--features", "occupancy", "offset", "--weight-decay", "0.5", "--label-smoothing", "0.1"]
+RECIPES = {
+    "octnet3-32": ("OctNet3 at 32^3 (Table 4 bounds), the earlier protocol's best recipe",
+                   ["--model", "octnet3", "--resolution", "32", "--epochs", "40", *REGULARISED]),
+    "octnet3-32-rotate12": ("as octnet3-32, trained on the 12 rotations about z and voting over them (VRN/MVCNN)",
+                            ["--model", "octnet3", "--resolution", "32", "--epochs", "60", *REGULARISED,
+                             "--augment", "rotate12", "--vote", "rotations-12"]),
+    "site-resnet-32": ("the site-sparse ResNet at 32^3: channels 32, 64, 128, two residual blocks per level",
+                       ["--model", "site-resnet", "--resolution", "32", "--epochs", "40", *REGULARISED,
+                        "--site-channels", "32", "64", "128", "--site-blocks", "2"]),
+    "octnet3-64": ("OctNet3 at 64^3 (Table 4 bounds), the recipe of octnet3-32",
+                   ["--model", "octnet3", "--resolution", "64", "--epochs", "40", *REGULARISED]),
+}
+# Options of this script that override a recipe's (for smoke runs); a recorded command
+# carries them after the recipe's flags.
+OVERRIDES = ("--epochs", "--max-examples", "--resolution")
+# What a row keeps of a run's results.json (the issue's schema first, then what explains it).
+ROW_KEYS = ("model", "resolution", "epochs", "val_overall", "val_mean_class", "vote", "memory_bound_bytes",
+            "train_s_per_epoch", "device", "command")
 
 
-def recipe(results):
-    features = results.get("features") or ["occupancy"]
-    return (f"{results['optimizer']} lr {results['lr']:g} {results['lr_schedule']}"
-            + (f", augmented ({results['augment']})" if results["augment"] else "")
-            + (f", features {'+'.join(features)}" if features != ["occupancy"] else "")
-            + (f", weight decay {results['weight_decay']:g}" if results.get("weight_decay") else "")
-            + (f", label smoothing {results['label_smoothing']:g}" if results.get("label_smoothing") else "")
-            # Runs before train.py recorded its initialisation used Keras' Glorot default.
-            + (", He init" if results.get("init") == "he_normal" else ""))
+def train_args(name, overrides, data_dir=None, out_root=None, backup_root=None):
+    """The flags of tf-sparseconv train for recipe name: the protocol, the recipe, then
+    overrides (flag -> value, later flags win in argparse), the data and the folders."""
+    args = PROTOCOL + RECIPES[name][1]
+    for flag, value in overrides.items():
+        args += [flag, str(value)]
+    args += ["--data-dir", data_dir] if data_dir else []
+    args += ["--backup-dir", os.path.join(os.path.abspath(backup_root), name)] if backup_root else []
+    return [str(a) for a in args]
 
 
-def result_row(res, batch_size):
-    """A modelnet40.json row from a results.json of tf-sparseconv train."""
-    seconds = res["sec_per_epoch"]
-    row = {"resolution": res["resolution"], "epochs": res["epochs"], "val_accuracy": res["val_accuracy"],
-           "sec_per_epoch": sum(seconds[1:]) / max(1, len(seconds) - 1) if len(seconds) > 1 else seconds[0],
-           "peak_bytes": res["peak_rss_bytes"], "memory_bound_bytes": res["memory_bound_bytes"],
-           "examples": res["examples"], "batch_size": batch_size, "rhos": res["rhos"],
-           "peak_gpu_bytes": res.get("peak_gpu_bytes"), "device": res["device"],
-           "recipe": recipe(res), "val_accuracy_per_epoch": res["history"]["val_accuracy"]}
-    if res.get("val_accuracy_mirror_vote") is not None:
-        row["val_accuracy_mirror_vote"] = res["val_accuracy_mirror_vote"]
+# Flags of a recorded command that say where, not what: left out when a run is matched to its recipe.
+PLACE_FLAGS = {"--data-dir": 1, "--out": 1, "--backup-dir": 1, "--overwrite": 0}
+
+
+def reproducing_command(command):
+    """`python experiments/modelnet40.py --run ...` that repeats the training of a recorded
+    `tf-sparseconv train` command (the same flags apart from the folders), or None."""
+    words = shlex.split(command)[2:]
+    what = []
+    while words:
+        word = words.pop(0)
+        if word in PLACE_FLAGS:
+            del words[:PLACE_FLAGS[word]]
+        else:
+            what.append(word)
+    for name in RECIPES:
+        recipe = train_args(name, {})
+        if what[:len(recipe)] != recipe:
+            continue
+        rest, overrides = what[len(recipe):], []
+        while len(rest) >= 2 and rest[0] in OVERRIDES:
+            overrides += rest[:2]
+            rest = rest[2:]
+        if not rest:
+            return shlex.join(["python", "experiments/modelnet40.py", "--run", name, *overrides])
+    return None
+
+
+def split_name(res):
+    if res.get("val_split", "stratified") == "stratified":
+        return f"stratified {res.get('val_fraction') or 0.1:g}"
+    return f"{res['val_split']} {res['val_per_class']} (at most {res['val_max_fraction']:g} of a class)"
+
+
+def mean_after_first(seconds):
+    return sum(seconds[1:]) / (len(seconds) - 1) if len(seconds) > 1 else seconds[0]
+
+
+def result_row(name, res, model_file=None):
+    """A modelnet40.json row from a results.json of tf-sparseconv train: the scores under
+    the run's vote (val_overall, val_mean_class, val_overall_test_weighted), the unvoted ones
+    beside them where it voted, the per-epoch curves (unvoted) and what the run cost."""
+    history, voted = res["history"], res.get("vote", "none") != "none"
+    suffix = "_vote" if voted else ""
+    row = {"run": name, "model": res["model"], "resolution": res["resolution"], "epochs": res["epochs"],
+           "val_split": split_name(res), "val_examples": res["val_examples"],
+           "val_overall": res["val_overall" + suffix], "val_mean_class": res["val_mean_class" + suffix],
+           "val_overall_test_weighted": res["val_overall_test_weighted" + suffix],
+           "val_overall_test_weighted_se": res["val_overall_test_weighted_se" + suffix],
+           "vote": res.get("vote", "none"),
+           "memory_bound_bytes": res["memory_bound_bytes"],
+           "train_s_per_epoch": mean_after_first(res["sec_per_epoch"]), "device": res["device"],
+           "command": res["command"],
+           "reproduce": reproducing_command(res["command"]),
+           "examples": res["examples"], "batch_size": res["batch_size"], "features": res["features"],
+           "augment": res["augment"], "peak_rss_bytes": res["peak_rss_bytes"],
+           "peak_gpu_bytes": res.get("peak_gpu_bytes"), "model_file": model_file,
+           "val_overall_per_epoch": history["val_accuracy"],
+           "val_mean_class_per_epoch": history.get("val_mean_class_accuracy"),
+           "val_test_weighted_per_epoch": history.get("val_test_weighted_accuracy")}
+    if voted:
+        row.update(val_overall_unvoted=res["val_overall"], val_mean_class_unvoted=res["val_mean_class"],
+                   val_overall_test_weighted_unvoted=res["val_overall_test_weighted"])
+    if res["model"] == "site-resnet":
+        row["memory_bound_note"] = res.get("memory_bound_note")
     return row
 
 
-def same_recipe(row):
-    """Rows with the same key replace each other; runs of other lengths stay beside them."""
-    return row["resolution"], row["recipe"], row["device"], row["examples"], row["epochs"]
+def migrated_row(row):
+    """A row of the earlier schema (one per recipe, a 10% stratified validation split,
+    OctNet3 only) in this one; what it did not record stays None."""
+    if "val_overall" in row:
+        return row
+    old = dict(row)
+    new = {"run": None, "model": "octnet3", "resolution": old.pop("resolution"), "epochs": old.pop("epochs"),
+           "val_split": "stratified 0.1", "val_examples": None, "val_overall": old.pop("val_accuracy"),
+           "val_mean_class": None, "val_overall_test_weighted": None, "vote": "none",
+           "memory_bound_bytes": old.pop("memory_bound_bytes"), "train_s_per_epoch": old.pop("sec_per_epoch"),
+           "device": old.pop("device"), "command": None}
+    if "val_accuracy_per_epoch" in old:
+        new["val_overall_per_epoch"] = old.pop("val_accuracy_per_epoch")
+    if "val_accuracy_mirror_vote" in old:
+        new["val_overall_mirror_vote"] = old.pop("val_accuracy_mirror_vote")
+    new.update(old)  # examples, batch_size, rhos, peak_bytes, peak_gpu_bytes, recipe, note, ...
+    return new
 
 
-def main():
+def same_run(row):
+    """Rows with the same key replace each other."""
+    return row.get("run"), row["device"], row["examples"], row.get("recipe")
+
+
+def add_row(row):
+    """Writes row into the results file in place of an earlier row of the same run."""
+    key = same_run(row)
+    return replace_rows(RESULTS_FILE, [row], lambda r: same_run(r) == key, order=order)
+
+
+def order(row):
+    """Rows of this protocol first, by resolution and recipe; the earlier ones after them as they were."""
+    earlier = row.get("val_split", "stratified 0.1") == "stratified 0.1"
+    return (earlier, 0 if earlier else row["resolution"], "" if earlier else row.get("run") or "")
+
+
+def migrate():
+    """Rewrites rows of the earlier schema in this one (once; later calls change nothing)."""
+    rows = read_json(RESULTS_FILE)
+    if any("val_overall" not in row for row in rows):
+        replace_rows(RESULTS_FILE, [migrated_row(row) for row in rows], lambda row: True, order=order)
+
+
+def repo_path(path):
+    """path relative to the repository where it lies inside it, else absolute."""
+    path = os.path.abspath(path)
+    return os.path.relpath(path, REPO) if path.startswith(REPO + os.sep) else path
+
+
+def keep_model(out, keep_dir, name):
+    """Copies a run's model.keras and split.json into keep_dir/name; returns the model's path
+    (relative to the repository where it lies inside it)."""
+    target = os.path.join(keep_dir, name)
+    os.makedirs(target, exist_ok=True)
+    for filename in ("model.keras", "split.json", "results.json"):
+        shutil.copy2(os.path.join(out, filename), os.path.join(target, filename))
+    return repo_path(os.path.join(target, "model.keras"))
+
+
+def test_scores(metrics):
+    """The held-out test scores of tf-sparseconv evaluate's metrics.json."""
+    return {"test_overall": metrics["overall_accuracy"], "test_mean_class": metrics["mean_class_accuracy"],
+            "test_examples": metrics["examples"], "test_vote": metrics.get("vote", "none"),
+            "test_data": os.path.basename(os.path.normpath(metrics["data"] or ""))}
+
+
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--resolutions", type=int, nargs="+", default=[16, 32])
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-examples", type=int, default=0, help="stratified subset of the 9,843 shapes (0: all)")
-    p.add_argument("--augment", nargs="?", const="rotate", choices=("rotate", "mirror", "scale"), default=None,
-                   help="as tf-sparseconv train --augment")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--run", nargs="+", choices=tuple(RECIPES), metavar="RECIPE",
+                   help=f"train these recipes, one after the other ({', '.join(RECIPES)})")
+    p.add_argument("--list", action="store_true", help="print the recipes and their training commands")
+    p.add_argument("--data-dir", default=None, help="as tf-sparseconv train --data-dir")
+    p.add_argument("--out-root", default=os.path.join("runs", "modelnet40"),
+                   help="each run writes its model and results to OUT_ROOT/<recipe> (replaced by a rerun)")
     p.add_argument("--backup-root", default=None,
-                   help="keep each resolution's checkpoint here and resume from it (default: no backup)")
-    p.add_argument("--replace", action="store_true",
-                   help="start modelnet40.json afresh (default: keep the rows of other recipes)")
-    p.add_argument("--vote-mirror", action="store_true", help="as tf-sparseconv train --vote-mirror")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="as tf-sparseconv train --weight-decay")
-    p.add_argument("--label-smoothing", type=float, default=0.0,
-                   help="as tf-sparseconv train --label-smoothing")
-    p.add_argument("--features", nargs="+", default=["occupancy"], help="as tf-sparseconv train --features")
-    p.add_argument("--replot", action="store_true", help="only redraw modelnet40.png and print the rows, no training")
-    p.add_argument("--add-results", nargs="+", metavar="RESULTS_JSON",
-                   help="add the rows of runs made with tf-sparseconv train --dataset modelnet40 "
-                        "(e.g. on a lent GPU), then redraw; no training")
-    p.add_argument("--note", help="with --add-results: a note stored in the added rows (e.g. how they were timed)")
-    args = p.parse_args()
+                   help="keep each run's checkpoint in BACKUP_ROOT/<recipe>; the same command again resumes")
+    p.add_argument("--keep-models", metavar="DIR",
+                   help="also copy each run's model.keras and split.json to DIR/<recipe>, recorded in its row")
+    p.add_argument("--epochs", type=int, help="override the recipe's epochs (smoke runs)")
+    p.add_argument("--max-examples", type=int, help="override: a stratified subset of the shapes (smoke runs)")
+    p.add_argument("--resolution", type=int, help="override the recipe's resolution (smoke runs)")
+    p.add_argument("--no-record", action="store_true", help=f"leave experiments/results/{RESULTS_FILE} alone")
+    p.add_argument("--add-results", nargs=2, action="append", metavar=("RECIPE", "RESULTS_JSON"),
+                   help="add the row of a finished run of tf-sparseconv train (e.g. on a lent GPU); no training")
+    p.add_argument("--add-test", nargs=2, action="append", metavar=("RECIPE", "METRICS_JSON"),
+                   help="attach the official test split's scores (tf-sparseconv evaluate's metrics.json) to the "
+                        "newest row of RECIPE on the validation protocol")
+    p.add_argument("--note", help="with --add-results or --run: a note stored in the rows (e.g. how they were timed)")
+    p.add_argument("--replot", action="store_true", help="only redraw modelnet40.png and print the rows")
+    args = p.parse_args(argv)
+    overrides = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in OVERRIDES
+                 if getattr(args, flag[2:].replace("-", "_")) is not None}
+    if args.list:
+        for name, (what, _) in RECIPES.items():
+            command = shlex.join(["tf-sparseconv", "train", *train_args(name, overrides, args.data_dir)])
+            print(f"{name}: {what}\n  {command}")
+        return
+    if not args.no_record:
+        migrate()
     if args.replot:
-        plot_and_print(read_json("modelnet40.json"))
+        plot_and_print(read_json(RESULTS_FILE))
         return
     if args.add_results:
-        rows = read_json("modelnet40.json")
-        for path in args.add_results:
+        for name, path in args.add_results:
             with open(path) as f:
                 res = json.load(f)
-            if res.get("dataset") != "modelnet40" or "examples" not in res:
-                raise SystemExit(f"{path} is not the results.json of a ModelNet40 run of tf-sparseconv train "
-                                 "(dataset and examples recorded)")
-            row = result_row(res, res["batch_size"])
+            if res.get("dataset") != "modelnet40" or "val_overall" not in res:
+                raise SystemExit(f"{path} is not the results.json of a ModelNet40 run of tf-sparseconv train with "
+                                 "per-class validation scores (val_overall)")
+            model = os.path.join(os.path.dirname(path), "model.keras")
+            row = result_row(name, res, keep_model(os.path.dirname(path), args.keep_models, name)
+                             if args.keep_models and os.path.exists(model) else None)
             if args.note:
                 row["note"] = args.note
-            rows = [k for k in rows if same_recipe(k) != same_recipe(row)] + [row]
-        rows.sort(key=lambda row: row["resolution"])
-        write_json("modelnet40.json", rows)
-        plot_and_print(rows)
-        return
-    # Recipes run in different sessions share one results file: rows of other recipes are
-    # kept, and the plot shows every row that carries its curve.
-    kept = [] if args.replace else read_json("modelnet40.json")
-    rows = []
-    with tempfile.TemporaryDirectory() as work:
-        for r in args.resolutions:
-            train_args = ["--dataset", "modelnet40", "--resolution", r, "--epochs", args.epochs,
-                          "--batch-size", args.batch_size, "--max-examples", args.max_examples]
-            train_args += ["--lr", args.lr, "--lr-schedule", args.lr_schedule]
-            train_args += ["--augment", args.augment] if args.augment else []
-            train_args += ["--vote-mirror"] if args.vote_mirror else []
-            train_args += ["--features", *args.features]
-            train_args += ["--weight-decay", args.weight_decay, "--label-smoothing", args.label_smoothing]
-            train_args += ["--data-dir", args.data_dir] if args.data_dir else []
-            if args.backup_root:
-                train_args += ["--backup-dir", os.path.join(os.path.abspath(args.backup_root), f"modelnet40_{r}")]
-            res = run_training(f"modelnet40_{r}", train_args, work)
-            row = result_row(res, args.batch_size)
-            kept = [k for k in kept if same_recipe(k) != same_recipe(row)]
-            rows.append(row)
-            write_json("modelnet40.json", sorted(kept + rows, key=lambda row: row["resolution"]))
-    plot_and_print(sorted(kept + rows, key=lambda row: row["resolution"]))
+            add_row(row)
+    if args.add_test:
+        rows = read_json(RESULTS_FILE)
+        for name, path in args.add_test:
+            with open(path) as f:
+                scores = test_scores(json.load(f))
+            ours = [i for i, row in enumerate(rows) if row.get("run") == name]
+            if not ours:
+                raise SystemExit(f"no row of recipe {name} in experiments/results/{RESULTS_FILE}")
+            rows[ours[-1]].update(scores)
+        replace_rows(RESULTS_FILE, rows, lambda row: True)
+    for name in args.run or []:
+        out = os.path.abspath(os.path.join(args.out_root, name))
+        flags = train_args(name, overrides, args.data_dir, backup_root=args.backup_root) + ["--overwrite"]
+        res = run_training(name, flags, os.path.dirname(out))
+        if args.no_record:
+            continue
+        row = result_row(name, res, keep_model(out, args.keep_models, name) if args.keep_models
+                         else repo_path(os.path.join(out, "model.keras")))
+        if args.note:
+            row["note"] = args.note
+        add_row(row)
+    if not args.no_record:
+        plot_and_print(read_json(RESULTS_FILE))
 
 
 def plot_and_print(rows):
-    figure, axis = plt.subplots(figsize=(6, 4))
+    figure, (current, earlier) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for row in rows:
-        accuracy = row.get("val_accuracy_per_epoch")
-        if accuracy:
-            axis.plot(range(1, len(accuracy) + 1), accuracy, marker="o",
-                      label=f"{row['resolution']}³, {row['recipe']}, {row['device']}")
-    axis.set(xlabel="epoch", ylabel="validation accuracy", title="ModelNet40, sparse OctNet3")
-    axis.legend(fontsize="small")
+        if not row.get("val_overall_per_epoch"):
+            continue
+        epochs = range(1, len(row["val_overall_per_epoch"]) + 1)
+        if row["val_split"] == "stratified 0.1":
+            earlier.plot(epochs, row["val_overall_per_epoch"], marker=".",
+                         label=f"{row['resolution']}³, {row['recipe']}, {row['device']}")
+            continue
+        line, = current.plot(epochs, row["val_overall_per_epoch"], label=f"{row['run']} overall ({row['device']})")
+        if row.get("val_mean_class_per_epoch"):
+            current.plot(epochs, row["val_mean_class_per_epoch"], linestyle="--", color=line.get_color(),
+                         label=f"{row['run']} mean per class")
+    current.set(xlabel="epoch", ylabel="validation accuracy (unvoted)",
+                title="validation in the test's class proportions")
+    earlier.set(xlabel="epoch", title="earlier: 10% stratified validation (OctNet3)")
+    for axis in (current, earlier):
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize="x-small")
+        else:
+            axis.text(0.5, 0.5, "not run yet", ha="center", va="center", transform=axis.transAxes)
     save_figure(figure, "modelnet40.png")
     for row in rows:
-        peak = f"{row['peak_bytes'] / 2**30:.2f} GiB" if row.get("peak_bytes") else "not recorded"
-        print(f"{row['resolution']:>4}³ ({row['recipe']}, {row['device']}): val acc "
-              f"{row['val_accuracy']:.4f} after {row['epochs']} epochs"
-              + (f" (mirror vote {row['val_accuracy_mirror_vote']:.4f})" if "val_accuracy_mirror_vote" in row else "")
-              + f", {row['sec_per_epoch']:.1f} s/epoch, peak {peak}")
+        test = (f", test {row['test_overall']:.4f} / {row['test_mean_class']:.4f}" if row.get("test_overall")
+                is not None else "")
+        mean_class = f" / {row['val_mean_class']:.4f}" if row.get("val_mean_class") is not None else ""
+        print(f"{row.get('run') or row.get('recipe')} ({row['model']}, {row['resolution']}³, {row['device']}, "
+              f"{row['val_split']}): val {row['val_overall']:.4f}{mean_class} after {row['epochs']} epochs, vote "
+              f"{row['vote']}{test}, {row['train_s_per_epoch']:.1f} s/epoch")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
