@@ -64,8 +64,8 @@ def modelnet_section(rows):
              "official test split (2,468 shapes) is scored once per chosen model.", ""]
     if current:
         lines += ["| recipe | model | res. | epochs | shapes | vote | val. overall | val. mean class "
-                  "| val. at test balance | test overall / mean class | goal (test) | s/epoch | memory bound (batch 32) "
-                  "| device |",
+                  "| val. at test balance | test overall / mean class | goal (test) | s/epoch "
+                  "| memory bound (batch 32) | device |",
                   "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in current:
             goal = GOAL_TEST_ACCURACY.get(r["resolution"])
@@ -90,7 +90,8 @@ def modelnet_section(rows):
               "dominate), so these validation accuracies overestimate the official test's: the 0.904 run's recipe "
               "scored 0.873 overall and 0.827 mean per class on the test split (issue 27).", "",
               "| resolution | recipe | device | epochs | shapes | val. accuracy | goal | s/epoch (ours) "
-              "| s/epoch (paper, Titan Xp) | peak RSS (GPU peak) | memory bound (CPU forward pass, batch 32; grows with the threads) |",
+              "| s/epoch (paper, Titan Xp) | peak RSS (GPU peak) "
+              "| memory bound (CPU forward pass, batch 32; grows with the threads) |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     subset = False
     for r in earlier:

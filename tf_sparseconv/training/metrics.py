@@ -26,7 +26,7 @@ class MeanClassAccuracy(keras.metrics.Metric):
         if weights.shape != (self.num_classes,) or (weights < 0).any() or not weights.sum() > 0:
             raise ValueError(f"class_weights must be {self.num_classes} values >= 0, not all 0, got {class_weights}")
         self.class_weights = None if class_weights is None else [float(w) for w in weights]
-        self._weights = weights
+        self._class_weight_values = weights
         self.examples = self.add_variable(shape=(self.num_classes,), initializer="zeros", name="examples",
                                           aggregation="sum")
         self.correct = self.add_variable(shape=(self.num_classes,), initializer="zeros", name="correct",
@@ -42,7 +42,7 @@ class MeanClassAccuracy(keras.metrics.Metric):
         self.correct.assign_add(ops.sum(of_class * hit[:, None], axis=0))
 
     def result(self):
-        weights = ops.cast(self._weights, self.dtype) * ops.cast(self.examples > 0, self.dtype)
+        weights = ops.cast(self._class_weight_values, self.dtype) * ops.cast(self.examples > 0, self.dtype)
         accuracy = self.correct / ops.maximum(self.examples, 1.0)
         total = ops.sum(weights)
         return ops.where(total > 0, ops.sum(accuracy * weights) / ops.maximum(total, 1e-12), 0.0)
