@@ -355,3 +355,28 @@ def test_a_refused_call_leaves_the_next_call_its_own_inputs(device, rng):
     np.testing.assert_array_equal(got.out_spatial_shape.numpy(), [3, 3, 3])
     for field in ("out_coords", "in_rows", "out_rows", "offset_splits"):
         np.testing.assert_array_equal(getattr(got, field).numpy(), getattr(expected, field).numpy())
+
+
+@pytest.mark.parametrize("mode,shape,geometry", [
+    # (5 - 1) * 2^62 wrapped to 0, giving an output extent of 3.
+    ("transposed", 5, dict(strides=2**62)),
+    ("strided", 4, dict(padding=2**62)),
+    ("transposed", 4, dict(padding=2**62)),
+    ("strided", 4, dict(dilation=2**62)),
+    ("submanifold", 4, dict(dilation=2**62)),
+], ids=["transposed-stride", "strided-padding", "transposed-padding", "strided-dilation", "submanifold-dilation"])
+def test_geometry_arithmetic_that_overflows_int64_is_refused(mode, shape, geometry):
+    x = make_site_sparse([[0, 1]], [[1.0]], (shape,), 1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the geometry of dimension 0 overflows 64-bit arithmetic"):
+        kernel_map(x, 3, mode=mode, **geometry)
+
+
+def test_geometry_near_the_int64_limit_that_fits_is_exact():
+    # One stride of 2^62 leaves one output cell; a stretch that cancels against the padding
+    # gives the exact small extent, (2 - 1) 2^62 - 2^62 + 2 + 1 = 3.
+    x = make_site_sparse([[0, 1], [0, 3]], [[1.0], [2.0]], (4,), 1)
+    assert kernel_map(x, 3, strides=2**62).out_spatial_shape.numpy().tolist() == [1]
+    y = make_site_sparse([[0, 0]], [[1.0]], (2,), 1)
+    m = kernel_map(y, 3, strides=2**62, padding=2**61, mode="transposed")
+    assert m.out_spatial_shape.numpy().tolist() == [3]
+    assert m.in_rows.shape == [0]  # site 0 lands at -2^61 + q: outside

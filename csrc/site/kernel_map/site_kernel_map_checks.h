@@ -122,19 +122,36 @@ inline absl::Status MakeSiteGeometry(const SiteMapAttrs& attrs, const tensorflow
       return tensorflow::errors::InvalidArgument("spatial_shape entries must be >= 1, got spatial_shape[", j,
                                                  "] = ", shape(j));
     }
-    const int64_t span = g->dilation[j] * (g->kernel[j] - 1);
-    int64_t out;
+    // Every product and sum in checked 64-bit arithmetic: attributes near 2^62 would
+    // otherwise wrap to a small extent. With the extent in int32 range, the per-site
+    // arithmetic of SiteGeometry::OutputOf stays within the terms checked here.
+    int64_t span = 0, twice_padding = 0, out = 0;
+    bool overflow = __builtin_mul_overflow(g->dilation[j], g->kernel[j] - 1, &span) ||
+                    __builtin_mul_overflow(g->padding[j], int64_t{2}, &twice_padding);
     switch (attrs.mode) {
       case SiteMapMode::kSubmanifold:
         out = g->in_shape[j];
         break;
-      case SiteMapMode::kStrided:
-        out = (g->in_shape[j] + 2 * g->padding[j] - span - 1) / g->stride[j] + 1;
-        if (g->in_shape[j] + 2 * g->padding[j] - span - 1 < 0) out = 0;
+      case SiteMapMode::kStrided: {
+        int64_t reach = 0;  // in + 2p - span - 1
+        overflow = overflow || __builtin_add_overflow(g->in_shape[j], twice_padding, &reach) ||
+                   __builtin_sub_overflow(reach, span, &reach) || __builtin_sub_overflow(reach, 1, &reach);
+        out = overflow || reach < 0 ? 0 : reach / g->stride[j] + 1;
         break;
-      default:
-        out = (g->in_shape[j] - 1) * g->stride[j] - 2 * g->padding[j] + span + 1;
+      }
+      default: {
+        int64_t stretched = 0;  // (in - 1) s
+        overflow = overflow || __builtin_mul_overflow(g->in_shape[j] - 1, g->stride[j], &stretched) ||
+                   __builtin_sub_overflow(stretched, twice_padding, &out) ||
+                   __builtin_add_overflow(out, span, &out) || __builtin_add_overflow(out, 1, &out);
         break;
+      }
+    }
+    if (overflow) {
+      return tensorflow::errors::InvalidArgument(
+          "the geometry of dimension ", j, " overflows 64-bit arithmetic (input ", g->in_shape[j],
+          ", kernel ", g->kernel[j], ", stride ", g->stride[j], ", padding ", g->padding[j], ", dilation ",
+          g->dilation[j], "): dilation * (kernel - 1), 2 * padding and the output extent must fit int64");
     }
     if (out < 1 || out > std::numeric_limits<int32_t>::max()) {
       return tensorflow::errors::InvalidArgument(
