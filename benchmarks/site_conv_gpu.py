@@ -217,11 +217,11 @@ def run_ours(args):
 
                     @tf.function
                     def bwd(f, w, g, nb_bits):
-                        # As the op's gradient runs them: a submanifold layer's input gradient
-                        # over its own pairs (and table) with mirrored filters, the others over
-                        # the reversed pairs, in the forward's dataflow.
+                        # As the op's gradient runs them: a trusted submanifold layer's input
+                        # gradient over its own pairs (and table) with mirrored filters, the
+                        # others over the reversed pairs, in the forward's dataflow.
                         in_rows, out_rows, nb = int32_of(in_bits), int32_of(out_bits), int32_of(nb_bits)
-                        if submanifold:
+                        if submanifold and trusted:
                             df = _ops.site_sparse_conv(g, tf.reverse(tf.transpose(w, [0, 2, 1]), [0]), in_rows,
                                                        out_rows, splits, num_in, nb, map_is_trusted=trusted,
                                                        map_is_submanifold=True, dataflow=flow)

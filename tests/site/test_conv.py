@@ -245,6 +245,21 @@ def test_submanifold_input_gradient_runs_the_forward_pairs_mirrored(rng, shape, 
     np.testing.assert_allclose(theoretical[1], numerical[1], rtol=1e-6, atol=1e-6)
 
 
+def test_map_is_submanifold_is_refused_without_map_is_trusted(rng):
+    """The gradient relies on mirrored offsets, which the op does not check: a map whose
+    offsets are not mirrored used to get a wrong input gradient."""
+    features = tf.constant(rng.standard_normal((3, 2)), tf.float32)
+    not_mirrored = dict(in_rows=[0, 1, 2], out_rows=[1, 2, 0], offset_splits=[0, 2, 3, 3], num_out=3,
+                        neighbours=tf.zeros([0], tf.int32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="map_is_submanifold needs map_is_trusted"):
+        ops.site_sparse_conv(features, tf.ones([3, 2, 2]), **not_mirrored, map_is_submanifold=True)
+    # Without the claim the gradient runs over the reversed pairs: the adjoint of the forward.
+    f = tf.constant(rng.standard_normal((3, 2)))
+    w = tf.constant(rng.standard_normal((3, 2, 2)))
+    theoretical, numerical = tf.test.compute_gradient(lambda f: ops.site_sparse_conv(f, w, **not_mirrored), [f])
+    np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-6, atol=1e-6)
+
+
 def test_map_is_submanifold_is_refused_for_maps_that_cannot_be(rng):
     coords, features = random_sites(rng, 1, (6, 6), 0.5, 2)
     x = make_site_sparse(coords, features, (6, 6), 1)

@@ -199,9 +199,18 @@ inline absl::Status CheckCpuDataflow(SiteDataflow dataflow) {
 }
 
 // SiteSparseConv's map_is_submanifold promise, as far as shapes can check it: the map
-// keeps its sites and its offsets pair up around a centre.
-inline absl::Status CheckSubmanifoldClaim(bool claimed, int64_t num_in, int64_t num_out, int64_t volume) {
+// keeps its sites and its offsets pair up around a centre. Whether the offsets are
+// mirrored is not checked (it would cost a sort of the pairs per call), so the promise
+// is taken with map_is_trusted only, for SiteKernelMap's own submanifold maps.
+inline absl::Status CheckSubmanifoldClaim(bool claimed, bool trusted, int64_t num_in, int64_t num_out,
+                                          int64_t volume) {
   if (!claimed) return absl::OkStatus();
+  if (!trusted) {
+    return tensorflow::errors::InvalidArgument(
+        "map_is_submanifold needs map_is_trusted: the gradient then relies on the offsets being mirrored (offset "
+        "q's pairs reversed are offset volume - 1 - q's), which is not checked; SiteKernelMap's submanifold maps "
+        "are, so pass both for those, and neither for a map built otherwise");
+  }
   if (num_in != num_out || volume % 2 == 0) {
     return tensorflow::errors::InvalidArgument(
         "map_is_submanifold promises a submanifold map (as many output as input sites, an odd number of kernel "

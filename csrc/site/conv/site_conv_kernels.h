@@ -108,7 +108,8 @@ class SiteSparseConvOp : public SiteConvOpKernel {
     bool neighbours_given = false;
     OP_REQUIRES_OK(ctx, CheckNeighboursInput(neighbours, a.num_out, a.volume, attrs_.map_is_trusted,
                                              &neighbours_given));
-    OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(attrs_.map_is_submanifold, a.num_in, a.num_out, a.volume));
+    OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(attrs_.map_is_submanifold, attrs_.map_is_trusted, a.num_in, a.num_out,
+                                              a.volume));
     SiteConvFunctor<Device, T> conv(ctx, attrs_);
     OP_REQUIRES_OK(ctx, conv.Prepare(map, a));
     Tensor* out;

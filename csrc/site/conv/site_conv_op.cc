@@ -87,8 +87,9 @@ offsets pair up mirrored (offset q's pairs are offset volume - 1 - q's reversed)
 SiteKernelMap's 'submanifold' maps are by construction. It changes no value of this op;
 its gradient then computes the input gradient over the same pairs with the filters
 transposed and their offsets mirrored, reading the same neighbours table, instead of
-over the reversed pairs without one. Requires num_out == the number of input rows and
-an odd number of offsets (InvalidArgument otherwise).
+over the reversed pairs without one. Requires map_is_trusted (the mirroring is not
+checked), num_out == the number of input rows and an odd number of offsets
+(InvalidArgument otherwise).
 )doc");
 
 REGISTER_OP("TfSparseconv>SiteNeighbourTable")
