@@ -867,6 +867,38 @@ def test_repeated_output_row_among_many_pairs_reports_the_first(rng, gpu):
                       "appears twice for kernel offset 8")
 
 
+def test_gpu_map_check_memory_follows_the_pairs_not_num_out(rng, gpu):
+    """The GPU's repeat check used a bitmask of num_out * volume bits: 8 GiB here (2^16
+    output rows, 2^20 offsets) for a map of 40 pairs; it now sorts the pairs where the
+    bitmask would be much larger than they are, with the CPU's errors."""
+    num_in, num_out, volume, pairs = 8, 1 << 16, 1 << 20, 40
+    owners = np.sort(rng.choice(volume, pairs // 4, replace=False))
+    splits = np.searchsorted(np.repeat(owners, 4), np.arange(volume + 1)).astype(np.int32)
+    in_rows = rng.integers(0, num_in, pairs).astype(np.int32)
+    out_rows = np.concatenate([rng.choice(num_out, 4, replace=False) for _ in owners]).astype(np.int32)
+    repeated = out_rows.copy()
+    repeated[4 * 3 + 2] = repeated[4 * 3]  # within the fourth used offset
+    features = rng.standard_normal((num_in, 1))  # float64: no TF32 products
+    filters = rng.standard_normal((volume, 1, 1))
+
+    def conv(rows):
+        return ops.site_sparse_conv(features, filters, in_rows, rows, splits, num_out, NO_NEIGHBOURS)
+
+    assert_same_error(lambda: conv(repeated), f"output row {repeated[12]} appears twice for kernel offset {owners[3]}")
+    bad_range = out_rows.copy()
+    bad_range[5] = num_out
+    assert_same_error(lambda: conv(bad_range), rf"out_rows\[5\] = {num_out} is outside")
+    tf.config.experimental.reset_memory_stats("GPU:0")
+    before = tf.config.experimental.get_memory_info("GPU:0")["current"]
+    with tf.device(GPU):
+        got = conv(out_rows)
+    peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] - before
+    with tf.device(CPU):
+        want = conv(out_rows)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
+    assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB"  # the offset table and the sort: tens of MiB, not 8 GiB
+
+
 # --- trusted maps on the GPU ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: t.name)

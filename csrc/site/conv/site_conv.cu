@@ -43,7 +43,8 @@
 //
 // The map is checked first (the CPU's CheckSiteMapRows, in_rows/out_rows ranges and at
 // most one pair per output row and offset, the latter with a bitmask of (row, offset)
-// flags); the products run only when every check passed, so bad rows never index memory.
+// flags, or a sort of the pairs where the bitmask would be much larger than they are);
+// the products run only when every check passed, so bad rows never index memory.
 // A trusted map (map_is_trusted, SiteKernelMap's) is not checked: no Report, no round
 // trip, and the functors return once the work is queued.
 #include <cuda_bf16.h>
@@ -178,7 +179,8 @@ inline unsigned int GridFor(int64_t items) {
 
 // seen holds one bit per (output row, offset): a second pair setting the same bit repeats
 // an output row within an offset. Which pair repeats first is left to the error path
-// (FirstRepeatedOutputRow), since the bit's setter order depends on timing.
+// (FirstRepeatedOutputRow), since the bit's setter order depends on timing. seen ==
+// nullptr: the ranges only (the repeats are then found by sorting, MarkFirstRepeat).
 __global__ void CheckMapRowsKernel(const int32_t* in_rows, const int32_t* out_rows, const int64_t* splits,
                                    CheckedMap checked, int64_t num_in, int64_t num_out, int64_t volume,
                                    unsigned int* seen, Report* report) {
@@ -186,7 +188,7 @@ __global__ void CheckMapRowsKernel(const int32_t* in_rows, const int32_t* out_ro
     const int64_t i = in_rows[p], o = out_rows[p];
     const bool out_ok = o >= 0 && o < num_out;
     if (i < 0 || i >= num_in || !out_ok) RecordFirst(&report->checks[kSiteRows], p);
-    if (!out_ok) continue;
+    if (!out_ok || seen == nullptr) continue;
     const int64_t bit = o * volume + OwnerOf(splits, checked.offsets, p);
     const unsigned int mask = 1u << (bit & 31);
     if (atomicOr(&seen[bit >> 5], mask) & mask) RecordFirst(&report->checks[kSiteRepeat], p);
@@ -649,24 +651,53 @@ GpuStatus UploadOffsetTable(Stream stream, Scratch* scratch, const int32_t* host
   return GpuStatus::Ok();
 }
 
+// Records in slot the first pair (in pair order, among the checked pairs with out_rows in
+// range) whose output row an earlier pair of its offset already has: (offset, row) keys
+// stably sorted, 24 bytes per pair and the sort's scratch. splits: device memory.
+GpuStatus MarkFirstRepeat(Stream stream, Scratch* scratch, const int32_t* out_rows, const int64_t* splits,
+                          const CheckedMap& checked, int64_t num_out, CheckSlot* slot) {
+  const uint64_t none = static_cast<uint64_t>(checked.offsets * num_out);  // above every (q, row) key
+  uint64_t* keys[2] = {scratch->DeviceArray<uint64_t>(checked.pairs), scratch->DeviceArray<uint64_t>(checked.pairs)};
+  int32_t* pairs[2] = {scratch->DeviceArray<int32_t>(checked.pairs), scratch->DeviceArray<int32_t>(checked.pairs)};
+  if (!keys[0] || !keys[1] || !pairs[0] || !pairs[1]) return GpuStatus::OutOfMemory("repeated-row search");
+  RepeatKeysKernel<<<BlocksFor(checked.pairs), kThreads, 0, stream>>>(out_rows, splits, checked, num_out, none,
+                                                                      keys[0], pairs[0]);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("repeated-row search");
+  int current = 0;
+  TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, keys, pairs, checked.pairs, BitsFor(none), &current));
+  FirstRepeatKernel<<<BlocksFor(checked.pairs), kThreads, 0, stream>>>(keys[current], pairs[current], checked.pairs,
+                                                                       none, slot);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("repeated-row search");
+  return GpuStatus::Ok();
+}
+
 GpuStatus CheckMap(Stream stream, Scratch* scratch, const int32_t* in_rows, const int32_t* out_rows,
                    const int64_t* splits, const CheckedMap& checked, int64_t num_in, int64_t num_out,
                    int64_t volume, Report* report) {
   if (checked.pairs == 0) return GpuStatus::Ok();
+  // The repeat check: a bitmask over (output row, offset) where it is within a small
+  // factor of the pairs' own memory, else (num_out is a scalar input, 2^31 - 1 at most,
+  // times up to 2^20 offsets) a sort of the pairs' (offset, row) keys, as the CPU's check
+  // sorts, so the check's memory follows the map, not num_out.
   int64_t bits = 0;
-  if (__builtin_mul_overflow(num_out, volume, &bits) || bits > (int64_t{1} << 62)) {
-    return GpuStatus::OutOfMemory("repeated-row check");
+  const bool by_bits = !__builtin_mul_overflow(num_out, volume, &bits) && bits / 32 <= 2 * checked.pairs + 4096;
+  unsigned int* seen = nullptr;
+  if (by_bits) {
+    const int64_t words = (bits + 31) / 32;
+    seen = scratch->DeviceArray<unsigned int>(words);
+    if (seen == nullptr) return GpuStatus::OutOfMemory("repeated-row check");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(seen, 0, sizeof(unsigned int) * (words > 0 ? words : 1), stream), "repeated-row check");
   }
-  const int64_t words = (bits + 31) / 32;
-  unsigned int* seen = scratch->DeviceArray<unsigned int>(words);
-  if (seen == nullptr) return GpuStatus::OutOfMemory("repeated-row check");
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaMemsetAsync(seen, 0, sizeof(unsigned int) * (words > 0 ? words : 1), stream), "repeated-row check");
   CheckMapRowsKernel<<<BlocksFor(checked.pairs), kThreads, 0, stream>>>(in_rows, out_rows, splits, checked, num_in,
                                                                         num_out, volume, seen, report);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("map check");
   DescribeRowsKernel<<<1, 1, 0, stream>>>(in_rows, out_rows, report);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("map check");
+  if (!by_bits) {
+    TF_SPARSECONV_RETURN_IF_ERROR(
+        MarkFirstRepeat(stream, scratch, out_rows, splits, checked, num_out, &report->checks[kSiteRepeat]));
+  }
   return GpuStatus::Ok();
 }
 
@@ -1158,18 +1189,8 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
     void* device = nullptr;
     TF_SPARSECONV_RETURN_IF_ERROR(
         Upload(stream, scratch, splits.data(), sizeof(int64_t) * splits.size(), &device, "offset splits"));
-    const uint64_t none = static_cast<uint64_t>(checked.offsets * num_out);  // above every (q, row) key
-    uint64_t* keys[2] = {scratch->DeviceArray<uint64_t>(checked.pairs), scratch->DeviceArray<uint64_t>(checked.pairs)};
-    int32_t* pairs[2] = {scratch->DeviceArray<int32_t>(checked.pairs), scratch->DeviceArray<int32_t>(checked.pairs)};
-    if (!keys[0] || !keys[1] || !pairs[0] || !pairs[1]) return GpuStatus::OutOfMemory("repeated-row search");
-    RepeatKeysKernel<<<BlocksFor(checked.pairs), kThreads, 0, stream>>>(
-        out_rows, static_cast<const int64_t*>(device), checked, num_out, none, keys[0], pairs[0]);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("repeated-row search");
-    int current = 0;
-    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, keys, pairs, checked.pairs, BitsFor(none), &current));
-    FirstRepeatKernel<<<BlocksFor(checked.pairs), kThreads, 0, stream>>>(keys[current], pairs[current],
-                                                                         checked.pairs, none, slot);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("repeated-row search");
+    TF_SPARSECONV_RETURN_IF_ERROR(MarkFirstRepeat(stream, scratch, out_rows, static_cast<const int64_t*>(device),
+                                                  checked, num_out, slot));
     DescribeRepeatKernel<<<1, 1, 0, stream>>>(out_rows, slot);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("repeated-row search");
   }

@@ -66,7 +66,8 @@ struct SiteConvOptions {
 // behind the rule: docs/gpu-kernels.md).
 // neighbours: nullptr, or SiteNeighbourTable's table of this map ([num_out, volume + 2],
 // device memory), which kOutputs then reads instead of building one in the call.
-// Temporary memory: num_out * volume / 8 bytes (the repeat check), 16 * (volume + 1),
+// Temporary memory: the repeat check's num_out * volume / 8 bytes where that is at most
+// 8 * pairs + 16 KiB, else 24 bytes per pair and a radix sort's scratch; 16 * (volume + 1),
 // num_out * cout * 4 for half and bfloat16 on the pairs (the float32 accumulator), and
 // 4 * num_out * (volume + 7) bytes for a table built in the call.
 // Why the output-stationary tiles (kOutputs) cannot run this forward on the current
@@ -94,8 +95,8 @@ GpuStatus SiteNeighbourTableGpu(Stream stream, Scratch* scratch, const int32_t* 
 // filter_grad [volume, cin, cout]; deterministic (fixed chunks of pairs, partial sums
 // added in chunk order). Blocks until the report is on the host, except for a trusted
 // map (as for the forward: no row checks, report untouched, returns once queued).
-// Temporary memory: num_out * volume / 8 bytes, 16 * (volume + 1), and the partial sums:
-// about min(pairs / 512, 2048 / tiles + volume) * cin * cout * sizeof(accumulator),
+// Temporary memory: the repeat check's (as for the forward), 16 * (volume + 1), and the
+// partial sums: about min(pairs / 512, 2048 / tiles + volume) * cin * cout * sizeof(accumulator),
 // tiles = ceil(cin / 64) * ceil(cout / 64) (float on sm_80+ with rows of whole 16-byte
 // vectors: tiles of 128 channels on a side above 64 channels, site_conv_filter_grad.cuh).
 template <typename T>
