@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops
-from tf_sparseconv.site import kernel_map, neighbour_table, site_conv, site_conv_transpose, site_inverse_conv
+from tf_sparseconv.site import (kernel_map, neighbour_table, site_conv, site_conv_transpose, site_inverse_conv,
+                               site_pool)
 from tf_sparseconv.site.tensor import make_site_sparse
 
 from tests.device import CPU, GPU, assert_on, assert_same_error, run_in_own_process
@@ -437,8 +438,13 @@ def test_hand_built_bad_map_is_still_rejected(rng):
     kernel = np.ones((3, 3, 2, 4), np.float32)
     for bad, match in ((hand_built(good, out_rows=tf.constant(repeated)), "appears twice"),
                        (hand_built(good, in_rows=tf.constant(out_of_range)), "in_rows\\[0\\] = .* is outside")):
-        with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+        # Under an indice_key a hand-built map must be SiteKernelMap's for its geometry.
+        with pytest.raises(tf.errors.InvalidArgumentError, match="hand-built kernel map under indice_key 'k'"):
             site_conv(x.with_map("k", bad), kernel, subm=True, indice_key="k")
+        # The op itself checks the rows of an untrusted map.
+        with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+            ops.site_sparse_conv(x.features, tf.reshape(kernel, [9, 2, 4]), bad.in_rows, bad.out_rows,
+                                 bad.offset_splits, len(coords), tf.zeros([0], tf.int32))
         with pytest.raises(tf.errors.InvalidArgumentError, match=match):  # the filter gradient checks too
             ops.site_sparse_conv_filter_grad(x.features, tf.ones([len(coords), 4]), bad.in_rows, bad.out_rows,
                                              bad.offset_splits)
@@ -517,6 +523,97 @@ def test_trust_survives_the_keras_dict(rng):
     back = from_site_keras_inputs(as_site_keras_inputs(y))
     assert back.kernel_maps["trusted"].trusted and not back.kernel_maps["hand"].trusted
     assert back.kernel_maps["trusted"].geometry() == built.geometry() == back.kernel_maps["hand"].geometry()
+
+
+# --- cached maps belong to their sites ----------------------------------------------------------
+
+def two_site_sets(rng):
+    """x and y: the same sites in other orders, so each row of y is another site than x's
+    row (a map of x read with y's features used to give wrong rows without a word: only
+    the counts were compared)."""
+    coords = random_coords(rng, 1, (6, 6), 0.5)
+    features = rng.standard_normal((len(coords), 2)).astype(np.float32)
+    return make_site_sparse(coords, features, (6, 6), 1), make_site_sparse(coords[::-1].copy(), features, (6, 6), 1)
+
+
+@pytest.mark.parametrize("layer", ["subm", "strided", "transposed", "pool"])
+def test_a_cached_map_of_other_sites_is_refused(rng, layer):
+    x, y = two_site_sets(rng)
+    w = tf.constant(rng.standard_normal((3, 3, 2, 2)), tf.float32)
+    call = {"subm": lambda t: site_conv(t, w, subm=True, indice_key="k"),
+            "strided": lambda t: site_conv(t, w, strides=2, padding=1, indice_key="k"),
+            "transposed": lambda t: site_conv_transpose(t, w, strides=2, indice_key="k"),
+            "pool": lambda t: site_pool(t, 2, indice_key="k")}[layer]
+    m = call(x).kernel_maps["k"]
+    call(x.with_map("k", m))  # its own sites
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="indice_key 'k' belongs to other sites \\(its input sites' coordinates differ"):
+        call(y.with_map("k", m))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="its input site count differs"):
+        call(make_site_sparse(y.coords[1:], y.features[1:], (6, 6), 1, {"k": m}))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="its input spatial shape differs"):
+        call(make_site_sparse(x.coords, x.features, (6, 7), 1, {"k": m}))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="belongs to other sites"):
+        tf.function(lambda t: call(t).features)(y.with_map("k", m))
+
+
+def test_inverse_conv_refuses_a_map_of_other_output_sites(rng):
+    x, _ = two_site_sets(rng)
+    w = tf.constant(rng.standard_normal((3, 3, 2, 2)), tf.float32)
+    down = site_conv(x, w, strides=2, padding=1, indice_key="d")
+    site_inverse_conv(down, w, "d")
+    moved = make_site_sparse(down.coords.numpy()[::-1].copy(), down.features, down.spatial_shape, 1,
+                             down.kernel_maps)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="indice_key 'd' belongs to other sites \\(its output sites' coordinates differ"):
+        site_inverse_conv(moved, w, "d")
+
+
+def test_a_cached_map_crosses_a_tf_function_boundary_by_value(rng):
+    x, _ = two_site_sets(rng)
+    w = tf.constant(rng.standard_normal((3, 3, 2, 2)), tf.float32)
+    with tf.device(CPU):
+        h = site_conv(x, w, subm=True, indice_key="k")
+        eager = site_conv(h, w, subm=True, indice_key="k").features
+        traced = tf.function(lambda t: site_conv(t, w, subm=True, indice_key="k").features)
+        np.testing.assert_array_equal(traced(h).numpy(), eager.numpy())
+        graph = traced.get_concrete_function(h).graph
+    # Inside the function the map's sites and the tensor's are two placeholders: compared.
+    assert "coordinates differ from these" in str(graph.as_graph_def())
+
+
+def test_cached_maps_along_the_layers_of_a_model_are_not_rechecked(rng):
+    x, _ = two_site_sets(rng)
+    w = tf.constant(rng.standard_normal((3, 3, 2, 2)), tf.float32)
+
+    def unet(t):
+        h = site_conv(site_conv(t, w, subm=True, indice_key="s0"), w, subm=True, indice_key="s0")
+        down = site_conv(site_conv(h, w, strides=2, padding=1, indice_key="d"), w, subm=True, indice_key="s1")
+        down = site_conv(down, w, subm=True, indice_key="s1")
+        up = site_inverse_conv(down, w, "d")
+        return site_conv(up, w, subm=True, indice_key="s0").features
+
+    graph_text = str(tf.function(unet).get_concrete_function(x).graph.as_graph_def())
+    # Every map is the tensors' own: no coordinate comparison, and three maps built once each.
+    assert "coordinates differ" not in graph_text and "hand-built" not in graph_text
+    ops_of_graph = tf.function(unet).get_concrete_function(x).graph.get_operations()
+    assert sum(op.type == OP_NAMESPACE + "SiteKernelMap" for op in ops_of_graph) == 3
+
+
+def test_a_hand_built_map_is_checked_against_its_stated_geometry(rng):
+    x, _ = two_site_sets(rng)
+    w = tf.constant(rng.standard_normal((3, 3, 2, 2)), tf.float32)
+    same = kernel_map(x, 3, strides=1, padding=1)  # the strided 3x3 map: other pairs than the submanifold one
+    false = hand_built(same, mode="submanifold", padding=(0, 0))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="hand-built kernel map under indice_key 'k'"):
+        site_conv(x.with_map("k", false), w, subm=True, indice_key="k")
+    stride_two = kernel_map(x, 3, strides=2, padding=1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"stated \(mode, kernel_size, strides, padding, "
+                                                             r"dilation\) = \('strided', \(3, 3\), \(1, 1\)"):
+        site_conv(x.with_map("k", hand_built(stride_two, strides=(1, 1))), w, padding=1, indice_key="k")
+    # A hand-built copy of SiteKernelMap's map passes and gives its results.
+    honest = site_conv(x.with_map("k", hand_built(same)), w, padding=1, indice_key="k").features
+    np.testing.assert_allclose(honest.numpy(), site_conv(x, w, padding=1).features.numpy(), rtol=1e-6, atol=1e-6)
 
 
 # --- neighbour tables and dataflows -------------------------------------------------------------
@@ -942,9 +1039,9 @@ def test_hand_built_bad_map_is_rejected_on_gpu(rng, gpu):
     in_rows[0] = len(coords) + 3
     for bad, phrase in ((dict(out_rows=out_rows), "appears twice"), (dict(in_rows=in_rows), r"in_rows\[0\] = ")):
         def call(bad=bad):
-            x = make_site_sparse(coords, features, (6, 6), 1)
             m = hand_built(good, **{k: tf.constant(v) for k, v in bad.items()})
-            return site_conv(x.with_map("k", m), kernel, subm=True, indice_key="k")
+            return ops.site_sparse_conv(features, tf.reshape(kernel, [9, 2, 4]), m.in_rows, m.out_rows,
+                                        m.offset_splits, len(coords), NO_NEIGHBOURS)
         assert_same_error(call, phrase)
 
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.geometry import conv_geometry
-from tf_sparseconv.site.kernel_map import along_map, assert_rows_match, check_dataflow, with_inverse_table
+from tf_sparseconv.site.kernel_map import along_map, assert_rows_match, check_dataflow, map_checks, with_inverse_table
 from tf_sparseconv.site.tensor import SiteSparseTensor, check_site_tensor
 
 
@@ -107,8 +107,9 @@ def site_inverse_conv(x, kernel, indice_key, bias=None, dataflow="auto"):
     if tuple(int(k) for k in kernel.shape[:x.spatial_rank]) != kmap.kernel_size:
         raise ValueError(f"site_inverse_conv: kernel size {tuple(kernel.shape[:x.spatial_rank])} differs from the "
                          f"strided convolution's {kmap.kernel_size} under {indice_key!r}")
+    checks = map_checks(kmap, x, indice_key, inverse=True)
     kmap = with_inverse_table(kmap, x.dtype, dataflow)
-    with tf.control_dependencies([assert_rows_match(kmap.out_coords, x.features, indice_key)]):
+    with tf.control_dependencies([assert_rows_match(kmap.out_coords, x.features, indice_key), *checks]):
         num_out = tf.shape(kmap.in_coords)[0]
     # Reversed pairs stay valid: every map SiteKernelMap builds has at most one pair per
     # input row and offset too (for an offset the output site fixes the input site and

@@ -27,12 +27,17 @@ def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided",
     out_coords, out_shape, in_rows, out_rows, splits = _ops.site_kernel_map(
         x.coords, x.spatial_shape, x.batch_size, mode=mode, kernel_size=list(kernel_size), strides=list(strides),
         padding=list(padding), dilation=list(dilation), builder=builder)
+    if mode == "submanifold":
+        # The op's out_coords and out_shape are copies of x's: keeping x's own tensors lets
+        # the layers after this one see that their sites are the map's (same_sites_checks).
+        out_coords, out_shape = x.coords, x.spatial_shape
     return KernelMap(in_rows, out_rows, splits, x.coords, out_coords, x.spatial_shape, out_shape, mode, kernel_size,
                      strides, padding, dilation, trusted=True)
 
 
 def cached_kernel_map(x, indice_key, geometry):
-    """x's map under indice_key (checked to have this geometry), or a new one."""
+    """x's map under indice_key (checked to have this geometry), or a new one, and the
+    ops checking that a cached map belongs to x (map_checks)."""
     mode, kernel_size, strides, padding, dilation = geometry
     if indice_key is not None and indice_key in x.kernel_maps:
         cached = x.kernel_maps[indice_key]
@@ -40,8 +45,57 @@ def cached_kernel_map(x, indice_key, geometry):
             raise ValueError(f"the kernel map under indice_key {indice_key!r} was built for (mode, kernel_size, "
                              f"strides, padding, dilation) = {cached.geometry()}, but this layer needs {geometry}; "
                              "give layers of another geometry another indice_key")
-        return cached
-    return kernel_map(x, kernel_size, strides, padding, dilation, mode)
+        return cached, map_checks(cached, x, indice_key)
+    return kernel_map(x, kernel_size, strides, padding, dilation, mode), []
+
+
+def same_sites_checks(map_coords, map_shape, x, indice_key, side):
+    """The ops checking that the sites of a cached map's side ('input' or 'output') are
+    x's: none where they are x's own tensors, as along the layers of one model (a map is
+    built from x.coords and hands its out_coords on as the output's coords); otherwise the
+    coordinates and spatial shapes are compared, as after a tf.function or tf.data
+    boundary, and a map built for other sites is InvalidArgumentError, not features read
+    along another site set's pairs."""
+    where = f"the kernel map under indice_key {indice_key!r} belongs to other sites"
+    checks = []
+    if map_coords is not x.coords:
+        count = tf.debugging.assert_equal(tf.shape(map_coords), tf.shape(x.coords),
+                                          message=f"{where} (its {side} site count differs from these sites')")
+        with tf.control_dependencies([count]):
+            checks.append(tf.debugging.assert_equal(
+                map_coords, x.coords, message=f"{where} (its {side} sites' coordinates differ from these sites')"))
+    if map_shape is not x.spatial_shape:
+        checks.append(tf.debugging.assert_equal(
+            map_shape, x.spatial_shape, message=f"{where} (its {side} spatial shape differs from these sites')"))
+    return checks
+
+
+def map_checks(kmap, x, indice_key, inverse=False):
+    """The ops checking a cached map before x's features are read along it: its input
+    sites (its output sites for the inverse convolution) are x's (same_sites_checks), and
+    a hand-built map (trusted=False) is the map SiteKernelMap builds for its stated
+    geometry over its input sites. A trusted map's pairs are taken as they are."""
+    if inverse:
+        checks = same_sites_checks(kmap.out_coords, kmap.out_spatial_shape, x, indice_key, "output")
+    else:
+        checks = same_sites_checks(kmap.in_coords, kmap.in_spatial_shape, x, indice_key, "input")
+    if kmap.trusted:
+        return checks
+    with tf.control_dependencies(checks):
+        built = _ops.site_kernel_map(kmap.in_coords, kmap.in_spatial_shape, x.batch_size, mode=kmap.mode,
+                                     kernel_size=list(kmap.kernel_size), strides=list(kmap.strides),
+                                     padding=list(kmap.padding), dilation=list(kmap.dilation))
+    stated = (kmap.out_coords, kmap.out_spatial_shape, kmap.in_rows, kmap.out_rows, kmap.offset_splits)
+    names = ("out_coords", "out_spatial_shape", "in_rows", "out_rows", "offset_splits")
+    for name, given, want in zip(names, stated, built):
+        message = (f"the hand-built kernel map under indice_key {indice_key!r} (trusted=False) is not the map of its "
+                   f"stated (mode, kernel_size, strides, padding, dilation) = {tuple(kmap.geometry())} over its input "
+                   f"sites ({name} differ): build maps with "
+                   "tf_sparseconv.kernel_map, or apply another map with the SiteSparseConv op")
+        count = tf.debugging.assert_equal(tf.shape(given), tf.shape(want), message=message)
+        with tf.control_dependencies([count]):
+            checks.append(tf.debugging.assert_equal(given, want, message=message))
+    return checks
 
 
 def neighbour_table(kmap, inverse=False):
@@ -96,10 +150,10 @@ def along_map(x, indice_key, geometry, compute, dataflow="auto"):
     """The output sites of geometry's map over x (cached under indice_key) with features
     compute(kmap, num_out); the map is stored on the output under indice_key, with its
     neighbour table where the dataflow wants one (wants_tables)."""
-    kmap = cached_kernel_map(x, indice_key, geometry)
+    kmap, checks = cached_kernel_map(x, indice_key, geometry)
     if indice_key is not None and kmap.neighbours is None and wants_tables(x.dtype, kmap, dataflow):
         kmap = kmap.with_tables(neighbours=neighbour_table(kmap))
-    with tf.control_dependencies([assert_rows_match(kmap.in_coords, x.features, indice_key)]):
+    with tf.control_dependencies([assert_rows_match(kmap.in_coords, x.features, indice_key), *checks]):
         num_out = tf.shape(kmap.out_coords)[0]
     out = compute(kmap, num_out)
     maps = dict(x.kernel_maps)

@@ -23,12 +23,23 @@ class KernelMap(tf.experimental.ExtensionType):
     offset_splits[q + 1] of (in_rows, out_rows). in_coords / out_coords are the sites
     on either side, so an inverse convolution can map back onto in_coords.
 
+    A map is tied to the sites it was built from: a layer reading it from
+    SiteSparseTensor.kernel_maps checks that its input sites (the inverse convolution:
+    its output sites) are the tensor's, for free where they are the same tensors (as
+    along the layers of a model; a submanifold map's out_coords are its in_coords), by
+    comparing coordinates and spatial shapes otherwise (InvalidArgumentError where they
+    differ, e.g. a map of other sites with the same count).
+
     trusted: the map came from the SiteKernelMap op (tf_sparseconv.kernel_map), so its
-    rows are in range and no output row repeats within an offset, in either direction;
-    the convolutions then pass map_is_trusted and the GPU kernels skip the row checks
-    and the NaN scan of the features, and with them a device-to-host round trip per
-    call. A map built by hand keeps the default False and is checked on every call.
-    Setting it on a map that breaks those rules is undefined behaviour on the GPU.
+    rows are in range and no output row repeats within an offset, in either direction,
+    and its pairs are those of its stated geometry; the convolutions then pass
+    map_is_trusted and the GPU kernels skip the row checks and the NaN scan of the
+    features, and with them a device-to-host round trip per call. A map built by hand
+    keeps the default False: the op checks its rows on every call, and a layer reading it
+    under an indice_key first checks that it is the map SiteKernelMap builds for its
+    stated geometry over its input sites (InvalidArgumentError otherwise). Setting
+    trusted on a map that breaks those rules is undefined behaviour on the GPU and wrong
+    results on either device.
 
     neighbours / inverse_neighbours: the map's SiteNeighbourTable (output-major; see
     tf_sparseconv.site.kernel_map.neighbour_table), and that of the reversed map (for the
