@@ -296,6 +296,41 @@ def test_reorder_rejects_malformed_keys(keys, message):
         ts.reorder(tf.constant(keys, tf.int64), tf.constant([1.0, 2.0, 3.0]), VALID_SHAPE)
 
 
+@pytest.mark.parametrize("convert,argument", [
+    (lambda v: ts.encode_keys(v, VALID_SHAPE), "indices"), (lambda v: ts.decode_keys(v, VALID_SHAPE), "keys"),
+    (lambda v: ts.reorder(v, tf.constant([1.0]), VALID_SHAPE), "keys")], ids=["encode", "decode", "reorder"])
+def test_key_functions_refuse_float_indices_and_keys(convert, argument):
+    value = [[0, 1.5, 1, 0]] if argument == "indices" else [1.5]  # used to be truncated
+    with pytest.raises(TypeError, match=f"{argument} must be integers \\(int64\\), got float32"):
+        convert(value)
+
+
+def test_key_functions_refuse_keys_beyond_int64():
+    with pytest.raises(ValueError, match="keys must lie in the int64 range"):  # used to wrap to a negative key
+        ts.decode_keys(np.array([2**63], np.uint64), VALID_SHAPE)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_from_dense_and_from_sparse_tensor_refuse_non_finite_values_unless_allowed(bad):
+    dense = np.zeros(VALID_SHAPE, np.float32)
+    dense[1, 2, 3, 0] = bad
+    dense[0, 0, 1, 1] = 2.0
+    for convert in (ts.from_dense, lambda d, **kw: ts.from_sparse_tensor(tf.sparse.from_dense(d), **kw)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="hold NaN or infinite values"):
+            convert(dense)
+        x = convert(dense, non_finite="allow")
+        np.testing.assert_array_equal(ts.to_dense(x.with_values(tf.where(tf.math.is_finite(x.values), x.values, 7.0)))
+                                      .numpy(), np.where(np.isfinite(dense), dense, 7.0))
+
+
+def test_conversions_refuse_complex_values():
+    # The imaginary part used to be dropped by a cast to float32.
+    with pytest.raises(TypeError, match="from_dense: dense must be real numbers, got complex64"):
+        ts.from_dense(np.ones(VALID_SHAPE, np.complex64))
+    with pytest.raises(TypeError, match="from_sparse_tensor: values must be real numbers, got complex64"):
+        ts.from_sparse_tensor(tf.SparseTensor([[0, 0, 0, 0]], tf.constant([1j], tf.complex64), VALID_SHAPE))
+
+
 # --- malformed input on the GPU: the CPU's messages -------------------------------------------
 
 BAD_KEYS = [pytest.param([3, 1, 5], "must be sorted", id="unsorted"),

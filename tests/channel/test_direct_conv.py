@@ -441,6 +441,19 @@ def test_conv_rejects_unknown_choices_in_python(kwargs, match):
         ts.direct_conv(x, np.ones((3, 3, 1, 1)), **kwargs)
 
 
+@pytest.mark.parametrize("kwargs,error,match", [
+    # A complex filter used to lose its imaginary part in the conversion to the values' dtype.
+    (dict(filters=np.ones((3, 3, 1, 1)) * (1 + 1j)), TypeError, "direct_conv: filters must be real numbers"),
+    (dict(bias=np.ones(1) * 1j), TypeError, "direct_conv: bias must be real numbers"),
+    (dict(selection="abs", k=2.5), TypeError, "direct_conv: k must be an int, got 2.5"),  # used to truncate to 2
+])
+def test_conv_refuses_what_a_cast_would_change(kwargs, error, match):
+    x = _sparse([0, 7], [1, 5, 5, 1])
+    kwargs = dict(dict(filters=np.ones((3, 3, 1, 1))), **kwargs)
+    with pytest.raises(error, match=match):
+        ts.direct_conv(x, **kwargs)
+
+
 def test_conv_op_rejects_unknown_dataflow_and_negative_temp_limit():
     x = _sparse([0, 7], [1, 5, 5, 1])
     inputs = dict(in_keys=x.keys, in_values=x.values, dense_shape=x.dense_shape,

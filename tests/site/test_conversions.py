@@ -109,3 +109,29 @@ def test_voxelize_drops_non_finite_points_when_asked_and_refuses_other_types():
         voxelize_sites(points, [0.5, 0.5], (4, 4, 4))
     with pytest.raises(ValueError, match="non_finite must be 'raise' or 'drop'"):
         voxelize_sites(points, 0.5, (4, 4, 4), non_finite="ignore")
+
+
+def test_voxelize_refuses_batch_indices_and_shapes_a_cast_would_change():
+    points = np.array([[0.1, 0.2, 0.3], [1.1, 0.2, 0.3]], np.float32)
+    with pytest.raises(TypeError, match="voxelize_sites: batch_index must be integers"):  # used to truncate 0.7 to 0
+        voxelize_sites(points, 0.5, (4, 4, 4), batch_index=[0.0, 0.7], batch_size=2)
+    with pytest.raises(ValueError, match="voxelize_sites: batch_index must lie in the int32 range"):
+        voxelize_sites(points, 0.5, (4, 4, 4), batch_index=np.array([0, 2**32]), batch_size=2)
+    with pytest.raises(ValueError, match="voxelize_sites: spatial_shape must lie in the int32 range"):
+        voxelize_sites(points, 0.5, np.array([4, 4, 2**32 + 4]))
+    with pytest.raises(TypeError, match="voxelize_sites: features must be real numbers"):
+        voxelize_sites(points, 0.5, (4, 4, 4), features=np.ones((2, 1), np.complex64))
+
+
+def test_site_from_dense_refuses_complex_and_non_finite_entries_unless_allowed():
+    dense = np.zeros((1, 3, 2, 1), np.float32)
+    dense[0, 1, 1, 0] = np.nan
+    dense[0, 2, 0, 0] = 2.0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="site_from_dense: dense entries hold NaN or infinite"):
+        site_from_dense(dense)
+    x = site_from_dense(dense, non_finite="allow")
+    np.testing.assert_array_equal(x.coords.numpy(), [[0, 1, 1], [0, 2, 0]])
+    assert np.isnan(x.features.numpy()[0, 0]) and x.features.numpy()[1, 0] == 2.0
+    with pytest.raises(TypeError, match="site_from_dense: dense must be real numbers, got complex64"):
+        site_from_dense(np.ones((1, 2, 2, 1), np.complex64))
+

@@ -44,3 +44,42 @@ def test_type_checks():
         make_site_sparse(np.zeros((2, 3), np.int32), np.zeros((3, 2), np.float32), (4, 4), 1)
     with pytest.raises(ValueError, match="coords must be"):
         make_site_sparse(np.zeros((2, 4), np.int32), np.zeros((2, 2), np.float32), (4, 4), 1)
+
+
+@pytest.mark.parametrize("field,value,error,message", [
+    # int64 2^32 + 1 used to wrap to 1 (then "duplicate sites" or a wrong site).
+    ("coords", np.array([[0, 2**32 + 1, 0]]), ValueError, r"coords must lie in the int32 range.*got 4294967297"),
+    ("coords", np.array([[0, 1.7, 0]]), TypeError, "coords must be integers \\(int32\\), got float64"),
+    ("coords", np.array([[0, 1, 0]], bool), TypeError, "coords must be integers \\(int32\\), got bool"),
+    # 2^31 used to wrap to -2^31 and fail as "Dimension -2147483648 must be >= 0".
+    ("spatial_shape", np.array([2**31, 4]), ValueError, "spatial_shape must lie in the int32 range"),
+    ("spatial_shape", (0, 4), ValueError, "spatial_shape must be a vector of extents >= 1, got \\[0, 4\\]"),
+    ("batch_size", 1.5, TypeError, "batch_size must be integers"),
+    ("features", np.array([[1 + 2j]]), TypeError, "features must be real numbers, got complex128"),
+])
+def test_make_site_sparse_refuses_what_a_cast_would_change(field, value, error, message):
+    args = dict(coords=[[0, 1, 0]], features=[[1.0]], spatial_shape=(4, 4), batch_size=1)
+    args[field] = value
+    with pytest.raises(error, match=message):
+        make_site_sparse(**args)
+
+
+def test_make_site_sparse_checks_int64_coordinates_in_a_graph():
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int64)])
+    def coords_of(c):
+        return make_site_sparse(c, tf.ones([tf.shape(c)[0], 1]), (4, 4), 1).coords
+
+    np.testing.assert_array_equal(coords_of(tf.constant([[0, 3, 1]], tf.int64)).numpy(), [[0, 3, 1]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="coords must lie in the int32 range"):
+        coords_of(tf.constant([[0, 2**32 + 1, 0]], tf.int64))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_make_site_sparse_refuses_non_finite_features_unless_allowed(bad):
+    features = np.array([[1.0, 2.0], [3.0, bad]], np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="make_site_sparse: features hold NaN or infinite"):
+        make_site_sparse([[0, 1, 0], [0, 2, 2]], features, (4, 4), 1)
+    x = make_site_sparse([[0, 1, 0], [0, 2, 2]], features, (4, 4), 1, non_finite="allow")
+    np.testing.assert_array_equal(x.features.numpy(), features)
+    with pytest.raises(ValueError, match="non_finite must be 'raise' or 'allow'"):
+        make_site_sparse([[0, 1, 0]], [[1.0]], (4, 4), 1, non_finite="drop")

@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor, make_channel_sparse
+from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor
 
 
 def _check(x):
@@ -11,12 +12,16 @@ def _check(x):
         raise TypeError(f"expected a ChannelSparseTensor, got {type(x).__name__}")
 
 
-def from_dense(dense):
-    """Keeps the non-zero entries of a dense [B, R1..Rd, C] float tensor (d = 1..4)."""
-    dense = tf.convert_to_tensor(dense)
+def from_dense(dense, non_finite="raise"):
+    """Keeps the non-zero entries of a dense [B, R1..Rd, C] float tensor (d = 1..4).
+    dense must be real (other types than float32 and float64 become float32; complex is
+    TypeError) and finite: NaN or infinite entries are InvalidArgumentError unless
+    non_finite="allow" (tf_sparseconv.inputs)."""
+    dense = real_tensor(dense, "dense", "from_dense")
     if dense.dtype not in (tf.float32, tf.float64):
         dense = tf.cast(dense, tf.float32)
-    keys, values, dense_shape = _ops.dense_to_channel_sparse(dense)
+    with tf.control_dependencies(finite_checks(dense, non_finite, "dense entries", "from_dense")):
+        keys, values, dense_shape = _ops.dense_to_channel_sparse(dense)
     return make_channel_sparse(keys, values, dense_shape, dense.shape)
 
 
@@ -36,26 +41,35 @@ def gather_dense(x, dense):
 
 
 def encode_keys(indices, dense_shape):
-    """[N, d+2] indices (b, x1..xd, c) -> int64 keys in the same row order."""
-    return _ops.channel_sparse_encode_keys(tf.cast(indices, tf.int64), tf.cast(dense_shape, tf.int64))
+    """[N, d+2] indices (b, x1..xd, c) -> int64 keys in the same row order. indices and
+    dense_shape must be integers (a float is TypeError, never truncated)."""
+    return _ops.channel_sparse_encode_keys(integer_tensor(indices, tf.int64, "indices", "encode_keys"),
+                                           integer_tensor(dense_shape, tf.int64, "dense_shape", "encode_keys"))
 
 
 def decode_keys(keys, dense_shape):
     """int64 keys -> [N, d+2] indices (b, x1..xd, c)."""
-    return _ops.channel_sparse_decode_keys(tf.cast(keys, tf.int64), tf.cast(dense_shape, tf.int64))
+    return _ops.channel_sparse_decode_keys(integer_tensor(keys, tf.int64, "keys", "decode_keys"),
+                                           integer_tensor(dense_shape, tf.int64, "dense_shape", "decode_keys"))
 
 
 def reorder(keys, values, dense_shape):
     """Sorts in-range keys into canonical order (duplicates are an error)."""
-    dense_shape = tf.cast(dense_shape, tf.int64)
+    keys = integer_tensor(keys, tf.int64, "keys", "reorder")
+    dense_shape = integer_tensor(dense_shape, tf.int64, "dense_shape", "reorder")
     keys, values, _ = _ops.channel_sparse_reorder(keys, values, dense_shape)
     return make_channel_sparse(keys, values, dense_shape)
 
 
-def from_sparse_tensor(sp):
-    """From a tf.SparseTensor of shape [B, R1..Rd, C] in any index order (no duplicates)."""
-    values = sp.values if sp.values.dtype in (tf.float32, tf.float64) else tf.cast(sp.values, tf.float32)
-    keys = encode_keys(sp.indices, sp.dense_shape)
+def from_sparse_tensor(sp, non_finite="raise"):
+    """From a tf.SparseTensor of shape [B, R1..Rd, C] in any index order (no duplicates).
+    Its values must be real (other types than float32 and float64 become float32; complex
+    is TypeError) and finite: NaN or infinite values are InvalidArgumentError unless
+    non_finite="allow" (tf_sparseconv.inputs)."""
+    values = real_tensor(sp.values, "values", "from_sparse_tensor")
+    values = values if values.dtype in (tf.float32, tf.float64) else tf.cast(values, tf.float32)
+    with tf.control_dependencies(finite_checks(values, non_finite, "values", "from_sparse_tensor")):
+        keys = encode_keys(sp.indices, sp.dense_shape)
     x = reorder(keys, values, sp.dense_shape)
     return x.with_shape(sp.shape)
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
+from tf_sparseconv.inputs import int_attr, refuse_complex
 
 SELECTION_MODES = ("none", "signed", "abs")
 DATAFLOWS = ("auto", "sort", "dense")
@@ -78,16 +79,17 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         raise ValueError(f"selection must be one of {SELECTION_MODES}, got {selection!r}")
     dataflow = check_dataflow(dataflow, accumulator)
     temp_limit_bytes = check_temp_limit(temp_limit_bytes)
-    filters = tf.convert_to_tensor(filters, dtype=x.dtype)
+    filters = tf.convert_to_tensor(refuse_complex(filters, "filters", "direct_conv"), dtype=x.dtype)
     cout = tf.shape(filters)[-1]
     if bias is None:
         bias = tf.zeros([cout], dtype=x.dtype)
+    refuse_complex(bias, "bias", "direct_conv")
     if filter_mask is None:
         filter_mask = tf.ones_like(filters, dtype=tf.bool)
     keys, values, dense_shape, touched, positive = _ops.direct_sparse_conv(
         in_keys=x.keys, in_values=x.values, dense_shape=x.dense_shape, filter=filters,
         filter_mask=tf.cast(filter_mask, tf.bool), bias=tf.convert_to_tensor(bias, dtype=x.dtype),
-        selection=selection, k=0 if k is None else int(k),
+        selection=selection, k=0 if k is None else int_attr(k, "k", "direct_conv"),
         rho_up=0.0 if rho_up is None else float(rho_up), dataflow=dataflow,
         temp_limit_bytes=temp_limit_bytes)
     out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tf_sparseconv.channel.conversions import decode_keys, encode_keys
 from tf_sparseconv.channel.tensor import ChannelSparseTensor, make_channel_sparse
+from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor
 from tf_sparseconv.site.tensor import SiteSparseTensor, make_site_sparse
 
 REDUCTIONS = ("mean", "max", "first")
@@ -32,15 +33,18 @@ def _decode_row_major(keys, extents, d):
     return tf.cast(tf.stack(columns[::-1], axis=1), tf.int32)
 
 
-def site_from_dense(dense):
+def site_from_dense(dense, non_finite="raise"):
     """[B, R1, ..., Rd, C] -> the sites where any channel is non-zero, sorted by batch
-    then coordinates."""
-    dense = tf.convert_to_tensor(dense)
+    then coordinates. dense must be real (integers become float32, complex is TypeError)
+    and finite: NaN or infinite entries are InvalidArgumentError unless
+    non_finite="allow" (tf_sparseconv.inputs)."""
+    dense = real_tensor(dense, "dense", "site_from_dense")
     if dense.shape.rank is None or dense.shape.rank < 3:
         raise ValueError(f"site_from_dense takes [B, R1, ..., Rd, C] with d >= 1, got shape {dense.shape}")
-    coords = tf.cast(tf.where(tf.reduce_any(tf.not_equal(dense, 0), axis=-1)), tf.int32)
+    with tf.control_dependencies(finite_checks(dense, non_finite, "dense entries", "site_from_dense")):
+        coords = tf.cast(tf.where(tf.reduce_any(tf.not_equal(dense, 0), axis=-1)), tf.int32)
     shape = tf.shape(dense, out_type=tf.int32)
-    x = make_site_sparse(coords, tf.gather_nd(dense, coords), shape[1:-1], shape[0])
+    x = make_site_sparse(coords, tf.gather_nd(dense, coords), shape[1:-1], shape[0], non_finite="allow")
     static = dense.shape[1:-1]
     return x if not static.is_fully_defined() else SiteSparseTensor(
         x.coords, x.features, x.spatial_shape, x.batch_size, {}, static)
@@ -83,13 +87,15 @@ def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_si
     if points.shape.rank != 2 or d is None or not 1 <= d <= 4:
         raise ValueError(f"points must be [N, d] with 1 <= d <= 4, got shape {points.shape}")
     n = tf.shape(points)[0]
-    spatial_shape = tf.convert_to_tensor(spatial_shape, tf.int32)
-    batch_index = tf.zeros([n], tf.int32) if batch_index is None else tf.cast(batch_index, tf.int32)
+    spatial_shape = integer_tensor(spatial_shape, tf.int32, "spatial_shape", "voxelize_sites")
+    batch_index = tf.zeros([n], tf.int32) if batch_index is None else integer_tensor(
+        batch_index, tf.int32, "batch_index", "voxelize_sites")
     if batch_size is None:
         batch_size = tf.reduce_max(tf.concat([batch_index, [-1]], 0)) + 1
         batch_size = tf.maximum(batch_size, 1)
-    batch_size = tf.convert_to_tensor(batch_size, tf.int32)
-    features = tf.ones([n, 1], points.dtype) if features is None else tf.convert_to_tensor(features)
+    batch_size = integer_tensor(batch_size, tf.int32, "batch_size", "voxelize_sites")
+    features = tf.ones([n, 1], points.dtype) if features is None else real_tensor(features, "features",
+                                                                                  "voxelize_sites")
     origin = tf.zeros([d], points.dtype) if origin is None else tf.cast(origin, points.dtype)
     voxel_size = tf.convert_to_tensor(voxel_size)
     if voxel_size.dtype.is_complex or not (voxel_size.dtype.is_floating or voxel_size.dtype.is_integer):
@@ -136,7 +142,7 @@ def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_si
         site_features = tf.gather(point_features, first)
     point_to_site = tf.tensor_scatter_nd_update(-tf.ones([n], tf.int32), point_of_sorted[:, None], site_of_sorted)
     site_coords = _decode_row_major(unique_keys, tf.concat([batch_size[None], spatial_shape], 0), d)
-    x = make_site_sparse(site_coords, site_features, spatial_shape, batch_size)
+    x = make_site_sparse(site_coords, site_features, spatial_shape, batch_size, non_finite="allow")
     return x, point_to_site
 
 
@@ -176,7 +182,7 @@ def from_channel_sparse(x):
                              tf.stack([num_sites, channels]))
     coords = _decode_row_major(tf.gather(unique_keys, order), extents, rank - 2)
     spatial = tf.cast(extents[1:-1], tf.int32)
-    y = make_site_sparse(coords, features, spatial, tf.cast(extents[0], tf.int32))
+    y = make_site_sparse(coords, features, spatial, tf.cast(extents[0], tf.int32), non_finite="allow")
     static = x.shape[1:-1] if x.shape.rank is not None else tf.TensorShape(None)
     return SiteSparseTensor(y.coords, y.features, y.spatial_shape, y.batch_size, {},
                             y.static_spatial_shape.merge_with(static) if static.rank is not None else

@@ -14,6 +14,7 @@ import typing
 import tensorflow as tf
 
 from tf_sparseconv.geometry import MODES, ConvGeometry
+from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor
 
 
 class KernelMap(tf.experimental.ExtensionType):
@@ -173,16 +174,28 @@ class SiteSparseTensor(tf.experimental.ExtensionType):
                                 self.static_spatial_shape)
 
 
-def make_site_sparse(coords, features, spatial_shape, batch_size, kernel_maps=None):
+def make_site_sparse(coords, features, spatial_shape, batch_size, kernel_maps=None, non_finite="raise"):
     """A SiteSparseTensor from tensors or arrays; the static spatial shape is taken from
-    spatial_shape where it is known."""
-    coords = tf.convert_to_tensor(coords, tf.int32)
-    features = tf.convert_to_tensor(features)
-    if not features.dtype.is_floating:
-        features = tf.cast(features, tf.float32)
-    spatial_shape = tf.convert_to_tensor(spatial_shape, tf.int32)
-    batch_size = tf.convert_to_tensor(batch_size, tf.int32)
+    spatial_shape where it is known.
+
+    coords, spatial_shape and batch_size must be integers within int32 (a float or
+    complex value is TypeError, an integer outside the range ValueError or, in a graph,
+    InvalidArgumentError: nothing is truncated or wrapped). features must be real
+    (integers become float32; complex is TypeError) and finite: NaN or infinite features
+    are InvalidArgumentError unless non_finite="allow" (tf_sparseconv.inputs states the
+    policy). The sites themselves (in range, each once) are checked by the ops and
+    helpers that read them, e.g. SiteKernelMap."""
+    coords = integer_tensor(coords, tf.int32, "coords", "make_site_sparse")
+    features = real_tensor(features, "features", "make_site_sparse")
+    spatial_shape = integer_tensor(spatial_shape, tf.int32, "spatial_shape", "make_site_sparse")
+    batch_size = integer_tensor(batch_size, tf.int32, "batch_size", "make_site_sparse")
+    checks = finite_checks(features, non_finite, "features", "make_site_sparse")
+    if checks:
+        with tf.control_dependencies(checks):
+            features = tf.identity(features)
     known = tf.get_static_value(spatial_shape)
+    if known is not None and (known.ndim != 1 or (known < 1).any()):
+        raise ValueError(f"make_site_sparse: spatial_shape must be a vector of extents >= 1, got {known.tolist()}")
     static = tf.TensorShape([int(v) for v in known]) if known is not None else \
         tf.TensorShape([None] * spatial_shape.shape[0]) if spatial_shape.shape[0] is not None else tf.TensorShape(None)
     return SiteSparseTensor(coords, features, spatial_shape, batch_size, dict(kernel_maps or {}), static)
