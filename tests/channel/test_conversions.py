@@ -331,6 +331,17 @@ def test_conversions_refuse_complex_values():
         ts.from_sparse_tensor(tf.SparseTensor([[0, 0, 0, 0]], tf.constant([1j], tf.complex64), VALID_SHAPE))
 
 
+@pytest.mark.parametrize("keys,values,message", [
+    ([3, 3], [1.0, 2.0], "keys must be unique: entries 0 and 1 share key 3"),  # used to surface in SparseToDense
+    ([5, 3], [1.0, 2.0], "keys must be sorted"),
+    ([1, 3], [np.nan, 2.0], "values contains NaN at position 0"),
+])
+def test_to_sparse_tensor_validates_its_input(keys, values, message):
+    x = ts.ChannelSparseTensor(tf.constant(keys, tf.int64), tf.constant(values), tf.constant(VALID_SHAPE, tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        ts.to_sparse_tensor(x)
+
+
 # --- malformed input on the GPU: the CPU's messages -------------------------------------------
 
 BAD_KEYS = [pytest.param([3, 1, 5], "must be sorted", id="unsorted"),

@@ -8,7 +8,7 @@ import tensorflow as tf
 import tf_sparseconv as tsc
 from tf_sparseconv.site.conversions import (from_channel_sparse, site_from_dense, site_to_dense, to_channel_sparse,
                                             voxelize_sites)
-from tf_sparseconv.site.tensor import make_site_sparse
+from tf_sparseconv.site.tensor import SiteSparseTensor, make_site_sparse
 from tests.device import assert_on
 from tests.site.helpers import random_sites
 
@@ -135,3 +135,27 @@ def test_site_from_dense_refuses_complex_and_non_finite_entries_unless_allowed()
     with pytest.raises(TypeError, match="site_from_dense: dense must be real numbers, got complex64"):
         site_from_dense(np.ones((1, 2, 2, 1), np.complex64))
 
+
+@pytest.mark.parametrize("coords,message", [
+    # Duplicates used to be summed (site_to_dense) or give duplicate keys (to_channel_sparse);
+    # sites out of range failed in ScatterNd or ChannelSparseEncodeKeys.
+    ([[0, 1, 1], [0, 1, 1]], "sites 0 and 1 have the same coordinates"),
+    ([[0, 1, 1], [-1, 2, 2]], "site 1 has batch index -1"),
+    ([[0, 1, 1], [0, 2, 4]], "site 1 has coordinate 4 in spatial dimension 1"),
+])
+@pytest.mark.parametrize("convert", [site_to_dense, to_channel_sparse], ids=["site_to_dense", "to_channel_sparse"])
+def test_site_conversions_refuse_invalid_sites(coords, message, convert):
+    x = SiteSparseTensor(tf.constant(coords, tf.int32), tf.ones([2, 1]), tf.constant([4, 4]), tf.constant(1))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        convert(x)
+
+
+@pytest.mark.parametrize("keys,values,message", [
+    ([3, 3], [1.0, 2.0], "keys must be unique: entries 0 and 1 share key 3"),  # used to be summed
+    ([-3, 3], [1.0, 2.0], "key out of range at entry 0"),
+    ([1, 3], [np.nan, 2.0], "values contains NaN at position 0"),
+])
+def test_from_channel_sparse_validates_its_input(keys, values, message):
+    x = tsc.ChannelSparseTensor(tf.constant(keys, tf.int64), tf.constant(values), tf.constant([1, 2, 2, 1], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        from_channel_sparse(x)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_sparseconv.site import global_pool, site_pool
-from tf_sparseconv.site.tensor import make_site_sparse
+from tf_sparseconv.site import global_pool, site_conv, site_pool
+from tf_sparseconv.site.tensor import SiteSparseTensor, make_site_sparse
 from tests.device import CPU, assert_on
 from tests.site.helpers import random_sites, rows_at, to_grid
 
@@ -84,3 +84,45 @@ def test_site_pool_refuses_a_window_beyond_the_kernel_volume_limit():
     x = make_site_sparse(np.zeros((1, 4), np.int32), np.ones((1, 1), np.float32), (4097, 4097, 4097), 1)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"kernel_size \[4097, 4097, 4097\] has more than"):
         site_pool(x, 4097)
+
+
+@pytest.mark.parametrize("coords,message", [
+    # Duplicates used to be pooled twice, a negative batch index dropped, a site outside the grid kept.
+    ([[0, 1, 1], [0, 1, 1]], "sites 0 and 1 have the same coordinates"),
+    ([[0, 1, 1], [-1, 2, 2]], "site 1 has batch index -1"),
+    ([[0, 1, 1], [2, 2, 2]], "site 1 has batch index 2"),  # used to fail in UnsortedSegmentSum
+    ([[0, 1, 1], [0, 9, 2]], "site 1 has coordinate 9 in spatial dimension 0"),
+])
+@pytest.mark.parametrize("mode", ["max", "mean", "sum"])
+def test_global_pool_refuses_invalid_sites(coords, message, mode):
+    x = SiteSparseTensor(tf.constant(coords, tf.int32), tf.ones([2, 1]), tf.constant([5, 5]), tf.constant(2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        global_pool(x, mode)
+
+
+def test_a_nan_feature_pools_to_nan_wherever_it_sits(rng):
+    # TensorFlow's segment max kept or dropped a NaN depending on its row.
+    coords = np.array([[0, 0, 0], [0, 0, 1], [0, 3, 3], [1, 2, 2]], np.int32)
+    for nan_row in (0, 1):
+        features = np.array([[1.0, 5.0], [2.0, 6.0], [3.0, 7.0], [4.0, 8.0]], np.float32)
+        features[nan_row, 0] = np.nan
+        x = make_site_sparse(coords, features, (4, 4), 2, non_finite="allow")
+        for mode in ("max", "mean", "sum"):
+            pooled = global_pool(x, mode).numpy()
+            assert np.isnan(pooled[0, 0]) and not np.isnan(pooled[0, 1]) and not np.isnan(pooled[1]).any(), mode
+        for mode in ("max", "avg"):
+            windows = site_pool(x, 2, mode=mode)  # sites 0 and 1 share window (0, 0, 0)
+            np.testing.assert_array_equal(np.isnan(windows.features.numpy()),
+                                          [[True, False], [False, False], [False, False]], err_msg=mode)
+
+
+def test_global_pool_of_a_model_tensor_builds_no_check_map(rng):
+    coords, features = random_sites(rng, 2, (5, 5), 0.4, 2)
+    x = make_site_sparse(coords, features, (5, 5), 2)
+    w = tf.constant(rng.standard_normal((3, 3, 2, 2)), tf.float32)
+    # After a layer with an indice_key the sites are a trusted map's: SiteKernelMap checked them.
+    graph = tf.function(lambda t: global_pool(site_conv(t, w, subm=True, indice_key="k"))).get_concrete_function(
+        x).graph
+    assert sum(op.type.endswith("SiteKernelMap") for op in graph.get_operations()) == 1
+    graph = tf.function(lambda t: global_pool(t)).get_concrete_function(x).graph
+    assert sum(op.type.endswith("SiteKernelMap") for op in graph.get_operations()) == 1  # the check

@@ -75,8 +75,9 @@ def from_sparse_tensor(sp, non_finite="raise"):
 
 
 def to_sparse_tensor(x):
-    """A tf.SparseTensor in TensorFlow's canonical (row-major) order."""
-    _check(x)
+    """A tf.SparseTensor in TensorFlow's canonical (row-major) order. x is checked first
+    (validate: sorted unique keys in range, no NaN values)."""
+    x = validate(x)
     return tf.sparse.reorder(tf.SparseTensor(decode_keys(x.keys, x.dense_shape), x.values, x.dense_shape))
 
 

@@ -6,9 +6,10 @@ and tf.data, and carry gradients to the features.
 """
 import tensorflow as tf
 
-from tf_sparseconv.channel.conversions import decode_keys, encode_keys
+from tf_sparseconv.channel.conversions import decode_keys, encode_keys, validate
 from tf_sparseconv.channel.tensor import ChannelSparseTensor, make_channel_sparse
 from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor
+from tf_sparseconv.site.kernel_map import site_checks
 from tf_sparseconv.site.tensor import SiteSparseTensor, make_site_sparse
 
 REDUCTIONS = ("mean", "max", "first")
@@ -51,11 +52,12 @@ def site_from_dense(dense, non_finite="raise"):
 
 
 def site_to_dense(x):
-    """The sites as a dense [B, R1, ..., Rd, C] grid, zero elsewhere."""
-    if not isinstance(x, SiteSparseTensor):
-        raise TypeError(f"site_to_dense expects a SiteSparseTensor, got {type(x).__name__}")
+    """The sites as a dense [B, R1, ..., Rd, C] grid, zero elsewhere. The sites are
+    checked first (site_checks: in range, each once; InvalidArgumentError otherwise)."""
+    with tf.control_dependencies(site_checks(x, "site_to_dense")):
+        coords = tf.identity(x.coords)
     shape = tf.concat([x.batch_size[None], x.spatial_shape, tf.shape(x.features, out_type=tf.int32)[1:]], 0)
-    return tf.scatter_nd(x.coords, x.features, shape)
+    return tf.scatter_nd(coords, x.features, shape)
 
 
 def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_size=None, features=None,
@@ -147,13 +149,15 @@ def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_si
 
 
 def to_channel_sparse(x):
-    """Sites -> the channel-sparse tensor [B, R1..Rd, C] of their non-zero feature entries."""
-    if not isinstance(x, SiteSparseTensor):
-        raise TypeError(f"to_channel_sparse expects a SiteSparseTensor, got {type(x).__name__}")
+    """Sites -> the channel-sparse tensor [B, R1..Rd, C] of their non-zero feature entries.
+    The sites are checked first (site_checks: in range, each once; InvalidArgumentError
+    otherwise)."""
+    with tf.control_dependencies(site_checks(x, "to_channel_sparse")):
+        coords = tf.identity(x.coords)
     channels = tf.shape(x.features, out_type=tf.int32)[1]
     nonzero = tf.where(tf.not_equal(x.features, 0))
     site_rows, channel = nonzero[:, 0], nonzero[:, 1]
-    indices = tf.concat([tf.cast(tf.gather(x.coords, site_rows), tf.int64), channel[:, None]], 1)
+    indices = tf.concat([tf.cast(tf.gather(coords, site_rows), tf.int64), channel[:, None]], 1)
     dense_shape = tf.cast(tf.concat([x.batch_size[None], x.spatial_shape, channels[None]], 0), tf.int64)
     keys = encode_keys(indices, dense_shape)
     order = tf.argsort(keys)
@@ -165,9 +169,11 @@ def to_channel_sparse(x):
 
 def from_channel_sparse(x):
     """Channel-sparse [B, R1..Rd, C] -> sites (every position with a stored entry), with
-    the stored values as feature rows (zeros in the channels not stored)."""
+    the stored values as feature rows (zeros in the channels not stored). x is checked
+    first (tf_sparseconv.validate: sorted unique keys in range, no NaN values)."""
     if not isinstance(x, ChannelSparseTensor):
         raise TypeError(f"from_channel_sparse expects a ChannelSparseTensor, got {type(x).__name__}")
+    x = validate(x)
     indices = decode_keys(x.keys, x.dense_shape)
     rank = x.rank
     extents = x.dense_shape

@@ -35,6 +35,23 @@ def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided",
                      strides, padding, dilation, trusted=True)
 
 
+def site_checks(x, what):
+    """The ops that raise InvalidArgumentError unless x's sites are valid: batch indices in
+    [0, batch_size), coordinates inside spatial_shape, each site once (SiteKernelMap's
+    checks, run for a 1 x ... x 1 submanifold map), for the helpers that index by sites
+    without a kernel map of their own. None where x carries a trusted map whose input or
+    output sites are x's own coords and spatial shape (tensors, not values): SiteKernelMap
+    checked or built those sites, as along the layers of a model."""
+    check_site_tensor(x, what)
+    for m in x.kernel_maps.values():
+        if m.trusted and ((m.in_coords is x.coords and m.in_spatial_shape is x.spatial_shape) or
+                          (m.out_coords is x.coords and m.out_spatial_shape is x.spatial_shape)):
+            return []
+    d = x.spatial_rank
+    return [_ops.site_kernel_map(x.coords, x.spatial_shape, x.batch_size, mode="submanifold", kernel_size=[1] * d,
+                                 strides=[1] * d, padding=[0] * d, dilation=[1] * d)[4]]
+
+
 def cached_kernel_map(x, indice_key, geometry):
     """x's map under indice_key (checked to have this geometry), or a new one, and the
     ops checking that a cached map belongs to x (map_checks)."""
