@@ -394,3 +394,14 @@ def test_encode_decode_reorder_errors_on_gpu(gpu):
                       "duplicate key 4")
     assert_same_error(lambda: ts.reorder(tf.constant([4, 48, 1], tf.int64), tf.ones([3]), shape),
                       "key out of range")
+
+
+@pytest.mark.parametrize("shape", [[2, 3, 4], [2, 4, 3, 2], [2, 3, 4, 2, 1]], ids=["rank-3", "other-extents",
+                                                                                  "rank-5"])
+def test_gather_dense_refuses_a_dense_tensor_of_another_shape(shape, device):
+    # Keys are read in dense's layout: another shape than x's would gather other positions.
+    with tf.device(device):
+        x = ts.from_dense(np.arange(1.0, 25.0).reshape(2, 3, 4, 1))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="gather_dense: dense must have x's dense_shape"):
+            ts.gather_dense(x, np.ones(shape))
+

@@ -178,6 +178,13 @@ def test_sparse_max_pool_rejects_bad_strides(strides, message, random_dense):
         ts.sparse_max_pool(x, strides)
 
 
+@pytest.mark.parametrize("strides", [[[2], [2]], [2, "two"], None], ids=["nested", "string", "none"])
+def test_sparse_max_pool_names_strides_that_are_not_ints(strides, random_dense):
+    x = ts.from_dense(random_dense([1, 4, 4, 2], 0.5))
+    with pytest.raises(TypeError, match="sparse_max_pool: strides must be an int or one int per spatial dimension"):
+        ts.sparse_max_pool(x, strides)
+
+
 @pytest.mark.parametrize("keys, values, message", [
     pytest.param([6, 1], [1.0, 2.0], "keys must be sorted", id="unsorted-keys"),
     pytest.param([1, 6], [1.0, np.nan], "contains NaN", id="nan-value"),

@@ -57,7 +57,11 @@ def test_properties_describe_the_stored_entries(shape, fill, dtype, random_dense
     pytest.param(tf.constant([0, 1], tf.int64), tf.constant([1.0]), tf.constant([1, 2, 1], tf.int64),
                  ValueError, "has 2 keys but 1 values", id="length-mismatch"),
     pytest.param(tf.constant([[0, 1]], tf.int64), tf.constant([1.0, 2.0]), tf.constant([1, 2, 1], tf.int64),
-                 ValueError, "must have rank 1", id="keys-rank-2"),
+                 ValueError, r"keys must be a vector \(rank 1\), got shape \(1, 2\)", id="keys-rank-2"),
+    pytest.param(tf.constant([0, 1], tf.int64), tf.constant([[1.0, 2.0]]), tf.constant([1, 2, 1], tf.int64),
+                 ValueError, r"values must be a vector \(rank 1\), got shape \(1, 2\)", id="values-rank-2"),
+    pytest.param(tf.constant([0], tf.int64), tf.constant([1.0]), tf.constant(3, tf.int64),
+                 ValueError, r"dense_shape must be a vector \(rank 1\), got shape \(\)", id="dense-shape-scalar"),
 ])
 def test_constructor_rejects_wrong_component_types(keys, values, dense_shape, error, message):
     with pytest.raises(error, match=message):

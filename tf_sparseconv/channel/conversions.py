@@ -34,10 +34,23 @@ def to_dense(x):
     return dense
 
 
+def _assert_dense_shape(x, dense):
+    """dense's shape is x's dense_shape: the op reads keys in dense's layout, so another
+    shape would gather other positions."""
+    shape = tf.shape(dense, out_type=tf.int64)
+    # Both orders concatenated: equal for equal vectors, and of one length whatever their ranks.
+    same = tf.reduce_all(tf.equal(tf.concat([tf.size(shape, tf.int64)[None], shape, x.dense_shape], 0),
+                                  tf.concat([tf.size(x.dense_shape, tf.int64)[None], x.dense_shape, shape], 0)))
+    return tf.debugging.assert_equal(same, True, message="gather_dense: dense must have x's dense_shape")
+
+
 def gather_dense(x, dense):
-    """The values of `dense` at x's positions, as a ChannelSparseTensor with x's keys."""
+    """The values of `dense` at x's positions, as a ChannelSparseTensor with x's keys;
+    dense must have x's dense_shape."""
     _check(x)
-    return x.with_values(_ops.channel_sparse_gather_dense(x.keys, tf.convert_to_tensor(dense, x.dtype)))
+    dense = tf.convert_to_tensor(dense, x.dtype)
+    with tf.control_dependencies([_assert_dense_shape(x, dense)]):
+        return x.with_values(_ops.channel_sparse_gather_dense(x.keys, dense))
 
 
 def encode_keys(indices, dense_shape):

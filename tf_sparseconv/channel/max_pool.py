@@ -1,4 +1,6 @@
 """Sparse max-pooling (Hackel et al. §3.3): window = stride, output position floor(x / s)."""
+import numbers
+
 import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
@@ -13,8 +15,13 @@ def sparse_max_pool(x, strides):
     """
     if not isinstance(x, ChannelSparseTensor):
         raise TypeError(f"sparse_max_pool expects a ChannelSparseTensor, got {type(x).__name__}")
-    strides = [int(strides)] * x.spatial_rank if isinstance(strides, int) else [int(s) for s in strides]
-    # The op checks the strides (InvalidArgumentError naming the bad one).
+    try:
+        strides = [int(strides)] * x.spatial_rank if isinstance(strides, numbers.Integral) else \
+            [int(s) for s in strides]
+    except (TypeError, ValueError):
+        raise TypeError(f"sparse_max_pool: strides must be an int or one int per spatial dimension, "
+                        f"got {strides!r}") from None
+    # The op checks the strides' count and values (InvalidArgumentError naming the bad one).
     keys, values, dense_shape, _ = _ops.sparse_max_pool(x.keys, x.values, x.dense_shape, strides=strides)
     shape = x.shape
     if shape.rank is not None and len(strides) == shape.rank - 2 and min(strides) >= 1:

@@ -35,9 +35,10 @@ class ChannelSparseTensor(tf.experimental.ExtensionType):
                             f"{self.keys.dtype.name} and {self.dense_shape.dtype.name}")
         if self.values.dtype not in (tf.float32, tf.float64):
             raise TypeError(f"ChannelSparseTensor values must be float32 or float64, got {self.values.dtype.name}")
-        self.keys.shape.assert_has_rank(1)
-        self.values.shape.assert_has_rank(1)
-        self.dense_shape.shape.assert_has_rank(1)
+        for name in ("keys", "values", "dense_shape"):
+            shape = getattr(self, name).shape
+            if shape.rank is not None and shape.rank != 1:
+                raise ValueError(f"ChannelSparseTensor {name} must be a vector (rank 1), got shape {shape}")
         if self.keys.shape[0] is not None and self.values.shape[0] is not None and \
                 self.keys.shape[0] != self.values.shape[0]:
             raise ValueError(f"ChannelSparseTensor has {self.keys.shape[0]} keys but {self.values.shape[0]} values")
