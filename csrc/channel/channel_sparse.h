@@ -227,6 +227,11 @@ inline absl::Status DuplicateKeyError(int64_t key, int64_t entry_a, int64_t entr
 
 // The layout of a dense [B, R1, ..., Rd, C] tensor.
 inline absl::Status LayoutOfDense(const tensorflow::Tensor& dense, KeyLayout* layout) {
+  if (dense.dims() < 3 || dense.dims() > kMaxSpatialDims + 2) {
+    return tensorflow::errors::InvalidArgument(
+        "dense must have rank 3 to ", kMaxSpatialDims + 2, " [B, R1, ..., Rd, C] (1 to ", kMaxSpatialDims,
+        " spatial dimensions), got shape ", dense.shape().DebugString());
+  }
   std::vector<int64_t> dims(dense.dims());
   for (int i = 0; i < dense.dims(); ++i) dims[i] = dense.dim_size(i);
   if (dense.NumElements() == 0 && dense.dims() >= 3) {

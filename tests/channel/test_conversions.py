@@ -405,3 +405,9 @@ def test_gather_dense_refuses_a_dense_tensor_of_another_shape(shape, device):
         with pytest.raises(tf.errors.InvalidArgumentError, match="gather_dense: dense must have x's dense_shape"):
             ts.gather_dense(x, np.ones(shape))
 
+
+@pytest.mark.parametrize("rank", [2, 7])
+def test_from_dense_names_the_dense_input_for_a_bad_rank(rank, device):
+    with tf.device(device):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="dense must have rank 3 to 6 .*got shape"):
+            ts.from_dense(np.ones([2] * rank))
