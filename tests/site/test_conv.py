@@ -392,6 +392,21 @@ def test_bad_geometry_is_rejected(rng):
         site_conv(x, np.ones((3, 2, 2), np.float32), subm=True)
 
 
+@pytest.mark.parametrize("bias", [np.ones((1, 2), np.float32), np.ones(3, np.float32)], ids=["rank-2", "length-3"])
+def test_convolutions_name_a_bias_that_is_not_one_per_output_channel(bias, rng, device):
+    coords, features = random_sites(rng, 1, (5, 5), 0.5, 2)
+    kernel = np.ones((3, 3, 2, 2), np.float32)
+    with tf.device(device):
+        x = make_site_sparse(coords, features, (5, 5), 1)
+        with pytest.raises(ValueError, match=r"site_conv: the bias must be \[Cout\]"):
+            site_conv(x, kernel, bias, subm=True)
+        with pytest.raises(ValueError, match=r"site_conv_transpose: the bias must be \[Cout\]"):
+            site_conv_transpose(x, kernel, bias)
+        y = site_conv(x, kernel, strides=2, indice_key="down")
+        with pytest.raises(ValueError, match=r"site_inverse_conv: the bias must be \[Cout\]"):
+            site_inverse_conv(y, kernel, "down", bias=bias)
+
+
 def test_conv_op_rejects_maps_that_do_not_fit_the_features(rng):
     features = tf.constant(rng.standard_normal((4, 2)), tf.float32)
     filters = tf.ones([2, 2, 3])

@@ -44,6 +44,14 @@ def test_type_checks():
         make_site_sparse(np.zeros((2, 3), np.int32), np.zeros((3, 2), np.float32), (4, 4), 1)
     with pytest.raises(ValueError, match="coords must be"):
         make_site_sparse(np.zeros((2, 4), np.int32), np.zeros((2, 2), np.float32), (4, 4), 1)
+    # A component of the wrong rank is named, with the layout it needs.
+    for parts, match in [
+            ((np.zeros((1, 2, 3), np.int32), np.zeros((1, 2)), [4, 4], 1), r"coords must be \[N, 1 \+ d\]"),
+            ((np.zeros((2, 3), np.int32), np.zeros(2), [4, 4], 1), r"features must be \[N, C\]"),
+            ((np.zeros((2, 3), np.int32), np.zeros((2, 2)), [4, 4], [1]), "batch_size must be a scalar")]:
+        with pytest.raises(ValueError, match=f"SiteSparseTensor {match}"):
+            SiteSparseTensor(*(tf.constant(p, tf.int32) if i != 1 else tf.constant(p, tf.float32)
+                               for i, p in enumerate(parts)))
 
 
 @pytest.mark.parametrize("field,value,error,message", [

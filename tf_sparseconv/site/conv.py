@@ -41,8 +41,13 @@ def _check_kernel(x, kernel, what):
         raise TypeError(f"{what}: kernel dtype {kernel.dtype.name} differs from the features' {x.dtype.name}")
 
 
-def _with_bias(out, bias):
-    return out if bias is None else tf.nn.bias_add(out, tf.convert_to_tensor(bias, out.dtype))
+def _with_bias(out, bias, what):
+    if bias is None:
+        return out
+    bias = tf.convert_to_tensor(bias, out.dtype)
+    if bias.shape.rank != 1 or not bias.shape.is_compatible_with(out.shape[-1:]):
+        raise ValueError(f"{what}: the bias must be [Cout] = {out.shape[-1:]}, got shape {bias.shape}")
+    return tf.nn.bias_add(out, bias)
 
 
 def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False, indice_key=None, dataflow="auto"):
@@ -70,7 +75,7 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     # Only SiteKernelMap's own submanifold maps are promised mirrored to the op.
     return along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
         _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
-              kmap.neighbours, submanifold=subm and kmap.trusted, dataflow=dataflow), bias), dataflow)
+              kmap.neighbours, submanifold=subm and kmap.trusted, dataflow=dataflow), bias, "site_conv"), dataflow)
 
 
 def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None, dataflow="auto"):
@@ -85,7 +90,7 @@ def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, 
     geometry = conv_geometry("transposed", d, kernel.shape[:d], strides, padding, dilation)
     return along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
         _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
-              kmap.neighbours, dataflow=dataflow), bias), dataflow)
+              kmap.neighbours, dataflow=dataflow), bias, "site_conv_transpose"), dataflow)
 
 
 def site_inverse_conv(x, kernel, indice_key, bias=None, dataflow="auto"):
@@ -115,7 +120,7 @@ def site_inverse_conv(x, kernel, indice_key, bias=None, dataflow="auto"):
     # input row and offset too (for an offset the output site fixes the input site and
     # back), so a trusted map is trusted both ways.
     out = _with_bias(_conv(x.features, kernel, kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out,
-                           kmap.trusted, kmap.inverse_neighbours, dataflow=dataflow), bias)
+                           kmap.trusted, kmap.inverse_neighbours, dataflow=dataflow), bias, "site_inverse_conv")
     known = tf.get_static_value(kmap.in_spatial_shape)
     static = tf.TensorShape([int(v) for v in known]) if known is not None else tf.TensorShape([None] * len(
         kmap.kernel_size))

@@ -116,10 +116,11 @@ class SiteSparseTensor(tf.experimental.ExtensionType):
                             f"{self.batch_size.dtype.name}")
         if not self.features.dtype.is_floating:
             raise TypeError(f"SiteSparseTensor features must be floating point, got {self.features.dtype.name}")
-        self.coords.shape.assert_has_rank(2)
-        self.features.shape.assert_has_rank(2)
-        self.spatial_shape.shape.assert_has_rank(1)
-        self.batch_size.shape.assert_has_rank(0)
+        for name, rank, layout in (("coords", 2, "[N, 1 + d]"), ("features", 2, "[N, C]"),
+                                   ("spatial_shape", 1, "[d]"), ("batch_size", 0, "a scalar")):
+            shape = getattr(self, name).shape
+            if shape.rank is not None and shape.rank != rank:
+                raise ValueError(f"SiteSparseTensor {name} must be {layout}, got shape {shape}")
         n_coords, n_features = self.coords.shape[0], self.features.shape[0]
         if n_coords is not None and n_features is not None and n_coords != n_features:
             raise ValueError(f"SiteSparseTensor has {n_coords} sites but {n_features} feature rows")
