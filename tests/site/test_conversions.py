@@ -159,3 +159,23 @@ def test_from_channel_sparse_validates_its_input(keys, values, message):
     x = tsc.ChannelSparseTensor(tf.constant(keys, tf.int64), tf.constant(values), tf.constant([1, 2, 2, 1], tf.int64))
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         from_channel_sparse(x)
+
+
+@pytest.mark.parametrize("case, message", [
+    (dict(spatial_shape=(4, 4)), r"spatial_shape must have shape \[3\]"),
+    (dict(spatial_shape=(4,)), r"spatial_shape must have shape \[3\]"),
+    (dict(origin=np.zeros((1, 3), np.float32)), r"origin must have shape \[3\]"),
+    (dict(batch_size=[2]), r"batch_size must have shape \[\]"),
+    (dict(features=np.ones(4, np.float32)), r"features must have shape \[None, None\]"),
+    (dict(features=np.ones((3, 2), np.float32)), "features must have one row per point"),
+    (dict(batch_index=[0, 1, 0]), "batch_index must have one row per point"),
+])
+def test_voxelize_refuses_inputs_of_other_shapes_than_the_points(case, message):
+    # Such shapes used to broadcast (an origin [1, d], one extent for every axis) or fail
+    # inside TensorFlow's ops with their messages.
+    points = np.array([[0.1, 0.2, 0.3], [1.1, 0.2, 0.3], [0.6, 1.4, 0.3], [0.1, 0.2, 0.3]], np.float32)
+    args = dict(spatial_shape=(4, 4, 4), batch_index=[0, 1, 0, 1], batch_size=2, features=np.ones((4, 2), np.float32),
+                origin=np.zeros(3, np.float32))
+    args.update(case)
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match=f"voxelize_sites: {message}"):
+        voxelize_sites(points, 0.5, **args)

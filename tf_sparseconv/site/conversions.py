@@ -60,6 +60,23 @@ def site_to_dense(x):
     return tf.scatter_nd(coords, x.features, shape)
 
 
+def _check_point_shapes(points, spatial_shape, batch_index, batch_size, features, origin):
+    """voxelize_sites' inputs against points [N, d]: ValueError for a shape that would
+    broadcast or fail inside TensorFlow's ops (statically known), InvalidArgumentError
+    for a row count that differs at run time."""
+    d = points.shape[-1]
+    for name, value, layout in (("spatial_shape", spatial_shape, [d]), ("origin", origin, [d]),
+                                ("batch_index", batch_index, [None]), ("batch_size", batch_size, []),
+                                ("features", features, [None, None])):
+        if not value.shape.is_compatible_with(layout):
+            raise ValueError(f"voxelize_sites: {name} must have shape {layout} (None: any) for points of shape "
+                             f"{points.shape}, got {value.shape}")
+    n = tf.shape(points)[0]
+    return [tf.debugging.assert_equal(tf.shape(value)[0], n, message=f"voxelize_sites: {name} must have one row "
+                                                                     f"per point")
+            for name, value in (("batch_index", batch_index), ("features", features))]
+
+
 def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_size=None, features=None,
                    origin=None, reduction="mean", non_finite="raise"):
     """Point clouds -> sites (voxels holding at least one point) and the point -> site map.
@@ -106,6 +123,9 @@ def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_si
         raise ValueError(f"voxelize_sites: voxel_size must be a scalar or one size per axis ({d}), "
                          f"got shape {voxel_size.shape}")
     voxel_size = tf.cast(voxel_size, points.dtype)
+    with tf.control_dependencies(_check_point_shapes(points, spatial_shape, batch_index, batch_size, features,
+                                                     origin)):
+        points, features = tf.identity(points), tf.identity(features)
     finite = tf.reduce_all(tf.math.is_finite(points), axis=1)
     features_finite = (tf.reduce_all(tf.math.is_finite(features), axis=1) if features.dtype.is_floating
                        else tf.ones_like(finite))
