@@ -125,6 +125,29 @@ def test_sort_and_dense_dataflows_are_bit_identical(rng, device):
                          ts.direct_conv(x, w, None, mask, dataflow="sort"))
 
 
+def test_pruned_weights_add_nothing_to_an_infinite_value_in_either_dataflow(device):
+    # 1-D, 1 -> 2 channels, inputs at x = 1 (infinite) and x = 2; output channel 0 keeps
+    # only the kernel's last tap (y = x - 1). The dense dataflow once added inf * 0 through
+    # the pruned taps: NaN at y = 1, where the sort dataflow gives 2 * 5.
+    keys, values, dense_shape = np.array([1, 2], np.int64), np.array([np.inf, 2.0]), [1, 5, 1]
+    w = np.arange(1.0, 7.0).reshape(3, 1, 2)  # w[q, 0, oc]: channel 0 has 1, 3, 5
+    mask = np.ones(w.shape, bool)
+    mask[:2, 0, 0] = False
+    # An infinite gradient at channel 0, y = 1 (key 1) reaches x = 2 through the present
+    # tap, x = 1 only through a pruned one: dL/dx1 = 5 + (2 + 4 + 6) (channel 1's taps).
+    out_grad = np.array([1.0, np.inf, 1.0, 1.0, 1.0, 1.0])
+    for dataflow in ("sort", "dense"):
+        with tf.device(device):
+            x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(dense_shape, tf.int64))
+            y = ts.direct_conv(x, w, None, mask, dataflow=dataflow)
+            in_grad = ts.raw_ops.direct_sparse_conv_backprop(
+                in_keys=keys, in_values=values, dense_shape=dense_shape, filter=w, filter_mask=mask,
+                out_keys=y.keys, out_grad=out_grad, dataflow=dataflow).in_grad.numpy()
+        np.testing.assert_array_equal(y.keys.numpy(), [0, 1, 5, 6, 7, 8], err_msg=dataflow)
+        np.testing.assert_array_equal(y.values.numpy()[:2], [np.inf, 10.0], err_msg=dataflow)
+        np.testing.assert_array_equal(in_grad, [17.0, np.inf], err_msg=dataflow)
+
+
 def test_accumulator_is_the_deprecated_name_of_dataflow(rng):
     x, w, mask = sparse_case(rng, 2, (9, 8), 2, 3, 0.2, 0.6)
     for accumulator, dataflow in (("merge", "sort"), ("dense", "dense")):

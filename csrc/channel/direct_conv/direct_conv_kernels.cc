@@ -224,7 +224,8 @@ struct DenseScratch {
 
 // The dense path (gather-GEMM-scatter): one batch element, all output channels at once.
 // Each (input entry, kernel offset) adds v * w[offset, ic, :] to one contiguous [Cout] row,
-// a vectorisable multiply-add; pruned weights enter as 0 but do not mark the row touched.
+// a vectorisable multiply-add; pruned weights add nothing (not v * 0, NaN for an infinite
+// v) and do not mark the row touched.
 // For one output (y, oc) the additions come in (ic, offset) order, as in the merge path,
 // so both give identical values.
 template <typename T>
@@ -273,8 +274,8 @@ void ConvolveBatchElement(const DirectConvArgs<T>& a, const DenseTables<T>& t, i
           uint8_t* flags = touched + (y - y0) * cout;
           const std::vector<int32_t>& sparse_row = t.sparse_rows[ic][ri];
           if (sparse_row.empty()) {
-            for (int64_t oc = 0; oc < cout; ++oc) {  // vectorised
-              row[oc] += v * w[oc];
+            for (int64_t oc = 0; oc < cout; ++oc) {  // vectorised (a blend, not a branch)
+              row[oc] += m[oc] ? v * w[oc] : T(0);   // not v * 0: an infinite v would give NaN
               flags[oc] |= m[oc];
             }
           } else {
@@ -542,8 +543,10 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
                              if (!Reaches(x, r, d)) continue;
                              const T* row = G + (b * S + lin - r.lin_delta) * cout;
                              const T* w = t.masked_filter.data() + r.filter_index;
+                             const uint8_t* m = t.mask.data() + r.filter_index;
+                             // Pruned weights add nothing (a non-finite gradient times 0 is NaN).
                              ForEachRowChannel(t.sparse_rows[ic][ri], cout,
-                                               [&](int64_t oc) { acc += row[oc] * w[oc]; });
+                                               [&](int64_t oc) { acc += m[oc] ? row[oc] * w[oc] : T(0); });
                            }
                            in_grad[i] = acc;
                          }
