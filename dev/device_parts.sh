@@ -2,9 +2,10 @@
 # Packs what one lease on the lent GPU needs into as few device calls as the 64 MiB carry
 # limit allows: the TensorFlow-GPU bundle (built once by ../shared/device/tf-gpu/make-bundle.sh),
 # spconv's wheels if ../shared/peers/make-spconv-bundle.sh has laid them out in .peers/, this
-# checkout's op library (debug info stripped) and the device-side setup scripts, as one tar
-# split into 60 MB pieces under .devparts/c1 .. cN (git-ignored). DEVPARTS_PEERS=0 leaves
-# spconv out (training runs do not need it); DEVPARTS_DATA names the data files to take.
+# checkout's op library (debug info stripped), the tests' hypothesis (from .venv) and the
+# device-side setup scripts, as one tar split into 60 MB pieces under .devparts/c1 .. cN
+# (git-ignored). DEVPARTS_PEERS=0 leaves spconv out (training runs do not need it);
+# DEVPARTS_DATA names the data files to take.
 # 8 calls instead of 11 for TensorFlow, spconv and the library (seen 2026-11-23: about 4 s
 # per piece on an H200).
 #
@@ -40,6 +41,12 @@ for name in ${DEVPARTS_DATA:-lidar_scan.npz}; do
   fi
 done
 strip -g "$stage/devpack/lib/_tf_sparseconv_ops.so"
+# The tests' pure-Python dependency the device lacks (tests/*/test_fuzz.py): hypothesis and
+# sortedcontainers from .venv, with their dist-info so that pytest loads hypothesis' plugin.
+site_packages=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+mkdir -p "$stage/devpack/pylib"
+(cd "$site_packages" && cp -r hypothesis _hypothesis_*.py hypothesis-*.dist-info sortedcontainers \
+  sortedcontainers-*.dist-info "$stage/devpack/pylib/")
 mkdir -p .git/info && touch .git/info/exclude
 grep -qx '/.devparts/' .git/info/exclude || echo '/.devparts/' >> .git/info/exclude
 rm -rf .devparts && mkdir -p .devparts
