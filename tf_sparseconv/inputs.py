@@ -13,6 +13,7 @@
   rank would be arbitrary), and the site pooling gives NaN wherever a NaN is pooled (in
   'max' mode too, where TensorFlow's segment max would keep or drop it by position).
 """
+import numbers
 import operator
 
 import numpy as np
@@ -81,6 +82,14 @@ def int_attr(value, name, what):
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{what}: {name} must be an int, got {value!r}") from None
+
+
+def float_attr(value, name, what):
+    """value as a Python float for an op attribute: TypeError for a bool or anything but a
+    real number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what}: {name} must be a number, got {value!r}")
+    return float(value)
 
 
 def check_non_finite(non_finite, what):

@@ -477,6 +477,13 @@ def test_conv_refuses_what_a_cast_would_change(kwargs, error, match):
         ts.direct_conv(x, **kwargs)
 
 
+@pytest.mark.parametrize("rho_up", [[0.5], True, "0.5"], ids=["list", "bool", "string"])
+def test_conv_names_a_rho_up_that_is_not_a_number(rho_up):
+    x = _sparse([0, 7], [1, 5, 5, 1])
+    with pytest.raises(TypeError, match="direct_conv: rho_up must be a number"):  # was float()'s message
+        ts.direct_conv(x, np.ones((3, 3, 1, 1)), selection="abs", rho_up=rho_up)
+
+
 def test_conv_op_rejects_unknown_dataflow_and_negative_temp_limit():
     x = _sparse([0, 7], [1, 5, 5, 1])
     inputs = dict(in_keys=x.keys, in_values=x.values, dense_shape=x.dense_shape,

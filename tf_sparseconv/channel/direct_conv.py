@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
-from tf_sparseconv.inputs import int_attr, refuse_complex
+from tf_sparseconv.inputs import float_attr, int_attr, refuse_complex
 
 SELECTION_MODES = ("none", "signed", "abs")
 DATAFLOWS = ("auto", "sort", "dense")
@@ -90,7 +90,7 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         in_keys=x.keys, in_values=x.values, dense_shape=x.dense_shape, filter=filters,
         filter_mask=tf.cast(filter_mask, tf.bool), bias=tf.convert_to_tensor(bias, dtype=x.dtype),
         selection=selection, k=0 if k is None else int_attr(k, "k", "direct_conv"),
-        rho_up=0.0 if rho_up is None else float(rho_up), dataflow=dataflow,
+        rho_up=0.0 if rho_up is None else float_attr(rho_up, "rho_up", "direct_conv"), dataflow=dataflow,
         temp_limit_bytes=temp_limit_bytes)
     out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])
     y = ChannelSparseTensor(keys, values, dense_shape, out_shape)
