@@ -161,6 +161,15 @@ def test_from_channel_sparse_validates_its_input(keys, values, message):
         from_channel_sparse(x)
 
 
+@pytest.mark.parametrize("dense_shape,what", [([2**31, 2, 2, 1], r"batch size \(dense_shape\[0\]\)"),
+                                              ([1, 2, 2, 2**31], r"channel count \(dense_shape\[-1\]\)")])
+def test_from_channel_sparse_refuses_a_batch_or_channel_count_beyond_int32(dense_shape, what):
+    # A site tensor counts them in int32: the batch size used to wrap to -2^31.
+    x = tsc.ChannelSparseTensor(tf.constant([0], tf.int64), tf.constant([1.0]), tf.constant(dense_shape, tf.int64))
+    with pytest.raises(ValueError, match=f"from_channel_sparse: x's {what} must lie in the int32 range"):
+        from_channel_sparse(x)
+
+
 @pytest.mark.parametrize("case, message", [
     (dict(spatial_shape=(4, 4)), r"spatial_shape must have shape \[3\]"),
     (dict(spatial_shape=(4,)), r"spatial_shape must have shape \[3\]"),

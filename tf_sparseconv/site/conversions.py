@@ -203,12 +203,14 @@ def from_channel_sparse(x):
     rank_of = tf.math.invert_permutation(order)
     rows = tf.gather(rank_of, rows)
     num_sites = tf.shape(unique_keys)[0]
-    channels = tf.cast(extents[-1], tf.int32)
+    # A site tensor counts batch elements and channels in int32: larger ones are refused, not wrapped.
+    channels = integer_tensor(extents[-1], tf.int32, "x's channel count (dense_shape[-1])", "from_channel_sparse")
+    batch_size = integer_tensor(extents[0], tf.int32, "x's batch size (dense_shape[0])", "from_channel_sparse")
     features = tf.scatter_nd(tf.stack([rows, tf.cast(indices[:, -1], tf.int32)], 1), x.values,
                              tf.stack([num_sites, channels]))
     coords = _decode_row_major(tf.gather(unique_keys, order), extents, rank - 2)
     spatial = tf.cast(extents[1:-1], tf.int32)
-    y = make_site_sparse(coords, features, spatial, tf.cast(extents[0], tf.int32), non_finite="allow")
+    y = make_site_sparse(coords, features, spatial, batch_size, non_finite="allow")
     static = x.shape[1:-1] if x.shape.rank is not None else tf.TensorShape(None)
     return SiteSparseTensor(y.coords, y.features, y.spatial_shape, y.batch_size, {},
                             y.static_spatial_shape.merge_with(static) if static.rank is not None else
