@@ -92,6 +92,14 @@ def float_attr(value, name, what):
     return float(value)
 
 
+def same_vector(a, b):
+    """Whether the vectors a and b (of one integer dtype, e.g. two tensors' shapes) are
+    equal, as a scalar bool tensor, whatever their lengths: tf.equal refuses two lengths,
+    while both orders concatenated always have one and are equal only for equal vectors."""
+    a_size, b_size = tf.size(a, out_type=a.dtype)[None], tf.size(b, out_type=b.dtype)[None]
+    return tf.reduce_all(tf.equal(tf.concat([a_size, a, b], 0), tf.concat([b_size, b, a], 0)))
+
+
 def check_non_finite(non_finite, what):
     if not isinstance(non_finite, str) or non_finite not in NON_FINITE:
         raise ValueError(f"{what}: non_finite must be 'raise' or 'allow', got {non_finite!r}")

@@ -631,6 +631,17 @@ def test_a_hand_built_map_is_checked_against_its_stated_geometry(rng):
     np.testing.assert_allclose(honest.numpy(), site_conv(x, w, padding=1).features.numpy(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("field", ["out_coords", "in_rows", "in_coords"])
+def test_a_hand_built_map_of_another_rank_is_refused_with_the_map_message(rng, field):
+    # Parts of another rank used to fail inside TensorFlow's Equal ("Incompatible shapes").
+    x, _ = two_site_sets(rng)
+    w = tf.constant(rng.standard_normal((3, 3, 2, 2)), tf.float32)
+    same = kernel_map(x, 3, strides=1, padding=1)
+    bad = hand_built(same, **{field: getattr(same, field)[None]})
+    with pytest.raises(tf.errors.InvalidArgumentError, match="kernel map under indice_key 'k'.*(differ|belongs)"):
+        site_conv(x.with_map("k", bad), w, padding=1, indice_key="k")
+
+
 # --- neighbour tables and dataflows -------------------------------------------------------------
 
 def test_conv_checks_a_given_neighbour_table_and_gives_the_same_values(rng):

@@ -4,7 +4,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor, make_channel_sparse
-from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor
+from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor, same_vector
 
 
 def _check(x):
@@ -37,11 +37,8 @@ def to_dense(x):
 def _assert_dense_shape(x, dense):
     """dense's shape is x's dense_shape: the op reads keys in dense's layout, so another
     shape would gather other positions."""
-    shape = tf.shape(dense, out_type=tf.int64)
-    # Both orders concatenated: equal for equal vectors, and of one length whatever their ranks.
-    same = tf.reduce_all(tf.equal(tf.concat([tf.size(shape, tf.int64)[None], shape, x.dense_shape], 0),
-                                  tf.concat([tf.size(x.dense_shape, tf.int64)[None], x.dense_shape, shape], 0)))
-    return tf.debugging.assert_equal(same, True, message="gather_dense: dense must have x's dense_shape")
+    return tf.debugging.assert_equal(same_vector(tf.shape(dense, out_type=tf.int64), x.dense_shape), True,
+                                     message="gather_dense: dense must have x's dense_shape")
 
 
 def gather_dense(x, dense):

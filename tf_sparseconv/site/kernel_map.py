@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
 from tf_sparseconv.geometry import output_shape, per_dim
+from tf_sparseconv.inputs import same_vector
 from tf_sparseconv.site.tensor import KernelMap, SiteSparseTensor, check_site_tensor
 
 
@@ -76,7 +77,7 @@ def same_sites_checks(map_coords, map_shape, x, indice_key, side):
     where = f"the kernel map under indice_key {indice_key!r} belongs to other sites"
     checks = []
     if map_coords is not x.coords:
-        count = tf.debugging.assert_equal(tf.shape(map_coords), tf.shape(x.coords),
+        count = tf.debugging.assert_equal(same_vector(tf.shape(map_coords), tf.shape(x.coords)), True,
                                           message=f"{where} (its {side} site count differs from these sites')")
         with tf.control_dependencies([count]):
             checks.append(tf.debugging.assert_equal(
@@ -109,7 +110,7 @@ def map_checks(kmap, x, indice_key, inverse=False):
                    f"stated (mode, kernel_size, strides, padding, dilation) = {tuple(kmap.geometry())} over its input "
                    f"sites ({name} differ): build maps with "
                    "tf_sparseconv.kernel_map, or apply another map with the SiteSparseConv op")
-        count = tf.debugging.assert_equal(tf.shape(given), tf.shape(want), message=message)
+        count = tf.debugging.assert_equal(same_vector(tf.shape(given), tf.shape(want)), True, message=message)
         with tf.control_dependencies([count]):
             checks.append(tf.debugging.assert_equal(given, want, message=message))
     return checks
