@@ -264,6 +264,21 @@ def test_neighbour_table_rejects_bad_maps():
             ops.site_neighbour_table(**dict(ok, **kwargs))
 
 
+def test_neighbour_table_refuses_a_map_whose_splits_are_not_its_kernels(rng, device):
+    # The op takes the volume from the splits: a hand-built map with another count of them
+    # used to give a table of another width than its kernel's.
+    coords = random_coords(rng, 1, (5, 5), 0.4)
+    with tf.device(device):
+        x = make_site_sparse(coords, np.ones((len(coords), 1), np.float32), (5, 5), 1)
+        m = kernel_map(x, 3, mode="submanifold")
+        splits = m.offset_splits.numpy()
+        bad = hand_built(m, offset_splits=tf.constant(np.concatenate([splits, splits[-1:]])))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"neighbour_table: the map's offset_splits must "
+                                                                 r"have one entry per offset of its kernel \(3, 3\)"):
+            neighbour_table(bad)
+        assert neighbour_table(hand_built(m)).shape == (len(coords), 9 + 2)
+
+
 def test_which_dataflows_build_neighbour_tables(monkeypatch, rng):
     import importlib
     maps = importlib.import_module("tf_sparseconv.site.kernel_map")

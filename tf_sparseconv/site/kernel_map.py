@@ -122,7 +122,13 @@ def neighbour_table(kmap, inverse=False):
     input row per output row and offset (-1: none), then the output rows sorted by their
     neighbour masks, each beside its mask. SiteSparseConv's output-stationary dataflow
     reads it on the GPU."""
-    num_in, num_out = tf.shape(kmap.in_coords)[0], tf.shape(kmap.out_coords)[0]
+    # The op takes the table's width from the splits: they must be those of kmap's kernel.
+    fits = tf.debugging.assert_equal(
+        tf.size(kmap.offset_splits), kmap.volume + 1,
+        message=f"neighbour_table: the map's offset_splits must have one entry per offset of its kernel "
+                f"{kmap.kernel_size} plus one ({kmap.volume + 1})")
+    with tf.control_dependencies([fits]):
+        num_in, num_out = tf.shape(kmap.in_coords)[0], tf.shape(kmap.out_coords)[0]
     if inverse:
         return _ops.site_neighbour_table(kmap.out_rows, kmap.in_rows, kmap.offset_splits, num_out, num_in,
                                          map_is_trusted=kmap.trusted)
