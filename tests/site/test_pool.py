@@ -116,6 +116,20 @@ def test_a_nan_feature_pools_to_nan_wherever_it_sits(rng):
                                           [[True, False], [False, False], [False, False]], err_msg=mode)
 
 
+@pytest.mark.soft_placement  # TensorFlow's segment reductions of int32 counts
+def test_max_pools_of_minus_infinity_alone_are_minus_infinity(device):
+    # TensorFlow's segment max starts from the lowest float32 and returned it, -3.4e38, for a
+    # window (or batch element) whose features are all -inf.
+    coords = np.array([[0, 0, 0], [0, 0, 1], [0, 3, 3], [1, 2, 2]], np.int32)
+    features = np.array([[-np.inf, 5.0], [-np.inf, -np.inf], [3.0, -np.inf], [-np.inf, 8.0]], np.float32)
+    with tf.device(device):
+        x = make_site_sparse(coords, features, (4, 4), 3, non_finite="allow")
+        windows = site_pool(x, 2, mode="max").features.numpy()  # sites 0 and 1 share window (0, 0, 0)
+        pooled = global_pool(x, "max").numpy()
+    np.testing.assert_array_equal(windows, [[-np.inf, 5.0], [3.0, -np.inf], [-np.inf, 8.0]])
+    np.testing.assert_array_equal(pooled, [[3.0, 5.0], [-np.inf, 8.0], [0.0, 0.0]])  # batch 2: no site
+
+
 def test_global_pool_of_a_model_tensor_builds_no_check_map(rng):
     coords, features = random_sites(rng, 2, (5, 5), 0.4, 2)
     x = make_site_sparse(coords, features, (5, 5), 2)

@@ -14,11 +14,16 @@ from tf_sparseconv.site.tensor import check_site_tensor
 
 
 def _segment_max(values, segments, num_segments):
-    """unsorted_segment_max whose segments holding a NaN are NaN: TensorFlow's own keeps
-    or drops a NaN depending on where it sits."""
+    """unsorted_segment_max whose segments holding a NaN are NaN, and whose segments of -inf
+    alone are -inf: TensorFlow's own keeps or drops a NaN depending on where it sits, and
+    starts from the lowest finite value, which it returns for -inf."""
     pooled = tf.math.unsorted_segment_max(values, segments, num_segments)
     if not values.dtype.is_floating:
         return pooled
+    # 1 only where every value is -inf (an empty segment's minimum is the int32 maximum).
+    all_minus_inf = tf.math.unsorted_segment_min(
+        tf.cast(tf.equal(values, tf.constant(-float("inf"), values.dtype)), tf.int32), segments, num_segments) == 1
+    pooled = tf.where(all_minus_inf, tf.constant(-float("inf"), values.dtype), pooled)
     nan = tf.math.unsorted_segment_max(tf.cast(tf.math.is_nan(values), tf.int32), segments, num_segments) > 0
     return tf.where(nan, tf.constant(float("nan"), values.dtype), pooled)
 
