@@ -1,6 +1,9 @@
 """Shared fixtures: the device a test runs on (CPU, and the GPU where TensorFlow sees one,
 with strict placement), a per-test seeded Generator, random sparse dense-arrays, fill levels,
-value dtypes, the float64 gradient check and an exact ChannelSparseTensor comparison."""
+value dtypes, the float64 gradient check and an exact ChannelSparseTensor comparison; the
+fuzz modules' options (--fuzz-examples, --fuzz-report) and their outcome table."""
+import json
+import sys
 import zlib
 
 import numpy as np
@@ -11,6 +14,58 @@ import tf_sparseconv as ts  # noqa: E402
 from tests.device import CPU, GPU, assert_on, gpu_visible
 
 NO_GPU = "no GPU visible to TensorFlow"
+
+
+# Fuzz cases per op and device in a default run (both fuzz modules: about 40 s of one CPU
+# core); --fuzz-examples changes it, e.g. higher for a long run, lower under a sanitizer.
+FUZZ_EXAMPLES = 100
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("fuzz", "the fuzz modules (tests/*/test_fuzz.py)")
+    group.addoption("--fuzz-examples", type=int, default=FUZZ_EXAMPLES,
+                    help=f"fuzz cases per op and device (default {FUZZ_EXAMPLES})")
+    group.addoption("--fuzz-report", metavar="PATH", help="write the fuzz outcomes per op as JSON rows to PATH")
+
+
+@pytest.fixture
+def fuzz_examples(request):
+    return request.config.getoption("--fuzz-examples")
+
+
+def _fuzz():
+    """tests.fuzz where a fuzz module ran in this process (None otherwise)."""
+    return sys.modules.get("tests.fuzz")
+
+
+def pytest_sessionfinish(session):
+    """A pytest-xdist worker hands its fuzz outcomes to the controller."""
+    fuzz = _fuzz()
+    if fuzz is not None and hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["fuzz_outcomes"] = json.dumps(fuzz.outcome_rows())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    rows = getattr(node, "workeroutput", {}).get("fuzz_outcomes")
+    if rows:
+        from tests import fuzz
+        fuzz.merge_rows(json.loads(rows))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    fuzz = _fuzz()
+    if fuzz is None or not fuzz.OUTCOMES:
+        return
+    terminalreporter.section("fuzz cases per op and device: outcome classes")
+    for line in fuzz.outcome_table():
+        terminalreporter.write_line(line)
+    path = config.getoption("--fuzz-report")
+    if path:
+        with open(path, "w") as f:
+            for row in fuzz.outcome_rows():
+                f.write(json.dumps(row) + "\n")
+        terminalreporter.write_line(f"fuzz outcomes written to {path}")
 
 
 def pytest_configure(config):
