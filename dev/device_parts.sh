@@ -41,12 +41,17 @@ for name in ${DEVPARTS_DATA:-lidar_scan.npz}; do
   fi
 done
 strip -g "$stage/devpack/lib/_tf_sparseconv_ops.so"
-# The tests' pure-Python dependency the device lacks (tests/*/test_fuzz.py): hypothesis and
-# sortedcontainers from .venv, with their dist-info so that pytest loads hypothesis' plugin.
-site_packages=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-mkdir -p "$stage/devpack/pylib"
-(cd "$site_packages" && cp -r hypothesis _hypothesis_*.py hypothesis-*.dist-info sortedcontainers \
-  sortedcontainers-*.dist-info "$stage/devpack/pylib/")
+# The tests' dependency the device lacks (tests/*/test_fuzz.py): hypothesis and
+# sortedcontainers, unpacked from pure-Python wheels with their dist-info (so that pytest
+# loads hypothesis' plugin). Not .venv's copy: hypothesis from 6.141 on ships a compiled
+# module built for .venv's Python, and the device runs another Python.
+mkdir -p "$stage/devpack/pylib" "$stage/wheels"
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: \
+  -d "$stage/wheels" "hypothesis>=6.100,<6.141" sortedcontainers
+for wheel in "$stage"/wheels/*.whl; do
+  .venv/bin/python -m zipfile -e "$wheel" "$stage/devpack/pylib/"
+done
+rm -rf "$stage/wheels"
 mkdir -p .git/info && touch .git/info/exclude
 grep -qx '/.devparts/' .git/info/exclude || echo '/.devparts/' >> .git/info/exclude
 rm -rf .devparts && mkdir -p .devparts

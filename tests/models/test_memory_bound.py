@@ -174,7 +174,9 @@ def test_voxelization_bound_grows_with_the_points_per_cloud():
     # At least the float64 coordinates and their scaled copy per point, twice for the allocator's pool.
     assert voxelize.temporary_bytes > 2 * 48 * 4 * 400_000
     assert large.layers[0].name == "inputs" and large.layers[0].output_bytes == 4 * 400_000 * 3 * 4
-    assert large.total_bytes > 100 * small.total_bytes / 10
+    # The per-point part grows with the points; the per-thread convolution scratch (16 cores
+    # on a GPU machine) does not, so the growth is compared, not the ratio.
+    assert large.total_bytes - small.total_bytes > 2 * 48 * 4 * (400_000 - 1000)
 
 
 def classifier_on_sparse_input():

@@ -91,3 +91,27 @@ def test_make_site_sparse_refuses_non_finite_features_unless_allowed(bad):
     np.testing.assert_array_equal(x.features.numpy(), features)
     with pytest.raises(ValueError, match="non_finite must be 'raise' or 'allow'"):
         make_site_sparse([[0, 1, 0]], [[1.0]], (4, 4), 1, non_finite="drop")
+
+
+def test_a_tape_watching_the_given_features_sees_their_gradient(device, rng):
+    # Eager make_site_sparse keeps the caller's features tensor (its finite check has run),
+    # so watching that tensor around the ops that use it gives its gradient.
+    coords, features = random_sites(rng, 1, (5, 5, 5), 0.3, 2)
+    kernel = tf.constant(rng.standard_normal((3, 3, 3, 2, 3)).astype(np.float32))
+    with tf.device(device):
+        features = tf.constant(features)
+        x = make_site_sparse(coords, features, (5, 5, 5), 1)
+        assert x.features is features
+        with tf.GradientTape() as tape:
+            tape.watch(features)
+            y = site_conv(x, kernel, subm=True).features
+        grad = tape.gradient(y, features, output_gradients=tf.ones_like(y))
+    # d(sum y)/d(x_i) = sum over the output sites j near i of kernel[i - j + 1].sum(over Cout).
+    w = kernel.numpy().sum(-1)
+    expected = np.zeros_like(grad.numpy())
+    for i, ci in enumerate(coords):
+        for cj in coords:
+            k = ci[1:] - cj[1:] + 1
+            if ci[0] == cj[0] and np.all((k >= 0) & (k <= 2)):
+                expected[i] += w[tuple(k)]
+    np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-5, atol=1e-5)

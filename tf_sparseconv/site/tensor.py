@@ -191,7 +191,9 @@ def make_site_sparse(coords, features, spatial_shape, batch_size, kernel_maps=No
     spatial_shape = integer_tensor(spatial_shape, tf.int32, "spatial_shape", "make_site_sparse")
     batch_size = integer_tensor(batch_size, tf.int32, "batch_size", "make_site_sparse")
     checks = finite_checks(features, non_finite, "features", "make_site_sparse")
-    if checks:
+    # Eager checks have run (and raised) already; the features stay the caller's tensor, so
+    # a tape watching it sees the ops that use them.
+    if checks and not tf.executing_eagerly():
         with tf.control_dependencies(checks):
             features = tf.identity(features)
     known = tf.get_static_value(spatial_shape)
