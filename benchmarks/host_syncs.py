@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 
 import keras
@@ -27,23 +26,11 @@ from tf_sparseconv import data as datasets  # noqa: E402
 from tf_sparseconv.models import DEFAULT_RHOS, octnet3, site_unet  # noqa: E402
 from tf_sparseconv.training.train import keras_batches, site_keras_batches  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_info import checkout_commit, gpu_name  # noqa: E402
+
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 HOW = "tf_sparseconv.host_sync_count(): the library's count of its cudaStreamSynchronize calls"
-
-
-def device_name():
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
-    return "cpu"
-
-
-def commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def waits_per_step(step, batch, steps):
@@ -92,13 +79,13 @@ def main():
     p.add_argument("--out", default=os.path.join(RESULTS, "host_syncs.jsonl"))
     args = p.parse_args()
     points, labels, classes = datasets.make_shapes(max(1, args.batch_size // 8 + 1), seed=0)
-    device = device_name()
+    device = gpu_name() or "cpu"
     rows = []
     for i, name in enumerate(args.models, 1):
         print(f"[{i}/{len(args.models)}] {name} {args.resolution}^3, batch {args.batch_size}, on {device}", flush=True)
         step, batch = MODELS[name](points, labels, classes, args.resolution, args.batch_size)
         rows.append({"model": name, "device": device, "syncs_per_step": waits_per_step(step, batch, args.steps),
-                     "how": HOW, "commit": commit(), "date": datetime.date.today().isoformat(),
+                     "how": HOW, "commit": checkout_commit(), "date": datetime.date.today().isoformat(),
                      "batch": args.batch_size, "resolution": args.resolution, "steps": args.steps})
         print(f"  {rows[-1]['syncs_per_step']:g} host waits per training step", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

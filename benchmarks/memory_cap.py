@@ -41,6 +41,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DEFAULT_OUT = os.path.join(HERE, "results", "memory_cap.jsonl")
+sys.path.insert(0, HERE)
+from run_info import checkout_commit, gpu_name  # noqa: E402
 MODELS = ("octnet3", "site_resnet")
 # Small and very large clouds, unbounded and under the 512 MB budget; 64 x 400k
 # unbounded needs several GB and is left to --cases.
@@ -127,8 +129,7 @@ def measure(case, resolution, device):
         logits.numpy()
         seconds = time.perf_counter() - start
         peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] - before
-        name = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0])
-        device_name = name.get("device_name", "GPU")
+        device_name = gpu_name()
     else:
         gc.collect()
         with open("/proc/self/clear_refs", "w") as f:
@@ -148,14 +149,6 @@ def measure(case, resolution, device):
 
 
 # ---------------------------------------------------------------------------- the parent
-
-
-def git_revision():
-    try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def child_env(device):
@@ -242,7 +235,7 @@ def main():
         import tensorflow as tf
         if not tf.config.list_physical_devices("GPU"):
             p.error("--device gpu: TensorFlow sees no GPU")
-    context = {"date": datetime.date.today().isoformat(), "git_revision": git_revision()}
+    context = {"date": datetime.date.today().isoformat(), "git_revision": checkout_commit()}
     rows, start = [], time.perf_counter()
     for case in cases:
         row = {**run_case(case, args.resolution, args.device, args.timeout), **context}

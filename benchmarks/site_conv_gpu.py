@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -33,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from site_scenes import CHAIN, LAYERS, layer_weights, level_features, scenes  # noqa: E402
+from run_info import checkout_commit  # noqa: E402
 from timing import check_sync, interleaved_medians, median_time, queued_s_per_call, sync_method  # noqa: E402
 
 from tf_sparseconv._op_library import ops as _ops  # noqa: E402
@@ -350,17 +350,8 @@ def run_chain(scene, coords, sites, maps, level_coords, args, device):
     return rows
 
 
-def commit_of_checkout():
-    """The checkout's short commit hash, or None outside a git checkout."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
-                              check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def merge(args):
-    stamp = {"commit": commit_of_checkout(), "run": args.run, "date": datetime.date.today().isoformat()}
+    stamp = {"commit": checkout_commit(), "run": args.run, "date": datetime.date.today().isoformat()}
     with open(os.path.join(args.exchange, "ours.json")) as f:
         ours = json.load(f)
     peer_path = os.path.join(args.exchange, "spconv.json")

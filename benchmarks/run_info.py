@@ -1,0 +1,21 @@
+"""What a benchmark row records about its run: the checkout's commit and the GPU's name."""
+import os
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def checkout_commit():
+    """The checkout's short commit hash, or None outside a git checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                              check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def gpu_name():
+    """The name of the first GPU TensorFlow sees (e.g. 'NVIDIA H200'), or None without one."""
+    import tensorflow as tf  # here: callers that only need the commit need not load TensorFlow
+    gpus = tf.config.list_physical_devices("GPU")
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU") if gpus else None
