@@ -1,0 +1,299 @@
+"""Training throughput on 1, 2, ... replicas under tf.distribute (issue 26's measure).
+
+Workloads (rows appended to --out, default benchmarks/results/distributed.jsonl; keys
+workload, strategy, replicas, device, items_per_s, date, plus what each run was):
+
+- modelnet40_32_epoch: `tf-sparseconv train` of OctNet3 at 32^3 (Table 4's bounds) on
+  ModelNet40 (--data-dir; --dataset synthetic without it), each configuration in its own
+  process with CUDA_VISIBLE_DEVICES naming its GPUs: one replica (--strategy default) and R
+  replicas (--strategy mirrored) at the same global batch (strong scaling, the one-device
+  run's batch split over the replicas) and at the same batch per replica (weak scaling, the
+  global batch R times larger). items_per_s is the trainer's shapes/s (trained shapes over
+  the mean epoch time, the first epoch left out: it traces the step); the row also keeps the
+  run's validation scores, so accuracy at R replicas can be set against one replica at the
+  same global batch.
+- site_unet_lidar_step: a site UNet training step (custom loop, strategy.run, synchronized
+  batch norm) on the real LiDAR frame (../shared/data/lidar_scan.npz or .devdata/) at 5 cm,
+  one frame per replica (replica r takes the frame mirrored by r's bits, so every replica
+  holds the same number of sites), under MirroredStrategy over the first R GPUs. items_per_s
+  is frames per second: median over --windows windows of --steps steps, each ended by
+  reading the loss back, after --warmup steps.
+
+Scaling efficiency is items_per_s at R replicas over R times items_per_s at one; the
+summary prints it per workload. Without GPUs (for checking the script, not for speed) the
+site workload's replicas are logical CPU devices and the trainer runs one replica only.
+
+    python benchmarks/distributed.py --replicas 1 2 [--workloads ...] [--data-dir DIR]
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+from run_info import checkout_commit  # noqa: E402
+
+RESULTS = os.path.join(HERE, "results")
+WORKLOADS = ("modelnet40_32_epoch", "site_unet_lidar_step")
+LIDAR_PATHS = (os.path.join(ROOT, "..", "shared", "data", "lidar_scan.npz"),
+               os.path.join(ROOT, ".devdata", "lidar_scan.npz"))
+
+
+def visible_gpus():
+    """The GPUs of this machine by nvidia-smi's count (without loading TensorFlow here)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
+def device_name(replicas, gpus):
+    """What one row's replicas ran on, e.g. '2x NVIDIA H100 80GB HBM3' or 'cpu'."""
+    if not gpus:
+        return "cpu"
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=60).stdout.splitlines()
+    return f"{replicas}x {out[0].strip()}"
+
+
+def base_row(workload, strategy, replicas, device, items_per_s):
+    return {"workload": workload, "strategy": strategy, "replicas": replicas, "device": device,
+            "items_per_s": items_per_s, "date": datetime.date.today().isoformat(), "commit": checkout_commit()}
+
+
+# --- modelnet40_32_epoch: the trainer, one process per configuration ---------------------
+
+def epoch_configurations(replica_counts, batch):
+    """(replicas, global batch, scaling) in run order: one replica first, then for each R > 1
+    the same global batch (strong) and the same batch per replica (weak)."""
+    out = [(1, batch, "baseline")]
+    for r in replica_counts:
+        if r > 1:
+            if batch % r == 0:
+                out.append((r, batch, "strong"))
+            out.append((r, batch * r, "weak"))
+    return out
+
+
+def run_trainer(args, replicas, global_batch, gpus, out_dir):
+    """One `tf-sparseconv train` in its own process -> its results.json (dict)."""
+    strategy = "default" if replicas == 1 else "mirrored"
+    argv = [sys.executable, "-m", "tf_sparseconv", "train", "--model", "octnet3", "--resolution", "32",
+            "--epochs", str(args.epochs), "--batch-size", str(global_batch), "--strategy", strategy,
+            "--seed", str(args.seed), "--out", out_dir]
+    argv += (["--dataset", "modelnet40", "--data-dir", args.data_dir] if args.data_dir else
+             ["--dataset", "synthetic", "--synthetic-per-class", str(args.synthetic_per_class)])
+    if args.max_examples:
+        argv += ["--max-examples", str(args.max_examples)]
+    argv += args.train_args
+    env = dict(os.environ)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(replicas))
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(argv[2:])} failed ({done.returncode}):\n{done.stdout[-3000:]}"
+                           f"\n{done.stderr[-3000:]}")
+    with open(os.path.join(out_dir, "results.json")) as f:
+        results = json.load(f)
+    results["process_s"] = time.perf_counter() - started
+    results["argv"] = argv[1:]
+    return results
+
+
+def modelnet40_epoch_rows(args, gpus):
+    rows = []
+    configurations = epoch_configurations(args.replicas, args.batch_size)
+    with tempfile.TemporaryDirectory() as scratch:
+        for i, (replicas, global_batch, scaling) in enumerate(configurations, 1):
+            if replicas > max(gpus, 1):
+                print(f"  skipped {replicas} replicas: {gpus} GPU(s) visible", flush=True)
+                continue
+            print(f"  [{i}/{len(configurations)}] {replicas} replica(s), global batch {global_batch} ({scaling})",
+                  flush=True)
+            r = run_trainer(args, replicas, global_batch, gpus, os.path.join(scratch, f"run{i}"))
+            row = base_row("modelnet40_32_epoch", r["strategy"], replicas, device_name(replicas, gpus),
+                           r["shapes_per_s"])
+            row.update(scaling=scaling, global_batch=global_batch, batch_per_replica=r["batch_size_per_replica"],
+                       dataset=r["dataset"], examples=r["examples"], epochs=r["epochs"],
+                       sec_per_epoch=r["sec_per_epoch"], val_examples=r["val_examples"],
+                       val_overall=r["val_overall"], val_mean_class=r["val_mean_class"],
+                       val_overall_test_weighted=r["val_overall_test_weighted"],
+                       val_overall_test_weighted_se=r["val_overall_test_weighted_se"],
+                       process_s=round(r["process_s"], 1), command="python " + " ".join(r["argv"]))
+            rows.append(row)
+            print(f"      {row['items_per_s']:.1f} shapes/s, epochs {[round(s, 1) for s in r['sec_per_epoch']]} s, "
+                  f"val overall {row['val_overall']:.4f}", flush=True)
+    return rows
+
+
+# --- site_unet_lidar_step: a custom loop in this process ---------------------------------
+
+def lidar_frames(replicas, voxel):
+    """One voxelized frame per replica: (coords [N, 4] int32 with batch index 0, heights [N, 1]
+    float32, labels [N] int32, spatial shape). Replica r's frame is mirrored in x (bit 0 of r)
+    and y (bit 1), so all hold the same sites up to mirroring, in the same extents."""
+    import numpy as np
+    path = next((p for p in LIDAR_PATHS if os.path.exists(p)), None)
+    if path is None:
+        raise FileNotFoundError(f"site_unet_lidar_step needs lidar_scan.npz in one of {LIDAR_PATHS}")
+    with np.load(path, allow_pickle=False) as f:
+        points = f["pc"].astype(np.float64)
+    cells = np.unique(np.floor((points - points.min(0)) / voxel).astype(np.int64), axis=0)
+    extent = cells.max(0) + 1
+    frames = []
+    for r in range(replicas):
+        mirrored = cells.copy()
+        for axis in (0, 1):
+            if r >> axis & 1:
+                mirrored[:, axis] = extent[axis] - 1 - mirrored[:, axis]
+        mirrored = mirrored[np.lexsort(mirrored.T[::-1])]
+        coords = np.concatenate([np.zeros((len(mirrored), 1), np.int64), mirrored], 1).astype(np.int32)
+        height = (mirrored[:, 2:3] / max(1, extent[2] - 1)).astype(np.float32)
+        labels = (height[:, 0] > 0.1).astype(np.int32)  # above the ground band: 1
+        frames.append((coords, height, labels))
+    return frames, tuple(int(e) for e in extent)
+
+
+def site_unet_rows(args, gpus):
+    import keras
+    import tensorflow as tf
+
+    import tf_sparseconv as ts
+    from tf_sparseconv.models import site_unet
+    from tf_sparseconv.site.keras_io import as_site_keras_inputs
+
+    frames, extent = lidar_frames(max(args.replicas), args.voxel)
+    rows = []
+    devices = [d.name for d in tf.config.list_logical_devices("GPU")] or \
+        [d.name for d in tf.config.list_logical_devices("CPU")]
+    for replicas in args.replicas:
+        if replicas > len(devices):
+            print(f"  skipped {replicas} replicas: {len(devices)} device(s)", flush=True)
+            continue
+        strategy = tf.distribute.MirroredStrategy(devices[:replicas])
+
+        def make(split):
+            """One element per replica of this input pipeline, in replica order."""
+            dataset = None
+            for r in range(split.first, split.first + split.count):
+                coords, height, labels = frames[r]
+                x = as_site_keras_inputs(ts.make_site_sparse(coords, height, extent, 1))
+                part = tf.data.Dataset.from_tensors((x, tf.constant(labels)))
+                dataset = part if dataset is None else dataset.concatenate(part)
+            return dataset
+
+        from tf_sparseconv.training.distribute import per_replica_dataset
+        dataset = per_replica_dataset(strategy, make)
+        with strategy.scope():
+            model = site_unet(2, resolution=extent, channels=tuple(args.unet_channels), synchronized_bn=True)
+            optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+            optimizer.build(model.trainable_variables)
+        cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+        def replica_step(x, y, model=model, optimizer=optimizer, replicas=replicas):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(cross_entropy(y, model(x, training=True))) / replicas
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+
+        @tf.function
+        def step(iterator, strategy=strategy, replica_step=replica_step):
+            return strategy.reduce("SUM", strategy.run(replica_step, args=next(iterator)), axis=None)
+
+        iterator = iter(dataset)
+        for _ in range(args.warmup):
+            float(step(iterator))
+        windows = []
+        for _ in range(args.windows):
+            started = time.perf_counter()
+            for _ in range(args.steps):
+                loss = step(iterator)
+            float(loss)  # every step of the window has run
+            windows.append((time.perf_counter() - started) / args.steps)
+        step_s = statistics.median(windows)
+        row = base_row("site_unet_lidar_step", "mirrored", replicas, device_name(replicas, gpus),
+                       replicas / step_s)
+        row.update(step_s=step_s, window_step_s=windows, sites_per_frame=int(len(frames[0][0])),
+                   voxel_m=args.voxel, spatial_shape=list(extent), channels=list(args.unet_channels),
+                   synchronized_bn=True, steps=args.steps, warmup=args.warmup, loss=float(loss))
+        rows.append(row)
+        print(f"  {replicas} replica(s): {step_s * 1e3:.1f} ms per step, {row['items_per_s']:.2f} frames/s",
+              flush=True)
+    return rows
+
+
+def scaling_lines(rows):
+    lines = []
+    for workload in WORKLOADS:
+        ones = [r for r in rows if r["workload"] == workload and r["replicas"] == 1]
+        for r in rows:
+            if r["workload"] == workload and r["replicas"] > 1 and ones:
+                what = f" ({r['scaling']}, global batch {r['global_batch']})" if "scaling" in r else ""
+                speedup = r["items_per_s"] / ones[0]["items_per_s"]
+                lines.append(f"{workload}: {r['replicas']} replicas{what} {r['items_per_s']:.2f}/s = "
+                             f"{speedup:.2f}x one replica's {ones[0]['items_per_s']:.2f}/s "
+                             f"(efficiency {speedup / r['replicas']:.0%})")
+    return lines
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    p.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--data-dir", help="ModelNet40 (modelnet40_train.npz) for modelnet40_32_epoch; "
+                                      "without it the built-in synthetic shapes")
+    p.add_argument("--synthetic-per-class", type=int, default=100)
+    p.add_argument("--max-examples", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=3, help="per trainer run; the first is left out of the rate")
+    p.add_argument("--batch-size", type=int, default=32, help="one replica's batch (the baseline's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
+                   help="more arguments for every trainer run (last on the line)")
+    p.add_argument("--voxel", type=float, default=0.05, help="site_unet_lidar_step: voxel size in metres")
+    p.add_argument("--unet-channels", type=int, nargs="+", default=[32, 64, 128, 256])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", default=os.path.join(RESULTS, "distributed.jsonl"))
+    args = p.parse_args(argv)
+    if 1 not in args.replicas or any(r < 1 for r in args.replicas):
+        p.error("--replicas must include 1 (the baseline) and be positive")
+    args.replicas = sorted(set(args.replicas))
+    gpus = visible_gpus()
+    if not gpus and "site_unet_lidar_step" in args.workloads:
+        # Without GPUs the site workload's replicas are logical CPU devices, made before
+        # TensorFlow runs anything (the trainer's runs take one replica only).
+        import tensorflow as tf
+
+        import tf_sparseconv  # noqa: F401  (before TensorFlow logs: keeps its start-up notices quiet)
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * max(args.replicas))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    rows = []
+    for i, workload in enumerate(args.workloads, 1):
+        print(f"[{i}/{len(args.workloads)}] {workload}, replicas {args.replicas}, "
+              f"{f'{gpus} GPU(s)' if gpus else 'CPU'}", flush=True)
+        new = (modelnet40_epoch_rows if workload == "modelnet40_32_epoch" else site_unet_rows)(args, gpus)
+        with open(args.out, "a") as f:  # each workload's rows as soon as they exist
+            for row in new:
+                f.write(json.dumps(row) + "\n")
+        rows += new
+    print("summary:")
+    for line in scaling_lines(rows) or ["no replica count above 1 ran"]:
+        print("  " + line)
+    print(f"{len(rows)} rows appended to {args.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""benchmarks/distributed.py (issue 26's scaling measure): its configurations, its scaling
+summary, and one run of the site workload over two logical CPU replicas on the real LiDAR
+frame (skipped where ../shared/data is absent), whose rows carry the issue's keys."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import distributed  # noqa: E402
+
+ISSUE_KEYS = {"workload", "strategy", "replicas", "device", "items_per_s", "date"}
+
+
+def test_epoch_configurations_are_the_baseline_then_strong_and_weak_scaling():
+    assert distributed.epoch_configurations([1, 2, 4], 32) == [
+        (1, 32, "baseline"), (2, 32, "strong"), (2, 64, "weak"), (4, 32, "strong"), (4, 128, "weak")]
+    # A global batch the replicas do not divide has no strong-scaling run.
+    assert distributed.epoch_configurations([1, 3], 32) == [(1, 32, "baseline"), (3, 96, "weak")]
+
+
+def test_scaling_lines_set_each_replica_count_against_one_replica():
+    rows = [{"workload": "site_unet_lidar_step", "replicas": 1, "items_per_s": 10.0},
+            {"workload": "site_unet_lidar_step", "replicas": 2, "items_per_s": 18.0},
+            {"workload": "modelnet40_32_epoch", "replicas": 1, "items_per_s": 100.0, "scaling": "baseline",
+             "global_batch": 32},
+            {"workload": "modelnet40_32_epoch", "replicas": 2, "items_per_s": 150.0, "scaling": "strong",
+             "global_batch": 32}]
+    lines = distributed.scaling_lines(rows)
+    assert lines == [
+        "modelnet40_32_epoch: 2 replicas (strong, global batch 32) 150.00/s = 1.50x one replica's 100.00/s "
+        "(efficiency 75%)",
+        "site_unet_lidar_step: 2 replicas 18.00/s = 1.80x one replica's 10.00/s (efficiency 90%)"]
+
+
+def test_lidar_frames_of_the_replicas_are_mirrors_with_the_same_sites():
+    if not any(os.path.exists(p) for p in distributed.LIDAR_PATHS):
+        pytest.skip("lidar_scan.npz is not in ../shared/data")
+    frames, extent = distributed.lidar_frames(4, 1.0)
+    assert len(frames) == 4 and len(extent) == 3
+    sizes = {len(coords) for coords, _, _ in frames}
+    assert len(sizes) == 1
+    base = {tuple(c) for c in frames[0][0][:, 1:]}
+    mirrored_x = {(extent[0] - 1 - x, y, z) for x, y, z in base}
+    assert {tuple(c) for c in frames[1][0][:, 1:]} == mirrored_x
+    for coords, height, labels in frames:
+        assert (coords[:, 0] == 0).all() and (coords[:, 1:] >= 0).all() and (coords[:, 1:] < extent).all()
+        assert height.shape == (len(coords), 1) and set(labels.tolist()) == {0, 1}
+
+
+def test_site_workload_over_two_logical_cpu_replicas_writes_rows_with_the_issue_keys(tmp_path):
+    if not any(os.path.exists(p) for p in distributed.LIDAR_PATHS):
+        pytest.skip("lidar_scan.npz is not in ../shared/data")
+    out = tmp_path / "distributed.jsonl"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "benchmarks/distributed.py", "--workloads", "site_unet_lidar_step",
+                           "--replicas", "1", "2", "--voxel", "2.0", "--unet-channels", "4", "8", "--steps", "1",
+                           "--windows", "1", "--warmup", "1", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["replicas"] for r in rows] == [1, 2]
+    for row in rows:
+        assert ISSUE_KEYS <= set(row) and row["device"] == "cpu" and row["items_per_s"] > 0
+        assert row["strategy"] == "mirrored" and row["workload"] == "site_unet_lidar_step"
+    assert "site_unet_lidar_step: 2 replicas" in done.stdout and "2 rows appended" in done.stdout
