@@ -20,6 +20,8 @@ def test_epoch_configurations_are_the_baseline_then_strong_and_weak_scaling():
         (1, 32, "baseline"), (2, 32, "strong"), (2, 64, "weak"), (4, 32, "strong"), (4, 128, "weak")]
     # A global batch the replicas do not divide has no strong-scaling run.
     assert distributed.epoch_configurations([1, 3], 32) == [(1, 32, "baseline"), (3, 96, "weak")]
+    # Without 1 the baseline is left to an earlier run (its row in the same results file).
+    assert distributed.epoch_configurations([2], 32) == [(2, 32, "strong"), (2, 64, "weak")]
 
 
 def test_scaling_lines_set_each_replica_count_against_one_replica():

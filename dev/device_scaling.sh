@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On a lent machine of two GPUs (nvidia-h100-x2 / nvidia-h200-x2), after dev/device_unpack.sh
+# and `. /tmp/tfgpu.env` (DEVPARTS_DATA="modelnet40_train.npz lidar_scan.npz" when packing):
+# issue 26's scaling rows and issue 25's GPU fuzz under compute-sanitizer, in one call.
+#   1. one replica of the ModelNet40 32^3 trainer on GPU 0, while the fuzz modules' GPU
+#      cases run under memcheck on GPU 1 (they share no GPU);
+#   2. two replicas of the trainer (same global batch, then same batch per replica);
+#   3. the site UNet step on the LiDAR frame, one and two replicas.
+# Rows to $OUT/distributed.jsonl, the fuzz outcomes to $OUT/fuzz_gpu_{channel,site}.json, logs beside them.
+# EPOCHS (default 3), FUZZ_EXAMPLES (default 8) and FUZZ_TIMEOUT (s, default 130) tune the call's length.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 TF_FORCE_GPU_ALLOW_GROWTH=true NCCL_NVLS_ENABLE=0
+# TensorFlow loads NCCL (MirroredStrategy's all-reduce) as libnccl.so.2 at run time; the
+# bundle has none, the machine's PyTorch does: put it where /tmp/tfgpu.env's path looks.
+nccl=$(find /opt /usr/local /usr/lib -name 'libnccl.so.2*' 2>/dev/null | head -1)
+[ -n "$nccl" ] && mkdir -p /tmp/cu12 && ln -sf "$nccl" /tmp/cu12/libnccl.so.2
+echo "NCCL: ${nccl:-none found}"
+epochs=${EPOCHS:-3}
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+nvidia-smi -L
+started=$SECONDS
+
+# The fuzz modules side by side on GPU 1, each under memcheck with its own report.
+for family in channel site; do
+  CUDA_VISIBLE_DEVICES=1 timeout "${FUZZ_TIMEOUT:-130}" compute-sanitizer --tool memcheck \
+    --target-processes all --log-file "$out/memcheck_$family.log" python3 -m pytest -q -p no:randomly \
+    -p no:cacheprovider "tests/$family/test_fuzz.py" -m gpu --fuzz-examples "${FUZZ_EXAMPLES:-8}" \
+    --fuzz-report "$out/fuzz_gpu_$family.json" > "$out/fuzz_gpu_$family.log" 2>&1 &
+done
+
+python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 1 --data-dir .devdata \
+  --epochs "$epochs" --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee "$out/scaling.log"
+echo "one replica done at $((SECONDS - started)) s"
+wait; echo "fuzz under memcheck done at $((SECONDS - started)) s"
+for family in channel site; do
+  tail -2 "$out/fuzz_gpu_$family.log"; grep -h "ERROR SUMMARY" "$out/memcheck_$family.log" | sort | uniq -c
+done
+
+python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 2 --data-dir .devdata \
+  --epochs "$epochs" --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+echo "two replicas done at $((SECONDS - started)) s"
+python3 benchmarks/distributed.py --workloads site_unet_lidar_step --replicas 1 2 \
+  --steps 5 --warmup 2 --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+echo "all done at $((SECONDS - started)) s"
