@@ -6,7 +6,8 @@ workload, strategy, replicas, device, items_per_s, date, plus what each run was)
 - modelnet40_32_epoch: `tf-sparseconv train` of OctNet3 at 32^3 (Table 4's bounds) on
   ModelNet40 (--data-dir; --dataset synthetic without it), each configuration in its own
   process with CUDA_VISIBLE_DEVICES naming its GPUs: one replica (--strategy default) and R
-  replicas (--strategy mirrored) at the same global batch (strong scaling, the one-device
+  replicas (--strategies: mirrored, one process over R GPUs; multi-worker, one worker
+  process per GPU on 127.0.0.1, as PyTorch's DDP runs) at the same global batch (strong scaling, the one-device
   run's batch split over the replicas) and at the same batch per replica (weak scaling, the
   global batch R times larger). items_per_s is the trainer's shapes/s (trained shapes over
   the mean epoch time, the first epoch left out: it traces the step); the row also keeps the
@@ -29,6 +30,8 @@ import argparse
 import datetime
 import json
 import os
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -72,24 +75,39 @@ def base_row(workload, strategy, replicas, device, items_per_s):
 
 # --- modelnet40_32_epoch: the trainer, one process per configuration ---------------------
 
-def epoch_configurations(replica_counts, batch):
+def epoch_configurations(replica_counts, batch, scalings=("strong", "weak")):
     """(replicas, global batch, scaling) in run order: one replica's run (the baseline) where
-    1 is asked for, and for each R > 1 the same global batch (strong, where R divides it)
-    and the same batch per replica (weak)."""
+    1 is asked for, and for each R > 1, in the order of scalings, the same global batch
+    (strong, where R divides it) and the same batch per replica (weak)."""
     out = []
     for r in sorted(replica_counts):
         if r == 1:
             out.append((1, batch, "baseline"))
             continue
-        if batch % r == 0:
-            out.append((r, batch, "strong"))
-        out.append((r, batch * r, "weak"))
+        for scaling in scalings:
+            if scaling == "weak":
+                out.append((r, batch * r, "weak"))
+            elif batch % r == 0:
+                out.append((r, batch, "strong"))
     return out
 
 
-def run_trainer(args, replicas, global_batch, gpus, out_dir):
-    """One `tf-sparseconv train` in its own process -> its results.json (dict)."""
-    strategy = "default" if replicas == 1 else "mirrored"
+def free_ports(count):
+    """Ports on 127.0.0.1 that nothing listens on now."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir):
+    """[(argv, environment)] of one configuration's processes: one process over the first
+    `replicas` GPUs (default, mirrored), or one worker process per GPU on 127.0.0.1
+    (multi-worker, as one host would run MultiWorkerMirroredStrategy with a process a GPU)."""
     argv = [sys.executable, "-m", "tf_sparseconv", "train", "--model", "octnet3", "--resolution", "32",
             "--epochs", str(args.epochs), "--batch-size", str(global_batch), "--strategy", strategy,
             "--seed", str(args.seed), "--out", out_dir]
@@ -98,35 +116,60 @@ def run_trainer(args, replicas, global_batch, gpus, out_dir):
     if args.max_examples:
         argv += ["--max-examples", str(args.max_examples)]
     argv += args.train_args
-    env = dict(os.environ)
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(replicas))
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    if strategy != "multi-worker":
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(replicas))
+        return [(argv, env)]
+    ports = free_ports(replicas)
+    commands = []
+    for i in range(replicas):
+        config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": i}}
+        commands.append((argv, dict(env, TF_CONFIG=json.dumps(config), CUDA_VISIBLE_DEVICES=str(i) if gpus else "")))
+    return commands
+
+
+def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir):
+    """One configuration of `tf-sparseconv train` (its processes at once) -> the chief's
+    results.json (dict)."""
+    commands = trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir)
     started = time.perf_counter()
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(argv[2:])} failed ({done.returncode}):\n{done.stdout[-3000:]}"
-                           f"\n{done.stderr[-3000:]}")
+    processes = [subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, start_new_session=True) for argv, env in commands]
+    try:
+        outputs = [p.communicate(timeout=args.timeout)[0] for p in processes]
+    finally:
+        for p in processes:  # a worker whose peer died waits for it: end the whole group
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for p, output in zip(processes, outputs):
+        if p.returncode:
+            raise RuntimeError(f"{' '.join(commands[0][0][2:])} failed ({p.returncode}):\n{output[-3000:]}")
     with open(os.path.join(out_dir, "results.json")) as f:
         results = json.load(f)
     results["process_s"] = time.perf_counter() - started
-    results["argv"] = argv[1:]
+    results["argv"] = commands[0][0][1:]
     return results
 
 
 def modelnet40_epoch_rows(args, gpus):
     rows = []
-    configurations = epoch_configurations(args.replicas, args.batch_size)
+    configurations = [(replicas, batch, scaling, "default" if replicas == 1 else strategy)
+                      for replicas, batch, scaling in epoch_configurations(args.replicas, args.batch_size, args.scalings)
+                      for strategy in (["default"] if replicas == 1 else args.strategies)]
     with tempfile.TemporaryDirectory() as scratch:
-        for i, (replicas, global_batch, scaling) in enumerate(configurations, 1):
-            if replicas > max(gpus, 1):
+        for i, (replicas, global_batch, scaling, strategy) in enumerate(configurations, 1):
+            if replicas > max(gpus, 1) and not (strategy == "multi-worker" and not gpus):
                 print(f"  skipped {replicas} replicas: {gpus} GPU(s) visible", flush=True)
                 continue
-            print(f"  [{i}/{len(configurations)}] {replicas} replica(s), global batch {global_batch} ({scaling})",
-                  flush=True)
-            r = run_trainer(args, replicas, global_batch, gpus, os.path.join(scratch, f"run{i}"))
+            print(f"  [{i}/{len(configurations)}] {replicas} replica(s), --strategy {strategy}, global batch "
+                  f"{global_batch} ({scaling})", flush=True)
+            r = run_trainer(args, replicas, global_batch, strategy, gpus, os.path.join(scratch, f"run{i}"))
             row = base_row("modelnet40_32_epoch", r["strategy"], replicas, device_name(replicas, gpus),
                            r["shapes_per_s"])
             row.update(scaling=scaling, global_batch=global_batch, batch_per_replica=r["batch_size_per_replica"],
+                       processes=replicas if strategy == "multi-worker" else 1,
                        dataset=r["dataset"], examples=r["examples"], epochs=r["epochs"],
                        sec_per_epoch=r["sec_per_epoch"], val_examples=r["val_examples"],
                        val_overall=r["val_overall"], val_mean_class=r["val_mean_class"],
@@ -241,7 +284,8 @@ def scaling_lines(rows):
         ones = [r for r in rows if r["workload"] == workload and r["replicas"] == 1]
         for r in rows:
             if r["workload"] == workload and r["replicas"] > 1 and ones:
-                what = f" ({r['scaling']}, global batch {r['global_batch']})" if "scaling" in r else ""
+                what = (f" ({r['strategy']}, {r['scaling']}, global batch {r['global_batch']})" if "scaling" in r
+                        else f" ({r['strategy']})")
                 speedup = r["items_per_s"] / ones[0]["items_per_s"]
                 lines.append(f"{workload}: {r['replicas']} replicas{what} {r['items_per_s']:.2f}/s = "
                              f"{speedup:.2f}x one replica's {ones[0]['items_per_s']:.2f}/s "
@@ -260,6 +304,12 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3, help="per trainer run; the first is left out of the rate")
     p.add_argument("--batch-size", type=int, default=32, help="one replica's batch (the baseline's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--strategies", nargs="+", choices=("mirrored", "multi-worker"), default=["mirrored"],
+                   help="modelnet40_32_epoch: how R > 1 replicas run: one process over R GPUs (mirrored) or "
+                        "a worker process per GPU on this host (multi-worker)")
+    p.add_argument("--scalings", nargs="+", choices=("strong", "weak"), default=["strong", "weak"],
+                   help="modelnet40_32_epoch: which runs of R > 1 replicas, in this order")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds one trainer configuration may take")
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                    help="more arguments for every trainer run (last on the line)")
     p.add_argument("--voxel", type=float, default=0.05, help="site_unet_lidar_step: voxel size in metres")
@@ -302,7 +352,7 @@ def main(argv=None):
     ones = [r for r in rows if r["replicas"] == 1]
     print("summary:")
     for line in scaling_lines(ones + earlier + [r for r in rows if r["replicas"] > 1]) or \
-            ["no replica count above 1 ran"]:
+            ["no scaling to report (a run of one replica and one of more are needed)"]:
         print("  " + line)
     print(f"{len(rows)} rows appended to {args.out}")
     return rows

@@ -1,6 +1,7 @@
 """benchmarks/distributed.py (issue 26's scaling measure): its configurations, its scaling
 summary, and one run of the site workload over two logical CPU replicas on the real LiDAR
 frame (skipped where ../shared/data is absent), whose rows carry the issue's keys."""
+import argparse
 import json
 import os
 import subprocess
@@ -22,20 +23,21 @@ def test_epoch_configurations_are_the_baseline_then_strong_and_weak_scaling():
     assert distributed.epoch_configurations([1, 3], 32) == [(1, 32, "baseline"), (3, 96, "weak")]
     # Without 1 the baseline is left to an earlier run (its row in the same results file).
     assert distributed.epoch_configurations([2], 32) == [(2, 32, "strong"), (2, 64, "weak")]
+    assert distributed.epoch_configurations([1, 2], 32, ["weak"]) == [(1, 32, "baseline"), (2, 64, "weak")]
 
 
 def test_scaling_lines_set_each_replica_count_against_one_replica():
-    rows = [{"workload": "site_unet_lidar_step", "replicas": 1, "items_per_s": 10.0},
-            {"workload": "site_unet_lidar_step", "replicas": 2, "items_per_s": 18.0},
+    rows = [{"workload": "site_unet_lidar_step", "replicas": 1, "items_per_s": 10.0, "strategy": "mirrored"},
+            {"workload": "site_unet_lidar_step", "replicas": 2, "items_per_s": 18.0, "strategy": "mirrored"},
             {"workload": "modelnet40_32_epoch", "replicas": 1, "items_per_s": 100.0, "scaling": "baseline",
-             "global_batch": 32},
+             "global_batch": 32, "strategy": "default"},
             {"workload": "modelnet40_32_epoch", "replicas": 2, "items_per_s": 150.0, "scaling": "strong",
-             "global_batch": 32}]
+             "global_batch": 32, "strategy": "multi-worker"}]
     lines = distributed.scaling_lines(rows)
     assert lines == [
-        "modelnet40_32_epoch: 2 replicas (strong, global batch 32) 150.00/s = 1.50x one replica's 100.00/s "
+        "modelnet40_32_epoch: 2 replicas (multi-worker, strong, global batch 32) 150.00/s = 1.50x one replica's 100.00/s "
         "(efficiency 75%)",
-        "site_unet_lidar_step: 2 replicas 18.00/s = 1.80x one replica's 10.00/s (efficiency 90%)"]
+        "site_unet_lidar_step: 2 replicas (mirrored) 18.00/s = 1.80x one replica's 10.00/s (efficiency 90%)"]
 
 
 def test_lidar_frames_of_the_replicas_are_mirrors_with_the_same_sites():
@@ -69,3 +71,19 @@ def test_site_workload_over_two_logical_cpu_replicas_writes_rows_with_the_issue_
         assert ISSUE_KEYS <= set(row) and row["device"] == "cpu" and row["items_per_s"] > 0
         assert row["strategy"] == "mirrored" and row["workload"] == "site_unet_lidar_step"
     assert "site_unet_lidar_step: 2 replicas" in done.stdout and "2 rows appended" in done.stdout
+
+
+def test_multi_worker_configurations_run_a_worker_per_gpu_on_localhost(tmp_path):
+    args = argparse.Namespace(
+        epochs=2, seed=0, data_dir=None, synthetic_per_class=10, max_examples=0, train_args=[])
+    [(argv, env)] = distributed.trainer_commands(args, 2, 32, "mirrored", 2, str(tmp_path))
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and "TF_CONFIG" not in env
+    assert argv[argv.index("--strategy") + 1] == "mirrored" and argv[argv.index("--batch-size") + 1] == "32"
+    workers = distributed.trainer_commands(args, 2, 64, "multi-worker", 2, str(tmp_path))
+    configs = [json.loads(env["TF_CONFIG"]) for _, env in workers]
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env in workers] == ["0", "1"]
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
+    addresses = configs[0]["cluster"]["worker"]
+    assert configs[1]["cluster"]["worker"] == addresses and len(set(addresses)) == 2
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+    assert all(argv[argv.index("--strategy") + 1] == "multi-worker" for argv, _ in workers)
