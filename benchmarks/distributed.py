@@ -136,16 +136,26 @@ def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir):
     started = time.perf_counter()
     processes = [subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, start_new_session=True) for argv, env in commands]
+    deadline = started + args.timeout
+    outputs = []
     try:
-        outputs = [p.communicate(timeout=args.timeout)[0] for p in processes]
+        for p in processes:
+            try:
+                outputs.append(p.communicate(timeout=max(1.0, deadline - time.perf_counter()))[0])
+            except subprocess.TimeoutExpired:
+                break
     finally:
         for p in processes:  # a worker whose peer died waits for it: end the whole group
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    for p, output in zip(processes, outputs):
+        outputs += [p.communicate()[0] for p in processes[len(outputs):]]
+    what = " ".join(commands[0][0][2:])
+    for i, (p, output) in enumerate(zip(processes, outputs)):
         if p.returncode:
-            raise RuntimeError(f"{' '.join(commands[0][0][2:])} failed ({p.returncode}):\n{output[-3000:]}")
+            why = f"ran past --timeout {args.timeout:g} s" if p.returncode == -signal.SIGKILL else \
+                f"failed ({p.returncode})"
+            tails = "\n".join(f"--- process {j}:\n{o[-2000:]}" for j, o in enumerate(outputs))
+            raise RuntimeError(f"{what} {why} (process {i} of {len(processes)}):\n{tails}")
     with open(os.path.join(out_dir, "results.json")) as f:
         results = json.load(f)
     results["process_s"] = time.perf_counter() - started
@@ -153,7 +163,7 @@ def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir):
     return results
 
 
-def modelnet40_epoch_rows(args, gpus):
+def modelnet40_epoch_rows(args, gpus, record):
     rows = []
     configurations = [(replicas, batch, scaling, "default" if replicas == 1 else strategy)
                       for replicas, batch, scaling in epoch_configurations(args.replicas, args.batch_size, args.scalings)
@@ -177,6 +187,7 @@ def modelnet40_epoch_rows(args, gpus):
                        val_overall_test_weighted_se=r["val_overall_test_weighted_se"],
                        process_s=round(r["process_s"], 1), command="python " + " ".join(r["argv"]))
             rows.append(row)
+            record(row)
             print(f"      {row['items_per_s']:.1f} shapes/s, epochs {[round(s, 1) for s in r['sec_per_epoch']]} s, "
                   f"val overall {row['val_overall']:.4f}", flush=True)
     return rows
@@ -210,7 +221,7 @@ def lidar_frames(replicas, voxel):
     return frames, tuple(int(e) for e in extent)
 
 
-def site_unet_rows(args, gpus):
+def site_unet_rows(args, gpus, record):
     import keras
     import tensorflow as tf
 
@@ -273,9 +284,16 @@ def site_unet_rows(args, gpus):
                    voxel_m=args.voxel, spatial_shape=list(extent), channels=list(args.unet_channels),
                    synchronized_bn=True, steps=args.steps, warmup=args.warmup, loss=float(loss))
         rows.append(row)
+        record(row)
         print(f"  {replicas} replica(s): {step_s * 1e3:.1f} ms per step, {row['items_per_s']:.2f} frames/s",
               flush=True)
     return rows
+
+
+def append_row(path, row):
+    """Each row as soon as it is measured: a later configuration that fails keeps it."""
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def scaling_lines(rows):
@@ -336,11 +354,8 @@ def main(argv=None):
     for i, workload in enumerate(args.workloads, 1):
         print(f"[{i}/{len(args.workloads)}] {workload}, replicas {args.replicas}, "
               f"{f'{gpus} GPU(s)' if gpus else 'CPU'}", flush=True)
-        new = (modelnet40_epoch_rows if workload == "modelnet40_32_epoch" else site_unet_rows)(args, gpus)
-        with open(args.out, "a") as f:  # each workload's rows as soon as they exist
-            for row in new:
-                f.write(json.dumps(row) + "\n")
-        rows += new
+        rows += (modelnet40_epoch_rows if workload == "modelnet40_32_epoch" else site_unet_rows)(
+            args, gpus, lambda row: append_row(args.out, row))
     # A baseline may come from an earlier run of the same checkout into the same file (one
     # replica measured beside other work, say, then two): the latest of the same GPU model.
     with open(args.out) as f:

@@ -32,6 +32,8 @@ if [ "${DEVPARTS_PEERS:-1}" = 1 ] && ls .peers/p*/*.whl* > /dev/null 2>&1; then
   cp ../shared/peers/install-on-device.sh "$stage/devpack/"
 fi
 cp tf_sparseconv/_tf_sparseconv_ops.so tf_sparseconv/_build_info.py "$stage/devpack/lib/"
+# The commit the benchmarks' rows name (the lent machine gets the tree without its history).
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.devparts' || echo -dirty)" > "$stage/devpack/commit"
 # Data files of ../shared/data for .devdata/ on the device: by default the LiDAR frame of
 # the benchmarks' lidar scenes (benchmarks/site_scenes.py reads .devdata/); training runs
 # name e.g. DEVPARTS_DATA="modelnet40_train.npz" and read it with --data-dir .devdata.

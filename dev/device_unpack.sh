@@ -14,3 +14,5 @@ if [ -d /tmp/devpack/data ]; then mkdir -p .devdata && cp /tmp/devpack/data/* .d
 bash /tmp/devpack/setup-on-device.sh
 cp -r /tmp/devpack/pylib/. /tmp/site/  # hypothesis for the fuzz tests, beside TensorFlow
 if [ -d /tmp/peerparts ]; then bash /tmp/devpack/install-on-device.sh; fi
+# The packed commit for the benchmarks' rows (benchmarks/run_info.py), with TensorFlow's env.
+if [ -f /tmp/devpack/commit ]; then echo "export BENCHMARK_COMMIT=$(cat /tmp/devpack/commit)" >> /tmp/tfgpu.env; fi
