@@ -165,8 +165,8 @@ def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir):
 
 def modelnet40_epoch_rows(args, gpus, record):
     rows = []
-    configurations = [(replicas, batch, scaling, "default" if replicas == 1 else strategy)
-                      for replicas, batch, scaling in epoch_configurations(args.replicas, args.batch_size, args.scalings)
+    runs = epoch_configurations(args.replicas, args.batch_size, args.scalings)
+    configurations = [(replicas, batch, scaling, strategy) for replicas, batch, scaling in runs
                       for strategy in (["default"] if replicas == 1 else args.strategies)]
     with tempfile.TemporaryDirectory() as scratch:
         for i, (replicas, global_batch, scaling, strategy) in enumerate(configurations, 1):
@@ -346,7 +346,7 @@ def main(argv=None):
         # TensorFlow runs anything (the trainer's runs take one replica only).
         import tensorflow as tf
 
-        import tf_sparseconv  # noqa: F401  (before TensorFlow logs: keeps its start-up notices quiet)
+        import tf_sparseconv  # noqa: F401 (first: keeps TensorFlow's start-up notices quiet)
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * max(args.replicas))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -360,7 +360,10 @@ def main(argv=None):
     # replica measured beside other work, say, then two): the latest of the same GPU model.
     with open(args.out) as f:
         written = [json.loads(line) for line in f if line.strip()]
-    gpu_model = lambda row: row["device"].split("x ", 1)[-1]  # noqa: E731
+
+    def gpu_model(row):
+        return row["device"].split("x ", 1)[-1]
+
     earlier = [r for r in reversed(written[:len(written) - len(rows)])
                if r.get("commit") == checkout_commit() and r["replicas"] == 1
                and any(gpu_model(r) == gpu_model(new) for new in rows)]

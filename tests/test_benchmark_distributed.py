@@ -35,8 +35,8 @@ def test_scaling_lines_set_each_replica_count_against_one_replica():
              "global_batch": 32, "strategy": "multi-worker"}]
     lines = distributed.scaling_lines(rows)
     assert lines == [
-        "modelnet40_32_epoch: 2 replicas (multi-worker, strong, global batch 32) 150.00/s = 1.50x one replica's 100.00/s "
-        "(efficiency 75%)",
+        "modelnet40_32_epoch: 2 replicas (multi-worker, strong, global batch 32) 150.00/s = 1.50x one replica's "
+        "100.00/s (efficiency 75%)",
         "site_unet_lidar_step: 2 replicas (mirrored) 18.00/s = 1.80x one replica's 10.00/s (efficiency 90%)"]
 
 

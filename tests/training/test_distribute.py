@@ -3,17 +3,20 @@ logical CPUs under MirroredStrategy, two worker processes under MultiWorkerMirro
 on 127.0.0.1) train the same weights on the same global batches; warning-shot pruning leaves
 every replica the same masks; synchronized batch norm over replicas holding different
 numbers of sites computes the one-device statistics; the trainer's --strategy resumes from
-its backups and refuses bad setups in one line.
+its backups and refuses bad setups in one line; a worker that loses its peer stops with one
+line naming it, and Ctrl-C stops a worker waiting for its peers.
 
 The trainings run in fresh processes (tests/training/distribute_script.py): logical devices
 and MultiWorkerMirroredStrategy must be set up before TensorFlow initialises."""
 import json
 import os
 import re
+import selectors
 import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -191,6 +194,68 @@ def test_trainer_mirrored_over_two_logical_cpus_reports_replicas_and_throughput(
         results = json.load(f)
     assert (results["replicas"], results["batch_size_per_replica"], results["synchronized_bn"]) == (2, 4, True)
     assert 0 <= results["val_accuracy_mirror_vote"] <= 1
+
+
+# --- a cluster that loses a worker, a worker that waits for its peers -------------------------
+
+def start_worker(ports, index, out, epochs):
+    argv = [sys.executable, "-m", "tf_sparseconv", "train", *TINY, "--strategy", "multi-worker", "--epochs",
+            str(epochs), "--out", str(out)]
+    return subprocess.Popen(argv, cwd=REPO, env=environment(TF_CONFIG=tf_config(ports, index)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_line(process, pattern, seconds):
+    """Reads process's stdout until a line matches pattern (True) or it ends or time runs out."""
+    deadline, seen = time.monotonic() + seconds, ""
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if selector.select(timeout=1):
+                line = process.stdout.readline()
+                if not line:
+                    return False, seen
+                seen += line
+                if re.search(pattern, line):
+                    return True, seen
+    return False, seen
+
+
+def end_all(processes):
+    for p in processes:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_a_worker_that_loses_its_peer_stops_with_one_line_naming_it(tmp_path):
+    ports = free_ports(2)
+    workers = [start_worker(ports, i, tmp_path / "run", 200) for i in range(2)]
+    try:
+        training, seen = wait_for_line(workers[0], r"^epoch 1/200 ", TIMEOUT)
+        assert training, seen[-2000:]
+        os.killpg(workers[1].pid, signal.SIGKILL)  # worker 1 dies mid-training
+        _, errors = workers[0].communicate(timeout=120)  # heartbeats stop: worker 0 ends by itself
+        assert workers[0].returncode == 1, errors[-3000:]
+        assert "Traceback" not in errors
+        assert re.search(r"^tf-sparseconv train: error: the cluster lost worker 1 \(it stopped sending heartbeats\); "
+                         r"stop every worker and run the same commands again", errors, re.M), errors[-3000:]
+    finally:
+        end_all(workers)
+
+
+def test_a_worker_waiting_for_its_peers_stops_on_ctrl_c(tmp_path):
+    ports = free_ports(2)
+    worker = start_worker(ports, 0, tmp_path / "run", 1)  # worker 1 never comes
+    try:
+        waiting, seen = wait_for_line(worker, r"^\[0/4\] waiting for the 2 workers of TF_CONFIG", TIMEOUT)
+        assert waiting, seen[-2000:]
+        time.sleep(5)  # inside TensorFlow's wait for the cluster
+        worker.send_signal(signal.SIGINT)
+        worker.wait(timeout=30)
+        assert worker.returncode == -signal.SIGINT
+    finally:
+        end_all([worker])
 
 
 # --- bad setups: one line, exit code 2, nothing written ---------------------------------------

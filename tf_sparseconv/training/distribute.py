@@ -21,9 +21,13 @@ Other strategies (TPUStrategy, ParameterServerStrategy, CentralStorageStrategy) 
 refused by check_strategy: the op library has no TPU kernels, and Keras 3 trains with
 neither of the other two.
 """
+import contextlib
 import json
 import math
 import os
+import re
+import signal
+import threading
 
 import tensorflow as tf
 
@@ -135,8 +139,49 @@ def make_strategy(name):
         return tf.distribute.MirroredStrategy(local_devices(name))
     if name == "multi-worker":
         cluster_from_tf_config()
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        return _interruptible(tf.distribute.MultiWorkerMirroredStrategy)
     raise ValueError(f"--strategy must be one of {STRATEGIES}, got {name!r}")
+
+
+def _interruptible(make):
+    """make(), with Ctrl-C (SIGINT) ending the process while it blocks: a worker waits inside
+    TensorFlow's C++ until every worker of TF_CONFIG has connected, where Python's own SIGINT
+    handler never runs (it runs between bytecodes). SIGTERM does not end the wait either:
+    TensorFlow's preemption notifier takes it."""
+    if threading.current_thread() is not threading.main_thread():
+        return make()
+    previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        return make()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class ClusterFailure(RuntimeError):
+    """A worker of a multi-worker cluster stopped; the run cannot go on."""
+
+
+_UNHEALTHY_TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+@contextlib.contextmanager
+def cluster_failures_named(strategy):
+    """Turns TensorFlow's error for a lost worker of a MultiWorkerMirroredStrategy cluster
+    (its peers stop at their next collective once the coordination service misses the
+    worker's heartbeats) into a ClusterFailure of one line naming the lost task(s)."""
+    try:
+        yield
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+        if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            raise
+        message = str(e)
+        tasks = sorted(set(_UNHEALTHY_TASK.findall(message.split("unhealthy", 1)[-1])))
+        lost = ", ".join(f"{job} {index}" for job, index in tasks) if "unhealthy" in message and tasks else None
+        raise ClusterFailure(
+            (f"the cluster lost {lost} (it stopped sending heartbeats)" if lost else
+             f"the cluster's collective operations failed ({message.strip().splitlines()[0][:200]})")
+            + "; stop every worker and run the same commands again (with --backup-dir they resume from the "
+              "last finished epoch)") from None
 
 
 def check_strategy(strategy):

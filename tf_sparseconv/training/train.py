@@ -62,8 +62,9 @@ from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS
 from tf_sparseconv.site.conversions import from_channel_sparse
 from tf_sparseconv.site.keras_io import as_site_keras_inputs
 from tf_sparseconv.training.density_regularizer import DENSITIES, DensityRegularizer
-from tf_sparseconv.training.distribute import (STRATEGIES, cluster_from_tf_config, expected_replicas, is_chief,
-                                               make_strategy, per_replica_dataset, replica_values, steps_per_epoch)
+from tf_sparseconv.training.distribute import (STRATEGIES, ClusterFailure, cluster_failures_named,
+                                               cluster_from_tf_config, expected_replicas, is_chief, make_strategy,
+                                               per_replica_dataset, replica_values, steps_per_epoch)
 from tf_sparseconv.training.fine_tune import FineTunePhase
 from tf_sparseconv.training.losses import SmoothedSparseCrossentropy
 from tf_sparseconv.training.metrics import MeanClassAccuracy, class_accuracies
@@ -845,7 +846,20 @@ def main(argv=None):
     parser = build_parser()
     args = parse_args(parser, argv)
     # First: MultiWorkerMirroredStrategy must configure TensorFlow before anything runs.
+    if args.strategy == "multi-worker":
+        print(f"[0/4] waiting for the {cluster_from_tf_config()[0]} workers of TF_CONFIG to connect (Ctrl-C stops)",
+              flush=True)
     strategy = make_strategy(args.strategy)
+    try:
+        with cluster_failures_named(strategy):
+            return run_training(parser, args, argv, strategy)
+    except ClusterFailure as e:
+        print(f"tf-sparseconv train: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def run_training(parser, args, argv, strategy):
+    """main() after the strategy is made: load, train, evaluate, save; the results (dict)."""
     replicas, expected = strategy.num_replicas_in_sync, expected_replicas(args.strategy)
     if replicas != expected:
         parser.error(f"--strategy {args.strategy} made {replicas} replicas, not the {expected} that this host's devices "
