@@ -31,7 +31,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -92,18 +91,6 @@ def epoch_configurations(replica_counts, batch, scalings=("strong", "weak")):
     return out
 
 
-def free_ports(count):
-    """Ports on 127.0.0.1 that nothing listens on now."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir):
     """[(argv, environment)] of one configuration's processes: one process over the first
     `replicas` GPUs (default, mirrored), or one worker process per GPU on 127.0.0.1
@@ -121,12 +108,10 @@ def trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir):
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(replicas))
         return [(argv, env)]
-    ports = free_ports(replicas)
-    commands = []
-    for i in range(replicas):
-        config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": i}}
-        commands.append((argv, dict(env, TF_CONFIG=json.dumps(config), CUDA_VISIBLE_DEVICES=str(i) if gpus else "")))
-    return commands
+    from tf_sparseconv.training.distribute import free_local_ports, local_tf_config
+    ports = free_local_ports(replicas)
+    return [(argv, dict(env, TF_CONFIG=local_tf_config(ports, i), CUDA_VISIBLE_DEVICES=str(i) if gpus else ""))
+            for i in range(replicas)]
 
 
 def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir):
@@ -228,6 +213,7 @@ def site_unet_rows(args, gpus, record):
     import tf_sparseconv as ts
     from tf_sparseconv.models import site_unet
     from tf_sparseconv.site.keras_io import as_site_keras_inputs
+    from tf_sparseconv.training.distribute import per_replica_dataset
 
     frames, extent = lidar_frames(max(args.replicas), args.voxel)
     rows = []
@@ -249,7 +235,6 @@ def site_unet_rows(args, gpus, record):
                 dataset = part if dataset is None else dataset.concatenate(part)
             return dataset
 
-        from tf_sparseconv.training.distribute import per_replica_dataset
         dataset = per_replica_dataset(strategy, make)
         with strategy.scope():
             model = site_unet(2, resolution=extent, channels=tuple(args.unet_channels), synchronized_bn=True)

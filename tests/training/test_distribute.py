@@ -13,7 +13,6 @@ import os
 import re
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,23 +32,6 @@ TINY = ["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "-
         "--batch-size", "8", "--lam", "0.1", "--lr-schedule", "constant"]
 SITE_TINY = ["--model", "site-resnet", "--dataset", "synthetic", "--resolution", "8", "--site-channels", "8", "16",
              "--synthetic-per-class", "6", "--batch-size", "8"]
-
-
-def free_ports(count):
-    """Ports on 127.0.0.1 that nothing listens on now."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def tf_config(ports, index):
-    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-                       "task": {"type": "worker", "index": index}})
 
 
 def environment(**extra):
@@ -82,16 +64,22 @@ def run_processes(commands, cwd):
             results.append((process.returncode, output))
         return results
     finally:
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        end_all(processes)
+
+
+def end_all(processes):
+    """Kills what is still running of processes (each its own session) and reaps them."""
+    for p in processes:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
 
 
 def run_workers(argv_of_task, cwd):
     """Two MultiWorkerMirroredStrategy tasks on free ports of 127.0.0.1."""
-    ports = free_ports(2)
-    return run_processes([(argv_of_task(i), environment(TF_CONFIG=tf_config(ports, i))) for i in range(2)], cwd)
+    ports = distribute.free_local_ports(2)
+    return run_processes([(argv_of_task(i), environment(TF_CONFIG=distribute.local_tf_config(ports, i)))
+                          for i in range(2)], cwd)
 
 
 def load(path):
@@ -201,8 +189,9 @@ def test_trainer_mirrored_over_two_logical_cpus_reports_replicas_and_throughput(
 def start_worker(ports, index, out, epochs):
     argv = [sys.executable, "-m", "tf_sparseconv", "train", *TINY, "--strategy", "multi-worker", "--epochs",
             str(epochs), "--out", str(out)]
-    return subprocess.Popen(argv, cwd=REPO, env=environment(TF_CONFIG=tf_config(ports, index)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = environment(TF_CONFIG=distribute.local_tf_config(ports, index))
+    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
 
 def wait_for_line(process, pattern, seconds):
@@ -221,15 +210,8 @@ def wait_for_line(process, pattern, seconds):
     return False, seen
 
 
-def end_all(processes):
-    for p in processes:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-
-
 def test_a_worker_that_loses_its_peer_stops_with_one_line_naming_it(tmp_path):
-    ports = free_ports(2)
+    ports = distribute.free_local_ports(2)
     workers = [start_worker(ports, i, tmp_path / "run", 200) for i in range(2)]
     try:
         training, seen = wait_for_line(workers[0], r"^epoch 1/200 ", TIMEOUT)
@@ -245,7 +227,7 @@ def test_a_worker_that_loses_its_peer_stops_with_one_line_naming_it(tmp_path):
 
 
 def test_a_worker_waiting_for_its_peers_stops_on_ctrl_c(tmp_path):
-    ports = free_ports(2)
+    ports = distribute.free_local_ports(2)
     worker = start_worker(ports, 0, tmp_path / "run", 1)  # worker 1 never comes
     try:
         waiting, seen = wait_for_line(worker, r"^\[0/4\] waiting for the 2 workers of TF_CONFIG", TIMEOUT)
@@ -261,7 +243,7 @@ def test_a_worker_waiting_for_its_peers_stops_on_ctrl_c(tmp_path):
 # --- bad setups: one line, exit code 2, nothing written ---------------------------------------
 
 def two_workers(index=0):
-    return tf_config([12345, 12346], index)
+    return distribute.local_tf_config([12345, 12346], index)
 
 
 BAD_SETUPS = [

@@ -27,6 +27,7 @@ import math
 import os
 import re
 import signal
+import socket
 import threading
 
 import tensorflow as tf
@@ -85,6 +86,25 @@ def cluster_from_tf_config(environ=None):
     chiefs = len(cluster.get("chief", []))
     task_id = index if kind == "chief" else chiefs + index
     return len(addresses), task_id, task_id == 0
+
+
+def free_local_ports(count):
+    """count ports on 127.0.0.1 that nothing listens on now (for a cluster on this host)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def local_tf_config(ports, index):
+    """The TF_CONFIG (JSON text) of worker index of a cluster of workers on 127.0.0.1, one
+    per port: e.g. one worker process per GPU of this host."""
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
 
 
 def _is_address(text):
