@@ -4,13 +4,15 @@
 # between calls while the machine is held, with a checkpoint after every epoch:
 #   bash dev/device_modelnet40.sh start     # last call of a lease (dev/device_parts.sh, with
 #                                            # DEVPARTS_DATA=modelnet40_train.npz)
-#   bash dev/device_modelnet40.sh collect   # repeat until it lists RECIPE.tar in $OUT
+#   bash dev/device_modelnet40.sh collect   # repeat until every run is in $OUT/results.tar
+#   MODELS="RECIPE ..." bash dev/device_modelnet40.sh models   # the chosen runs' model.keras
 # start unpacks TensorFlow-GPU, copies this checkout to /tmp/repo and starts every recipe
-# of RUNS (default "octnet3-32 site-resnet-32") side by side on the GPU, each as
-# `experiments/modelnet40.py --run RECIPE $EXTRA` (EXTRA: further options, e.g. --epochs 60);
-# collect waits up to WAIT seconds (default 500), prints each run's newest epoch line, and
-# puts each finished run into $OUT/RECIPE.tar (results.json, split.json, model.keras,
-# training_curve.png, its log) beside experiments/results/modelnet40.json.
+# of RUNS (default "octnet3-32 site-resnet-32"; RECIPE:GPU pins one to a GPU, the others go
+# round the machine's GPUs) side by side, each as `experiments/modelnet40.py --run RECIPE
+# $EXTRA` (EXTRA: further options, e.g. --epochs 60); collect waits up to WAIT seconds
+# (default 500), prints each run's newest epoch line, and puts every finished run's
+# results.json, split.json, training_curve.png and log into $OUT/results.tar; models
+# returns model.keras of the recipes in MODELS in 15 MB pieces.
 # A lease is held for 30 minutes at most. To go on in the next one, collect with
 # BACKUP_OUT=1 before it ends: each run's checkpoint folder (weights and Adam's moments,
 # ~30 MB at 32^3) comes back as $OUT/backup-RECIPE.tar.aa, .ab, ... (15 MB pieces; the
@@ -21,8 +23,9 @@
 #   carry:   [".mn40_backup"]
 # and start as before: the runs continue from their last finished epoch (the same
 # arguments, or train refuses the checkpoint).
-# Back here: tar -xf RECIPE.tar, then python experiments/modelnet40.py --add-results RECIPE
-# RECIPE/results.json --keep-models DIR --note "..." and python experiments/summarize.py.
+# Back here: tar -xf results.tar, cat model-RECIPE.keras.* > RECIPE/model.keras, then
+# python experiments/modelnet40.py --add-results RECIPE RECIPE/results.json --keep-models DIR
+# --note "..." and python experiments/summarize.py.
 set -uo pipefail
 RUNS=${RUNS:-octnet3-32 site-resnet-32}
 WAIT=${WAIT:-500}
@@ -34,15 +37,24 @@ case "${1:-}" in
     . /tmp/tfgpu.env
     mkdir -p "$BACKUP"
     rm -rf /tmp/repo && cp -a . /tmp/repo && cd /tmp/repo
-    for name in $RUNS; do
+    gpus=$(nvidia-smi -L | wc -l)
+    i=0
+    for run in $RUNS; do
+      name=${run%%:*}
+      gpu=$(( i % gpus )); [ "$run" = "$name" ] || gpu=${run#*:}
+      i=$(( i + 1 ))
       [ ! -d "$BACKUP/$name" ] || echo "$name: resuming from $(wc -l < "$BACKUP/$name/epochs.jsonl") epoch(s)"
+      echo "$name: GPU $gpu"
+      # --no-record: the runs finish at different times and would each rewrite modelnet40.json;
+      # the rows are added here from their results.json (--add-results).
       # shellcheck disable=SC2086  # EXTRA is a list of options
-      TF_FORCE_GPU_ALLOW_GROWTH=true PYTHONUNBUFFERED=1 setsid nohup python3 experiments/modelnet40.py \
-        --run "$name" $EXTRA --data-dir .devdata --out-root /tmp/mn40_runs --backup-root "$BACKUP" \
-        > "/tmp/mn40_$name.log" 2>&1 < /dev/null &
+      CUDA_VISIBLE_DEVICES=$gpu TF_FORCE_GPU_ALLOW_GROWTH=true PYTHONUNBUFFERED=1 setsid nohup python3 \
+        experiments/modelnet40.py --run "$name" $EXTRA --data-dir .devdata --out-root /tmp/mn40_runs \
+        --backup-root "$BACKUP" --no-record > "/tmp/mn40_$name.log" 2>&1 < /dev/null &
     done
     sleep "${WATCH:-420}"
-    for name in $RUNS; do echo "$name: $(grep '^epoch ' "/tmp/mn40_$name.log" | tail -1)"; done
+    for run in $RUNS; do name=${run%%:*}; echo "$name: $(grep '^epoch ' "/tmp/mn40_$name.log" | tail -1)"; done
+    nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv
     ;;
   collect)
     cd /tmp/repo
@@ -50,19 +62,27 @@ case "${1:-}" in
     while pgrep -f "experiments/modelnet40.py --run" > /dev/null && [ $(( $(date +%s) - t0 )) -lt "$WAIT" ]; do
       sleep 10
     done
-    for name in $RUNS; do
+    finished=()
+    for run in $RUNS; do
+      name=${run%%:*}
       echo "$name: $(grep '^epoch ' "/tmp/mn40_$name.log" | tail -1)"
       grep -E "Traceback|[A-Za-z]+Error:" "/tmp/mn40_$name.log" | tail -3
       if [ "${BACKUP_OUT:-0}" = 1 ]; then
         tar -C "$BACKUP" -cf - "$name" | split -b 15000000 - "$OUT/backup-$name.tar."
       elif grep -q "=== $name finished" "/tmp/mn40_$name.log"; then
         cp "/tmp/mn40_$name.log" "/tmp/mn40_runs/$name/train.log"
-        tar -C /tmp/mn40_runs -cf "$OUT/$name.tar" "$name/results.json" "$name/split.json" "$name/model.keras" \
-          "$name/training_curve.png" "$name/train.log"
-        cp experiments/results/modelnet40.json "$OUT/"
+        finished+=("$name/results.json" "$name/split.json" "$name/training_curve.png" "$name/train.log")
       fi
     done
+    # The scores of every finished run in one file; their models with `models`.
+    [ ${#finished[@]} = 0 ] || tar -C /tmp/mn40_runs -cf "$OUT/results.tar" "${finished[@]}"
     ls -la "$OUT"
     ;;
-  *) echo "usage: $0 start|collect" >&2; exit 2 ;;
+  models)
+    # $MODELS (recipe names): their model.keras in 15 MB pieces, $OUT/model-RECIPE.keras.aa, .ab, ...
+    # (the device returns 8 files, 16 MB each, a call); here: cat model-RECIPE.keras.* > model.keras
+    for name in $MODELS; do split -b 15000000 "/tmp/mn40_runs/$name/model.keras" "$OUT/model-$name.keras."; done
+    ls -la "$OUT"
+    ;;
+  *) echo "usage: $0 start|collect|models" >&2; exit 2 ;;
 esac
