@@ -1,0 +1,44 @@
+"""The ModelNet40 models kept in experiments/models/ (issue 27) load through the checked
+loader and predict, on the first validation shapes of their own split, the classes they
+predicted when they were kept (val_predictions.json beside each); the results rows point at
+them. Needs ../shared/data/modelnet40_train.npz (skipped where it is absent)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tf_sparseconv.cli.common import load_model
+from tf_sparseconv.training.train import load_examples
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEPT = os.path.join(REPO, "experiments", "models", "modelnet40")
+DATA = os.path.join(REPO, "..", "shared", "data", "modelnet40_train.npz")
+RECIPES = sorted(os.listdir(KEPT)) if os.path.isdir(KEPT) else []
+
+
+def kept(name, filename):
+    with open(os.path.join(KEPT, name, filename)) as f:
+        return json.load(f)
+
+
+def test_every_kept_model_is_a_results_row():
+    with open(os.path.join(REPO, "experiments", "results", "modelnet40.json")) as f:
+        files = {row.get("model_file") for row in json.load(f)}
+    assert RECIPES, "no model kept under experiments/models/modelnet40"
+    for name in RECIPES:
+        assert f"experiments/models/modelnet40/{name}/model.keras" in files
+
+
+@pytest.mark.skipif(not os.path.exists(DATA), reason="needs ../shared/data/modelnet40_train.npz")
+@pytest.mark.parametrize("name", RECIPES)
+def test_kept_model_predicts_as_when_it_was_kept(name):
+    expected = kept(name, "val_predictions.json")
+    split = kept(name, "split.json")
+    points, labels, _ = load_examples("modelnet40", os.path.dirname(DATA), {"points": 1024}, split["seed"])
+    val = np.asarray(split["val_indices"][:len(expected["predicted"])])
+    model, spec, classes = load_model(os.path.join(KEPT, name, "model.keras"))
+    assert list(classes) == split["classes"]
+    predicted = np.argmax(model.predict(points[val].astype(np.float32), batch_size=16, verbose=0), axis=-1)
+    assert predicted.tolist() == expected["predicted"]
+    assert np.mean(predicted == labels[val]) == pytest.approx(expected["accuracy"])
