@@ -165,6 +165,7 @@ def test_trainer_on_two_workers_resumes_from_the_backups(tmp_path):
     with open(tmp_path / "second" / "results.json") as f:
         after = json.load(f)
     assert (after["strategy"], after["replicas"], after["epochs"]) == ("multi-worker", 2, 2)
+    assert after["collective"] == "ring"  # no GPU here: TensorFlow's ring; nccl is the default on GPUs
     assert after["history"]["loss"][0] == before["history"]["loss"][0]
     assert after["shapes_per_s"] > 0
 
@@ -265,6 +266,12 @@ BAD_SETUPS = [
      "--batch-size 7 is the global batch and must be divisible by the 2 replicas of --strategy multi-worker "
      "(each trains on batch-size / 2 examples); use 6 or 8"),
     (["--strategy", "parameter-server"], None, "argument --strategy: invalid choice: 'parameter-server'"),
+    (["--strategy", "mirrored", "--collective", "ring"], None,
+     "--collective ring chooses the all-reduce between the workers of --strategy multi-worker; --strategy mirrored "
+     "takes none"),
+    (["--strategy", "multi-worker", "--collective", "nccl"], two_workers(),
+     "--collective nccl all-reduces between GPUs and this host has none; use --collective ring"),
+    (["--strategy", "multi-worker", "--collective", "mpi"], two_workers(), "argument --collective: invalid choice"),
 ]
 
 
@@ -294,6 +301,17 @@ def test_replicas_on_gpus_without_gpu_kernels_are_refused(monkeypatch):
                                          "kernels; rebuild it .* or use --strategy default"):
         distribute.expected_replicas("mirrored")
     assert distribute.expected_replicas("default") == 1
+
+
+def test_multi_worker_all_reduces_over_nccl_where_the_host_has_gpus(monkeypatch):
+    assert distribute.collective_of("multi-worker") == "ring"  # this host: no GPU
+    assert distribute.collective_of("multi-worker", "ring") == "ring"
+    assert distribute.collective_of("mirrored") is None and distribute.collective_of("default") is None
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: [tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")]
+                        if kind == "GPU" else [])
+    assert distribute.collective_of("multi-worker") == "nccl"
+    assert distribute.collective_of("multi-worker", "ring") == "ring"
 
 
 def test_strategies_the_op_library_cannot_serve_are_refused():

@@ -62,9 +62,9 @@ from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS
 from tf_sparseconv.site.conversions import from_channel_sparse
 from tf_sparseconv.site.keras_io import as_site_keras_inputs
 from tf_sparseconv.training.density_regularizer import DENSITIES, DensityRegularizer
-from tf_sparseconv.training.distribute import (STRATEGIES, ClusterFailure, cluster_failures_named,
-                                               cluster_from_tf_config, expected_replicas, is_chief, make_strategy,
-                                               per_replica_dataset, replica_values, steps_per_epoch)
+from tf_sparseconv.training.distribute import (COLLECTIVES, STRATEGIES, ClusterFailure, cluster_failures_named,
+                                               cluster_from_tf_config, collective_of, expected_replicas, is_chief,
+                                               make_strategy, per_replica_dataset, replica_values, steps_per_epoch)
 from tf_sparseconv.training.fine_tune import FineTunePhase
 from tf_sparseconv.training.losses import SmoothedSparseCrossentropy
 from tf_sparseconv.training.metrics import MeanClassAccuracy, class_accuracies
@@ -322,7 +322,8 @@ def backed_up_epochs(backup_dir):
 # because the checkpoint would silently continue a different experiment (--vote only adds
 # an evaluation at the end). A decaying learning rate spans the planned epochs, so under
 # one --epochs may not change either.
-RESUMABLE_CHANGES = ("epochs", "out", "overwrite", "backup_dir", "vote_mirror", "vote", "snapshot_epochs")
+RESUMABLE_CHANGES = ("epochs", "out", "overwrite", "backup_dir", "vote_mirror", "vote", "snapshot_epochs",
+                     "collective")
 # Options whose parser default is None (given only with --lam > 0), as main() resolves them.
 RESOLVED_DEFAULTS = {"lam_reduction": "sum", "lam_terms": LAM_TERMS[0], "lam_density": DENSITIES[0]}
 
@@ -492,6 +493,10 @@ def build_parser():
                         "multi-worker: every host of the cluster in the TF_CONFIG environment variable "
                         "(tf.distribute.MultiWorkerMirroredStrategy; run the same command on each host, the chief "
                         "writes --out)")
+    p.add_argument("--collective", choices=COLLECTIVES, default=None,
+                   help="--strategy multi-worker: how the workers all-reduce their gradients, nccl (between GPUs, "
+                        "the default where the host has GPUs) or ring (TensorFlow's ring over gRPC, the default "
+                        "without GPUs)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (> 0)")
     p.add_argument("--weight-decay", type=float, default=0.0,
@@ -607,6 +612,7 @@ def _check_strategy(parser, args):
     backup in <--backup-dir>/worker<task>, beside the chief's."""
     try:
         replicas = expected_replicas(args.strategy)
+        collective_of(args.strategy, args.collective)
     except ValueError as e:
         parser.error(one_line(e))
     if args.batch_size % replicas:
@@ -849,7 +855,10 @@ def main(argv=None):
     if args.strategy == "multi-worker":
         print(f"[0/4] waiting for the {cluster_from_tf_config()[0]} workers of TF_CONFIG to connect (Ctrl-C stops)",
               flush=True)
-    strategy = make_strategy(args.strategy)
+    try:
+        strategy = make_strategy(args.strategy, args.collective)
+    except ValueError as e:
+        parser.error(one_line(e))
     try:
         with cluster_failures_named(strategy):
             return run_training(parser, args, argv, strategy)
@@ -1007,6 +1016,7 @@ def run_training(parser, args, argv, strategy):
         "num_classes": len(classes), "classes": list(classes),
         "resolution": resolution, "epochs": len(history.get("loss", [])),
         "batch_size": args.batch_size, "strategy": args.strategy, "replicas": replicas,
+        "collective": collective_of(args.strategy, args.collective),
         "batch_size_per_replica": replica_batch,
         "shapes_per_s": trained_per_epoch / float(np.mean(seconds[1:] or seconds)),
         "rhos": list(rhos), "lambda": args.lam, "lam_terms": args.lam_terms, "lam_density": args.lam_density,
