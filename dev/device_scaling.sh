@@ -4,10 +4,12 @@
 # issue 26's scaling rows and issue 25's GPU fuzz under compute-sanitizer, in one call.
 #   1. one replica of the ModelNet40 32^3 trainer on GPU 0, while the fuzz modules' GPU
 #      cases run under memcheck on GPU 1 (they share no GPU);
-#   2. two replicas of the trainer (same global batch, then same batch per replica);
+#   2. two replicas of the trainer (same global batch, then same batch per replica), as one
+#      worker process per GPU (multi-worker, over NCCL) and as one process (mirrored);
 #   3. the site UNet step on the LiDAR frame, one and two replicas.
 # Rows to $OUT/distributed.jsonl, the fuzz outcomes to $OUT/fuzz_gpu_{channel,site}.json, logs beside them.
-# EPOCHS (default 3), FUZZ_EXAMPLES (default 8) and FUZZ_TIMEOUT (s, default 130) tune the call's length.
+# EPOCHS (default 3), FUZZ_EXAMPLES (default 8), FUZZ_TIMEOUT (s, default 130) and TRAIN_TIMEOUT (s per
+# trainer configuration, default 240) tune the call's length.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TF_FORCE_GPU_ALLOW_GROWTH=true NCCL_NVLS_ENABLE=0
@@ -39,7 +41,7 @@ for family in channel site; do
 done
 
 python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 2 --data-dir .devdata \
-  --epochs "$epochs" --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+  --strategies multi-worker mirrored --epochs "$epochs" --timeout "${TRAIN_TIMEOUT:-240}" --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
 echo "two replicas done at $((SECONDS - started)) s"
 python3 benchmarks/distributed.py --workloads site_unet_lidar_step --replicas 1 2 \
   --steps 5 --warmup 2 --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
