@@ -67,6 +67,14 @@ RECIPES = {
                               ["--model", "site-resnet", "--resolution", "32", "--epochs", "30", *REGULARISED,
                                "--site-channels", "32", "64", "128", "--site-blocks", "2", "--augment", "mirror",
                                "--vote", "mirror"]),
+    "octnet3-32-aniso": ("octnet3-32 trained on shapes scaled by a factor per axis (--augment aniso: proportions "
+                         "vary as between CAD models of one class)",
+                         ["--model", "octnet3", "--resolution", "32", "--epochs", "30", *REGULARISED,
+                          "--augment", "aniso"]),
+    "site-resnet-32-wide-aniso": ("site-resnet-32-wide with --augment aniso (the site nets learn the training "
+                                  "shapes completely without augmentation)",
+                                  ["--model", "site-resnet", "--resolution", "32", "--epochs", "30", *REGULARISED,
+                                   "--site-channels", "64", "128", "256", "--site-blocks", "2", "--augment", "aniso"]),
     "octnet3-64": ("OctNet3 at 64^3 (Table 4 bounds), the recipe of octnet3-32",
                    ["--model", "octnet3", "--resolution", "64", "--epochs", "20", *REGULARISED]),
     "site-resnet-64": ("the site-sparse ResNet at 64^3: channels 32, 64, 128, 256, two residual blocks per level",

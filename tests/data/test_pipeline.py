@@ -1,6 +1,7 @@
 """tf.data pipelines: element types and static shapes, batches equal direct voxelization,
 seeded shuffling and augmentation, the stratified and balanced splits, the replicas' parts of a global
 batch, and errors at construction."""
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +201,23 @@ def test_augmentation_rotates_about_up_scales_and_jitters(rng):
     jittered = augment_point_clouds(clouds, np.random.default_rng(0),
                                     Augmentation(rotate_up=False, scale_range=(1, 1), jitter=0.01))
     assert 0 < np.abs(jittered[..., :3] - clouds[..., :3]).max() <= 0.03 + 1e-6
+
+
+def test_anisotropic_scaling_scales_each_axis_apart_and_keeps_normals_normal_to_the_surface():
+    clouds = make_shapes(1, 200, seed=0, normals=True)[0][:4]
+    exact = dataclasses.replace(Augmentation.named("aniso"), jitter=0)
+    aniso = augment_point_clouds(clouds, np.random.default_rng(0), exact)
+    factors = aniso[..., :3] / np.where(np.abs(clouds[..., :3]) > 0.05, clouds[..., :3], np.nan)
+    per_axis = np.nanmedian(factors, axis=1)  # [clouds, 3]: one factor per axis of each cloud
+    expected = np.broadcast_to(per_axis[:, None], factors.shape)
+    measured = np.isfinite(factors)
+    np.testing.assert_allclose(factors[measured], expected[measured], atol=1e-4)
+    assert ((per_axis >= 0.8 - 1e-6) & (per_axis <= 1.0 + 1e-6)).all()
+    assert np.ptp(per_axis, axis=1).min() > 0  # the axes of a cloud got different factors
+    np.testing.assert_allclose(np.linalg.norm(aniso[..., 3:], axis=-1), 1, atol=1e-5)
+    # A tangent t of the surface (n . t = 0) stays tangent when it is scaled as the points are.
+    t = np.cross(clouds[..., 3:], [0.3, 0.5, 0.8])
+    np.testing.assert_allclose(np.sum(aniso[..., 3:] * (t * per_axis[:, None]), axis=-1), 0, atol=1e-5)
 
 
 def test_image_dataset(rng, assert_same_channel_sparse):

@@ -93,14 +93,16 @@ class ReplicaSplit:
 
 @dataclasses.dataclass(frozen=True)
 class Augmentation:
-    """Per-cloud random rotation about the up axis, mirroring, isotropic scale and Gaussian
-    jitter. rotation_steps 0 draws any angle; N > 0 one of the N multiples of 360/N degrees
-    (the views that voting over rotations-N averages)."""
+    """Per-cloud random rotation about the up axis, mirroring, scale (one factor per cloud,
+    or with anisotropic one per axis, which changes the shape's proportions as CAD models of
+    one class differ) and Gaussian jitter. rotation_steps 0 draws any angle; N > 0 one of
+    the N multiples of 360/N degrees (the views that voting over rotations-N averages)."""
     rotate_up: bool = True
     up_axis: int = UP_AXIS
     rotation_steps: int = 0
     mirror_axes: tuple = ()   # each axis here is negated in half of the clouds (for aligned data)
     scale_range: tuple = (0.85, 1.0)  # > 1 would push surfaces into the clipped border voxels
+    anisotropic: bool = False  # a scale factor per axis instead of one per cloud
     jitter: float = 0.01      # std in unit-sphere units, clipped at 3 std
 
     @classmethod
@@ -113,10 +115,13 @@ class Augmentation:
 
 # By name: 'rotate' (about z by any angle, for data in arbitrary orientations), 'rotate12'
 # (about z by a multiple of 30 degrees, the views of --vote rotations-12), 'mirror' (x negated
-# at random, for aligned data) or 'scale' (scale and jitter only); all of them scale and jitter.
+# at random, for aligned data), 'scale' (scale and jitter only) or 'aniso' (each axis scaled
+# by its own factor in [0.8, 1], PointNet++'s practice within the unit sphere); all of them
+# scale and jitter.
 NAMED_AUGMENTATIONS = {"rotate": Augmentation(), "rotate12": Augmentation(rotation_steps=12),
                        "mirror": Augmentation(rotate_up=False, mirror_axes=(0,)),
-                       "scale": Augmentation(rotate_up=False)}
+                       "scale": Augmentation(rotate_up=False),
+                       "aniso": Augmentation(rotate_up=False, anisotropic=True, scale_range=(0.8, 1.0))}
 
 
 def rotate_about_up(points, angles, up_axis=UP_AXIS):
@@ -137,7 +142,7 @@ def rotate_about_up(points, angles, up_axis=UP_AXIS):
 
 def augment_point_clouds(points, rng, augmentation=Augmentation()):
     """Augmented copy of clouds [B, N, 3 or 6]; normals (columns 3:6) are rotated and mirrored,
-    not scaled or jittered."""
+    not jittered, and turned as the surface turns under anisotropic scaling."""
     points = np.array(points, np.float64)
     batch = len(points)
     if augmentation.rotate_up:
@@ -150,7 +155,12 @@ def augment_point_clouds(points, rng, augmentation=Augmentation()):
         points[..., axis] *= sign
         if points.shape[-1] >= 6:
             points[..., 3 + axis] *= sign
-    points[..., :3] *= rng.uniform(*augmentation.scale_range, (batch, 1, 1))
+    scale = rng.uniform(*augmentation.scale_range, (batch, 1, 3 if augmentation.anisotropic else 1))
+    points[..., :3] *= scale
+    if augmentation.anisotropic and points.shape[-1] >= 6:
+        # normals turn by the inverse transpose of the scaling, then have unit length again
+        normals = points[..., 3:6] / scale
+        points[..., 3:6] = normals / np.maximum(np.linalg.norm(normals, axis=-1, keepdims=True), 1e-12)
     if augmentation.jitter > 0:
         sigma = augmentation.jitter
         points[..., :3] += np.clip(rng.normal(scale=sigma, size=points[..., :3].shape), -3 * sigma, 3 * sigma)
