@@ -274,6 +274,9 @@ def main(argv=None):
         for name, path in args.add_results:
             with open(path) as f:
                 res = json.load(f)
+            if res.get("val_split") == "none":
+                raise SystemExit(f"{path}: a run without validation (--val-split none) has no row here; score its "
+                                 "model on the test split and give the scores in the closing note")
             if res.get("dataset") != "modelnet40" or "val_overall" not in res:
                 raise SystemExit(f"{path} is not the results.json of a ModelNet40 run of tf-sparseconv train with "
                                  "per-class validation scores (val_overall)")

@@ -129,6 +129,10 @@ def test_added_runs_and_test_scores_land_in_their_rows(tmp_path, monkeypatch, ca
     assert any(row in line for line in lines), lines
     with pytest.raises(SystemExit, match="no row of recipe site-resnet-32"):
         modelnet40.main(["--add-test", "site-resnet-32", str(tmp_path / "metrics.json")])
+    final = dict(results_json(), val_split="none", val_overall=None)
+    (tmp_path / "final.json").write_text(json.dumps(final))
+    with pytest.raises(SystemExit, match=r"a run without validation \(--val-split none\) has no row here"):
+        modelnet40.main(["--add-results", "octnet3-32", str(tmp_path / "final.json")])
     capsys.readouterr()
     modelnet40.main(["--list"])
     listed = capsys.readouterr().out

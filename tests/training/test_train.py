@@ -105,6 +105,25 @@ def test_train_on_thresholded_mnist_subset(tmp_path):
     assert np.mean(np.argmax(logits, -1) == labels[val]) == pytest.approx(results["val_accuracy"])
 
 
+def test_val_split_none_trains_on_every_example_and_scores_nothing(tmp_path, capsys):
+    from tf_sparseconv import cli
+    results = train.main(TINY + ["--epochs", "1", "--val-split", "none", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "48 training examples, none held out (--val-split none)" in printed
+    assert "no validation (--val-split none: trained on all 48 examples) after 1 epochs" in printed
+    assert f"tf-sparseconv evaluate {tmp_path / 'model.keras'} --data TEST" in printed
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved == json.loads(json.dumps(results))
+    assert (saved["val_split"], saved["val_examples"], saved["val_accuracy"], saved["val_overall"],
+            saved["val_mean_class"], saved["val_class_examples"]) == ("none", 0, None, None, None, None)
+    assert not any(key.startswith("val_") for key in saved["history"])
+    split = json.loads((tmp_path / "split.json").read_text())
+    assert split["val_indices"] == [] and split["train_indices"] == list(range(48))
+    # evaluate has no validation examples to score
+    assert cli.main(["evaluate", str(tmp_path / "model.keras"), "--split", "val", "--out", str(tmp_path / "ev")]) == 2
+    assert "--split val: the training run kept no validation examples" in capsys.readouterr().err
+
+
 def test_balanced_split_and_rotation_vote_are_recorded_and_evaluate_repeats_the_vote(tmp_path, capsys):
     from tf_sparseconv import cli
     argv = TINY + ["--epochs", "1", "--val-split", "balanced", "--val-per-class", "2", "--val-max-fraction", "0.4",
@@ -381,6 +400,10 @@ def _bad_data(tmp):
 
 
 BAD_ARGUMENTS = [
+    (["--val-split", "none", "--val-fraction", "0.2"],
+     "--val-fraction does not apply to --val-split none, which holds out no examples"),
+    (["--val-split", "none", "--vote", "mirror"],
+     "--vote mirror scores the validation examples and --val-split none holds out none"),
     (["--resolution", "0"], "--resolution must be >= 1"),
     (["--resolution", "7"], "--resolution 7 has no Table 4 bounds: use one of 16, 32, 64, 128, or give --rho"),
     (["--resolution", "18", "--rho", "0.5", "0.5", "0.5"], "--resolution 18 is not divisible by 4"),

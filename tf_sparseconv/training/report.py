@@ -191,8 +191,10 @@ def summary_lines(results, written, next_commands):
     grid's, peak memory, the files written ({name: description}) and the commands to run next."""
     seconds, cpu = results["sec_per_epoch"], results["history"].get("cpu_sec_per_epoch")
     chance = 1 / results["num_classes"]
-    lines = [f"validation accuracy {results['val_accuracy']:.4f} (chance {chance:.3f}) after {results['epochs']} "
-             f"epochs; {np.mean(seconds):.1f} s per epoch (first {seconds[0]:.1f} s"
+    scored = (f"validation accuracy {results['val_accuracy']:.4f} (chance {chance:.3f})"
+              if results["val_accuracy"] is not None else
+              f"no validation (--val-split none: trained on all {results['examples']} examples)")
+    lines = [f"{scored} after {results['epochs']} epochs; {np.mean(seconds):.1f} s per epoch (first {seconds[0]:.1f} s"
              + (f"; CPU time {np.mean(cpu):.1f} s per epoch" if cpu else "") + ")"]
     if "replicas" in results:
         rate = f"{results['shapes_per_s']:.1f} {'images' if results.get('dataset') == 'mnist' else 'shapes'}/s"

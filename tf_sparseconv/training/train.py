@@ -16,7 +16,8 @@ preprocessing (point clouds [B, N, 3] -> logits, or images [B, 28, 28] for MNIST
 with keras.models.load_model after `import tf_sparseconv`, or with tf_sparseconv.models.load_model,
 which also verifies the weights' checksum saved with it), results.json, split.json (which
 examples were held out for validation, for `tf-sparseconv evaluate --split val`; --val-split
-chooses them: a stratified fraction, a count per class, or ModelNet40's test proportions),
+chooses them: a stratified fraction, a count per class, ModelNet40's test proportions, or
+none, for a final model on every example once the recipe is chosen),
 training_curve.png and tensorboard/. Point clouds are normalised into the unit sphere
 before training, the same way the saved model normalises what it is given. Progress is
 Keras' bar on a terminal and one short line per epoch otherwise, with the validation
@@ -81,8 +82,9 @@ OPTIMIZERS = ("adam", "adagrad", "sgd")
 # How the validation examples are chosen: --val-fraction of each class (stratified), up to
 # --val-per-class of each (balanced), or in the official ModelNet40 test's proportions
 # (modelnet40-test: --val-per-class for a class with 100 test shapes); the last two hold out
-# at most --val-max-fraction of any class.
-VAL_SPLITS = ("stratified", "balanced", "modelnet40-test")
+# at most --val-max-fraction of any class. none trains on every example (a final model, once
+# the recipe and its epochs are chosen on a split).
+VAL_SPLITS = ("stratified", "balanced", "modelnet40-test", "none")
 VAL_DEFAULTS = {"val_fraction": 0.1, "val_per_class": 50, "val_max_fraction": 0.25}
 SITE_MODEL_NOTE = ("memory bound: not computed for site-resnet; the bound covers the channel-sparse layers "
                    "(DirectSparseConv, SparseMaxPool) only, and a site model's memory follows its active sites")
@@ -441,6 +443,8 @@ def test_class_weights(classes):
 
 def validation_split(args, labels, classes):
     """(train_idx, val_idx) of the loaded examples, as --val-split chooses them."""
+    if args.val_split == "none":
+        return np.arange(len(labels), dtype=np.int64), np.zeros([0], np.int64)
     if args.val_split == "stratified":
         return datasets.stratified_split(labels, args.val_fraction, args.seed)
     per_class = (datasets.modelnet40_test_counts(classes, args.val_per_class) if args.val_split == "modelnet40-test"
@@ -513,7 +517,8 @@ def build_parser():
                         "--val-per-class of each class; modelnet40-test, in the class proportions of the official "
                         "ModelNet40 test split (--val-per-class for its classes of 100 test shapes, 86, 50 and 20 "
                         "scaled alike), so the validation accuracies estimate the test's; balanced and "
-                        "modelnet40-test hold out at most --val-max-fraction of any class")
+                        "modelnet40-test hold out at most --val-max-fraction of any class; none, no validation: a "
+                        "final model trained on every example once the recipe and its epochs are chosen on a split")
     p.add_argument("--val-fraction", type=float, default=None,
                    help=f"--val-split stratified: fraction of each class held out, in (0, 1) (default "
                         f"{VAL_DEFAULTS['val_fraction']})")
@@ -731,16 +736,21 @@ def _check_model_options(parser, args):
 def _check_validation(parser, args):
     """--val-split and the options of its kind; the others' defaults filled in."""
     given = {key: getattr(args, key) for key in VAL_DEFAULTS if getattr(args, key) is not None}
-    used = ("val_fraction",) if args.val_split == "stratified" else ("val_per_class", "val_max_fraction")
+    used = {"stratified": ("val_fraction",), "none": ()}.get(args.val_split, ("val_per_class", "val_max_fraction"))
     stray = sorted(set(given) - set(used))
     if stray:
+        uses = (f"which uses {' and '.join('--' + key.replace('_', '-') for key in used)}" if used else
+                "which holds out no examples")
         parser.error(f"{', '.join('--' + key.replace('_', '-') for key in stray)} does not apply to --val-split "
-                     f"{args.val_split}, which uses {' and '.join('--' + key.replace('_', '-') for key in used)}")
+                     f"{args.val_split}, {uses}")
+    if args.val_split == "none" and args.vote != "none":
+        parser.error(f"--vote {args.vote} scores the validation examples and --val-split none holds out none; "
+                     "vote on a test split with tf-sparseconv evaluate --vote")
     for key in used:
         setattr(args, key, given.get(key, VAL_DEFAULTS[key]))
     if args.val_split == "stratified" and not 0 < args.val_fraction < 1:
         parser.error(f"--val-fraction must be in (0, 1) (the fraction of each class held out), got {args.val_fraction}")
-    if args.val_split != "stratified":
+    if args.val_split in ("balanced", "modelnet40-test"):
         if args.val_per_class < 1:
             parser.error(f"--val-per-class must be >= 1, got {args.val_per_class}")
         if not 0 < args.val_max_fraction < 1:
@@ -893,7 +903,8 @@ def run_training(parser, args, argv, strategy):
         keep, _ = datasets.stratified_split(labels, 1 - args.max_examples / len(labels), args.seed)
         examples, labels = examples[keep], labels[keep]
     train_idx, val_idx = validation_split(args, labels, classes)
-    if not len(train_idx) or not len(val_idx):
+    validating = args.val_split != "none"
+    if not len(train_idx) or (validating and not len(val_idx)):
         held = (f"--val-fraction {args.val_fraction}" if args.val_split == "stratified" else
                 f"--val-split {args.val_split} (--val-per-class {args.val_per_class}, --val-max-fraction "
                 f"{args.val_max_fraction})")
@@ -918,22 +929,23 @@ def run_training(parser, args, argv, strategy):
         # epoch is left out of training (the replicas' parts would differ in size), kept for
         # validation (a replica without an example of it gets a filler of weight 0).
         train_steps, val_steps = (steps_per_epoch(len(train_idx), args.batch_size, True),
-                                  steps_per_epoch(len(val_idx), args.batch_size, False))
+                                  steps_per_epoch(len(val_idx), args.batch_size, False) if validating else None)
         if not train_steps:
             parser.error(f"--batch-size {args.batch_size} is more than the {len(train_idx)} training examples; with "
                          f"--strategy {args.strategy} an epoch trains on whole global batches only")
         train = per_replica_dataset(strategy, lambda split: cloud_batches(examples[train_idx], labels[train_idx], True,
                                                                           split, drop_remainder=True))
         val = per_replica_dataset(strategy, lambda split: cloud_batches(examples[val_idx], labels[val_idx], False,
-                                                                        split))
-        fit_steps = dict(steps_per_epoch=train_steps, validation_steps=val_steps)
+                                                                        split)) if validating else None
+        fit_steps = dict(steps_per_epoch=train_steps, **(dict(validation_steps=val_steps) if validating else {}))
         trained_per_epoch = train_steps * args.batch_size
     else:
         train = cloud_batches(examples[train_idx], labels[train_idx], True)
-        val = cloud_batches(examples[val_idx], labels[val_idx], False)
+        val = cloud_batches(examples[val_idx], labels[val_idx], False) if validating else None
         trained_per_epoch = len(train_idx)
-    print(f"      {len(train_idx)} training and {len(val_idx)} validation examples, {len(classes)} classes, "
-          f"resolution {resolution}", flush=True)
+    held_out = f"{len(val_idx)} validation examples" if validating else "none held out (--val-split none)"
+    print(f"      {len(train_idx)} training examples, {held_out}, {len(classes)} classes, resolution {resolution}",
+          flush=True)
 
     in_channels = 1 if image_data else datasets.num_channels(args.features)
     # ModelNet's validation accuracy also at the official test's class balance (training.metrics)
@@ -998,8 +1010,9 @@ def run_training(parser, args, argv, strategy):
         history = epoch_log.history()  # every epoch of the run, not only this process's
     seconds = history["sec_per_epoch"]
 
-    print("[3/4] evaluating", flush=True)
-    val_metrics = model.evaluate(val, steps=val_steps, verbose=0, return_dict=True)
+    print("[3/4] evaluating" if validating else "[3/4] no validation examples to score (--val-split none)",
+          flush=True)
+    val_metrics = model.evaluate(val, steps=val_steps, verbose=0, return_dict=True) if validating else {}
     if distributed:
         make_views = lambda clouds: per_replica_dataset(  # noqa: E731
             strategy, lambda split: cloud_batches(clouds, labels[val_idx], False, split))
@@ -1007,7 +1020,8 @@ def run_training(parser, args, argv, strategy):
         make_views = lambda clouds: cloud_batches(clouds, labels[val_idx], False)  # noqa: E731
     score = lambda vote: validation_scores(model, make_views, examples[val_idx], labels[val_idx],  # noqa: E731
                                            len(classes), vote, steps=val_steps, test_weights=test_weights)
-    scores = score("none")
+    no_scores = {"overall": None, "mean_class": None, "per_class": [None] * len(classes)}
+    scores = score("none") if validating else no_scores
     voted = None if args.vote == "none" else score(args.vote)
     layers = [{"layer": layer.name, "rho_up": layer.rho_up, "density": float(history[f"{layer.name}_density"][-1]),
                "present_weights": layer.present_weights(), "weights": int(np.prod(layer.kernel_shape))}
@@ -1024,10 +1038,11 @@ def run_training(parser, args, argv, strategy):
         "prune_eps": args.prune_eps,
         "finetune_epochs": args.finetune_epochs,
         "selection": args.selection,
-        "val_accuracy": float(val_metrics["accuracy"]), "val_loss": float(val_metrics["loss"]),
+        "val_accuracy": float(val_metrics["accuracy"]) if validating else None,
+        "val_loss": float(val_metrics["loss"]) if validating else None,
         "val_split": args.val_split, "val_fraction": args.val_fraction, "val_per_class": args.val_per_class,
         "val_max_fraction": args.val_max_fraction, "val_examples": int(len(val_idx)),
-        "val_class_examples": np.bincount(labels[val_idx], minlength=len(classes)).tolist(),
+        "val_class_examples": np.bincount(labels[val_idx], minlength=len(classes)).tolist() if validating else None,
         "val_overall": scores["overall"], "val_mean_class": scores["mean_class"],
         "val_overall_test_weighted": scores.get("weighted"), "val_overall_test_weighted_se": scores.get("weighted_se"),
         "val_class_accuracy": dict(zip(classes, scores["per_class"])),
@@ -1083,7 +1098,8 @@ def run_training(parser, args, argv, strategy):
         written[os.path.basename(snapshot_path(args.out, "<N>"))] = (
             f"the sparse core after epochs {', '.join(map(str, sorted(set(args.snapshot_epochs))))}, with its "
             "optimizer (takes voxelized batches)")
-    next_commands = [f"tf-sparseconv evaluate {model_path} --split val",
+    next_commands = [f"tf-sparseconv evaluate {model_path} " + ("--split val" if validating else "--data TEST   # TEST: "
+                     "labelled data kept out of training (this run held out none)"),
                      f"tf-sparseconv predict {model_path} FILE"
                      + ("   # FILE: images as .png, .npy or .npz" if image_data
                         else "   # FILE: points as .off, .ply, .npy or .npz"),
