@@ -6,6 +6,8 @@
 #                                            # DEVPARTS_DATA=modelnet40_train.npz)
 #   bash dev/device_modelnet40.sh collect   # repeat until every run is in $OUT/results.tar
 #   MODELS="RECIPE ..." bash dev/device_modelnet40.sh models   # the chosen runs' model.keras
+# FINALS="RECIPE[:GPU] ..." beside RUNS also starts `--final RECIPE` (the recipe on every
+# training shape, logged and collected as RECIPE-final).
 # start unpacks TensorFlow-GPU, copies this checkout to /tmp/repo and starts every recipe
 # of RUNS (default "octnet3-32 site-resnet-32"; RECIPE:GPU pins one to a GPU, the others go
 # round the machine's GPUs) side by side, each as `experiments/modelnet40.py --run RECIPE
@@ -39,31 +41,34 @@ case "${1:-}" in
     rm -rf /tmp/repo && cp -a . /tmp/repo && cd /tmp/repo
     gpus=$(nvidia-smi -L | wc -l)
     i=0
-    for run in $RUNS; do
+    for run in $RUNS ${FINALS:+$(for f in $FINALS; do echo "final/$f"; done)}; do
+      how=--run
+      case "$run" in final/*) how=--final; run=${run#final/} ;; esac
       name=${run%%:*}
+      log=$name; [ "$how" = --run ] || log=$name-final
       gpu=$(( i % gpus )); [ "$run" = "$name" ] || gpu=${run#*:}
       i=$(( i + 1 ))
-      [ ! -d "$BACKUP/$name" ] || echo "$name: resuming from $(wc -l < "$BACKUP/$name/epochs.jsonl") epoch(s)"
-      echo "$name: GPU $gpu"
+      [ ! -d "$BACKUP/$log" ] || echo "$log: resuming from $(wc -l < "$BACKUP/$log/epochs.jsonl") epoch(s)"
+      echo "$log: GPU $gpu"
       # --no-record: the runs finish at different times and would each rewrite modelnet40.json;
       # the rows are added here from their results.json (--add-results).
       # shellcheck disable=SC2086  # EXTRA is a list of options
       CUDA_VISIBLE_DEVICES=$gpu TF_FORCE_GPU_ALLOW_GROWTH=true PYTHONUNBUFFERED=1 setsid nohup python3 \
-        experiments/modelnet40.py --run "$name" $EXTRA --data-dir .devdata --out-root /tmp/mn40_runs \
-        --backup-root "$BACKUP" --no-record > "/tmp/mn40_$name.log" 2>&1 < /dev/null &
+        experiments/modelnet40.py $how "$name" $EXTRA --data-dir .devdata --out-root /tmp/mn40_runs \
+        --backup-root "$BACKUP" --no-record > "/tmp/mn40_$log.log" 2>&1 < /dev/null &
     done
     sleep "${WATCH:-420}"
-    for run in $RUNS; do name=${run%%:*}; echo "$name: $(grep '^epoch ' "/tmp/mn40_$name.log" | tail -1)"; done
+    for log in /tmp/mn40_*.log; do echo "$log: $(grep '^epoch ' "$log" | tail -1)"; done
     nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv
     ;;
   collect)
     cd /tmp/repo
     t0=$(date +%s)
-    while pgrep -f "experiments/modelnet40.py --run" > /dev/null && [ $(( $(date +%s) - t0 )) -lt "$WAIT" ]; do
+    while pgrep -f "experiments/modelnet40.py --(run|final)" > /dev/null && [ $(( $(date +%s) - t0 )) -lt "$WAIT" ]; do
       sleep 10
     done
     finished=()
-    for run in $RUNS; do
+    for run in $RUNS ${FINALS:+$(for f in $FINALS; do echo "${f%%:*}-final"; done)}; do
       name=${run%%:*}
       echo "$name: $(grep '^epoch ' "/tmp/mn40_$name.log" | tail -1)"
       grep -E "Traceback|[A-Za-z]+Error:" "/tmp/mn40_$name.log" | tail -3

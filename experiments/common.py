@@ -36,8 +36,9 @@ def run_training(name, train_args, work_dir):
     start = time.perf_counter()
     subprocess.run(command, check=True, env=env)
     results = read_results(out)
-    print(f"=== {name} finished in {time.perf_counter() - start:.0f} s: "
-          f"validation accuracy {results['val_accuracy']:.4f}", flush=True)
+    scored = (f"validation accuracy {results['val_accuracy']:.4f}" if results.get("val_accuracy") is not None
+              else "no validation (--val-split none)")
+    print(f"=== {name} finished in {time.perf_counter() - start:.0f} s: {scored}", flush=True)
     return results
 
 
@@ -63,7 +64,9 @@ def run_trainings_at_once(runs, work_dir, poll_seconds=30):
         raise RuntimeError(f"training failed: {failed}; see the logs in {work_dir}")
     results = {name: read_results(out) for name, (_, _, out) in procs.items()}
     for name, res in results.items():
-        print(f"=== {name} finished: validation accuracy {res['val_accuracy']:.4f}", flush=True)
+        scored = (f"validation accuracy {res['val_accuracy']:.4f}" if res.get("val_accuracy") is not None
+                  else "no validation (--val-split none)")
+        print(f"=== {name} finished: {scored}", flush=True)
     return results
 
 

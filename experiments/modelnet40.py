@@ -6,6 +6,7 @@ test split's class balance. Writes experiments/results/modelnet40.json and model
     python experiments/modelnet40.py --run octnet3-32 --backup-root /tmp/mn40_backup
     python experiments/modelnet40.py --add-results octnet3-32 runs/<run>/results.json  # a run made elsewhere
     python experiments/modelnet40.py --add-test octnet3-32 <eval folder>/metrics.json     # once, at the end
+    python experiments/modelnet40.py --final octnet3-32          # the chosen recipe on every training shape
 
 The protocol: every recipe holds out `--val-split modelnet40-test` (from the training
 shapes only: 50 of a class with 100 test shapes, 43, 25 or 10 of the others, at most a
@@ -13,7 +14,9 @@ quarter of a class), and reports each epoch the overall accuracy, the mean per-c
 accuracy and the overall accuracy reweighted to the test's class balance (with its standard
 error at the end). Recipes, epochs and votes are chosen by those numbers alone; the
 official test split is scored once per chosen model (`tf-sparseconv evaluate MODEL --data
-<ModelNet40 test>`) and added with --add-test, never used to choose.
+<ModelNet40 test>`) and added with --add-test, never used to choose. --final trains a chosen
+recipe once more on every training shape (--val-split none, its epochs as chosen): a row
+RECIPE-final without validation scores, which the test split alone scores.
 
 A run keeps its model under --out-root/<recipe>/model.keras (for `tf-sparseconv evaluate`)
 and, with --backup-root, its checkpoint under --backup-root/<recipe>: the same command again
@@ -89,15 +92,32 @@ ROW_KEYS = ("model", "resolution", "epochs", "val_overall", "val_mean_class", "v
             "train_s_per_epoch", "device", "command")
 
 
-def train_args(name, overrides, data_dir=None, out_root=None, backup_root=None):
+def train_args(name, overrides, data_dir=None, out_root=None, backup_root=None, final=False):
     """The flags of tf-sparseconv train for recipe name: the protocol, the recipe, then
-    overrides (flag -> value, later flags win in argparse), the data and the folders."""
+    overrides (flag -> value, later flags win in argparse), the data and the folders. final:
+    the recipe on every training shape (--val-split none), without its vote (which scores
+    validation shapes; evaluate --vote does it on a test split)."""
     args = PROTOCOL + RECIPES[name][1]
+    if final:
+        args = final_args(args)
     for flag, value in overrides.items():
         args += [flag, str(value)]
     args += ["--data-dir", data_dir] if data_dir else []
-    args += ["--backup-dir", os.path.join(os.path.abspath(backup_root), name)] if backup_root else []
+    args += ["--backup-dir", os.path.join(os.path.abspath(backup_root), name + ("-final" if final else ""))] \
+        if backup_root else []
     return [str(a) for a in args]
+
+
+def final_args(args):
+    """args with the validation split replaced by --val-split none and --vote left out."""
+    out, words = [], list(args)
+    while words:
+        word = words.pop(0)
+        if word in ("--val-split", "--val-per-class", "--vote"):
+            words.pop(0)
+        else:
+            out.append(word)
+    return out[:len(PROTOCOL) - 4] + ["--val-split", "none"] + out[len(PROTOCOL) - 4:]
 
 
 # Flags of a recorded command that say where, not what: left out when a run is matched to its recipe.
@@ -115,8 +135,8 @@ def reproducing_command(command):
             del words[:PLACE_FLAGS[word]]
         else:
             what.append(word)
-    for name in RECIPES:
-        recipe = train_args(name, {})
+    for name, final in [(name, final) for name in RECIPES for final in (False, True)]:
+        recipe = train_args(name, {}, final=final)
         if what[:len(recipe)] != recipe:
             continue
         rest, overrides = what[len(recipe):], []
@@ -124,11 +144,14 @@ def reproducing_command(command):
             overrides += rest[:2]
             rest = rest[2:]
         if not rest:
-            return shlex.join(["python", "experiments/modelnet40.py", "--run", name, *overrides])
+            return shlex.join(["python", "experiments/modelnet40.py", "--final" if final else "--run", name,
+                               *overrides])
     return None
 
 
 def split_name(res):
+    if res.get("val_split") == "none":
+        return "none (every training shape)"
     if res.get("val_split", "stratified") == "stratified":
         return f"stratified {res.get('val_fraction') or 0.1:g}"
     return f"{res['val_split']} {res['val_per_class']} (at most {res['val_max_fraction']:g} of a class)"
@@ -166,6 +189,20 @@ def result_row(name, res, model_file=None):
     if res["model"] == "site-resnet":
         row["memory_bound_note"] = res.get("memory_bound_note")
     return row
+
+
+def final_row(name, res, model_file=None):
+    """A modelnet40.json row of recipe name trained on every shape (--val-split none): no
+    validation scores; the test split, scored once, says how it does."""
+    return {"run": f"{name}-final", "final_of": name, "model": res["model"], "resolution": res["resolution"],
+            "epochs": res["epochs"], "val_split": split_name(res), "val_examples": 0, "val_overall": None,
+            "val_mean_class": None, "val_overall_test_weighted": None, "val_overall_test_weighted_se": None,
+            "vote": "none", "memory_bound_bytes": res["memory_bound_bytes"],
+            "train_s_per_epoch": mean_after_first(res["sec_per_epoch"]), "device": res["device"],
+            "command": res["command"], "reproduce": reproducing_command(res["command"]),
+            "examples": res["examples"], "batch_size": res["batch_size"], "features": res["features"],
+            "augment": res["augment"], "peak_rss_bytes": res["peak_rss_bytes"],
+            "peak_gpu_bytes": res.get("peak_gpu_bytes"), "model_file": model_file}
 
 
 def migrated_row(row):
@@ -238,6 +275,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", nargs="+", choices=tuple(RECIPES), metavar="RECIPE",
                    help=f"train these recipes, one after the other ({', '.join(RECIPES)})")
+    p.add_argument("--final", nargs="+", choices=tuple(RECIPES), metavar="RECIPE",
+                   help="train these recipes once more on every training shape (--val-split none), as the final "
+                        "models of recipes chosen on the validation split; their rows are RECIPE-final")
     p.add_argument("--list", action="store_true", help="print the recipes and their training commands")
     p.add_argument("--data-dir", default=None, help="as tf-sparseconv train --data-dir")
     p.add_argument("--out-root", default=os.path.join("runs", "modelnet40"),
@@ -274,15 +314,14 @@ def main(argv=None):
         for name, path in args.add_results:
             with open(path) as f:
                 res = json.load(f)
-            if res.get("val_split") == "none":
-                raise SystemExit(f"{path}: a run without validation (--val-split none) has no row here; score its "
-                                 "model on the test split and give the scores in the closing note")
-            if res.get("dataset") != "modelnet40" or "val_overall" not in res:
+            final = res.get("val_split") == "none"
+            if res.get("dataset") != "modelnet40" or ("val_overall" not in res and not final):
                 raise SystemExit(f"{path} is not the results.json of a ModelNet40 run of tf-sparseconv train with "
                                  "per-class validation scores (val_overall)")
             model = os.path.join(os.path.dirname(path), "model.keras")
-            row = result_row(name, res, keep_model(os.path.dirname(path), args.keep_models, name)
-                             if args.keep_models and os.path.exists(model) else None)
+            kept = (keep_model(os.path.dirname(path), args.keep_models, f"{name}-final" if final else name)
+                    if args.keep_models and os.path.exists(model) else None)
+            row = (final_row if final else result_row)(name, res, kept)
             if args.note:
                 row["note"] = args.note
             add_row(row)
@@ -296,14 +335,15 @@ def main(argv=None):
                 raise SystemExit(f"no row of recipe {name} in experiments/results/{RESULTS_FILE}")
             rows[ours[-1]].update(scores)
         replace_rows(RESULTS_FILE, rows, lambda row: True)
-    for name in args.run or []:
-        out = os.path.abspath(os.path.join(args.out_root, name))
-        flags = train_args(name, overrides, args.data_dir, backup_root=args.backup_root) + ["--overwrite"]
-        res = run_training(name, flags, os.path.dirname(out))
+    for name, final in [(name, False) for name in args.run or []] + [(name, True) for name in args.final or []]:
+        run = f"{name}-final" if final else name
+        out = os.path.abspath(os.path.join(args.out_root, run))
+        flags = train_args(name, overrides, args.data_dir, backup_root=args.backup_root, final=final)
+        res = run_training(run, flags + ["--overwrite"], os.path.dirname(out))
         if args.no_record:
             continue
-        row = result_row(name, res, keep_model(out, args.keep_models, name) if args.keep_models
-                         else repo_path(os.path.join(out, "model.keras")))
+        row = (final_row if final else result_row)(name, res, keep_model(out, args.keep_models, run)
+                                                   if args.keep_models else repo_path(os.path.join(out, "model.keras")))
         if args.note:
             row["note"] = args.note
         add_row(row)
@@ -338,8 +378,9 @@ def plot_and_print(rows):
         test = (f", test {row['test_overall']:.4f} / {row['test_mean_class']:.4f}" if row.get("test_overall")
                 is not None else "")
         mean_class = f" / {row['val_mean_class']:.4f}" if row.get("val_mean_class") is not None else ""
+        val = f"val {row['val_overall']:.4f}" if row.get("val_overall") is not None else "no validation"
         print(f"{row.get('run') or row.get('recipe')} ({row['model']}, {row['resolution']}³, {row['device']}, "
-              f"{row['val_split']}): val {row['val_overall']:.4f}{mean_class} after {row['epochs']} epochs, vote "
+              f"{row['val_split']}): {val}{mean_class} after {row['epochs']} epochs, vote "
               f"{row['vote']}{test}, {row['train_s_per_epoch']:.1f} s/epoch")
 
 

@@ -129,10 +129,22 @@ def test_added_runs_and_test_scores_land_in_their_rows(tmp_path, monkeypatch, ca
     assert any(row in line for line in lines), lines
     with pytest.raises(SystemExit, match="no row of recipe site-resnet-32"):
         modelnet40.main(["--add-test", "site-resnet-32", str(tmp_path / "metrics.json")])
-    final = dict(results_json(), val_split="none", val_overall=None)
+    # a final model (the recipe on every training shape): its own row and table, no validation scores
+    final_command = "tf-sparseconv train " + shlex.join(modelnet40.train_args("octnet3-32", {}, final=True)
+                                                        + ["--out", "/tmp/x"])
+    assert "--val-split none" in final_command and "--val-per-class" not in final_command
+    assert "--vote" not in shlex.join(modelnet40.train_args("site-resnet-32-mirror", {}, final=True))
+    final = dict(results_json(), val_split="none", val_overall=None, val_mean_class=None, val_examples=0,
+                 command=final_command)
     (tmp_path / "final.json").write_text(json.dumps(final))
-    with pytest.raises(SystemExit, match=r"a run without validation \(--val-split none\) has no row here"):
-        modelnet40.main(["--add-results", "octnet3-32", str(tmp_path / "final.json")])
+    modelnet40.main(["--add-results", "octnet3-32", str(tmp_path / "final.json")])
+    row = [r for r in common.read_json("modelnet40.json") if r.get("final_of")][0]
+    assert (row["run"], row["val_split"], row["val_overall"]) == ("octnet3-32-final", "none (every training shape)",
+                                                                  None)
+    assert row["reproduce"] == "python experiments/modelnet40.py --final octnet3-32"
+    modelnet40.main(["--add-test", "octnet3-32-final", str(tmp_path / "metrics.json")])
+    lines = summarize.modelnet_section(common.read_json("modelnet40.json"))
+    assert any(line.startswith("| octnet3-32-final | octnet3-32 | 32³ | 3 | 0.880 / 0.840 |") for line in lines), lines
     capsys.readouterr()
     modelnet40.main(["--list"])
     listed = capsys.readouterr().out
