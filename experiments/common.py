@@ -29,6 +29,13 @@ def read_results(out):
         return json.load(f)
 
 
+def scored(results):
+    """How a finished run of tf-sparseconv train scored, for its closing line."""
+    if results.get("val_accuracy") is None:
+        return "no validation (--val-split none)"
+    return f"validation accuracy {results['val_accuracy']:.4f}"
+
+
 def run_training(name, train_args, work_dir):
     """Runs `tf-sparseconv train` with train_args; returns its results.json."""
     command, env, out = training_command(name, train_args, work_dir)
@@ -36,9 +43,7 @@ def run_training(name, train_args, work_dir):
     start = time.perf_counter()
     subprocess.run(command, check=True, env=env)
     results = read_results(out)
-    scored = (f"validation accuracy {results['val_accuracy']:.4f}" if results.get("val_accuracy") is not None
-              else "no validation (--val-split none)")
-    print(f"=== {name} finished in {time.perf_counter() - start:.0f} s: {scored}", flush=True)
+    print(f"=== {name} finished in {time.perf_counter() - start:.0f} s: {scored(results)}", flush=True)
     return results
 
 
@@ -64,9 +69,7 @@ def run_trainings_at_once(runs, work_dir, poll_seconds=30):
         raise RuntimeError(f"training failed: {failed}; see the logs in {work_dir}")
     results = {name: read_results(out) for name, (_, _, out) in procs.items()}
     for name, res in results.items():
-        scored = (f"validation accuracy {res['val_accuracy']:.4f}" if res.get("val_accuracy") is not None
-                  else "no validation (--val-split none)")
-        print(f"=== {name} finished: {scored}", flush=True)
+        print(f"=== {name} finished: {scored(res)}", flush=True)
     return results
 
 

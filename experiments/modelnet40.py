@@ -42,8 +42,10 @@ from common import REPO, read_json, replace_rows, run_training, save_figure  # n
 RESULTS_FILE = "modelnet40.json"
 # Every recipe: ModelNet40's training shapes, a validation split in the official test's
 # class proportions, Adam with a cosine decay over the run, batch 32.
-PROTOCOL = ["--dataset", "modelnet40", "--val-split", "modelnet40-test", "--val-per-class", "50",
-            "--batch-size", "32", "--lr", "0.001", "--lr-schedule", "cosine", "--seed", "0"]
+TRAINING = ["--batch-size", "32", "--lr", "0.001", "--lr-schedule", "cosine", "--seed", "0"]
+PROTOCOL = ["--dataset", "modelnet40", "--val-split", "modelnet40-test", "--val-per-class", "50", *TRAINING]
+# A final model (--final): the recipe on every training shape.
+FINAL_PROTOCOL = ["--dataset", "modelnet40", "--val-split", "none", *TRAINING]
 # The best 32^3 recipe of the earlier protocol (experiments/README.md: occupancy and offset
 # features, decoupled weight decay 0.5, label smoothing 0.1) is the starting point of each.
 REGULARISED = ["--features", "occupancy", "offset", "--weight-decay", "0.5", "--label-smoothing", "0.1"]
@@ -97,9 +99,8 @@ def train_args(name, overrides, data_dir=None, out_root=None, backup_root=None, 
     overrides (flag -> value, later flags win in argparse), the data and the folders. final:
     the recipe on every training shape (--val-split none), without its vote (which scores
     validation shapes; evaluate --vote does it on a test split)."""
-    args = PROTOCOL + RECIPES[name][1]
-    if final:
-        args = final_args(args)
+    recipe = RECIPES[name][1]
+    args = FINAL_PROTOCOL + without_vote(recipe) if final else PROTOCOL + recipe
     for flag, value in overrides.items():
         args += [flag, str(value)]
     args += ["--data-dir", data_dir] if data_dir else []
@@ -108,16 +109,12 @@ def train_args(name, overrides, data_dir=None, out_root=None, backup_root=None, 
     return [str(a) for a in args]
 
 
-def final_args(args):
-    """args with the validation split replaced by --val-split none and --vote left out."""
-    out, words = [], list(args)
-    while words:
-        word = words.pop(0)
-        if word in ("--val-split", "--val-per-class", "--vote"):
-            words.pop(0)
-        else:
-            out.append(word)
-    return out[:len(PROTOCOL) - 4] + ["--val-split", "none"] + out[len(PROTOCOL) - 4:]
+def without_vote(flags):
+    """flags with --vote and its value left out."""
+    if "--vote" not in flags:
+        return list(flags)
+    at = flags.index("--vote")
+    return flags[:at] + flags[at + 2:]
 
 
 # Flags of a recorded command that say where, not what: left out when a run is matched to its recipe.

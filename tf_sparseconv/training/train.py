@@ -535,8 +535,8 @@ def build_parser():
     p.add_argument("--points", type=int, default=1024, help="points sampled per mesh / scan object")
     p.add_argument("--augment", nargs="?", const="rotate", choices=tuple(datasets.NAMED_AUGMENTATIONS), default=None,
                    help="point-cloud augmentation, each with random scale and jitter: rotate (about z; the "
-                        "default when no mode is given), mirror (x negated at random, for aligned shapes), scale, aniso (each "
-                        "axis scaled by its own factor in [0.8, 1])")
+                        "default when no mode is given), mirror (x negated at random, for aligned shapes), scale, "
+                        "aniso (each axis scaled by its own factor in [0.8, 1])")
     p.add_argument("--features", nargs="+", choices=tuple(datasets.FEATURE_CHANNELS), default=["occupancy"],
                    help="voxel features of point clouds, in channel order: occupancy, count, normals (3), offset "
                         "(3: the mean point position within the voxel)")
@@ -618,7 +618,7 @@ def _check_strategy(parser, args):
     backup in <--backup-dir>/worker<task>, beside the chief's."""
     try:
         replicas = expected_replicas(args.strategy)
-        collective_of(args.strategy, args.collective)
+        args.collective = collective_of(args.strategy, args.collective)  # resolved once: nccl, ring or None
     except ValueError as e:
         parser.error(one_line(e))
     if args.batch_size % replicas:
@@ -866,10 +866,7 @@ def main(argv=None):
     if args.strategy == "multi-worker":
         print(f"[0/4] waiting for the {cluster_from_tf_config()[0]} workers of TF_CONFIG to connect (Ctrl-C stops)",
               flush=True)
-    try:
-        strategy = make_strategy(args.strategy, args.collective)
-    except ValueError as e:
-        parser.error(one_line(e))
+    strategy = make_strategy(args.strategy, args.collective)  # its arguments were checked by parse_args
     try:
         with cluster_failures_named(strategy):
             return run_training(parser, args, argv, strategy)
@@ -1031,7 +1028,7 @@ def run_training(parser, args, argv, strategy):
         "num_classes": len(classes), "classes": list(classes),
         "resolution": resolution, "epochs": len(history.get("loss", [])),
         "batch_size": args.batch_size, "strategy": args.strategy, "replicas": replicas,
-        "collective": collective_of(args.strategy, args.collective),
+        "collective": args.collective,
         "batch_size_per_replica": replica_batch,
         "shapes_per_s": trained_per_epoch / float(np.mean(seconds[1:] or seconds)),
         "rhos": list(rhos), "lambda": args.lam, "lam_terms": args.lam_terms, "lam_density": args.lam_density,
@@ -1098,8 +1095,9 @@ def run_training(parser, args, argv, strategy):
         written[os.path.basename(snapshot_path(args.out, "<N>"))] = (
             f"the sparse core after epochs {', '.join(map(str, sorted(set(args.snapshot_epochs))))}, with its "
             "optimizer (takes voxelized batches)")
-    next_commands = [f"tf-sparseconv evaluate {model_path} " + ("--split val" if validating else "--data TEST   # TEST: "
-                     "labelled data kept out of training (this run held out none)"),
+    scored_on = ("--split val" if validating else
+                 "--data TEST   # TEST: labelled data kept out of training (this run held out none)")
+    next_commands = [f"tf-sparseconv evaluate {model_path} {scored_on}",
                      f"tf-sparseconv predict {model_path} FILE"
                      + ("   # FILE: images as .png, .npy or .npz" if image_data
                         else "   # FILE: points as .off, .ply, .npy or .npz"),
