@@ -40,6 +40,28 @@ def test_gpu_kernel_map_waits_once_and_a_trusted_map_is_not_read_back(gpu, rng):
         assert waits == 1  # the map built inside
 
 
+def test_gpu_gradients_of_checked_inputs_do_not_wait(gpu, rng, monkeypatch):
+    monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
+    with tf.device(gpu):
+        dense = np.where(rng.random((2, 6, 6, 6, 2)) < 0.3, rng.standard_normal((2, 6, 6, 6, 2)), 0)
+        x = ts.from_dense(dense.astype(np.float32))
+        w = tf.Variable(rng.standard_normal((3, 3, 3, 2, 4)).astype(np.float32))
+
+        def step():
+            with tf.GradientTape() as tape:
+                y = ts.direct_conv(x, w)
+                loss = tf.reduce_sum(ts.to_dense(y))
+            return tape.gradient(loss, w)
+
+        _, waits = counted(lambda: step().numpy())
+        # DirectSparseConv (its output count) and ToDense (its key check) wait; their gradients
+        # (DirectSparseConvBackprop, ChannelSparseGatherDense) were told the inputs are checked
+        assert waits == 2
+        monkeypatch.setenv(ts.checks.CHECK_EVERY_OP_ENV, "1")
+        _, waits = counted(lambda: step().numpy())
+        assert waits == 4  # every op checks again
+
+
 def test_the_count_is_readable_inside_tf_function():
     read = tf.function(ts.host_sync_count)
     assert read().dtype == tf.int64 and int(read()) == ts.host_sync_count()

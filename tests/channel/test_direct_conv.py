@@ -353,6 +353,57 @@ def test_conv_in_tf_function_with_gradient(rng, device):
     assert grad.shape == w.shape
 
 
+@pytest.mark.parametrize("check_every_op", [None, "0", "1"])
+def test_the_gradient_tells_backprop_its_inputs_were_checked_unless_every_op_checks(rng, monkeypatch, check_every_op):
+    if check_every_op is None:
+        monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ts.checks.CHECK_EVERY_OP_ENV, check_every_op)
+    x = ts.from_dense(random_sparse(rng, 1, (5, 5), 1, 0.4, np.float32))
+    w = tf.Variable(rng.standard_normal((3, 3, 1, 2)).astype(np.float32))
+
+    @tf.function
+    def grad():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ts.direct_conv(x, w).values)
+        return tape.gradient(loss, w)
+
+    graph = grad.get_concrete_function().graph
+    backprops = [op for op in graph.get_operations() if op.type.endswith("DirectSparseConvBackprop")]
+    assert len(backprops) == 1
+    assert backprops[0].get_attr("inputs_checked") == (check_every_op != "1")
+
+    @tf.function
+    def dense_grad():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ts.to_dense(ts.direct_conv(x, w)))
+        return tape.gradient(loss, w)
+
+    gathers = [op for op in dense_grad.get_concrete_function().graph.get_operations()
+               if op.type.endswith("ChannelSparseGatherDense")]
+    assert len(gathers) == 1 and gathers[0].get_attr("inputs_checked") == (check_every_op != "1")
+    # the same gradient either way
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(ts.direct_conv(x, w).values)
+    np.testing.assert_allclose(grad().numpy(), tape.gradient(loss, w).numpy(), rtol=1e-6)
+
+
+def test_check_every_op_takes_0_or_1(monkeypatch):
+    monkeypatch.setenv(ts.checks.CHECK_EVERY_OP_ENV, "yes")
+    with pytest.raises(ValueError, match="TF_SPARSECONV_CHECK_EVERY_OP must be 0 or 1, got 'yes'"):
+        ts.checks.check_every_op()
+
+
+def test_backprop_on_the_cpu_checks_its_inputs_even_when_told_they_were_checked(rng):
+    from tf_sparseconv._op_library import ops
+    w = tf.constant(rng.standard_normal((3, 3, 1, 2)).astype(np.float32))
+    with tf.device(CPU), pytest.raises(tf.errors.InvalidArgumentError, match="sorted"):
+        ops.direct_sparse_conv_backprop(
+            in_keys=tf.constant([3, 1], tf.int64), in_values=tf.ones([2]), dense_shape=tf.constant([1, 5, 5, 1], tf.int64),
+            filter=w, filter_mask=tf.ones_like(w, tf.bool), out_keys=tf.constant([0], tf.int64),
+            out_grad=tf.ones([1]), inputs_checked=True)
+
+
 def test_conv_savedmodel_round_trip(rng, tmp_path):
     dense = random_sparse(rng, 1, (7, 7), 2, 0.3, np.float32)
     x = ts.from_dense(dense)

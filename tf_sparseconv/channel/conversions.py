@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor, make_channel_sparse
+from tf_sparseconv.checks import check_every_op
 from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor, same_vector
 
 
@@ -103,7 +104,8 @@ def validate(x):
 
 @tf.RegisterGradient(OP_NAMESPACE + "ChannelSparseToDense")
 def _to_dense_grad(op, grad):
-    return [None, _ops.channel_sparse_gather_dense(op.inputs[0], grad), None]
+    # ToDense checked the keys
+    return [None, _ops.channel_sparse_gather_dense(op.inputs[0], grad, inputs_checked=not check_every_op()), None]
 
 
 @tf.RegisterGradient(OP_NAMESPACE + "ChannelSparseGatherDense")

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
+from tf_sparseconv.checks import check_every_op
 from tf_sparseconv.inputs import float_attr, int_attr, refuse_complex
 
 SELECTION_MODES = ("none", "signed", "abs")
@@ -103,5 +104,5 @@ def _direct_sparse_conv_grad(op, _keys_grad, values_grad, _shape_grad, _touched_
     in_grad, filter_grad, bias_grad = _ops.direct_sparse_conv_backprop(
         in_keys=in_keys, in_values=in_values, dense_shape=dense_shape, filter=filters,
         filter_mask=filter_mask, out_keys=op.outputs[0], out_grad=values_grad,
-        dataflow=op.get_attr("dataflow"))
+        dataflow=op.get_attr("dataflow"), inputs_checked=not check_every_op())  # the forward checked them
     return [None, in_grad, None, filter_grad, None, bias_grad]

@@ -48,7 +48,7 @@ GpuStatus ToDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
 template <typename T>
 GpuStatus GatherDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
                          const int64_t* keys, int64_t n, const T* dense, T* values,
-                         Report* report);
+                         Report* report);  // report nullptr: keys checked already, no check, no wait
 
 // DenseToChannelSparse: visits the dense tensor in key order (b, c, spatial), so the
 // kept entries come out sorted without a sort. Temporary memory: 16 bytes per 2048

@@ -53,8 +53,9 @@ struct ReorderFunctor;
 //   absl::Status operator()(const KeyLayout&, const int64_t* keys, const T* values, int64_t n,
 //                           T* dense);
 //   absl::Status operator()(const KeyLayout&, const int64_t* keys, int64_t n, const T* dense,
-//                           T* values);
-//   keys sorted, unique and in range ("to_dense" / "gather_dense", ValidateKeys).
+//                           T* values, bool inputs_checked);
+//   keys sorted, unique and in range ("to_dense" / "gather_dense", ValidateKeys); the GPU's
+//   gather leaves that check out where inputs_checked (the op's attr).
 template <typename Device, typename T>
 struct ToDenseFunctor;
 template <typename Device, typename T>
@@ -169,7 +170,10 @@ class ChannelSparseToDenseOp : public GuardedOpKernel {
 template <typename Device, typename T>
 class ChannelSparseGatherDenseOp : public GuardedOpKernel {
  public:
-  explicit ChannelSparseGatherDenseOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "channel_sparse_gather_dense") {}
+  explicit ChannelSparseGatherDenseOp(tensorflow::OpKernelConstruction* ctx)
+      : GuardedOpKernel(ctx, "channel_sparse_gather_dense") {
+    AttrsOk(ctx->GetAttr("inputs_checked", &inputs_checked_));
+  }
 
  private:
   void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
@@ -181,8 +185,10 @@ class ChannelSparseGatherDenseOp : public GuardedOpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({n}), &values));
     OP_REQUIRES_OK(ctx, GatherDenseFunctor<Device, T>(ctx)(L, ctx->input(0).flat<int64_t>().data(), n,
                                                            ctx->input(1).flat<T>().data(),
-                                                           values->flat<T>().data()));
+                                                           values->flat<T>().data(), inputs_checked_));
   }
+
+  bool inputs_checked_ = false;
 };
 
 template <typename Device, typename T>

@@ -80,7 +80,11 @@ struct ToDenseFunctor<GPUDevice, T> : GpuFunctorBase {
 template <typename T>
 struct GatherDenseFunctor<GPUDevice, T> : GpuFunctorBase {
   explicit GatherDenseFunctor(OpKernelContext* ctx) : GpuFunctorBase(ctx, "ChannelSparseGatherDense") {}
-  absl::Status operator()(const KeyLayout& L, const int64_t* keys, int64_t n, const T* dense, T* values) {
+  absl::Status operator()(const KeyLayout& L, const int64_t* keys, int64_t n, const T* dense, T* values,
+                          bool inputs_checked) {
+    if (inputs_checked) {  // no report: queued without the check, not waited for
+      return ToStatus(gpu::GatherDenseGpu<T>(stream_, &scratch_, L, keys, n, dense, values, nullptr));
+    }
     gpu::Report report;
     TF_RETURN_IF_ERROR(ToStatus(gpu::GatherDenseGpu<T>(stream_, &scratch_, L, keys, n, dense, values, &report)));
     return SortedKeysStatus(report.checks[gpu::kDenseKeys], L.num_keys(), "gather_dense");

@@ -90,11 +90,19 @@ REGISTER_OP("TfSparseconv>ChannelSparseGatherDense")
     .Input("dense: T")
     .Output("values: T")
     .Attr("T: {float, double}")
+    .Attr("inputs_checked: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(0));
       return absl::OkStatus();
     })
-    .Doc("Reads a dense [B, R1..Rd, C] tensor at the positions of the keys (the adjoint of ToDense).");
+    .Doc(R"doc(
+Reads a dense [B, R1..Rd, C] tensor at the positions of the keys (the adjoint of ToDense).
+
+inputs_checked: the caller vouches that the keys were checked by the op that took them
+(ChannelSparseToDense, whose gradient this is); the GPU kernel then queues its work
+without checking them again and without waiting for the device. The CPU kernel checks
+them in any case (its check costs no wait).
+)doc");
 
 REGISTER_OP("TfSparseconv>DenseToChannelSparse")
     .Input("dense: T")

@@ -139,7 +139,8 @@ enum ConvBackpropCheck {
 
 // Eq. 3: gradients at the input entries, the present weights (all other filter_grad
 // entries are 0) and the bias. Checks (ConvBackpropCheck), then blocks until the report
-// is on the host. Where UseDenseGrid(args, dataflow), the output entries are found through
+// is on the host; with report nullptr (inputs checked by the forward call), neither: the
+// work is queued and the call returns. Where UseDenseGrid(args, dataflow), the output entries are found through
 // a dense [B * Cout * R^d] int32 index (built per call) instead of binary searches.
 template <typename T>
 GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch,

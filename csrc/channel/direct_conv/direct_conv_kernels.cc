@@ -775,7 +775,8 @@ class DirectSparseConvFunctor<CPUDevice, T> {
 template <typename T>
 class DirectSparseConvBackpropFunctor<CPUDevice, T> {
  public:
-  DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow)
+  // inputs_checked: unused; the CPU checks in any case (its checks cost no wait)
+  DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow, bool /*inputs_checked*/)
       : device_(ctx->eigen_device<CPUDevice>()), dataflow_(dataflow) {}
 
   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys, const T* out_grad, int64_t n_out) {

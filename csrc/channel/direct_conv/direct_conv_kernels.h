@@ -65,7 +65,8 @@ template <typename Device, typename T>
 class DirectSparseConvFunctor;
 
 // DirectSparseConvBackprop, per device:
-//   DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow);
+//   DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow,
+//                                   bool inputs_checked);  // the op's attr of that name
 //   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys,
 //                        const T* out_grad, int64_t n_out);
 //   absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad);  // Eq. 3
@@ -143,6 +144,7 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
   explicit DirectSparseConvBackpropOp(tensorflow::OpKernelConstruction* ctx)
       : GuardedOpKernel(ctx, "direct_conv_backprop") {
     AttrsOk(ReadDataflow(ctx, &dataflow_));
+    AttrsOk(ctx->GetAttr("inputs_checked", &inputs_checked_));
   }
 
  private:
@@ -155,7 +157,7 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
     const Tensor& out_grad = ctx->input(6);
     OP_REQUIRES_OK(ctx, CheckKeysVector(out_keys, "output"));
     OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(out_keys, out_grad, "output gradient"));
-    DirectSparseConvBackpropFunctor<Device, T> backprop(ctx, dataflow_);
+    DirectSparseConvBackpropFunctor<Device, T> backprop(ctx, dataflow_, inputs_checked_);
     OP_REQUIRES_OK(ctx, backprop.Prepare(in, out_keys.flat<int64_t>().data(), out_grad.flat<T>().data(),
                                          out_keys.NumElements()));
     Tensor *in_grad, *filter_grad, *bias_grad;
@@ -168,6 +170,7 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
 
  private:
   DirectConvDataflow dataflow_ = DirectConvDataflow::kAuto;
+  bool inputs_checked_ = false;
 };
 
 }  // namespace tf_sparseconv

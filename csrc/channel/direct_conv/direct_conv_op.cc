@@ -91,6 +91,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConvBackprop")
     .Output("bias_grad: T")
     .Attr("T: {float, double}")
     .Attr("dataflow: {'auto', 'sort', 'dense'} = 'auto'")
+    .Attr("inputs_checked: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(1));
       c->set_output(1, c->input(3));
@@ -107,6 +108,10 @@ weights, and the bias gradient sums over the kept output entries.
 
 dataflow: the forward's; 'sort' finds the output entries by searching the sorted out_keys,
 'dense' through the dense output grid, 'auto' by each device's rule.
+inputs_checked: the caller vouches that in_keys, in_values, filter and out_keys are the
+inputs and output keys of a DirectSparseConv call, which checked them (its gradient does);
+the GPU kernel then queues its work without checking them again and without waiting for
+the device. The CPU kernel checks them in any case (its checks cost no wait).
 )doc");
 
 }  // namespace tf_sparseconv
