@@ -7,7 +7,8 @@ cannot queue the step's next ops ahead of the GPU's work.
 
 Batches: the embedded synthetic shapes (tf_sparseconv.data.synthetic), voxelized as in
 training. Appends one row per model to --out (default benchmarks/results/host_syncs.jsonl):
-model, device, syncs_per_step, how, commit, date, batch, resolution, steps.
+model, device, syncs_per_step, how, commit, checks (boundary, or "every op" with
+TF_SPARSECONV_CHECK_EVERY_OP=1), date, batch, resolution, steps.
 
     python benchmarks/host_syncs.py [--steps 5] [--batch-size 32]
 """
@@ -27,7 +28,7 @@ from tf_sparseconv.models import DEFAULT_RHOS, octnet3, site_unet  # noqa: E402
 from tf_sparseconv.training.train import keras_batches, site_keras_batches  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_info import checkout_commit, gpu_name  # noqa: E402
+from run_info import checkout_commit, checks_mode, gpu_name  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 HOW = "tf_sparseconv.host_sync_count(): the library's count of its cudaStreamSynchronize calls"
@@ -85,7 +86,8 @@ def main():
         print(f"[{i}/{len(args.models)}] {name} {args.resolution}^3, batch {args.batch_size}, on {device}", flush=True)
         step, batch = MODELS[name](points, labels, classes, args.resolution, args.batch_size)
         rows.append({"model": name, "device": device, "syncs_per_step": waits_per_step(step, batch, args.steps),
-                     "how": HOW, "commit": checkout_commit(), "date": datetime.date.today().isoformat(),
+                     "how": HOW, "commit": checkout_commit(), "checks": checks_mode(),
+                     "date": datetime.date.today().isoformat(),
                      "batch": args.batch_size, "resolution": args.resolution, "steps": args.steps})
         print(f"  {rows[-1]['syncs_per_step']:g} host waits per training step", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

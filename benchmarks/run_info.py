@@ -23,3 +23,10 @@ def gpu_name():
     import tensorflow as tf  # here: callers that only need the commit need not load TensorFlow
     gpus = tf.config.list_physical_devices("GPU")
     return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU") if gpus else None
+
+
+def checks_mode():
+    """Which of the library's input checks the run made: "every op" with
+    TF_SPARSECONV_CHECK_EVERY_OP=1 (each op re-checks its inputs, on the GPU with a wait per
+    call), else "boundary" (only tensors entering from the user are checked)."""
+    return "every op" if os.environ.get("TF_SPARSECONV_CHECK_EVERY_OP", "0") == "1" else "boundary"

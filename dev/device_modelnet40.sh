@@ -35,7 +35,8 @@ EXTRA=${EXTRA:-}
 BACKUP=/tmp/mn40_backup
 case "${1:-}" in
   start)
-    bash dev/device_unpack.sh > /tmp/unpack.log 2>&1 || { tail -30 /tmp/unpack.log; exit 1; }
+    # (unpacked already where an earlier command of this lease ran dev/device_unpack.sh)
+    [ -f /tmp/tfgpu.env ] || bash dev/device_unpack.sh > /tmp/unpack.log 2>&1 || { tail -30 /tmp/unpack.log; exit 1; }
     . /tmp/tfgpu.env
     mkdir -p "$BACKUP"
     rm -rf /tmp/repo && cp -a . /tmp/repo && cd /tmp/repo

@@ -55,8 +55,9 @@ for wheel in "$stage"/wheels/*.whl; do
   .venv/bin/python -m zipfile -e "$wheel" "$stage/devpack/pylib/"
 done
 rm -rf "$stage/wheels"
-mkdir -p .git/info && touch .git/info/exclude
-grep -qx '/.devparts/' .git/info/exclude || echo '/.devparts/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
+mkdir -p "$(dirname "$exclude")" && touch "$exclude"
+grep -qx '/.devparts/' "$exclude" || echo '/.devparts/' >> "$exclude"
 rm -rf .devparts && mkdir -p .devparts
 # A call carries the working tree too (27.5 MB since the kept ModelNet40 models, 2026-11-28).
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)

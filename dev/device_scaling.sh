@@ -9,7 +9,8 @@
 #   3. the site UNet step on the LiDAR frame, one and two replicas.
 # Rows to $OUT/distributed.jsonl, the fuzz outcomes to $OUT/fuzz_gpu_{channel,site}.json, logs beside them.
 # EPOCHS (default 3), FUZZ_EXAMPLES (default 8), FUZZ_TIMEOUT (s, default 130) and TRAIN_TIMEOUT (s per
-# trainer configuration, default 240) tune the call's length.
+# trainer configuration, default 240) tune the call's length; FUZZ=0 leaves the fuzz out; BEFORE=1 also
+# runs the one-replica epoch with TF_SPARSECONV_CHECK_EVERY_OP=1 (every op re-checks its inputs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TF_FORCE_GPU_ALLOW_GROWTH=true NCCL_NVLS_ENABLE=0
@@ -24,8 +25,9 @@ mkdir -p "$out"
 nvidia-smi -L
 started=$SECONDS
 
-# The fuzz modules side by side on GPU 1, each under memcheck with its own report.
-for family in channel site; do
+# The fuzz modules side by side on GPU 1, each under memcheck with its own report (FUZZ=0: none).
+[ "${FUZZ:-1}" = 0 ] && families="" || families="channel site"
+for family in $families; do
   CUDA_VISIBLE_DEVICES=1 timeout "${FUZZ_TIMEOUT:-130}" compute-sanitizer --tool memcheck \
     --target-processes all --log-file "$out/memcheck_$family.log" python3 -m pytest -q -p no:randomly \
     -p no:cacheprovider "tests/$family/test_fuzz.py" -m gpu --fuzz-examples "${FUZZ_EXAMPLES:-8}" \
@@ -35,8 +37,14 @@ done
 python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 1 --data-dir .devdata \
   --epochs "$epochs" --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee "$out/scaling.log"
 echo "one replica done at $((SECONDS - started)) s"
+if [ "${BEFORE:-0}" = 1 ]; then
+  # The same run with every op re-checking its inputs (the waits before issue 24's first step).
+  TF_SPARSECONV_CHECK_EVERY_OP=1 python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 1 \
+    --data-dir .devdata --epochs "$epochs" --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+  echo "one replica, every op checked, done at $((SECONDS - started)) s"
+fi
 wait; echo "fuzz under memcheck done at $((SECONDS - started)) s"
-for family in channel site; do
+for family in $families; do
   tail -2 "$out/fuzz_gpu_$family.log"; grep -h "ERROR SUMMARY" "$out/memcheck_$family.log" | sort | uniq -c
 done
 
