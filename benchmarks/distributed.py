@@ -135,6 +135,12 @@ def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
         outputs += [p.communicate()[0] for p in processes[len(outputs):]]
+    if args.logs:  # each process's whole output, e.g. to see which collective NCCL_DEBUG=INFO reports
+        os.makedirs(args.logs, exist_ok=True)
+        for j, output in enumerate(outputs):
+            name = f"{strategy}-{replicas}x{global_batch // replicas}-process{j}.log"
+            with open(os.path.join(args.logs, name), "w") as f:
+                f.write(output or "")
     what = " ".join(commands[0][0][2:])
     for i, (p, output) in enumerate(zip(processes, outputs)):
         if p.returncode:
@@ -314,6 +320,7 @@ def main(argv=None):
     p.add_argument("--scalings", nargs="+", choices=("strong", "weak"), default=["strong", "weak"],
                    help="modelnet40_32_epoch: which runs of R > 1 replicas, in this order")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one trainer configuration may take")
+    p.add_argument("--logs", metavar="DIR", help="write each trainer process's output to DIR/STRATEGY-RxB-processJ.log")
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                    help="more arguments for every trainer run (last on the line)")
     p.add_argument("--voxel", type=float, default=0.05, help="site_unet_lidar_step: voxel size in metres")
