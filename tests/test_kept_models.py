@@ -1,7 +1,7 @@
 """The ModelNet40 models kept in experiments/models/ (issue 27) load through the checked
-loader and predict, on the first validation shapes of their own split, the classes they
-predicted when they were kept (val_predictions.json beside each); the results rows point at
-them. Needs ../shared/data/modelnet40_train.npz (skipped where it is absent)."""
+loader and predict, on the shapes named in reference_predictions.json beside each (indices
+into the training split), the classes they predicted when they were kept; the results rows
+point at them. Needs ../shared/data/modelnet40_train.npz (skipped where it is absent)."""
 import json
 import os
 
@@ -33,12 +33,13 @@ def test_every_kept_model_is_a_results_row():
 @pytest.mark.skipif(not os.path.exists(DATA), reason="needs ../shared/data/modelnet40_train.npz")
 @pytest.mark.parametrize("name", RECIPES)
 def test_kept_model_predicts_as_when_it_was_kept(name):
-    expected = kept(name, "val_predictions.json")
+    expected = kept(name, "reference_predictions.json")
     split = kept(name, "split.json")
     points, labels, _ = load_examples("modelnet40", os.path.dirname(DATA), {"points": 1024}, split["seed"])
-    val = np.asarray(split["val_indices"][:len(expected["predicted"])])
+    shapes = np.asarray(expected["indices"])
+    assert len(shapes) >= 40
     model, spec, classes = load_model(os.path.join(KEPT, name, "model.keras"))
     assert list(classes) == split["classes"]
-    predicted = np.argmax(model.predict(points[val].astype(np.float32), batch_size=16, verbose=0), axis=-1)
+    predicted = np.argmax(model.predict(points[shapes].astype(np.float32), batch_size=16, verbose=0), axis=-1)
     assert predicted.tolist() == expected["predicted"]
-    assert np.mean(predicted == labels[val]) == pytest.approx(expected["accuracy"])
+    assert np.mean(predicted == labels[shapes]) == pytest.approx(expected["accuracy"])
