@@ -80,6 +80,12 @@ RECIPES = {
                                   "shapes completely without augmentation)",
                                   ["--model", "site-resnet", "--resolution", "32", "--epochs", "30", *REGULARISED,
                                    "--site-channels", "64", "128", "256", "--site-blocks", "2", "--augment", "aniso"]),
+    "octnet3-32-normals": ("octnet3-32 with the surface normals as three more voxel features, estimated from "
+                           "each point's 16 nearest neighbours (--estimate-normals 16; the saved model estimates "
+                           "them itself from x, y, z)",
+                           ["--model", "octnet3", "--resolution", "32", "--epochs", "30", "--features", "occupancy",
+                            "normals", "offset", "--estimate-normals", "16", "--weight-decay", "0.5",
+                            "--label-smoothing", "0.1"]),
     "octnet3-64": ("OctNet3 at 64^3 (Table 4 bounds), the recipe of octnet3-32",
                    ["--model", "octnet3", "--resolution", "64", "--epochs", "20", *REGULARISED]),
     "site-resnet-64": ("the site-sparse ResNet at 64^3: channels 32, 64, 128, 256, two residual blocks per level",

@@ -49,7 +49,12 @@ def layers(source, resolution, batch, points_per_sample):
 
 
 def serving_model(core, resolution):
+    """octnet3, site_resnet, or octnet3-normals (occupancy and the normals the model
+    estimates from 16 neighbours per point)."""
     from tf_sparseconv import models
+    if core == "octnet3-normals":
+        return models.point_cloud_classifier(models.octnet3(resolution, 10, in_channels=4), resolution,
+                                             features=("occupancy", "normals"), estimate_normals=16)
     core = models.octnet3(resolution, 10) if core == "octnet3" else models.site_resnet(10, resolution)
     return models.point_cloud_classifier(core, resolution)
 

@@ -106,7 +106,8 @@ def test_measured_peak_memory_never_exceeds_the_bound(source):
 
 @needs_proc
 @pytest.mark.parametrize("core, batch, points", [("octnet3", 4, 1000), ("site_resnet", 4, 1000),
-                                                 ("octnet3", 2, 400_000)])
+                                                 ("octnet3", 2, 400_000), ("octnet3-normals", 4, 1000),
+                                                 ("octnet3-normals", 2, 20_000)])
 def test_serving_models_peak_stays_under_the_bound_for_small_and_large_clouds(core, batch, points):
     row = probe("serving", core, 32, batch, points)
     assert row["logits"] == [batch, 10]

@@ -214,7 +214,7 @@ def test_class_names_and_specs_and_mismatched_cores_refused():
     assert models.core_model(model) is core and models.core_model(core) is core
     assert models.input_spec(model) == {"kind": "points", "resolution": 8, "features": ("occupancy",),
                                         "normalize": "unit_sphere", "points_per_cloud": 64, "columns": 3,
-                                        "bounds": (-1.0, 1.0)}
+                                        "bounds": (-1.0, 1.0), "estimate_normals": None}
     assert models.class_names(models.point_cloud_classifier(core, 8)) is None
     with pytest.raises(ValueError, match="2 class names for a core with 3 outputs"):
         models.point_cloud_classifier(core, 8, class_names=["a", "b"])

@@ -228,6 +228,32 @@ def test_features_give_the_model_its_input_channels(tmp_path):
     assert tuple(first.kernel.shape)[-2] == 4  # occupancy + 3 offsets in
 
 
+def test_estimated_normals_train_a_model_that_takes_x_y_z_and_estimates_them_itself(tmp_path, capsys):
+    results = train.main(["--dataset", "synthetic", "--resolution", "8", "--rho", "0.5", "0.5", "--epochs", "1",
+                          "--synthetic-per-class", "6", "--batch-size", "8", "--features", "occupancy", "normals",
+                          "--estimate-normals", "8", "--augment", "rotate", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "estimating normals (8 neighbours per point): 48/48 clouds" in printed
+    assert "point clouds [B, N, 3] -> logits" in printed
+    assert results["estimate_normals"] == 8 and results["features"] == ["occupancy", "normals"]
+    with open(tmp_path / "split.json") as f:
+        assert "normals" not in json.load(f)  # --split val feeds x, y, z: the model estimates the rest
+    model = keras.models.load_model(tmp_path / "model.keras")
+    assert model.input_shape == (None, None, 3)
+    first = next(layer for layer in core_model(model).layers if isinstance(layer, kl.DirectSparseConv))
+    assert tuple(first.kernel.shape)[-2] == 4  # occupancy + 3 normal components in
+    clouds, _, _ = datasets.make_shapes(num_per_class=1, seed=1)
+    assert model.predict(clouds.astype(np.float32), verbose=0).shape == (len(clouds), 8)
+
+
+def test_points_only_data_takes_the_normals_feature_when_it_is_estimated(tmp_path):
+    path = _npz(tmp_path / "points.npz", points=np.zeros([4, 16, 3], np.uint8), labels=np.zeros(4, np.int64),
+                classes=np.array(["a"]))
+    with pytest.raises(ValueError, match="--estimate-normals K"):
+        train.check_data("modelnet40", path, ("occupancy", "normals"))
+    train.check_data("modelnet40", path, ("occupancy", "normals"), normals_estimated=True)
+
+
 def test_vote_mirror_is_refused_for_mnist(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train.main(["--dataset", "mnist", "--vote-mirror", "--out", str(tmp_path)])
@@ -457,6 +483,10 @@ BAD_ARGUMENTS = [
     (["--dataset", "mnist", "--data-dir", "{mnist_32}"], "{mnist_32}: images are 32x32"),
     (["--dataset", "modelnet40", "--data-dir", "{points_npz}", "--features", "normals"],
      "--features normals needs surface normals"),
+    (["--features", "occupancy", "offset", "--estimate-normals", "16"],
+     "--estimate-normals 16 estimates the normals feature; add normals to --features"),
+    (["--features", "occupancy", "normals", "--estimate-normals", "2"],
+     "--estimate-normals takes the neighbours per point as an integer from 3 to 256"),
     # found only once the data is there: 2 shapes per class leave no validation example
     (["--synthetic-per-class", "2"], "leaves 16 for training and 0 for validation"),
     (["--synthetic-per-class", "3", "--val-split", "balanced"], "--val-split balanced (--val-per-class 50, "

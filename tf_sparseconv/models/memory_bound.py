@@ -45,6 +45,7 @@ from tf_sparseconv.channel.keras_io import FIELDS, as_keras_inputs, from_keras_i
 from tf_sparseconv.channel.layers import DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.geometry import pooled_shape
+from tf_sparseconv.models.point_normals import chunk_rows
 from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse
 from tf_sparseconv.models.serving import ClassNames
 from tf_sparseconv.site.conv_layers import _SiteConv, _SparseInverseConv
@@ -268,6 +269,15 @@ def _voxelize_bytes(layer, batch, points_per_sample, columns):
       scale      xyz + centred + squared (56p) + centred / radius (24p) + its float32 cast (12p)
       concat     xyz + centred + squared + the cast (68p) + the normals slice and the
                  normalised clouds (4p per column beyond 3, 4p per column)
+    estimate_normals (PointCloudToSparse(estimate_normals=k), models.point_normals), after
+    normalising, beside the clouds: their float64 copy (24p), the normals written so far
+    and their concatenation (48p) and, for the one chunk of c = chunk_rows(N) queries
+    being computed, at most five float64 [c, N] arrays alive at once (the squared
+    distance, the coordinate difference, its square, the new sum, the negated distances
+    for top_k: 40cN, bounded by 48cN), top_k's values and indices, the gathered and
+    centred neighbours (at most 200ck) and the per-query 3x3 covariances, eigenvectors and
+    normals (at most 400c); then the normals' float32 cast (12p) and the clouds with them
+    (24p) stay alive through the voxelization (72p carried, with slack).
     voxelize_point_tensor, the normalised clouds (4p per column) alive throughout:
       scaled     xyz (24p) + xyz - lo (24p) + its product with r / (hi - lo) (24p)
       cells      xyz + scaled (48p) + floor's int64 cast (24p), clip_by_value's minimum and
@@ -299,6 +309,10 @@ def _voxelize_bytes(layer, batch, points_per_sample, columns):
         phases["normalize_scale"] = 92 * p
         phases["normalize_concat"] = (68 + 4 * (columns - 3) + 4 * columns) * p
         carried = 4 * columns * p
+    if layer.estimate_normals is not None:
+        rows, k = chunk_rows(n), min(layer.estimate_normals, n)
+        phases["estimate_normals"] = carried + 72 * p + 48 * rows * n + 200 * rows * k + 400 * rows
+        carried += 72 * p
     phases["voxelize_checks"] = carried + layer.columns * p
     phases["voxelize_scaled"] = carried + 72 * p
     phases["voxelize_cells"] = carried + 120 * p

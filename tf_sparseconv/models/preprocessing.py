@@ -18,6 +18,7 @@ from tf_sparseconv.channel.keras_io import as_keras_inputs
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.data.voxelize import num_channels
 from tf_sparseconv.layer_config import FLOAT32_OR_64, MAX_EXTENT, bounds_pair, choice, dtype_policy, grid, real, whole
+from tf_sparseconv.models.point_normals import check_neighbours, estimate_normals
 
 NORMALIZATIONS = ("unit_sphere", "none")
 
@@ -195,10 +196,14 @@ class PointCloudToSparse(keras.layers.Layer):
     an exported model does not check the shapes it is fed).
     points_per_cloud: the points per cloud the model was trained with; stored for tools
     that resample clouds before predicting (any N works).
+    estimate_normals: None, or with the "normals" feature the neighbours per point k
+    (3..256) from which the layer estimates each point's normal itself
+    (models.point_normals.estimate_normals, after normalizing): the clouds are then
+    [B, N, 3], as for data without normals.
     """
 
     def __init__(self, resolution, features=("occupancy",), normalize="unit_sphere", bounds=(-1.0, 1.0),
-                 points_per_cloud=None, **kwargs):
+                 points_per_cloud=None, estimate_normals=None, **kwargs):
         super().__init__(**kwargs)
         what = self.name
         dtype_policy(self, FLOAT32_OR_64)  # float16 would round coordinates into other voxels than in training
@@ -216,6 +221,12 @@ class PointCloudToSparse(keras.layers.Layer):
         self.bounds = (lo, hi)
         self.points_per_cloud = None if points_per_cloud is None else whole(points_per_cloud, "points_per_cloud",
                                                                               what)
+        self.estimate_normals = None
+        if estimate_normals is not None:
+            if "normals" not in self.features:
+                raise ValueError(f"{what}: estimate_normals={estimate_normals!r} estimates the normals feature, "
+                                 f"which features {list(self.features)} do not contain")
+            self.estimate_normals = check_neighbours(estimate_normals, f"{what}: estimate_normals")
         self.supports_jit = False
 
     @property
@@ -224,8 +235,9 @@ class PointCloudToSparse(keras.layers.Layer):
 
     @property
     def columns(self):
-        """Columns a cloud needs: x, y, z (and nx, ny, nz with the normals feature)."""
-        return 6 if "normals" in self.features else 3
+        """Columns a cloud needs: x, y, z (and nx, ny, nz with the normals feature, unless
+        the layer estimates them)."""
+        return 6 if "normals" in self.features and self.estimate_normals is None else 3
 
     def call(self, points):
         points = tf.convert_to_tensor(points)
@@ -236,12 +248,17 @@ class PointCloudToSparse(keras.layers.Layer):
         if self.normalize == "unit_sphere":
             with tf.control_dependencies(check_point_clouds(points, self.columns, self.name)):
                 points = normalize_unit_sphere(points)
+        if self.estimate_normals is not None:
+            with tf.control_dependencies(check_point_clouds(points, self.columns, self.name)):
+                normals = tf.cast(estimate_normals(points, self.estimate_normals), tf.float32)
+            points = tf.concat([points, normals], axis=-1)
         x = voxelize_point_tensor(points, self.resolution, self.bounds, self.features, self.name)
         return as_keras_inputs(x)
 
     def get_config(self):
         return {**super().get_config(), "resolution": self.resolution, "features": list(self.features),
-                "normalize": self.normalize, "bounds": list(self.bounds), "points_per_cloud": self.points_per_cloud}
+                "normalize": self.normalize, "bounds": list(self.bounds), "points_per_cloud": self.points_per_cloud,
+                "estimate_normals": self.estimate_normals}
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
@@ -260,7 +277,7 @@ class VoxelizePoints(PointCloudToSparse):
 
     def get_config(self):
         config = super().get_config()
-        for key in ("features", "normalize", "points_per_cloud"):
+        for key in ("features", "normalize", "points_per_cloud", "estimate_normals"):
             config.pop(key)
         return config
 

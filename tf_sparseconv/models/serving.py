@@ -103,7 +103,7 @@ def _wrap(inputs, x, kind, core, class_names, name):
 
 
 def point_cloud_classifier(core, resolution, features=("occupancy",), normalize="unit_sphere", class_names=None,
-                           points_per_cloud=None, name=None):
+                           points_per_cloud=None, estimate_normals=None, name=None):
     """keras.Model: point clouds [B, N, 3] ([B, N, 6] with normals) -> logits [B, num_classes].
 
     core: a model on the channel-sparse dict of [B, r, r, r, C] (models.octnet3) or on the
@@ -111,8 +111,10 @@ def point_cloud_classifier(core, resolution, features=("occupancy",), normalize=
     C = data.num_channels(features). resolution, features: those the core was trained
     with; normalize: PointCloudToSparse's ("unit_sphere" or "none"); class_names: stored
     in the model (ClassNames); points_per_cloud: the N of training, stored for tools that
-    resample clouds. The model is compiled with sparse categorical cross-entropy on logits
-    and accuracy, for evaluate.
+    resample clouds; estimate_normals: with the "normals" feature, the neighbours per point
+    from which the model estimates the normals itself (clouds [B, N, 3]; PointCloudToSparse).
+    The model is compiled with sparse categorical cross-entropy on logits and accuracy, for
+    evaluate.
     """
     features = check_features(features)
     kind, spatial, channels = _core_input(core)
@@ -122,7 +124,7 @@ def point_cloud_classifier(core, resolution, features=("occupancy",), normalize=
                          f"{num_channels(features)}")
     _logit_classes(core, class_names)
     to_sparse = PointCloudToSparse(resolution, features, normalize, points_per_cloud=points_per_cloud,
-                                   name="point_cloud_to_sparse")
+                                   estimate_normals=estimate_normals, name="point_cloud_to_sparse")
     inputs = keras.Input((None, to_sparse.columns), name="points")
     return _wrap(inputs, to_sparse(inputs), kind, core, class_names, name or f"{core.name}_points")
 
@@ -163,13 +165,13 @@ def class_names(model):
 
 def input_spec(model):
     """What the model takes: {"kind": "points", "resolution", "features", "normalize",
-    "points_per_cloud", "columns", "bounds"} or {"kind": "images", "threshold",
+    "points_per_cloud", "columns", "bounds", "estimate_normals"} or {"kind": "images", "threshold",
     "image_shape"}. ValueError for a model on sparse inputs (no preprocessing layer)."""
     layer = _entry_layer(model)
     if isinstance(layer, PointCloudToSparse):
         return {"kind": "points", "resolution": layer.resolution, "features": tuple(layer.features),
                 "normalize": layer.normalize, "points_per_cloud": layer.points_per_cloud, "columns": layer.columns,
-                "bounds": tuple(layer.bounds)}
+                "bounds": tuple(layer.bounds), "estimate_normals": layer.estimate_normals}
     if isinstance(layer, ImageToSparse):
         return {"kind": "images", "threshold": layer.threshold, "image_shape": tuple(model.input.shape[1:])}
     raise ValueError(f"model {model.name!r} takes sparse inputs, not point clouds or images; wrap its core with "

@@ -59,6 +59,7 @@ from tf_sparseconv.channel.keras_io import as_keras_inputs
 from tf_sparseconv.models import (DEFAULT_RHOS, image_classifier, normalize_point_clouds, octnet3,
                                   point_cloud_classifier, save_model, site_resnet)
 from tf_sparseconv.models.memory_bound import memory_bound
+from tf_sparseconv.models.point_normals import MAX_NEIGHBOURS, MIN_NEIGHBOURS, check_neighbours, with_estimated_normals
 from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS
 from tf_sparseconv.site.conversions import from_channel_sparse
 from tf_sparseconv.site.keras_io import as_site_keras_inputs
@@ -183,9 +184,10 @@ def check_npz(path, form):
                          f"takes {MNIST_RESOLUTION}x{MNIST_RESOLUTION}")
 
 
-def check_data(dataset, data_dir, features=("occupancy",)):
+def check_data(dataset, data_dir, features=("occupancy",), normals_estimated=False):
     """Raises ValueError (one line, naming the path and what belongs there) unless the data
-    of dataset can be found under data_dir; reads only directory listings and .npz headers."""
+    of dataset can be found under data_dir; reads only directory listings and .npz headers.
+    normals_estimated: the normals feature comes from --estimate-normals, not from the data."""
     kind, path = data_source(dataset, data_dir)
     if kind == "synthetic":
         return
@@ -193,9 +195,9 @@ def check_data(dataset, data_dir, features=("occupancy",)):
         if not os.path.isfile(path):
             raise ValueError(f"--data-dir {path} does not exist; expected {_expected_data(dataset)}")
         check_npz(path, "mnist" if dataset == "mnist" else "modelnet40")
-        if "normals" in features:
+        if "normals" in features and not normals_estimated:
             raise ValueError(f"--features normals needs surface normals, which {path} does not hold (points only); "
-                             f"use the ModelNet meshes ({MESH_LAYOUT}) or other features")
+                             f"use the ModelNet meshes ({MESH_LAYOUT}), --estimate-normals K or other features")
         return
     if not os.path.isdir(path):
         raise ValueError(f"--data-dir {path} does not exist; expected a folder with {_expected_data(dataset)}")
@@ -540,6 +542,11 @@ def build_parser():
     p.add_argument("--features", nargs="+", choices=tuple(datasets.FEATURE_CHANNELS), default=["occupancy"],
                    help="voxel features of point clouds, in channel order: occupancy, count, normals (3), offset "
                         "(3: the mean point position within the voxel)")
+    p.add_argument("--estimate-normals", type=int, metavar="K", default=None,
+                   help="with --features normals: estimate each point's normal from its K nearest neighbours "
+                        f"({MIN_NEIGHBOURS}..{MAX_NEIGHBOURS}; principal components, turned away from the centroid) "
+                        "instead of reading normals from the data; the saved model estimates them itself from "
+                        "x, y, z")
     p.add_argument("--vote", type=vote_argument, default="none",
                    help=f"also score the validation examples by voting over views of each cloud: {VOTE_HELP}; the "
                         "mean softmax over the views decides (rotations-12 suits --augment rotate12, mirror "
@@ -711,6 +718,14 @@ def _check_model_options(parser, args):
         parser.error("--features applies to point clouds; MNIST digits have one thresholded channel")
     if args.dataset == "mnist" and args.augment:
         parser.error("--augment applies to point clouds, not to MNIST digits")
+    if args.estimate_normals is not None:
+        if "normals" not in args.features:
+            parser.error(f"--estimate-normals {args.estimate_normals} estimates the normals feature; add normals to "
+                         "--features")
+        try:
+            check_neighbours(args.estimate_normals, "--estimate-normals")
+        except ValueError as e:
+            parser.error(str(e))
     if args.model == "octnet3" and args.lam > 0 and all(rho >= 1 for rho in args.rho or DEFAULT_RHOS[args.resolution]):
         parser.error(f"--lam pulls layers towards their density bound, and at {args.resolution} every block is "
                      "unbounded (rho 1.0); give --rho values below 1")
@@ -777,7 +792,7 @@ def parse_args(parser, argv=None):
     _check_model_options(parser, args)
     _check_strategy(parser, args)
     try:
-        check_data(args.dataset, args.data_dir, tuple(args.features))
+        check_data(args.dataset, args.data_dir, tuple(args.features), args.estimate_normals is not None)
     except (OSError, ValueError) as e:
         parser.error(one_line(e))
     if args.backup_dir:
@@ -812,14 +827,27 @@ def split_record(args, data_path, labels, keep, train_idx, val_idx, classes):
         record["synthetic_per_class"] = args.synthetic_per_class
     if args.dataset in ("modelnet40", "modelnet10", "scannet") and not (data_path or "").endswith(".npz"):
         record["points"] = args.points
-    if "normals" in args.features and args.dataset != "mnist":
-        record["normals"] = True
+    if "normals" in args.features and args.dataset != "mnist" and args.estimate_normals is None:
+        record["normals"] = True  # read from the data (estimated ones, the saved model makes itself)
     return record
 
 
 def write_json(path, value):
     with open(path, "w") as f:
         json.dump(value, f, indent=1, default=str)
+
+
+def estimated_normals(clouds, neighbours):
+    """[M, N, 3] -> [M, N, 6]: the clouds with the normals the saved model would estimate
+    from them (models.point_normals), with a progress line."""
+    started = time.perf_counter()
+
+    def progress(done, total):
+        print(f"\r      estimating normals ({neighbours} neighbours per point): {done}/{total} clouds", end="",
+              flush=True)
+    out = with_estimated_normals(clouds, neighbours, progress=progress)
+    print(f" in {time.perf_counter() - started:.0f} s", flush=True)
+    return out
 
 
 def serving_model(core, args, classes, points_per_cloud):
@@ -829,7 +857,8 @@ def serving_model(core, args, classes, points_per_cloud):
     if args.dataset == "mnist":
         return image_classifier(core, threshold=THRESHOLD, class_names=classes)
     return point_cloud_classifier(core, args.resolution, features=tuple(args.features), normalize="unit_sphere",
-                                  class_names=classes, points_per_cloud=points_per_cloud)
+                                  class_names=classes, points_per_cloud=points_per_cloud,
+                                  estimate_normals=args.estimate_normals)
 
 
 def build_model(args, num_classes, in_channels, steps, synchronized_bn=False):
@@ -892,13 +921,15 @@ def run_training(parser, args, argv, strategy):
     try:
         examples, labels, classes = load_examples(
             args.dataset, args.data_dir, {"points": args.points, "synthetic_per_class": args.synthetic_per_class},
-            args.seed, normals="normals" in args.features)
+            args.seed, normals="normals" in args.features and args.estimate_normals is None)
     except (OSError, ValueError) as e:
         parser.error(one_line(e))
     all_labels, keep = labels, np.arange(len(labels))
     if args.max_examples and args.max_examples < len(labels):
         keep, _ = datasets.stratified_split(labels, 1 - args.max_examples / len(labels), args.seed)
         examples, labels = examples[keep], labels[keep]
+    if args.estimate_normals is not None:
+        examples = estimated_normals(examples, args.estimate_normals)
     train_idx, val_idx = validation_split(args, labels, classes)
     validating = args.val_split != "none"
     if not len(train_idx) or (validating and not len(val_idx)):
@@ -1063,6 +1094,7 @@ def run_training(parser, args, argv, strategy):
         "lr": args.lr, "lr_schedule": args.lr_schedule, "optimizer": args.optimizer, "augment": args.augment,
         "weight_decay": args.weight_decay, "label_smoothing": args.label_smoothing,
         "init": None if site else args.init or "he_normal", "features": None if image_data else list(args.features),
+        "estimate_normals": args.estimate_normals,
         "out": os.path.abspath(args.out),
         "command": "tf-sparseconv train " + shlex.join(argv),
     }
@@ -1085,7 +1117,7 @@ def run_training(parser, args, argv, strategy):
 
     print("[4/4] summary")
     inputs = (f"images [B, {MNIST_RESOLUTION}, {MNIST_RESOLUTION}]" if image_data
-              else f"point clouds [B, N, {6 if 'normals' in args.features else 3}]")
+              else f"point clouds [B, N, {6 if 'normals' in args.features and args.estimate_normals is None else 3}]")
     written = {"model.keras": f"the trained model: {inputs} -> logits over {len(classes)} classes",
                "results.json": "accuracy, per-epoch history, sparse layers, memory bound",
                "split.json": "the training and validation examples",
