@@ -97,8 +97,20 @@ def fit(strategy, family):
         model.compile(keras.optimizers.SGD(0.05, momentum=0.9),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     dataset, steps = feed(strategy, family)
-    history = model.fit(dataset, epochs=EPOCHS, verbose=0, **steps).history
-    return model, history
+    # Keras' averages of the step logs over the workers: the strategy.reduce calls on tensors (those
+    # on variables read the metrics' sums and counts, at the epochs' ends)
+    reduced = []
+    counting = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if counting:
+        reduce = strategy.reduce
+        strategy.reduce = lambda *args, **kwargs: reduced.append(
+            not isinstance(args[1], tf.Variable)) or reduce(*args, **kwargs)
+    try:
+        history = model.fit(dataset, epochs=EPOCHS, verbose=0, **steps).history
+    finally:
+        if counting:
+            del strategy.reduce  # the class's method again
+    return model, history, sum(reduced)
 
 
 def train_loop(strategy, family, replica_loss, **build_args):
@@ -155,22 +167,23 @@ def unet_loop(strategy):
 
 def run_all(strategy):
     """{name: weights} and {name: losses} of the four trainings."""
-    results, losses = {}, {}
+    results, losses, log_reductions = {}, {}, {}
     for family in ("channel", "site"):
-        model, history = fit(strategy, family)
+        model, history, reductions = fit(strategy, family)
         results[f"fit_{family}"] = weights(model)
         losses[f"fit_{family}"] = history["loss"]
+        log_reductions[f"fit_{family}"] = {"reductions": reductions, "logs": sorted(history)}
     for name, loop in (("loop_channel", custom_loop), ("loop_unet", unet_loop)):
         model, loop_losses = loop(strategy)
         results[name] = weights(model)
         losses[name] = loop_losses
-    return results, losses
+    return results, losses, log_reductions
 
 
-def save(path, results, losses):
+def save(path, results, losses, log_reductions):
     import numpy as np
     arrays = {f"{name}/{i}": w for name, ws in results.items() for i, w in enumerate(ws)}
-    np.savez(path, losses=json.dumps(losses), **arrays)
+    np.savez(path, losses=json.dumps(losses), log_reductions=json.dumps(log_reductions), **arrays)
 
 
 def pruning_checks(strategy):
@@ -232,17 +245,17 @@ def main(argv=None):
         train.main(args.train_args)
         return 0
     import tf_sparseconv  # noqa: F401  registers the layers
-    results, losses = run_all(strategy)
+    results, losses, log_reductions = run_all(strategy)
     if args.mode == "mirrored":
         save(os.path.join(args.out, "single.npz"), *run_all(None))
-        save(os.path.join(args.out, "mirrored.npz"), results, losses)
+        save(os.path.join(args.out, "mirrored.npz"), results, losses, log_reductions)
         checks = {"pruning": pruning_checks(strategy), "batch_norm": batch_norm_checks(strategy),
                   "replicas": strategy.num_replicas_in_sync}
         with open(os.path.join(args.out, "checks.json"), "w") as f:
             json.dump(checks, f)
     else:
         task = strategy.cluster_resolver.task_id
-        save(os.path.join(args.out, f"worker{task}.npz"), results, losses)
+        save(os.path.join(args.out, f"worker{task}.npz"), results, losses, log_reductions)
     return 0
 
 

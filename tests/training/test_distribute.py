@@ -86,7 +86,7 @@ def load(path):
     archive = np.load(path)
     runs = {}
     for key in archive.files:
-        if key != "losses":
+        if key not in ("losses", "log_reductions"):
             name, index = key.rsplit("/", 1)
             runs.setdefault(name, {})[int(index)] = archive[key]
     return {name: [w[i] for i in sorted(w)] for name, w in runs.items()}, json.loads(str(archive["losses"]))
@@ -141,6 +141,11 @@ def test_two_workers_train_the_weights_of_one_device(mirrored, tmp_path):
         assert code == 0, output[-3000:]
     for task in range(2):
         assert_same_training(mirrored[0], load(tmp_path / f"worker{task}.npz"))
+        # The step logs (loss, accuracy, each convolution's density, ...) are averaged over the
+        # workers as one vector: one reduction per traced step function, not one per log.
+        log_reductions = json.loads(str(np.load(tmp_path / f"worker{task}.npz")["log_reductions"]))
+        for name, counted in log_reductions.items():
+            assert len(counted["logs"]) >= 2 and counted["reductions"] == 1, (name, counted)
 
 
 def test_trainer_on_two_workers_resumes_from_the_backups(tmp_path):

@@ -12,6 +12,13 @@ replicas along an axis 0 they do not have ("Invalid reduction dimension 0 for in
 dimensions"; tensorflow/tensorflow#72388); there each replica's step logs get that axis
 (one element), which the average removes again. The epoch's logs are Keras' reading of the
 metrics, whose totals and counts are summed over all replicas.
+
+Keras 3 averages those step logs one by one, and under MultiWorkerMirroredStrategy each
+average is a collective between the workers (two, with the replica axis: sum and count),
+run one after the other in every step: with a loss, three metrics and the density of each
+of OctNet3's nine convolutions, about 26 collectives a step besides the gradients' one.
+There the step's one-element floating-point logs travel as one vector instead (two
+collectives a step), unpacked into the same names and order afterwards (as float32).
 """
 import tensorflow as tf
 
@@ -42,7 +49,44 @@ def accept_per_replica_batches(model):
     model._maybe_symbolic_build = build_from_one_replica
     model.train_step = _logs_with_a_replica_axis(model, model.train_step)
     model.test_step = _logs_with_a_replica_axis(model, model.test_step)
+    model._make_function = _packed_step_logs(model, model._make_function)
     return model
+
+
+def _packed_step_logs(model, make_function):
+    """Keras' _make_function(step_function) -> function(iterator) -> logs, with the step's
+    one-element floating-point logs averaged over the workers as one vector under
+    MultiWorkerMirroredStrategy (module docstring); as Keras makes it otherwise."""
+    def make_packed_function(step_function):
+        if not isinstance(model.distribute_strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return make_function(step_function)
+        layout = {}  # filled when the step is traced: the logs' names, and which of them are packed
+
+        def packed_step(data):
+            logs = step_function(data)
+            if not isinstance(logs, dict):
+                layout.clear()
+                return logs
+            packed = [name for name, value in logs.items()
+                      if tf.is_tensor(value) and value.dtype.is_floating and value.shape.num_elements() == 1]
+            layout.update(order=list(logs), packed=packed)
+            vector = tf.concat([tf.reshape(tf.cast(logs[name], tf.float32), [1]) for name in packed], 0) \
+                if packed else tf.zeros([0])
+            # [1, L]: the replica axis the average over the workers takes away
+            return vector[None], {name: value for name, value in logs.items() if name not in packed}
+
+        function = make_function(packed_step)
+
+        def unpacked(iterator):
+            outputs = function(iterator)
+            if not layout:
+                return outputs
+            vector, rest = outputs
+            count = len(layout["packed"])
+            logs = dict(zip(layout["packed"], tf.unstack(tf.reshape(vector, [count]), num=count)), **rest)
+            return {name: logs[name] for name in layout["order"]}
+        return unpacked
+    return make_packed_function
 
 
 def _logs_with_a_replica_axis(model, step):
