@@ -7,7 +7,8 @@
 #   2. two replicas of the trainer (same global batch, then same batch per replica), as one
 #      worker process per GPU (multi-worker, over NCCL) and as one process (mirrored);
 #   3. the site UNet step on the LiDAR frame, one and two replicas.
-# Rows to $OUT/distributed.jsonl, the fuzz outcomes to $OUT/fuzz_gpu_{channel,site}.json, logs beside them.
+# Rows to $OUT/distributed.jsonl, the fuzz outcomes to $OUT/fuzz_gpu_{channel,site}.json, logs beside them,
+# each two-replica trainer process's output (NCCL_DEBUG=INFO) in $OUT/trainer_logs.tar.gz.
 # EPOCHS (default 3), FUZZ_EXAMPLES (default 8), FUZZ_TIMEOUT (s, default 130) and TRAIN_TIMEOUT (s per
 # trainer configuration, default 240) tune the call's length; FUZZ=0 leaves the fuzz out; BEFORE=1 also
 # runs the one-replica epoch with TF_SPARSECONV_CHECK_EVERY_OP=1 (every op re-checks its inputs).
@@ -48,8 +49,13 @@ for family in $families; do
   tail -2 "$out/fuzz_gpu_$family.log"; grep -h "ERROR SUMMARY" "$out/memcheck_$family.log" | sort | uniq -c
 done
 
-python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 2 --data-dir .devdata \
-  --strategies multi-worker mirrored --epochs "$epochs" --timeout "${TRAIN_TIMEOUT:-240}" --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+# Each trainer process's output (with NCCL's own report of its communicators) to $out/logs.
+NCCL_DEBUG=INFO python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 2 --data-dir .devdata \
+  --strategies multi-worker mirrored --epochs "$epochs" --timeout "${TRAIN_TIMEOUT:-240}" --logs "$out/logs" \
+  --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+grep -c "NCCL INFO" "$out"/logs/*.log
+# one file back (a call returns 8 at most)
+tar -czf "$out/trainer_logs.tar.gz" -C "$out" logs && rm -rf "$out/logs"
 echo "two replicas done at $((SECONDS - started)) s"
 python3 benchmarks/distributed.py --workloads site_unet_lidar_step --replicas 1 2 \
   --steps 5 --warmup 2 --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
