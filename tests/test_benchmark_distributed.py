@@ -91,7 +91,9 @@ def test_multi_worker_configurations_run_a_worker_per_gpu_on_localhost(tmp_path)
 
 def test_a_configuration_past_its_timeout_is_ended_and_named_with_its_workers_output(tmp_path):
     args = argparse.Namespace(epochs=1, seed=0, data_dir=None, synthetic_per_class=10, max_examples=0,
-                              train_args=[], timeout=2.0)
+                              train_args=[], timeout=2.0, logs=str(tmp_path / "logs"))
     with pytest.raises(RuntimeError, match=r"ran past --timeout 2 s \(process 0 of 2\)") as error:
         distributed.run_trainer(args, 2, 16, "multi-worker", 0, str(tmp_path / "run"))
     assert "--- process 0:" in str(error.value) and "--- process 1:" in str(error.value)
+    # --logs keeps each process's whole output, also of a configuration that failed
+    assert sorted(os.listdir(tmp_path / "logs")) == ["multi-worker-2x8-process0.log", "multi-worker-2x8-process1.log"]
