@@ -68,7 +68,11 @@ def estimate_normals(points, neighbours=NEIGHBOURS):
         _, nearest = tf.math.top_k(-d2, k)
         near = tf.gather(p, nearest)
         centred = near - tf.reduce_mean(near, axis=1, keepdims=True)
-        _, vectors = tf.linalg.eigh(tf.matmul(centred, centred, transpose_a=True))
+        covariance = tf.matmul(centred, centred, transpose_a=True)
+        # On the host: TensorFlow's GPU kernel for eigh solves a batch one matrix at a time
+        # (a cuSOLVER call each), its CPU kernel thousands of 3x3 matrices in microseconds each.
+        with tf.device("/cpu:0"):
+            _, vectors = tf.linalg.eigh(covariance)
         normal = vectors[:, :, 0]  # eigenvalues ascending: the direction of least variance
         away = tf.reduce_sum(normal * (q - centroids[cloud]), axis=1, keepdims=True)
         return j + 1, normals.write(j, tf.where(away < 0, -normal, normal))
