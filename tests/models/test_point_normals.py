@@ -120,6 +120,9 @@ def test_estimating_layer_round_trips_its_config_and_refuses_what_it_cannot_do(r
     bad[0, 3, 1] = np.nan
     with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or infinite"):
         layer(bad)
+    unnormalized = kl.PointCloudToSparse(8, ("occupancy", "normals"), normalize="none", estimate_normals=10)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or infinite"):
+        unnormalized(bad)
 
 
 def test_a_saved_classifier_estimates_the_normals_it_was_trained_with(rng, tmp_path):

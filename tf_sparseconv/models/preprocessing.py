@@ -245,12 +245,14 @@ class PointCloudToSparse(keras.layers.Layer):
         if points.shape.rank != 3 or points.shape[-1] not in (None, self.columns):
             raise ValueError(f"{self.name}: expected {described}, got shape {points.shape}")
         points = checked_shape(tf.cast(points, tf.float32), [None, None, self.columns], self.name, described)
+        if self.normalize == "unit_sphere" or self.estimate_normals is not None:
+            # checked once before what cannot take NaN, empty clouds or an empty batch
+            with tf.control_dependencies(check_point_clouds(points, self.columns, self.name)):
+                points = tf.identity(points)
         if self.normalize == "unit_sphere":
-            with tf.control_dependencies(check_point_clouds(points, self.columns, self.name)):
-                points = normalize_unit_sphere(points)
+            points = normalize_unit_sphere(points)
         if self.estimate_normals is not None:
-            with tf.control_dependencies(check_point_clouds(points, self.columns, self.name)):
-                normals = tf.cast(estimate_normals(points, self.estimate_normals), tf.float32)
+            normals = tf.cast(estimate_normals(points, self.estimate_normals), tf.float32)
             points = tf.concat([points, normals], axis=-1)
         x = voxelize_point_tensor(points, self.resolution, self.bounds, self.features, self.name)
         return as_keras_inputs(x)
