@@ -67,10 +67,9 @@ MODELNET40_FINDINGS = [
     "of the gap is a shift between ModelNet40's training and test shapes that no split of the training "
     "shapes shows. The goals (0.90 at 32³, 0.915 at 64³ on the test) are not reached.",
     "- Scaling each axis by its own factor in [0.8, 1] (`--augment aniso`, octnet3-32-aniso) validates 1.2 "
-    "points lower than octnet3-32 (0.883 against 0.895; 0.857 against 0.863 mean per class), "
-    "probably because ModelNet40's "
-    "classes differ in proportions (night_stand against dresser, desk against table) that the augmentation "
-    "blurs (not tested further).",
+    "points lower than octnet3-32 (0.883 against 0.895; 0.857 against 0.863 mean per class), probably "
+    "because ModelNet40's classes differ in proportions (night_stand against dresser, desk against table) "
+    "that the augmentation blurs (not tested further).",
     "- The kept models are the finals of OctNet3 32³ and 64³ (below): the chosen recipes trained once more on "
     "all 9,843 training shapes, 12% more than the validated runs saw. The validated runs' own models stay in "
     "the history (commit 4e82a00).",
