@@ -52,7 +52,7 @@ struct CheckSlot {
   int64_t detail[3];
 };
 
-constexpr int kMaxChecks = 4;
+constexpr int kMaxChecks = 5;
 struct Report {
   CheckSlot checks[kMaxChecks];
   int64_t count;  // the data-dependent output size, where the op has one

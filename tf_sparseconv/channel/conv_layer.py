@@ -9,7 +9,6 @@ import tensorflow as tf
 from tf_sparseconv.channel.direct_conv import (SELECTION_MODES, check_dataflow, check_temp_limit, direct_conv,
                                                k_from_rho_up)
 from tf_sparseconv.channel.keras_io import SparseLayer, logical_shape
-from tf_sparseconv.channel.relu import sparse_relu
 from tf_sparseconv.geometry import per_dim
 from tf_sparseconv.layer_config import choice, flag, real, whole, whole_or_wholes
 
@@ -159,9 +158,7 @@ class DirectSparseConv(SparseLayer):
         y, touched, positive = direct_conv(
             x, self.kernel, self.bias, tf.cast(self.mask, tf.bool), selection=self.selection,
             k=self.k, rho_up=self.rho_up, dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes,
-            return_counts=True)
-        if self.activation == "relu":
-            y = sparse_relu(y)
+            activation=self.activation, return_counts=True)  # the ReLU fused into the op
         cells = tf.cast(tf.reduce_prod(y.dense_shape), tf.float32)
         self.density_metric.update_state(tf.cast(y.num_entries, tf.float32) / cells)
         if self.density_regularizer is not None and self.density_regularization_on and training:

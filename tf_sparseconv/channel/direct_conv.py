@@ -12,6 +12,7 @@ from tf_sparseconv.checks import check_every_op
 from tf_sparseconv.inputs import float_attr, int_attr, refuse_complex
 
 SELECTION_MODES = ("none", "signed", "abs")
+ACTIVATIONS = (None, "relu")
 DATAFLOWS = ("auto", "sort", "dense")
 # tf_sparseconv 0.1's name of the CPU's dataflow choice, kept one release: its 'merge' is 'sort'.
 ACCUMULATORS = {"auto": "auto", "dense": "dense", "merge": "sort"}
@@ -55,7 +56,8 @@ def k_from_rho_up(rho_up, spatial_shape):
 
 
 def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=None,
-                rho_up=None, dataflow="auto", temp_limit_bytes=None, accumulator=None, return_counts=False):
+                rho_up=None, dataflow="auto", temp_limit_bytes=None, accumulator=None, activation=None,
+                return_counts=False):
     """Convolves a ChannelSparseTensor [B, R..., Cin] with a [K..., Cin, Cout] filter.
 
     Stride 1, 'same' zero padding, odd kernel sizes, cross-correlation as in
@@ -69,6 +71,8 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     rule). `temp_limit_bytes` caps the GPU sort's contribution buffers by running the batch
     in groups of whole examples (None or 0: no cap); the CPU holds no such buffers.
     `accumulator` is 0.1's name of the choice ('merge' is 'sort'), deprecated.
+    `activation` 'relu' is sparse_relu fused into the op: the same output as
+    sparse_relu(direct_conv(...)) without a second op (on the GPU, without its wait).
 
     Returns a ChannelSparseTensor [B, R..., Cout]; with return_counts also two [B, Cout]
     int64 tensors measured before k-selection: the support size (touched entries) and the
@@ -78,6 +82,9 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         raise TypeError(f"direct_conv expects a ChannelSparseTensor, got {type(x).__name__}")
     if selection not in SELECTION_MODES:
         raise ValueError(f"selection must be one of {SELECTION_MODES}, got {selection!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be None or 'relu' (a dense activation would fill empty space), "
+                         f"got {activation!r}")
     dataflow = check_dataflow(dataflow, accumulator)
     temp_limit_bytes = check_temp_limit(temp_limit_bytes)
     filters = tf.convert_to_tensor(refuse_complex(filters, "filters", "direct_conv"), dtype=x.dtype)
@@ -92,7 +99,7 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         filter_mask=tf.cast(filter_mask, tf.bool), bias=tf.convert_to_tensor(bias, dtype=x.dtype),
         selection=selection, k=0 if k is None else int_attr(k, "k", "direct_conv"),
         rho_up=0.0 if rho_up is None else float_attr(rho_up, "rho_up", "direct_conv"), dataflow=dataflow,
-        temp_limit_bytes=temp_limit_bytes)
+        temp_limit_bytes=temp_limit_bytes, activation=activation or "none")
     out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])
     y = ChannelSparseTensor(keys, values, dense_shape, out_shape)
     return (y, touched, positive) if return_counts else y

@@ -157,8 +157,9 @@ def _gpu_conv_temporary_bytes(layer, shape, in_entries, batch, value_bytes):
 
 
 def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads, device="cpu"):
-    """Output and temporary bytes of one DirectSparseConv (+ its ReLU) on an input bounded by
-    in_entries entries, on the CPU or the GPU."""
+    """Output and temporary bytes of one DirectSparseConv on an input bounded by in_entries
+    entries, on the CPU or the GPU. Its ReLU runs inside the op (activation 'relu'), which
+    outputs only the entries > 0: no second output beside the convolution's."""
     d = len(shape) - 2
     cin, cout = shape[-1], layer.filters
     cells = math.prod(shape[1:-1])
@@ -202,10 +203,6 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads, device="c
     # the dense tables (4, 2 per input channel, 1 per row); 2 vectors per output segment;
     # per block the scratch (3), order, streams, heap, and up to Cout touched sets.
     allocations = 5 + 7 + 4 + 2 * cin + offsets * cin + 2 * batch * cout + (threads + 1) * (7 + 2 * cout)
-    if layer.activation == "relu":
-        # The ReLU's output and its kept-index vector exist beside the conv output.
-        out_bytes += _sparse_bytes(out_entries, value_bytes) + out_entries * INDEX_BYTES
-        allocations += 3
     if device == "gpu":
         temporary = _gpu_conv_temporary_bytes(layer, shape, in_entries, batch, value_bytes) + offsets * cin * cout * 48
     return out_entries, out_bytes, temporary + allocations * ALLOCATION_OVERHEAD
@@ -620,7 +617,8 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
                 raise TypeError(f"layer {layer.name} has no bounded input before it")
             kind, shape, entries, out_bytes, temp = _bound_layer(layer, shape, entries, batch_size, value_bytes,
                                                                  threads, device)
-            # A dense convolution with an activation holds its pre-activation output too, as the sparse one does.
+            # A dense convolution with an activation holds its pre-activation output too (the sparse
+            # one fuses its ReLU into the op and holds one output).
             dense_tensors = 2 if isinstance(layer, DirectSparseConv) and layer.activation == "relu" else 1
             bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp + CALL_OVERHEAD,
                                      dense_tensors * math.prod(shape) * value_bytes))

@@ -208,13 +208,25 @@ __global__ void KeepKernel(const uint32_t* segment, const int32_t* index, const 
   }
 }
 
+template <typename T>
 struct IsKept {
   const int64_t* touched_total;
-  const uint8_t* keep;  // nullptr: all touched entries
+  const uint8_t* keep;      // nullptr: all touched entries
+  const T* relu_values;     // the fused ReLU: only entries > 0 (nullptr: any value)
   __device__ bool operator()(int64_t q) const {
-    return q < *touched_total && (keep == nullptr || keep[q] != 0);
+    return q < *touched_total && (keep == nullptr || keep[q] != 0) &&
+           (relu_values == nullptr || relu_values[q] > T(0));
   }
 };
+
+// The fused ReLU refuses NaN as SparseRelu does: the first NaN among the touched entries.
+template <typename T>
+__global__ void TouchedNaNKernel(const T* touched_values, const int64_t* touched_total, int64_t touched_bound,
+                                 CheckSlot* slot) {
+  TF_SPARSECONV_GRID_LOOP(q, touched_bound) {
+    if (q < *touched_total && isnan(touched_values[q])) RecordFirst(slot, q);
+  }
+}
 
 // ---- backprop ----
 
@@ -750,7 +762,13 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     PositiveCountKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
         touched_keys_, touched_values_, touched_total, touched_bound, L.spatial_size, positive_counts);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("positive counts");
+    if (a.relu) {
+      TouchedNaNKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+          touched_values_, touched_total, touched_bound, &device_report->checks[kConvReluNaN]);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("relu NaN check");
+    }
   }
+  relu_values_ = a.relu ? touched_values_ : nullptr;
 
   if (selection != SelectionMode::kNone && touched_bound > 0) {
     // The sort keys go to the free buffers: the summed contributions', or new ones.
@@ -789,14 +807,14 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
     keep_ = keep;
   }
-  TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, IsKept{touched_total, keep_},
+  TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, IsKept<T>{touched_total, keep_, relu_values_},
                                                 touched_bound, &device_report->count, &kept_));
   return ReadReport(stream, scratch, device_report, report);
 }
 
 template <typename T>
 GpuStatus DirectConvForwardGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values) const {
-  return WriteCompaction(stream, kept_, IsKept{touched_total_, keep_},
+  return WriteCompaction(stream, kept_, IsKept<T>{touched_total_, keep_, relu_values_},
                          CopyEntries<T>{touched_keys_, touched_values_, out_keys, out_values, nullptr});
 }
 

@@ -63,6 +63,8 @@ struct DirectConvArgs {
   // vectorisable [Cout] rows (gather-GEMM-scatter); kSort k-way merges the sorted
   // contribution streams of one (b, oc) segment; kAuto picks the cheaper. Identical results.
   DirectConvDataflow dataflow = DirectConvDataflow::kAuto;
+  // The fused ReLU (activation 'relu'): after k-selection only entries > 0 stay.
+  bool relu = false;
 };
 
 // The kept entries of one output segment (b, oc), sorted by spatial index.
@@ -72,6 +74,7 @@ struct SegmentResult {
   std::vector<T> values;
   int64_t touched = 0;   // size of the support before k-selection
   int64_t positive = 0;  // entries > 0 before k-selection: what a following ReLU keeps
+  int64_t nan = 0;       // NaN entries before k-selection (refused with the fused ReLU)
   int64_t kept = 0;      // entries emitted into a SegmentSink (then lin/values are freed)
 };
 

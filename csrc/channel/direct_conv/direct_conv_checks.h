@@ -32,6 +32,7 @@ struct ConvAttrs {
   int64_t k = 0;
   float rho_up = 0.0f;
   int64_t temp_limit_bytes = 0;  // the GPU sort's contribution buffers; 0: no limit
+  bool relu = false;             // activation 'relu': only kept entries > 0 are output
 
   // Reads and checks the attributes.
   absl::Status Read(tensorflow::OpKernelConstruction* ctx) {
@@ -41,6 +42,9 @@ struct ConvAttrs {
     TF_RETURN_IF_ERROR(ctx->GetAttr("k", &k));
     TF_RETURN_IF_ERROR(ctx->GetAttr("rho_up", &rho_up));
     TF_RETURN_IF_ERROR(ctx->GetAttr("temp_limit_bytes", &temp_limit_bytes));
+    std::string activation;
+    TF_RETURN_IF_ERROR(ctx->GetAttr("activation", &activation));
+    relu = activation == "relu";
     selection = selection_name == "signed" ? SelectionMode::kSigned
                 : selection_name == "abs"  ? SelectionMode::kAbs
                                            : SelectionMode::kNone;
@@ -72,6 +76,14 @@ struct ConvAttrs {
                  : static_cast<int64_t>(std::ceil(static_cast<double>(rho_up) * spatial_size));
   }
 };
+
+// The fused ReLU's refusal of NaN (SparseRelu refuses NaN input): checked inputs, filter
+// and bias hold none, so it comes from infinite input values (inf - inf, inf * 0).
+inline absl::Status FusedReluNaNError() {
+  return tensorflow::errors::InvalidArgument(
+      "DirectSparseConv with activation 'relu': an output value before the ReLU is NaN "
+      "(from infinite input values)");
+}
 
 struct ConvShapes {
   int64_t kernel_size[kMaxSpatialDims] = {};

@@ -49,6 +49,7 @@ struct DirectConvGpuArgs {
   const T* filter = nullptr;           // device, [K..., Cin, Cout]
   int64_t filter_size = 0;
   GpuWeightTable weights;
+  bool relu = false;                   // the fused ReLU: of the kept entries, only those > 0
 };
 
 // Contribution slots of the forward pass: n * max_row, which must not exceed
@@ -90,14 +91,16 @@ inline bool UseDenseGrid(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataf
   return dataflow == DirectConvDataflow::kDense;
 }
 
-enum ConvCheck { kConvKeys = 0, kConvValues = 1, kConvFilter = 2, kConvBias = 3 };
+// kConvReluNaN: with the fused ReLU, the first touched entry that is NaN.
+enum ConvCheck { kConvKeys = 0, kConvValues = 1, kConvFilter = 2, kConvBias = 3, kConvReluNaN = 4 };
 
 template <typename T>
 class DirectConvForwardGpu {
  public:
   // Checks (ConvCheck), computes the touched set, adds the bias, selects k per (b, oc);
   // writes touched_counts and positive_counts (entries > 0 before k-selection), each
-  // [B * Cout]; report->count = kept entries. Blocks until the report is on the host.
+  // [B * Cout]; report->count = kept entries (with args.relu, those > 0). Blocks until the
+  // report is on the host.
   GpuStatus Run(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& args,
                 const T* bias, SelectionMode selection, int64_t k, DirectConvDataflow dataflow,
                 int64_t* touched_counts, int64_t* positive_counts, Report* report);
@@ -109,6 +112,7 @@ class DirectConvForwardGpu {
   const T* touched_values_ = nullptr;
   const int64_t* touched_total_ = nullptr;  // device
   const uint8_t* keep_ = nullptr;           // nullptr: keep every touched entry
+  const T* relu_values_ = nullptr;          // the fused ReLU's test (nullptr: none)
   Compaction kept_;
 };
 

@@ -336,6 +336,7 @@ void ConvolveSegment(const DirectConvArgs<T>& a, int64_t b, int64_t oc, SegmentR
   if (streams.empty()) {
     out->touched = 0;
     out->positive = 0;
+    out->nan = 0;
     return;
   }
   {
@@ -375,11 +376,23 @@ void FinishSegment(const DirectConvArgs<T>& a, int64_t oc, SegmentResult<T>* out
   out->touched = static_cast<int64_t>(out->lin.size());
   const T bias = a.bias[oc];
   out->positive = 0;
+  out->nan = 0;
   for (T& v : out->values) {
     v += bias;
     out->positive += v > T(0);
+    out->nan += std::isnan(v);
   }
   SelectTopK(a.selection, a.k, out);
+  if (a.relu) {  // the fused ReLU: of the kept entries, those > 0, in order
+    size_t kept = 0;
+    for (size_t j = 0; j < out->values.size(); ++j) {
+      if (!(out->values[j] > T(0))) continue;
+      out->lin[kept] = out->lin[j];
+      out->values[kept++] = out->values[j];
+    }
+    out->lin.resize(kept);
+    out->values.resize(kept);
+  }
   // Results of all segments live until the output is assembled: release the touched
   // set's excess so that they hold at most k entries each (the memory bound).
   out->lin.shrink_to_fit();
@@ -692,6 +705,7 @@ class DirectSparseConvFunctor<CPUDevice, T> {
     a_.selection = attrs_.selection;
     a_.dataflow = attrs_.dataflow;
     a_.k = attrs_.EffectiveK(in.layout.spatial_size);
+    a_.relu = attrs_.relu;
     return absl::OkStatus();
   }
 
@@ -734,6 +748,7 @@ class DirectSparseConvFunctor<CPUDevice, T> {
     for (int64_t u = 0; u < units; ++u) {
       tc[u] = results_[u].touched;
       pc[u] = results_[u].positive;
+      if (a_.relu && results_[u].nan > 0) return FusedReluNaNError();
     }
     return absl::OkStatus();
   }

@@ -123,7 +123,8 @@ absl::Status ForwardReportStatus(const gpu::Report& report, const KeyLayout& L) 
   TF_RETURN_IF_ERROR(
       EntryReportStatus(report, gpu::kConvKeys, gpu::kConvValues, L.num_keys(), "input", "input values"));
   TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kConvFilter], "filter"));
-  return NaNStatus(report.checks[gpu::kConvBias], "bias");
+  TF_RETURN_IF_ERROR(NaNStatus(report.checks[gpu::kConvBias], "bias"));
+  return gpu::Failed(report.checks[gpu::kConvReluNaN]) ? FusedReluNaNError() : absl::OkStatus();
 }
 
 }  // namespace
@@ -139,6 +140,7 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
 
   absl::Status Prepare(const ConvTensors<T>& in, const T* bias) {
     GpuConvArgs(in, &table_, &args_);
+    args_.relu = attrs_.relu;
     bias_ = bias;
     const KeyLayout& L = args_.in_layout;
     k_ = attrs_.EffectiveK(L.spatial_size);

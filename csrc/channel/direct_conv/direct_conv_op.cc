@@ -27,6 +27,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConv")
     .Attr("rho_up: float = 0")
     .Attr("dataflow: {'auto', 'sort', 'dense'} = 'auto'")
     .Attr("temp_limit_bytes: int = 0")
+    .Attr("activation: {'none', 'relu'} = 'none'")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
@@ -64,6 +65,10 @@ temp_limit_bytes caps the contribution buffers of the GPU's sort (0: no cap): wh
 the whole batch would exceed it, the forward runs in groups of whole examples, twice the
 work for a lower peak, with the same result. The CPU's sort merges streams and holds no such
 buffers, so the cap always holds there; 'dense' needs none.
+activation 'relu' keeps only the kept entries with value > 0: SparseRelu fused into the
+op, with the same output as SparseRelu of the unfused output but no second op (on the
+GPU, no second host round trip). A NaN among the touched entries is then refused
+(InvalidArgument), as SparseRelu refuses NaN input.
 
 in_keys: sorted unique int64 keys of the input, layout (b * Cin + c) * S + lin(x).
 in_values: one value per key.
@@ -75,7 +80,8 @@ bias: [Cout].
 out_keys: sorted keys of the output, dense shape [B, R1, ..., Rd, Cout].
 touched_counts: [B, Cout] support size of each output segment before k-selection.
 positive_counts: [B, Cout] entries > 0 of each segment before k-selection (what a
-  following ReLU would keep without the bound; the density of Eq. 4).
+  following ReLU would keep without the bound; the density of Eq. 4), with either
+  activation.
 )doc");
 
 REGISTER_OP("TfSparseconv>DirectSparseConvBackprop")
