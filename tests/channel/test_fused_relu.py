@@ -17,7 +17,7 @@ from tests.device import CPU, assert_same_error
 @pytest.mark.parametrize("selection", ["none", "signed", "abs"])
 @pytest.mark.parametrize("dataflow", ["sort", "dense"])
 def test_fused_relu_is_sparse_relu_of_the_convolution(rng, batch, spatial, cin, cout, kernel, density,
-                                                       filter_density, selection, dataflow, device):
+                                                      filter_density, selection, dataflow, device):
     dense = random_sparse(rng, batch, spatial, cin, density)
     w, mask = random_filter(rng, kernel, cin, cout, filter_density)
     bias = rng.standard_normal(cout) * 0.5
