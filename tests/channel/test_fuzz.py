@@ -345,6 +345,12 @@ def ref_direct_conv(inputs):
             kept.extend(order[:k])
         kept = np.array(sorted(kept), np.int64)
     dtype = inputs["values"].dtype
+    if inputs.get("activation", "none") == "relu":  # the fused ReLU: of the kept entries, those > 0
+        if not np.all(np.isfinite(bound)) or np.any(bound > np.finfo(dtype).max / 4):
+            raise NotRun("fused ReLU over non-finite values")  # NaN (refused) or not: the op's rounding decides
+        if np.any(np.abs(value[kept]) <= 1e-4 * bound[kept]):
+            raise NotRun("fused ReLU of a value within rounding of 0")
+        kept = kept[value[kept] > 0]
     return dict(keys=out_keys[kept], values=Approx(value[kept], bound[kept], dtype),
                 dense_shape=np.array(out.dims, np.int64), touched=touched,
                 positive=None if sign_unknown else positive.astype(np.int64))
@@ -452,7 +458,7 @@ def make_conv(rng):
     return dict(sparse, filter=w, mask=mask, bias=rng.standard_normal(w.shape[-1]).astype(w.dtype),
                 selection=selection, k=np.array(k, np.int64), rho_up=np.array(rho_up, np.float64),
                 temp_limit_bytes=np.array(0 if rng.random() < 0.5 else 4096, np.int64),
-                dataflow=str(rng.choice(["auto", "sort", "dense"])))
+                dataflow=str(rng.choice(["auto", "sort", "dense"])), activation=str(rng.choice(["none", "relu"])))
 
 
 CONV_MUTABLE = ["keys", "values", "dense_shape", "filter", "mask", "bias", "k", "rho_up", "temp_limit_bytes"]
@@ -463,8 +469,13 @@ def run_raw_conv(inputs):
                                                          "bias")
     out = ops.direct_sparse_conv(keys, values, dense_shape, w, mask, bias, selection=inputs["selection"],
                                  k=inputs["k"].tolist(), rho_up=inputs["rho_up"].tolist(),
-                                 dataflow=inputs["dataflow"], temp_limit_bytes=inputs["temp_limit_bytes"].tolist())
+                                 dataflow=inputs["dataflow"], temp_limit_bytes=inputs["temp_limit_bytes"].tolist(),
+                                 activation=inputs.get("activation", "none"))
     return dict(zip(("keys", "values", "dense_shape", "touched", "positive"), numpy_of(out)))
+
+
+def public_activation(inputs):
+    return None if inputs.get("activation", "none") == "none" else inputs["activation"]
 
 
 def run_public_conv(inputs):
@@ -473,14 +484,15 @@ def run_public_conv(inputs):
     y, touched, positive = ts.direct_conv(
         tensor_of(inputs), w, bias, mask, selection=inputs["selection"], k=None if k == 0 else k,
         rho_up=None if rho_up == 0 else rho_up, dataflow=inputs["dataflow"],
-        temp_limit_bytes=inputs["temp_limit_bytes"].tolist(), return_counts=True)
+        temp_limit_bytes=inputs["temp_limit_bytes"].tolist(), activation=public_activation(inputs),
+        return_counts=True)
     return dict(zip(("keys", "values", "dense_shape", "touched", "positive"), numpy_of(
         (y.keys, y.values, y.dense_shape, touched, positive))))
 
 
 def make_backprop(rng):
     inputs = make_conv(rng)
-    inputs.update(selection="none", k=np.array(0, np.int64), rho_up=np.array(0.0), dataflow="auto")
+    inputs.update(selection="none", k=np.array(0, np.int64), rho_up=np.array(0.0), dataflow="auto", activation="none")
     out_keys = ref_direct_conv(inputs)["keys"]
     out_grad = rng.standard_normal(len(out_keys)).astype(inputs["values"].dtype)
     return dict((n, inputs[n]) for n in ("keys", "values", "dense_shape", "filter", "mask")) | dict(
@@ -527,7 +539,8 @@ def run_conv_gradient(inputs):
         tape.watch([values, w, bias])
         y = ts.direct_conv(ts.ChannelSparseTensor(keys, values, dense_shape), w, bias, mask,
                            selection=inputs["selection"], k=None if k == 0 else k,
-                           rho_up=None if rho_up == 0 else rho_up, dataflow=inputs["dataflow"])
+                           rho_up=None if rho_up == 0 else rho_up, dataflow=inputs["dataflow"],
+                           activation=public_activation(inputs))
         loss = tf.reduce_sum(y.values * loss_weights(y))
     return numpy_of(tape.gradient(loss, [values, w, bias]))
 
