@@ -1,0 +1,200 @@
+"""Where a training step's time goes: a few Keras training steps of OctNet3 32^3 (the model of
+the ModelNet40 epoch in benchmarks/distributed.py) under TensorFlow's profiler, on one replica
+or on N replicas of tf.distribute.MirroredStrategy (batch 32 per replica), and what the trace
+says per step:
+
+  step_ms        wall time per traced step (the host's clock around them)
+  gpu_busy_ms    per GPU: the union of its kernels' and copies' intervals per step
+  gpu_idle       per GPU: 1 - busy / step, the share of the step the GPU waits for the host
+  kernels        per GPU: kernels per step
+  collective_ms  per GPU: NCCL kernels per step (the all-reduce)
+  host_waits     the library's host waits per step (tf_sparseconv.host_sync_count())
+
+A step whose GPUs are idle most of the time is bound by the host (the waits, op launches); a
+step whose two replicas' GPUs are idle longer than one replica's lose the time between the
+replicas (waiting for each other at the all-reduce). The trace is read from the profiler's
+XSpace (.xplane.pb); --keep-trace DIR also keeps it (TensorBoard's profile plugin reads it).
+
+Rows (one per configuration) are appended to --out (default
+benchmarks/results/step_profile.jsonl): workload, strategy, replicas, device, step_ms, the
+per-GPU lists, host_waits, steps, warmup, commit, checks, date.
+
+    python benchmarks/step_profile.py --replicas 1 2 [--data-dir DIR] [--steps 10] [--warmup 5]
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import sys
+import tempfile
+import time
+
+import keras
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tf_sparseconv as ts  # noqa: E402
+from tf_sparseconv import data as datasets  # noqa: E402
+from tf_sparseconv.models import DEFAULT_RHOS, octnet3  # noqa: E402
+from tf_sparseconv.training.distribute import per_replica_dataset  # noqa: E402
+from tf_sparseconv.training.train import keras_batches  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_info import checkout_commit, checks_mode, gpu_name  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESOLUTION = 32
+
+
+class TraceSteps(keras.callbacks.Callback):
+    """Traces training steps [warmup, warmup + steps) into logdir and times them."""
+
+    def __init__(self, warmup, steps, logdir):
+        super().__init__()
+        self.warmup, self.steps, self.logdir = warmup, steps, logdir
+        self.seconds = self.waits = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == self.warmup:
+            tf.profiler.experimental.start(self.logdir)
+            self._start = (time.perf_counter(), ts.host_sync_count())
+
+    def on_train_batch_end(self, batch, logs=None):
+        # Keras hands this callback the step's logs as numbers: the step has run.
+        if batch == self.warmup + self.steps - 1:
+            self.seconds = time.perf_counter() - self._start[0]
+            self.waits = ts.host_sync_count() - self._start[1]
+            tf.profiler.experimental.stop()
+
+
+def union_length(intervals):
+    """Total length covered by [begin, end) intervals (picoseconds)."""
+    total, end = 0, None
+    for b, e in sorted(intervals):
+        if end is None or b > end:
+            total += e - b
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def gpu_summary(xspace_path):
+    """Per GPU plane of the trace: (name, busy ps, kernels, NCCL ps, line names), from the
+    events on its stream lines (CUPTI's kernels and copies)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    space = xplane_pb2.XSpace()
+    with open(xspace_path, "rb") as f:
+        space.ParseFromString(f.read())
+    out = []
+    for plane in space.planes:
+        if not plane.name.startswith("/device:GPU:"):
+            continue
+        names = {i: m.name for i, m in plane.event_metadata.items()}
+        intervals, kernels, nccl, lines = [], 0, [], []
+        for line in plane.lines:
+            lines.append(line.name)
+            if "stream" not in line.name.lower():
+                continue  # derived lines (steps, ops) repeat the streams' time
+            base = line.timestamp_ns * 1000
+            for event in line.events:
+                b = base + event.offset_ps
+                intervals.append((b, b + event.duration_ps))
+                name = names.get(event.metadata_id, "")
+                if not any(copy in (line.name + " " + name).lower() for copy in ("memcpy", "memset")):
+                    kernels += 1
+                if "nccl" in name.lower():
+                    nccl.append((b, b + event.duration_ps))
+        out.append((plane.name, union_length(intervals), kernels, union_length(nccl), sorted(set(lines))))
+    return sorted(out)
+
+
+def dataset(strategy, replicas, points, labels):
+    batch = 32 * replicas
+    if replicas == 1:
+        return keras_batches(datasets.point_cloud_dataset(points, labels, RESOLUTION, batch, seed=0)).repeat()
+    return per_replica_dataset(strategy, lambda split: keras_batches(datasets.point_cloud_dataset(
+        points, labels, RESOLUTION, batch, seed=0, split=split, drop_remainder=True)))
+
+
+def profile(replicas, points, labels, classes, warmup, steps, keep_trace):
+    gpus = tf.config.list_logical_devices("GPU")
+    devices = [d.name for d in gpus[:replicas]] or ["/cpu:0"]
+    if replicas > max(1, len(gpus)):
+        raise SystemExit(f"--replicas {replicas}: TensorFlow sees {len(gpus)} GPU(s)")
+    strategy = tf.distribute.MirroredStrategy(devices) if replicas > 1 else tf.distribute.get_strategy()
+    with strategy.scope():
+        model = octnet3(RESOLUTION, len(classes), DEFAULT_RHOS[RESOLUTION])
+        model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    logdir = keep_trace or tempfile.mkdtemp(prefix="step_profile_")
+    if keep_trace:
+        logdir = os.path.join(keep_trace, f"replicas{replicas}")
+    trace = TraceSteps(warmup, steps, logdir)
+    model.fit(dataset(strategy, replicas, points, labels), epochs=1, steps_per_epoch=warmup + steps,
+              callbacks=[trace], verbose=0, shuffle=False)
+    files = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))
+    if not files:
+        raise SystemExit(f"the profiler wrote no .xplane.pb under {logdir}")
+    planes = gpu_summary(files[-1])
+
+    def per_step(ps):  # picoseconds over all traced steps -> ms per step
+        return ps / 1e9 / steps
+
+    step_ms = trace.seconds * 1e3 / steps
+    return {
+        "step_ms": step_ms,
+        "gpu_busy_ms": [per_step(p[1]) for p in planes],
+        "gpu_idle": [1 - per_step(p[1]) / step_ms for p in planes],
+        "kernels": [p[2] / steps for p in planes],
+        "collective_ms": [per_step(p[3]) for p in planes],
+        "host_waits": trace.waits / steps,
+        "gpu_planes": [p[0] for p in planes],
+        "stream_lines": [p[4] for p in planes],
+        "trace": files[-1] if keep_trace else None,
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--replicas", type=int, nargs="+", default=[1])
+    p.add_argument("--data-dir", help="a folder with modelnet40_train.npz (default: the embedded synthetic shapes)")
+    p.add_argument("--warmup", type=int, default=5, help="steps run before the traced ones (tracing, first calls)")
+    p.add_argument("--steps", type=int, default=10, help="traced steps")
+    p.add_argument("--keep-trace", metavar="DIR", help="keep the profiler's trace under DIR/replicas<N>")
+    p.add_argument("--out", default=os.path.join(RESULTS, "step_profile.jsonl"))
+    args = p.parse_args()
+    if args.warmup < 1 or args.steps < 1:
+        p.error("--warmup and --steps must be >= 1")
+    if args.data_dir:
+        points, labels, classes = datasets.load_modelnet_npz(os.path.join(args.data_dir, "modelnet40_train.npz"))
+        workload = "modelnet40_32_step"
+    else:
+        points, labels, classes = datasets.make_shapes(64, seed=0)
+        workload = "synthetic_32_step"
+    device = gpu_name() or "cpu"
+    rows = []
+    for i, replicas in enumerate(args.replicas, 1):
+        print(f"[{i}/{len(args.replicas)}] {workload}, {replicas} replica(s), batch 32 each, on {device}: "
+              f"{args.warmup} steps, then {args.steps} traced", flush=True)
+        row = {"workload": workload, "strategy": "mirrored" if replicas > 1 else "default", "replicas": replicas,
+               "device": f"{replicas}x {device}" if device != "cpu" else "cpu"}
+        row.update(profile(replicas, points, labels, classes, args.warmup, args.steps, args.keep_trace))
+        row.update(steps=args.steps, warmup=args.warmup, commit=checkout_commit(), checks=checks_mode(),
+                   date=datetime.date.today().isoformat())
+        rows.append(row)
+        busy = ", ".join(f"{b:.1f}" for b in row["gpu_busy_ms"]) or "no GPU"
+        print(f"      {row['step_ms']:.1f} ms per step; GPU busy {busy} ms per step; "
+              f"{row['host_waits']:g} host waits per step", flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    print("summary: " + "; ".join(
+        f"{r['replicas']} replica(s) {r['step_ms']:.1f} ms/step, GPU idle "
+        + ("/".join(f"{x:.0%}" for x in r["gpu_idle"]) or "n/a") for r in rows) + f"; appended to {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""benchmarks/step_profile.py: its reading of a profiler trace (busy time as the union of a
+GPU's stream events, NCCL kernels apart, derived lines left out) on a hand-built XSpace, and
+one traced CPU run whose row carries its keys."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import step_profile  # noqa: E402
+
+
+def test_union_length_counts_overlaps_once():
+    assert step_profile.union_length([]) == 0
+    assert step_profile.union_length([(0, 10), (5, 20), (30, 35), (31, 32)]) == 25
+    assert step_profile.union_length([(30, 35), (0, 10), (10, 12)]) == 17
+
+
+def _event(line, metadata_id, offset_ps, duration_ps):
+    event = line.events.add()
+    event.metadata_id, event.offset_ps, event.duration_ps = metadata_id, offset_ps, duration_ps
+
+
+def test_gpu_summary_reads_the_stream_lines_of_each_gpu(tmp_path):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    space = xplane_pb2.XSpace()
+    host = space.planes.add()
+    host.name = "/host:CPU"
+    _event(host.lines.add(), 1, 0, 10**9)  # host time is not GPU time
+    gpu = space.planes.add()
+    gpu.name = "/device:GPU:0"
+    gpu.event_metadata[1].name = "DirectConvKernel"
+    gpu.event_metadata[2].name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    gpu.event_metadata[3].name = "MemcpyDtoH"
+    compute = gpu.lines.add()
+    compute.name, compute.timestamp_ns = "Stream #13(Compute)", 1
+    _event(compute, 1, 0, 4000)          # [1000, 5000) ps
+    _event(compute, 2, 6000, 2000)       # [7000, 9000): NCCL
+    _event(compute, 3, 7000, 500)        # a copy on a compute stream: busy, but no kernel
+    copies = gpu.lines.add()
+    copies.name, copies.timestamp_ns = "Stream #14(MemcpyDtoH)", 0
+    _event(copies, 3, 4000, 2000)        # [4000, 6000): overlaps the first kernel by 1000
+    derived = gpu.lines.add()
+    derived.name = "TensorFlow Ops"      # repeats the streams' time: left out
+    _event(derived, 1, 0, 10**6)
+    path = tmp_path / "t.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+    [(name, busy, kernels, nccl, lines)] = step_profile.gpu_summary(str(path))
+    assert name == "/device:GPU:0"
+    assert busy == 4000 + 1000 + 2000  # [1000, 6000) and [7000, 9000)
+    assert kernels == 2 and nccl == 2000
+    assert lines == sorted(["Stream #13(Compute)", "Stream #14(MemcpyDtoH)", "TensorFlow Ops"])
+
+
+def test_a_cpu_run_appends_a_row_with_its_keys(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "step_profile.py"), "--warmup", "1",
+                          "--steps", "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert run.returncode == 0, run.stdout + run.stderr
+    [row] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["workload"] == "synthetic_32_step" and row["replicas"] == 1 and row["device"] == "cpu"
+    assert row["step_ms"] > 0 and row["gpu_busy_ms"] == [] and row["host_waits"] == 0
+    assert "summary: 1 replica(s)" in run.stdout
