@@ -86,6 +86,12 @@ RECIPES = {
                            ["--model", "octnet3", "--resolution", "32", "--epochs", "30", "--features", "occupancy",
                             "normals", "offset", "--estimate-normals", "16", "--weight-decay", "0.5",
                             "--label-smoothing", "0.1"]),
+    # Members of an ensemble with octnet3-32: other initialisations and shuffling (--seed), the
+    # same validation examples (--split-seed 0), scored together by tf-sparseconv evaluate.
+    **{f"octnet3-32-seed{seed}": (f"octnet3-32 with --seed {seed} and the validation split of seed 0 (--split-seed "
+                                  "0): a member of an ensemble with octnet3-32",
+                                  ["--model", "octnet3", "--resolution", "32", "--epochs", "30", *REGULARISED,
+                                   "--seed", str(seed), "--split-seed", "0"]) for seed in (1, 2)},
     "octnet3-64": ("OctNet3 at 64^3 (Table 4 bounds), the recipe of octnet3-32",
                    ["--model", "octnet3", "--resolution", "64", "--epochs", "20", *REGULARISED]),
     "site-resnet-64": ("the site-sparse ResNet at 64^3: channels 32, 64, 128, 256, two residual blocks per level",

@@ -468,3 +468,49 @@ def test_bound_prints_the_models_bound_and_the_dense_grids(capsys, models):
     # A bare core (train's epoch snapshots) is bounded from its sparse input.
     code, out, _ = run(capsys, "bound", models["paths"]["core"], "--batch-size", "4")
     assert code == 0 and memory_bound(keras.models.load_model(models["paths"]["core"]), 4).table() in out
+
+
+def test_evaluate_several_models_scores_their_ensemble(capsys, tmp_path, models):
+    names = list(models["classes"])
+    clouds, labels, _ = make_shapes(num_per_class=4, num_points=POINTS, classes=names, seed=12)
+    dequantised = quantised_npz(tmp_path / "test.npz", clouds, labels, names)
+    paths = models["paths"]
+    unnormalized = keras.models.load_model(paths["none"])
+    mean = (softmax(models["points"].predict(dequantised, verbose=0))
+            + softmax(unnormalized.predict(dequantised, verbose=0))) / 2
+    code, out, err = run(capsys, "evaluate", paths["points"], paths["none"], "--data", tmp_path / "test.npz",
+                         "--out", tmp_path / "ensemble")
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "ensemble" / "metrics.json").read_text())
+    assert metrics["models"] == [os.path.abspath(paths["points"]), os.path.abspath(paths["none"])]
+    assert metrics["correct"] == int(np.sum(mean.argmax(1) == labels))
+    assert "ensemble of 2 models" in out
+    # The same model twice, or models of other classes, are refused.
+    code, _, err = run(capsys, "evaluate", paths["points"], paths["points"], "--data", tmp_path / "test.npz")
+    assert code == 2 and "a model is named twice" in err
+    code, _, err = run(capsys, "evaluate", paths["points"], paths["scannet"], "--data", tmp_path / "test.npz",
+                       "--classes", "model")
+    assert code == 2 and "has other classes than" in err
+
+
+def test_split_seed_keeps_the_validation_examples_and_evaluate_scores_the_ensemble(capsys, trained_run):
+    runs = {}
+    for name, seeds in (("seed1", ["--seed", "1", "--split-seed", "0"]), ("seed2", ["--seed", "2"])):
+        assert cli.main(["train", "--dataset", "modelnet40", "--data-dir", str(trained_run / "train.npz"),
+                         "--resolution", "8", "--rho", "0.5", "1.0", "--epochs", "1", "--val-fraction", "0.3",
+                         *seeds, "--out", str(trained_run / name)]) == 0
+        runs[name] = json.loads((trained_run / name / "split.json").read_text())
+    first = json.loads((trained_run / "run" / "split.json").read_text())
+    assert runs["seed1"]["val_indices"] == first["val_indices"] and runs["seed1"]["split_seed"] == 0
+    assert runs["seed2"]["val_indices"] != first["val_indices"] and runs["seed2"]["split_seed"] == 2
+    paths = [trained_run / "run" / "model.keras", trained_run / "seed1" / "model.keras"]
+    code, out, err = run(capsys, "evaluate", *paths, "--split", "val", "--out", trained_run / "ensemble-val")
+    assert code == 0, err
+    examples, labels, _ = train.load_examples("modelnet40", str(trained_run / "train.npz"), {}, 0)
+    val = first["val_indices"]
+    mean = sum(softmax(keras.models.load_model(p).predict(examples[val], verbose=0)) for p in paths) / 2
+    metrics = json.loads((trained_run / "ensemble-val" / "metrics.json").read_text())
+    assert metrics["correct"] == int(np.sum(mean.argmax(1) == labels[val]))
+    # Runs that held out other examples do not make an ensemble on --split val.
+    code, out, err = run(capsys, "evaluate", paths[0], trained_run / "seed2" / "model.keras", "--split", "val")
+    assert code == 2 and out == "" and "was trained with other validation examples" in err

@@ -5,7 +5,8 @@ scans) or, with --split val, exactly the validation examples of the run that sav
 model (from its split.json). The data's class names are matched to the model's by name,
 so a test tree with fewer classes, or in another order, scores correctly; a class the
 model does not know is refused. With --vote, each cloud is scored by the mean softmax over
-its mirror image or its rotations about the up axis (z) as well. Prints the overall and the
+its mirror image or its rotations about the up axis (z) as well. Several models are scored
+as an ensemble: the mean of their softmax outputs (after each one's vote). Prints the overall and the
 mean per-class accuracy and a per-class table; writes metrics.json and confusion_matrix.png
 to a new folder.
 """
@@ -32,7 +33,10 @@ SPLIT_FILE = "split.json"
 
 
 def add_arguments(parser):
-    parser.add_argument("model", metavar="MODEL", help="the saved model (.keras), e.g. runs/<run>/model.keras")
+    parser.add_argument("model", metavar="MODEL", nargs="+",
+                        help="the saved model (.keras), e.g. runs/<run>/model.keras; several: their ensemble, "
+                             "scored by the mean of their softmax outputs (same classes; with --split val, trained "
+                             "with the same validation examples)")
     parser.add_argument("--data", metavar="PATH",
                         help="labelled data: a ModelNet OFF tree, a point-cloud or MNIST .npz, MNIST idx files or "
                              "ScanNet scans (with --split val: default the training run's data)")
@@ -80,10 +84,13 @@ def _check_arguments(args):
     """(kind, split, data path, split record or None), refusing bad arguments before anything loads."""
     from tf_sparseconv.data import test_split
 
-    check_model_file(args.model)
+    for path in args.model:
+        check_model_file(path)
+    if len(set(map(os.path.abspath, args.model))) != len(args.model):
+        raise UsageError("a model is named twice; an ensemble takes each model once")
     record = None
     if args.split == "val":
-        record = _read_split_record(args.model)
+        record = _same_validation_examples(args.model)
         data = args.data or record.get("data_path")
         if record.get("dataset") == "synthetic" and args.data:
             raise UsageError("--data does not apply: the model was trained on the built-in synthetic shapes, "
@@ -114,6 +121,20 @@ def _check_arguments(args):
     if args.out is not None:
         check_out_dir(args.out, args.overwrite)
     return kind, split, data, record
+
+
+def _same_validation_examples(model_paths):
+    """The split record of the first model, after checking that every model's names the same
+    validation examples of the same data."""
+    records = [_read_split_record(path) for path in model_paths]
+    keys = ("dataset", "num_examples", "labels_sha256", "val_indices")  # the same data, wherever it lies
+    for path, record in zip(model_paths[1:], records[1:]):
+        differs = [k for k in keys if record.get(k) != records[0].get(k)]
+        if differs:
+            raise UsageError(f"--split val: {path} was trained with other validation examples than "
+                             f"{model_paths[0]} ({', '.join(differs)} differ); an ensemble is scored on examples "
+                             "none of its models trained on (train them with the same --split-seed)")
+    return records[0]
 
 
 def _read_split_record(model_path):
@@ -193,7 +214,8 @@ def _load_validation_set(record, data):
     sizes = {"points": record.get("points", 1024), "synthetic_per_class": record.get("synthetic_per_class")}
     print(f"loading {data or 'the built-in shapes'} as the training run did", file=sys.stderr, flush=True)
     try:
-        examples, labels, classes = load_examples(record["dataset"], data, sizes, record.get("seed", 0),
+        examples, labels, classes = load_examples(record["dataset"], data, sizes,
+                                                  record.get("split_seed", record.get("seed", 0)),
                                                   normals=bool(record.get("normals")))
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--split val: {one_line(e)}") from None
@@ -314,46 +336,76 @@ def _load_examples(args, kind, split, data, record, spec, model_names, num_outpu
     return loaded, classes, model_index, notes, seed
 
 
+def _load_ensemble(paths, kind, data, vote):
+    """[(model, input spec)], their class names and output count: the same for every model."""
+    loaded = []
+    for path in paths:
+        model, spec, names = load_model(path)
+        _check_compatible(kind, spec, data, vote)
+        loaded.append((path, model, spec, names, int(model.outputs[0].shape[-1])))
+    _, _, first_spec, names, num_outputs = loaded[0]
+    for path, _, spec, other_names, other_outputs in loaded[1:]:
+        if (other_names, other_outputs) != (names, num_outputs):
+            raise UsageError(f"{path} has other classes than {paths[0]} ({other_outputs} against {num_outputs} "
+                             "outputs, or other names); an ensemble averages the same classes")
+        if spec["kind"] != first_spec["kind"] or spec.get("points_per_cloud") != first_spec.get("points_per_cloud"):
+            raise UsageError(f"{path} takes other inputs than {paths[0]} (kind or points per cloud); an ensemble "
+                             "scores every model on the same examples")
+    return [(m, s) for _, m, s, _, _ in loaded], names, num_outputs
+
+
+def _probabilities(model, examples, batch_size, vote, what):
+    """[M, K]: softmax of the model's outputs, or its vote's mean softmax over the views."""
+    from tf_sparseconv.training.voting import softmax, vote_views, voted_probabilities
+    if vote == "none":
+        return softmax(predict_logits(model, examples, batch_size, Progress(f"predicting{what}", len(examples))))
+    views = sum(1 for _ in vote_views(examples[:1], vote))
+    done = [0]
+
+    def predict(view):
+        done[0] += 1
+        return predict_logits(model, view, batch_size,
+                              Progress(f"predicting{what} view {done[0]}/{views} ({vote})", len(examples)))
+
+    return voted_probabilities(predict, examples, vote)
+
+
 def run(args):
     kind, split, data, record = _check_arguments(args)
-    out = args.out or _default_out(args.model, data, split)
-    model, spec, model_names = load_model(args.model)
-    num_outputs = int(model.outputs[0].shape[-1])
-    _check_compatible(kind, spec, data, args.vote)
+    out = args.out or _default_out(args.model[0], data, split)
+    ensemble, model_names, num_outputs = _load_ensemble(args.model, kind, data, args.vote)
+    # The examples are loaded once, with normals where any model uses them.
+    spec = max((s for _, s in ensemble), key=lambda s: s.get("columns", 3))
     loaded, classes, model_index, notes, seed = _load_examples(args, kind, split, data, record, spec, model_names,
                                                                num_outputs)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    examples = _fit_to_model(loaded.examples, spec, data)
-    if len(examples) == 0:
+    if len(loaded.examples) == 0:
         raise UsageError(f"{data}: no examples of the classes {_names(classes)}")
-    if args.vote == "none":
-        scores = predict_logits(model, examples, args.batch_size, Progress("predicting", len(examples)))
-    else:
-        from tf_sparseconv.training.voting import vote_views, voted_probabilities
-        views = sum(1 for _ in vote_views(examples[:1], args.vote))
-        done = [0]
-
-        def predict(view):
-            done[0] += 1
-            return predict_logits(model, view, args.batch_size,
-                                  Progress(f"predicting view {done[0]}/{views} ({args.vote})", len(examples)))
-
-        scores = voted_probabilities(predict, examples, args.vote)
+    scores = 0.0
+    for i, (model, model_spec) in enumerate(ensemble):
+        what = f" (model {i + 1}/{len(ensemble)})" if len(ensemble) > 1 else ""
+        examples = _fit_to_model(loaded.examples, model_spec, data)
+        scores = scores + _probabilities(model, examples, args.batch_size, args.vote, what) / len(ensemble)
     true = model_index[loaded.labels]
     metrics = classification_metrics(true, scores.argmax(1), classes, model_index, num_outputs)
+    if len(ensemble) > 1:
+        print(f"ensemble of {len(ensemble)} models: the mean of their softmax outputs")
     _print_report(metrics, classes, loaded.source, args.vote)
 
     output_names = list(model_names) if model_names else list(classes)
-    summary = {"model": os.path.abspath(args.model), "data": os.path.abspath(data) if data else None,
+    summary = {"model": os.path.abspath(args.model[0]), "models": [os.path.abspath(m) for m in args.model],
+               "data": os.path.abspath(data) if data else None,
                "kind": loaded.kind, "split": split, "classes": list(classes), "model_classes": output_names,
-               "points_per_cloud": int(examples.shape[1]) if spec["kind"] == "points" else None, "seed": seed,
+               "points_per_cloud": int(loaded.examples.shape[1]) if spec["kind"] == "points" else None, "seed": seed,
                "vote": args.vote,
                **metrics}
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    run_name = os.path.basename(os.path.dirname(os.path.abspath(args.model)))
+    run_name = os.path.basename(os.path.dirname(os.path.abspath(args.model[0])))
+    if len(args.model) > 1:
+        run_name += f" and {len(args.model) - 1} more (ensemble)"
     title = (f"{run_name} on {os.path.basename(data or 'synthetic')} ({split}"
              + (f", vote {args.vote}" if args.vote != "none" else "") + "): accuracy "
              f"{metrics['overall_accuracy']:.3f}, mean class {metrics['mean_class_accuracy']:.3f}")

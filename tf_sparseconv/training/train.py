@@ -448,10 +448,10 @@ def validation_split(args, labels, classes):
     if args.val_split == "none":
         return np.arange(len(labels), dtype=np.int64), np.zeros([0], np.int64)
     if args.val_split == "stratified":
-        return datasets.stratified_split(labels, args.val_fraction, args.seed)
+        return datasets.stratified_split(labels, args.val_fraction, args.split_seed)
     per_class = (datasets.modelnet40_test_counts(classes, args.val_per_class) if args.val_split == "modelnet40-test"
                  else args.val_per_class)
-    return datasets.balanced_split(labels, per_class, args.val_max_fraction, args.seed)
+    return datasets.balanced_split(labels, per_class, args.val_max_fraction, args.split_seed)
 
 
 def build_parser():
@@ -555,7 +555,13 @@ def build_parser():
     p.add_argument("--init", choices=("he_normal", "glorot_uniform"),
                    help="octnet3: initialisation of the ReLU layers' kernels (default he_normal; Keras' "
                         "glorot_uniform leaves the 64^3 net untrainable)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the initialisation, the shuffling and the augmentation (and, without --split-seed, "
+                        "of the data: the validation split, the --max-examples subset, the points sampled per mesh)")
+    p.add_argument("--split-seed", type=int, metavar="N",
+                   help="seed of the data alone (default: --seed): runs with other --seed and the same --split-seed "
+                        "hold out the same validation examples, so tf-sparseconv evaluate --split val can score "
+                        "them as an ensemble")
     p.add_argument("--site-channels", type=int, nargs="+", default=[16, 32, 64],
                    help="site-resnet: channels per level (a stride-2 convolution starts each level after the first)")
     p.add_argument("--site-blocks", type=int, default=1, help="site-resnet: residual blocks per level")
@@ -782,6 +788,8 @@ def parse_args(parser, argv=None):
     --out is checked first; then every value, the model's options, the data path (listings
     and .npz headers only) and a --backup-dir's recorded run. Nothing is written."""
     args = parser.parse_args(argv)
+    if args.split_seed is None:
+        args.split_seed = args.seed
     _check_out(parser, args)
     for key, value in RECIPES["synthetic" if args.dataset == "synthetic" else "other"].items():
         if getattr(args, key) is None:
@@ -818,7 +826,8 @@ def split_record(args, data_path, labels, keep, train_idx, val_idx, classes):
     with what identifies the data (its path, example count and a sha256 of its labels), so
     `tf-sparseconv evaluate --split val` re-scores exactly the validation examples."""
     record = {"dataset": args.dataset, "data_path": os.path.abspath(data_path) if data_path else None,
-              "seed": args.seed, "val_split": args.val_split, "val_fraction": args.val_fraction,
+              "seed": args.seed, "split_seed": args.split_seed, "val_split": args.val_split,
+              "val_fraction": args.val_fraction,
               "val_per_class": args.val_per_class, "val_max_fraction": args.val_max_fraction,
               "max_examples": args.max_examples,
               "num_examples": int(len(labels)), "labels_sha256": labels_sha256(labels), "classes": list(classes),
@@ -921,12 +930,12 @@ def run_training(parser, args, argv, strategy):
     try:
         examples, labels, classes = load_examples(
             args.dataset, args.data_dir, {"points": args.points, "synthetic_per_class": args.synthetic_per_class},
-            args.seed, normals="normals" in args.features and args.estimate_normals is None)
+            args.split_seed, normals="normals" in args.features and args.estimate_normals is None)
     except (OSError, ValueError) as e:
         parser.error(one_line(e))
     all_labels, keep = labels, np.arange(len(labels))
     if args.max_examples and args.max_examples < len(labels):
-        keep, _ = datasets.stratified_split(labels, 1 - args.max_examples / len(labels), args.seed)
+        keep, _ = datasets.stratified_split(labels, 1 - args.max_examples / len(labels), args.split_seed)
         examples, labels = examples[keep], labels[keep]
     if args.estimate_normals is not None:
         examples = estimated_normals(examples, args.estimate_normals)
