@@ -514,3 +514,20 @@ def test_split_seed_keeps_the_validation_examples_and_evaluate_scores_the_ensemb
     # Runs that held out other examples do not make an ensemble on --split val.
     code, out, err = run(capsys, "evaluate", paths[0], trained_run / "seed2" / "model.keras", "--split", "val")
     assert code == 2 and out == "" and "was trained with other validation examples" in err
+
+
+def test_evaluate_turn_scores_the_clouds_turned_about_z(capsys, tmp_path, models):
+    from tf_sparseconv.data.pipeline import rotate_about_up
+    names = list(models["classes"])
+    clouds, labels, _ = make_shapes(num_per_class=4, num_points=POINTS, classes=names, seed=13)
+    dequantised = quantised_npz(tmp_path / "test.npz", clouds, labels, names)
+    turned = rotate_about_up(dequantised, np.radians(35.0)).astype(np.float32)
+    expected = models["points"].predict(turned, verbose=0).argmax(1)
+    code, out, err = run(capsys, "evaluate", models["paths"]["points"], "--data", tmp_path / "test.npz",
+                         "--turn", "35", "--out", tmp_path / "turned")
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "turned" / "metrics.json").read_text())
+    assert metrics["turn_degrees"] == 35 and metrics["correct"] == int(np.sum(expected == labels))
+    assert "turned by 35 degrees" in out
+    code, _, err = run(capsys, "evaluate", models["paths"]["none"], "--data", tmp_path / "test.npz", "--turn", "5")
+    assert code == 2 and "--turn 5 needs a model that normalises its clouds" in err

@@ -101,6 +101,16 @@ def test_stepped_rotation_augmentation_turns_by_multiples_of_its_step():
     assert ts.data.NAMED_AUGMENTATIONS["rotate12"].rotation_steps == 12
 
 
+def test_small_turn_augmentation_stays_within_its_angle():
+    clouds = np.tile(np.array([[[1.0, 0.0, 0.3]]]), (400, 1, 1))
+    turned = augment_point_clouds(clouds, np.random.default_rng(0),
+                                  dataclasses.replace(Augmentation.named("turn10"), scale_range=(1, 1), jitter=0))
+    angles = np.degrees(np.arctan2(turned[:, 0, 1], turned[:, 0, 0]))
+    assert np.abs(angles).max() <= 10 + 1e-4 and angles.min() < -8 and angles.max() > 8  # both ways, up to 10
+    assert np.abs(angles).min() < 1  # uniform: small turns too
+    np.testing.assert_allclose(turned[..., 2], 0.3, atol=1e-6)
+
+
 def test_elements_are_channel_sparse_tensors_with_static_shapes(shapes):
     points, labels, _ = shapes
     dataset = point_cloud_dataset(points, labels, 8, 16, features=("occupancy", "normals"))

@@ -53,6 +53,9 @@ def add_arguments(parser):
                         help="score each cloud by the mean softmax over views of it: none (default), mirror (and its "
                              "x-mirrored copy) or rotations-N (N rotations about the up axis, z, by multiples of "
                              "360/N degrees); as tf-sparseconv train --vote")
+    parser.add_argument("--turn", type=float, default=0.0, metavar="DEGREES",
+                        help="turn every cloud about the up axis (z) by DEGREES before scoring it (how much the "
+                             "score leans on the data's exact orientation; default 0)")
     parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
                         help="examples per prediction batch (default 32)")
     parser.add_argument("--seed", type=int, metavar="N", help="seed of the point sampling (default 0)")
@@ -191,7 +194,7 @@ def _names(names, limit=12):
     return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
-def _check_compatible(kind, spec, data, vote="none"):
+def _check_compatible(kind, spec, data, vote="none", turn=0.0):
     images = kind == "mnist"
     if images and spec["kind"] != "images":
         raise UsageError(f"{data} holds images, but the model takes point clouds")
@@ -200,9 +203,12 @@ def _check_compatible(kind, spec, data, vote="none"):
     if vote != "none" and spec["kind"] == "images":
         raise UsageError(f"--vote {vote} applies to point clouds, not to images (mirroring or rotating changes a "
                          "digit)")
-    if vote != "none" and spec.get("normalize") == "none":
+    if turn and spec["kind"] == "images":
+        raise UsageError(f"--turn {turn:g} applies to point clouds, not to images")
+    if (vote != "none" or turn) and spec.get("normalize") == "none":
         # the views turn about the origin, which may carry points out of the model's fixed bounds
-        raise UsageError(f"--vote {vote} needs a model that normalises its clouds (normalize='unit_sphere'); this "
+        what = f"--vote {vote}" if vote != "none" else f"--turn {turn:g}"
+        raise UsageError(f"{what} needs a model that normalises its clouds (normalize='unit_sphere'); this "
                          "one was saved with normalize='none'")
 
 
@@ -336,12 +342,12 @@ def _load_examples(args, kind, split, data, record, spec, model_names, num_outpu
     return loaded, classes, model_index, notes, seed
 
 
-def _load_ensemble(paths, kind, data, vote):
+def _load_ensemble(paths, kind, data, vote, turn):
     """[(model, input spec)], their class names and output count: the same for every model."""
     loaded = []
     for path in paths:
         model, spec, names = load_model(path)
-        _check_compatible(kind, spec, data, vote)
+        _check_compatible(kind, spec, data, vote, turn)
         loaded.append((path, model, spec, names, int(model.outputs[0].shape[-1])))
     _, _, first_spec, names, num_outputs = loaded[0]
     for path, _, spec, other_names, other_outputs in loaded[1:]:
@@ -373,7 +379,7 @@ def _probabilities(model, examples, batch_size, vote, what):
 def run(args):
     kind, split, data, record = _check_arguments(args)
     out = args.out or _default_out(args.model[0], data, split)
-    ensemble, model_names, num_outputs = _load_ensemble(args.model, kind, data, args.vote)
+    ensemble, model_names, num_outputs = _load_ensemble(args.model, kind, data, args.vote, args.turn)
     # The examples are loaded once, with normals where any model uses them.
     spec = max((s for _, s in ensemble), key=lambda s: s.get("columns", 3))
     loaded, classes, model_index, notes, seed = _load_examples(args, kind, split, data, record, spec, model_names,
@@ -386,11 +392,16 @@ def run(args):
     for i, (model, model_spec) in enumerate(ensemble):
         what = f" (model {i + 1}/{len(ensemble)})" if len(ensemble) > 1 else ""
         examples = _fit_to_model(loaded.examples, model_spec, data)
+        if args.turn:
+            from tf_sparseconv.data.pipeline import rotate_about_up
+            examples = rotate_about_up(examples, np.radians(args.turn)).astype(examples.dtype)
         scores = scores + _probabilities(model, examples, args.batch_size, args.vote, what) / len(ensemble)
     true = model_index[loaded.labels]
     metrics = classification_metrics(true, scores.argmax(1), classes, model_index, num_outputs)
     if len(ensemble) > 1:
         print(f"ensemble of {len(ensemble)} models: the mean of their softmax outputs")
+    if args.turn:
+        print(f"every cloud turned by {args.turn:g} degrees about the up axis (z)")
     _print_report(metrics, classes, loaded.source, args.vote)
 
     output_names = list(model_names) if model_names else list(classes)
@@ -398,7 +409,7 @@ def run(args):
                "data": os.path.abspath(data) if data else None,
                "kind": loaded.kind, "split": split, "classes": list(classes), "model_classes": output_names,
                "points_per_cloud": int(loaded.examples.shape[1]) if spec["kind"] == "points" else None, "seed": seed,
-               "vote": args.vote,
+               "vote": args.vote, "turn_degrees": args.turn,
                **metrics}
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "metrics.json"), "w") as f:
@@ -407,7 +418,8 @@ def run(args):
     if len(args.model) > 1:
         run_name += f" and {len(args.model) - 1} more (ensemble)"
     title = (f"{run_name} on {os.path.basename(data or 'synthetic')} ({split}"
-             + (f", vote {args.vote}" if args.vote != "none" else "") + "): accuracy "
+             + (f", vote {args.vote}" if args.vote != "none" else "")
+             + (f", turned {args.turn:g} degrees" if args.turn else "") + "): accuracy "
              f"{metrics['overall_accuracy']:.3f}, mean class {metrics['mean_class_accuracy']:.3f}")
     save_confusion_png(os.path.join(out, "confusion_matrix.png"), metrics["confusion_matrix"], list(classes),
                        output_names, title)

@@ -95,8 +95,9 @@ class ReplicaSplit:
 class Augmentation:
     """Per-cloud random rotation about the up axis, mirroring, scale (one factor per cloud,
     or with anisotropic one per axis, which changes the shape's proportions as CAD models of
-    one class differ) and Gaussian jitter. rotation_steps 0 draws any angle; N > 0 one of
-    the N multiples of 360/N degrees (the views that voting over rotations-N averages)."""
+    one class differ) and Gaussian jitter. rotation_steps 0 draws any angle (within
+    +-max_angle degrees where that is > 0: small turns of aligned data); N > 0 one of the N
+    multiples of 360/N degrees (the views that voting over rotations-N averages)."""
     rotate_up: bool = True
     up_axis: int = UP_AXIS
     rotation_steps: int = 0
@@ -104,6 +105,7 @@ class Augmentation:
     scale_range: tuple = (0.85, 1.0)  # > 1 would push surfaces into the clipped border voxels
     anisotropic: bool = False  # a scale factor per axis instead of one per cloud
     jitter: float = 0.01      # std in unit-sphere units, clipped at 3 std
+    max_angle: float = 0.0    # degrees; > 0: the turn about the up axis is uniform in [-max_angle, max_angle]
 
     @classmethod
     def named(cls, mode):
@@ -116,12 +118,14 @@ class Augmentation:
 # By name: 'rotate' (about z by any angle, for data in arbitrary orientations), 'rotate12'
 # (about z by a multiple of 30 degrees, the views of --vote rotations-12), 'mirror' (x negated
 # at random, for aligned data), 'scale' (scale and jitter only) or 'aniso' (each axis scaled
-# by its own factor in [0.8, 1], PointNet++'s practice within the unit sphere); all of them
-# scale and jitter.
+# by its own factor in [0.8, 1], PointNet++'s practice within the unit sphere) or 'turn10'
+# (about z by at most 10 degrees either way: aligned data whose models tilt a little, against
+# a network that learns the voxel grid's exact alignment); all of them scale and jitter.
 NAMED_AUGMENTATIONS = {"rotate": Augmentation(), "rotate12": Augmentation(rotation_steps=12),
                        "mirror": Augmentation(rotate_up=False, mirror_axes=(0,)),
                        "scale": Augmentation(rotate_up=False),
-                       "aniso": Augmentation(rotate_up=False, anisotropic=True, scale_range=(0.8, 1.0))}
+                       "aniso": Augmentation(rotate_up=False, anisotropic=True, scale_range=(0.8, 1.0)),
+                       "turn10": Augmentation(max_angle=10.0)}
 
 
 def rotate_about_up(points, angles, up_axis=UP_AXIS):
@@ -147,8 +151,12 @@ def augment_point_clouds(points, rng, augmentation=Augmentation()):
     batch = len(points)
     if augmentation.rotate_up:
         steps = augmentation.rotation_steps
-        angle = (rng.integers(0, steps, batch) * (2 * np.pi / steps) if steps
-                 else rng.uniform(0, 2 * np.pi, batch))
+        if steps:
+            angle = rng.integers(0, steps, batch) * (2 * np.pi / steps)
+        elif augmentation.max_angle > 0:
+            angle = np.radians(rng.uniform(-augmentation.max_angle, augmentation.max_angle, batch))
+        else:
+            angle = rng.uniform(0, 2 * np.pi, batch)
         points = rotate_about_up(points, angle, augmentation.up_axis)
     for axis in augmentation.mirror_axes:
         sign = np.where(rng.random(batch) < 0.5, -1.0, 1.0)[:, None]

@@ -537,8 +537,9 @@ def build_parser():
     p.add_argument("--points", type=int, default=1024, help="points sampled per mesh / scan object")
     p.add_argument("--augment", nargs="?", const="rotate", choices=tuple(datasets.NAMED_AUGMENTATIONS), default=None,
                    help="point-cloud augmentation, each with random scale and jitter: rotate (about z; the "
-                        "default when no mode is given), mirror (x negated at random, for aligned shapes), scale, "
-                        "aniso (each axis scaled by its own factor in [0.8, 1])")
+                        "default when no mode is given), rotate12 (by multiples of 30 degrees), mirror (x negated at "
+                        "random, for aligned shapes), scale, aniso (each axis scaled by its own factor in [0.8, 1]), "
+                        "turn10 (about z by at most 10 degrees either way, for aligned shapes)")
     p.add_argument("--features", nargs="+", choices=tuple(datasets.FEATURE_CHANNELS), default=["occupancy"],
                    help="voxel features of point clouds, in channel order: occupancy, count, normals (3), offset "
                         "(3: the mean point position within the voxel)")
