@@ -531,3 +531,5 @@ def test_evaluate_turn_scores_the_clouds_turned_about_z(capsys, tmp_path, models
     assert "turned by 35 degrees" in out
     code, _, err = run(capsys, "evaluate", models["paths"]["none"], "--data", tmp_path / "test.npz", "--turn", "5")
     assert code == 2 and "--turn 5 needs a model that normalises its clouds" in err
+    code, _, err = run(capsys, "evaluate", models["paths"]["points"], "--data", tmp_path / "test.npz", "--turn", "nan")
+    assert code == 2 and "--turn must be a finite number of degrees" in err

@@ -89,6 +89,8 @@ def _check_arguments(args):
 
     for path in args.model:
         check_model_file(path)
+    if not np.isfinite(args.turn):
+        raise UsageError(f"--turn must be a finite number of degrees, got {args.turn}")
     if len(set(map(os.path.abspath, args.model))) != len(args.model):
         raise UsageError("a model is named twice; an ensemble takes each model once")
     record = None
