@@ -128,9 +128,7 @@ def profile(replicas, points, labels, classes, warmup, steps, keep_trace):
     with strategy.scope():
         model = octnet3(RESOLUTION, len(classes), DEFAULT_RHOS[RESOLUTION])
         model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    logdir = keep_trace or tempfile.mkdtemp(prefix="step_profile_")
-    if keep_trace:
-        logdir = os.path.join(keep_trace, f"replicas{replicas}")
+    logdir = os.path.join(keep_trace, f"replicas{replicas}") if keep_trace else tempfile.mkdtemp(prefix="step_profile_")
     trace = TraceSteps(warmup, steps, logdir)
     model.fit(dataset(strategy, replicas, points, labels), epochs=1, steps_per_epoch=warmup + steps,
               callbacks=[trace], verbose=0, shuffle=False)

@@ -40,12 +40,16 @@ def test_gpu_kernel_map_waits_once_and_a_trusted_map_is_not_read_back(gpu, rng):
         assert waits == 1  # the map built inside
 
 
+def conv_case(rng):
+    """A channel-sparse input [2, 6, 6, 6, 2] and a 3^3 filter variable to 4 channels, on the current device."""
+    dense = np.where(rng.random((2, 6, 6, 6, 2)) < 0.3, rng.standard_normal((2, 6, 6, 6, 2)), 0)
+    return ts.from_dense(dense.astype(np.float32)), tf.Variable(rng.standard_normal((3, 3, 3, 2, 4)).astype(np.float32))
+
+
 def test_gpu_gradients_of_checked_inputs_do_not_wait(gpu, rng, monkeypatch):
     monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
     with tf.device(gpu):
-        dense = np.where(rng.random((2, 6, 6, 6, 2)) < 0.3, rng.standard_normal((2, 6, 6, 6, 2)), 0)
-        x = ts.from_dense(dense.astype(np.float32))
-        w = tf.Variable(rng.standard_normal((3, 3, 3, 2, 4)).astype(np.float32))
+        x, w = conv_case(rng)
 
         def step():
             with tf.GradientTape() as tape:
@@ -60,6 +64,23 @@ def test_gpu_gradients_of_checked_inputs_do_not_wait(gpu, rng, monkeypatch):
         monkeypatch.setenv(ts.checks.CHECK_EVERY_OP_ENV, "1")
         _, waits = counted(lambda: step().numpy())
         assert waits == 4  # every op checks again
+
+
+def test_gpu_fused_relu_saves_the_relus_wait(gpu, rng, monkeypatch):
+    monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
+    with tf.device(gpu):
+        x, w = conv_case(rng)
+
+        def step(fused):
+            with tf.GradientTape() as tape:
+                y = (ts.direct_conv(x, w, activation="relu") if fused else ts.sparse_relu(ts.direct_conv(x, w)))
+                loss = tf.reduce_sum(ts.to_dense(y))
+            return tape.gradient(loss, w)
+
+        unfused, unfused_waits = counted(lambda: step(False).numpy())
+        fused, fused_waits = counted(lambda: step(True).numpy())
+    np.testing.assert_allclose(fused, unfused, rtol=1e-6, atol=1e-6)
+    assert (unfused_waits, fused_waits) == (3, 2)  # conv, ReLU, ToDense -> conv (with its ReLU), ToDense
 
 
 def test_the_count_is_readable_inside_tf_function():
