@@ -86,3 +86,24 @@ def test_gpu_fused_relu_saves_the_relus_wait(gpu, rng, monkeypatch):
 def test_the_count_is_readable_inside_tf_function():
     read = tf.function(ts.host_sync_count)
     assert read().dtype == tf.int64 and int(read()) == ts.host_sync_count()
+
+
+def test_gpu_to_dense_of_the_librarys_keys_in_a_traced_step_does_not_wait(gpu, rng, monkeypatch):
+    monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
+    with tf.device(gpu):
+        dense = np.where(rng.random((2, 6, 6, 6, 2)) < 0.3, rng.standard_normal((2, 6, 6, 6, 2)), 0)
+        x = ts.from_dense(dense.astype(np.float32))
+        w = tf.Variable(rng.standard_normal((3, 3, 3, 2, 4)).astype(np.float32))
+
+        def step(keys, values, dense_shape):
+            with tf.GradientTape() as tape:
+                y = ts.direct_conv(ts.ChannelSparseTensor(keys, values, dense_shape), w, activation="relu")
+                loss = tf.reduce_sum(ts.to_dense(y))
+            return tape.gradient(loss, w)
+
+        traced = tf.function(step)
+        traced(x.keys, x.values, x.dense_shape).numpy()  # tracing outside the count
+        _, waits = counted(lambda: traced(x.keys, x.values, x.dense_shape).numpy())
+        # DirectSparseConv reads its output size; ToDense trusts the keys it made, and the
+        # gradients were told their inputs are checked
+        assert waits == 1

@@ -18,3 +18,40 @@ def check_every_op():
     if value not in ("0", "1"):
         raise ValueError(f"{CHECK_EVERY_OP_ENV} must be 0 or 1, got {value!r}")
     return value == "1"
+
+
+# Ops of the library whose keys output (output 0) holds keys they made or checked, and where
+# the layout those keys are valid in lies: their output or input dense_shape, by index.
+_KEY_SOURCES = {"DirectSparseConv": ("output", 2), "SparseRelu": ("input", 2), "SparseMaxPool": ("output", 2),
+                "DenseToChannelSparse": ("output", 2), "ChannelSparseValidate": ("input", 2),
+                "ChannelSparseReorder": ("input", 2)}
+# Ops that hand their first input on unchanged (Keras and tf.function insert them).
+_PASS_THROUGH = ("Identity", "EnsureShape")
+
+
+def _origin(tensor):
+    """tensor, or what the pass-through ops above it hand on; None for an eager tensor."""
+    while True:
+        op = getattr(tensor, "op", None)  # eager tensors have no op
+        if op is None:
+            return None
+        if op.type not in _PASS_THROUGH:
+            return tensor
+        tensor = op.inputs[0]
+
+
+def made_by_library(keys, dense_shape):
+    """True where, in a traced graph, keys are the keys output of one of the library's ops,
+    which made or checked them, and dense_shape is the layout they are valid in (that op's).
+    An op that takes them can skip its checks (and, on the GPU, its wait); eager tensors, the
+    user's tensors and a dense_shape from elsewhere are checked as ever."""
+    from tf_sparseconv._op_library import OP_NAMESPACE
+    keys, dense_shape = _origin(keys), _origin(dense_shape)
+    if keys is None or dense_shape is None or keys.value_index != 0 or not keys.op.type.startswith(OP_NAMESPACE):
+        return False
+    source = _KEY_SOURCES.get(keys.op.type[len(OP_NAMESPACE):])
+    if source is None:
+        return False
+    side, index = source
+    layout = keys.op.outputs[index] if side == "output" else _origin(keys.op.inputs[index])
+    return layout is not None and layout.ref() == dense_shape.ref()

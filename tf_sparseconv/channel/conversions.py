@@ -4,7 +4,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor, make_channel_sparse
-from tf_sparseconv.checks import check_every_op
+from tf_sparseconv.checks import check_every_op, made_by_library
 from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor, same_vector
 
 
@@ -27,9 +27,11 @@ def from_dense(dense, non_finite="raise"):
 
 
 def to_dense(x):
-    """The dense [B, R1..Rd, C] tensor, zeros where x has no entry."""
+    """The dense [B, R1..Rd, C] tensor, zeros where x has no entry. Keys that one of the
+    library's ops made in the same traced graph are not checked again (on the GPU: no wait)."""
     _check(x)
-    dense = _ops.channel_sparse_to_dense(x.keys, x.values, x.dense_shape)
+    trusted = not check_every_op() and made_by_library(x.keys, x.dense_shape)
+    dense = _ops.channel_sparse_to_dense(x.keys, x.values, x.dense_shape, inputs_checked=trusted)
     if x.shape.rank is not None:
         dense = tf.ensure_shape(dense, x.shape)
     return dense
@@ -104,18 +106,21 @@ def validate(x):
 
 @tf.RegisterGradient(OP_NAMESPACE + "ChannelSparseToDense")
 def _to_dense_grad(op, grad):
-    # ToDense checked the keys
+    # ToDense checked the keys (or was told the library made them)
     return [None, _ops.channel_sparse_gather_dense(op.inputs[0], grad, inputs_checked=not check_every_op()), None]
 
 
 @tf.RegisterGradient(OP_NAMESPACE + "ChannelSparseGatherDense")
 def _gather_dense_grad(op, grad):
-    return [None, _ops.channel_sparse_to_dense(op.inputs[0], grad, tf.shape(op.inputs[1], out_type=tf.int64))]
+    # the forward gather checked the keys (or was told they were checked)
+    return [None, _ops.channel_sparse_to_dense(op.inputs[0], grad, tf.shape(op.inputs[1], out_type=tf.int64),
+                                               inputs_checked=not check_every_op())]
 
 
 @tf.RegisterGradient(OP_NAMESPACE + "DenseToChannelSparse")
 def _from_dense_grad(op, _keys_grad, values_grad, _shape_grad):
-    return [_ops.channel_sparse_to_dense(op.outputs[0], values_grad, op.outputs[2])]
+    return [_ops.channel_sparse_to_dense(op.outputs[0], values_grad, op.outputs[2],
+                                         inputs_checked=not check_every_op())]  # keys the forward made
 
 
 @tf.RegisterGradient(OP_NAMESPACE + "ChannelSparseReorder")

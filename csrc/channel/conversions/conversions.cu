@@ -196,16 +196,18 @@ GpuStatus ToDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
                      const int64_t* keys, const T* values, int64_t n, T* dense,
                      Report* report) {
   Report* device_report = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, keys, n, layout.num_keys(),
-                                                &device_report->checks[kDenseKeys]));
+  if (report != nullptr) {  // else the keys were made or checked by the library: no check, no wait
+    TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+    TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, keys, n, layout.num_keys(),
+                                                  &device_report->checks[kDenseKeys]));
+  }
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemsetAsync(dense, 0, sizeof(T) * layout.num_keys(), stream), "to_dense");
   if (n > 0) {
     ScatterKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(layout, keys, values, n, dense);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("to_dense");
   }
-  return ReadReport(stream, scratch, device_report, report);
+  return report == nullptr ? GpuStatus::Ok() : ReadReport(stream, scratch, device_report, report);
 }
 
 template <typename T>

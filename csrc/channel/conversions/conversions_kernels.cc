@@ -79,7 +79,8 @@ struct ReorderFunctor<CPUDevice, T> {
 template <typename T>
 struct ToDenseFunctor<CPUDevice, T> {
   explicit ToDenseFunctor(OpKernelContext*) {}
-  absl::Status operator()(const KeyLayout& L, const int64_t* k, const T* v, int64_t n, T* out) {
+  absl::Status operator()(const KeyLayout& L, const int64_t* k, const T* v, int64_t n, T* out,
+                          bool /*inputs_checked: the CPU checks in any case*/) {
     TF_RETURN_IF_ERROR(ValidateKeys(k, n, L, "to_dense"));
     std::fill(out, out + L.num_keys(), T(0));
     for (int64_t i = 0; i < n; ++i) out[DenseIndex(k[i], L)] = v[i];

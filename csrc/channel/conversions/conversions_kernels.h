@@ -51,11 +51,11 @@ struct ReorderFunctor;
 
 // ChannelSparseToDense and ChannelSparseGatherDense:
 //   absl::Status operator()(const KeyLayout&, const int64_t* keys, const T* values, int64_t n,
-//                           T* dense);
+//                           T* dense, bool inputs_checked);
 //   absl::Status operator()(const KeyLayout&, const int64_t* keys, int64_t n, const T* dense,
 //                           T* values, bool inputs_checked);
-//   keys sorted, unique and in range ("to_dense" / "gather_dense", ValidateKeys); the GPU's
-//   gather leaves that check out where inputs_checked (the op's attr).
+//   keys sorted, unique and in range ("to_dense" / "gather_dense", ValidateKeys); the GPU
+//   leaves that check (and its wait) out where inputs_checked (the ops' attr).
 template <typename Device, typename T>
 struct ToDenseFunctor;
 template <typename Device, typename T>
@@ -151,7 +151,10 @@ class ChannelSparseReorderOp : public GuardedOpKernel {
 template <typename Device, typename T>
 class ChannelSparseToDenseOp : public GuardedOpKernel {
  public:
-  explicit ChannelSparseToDenseOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "channel_sparse_to_dense") {}
+  explicit ChannelSparseToDenseOp(tensorflow::OpKernelConstruction* ctx)
+      : GuardedOpKernel(ctx, "channel_sparse_to_dense") {
+    AttrsOk(ctx->GetAttr("inputs_checked", &inputs_checked_));
+  }
 
  private:
   void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
@@ -163,8 +166,11 @@ class ChannelSparseToDenseOp : public GuardedOpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &dense));
     OP_REQUIRES_OK(ctx, ToDenseFunctor<Device, T>(ctx)(L, ctx->input(0).flat<int64_t>().data(),
                                                        ctx->input(1).flat<T>().data(),
-                                                       ctx->input(0).NumElements(), dense->flat<T>().data()));
+                                                       ctx->input(0).NumElements(), dense->flat<T>().data(),
+                                                       inputs_checked_));
   }
+
+  bool inputs_checked_ = false;
 };
 
 template <typename Device, typename T>

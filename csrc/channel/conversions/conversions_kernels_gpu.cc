@@ -70,7 +70,11 @@ struct ReorderFunctor<GPUDevice, T> : GpuFunctorBase {
 template <typename T>
 struct ToDenseFunctor<GPUDevice, T> : GpuFunctorBase {
   explicit ToDenseFunctor(OpKernelContext* ctx) : GpuFunctorBase(ctx, "ChannelSparseToDense") {}
-  absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n, T* dense) {
+  absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n, T* dense,
+                          bool inputs_checked) {
+    if (inputs_checked) {  // no report: queued without the check, not waited for
+      return ToStatus(gpu::ToDenseGpu<T>(stream_, &scratch_, L, keys, values, n, dense, nullptr));
+    }
     gpu::Report report;
     TF_RETURN_IF_ERROR(ToStatus(gpu::ToDenseGpu<T>(stream_, &scratch_, L, keys, values, n, dense, &report)));
     return SortedKeysStatus(report.checks[gpu::kDenseKeys], L.num_keys(), "to_dense");

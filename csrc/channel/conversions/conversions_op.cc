@@ -77,13 +77,21 @@ REGISTER_OP("TfSparseconv>ChannelSparseToDense")
     .Input("dense_shape: int64")
     .Output("dense: T")
     .Attr("T: {float, double}")
+    .Attr("inputs_checked: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle out;
       TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(2, &out));
       c->set_output(0, out);
       return absl::OkStatus();
     })
-    .Doc("Scatters a channel-sparse tensor into a dense [B, R1..Rd, C] tensor (zeros elsewhere).");
+    .Doc(R"doc(
+Scatters a channel-sparse tensor into a dense [B, R1..Rd, C] tensor (zeros elsewhere).
+
+inputs_checked: the caller vouches that the keys are the output of an op of the library
+that made or checked them (in a traced graph: tf_sparseconv.to_dense sees the op); the GPU
+kernel then queues its work without checking them again and without waiting for the
+device. The CPU kernel checks them in any case (its check costs no wait).
+)doc");
 
 REGISTER_OP("TfSparseconv>ChannelSparseGatherDense")
     .Input("keys: int64")
