@@ -91,9 +91,7 @@ def test_the_count_is_readable_inside_tf_function():
 def test_gpu_to_dense_of_the_librarys_keys_in_a_traced_step_does_not_wait(gpu, rng, monkeypatch):
     monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
     with tf.device(gpu):
-        dense = np.where(rng.random((2, 6, 6, 6, 2)) < 0.3, rng.standard_normal((2, 6, 6, 6, 2)), 0)
-        x = ts.from_dense(dense.astype(np.float32))
-        w = tf.Variable(rng.standard_normal((3, 3, 3, 2, 4)).astype(np.float32))
+        x, w = conv_case(rng)
 
         def step(keys, values, dense_shape):
             with tf.GradientTape() as tape:
