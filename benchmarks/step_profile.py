@@ -8,6 +8,9 @@ says per step:
   gpu_idle       per GPU: 1 - busy / step, the share of the step the GPU waits for the host
   kernels        per GPU: kernels per step
   collective_ms  per GPU: NCCL kernels per step (the all-reduce)
+  long_gaps, long_gap_ms   per GPU: idle stretches of 0.1 ms or more per step, and their
+                 time per step (a host wait, the step's end: the host's share of the idle time)
+  longest_gap_ms per GPU: the longest idle stretch of the traced steps
   host_waits     the library's host waits per step (tf_sparseconv.host_sync_count())
 
 A step whose GPUs are idle most of the time is bound by the host (the waits, op launches); a
@@ -45,6 +48,9 @@ from run_info import checkout_commit, checks_mode, gpu_name  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 RESOLUTION = 32
+# An idle stretch of a GPU this long is the host's doing (a wait, the step's end, a launch
+# queue run dry), not the gap between two queued kernels (a few microseconds).
+LONG_GAP_PS = 100 * 10**6
 
 
 class TraceSteps(keras.callbacks.Callback):
@@ -81,9 +87,20 @@ def union_length(intervals):
     return total
 
 
+def idle_gaps(intervals, at_least):
+    """The idle stretches between [begin, end) intervals (their union's holes) of at least
+    at_least picoseconds, in order."""
+    gaps, end = [], None
+    for b, e in sorted(intervals):
+        if end is not None and b - end >= at_least:
+            gaps.append(b - end)
+        end = e if end is None else max(end, e)
+    return gaps
+
+
 def gpu_summary(xspace_path):
-    """Per GPU plane of the trace: (name, busy ps, kernels, NCCL ps, line names), from the
-    events on its stream lines (CUPTI's kernels and copies)."""
+    """Per GPU plane of the trace: (name, busy ps, kernels, NCCL ps, line names, idle gaps of
+    at least LONG_GAP_PS), from the events on its stream lines (CUPTI's kernels and copies)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
     space = xplane_pb2.XSpace()
     with open(xspace_path, "rb") as f:
@@ -103,11 +120,14 @@ def gpu_summary(xspace_path):
                 b = base + event.offset_ps
                 intervals.append((b, b + event.duration_ps))
                 name = names.get(event.metadata_id, "")
-                if not any(copy in (line.name + " " + name).lower() for copy in ("memcpy", "memset")):
+                # by the event's own name: a stream line's name lists every kind it carried
+                # ("Stream #22(MemcpyD2H,MemcpyH2D,Compute,Memset)")
+                if not name.lower().startswith(("memcpy", "memset")):
                     kernels += 1
                 if "nccl" in name.lower():
                     nccl.append((b, b + event.duration_ps))
-        out.append((plane.name, union_length(intervals), kernels, union_length(nccl), sorted(set(lines))))
+        out.append((plane.name, union_length(intervals), kernels, union_length(nccl), sorted(set(lines)),
+                    idle_gaps(intervals, LONG_GAP_PS)))
     return sorted(out)
 
 
@@ -147,6 +167,9 @@ def profile(replicas, points, labels, classes, warmup, steps, keep_trace):
         "gpu_idle": [1 - per_step(p[1]) / step_ms for p in planes],
         "kernels": [p[2] / steps for p in planes],
         "collective_ms": [per_step(p[3]) for p in planes],
+        "long_gaps": [len(p[5]) / steps for p in planes],
+        "long_gap_ms": [per_step(sum(p[5])) for p in planes],
+        "longest_gap_ms": [max(p[5], default=0) / 1e9 for p in planes],
         "host_waits": trace.waits / steps,
         "gpu_planes": [p[0] for p in planes],
         "stream_lines": [p[4] for p in planes],
@@ -183,8 +206,9 @@ def main():
                    date=datetime.date.today().isoformat())
         rows.append(row)
         busy = ", ".join(f"{b:.1f}" for b in row["gpu_busy_ms"]) or "no GPU"
+        gaps = ", ".join(f"{n:.1f} ({ms:.1f} ms)" for n, ms in zip(row["long_gaps"], row["long_gap_ms"])) or "none"
         print(f"      {row['step_ms']:.1f} ms per step; GPU busy {busy} ms per step; "
-              f"{row['host_waits']:g} host waits per step", flush=True)
+              f"{row['host_waits']:g} host waits per step; idle stretches >= 0.1 ms per step: {gaps}", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "a") as f:
         for row in rows:

@@ -34,7 +34,8 @@ def test_gpu_summary_reads_the_stream_lines_of_each_gpu(tmp_path):
     gpu.event_metadata[2].name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
     gpu.event_metadata[3].name = "MemcpyDtoH"
     compute = gpu.lines.add()
-    compute.name, compute.timestamp_ns = "Stream #13(Compute)", 1
+    # as CUPTI names a stream's line: every kind of event it carried
+    compute.name, compute.timestamp_ns = "Stream #13(MemcpyDtoH,Compute,Memset)", 1
     _event(compute, 1, 0, 4000)          # [1000, 5000) ps
     _event(compute, 2, 6000, 2000)       # [7000, 9000): NCCL
     _event(compute, 3, 7000, 500)        # a copy on a compute stream: busy, but no kernel
@@ -44,13 +45,21 @@ def test_gpu_summary_reads_the_stream_lines_of_each_gpu(tmp_path):
     derived = gpu.lines.add()
     derived.name = "TensorFlow Ops"      # repeats the streams' time: left out
     _event(derived, 1, 0, 10**6)
+    _event(compute, 1, 10**8 + 9000 - 1000, 1000)  # [10^8 + 9000, ...): after an idle 0.1 ms
     path = tmp_path / "t.xplane.pb"
     path.write_bytes(space.SerializeToString())
-    [(name, busy, kernels, nccl, lines)] = step_profile.gpu_summary(str(path))
+    [(name, busy, kernels, nccl, lines, gaps)] = step_profile.gpu_summary(str(path))
     assert name == "/device:GPU:0"
-    assert busy == 4000 + 1000 + 2000  # [1000, 6000) and [7000, 9000)
-    assert kernels == 2 and nccl == 2000
-    assert lines == sorted(["Stream #13(Compute)", "Stream #14(MemcpyDtoH)", "TensorFlow Ops"])
+    assert busy == 4000 + 1000 + 2000 + 1000  # [1000, 6000), [7000, 9000) and the last kernel
+    assert kernels == 3 and nccl == 2000
+    assert lines == sorted(["Stream #13(MemcpyDtoH,Compute,Memset)", "Stream #14(MemcpyDtoH)", "TensorFlow Ops"])
+    assert gaps == [10**8]  # the 1000 ps hole at [6000, 7000) is a queued kernel's, not the host's
+
+
+def test_idle_gaps_are_the_holes_of_the_union():
+    assert step_profile.idle_gaps([], 1) == []
+    assert step_profile.idle_gaps([(0, 10), (5, 20), (30, 35), (31, 32), (50, 51)], 10) == [10, 15]
+    assert step_profile.idle_gaps([(50, 51), (0, 10), (30, 35)], 16) == [20]
 
 
 def test_a_cpu_run_appends_a_row_with_its_keys(tmp_path):
