@@ -7,7 +7,8 @@
 #   2. two replicas of the trainer (same global batch, then same batch per replica), as one
 #      worker process per GPU (multi-worker, over NCCL) and as one process (mirrored);
 #   3. the site UNet step on the LiDAR frame, one and two replicas;
-#   4. (PROFILE=1, the default) benchmarks/step_profile.py: one and two mirrored replicas of the
+#   4. (PROFILE=1, the default) benchmarks/step_profile.py: one and two mirrored replicas (each with
+#      Keras' Adam and with the trainer's FusedAdam) of the
 #      OctNet3 step under TensorFlow's profiler, rows to $OUT/step_profile.jsonl, the traces in
 #      $OUT/traces.tar.gz where they fit in one returned file (15 MB).
 # Rows to $OUT/distributed.jsonl, the fuzz outcomes to $OUT/fuzz_gpu_{channel,site}.json, logs beside them,
@@ -63,7 +64,7 @@ echo "two replicas done at $((SECONDS - started)) s"
 python3 benchmarks/distributed.py --workloads site_unet_lidar_step --replicas 1 2 \
   --steps 5 --warmup 2 --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
 if [ "${PROFILE:-1}" = 1 ]; then
-  python3 benchmarks/step_profile.py --replicas 1 2 --data-dir .devdata --keep-trace /tmp/traces \
+  python3 benchmarks/step_profile.py --replicas 1 2 --optimizers keras-adam fused-adam --data-dir .devdata --keep-trace /tmp/traces \
     --out "$out/step_profile.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
   tar -czf "$out/traces.tar.gz" -C /tmp traces
   [ "$(stat -c %s "$out/traces.tar.gz")" -le 15000000 ] || { echo "traces over 15 MB: not returned"; rm "$out/traces.tar.gz"; }

@@ -65,10 +65,12 @@ def test_idle_gaps_are_the_holes_of_the_union():
 def test_a_cpu_run_appends_a_row_with_its_keys(tmp_path):
     out = tmp_path / "rows.jsonl"
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "step_profile.py"), "--warmup", "1",
-                          "--steps", "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+                          "--steps", "2", "--optimizers", "keras-adam", "fused-adam", "--out", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert run.returncode == 0, run.stdout + run.stderr
-    [row] = [json.loads(line) for line in out.read_text().splitlines()]
-    assert row["workload"] == "synthetic_32_step" and row["replicas"] == 1 and row["device"] == "cpu"
-    assert row["step_ms"] > 0 and row["gpu_busy_ms"] == [] and row["host_waits"] == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["optimizer"] for row in rows] == ["keras-adam", "fused-adam"]
+    for row in rows:
+        assert row["workload"] == "synthetic_32_step" and row["replicas"] == 1 and row["device"] == "cpu"
+        assert row["step_ms"] > 0 and row["gpu_busy_ms"] == [] and row["host_waits"] == 0
     assert "summary: 1 replica(s)" in run.stdout

@@ -70,6 +70,7 @@ from tf_sparseconv.training.distribute import (COLLECTIVES, STRATEGIES, ClusterF
 from tf_sparseconv.training.fine_tune import FineTunePhase
 from tf_sparseconv.training.losses import SmoothedSparseCrossentropy
 from tf_sparseconv.training.metrics import MeanClassAccuracy, class_accuracies
+from tf_sparseconv.training.optimizers import FusedAdam
 from tf_sparseconv.training.pruning import WarningShotPruning, present_weight_count, sparse_conv_layers
 from tf_sparseconv.training.report import (EpochProgress, PresentWeights, TensorBoardScalars, plot_training_curve,
                                            summary_lines)
@@ -340,8 +341,8 @@ def build_optimizer(name, learning_rate, weight_decay=0.0):
     gradient scale, so a weight the data hardly moves is pulled at about the learning rate
     per step whatever lambda is."""
     decay = dict(weight_decay=weight_decay) if weight_decay > 0 else {}
-    if name == "adam":
-        optimizer = keras.optimizers.Adam(learning_rate, **decay)
+    if name == "adam":  # Keras' Adam, each variable's step one kernel (training/optimizers.py)
+        optimizer = FusedAdam(learning_rate, **decay)
     elif name == "adagrad":
         optimizer = keras.optimizers.Adagrad(learning_rate, **decay)
     elif name == "sgd":
