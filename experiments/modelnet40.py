@@ -103,6 +103,14 @@ RECIPES = {
                        ["--model", "site-resnet", "--resolution", "64", "--epochs", "20", *REGULARISED,
                         "--site-channels", "32", "64", "128", "256", "--site-blocks", "2"]),
 }
+# Ensembles of recipes trained with the same validation examples: scored on the validation
+# split by `tf-sparseconv evaluate MEMBER ... --split val` (the mean of the members' softmax
+# outputs) and added with --add-ensemble; their final models are the members' finals.
+ENSEMBLES = {
+    "octnet3-32-ensemble4": ("the mean softmax of octnet3-32, octnet3-32-seed1, octnet3-32-seed2 and "
+                             "octnet3-32-turn10 (the validated runs of one recipe's three seeds, and its turn10 "
+                             "variant)", ["octnet3-32", "octnet3-32-seed1", "octnet3-32-seed2", "octnet3-32-turn10"]),
+}
 # Options of this script that override a recipe's (for smoke runs); a recorded command
 # carries them after the recipe's flags.
 OVERRIDES = ("--epochs", "--max-examples", "--resolution")
@@ -219,6 +227,39 @@ def final_row(name, res, model_file=None):
             "peak_gpu_bytes": res.get("peak_gpu_bytes"), "model_file": model_file}
 
 
+def ensemble_row(name, metrics, rows):
+    """A modelnet40.json row of ensemble name from tf-sparseconv evaluate's metrics.json on
+    the validation split, with what its members' rows say (the newest validated row of each,
+    and the model file of its final where kept). The members run one after another, so the
+    ensemble's memory bound is the largest member's; its training time is theirs added."""
+    what, members = ENSEMBLES[name]
+    if metrics.get("split") != "val" or len(metrics.get("models") or []) != len(members):
+        raise SystemExit(f"the metrics.json of an ensemble of {name} is tf-sparseconv evaluate's on the validation "
+                         f"split (--split val) of its {len(members)} members: {', '.join(members)}")
+    validated, finals = [], []
+    for member in members:
+        found = [row for row in rows if row.get("run") == member and row.get("val_overall") is not None]
+        final = [row for row in rows if row.get("run") == f"{member}-final"]
+        if not found:
+            raise SystemExit(f"no validated row of {member} in experiments/results/{RESULTS_FILE}")
+        validated.append(found[-1])
+        finals.append(final[-1].get("model_file") if final else None)
+    first = validated[0]
+    return {"run": name, "model": f"{first['model']} ensemble of {len(members)}", "members": members,
+            "resolution": first["resolution"], "epochs": first["epochs"], "val_split": first["val_split"],
+            "val_examples": metrics["examples"], "val_overall": metrics["overall_accuracy"],
+            "val_mean_class": metrics["mean_class_accuracy"], "val_overall_test_weighted": None,
+            "vote": metrics.get("vote", "none"),
+            "memory_bound_bytes": max(row["memory_bound_bytes"] for row in validated),
+            "train_s_per_epoch": sum(row["train_s_per_epoch"] for row in validated),
+            "device": first["device"], "command": None, "what": what,
+            "reproduce": shlex.join(["tf-sparseconv", "evaluate", *[f"runs/modelnet40/{m}/model.keras"
+                                                                     for m in members], "--split", "val"]),
+            "examples": first["examples"], "batch_size": first["batch_size"], "features": first["features"],
+            "augment": None, "member_val_overall": [row["val_overall"] for row in validated],
+            "model_file": finals if all(finals) else None}
+
+
 def migrated_row(row):
     """A row of the earlier schema (one per recipe, a 10% stratified validation split,
     OctNet3 only) in this one; what it did not record stays None."""
@@ -306,6 +347,9 @@ def main(argv=None):
     p.add_argument("--no-record", action="store_true", help=f"leave experiments/results/{RESULTS_FILE} alone")
     p.add_argument("--add-results", nargs=2, action="append", metavar=("RECIPE", "RESULTS_JSON"),
                    help="add the row of a finished run of tf-sparseconv train (e.g. on a lent GPU); no training")
+    p.add_argument("--add-ensemble", nargs=2, action="append", metavar=("ENSEMBLE", "METRICS_JSON"),
+                   help=f"add the row of an ensemble ({', '.join(ENSEMBLES)}) from tf-sparseconv evaluate's "
+                        "metrics.json of its members on the validation split")
     p.add_argument("--add-test", nargs=2, action="append", metavar=("RECIPE", "METRICS_JSON"),
                    help="attach the official test split's scores (tf-sparseconv evaluate's metrics.json) to the "
                         "newest row of RECIPE on the validation protocol")
@@ -339,6 +383,14 @@ def main(argv=None):
             if args.note:
                 row["note"] = args.note
             add_row(row)
+    for name, path in args.add_ensemble or []:
+        if name not in ENSEMBLES:
+            raise SystemExit(f"--add-ensemble {name}: not an ensemble ({', '.join(ENSEMBLES)})")
+        with open(path) as f:
+            row = ensemble_row(name, json.load(f), read_json(RESULTS_FILE))
+        if args.note:
+            row["note"] = args.note
+        add_row(row)
     if args.add_test:
         rows = read_json(RESULTS_FILE)
         for name, path in args.add_test:
