@@ -150,3 +150,42 @@ def test_added_runs_and_test_scores_land_in_their_rows(tmp_path, monkeypatch, ca
     listed = capsys.readouterr().out
     assert all(f"{name}: " in listed for name in modelnet40.RECIPES)
     assert "tf-sparseconv train --dataset modelnet40 --val-split modelnet40-test" in listed
+
+
+def test_an_ensemble_row_takes_its_scores_from_evaluate_and_the_rest_from_its_members(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", str(tmp_path))
+    name = "octnet3-32-ensemble4"
+    members = modelnet40.ENSEMBLES[name][1]
+    models = tmp_path / "models"
+    for i, member in enumerate(members):
+        run = tmp_path / member
+        run.mkdir()
+        validated = dict(results_json(), val_overall=0.80 + i / 100, memory_bound_bytes=10 + i,
+                         sec_per_epoch=[20.0, 10.0 + i])
+        (run / "results.json").write_text(json.dumps(validated))
+        modelnet40.main(["--add-results", member, str(run / "results.json")])
+        final = tmp_path / f"{member}-final"
+        final.mkdir()
+        (final / "results.json").write_text(json.dumps(dict(results_json(), val_split="none", val_overall=None)))
+        for filename in ("model.keras", "split.json"):
+            (final / filename).write_text("x")
+        modelnet40.main(["--add-results", member, str(final / "results.json"), "--keep-models", str(models)])
+    metrics = {"split": "val", "models": [f"{m}/model.keras" for m in members], "examples": 1191,
+               "overall_accuracy": 0.893, "mean_class_accuracy": 0.861, "vote": "none"}
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    modelnet40.main(["--add-ensemble", name, str(tmp_path / "metrics.json"), "--note", "CPU"])
+    [row] = [r for r in common.read_json("modelnet40.json") if r["run"] == name]
+    assert set(modelnet40.ROW_KEYS) <= set(row)
+    assert (row["val_overall"], row["val_mean_class"], row["members"], row["note"]) == (0.893, 0.861, members, "CPU")
+    assert row["member_val_overall"] == pytest.approx([0.80, 0.81, 0.82, 0.83])
+    assert row["memory_bound_bytes"] == 13  # the members run one after another: the largest one's
+    assert row["train_s_per_epoch"] == pytest.approx(10 + 11 + 12 + 13)
+    assert row["model_file"] == [str(models / f"{m}-final" / "model.keras") for m in members]
+    assert row["reproduce"].startswith("tf-sparseconv evaluate runs/modelnet40/octnet3-32/model.keras")
+    lines = summarize.modelnet_section(common.read_json("modelnet40.json"))
+    assert any(line.startswith(f"| {name} | octnet3 ensemble of 4 | 32³ |") for line in lines), lines
+    with pytest.raises(SystemExit, match="on the validation split"):
+        (tmp_path / "test.json").write_text(json.dumps(dict(metrics, split="all")))
+        modelnet40.main(["--add-ensemble", name, str(tmp_path / "test.json")])
+    with pytest.raises(SystemExit, match="not an ensemble"):
+        modelnet40.main(["--add-ensemble", "octnet3-32", str(tmp_path / "metrics.json")])
