@@ -101,6 +101,12 @@ MODELNET40_FINDINGS = [
     "Its kept files are the members' finals: each recipe trained once more on all 9,843 training shapes, 12% "
     "more than the validated runs saw; the validated runs' models are not kept (octnet3-32's is in the history "
     "at commit 4e82a00).",
+    "- Correcting for the shift between the training shapes' class balance and the test's (multiplying each "
+    "softmax by the class's test share over its training share, 0.42 to 4.0: `data.modelnet40_test_counts` over the "
+    "training split's class counts, applied to the four validated models' validation softmax outputs by a "
+    "one-off script, CPU, 2026-11-28) moves single models by +0.1 to +1.3 points "
+    "overall but costs 0.4 to 1.2 points mean per class, and moves the four-model ensemble by -0.1 (0.8925 "
+    "against 0.8934) at 1.4 points less mean per class: not adopted.",
     "- The kept 64³ model is octnet3-64's final (below).",
 ]
 
