@@ -15,7 +15,9 @@
 # each two-replica trainer process's output (NCCL_DEBUG=INFO) in $OUT/trainer_logs.tar.gz.
 # EPOCHS (default 3), FUZZ_EXAMPLES (default 8), FUZZ_TIMEOUT (s, default 130) and TRAIN_TIMEOUT (s per
 # trainer configuration, default 240) tune the call's length; FUZZ=0 leaves the fuzz out; BEFORE=1 also
-# runs the one-replica epoch with TF_SPARSECONV_CHECK_EVERY_OP=1 (every op re-checks its inputs).
+# runs the one-replica epoch with TF_SPARSECONV_CHECK_EVERY_OP=1 (every op re-checks its inputs);
+# BIG_BATCH=1 also runs one replica at 64 shapes and two at 64 each (after the profile): the
+# scaling where a replica's batch outweighs the step's fixed costs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TF_FORCE_GPU_ALLOW_GROWTH=true NCCL_NVLS_ENABLE=0
@@ -68,5 +70,13 @@ if [ "${PROFILE:-1}" = 1 ]; then
     --out "$out/step_profile.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
   tar -czf "$out/traces.tar.gz" -C /tmp traces
   [ "$(stat -c %s "$out/traces.tar.gz")" -le 15000000 ] || { echo "traces over 15 MB: not returned"; rm "$out/traces.tar.gz"; }
+fi
+if [ "${BIG_BATCH:-0}" = 1 ]; then
+  python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 1 --batch-size 64 --data-dir .devdata \
+    --epochs "$epochs" --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+  python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 2 --batch-size 64 --scalings weak \
+    --data-dir .devdata --strategies mirrored --epochs "$epochs" --timeout "${TRAIN_TIMEOUT:-240}" \
+    --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+  echo "64 per replica done at $((SECONDS - started)) s"
 fi
 echo "all done at $((SECONDS - started)) s"
