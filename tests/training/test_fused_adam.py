@@ -167,3 +167,21 @@ def test_mirrored_replicas_match_keras_adam():
                          env=dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2"))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "equal" in run.stdout, run.stdout
+
+
+def test_a_keras_adam_checkpoint_resumes_under_fused_adam(tmp_path):
+    # --backup-dir folders written before the trainer used FusedAdam (Keras' Adam) keep working
+    def compiled(optimizer):
+        model = make_model(0)
+        model.compile(optimizer, "mse")
+        return model
+
+    old = compiled(keras.optimizers.Adam(0.01))
+    old.fit(np.ones((8, 5), "float32"), np.ones((8, 3), "float32"), epochs=2, verbose=0)
+    old.save_weights(tmp_path / "backup.weights.h5")
+    new = compiled(FusedAdam(0.01))
+    new.optimizer.build(new.trainable_variables)
+    new.load_weights(tmp_path / "backup.weights.h5")
+    assert new.optimizer.iterations.numpy() == 2
+    for got, want in zip(new.optimizer.variables, old.optimizer.variables):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
