@@ -107,6 +107,9 @@ MODELNET40_FINDINGS = [
     "one-off script, CPU, 2026-11-28) moves single models by +0.1 to +1.3 points "
     "overall but costs 0.4 to 1.2 points mean per class, and moves the four-model ensemble by -0.1 (0.8925 "
     "against 0.8934) at 1.4 points less mean per class: not adopted.",
+    "- The mirror vote (`evaluate --vote mirror`: each shape and its x-mirrored copy) moves the four-model "
+    "ensemble from 0.8934 to 0.8942 (one shape of 1,191; mean per class 0.861 to 0.859) at twice the cost: "
+    "not adopted (CPU, 2026-11-28).",
     "- The kept 64³ model is octnet3-64's final (below).",
 ]
 
