@@ -533,3 +533,28 @@ def test_evaluate_turn_scores_the_clouds_turned_about_z(capsys, tmp_path, models
     assert code == 2 and "--turn 5 needs a model that normalises its clouds" in err
     code, _, err = run(capsys, "evaluate", models["paths"]["points"], "--data", tmp_path / "test.npz", "--turn", "nan")
     assert code == 2 and "--turn must be a finite number of degrees" in err
+
+
+def test_predict_with_several_models_gives_their_mean_softmax(capsys, tmp_path, models):
+    clouds, _, _ = make_shapes(num_per_class=1, num_points=POINTS, classes=("cube", "torus", "cone"), seed=5)
+    np.savez(tmp_path / "three.npz", points=clouds)
+    paths = models["paths"]
+    code, out, err = run(capsys, "predict", paths["points"], paths["none"], tmp_path / "three.npz", "--top-k", "3",
+                         "--json")
+    assert code == 0, err
+    assert "ensemble of 2 models: the mean of their softmax outputs" in err
+    unnormalized = keras.models.load_model(paths["none"])
+    expected = (softmax(models["points"].predict(clouds, verbose=0)) + softmax(unnormalized.predict(clouds,
+                                                                                                    verbose=0))) / 2
+    # the two members disagree somewhere, so the mean is not either one's
+    assert not np.allclose(expected, softmax(models["points"].predict(clouds, verbose=0)), atol=1e-3)
+    for row, probabilities in zip(json.loads(out), expected):
+        top = np.argsort(-probabilities)[:3]
+        assert [c["class"] for c in row["top_k"]] == [models["classes"][i] for i in top]
+        np.testing.assert_allclose([c["probability"] for c in row["top_k"]], probabilities[top], rtol=1e-5)
+    for argv, message in (([paths["points"], paths["points"], tmp_path / "three.npz"], "a model is named twice"),
+                          ([paths["points"], paths["scannet"], tmp_path / "three.npz"], "has other classes than"),
+                          ([paths["points"], paths["images"], tmp_path / "three.npz"], "has other classes than"),
+                          ([paths["points"], paths["none"]], "name the files to predict after the model")):
+        code, _, err = run(capsys, "predict", *argv)
+        assert code != 0 and message in err, (argv, err)

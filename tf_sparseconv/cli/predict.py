@@ -6,9 +6,11 @@ and .npz with a `points` array; image models read .png, .npy [H, W] or [M, H, W]
 with an `images` array. Clouds of another size than the model was trained with are
 resampled to it (seeded). The model normalises each cloud into the unit sphere itself, so
 clouds in any units work; a model saved with normalize='none' refuses points outside its
-bounds.
+bounds. Several models (the .keras files before the first input) predict as an ensemble:
+the mean of their softmax outputs, as `evaluate` scores one.
 """
 import json
+import os
 import sys
 
 import numpy as np
@@ -21,7 +23,9 @@ DEFAULT_POINTS = 1024
 
 
 def add_arguments(parser):
-    parser.add_argument("model", metavar="MODEL", help="the saved model (.keras), e.g. runs/<run>/model.keras")
+    parser.add_argument("model", metavar="MODEL", help="the saved model (.keras), e.g. runs/<run>/model.keras; "
+                        "more .keras files before the first FILE: their ensemble (the mean of their softmax "
+                        "outputs), as evaluate scores it")
     parser.add_argument("files", nargs="+", metavar="FILE",
                         help="point files (.off .ply .npy .npz) or, for an image model, images (.png .npy .npz)")
     parser.add_argument("--top-k", type=positive_int, default=3, metavar="K",
@@ -70,15 +74,21 @@ def _read_clouds(files, spec, seed):
             clouds.append(cloud[:, :columns])
     notes = [f"{resampled} cloud(s) resampled to {target} points, the model's points per cloud"] if resampled else []
     clouds = np.stack(clouds)
-    if spec.get("normalize") == "none":
-        low, high = spec.get("bounds", (-1.0, 1.0))
-        outside = ((clouds[..., :3] < low) | (clouds[..., :3] > high)).any(axis=(1, 2))
-        if outside.any():
-            path, index = names[int(np.flatnonzero(outside)[0])]
-            where = path if index is None else f"{path}[{index}]"
-            raise UsageError(f"{where}: points outside the model's bounds [{low:g}, {high:g}]; the model was saved "
-                             "with normalize='none', so scale the cloud into them")
+    _check_bounds(clouds, names, spec)
     return names, clouds, notes
+
+
+def _check_bounds(clouds, names, spec):
+    """UsageError for a cloud outside the bounds of a model saved with normalize='none'."""
+    if spec.get("normalize") != "none":
+        return
+    low, high = spec.get("bounds", (-1.0, 1.0))
+    outside = ((clouds[..., :3] < low) | (clouds[..., :3] > high)).any(axis=(1, 2))
+    if outside.any():
+        path, index = names[int(np.flatnonzero(outside)[0])]
+        where = path if index is None else f"{path}[{index}]"
+        raise UsageError(f"{where}: points outside the model's bounds [{low:g}, {high:g}]; the model was saved "
+                         "with normalize='none', so scale the cloud into them")
 
 
 def _read_images(files, spec):
@@ -104,33 +114,82 @@ def _read_images(files, spec):
     return names, np.stack(images), []
 
 
+def softmax(logits):
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
 def top_classes(logits, class_names, k):
     """Per example the k (class, probability) pairs of highest softmax probability."""
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    probabilities = shifted / shifted.sum(axis=1, keepdims=True)
+    probabilities = softmax(logits)
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
     return [[(class_names[c], float(p[c])) for c in row] for row, p in zip(order, probabilities)]
+
+
+def split_models(model, files):
+    """(model paths, input files): MODEL and the .keras files that follow it before the first input."""
+    paths = [model]
+    while files and files[0].lower().endswith(".keras"):
+        paths.append(files.pop(0))
+    if not files:
+        raise UsageError("name the files to predict after the model(s)")
+    if len(set(map(os.path.abspath, paths))) != len(paths):
+        raise UsageError("a model is named twice; an ensemble takes each model once")
+    return paths, files
+
+
+# What the members of an ensemble must share: they read the same clouds or images.
+SHARED_INPUT = ("kind", "points_per_cloud", "columns", "image_shape")
+
+
+def load_members(paths):
+    """[(model, spec)], class names and output count of the models; UsageError where they differ."""
+    members = []
+    for path in paths:
+        check_model_file(path)
+        model, spec, names = load_model(path)
+        members.append((path, model, spec, names, int(model.outputs[0].shape[-1])))
+    first_path, _, first_spec, names, num_outputs = members[0]
+    for path, _, spec, other_names, other_outputs in members[1:]:
+        if (other_names, other_outputs) != (names, num_outputs):
+            raise UsageError(f"{path} has other classes than {first_path} ({other_outputs} against {num_outputs} "
+                             "outputs, or other names); an ensemble averages the same classes")
+        if any(spec.get(key) != first_spec.get(key) for key in SHARED_INPUT):
+            raise UsageError(f"{path} takes other inputs than {first_path} (kind, points per cloud, columns or image "
+                             "size); an ensemble predicts from the same examples")
+    return [(m, s) for _, m, s, _, _ in members], names, num_outputs
 
 
 def run(args):
     from tf_sparseconv.cli.evaluate import predict_logits
 
-    check_model_file(args.model)
-    _check_files(args.files)
-    model, spec, model_names = load_model(args.model)
-    num_outputs = int(model.outputs[0].shape[-1])
+    paths, files = split_models(args.model, list(args.files))
+    _check_files(files)
+    members, model_names, num_outputs = load_members(paths)
+    spec = members[0][1]
     names = list(model_names) if model_names else [str(i) for i in range(num_outputs)]
     if spec["kind"] == "images":
-        sources, examples, notes = _read_images(args.files, spec)
+        sources, examples, notes = _read_images(files, spec)
     else:
-        sources, examples, notes = _read_clouds(args.files, spec, args.seed)
+        sources, examples, notes = _read_clouds(files, spec, args.seed)
+        for _, other in members[1:]:  # a member saved with normalize='none' checks its own bounds
+            _check_bounds(examples, sources, other)
     if not model_names:
         notes.append("the model stores no class names; classes are shown by index")
+    if len(members) > 1:
+        notes.append(f"ensemble of {len(members)} models: the mean of their softmax outputs")
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     many = len(examples) > args.batch_size
-    logits = predict_logits(model, examples, args.batch_size, Progress("predicting", len(examples)) if many else None)
-    ranked = top_classes(logits, names, min(args.top_k, num_outputs))
+    outputs = []
+    for i, (model, _) in enumerate(members):
+        what = f" (model {i + 1}/{len(members)})" if len(members) > 1 else ""
+        outputs.append(predict_logits(model, examples, args.batch_size,
+                                      Progress(f"predicting{what}", len(examples)) if many else None))
+    if len(outputs) > 1:  # log of the mean softmax as logits: top_classes' softmax gives the mean back
+        mean = np.mean([softmax(o.astype(np.float64)) for o in outputs], axis=0)
+        outputs = [np.log(np.maximum(mean, np.finfo(np.float64).tiny))]
+    ranked = top_classes(outputs[0], names, min(args.top_k, num_outputs))
     if args.json:
         print(json.dumps([{"file": path, "index": index,
                            "top_k": [{"class": c, "probability": p} for c, p in classes]}
