@@ -470,6 +470,20 @@ def test_bound_prints_the_models_bound_and_the_dense_grids(capsys, models):
     assert code == 0 and memory_bound(keras.models.load_model(models["paths"]["core"]), 4).table() in out
 
 
+def test_bound_of_several_models_is_the_largest_members(capsys, models):
+    paths = models["paths"]
+    code, out, err = run(capsys, "bound", paths["points"], paths["scannet"], "--batch-size", "4")
+    assert code == 0, err
+    bounds = [memory_bound(models[name], 4, points_per_sample=POINTS) for name in ("points", "scannet")]
+    for bound in bounds:
+        assert bound.table() in out
+    largest = max(b.total_bytes for b in bounds)
+    assert out.splitlines()[-1].startswith(f"ensemble of 2 models, run one after another (evaluate, predict): "
+                                           f"memory bound {largest / 2 ** 20:.2f} MB, the largest member's")
+    code, _, err = run(capsys, "bound", paths["points"], paths["points"])
+    assert code != 0 and "a model is named twice" in err
+
+
 def test_evaluate_several_models_scores_their_ensemble(capsys, tmp_path, models):
     names = list(models["classes"])
     clouds, labels, _ = make_shapes(num_per_class=4, num_points=POINTS, classes=names, seed=12)
