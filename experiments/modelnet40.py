@@ -253,11 +253,36 @@ def ensemble_row(name, metrics, rows):
             "memory_bound_bytes": max(row["memory_bound_bytes"] for row in validated),
             "train_s_per_epoch": sum(row["train_s_per_epoch"] for row in validated),
             "device": first["device"], "command": None, "what": what,
-            "reproduce": shlex.join(["tf-sparseconv", "evaluate", *[f"runs/modelnet40/{m}/model.keras"
-                                                                     for m in members], "--split", "val"]),
+            "reproduce": shlex.join(["tf-sparseconv", "evaluate",
+                                     *[f"runs/modelnet40/{m}/model.keras" for m in members], "--split", "val"]),
             "examples": first["examples"], "batch_size": first["batch_size"], "features": first["features"],
             "augment": None, "member_val_overall": [row["val_overall"] for row in validated],
             "model_file": finals if all(finals) else None}
+
+
+def build_ensemble(name, rows, keep_dir):
+    """Saves ensemble name as one model (its members' finals, models.ensemble_classifier) in
+    keep_dir/name with the first member's split.json; returns its row, pointing at it."""
+    from tf_sparseconv.models import ensemble_classifier, load_model, save_model
+
+    row = next((r for r in reversed(rows) if r.get("run") == name), None)
+    if row is None or not isinstance(row.get("model_file"), list):
+        raise SystemExit(f"--build-ensemble {name}: add its row first (--add-ensemble), with every member's final "
+                         "kept (--add-results ... --keep-models)")
+    members = [os.path.join(REPO, path) if not os.path.isabs(path) else path for path in row["model_file"]]
+    target = os.path.join(keep_dir, name)
+    os.makedirs(target, exist_ok=True)
+    from tf_sparseconv.models.memory_bound import memory_bound
+
+    ensemble = ensemble_classifier([load_model(path, compile=False) for path in members], name=name.replace("-", "_"))
+    save_model(ensemble, os.path.join(target, "model.keras"))
+    shutil.copy2(os.path.join(os.path.dirname(members[0]), "split.json"), os.path.join(target, "split.json"))
+    points = ensemble.layers[1].points_per_cloud
+    bound = memory_bound(ensemble, row["batch_size"], points_per_sample=points, device="gpu")
+    return dict(row, model_file=repo_path(os.path.join(target, "model.keras")), member_files=row["model_file"],
+                memory_bound_bytes=bound.total_bytes,
+                memory_bound_note=f"the one-file ensemble at batch {row['batch_size']}, {points} points per cloud, "
+                                  "GPU kernels' temporaries, every member alive at once (one graph)")
 
 
 def migrated_row(row):
@@ -350,6 +375,9 @@ def main(argv=None):
     p.add_argument("--add-ensemble", nargs=2, action="append", metavar=("ENSEMBLE", "METRICS_JSON"),
                    help=f"add the row of an ensemble ({', '.join(ENSEMBLES)}) from tf-sparseconv evaluate's "
                         "metrics.json of its members on the validation split")
+    p.add_argument("--build-ensemble", metavar="ENSEMBLE",
+                   help="build ENSEMBLE's one-file model (models.ensemble_classifier) from its members' kept finals "
+                        "into --keep-models DIR/ENSEMBLE and point its row at it")
     p.add_argument("--add-test", nargs=2, action="append", metavar=("RECIPE", "METRICS_JSON"),
                    help="attach the official test split's scores (tf-sparseconv evaluate's metrics.json) to the "
                         "newest row of RECIPE on the validation protocol")
@@ -391,6 +419,10 @@ def main(argv=None):
         if args.note:
             row["note"] = args.note
         add_row(row)
+    if args.build_ensemble:
+        if args.build_ensemble not in ENSEMBLES or not args.keep_models:
+            raise SystemExit(f"--build-ensemble takes an ensemble ({', '.join(ENSEMBLES)}) and --keep-models DIR")
+        add_row(build_ensemble(args.build_ensemble, read_json(RESULTS_FILE), args.keep_models))
     if args.add_test:
         rows = read_json(RESULTS_FILE)
         for name, path in args.add_test:

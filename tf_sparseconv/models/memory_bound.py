@@ -45,6 +45,7 @@ from tf_sparseconv.channel.keras_io import FIELDS, as_keras_inputs, from_keras_i
 from tf_sparseconv.channel.layers import DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.geometry import pooled_shape
+from tf_sparseconv.models.ensemble import MeanSoftmax
 from tf_sparseconv.models.point_normals import chunk_rows
 from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse
 from tf_sparseconv.models.serving import ClassNames
@@ -513,12 +514,23 @@ def _is_site_layer(layer):
     return type(layer).__module__.startswith("tf_sparseconv.site.")
 
 
+# In _flat_layers' sequence: an ensemble member's layers follow; its input is the shared
+# preprocessing's output, not the layer before.
+BRANCH = "ensemble member"
+
+
 def _flat_layers(model):
-    """The model's layers in order, those of nested models (a serving model's core) inlined."""
+    """The model's layers in order, those of nested models (a serving model's core, an
+    ensemble's members, each after BRANCH) inlined."""
+    ensemble = any(isinstance(layer, MeanSoftmax) for layer in model.layers)
+    if ensemble and any(isinstance(layer, SparseToSite) for layer in model.layers):
+        raise TypeError("an ensemble of site-sparse models (each member's SparseToSite) is not bounded yet")
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
             continue
         if isinstance(layer, keras.Model):
+            if ensemble:
+                yield BRANCH
             yield from _flat_layers(layer)
         else:
             yield layer
@@ -547,7 +559,9 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
 
     The model is a chain of layers starting at PointCloudToSparse (VoxelizePoints),
     ImageToSparse, a sparse_input dict or a site_input dict (functional), or a serving
-    model around such a core (models.point_cloud_classifier / image_classifier). Site
+    model around such a core (models.point_cloud_classifier / image_classifier), or an
+    ensemble of channel-sparse serving models (models.ensemble_classifier), whose members
+    are bounded as all alive at once (one graph may run them side by side). Site
     layers other than SparseToSite, the site convolutions, SiteFeatures, SiteAdd,
     SiteConcat and SiteGlobalPool are refused (TypeError naming the layer).
 
@@ -591,9 +605,19 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
     elif isinstance(structure, dict) and "coords" in structure:
         spatial, _ = _site_fields(structure)
         walk.sites[spatial] = walk.grid_sites(spatial)
+    members, preprocessed = 0, None
     for layer in layers:
+        if layer is BRANCH:  # an ensemble member: it starts from the shared preprocessing's output
+            shape, entries = preprocessed
+            members += 1
+            continue
         if isinstance(layer, ClassNames):
             continue  # the identity on the logits
+        if isinstance(layer, MeanSoftmax):  # every member's softmax and their sum, beside its output
+            out_bytes = math.prod(shape) * value_bytes
+            bounds.append(LayerBound(layer.name, "MeanSoftmax", tuple(shape), math.prod(shape), out_bytes,
+                                     (members + 1) * (out_bytes + ALLOCATION_OVERHEAD) + CALL_OVERHEAD, out_bytes))
+            continue
         if _is_site_layer(layer):
             kind, out_shape, out_entries, out_bytes, temp = _site_layer_bound(walk, layer, entries)
             dense = batch_size * math.prod(out_shape[1:]) * value_bytes if kind != "global_pool" else out_bytes
@@ -610,6 +634,7 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
                                          input_bytes, 0, input_bytes))
             bounds.append(LayerBound(layer.name, "voxelize" if isinstance(layer, PointCloudToSparse) else "image",
                                      shape, entries, out_bytes, temp + CALL_OVERHEAD, dense))
+            preprocessed = (shape, entries)
         elif isinstance(layer, DenseToSparse):
             raise TypeError("DenseToSparse takes arbitrary dense input: bound the model from sparse_input instead")
         elif isinstance(layer, (DirectSparseConv, SparseReLU, SparseMaxPool, SparseToDense)):
