@@ -422,7 +422,9 @@ def main(argv=None):
     if args.build_ensemble:
         if args.build_ensemble not in ENSEMBLES or not args.keep_models:
             raise SystemExit(f"--build-ensemble takes an ensemble ({', '.join(ENSEMBLES)}) and --keep-models DIR")
-        add_row(build_ensemble(args.build_ensemble, read_json(RESULTS_FILE), args.keep_models))
+        row = build_ensemble(args.build_ensemble, read_json(RESULTS_FILE), args.keep_models)
+        if not args.no_record:
+            add_row(row)
     if args.add_test:
         rows = read_json(RESULTS_FILE)
         for name, path in args.add_test:

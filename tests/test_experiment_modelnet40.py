@@ -189,3 +189,41 @@ def test_an_ensemble_row_takes_its_scores_from_evaluate_and_the_rest_from_its_me
         modelnet40.main(["--add-ensemble", name, str(tmp_path / "test.json")])
     with pytest.raises(SystemExit, match="not an ensemble"):
         modelnet40.main(["--add-ensemble", "octnet3-32", str(tmp_path / "metrics.json")])
+
+
+def test_an_ensemble_is_built_into_one_model_from_its_members_finals(tmp_path, monkeypatch):
+    import keras
+    import numpy as np
+    from tf_sparseconv.data import make_shapes
+    from tf_sparseconv.models import load_model, octnet3, point_cloud_classifier, save_model
+
+    monkeypatch.setattr(common, "RESULTS", str(tmp_path))
+    name = "octnet3-32-ensemble4"
+    members = modelnet40.ENSEMBLES[name][1]
+    clouds, _, classes = make_shapes(num_per_class=2, num_points=64, seed=0)
+    finals, models = [], []
+    for i, member in enumerate(members):
+        keras.utils.set_random_seed(i)
+        model = point_cloud_classifier(octnet3(8, len(classes), rhos=(1.0,), fc_units=8), 8, class_names=classes,
+                                       points_per_cloud=64)
+        folder = tmp_path / "kept" / f"{member}-final"
+        folder.mkdir(parents=True)
+        save_model(model, folder / "model.keras")
+        (folder / "split.json").write_text(json.dumps({"seed": 0, "classes": classes}))
+        finals.append(str(folder / "model.keras"))
+        models.append(model)
+    row = {"run": name, "model_file": finals, "batch_size": 4, "device": "cpu", "examples": 9843,
+           "val_split": "modelnet40-test 50", "resolution": 32, "epochs": 30, "val_overall": 0.9,
+           "val_mean_class": 0.8, "model": "octnet3 ensemble of 4", "vote": "none", "train_s_per_epoch": 1.0}
+    common.replace_rows("modelnet40.json", [row], lambda r: True)
+    with pytest.raises(SystemExit, match="--keep-models"):
+        modelnet40.main(["--build-ensemble", name])
+    modelnet40.main(["--build-ensemble", name, "--keep-models", str(tmp_path / "models")])
+    [built] = [r for r in common.read_json("modelnet40.json") if r["run"] == name]
+    assert built["model_file"] == str(tmp_path / "models" / name / "model.keras")
+    assert built["member_files"] == finals and built["memory_bound_bytes"] > 0
+    assert json.loads((tmp_path / "models" / name / "split.json").read_text())["classes"] == list(classes)
+    ensemble = load_model(built["model_file"])
+    want = np.mean([keras.ops.convert_to_numpy(keras.ops.softmax(m.predict(clouds, verbose=0))) for m in models], 0)
+    got = keras.ops.convert_to_numpy(keras.ops.softmax(ensemble.predict(clouds, verbose=0)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
