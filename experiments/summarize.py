@@ -155,6 +155,11 @@ def modelnet_section(rows):
                          + (f"; {r['note']}" if r.get("note") else "") for r in current]
         kept = [r for r in current if r.get("model_file") and all(
             os.path.exists(os.path.join(HERE, "..", f)) for f in model_files(r))]
+        # a resolution whose chosen model is a final (trained on every shape, no validated row kept)
+        for r in finals:
+            if (r.get("model_file") and r["resolution"] not in {k["resolution"] for k in kept}
+                    and os.path.exists(os.path.join(HERE, "..", r["model_file"]))):
+                kept.append(r)
         if kept:
             lines += ["", "The chosen model of each resolution is kept in the repository; any test split a user "
                       "points it at (the official OFF tree `<root>/<class>/test/*.off`, or a point-cloud .npz) "
