@@ -84,6 +84,27 @@ def load_model(path, serving=True):
     return model, spec, class_names(model)
 
 
+def load_ensemble(paths, shared, shared_names, purpose, check=None):
+    """[(model, input spec)], class names and output count of the saved models at paths
+    (an ensemble's members); UsageError unless they share their classes and the input spec's
+    values under the keys in shared (shared_names says them in words; purpose ends the
+    message). check(spec), where given, runs on each model's spec as it loads."""
+    loaded = []
+    for path in paths:
+        model, spec, names = load_model(path)
+        if check is not None:
+            check(spec)
+        loaded.append((path, model, spec, names, int(model.outputs[0].shape[-1])))
+    _, _, first_spec, names, num_outputs = loaded[0]
+    for path, _, spec, other_names, other_outputs in loaded[1:]:
+        if (other_names, other_outputs) != (names, num_outputs):
+            raise UsageError(f"{path} has other classes than {paths[0]} ({other_outputs} against {num_outputs} "
+                             "outputs, or other names); an ensemble averages the same classes")
+        if any(spec.get(key) != first_spec.get(key) for key in shared):
+            raise UsageError(f"{path} takes other inputs than {paths[0]} ({shared_names}); {purpose}")
+    return [(m, s) for _, m, s, _, _ in loaded], names, num_outputs
+
+
 def check_out_dir(path, overwrite):
     """UsageError if path is a file, or a non-empty folder without --overwrite."""
     if os.path.isfile(path):

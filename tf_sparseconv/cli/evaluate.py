@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, check_out_dir, load_model, one_line,
+from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, check_out_dir, load_ensemble, one_line,
                                      positive_int)
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip() + """
@@ -346,20 +346,9 @@ def _load_examples(args, kind, split, data, record, spec, model_names, num_outpu
 
 def _load_ensemble(paths, kind, data, vote, turn):
     """[(model, input spec)], their class names and output count: the same for every model."""
-    loaded = []
-    for path in paths:
-        model, spec, names = load_model(path)
-        _check_compatible(kind, spec, data, vote, turn)
-        loaded.append((path, model, spec, names, int(model.outputs[0].shape[-1])))
-    _, _, first_spec, names, num_outputs = loaded[0]
-    for path, _, spec, other_names, other_outputs in loaded[1:]:
-        if (other_names, other_outputs) != (names, num_outputs):
-            raise UsageError(f"{path} has other classes than {paths[0]} ({other_outputs} against {num_outputs} "
-                             "outputs, or other names); an ensemble averages the same classes")
-        if spec["kind"] != first_spec["kind"] or spec.get("points_per_cloud") != first_spec.get("points_per_cloud"):
-            raise UsageError(f"{path} takes other inputs than {paths[0]} (kind or points per cloud); an ensemble "
-                             "scores every model on the same examples")
-    return [(m, s) for _, m, s, _, _ in loaded], names, num_outputs
+    return load_ensemble(paths, ("kind", "points_per_cloud"), "kind or points per cloud",
+                         "an ensemble scores every model on the same examples",
+                         check=lambda spec: _check_compatible(kind, spec, data, vote, turn))
 
 
 def _probabilities(model, examples, batch_size, vote, what):

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from tf_sparseconv.cli.common import Progress, UsageError, check_model_file, load_model, one_line, positive_int
+from tf_sparseconv.cli.common import Progress, UsageError, check_model_file, load_ensemble, one_line, positive_int
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip()
 # Points per cloud when the model does not say how many it was trained with.
@@ -114,14 +114,10 @@ def _read_images(files, spec):
     return names, np.stack(images), []
 
 
-def softmax(logits):
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
-
-
 def top_classes(logits, class_names, k):
     """Per example the k (class, probability) pairs of highest softmax probability."""
-    probabilities = softmax(logits)
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities = shifted / shifted.sum(axis=1, keepdims=True)
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
     return [[(class_names[c], float(p[c])) for c in row] for row, p in zip(order, probabilities)]
 
@@ -142,30 +138,16 @@ def split_models(model, files):
 SHARED_INPUT = ("kind", "points_per_cloud", "columns", "image_shape")
 
 
-def load_members(paths):
-    """[(model, spec)], class names and output count of the models; UsageError where they differ."""
-    members = []
-    for path in paths:
-        check_model_file(path)
-        model, spec, names = load_model(path)
-        members.append((path, model, spec, names, int(model.outputs[0].shape[-1])))
-    first_path, _, first_spec, names, num_outputs = members[0]
-    for path, _, spec, other_names, other_outputs in members[1:]:
-        if (other_names, other_outputs) != (names, num_outputs):
-            raise UsageError(f"{path} has other classes than {first_path} ({other_outputs} against {num_outputs} "
-                             "outputs, or other names); an ensemble averages the same classes")
-        if any(spec.get(key) != first_spec.get(key) for key in SHARED_INPUT):
-            raise UsageError(f"{path} takes other inputs than {first_path} (kind, points per cloud, columns or image "
-                             "size); an ensemble predicts from the same examples")
-    return [(m, s) for _, m, s, _, _ in members], names, num_outputs
-
-
 def run(args):
     from tf_sparseconv.cli.evaluate import predict_logits
+    from tf_sparseconv.training.voting import softmax
 
     paths, files = split_models(args.model, list(args.files))
     _check_files(files)
-    members, model_names, num_outputs = load_members(paths)
+    for path in paths:
+        check_model_file(path)
+    members, model_names, num_outputs = load_ensemble(paths, SHARED_INPUT, "kind, points per cloud, columns or "
+                                                      "image size", "an ensemble predicts from the same examples")
     spec = members[0][1]
     names = list(model_names) if model_names else [str(i) for i in range(num_outputs)]
     if spec["kind"] == "images":
@@ -187,7 +169,7 @@ def run(args):
         outputs.append(predict_logits(model, examples, args.batch_size,
                                       Progress(f"predicting{what}", len(examples)) if many else None))
     if len(outputs) > 1:  # log of the mean softmax as logits: top_classes' softmax gives the mean back
-        mean = np.mean([softmax(o.astype(np.float64)) for o in outputs], axis=0)
+        mean = np.mean([softmax(o) for o in outputs], axis=0)  # float64
         outputs = [np.log(np.maximum(mean, np.finfo(np.float64).tiny))]
     ranked = top_classes(outputs[0], names, min(args.top_k, num_outputs))
     if args.json:
