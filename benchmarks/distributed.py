@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
-from run_info import checkout_commit, checks_mode  # noqa: E402
+from run_info import checkout_commit, checks_mode, gpu_thread_mode  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
 WORKLOADS = ("modelnet40_32_epoch", "site_unet_lidar_step")
@@ -70,7 +70,7 @@ def device_name(replicas, gpus):
 def base_row(workload, strategy, replicas, device, items_per_s):
     return {"workload": workload, "strategy": strategy, "replicas": replicas, "device": device,
             "items_per_s": items_per_s, "date": datetime.date.today().isoformat(), "commit": checkout_commit(),
-            "checks": checks_mode()}
+            "checks": checks_mode(), "gpu_thread_mode": gpu_thread_mode()}
 
 
 # --- modelnet40_32_epoch: the trainer, one process per configuration ---------------------

@@ -30,3 +30,11 @@ def checks_mode():
     TF_SPARSECONV_CHECK_EVERY_OP=1 (each op re-checks its inputs, on the GPU with a wait per
     call), else "boundary" (only tensors entering from the user are checked)."""
     return "every op" if os.environ.get("TF_SPARSECONV_CHECK_EVERY_OP", "0") == "1" else "boundary"
+
+
+def gpu_thread_mode():
+    """How TensorFlow launches GPU work in the run: TF_GPU_THREAD_MODE ("gpu_private": each GPU
+    launches from its own host threads, TF_GPU_THREAD_COUNT of them) or "global" (TensorFlow's
+    default: every GPU's launches share the inter-op thread pool)."""
+    mode = os.environ.get("TF_GPU_THREAD_MODE", "global")
+    return f"{mode} x{os.environ.get('TF_GPU_THREAD_COUNT', 2)}" if mode != "global" else mode

@@ -46,7 +46,7 @@ from tf_sparseconv.training.optimizers import FusedAdam  # noqa: E402
 from tf_sparseconv.training.train import keras_batches  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_info import checkout_commit, checks_mode, gpu_name  # noqa: E402
+from run_info import checkout_commit, checks_mode, gpu_name, gpu_thread_mode  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 RESOLUTION = 32
@@ -222,6 +222,7 @@ def main():
         row["optimizer"] = optimizer
         row.update(profile(replicas, optimizer, points, labels, classes, args.warmup, args.steps, args.keep_trace))
         row.update(steps=args.steps, warmup=args.warmup, commit=checkout_commit(), checks=checks_mode(),
+                   gpu_thread_mode=gpu_thread_mode(),
                    date=datetime.date.today().isoformat())
         rows.append(row)
         busy = ", ".join(f"{b:.1f}" for b in row["gpu_busy_ms"]) or "no GPU"

@@ -59,7 +59,8 @@ def test_site_workload_over_two_logical_cpu_replicas_writes_rows_with_the_issue_
     if not any(os.path.exists(p) for p in distributed.LIDAR_PATHS):
         pytest.skip("lidar_scan.npz is not in ../shared/data")
     out = tmp_path / "distributed.jsonl"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_GPU_THREAD")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
     done = subprocess.run([sys.executable, "benchmarks/distributed.py", "--workloads", "site_unet_lidar_step",
                            "--replicas", "1", "2", "--voxel", "2.0", "--unet-channels", "4", "8", "--steps", "1",
                            "--windows", "1", "--warmup", "1", "--out", str(out)],
@@ -70,6 +71,7 @@ def test_site_workload_over_two_logical_cpu_replicas_writes_rows_with_the_issue_
     for row in rows:
         assert ISSUE_KEYS <= set(row) and row["device"] == "cpu" and row["items_per_s"] > 0
         assert row["strategy"] == "mirrored" and row["workload"] == "site_unet_lidar_step"
+        assert row["gpu_thread_mode"] == "global"  # TF_GPU_THREAD_MODE unset in this run
     assert "site_unet_lidar_step: 2 replicas" in done.stdout and "2 rows appended" in done.stdout
 
 
@@ -97,3 +99,14 @@ def test_a_configuration_past_its_timeout_is_ended_and_named_with_its_workers_ou
     assert "--- process 0:" in str(error.value) and "--- process 1:" in str(error.value)
     # --logs keeps each process's whole output, also of a configuration that failed
     assert sorted(os.listdir(tmp_path / "logs")) == ["multi-worker-2x8-process0.log", "multi-worker-2x8-process1.log"]
+
+
+def test_rows_name_the_gpu_thread_mode_the_run_had(monkeypatch):
+    import run_info
+    monkeypatch.delenv("TF_GPU_THREAD_MODE", raising=False)
+    monkeypatch.delenv("TF_GPU_THREAD_COUNT", raising=False)
+    assert run_info.gpu_thread_mode() == "global"
+    monkeypatch.setenv("TF_GPU_THREAD_MODE", "gpu_private")
+    assert run_info.gpu_thread_mode() == "gpu_private x2"  # TensorFlow's default count
+    monkeypatch.setenv("TF_GPU_THREAD_COUNT", "4")
+    assert run_info.gpu_thread_mode() == "gpu_private x4"
