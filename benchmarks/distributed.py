@@ -28,6 +28,7 @@ site workload's replicas are logical CPU devices and the trainer runs one replic
 """
 import argparse
 import datetime
+import glob
 import json
 import os
 import signal
@@ -115,13 +116,45 @@ def trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir):
             for i in range(replicas)]
 
 
+def numa_node_of_cpu():
+    """{cpu: NUMA node} from /sys (empty where the kernel does not say): cpu_blocks takes the
+    CPUs node by node, so a block stays within one node where the nodes allow."""
+    out = {}
+    for path in glob.glob("/sys/devices/system/node/node[0-9]*/cpulist"):
+        node = int(os.path.basename(os.path.dirname(path))[4:])
+        with open(path) as f:
+            for part in f.read().strip().split(","):
+                if part:
+                    low, _, high = part.partition("-")
+                    out.update((cpu, node) for cpu in range(int(low), int(high or low) + 1))
+    return out
+
+
+def cpu_blocks(processes, replicas, per_replica):
+    """The CPUs each of a configuration's processes may run on with --cpus-per-replica N: a
+    disjoint block of N CPUs per replica it serves (in the order this process may use them),
+    so a worker per GPU does not share cores with its peer and the one-replica baseline has
+    what one worker has. None (no pinning) without N."""
+    if not per_replica:
+        return [None] * processes
+    cpus = sorted(os.sched_getaffinity(0), key=lambda cpu: (numa_node_of_cpu().get(cpu, 0), cpu))
+    size = per_replica * replicas // processes
+    if size * processes > len(cpus):
+        raise SystemExit(f"--cpus-per-replica {per_replica}: {replicas} replica(s) need {size * processes} CPUs, "
+                         f"this process may use {len(cpus)}")
+    return [cpus[i * size:(i + 1) * size] for i in range(processes)]
+
+
 def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir):
     """One configuration of `tf-sparseconv train` (its processes at once) -> the chief's
     results.json (dict)."""
     commands = trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir)
+    blocks = cpu_blocks(len(commands), replicas, args.cpus_per_replica)
     started = time.perf_counter()
     processes = [subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, start_new_session=True) for argv, env in commands]
+                                  text=True, start_new_session=True,
+                                  preexec_fn=(lambda cpus=cpus: os.sched_setaffinity(0, cpus)) if cpus else None)
+                 for (argv, env), cpus in zip(commands, blocks)]
     deadline = started + args.timeout
     outputs = []
     try:
@@ -151,6 +184,7 @@ def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir):
     with open(os.path.join(out_dir, "results.json")) as f:
         results = json.load(f)
     results["process_s"] = time.perf_counter() - started
+    results["cpus_per_process"] = len(blocks[0]) if blocks[0] else None
     results["argv"] = commands[0][0][1:]
     return results
 
@@ -177,11 +211,13 @@ def modelnet40_epoch_rows(args, gpus, record):
                        val_overall=r["val_overall"], val_mean_class=r["val_mean_class"],
                        val_overall_test_weighted=r["val_overall_test_weighted"],
                        val_overall_test_weighted_se=r["val_overall_test_weighted_se"],
-                       process_s=round(r["process_s"], 1), command="python " + " ".join(r["argv"]))
+                       process_s=round(r["process_s"], 1), cpus_per_process=r["cpus_per_process"],
+                       command="python " + " ".join(r["argv"]))
             rows.append(row)
             record(row)
-            print(f"      {row['items_per_s']:.1f} shapes/s, epochs {[round(s, 1) for s in r['sec_per_epoch']]} s, "
-                  f"val overall {row['val_overall']:.4f}", flush=True)
+            val = "no validation" if row["val_overall"] is None else f"val overall {row['val_overall']:.4f}"
+            print(f"      {row['items_per_s']:.1f} shapes/s, epochs {[round(s, 1) for s in r['sec_per_epoch']]} s, {val}",
+                  flush=True)
     return rows
 
 
@@ -320,6 +356,9 @@ def main(argv=None):
     p.add_argument("--scalings", nargs="+", choices=("strong", "weak"), default=["strong", "weak"],
                    help="modelnet40_32_epoch: which runs of R > 1 replicas, in this order")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one trainer configuration may take")
+    p.add_argument("--cpus-per-replica", type=int, default=0, metavar="N",
+                   help="modelnet40_32_epoch: pin each trainer process to N disjoint CPUs per replica it serves "
+                        "(0: no pinning, every process may use every CPU)")
     p.add_argument("--logs", metavar="DIR", help="write each trainer process's output to DIR/STRATEGY-RxB-processJ.log")
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                    help="more arguments for every trainer run (last on the line)")

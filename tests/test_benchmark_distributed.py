@@ -93,7 +93,7 @@ def test_multi_worker_configurations_run_a_worker_per_gpu_on_localhost(tmp_path)
 
 def test_a_configuration_past_its_timeout_is_ended_and_named_with_its_workers_output(tmp_path):
     args = argparse.Namespace(epochs=1, seed=0, data_dir=None, synthetic_per_class=10, max_examples=0,
-                              train_args=[], timeout=2.0, logs=str(tmp_path / "logs"))
+                              train_args=[], timeout=2.0, logs=str(tmp_path / "logs"), cpus_per_replica=1)
     with pytest.raises(RuntimeError, match=r"ran past --timeout 2 s \(process 0 of 2\)") as error:
         distributed.run_trainer(args, 2, 16, "multi-worker", 0, str(tmp_path / "run"))
     assert "--- process 0:" in str(error.value) and "--- process 1:" in str(error.value)
@@ -110,3 +110,19 @@ def test_rows_name_the_gpu_thread_mode_the_run_had(monkeypatch):
     assert run_info.gpu_thread_mode() == "gpu_private x2"  # TensorFlow's default count
     monkeypatch.setenv("TF_GPU_THREAD_COUNT", "4")
     assert run_info.gpu_thread_mode() == "gpu_private x4"
+
+
+def test_cpu_blocks_give_each_process_its_own_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert distributed.cpu_blocks(2, 2, 0) == [None, None]  # no pinning asked
+    assert distributed.cpu_blocks(2, 2, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # a worker per GPU
+    assert distributed.cpu_blocks(1, 2, 3) == [[0, 1, 2, 3, 4, 5]]  # one mirrored process, two replicas
+    assert distributed.cpu_blocks(1, 1, 4) == [[0, 1, 2, 3]]  # the baseline: what one worker has
+    with pytest.raises(SystemExit, match="need 10 CPUs, this process may use 8"):
+        distributed.cpu_blocks(2, 2, 5)
+
+
+def test_cpu_blocks_stay_within_a_numa_node_where_they_can(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(distributed, "numa_node_of_cpu", lambda: {c: c % 2 for c in range(8)})  # interleaved
+    assert distributed.cpu_blocks(2, 2, 4) == [[0, 2, 4, 6], [1, 3, 5, 7]]
