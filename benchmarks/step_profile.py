@@ -20,10 +20,12 @@ XSpace (.xplane.pb); --keep-trace DIR also keeps it (TensorBoard's profile plugi
 
 Rows (one per configuration) are appended to --out (default
 benchmarks/results/step_profile.jsonl): workload, strategy, replicas, device, step_ms, the
-per-GPU lists, host_waits, optimizer, steps, warmup, commit, checks, date.
+per-GPU lists, host_waits, optimizer, steps, warmup, between_steps, commit, checks, date. The traced
+steps are a whole epoch of --steps steps after one of warm-up, timed and traced from epoch hooks:
+Keras queues step after step with no wait between them, as a fit without callbacks does.
 
     python benchmarks/step_profile.py --replicas 1 2 [--optimizers keras-adam fused-adam] [--data-dir DIR]
-                                      [--steps 10] [--warmup 5]
+                                      [--steps 10]
 """
 import argparse
 import datetime
@@ -68,21 +70,23 @@ LONG_GAP_PS = 100 * 10**6
 
 
 class TraceSteps(keras.callbacks.Callback):
-    """Traces training steps [warmup, warmup + steps) into logdir and times them."""
+    """Traces the second epoch of a fit of `steps` steps per epoch into logdir and times it.
+    Epoch hooks only: a batch hook would make Keras hand over every step's logs as numbers,
+    a wait for the GPU between steps that fit without callbacks does not have."""
 
-    def __init__(self, warmup, steps, logdir):
+    def __init__(self, steps, logdir):
         super().__init__()
-        self.warmup, self.steps, self.logdir = warmup, steps, logdir
+        self.steps, self.logdir = steps, logdir
         self.seconds = self.waits = None
 
-    def on_train_batch_begin(self, batch, logs=None):
-        if batch == self.warmup:
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 1:
             tf.profiler.experimental.start(self.logdir)
             self._start = (time.perf_counter(), ts.host_sync_count())
 
-    def on_train_batch_end(self, batch, logs=None):
-        # Keras hands this callback the step's logs as numbers: the step has run.
-        if batch == self.warmup + self.steps - 1:
+    def on_epoch_end(self, epoch, logs=None):
+        # Keras hands this callback the epoch's logs as numbers: its steps have run.
+        if epoch == 1:
             self.seconds = time.perf_counter() - self._start[0]
             self.waits = ts.host_sync_count() - self._start[1]
             tf.profiler.experimental.stop()
@@ -153,7 +157,7 @@ def dataset(strategy, replicas, points, labels):
         points, labels, RESOLUTION, batch, seed=0, split=split, drop_remainder=True)))
 
 
-def profile(replicas, optimizer, points, labels, classes, warmup, steps, keep_trace):
+def profile(replicas, optimizer, points, labels, classes, steps, keep_trace):
     gpus = tf.config.list_logical_devices("GPU")
     devices = [d.name for d in gpus[:replicas]] or ["/cpu:0"]
     if replicas > max(1, len(gpus)):
@@ -164,8 +168,9 @@ def profile(replicas, optimizer, points, labels, classes, warmup, steps, keep_tr
         model.compile(make_optimizer(optimizer), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     logdir = (os.path.join(keep_trace, f"replicas{replicas}-{optimizer}") if keep_trace
               else tempfile.mkdtemp(prefix="step_profile_"))
-    trace = TraceSteps(warmup, steps, logdir)
-    model.fit(dataset(strategy, replicas, points, labels), epochs=1, steps_per_epoch=warmup + steps,
+    trace = TraceSteps(steps, logdir)
+    # the first epoch warms up (tracing, the first launches), the second is traced
+    model.fit(dataset(strategy, replicas, points, labels), epochs=2, steps_per_epoch=steps,
               callbacks=[trace], verbose=0, shuffle=False)
     files = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))
     if not files:
@@ -198,13 +203,12 @@ def main():
     p.add_argument("--optimizers", nargs="+", choices=sorted(OPTIMIZERS), default=["fused-adam"],
                    help="each configuration with each (keras-adam: the baseline of fused-adam, the trainer's)")
     p.add_argument("--data-dir", help="a folder with modelnet40_train.npz (default: the embedded synthetic shapes)")
-    p.add_argument("--warmup", type=int, default=5, help="steps run before the traced ones (tracing, first calls)")
     p.add_argument("--steps", type=int, default=10, help="traced steps")
     p.add_argument("--keep-trace", metavar="DIR", help="keep the profiler's trace under DIR/replicas<N>")
     p.add_argument("--out", default=os.path.join(RESULTS, "step_profile.jsonl"))
     args = p.parse_args()
-    if args.warmup < 1 or args.steps < 1:
-        p.error("--warmup and --steps must be >= 1")
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
     if args.data_dir:
         points, labels, classes = datasets.load_modelnet_npz(os.path.join(args.data_dir, "modelnet40_train.npz"))
         workload = "modelnet40_32_step"
@@ -216,12 +220,12 @@ def main():
     configurations = [(r, o) for r in args.replicas for o in args.optimizers]
     for i, (replicas, optimizer) in enumerate(configurations, 1):
         print(f"[{i}/{len(configurations)}] {workload}, {replicas} replica(s), {optimizer}, batch 32 each, "
-              f"on {device}: {args.warmup} steps, then {args.steps} traced", flush=True)
+              f"on {device}: an epoch of {args.steps} steps, then one traced", flush=True)
         row = {"workload": workload, "strategy": "mirrored" if replicas > 1 else "default", "replicas": replicas,
                "device": f"{replicas}x {device}" if device != "cpu" else "cpu"}
         row["optimizer"] = optimizer
-        row.update(profile(replicas, optimizer, points, labels, classes, args.warmup, args.steps, args.keep_trace))
-        row.update(steps=args.steps, warmup=args.warmup, commit=checkout_commit(), checks=checks_mode(),
+        row.update(profile(replicas, optimizer, points, labels, classes, args.steps, args.keep_trace))
+        row.update(steps=args.steps, warmup=args.steps, between_steps="no wait (epoch hooks)", commit=checkout_commit(), checks=checks_mode(),
                    gpu_thread_mode=gpu_thread_mode(),
                    date=datetime.date.today().isoformat())
         rows.append(row)

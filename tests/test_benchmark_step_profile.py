@@ -64,7 +64,7 @@ def test_idle_gaps_are_the_holes_of_the_union():
 
 def test_a_cpu_run_appends_a_row_with_its_keys(tmp_path):
     out = tmp_path / "rows.jsonl"
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "step_profile.py"), "--warmup", "1",
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "step_profile.py"),
                           "--steps", "2", "--optimizers", "keras-adam", "fused-adam", "--out", str(out)], cwd=ROOT,
                          capture_output=True, text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert run.returncode == 0, run.stdout + run.stderr
