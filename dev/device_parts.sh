@@ -10,7 +10,8 @@
 # 8 calls instead of 11 for TensorFlow, spconv and the library (seen 2026-11-23: about 4 s
 # per piece on an H200).
 #
-# Then, in one lease, back to back: for k = 1 .. N-1, `run` with
+# The tracked kept models would fill a call's 64 MiB: `bash dev/device_slim_tree.sh on` first
+# (and `off` after the lease). Then, in one lease, back to back: for k = 1 .. N-1, `run` with
 #   command: mkdir -p /tmp/blob && cp .devparts/ck/* /tmp/blob/     carry: [".devparts/ck"]
 # and last, carrying .devparts/cN:
 #   command: bash dev/device_unpack.sh && . /tmp/tfgpu.env && ...
