@@ -216,8 +216,8 @@ def modelnet40_epoch_rows(args, gpus, record):
             rows.append(row)
             record(row)
             val = "no validation" if row["val_overall"] is None else f"val overall {row['val_overall']:.4f}"
-            print(f"      {row['items_per_s']:.1f} shapes/s, epochs {[round(s, 1) for s in r['sec_per_epoch']]} s, {val}",
-                  flush=True)
+            epochs = [round(s, 1) for s in r["sec_per_epoch"]]
+            print(f"      {row['items_per_s']:.1f} shapes/s, epochs {epochs} s, {val}", flush=True)
     return rows
 
 

@@ -20,7 +20,7 @@ XSpace (.xplane.pb); --keep-trace DIR also keeps it (TensorBoard's profile plugi
 
 Rows (one per configuration) are appended to --out (default
 benchmarks/results/step_profile.jsonl): workload, strategy, replicas, device, step_ms, the
-per-GPU lists, host_waits, optimizer, steps, warmup, between_steps, commit, checks, date. The traced
+per-GPU lists, host_waits, optimizer, train_function, steps, warmup, between_steps, commit, checks, date. The traced
 steps are a whole epoch of --steps steps after one of warm-up, timed and traced from epoch hooks:
 Keras queues step after step with no wait between them, as a fit without callbacks does.
 
@@ -157,7 +157,29 @@ def dataset(strategy, replicas, points, labels):
         points, labels, RESOLUTION, batch, seed=0, split=split, drop_remainder=True)))
 
 
-def profile(replicas, optimizer, points, labels, classes, steps, keep_trace):
+def queued_train_function(model):
+    """A train function for fit that runs one step on the iterator's next batch and returns
+    its logs, without the Optional that Keras' own wraps them in: Keras asks that Optional
+    whether the step made logs (`has_value()`, an op on the GPU, read on the host), so the
+    host waits for each step's end before it starts the next. Here the host queues the next
+    step at once; the end of the data surfaces as OutOfRangeError, which fit's epoch loop
+    takes as the epoch's end."""
+    from keras.src.backend.tensorflow.trainer import reduce_per_replica
+    strategy = model.distribute_strategy
+
+    @tf.function(reduce_retracing=True)
+    def train_function(iterator):
+        outputs = strategy.run(model.train_step, args=(iterator.get_next(),))
+        return reduce_per_replica(outputs, strategy, reduction="auto")
+
+    return train_function
+
+
+# keras: fit's own train function; queued: queued_train_function's
+TRAIN_FUNCTIONS = ("keras", "queued")
+
+
+def profile(replicas, optimizer, points, labels, classes, steps, keep_trace, train_function="keras"):
     gpus = tf.config.list_logical_devices("GPU")
     devices = [d.name for d in gpus[:replicas]] or ["/cpu:0"]
     if replicas > max(1, len(gpus)):
@@ -166,7 +188,9 @@ def profile(replicas, optimizer, points, labels, classes, steps, keep_trace):
     with strategy.scope():
         model = octnet3(RESOLUTION, len(classes), DEFAULT_RHOS[RESOLUTION])
         model.compile(make_optimizer(optimizer), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    logdir = (os.path.join(keep_trace, f"replicas{replicas}-{optimizer}") if keep_trace
+    if train_function == "queued":
+        model.train_function = queued_train_function(model)  # fit keeps a train function it finds
+    logdir = (os.path.join(keep_trace, f"replicas{replicas}-{optimizer}-{train_function}") if keep_trace
               else tempfile.mkdtemp(prefix="step_profile_"))
     trace = TraceSteps(steps, logdir)
     # the first epoch warms up (tracing, the first launches), the second is traced
@@ -202,6 +226,8 @@ def main():
     p.add_argument("--replicas", type=int, nargs="+", default=[1])
     p.add_argument("--optimizers", nargs="+", choices=sorted(OPTIMIZERS), default=["fused-adam"],
                    help="each configuration with each (keras-adam: the baseline of fused-adam, the trainer's)")
+    p.add_argument("--train-functions", nargs="+", choices=TRAIN_FUNCTIONS, default=["keras"],
+                   help="each configuration with each (queued: queued_train_function, no wait between steps)")
     p.add_argument("--data-dir", help="a folder with modelnet40_train.npz (default: the embedded synthetic shapes)")
     p.add_argument("--steps", type=int, default=10, help="traced steps")
     p.add_argument("--keep-trace", metavar="DIR", help="keep the profiler's trace under DIR/replicas<N>")
@@ -217,16 +243,17 @@ def main():
         workload = "synthetic_32_step"
     device = gpu_name() or "cpu"
     rows = []
-    configurations = [(r, o) for r in args.replicas for o in args.optimizers]
-    for i, (replicas, optimizer) in enumerate(configurations, 1):
-        print(f"[{i}/{len(configurations)}] {workload}, {replicas} replica(s), {optimizer}, batch 32 each, "
+    configurations = [(r, o, t) for r in args.replicas for o in args.optimizers for t in args.train_functions]
+    for i, (replicas, optimizer, train_function) in enumerate(configurations, 1):
+        print(f"[{i}/{len(configurations)}] {workload}, {replicas} replica(s), {optimizer}, {train_function} train "
+              f"function, batch 32 each, "
               f"on {device}: an epoch of {args.steps} steps, then one traced", flush=True)
         row = {"workload": workload, "strategy": "mirrored" if replicas > 1 else "default", "replicas": replicas,
                "device": f"{replicas}x {device}" if device != "cpu" else "cpu"}
-        row["optimizer"] = optimizer
-        row.update(profile(replicas, optimizer, points, labels, classes, args.steps, args.keep_trace))
-        row.update(steps=args.steps, warmup=args.steps, between_steps="no wait (epoch hooks)", commit=checkout_commit(), checks=checks_mode(),
-                   gpu_thread_mode=gpu_thread_mode(),
+        row.update(optimizer=optimizer, train_function=train_function)
+        row.update(profile(replicas, optimizer, points, labels, classes, args.steps, args.keep_trace, train_function))
+        row.update(steps=args.steps, warmup=args.steps, between_steps="no wait (epoch hooks)", commit=checkout_commit(),
+                   checks=checks_mode(), gpu_thread_mode=gpu_thread_mode(),
                    date=datetime.date.today().isoformat())
         rows.append(row)
         busy = ", ".join(f"{b:.1f}" for b in row["gpu_busy_ms"]) or "no GPU"
@@ -238,7 +265,7 @@ def main():
         for row in rows:
             f.write(json.dumps(row) + "\n")
     print("summary: " + "; ".join(
-        f"{r['replicas']} replica(s) {r['optimizer']} {r['step_ms']:.1f} ms/step, GPU idle "
+        f"{r['replicas']} replica(s) {r['optimizer']} {r['train_function']} {r['step_ms']:.1f} ms/step, GPU idle "
         + ("/".join(f"{x:.0%}" for x in r["gpu_idle"]) or "n/a") for r in rows) + f"; appended to {args.out}")
 
 

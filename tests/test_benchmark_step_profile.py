@@ -74,3 +74,30 @@ def test_a_cpu_run_appends_a_row_with_its_keys(tmp_path):
         assert row["workload"] == "synthetic_32_step" and row["replicas"] == 1 and row["device"] == "cpu"
         assert row["step_ms"] > 0 and row["gpu_busy_ms"] == [] and row["host_waits"] == 0
     assert "summary: 1 replica(s)" in run.stdout
+
+
+def test_the_queued_train_function_trains_as_fit_does(tmp_path):
+    """The same steps through Keras' train function and through queued_train_function give
+    the same weights (one replica on the CPU: the order of the work is all they change)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_sparseconv import data as datasets
+    from tf_sparseconv.models import octnet3
+
+    points, labels, classes = datasets.make_shapes(2, num_points=256, seed=0)
+    weights = []
+    for queued in (False, True):
+        keras.utils.set_random_seed(0)
+        model = octnet3(16, len(classes), (1.0, 1.0, 1.0))
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        if queued:
+            model.train_function = step_profile.queued_train_function(model)
+        batches = step_profile.keras_batches(datasets.point_cloud_dataset(points, labels, 16, 8, shuffle=False))
+        history = model.fit(batches, epochs=2, verbose=0, shuffle=False).history  # to the data's end, twice
+        assert len(history["loss"]) == 2 and all(np.isfinite(history["loss"]))
+        weights.append([w.numpy() for w in model.trainable_weights])
+    assert isinstance(model.train_function, tf.types.experimental.GenericFunction)
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
