@@ -97,6 +97,12 @@ RECIPES = {
                                   "0): a member of an ensemble with octnet3-32",
                                   ["--model", "octnet3", "--resolution", "32", "--epochs", "30", *REGULARISED,
                                    "--seed", str(seed), "--split-seed", "0"]) for seed in (1, 2)},
+    # turn10, the best single member, with other seeds: members of a larger ensemble
+    **{f"octnet3-32-turn10-seed{seed}": (f"octnet3-32-turn10 with --seed {seed} and the validation split of seed 0 "
+                                         "(--split-seed 0): a member of an ensemble with octnet3-32",
+                                         ["--model", "octnet3", "--resolution", "32", "--epochs", "30", *REGULARISED,
+                                          "--augment", "turn10", "--seed", str(seed), "--split-seed", "0"])
+       for seed in (1, 2)},
     "octnet3-64": ("OctNet3 at 64^3 (Table 4 bounds), the recipe of octnet3-32",
                    ["--model", "octnet3", "--resolution", "64", "--epochs", "20", *REGULARISED]),
     "site-resnet-64": ("the site-sparse ResNet at 64^3: channels 32, 64, 128, 256, two residual blocks per level",
