@@ -55,6 +55,20 @@ def test_voxelize_reduces_points_per_voxel_and_maps_points_to_sites(rng, reducti
         np.testing.assert_allclose(x.features.numpy()[s], expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype, voxel", [(np.float32, 3e38), (np.float64, 1e308)])
+def test_voxelize_keeps_points_below_the_origin_outside_when_the_quotient_underflows(dtype, voxel, device):
+    # (p - origin) / voxel is subnormal here, and TensorFlow flushes subnormal results to
+    # zero: -0.2 / 3e38 must still floor to cell -1 (outside), not to cell 0. Found by the
+    # site fuzz at 1,500 examples (voxel_size set to 3e38).
+    points = np.array([[0.8, 0.1], [-0.2, 0.1], [0.3, -1e-30]], dtype)
+    features = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype)
+    with tf.device(device):
+        x, point_to_site = voxelize_sites(points, dtype(voxel), (4, 4), features=features)
+    np.testing.assert_array_equal(point_to_site.numpy(), [0, -1, -1])
+    np.testing.assert_array_equal(x.coords.numpy(), [[0, 0, 0]])
+    np.testing.assert_array_equal(x.features.numpy(), [[1.0, 2.0]])
+
+
 def test_channel_sparse_round_trip(rng, device):
     coords, features = random_sites(rng, 2, (4, 5, 3), 0.3, 3)
     features[rng.random(features.shape) < 0.3] = 0

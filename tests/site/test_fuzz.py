@@ -896,6 +896,8 @@ def ref_voxelize(inputs):
     require(np.all(np.isfinite(features)[finite]), "features hold NaN or Inf")
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         cells = np.floor((points - origin) / voxel_size)
+        # a point below the origin is outside even where the quotient underflows to -0
+        cells = np.where(points < origin, np.minimum(cells, -1), cells)
     inside = finite & np.all((cells >= 0) & (cells < spatial_shape), axis=1)
     sites = sorted({(int(batch_index[i]), *cells[i].astype(np.int64).tolist()) for i in np.flatnonzero(inside)})
     row = {s: r for r, s in enumerate(sites)}

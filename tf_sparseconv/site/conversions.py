@@ -144,6 +144,10 @@ def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_si
                                                  "(non_finite='drop' leaves such points out)"))
     with tf.control_dependencies(checks):
         cells = tf.floor((points - origin) / voxel_size)
+    # TensorFlow flushes subnormal results to zero: a point just below the origin whose
+    # quotient underflows (a voxel size far larger than the coordinates) would floor to
+    # cell 0. Below the origin is cell -1 or less, whatever the quotient.
+    cells = tf.where(points < origin, tf.minimum(cells, -1), cells)
     inside = tf.reduce_all((cells >= 0) & (cells < tf.cast(spatial_shape, points.dtype)), axis=1)
     inside &= finite
     kept = tf.cast(tf.where(inside)[:, 0], tf.int32)
