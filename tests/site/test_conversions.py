@@ -202,3 +202,22 @@ def test_voxelize_refuses_inputs_of_other_shapes_than_the_points(case, message):
     args.update(case)
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match=f"voxelize_sites: {message}"):
         voxelize_sites(points, 0.5, **args)
+
+
+@pytest.mark.parametrize("dtype, tiny", [(np.float32, 1e-40), (np.float64, 5e-324)])
+def test_conversions_move_subnormal_values_unchanged(dtype, tiny, device):
+    # Data movement writes each value as it is: a sum into zeros (scatter_nd) flushed these
+    # to 0 (TensorFlow computes with subnormals flushed). Found by the site fuzz (values set
+    # to 5e-324) at 1,500 examples.
+    # dense_shape [1, 2, 2, 2] (key = (b * C + c) * 4 + 2 * x0 + x1): entries at
+    # (0, 0, 0) channel 0, (0, 0, 1) channel 1, (0, 1, 1) channel 1
+    keys = np.array([0, 5, 7], np.int64)
+    values = np.array([tiny, 0.5, -tiny], dtype)
+    with tf.device(device):
+        x = from_channel_sparse(tsc.ChannelSparseTensor(keys, values, np.array([1, 2, 2, 2], np.int64)))
+        dense = site_to_dense(x)
+    np.testing.assert_array_equal(x.coords.numpy(), [[0, 0, 0], [0, 0, 1], [0, 1, 1]])
+    np.testing.assert_array_equal(x.features.numpy(), np.array([[tiny, 0], [0, 0.5], [0, -tiny]], dtype))
+    expected = np.zeros((1, 2, 2, 2), dtype)
+    expected[0, 0, 0, 0], expected[0, 0, 1, 1], expected[0, 1, 1, 1] = tiny, 0.5, -tiny
+    np.testing.assert_array_equal(dense.numpy(), expected)

@@ -983,7 +983,7 @@ TARGETS = [
            groups=[("coords", "features")], subnormals_flushed=True),
     Target("site_to_dense", lambda rng: random_site_tensor(rng),
            lambda i: site_to_dense(site_tensor_of(i)).numpy(), ref_site_to_dense, assert_equal, SITE_NAMES,
-           groups=[("coords", "features")], subnormals_flushed=True),
+           groups=[("coords", "features")]),
     Target("site_from_dense", make_dense_grid, run_site_from_dense, ref_site_from_dense, assert_equal,
            ("dense", "site_from_dense"), subnormals_flushed=True),
     Target("voxelize_sites", make_voxelize, run_voxelize, ref_voxelize, assert_equal,

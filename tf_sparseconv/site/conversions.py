@@ -57,7 +57,8 @@ def site_to_dense(x):
     with tf.control_dependencies(site_checks(x, "site_to_dense")):
         coords = tf.identity(x.coords)
     shape = tf.concat([x.batch_size[None], x.spatial_shape, tf.shape(x.features, out_type=tf.int32)[1:]], 0)
-    return tf.scatter_nd(coords, x.features, shape)
+    # each site once (checked): written as it is, where scatter_nd's sum flushes subnormals
+    return tf.tensor_scatter_nd_update(tf.zeros(shape, x.features.dtype), coords, x.features)
 
 
 def _check_point_shapes(points, spatial_shape, batch_index, batch_size, features, origin):
@@ -210,8 +211,10 @@ def from_channel_sparse(x):
     # A site tensor counts batch elements and channels in int32: larger ones are refused, not wrapped.
     channels = integer_tensor(extents[-1], tf.int32, "x's channel count (dense_shape[-1])", "from_channel_sparse")
     batch_size = integer_tensor(extents[0], tf.int32, "x's batch size (dense_shape[0])", "from_channel_sparse")
-    features = tf.scatter_nd(tf.stack([rows, tf.cast(indices[:, -1], tf.int32)], 1), x.values,
-                             tf.stack([num_sites, channels]))
+    # The (site, channel) pairs are unique (x is validated): an update writes each value as
+    # it is, where scatter_nd's sum would flush a subnormal value to zero.
+    features = tf.tensor_scatter_nd_update(tf.zeros(tf.stack([num_sites, channels]), x.values.dtype),
+                                           tf.stack([rows, tf.cast(indices[:, -1], tf.int32)], 1), x.values)
     coords = _decode_row_major(tf.gather(unique_keys, order), extents, rank - 2)
     spatial = tf.cast(extents[1:-1], tf.int32)
     y = make_site_sparse(coords, features, spatial, batch_size, non_finite="allow")
