@@ -137,7 +137,8 @@ def cpu_blocks(processes, replicas, per_replica):
     what one worker has. None (no pinning) without N."""
     if not per_replica:
         return [None] * processes
-    cpus = sorted(os.sched_getaffinity(0), key=lambda cpu: (numa_node_of_cpu().get(cpu, 0), cpu))
+    node = numa_node_of_cpu()
+    cpus = sorted(os.sched_getaffinity(0), key=lambda cpu: (node.get(cpu, 0), cpu))
     size = per_replica * replicas // processes
     if size * processes > len(cpus):
         raise SystemExit(f"--cpus-per-replica {per_replica}: {replicas} replica(s) need {size * processes} CPUs, "

@@ -70,13 +70,13 @@ LONG_GAP_PS = 100 * 10**6
 
 
 class TraceSteps(keras.callbacks.Callback):
-    """Traces the second epoch of a fit of `steps` steps per epoch into logdir and times it.
-    Epoch hooks only: a batch hook would make Keras hand over every step's logs as numbers,
-    a wait for the GPU between steps that fit without callbacks does not have."""
+    """Traces the second epoch of a fit into logdir and times it. Epoch hooks only: a batch
+    hook would make Keras hand over every step's logs as numbers, a wait for the GPU between
+    steps that fit without callbacks does not have."""
 
-    def __init__(self, steps, logdir):
+    def __init__(self, logdir):
         super().__init__()
-        self.steps, self.logdir = steps, logdir
+        self.logdir = logdir
         self.seconds = self.waits = None
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -192,7 +192,7 @@ def profile(replicas, optimizer, points, labels, classes, steps, keep_trace, tra
         model.train_function = queued_train_function(model)  # fit keeps a train function it finds
     logdir = (os.path.join(keep_trace, f"replicas{replicas}-{optimizer}-{train_function}") if keep_trace
               else tempfile.mkdtemp(prefix="step_profile_"))
-    trace = TraceSteps(steps, logdir)
+    trace = TraceSteps(logdir)
     # the first epoch warms up (tracing, the first launches), the second is traced
     model.fit(dataset(strategy, replicas, points, labels), epochs=2, steps_per_epoch=steps,
               callbacks=[trace], verbose=0, shuffle=False)

@@ -270,6 +270,7 @@ def build_ensemble(name, rows, keep_dir):
     """Saves ensemble name as one model (its members' finals, models.ensemble_classifier) in
     keep_dir/name with the first member's split.json; returns its row, pointing at it."""
     from tf_sparseconv.models import ensemble_classifier, load_model, save_model
+    from tf_sparseconv.models.memory_bound import memory_bound
 
     row = next((r for r in reversed(rows) if r.get("run") == name), None)
     if row is None or not isinstance(row.get("model_file"), list):
@@ -278,8 +279,6 @@ def build_ensemble(name, rows, keep_dir):
     members = [os.path.join(REPO, path) if not os.path.isabs(path) else path for path in row["model_file"]]
     target = os.path.join(keep_dir, name)
     os.makedirs(target, exist_ok=True)
-    from tf_sparseconv.models.memory_bound import memory_bound
-
     ensemble = ensemble_classifier([load_model(path, compile=False) for path in members], name=name.replace("-", "_"))
     save_model(ensemble, os.path.join(target, "model.keras"))
     shutil.copy2(os.path.join(os.path.dirname(members[0]), "split.json"), os.path.join(target, "split.json"))
