@@ -115,6 +115,12 @@ MODELNET40_FINDINGS = [
     "- The mirror vote (`evaluate --vote mirror`: each shape and its x-mirrored copy) moves the four-model "
     "ensemble from 0.8934 to 0.8942 (one shape of 1,191; mean per class 0.861 to 0.859) at twice the cost: "
     "not adopted (CPU, 2026-11-28).",
+    "- Two more seeds of octnet3-32-turn10 (octnet3-32-turn10-seed1 and -seed2, lent 4x H200, 2026-11-28) "
+    "validate 0.885 / 0.847 and 0.878 / 0.849 mean per class. With the four members of octnet3-32-ensemble4 "
+    "they make a six-member ensemble that scores exactly what the four do, 0.8934 / 0.8606 (1,064 of 1,191; "
+    "bookshelf, person and tv_stand gain a shape each, table loses two and tent one), and the three turn10 "
+    "seeds alone score 0.8900 / 0.8623 (`evaluate --split val` of the validated models, CPU, 2026-11-28): "
+    "neither adopted, and their finals are not kept.",
     "- The kept 64³ model is octnet3-64's final (below).",
 ]
 
