@@ -105,3 +105,25 @@ def test_gpu_to_dense_of_the_librarys_keys_in_a_traced_step_does_not_wait(gpu, r
         # DirectSparseConv reads its output size; ToDense trusts the keys it made, and the
         # gradients were told their inputs are checked
         assert waits == 1
+
+
+def test_gpu_padded_pooling_of_the_librarys_keys_in_a_traced_step_does_not_wait(gpu, rng, monkeypatch):
+    monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
+    with tf.device(gpu):
+        x, w = conv_case(rng)
+
+        def step(keys, values, dense_shape, padded_output):
+            with tf.GradientTape() as tape:
+                y = ts.direct_conv(ts.ChannelSparseTensor(keys, values, dense_shape), w, activation="relu")
+                y = ts.sparse_max_pool(y, 2, padded_output=padded_output)
+                loss = tf.reduce_sum(ts.to_dense(y))
+            return tape.gradient(loss, w)
+
+        traced = tf.function(step)
+        waits = {}
+        for padded in (False, True):
+            traced(x.keys, x.values, x.dense_shape, padded).numpy()  # tracing outside the count
+            _, waits[padded] = counted(lambda: traced(x.keys, x.values, x.dense_shape, padded).numpy())
+        # the convolution reads its output size back; the exact pooling its output size too, the
+        # padded one (of keys the convolution made) nothing; ToDense and the gradients trust them
+        assert waits == {False: 2, True: 1}

@@ -55,3 +55,19 @@ def made_by_library(keys, dense_shape):
     side, index = source
     layout = keys.op.outputs[index] if side == "output" else _origin(keys.op.inputs[index])
     return layout is not None and layout.ref() == dense_shape.ref()
+
+
+# Ops of the library whose keys output may end in padding, and the attribute that says so.
+_PADDING_SOURCES = {"SparseMaxPool": "padded_output", "ChannelSparseValidate": "padded_input"}
+
+
+def padded_by_library(keys):
+    """True where, in a traced graph, keys are the keys output of one of the library's ops
+    that may end them in padding (tf_sparseconv.channel.tensor): how a channel-sparse tensor
+    that travelled as a Keras dict, which has no `padded` field, is known to be padded."""
+    from tf_sparseconv._op_library import OP_NAMESPACE
+    keys = _origin(keys)
+    if keys is None or keys.value_index != 0 or not keys.op.type.startswith(OP_NAMESPACE):
+        return False
+    attr = _PADDING_SOURCES.get(keys.op.type[len(OP_NAMESPACE):])
+    return attr is not None and keys.op.get_attr(attr)

@@ -13,12 +13,13 @@ namespace gpu {
 
 // A new Report in device memory with the checks of one input's entries queued: keys
 // sorted, unique and below limit (CheckSortedKeys) into checks[keys_check], values free of
-// NaN (CheckNaN) into checks[nan_check].
+// NaN (CheckNaN) into checks[nan_check]; padded_tail: the keys may end in padding.
 template <typename T>
 GpuStatus NewEntryReport(Stream stream, Scratch* scratch, const int64_t* keys, const T* values, int64_t n,
-                         int64_t limit, int keys_check, int nan_check, Report** report) {
+                         int64_t limit, int keys_check, int nan_check, Report** report, bool padded_tail = false) {
   TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, report));
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, keys, n, limit, &(*report)->checks[keys_check]));
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      CheckSortedKeys(stream, keys, n, limit, &(*report)->checks[keys_check], padded_tail));
   return CheckNaN(stream, values, n, &(*report)->checks[nan_check]);
 }
 

@@ -8,6 +8,7 @@
 #ifndef TF_SPARSECONV_CHANNEL_CHANNEL_SPARSE_H_
 #define TF_SPARSECONV_CHANNEL_CHANNEL_SPARSE_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -130,6 +131,34 @@ inline absl::Status ValidateKeys(const int64_t* keys, int64_t n,
     }
   }
   return absl::OkStatus();
+}
+
+// The live entries of keys that may end in padding (kPaddingKey, common/key_layout.h): the
+// position of the first padding key, found by binary search (a padding key sorts above
+// every valid key). Keys whose prefix is unsorted are refused by the checks that follow.
+inline int64_t LiveEntries(const int64_t* keys, int64_t n) {
+  return std::lower_bound(keys, keys + n, kPaddingKey) - keys;
+}
+
+// After the live prefix [0, live) of keys (checked as ever), only padding: a live key after
+// padding is an unsorted key.
+inline absl::Status ValidatePaddingTail(const int64_t* keys, int64_t n, int64_t live, const char* what) {
+  for (int64_t i = live; i < n; ++i) {
+    if (keys[i] != kPaddingKey) {
+      return tensorflow::errors::InvalidArgument(
+          what, " keys must be sorted (entry ", i, " = ", keys[i], " follows padding at entry ", live,
+          "); call tf_sparseconv.reorder()");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The entries a CPU kernel reads: all n, or, where the op was told its input may be padded
+// (padded_input), the live prefix, the tail checked to be padding only.
+inline absl::Status EntriesToRead(const int64_t* keys, int64_t n, bool padded_input, const char* what,
+                                  int64_t* live) {
+  *live = padded_input ? LiveEntries(keys, n) : n;
+  return ValidatePaddingTail(keys, n, *live, what);
 }
 
 inline absl::Status CheckKeysVector(const tensorflow::Tensor& keys, const char* what) {

@@ -11,10 +11,12 @@ namespace tf_sparseconv {
 namespace gpu {
 namespace {
 
-__global__ void CheckSortedKeysKernel(const int64_t* keys, int64_t n, int64_t limit,
+__global__ void CheckSortedKeysKernel(const int64_t* keys, int64_t n, int64_t limit, bool padded_tail,
                                       CheckSlot* slot) {
   TF_SPARSECONV_GRID_LOOP(i, n) {
     const int64_t key = keys[i];
+    // A padding key is valid after a live key or after padding (a tail of them).
+    if (padded_tail && key == kPaddingKey) continue;
     if (key < 0 || key >= limit || (i > 0 && key <= keys[i - 1])) RecordFirst(slot, i);
   }
 }
@@ -53,9 +55,9 @@ __global__ void CompactionTotalKernel(const int64_t* tile_counts, const int64_t*
 }  // namespace
 
 GpuStatus CheckSortedKeys(Stream stream, const int64_t* keys, int64_t n, int64_t limit,
-                          CheckSlot* slot) {
+                          CheckSlot* slot, bool padded_tail) {
   if (n == 0) return GpuStatus::Ok();
-  CheckSortedKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(keys, n, limit, slot);
+  CheckSortedKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(keys, n, limit, padded_tail, slot);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("key check");
   DescribeSortedKeysKernel<<<1, 1, 0, stream>>>(keys, slot);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("key check");

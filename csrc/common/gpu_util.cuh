@@ -113,9 +113,10 @@ __device__ inline void RecordFirst(CheckSlot* slot, int64_t position) {
 }
 
 // ValidateKeys of channel/channel_sparse.h: records the first entry that is out of range or not
-// above its predecessor, with detail = {its key, the key before it}.
+// above its predecessor, with detail = {its key, the key before it}. padded_tail: keys may
+// end in padding (kPaddingKey, common/key_layout.h); a live key after padding is unsorted.
 GpuStatus CheckSortedKeys(Stream stream, const int64_t* keys, int64_t n, int64_t limit,
-                          CheckSlot* slot);
+                          CheckSlot* slot, bool padded_tail = false);
 // CheckKeysInRange of the conversions (keys may be unsorted): the first key outside
 // [0, limit), with detail = {its key}.
 GpuStatus CheckKeysInRange(Stream stream, const int64_t* keys, int64_t n, int64_t limit,

@@ -21,6 +21,12 @@ namespace tf_sparseconv {
 
 constexpr int kMaxSpatialDims = 4;
 
+// The key of a padding entry: a library op may allocate its output at a bound known before
+// it runs and end it in padding, entries with this key (above every valid key, so the keys
+// stay sorted) and value 0, after every live entry. Ops told that an input may be padded
+// (their padded_input attribute) treat padding as absent; anywhere else it is out of range.
+constexpr int64_t kPaddingKey = INT64_MAX;
+
 struct KeyLayout {
   int d = 0;                              // number of spatial dimensions
   int64_t batch = 0;                      // B

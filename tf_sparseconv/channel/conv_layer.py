@@ -160,7 +160,7 @@ class DirectSparseConv(SparseLayer):
             k=self.k, rho_up=self.rho_up, dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes,
             activation=self.activation, return_counts=True)  # the ReLU fused into the op
         cells = tf.cast(tf.reduce_prod(y.dense_shape), tf.float32)
-        self.density_metric.update_state(tf.cast(y.num_entries, tf.float32) / cells)
+        self.density_metric.update_state(tf.cast(y.live_entries, tf.float32) / cells)
         if self.density_regularizer is not None and self.density_regularization_on and training:
             # Eq. 4's rho: what the layer would keep without the bound (the ReLU's survivors
             # before k-selection), so b > 0 exactly when k-selection has to cut.

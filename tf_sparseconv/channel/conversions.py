@@ -31,7 +31,8 @@ def to_dense(x):
     library's ops made in the same traced graph are not checked again (on the GPU: no wait)."""
     _check(x)
     trusted = not check_every_op() and made_by_library(x.keys, x.dense_shape)
-    dense = _ops.channel_sparse_to_dense(x.keys, x.values, x.dense_shape, inputs_checked=trusted)
+    dense = _ops.channel_sparse_to_dense(x.keys, x.values, x.dense_shape, inputs_checked=trusted,
+                                         padded_input=x.padded)
     if x.shape.rank is not None:
         dense = tf.ensure_shape(dense, x.shape)
     return dense
@@ -50,7 +51,7 @@ def gather_dense(x, dense):
     _check(x)
     dense = tf.convert_to_tensor(dense, x.dtype)
     with tf.control_dependencies([_assert_dense_shape(x, dense)]):
-        return x.with_values(_ops.channel_sparse_gather_dense(x.keys, dense))
+        return x.with_values(_ops.channel_sparse_gather_dense(x.keys, dense, padded_input=x.padded))
 
 
 def encode_keys(indices, dense_shape):
@@ -90,7 +91,7 @@ def from_sparse_tensor(sp, non_finite="raise"):
 def to_sparse_tensor(x):
     """A tf.SparseTensor in TensorFlow's canonical (row-major) order. x is checked first
     (validate: sorted unique keys in range, no NaN values)."""
-    x = validate(x)
+    x = validate(x).without_padding()
     return tf.sparse.reorder(tf.SparseTensor(decode_keys(x.keys, x.dense_shape), x.values, x.dense_shape))
 
 
@@ -100,21 +101,23 @@ def validate(x):
     Raises tf.errors.InvalidArgumentError naming the problem; returns x unchanged.
     """
     _check(x)
-    keys, values = _ops.channel_sparse_validate(x.keys, x.values, x.dense_shape)
-    return ChannelSparseTensor(keys, values, x.dense_shape, x.shape)
+    keys, values = _ops.channel_sparse_validate(x.keys, x.values, x.dense_shape, padded_input=x.padded)
+    return ChannelSparseTensor(keys, values, x.dense_shape, x.shape, x.padded)
 
 
 @tf.RegisterGradient(OP_NAMESPACE + "ChannelSparseToDense")
 def _to_dense_grad(op, grad):
     # ToDense checked the keys (or was told the library made them)
-    return [None, _ops.channel_sparse_gather_dense(op.inputs[0], grad, inputs_checked=not check_every_op()), None]
+    return [None, _ops.channel_sparse_gather_dense(op.inputs[0], grad, inputs_checked=not check_every_op(),
+                                                   padded_input=op.get_attr("padded_input")), None]
 
 
 @tf.RegisterGradient(OP_NAMESPACE + "ChannelSparseGatherDense")
 def _gather_dense_grad(op, grad):
     # the forward gather checked the keys (or was told they were checked)
     return [None, _ops.channel_sparse_to_dense(op.inputs[0], grad, tf.shape(op.inputs[1], out_type=tf.int64),
-                                               inputs_checked=not check_every_op())]
+                                               inputs_checked=not check_every_op(),
+                                               padded_input=op.get_attr("padded_input"))]
 
 
 @tf.RegisterGradient(OP_NAMESPACE + "DenseToChannelSparse")

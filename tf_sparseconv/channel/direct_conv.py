@@ -99,7 +99,7 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         filter_mask=tf.cast(filter_mask, tf.bool), bias=tf.convert_to_tensor(bias, dtype=x.dtype),
         selection=selection, k=0 if k is None else int_attr(k, "k", "direct_conv"),
         rho_up=0.0 if rho_up is None else float_attr(rho_up, "rho_up", "direct_conv"), dataflow=dataflow,
-        temp_limit_bytes=temp_limit_bytes, activation=activation or "none")
+        temp_limit_bytes=temp_limit_bytes, activation=activation or "none", padded_input=x.padded)
     out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])
     y = ChannelSparseTensor(keys, values, dense_shape, out_shape)
     return (y, touched, positive) if return_counts else y
@@ -111,5 +111,6 @@ def _direct_sparse_conv_grad(op, _keys_grad, values_grad, _shape_grad, _touched_
     in_grad, filter_grad, bias_grad = _ops.direct_sparse_conv_backprop(
         in_keys=in_keys, in_values=in_values, dense_shape=dense_shape, filter=filters,
         filter_mask=filter_mask, out_keys=op.outputs[0], out_grad=values_grad,
-        dataflow=op.get_attr("dataflow"), inputs_checked=not check_every_op())  # the forward checked them
+        dataflow=op.get_attr("dataflow"), inputs_checked=not check_every_op(),  # the forward checked them
+        padded_input=op.get_attr("padded_input"))
     return [None, in_grad, None, filter_grad, None, bias_grad]

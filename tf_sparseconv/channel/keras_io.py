@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
+from tf_sparseconv.checks import padded_by_library
 from tf_sparseconv.layer_config import FLOAT32_OR_64, dtype_policy
 
 FIELDS = ("keys", "values", "dense_shape", "shape_token")
@@ -35,7 +36,10 @@ def from_keras_inputs(inputs):
         raise TypeError("sparse Keras layers take the dict {keys, values, dense_shape, shape_token} made by "
                         f"tf_sparseconv.keras_layers.as_keras_inputs, got {type(inputs).__name__}")
     shape = tf.TensorShape([None]).concatenate(inputs["shape_token"].shape[1:])
-    return ChannelSparseTensor(inputs["keys"], inputs["values"], inputs["dense_shape"], shape)
+    # Padded keys (made inside a traced model by a layer with padded output) are known by
+    # the op that made them; eager layers make no padding.
+    return ChannelSparseTensor(inputs["keys"], inputs["values"], inputs["dense_shape"], shape,
+                               padded_by_library(inputs["keys"]))
 
 
 def sparse_input(shape, dtype="float32", name=None):

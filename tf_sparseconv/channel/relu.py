@@ -8,7 +8,7 @@ from tf_sparseconv.channel.tensor import ChannelSparseTensor
 def sparse_relu(x):
     if not isinstance(x, ChannelSparseTensor):
         raise TypeError(f"sparse_relu expects a ChannelSparseTensor, got {type(x).__name__}")
-    keys, values, _ = _ops.sparse_relu(x.keys, x.values, x.dense_shape)
+    keys, values, _ = _ops.sparse_relu(x.keys, x.values, x.dense_shape, padded_input=x.padded)
     return ChannelSparseTensor(keys, values, x.dense_shape, x.shape)
 
 

@@ -198,7 +198,7 @@ def from_channel_sparse(x):
     first (tf_sparseconv.validate: sorted unique keys in range, no NaN values)."""
     if not isinstance(x, ChannelSparseTensor):
         raise TypeError(f"from_channel_sparse expects a ChannelSparseTensor, got {type(x).__name__}")
-    x = validate(x)
+    x = validate(x).without_padding()
     indices = decode_keys(x.keys, x.dense_shape)
     rank = x.rank
     extents = x.dense_shape

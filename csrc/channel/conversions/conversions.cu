@@ -121,10 +121,10 @@ struct WriteNonZero {
 
 template <typename T>
 GpuStatus ValidateGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
-                      const int64_t* keys, const T* values, int64_t n, Report* report) {
+                      const int64_t* keys, const T* values, int64_t n, bool padded, Report* report) {
   Report* device_report = nullptr;
   TF_SPARSECONV_RETURN_IF_ERROR(NewEntryReport(stream, scratch, keys, values, n, layout.num_keys(), kValidateKeys,
-                                               kValidateNaN, &device_report));
+                                               kValidateNaN, &device_report, padded));
   return ReadReport(stream, scratch, device_report, report);
 }
 
@@ -193,13 +193,13 @@ GpuStatus ReorderGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
 
 template <typename T>
 GpuStatus ToDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
-                     const int64_t* keys, const T* values, int64_t n, T* dense,
+                     const int64_t* keys, const T* values, int64_t n, bool padded, T* dense,
                      Report* report) {
   Report* device_report = nullptr;
   if (report != nullptr) {  // else the keys were made or checked by the library: no check, no wait
     TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
     TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, keys, n, layout.num_keys(),
-                                                  &device_report->checks[kDenseKeys]));
+                                                  &device_report->checks[kDenseKeys], padded));
   }
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemsetAsync(dense, 0, sizeof(T) * layout.num_keys(), stream), "to_dense");
@@ -212,7 +212,7 @@ GpuStatus ToDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
 
 template <typename T>
 GpuStatus GatherDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
-                         const int64_t* keys, int64_t n, const T* dense, T* values,
+                         const int64_t* keys, int64_t n, bool padded, const T* dense, T* values,
                          Report* report) {
   if (report == nullptr) {  // the keys were checked by the op that took them: no check, no wait
     if (n > 0) {
@@ -224,7 +224,7 @@ GpuStatus GatherDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layou
   Report* device_report = nullptr;
   TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
   TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, keys, n, layout.num_keys(),
-                                                &device_report->checks[kDenseKeys]));
+                                                &device_report->checks[kDenseKeys], padded));
   if (n > 0) {
     GatherKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(layout, keys, n, dense, values);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather_dense");
@@ -254,13 +254,13 @@ GpuStatus DenseToChannelSparseGpu<T>::Write(Stream stream, int64_t* keys, T* val
 
 #define TF_SPARSECONV_INSTANTIATE(T)                                                         \
   template GpuStatus ValidateGpu<T>(Stream, Scratch*, const KeyLayout&, const int64_t*,     \
-                                    const T*, int64_t, Report*);                            \
+                                    const T*, int64_t, bool, Report*);                      \
   template GpuStatus ReorderGpu<T>(Stream, Scratch*, const KeyLayout&, const int64_t*,      \
                                    const T*, int64_t, int64_t*, T*, int64_t*, Report*);     \
   template GpuStatus ToDenseGpu<T>(Stream, Scratch*, const KeyLayout&, const int64_t*,      \
-                                   const T*, int64_t, T*, Report*);                         \
+                                   const T*, int64_t, bool, T*, Report*);                   \
   template GpuStatus GatherDenseGpu<T>(Stream, Scratch*, const KeyLayout&, const int64_t*,  \
-                                       int64_t, const T*, T*, Report*);                     \
+                                       int64_t, bool, const T*, T*, Report*);               \
   template class DenseToChannelSparseGpu<T>;
 TF_SPARSECONV_INSTANTIATE(float)
 TF_SPARSECONV_INSTANTIATE(double)

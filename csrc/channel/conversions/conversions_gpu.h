@@ -11,11 +11,12 @@
 namespace tf_sparseconv {
 namespace gpu {
 
-// ChannelSparseValidate.
+// ChannelSparseValidate, ChannelSparseToDense and ChannelSparseGatherDense: padded, the keys
+// may end in padding (kPaddingKey), which the checks accept and the kernels skip.
 enum ValidateCheck { kValidateKeys = 0, kValidateNaN = 1 };
 template <typename T>
 GpuStatus ValidateGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
-                      const int64_t* keys, const T* values, int64_t n, Report* report);
+                      const int64_t* keys, const T* values, int64_t n, bool padded, Report* report);
 
 // ChannelSparseEncodeKeys: kEncodeIndices records the first flat position i * rank + j of
 // an index outside its dimension, detail = {the index}.
@@ -43,11 +44,11 @@ GpuStatus ReorderGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
 enum DenseCheck { kDenseKeys = 0 };
 template <typename T>
 GpuStatus ToDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
-                     const int64_t* keys, const T* values, int64_t n, T* dense,
+                     const int64_t* keys, const T* values, int64_t n, bool padded, T* dense,
                      Report* report);
 template <typename T>
 GpuStatus GatherDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
-                         const int64_t* keys, int64_t n, const T* dense, T* values,
+                         const int64_t* keys, int64_t n, bool padded, const T* dense, T* values,
                          Report* report);  // report nullptr: keys checked already, no check, no wait
 
 // DenseToChannelSparse: visits the dense tensor in key order (b, c, spatial), so the

@@ -13,7 +13,8 @@ using ::tensorflow::OpKernelContext;
 template <typename T>
 struct ValidateFunctor<CPUDevice, T> {
   explicit ValidateFunctor(OpKernelContext*) {}
-  absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n) {
+  // padded: unused; the op hands over the live prefix, its tail checked
+  absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n, bool /*padded*/) {
     TF_RETURN_IF_ERROR(ValidateKeys(keys, n, L, "channel-sparse"));
     return RejectNaN(values, n, "values");
   }
@@ -80,7 +81,7 @@ template <typename T>
 struct ToDenseFunctor<CPUDevice, T> {
   explicit ToDenseFunctor(OpKernelContext*) {}
   absl::Status operator()(const KeyLayout& L, const int64_t* k, const T* v, int64_t n, T* out,
-                          bool /*inputs_checked: the CPU checks in any case*/) {
+                          bool /*inputs_checked: the CPU checks in any case*/, bool /*padded: live prefix*/) {
     TF_RETURN_IF_ERROR(ValidateKeys(k, n, L, "to_dense"));
     std::fill(out, out + L.num_keys(), T(0));
     for (int64_t i = 0; i < n; ++i) out[DenseIndex(k[i], L)] = v[i];
@@ -93,7 +94,7 @@ struct GatherDenseFunctor<CPUDevice, T> {
   explicit GatherDenseFunctor(OpKernelContext*) {}
   // inputs_checked: unused; the CPU checks in any case (its check costs no wait)
   absl::Status operator()(const KeyLayout& L, const int64_t* k, int64_t n, const T* dense, T* out,
-                          bool /*inputs_checked*/) {
+                          bool /*inputs_checked*/, bool /*padded: live prefix*/) {
     TF_RETURN_IF_ERROR(ValidateKeys(k, n, L, "gather_dense"));
     for (int64_t i = 0; i < n; ++i) out[i] = dense[DenseIndex(k[i], L)];
     return absl::OkStatus();

@@ -13,7 +13,9 @@
 #ifndef TF_SPARSECONV_CHANNEL_CONVERSIONS_CONVERSIONS_KERNELS_H_
 #define TF_SPARSECONV_CHANNEL_CONVERSIONS_CONVERSIONS_KERNELS_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "channel/channel_sparse.h"
 #include "common/device.h"
@@ -23,8 +25,11 @@
 namespace tf_sparseconv {
 
 // ChannelSparseValidate:
-//   absl::Status operator()(const KeyLayout&, const int64_t* keys, const T* values, int64_t n);
-//   keys sorted, unique and in range ("channel-sparse", ValidateKeys), then no NaN ("values").
+//   absl::Status operator()(const KeyLayout&, const int64_t* keys, const T* values, int64_t n,
+//                           bool padded);
+//   keys sorted, unique and in range ("channel-sparse", ValidateKeys), then no NaN ("values");
+//   padded (the op's padded_input): the GPU's check accepts a padded tail (the CPU's gets the
+//   live prefix, EntriesToCheck).
 template <typename Device, typename T>
 struct ValidateFunctor;
 
@@ -51,9 +56,9 @@ struct ReorderFunctor;
 
 // ChannelSparseToDense and ChannelSparseGatherDense:
 //   absl::Status operator()(const KeyLayout&, const int64_t* keys, const T* values, int64_t n,
-//                           T* dense, bool inputs_checked);
+//                           T* dense, bool inputs_checked, bool padded);
 //   absl::Status operator()(const KeyLayout&, const int64_t* keys, int64_t n, const T* dense,
-//                           T* values, bool inputs_checked);
+//                           T* values, bool inputs_checked, bool padded);
 //   keys sorted, unique and in range ("to_dense" / "gather_dense", ValidateKeys); the GPU
 //   leaves that check (and its wait) out where inputs_checked (the ops' attr).
 template <typename Device, typename T>
@@ -67,21 +72,37 @@ struct GatherDenseFunctor;
 template <typename Device, typename T>
 class DenseToChannelSparseFunctor;
 
+// The entries the functor reads: on the GPU all of them (its checks accept a padded tail and
+// its kernels skip it); on the CPU, where the input may be padded, the live prefix, the tail
+// checked to be padding only.
+template <typename Device>
+absl::Status EntriesToCheck(const tensorflow::Tensor& keys, bool padded, const char* what, int64_t* n) {
+  *n = keys.NumElements();
+  if (!std::is_same<Device, CPUDevice>::value) return absl::OkStatus();
+  return EntriesToRead(keys.flat<int64_t>().data(), *n, padded, what, n);
+}
+
 template <typename Device, typename T>
 class ChannelSparseValidateOp : public GuardedOpKernel {
  public:
-  explicit ChannelSparseValidateOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "channel_sparse_validate") {}
+  explicit ChannelSparseValidateOp(tensorflow::OpKernelConstruction* ctx)
+      : GuardedOpKernel(ctx, "channel_sparse_validate") {
+    AttrsOk(ctx->GetAttr("padded_input", &padded_));
+  }
 
  private:
   void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, CheckSparseTensor(ctx->input(0), ctx->input(1), ctx->input(2), "channel-sparse", &L));
+    int64_t n = 0;
+    OP_REQUIRES_OK(ctx, (EntriesToCheck<Device>(ctx->input(0), padded_, "channel-sparse", &n)));
     OP_REQUIRES_OK(ctx, ValidateFunctor<Device, T>(ctx)(L, ctx->input(0).flat<int64_t>().data(),
-                                                        ctx->input(1).flat<T>().data(),
-                                                        ctx->input(0).NumElements()));
+                                                        ctx->input(1).flat<T>().data(), n, padded_));
     ctx->set_output(0, ctx->input(0));
     ctx->set_output(1, ctx->input(1));
   }
+
+  bool padded_ = false;
 };
 
 template <typename Device>
@@ -154,23 +175,26 @@ class ChannelSparseToDenseOp : public GuardedOpKernel {
   explicit ChannelSparseToDenseOp(tensorflow::OpKernelConstruction* ctx)
       : GuardedOpKernel(ctx, "channel_sparse_to_dense") {
     AttrsOk(ctx->GetAttr("inputs_checked", &inputs_checked_));
+    AttrsOk(ctx->GetAttr("padded_input", &padded_));
   }
 
  private:
   void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, CheckSparseTensor(ctx->input(0), ctx->input(1), ctx->input(2), "to_dense", &L));
+    int64_t n = 0;
+    OP_REQUIRES_OK(ctx, (EntriesToCheck<Device>(ctx->input(0), padded_, "to_dense", &n)));
     tensorflow::TensorShape shape;
     OP_REQUIRES_OK(ctx, tensorflow::TensorShape::BuildTensorShape(ctx->input(2).flat<int64_t>(), &shape));
     tensorflow::Tensor* dense;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &dense));
     OP_REQUIRES_OK(ctx, ToDenseFunctor<Device, T>(ctx)(L, ctx->input(0).flat<int64_t>().data(),
-                                                       ctx->input(1).flat<T>().data(),
-                                                       ctx->input(0).NumElements(), dense->flat<T>().data(),
-                                                       inputs_checked_));
+                                                       ctx->input(1).flat<T>().data(), n, dense->flat<T>().data(),
+                                                       inputs_checked_, padded_));
   }
 
   bool inputs_checked_ = false;
+  bool padded_ = false;
 };
 
 template <typename Device, typename T>
@@ -179,6 +203,7 @@ class ChannelSparseGatherDenseOp : public GuardedOpKernel {
   explicit ChannelSparseGatherDenseOp(tensorflow::OpKernelConstruction* ctx)
       : GuardedOpKernel(ctx, "channel_sparse_gather_dense") {
     AttrsOk(ctx->GetAttr("inputs_checked", &inputs_checked_));
+    AttrsOk(ctx->GetAttr("padded_input", &padded_));
   }
 
  private:
@@ -186,15 +211,20 @@ class ChannelSparseGatherDenseOp : public GuardedOpKernel {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, LayoutOfDense(ctx->input(1), &L));
     OP_REQUIRES_OK(ctx, CheckKeysVector(ctx->input(0), "gather_dense"));
-    const int64_t n = ctx->input(0).NumElements();
+    const int64_t capacity = ctx->input(0).NumElements();
+    int64_t n = 0;
+    OP_REQUIRES_OK(ctx, (EntriesToCheck<Device>(ctx->input(0), padded_, "gather_dense", &n)));
     tensorflow::Tensor* values;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({n}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({capacity}), &values));
+    T* out = values->flat<T>().data();
     OP_REQUIRES_OK(ctx, GatherDenseFunctor<Device, T>(ctx)(L, ctx->input(0).flat<int64_t>().data(), n,
-                                                           ctx->input(1).flat<T>().data(),
-                                                           values->flat<T>().data(), inputs_checked_));
+                                                           ctx->input(1).flat<T>().data(), out, inputs_checked_,
+                                                           padded_));
+    std::fill(out + n, out + capacity, T(0));  // the CPU's padding (on the GPU n == capacity)
   }
 
   bool inputs_checked_ = false;
+  bool padded_ = false;
 };
 
 template <typename Device, typename T>

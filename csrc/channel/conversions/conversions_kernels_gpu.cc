@@ -15,9 +15,9 @@ using ::tensorflow::OpKernelContext;
 template <typename T>
 struct ValidateFunctor<GPUDevice, T> : GpuFunctorBase {
   explicit ValidateFunctor(OpKernelContext* ctx) : GpuFunctorBase(ctx, "ChannelSparseValidate") {}
-  absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n) {
+  absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n, bool padded) {
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(gpu::ValidateGpu<T>(stream_, &scratch_, L, keys, values, n, &report)));
+    TF_RETURN_IF_ERROR(ToStatus(gpu::ValidateGpu<T>(stream_, &scratch_, L, keys, values, n, padded, &report)));
     return EntryReportStatus(report, gpu::kValidateKeys, gpu::kValidateNaN, L.num_keys(), "channel-sparse", "values");
   }
 };
@@ -71,12 +71,12 @@ template <typename T>
 struct ToDenseFunctor<GPUDevice, T> : GpuFunctorBase {
   explicit ToDenseFunctor(OpKernelContext* ctx) : GpuFunctorBase(ctx, "ChannelSparseToDense") {}
   absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n, T* dense,
-                          bool inputs_checked) {
+                          bool inputs_checked, bool padded) {
     if (inputs_checked) {  // no report: queued without the check, not waited for
-      return ToStatus(gpu::ToDenseGpu<T>(stream_, &scratch_, L, keys, values, n, dense, nullptr));
+      return ToStatus(gpu::ToDenseGpu<T>(stream_, &scratch_, L, keys, values, n, padded, dense, nullptr));
     }
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(gpu::ToDenseGpu<T>(stream_, &scratch_, L, keys, values, n, dense, &report)));
+    TF_RETURN_IF_ERROR(ToStatus(gpu::ToDenseGpu<T>(stream_, &scratch_, L, keys, values, n, padded, dense, &report)));
     return SortedKeysStatus(report.checks[gpu::kDenseKeys], L.num_keys(), "to_dense");
   }
 };
@@ -85,12 +85,12 @@ template <typename T>
 struct GatherDenseFunctor<GPUDevice, T> : GpuFunctorBase {
   explicit GatherDenseFunctor(OpKernelContext* ctx) : GpuFunctorBase(ctx, "ChannelSparseGatherDense") {}
   absl::Status operator()(const KeyLayout& L, const int64_t* keys, int64_t n, const T* dense, T* values,
-                          bool inputs_checked) {
+                          bool inputs_checked, bool padded) {
     if (inputs_checked) {  // no report: queued without the check, not waited for
-      return ToStatus(gpu::GatherDenseGpu<T>(stream_, &scratch_, L, keys, n, dense, values, nullptr));
+      return ToStatus(gpu::GatherDenseGpu<T>(stream_, &scratch_, L, keys, n, padded, dense, values, nullptr));
     }
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(gpu::GatherDenseGpu<T>(stream_, &scratch_, L, keys, n, dense, values, &report)));
+    TF_RETURN_IF_ERROR(ToStatus(gpu::GatherDenseGpu<T>(stream_, &scratch_, L, keys, n, padded, dense, values, &report)));
     return SortedKeysStatus(report.checks[gpu::kDenseKeys], L.num_keys(), "gather_dense");
   }
 };

@@ -14,6 +14,7 @@ REGISTER_OP("TfSparseconv>ChannelSparseValidate")
     .Output("valid_keys: int64")
     .Output("valid_values: T")
     .Attr("T: {float, double}")
+    .Attr("padded_input: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(0));
       c->set_output(1, c->input(1));
@@ -22,6 +23,8 @@ REGISTER_OP("TfSparseconv>ChannelSparseValidate")
     .Doc(R"doc(
 Checks a channel-sparse tensor: keys sorted, unique and inside [0, prod(dense_shape)),
 one value per key, a valid dense_shape, no NaN values. Passes keys and values through.
+padded_input: the keys may end in padding (keys equal to the largest int64, after every
+  live key; a library op's padded output); elsewhere such a key is out of range.
 )doc");
 
 REGISTER_OP("TfSparseconv>ChannelSparseEncodeKeys")
@@ -78,6 +81,7 @@ REGISTER_OP("TfSparseconv>ChannelSparseToDense")
     .Output("dense: T")
     .Attr("T: {float, double}")
     .Attr("inputs_checked: bool = false")
+    .Attr("padded_input: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle out;
       TF_RETURN_IF_ERROR(c->MakeShapeFromShapeTensor(2, &out));
@@ -91,6 +95,8 @@ inputs_checked: the caller vouches that the keys are the output of an op of the 
 that made or checked them (in a traced graph: tf_sparseconv.to_dense sees the op); the GPU
 kernel then queues its work without checking them again and without waiting for the
 device. The CPU kernel checks them in any case (its check costs no wait).
+padded_input: the keys may end in padding (keys equal to the largest int64, after every
+  live key; a library op's padded output), which is absent.
 )doc");
 
 REGISTER_OP("TfSparseconv>ChannelSparseGatherDense")
@@ -99,6 +105,7 @@ REGISTER_OP("TfSparseconv>ChannelSparseGatherDense")
     .Output("values: T")
     .Attr("T: {float, double}")
     .Attr("inputs_checked: bool = false")
+    .Attr("padded_input: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(0));
       return absl::OkStatus();
@@ -110,6 +117,7 @@ inputs_checked: the caller vouches that the keys were checked by the op that too
 (ChannelSparseToDense, whose gradient this is); the GPU kernel then queues its work
 without checking them again and without waiting for the device. The CPU kernel checks
 them in any case (its check costs no wait).
+padded_input: the keys may end in padding, whose values are 0.
 )doc");
 
 REGISTER_OP("TfSparseconv>DenseToChannelSparse")

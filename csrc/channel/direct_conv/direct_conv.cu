@@ -73,7 +73,7 @@ __device__ inline bool Reaches(const int32_t* x, const GpuPresentWeight& w, int 
 }
 
 // The data of every input entry that the contribution kernels need: the output key of
-// its position in output channel 0, its input channel and its coordinates.
+// its position in output channel 0, its input channel (-1: padding) and its coordinates.
 struct EntryData {
   int64_t* out_base;
   int32_t* ic;
@@ -84,6 +84,11 @@ __global__ void EntryDataKernel(KeyLayout L, int64_t cout, const int64_t* keys, 
                                 const Report* report, EntryData e) {
   if (!ChecksPassed(report)) return;
   TF_SPARSECONV_GRID_LOOP(i, n) {
+    if (keys[i] == kPaddingKey) {  // padding (a padded input's tail) reaches nothing
+      e.out_base[i] = 0;
+      e.ic[i] = -1;
+      continue;
+    }
     const int64_t seg = L.segment_of(keys[i]);
     const int64_t lin = keys[i] - seg * L.spatial_size;
     const int64_t b = seg / L.channels;
@@ -102,8 +107,8 @@ __global__ void ContributionsKernel(KeyLayout L, EntryData e, const T* values, c
   TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
     uint64_t key = no_output;
     T product = T(0);
-    if (valid) {
-      const int64_t i = slot / max_row;
+    const int64_t i = slot / max_row;
+    if (valid && e.ic[i] >= 0) {
       const int64_t r = slot - i * max_row;
       const int64_t row = row_begin[e.ic[i]];
       if (r < row_begin[e.ic[i] + 1] - row) {
@@ -285,7 +290,7 @@ __global__ void InGradKernel(KeyLayout L, EntryData e, const T* filter,
   const bool valid = ChecksPassed(report);
   TF_SPARSECONV_GRID_LOOP(i, n) {
     T sum = T(0);
-    if (valid) {
+    if (valid && e.ic[i] >= 0) {  // padding: 0
       const int32_t ic = e.ic[i];
       for (int64_t r = row_begin[ic]; r < row_begin[ic + 1]; ++r) {
         const int64_t p = LinkedOutput(L, e, i, weights[r], out);
@@ -583,7 +588,7 @@ template <typename T>
 GpuStatus QueueForwardChecks(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const T* bias,
                              Report** device_report) {
   TF_SPARSECONV_RETURN_IF_ERROR(NewEntryReport(stream, scratch, a.keys, a.values, a.n, a.in_layout.num_keys(),
-                                               kConvKeys, kConvValues, device_report));
+                                               kConvKeys, kConvValues, device_report, a.padded));
   CheckSlot* checks = (*device_report)->checks;
   TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.filter, a.filter_size, &checks[kConvFilter]));
   return CheckNaN(stream, bias, a.cout, &checks[kConvBias]);
@@ -829,7 +834,7 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   Report* device_report = nullptr;
   if (check) {
     TF_SPARSECONV_RETURN_IF_ERROR(NewEntryReport(stream, scratch, a.keys, a.values, a.n, L.num_keys(),
-                                                 kBackpropKeys, kBackpropValues, &device_report));
+                                                 kBackpropKeys, kBackpropValues, &device_report, a.padded));
     CheckSlot* checks = device_report->checks;
     TF_SPARSECONV_RETURN_IF_ERROR(
         CheckNaN(stream, a.filter, a.filter_size, &checks[kBackpropFilter]));

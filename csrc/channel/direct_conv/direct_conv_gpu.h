@@ -50,6 +50,7 @@ struct DirectConvGpuArgs {
   int64_t filter_size = 0;
   GpuWeightTable weights;
   bool relu = false;                   // the fused ReLU: of the kept entries, only those > 0
+  bool padded = false;                 // keys may end in padding (kPaddingKey), which is skipped
 };
 
 // Contribution slots of the forward pass: n * max_row, which must not exceed

@@ -13,8 +13,10 @@
 #ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_KERNELS_H_
 #define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_KERNELS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "channel/channel_sparse.h"
 #include "channel/direct_conv/direct_conv.h"
@@ -36,6 +38,8 @@ struct ConvTensors {
   const T* filter = nullptr;          // [K..., Cin, Cout]
   int64_t filter_size = 0;
   const bool* mask = nullptr;         // host memory on both devices
+  int64_t capacity = 0;               // the input's length: n, or n and padding after it
+  bool padded = false;                // the op's padded_input
 
   // What both devices' arguments (DirectConvArgs, gpu::DirectConvGpuArgs) take from them.
   template <typename Args>
@@ -73,9 +77,11 @@ class DirectSparseConvFunctor;
 template <typename Device, typename T>
 class DirectSparseConvBackpropFunctor;
 
-// Inputs 0-4 (keys, values, dense_shape, filter, filter_mask) of both ops.
-template <typename T>
-absl::Status CheckConvTensors(tensorflow::OpKernelContext* ctx, ConvTensors<T>* in) {
+// Inputs 0-4 (keys, values, dense_shape, filter, filter_mask) of both ops. A padded input
+// (padded_input): on the CPU, n is its live prefix, the tail checked to be padding; on the
+// GPU, n is its length, and the kernels skip the padding.
+template <typename Device, typename T>
+absl::Status CheckConvTensors(tensorflow::OpKernelContext* ctx, bool padded_input, ConvTensors<T>* in) {
   const tensorflow::Tensor& keys = ctx->input(0);
   const tensorflow::Tensor& values = ctx->input(1);
   const tensorflow::Tensor& filter = ctx->input(3);
@@ -87,7 +93,12 @@ absl::Status CheckConvTensors(tensorflow::OpKernelContext* ctx, ConvTensors<T>* 
   TF_RETURN_IF_ERROR(CheckSegmentCount(in->layout.batch, in->shapes.cout, "output"));
   in->keys = keys.flat<int64_t>().data();
   in->values = values.flat<T>().data();
-  in->n = keys.NumElements();
+  in->capacity = keys.NumElements();
+  in->n = in->capacity;
+  in->padded = padded_input;
+  if (std::is_same<Device, CPUDevice>::value) {
+    TF_RETURN_IF_ERROR(EntriesToRead(in->keys, in->capacity, padded_input, "input", &in->n));
+  }
   in->filter = filter.flat<T>().data();
   in->filter_size = filter.NumElements();
   in->mask = mask.flat<bool>().data();
@@ -99,6 +110,7 @@ class DirectSparseConvOp : public GuardedOpKernel {
  public:
   explicit DirectSparseConvOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "direct_conv") {
     AttrsOk(attrs_.Read(ctx));
+    AttrsOk(ctx->GetAttr("padded_input", &padded_input_));
   }
 
  private:
@@ -106,7 +118,7 @@ class DirectSparseConvOp : public GuardedOpKernel {
     using ::tensorflow::Tensor;
     using ::tensorflow::TensorShape;
     ConvTensors<T> in;
-    OP_REQUIRES_OK(ctx, CheckConvTensors<T>(ctx, &in));
+    OP_REQUIRES_OK(ctx, (CheckConvTensors<Device, T>(ctx, padded_input_, &in)));
     const Tensor& bias = ctx->input(5);
     const int64_t cout = in.shapes.cout;
     OP_REQUIRES_OK(ctx, CheckBiasShape(bias, cout));
@@ -136,6 +148,7 @@ class DirectSparseConvOp : public GuardedOpKernel {
 
  private:
   ConvAttrs attrs_;
+  bool padded_input_ = false;
 };
 
 template <typename Device, typename T>
@@ -145,6 +158,7 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
       : GuardedOpKernel(ctx, "direct_conv_backprop") {
     AttrsOk(ReadDataflow(ctx, &dataflow_));
     AttrsOk(ctx->GetAttr("inputs_checked", &inputs_checked_));
+    AttrsOk(ctx->GetAttr("padded_input", &padded_input_));
   }
 
  private:
@@ -152,7 +166,7 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
     using ::tensorflow::Tensor;
     using ::tensorflow::TensorShape;
     ConvTensors<T> in;
-    OP_REQUIRES_OK(ctx, CheckConvTensors<T>(ctx, &in));
+    OP_REQUIRES_OK(ctx, (CheckConvTensors<Device, T>(ctx, padded_input_, &in)));
     const Tensor& out_keys = ctx->input(5);
     const Tensor& out_grad = ctx->input(6);
     OP_REQUIRES_OK(ctx, CheckKeysVector(out_keys, "output"));
@@ -166,11 +180,16 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({in.shapes.cout}), &bias_grad));
     OP_REQUIRES_OK(ctx, backprop.Run(in_grad->flat<T>().data(), filter_grad->flat<T>().data(),
                                      bias_grad->flat<T>().data()));
+    if (std::is_same<Device, CPUDevice>::value) {  // the padding's gradient (the GPU's kernel writes it)
+      T* grad = in_grad->flat<T>().data();
+      std::fill(grad + in.n, grad + in.capacity, T(0));
+    }
   }
 
  private:
   DirectConvDataflow dataflow_ = DirectConvDataflow::kAuto;
   bool inputs_checked_ = false;
+  bool padded_input_ = false;
 };
 
 }  // namespace tf_sparseconv

@@ -100,6 +100,7 @@ void GpuConvArgs(const ConvTensors<T>& in, WeightTable* table, gpu::DirectConvGp
       BuildPresentWeights(in.mask, in.shapes.kernel_size, L.channels, in.shapes.cout, L);
   *table = ByInputChannel(weights, L.d);
   in.CopyTo(args);
+  args->padded = in.padded;
   args->weights = table->View();
 }
 

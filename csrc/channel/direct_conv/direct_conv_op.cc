@@ -28,6 +28,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConv")
     .Attr("dataflow: {'auto', 'sort', 'dense'} = 'auto'")
     .Attr("temp_limit_bytes: int = 0")
     .Attr("activation: {'none', 'relu'} = 'none'")
+    .Attr("padded_input: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
@@ -70,6 +71,10 @@ op, with the same output as SparseRelu of the unfused output but no second op (o
 GPU, no second host round trip). A NaN among the touched entries is then refused
 (InvalidArgument), as SparseRelu refuses NaN input.
 
+padded_input: the input may end in padding (keys equal to the largest int64, after every
+  live key; a library op's padded output), which is absent; elsewhere such a key is out of
+  range.
+
 in_keys: sorted unique int64 keys of the input, layout (b * Cin + c) * S + lin(x).
 in_values: one value per key.
 dense_shape: [B, R1, ..., Rd, Cin]; B * Cin and B * Cout at most 2^24 (the op keeps a
@@ -98,6 +103,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConvBackprop")
     .Attr("T: {float, double}")
     .Attr("dataflow: {'auto', 'sort', 'dense'} = 'auto'")
     .Attr("inputs_checked: bool = false")
+    .Attr("padded_input: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(1));
       c->set_output(1, c->input(3));
@@ -118,6 +124,7 @@ inputs_checked: the caller vouches that in_keys, in_values, filter and out_keys 
 inputs and output keys of a DirectSparseConv call, which checked them (its gradient does);
 the GPU kernel then queues its work without checking them again and without waiting for
 the device. The CPU kernel checks them in any case (its checks cost no wait).
+padded_input: the forward's; padding entries of the input get a gradient of 0.
 )doc");
 
 }  // namespace tf_sparseconv

@@ -17,7 +17,7 @@ __global__ void PooledKeysKernel(PoolGeometry g, const int64_t* keys, int64_t n,
   const uint64_t no_window = static_cast<uint64_t>(g.out.num_keys());
   TF_SPARSECONV_GRID_LOOP(i, n) {
     order[i] = static_cast<int32_t>(i);
-    if (!valid) {
+    if (!valid || keys[i] == kPaddingKey) {  // padding: in no window
       pooled[i] = no_window;
       continue;
     }
@@ -52,18 +52,38 @@ struct WriteWindowMax {
   }
 };
 
+// Padding after the live entries (their count on the device) up to capacity: key kPaddingKey,
+// value 0, argmax its own position.
+template <typename T>
+__global__ void PadOutputKernel(const int64_t* live, int64_t capacity, int64_t* out_keys, T* out_values,
+                                int64_t* argmax) {
+  const int64_t first = *live;
+  TF_SPARSECONV_GRID_LOOP(j, capacity) {
+    if (j < first) continue;
+    out_keys[j] = kPaddingKey;
+    out_values[j] = T(0);
+    argmax[j] = j;  // a distinct input position each (j < capacity <= n): the gradient's scatter adds
+                    // padding's zeros without every one of them contending for one address
+  }
+}
+
 }  // namespace
 
 template <typename T>
 GpuStatus SparseMaxPoolGpu<T>::Count(Stream stream, Scratch* scratch, const PoolGeometry& g,
                                      const int64_t* keys, const T* values, int64_t n,
-                                     Report* report) {
+                                     const PoolOptions& options, Report* report) {
   values_ = values;
   n_ = n;
   no_window_ = static_cast<uint64_t>(g.out.num_keys());
   Report* device_report = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(
-      NewEntryReport(stream, scratch, keys, values, n, g.in.num_keys(), kPoolKeys, kPoolNaN, &device_report));
+  if (options.check) {
+    TF_SPARSECONV_RETURN_IF_ERROR(NewEntryReport(stream, scratch, keys, values, n, g.in.num_keys(), kPoolKeys,
+                                                 kPoolNaN, &device_report, options.padded_input));
+  } else {
+    TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  }
+  device_count_ = &device_report->count;
   if (n > 0) {
     uint64_t* pooled[2] = {scratch->DeviceArray<uint64_t>(n), scratch->DeviceArray<uint64_t>(n)};
     int32_t* order[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
@@ -82,15 +102,21 @@ GpuStatus SparseMaxPoolGpu<T>::Count(Stream stream, Scratch* scratch, const Pool
   TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch,
                                                 IsRunStart{pooled_, no_window_}, n,
                                                 &device_report->count, &compaction_));
+  if (!options.read_back) return GpuStatus::Ok();
   return ReadReport(stream, scratch, device_report, report);
 }
 
 template <typename T>
-GpuStatus SparseMaxPoolGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values,
-                                     int64_t* argmax) const {
-  return WriteCompaction(
+GpuStatus SparseMaxPoolGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values, int64_t* argmax,
+                                     int64_t capacity) const {
+  TF_SPARSECONV_RETURN_IF_ERROR(WriteCompaction(
       stream, compaction_, IsRunStart{pooled_, no_window_},
-      WriteWindowMax<T>{pooled_, order_, values_, n_, out_keys, out_values, argmax});
+      WriteWindowMax<T>{pooled_, order_, values_, n_, out_keys, out_values, argmax}));
+  if (capacity == 0) return GpuStatus::Ok();
+  PadOutputKernel<T><<<BlocksFor(capacity), kThreads, 0, stream>>>(device_count_, capacity, out_keys, out_values,
+                                                                    argmax);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("max-pool padding");
+  return GpuStatus::Ok();
 }
 
 template class SparseMaxPoolGpu<float>;

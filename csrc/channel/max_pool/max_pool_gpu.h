@@ -17,23 +17,34 @@ struct PoolGeometry {
   int32_t strides[kMaxSpatialDims];
 };
 
+struct PoolOptions {
+  bool check = true;          // queue the data checks
+  bool padded_input = false;  // the keys may end in padding (kPaddingKey), which is skipped
+  bool read_back = true;      // wait for the report (checks and count) on the host
+};
+
 template <typename T>
 class SparseMaxPoolGpu {
  public:
-  // Checks keys (kPoolKeys) and values (kPoolNaN), orders the entries by pooled key;
-  // report->count = output entries (non-empty windows). Blocks until the report is on
-  // the host. n <= kMaxSortItems.
+  // Checks keys (kPoolKeys) and values (kPoolNaN) where options.check, orders the entries
+  // by pooled key; the output entries (non-empty windows) are counted on the device and,
+  // where options.read_back, the report with that count is read back (the host waits).
+  // n <= kMaxSortItems.
   GpuStatus Count(Stream stream, Scratch* scratch, const PoolGeometry& geometry,
-                  const int64_t* keys, const T* values, int64_t n, Report* report);
-  // Writes the report->count window maxima and the input position of each.
-  GpuStatus Write(Stream stream, int64_t* out_keys, T* out_values, int64_t* argmax) const;
+                  const int64_t* keys, const T* values, int64_t n, const PoolOptions& options,
+                  Report* report);
+  // Writes the window maxima and the input position of each; capacity > 0: then padding up
+  // to capacity (key kPaddingKey, value 0, argmax its own position), after the count found on
+  // the device.
+  GpuStatus Write(Stream stream, int64_t* out_keys, T* out_values, int64_t* argmax, int64_t capacity) const;
 
  private:
   const T* values_ = nullptr;
   int64_t n_ = 0;
   const uint64_t* pooled_ = nullptr;  // sorted pooled keys
   const int32_t* order_ = nullptr;    // the entry of each sorted pooled key
-  uint64_t no_window_ = 0;            // pooled key of nothing (invalid input)
+  uint64_t no_window_ = 0;            // pooled key of nothing (invalid input, padding)
+  const int64_t* device_count_ = nullptr;  // the output entries, counted on the device
   Compaction compaction_;
 };
 

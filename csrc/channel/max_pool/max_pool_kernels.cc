@@ -15,7 +15,7 @@ namespace tf_sparseconv {
 template <typename T>
 class SparseMaxPoolFunctor<CPUDevice, T> {
  public:
-  explicit SparseMaxPoolFunctor(tensorflow::OpKernelContext* ctx)
+  SparseMaxPoolFunctor(tensorflow::OpKernelContext* ctx, const PoolFlags&)
       : device_(ctx->eigen_device<CPUDevice>()) {}
 
   absl::Status Count(const KeyLayout& in, const KeyLayout& out, const std::vector<int32_t>& strides,
@@ -56,7 +56,12 @@ class SparseMaxPoolFunctor<CPUDevice, T> {
     return absl::OkStatus();
   }
 
-  absl::Status Write(int64_t* ok, T* ov, int64_t* am) {
+  absl::Status Write(int64_t* ok, T* ov, int64_t* am, int64_t capacity) {
+    // Padding after the live entries (padded output; capacity is the count otherwise).
+    const int64_t live = seg_count_[num_segments_];
+    std::fill(ok + live, ok + capacity, kPaddingKey);
+    std::fill(ov + live, ov + capacity, T(0));
+    std::iota(am + live, am + capacity, live);  // distinct positions, as on the GPU (max_pool.cu)
     const T* v = values_;
     device_.parallelFor(num_segments_, Eigen::TensorOpCost(0, 0, 5.0 * (1.0 + n_ / (num_segments_ + 1.0))),
                         [&](Eigen::Index first, Eigen::Index last) {

@@ -13,7 +13,8 @@ namespace tf_sparseconv {
 template <typename T>
 class SparseMaxPoolFunctor<GPUDevice, T> : GpuFunctorBase {
  public:
-  explicit SparseMaxPoolFunctor(tensorflow::OpKernelContext* ctx) : GpuFunctorBase(ctx, "SparseMaxPool") {}
+  SparseMaxPoolFunctor(tensorflow::OpKernelContext* ctx, const PoolFlags& flags)
+      : GpuFunctorBase(ctx, "SparseMaxPool"), flags_(flags) {}
 
   // The data checks run on the device, in the pass that orders the entries by window.
   absl::Status Count(const KeyLayout& in, const KeyLayout& out, const std::vector<int32_t>& strides,
@@ -23,19 +24,26 @@ class SparseMaxPoolFunctor<GPUDevice, T> : GpuFunctorBase {
     g.in = in;
     g.out = out;
     for (int j = 0; j < in.d; ++j) g.strides[j] = strides[j];
+    gpu::PoolOptions options;
+    options.check = !flags_.inputs_checked;
+    options.padded_input = flags_.padded_input;
+    // Checked inputs into a padded output: nothing to read back, so no wait.
+    options.read_back = options.check || !flags_.padded_output;
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(pool_.Count(stream_, &scratch_, g, keys, values, n, &report)));
+    TF_RETURN_IF_ERROR(ToStatus(pool_.Count(stream_, &scratch_, g, keys, values, n, options, &report)));
+    if (!options.read_back) return absl::OkStatus();
     TF_RETURN_IF_ERROR(EntryReportStatus(report, gpu::kPoolKeys, gpu::kPoolNaN, in.num_keys(), "max_pool input",
                                          "max_pool input values"));
     *count = report.count;
     return absl::OkStatus();
   }
 
-  absl::Status Write(int64_t* out_keys, T* out_values, int64_t* argmax) {
-    return ToStatus(pool_.Write(stream_, out_keys, out_values, argmax));
+  absl::Status Write(int64_t* out_keys, T* out_values, int64_t* argmax, int64_t capacity) {
+    return ToStatus(pool_.Write(stream_, out_keys, out_values, argmax, flags_.padded_output ? capacity : 0));
   }
 
  private:
+  const PoolFlags flags_;
   gpu::SparseMaxPoolGpu<T> pool_;
 };
 

@@ -15,9 +15,10 @@ template <typename T>
 class SparseReluGpu {
  public:
   // Checks keys (kReluKeys) and values (kReluNaN); report->count = entries with value > 0.
-  // Blocks until the report is on the host.
+  // padded: the keys may end in padding, which is not kept. Blocks until the report is on
+  // the host.
   GpuStatus Count(Stream stream, Scratch* scratch, const KeyLayout& layout, const int64_t* keys,
-                  const T* values, int64_t n, Report* report);
+                  const T* values, int64_t n, bool padded, Report* report);
   // Writes the report->count kept entries and their input positions.
   GpuStatus Write(Stream stream, int64_t* out_keys, T* out_values, int64_t* kept) const;
 

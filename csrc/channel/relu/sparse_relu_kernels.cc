@@ -10,7 +10,7 @@ class SparseReluFunctor<CPUDevice, T> {
   explicit SparseReluFunctor(tensorflow::OpKernelContext*) {}
 
   absl::Status Count(const KeyLayout& layout, const int64_t* keys, const T* values, int64_t n,
-                     int64_t* count) {
+                     bool /*padded: the op hands over the live prefix*/, int64_t* count) {
     TF_RETURN_IF_ERROR(ValidateKeys(keys, n, layout, "relu input"));
     TF_RETURN_IF_ERROR(RejectNaN(values, n, "relu input values"));
     keys_ = keys;

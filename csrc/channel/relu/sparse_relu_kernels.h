@@ -5,6 +5,7 @@
 #define TF_SPARSECONV_CHANNEL_RELU_SPARSE_RELU_KERNELS_H_
 
 #include <cstdint>
+#include <type_traits>
 
 #include "channel/channel_sparse.h"
 #include "common/device.h"
@@ -16,7 +17,9 @@ namespace tf_sparseconv {
 // The functor's contract, specialised per device:
 //   explicit SparseReluFunctor(OpKernelContext* ctx);
 //   absl::Status Count(const KeyLayout& layout, const int64_t* keys, const T* values,
-//                      int64_t n, int64_t* count);
+//                      int64_t n, bool padded, int64_t* count);
+//     (padded, the op's padded_input: the GPU's checks accept a padded tail and its count
+//     skips it; the CPU gets the live prefix.)
 //     The data checks, keys sorted, unique and in range ("relu input", ValidateKeys) and
 //     values free of NaN ("relu input values", RejectNaN), then *count = the entries with
 //     value > 0. The CPU checks on the host; the GPU on the device, its results read back
@@ -30,7 +33,9 @@ class SparseReluFunctor;
 template <typename Device, typename T>
 class SparseReluOp : public GuardedOpKernel {
  public:
-  explicit SparseReluOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "sparse_relu") {}
+  explicit SparseReluOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "sparse_relu") {
+    AttrsOk(ctx->GetAttr("padded_input", &padded_));
+  }
 
  private:
   void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
@@ -40,10 +45,13 @@ class SparseReluOp : public GuardedOpKernel {
     const Tensor& values = ctx->input(1);
     KeyLayout L;
     OP_REQUIRES_OK(ctx, CheckSparseTensor(keys, values, ctx->input(2), "relu input", &L));
+    int64_t n = keys.NumElements();
+    if (std::is_same<Device, CPUDevice>::value) {  // the GPU's kernels skip the padding themselves
+      OP_REQUIRES_OK(ctx, EntriesToRead(keys.flat<int64_t>().data(), n, padded_, "relu input", &n));
+    }
     SparseReluFunctor<Device, T> relu(ctx);
     int64_t m = 0;
-    OP_REQUIRES_OK(ctx, relu.Count(L, keys.flat<int64_t>().data(), values.flat<T>().data(),
-                                   keys.NumElements(), &m));
+    OP_REQUIRES_OK(ctx, relu.Count(L, keys.flat<int64_t>().data(), values.flat<T>().data(), n, padded_, &m));
     Tensor *out_keys, *out_values, *kept;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &out_keys));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m}), &out_values));
@@ -51,6 +59,8 @@ class SparseReluOp : public GuardedOpKernel {
     OP_REQUIRES_OK(ctx, relu.Write(out_keys->flat<int64_t>().data(), out_values->flat<T>().data(),
                                    kept->flat<int64_t>().data()));
   }
+
+  bool padded_ = false;
 };
 
 }  // namespace tf_sparseconv

@@ -14,10 +14,10 @@ class SparseReluFunctor<GPUDevice, T> : GpuFunctorBase {
   explicit SparseReluFunctor(tensorflow::OpKernelContext* ctx) : GpuFunctorBase(ctx, "SparseRelu") {}
 
   // The data checks run on the device, in the pass that counts the kept entries.
-  absl::Status Count(const KeyLayout& layout, const int64_t* keys, const T* values, int64_t n,
+  absl::Status Count(const KeyLayout& layout, const int64_t* keys, const T* values, int64_t n, bool padded,
                      int64_t* count) {
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(relu_.Count(stream_, &scratch_, layout, keys, values, n, &report)));
+    TF_RETURN_IF_ERROR(ToStatus(relu_.Count(stream_, &scratch_, layout, keys, values, n, padded, &report)));
     TF_RETURN_IF_ERROR(
         EntryReportStatus(report, gpu::kReluKeys, gpu::kReluNaN, layout.num_keys(), "relu input", "relu input values"));
     *count = report.count;
