@@ -133,34 +133,6 @@ inline absl::Status ValidateKeys(const int64_t* keys, int64_t n,
   return absl::OkStatus();
 }
 
-// The live entries of keys that may end in padding (kPaddingKey, common/key_layout.h): the
-// position of the first padding key, found by binary search (a padding key sorts above
-// every valid key). Keys whose prefix is unsorted are refused by the checks that follow.
-inline int64_t LiveEntries(const int64_t* keys, int64_t n) {
-  return std::lower_bound(keys, keys + n, kPaddingKey) - keys;
-}
-
-// After the live prefix [0, live) of keys (checked as ever), only padding: a live key after
-// padding is an unsorted key.
-inline absl::Status ValidatePaddingTail(const int64_t* keys, int64_t n, int64_t live, const char* what) {
-  for (int64_t i = live; i < n; ++i) {
-    if (keys[i] != kPaddingKey) {
-      return tensorflow::errors::InvalidArgument(
-          what, " keys must be sorted (entry ", i, " = ", keys[i], " follows padding at entry ", live,
-          "); call tf_sparseconv.reorder()");
-    }
-  }
-  return absl::OkStatus();
-}
-
-// The entries a CPU kernel reads: all n, or, where the op was told its input may be padded
-// (padded_input), the live prefix, the tail checked to be padding only.
-inline absl::Status EntriesToRead(const int64_t* keys, int64_t n, bool padded_input, const char* what,
-                                  int64_t* live) {
-  *live = padded_input ? LiveEntries(keys, n) : n;
-  return ValidatePaddingTail(keys, n, *live, what);
-}
-
 inline absl::Status CheckKeysVector(const tensorflow::Tensor& keys, const char* what) {
   if (keys.dims() != 1) {
     return tensorflow::errors::InvalidArgument(what, " keys must be 1-D, got rank ",
@@ -213,6 +185,36 @@ absl::Status RejectNaN(const T* x, int64_t n, const char* what) {
   for (int64_t i = 0; i < n; ++i) {
     if (std::isnan(x[i])) return NaNError(what, i);
   }
+  return absl::OkStatus();
+}
+
+// ValidateKeys of keys that may end in padding (kPaddingKey, common/key_layout.h, after every
+// live key): the first entry that is out of range or not above its predecessor, padding
+// skipped, so a live key after padding is unsorted; the GPU's check (CheckSortedKeys with a
+// padded tail) finds the same entry.
+inline absl::Status ValidatePaddedKeys(const int64_t* keys, int64_t n, const KeyLayout& layout, const char* what) {
+  const int64_t limit = layout.num_keys();
+  for (int64_t i = 0; i < n; ++i) {
+    if (keys[i] == kPaddingKey) continue;
+    if (keys[i] < 0 || keys[i] >= limit || (i > 0 && keys[i] <= keys[i - 1])) {
+      return InvalidKeyError(what, i, keys[i], i > 0 ? keys[i - 1] : 0, limit);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The entries a CPU kernel reads: all n, or, where the op was told its input may be padded
+// (padded_input), the live prefix (*live, one binary search). A padded input is checked here
+// whole, in the GPU's order (keys, then NaN among the values, padding's included, where
+// values_what names them): the kernel's own checks of the prefix then pass.
+template <typename T>
+absl::Status EntriesToRead(const int64_t* keys, const T* values, int64_t n, bool padded_input,
+                           const KeyLayout& layout, const char* what, const char* values_what, int64_t* live) {
+  *live = n;
+  if (!padded_input) return absl::OkStatus();
+  TF_RETURN_IF_ERROR(ValidatePaddedKeys(keys, n, layout, what));
+  if (values_what != nullptr) TF_RETURN_IF_ERROR(RejectNaN(values, n, values_what));
+  *live = std::lower_bound(keys, keys + n, kPaddingKey) - keys;
   return absl::OkStatus();
 }
 

@@ -15,6 +15,7 @@ from tf_sparseconv._op_library import ops as raw_ops
 from tf_sparseconv.channel.tensor import PADDING_KEY
 from tf_sparseconv.checks import padded_by_library
 from tests.channel.helpers import random_filter, random_sparse_components
+from tests.device import assert_same_error
 
 SHAPE = [2, 6, 5, 4, 3]  # B, R1..R3, C
 
@@ -196,6 +197,31 @@ def test_padding_before_a_live_key_is_refused(rng, device, op):
                                    padded=True)
         with pytest.raises(tf.errors.InvalidArgumentError, match="sorted|out of range"):
             _values_and_grads(fn, x)
+
+
+@pytest.mark.parametrize("op", ["conv", "relu", "pool", "validate"])
+def test_nan_in_a_padding_value_is_refused_on_either_device(rng, device, op):
+    keys, values, dense_shape = _case(rng)
+    fn = _ops(rng, np.float64)[op]
+    with tf.device(device):
+        x = ts.ChannelSparseTensor(tf.constant(np.concatenate([keys, np.full(3, PADDING_KEY, np.int64)])),
+                                   tf.constant(np.concatenate([values, [0.0, np.nan, 0.0]])),
+                                   tf.constant(dense_shape), padded=True)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"NaN at position {len(keys) + 1}"):
+            _values_and_grads(fn, x)
+
+
+def test_padding_before_a_live_key_gets_one_message_on_both_devices(rng, gpu):
+    keys, values, dense_shape = _case(rng)
+    bad_keys = np.concatenate([keys[:3], [PADDING_KEY], keys[3:]])
+    bad_values = np.concatenate([values[:3], [0.0], values[3:]])
+
+    def pool():
+        x = ts.ChannelSparseTensor(tf.constant(bad_keys), tf.constant(bad_values), tf.constant(dense_shape),
+                                   padded=True)
+        ts.sparse_max_pool(x, 2)
+
+    assert_same_error(pool, "must be sorted")
 
 
 def test_the_keras_pooling_layer_auto_pads_inside_a_traced_model_only(rng):

@@ -75,11 +75,12 @@ class DenseToChannelSparseFunctor;
 // The entries the functor reads: on the GPU all of them (its checks accept a padded tail and
 // its kernels skip it); on the CPU, where the input may be padded, the live prefix, the tail
 // checked to be padding only.
-template <typename Device>
-absl::Status EntriesToCheck(const tensorflow::Tensor& keys, bool padded, const char* what, int64_t* n) {
+template <typename Device, typename T>
+absl::Status EntriesToCheck(const tensorflow::Tensor& keys, const T* values, bool padded, const KeyLayout& L,
+                            const char* what, const char* values_what, int64_t* n) {
   *n = keys.NumElements();
   if (!std::is_same<Device, CPUDevice>::value) return absl::OkStatus();
-  return EntriesToRead(keys.flat<int64_t>().data(), *n, padded, what, n);
+  return EntriesToRead(keys.flat<int64_t>().data(), values, *n, padded, L, what, values_what, n);
 }
 
 template <typename Device, typename T>
@@ -95,7 +96,8 @@ class ChannelSparseValidateOp : public GuardedOpKernel {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, CheckSparseTensor(ctx->input(0), ctx->input(1), ctx->input(2), "channel-sparse", &L));
     int64_t n = 0;
-    OP_REQUIRES_OK(ctx, (EntriesToCheck<Device>(ctx->input(0), padded_, "channel-sparse", &n)));
+    OP_REQUIRES_OK(ctx, (EntriesToCheck<Device, T>(ctx->input(0), ctx->input(1).flat<T>().data(), padded_, L,
+                                                   "channel-sparse", "values", &n)));
     OP_REQUIRES_OK(ctx, ValidateFunctor<Device, T>(ctx)(L, ctx->input(0).flat<int64_t>().data(),
                                                         ctx->input(1).flat<T>().data(), n, padded_));
     ctx->set_output(0, ctx->input(0));
@@ -183,7 +185,7 @@ class ChannelSparseToDenseOp : public GuardedOpKernel {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, CheckSparseTensor(ctx->input(0), ctx->input(1), ctx->input(2), "to_dense", &L));
     int64_t n = 0;
-    OP_REQUIRES_OK(ctx, (EntriesToCheck<Device>(ctx->input(0), padded_, "to_dense", &n)));
+    OP_REQUIRES_OK(ctx, (EntriesToCheck<Device, T>(ctx->input(0), nullptr, padded_, L, "to_dense", nullptr, &n)));
     tensorflow::TensorShape shape;
     OP_REQUIRES_OK(ctx, tensorflow::TensorShape::BuildTensorShape(ctx->input(2).flat<int64_t>(), &shape));
     tensorflow::Tensor* dense;
@@ -213,7 +215,8 @@ class ChannelSparseGatherDenseOp : public GuardedOpKernel {
     OP_REQUIRES_OK(ctx, CheckKeysVector(ctx->input(0), "gather_dense"));
     const int64_t capacity = ctx->input(0).NumElements();
     int64_t n = 0;
-    OP_REQUIRES_OK(ctx, (EntriesToCheck<Device>(ctx->input(0), padded_, "gather_dense", &n)));
+    OP_REQUIRES_OK(ctx,
+                   (EntriesToCheck<Device, T>(ctx->input(0), nullptr, padded_, L, "gather_dense", nullptr, &n)));
     tensorflow::Tensor* values;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({capacity}), &values));
     T* out = values->flat<T>().data();

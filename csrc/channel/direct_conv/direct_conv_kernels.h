@@ -97,7 +97,8 @@ absl::Status CheckConvTensors(tensorflow::OpKernelContext* ctx, bool padded_inpu
   in->n = in->capacity;
   in->padded = padded_input;
   if (std::is_same<Device, CPUDevice>::value) {
-    TF_RETURN_IF_ERROR(EntriesToRead(in->keys, in->capacity, padded_input, "input", &in->n));
+    TF_RETURN_IF_ERROR(EntriesToRead(in->keys, in->values, in->capacity, padded_input, in->layout, "input",
+                                     "input values", &in->n));
   }
   in->filter = filter.flat<T>().data();
   in->filter_size = filter.NumElements();

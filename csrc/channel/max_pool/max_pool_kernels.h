@@ -73,7 +73,8 @@ class SparseMaxPoolOp : public GuardedOpKernel {
     // A padded output's length: at most one entry per input entry and per output cell.
     const int64_t capacity = std::min(n, out.num_keys());
     if (std::is_same<Device, CPUDevice>::value) {  // the GPU's kernels skip the padding themselves
-      OP_REQUIRES_OK(ctx, EntriesToRead(keys.flat<int64_t>().data(), n, flags_.padded_input, "max_pool input", &n));
+      OP_REQUIRES_OK(ctx, EntriesToRead(keys.flat<int64_t>().data(), values.flat<T>().data(), n, flags_.padded_input,
+                                        in, "max_pool input", "max_pool input values", &n));
     }
     int64_t m = 0;
     OP_REQUIRES_OK(ctx, pool.Count(in, out, strides_, keys.flat<int64_t>().data(), values.flat<T>().data(), n, &m));

@@ -47,7 +47,8 @@ class SparseReluOp : public GuardedOpKernel {
     OP_REQUIRES_OK(ctx, CheckSparseTensor(keys, values, ctx->input(2), "relu input", &L));
     int64_t n = keys.NumElements();
     if (std::is_same<Device, CPUDevice>::value) {  // the GPU's kernels skip the padding themselves
-      OP_REQUIRES_OK(ctx, EntriesToRead(keys.flat<int64_t>().data(), n, padded_, "relu input", &n));
+      OP_REQUIRES_OK(ctx, EntriesToRead(keys.flat<int64_t>().data(), values.flat<T>().data(), n, padded_, L,
+                                        "relu input", "relu input values", &n));
     }
     SparseReluFunctor<Device, T> relu(ctx);
     int64_t m = 0;
