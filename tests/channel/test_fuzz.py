@@ -478,11 +478,11 @@ def public_activation(inputs):
     return None if inputs.get("activation", "none") == "none" else inputs["activation"]
 
 
-def run_public_conv(inputs):
+def run_public_conv(inputs, make_tensor=tensor_of):
     w, mask, bias = constants(inputs, "filter", "mask", "bias")
     k, rho_up = inputs["k"].tolist(), inputs["rho_up"].tolist()
     y, touched, positive = ts.direct_conv(
-        tensor_of(inputs), w, bias, mask, selection=inputs["selection"], k=None if k == 0 else k,
+        make_tensor(inputs), w, bias, mask, selection=inputs["selection"], k=None if k == 0 else k,
         rho_up=None if rho_up == 0 else rho_up, dataflow=inputs["dataflow"],
         temp_limit_bytes=inputs["temp_limit_bytes"].tolist(), activation=public_activation(inputs),
         return_counts=True)
@@ -627,6 +627,86 @@ def ref_tensor(inputs):
     return keys, values, dense_shape
 
 
+# --- padded inputs (issue 24): a tensor made by a library op may end in padding ---------------------
+
+PADDING_KEY = 2 ** 63 - 1
+
+
+def with_padding(inputs):
+    """inputs with 1 to 4 padding entries (key PADDING_KEY, value 0) after the (mutated) entries,
+    where keys and values are vectors of one length; as they are otherwise."""
+    keys, values = np.asarray(inputs["keys"]), np.asarray(inputs["values"])
+    if keys.ndim != 1 or values.ndim != 1 or len(keys) != len(values) or keys.dtype != np.int64:
+        return inputs
+    pad = 1 + len(keys) % 4
+    return dict(inputs, keys=np.concatenate([keys, np.full(pad, PADDING_KEY, np.int64)]),
+                values=np.concatenate([values, np.zeros(pad, values.dtype)]))
+
+
+def padded_tensor_of(inputs):
+    keys, values, dense_shape = (tf.constant(inputs[n]) for n in ("keys", "values", "dense_shape"))
+    return ts.ChannelSparseTensor(keys, values, dense_shape, padded=True)
+
+
+def live_part(reference, values_checked):
+    """The reference of an op on a padded input: the op reads the entries before the padding
+    (a mutation may have made the last keys padding too); where it checks values for NaN, it
+    checks the padding's as well."""
+    def ref(inputs):
+        keys, values = np.asarray(inputs["keys"]), np.asarray(inputs["values"])
+        if keys.ndim == 1 and values.ndim == 1 and len(keys) == len(values) and keys.dtype == np.int64:
+            live = len(keys)
+            while live > 0 and keys[live - 1] == PADDING_KEY:
+                live -= 1
+            if values_checked:
+                check_no_nan(values[live:], "values")
+            inputs = dict(inputs, keys=keys[:live], values=values[:live])
+        return reference(inputs)
+    return ref
+
+
+def run_padded(fn):
+    """fn's result on a padded copy of the inputs, its padding dropped."""
+    def run(inputs):
+        return fn(padded_tensor_of(with_padding(inputs)), inputs)
+    return run
+
+
+def run_padded_pool_gradient(inputs):
+    padded = with_padding(inputs)
+    x = padded_tensor_of(padded)
+    with tf.GradientTape() as tape:
+        tape.watch(x.values)
+        y = ts.sparse_max_pool(x, inputs["strides"].tolist(), padded_output=True).without_padding()
+        loss = tf.reduce_sum(y.values * loss_weights(y))
+    grad = tape.gradient(loss, x.values).numpy()
+    live = len(grad) - (len(padded["keys"]) - len(inputs["keys"]))
+    assert not np.any(grad[live:]), "a gradient at the padding"
+    return grad[:live]
+
+
+PADDED_TARGETS = [
+    Target("validate (padded)", random_sparse, run_padded(lambda x, i: parts(ts.validate(x).without_padding())[:2]),
+           live_part(ref_validate, True), assert_equal, TENSOR),
+    Target("to_dense (padded)", random_sparse, run_padded(lambda x, i: ts.to_dense(x).numpy()),
+           live_part(ref_to_dense, False), assert_equal, TENSOR + ("to_dense",)),
+    Target("sparse_relu (padded)", random_sparse, run_padded(lambda x, i: parts(ts.sparse_relu(x))[:2]),
+           live_part(lambda i: ref_relu(i)[:2], True), assert_equal, TENSOR + ("relu",), subnormals_flushed=True),
+    Target("sparse_max_pool (padded in and out)", make_pool,
+           run_padded(lambda x, i: parts(ts.sparse_max_pool(x, i["strides"].tolist(),
+                                                            padded_output=True).without_padding())),
+           live_part(lambda i: ref_max_pool(i, public=True)[:3], True), assert_equal,
+           TENSOR + ("strides", "max_pool"), subnormals_flushed=True),
+    Target("sparse_max_pool gradient (padded in and out)", make_pool, run_padded_pool_gradient,
+           live_part(ref_pool_gradient, True), assert_equal, TENSOR + ("strides", "max_pool"),
+           subnormals_flushed=True),
+    Target("direct_conv (padded)", make_conv, lambda i: run_public_conv(with_padding(i), padded_tensor_of),
+           live_part(ref_direct_conv, True), compare_conv,
+           TENSOR + ("filter", "bias", "k", "rho_up", "temp_limit_bytes", "kernel", "selection", "output"),
+           mutable=CONV_MUTABLE, subnormals_flushed=True),
+]
+
+
 TARGETS = [
     # raw ops
     Target("ChannelSparseValidate", random_sparse,
@@ -703,6 +783,6 @@ TARGETS = [
 ]
 
 
-@pytest.mark.parametrize("target", TARGETS, ids=repr)
+@pytest.mark.parametrize("target", TARGETS + PADDED_TARGETS, ids=repr)
 def test_fuzz(target, device, fuzz_examples):
     run_fuzz(target, device, fuzz_examples)
