@@ -13,7 +13,7 @@ using ::tensorflow::OpKernelContext;
 template <typename T>
 struct ValidateFunctor<CPUDevice, T> {
   explicit ValidateFunctor(OpKernelContext*) {}
-  // padded: unused; the op hands over the live prefix, its tail checked
+  // padded: unused; the op hands over the live prefix, the whole input checked (EntriesToRead)
   absl::Status operator()(const KeyLayout& L, const int64_t* keys, const T* values, int64_t n, bool /*padded*/) {
     TF_RETURN_IF_ERROR(ValidateKeys(keys, n, L, "channel-sparse"));
     return RejectNaN(values, n, "values");

@@ -73,8 +73,8 @@ template <typename Device, typename T>
 class DenseToChannelSparseFunctor;
 
 // The entries the functor reads: on the GPU all of them (its checks accept a padded tail and
-// its kernels skip it); on the CPU, where the input may be padded, the live prefix, the tail
-// checked to be padding only.
+// its kernels skip it); on the CPU, where the input may be padded, the live prefix, the whole
+// input checked first (EntriesToRead, channel_sparse.h).
 template <typename Device, typename T>
 absl::Status EntriesToCheck(const tensorflow::Tensor& keys, const T* values, bool padded, const KeyLayout& L,
                             const char* what, const char* values_what, int64_t* n) {
