@@ -680,7 +680,7 @@ def run_padded_pool_gradient(inputs):
         y = ts.sparse_max_pool(x, inputs["strides"].tolist(), padded_output=True).without_padding()
         loss = tf.reduce_sum(y.values * loss_weights(y))
     grad = tape.gradient(loss, x.values).numpy()
-    live = len(grad) - (len(padded["keys"]) - len(inputs["keys"]))
+    live = int(np.searchsorted(padded["keys"], PADDING_KEY))  # a mutated last key may be padding too
     assert not np.any(grad[live:]), "a gradient at the padding"
     return grad[:live]
 
