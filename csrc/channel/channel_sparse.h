@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/device.h"
 #include "common/key_layout.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/platform/errors.h"
@@ -203,15 +205,16 @@ inline absl::Status ValidatePaddedKeys(const int64_t* keys, int64_t n, const Key
   return absl::OkStatus();
 }
 
-// The entries a CPU kernel reads: all n, or, where the op was told its input may be padded
-// (padded_input), the live prefix (*live, one binary search). A padded input is checked here
+// The entries an op's functor reads (*live): on the GPU all n (its checks accept a padded tail
+// and its kernels skip it); on the CPU all n, or, where the op was told its input may be padded
+// (padded_input), the live prefix (one binary search). There a padded input is checked here
 // whole, in the GPU's order (keys, then NaN among the values, padding's included, where
-// values_what names them): the kernel's own checks of the prefix then pass.
-template <typename T>
+// values_what names them): the functor's own checks of the prefix then pass.
+template <typename Device, typename T>
 absl::Status EntriesToRead(const int64_t* keys, const T* values, int64_t n, bool padded_input,
                            const KeyLayout& layout, const char* what, const char* values_what, int64_t* live) {
   *live = n;
-  if (!padded_input) return absl::OkStatus();
+  if (!padded_input || !std::is_same<Device, CPUDevice>::value) return absl::OkStatus();
   TF_RETURN_IF_ERROR(ValidatePaddedKeys(keys, n, layout, what));
   if (values_what != nullptr) TF_RETURN_IF_ERROR(RejectNaN(values, n, values_what));
   *live = std::lower_bound(keys, keys + n, kPaddingKey) - keys;

@@ -15,9 +15,8 @@ def sparse_max_pool(x, strides, padded_output=False):
     The gradient flows to the arg-max entry of each window (ties: the smaller key).
     padded_output: the result has as many entries as x (at most one per output cell), its
     live entries followed by padding (ChannelSparseTensor.padded): a size known before the
-    op runs, so that on the
-    GPU, for keys a library op made in the same traced graph, the op queues its work
-    without waiting for the device.
+    op runs, so that on the GPU, for keys a library op made in the same traced graph, the op
+    queues its work without waiting for the device.
     """
     if not isinstance(x, ChannelSparseTensor):
         raise TypeError(f"sparse_max_pool expects a ChannelSparseTensor, got {type(x).__name__}")

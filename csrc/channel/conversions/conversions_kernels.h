@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "channel/channel_sparse.h"
 #include "common/device.h"
@@ -29,7 +28,7 @@ namespace tf_sparseconv {
 //                           bool padded);
 //   keys sorted, unique and in range ("channel-sparse", ValidateKeys), then no NaN ("values");
 //   padded (the op's padded_input): the GPU's check accepts a padded tail (the CPU's gets the
-//   live prefix, EntriesToCheck).
+//   live prefix, EntriesToRead).
 template <typename Device, typename T>
 struct ValidateFunctor;
 
@@ -72,17 +71,6 @@ struct GatherDenseFunctor;
 template <typename Device, typename T>
 class DenseToChannelSparseFunctor;
 
-// The entries the functor reads: on the GPU all of them (its checks accept a padded tail and
-// its kernels skip it); on the CPU, where the input may be padded, the live prefix, the whole
-// input checked first (EntriesToRead, channel_sparse.h).
-template <typename Device, typename T>
-absl::Status EntriesToCheck(const tensorflow::Tensor& keys, const T* values, bool padded, const KeyLayout& L,
-                            const char* what, const char* values_what, int64_t* n) {
-  *n = keys.NumElements();
-  if (!std::is_same<Device, CPUDevice>::value) return absl::OkStatus();
-  return EntriesToRead(keys.flat<int64_t>().data(), values, *n, padded, L, what, values_what, n);
-}
-
 template <typename Device, typename T>
 class ChannelSparseValidateOp : public GuardedOpKernel {
  public:
@@ -96,8 +84,9 @@ class ChannelSparseValidateOp : public GuardedOpKernel {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, CheckSparseTensor(ctx->input(0), ctx->input(1), ctx->input(2), "channel-sparse", &L));
     int64_t n = 0;
-    OP_REQUIRES_OK(ctx, (EntriesToCheck<Device, T>(ctx->input(0), ctx->input(1).flat<T>().data(), padded_, L,
-                                                   "channel-sparse", "values", &n)));
+    OP_REQUIRES_OK(ctx, (EntriesToRead<Device, T>(ctx->input(0).flat<int64_t>().data(), ctx->input(1).flat<T>().data(),
+                                                  ctx->input(0).NumElements(), padded_, L, "channel-sparse", "values",
+                                                  &n)));
     OP_REQUIRES_OK(ctx, ValidateFunctor<Device, T>(ctx)(L, ctx->input(0).flat<int64_t>().data(),
                                                         ctx->input(1).flat<T>().data(), n, padded_));
     ctx->set_output(0, ctx->input(0));
@@ -185,7 +174,8 @@ class ChannelSparseToDenseOp : public GuardedOpKernel {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, CheckSparseTensor(ctx->input(0), ctx->input(1), ctx->input(2), "to_dense", &L));
     int64_t n = 0;
-    OP_REQUIRES_OK(ctx, (EntriesToCheck<Device, T>(ctx->input(0), nullptr, padded_, L, "to_dense", nullptr, &n)));
+    OP_REQUIRES_OK(ctx, (EntriesToRead<Device, T>(ctx->input(0).flat<int64_t>().data(), nullptr,
+                                                  ctx->input(0).NumElements(), padded_, L, "to_dense", nullptr, &n)));
     tensorflow::TensorShape shape;
     OP_REQUIRES_OK(ctx, tensorflow::TensorShape::BuildTensorShape(ctx->input(2).flat<int64_t>(), &shape));
     tensorflow::Tensor* dense;
@@ -215,8 +205,8 @@ class ChannelSparseGatherDenseOp : public GuardedOpKernel {
     OP_REQUIRES_OK(ctx, CheckKeysVector(ctx->input(0), "gather_dense"));
     const int64_t capacity = ctx->input(0).NumElements();
     int64_t n = 0;
-    OP_REQUIRES_OK(ctx,
-                   (EntriesToCheck<Device, T>(ctx->input(0), nullptr, padded_, L, "gather_dense", nullptr, &n)));
+    OP_REQUIRES_OK(ctx, (EntriesToRead<Device, T>(ctx->input(0).flat<int64_t>().data(), nullptr, capacity, padded_, L,
+                                                  "gather_dense", nullptr, &n)));
     tensorflow::Tensor* values;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({capacity}), &values));
     T* out = values->flat<T>().data();

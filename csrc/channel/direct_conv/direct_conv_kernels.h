@@ -78,8 +78,8 @@ template <typename Device, typename T>
 class DirectSparseConvBackpropFunctor;
 
 // Inputs 0-4 (keys, values, dense_shape, filter, filter_mask) of both ops. A padded input
-// (padded_input): on the CPU, n is its live prefix, the tail checked to be padding; on the
-// GPU, n is its length, and the kernels skip the padding.
+// (padded_input): on the CPU, n is its live prefix, the whole input checked first; on the
+// GPU, n is its length, and the kernels skip the padding (EntriesToRead).
 template <typename Device, typename T>
 absl::Status CheckConvTensors(tensorflow::OpKernelContext* ctx, bool padded_input, ConvTensors<T>* in) {
   const tensorflow::Tensor& keys = ctx->input(0);
@@ -96,10 +96,8 @@ absl::Status CheckConvTensors(tensorflow::OpKernelContext* ctx, bool padded_inpu
   in->capacity = keys.NumElements();
   in->n = in->capacity;
   in->padded = padded_input;
-  if (std::is_same<Device, CPUDevice>::value) {
-    TF_RETURN_IF_ERROR(EntriesToRead(in->keys, in->values, in->capacity, padded_input, in->layout, "input",
-                                     "input values", &in->n));
-  }
+  TF_RETURN_IF_ERROR((EntriesToRead<Device, T>(in->keys, in->values, in->capacity, padded_input, in->layout, "input",
+                                                "input values", &in->n)));
   in->filter = filter.flat<T>().data();
   in->filter_size = filter.NumElements();
   in->mask = mask.flat<bool>().data();

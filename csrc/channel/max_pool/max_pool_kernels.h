@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "channel/channel_sparse.h"
@@ -72,10 +71,9 @@ class SparseMaxPoolOp : public GuardedOpKernel {
     int64_t n = keys.NumElements();
     // A padded output's length: at most one entry per input entry and per output cell.
     const int64_t capacity = std::min(n, out.num_keys());
-    if (std::is_same<Device, CPUDevice>::value) {  // the GPU's kernels skip the padding themselves
-      OP_REQUIRES_OK(ctx, EntriesToRead(keys.flat<int64_t>().data(), values.flat<T>().data(), n, flags_.padded_input,
-                                        in, "max_pool input", "max_pool input values", &n));
-    }
+    OP_REQUIRES_OK(ctx, (EntriesToRead<Device, T>(keys.flat<int64_t>().data(), values.flat<T>().data(), n,
+                                                  flags_.padded_input, in, "max_pool input", "max_pool input values",
+                                                  &n)));
     int64_t m = 0;
     OP_REQUIRES_OK(ctx, pool.Count(in, out, strides_, keys.flat<int64_t>().data(), values.flat<T>().data(), n, &m));
     if (flags_.padded_output) m = capacity;

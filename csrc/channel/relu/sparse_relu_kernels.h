@@ -5,7 +5,6 @@
 #define TF_SPARSECONV_CHANNEL_RELU_SPARSE_RELU_KERNELS_H_
 
 #include <cstdint>
-#include <type_traits>
 
 #include "channel/channel_sparse.h"
 #include "common/device.h"
@@ -46,10 +45,8 @@ class SparseReluOp : public GuardedOpKernel {
     KeyLayout L;
     OP_REQUIRES_OK(ctx, CheckSparseTensor(keys, values, ctx->input(2), "relu input", &L));
     int64_t n = keys.NumElements();
-    if (std::is_same<Device, CPUDevice>::value) {  // the GPU's kernels skip the padding themselves
-      OP_REQUIRES_OK(ctx, EntriesToRead(keys.flat<int64_t>().data(), values.flat<T>().data(), n, padded_, L,
-                                        "relu input", "relu input values", &n));
-    }
+    OP_REQUIRES_OK(ctx, (EntriesToRead<Device, T>(keys.flat<int64_t>().data(), values.flat<T>().data(), n, padded_,
+                                                  L, "relu input", "relu input values", &n)));
     SparseReluFunctor<Device, T> relu(ctx);
     int64_t m = 0;
     OP_REQUIRES_OK(ctx, relu.Count(L, keys.flat<int64_t>().data(), values.flat<T>().data(), n, padded_, &m));
