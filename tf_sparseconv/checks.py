@@ -58,7 +58,8 @@ def made_by_library(keys, dense_shape):
 
 
 # Ops of the library whose keys output may end in padding, and the attribute that says so.
-_PADDING_SOURCES = {"SparseMaxPool": "padded_output", "ChannelSparseValidate": "padded_input"}
+_PADDING_SOURCES = {"SparseMaxPool": "padded_output", "ChannelSparseValidate": "padded_input",
+                    "DirectSparseConv": "padded_output"}
 
 
 def padded_by_library(keys):

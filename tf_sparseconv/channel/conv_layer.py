@@ -52,13 +52,18 @@ class DirectSparseConv(SparseLayer):
       dataflow: 'auto', 'sort' or 'dense', how the op forms the touched set (direct_conv).
       temp_limit_bytes: a cap on the GPU sort's contribution buffers (None: no cap).
       accumulator: 0.1's name of dataflow ('merge' is 'sort'), deprecated.
+      padded_output: False (the output holds its live entries only), True (a length known
+        before the op runs, the live entries then padding: on the GPU no wait for the device
+        after a library op; the data checks are read where SparseToDense ends the sparse
+        part; see direct_conv) or "auto" (padded inside a traced function, as in fit,
+        evaluate and predict).
     Metrics: `<name>_density`, the output density (entries / (B * R1*...*Rd * filters)).
     """
 
     def __init__(self, filters, kernel_size=3, rho_up=None, k=None, selection=None, activation=None,
                  use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
                  kernel_regularizer=None, bias_regularizer=None, density_regularizer=None,
-                 dataflow="auto", temp_limit_bytes=None, accumulator=None, **kwargs):
+                 dataflow="auto", temp_limit_bytes=None, accumulator=None, padded_output=False, **kwargs):
         super().__init__(**kwargs)
         what = self.name
         if rho_up is not None and k is not None:
@@ -83,6 +88,9 @@ class DirectSparseConv(SparseLayer):
             self.temp_limit_bytes = None if temp_limit_bytes is None else check_temp_limit(temp_limit_bytes)
         except ValueError as e:
             raise ValueError(f"{what}: {e}") from None
+        if padded_output not in ("auto", True, False):
+            raise ValueError(f"{what}: padded_output must be 'auto', True or False, got {padded_output!r}")
+        self.padded_output = padded_output
         self.filters = whole(filters, "filters", what)
         # Odd sizes >= 1 ('same' padding centres the kernel); their count is checked in build.
         sizes = whole_or_wholes(kernel_size, "kernel_size", what)
@@ -158,7 +166,8 @@ class DirectSparseConv(SparseLayer):
         y, touched, positive = direct_conv(
             x, self.kernel, self.bias, tf.cast(self.mask, tf.bool), selection=self.selection,
             k=self.k, rho_up=self.rho_up, dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes,
-            activation=self.activation, return_counts=True)  # the ReLU fused into the op
+            activation=self.activation, return_counts=True,  # the ReLU fused into the op
+            padded_output=tf.inside_function() if self.padded_output == "auto" else self.padded_output)
         cells = tf.cast(tf.reduce_prod(y.dense_shape), tf.float32)
         self.density_metric.update_state(tf.cast(y.live_entries, tf.float32) / cells)
         if self.density_regularizer is not None and self.density_regularization_on and training:
@@ -188,5 +197,5 @@ class DirectSparseConv(SparseLayer):
             bias_regularizer=keras.regularizers.serialize(self.bias_regularizer),
             density_regularizer=None if self.density_regularizer is None
             else keras.saving.serialize_keras_object(self.density_regularizer),
-            dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes)
+            dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes, padded_output=self.padded_output)
         return config

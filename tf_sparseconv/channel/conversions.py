@@ -3,6 +3,7 @@ key (de)compression and validation, with gradients."""
 import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
+from tf_sparseconv.channel.direct_conv import check_conv_statuses
 from tf_sparseconv.channel.tensor import ChannelSparseTensor, make_channel_sparse
 from tf_sparseconv.checks import check_every_op, made_by_library
 from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor, same_vector
@@ -28,11 +29,15 @@ def from_dense(dense, non_finite="raise"):
 
 def to_dense(x):
     """The dense [B, R1..Rd, C] tensor, zeros where x has no entry. Keys that one of the
-    library's ops made in the same traced graph are not checked again (on the GPU: no wait)."""
+    library's ops made in the same traced graph are not checked again (on the GPU: no wait);
+    the data checks of the padded convolutions upstream (direct_conv's padded_output) are
+    read here, in one op."""
     _check(x)
     trusted = not check_every_op() and made_by_library(x.keys, x.dense_shape)
     dense = _ops.channel_sparse_to_dense(x.keys, x.values, x.dense_shape, inputs_checked=trusted,
                                          padded_input=x.padded)
+    # The sparse part ends here: the data checks of padded convolutions upstream are read.
+    dense = check_conv_statuses(dense, x.keys)
     if x.shape.rank is not None:
         dense = tf.ensure_shape(dense, x.shape)
     return dense

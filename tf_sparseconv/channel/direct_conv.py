@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
-from tf_sparseconv.checks import check_every_op
+from tf_sparseconv.checks import check_every_op, made_by_library
 from tf_sparseconv.inputs import float_attr, int_attr, refuse_complex
 
 SELECTION_MODES = ("none", "signed", "abs")
@@ -57,7 +57,7 @@ def k_from_rho_up(rho_up, spatial_shape):
 
 def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=None,
                 rho_up=None, dataflow="auto", temp_limit_bytes=None, accumulator=None, activation=None,
-                return_counts=False):
+                return_counts=False, padded_output=False):
     """Convolves a ChannelSparseTensor [B, R..., Cin] with a [K..., Cin, Cout] filter.
 
     Stride 1, 'same' zero padding, odd kernel sizes, cross-correlation as in
@@ -73,6 +73,13 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     `accumulator` is 0.1's name of the choice ('merge' is 'sort'), deprecated.
     `activation` 'relu' is sparse_relu fused into the op: the same output as
     sparse_relu(direct_conv(...)) without a second op (on the GPU, without its wait).
+    `padded_output` True: the result's length is known before the op runs (with selection
+    B * Cout * min(k, S), capped by the input's length times the present weights of an input
+    channel), its live entries followed by padding (ChannelSparseTensor.padded). On the GPU,
+    with keys that one of the library's ops made in the same traced graph, the op then does
+    not wait for the device; its data checks (NaN in values, filter or bias, or before the
+    fused ReLU) are read by `to_dense` where the sparse part ends, as one InvalidArgument
+    naming the convolution. A result that never reaches `to_dense` is not checked then.
 
     Returns a ChannelSparseTensor [B, R..., Cout]; with return_counts also two [B, Cout]
     int64 tensors measured before k-selection: the support size (touched entries) and the
@@ -94,23 +101,63 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     refuse_complex(bias, "bias", "direct_conv")
     if filter_mask is None:
         filter_mask = tf.ones_like(filters, dtype=tf.bool)
-    keys, values, dense_shape, touched, positive = _ops.direct_sparse_conv(
+    trusted = not check_every_op() and made_by_library(x.keys, x.dense_shape)
+    keys, values, dense_shape, touched, positive, _status = _ops.direct_sparse_conv(
         in_keys=x.keys, in_values=x.values, dense_shape=x.dense_shape, filter=filters,
         filter_mask=tf.cast(filter_mask, tf.bool), bias=tf.convert_to_tensor(bias, dtype=x.dtype),
         selection=selection, k=0 if k is None else int_attr(k, "k", "direct_conv"),
         rho_up=0.0 if rho_up is None else float_attr(rho_up, "rho_up", "direct_conv"), dataflow=dataflow,
-        temp_limit_bytes=temp_limit_bytes, activation=activation or "none", padded_input=x.padded)
+        temp_limit_bytes=temp_limit_bytes, activation=activation or "none", padded_input=x.padded,
+        padded_output=bool(padded_output), inputs_checked=trusted)
     out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])
-    y = ChannelSparseTensor(keys, values, dense_shape, out_shape)
+    y = ChannelSparseTensor(keys, values, dense_shape, out_shape, bool(padded_output))
     return (y, touched, positive) if return_counts else y
 
 
 @tf.RegisterGradient(OP_NAMESPACE + "DirectSparseConv")
-def _direct_sparse_conv_grad(op, _keys_grad, values_grad, _shape_grad, _touched_grad, _positive_grad):
+def _direct_sparse_conv_grad(op, _keys_grad, values_grad, _shape_grad, _touched_grad, _positive_grad,
+                             _status_grad):
     in_keys, in_values, dense_shape, filters, filter_mask, _bias = op.inputs
     in_grad, filter_grad, bias_grad = _ops.direct_sparse_conv_backprop(
         in_keys=in_keys, in_values=in_values, dense_shape=dense_shape, filter=filters,
         filter_mask=filter_mask, out_keys=op.outputs[0], out_grad=values_grad,
         dataflow=op.get_attr("dataflow"), inputs_checked=not check_every_op(),  # the forward checked them
-        padded_input=op.get_attr("padded_input"))
+        padded_input=op.get_attr("padded_input"), padded_output=op.get_attr("padded_output"))
     return [None, in_grad, None, filter_grad, None, bias_grad]
+
+
+@tf.RegisterGradient(OP_NAMESPACE + "DirectSparseConvCheckStatus")
+def _check_status_grad(op, grad):
+    return [grad] + [None] * (len(op.inputs) - 1)
+
+
+def check_conv_statuses(tensor, keys):
+    """tensor, after the status outputs of the padded convolutions upstream of keys (in a
+    traced graph) show that their data checks passed: one DirectSparseConvCheckStatus op, or
+    tensor itself where there are none."""
+    convs = padded_convs_upstream(keys)
+    if not convs:
+        return tensor
+    return _ops.direct_sparse_conv_check_status(tensor, [op.outputs[5] for op in convs],
+                                                sources=[op.name for op in convs])
+
+
+def padded_convs_upstream(keys):
+    """The DirectSparseConv ops with padded_output whose outputs reach keys through the
+    library's ops (and Identity / EnsureShape) in keys' traced graph, stopping at status
+    checks already made; none for an eager tensor."""
+    op = getattr(keys, "op", None)
+    if op is None:
+        return []
+    found, seen, stack = [], set(), [op]
+    while stack:
+        op = stack.pop()
+        if op.name in seen or not (op.type.startswith(OP_NAMESPACE) or op.type in ("Identity", "EnsureShape")):
+            continue
+        seen.add(op.name)
+        if op.type == OP_NAMESPACE + "DirectSparseConvCheckStatus":
+            continue
+        if op.type == OP_NAMESPACE + "DirectSparseConv" and op.get_attr("padded_output"):
+            found.append(op)
+        stack.extend(t.op for t in op.inputs)
+    return sorted(found, key=lambda o: o.name)

@@ -36,12 +36,13 @@ def _default_dense_blocks(resolution, sparse_blocks):
 
 def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, selection="signed",
             density_regularizer=None, dense_blocks=None, dropout=0.5, fc_units=1024, kernel_initializer="he_normal",
-            dataflow="auto", name=None):
+            dataflow="auto", padded_convs=False, name=None):
     """A functional Keras model taking sparse_input((r,)*d + (in_channels,)) batches.
 
     kernel_initializer: of every ReLU layer (sparse and dense convolutions, the
     fc_units layer); the classifier keeps Glorot's.
     dataflow: of every DirectSparseConv ('auto', 'sort' or 'dense'; direct_conv).
+    padded_convs: the convolutions' padded_output (False, True or "auto"; DirectSparseConv).
     Built in a tf.distribute strategy's scope, it trains on per-replica sparse batches
     (models.replicas); the density bounds then hold per replica's batch, and Eq. 4 reads
     the density of the global batch."""
@@ -64,7 +65,7 @@ def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, s
             bound = dict(rho_up=rho) if rho < 1.0 else {}
             h = DirectSparseConv(BLOCK_CHANNELS[block], 3, activation="relu", selection=selection if bound else None,
                            density_regularizer=density_regularizer if bound else None,
-                           kernel_initializer=kernel_initializer, dataflow=dataflow,
+                           kernel_initializer=kernel_initializer, dataflow=dataflow, padded_output=padded_convs,
                            name=f"sparse_conv{block + 1}_{i + 1}", **bound)(h)
     h = SparseToDense(name="to_dense")(h)
     conv = keras.layers.Conv3D if spatial_dims == 3 else keras.layers.Conv2D

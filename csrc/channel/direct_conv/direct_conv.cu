@@ -814,6 +814,11 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   }
   TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, IsKept<T>{touched_total, keep_, relu_values_},
                                                 touched_bound, &device_report->count, &kept_));
+  if (report == nullptr) {
+    unread_report_ = device_report;
+    scratch->HoldPinnedUntilQueuedWorkRuns();  // the weight table's upload may still be queued
+    return GpuStatus::Ok();
+  }
   return ReadReport(stream, scratch, device_report, report);
 }
 
@@ -821,6 +826,53 @@ template <typename T>
 GpuStatus DirectConvForwardGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values) const {
   return WriteCompaction(stream, kept_, IsKept<T>{touched_total_, keep_, relu_values_},
                          CopyEntries<T>{touched_keys_, touched_values_, out_keys, out_values, nullptr});
+}
+
+namespace {
+
+template <typename T>
+__global__ void PadConvOutputKernel(const Report* report, int64_t host_live, int64_t capacity, int64_t* out_keys,
+                                    T* out_values) {
+  const int64_t live = report == nullptr ? host_live : ChecksPassed(report) ? report->count : 0;
+  TF_SPARSECONV_GRID_LOOP(j, capacity) {
+    if (j < live) continue;
+    out_keys[j] = kPaddingKey;
+    out_values[j] = T(0);
+  }
+}
+
+__global__ void ConvStatusKernel(const Report* report, int64_t limit, int64_t* status) {
+  static_assert(kConvKeys == 0 && kConvValues == 1 && kConvFilter == 2 && kConvBias == 3 && kConvReluNaN == 4,
+                "the status output's slot order (direct_conv_checks.h)");
+  TF_SPARSECONV_GRID_LOOP(c, 5) {
+    const CheckSlot& slot = report->checks[c];
+    status[4 * c] = slot.first == kNoError ? -1 : static_cast<int64_t>(slot.first);
+    for (int j = 0; j < 3; ++j) status[4 * c + 1 + j] = slot.detail[j];
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) status[20] = limit;
+}
+
+}  // namespace
+
+template <typename T>
+GpuStatus PadConvOutput(Stream stream, const Report* device_report, int64_t live, int64_t capacity,
+                        int64_t* out_keys, T* out_values) {
+  if (capacity == 0) return GpuStatus::Ok();
+  PadConvOutputKernel<T><<<BlocksFor(capacity), kThreads, 0, stream>>>(device_report, live, capacity, out_keys,
+                                                                       out_values);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("direct conv padding");
+  return GpuStatus::Ok();
+}
+
+GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, int64_t* status) {
+  if (device_report == nullptr) {
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(status, 0xff, sizeof(int64_t) * 21, stream),
+                                            "direct conv status");
+    return GpuStatus::Ok();
+  }
+  ConvStatusKernel<<<1, 32, 0, stream>>>(device_report, limit, status);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("direct conv status");
+  return GpuStatus::Ok();
 }
 
 template <typename T>
@@ -839,7 +891,7 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     TF_SPARSECONV_RETURN_IF_ERROR(
         CheckNaN(stream, a.filter, a.filter_size, &checks[kBackpropFilter]));
     TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, out_keys, n_out, out_layout.num_keys(),
-                                                  &checks[kBackpropOutKeys]));
+                                                  &checks[kBackpropOutKeys], a.out_padded));
   } else {
     // The kernels below still note internal errors in a report; nobody reads it.
     TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
@@ -957,6 +1009,8 @@ template GpuStatus DirectConvCheckInputs<double>(Stream, Scratch*, const DirectC
                                                  Report*);
 template class DirectConvForwardGpu<float>;
 template class DirectConvForwardGpu<double>;
+template GpuStatus PadConvOutput<float>(Stream, const Report*, int64_t, int64_t, int64_t*, float*);
+template GpuStatus PadConvOutput<double>(Stream, const Report*, int64_t, int64_t, int64_t*, double*);
 template GpuStatus DirectConvBackpropGpu<float>(Stream, Scratch*, const DirectConvGpuArgs<float>&,
                                                 const int64_t*, const float*, int64_t,
                                                 DirectConvDataflow, float*, float*, float*, Report*);

@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "channel/channel_sparse.h"
 #include "channel/direct_conv/direct_conv.h"
@@ -33,6 +35,8 @@ struct ConvAttrs {
   float rho_up = 0.0f;
   int64_t temp_limit_bytes = 0;  // the GPU sort's contribution buffers; 0: no limit
   bool relu = false;             // activation 'relu': only kept entries > 0 are output
+  bool padded_output = false;    // outputs at OutputCapacity, live entries then padding
+  bool inputs_checked = false;   // the input keys were made by a library op (no key checks)
 
   // Reads and checks the attributes.
   absl::Status Read(tensorflow::OpKernelConstruction* ctx) {
@@ -45,6 +49,8 @@ struct ConvAttrs {
     std::string activation;
     TF_RETURN_IF_ERROR(ctx->GetAttr("activation", &activation));
     relu = activation == "relu";
+    TF_RETURN_IF_ERROR(ctx->GetAttr("padded_output", &padded_output));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("inputs_checked", &inputs_checked));
     selection = selection_name == "signed" ? SelectionMode::kSigned
                 : selection_name == "abs"  ? SelectionMode::kAbs
                                            : SelectionMode::kNone;
@@ -83,6 +89,48 @@ inline absl::Status FusedReluNaNError() {
   return tensorflow::errors::InvalidArgument(
       "DirectSparseConv with activation 'relu': an output value before the ReLU is NaN "
       "(from infinite input values)");
+}
+
+// The output length of a padded_output call, from shapes and the (host) filter_mask alone,
+// the same on both devices: every output entry needs a contribution, an input entry makes
+// at most as many as its channel has present weights (max_row), and a (b, oc) segment holds
+// at most S entries, with k-selection at most k. capacity is the input's length (padding
+// included, as the GPU's contribution buffers count it).
+inline int64_t OutputCapacity(const ConvAttrs& attrs, const KeyLayout& L, int64_t cout, const bool* mask,
+                              int64_t mask_size, int64_t capacity) {
+  // The filter is [K..., Cin, Cout]: weight j belongs to input channel (j / Cout) % Cin.
+  std::vector<int64_t> per_channel(L.channels, 0);
+  for (int64_t j = 0; j < mask_size; ++j) {
+    if (mask[j]) ++per_channel[(j / cout) % L.channels];
+  }
+  int64_t max_row = 0;
+  for (int64_t c : per_channel) max_row = std::max(max_row, c);
+  const int64_t per_segment = attrs.selection == SelectionMode::kNone
+                                  ? L.spatial_size
+                                  : std::min(attrs.EffectiveK(L.spatial_size), L.spatial_size);
+  const int64_t segments_bound = L.batch * cout * per_segment;
+  // capacity * max_row may overflow where it exceeds the segments' bound anyway.
+  if (max_row > 0 && capacity > segments_bound / max_row) return segments_bound;
+  return std::min(capacity * max_row, segments_bound);
+}
+
+// The GPU forward's device checks as its `status` output, for a padded_output call that
+// does not wait for them (ChannelSparseCheckStatus reads them later): kConvStatusSlots
+// slots of {first offending position (-1: passed), three details} in the order of
+// gpu::ConvCheck (input keys, input values, filter, bias, the fused ReLU's NaN), then the
+// input's key limit. All -1 where the op checked on the host (or waited for its checks).
+constexpr int kConvStatusSlots = 5;
+constexpr int kConvStatusSize = 4 * kConvStatusSlots + 1;
+
+inline absl::Status ConvStatusError(const int64_t* status) {
+  const int64_t limit = status[4 * kConvStatusSlots];
+  const int64_t* keys = status;
+  if (keys[0] != -1) return InvalidKeyError("input", keys[0], keys[1], keys[2], limit);
+  if (status[4] != -1) return NaNError("input values", status[4]);
+  if (status[8] != -1) return NaNError("filter", status[8]);
+  if (status[12] != -1) return NaNError("bias", status[12]);
+  if (status[16] != -1) return FusedReluNaNError();
+  return absl::OkStatus();
 }
 
 struct ConvShapes {

@@ -51,6 +51,7 @@ struct DirectConvGpuArgs {
   GpuWeightTable weights;
   bool relu = false;                   // the fused ReLU: of the kept entries, only those > 0
   bool padded = false;                 // keys may end in padding (kPaddingKey), which is skipped
+  bool out_padded = false;             // the backprop's out_keys may end in padding, skipped
 };
 
 // Contribution slots of the forward pass: n * max_row, which must not exceed
@@ -101,14 +102,18 @@ class DirectConvForwardGpu {
   // Checks (ConvCheck), computes the touched set, adds the bias, selects k per (b, oc);
   // writes touched_counts and positive_counts (entries > 0 before k-selection), each
   // [B * Cout]; report->count = kept entries (with args.relu, those > 0). Blocks until the
-  // report is on the host.
+  // report is on the host; with report nullptr it does not: the work is queued, and the
+  // report stays on the device (device_report()) for PadConvOutput and ConvStatus.
   GpuStatus Run(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& args,
                 const T* bias, SelectionMode selection, int64_t k, DirectConvDataflow dataflow,
                 int64_t* touched_counts, int64_t* positive_counts, Report* report);
   // Writes the report->count kept entries in key order.
   GpuStatus Write(Stream stream, int64_t* out_keys, T* out_values) const;
+  // The report of a Run that did not wait (nullptr after one that did).
+  const Report* device_report() const { return unread_report_; }
 
  private:
+  const Report* unread_report_ = nullptr;
   const int64_t* touched_keys_ = nullptr;
   const T* touched_values_ = nullptr;
   const int64_t* touched_total_ = nullptr;  // device
@@ -134,6 +139,16 @@ GpuStatus CopyCounts(Stream stream, int64_t* to, const int64_t* from, int64_t co
 template <typename T>
 GpuStatus DirectConvCheckInputs(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& args, const T* bias,
                                 Report* report);
+
+// The padding of a padded_output call: out_keys/out_values[live, capacity) = (kPaddingKey,
+// 0), where live is the kept count in device_report (all of them padding if a check of it
+// failed: its status says why), or, with device_report nullptr, the host's live.
+template <typename T>
+GpuStatus PadConvOutput(Stream stream, const Report* device_report, int64_t live, int64_t capacity,
+                        int64_t* out_keys, T* out_values);
+// The status output (direct_conv_checks.h, kConvStatusSize values): device_report's checks
+// and limit, or, with device_report nullptr (the host has checked), all -1.
+GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, int64_t* status);
 
 enum ConvBackpropCheck {
   kBackpropKeys = 0,

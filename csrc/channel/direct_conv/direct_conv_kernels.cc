@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "channel/direct_conv/check_status_kernel.h"
 #include "channel/direct_conv/direct_conv.h"
 #include "channel/direct_conv/direct_conv_checks.h"
 #include "channel/direct_conv/direct_conv_kernels.h"
@@ -760,6 +761,24 @@ class DirectSparseConvFunctor<CPUDevice, T> {
     return true;
   }
 
+  absl::Status WritePadded(int64_t count, int64_t capacity, int64_t* ok, T* ov) {
+    if (a_.selection != SelectionMode::kNone) {  // the kept entries are staged (Count)
+      std::copy_n(staged_keys_.flat<int64_t>().data(), count, ok);
+      std::copy_n(staged_values_.flat<T>().data(), count, ov);
+    } else {
+      TF_RETURN_IF_ERROR(Write(ok, ov));
+    }
+    std::fill(ok + count, ok + capacity, kPaddingKey);
+    std::fill(ov + count, ov + capacity, T(0));
+    return absl::OkStatus();
+  }
+
+  // The CPU checks on the host (Prepare, Count): a call that returns has passed them all.
+  absl::Status WriteStatus(int64_t* status) {
+    std::fill_n(status, kConvStatusSize, int64_t{-1});
+    return absl::OkStatus();
+  }
+
   absl::Status Write(int64_t* ok, T* ov) {
     const int64_t units = a_.in_layout.batch * a_.cout;
     const int64_t S = a_.in_layout.spatial_size;
@@ -833,5 +852,7 @@ class DirectSparseConvBackpropFunctor<CPUDevice, T> {
 REGISTER_CPU(float);
 REGISTER_CPU(double);
 #undef REGISTER_CPU
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvCheckStatus").Device(::tensorflow::DEVICE_CPU),
+                        DirectSparseConvCheckStatusOp);
 
 }  // namespace tf_sparseconv

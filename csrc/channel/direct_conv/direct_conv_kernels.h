@@ -40,6 +40,7 @@ struct ConvTensors {
   const bool* mask = nullptr;         // host memory on both devices
   int64_t capacity = 0;               // the input's length: n, or n and padding after it
   bool padded = false;                // the op's padded_input
+  bool out_padded = false;            // the backprop's padded_output: out_keys may end in padding
 
   // What both devices' arguments (DirectConvArgs, gpu::DirectConvGpuArgs) take from them.
   template <typename Args>
@@ -65,8 +66,16 @@ struct ConvTensors {
 //     path stages them in per-segment slots, compacted in place), those buffers, set as
 //     outputs 0 and 1 instead of allocating and copying; otherwise false.
 //   absl::Status Write(int64_t* out_keys, T* out_values);  // the kept entries in key order
+//   absl::Status WritePadded(int64_t count, int64_t capacity, int64_t* out_keys, T* out_values);
+//     padded_output: the kept entries, then padding up to capacity. count is Count's, or
+//     kCountOnDevice where the GPU queued its work without waiting (inputs_checked).
+//   absl::Status WriteStatus(int64_t* status);  // the status output (kConvStatusSize values)
 template <typename Device, typename T>
 class DirectSparseConvFunctor;
+
+// Count's count where the GPU's functor did not wait for its device (padded_output with
+// inputs_checked): the kept entries are known on the device only.
+constexpr int64_t kCountOnDevice = -1;
 
 // DirectSparseConvBackprop, per device:
 //   DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow,
@@ -133,6 +142,18 @@ class DirectSparseConvOp : public GuardedOpKernel {
     shape_out(L.d + 1) = cout;
     int64_t m = 0;
     OP_REQUIRES_OK(ctx, conv.Count(touched->flat<int64_t>().data(), positive->flat<int64_t>().data(), &m));
+    Tensor* status;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({kConvStatusSize}), &status));
+    OP_REQUIRES_OK(ctx, conv.WriteStatus(status->flat<int64_t>().data()));
+    if (attrs_.padded_output) {
+      const int64_t capacity = OutputCapacity(attrs_, L, cout, in.mask, in.filter_size, in.capacity);
+      Tensor *out_keys, *out_values;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({capacity}), &out_keys));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({capacity}), &out_values));
+      OP_REQUIRES_OK(ctx, conv.WritePadded(m, capacity, out_keys->flat<int64_t>().data(),
+                                           out_values->flat<T>().data()));
+      return;
+    }
     Tensor staged_keys, staged_values;
     if (conv.Staged(m, &staged_keys, &staged_values)) {
       ctx->set_output(0, staged_keys);
@@ -158,6 +179,7 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
     AttrsOk(ReadDataflow(ctx, &dataflow_));
     AttrsOk(ctx->GetAttr("inputs_checked", &inputs_checked_));
     AttrsOk(ctx->GetAttr("padded_input", &padded_input_));
+    AttrsOk(ctx->GetAttr("padded_output", &padded_output_));
   }
 
  private:
@@ -170,9 +192,14 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
     const Tensor& out_grad = ctx->input(6);
     OP_REQUIRES_OK(ctx, CheckKeysVector(out_keys, "output"));
     OP_REQUIRES_OK(ctx, ValidateValuesMatchKeys(out_keys, out_grad, "output gradient"));
+    // A padded forward output: the CPU reads its live prefix (out_grad of padding is ignored).
+    int64_t n_out = out_keys.NumElements();
+    OP_REQUIRES_OK(ctx, (EntriesToRead<Device, T>(out_keys.flat<int64_t>().data(), out_grad.flat<T>().data(), n_out,
+                                                   padded_output_, in.layout.WithChannels(in.shapes.cout), "output",
+                                                   nullptr, &n_out)));
+    in.out_padded = padded_output_;
     DirectSparseConvBackpropFunctor<Device, T> backprop(ctx, dataflow_, inputs_checked_);
-    OP_REQUIRES_OK(ctx, backprop.Prepare(in, out_keys.flat<int64_t>().data(), out_grad.flat<T>().data(),
-                                         out_keys.NumElements()));
+    OP_REQUIRES_OK(ctx, backprop.Prepare(in, out_keys.flat<int64_t>().data(), out_grad.flat<T>().data(), n_out));
     Tensor *in_grad, *filter_grad, *bias_grad;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ctx->input(1).shape(), &in_grad));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(3).shape(), &filter_grad));
@@ -189,6 +216,7 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
   DirectConvDataflow dataflow_ = DirectConvDataflow::kAuto;
   bool inputs_checked_ = false;
   bool padded_input_ = false;
+  bool padded_output_ = false;
 };
 
 }  // namespace tf_sparseconv

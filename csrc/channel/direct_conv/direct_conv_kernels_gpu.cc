@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "channel/channel_sparse_gpu.h"
+#include "channel/direct_conv/check_status_kernel.h"
 #include "channel/direct_conv/direct_conv.h"
 #include "channel/direct_conv/direct_conv_checks.h"
 #include "channel/direct_conv/direct_conv_gpu.h"
@@ -101,6 +102,7 @@ void GpuConvArgs(const ConvTensors<T>& in, WeightTable* table, gpu::DirectConvGp
   *table = ByInputChannel(weights, L.d);
   in.CopyTo(args);
   args->padded = in.padded;
+  args->out_padded = in.out_padded;
   args->weights = table->View();
 }
 
@@ -159,11 +161,21 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
       return errors::ResourceExhausted("DirectSparseConv on GPU supports at most 2^32 - 2 "
                                        "(batch, output channel) segments");
     }
+    // Keys a library op made need no check, and a padded output no size: nothing to wait
+    // for. The other checks go to the status output, read once where the network's sparse
+    // part ends (DirectSparseConvCheckStatus). With TF_SPARSECONV_CHECK_EVERY_OP=1 the
+    // Python layer does not set inputs_checked.
+    no_wait_ = attrs_.padded_output && attrs_.inputs_checked && !in_groups_;
     return absl::OkStatus();
   }
 
   absl::Status Count(int64_t* touched, int64_t* positive, int64_t* count) {
     if (in_groups_) return CountInGroups(touched, positive, count);
+    if (no_wait_) {
+      *count = kCountOnDevice;
+      return ToStatus(conv_.Run(stream_, &scratch_, args_, bias_, attrs_.selection, k_, attrs_.dataflow, touched,
+                                positive, nullptr));
+    }
     gpu::Report report;
     TF_RETURN_IF_ERROR(ToStatus(conv_.Run(stream_, &scratch_, args_, bias_, attrs_.selection, k_, attrs_.dataflow,
                                           touched, positive, &report)));
@@ -173,6 +185,17 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
   }
 
   bool Staged(int64_t, Tensor*, Tensor*) const { return false; }
+
+  absl::Status WritePadded(int64_t count, int64_t capacity, int64_t* out_keys, T* out_values) {
+    TF_RETURN_IF_ERROR(Write(out_keys, out_values));
+    return ToStatus(gpu::PadConvOutput<T>(stream_, no_wait_ ? conv_.device_report() : nullptr, count, capacity,
+                                          out_keys, out_values));
+  }
+
+  absl::Status WriteStatus(int64_t* status) {
+    return ToStatus(gpu::ConvStatus(stream_, no_wait_ ? conv_.device_report() : nullptr,
+                                    args_.in_layout.num_keys(), status));
+  }
 
   absl::Status Write(int64_t* out_keys, T* out_values) {
     if (in_groups_) return WriteInGroups(out_keys, out_values);
@@ -270,6 +293,7 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
   int64_t k_ = 0;
   double temp_limit_ = 0;
   bool in_groups_ = false;
+  bool no_wait_ = false;
   gpu::DirectConvForwardGpu<T> conv_;
   // In groups: the first entry of each example, the groups, each group's kept entries, and
   // the [2, B * Cout] counts the groups' runs write before they are copied out.
@@ -337,6 +361,10 @@ class DirectSparseConvBackpropFunctor<GPUDevice, T> : GpuFunctorBase {
 REGISTER_GPU(float);
 REGISTER_GPU(double);
 #undef REGISTER_GPU
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvCheckStatus")
+                            .Device(::tensorflow::DEVICE_GPU)
+                            .HostMemory("statuses"),
+                        DirectSparseConvCheckStatusOp);
 
 }  // namespace tf_sparseconv
 

@@ -1,4 +1,5 @@
 // Registration and shape functions of the direct sparse convolution ops.
+#include "channel/direct_conv/direct_conv_checks.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -21,6 +22,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConv")
     .Output("out_dense_shape: int64")
     .Output("touched_counts: int64")
     .Output("positive_counts: int64")
+    .Output("status: int64")
     .Attr("T: {float, double}")
     .Attr("selection: {'none', 'signed', 'abs'} = 'none'")
     .Attr("k: int = 0")
@@ -29,6 +31,8 @@ REGISTER_OP("TfSparseconv>DirectSparseConv")
     .Attr("temp_limit_bytes: int = 0")
     .Attr("activation: {'none', 'relu'} = 'none'")
     .Attr("padded_input: bool = false")
+    .Attr("padded_output: bool = false")
+    .Attr("inputs_checked: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
@@ -44,6 +48,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConv")
       c->set_output(2, c->input(2));
       c->set_output(3, c->Matrix(c->UnknownDim(), cout));
       c->set_output(4, c->Matrix(c->UnknownDim(), cout));
+      c->set_output(5, c->Vector(kConvStatusSize));
       return absl::OkStatus();
     })
     .Doc(R"doc(
@@ -74,6 +79,15 @@ GPU, no second host round trip). A NaN among the touched entries is then refused
 padded_input: the input may end in padding (keys equal to the largest int64, after every
   live key; a library op's padded output), which is absent; elsewhere such a key is out of
   range.
+padded_output: the outputs have a length known before the op runs (the k-selection
+  bound B * Cout * min(k, S), capped by the input's length times the present weights of
+  an input channel; without selection B * Cout * S so capped): the live entries, then
+  padding. On the GPU, with inputs_checked, the op then queues its work and returns
+  without waiting for the device; its data checks land in `status`, which
+  DirectSparseConvCheckStatus turns into the error later.
+inputs_checked: the caller vouches that in_keys were made by one of the library's ops
+  (sorted, unique, in range); the input keys are then not checked again on the GPU. Values,
+  filter and bias are checked in any case.
 
 in_keys: sorted unique int64 keys of the input, layout (b * Cin + c) * S + lin(x).
 in_values: one value per key.
@@ -87,6 +101,8 @@ touched_counts: [B, Cout] support size of each output segment before k-selection
 positive_counts: [B, Cout] entries > 0 of each segment before k-selection (what a
   following ReLU would keep without the bound; the density of Eq. 4), with either
   activation.
+status: [21] int64, the GPU's data checks of a padded_output call that did not wait for
+  them (direct_conv_checks.h, kConvStatusSize); otherwise all -1 (passed).
 )doc");
 
 REGISTER_OP("TfSparseconv>DirectSparseConvBackprop")
@@ -104,6 +120,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConvBackprop")
     .Attr("dataflow: {'auto', 'sort', 'dense'} = 'auto'")
     .Attr("inputs_checked: bool = false")
     .Attr("padded_input: bool = false")
+    .Attr("padded_output: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(1));
       c->set_output(1, c->input(3));
@@ -125,6 +142,28 @@ inputs and output keys of a DirectSparseConv call, which checked them (its gradi
 the GPU kernel then queues its work without checking them again and without waiting for
 the device. The CPU kernel checks them in any case (its checks cost no wait).
 padded_input: the forward's; padding entries of the input get a gradient of 0.
+padded_output: the forward's; out_keys may end in padding, whose out_grad is ignored.
+)doc");
+
+REGISTER_OP("TfSparseconv>DirectSparseConvCheckStatus")
+    .Input("data: T")
+    .Input("statuses: N * int64")
+    .Output("checked: T")
+    .Attr("T: type")
+    .Attr("N: int >= 1")
+    .Attr("sources: list(string)")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+data, unchanged, once the `status` outputs of DirectSparseConv calls with padded_output
+show that their data checks passed; otherwise the first failed check's InvalidArgument,
+prefixed with the name in `sources` of the call that failed. One wait for the device for
+all of them (the statuses are read in host memory), where the sparse part of a network ends.
+
+statuses: N status outputs of DirectSparseConv.
+sources: N names, one per status (the convolutions' op names).
 )doc");
 
 }  // namespace tf_sparseconv
