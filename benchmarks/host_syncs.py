@@ -43,14 +43,14 @@ def waits_per_step(step, batch, steps):
     return (ts.host_sync_count() - before) / steps
 
 
-def octnet3_step(points, labels, classes, resolution, batch_size):
-    model = octnet3(resolution, len(classes), DEFAULT_RHOS[resolution])
+def octnet3_step(points, labels, classes, resolution, batch_size, padded_convs=False):
+    model = octnet3(resolution, len(classes), DEFAULT_RHOS[resolution], padded_convs="auto" if padded_convs else False)
     model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     batch = next(iter(keras_batches(datasets.point_cloud_dataset(points, labels, resolution, batch_size, seed=0))))
     return lambda x, y: model.train_on_batch(x, y), batch
 
 
-def site_unet_step(points, labels, classes, resolution, batch_size):
+def site_unet_step(points, labels, classes, resolution, batch_size, padded_convs=False):
     model = site_unet(2, resolution=resolution)
     optimizer = keras.optimizers.Adam(1e-3)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -77,6 +77,8 @@ def main():
     p.add_argument("--resolution", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--padded-convs", action="store_true",
+                   help="OctNet3's convolutions with padded output ('auto'; the row's key convs: padded)")
     p.add_argument("--out", default=os.path.join(RESULTS, "host_syncs.jsonl"))
     args = p.parse_args()
     points, labels, classes = datasets.make_shapes(max(1, args.batch_size // 8 + 1), seed=0)
@@ -84,11 +86,13 @@ def main():
     rows = []
     for i, name in enumerate(args.models, 1):
         print(f"[{i}/{len(args.models)}] {name} {args.resolution}^3, batch {args.batch_size}, on {device}", flush=True)
-        step, batch = MODELS[name](points, labels, classes, args.resolution, args.batch_size)
+        step, batch = MODELS[name](points, labels, classes, args.resolution, args.batch_size, args.padded_convs)
         rows.append({"model": name, "device": device, "syncs_per_step": waits_per_step(step, batch, args.steps),
                      "how": HOW, "commit": checkout_commit(), "checks": checks_mode(),
                      "date": datetime.date.today().isoformat(),
                      "batch": args.batch_size, "resolution": args.resolution, "steps": args.steps})
+        if args.padded_convs and name == "octnet3":
+            rows[-1]["convs"] = "padded"
         print(f"  {rows[-1]['syncs_per_step']:g} host waits per training step", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "a") as f:

@@ -127,3 +127,29 @@ def test_gpu_padded_pooling_of_the_librarys_keys_in_a_traced_step_does_not_wait(
         # the convolution reads its output size back; the exact pooling its output size too, the
         # padded one (of keys the convolution made) nothing; ToDense and the gradients trust them
         assert waits == {False: 2, True: 1}
+
+
+def test_gpu_padded_convolutions_after_the_first_do_not_wait(gpu, rng, monkeypatch):
+    monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
+    with tf.device(gpu):
+        x, w = conv_case(rng)
+        w2 = tf.Variable(rng.standard_normal((3, 3, 3, 4, 3)).astype(np.float32))
+
+        def step(keys, values, dense_shape, padded_output):
+            with tf.GradientTape() as tape:
+                y = ts.direct_conv(ts.ChannelSparseTensor(keys, values, dense_shape), w, activation="relu",
+                                   padded_output=padded_output)
+                y = ts.direct_conv(y, w2, selection="signed", k=20, activation="relu", padded_output=padded_output)
+                loss = tf.reduce_sum(ts.to_dense(y))
+            return tape.gradient(loss, [w, w2])
+
+        traced = tf.function(step)
+        waits = {}
+        for padded in (False, True):
+            traced(x.keys, x.values, x.dense_shape, padded)[0].numpy()  # tracing outside the count
+            _, waits[padded] = counted(lambda: traced(x.keys, x.values, x.dense_shape, padded)[0].numpy())
+        # exact: each convolution reads its output size back; padded: the first checks the
+        # user's keys (one wait), the second trusts the keys the first made and waits for
+        # nothing; to_dense's status check reads the statuses as a host-memory input (a copy
+        # TensorFlow makes, not one of the library's waits)
+        assert waits == {False: 2, True: 1}

@@ -478,14 +478,19 @@ def public_activation(inputs):
     return None if inputs.get("activation", "none") == "none" else inputs["activation"]
 
 
-def run_public_conv(inputs, make_tensor=tensor_of):
+def run_public_conv(inputs, make_tensor=tensor_of, padded_output=False):
     w, mask, bias = constants(inputs, "filter", "mask", "bias")
     k, rho_up = inputs["k"].tolist(), inputs["rho_up"].tolist()
     y, touched, positive = ts.direct_conv(
         make_tensor(inputs), w, bias, mask, selection=inputs["selection"], k=None if k == 0 else k,
         rho_up=None if rho_up == 0 else rho_up, dataflow=inputs["dataflow"],
         temp_limit_bytes=inputs["temp_limit_bytes"].tolist(), activation=public_activation(inputs),
-        return_counts=True)
+        return_counts=True, padded_output=padded_output)
+    if padded_output:  # the live entries, then only padding
+        live = int(y.live_entries)
+        assert np.all(y.keys.numpy()[live:] == PADDING_KEY) and not np.any(y.values.numpy()[live:]), \
+            "a padded output's tail is not padding"
+        y = y.without_padding()
     return dict(zip(("keys", "values", "dense_shape", "touched", "positive"), numpy_of(
         (y.keys, y.values, y.dense_shape, touched, positive))))
 
@@ -701,6 +706,11 @@ PADDED_TARGETS = [
            live_part(ref_pool_gradient, True), assert_equal, TENSOR + ("strides", "max_pool"),
            subnormals_flushed=True),
     Target("direct_conv (padded)", make_conv, lambda i: run_public_conv(with_padding(i), padded_tensor_of),
+           live_part(ref_direct_conv, True), compare_conv,
+           TENSOR + ("filter", "bias", "k", "rho_up", "temp_limit_bytes", "kernel", "selection", "output"),
+           mutable=CONV_MUTABLE, subnormals_flushed=True),
+    Target("direct_conv (padded in and out)", make_conv,
+           lambda i: run_public_conv(with_padding(i), padded_tensor_of, padded_output=True),
            live_part(ref_direct_conv, True), compare_conv,
            TENSOR + ("filter", "bias", "k", "rho_up", "temp_limit_bytes", "kernel", "selection", "output"),
            mutable=CONV_MUTABLE, subnormals_flushed=True),

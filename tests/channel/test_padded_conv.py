@@ -113,7 +113,8 @@ def test_numeric_gradients_of_a_padded_output(rng):
         # no k-selection: its kept set may flip under the numeric step
         return ts.direct_conv(x.with_values(v), filters, bias, mask, padded_output=True).values
 
-    theoretical, numerical = tf.test.compute_gradient(f, [x.values, tf.constant(w), tf.constant([0.3, -0.2], tf.float64)])
+    bias = tf.constant([0.3, -0.2], tf.float64)
+    theoretical, numerical = tf.test.compute_gradient(f, [x.values, tf.constant(w), bias])
     for t, n in zip(theoretical, numerical):
         np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-6)
 
