@@ -214,8 +214,8 @@ def modelnet40_epoch_rows(args, gpus, record):
                        val_overall_test_weighted_se=r["val_overall_test_weighted_se"],
                        process_s=round(r["process_s"], 1), cpus_per_process=r["cpus_per_process"],
                        command="python " + " ".join(r["argv"]))
-            if "--padded-convs" in args.train_args:
-                row["convs"] = "padded"
+            row["convs"] = "exact" if "--exact-convs" in args.train_args else "padded"
+            row["pooling"] = "exact" if "--exact-pools" in args.train_args else "padded"
             rows.append(row)
             record(row)
             val = "no validation" if row["val_overall"] is None else f"val overall {row['val_overall']:.4f}"

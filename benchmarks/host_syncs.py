@@ -43,14 +43,15 @@ def waits_per_step(step, batch, steps):
     return (ts.host_sync_count() - before) / steps
 
 
-def octnet3_step(points, labels, classes, resolution, batch_size, padded_convs=False):
-    model = octnet3(resolution, len(classes), DEFAULT_RHOS[resolution], padded_convs="auto" if padded_convs else False)
+def octnet3_step(points, labels, classes, resolution, batch_size, exact_convs=False, exact_pools=False):
+    model = octnet3(resolution, len(classes), DEFAULT_RHOS[resolution], padded_convs=False if exact_convs else "auto",
+                    padded_pools=False if exact_pools else "auto")
     model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     batch = next(iter(keras_batches(datasets.point_cloud_dataset(points, labels, resolution, batch_size, seed=0))))
     return lambda x, y: model.train_on_batch(x, y), batch
 
 
-def site_unet_step(points, labels, classes, resolution, batch_size, padded_convs=False):
+def site_unet_step(points, labels, classes, resolution, batch_size, exact_convs=False, exact_pools=False):
     model = site_unet(2, resolution=resolution)
     optimizer = keras.optimizers.Adam(1e-3)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -77,8 +78,10 @@ def main():
     p.add_argument("--resolution", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--padded-convs", action="store_true",
-                   help="OctNet3's convolutions with padded output ('auto'; the row's key convs: padded)")
+    p.add_argument("--exact-pools", action="store_true",
+                   help="OctNet3's poolings with exact outputs instead of padded ones (the row's key pooling)")
+    p.add_argument("--exact-convs", action="store_true",
+                   help="OctNet3's convolutions with exact outputs instead of padded ones (the row's key convs)")
     p.add_argument("--out", default=os.path.join(RESULTS, "host_syncs.jsonl"))
     args = p.parse_args()
     points, labels, classes = datasets.make_shapes(max(1, args.batch_size // 8 + 1), seed=0)
@@ -86,13 +89,15 @@ def main():
     rows = []
     for i, name in enumerate(args.models, 1):
         print(f"[{i}/{len(args.models)}] {name} {args.resolution}^3, batch {args.batch_size}, on {device}", flush=True)
-        step, batch = MODELS[name](points, labels, classes, args.resolution, args.batch_size, args.padded_convs)
+        step, batch = MODELS[name](points, labels, classes, args.resolution, args.batch_size, args.exact_convs,
+                                   args.exact_pools)
         rows.append({"model": name, "device": device, "syncs_per_step": waits_per_step(step, batch, args.steps),
                      "how": HOW, "commit": checkout_commit(), "checks": checks_mode(),
                      "date": datetime.date.today().isoformat(),
                      "batch": args.batch_size, "resolution": args.resolution, "steps": args.steps})
-        if args.padded_convs and name == "octnet3":
-            rows[-1]["convs"] = "padded"
+        if name == "octnet3":
+            rows[-1]["convs"] = "exact" if args.exact_convs else "padded"
+            rows[-1]["pooling"] = "exact" if args.exact_pools else "padded"
         print(f"  {rows[-1]['syncs_per_step']:g} host waits per training step", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "a") as f:

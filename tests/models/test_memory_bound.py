@@ -12,6 +12,7 @@ import tensorflow as tf
 import keras
 
 from tf_sparseconv import from_dense, keras_layers as kl
+from tf_sparseconv.models import octnet3
 from tf_sparseconv.models.memory_bound import BoundedInference, MemoryBudgetExceeded, largest_batch_within, memory_bound
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -74,6 +75,34 @@ def test_measured_entries_never_exceed_the_bound(rng):
         h = layer(h)
         if isinstance(h, dict):
             assert int(tf.shape(h["keys"])[0]) <= bound[layer.name].output_entries
+
+
+def test_padded_convolutions_allocate_the_planners_bound(rng):
+    """A padded convolution's output length is the planner's bound for its layer (issue 24:
+    one number), where the k-selection bound binds; elsewhere the op's tighter cap (input
+    length x an input channel's present weights) and never more than the planner's."""
+    model = octnet3(16, 5, (0.1, 0.3), padded_convs=True, padded_pools=True)
+    bound = {b.name: b.output_entries for b in memory_bound(model, batch_size=3).layers}
+    layers = [layer for layer in model.layers if isinstance(layer, (kl.DirectSparseConv, kl.SparseMaxPool))]
+    dense = np.where(rng.random((3, 16, 16, 16, 1)) < 0.08, 1.0, 0.0).astype(np.float32)
+
+    @tf.function  # padded dicts pass between Keras layers inside traced functions
+    def lengths(h):
+        out = []
+        for layer in layers:
+            out.append(tf.shape(h["keys"])[0])
+            h = layer(h)
+        return out + [tf.shape(h["keys"])[0]]
+
+    length = [int(n) for n in lengths(kl.as_keras_inputs(from_dense(dense)))]
+    checked = 0
+    for i, layer in enumerate(layers):
+        if isinstance(layer, kl.DirectSparseConv):
+            cout = layer.kernel_shape[-1]
+            assert length[i + 1] == min(length[i] * 27 * cout, bound[layer.name]), layer.name
+            checked += length[i + 1] == bound[layer.name]
+        assert length[i + 1] <= bound[layer.name], layer.name
+    assert checked >= 4  # the k-selection bound binds in most layers of this net
 
 
 needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc peak-RSS reset")

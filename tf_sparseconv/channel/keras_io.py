@@ -74,5 +74,10 @@ class SparseLayer(CustomOpLayer):
 
     def call(self, inputs, training=None):
         # Subclasses define sparse_call(ChannelSparseTensor, training) -> ChannelSparseTensor.
-        return as_keras_inputs(self.sparse_call(from_keras_inputs(inputs), training=training))
+        y = self.sparse_call(from_keras_inputs(inputs), training=training)
+        if y.padded and not tf.inside_function():
+            # An eager dict cannot say that it is padded (padded_by_library reads a traced
+            # graph), so the next layer would take the padding for a user's keys: dropped.
+            y = y.without_padding()
+        return as_keras_inputs(y)
 

@@ -36,13 +36,16 @@ def _default_dense_blocks(resolution, sparse_blocks):
 
 def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, selection="signed",
             density_regularizer=None, dense_blocks=None, dropout=0.5, fc_units=1024, kernel_initializer="he_normal",
-            dataflow="auto", padded_convs=False, name=None):
+            dataflow="auto", padded_convs="auto", padded_pools="auto", name=None):
     """A functional Keras model taking sparse_input((r,)*d + (in_channels,)) batches.
 
     kernel_initializer: of every ReLU layer (sparse and dense convolutions, the
     fc_units layer); the classifier keeps Glorot's.
     dataflow: of every DirectSparseConv ('auto', 'sort' or 'dense'; direct_conv).
-    padded_convs: the convolutions' padded_output (False, True or "auto"; DirectSparseConv).
+    padded_convs, padded_pools: the convolutions' and the poolings' padded_output
+    (DirectSparseConv, SparseMaxPool): "auto" (the default) pads them inside traced functions
+    (fit, evaluate, predict), where on the GPU only the first convolution then waits for the
+    device (it checks the user's keys); False keeps exact outputs.
     Built in a tf.distribute strategy's scope, it trains on per-replica sparse batches
     (models.replicas); the density bounds then hold per replica's batch, and Eq. 4 reads
     the density of the global batch."""
@@ -60,7 +63,7 @@ def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, s
     h = inputs
     for block, rho in enumerate(rhos):
         if block:
-            h = SparseMaxPool(2, name=f"pool{block}")(h)
+            h = SparseMaxPool(2, padded_output=padded_pools, name=f"pool{block}")(h)
         for i in range(3):
             bound = dict(rho_up=rho) if rho < 1.0 else {}
             h = DirectSparseConv(BLOCK_CHANNELS[block], 3, activation="relu", selection=selection if bound else None,

@@ -473,10 +473,13 @@ def build_parser():
                         "rho of its grid per channel (k-selection); 1.0 means no bound (default: Table 4's for the "
                         f"resolution, e.g. {' '.join(map(str, DEFAULT_RHOS[32]))} at 32)")
     p.add_argument("--selection", choices=("signed", "abs"), default="signed")
-    p.add_argument("--padded-convs", action="store_true",
-                   help="octnet3: the sparse convolutions write padded outputs inside traced steps (a size known "
-                        "before they run: on the GPU, no wait for the device after the first; DirectSparseConv's "
+    p.add_argument("--exact-convs", action="store_true",
+                   help="octnet3: the sparse convolutions write exact outputs (each waits for the GPU to learn its "
+                        "size) instead of padded ones in the traced steps (the default: DirectSparseConv's "
                         "padded_output='auto')")
+    p.add_argument("--exact-pools", action="store_true",
+                   help="octnet3: the sparse poolings write exact outputs (each waits for the GPU) instead of padded "
+                        "ones in the traced steps (the default: SparseMaxPool's padded_output='auto')")
     p.add_argument("--lam", type=float, default=0.0, help="adaptive density regularisation scale (Eq. 4)")
     p.add_argument("--lam-reduction", choices=("sum", "mean", "filter"), default=None,
                    help="Eq. 4 penalty per layer: lambda * sum of (w + b)^2 over present weights, or lambda * their "
@@ -893,7 +896,8 @@ def build_model(args, num_classes, in_channels, steps, synchronized_bn=False):
         model = octnet3(args.resolution, num_classes, rhos, spatial_dims=spatial_dims, in_channels=in_channels,
                         selection=args.selection, density_regularizer=regularizer,
                         kernel_initializer=args.init or "he_normal",
-                        padded_convs="auto" if args.padded_convs else False)
+                        padded_convs=False if args.exact_convs else "auto",
+                        padded_pools=False if args.exact_pools else "auto")
     learning_rate = args.lr
     if args.lr_schedule == "cosine":
         learning_rate = keras.optimizers.schedules.CosineDecay(args.lr, decay_steps=args.epochs * steps)
