@@ -287,3 +287,22 @@ def test_the_keras_layer_auto_pads_inside_a_traced_model_only(rng):
     assert not padded_by_library(eager_out["keys"]) and PADDING_KEY not in eager_out["keys"].numpy()
     with pytest.raises(ValueError, match="padded_output"):
         kl.DirectSparseConv(3, 3, padded_output="yes")
+
+
+def test_an_eager_keras_layer_hands_on_its_live_entries_only(rng):
+    """A Keras dict carries no `padded` flag, and outside a traced graph no op can say that its
+    keys end in padding: an eager layer with padded_output=True hands on the live entries, so
+    the next layer does not take the padding for a user's out-of-range keys."""
+    (keys, values, dense_shape), _, _ = _network_case(rng)
+    x = kl.as_keras_inputs(ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(dense_shape),
+                                                  tf.TensorShape([None, 8, 8, 8, 1])))
+    conv = kl.DirectSparseConv(4, 3, activation="relu", padded_output=True)
+    h = conv(x)
+    assert PADDING_KEY not in h["keys"].numpy()
+    pooled = kl.SparseMaxPool(2, padded_output=True)(h)
+    assert PADDING_KEY not in pooled["keys"].numpy()
+    dense = kl.SparseToDense()(kl.DirectSparseConv(3, 3, padded_output=True)(pooled)).numpy()
+    exact = ts.direct_conv(ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(dense_shape)),
+                           conv.kernel, conv.bias, tf.cast(conv.mask, tf.bool), activation="relu")
+    np.testing.assert_array_equal(ts.to_dense(exact).numpy(), kl.SparseToDense()(h).numpy())
+    assert dense.shape == (2, 4, 4, 4, 3)
