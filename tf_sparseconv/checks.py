@@ -5,7 +5,9 @@ library op computes from checked inputs (a forward call's output keys, the input
 gradient receives back) is not checked again, so that on the GPU those calls queue their
 work without waiting for the device. TF_SPARSECONV_CHECK_EVERY_OP=1 in the environment,
 set before a model is built or traced, makes every op check its inputs again (on the
-GPU at the cost of one wait per call), for tests and for users chasing a bug.
+GPU at the cost of one wait per call), for tests and for users chasing a bug. It also
+turns off the deferral of a padded convolution's data checks (direct_conv's padded_output,
+read once by to_dense): each convolution then raises its own error at once.
 """
 import os
 
