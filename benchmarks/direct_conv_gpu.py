@@ -292,11 +292,12 @@ def main():
     if args.memory_only:
         configs = [("memory", MEMORY_BATCH, r, rho_f) for r in (args.resolutions or RESOLUTIONS)
                    for rho_f in MEMORY_FILTER_DENSITIES]
-    # A full run replaces the grid's rows but keeps the epoch rows of benchmarks/train_step.py.
+    # A full run replaces the grid's rows but keeps the epoch rows of benchmarks/train_step.py
+    # and the stack rows of benchmarks/direct_conv_stack_gpu.py.
     epoch_rows = []
     if not args.memory_only and os.path.exists(args.out):
         with open(args.out) as f:
-            epoch_rows = [line for line in f if line.strip() and json.loads(line).get("kind") == "epoch"]
+            epoch_rows = [line for line in f if line.strip() and json.loads(line).get("kind") in ("epoch", "stack")]
     # Written as the configurations finish, so a cut-off run keeps its rows.
     with open(args.out, "a" if args.memory_only else "w") as f:
         f.writelines(epoch_rows)

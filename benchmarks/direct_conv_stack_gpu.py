@@ -44,9 +44,10 @@ def make_stack(rng, r, rho_f, device):
     with tf.device(device):
         x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(rng.standard_normal(len(keys)).astype(np.float32)),
                                    tf.constant([1, r, r, r, 1], tf.int64))
-        he = lambda cin, cout: rng.standard_normal((3, 3, 3, cin, cout)) * (2.0 / (27 * cin)) ** 0.5  # noqa: E731
-        filters = [(tf.constant(he(cin, cout).astype(np.float32)), tf.constant(rng.random((3, 3, 3, cin, cout)) < rho_f))
-                   for cin, cout in (c for c in CHANNELS if c != "pool")]
+        filters = []
+        for cin, cout in (c for c in CHANNELS if c != "pool"):
+            w = rng.standard_normal((3, 3, 3, cin, cout)) * (2.0 / (27 * cin)) ** 0.5  # He
+            filters.append((tf.constant(w.astype(np.float32)), tf.constant(rng.random(w.shape) < rho_f)))
     return x, filters
 
 
