@@ -119,16 +119,17 @@ def test_numeric_gradients_of_a_padded_output(rng):
         np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-6)
 
 
-def _network(filters, masks, padded):
+def _network(filters, masks, padded, dataflow="auto"):
     @tf.function
     def step(x):
         with tf.GradientTape() as tape:
-            h = ts.direct_conv(x, filters[0], None, masks[0], activation="relu", padded_output=padded)
+            h = ts.direct_conv(x, filters[0], None, masks[0], activation="relu", padded_output=padded,
+                               dataflow=dataflow)
             h = ts.direct_conv(h, filters[1], None, masks[1], selection="signed", k=40, activation="relu",
-                               padded_output=padded)
+                               padded_output=padded, dataflow=dataflow)
             h = ts.sparse_max_pool(h, 2)
             h = ts.direct_conv(h, filters[2], None, masks[2], selection="abs", k=7, activation="relu",
-                               padded_output=padded)
+                               padded_output=padded, dataflow=dataflow)
             dense = ts.to_dense(h)
             weights = tf.reshape(tf.range(1.0, 1.0 + tf.cast(tf.size(dense), tf.float32)) ** 0.5, tf.shape(dense))
             loss = tf.reduce_sum(dense * weights) / tf.cast(tf.size(dense), tf.float32)
@@ -144,16 +145,18 @@ def _network_case(rng):
     return (keys, values, dense_shape), [w1, w2, w3], [m1, m2, m3]
 
 
-def test_a_traced_network_of_padded_convolutions_equals_the_exact_one(rng, device):
+@pytest.mark.parametrize("dataflow", ["auto", "sort", "dense"])
+def test_a_traced_network_of_padded_convolutions_equals_the_exact_one(rng, device, dataflow):
     """conv -> conv -> pool -> conv -> to_dense in one tf.function: the same output and filter
-    gradients with padded convolutions; one status check reads all three, and the convolutions
-    after the first take keys the library made (inputs_checked)."""
+    gradients with padded convolutions (on the GPU the 2nd and 3rd do not wait: their kept
+    count stays on the device); one status check reads all three, and the convolutions after
+    the first take keys the library made (inputs_checked)."""
     (keys, values, dense_shape), ws, masks = _network_case(rng)
     filters = [tf.Variable(w) for w in ws]
     with tf.device(device):
         x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(dense_shape))
-        want, want_grads = _network(filters, masks, False)(x)
-        padded = _network(filters, masks, True)
+        want, want_grads = _network(filters, masks, False, dataflow)(x)
+        padded = _network(filters, masks, True, dataflow)
         got, got_grads = padded(x)
     np.testing.assert_array_equal(got.numpy(), want.numpy())
     for g, e in zip(got_grads, want_grads):
