@@ -67,6 +67,28 @@ def sparse_stack(r, filters, padded):
     return run
 
 
+def layer_times(x, r, filters, warmup, repeats):
+    """(name, seconds, input entries, output length) of each sparse layer alone, padded
+    outputs, on the previous layer's output (synchronised calls, as the whole stack)."""
+    out, convs, h = [], iter(filters), x
+    for i, layer in enumerate(CHANNELS):
+        if layer == "pool":
+            name, fn = f"{i + 1}: max-pool 2", tf.function(lambda k, v, s, p: ts.sparse_max_pool(
+                ts.ChannelSparseTensor(k, v, s, padded=p), 2, padded_output=True))
+        else:
+            w, mask = next(convs)
+            name = f"{i + 1}: conv {layer[0]}->{layer[1]}"
+            fn = tf.function(lambda k, v, s, p, w=w, mask=mask: ts.direct_conv(
+                ts.ChannelSparseTensor(k, v, s, padded=p), w, None, mask, selection="signed", rho_up=1.0 / r,
+                activation="relu", padded_output=True))
+        args = (h.keys, h.values, h.dense_shape, h.padded)
+        seconds = median_time(lambda: fn(*args), warmup, repeats)
+        y = fn(*args)
+        out.append((name, seconds, int(h.live_entries), int(y.num_entries)))
+        h = ts.ChannelSparseTensor(y.keys, y.values, y.dense_shape, padded=True)
+    return out
+
+
 def dense_stack(filters):
     masked = [w * tf.cast(mask, w.dtype) for w, mask in filters]
 
@@ -90,6 +112,7 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--per-layer", action="store_true", help="also time each sparse layer alone (kind stack_layer)")
     p.add_argument("--out", default=DEFAULT_OUT)
     args = p.parse_args()
     gpus = tf.config.list_physical_devices("GPU")
@@ -123,6 +146,14 @@ def main():
         rows.append(row)
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
+            if args.per_layer:
+                with tf.device(args.device):
+                    timed = layer_times(x, r, filters, args.warmup, args.repeats)
+                for name, seconds, entries, length in timed:
+                    f.write(json.dumps(dict(kind="stack_layer", r=r, rho_f=rho_f, layer=name, ours_s=seconds,
+                                            in_entries=entries, out_length=length, device=device_name,
+                                            date=row["date"], commit=row["commit"])) + "\n")
+                    print(f"    {name}: {seconds * 1e3:.2f} ms ({entries} live entries in, {length} out)", flush=True)
         print(f"[{i}/{len(configs)}] r={r} rho_f={rho_f}: ours {row['ours_s'] * 1e3:.2f} ms (exact outputs "
               f"{row['ours_exact_s'] * 1e3:.2f} ms), dense {row['dense_s'] * 1e3:.2f} ms: {row['ratio']:.2f}x "
               f"({row['ratio_exact']:.2f}x)", flush=True)
