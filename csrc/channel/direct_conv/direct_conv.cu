@@ -844,12 +844,13 @@ __global__ void PadConvOutputKernel(const Report* report, int64_t host_live, int
 __global__ void ConvStatusKernel(const Report* report, int64_t limit, int64_t* status) {
   static_assert(kConvKeys == 0 && kConvValues == 1 && kConvFilter == 2 && kConvBias == 3 && kConvReluNaN == 4,
                 "the status output's slot order (direct_conv_checks.h)");
-  TF_SPARSECONV_GRID_LOOP(c, 5) {
+  static_assert(kConvStatusSlots == 5 && kConvStatusSlots <= kMaxChecks, "one status slot per ConvCheck");
+  TF_SPARSECONV_GRID_LOOP(c, kConvStatusSlots) {
     const CheckSlot& slot = report->checks[c];
     status[4 * c] = slot.first == kNoError ? -1 : static_cast<int64_t>(slot.first);
     for (int j = 0; j < 3; ++j) status[4 * c + 1 + j] = slot.detail[j];
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) status[20] = limit;
+  if (blockIdx.x == 0 && threadIdx.x == 0) status[4 * kConvStatusSlots] = limit;
 }
 
 }  // namespace
@@ -866,7 +867,7 @@ GpuStatus PadConvOutput(Stream stream, const Report* device_report, int64_t live
 
 GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, int64_t* status) {
   if (device_report == nullptr) {
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(status, 0xff, sizeof(int64_t) * 21, stream),
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(status, 0xff, sizeof(int64_t) * kConvStatusSize, stream),
                                             "direct conv status");
     return GpuStatus::Ok();
   }

@@ -5,9 +5,9 @@
 #ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHECKS_H_
 #define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHECKS_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -114,22 +114,23 @@ inline int64_t OutputCapacity(const ConvAttrs& attrs, const KeyLayout& L, int64_
   return std::min(capacity * max_row, segments_bound);
 }
 
-// The GPU forward's device checks as its `status` output, for a padded_output call that
-// does not wait for them (ChannelSparseCheckStatus reads them later): kConvStatusSlots
-// slots of {first offending position (-1: passed), three details} in the order of
-// gpu::ConvCheck (input keys, input values, filter, bias, the fused ReLU's NaN), then the
-// input's key limit. All -1 where the op checked on the host (or waited for its checks).
-constexpr int kConvStatusSlots = 5;
-constexpr int kConvStatusSize = 4 * kConvStatusSlots + 1;
-
+// The GPU forward's device checks as its `status` output (kConvStatusSize values,
+// direct_conv_choices.h), for a padded_output call that does not wait for them
+// (DirectSparseConvCheckStatus reads them later): the slots are gpu::ConvCheck's, input
+// keys, input values, filter, bias, the fused ReLU's NaN. All -1 where the op checked on
+// the host (or waited for its checks). The first failed slot's message, as the CPU gives it.
 inline absl::Status ConvStatusError(const int64_t* status) {
   const int64_t limit = status[4 * kConvStatusSlots];
   const int64_t* keys = status;
+  const int64_t* values = status + 4;
+  const int64_t* filter = status + 8;
+  const int64_t* bias = status + 12;
+  const int64_t* relu = status + 16;
   if (keys[0] != -1) return InvalidKeyError("input", keys[0], keys[1], keys[2], limit);
-  if (status[4] != -1) return NaNError("input values", status[4]);
-  if (status[8] != -1) return NaNError("filter", status[8]);
-  if (status[12] != -1) return NaNError("bias", status[12]);
-  if (status[16] != -1) return FusedReluNaNError();
+  if (values[0] != -1) return NaNError("input values", values[0]);
+  if (filter[0] != -1) return NaNError("filter", filter[0]);
+  if (bias[0] != -1) return NaNError("bias", bias[0]);
+  if (relu[0] != -1) return FusedReluNaNError();
   return absl::OkStatus();
 }
 

@@ -1,5 +1,6 @@
 // The typed choices of DirectSparseConv and its backprop (their attributes `selection` and
-// `dataflow`), without TensorFlow or CUDA headers so that the CUDA sources share them.
+// `dataflow`) and the size of the forward's status output, without TensorFlow or CUDA
+// headers so that the CUDA sources share them.
 #ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHOICES_H_
 #define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHOICES_H_
 
@@ -23,6 +24,12 @@ enum class SelectionMode { kNone, kSigned, kAbs };
 //          CPU: its cost model, direct_conv_kernels.cc).
 // On each device both give the same touched set and bit-identical forward values.
 enum class DirectConvDataflow { kAuto, kSort, kDense };
+
+// DirectSparseConv's `status` output (direct_conv_checks.h, ConvStatusError): kConvStatusSlots
+// slots of {first offending position (-1: passed), three details} in the order of the GPU's
+// ConvCheck, then the input's key limit.
+constexpr int kConvStatusSlots = 5;
+constexpr int kConvStatusSize = 4 * kConvStatusSlots + 1;
 
 }  // namespace tf_sparseconv
 
