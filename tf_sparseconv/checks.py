@@ -74,3 +74,26 @@ def padded_by_library(keys):
         return False
     attr = _PADDING_SOURCES.get(keys.op.type[len(OP_NAMESPACE):])
     return attr is not None and keys.op.get_attr(attr)
+
+
+def padded_convs_upstream(keys):
+    """The DirectSparseConv ops with padded_output whose outputs reach keys through the
+    library's ops (and the pass-through ops) in keys' traced graph, stopping at status checks
+    already made: the convolutions whose deferred data checks (their `status` output) a
+    consumer of keys reads; none for an eager tensor."""
+    from tf_sparseconv._op_library import OP_NAMESPACE
+    op = getattr(keys, "op", None)
+    if op is None:
+        return []
+    found, seen, stack = [], set(), [op]
+    while stack:
+        op = stack.pop()
+        if op.name in seen or not (op.type.startswith(OP_NAMESPACE) or op.type in _PASS_THROUGH):
+            continue
+        seen.add(op.name)
+        if op.type == OP_NAMESPACE + "DirectSparseConvCheckStatus":
+            continue
+        if op.type == OP_NAMESPACE + "DirectSparseConv" and op.get_attr("padded_output"):
+            found.append(op)
+        stack.extend(t.op for t in op.inputs)
+    return sorted(found, key=lambda o: o.name)

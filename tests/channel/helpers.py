@@ -39,6 +39,17 @@ def assert_same_sparse(gpu, cpu, dtype):
     assert_close(gpu.values.numpy(), cpu.values.numpy(), dtype)
 
 
+def assert_exact_then_padding(got, want):
+    """got (a padded output) holds want's entries (the exact output), then only padding."""
+    from tf_sparseconv.channel.tensor import PADDING_KEY
+    live = int(want.num_entries)
+    assert int(got.live_entries) == live
+    np.testing.assert_array_equal(got.keys.numpy()[:live], want.keys.numpy())
+    np.testing.assert_array_equal(got.values.numpy()[:live], want.values.numpy())
+    np.testing.assert_array_equal(got.keys.numpy()[live:], PADDING_KEY)
+    np.testing.assert_array_equal(got.values.numpy()[live:], 0)
+
+
 def sparse_on(device, keys, values, dense_shape):
     with tf.device(device):
         return ts.ChannelSparseTensor(tf.constant(keys, tf.int64), tf.constant(values),

@@ -14,7 +14,7 @@ from tf_sparseconv import keras_layers as kl
 from tf_sparseconv._op_library import ops as raw_ops
 from tf_sparseconv.channel.tensor import PADDING_KEY
 from tf_sparseconv.checks import padded_by_library
-from tests.channel.helpers import random_filter, random_sparse_components
+from tests.channel.helpers import assert_exact_then_padding, random_filter, random_sparse_components
 from tests.device import assert_same_error
 
 SHAPE = [2, 6, 5, 4, 3]  # B, R1..R3, C
@@ -122,12 +122,7 @@ def test_padded_pooling_output_is_the_exact_output_then_padding(rng, device, str
     assert got.padded and not want.padded
     pooled_cells = int(np.prod(want.dense_shape.numpy()))
     assert int(got.num_entries) == min(len(keys), pooled_cells)
-    live = int(want.num_entries)
-    assert int(got.live_entries) == live
-    np.testing.assert_array_equal(got.keys.numpy()[:live], want.keys.numpy())
-    np.testing.assert_array_equal(got.values.numpy()[:live], want.values.numpy())
-    np.testing.assert_array_equal(got.keys.numpy()[live:], PADDING_KEY)
-    np.testing.assert_array_equal(got.values.numpy()[live:], 0)
+    assert_exact_then_padding(got, want)
     # padding's arg-max: its own position, so that the gradient's scatter of its zeros goes
     # to distinct input entries (not all to entry 0, one contended address on the GPU)
     with tf.device(device):

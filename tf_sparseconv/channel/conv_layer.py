@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tf_sparseconv.channel.direct_conv import (SELECTION_MODES, check_dataflow, check_temp_limit, direct_conv,
                                                k_from_rho_up)
-from tf_sparseconv.channel.keras_io import SparseLayer, logical_shape
+from tf_sparseconv.channel.keras_io import SparseLayer, check_padded_output, logical_shape, padded_now
 from tf_sparseconv.geometry import per_dim
 from tf_sparseconv.layer_config import choice, flag, real, whole, whole_or_wholes
 
@@ -88,9 +88,7 @@ class DirectSparseConv(SparseLayer):
             self.temp_limit_bytes = None if temp_limit_bytes is None else check_temp_limit(temp_limit_bytes)
         except ValueError as e:
             raise ValueError(f"{what}: {e}") from None
-        if padded_output not in ("auto", True, False):
-            raise ValueError(f"{what}: padded_output must be 'auto', True or False, got {padded_output!r}")
-        self.padded_output = padded_output
+        self.padded_output = check_padded_output(padded_output, what)
         self.filters = whole(filters, "filters", what)
         # Odd sizes >= 1 ('same' padding centres the kernel); their count is checked in build.
         sizes = whole_or_wholes(kernel_size, "kernel_size", what)
@@ -167,7 +165,7 @@ class DirectSparseConv(SparseLayer):
             x, self.kernel, self.bias, tf.cast(self.mask, tf.bool), selection=self.selection,
             k=self.k, rho_up=self.rho_up, dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes,
             activation=self.activation, return_counts=True,  # the ReLU fused into the op
-            padded_output=tf.inside_function() if self.padded_output == "auto" else self.padded_output)
+            padded_output=padded_now(self.padded_output))
         cells = tf.cast(tf.reduce_prod(y.dense_shape), tf.float32)
         self.density_metric.update_state(tf.cast(y.live_entries, tf.float32) / cells)
         if self.density_regularizer is not None and self.density_regularization_on and training:

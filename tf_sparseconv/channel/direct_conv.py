@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
-from tf_sparseconv.checks import check_every_op, made_by_library
+from tf_sparseconv.checks import check_every_op, made_by_library, padded_convs_upstream
 from tf_sparseconv.inputs import float_attr, int_attr, refuse_complex
 
 SELECTION_MODES = ("none", "signed", "abs")
@@ -140,24 +140,3 @@ def check_conv_statuses(tensor, keys):
         return tensor
     return _ops.direct_sparse_conv_check_status(tensor, [op.outputs[5] for op in convs],
                                                 sources=[op.name for op in convs])
-
-
-def padded_convs_upstream(keys):
-    """The DirectSparseConv ops with padded_output whose outputs reach keys through the
-    library's ops (and Identity / EnsureShape) in keys' traced graph, stopping at status
-    checks already made; none for an eager tensor."""
-    op = getattr(keys, "op", None)
-    if op is None:
-        return []
-    found, seen, stack = [], set(), [op]
-    while stack:
-        op = stack.pop()
-        if op.name in seen or not (op.type.startswith(OP_NAMESPACE) or op.type in ("Identity", "EnsureShape")):
-            continue
-        seen.add(op.name)
-        if op.type == OP_NAMESPACE + "DirectSparseConvCheckStatus":
-            continue
-        if op.type == OP_NAMESPACE + "DirectSparseConv" and op.get_attr("padded_output"):
-            found.append(op)
-        stack.extend(t.op for t in op.inputs)
-    return sorted(found, key=lambda o: o.name)

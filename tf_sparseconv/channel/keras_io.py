@@ -59,6 +59,20 @@ def logical_shape(input_shape):
     raise TypeError(f"sparse Keras layers take the dict made by as_keras_inputs / sparse_input; got shapes {input_shape}")
 
 
+def check_padded_output(padded_output, what):
+    """A sparse layer's padded_output option: 'auto', True or False (ValueError otherwise)."""
+    if padded_output not in ("auto", True, False):
+        raise ValueError(f"{what}: padded_output must be 'auto', True or False, got {padded_output!r}")
+    return padded_output
+
+
+def padded_now(padded_output):
+    """Whether a layer with this padded_output option pads the call being made: 'auto' pads
+    inside traced functions (fit, evaluate, predict), where padded dicts can pass between
+    layers (SparseLayer.call)."""
+    return tf.inside_function() if padded_output == "auto" else bool(padded_output)
+
+
 class CustomOpLayer(keras.layers.Layer):
     """A layer running the library's ops, TensorFlow custom ops that XLA cannot compile: Keras
     is told not to jit_compile models using it."""

@@ -1,11 +1,10 @@
 """The sparse layers around the convolution: ReLU, max-pooling, and the ways in and out
 of the channel-sparse representation."""
 import keras
-import tensorflow as tf
 
 from tf_sparseconv.channel.conversions import from_dense, to_dense
-from tf_sparseconv.channel.keras_io import (CustomOpLayer, SparseLayer, as_keras_inputs, from_keras_inputs,
-                                            logical_shape)
+from tf_sparseconv.channel.keras_io import (CustomOpLayer, SparseLayer, as_keras_inputs, check_padded_output,
+                                            from_keras_inputs, logical_shape, padded_now)
 from tf_sparseconv.channel.max_pool import sparse_max_pool
 from tf_sparseconv.channel.relu import sparse_relu
 from tf_sparseconv.geometry import per_dim
@@ -28,24 +27,22 @@ class SparseMaxPool(SparseLayer):
     sparse_max_pool: on the GPU the layer then does not wait for the device; the library's
     layers that follow skip the padding) or "auto" (padded inside a traced function, as in
     fit, evaluate and predict). Not the default: the layers after a padded pooling work over
-    its capacity, and a ModelNet40 32^3 epoch ran 3 % slower with it (docs/benchmarks.md).
+    its capacity; after exact convolutions a ModelNet40 32^3 epoch ran 3 % slower with it,
+    after padded ones (octnet3's default) faster (docs/benchmarks.md).
     A model whose output is this layer's dict hands the padding back with it.
     """
 
     def __init__(self, pool_size=2, padded_output=False, **kwargs):
         super().__init__(**kwargs)
         self.pool_size = whole_or_wholes(pool_size, "pool_size", self.name)
-        if padded_output not in ("auto", True, False):
-            raise ValueError(f"{self.name}: padded_output must be 'auto', True or False, got {padded_output!r}")
-        self.padded_output = padded_output
+        self.padded_output = check_padded_output(padded_output, self.name)
 
     def build(self, input_shape):
         d = logical_shape(input_shape).rank - 2
         self.strides = list(per_dim(self.pool_size, d, "pool_size", what=self.name))
 
     def sparse_call(self, x, training=None):
-        padded = tf.inside_function() if self.padded_output == "auto" else self.padded_output
-        return sparse_max_pool(x, self.strides, padded_output=padded)
+        return sparse_max_pool(x, self.strides, padded_output=padded_now(self.padded_output))
 
     def get_config(self):
         return {**super().get_config(), "pool_size": self.pool_size, "padded_output": self.padded_output}
