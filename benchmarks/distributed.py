@@ -46,6 +46,9 @@ from run_info import checkout_commit, checks_mode, gpu_thread_mode  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
 WORKLOADS = ("modelnet40_32_epoch", "site_unet_lidar_step")
+# The trainer's --collective choices (tf_sparseconv.training.distribute.COLLECTIVES; not imported
+# here, so that this parent process does not load TensorFlow before its trainers run).
+COLLECTIVES = ("nccl", "ring", "hierarchical-copy", "one-device")
 LIDAR_PATHS = (os.path.join(ROOT, "..", "shared", "data", "lidar_scan.npz"),
                os.path.join(ROOT, ".devdata", "lidar_scan.npz"))
 
@@ -93,13 +96,15 @@ def epoch_configurations(replica_counts, batch, scalings=("strong", "weak")):
     return out
 
 
-def trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir):
+def trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir, collective=None):
     """[(argv, environment)] of one configuration's processes: one process over the first
     `replicas` GPUs (default, mirrored), or one worker process per GPU on 127.0.0.1
     (multi-worker, as one host would run MultiWorkerMirroredStrategy with a process a GPU)."""
     argv = [sys.executable, "-m", "tf_sparseconv", "train", "--model", "octnet3", "--resolution", "32",
             "--epochs", str(args.epochs), "--batch-size", str(global_batch), "--strategy", strategy,
             "--seed", str(args.seed), "--out", out_dir]
+    if collective:
+        argv += ["--collective", collective]
     argv += (["--dataset", "modelnet40", "--data-dir", args.data_dir] if args.data_dir else
              ["--dataset", "synthetic", "--synthetic-per-class", str(args.synthetic_per_class)])
     if args.max_examples:
@@ -146,10 +151,10 @@ def cpu_blocks(processes, replicas, per_replica):
     return [cpus[i * size:(i + 1) * size] for i in range(processes)]
 
 
-def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir):
+def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir, collective=None):
     """One configuration of `tf-sparseconv train` (its processes at once) -> the chief's
     results.json (dict)."""
-    commands = trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir)
+    commands = trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir, collective)
     blocks = cpu_blocks(len(commands), replicas, args.cpus_per_replica)
     started = time.perf_counter()
     processes = [subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -193,16 +198,18 @@ def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir):
 def modelnet40_epoch_rows(args, gpus, record):
     rows = []
     runs = epoch_configurations(args.replicas, args.batch_size, args.scalings)
-    configurations = [(replicas, batch, scaling, strategy) for replicas, batch, scaling in runs
-                      for strategy in (["default"] if replicas == 1 else args.strategies)]
+    configurations = [(replicas, batch, scaling, strategy, collective) for replicas, batch, scaling in runs
+                      for strategy in (["default"] if replicas == 1 else args.strategies)
+                      for collective in ([None] if replicas == 1 else args.collectives or [None])]
     with tempfile.TemporaryDirectory() as scratch:
-        for i, (replicas, global_batch, scaling, strategy) in enumerate(configurations, 1):
+        for i, (replicas, global_batch, scaling, strategy, collective) in enumerate(configurations, 1):
             if replicas > max(gpus, 1) and not (strategy == "multi-worker" and not gpus):
                 print(f"  skipped {replicas} replicas: {gpus} GPU(s) visible", flush=True)
                 continue
             print(f"  [{i}/{len(configurations)}] {replicas} replica(s), --strategy {strategy}, global batch "
-                  f"{global_batch} ({scaling})", flush=True)
-            r = run_trainer(args, replicas, global_batch, strategy, gpus, os.path.join(scratch, f"run{i}"))
+                  f"{global_batch} ({scaling})" + (f", --collective {collective}" if collective else ""), flush=True)
+            r = run_trainer(args, replicas, global_batch, strategy, gpus, os.path.join(scratch, f"run{i}"),
+                            collective)
             row = base_row("modelnet40_32_epoch", r["strategy"], replicas, device_name(replicas, gpus),
                            r["shapes_per_s"])
             row.update(scaling=scaling, global_batch=global_batch, batch_per_replica=r["batch_size_per_replica"],
@@ -214,6 +221,7 @@ def modelnet40_epoch_rows(args, gpus, record):
                        val_overall_test_weighted_se=r["val_overall_test_weighted_se"],
                        process_s=round(r["process_s"], 1), cpus_per_process=r["cpus_per_process"],
                        command="python " + " ".join(r["argv"]))
+            row["collective"] = r.get("collective")
             row["convs"] = "exact" if "--exact-convs" in args.train_args else "padded"
             row["pooling"] = "exact" if "--exact-pools" in args.train_args else "padded"
             rows.append(row)
@@ -356,6 +364,9 @@ def main(argv=None):
     p.add_argument("--strategies", nargs="+", choices=("mirrored", "multi-worker"), default=["mirrored"],
                    help="modelnet40_32_epoch: how R > 1 replicas run: one process over R GPUs (mirrored) or "
                         "a worker process per GPU on this host (multi-worker)")
+    p.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=None,
+                   help="modelnet40_32_epoch: run R > 1 replicas once with each of these all-reduces (the trainer's "
+                        "--collective; default: the trainer's own choice)")
     p.add_argument("--scalings", nargs="+", choices=("strong", "weak"), default=["strong", "weak"],
                    help="modelnet40_32_epoch: which runs of R > 1 replicas, in this order")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one trainer configuration may take")

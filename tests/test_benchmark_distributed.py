@@ -12,6 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import distributed  # noqa: E402
+from tf_sparseconv.training import distribute  # noqa: E402
 
 ISSUE_KEYS = {"workload", "strategy", "replicas", "device", "items_per_s", "date"}
 
@@ -81,6 +82,10 @@ def test_multi_worker_configurations_run_a_worker_per_gpu_on_localhost(tmp_path)
     [(argv, env)] = distributed.trainer_commands(args, 2, 32, "mirrored", 2, str(tmp_path))
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and "TF_CONFIG" not in env
     assert argv[argv.index("--strategy") + 1] == "mirrored" and argv[argv.index("--batch-size") + 1] == "32"
+    assert "--collective" not in argv  # the trainer's own choice
+    [(argv, _)] = distributed.trainer_commands(args, 2, 32, "mirrored", 2, str(tmp_path), "hierarchical-copy")
+    assert argv[argv.index("--collective") + 1] == "hierarchical-copy"
+    assert set(distributed.COLLECTIVES) == set(distribute.COLLECTIVES)
     workers = distributed.trainer_commands(args, 2, 64, "multi-worker", 2, str(tmp_path))
     configs = [json.loads(env["TF_CONFIG"]) for _, env in workers]
     assert [env["CUDA_VISIBLE_DEVICES"] for _, env in workers] == ["0", "1"]

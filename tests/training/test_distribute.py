@@ -177,8 +177,8 @@ def test_trainer_on_two_workers_resumes_from_the_backups(tmp_path):
 
 def test_trainer_mirrored_over_two_logical_cpus_reports_replicas_and_throughput(tmp_path):
     [(code, output)] = run_processes(
-        [([sys.executable, SCRIPT, "train", "--", *SITE_TINY, "--strategy", "mirrored", "--epochs", "1",
-           "--vote-mirror", "--out", str(tmp_path / "run")],
+        [([sys.executable, SCRIPT, "train", "--", *SITE_TINY, "--strategy", "mirrored", "--collective", "one-device",
+           "--epochs", "1", "--vote-mirror", "--out", str(tmp_path / "run")],
           environment())], REPO)
     assert code == 0, output[-3000:]
     assert "on 2 replicas (4 examples each)" in output
@@ -187,6 +187,7 @@ def test_trainer_mirrored_over_two_logical_cpus_reports_replicas_and_throughput(
     with open(tmp_path / "run" / "results.json") as f:
         results = json.load(f)
     assert (results["replicas"], results["batch_size_per_replica"], results["synchronized_bn"]) == (2, 4, True)
+    assert results["collective"] == "one-device"
     assert 0 <= results["val_accuracy_mirror_vote"] <= 1
 
 
@@ -272,8 +273,17 @@ BAD_SETUPS = [
      "(each trains on batch-size / 2 examples); use 6 or 8"),
     (["--strategy", "parameter-server"], None, "argument --strategy: invalid choice: 'parameter-server'"),
     (["--strategy", "mirrored", "--collective", "ring"], None,
-     "--collective ring chooses the all-reduce between the workers of --strategy multi-worker; --strategy mirrored "
-     "takes none"),
+     "--collective ring is not an all-reduce of --strategy mirrored; it takes one of nccl, hierarchical-copy, "
+     "one-device"),
+    (["--strategy", "mirrored", "--collective", "nccl"], None,
+     "--collective nccl all-reduces between GPUs and this host has none; use --collective one-device"),
+    (["--strategy", "mirrored", "--collective", "hierarchical-copy"], None,
+     "--collective hierarchical-copy all-reduces between GPUs and this host has none; use --collective one-device"),
+    (["--strategy", "multi-worker", "--collective", "one-device"], two_workers(),
+     "--collective one-device is not an all-reduce of --strategy multi-worker; it takes one of nccl, ring"),
+    (["--collective", "one-device"], None,
+     "--collective one-device chooses how the replicas of --strategy mirrored or multi-worker all-reduce their "
+     "gradients; --strategy default takes none"),
     (["--strategy", "multi-worker", "--collective", "nccl"], two_workers(),
      "--collective nccl all-reduces between GPUs and this host has none; use --collective ring"),
     (["--strategy", "multi-worker", "--collective", "mpi"], two_workers(), "argument --collective: invalid choice"),
@@ -308,15 +318,28 @@ def test_replicas_on_gpus_without_gpu_kernels_are_refused(monkeypatch):
     assert distribute.expected_replicas("default") == 1
 
 
-def test_multi_worker_all_reduces_over_nccl_where_the_host_has_gpus(monkeypatch):
+def test_replicas_all_reduce_over_nccl_where_the_host_has_gpus(monkeypatch):
     assert distribute.collective_of("multi-worker") == "ring"  # this host: no GPU
     assert distribute.collective_of("multi-worker", "ring") == "ring"
-    assert distribute.collective_of("mirrored") is None and distribute.collective_of("default") is None
+    assert distribute.collective_of("mirrored") == "one-device"
+    assert distribute.collective_of("default") is None
     monkeypatch.setattr(tf.config, "list_physical_devices",
                         lambda kind=None: [tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")]
                         if kind == "GPU" else [])
     assert distribute.collective_of("multi-worker") == "nccl"
     assert distribute.collective_of("multi-worker", "ring") == "ring"
+    assert distribute.collective_of("mirrored") == "nccl"
+    assert distribute.collective_of("mirrored", "hierarchical-copy") == "hierarchical-copy"
+    assert distribute.collective_of("mirrored", "one-device") == "one-device"
+
+
+@pytest.mark.parametrize("collective,kind", [("nccl", tf.distribute.NcclAllReduce),
+                                             ("hierarchical-copy", tf.distribute.HierarchicalCopyAllReduce),
+                                             ("one-device", tf.distribute.ReductionToOneDevice)])
+def test_each_mirrored_collective_is_its_cross_device_ops(collective, kind):
+    assert type(distribute.mirrored_cross_device_ops(collective)) is kind
+    with pytest.raises(ValueError, match="--collective must be one of"):
+        distribute.mirrored_cross_device_ops("ring")
 
 
 def test_strategies_the_op_library_cannot_serve_are_refused():

@@ -35,8 +35,11 @@ import tensorflow as tf
 from tf_sparseconv.data.pipeline import ReplicaSplit
 
 STRATEGIES = ("default", "mirrored", "multi-worker")
-# The all-reduce between the workers of multi-worker (tf.distribute.experimental.CommunicationImplementation).
-COLLECTIVES = ("nccl", "ring")
+# How the replicas all-reduce their gradients, per strategy: between the workers of
+# multi-worker (tf.distribute.experimental.CommunicationImplementation), between the GPUs of
+# mirrored (its cross_device_ops: NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice).
+COLLECTIVES_OF = {"multi-worker": ("nccl", "ring"), "mirrored": ("nccl", "hierarchical-copy", "one-device")}
+COLLECTIVES = ("nccl", "ring", "hierarchical-copy", "one-device")
 TF_CONFIG_EXAMPLE = ('TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
                      '"task": {"type": "worker", "index": 0}}\' (index 1 on host2)')
 TRAINING_JOBS = ("chief", "worker")
@@ -151,35 +154,52 @@ def _library_has_gpu_kernels():
 
 
 def collective_of(strategy, collective=None):
-    """The all-reduce of --strategy multi-worker: collective (COLLECTIVES) where given, else
-    nccl where this host has GPUs and ring without. ValueError for one that cannot serve: any
-    --collective beside another strategy (MirroredStrategy all-reduces over NCCL on GPUs by
-    itself), nccl without GPUs (TensorFlow would fall back to ring, silently)."""
-    if strategy != "multi-worker":
+    """How the replicas of strategy all-reduce their gradients: collective (COLLECTIVES_OF[strategy])
+    where given, else nccl where this host has GPUs, and without GPUs ring (multi-worker) or
+    one-device (mirrored over logical CPUs); None for the default strategy. ValueError for one
+    that cannot serve: a collective of another strategy, or one that needs GPUs on a host
+    without (TensorFlow would fall back to another, silently)."""
+    if strategy not in COLLECTIVES_OF:
         if collective is not None:
-            raise ValueError(f"--collective {collective} chooses the all-reduce between the workers of --strategy "
-                             f"multi-worker; --strategy {strategy} takes none")
+            raise ValueError(f"--collective {collective} chooses how the replicas of --strategy mirrored or "
+                             f"multi-worker all-reduce their gradients; --strategy {strategy} takes none")
         return None
-    if collective not in (None,) + COLLECTIVES:
-        raise ValueError(f"--collective must be one of {COLLECTIVES}, got {collective!r}")
+    served = COLLECTIVES_OF[strategy]
+    if collective is not None and collective not in served:
+        raise ValueError(f"--collective {collective} is not an all-reduce of --strategy {strategy}; it takes one of "
+                         f"{', '.join(served)}")
     gpus = bool(tf.config.list_physical_devices("GPU"))
-    if collective == "nccl" and not gpus:
-        raise ValueError("--collective nccl all-reduces between GPUs and this host has none; use --collective ring "
-                         "(or leave it out)")
-    return collective or ("nccl" if gpus else "ring")
+    if collective in ("nccl", "hierarchical-copy") and not gpus:
+        without = "ring" if strategy == "multi-worker" else "one-device"
+        raise ValueError(f"--collective {collective} all-reduces between GPUs and this host has none; use "
+                         f"--collective {without} (or leave it out)")
+    return collective or ("nccl" if gpus else served[-1] if strategy == "mirrored" else "ring")
+
+
+def mirrored_cross_device_ops(collective):
+    """MirroredStrategy's cross_device_ops for a mirrored collective (collective_of)."""
+    if collective == "nccl":
+        return tf.distribute.NcclAllReduce()
+    if collective == "hierarchical-copy":
+        return tf.distribute.HierarchicalCopyAllReduce()
+    if collective == "one-device":
+        return tf.distribute.ReductionToOneDevice()
+    raise ValueError(f"--collective must be one of {COLLECTIVES_OF['mirrored']} for --strategy mirrored, "
+                     f"got {collective!r}")
 
 
 def make_strategy(name, collective=None):
-    """The tf.distribute strategy of name (STRATEGIES); collective: the all-reduce of
-    multi-worker (collective_of). multi-worker must be made before TensorFlow runs anything
+    """The tf.distribute strategy of name (STRATEGIES); collective: how its replicas
+    all-reduce (collective_of). multi-worker must be made before TensorFlow runs anything
     else in the process, as TensorFlow requires."""
     collective = collective_of(name, collective)
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
+        cross_device_ops = mirrored_cross_device_ops(collective)
         if tf.config.list_physical_devices("GPU"):
-            return tf.distribute.MirroredStrategy()  # every GPU
-        return tf.distribute.MirroredStrategy(local_devices(name))
+            return tf.distribute.MirroredStrategy(cross_device_ops=cross_device_ops)  # every GPU
+        return tf.distribute.MirroredStrategy(local_devices(name), cross_device_ops=cross_device_ops)
     if name == "multi-worker":
         cluster_from_tf_config()
         # TensorFlow's default (AUTO) runs NCCL only where the session config asks for it, so

@@ -508,9 +508,11 @@ def build_parser():
                         "(tf.distribute.MultiWorkerMirroredStrategy; run the same command on each host, the chief "
                         "writes --out)")
     p.add_argument("--collective", choices=COLLECTIVES, default=None,
-                   help="--strategy multi-worker: how the workers all-reduce their gradients, nccl (between GPUs, "
+                   help="how the replicas all-reduce their gradients. --strategy multi-worker: nccl (between GPUs, "
                         "the default where the host has GPUs) or ring (TensorFlow's ring over gRPC, the default "
-                        "without GPUs)")
+                        "without GPUs); --strategy mirrored: nccl (the default on GPUs), hierarchical-copy "
+                        "(copies between the GPUs) or one-device (sums on one device and copies back, the default "
+                        "over logical CPUs)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (> 0)")
     p.add_argument("--weight-decay", type=float, default=0.0,
@@ -640,7 +642,7 @@ def _check_strategy(parser, args):
     backup in <--backup-dir>/worker<task>, beside the chief's."""
     try:
         replicas = expected_replicas(args.strategy)
-        args.collective = collective_of(args.strategy, args.collective)  # resolved once: nccl, ring or None
+        args.collective = collective_of(args.strategy, args.collective)  # resolved once (None: default strategy)
     except ValueError as e:
         parser.error(one_line(e))
     if args.batch_size % replicas:
