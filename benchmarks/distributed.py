@@ -222,6 +222,7 @@ def modelnet40_epoch_rows(args, gpus, record):
                        process_s=round(r["process_s"], 1), cpus_per_process=r["cpus_per_process"],
                        command="python " + " ".join(r["argv"]))
             row["collective"] = r.get("collective")
+            row["steps_per_execution"] = r.get("steps_per_execution", 1)
             row["convs"] = "exact" if "--exact-convs" in args.train_args else "padded"
             row["pooling"] = "exact" if "--exact-pools" in args.train_args else "padded"
             rows.append(row)

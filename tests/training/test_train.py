@@ -87,6 +87,27 @@ def test_train_on_synthetic_writes_results_and_a_loadable_model(tmp_path, capsys
     assert model.output_shape == (None, 8)
 
 
+def test_steps_per_execution_trains_the_same_weights(tmp_path, monkeypatch):
+    # Keras runs N steps in one call of the traced function; the steps themselves (batches,
+    # order, Eq. 4, pruning at the epoch's end) are the same.
+    compiled, compile = [], keras.Model.compile
+
+    def recording_compile(model, *args, **kwargs):
+        compiled.append(kwargs.get("steps_per_execution", 1))
+        return compile(model, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "compile", recording_compile)
+    common = [*TINY, "--epochs", "2", "--lam", "0.1", "--prune-eps", "0.01", "--val-split", "none"]
+    one = train.main([*common, "--out", str(tmp_path / "one")])
+    three = train.main([*common, "--steps-per-execution", "3", "--out", str(tmp_path / "three")])
+    assert (one["steps_per_execution"], three["steps_per_execution"]) == (1, 3)
+    assert 3 in compiled and set(compiled) <= {1, 3}
+    np.testing.assert_allclose(three["history"]["loss"], one["history"]["loss"], rtol=1e-5)
+    a, b = (keras.models.load_model(tmp_path / run / "model.keras") for run in ("one", "three"))
+    for w, v in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_allclose(v, w, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.skipif(not os.path.exists(os.path.join(DATA, "mnist_train.npz")), reason="../shared/data is absent")
 def test_train_on_thresholded_mnist_subset(tmp_path):
     results = train.main(["--dataset", "mnist", "--data-dir", DATA, "--max-examples", "300", "--epochs", "1",
@@ -487,6 +508,7 @@ BAD_ARGUMENTS = [
      "--estimate-normals 16 estimates the normals feature; add normals to --features"),
     (["--features", "occupancy", "normals", "--estimate-normals", "2"],
      "--estimate-normals takes the neighbours per point as an integer from 3 to 256"),
+    (["--steps-per-execution", "0"], "--steps-per-execution must be >= 1, got 0"),
     # found only once the data is there: 2 shapes per class leave no validation example
     (["--synthetic-per-class", "2"], "leaves 16 for training and 0 for validation"),
     (["--synthetic-per-class", "3", "--val-split", "balanced"], "--val-split balanced (--val-per-class 50, "

@@ -328,7 +328,7 @@ def backed_up_epochs(backup_dir):
 # an evaluation at the end). A decaying learning rate spans the planned epochs, so under
 # one --epochs may not change either.
 RESUMABLE_CHANGES = ("epochs", "out", "overwrite", "backup_dir", "vote_mirror", "vote", "snapshot_epochs",
-                     "collective")
+                     "collective", "steps_per_execution")
 # Options whose parser default is None (given only with --lam > 0), as main() resolves them.
 RESOLVED_DEFAULTS = {"lam_reduction": "sum", "lam_terms": LAM_TERMS[0], "lam_density": DENSITIES[0]}
 
@@ -513,6 +513,9 @@ def build_parser():
                         "without GPUs); --strategy mirrored: nccl (the default on GPUs), hierarchical-copy "
                         "(copies between the GPUs) or one-device (sums on one device and copies back, the default "
                         "over logical CPUs)")
+    p.add_argument("--steps-per-execution", type=int, default=1, metavar="N",
+                   help="training steps per call of the traced train function (Keras' steps_per_execution): the "
+                        "host queues N steps without waiting for each one's end; the same training")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (> 0)")
     p.add_argument("--weight-decay", type=float, default=0.0,
@@ -663,7 +666,7 @@ def _check_values(parser, args):
                                ("--max-examples", args.max_examples, 0), ("--points", args.points, 1),
                                ("--synthetic-per-class", args.synthetic_per_class, 1),
                                ("--finetune-epochs", args.finetune_epochs, 0), ("--site-blocks", args.site_blocks, 1),
-                               ("--site-k", args.site_k, 0)):
+                               ("--site-k", args.site_k, 0), ("--steps-per-execution", args.steps_per_execution, 1)):
         if value < least:
             parser.error(f"{flag} must be >= {least}, got {value}")
     if not args.lr > 0:
@@ -1007,7 +1010,7 @@ def run_training(parser, args, argv, strategy):
         metrics = ["accuracy", MeanClassAccuracy(len(classes))]
         if test_weights is not None:
             metrics.append(MeanClassAccuracy(len(classes), test_weights, name="test_weighted_accuracy"))
-        model.compile(optimizer, loss, metrics=metrics)
+        model.compile(optimizer, loss, metrics=metrics, steps_per_execution=args.steps_per_execution)
     replica_batch = args.batch_size // replicas
     bound = None if site else memory_bound(model, replica_batch)
     # What the density bounds buy: the same net without them may hold every cell of its grid.
@@ -1081,7 +1084,7 @@ def run_training(parser, args, argv, strategy):
         "num_classes": len(classes), "classes": list(classes),
         "resolution": resolution, "epochs": len(history.get("loss", [])),
         "batch_size": args.batch_size, "strategy": args.strategy, "replicas": replicas,
-        "collective": args.collective,
+        "collective": args.collective, "steps_per_execution": args.steps_per_execution,
         "batch_size_per_replica": replica_batch,
         "shapes_per_s": trained_per_epoch / float(np.mean(seconds[1:] or seconds)),
         "rhos": list(rhos), "lambda": args.lam, "lam_terms": args.lam_terms, "lam_density": args.lam_density,
