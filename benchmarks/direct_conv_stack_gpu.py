@@ -51,7 +51,7 @@ def make_stack(rng, r, rho_f, device):
     return x, filters
 
 
-def sparse_stack(r, filters, padded):
+def sparse_stack(r, filters, padded, dataflow="auto"):
     @tf.function
     def run(keys, values, dense_shape):
         h = ts.ChannelSparseTensor(keys, values, dense_shape)
@@ -62,12 +62,12 @@ def sparse_stack(r, filters, padded):
             else:
                 w, mask = next(convs)
                 h = ts.direct_conv(h, w, None, mask, selection="signed", rho_up=1.0 / r, activation="relu",
-                                   padded_output=padded)
+                                   padded_output=padded, dataflow=dataflow)
         return ts.to_dense(h)
     return run
 
 
-def layer_times(x, r, filters, warmup, repeats):
+def layer_times(x, r, filters, warmup, repeats, dataflow="auto"):
     """(name, seconds, input entries, output length) of each sparse layer alone, padded
     outputs, on the previous layer's output (synchronised calls, as the whole stack)."""
     out, convs, h = [], iter(filters), x
@@ -80,13 +80,49 @@ def layer_times(x, r, filters, warmup, repeats):
             name = f"{i + 1}: conv {layer[0]}->{layer[1]}"
             fn = tf.function(lambda k, v, s, p, w=w, mask=mask: ts.direct_conv(
                 ts.ChannelSparseTensor(k, v, s, padded=p), w, None, mask, selection="signed", rho_up=1.0 / r,
-                activation="relu", padded_output=True))
+                activation="relu", padded_output=True, dataflow=dataflow))
         args = (h.keys, h.values, h.dense_shape, h.padded)
         seconds = median_time(lambda: fn(*args), warmup, repeats)
         y = fn(*args)
         out.append((name, seconds, int(h.live_entries), int(y.num_entries)))
         h = ts.ChannelSparseTensor(y.keys, y.values, y.dense_shape, padded=True)
     return out
+
+
+def kernel_times(run, args, calls, top):
+    """The GPU's kernels, copies and memsets during `calls` calls of run(*args) under
+    TensorFlow's profiler: (busy ms per call, [(name, ms per call, launches per call)] of the
+    top names by time)."""
+    import glob
+    import tempfile
+    from step_profile import union_length
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    logdir = tempfile.mkdtemp(prefix="stack_kernels_")
+    run(*args)
+    tf.profiler.experimental.start(logdir)
+    for _ in range(calls):
+        run(*args)
+    tf.profiler.experimental.stop()
+    space = xplane_pb2.XSpace()
+    with open(sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1], "rb") as f:
+        space.ParseFromString(f.read())
+    by_name, intervals = {}, []
+    for plane in space.planes:
+        if not plane.name.startswith("/device:GPU:"):
+            continue
+        names = {i: m.name for i, m in plane.event_metadata.items()}
+        for line in plane.lines:
+            if "stream" not in line.name.lower():
+                continue
+            for event in line.events:
+                b = line.timestamp_ns * 1000 + event.offset_ps
+                intervals.append((b, b + event.duration_ps))
+                name = names.get(event.metadata_id, "?")
+                total, count = by_name.get(name, (0, 0))
+                by_name[name] = (total + event.duration_ps, count + 1)
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]
+    return (union_length(intervals) / 1e9 / calls,
+            [(name[:160], ps / 1e9 / calls, count / calls) for name, (ps, count) in ranked])
 
 
 def dense_stack(filters):
@@ -113,6 +149,11 @@ def main():
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--per-layer", action="store_true", help="also time each sparse layer alone (kind stack_layer)")
+    p.add_argument("--dataflow", choices=("auto", "sort", "dense"), default="auto",
+                   help="the convolutions' dataflow (direct_conv's dataflow=)")
+    p.add_argument("--kernels", type=int, default=0, metavar="N",
+                   help="also trace 3 calls of the padded stack and give its N costliest GPU kernels (kind "
+                        "stack_kernels: the GPU's busy time per call and each kernel's time and launches per call)")
     p.add_argument("--out", default=DEFAULT_OUT)
     args = p.parse_args()
     gpus = tf.config.list_physical_devices("GPU")
@@ -129,11 +170,12 @@ def main():
             dense = dense_stack(filters)
             want = dense(dense_in).numpy()
             row = dict(kind="stack", r=r, rho=1.0 / r, rho_f=rho_f, batch=1, layers=len(CHANNELS),
-                       entries=int(x.keys.shape[0]), device=device_name, date=datetime.date.today().isoformat(),
+                       entries=int(x.keys.shape[0]), dataflow=args.dataflow, device=device_name,
+                       date=datetime.date.today().isoformat(),
                        commit=checkout_commit(),
                        dense_s=median_time(lambda: dense(dense_in), args.warmup, args.repeats))
             for padded in (True, False):
-                ours = sparse_stack(r, filters, padded)
+                ours = sparse_stack(r, filters, padded, args.dataflow)
                 got = ours(x.keys, x.values, x.dense_shape).numpy()
                 # k-selection keeps the k largest per channel and the support stays the
                 # touched set: the sparse stack is not the dense one, so only the shape is checked
@@ -148,12 +190,22 @@ def main():
             f.write(json.dumps(row) + "\n")
             if args.per_layer:
                 with tf.device(args.device):
-                    timed = layer_times(x, r, filters, args.warmup, args.repeats)
+                    timed = layer_times(x, r, filters, args.warmup, args.repeats, args.dataflow)
                 for name, seconds, entries, length in timed:
                     f.write(json.dumps(dict(kind="stack_layer", r=r, rho_f=rho_f, layer=name, ours_s=seconds,
-                                            in_entries=entries, out_length=length, device=device_name,
-                                            date=row["date"], commit=row["commit"])) + "\n")
+                                            in_entries=entries, out_length=length, dataflow=args.dataflow,
+                                            device=device_name, date=row["date"], commit=row["commit"])) + "\n")
                     print(f"    {name}: {seconds * 1e3:.2f} ms ({entries} live entries in, {length} out)", flush=True)
+            if args.kernels:
+                with tf.device(args.device):
+                    busy, top = kernel_times(sparse_stack(r, filters, True, args.dataflow),
+                                             (x.keys, x.values, x.dense_shape), 3, args.kernels)
+                f.write(json.dumps(dict(kind="stack_kernels", r=r, rho_f=rho_f, dataflow=args.dataflow,
+                                        gpu_busy_s=busy / 1e3, kernels=[[n, ms / 1e3, c] for n, ms, c in top],
+                                        device=device_name, date=row["date"], commit=row["commit"])) + "\n")
+                print(f"    GPU busy {busy:.2f} ms per call; costliest kernels:", flush=True)
+                for name, ms, count in top:
+                    print(f"      {ms:7.3f} ms  x{count:5.1f}  {name[:110]}", flush=True)
         print(f"[{i}/{len(configs)}] r={r} rho_f={rho_f}: ours {row['ours_s'] * 1e3:.2f} ms (exact outputs "
               f"{row['ours_exact_s'] * 1e3:.2f} ms), dense {row['dense_s'] * 1e3:.2f} ms: {row['ratio']:.2f}x "
               f"({row['ratio_exact']:.2f}x)", flush=True)
