@@ -1,5 +1,5 @@
 // DirectSparseConv and its backprop on the GPU (Hackel et al., Algorithms 1 and 2),
-// deterministic without atomics.
+// deterministic: no float atomics (integer atomics count, in any order, exactly).
 //
 // Forward, sort-based, memory proportional to the contributions:
 //  1. Every input entry i owns max_row contribution slots, one per present weight of its
@@ -14,17 +14,20 @@
 //     are bit-identical to the CPU kernel's.
 //  3. A compaction of the first slot of each output key sums its run and adds the bias:
 //     the touched set, sorted by key; touched_counts from binary searches.
-//  4. k-selection: a stable sort of the touched entries by score, largest first, then a
-//     stable sort by segment; the first k of each segment are kept. Both sorts are
-//     stable, so equal scores stay in key order: ties go to the smaller key.
+//  4. k-selection: per (b, oc) segment of more than k touched entries, a radix select of
+//     the k-th largest score (8-bit digits, most significant first: a histogram per round),
+//     then the entries above it and the first of its ties in key order are kept: the k
+//     largest, ties to the smaller key.
 //  5. A compaction of the kept entries gives the output size (read back with the
 //     checks) and, after the OpKernel allocated the outputs, writes them in key order.
 //
 // Temporary memory of the forward pass, U = n * max_row contribution slots:
 //   U * (16 + 2 * sizeof(T))   keys and values of the contributions, double-buffered
-//                              (the touched set and the score sort reuse them)
-//   + V * 9 with k-selection   entry indices (double-buffered) and keep flags, for
-//                              V = min(U, B * Cout * R^d) >= the touched entries
+//                              (the touched set and k-selection's ties reuse them)
+//   + V * 9 with k-selection   the ranks of the ties and keep flags, for
+//                              V = min(U, B * Cout * R^d) >= the touched entries (the
+//                              ties and the segment of each entry reuse the contributions'
+//                              buffers), and 1 KiB + 16 bytes per segment (histograms)
 //   + n * (12 + 4 * d)         per-entry output base, input channel, coordinates
 //   + 32 bytes per 2048 slots, (B * Cout + 1) * 8, the weight table, CUB's scratch.
 //
@@ -160,56 +163,203 @@ __global__ void SegmentCountKernel(const int64_t* begin, int64_t num_segments, i
 }
 
 // positive[s] = touched entries > 0 of segment s (before k-selection). Integer atomics:
-// exact and independent of the order, so the result is deterministic.
+// exact and independent of the order, so the result is deterministic. The touched keys are
+// sorted, so a block's kThreads consecutive entries mostly share one segment: the block
+// counts them together (one atomic per block), else each warp per segment among its lanes
+// (one atomic per warp and segment). One atomic per entry on the few segments of a large
+// grid (B * Cout = 8) took 2 ms of a 4 ms convolution (H200, 256^3, 2026-11-29).
 template <typename T>
-__global__ void PositiveCountKernel(const int64_t* touched_keys, const T* touched_values,
-                                    const int64_t* touched_total, int64_t num_slots,
-                                    int64_t spatial_size, int64_t* positive) {
+__global__ void __launch_bounds__(kThreads)
+PositiveCountKernel(const int64_t* touched_keys, const T* touched_values, const int64_t* touched_total,
+                    int64_t num_slots, int64_t spatial_size, int64_t* positive) {
   const int64_t total = *touched_total;
-  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
-    if (j < total && touched_values[j] > T(0)) {
-      atomicAdd(reinterpret_cast<unsigned long long*>(&positive[touched_keys[j] / spatial_size]), 1ULL);
-    }
-  }
-}
-
-// Score keys for a stable ascending sort that puts the largest score first; slots past
-// the touched set sort last.
-template <typename T>
-__global__ void ScoreKernel(const T* touched_values, const int64_t* touched_total,
-                            int64_t num_slots, bool by_magnitude,
-                            typename ScoreBits<T>::type* score, int32_t* index) {
-  using Bits = typename ScoreBits<T>::type;
-  const int64_t total = *touched_total;
-  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
-    index[j] = static_cast<int32_t>(j);
-    if (j < total) {
-      T s = by_magnitude ? fabs(touched_values[j]) : touched_values[j];
-      if (s == T(0)) s = T(0);  // -0 == +0 on the CPU: a tie, decided by the key
-      score[j] = ~ScoreBits<T>::Ordered(s);
+  const int64_t end = total < num_slots ? total : num_slots;
+  __shared__ int64_t block_segment[2];
+  // the loop's bounds are the same for the whole block: every thread reaches each barrier
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads; base < end;
+       base += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t j = base + threadIdx.x;
+    const bool in_range = j < end;
+    const int64_t segment = in_range ? touched_keys[j] / spatial_size : -1;
+    const bool positive_here = in_range && touched_values[j] > T(0);
+    if (threadIdx.x == 0) block_segment[0] = segment;
+    const int64_t last = (end - base < kThreads ? end - base : kThreads) - 1;
+    if (threadIdx.x == last) block_segment[1] = segment;
+    __syncthreads();
+    const bool one_segment = block_segment[0] == block_segment[1];  // sorted: all between are equal
+    const int count = __syncthreads_count(positive_here);
+    if (one_segment) {
+      if (threadIdx.x == 0 && count > 0) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(&positive[block_segment[0]]),
+                  static_cast<unsigned long long>(count));
+      }
     } else {
-      score[j] = ~Bits(0);
+      const unsigned int lanes = __ballot_sync(0xffffffffu, positive_here);
+      if (positive_here) {
+        const unsigned int same = __match_any_sync(lanes, static_cast<unsigned long long>(segment)) & lanes;
+        if ((threadIdx.x % 32) == static_cast<unsigned int>(__ffs(same) - 1)) {
+          atomicAdd(reinterpret_cast<unsigned long long*>(&positive[segment]),
+                    static_cast<unsigned long long>(__popc(same)));
+        }
+      }
+    }
+    __syncthreads();  // block_segment is rewritten by the next iteration
+  }
+}
+
+// ---- k-selection: a radix select per (b, oc) segment, no sort ----
+//
+// Segment s keeps the k entries with the largest score bits U (ScoreBits: ordered like the
+// score), ties to the smaller key, i.e. the earlier position: the order of a stable sort by
+// score, descending. Where a segment holds more than k entries, kRadixBits-bit digits of U,
+// most significant first, narrow down the k-th largest U (the threshold t): per round, a
+// histogram of the digit over the entries whose higher digits equal the prefix found so
+// far, then the digit where the count from the top reaches the entries still to pick
+// (remaining). After the last round prefix = t and remaining = how many entries equal to t
+// are kept, the first ones in key order (a scan of the ties). Work ~ rounds passes over the
+// touched set, against the two radix sorts of every touched entry it replaces.
+constexpr int kRadixBits = 8;
+constexpr int kRadixBins = 1 << kRadixBits;
+constexpr int kSelectItems = 16;  // entries per thread and tile of the histogram kernel
+
+template <typename T>
+__device__ inline typename ScoreBits<T>::type ScoreOf(T value, bool by_magnitude) {
+  T s = by_magnitude ? fabs(value) : value;
+  if (s == T(0)) s = T(0);  // -0 == +0 on the CPU: a tie, decided by the key
+  return ScoreBits<T>::Ordered(s);
+}
+
+// segment_of[j] = the segment of touched entry j (-1 past the touched set).
+__global__ void SegmentOfKernel(const int64_t* touched_keys, const int64_t* touched_total, int64_t touched_bound,
+                                int64_t spatial_size, int32_t* segment_of) {
+  const int64_t total = *touched_total;
+  TF_SPARSECONV_GRID_LOOP(j, touched_bound) {
+    segment_of[j] = j < total ? static_cast<int32_t>(touched_keys[j] / spatial_size) : -1;
+  }
+}
+
+// remaining[s] = k where segment s holds more than k entries (it is selected), else -1
+// (every entry kept); prefix[s] = 0.
+template <typename Bits>
+__global__ void SelectStartKernel(const int64_t* begin, int64_t num_segments, int64_t k, Bits* prefix,
+                                  int64_t* remaining) {
+  TF_SPARSECONV_GRID_LOOP(s, num_segments) {
+    remaining[s] = begin[s + 1] - begin[s] > k ? k : -1;
+    prefix[s] = 0;
+  }
+}
+
+// hist[s * kRadixBins + digit] += entries of selected segments whose digit at `shift` is
+// `digit` and whose higher digits equal prefix[s]. A tile of kThreads * kSelectItems
+// consecutive entries within one segment (the sorted keys make that the common case on
+// large segments) counts in shared memory and adds its non-zero bins once; a tile across
+// segments adds each entry to the global histogram.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+SelectHistogramKernel(const T* values, bool by_magnitude, const int32_t* segment_of, const int64_t* touched_total,
+                      int64_t touched_bound, const typename ScoreBits<T>::type* prefix, const int64_t* remaining,
+                      int shift, uint32_t* hist) {
+  using Bits = typename ScoreBits<T>::type;
+  constexpr int kBits = 8 * sizeof(Bits);
+  __shared__ uint32_t bins[kRadixBins];
+  __shared__ int32_t tile_segment[2];
+  const int64_t total = *touched_total;
+  const int64_t end = total < touched_bound ? total : touched_bound;
+  constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kSelectItems;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kTile; base < end;
+       base += static_cast<int64_t>(gridDim.x) * kTile) {
+    const int64_t tile_end = base + kTile < end ? base + kTile : end;
+    for (int b = threadIdx.x; b < kRadixBins; b += kThreads) bins[b] = 0;
+    if (threadIdx.x == 0) {
+      tile_segment[0] = segment_of[base];
+      tile_segment[1] = segment_of[tile_end - 1];
+    }
+    __syncthreads();
+    const bool shared_bins = tile_segment[0] == tile_segment[1];
+    const int32_t s0 = tile_segment[0];
+    if (!shared_bins || remaining[s0] >= 0) {  // a whole tile of an unselected segment has nothing to count
+      for (int64_t j = base + threadIdx.x; j < tile_end; j += kThreads) {
+        const int32_t s = segment_of[j];
+        if (remaining[s] < 0) continue;
+        const Bits u = ScoreOf(values[j], by_magnitude);
+        const int high = shift + kRadixBits;
+        if (high < kBits && (u >> high) != (prefix[s] >> high)) continue;
+        const uint32_t digit = static_cast<uint32_t>(u >> shift) & (kRadixBins - 1);
+        if (shared_bins) {
+          atomicAdd(&bins[digit], 1u);
+        } else {
+          atomicAdd(&hist[static_cast<int64_t>(s) * kRadixBins + digit], 1u);
+        }
+      }
+    }
+    __syncthreads();
+    if (shared_bins) {
+      for (int b = threadIdx.x; b < kRadixBins; b += kThreads) {
+        if (bins[b] != 0u) atomicAdd(&hist[static_cast<int64_t>(s0) * kRadixBins + b], bins[b]);
+      }
+    }
+    __syncthreads();  // bins and tile_segment are rewritten by the next tile
+  }
+}
+
+// Per selected segment: the digit at `shift` where the count from the top bin reaches
+// remaining[s]; the entries of the higher bins are kept, so remaining[s] drops by them.
+template <typename Bits>
+__global__ void SelectDigitKernel(const uint32_t* hist, int64_t num_segments, int shift, Bits* prefix,
+                                  int64_t* remaining) {
+  TF_SPARSECONV_GRID_LOOP(s, num_segments) {
+    const int64_t want = remaining[s];
+    if (want < 0) continue;
+    int64_t above = 0;
+    for (int digit = kRadixBins - 1; digit >= 0; --digit) {
+      const int64_t here = hist[s * kRadixBins + digit];
+      if (above + here >= want || digit == 0) {
+        prefix[s] |= static_cast<Bits>(digit) << shift;
+        remaining[s] = want - above;
+        break;
+      }
+      above += here;
     }
   }
 }
 
-__global__ void SegmentKeyKernel(const int32_t* index, const int64_t* touched_keys,
-                                 const int64_t* touched_total, int64_t num_slots,
-                                 int64_t spatial_size, uint32_t no_segment, uint32_t* segment) {
+// tie[j] = 1 where entry j of a selected segment has the threshold score prefix[s].
+template <typename T>
+__global__ void SelectTieKernel(const T* values, bool by_magnitude, const int32_t* segment_of,
+                                const int64_t* touched_total, int64_t touched_bound,
+                                const typename ScoreBits<T>::type* prefix, const int64_t* remaining, int64_t* tie) {
   const int64_t total = *touched_total;
-  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
-    const int64_t t = index[j];
-    segment[j] = t < total ? static_cast<uint32_t>(touched_keys[t] / spatial_size) : no_segment;
+  TF_SPARSECONV_GRID_LOOP(j, touched_bound) {
+    int64_t is_tie = 0;
+    if (j < total) {
+      const int32_t s = segment_of[j];
+      is_tie = remaining[s] >= 0 && ScoreOf(values[j], by_magnitude) == prefix[s] ? 1 : 0;
+    }
+    tie[j] = is_tie;
   }
 }
 
-// After both sorts, segment s occupies positions begin[s] .. begin[s + 1] in (score desc,
-// key asc) order: the first k positions are kept.
-__global__ void KeepKernel(const uint32_t* segment, const int32_t* index, const int64_t* begin,
-                           int64_t num_slots, uint32_t no_segment, int64_t k, uint8_t* keep) {
-  TF_SPARSECONV_GRID_LOOP(j, num_slots) {
-    if (segment[j] == no_segment) continue;
-    keep[index[j]] = (j - begin[segment[j]]) < k ? 1 : 0;
+// keep[j]: every entry of an unselected segment; of a selected one, the scores above the
+// threshold and the first remaining[s] ties (tie_rank: the exclusive sum of tie).
+template <typename T>
+__global__ void SelectKeepKernel(const T* values, bool by_magnitude, const int32_t* segment_of,
+                                 const int64_t* touched_total, int64_t touched_bound, const int64_t* begin,
+                                 const typename ScoreBits<T>::type* prefix, const int64_t* remaining,
+                                 const int64_t* tie_rank, uint8_t* keep) {
+  const int64_t total = *touched_total;
+  TF_SPARSECONV_GRID_LOOP(j, touched_bound) {
+    uint8_t kept = 0;
+    if (j < total) {
+      const int32_t s = segment_of[j];
+      const int64_t want = remaining[s];
+      if (want < 0) {
+        kept = 1;
+      } else {
+        const auto u = ScoreOf(values[j], by_magnitude);
+        kept = u > prefix[s] || (u == prefix[s] && tie_rank[j] - tie_rank[begin[s]] < want) ? 1 : 0;
+      }
+    }
+    keep[j] = kept;
   }
 }
 
@@ -670,7 +820,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   touched_total_ = touched_total;
   uint64_t* slot_keys[2] = {nullptr, nullptr};
   T* slot_values[2] = {nullptr, nullptr};
-  void* free_buffers[2] = {nullptr, nullptr};  // room for touched_bound items of sizeof(T) (and >= 4) bytes
+  void* free_buffers[2] = {nullptr, nullptr};  // room for touched_bound items: [0] of 8 bytes, [1] of sizeof(T) >= 4
   int current = 0;
   if (touched_bound == 0) {
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
@@ -776,39 +926,44 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   relu_values_ = a.relu ? touched_values_ : nullptr;
 
   if (selection != SelectionMode::kNone && touched_bound > 0) {
-    // The sort keys go to the free buffers: the summed contributions', or new ones.
-    for (int buffer = 0; buffer < 2; ++buffer) {
-      if (free_buffers[buffer] == nullptr) free_buffers[buffer] = scratch->DeviceArray<uint64_t>(touched_bound);
-      if (free_buffers[buffer] == nullptr) return GpuStatus::OutOfMemory("k-selection");
-    }
+    // The ties (8 bytes an entry) and the segment of each entry (4) go to the free buffers:
+    // the summed contributions' keys and values (8 and sizeof(T) >= 4 bytes a slot), or new ones.
+    if (free_buffers[0] == nullptr) free_buffers[0] = scratch->DeviceArray<int64_t>(touched_bound);
+    if (free_buffers[1] == nullptr) free_buffers[1] = scratch->DeviceArray<int32_t>(touched_bound);
     using Bits = typename ScoreBits<T>::type;
-    Bits* score[2] = {static_cast<Bits*>(free_buffers[0]), static_cast<Bits*>(free_buffers[1])};
-    int32_t* index[2] = {scratch->DeviceArray<int32_t>(touched_bound),
-                         scratch->DeviceArray<int32_t>(touched_bound)};
+    const bool by_magnitude = selection == SelectionMode::kAbs;
+    int64_t* tie = static_cast<int64_t*>(free_buffers[0]);
+    int32_t* segment_of = static_cast<int32_t*>(free_buffers[1]);
+    int64_t* tie_rank = scratch->DeviceArray<int64_t>(touched_bound);
+    Bits* prefix = scratch->DeviceArray<Bits>(num_segments);
+    int64_t* remaining = scratch->DeviceArray<int64_t>(num_segments);
+    uint32_t* hist = scratch->DeviceArray<uint32_t>(num_segments * kRadixBins);
     uint8_t* keep = scratch->DeviceArray<uint8_t>(touched_bound);
-    if (!index[0] || !index[1] || !keep) return GpuStatus::OutOfMemory("k-selection");
-    ScoreKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-        touched_values_, touched_total, touched_bound, selection == SelectionMode::kAbs, score[0],
-        index[0]);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection scores");
-    int by_score = 0;
-    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, score, index, touched_bound,
-                                            static_cast<int>(8 * sizeof(Bits)), &by_score));
-    const uint32_t no_segment = static_cast<uint32_t>(num_segments);
-    uint32_t* segment[2] = {static_cast<uint32_t*>(free_buffers[0]), static_cast<uint32_t*>(free_buffers[1])};
-    int32_t* segment_index[2] = {index[by_score], index[1 - by_score]};
-    SegmentKeyKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-        segment_index[0], touched_keys_, touched_total, touched_bound, L.spatial_size, no_segment,
-        segment[0]);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection segments");
-    int by_segment = 0;
-    TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, segment, segment_index, touched_bound,
-                                            BitsFor(no_segment), &by_segment));
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(keep, 0, touched_bound, stream),
-                                            "k-selection");
-    KeepKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-        segment[by_segment], segment_index[by_segment], segment_begin, touched_bound, no_segment, k,
-        keep);
+    if (!tie || !segment_of || !tie_rank || !prefix || !remaining || !hist || !keep) {
+      return GpuStatus::OutOfMemory("k-selection");
+    }
+    SegmentOfKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(touched_keys_, touched_total, touched_bound,
+                                                                       L.spatial_size, segment_of);
+    SelectStartKernel<Bits><<<BlocksFor(num_segments), kThreads, 0, stream>>>(segment_begin, num_segments, k,
+                                                                              prefix, remaining);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
+    const int64_t tiles = (touched_bound + kThreads * kSelectItems - 1) / (kThreads * kSelectItems);
+    for (int shift = 8 * static_cast<int>(sizeof(Bits)) - kRadixBits; shift >= 0; shift -= kRadixBits) {
+      TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+          cudaMemsetAsync(hist, 0, sizeof(uint32_t) * num_segments * kRadixBins, stream), "k-selection");
+      SelectHistogramKernel<T><<<LoopBlocks(tiles), kThreads, 0, stream>>>(
+          touched_values_, by_magnitude, segment_of, touched_total, touched_bound, prefix, remaining, shift, hist);
+      SelectDigitKernel<Bits><<<BlocksFor(num_segments), kThreads, 0, stream>>>(hist, num_segments, shift, prefix,
+                                                                                remaining);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
+    }
+    SelectTieKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        touched_values_, by_magnitude, segment_of, touched_total, touched_bound, prefix, remaining, tie);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection ties");
+    TF_SPARSECONV_RETURN_IF_ERROR(ExclusiveSum(stream, scratch, tie, tie_rank, touched_bound));
+    SelectKeepKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        touched_values_, by_magnitude, segment_of, touched_total, touched_bound, segment_begin, prefix, remaining,
+        tie_rank, keep);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
     keep_ = keep;
   }
