@@ -101,22 +101,25 @@ __global__ void EntryDataKernel(KeyLayout L, int64_t cout, const int64_t* keys, 
   }
 }
 
-template <typename T>
+// Index: the integer type of the slot arithmetic, uint32_t where the slots fit (a 64-bit
+// division per slot took most of this kernel's time).
+template <typename T, typename Index>
 __global__ void ContributionsKernel(KeyLayout L, EntryData e, const T* values, const T* filter,
                                     const GpuPresentWeight* weights, const int64_t* row_begin,
                                     int64_t max_row, int64_t num_slots, uint64_t no_output,
                                     const Report* report, uint64_t* out_keys, T* products) {
   const bool valid = ChecksPassed(report);
+  const Index row_length = static_cast<Index>(max_row);
   TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
     uint64_t key = no_output;
     T product = T(0);
-    const int64_t i = slot / max_row;
+    const Index i = static_cast<Index>(slot) / row_length;
     if (valid && e.ic[i] >= 0) {
-      const int64_t r = slot - i * max_row;
+      const int64_t r = static_cast<Index>(slot) - i * row_length;
       const int64_t row = row_begin[e.ic[i]];
       if (r < row_begin[e.ic[i] + 1] - row) {
         const GpuPresentWeight& w = weights[row + r];
-        if (Reaches(e.coords + i * L.d, w, L.d)) {
+        if (Reaches(e.coords + static_cast<int64_t>(i) * L.d, w, L.d)) {
           key = static_cast<uint64_t>(e.out_base[i] + w.oc * L.spatial_size - w.lin_delta);
           product = MulRn(values[i], filter[w.filter_index]);
         }
@@ -302,23 +305,49 @@ SelectHistogramKernel(const T* values, bool by_magnitude, const int32_t* segment
   }
 }
 
-// Per selected segment: the digit at `shift` where the count from the top bin reaches
-// remaining[s]; the entries of the higher bins are kept, so remaining[s] drops by them.
+// Per selected segment, one warp: the digit at `shift` where the count from the top bin
+// reaches remaining[s]; the entries of the higher bins are kept, so remaining[s] drops by
+// them. Lane l holds bins 8l .. 8l + 7; the counts above each lane's bins are a warp scan.
 template <typename Bits>
 __global__ void SelectDigitKernel(const uint32_t* hist, int64_t num_segments, int shift, Bits* prefix,
                                   int64_t* remaining) {
-  TF_SPARSECONV_GRID_LOOP(s, num_segments) {
-    const int64_t want = remaining[s];
+  constexpr int kPerLane = kRadixBins / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t s = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; s < num_segments;
+       s += warps) {
+    const int64_t want = remaining[s];  // the same for the whole warp
     if (want < 0) continue;
-    int64_t above = 0;
-    for (int digit = kRadixBins - 1; digit >= 0; --digit) {
-      const int64_t here = hist[s * kRadixBins + digit];
-      if (above + here >= want || digit == 0) {
-        prefix[s] |= static_cast<Bits>(digit) << shift;
-        remaining[s] = want - above;
-        break;
+    uint32_t bins[kPerLane];
+    int64_t mine = 0;
+#pragma unroll
+    for (int b = 0; b < kPerLane; ++b) {
+      bins[b] = hist[s * kRadixBins + lane * kPerLane + b];
+      mine += bins[b];
+    }
+    // above = the bins of the higher lanes: an inclusive scan from lane 31 down, minus mine
+    int64_t from_top = mine;
+    for (int step = 1; step < 32; step *= 2) {
+      const int64_t other = __shfl_down_sync(0xffffffffu, from_top, step);
+      if (lane + step < 32) from_top += other;
+    }
+    int64_t above = from_top - mine;
+    // the lane whose bins cross want (the highest such lane: bins above it hold fewer),
+    // else lane 0 takes digit 0, as the one-thread scan did
+    const bool crosses = above < want && above + mine >= want;
+    const unsigned int crossing = __ballot_sync(0xffffffffu, crosses || (want == 0 && lane == 31));
+    const int chosen = crossing != 0u ? 31 - __clz(crossing) : 0;
+    if (lane == chosen) {
+      int digit = lane * kPerLane;
+      for (int b = kPerLane - 1; b >= 0; --b) {
+        if (above + bins[b] >= want || b == 0) {
+          digit = lane * kPerLane + b;
+          break;
+        }
+        above += bins[b];
       }
-      above += here;
+      prefix[s] |= static_cast<Bits>(digit) << shift;
+      remaining[s] = want - above;
     }
   }
 }
@@ -882,9 +911,15 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
         return GpuStatus::OutOfMemory("contributions");
       }
     }
-    ContributionsKernel<T><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-        L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, no_output,
-        device_report, slot_keys[0], slot_values[0]);
+    if (num_slots <= static_cast<int64_t>(UINT32_MAX)) {
+      ContributionsKernel<T, uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+          L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, no_output,
+          device_report, slot_keys[0], slot_values[0]);
+    } else {
+      ContributionsKernel<T, uint64_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+          L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, no_output,
+          device_report, slot_keys[0], slot_values[0]);
+    }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("contributions");
     TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, slot_keys, slot_values, num_slots,
                                             BitsFor(no_output), &current));
@@ -953,8 +988,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
           cudaMemsetAsync(hist, 0, sizeof(uint32_t) * num_segments * kRadixBins, stream), "k-selection");
       SelectHistogramKernel<T><<<LoopBlocks(tiles), kThreads, 0, stream>>>(
           touched_values_, by_magnitude, segment_of, touched_total, touched_bound, prefix, remaining, shift, hist);
-      SelectDigitKernel<Bits><<<BlocksFor(num_segments), kThreads, 0, stream>>>(hist, num_segments, shift, prefix,
-                                                                                remaining);
+      SelectDigitKernel<Bits><<<BlocksFor(num_segments * 32), kThreads, 0, stream>>>(hist, num_segments, shift,
+                                                                                     prefix, remaining);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
     }
     SelectTieKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
