@@ -33,8 +33,9 @@
 //
 // Backprop, one thread per input entry for in_grad (same order as the CPU, so
 // bit-identical), binary search of the output key in the sorted out_keys; filter_grad
-// and bias_grad from fixed partitions summed by fixed-order block trees, so they are
-// deterministic but not bit-identical to the CPU's sequential sums.
+// and bias_grad from fixed partitions summed by fixed-order trees (a warp per part of the
+// filter gradient, a block per part of the bias gradient), so they are deterministic but
+// not bit-identical to the CPU's sequential sums.
 // Temporary memory of the backprop: n * (12 + 4 * d) + (B * Cin + B * Cout + 2) * 8
 //   + sizeof(T) * (P * B * G + B * Cout * G') for the partial sums, G, G' <= 256.
 #include <cstdint>
@@ -461,6 +462,11 @@ __device__ inline int64_t LinkedOutput(const KeyLayout& L, const EntryData& e, i
   return out.Find(e.out_base[i] + w.oc * L.spatial_size - w.lin_delta);
 }
 
+// Loads in flight per thread in the gradient kernels: each output lookup is two dependent
+// random reads (the output's index, then its gradient), so a thread issues kGradUnroll of
+// them before it adds any, in the same order as one at a time.
+constexpr int kGradUnroll = 4;
+
 template <typename T>
 __global__ void InGradKernel(KeyLayout L, EntryData e, const T* filter,
                              const GpuPresentWeight* weights, const int64_t* row_begin,
@@ -471,9 +477,27 @@ __global__ void InGradKernel(KeyLayout L, EntryData e, const T* filter,
     T sum = T(0);
     if (valid && e.ic[i] >= 0) {  // padding: 0
       const int32_t ic = e.ic[i];
-      for (int64_t r = row_begin[ic]; r < row_begin[ic + 1]; ++r) {
-        const int64_t p = LinkedOutput(L, e, i, weights[r], out);
-        if (p >= 0) sum = AddRn(sum, MulRn(out_grad[p], filter[weights[r].filter_index]));
+      const int64_t end = row_begin[ic + 1];
+      for (int64_t r0 = row_begin[ic]; r0 < end; r0 += kGradUnroll) {
+        T term[kGradUnroll];
+        bool linked[kGradUnroll];
+#pragma unroll
+        for (int u = 0; u < kGradUnroll; ++u) {
+          linked[u] = false;
+          term[u] = T(0);
+          if (r0 + u < end) {
+            const GpuPresentWeight& w = weights[r0 + u];
+            const int64_t p = LinkedOutput(L, e, i, w, out);
+            if (p >= 0) {
+              linked[u] = true;
+              term[u] = MulRn(out_grad[p], filter[w.filter_index]);
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kGradUnroll; ++u) {
+          if (linked[u]) sum = AddRn(sum, term[u]);  // the row's order, as the CPU
+        }
       }
     }
     in_grad[i] = sum;
@@ -488,20 +512,26 @@ __global__ void KeyBoundsKernel(const int64_t* keys, int64_t n, int64_t num_segm
   }
 }
 
-// Block (w, b, c) sums g * v over part c of input segment (b, ic(w)).
+// Warp task t = (w, b, c) sums g * v over part c of input segment (b, ic(w)): each lane its
+// entries lo + lane, lo + lane + 32, ... in order, then a fixed shuffle tree over the lanes,
+// so the same inputs give the same sum on every run. (A block per task, with a 256-thread
+// tree for the ~2 entries per thread of a training batch's segment, took 10 of a 28 ms
+// OctNet3 step's GPU time on an H200, 2026-11-29.)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     FilterGradPartialKernel(KeyLayout L, EntryData e, const T* values,
                             const GpuPresentWeight* weights, int64_t num_weights,
                             const int64_t* in_begin, OutputLookup out, const T* out_grad,
                             int64_t parts, const Report* report, T* partial) {
-  __shared__ T shared[kThreads];
   const bool valid = ChecksPassed(report);
-  const int64_t num_blocks = num_weights * L.batch * parts;
-  for (int64_t blk = blockIdx.x; blk < num_blocks; blk += gridDim.x) {
-    const int64_t w = blk / (L.batch * parts);
-    const int64_t b = (blk / parts) % L.batch;
-    const int64_t c = blk % parts;
+  const int lane = threadIdx.x % 32;
+  const int64_t num_tasks = num_weights * L.batch * parts;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
+  for (int64_t task = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; task < num_tasks;
+       task += warps) {
+    const int64_t w = task / (L.batch * parts);
+    const int64_t b = (task / parts) % L.batch;
+    const int64_t c = task % parts;
     T sum = T(0);
     if (valid) {
       const GpuPresentWeight& pw = weights[w];
@@ -509,13 +539,32 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t len = in_begin[seg + 1] - in_begin[seg];
       const int64_t lo = in_begin[seg] + len * c / parts;
       const int64_t hi = in_begin[seg] + len * (c + 1) / parts;
-      for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
-        const int64_t p = LinkedOutput(L, e, i, pw, out);
-        if (p >= 0) sum = AddRn(sum, MulRn(out_grad[p], values[i]));
+      for (int64_t i0 = lo + lane; i0 < hi; i0 += 32 * kGradUnroll) {
+        T term[kGradUnroll];
+        bool linked[kGradUnroll];
+#pragma unroll
+        for (int u = 0; u < kGradUnroll; ++u) {
+          const int64_t i = i0 + 32 * u;
+          linked[u] = false;
+          term[u] = T(0);
+          if (i < hi) {
+            const int64_t p = LinkedOutput(L, e, i, pw, out);
+            if (p >= 0) {
+              linked[u] = true;
+              term[u] = MulRn(out_grad[p], values[i]);
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kGradUnroll; ++u) {
+          if (linked[u]) sum = AddRn(sum, term[u]);
+        }
       }
     }
-    const T total = BlockSum(sum, shared);
-    if (threadIdx.x == 0) partial[blk] = total;
+    for (int offset = 16; offset > 0; offset /= 2) {
+      sum = AddRn(sum, __shfl_down_sync(0xffffffffu, sum, offset));
+    }
+    if (lane == 0) partial[task] = sum;
   }
 }
 
@@ -1129,8 +1178,10 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     const int64_t parts_per_weight = L.batch * parts;
     T* partial = scratch->DeviceArray<T>(a.weights.count * parts_per_weight);
     if (!partial) return GpuStatus::OutOfMemory("filter gradient");
-    FilterGradPartialKernel<T><<<LoopBlocks(a.weights.count * parts_per_weight), kThreads, 0,
-                                 stream>>>(L, e, a.values, weights, a.weights.count, in_begin,
+    const int64_t warps_per_block = kThreads / 32;
+    FilterGradPartialKernel<T><<<LoopBlocks((a.weights.count * parts_per_weight + warps_per_block - 1) /
+                                            warps_per_block),
+                                 kThreads, 0, stream>>>(L, e, a.values, weights, a.weights.count, in_begin,
                                            out, out_grad, parts, device_report, partial);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
     FilterGradKernel<T><<<BlocksFor(a.weights.count), kThreads, 0, stream>>>(
