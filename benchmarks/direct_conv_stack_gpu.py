@@ -91,20 +91,27 @@ def layer_times(x, r, filters, warmup, repeats, dataflow="auto"):
 
 def kernel_times(run, args, calls, top):
     """The GPU's kernels, copies and memsets during `calls` calls of run(*args) under
-    TensorFlow's profiler: (busy ms per call, [(name, ms per call, launches per call)] of the
-    top names by time)."""
+    TensorFlow's profiler: kernels_in_trace of the trace."""
     import glob
     import tempfile
-    from step_profile import union_length
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
     logdir = tempfile.mkdtemp(prefix="stack_kernels_")
     run(*args)
     tf.profiler.experimental.start(logdir)
     for _ in range(calls):
         run(*args)
     tf.profiler.experimental.stop()
+    return kernels_in_trace(sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1],
+                            calls, top)
+
+
+def kernels_in_trace(xspace_path, calls, top):
+    """(GPU busy ms per call, [(name, ms per call, launches per call)] of the `top` names by
+    time) from the GPUs' stream lines of a profiler trace (derived lines, which repeat the
+    streams' time, left out; busy is the union of the events' intervals)."""
+    from step_profile import union_length
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
     space = xplane_pb2.XSpace()
-    with open(sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1], "rb") as f:
+    with open(xspace_path, "rb") as f:
         space.ParseFromString(f.read())
     by_name, intervals = {}, []
     for plane in space.planes:
