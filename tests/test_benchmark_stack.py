@@ -60,8 +60,8 @@ def test_a_small_cpu_run_writes_each_kind_of_row(tmp_path):
     assert kinds == ["stack"] + ["stack_layer"] * 6 + ["stack_kernels"]
     assert all(r["dataflow"] == "sort" and r["r"] == 16 for r in rows)
     assert rows[0]["ours_s"] > 0 and rows[0]["dense_s"] > 0 and rows[0]["ratio"] > 0
-    assert [r["layer"] for r in rows[1:7]] == ["1: conv 1->8", "2: conv 8->8", "3: max-pool 2", "4: conv 8->16",
-                                              "5: conv 16->16", "6: max-pool 2"]
+    layers = ["1: conv 1->8", "2: conv 8->8", "3: max-pool 2", "4: conv 8->16", "5: conv 16->16", "6: max-pool 2"]
+    assert [r["layer"] for r in rows[1:7]] == layers
     assert all(r["in_entries"] > 0 and r["out_length"] > 0 for r in rows[1:7])
     assert rows[7]["gpu_busy_s"] == 0 and rows[7]["kernels"] == []  # no GPU here: no GPU plane
     assert "summary: 1 stack rows" in done.stdout
