@@ -38,8 +38,9 @@ STRATEGIES = ("default", "mirrored", "multi-worker")
 # How the replicas all-reduce their gradients, per strategy: between the workers of
 # multi-worker (tf.distribute.experimental.CommunicationImplementation), between the GPUs of
 # mirrored (its cross_device_ops: NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice).
+# The last of each is the one that needs no GPU, the default on a host without.
 COLLECTIVES_OF = {"multi-worker": ("nccl", "ring"), "mirrored": ("nccl", "hierarchical-copy", "one-device")}
-COLLECTIVES = ("nccl", "ring", "hierarchical-copy", "one-device")
+COLLECTIVES = tuple(dict.fromkeys(c for served in COLLECTIVES_OF.values() for c in served))
 TF_CONFIG_EXAMPLE = ('TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
                      '"task": {"type": "worker", "index": 0}}\' (index 1 on host2)')
 TRAINING_JOBS = ("chief", "worker")
@@ -169,11 +170,11 @@ def collective_of(strategy, collective=None):
         raise ValueError(f"--collective {collective} is not an all-reduce of --strategy {strategy}; it takes one of "
                          f"{', '.join(served)}")
     gpus = bool(tf.config.list_physical_devices("GPU"))
-    if collective in ("nccl", "hierarchical-copy") and not gpus:
-        without = "ring" if strategy == "multi-worker" else "one-device"
+    without_gpus = served[-1]
+    if collective is not None and collective != without_gpus and not gpus:
         raise ValueError(f"--collective {collective} all-reduces between GPUs and this host has none; use "
-                         f"--collective {without} (or leave it out)")
-    return collective or ("nccl" if gpus else served[-1] if strategy == "mirrored" else "ring")
+                         f"--collective {without_gpus} (or leave it out)")
+    return collective or ("nccl" if gpus else without_gpus)
 
 
 def mirrored_cross_device_ops(collective):
