@@ -106,27 +106,15 @@ def kernel_times(run, args, calls, top):
 
 def kernels_in_trace(xspace_path, calls, top):
     """(GPU busy ms per call, [(name, ms per call, launches per call)] of the `top` names by
-    time) from the GPUs' stream lines of a profiler trace (derived lines, which repeat the
-    streams' time, left out; busy is the union of the events' intervals)."""
-    from step_profile import union_length
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    space = xplane_pb2.XSpace()
-    with open(xspace_path, "rb") as f:
-        space.ParseFromString(f.read())
+    time) from the GPUs' stream events of a profiler trace (step_profile.gpu_stream_events;
+    busy is the union of the events' intervals)."""
+    from step_profile import gpu_stream_events, union_length
     by_name, intervals = {}, []
-    for plane in space.planes:
-        if not plane.name.startswith("/device:GPU:"):
-            continue
-        names = {i: m.name for i, m in plane.event_metadata.items()}
-        for line in plane.lines:
-            if "stream" not in line.name.lower():
-                continue
-            for event in line.events:
-                b = line.timestamp_ns * 1000 + event.offset_ps
-                intervals.append((b, b + event.duration_ps))
-                name = names.get(event.metadata_id, "?")
-                total, count = by_name.get(name, (0, 0))
-                by_name[name] = (total + event.duration_ps, count + 1)
+    for _, events in gpu_stream_events(xspace_path).values():
+        for b, e, name in events:
+            intervals.append((b, e))
+            total, count = by_name.get(name or "?", (0, 0))
+            by_name[name or "?"] = (total + e - b, count + 1)
     ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]
     return (union_length(intervals) / 1e9 / calls,
             [(name[:160], ps / 1e9 / calls, count / calls) for name, (ps, count) in ranked])

@@ -116,35 +116,42 @@ def idle_gaps(intervals, at_least):
     return gaps
 
 
-def gpu_summary(xspace_path):
-    """Per GPU plane of the trace: (name, busy ps, kernels, NCCL ps, line names, idle gaps of
-    at least LONG_GAP_PS), from the events on its stream lines (CUPTI's kernels and copies)."""
+def gpu_stream_events(xspace_path):
+    """{GPU plane name: ([line names], [(begin ps, end ps, event name)])} of a profiler trace:
+    the events on each GPU's stream lines (CUPTI's kernels, copies and memsets); derived
+    lines (steps, ops), which repeat the streams' time, are named but their events left out."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
     space = xplane_pb2.XSpace()
     with open(xspace_path, "rb") as f:
         space.ParseFromString(f.read())
-    out = []
+    out = {}
     for plane in space.planes:
         if not plane.name.startswith("/device:GPU:"):
             continue
         names = {i: m.name for i, m in plane.event_metadata.items()}
-        intervals, kernels, nccl, lines = [], 0, [], []
+        lines, events = out.setdefault(plane.name, ([], []))
         for line in plane.lines:
             lines.append(line.name)
             if "stream" not in line.name.lower():
-                continue  # derived lines (steps, ops) repeat the streams' time
+                continue
             base = line.timestamp_ns * 1000
             for event in line.events:
                 b = base + event.offset_ps
-                intervals.append((b, b + event.duration_ps))
-                name = names.get(event.metadata_id, "")
-                # by the event's own name: a stream line's name lists every kind it carried
-                # ("Stream #22(MemcpyD2H,MemcpyH2D,Compute,Memset)")
-                if not name.lower().startswith(("memcpy", "memset")):
-                    kernels += 1
-                if "nccl" in name.lower():
-                    nccl.append((b, b + event.duration_ps))
-        out.append((plane.name, union_length(intervals), kernels, union_length(nccl), sorted(set(lines)),
+                events.append((b, b + event.duration_ps, names.get(event.metadata_id, "")))
+    return out
+
+
+def gpu_summary(xspace_path):
+    """Per GPU plane of the trace: (name, busy ps, kernels, NCCL ps, line names, idle gaps of
+    at least LONG_GAP_PS), from the events on its stream lines (gpu_stream_events)."""
+    out = []
+    for plane, (lines, events) in gpu_stream_events(xspace_path).items():
+        intervals = [(b, e) for b, e, _ in events]
+        # by the event's own name: a stream line's name lists every kind it carried
+        # ("Stream #22(MemcpyD2H,MemcpyH2D,Compute,Memset)")
+        kernels = sum(1 for _, _, name in events if not name.lower().startswith(("memcpy", "memset")))
+        nccl = [(b, e) for b, e, name in events if "nccl" in name.lower()]
+        out.append((plane, union_length(intervals), kernels, union_length(nccl), sorted(set(lines)),
                     idle_gaps(intervals, LONG_GAP_PS)))
     return sorted(out)
 

@@ -11,11 +11,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import direct_conv_stack_gpu as stack  # noqa: E402
-
-
-def _event(line, metadata_id, offset_ps, duration_ps):
-    event = line.events.add()
-    event.metadata_id, event.offset_ps, event.duration_ps = metadata_id, offset_ps, duration_ps
+from tests.test_benchmark_step_profile import add_event  # noqa: E402
 
 
 def test_kernels_in_trace_ranks_names_by_time_per_call(tmp_path):
@@ -23,7 +19,7 @@ def test_kernels_in_trace_ranks_names_by_time_per_call(tmp_path):
     space = xplane_pb2.XSpace()
     host = space.planes.add()
     host.name = "/host:CPU"
-    _event(host.lines.add(), 1, 0, 10**9)  # host time is not GPU time
+    add_event(host.lines.add(), 1, 0, 10**9)  # host time is not GPU time
     gpu = space.planes.add()
     gpu.name = "/device:GPU:0"
     gpu.event_metadata[1].name = "ContributionsKernel"
@@ -31,13 +27,13 @@ def test_kernels_in_trace_ranks_names_by_time_per_call(tmp_path):
     gpu.event_metadata[3].name = "Memset"
     stream = gpu.lines.add()
     stream.name, stream.timestamp_ns = "Stream #7(Compute,Memset)", 0
-    _event(stream, 1, 0, 3000)
-    _event(stream, 2, 3000, 5000)
-    _event(stream, 1, 10000, 3000)
-    _event(stream, 3, 9000, 2000)          # overlaps the second ContributionsKernel by 1000
+    add_event(stream, 1, 0, 3000)
+    add_event(stream, 2, 3000, 5000)
+    add_event(stream, 1, 10000, 3000)
+    add_event(stream, 3, 9000, 2000)          # overlaps the second ContributionsKernel by 1000
     derived = gpu.lines.add()
     derived.name = "TensorFlow Ops"        # repeats the streams' time: left out
-    _event(derived, 2, 0, 10**6)
+    add_event(derived, 2, 0, 10**6)
     path = tmp_path / "t.xplane.pb"
     path.write_bytes(space.SerializeToString())
     busy_ms, top = stack.kernels_in_trace(str(path), calls=2, top=2)

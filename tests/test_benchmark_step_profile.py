@@ -17,7 +17,8 @@ def test_union_length_counts_overlaps_once():
     assert step_profile.union_length([(30, 35), (0, 10), (10, 12)]) == 17
 
 
-def _event(line, metadata_id, offset_ps, duration_ps):
+def add_event(line, metadata_id, offset_ps, duration_ps):
+    """An event on a profiler trace's line (also tests/test_benchmark_stack.py's)."""
     event = line.events.add()
     event.metadata_id, event.offset_ps, event.duration_ps = metadata_id, offset_ps, duration_ps
 
@@ -27,7 +28,7 @@ def test_gpu_summary_reads_the_stream_lines_of_each_gpu(tmp_path):
     space = xplane_pb2.XSpace()
     host = space.planes.add()
     host.name = "/host:CPU"
-    _event(host.lines.add(), 1, 0, 10**9)  # host time is not GPU time
+    add_event(host.lines.add(), 1, 0, 10**9)  # host time is not GPU time
     gpu = space.planes.add()
     gpu.name = "/device:GPU:0"
     gpu.event_metadata[1].name = "DirectConvKernel"
@@ -36,16 +37,16 @@ def test_gpu_summary_reads_the_stream_lines_of_each_gpu(tmp_path):
     compute = gpu.lines.add()
     # as CUPTI names a stream's line: every kind of event it carried
     compute.name, compute.timestamp_ns = "Stream #13(MemcpyDtoH,Compute,Memset)", 1
-    _event(compute, 1, 0, 4000)          # [1000, 5000) ps
-    _event(compute, 2, 6000, 2000)       # [7000, 9000): NCCL
-    _event(compute, 3, 7000, 500)        # a copy on a compute stream: busy, but no kernel
+    add_event(compute, 1, 0, 4000)          # [1000, 5000) ps
+    add_event(compute, 2, 6000, 2000)       # [7000, 9000): NCCL
+    add_event(compute, 3, 7000, 500)        # a copy on a compute stream: busy, but no kernel
     copies = gpu.lines.add()
     copies.name, copies.timestamp_ns = "Stream #14(MemcpyDtoH)", 0
-    _event(copies, 3, 4000, 2000)        # [4000, 6000): overlaps the first kernel by 1000
+    add_event(copies, 3, 4000, 2000)        # [4000, 6000): overlaps the first kernel by 1000
     derived = gpu.lines.add()
     derived.name = "TensorFlow Ops"      # repeats the streams' time: left out
-    _event(derived, 1, 0, 10**6)
-    _event(compute, 1, 10**8 + 9000 - 1000, 1000)  # [10^8 + 9000, ...): after an idle 0.1 ms
+    add_event(derived, 1, 0, 10**6)
+    add_event(compute, 1, 10**8 + 9000 - 1000, 1000)  # [10^8 + 9000, ...): after an idle 0.1 ms
     path = tmp_path / "t.xplane.pb"
     path.write_bytes(space.SerializeToString())
     [(name, busy, kernels, nccl, lines, gaps)] = step_profile.gpu_summary(str(path))
