@@ -13,6 +13,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -227,10 +228,48 @@ def test_a_worker_that_loses_its_peer_stops_with_one_line_naming_it(tmp_path):
         _, errors = workers[0].communicate(timeout=120)  # heartbeats stop: worker 0 ends by itself
         assert workers[0].returncode == 1, errors[-3000:]
         assert "Traceback" not in errors
-        assert re.search(r"^tf-sparseconv train: error: the cluster lost worker 1 \(it stopped sending heartbeats\); "
+        # Worker 0 learns it from the missed heartbeats or, first, from a collective whose
+        # connection the dying worker reset; either way the line names worker 1.
+        assert re.search(r"^tf-sparseconv train: error: the cluster lost worker 1 \((it stopped sending heartbeats|"
+                         rf"127\.0\.0\.1:{ports[1]} no longer accepts connections)\); "
                          r"stop every worker and run the same commands again", errors, re.M), errors[-3000:]
     finally:
         end_all(workers)
+
+
+def test_unreachable_tasks_names_the_other_peers_whose_address_refuses_connections():
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    try:
+        ports = [listening.getsockname()[1], *distribute.free_local_ports(2)]  # worker 0 listens, 1 and 2 do not
+        silent = [("worker", i, f"127.0.0.1:{ports[i]}") for i in (1, 2)]
+        for me, expected in [(0, silent), (1, silent[1:]), (2, silent[:1])]:
+            environ = {"TF_CONFIG": distribute.local_tf_config(ports, me)}
+            assert distribute.unreachable_tasks(environ, seconds=1) == expected
+    finally:
+        listening.close()
+    assert distribute.unreachable_tasks({}) == []
+    assert distribute.unreachable_tasks({"TF_CONFIG": "{"}) == []
+
+
+LOST_WORKER_ERRORS = {
+    "a reset connection": ("Collective ops is aborted by: recvmsg:Connection reset by peer",
+                           "worker 1 (127.0.0.1:{port} no longer accepts connections)"),
+    "missed heartbeats": ("The following tasks are unhealthy (stopped sending heartbeats):\n"
+                          "/job:worker/replica:0/task:1", "worker 1 (it stopped sending heartbeats)")}
+
+
+@pytest.mark.parametrize("case", sorted(LOST_WORKER_ERRORS))
+def test_cluster_failures_named_names_the_lost_worker(monkeypatch, case):
+    message, named = LOST_WORKER_ERRORS[case]
+    ports = distribute.free_local_ports(2)  # this task is worker 0; nothing listens at worker 1's address
+    monkeypatch.setenv("TF_CONFIG", distribute.local_tf_config(ports, 0))
+    strategy = object.__new__(tf.distribute.MultiWorkerMirroredStrategy)  # only its type is read
+    expected = f"the cluster lost {named.format(port=ports[1])}; stop every worker"
+    with pytest.raises(distribute.ClusterFailure, match=re.escape(expected)):
+        with distribute.cluster_failures_named(strategy):
+            raise tf.errors.UnavailableError(None, None, message)
 
 
 def test_a_worker_waiting_for_its_peers_stops_on_ctrl_c(tmp_path):

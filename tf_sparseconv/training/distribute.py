@@ -227,6 +227,30 @@ def _interruptible(make):
         signal.signal(signal.SIGINT, previous)
 
 
+def unreachable_tasks(environ=None, seconds=2.0):
+    """(job, index, address) of the other tasks of TF_CONFIG's cluster whose address does
+    not accept a TCP connection within seconds (their process ended or their host is gone);
+    empty without a valid TF_CONFIG."""
+    environ = os.environ if environ is None else environ
+    try:
+        cluster_from_tf_config(environ)
+        config = json.loads(environ["TF_CONFIG"])
+    except (ValueError, KeyError):
+        return []
+    me = (config["task"]["type"], config["task"]["index"])
+    silent = []
+    for job in TRAINING_JOBS:
+        for index, address in enumerate(config["cluster"].get(job, [])):
+            if (job, index) == me:
+                continue
+            host, _, port = address.rpartition(":")
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=seconds).close()
+            except OSError:
+                silent.append((job, index, address))
+    return silent
+
+
 class ClusterFailure(RuntimeError):
     """A worker of a multi-worker cluster stopped; the run cannot go on."""
 
@@ -247,9 +271,18 @@ def cluster_failures_named(strategy):
         message = str(e)
         tasks = sorted(set(_UNHEALTHY_TASK.findall(message.split("unhealthy", 1)[-1])))
         lost = ", ".join(f"{job} {index}" for job, index in tasks) if "unhealthy" in message and tasks else None
+        if lost:
+            why = f"the cluster lost {lost} (it stopped sending heartbeats)"
+        else:
+            # A peer killed mid-collective resets its connection before the coordination
+            # service misses its heartbeats; the peers whose address no longer answers name it.
+            silent = unreachable_tasks()
+            named = ", ".join(f"{job} {index} ({address} no longer accepts connections)"
+                              for job, index, address in silent)
+            why = (f"the cluster lost {named}" if silent else
+                   f"the cluster's collective operations failed ({message.strip().splitlines()[0][:200]})")
         raise ClusterFailure(
-            (f"the cluster lost {lost} (it stopped sending heartbeats)" if lost else
-             f"the cluster's collective operations failed ({message.strip().splitlines()[0][:200]})")
+            why
             + "; stop every worker and run the same commands again (with --backup-dir they resume from the "
               "last finished epoch)") from None
 
