@@ -1,7 +1,7 @@
 """Shared fixtures: the device a test runs on (CPU, and the GPU where TensorFlow sees one,
 with strict placement), a per-test seeded Generator, random sparse dense-arrays, fill levels,
 value dtypes, the float64 gradient check and an exact ChannelSparseTensor comparison; the
-fuzz modules' options (--fuzz-examples, --fuzz-report) and their outcome table."""
+fuzz modules' options (--fuzz-examples, --fuzz-report, --fuzz-seed) and their outcome table."""
 import json
 import sys
 import zlib
@@ -26,11 +26,18 @@ def pytest_addoption(parser):
     group.addoption("--fuzz-examples", type=int, default=FUZZ_EXAMPLES,
                     help=f"fuzz cases per op and device (default {FUZZ_EXAMPLES})")
     group.addoption("--fuzz-report", metavar="PATH", help="write the fuzz outcomes per op as JSON rows to PATH")
+    group.addoption("--fuzz-seed", type=int, metavar="S",
+                    help="draw other cases than the default run's fixed ones, from seed S (a long bug hunt)")
 
 
 @pytest.fixture
 def fuzz_examples(request):
     return request.config.getoption("--fuzz-examples")
+
+
+@pytest.fixture
+def fuzz_seed(request):
+    return request.config.getoption("--fuzz-seed")
 
 
 def _fuzz():

@@ -16,14 +16,15 @@ exactly one outcome:
 
 Every case's outcome is counted per target and device (OUTCOMES); tests/conftest.py
 prints the table after the session and writes it as JSON with --fuzz-report. Cases are
-deterministic (derandomize): --fuzz-examples sets how many run per target and device.
+deterministic (derandomize): --fuzz-examples sets how many run per target and device, and
+--fuzz-seed S draws a different, equally reproducible set of cases from seed S.
 """
 import collections
 import re
 
 import numpy as np
 import tensorflow as tf
-from hypothesis import HealthCheck, given, note, reject, settings
+from hypothesis import HealthCheck, given, note, reject, seed, settings
 from hypothesis import strategies as st
 
 # (target, device kind, outcome) -> cases; outcome: "equal", "refused:<ErrorType>" or
@@ -277,15 +278,16 @@ def check_case(target, device, inputs, description):
     record(target, device, "equal")
 
 
-def run_fuzz(target, device, examples):
-    """`examples` cases of target on device, deterministic for a given count."""
+def run_fuzz(target, device, examples, fuzz_seed=None):
+    """`examples` cases of target on device, deterministic for a given count and fuzz_seed
+    (None: the fixed cases of every default run)."""
 
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None, print_blob=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples, derandomize=fuzz_seed is None, database=None, deadline=None,
+              print_blob=False, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def case(data):
-        seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
-        inputs = target.make(np.random.default_rng(seed))
+        input_seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+        inputs = target.make(np.random.default_rng(input_seed))
         mutable = target.mutable if target.mutable is not None else sorted(
             name for name, value in inputs.items() if isinstance(value, np.ndarray))
         mutation = data.draw(mutation_strategy(inputs, mutable, target.groups), label="mutation")
@@ -293,6 +295,8 @@ def run_fuzz(target, device, examples):
         note(f"{target.name} on {device}: {description}")
         check_case(target, device, apply_mutation(inputs, mutation), description)
 
+    if fuzz_seed is not None:
+        case = seed(fuzz_seed)(case)
     case()
 
 

@@ -794,5 +794,5 @@ TARGETS = [
 
 
 @pytest.mark.parametrize("target", TARGETS + PADDED_TARGETS, ids=repr)
-def test_fuzz(target, device, fuzz_examples):
-    run_fuzz(target, device, fuzz_examples)
+def test_fuzz(target, device, fuzz_examples, fuzz_seed):
+    run_fuzz(target, device, fuzz_examples, fuzz_seed)

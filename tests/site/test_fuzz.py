@@ -1003,5 +1003,5 @@ SOFT_TARGETS = {"site_pool", "global_pool", "select_sites", "site_to_dense", "si
 
 @pytest.mark.parametrize("target", [pytest.param(t, marks=[SOFT] if t.name in SOFT_TARGETS else [])
                                     for t in TARGETS], ids=repr)
-def test_fuzz(target, device, fuzz_examples):
-    run_fuzz(target, device, fuzz_examples)
+def test_fuzz(target, device, fuzz_examples, fuzz_seed):
+    run_fuzz(target, device, fuzz_examples, fuzz_seed)
