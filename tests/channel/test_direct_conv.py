@@ -118,11 +118,22 @@ def assert_identical(a, b):
     np.testing.assert_array_equal(a.values.numpy(), b.values.numpy())
 
 
-def test_sort_and_dense_dataflows_are_bit_identical(rng, device):
+# Filter densities: 1.0 gives only whole [Cout] rows (no mask applied), 0.6 whole, partly
+# pruned and mostly pruned rows, 0.15 mostly pruned ones (their present channels visited).
+@pytest.mark.parametrize("filter_density", [1.0, 0.6, 0.15])
+@pytest.mark.parametrize("spatial,density", [
+    pytest.param((12, 11, 10), 0.08, id="one-slab"),
+    # 64^3 positions x 8 channels exceed the CPU dense path's 8 MiB scratch: two slabs, and
+    # the entries near their border reach both
+    pytest.param((64, 64, 64), 0.0005, id="slabs")])
+def test_sort_and_dense_dataflows_are_bit_identical(rng, spatial, density, filter_density, device):
     with tf.device(device):
-        x, w, mask = sparse_case(rng, 2, (12, 11, 10), 4, 5, 0.08, 0.6, np.float32)
-        assert_identical(ts.direct_conv(x, w, None, mask, dataflow="dense"),
-                         ts.direct_conv(x, w, None, mask, dataflow="sort"))
+        x, w, mask = sparse_case(rng, 2, spatial, 3, 8, density, filter_density, np.float32)
+        dense, merged = (ts.direct_conv(x, w, None, mask, dataflow=dataflow, return_counts=True)
+                         for dataflow in ("dense", "sort"))
+    assert_identical(dense[0], merged[0])
+    np.testing.assert_array_equal(dense[1].numpy(), merged[1].numpy())
+    assert len(merged[0].keys) > 100
 
 
 def test_pruned_weights_add_nothing_to_an_infinite_value_in_either_dataflow(device):

@@ -4,9 +4,11 @@
 #define EIGEN_USE_THREADS
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -153,10 +155,56 @@ struct DenseTables {
   // Per reach, its present output channels when the row is mostly pruned (fewer than a
   // third present): then only those are visited, so pruning saves time here too.
   std::vector<std::vector<std::vector<int32_t>>> sparse_rows;
+  // Per reach: 1 where all Cout weights of its row are present (no mask to apply).
+  std::vector<std::vector<uint8_t>> full_rows;
+  // Per input channel, the box [inner_lo, inner_hi) of positions that every one of its
+  // reaches reaches: an entry inside it skips the per-offset bound checks.
+  std::vector<std::array<int32_t, kMaxSpatialDims>> inner_lo, inner_hi;
   std::vector<T> masked_filter;
   std::vector<uint8_t> mask;
   int64_t max_abs_delta = 0;  // largest |lin_delta| of any present offset
 };
+
+inline bool Inside(const int32_t* x, const int32_t* lo, const int32_t* hi, int d) {
+  bool inside = true;
+  for (int j = 0; j < d; ++j) inside &= (x[j] >= lo[j]) & (x[j] < hi[j]);
+  return inside;
+}
+
+// row += v * w over a whole [Cout] row (its outputs are marked touched by the row's
+// kRowFull flag). __restrict lets the compiler vectorise; a product then a sum (never
+// fused), as in the merge path.
+template <typename T>
+inline void AddScaledRow(T* __restrict row, const T* __restrict w, T v, int64_t n) {
+  for (int64_t oc = 0; oc < n; ++oc) row[oc] += v * w[oc];
+}
+
+// lanes += row * w, elementwise.
+template <typename T>
+inline void AddProducts(T* __restrict lanes, const T* __restrict row, const T* __restrict w, int64_t n) {
+  for (int64_t oc = 0; oc < n; ++oc) lanes[oc] += row[oc] * w[oc];
+}
+
+// lanes += row * w and acc += v * row, elementwise (dL/dx's and dL/dw's terms of a row).
+template <typename T>
+inline void AddProductsAndScaled(T* __restrict lanes, T* __restrict acc, const T* __restrict row,
+                                 const T* __restrict w, T v, int64_t n) {
+  for (int64_t oc = 0; oc < n; ++oc) {
+    lanes[oc] += row[oc] * w[oc];
+    acc[oc] += v * row[oc];
+  }
+}
+
+// The same over a partly pruned row: pruned weights add nothing (not v * 0, NaN for an
+// infinite v) and do not mark the output touched. A blend, not a branch.
+template <typename T>
+inline void AddScaledMaskedRow(T* __restrict row, uint8_t* __restrict flags, const T* __restrict w,
+                               const uint8_t* __restrict m, T v, int64_t n) {
+  for (int64_t oc = 0; oc < n; ++oc) {
+    row[oc] += m[oc] ? v * w[oc] : T(0);
+    flags[oc] |= m[oc];
+  }
+}
 
 // Calls fn(oc) for the output channels a reach's row must visit.
 template <typename Fn>
@@ -188,17 +236,27 @@ DenseTables<T> BuildDenseTables(const DirectConvArgs<T>& a) {
     t.max_abs_delta = std::max(t.max_abs_delta, std::abs(pw.lin_delta));
   }
   t.sparse_rows.resize(cin);
+  t.full_rows.resize(cin);
+  t.inner_lo.resize(cin);
+  t.inner_hi.resize(cin);
   for (int64_t ic = 0; ic < cin; ++ic) {
     auto& list = t.reaches[ic];  // kernel-offset order: the merge path's summation order
     std::sort(list.begin(), list.end(), [](const PresentWeight& x, const PresentWeight& y) {
       return x.filter_index < y.filter_index;
     });
+    t.inner_lo[ic].fill(0);
+    t.inner_hi[ic].fill(std::numeric_limits<int32_t>::max());
     for (const PresentWeight& r : list) {
       std::vector<int32_t> present;
       for (int64_t oc = 0; oc < cout; ++oc)
         if (t.mask[r.filter_index + oc]) present.push_back(static_cast<int32_t>(oc));
+      t.full_rows[ic].push_back(static_cast<int64_t>(present.size()) == cout);
       if (3 * static_cast<int64_t>(present.size()) >= cout) present.clear();  // dense row
       t.sparse_rows[ic].push_back(std::move(present));
+      for (int j = 0; j < a.in_layout.d; ++j) {
+        t.inner_lo[ic][j] = std::max(t.inner_lo[ic][j], r.lo[j]);
+        t.inner_hi[ic][j] = std::min(t.inner_hi[ic][j], r.hi[j]);
+      }
     }
   }
   return t;
@@ -215,7 +273,10 @@ int64_t DenseSlabCells(int64_t spatial_size, int64_t cout, int64_t max_abs_delta
 }
 
 // Per-block scratch of the dense path, allocated on first use: position-major sums and
-// touched flags [S, Cout], and one flag per position to skip untouched rows quickly.
+// touched flags [S, Cout], and per position a byte of RowState bits that skips untouched
+// rows quickly and spares a row that only full rows reached its [Cout] flags.
+enum RowState : uint8_t { kRowFull = 1, kRowPartial = 2 };
+
 template <typename T>
 struct DenseScratch {
   std::vector<T> sum;
@@ -261,31 +322,38 @@ void ConvolveBatchElement(const DirectConvArgs<T>& a, const DenseTables<T>& t, i
         first = std::lower_bound(first, last, base + y0 - t.max_abs_delta);
         last = std::lower_bound(first, last, base + y1 + t.max_abs_delta);
       }
+      const PresentWeight* reaches = t.reaches[ic].data();
+      const int64_t num_reaches = static_cast<int64_t>(t.reaches[ic].size());
+      const std::vector<int32_t>* sparse_rows = t.sparse_rows[ic].data();
+      const uint8_t* full_rows = t.full_rows[ic].data();
+      const bool whole_grid = y0 == 0 && y1 == S;
       for (int64_t i = first - a.keys; i < last - a.keys; ++i) {
         const int32_t* x = a.coords + i * d;
         const T v = a.values[i];
         const int64_t lin = a.keys[i] - base;
-        for (size_t ri = 0; ri < t.reaches[ic].size(); ++ri) {
-          const PresentWeight& r = t.reaches[ic][ri];
+        const bool inner = Inside(x, t.inner_lo[ic].data(), t.inner_hi[ic].data(), d);
+        for (int64_t ri = 0; ri < num_reaches; ++ri) {
+          const PresentWeight& r = reaches[ri];
           const int64_t y = lin - r.lin_delta;
-          if (y < y0 || y >= y1 || !Reaches(x, r, d)) continue;
+          if (!inner && !Reaches(x, r, d)) continue;
+          if (!whole_grid && (y < y0 || y >= y1)) continue;
           const T* w = t.masked_filter.data() + r.filter_index;
-          const uint8_t* m = t.mask.data() + r.filter_index;
           T* row = sum + (y - y0) * cout;
           uint8_t* flags = touched + (y - y0) * cout;
-          const std::vector<int32_t>& sparse_row = t.sparse_rows[ic][ri];
-          if (sparse_row.empty()) {
-            for (int64_t oc = 0; oc < cout; ++oc) {  // vectorised (a blend, not a branch)
-              row[oc] += m[oc] ? v * w[oc] : T(0);   // not v * 0: an infinite v would give NaN
-              flags[oc] |= m[oc];
-            }
+          if (full_rows[ri]) {
+            AddScaledRow(row, w, v, cout);
+            row_touched[y - y0] |= kRowFull;
+            continue;
+          }
+          if (sparse_rows[ri].empty()) {
+            AddScaledMaskedRow(row, flags, w, t.mask.data() + r.filter_index, v, cout);
           } else {
-            for (const int32_t oc : sparse_row) {
+            for (const int32_t oc : sparse_rows[ri]) {
               row[oc] += v * w[oc];
               flags[oc] = 1;
             }
           }
-          row_touched[y - y0] = 1;
+          row_touched[y - y0] |= kRowPartial;
         }
       }
     }
@@ -296,17 +364,18 @@ void ConvolveBatchElement(const DirectConvArgs<T>& a, const DenseTables<T>& t, i
         row_index += 8;
         continue;
       }
-      if (row_touched[row_index]) {
+      const uint8_t state = row_touched[row_index];
+      if (state) {
         T* row = sum + row_index * cout;
         uint8_t* flags = touched + row_index * cout;
         for (int64_t oc = 0; oc < cout; ++oc) {
-          if (flags[oc]) {
+          if ((state & kRowFull) || flags[oc]) {
             out[oc].lin.push_back(y0 + row_index);
             out[oc].values.push_back(row[oc]);
           }
           row[oc] = T(0);
-          flags[oc] = 0;
         }
+        if (state & kRowPartial) std::memset(flags, 0, cout);
         row_touched[row_index] = 0;
       }
       ++row_index;
@@ -544,53 +613,55 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
   }
   const T* G = grad.data();
   const double per_entry = 1.0 + 2.0 * cout * (t.masked_filter.size() / std::max<int64_t>(1, cin * cout));
-  device.parallelFor(batch * cin, Eigen::TensorOpCost(0, 0, per_entry * (1.0 + a.n / (batch * cin))),
-                     [&](Eigen::Index first, Eigen::Index last) {
-                       for (Eigen::Index u = first; u < last; ++u) {
-                         const int64_t b = u / cin, ic = u % cin, seg = b * cin + ic;
-                         for (int64_t i = a.in_offsets[seg]; i < a.in_offsets[seg + 1]; ++i) {
-                           const int32_t* x = a.coords + i * d;
-                           const int64_t lin = a.keys[i] - seg * S;
-                           T acc = T(0);
-                           for (size_t ri = 0; ri < t.reaches[ic].size(); ++ri) {
-                             const PresentWeight& r = t.reaches[ic][ri];
-                             if (!Reaches(x, r, d)) continue;
-                             const T* row = G + (b * S + lin - r.lin_delta) * cout;
-                             const T* w = t.masked_filter.data() + r.filter_index;
-                             const uint8_t* m = t.mask.data() + r.filter_index;
-                             // Pruned weights add nothing (a non-finite gradient times 0 is NaN).
-                             ForEachRowChannel(t.sparse_rows[ic][ri], cout,
-                                               [&](int64_t oc) { acc += m[oc] ? row[oc] * w[oc] : T(0); });
-                           }
-                           in_grad[i] = acc;
-                         }
-                       }
-                     });
-  // dL/dw: units (ic, batch chunk) accumulate partial sums, added in chunk order, so the
-  // result does not depend on the thread count. Pruned weights get none (Eq. 3).
+  // One pass over the entries gives both gradients. Units (ic, batch chunk): each owns its
+  // entries' dL/dx and accumulates its own dL/dw partial sums, added in chunk order below,
+  // so the result does not depend on the thread count. Pruned weights get none (Eq. 3).
   const int64_t chunks = std::min<int64_t>(batch, 16);
   const int64_t row_stride = cin * cout;  // filter_index of (offset, ic) rows step by this
   const int64_t offsets = a.filter_size / row_stride;
   std::vector<T> partial(cin * chunks * offsets * cout, T(0));
-  device.parallelFor(cin * chunks, Eigen::TensorOpCost(0, 0, per_entry * (1.0 + a.n / (cin * chunks))),
+  device.parallelFor(cin * chunks, Eigen::TensorOpCost(0, 0, 2.0 * per_entry * (1.0 + a.n / (cin * chunks))),
                      [&](Eigen::Index first, Eigen::Index last) {
+                       // dL/dx of an entry: one partial sum per output channel (over the
+                       // reaches, in offset order), added in channel order at the end:
+                       // cout independent sums instead of one chain, the same on every run.
+                       std::vector<T> lanes(cout);
                        for (Eigen::Index u = first; u < last; ++u) {
                          const int64_t ic = u / chunks, chunk = u % chunks;
                          T* part = partial.data() + u * offsets * cout;
+                         const PresentWeight* reaches = t.reaches[ic].data();
+                         const int64_t num_reaches = static_cast<int64_t>(t.reaches[ic].size());
+                         const uint8_t* full_rows = t.full_rows[ic].data();
                          for (int64_t b = chunk * batch / chunks; b < (chunk + 1) * batch / chunks; ++b) {
                            const int64_t seg = b * cin + ic;
                            for (int64_t i = a.in_offsets[seg]; i < a.in_offsets[seg + 1]; ++i) {
                              const int32_t* x = a.coords + i * d;
                              const int64_t lin = a.keys[i] - seg * S;
                              const T v = a.values[i];
-                             for (size_t ri = 0; ri < t.reaches[ic].size(); ++ri) {
-                               const PresentWeight& r = t.reaches[ic][ri];
-                               if (!Reaches(x, r, d)) continue;
+                             const bool inner = Inside(x, t.inner_lo[ic].data(), t.inner_hi[ic].data(), d);
+                             std::fill(lanes.begin(), lanes.end(), T(0));
+                             for (int64_t ri = 0; ri < num_reaches; ++ri) {
+                               const PresentWeight& r = reaches[ri];
+                               if (!inner && !Reaches(x, r, d)) continue;
                                const T* row = G + (b * S + lin - r.lin_delta) * cout;
+                               const T* w = t.masked_filter.data() + r.filter_index;
                                T* acc = part + (r.filter_index / row_stride) * cout;
-                               ForEachRowChannel(t.sparse_rows[ic][ri], cout,
-                                                 [&](int64_t oc) { acc[oc] += v * row[oc]; });
+                               if (full_rows[ri]) {
+                                 AddProductsAndScaled(lanes.data(), acc, row, w, v, cout);
+                                 continue;
+                               }
+                               // Pruned weights add nothing to dL/dx (a non-finite gradient
+                               // times 0 is NaN); their dL/dw sums are dropped below.
+                               const uint8_t* m = t.mask.data() + r.filter_index;
+                               const std::vector<int32_t>& sparse_row = t.sparse_rows[ic][ri];
+                               ForEachRowChannel(sparse_row, cout, [&](int64_t oc) {
+                                 lanes[oc] += m[oc] ? row[oc] * w[oc] : T(0);
+                                 acc[oc] += v * row[oc];
+                               });
                              }
+                             T sum = T(0);
+                             for (int64_t oc = 0; oc < cout; ++oc) sum += lanes[oc];
+                             in_grad[i] = sum;
                            }
                          }
                        }
