@@ -9,13 +9,18 @@ For each resolution, on a stratified subset of ../shared/data/modelnet40_train.n
   layers    ms per layer: each layer's forward call on the cached batch, synchronised,
             median of --reps calls, and its forward+backward under a GradientTape;
   epoch     (--epoch) one real epoch of model.fit over all 8,858 training shapes, the
-            figure the issue asks for, with the steps and the input pipeline as in training.
+            figure the issue asks for, with the steps and the input pipeline as in training;
+  dense     (--dense-baseline) the baseline of the same run: the same network with
+            keras.layers.Conv3D and MaxPool3D in place of the sparse blocks, trained on the
+            same batch as a dense [B, r, r, r, 1] grid; step ms as above, and ratio =
+            dense step / sparse step (> 1: the sparse network is faster).
 One JSON object per line in --out, replaced by each run (default: results/train_step_gpu.jsonl
-where a GPU is visible, else results/train_step_cpu.jsonl): kind = "step" | "layer" | "epoch";
+where a GPU is visible, else results/train_step_cpu.jsonl): kind = "step" | "layer" | "epoch" | "dense_step";
 on a GPU the epoch rows are also appended to results/direct_conv_gpu.jsonl, beside the
 direct convolution's GPU figures, where the epochs of earlier runs stay as history.
 
-    python benchmarks/train_step.py --resolutions 32 64 [--epoch] [--dataflows sort dense auto] [--out PATH]
+    python benchmarks/train_step.py --resolutions 32 64 [--epoch] [--dense-baseline] [--dataflows sort dense auto]
+                                    [--out PATH]
 
 --dataflows: the DirectSparseConv layers' dataflow= for the step and layer figures, one model
 each in turn, each starting from the weights the previous one reached; the epoch runs with
@@ -35,7 +40,9 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tf_sparseconv import data as datasets  # noqa: E402
 from tf_sparseconv.channel.direct_conv import DATAFLOWS  # noqa: E402
+from tf_sparseconv.channel.conversions import to_dense  # noqa: E402
 from tf_sparseconv.models import DEFAULT_RHOS, octnet3  # noqa: E402
+from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS, _default_dense_blocks  # noqa: E402
 from tf_sparseconv.training.train import DEFAULT_DATA_DIR, keras_batches  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -56,6 +63,37 @@ def build(resolution, classes, dataflow="auto"):
     model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     return model
+
+
+def dense_octnet3(resolution, classes, blocks, dense_blocks, fc_units=1024, dropout=0.5):
+    """OctNet3 with every block dense: the network a user would train without this library."""
+    inputs = keras.Input((resolution,) * 3 + (1,))
+    h = inputs
+    for block in range(blocks + dense_blocks):
+        if block:
+            h = keras.layers.MaxPool3D(2)(h)
+        for _ in range(3):
+            h = keras.layers.Conv3D(BLOCK_CHANNELS[block], 3, padding="same", activation="relu",
+                                    kernel_initializer="he_normal")(h)
+    h = keras.layers.Dropout(dropout)(keras.layers.Flatten()(h))
+    h = keras.layers.Dense(fc_units, activation="relu", kernel_initializer="he_normal")(h)
+    model = keras.Model(inputs, keras.layers.Dense(classes)(h))
+    model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def step_ms(model, batches, steps):
+    """Median ms per step of model.fit over batches (a repeated dataset), after a warm-up."""
+    model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0)  # warm-up and tracing
+    epoch_times = []
+    for _ in range(3):
+        sync()
+        start = time.perf_counter()
+        model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0)
+        sync()
+        epoch_times.append((time.perf_counter() - start) / steps)
+    return statistics.median(epoch_times) * 1e3
 
 
 def layer_rows(model, batch, reps):
@@ -103,6 +141,10 @@ def markdown_tables(path):
         largest_text = f"{largest['fwd_bwd_ms']:.2f} ({largest['layer']})" if largest else "—"
         print(f"| {step['resolution']}³ | {step.get('dataflow') or 'auto'} | {step['step_ms']:.1f} "
               f"| {step['input_ms']:.2f} | {sum(r['fwd_bwd_ms'] for r in layers):.1f} | {largest_text} |")
+    for dense in (r for r in rows if r["kind"] == "dense_step"):
+        print(f"\nThe same network with dense Conv3D blocks at {dense['resolution']}³ on {dense['device']}: "
+              f"{dense['step_ms']:.1f} ms per step against the sparse {dense['sparse_step_ms']:.1f} ms "
+              f"(sparse {dense['ratio']:.2f}x the dense speed)")
     for epoch in (r for r in rows if r["kind"] == "epoch"):
         print(f"\nEpoch at {epoch['resolution']}³ on {epoch['device']} ({epoch.get('dataflow', 'auto')}): "
               f"{epoch['sec_per_epoch']:.1f} s, {epoch['steps']} steps of batch {epoch['batch']}")
@@ -119,6 +161,8 @@ def main():
     p.add_argument("--dataflows", nargs="+", choices=DATAFLOWS, default=["auto"],
                    help="the sparse convolutions' dataflow= to time the step and layers under, in one process "
                         "(e.g. sort dense auto)")
+    p.add_argument("--dense-baseline", action="store_true",
+                   help="also time the same network with dense Conv3D blocks on the same batch (the baseline)")
     p.add_argument("--epoch-dataflow", choices=DATAFLOWS, default="auto", help="the dataflow of --epoch")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     p.add_argument("--out", default=None, help="JSON-lines file to write (default: by device, see above)")
@@ -152,18 +196,10 @@ def main():
             model = build(r, len(classes), dataflow)
             if weights is not None:
                 model.set_weights(weights)
-            model.fit(cached, steps_per_epoch=args.steps, epochs=1, verbose=0)  # warm-up and tracing
-            epoch_times = []
-            for _ in range(3):
-                sync()
-                start = time.perf_counter()
-                model.fit(cached, steps_per_epoch=args.steps, epochs=1, verbose=0)
-                sync()
-                epoch_times.append((time.perf_counter() - start) / args.steps)
-            step_ms = statistics.median(epoch_times) * 1e3
+            sparse_ms = step_ms(model, cached, args.steps)
             row = {"kind": "step", "resolution": r, "device": device, "batch": args.batch_size, "dataflow": dataflow,
-                   "input_ms": input_ms, "step_ms": step_ms, "steps_per_epoch": steps_per_epoch,
-                   "projected_sec_per_epoch": steps_per_epoch * max(step_ms, input_ms) / 1e3}
+                   "input_ms": input_ms, "step_ms": sparse_ms, "steps_per_epoch": steps_per_epoch,
+                   "projected_sec_per_epoch": steps_per_epoch * max(sparse_ms, input_ms) / 1e3}
             print(json.dumps(row), flush=True)
             out_rows.append(row)
             batch = next(iter(cached))
@@ -173,6 +209,20 @@ def main():
                       f"fwd+bwd {layer['fwd_bwd_ms']:8.2f} ms", flush=True)
                 out_rows.append(layer)
             weights = model.get_weights()
+        if args.dense_baseline:
+            sparse_ms = statistics.median(row["step_ms"] for row in out_rows
+                                          if row["kind"] == "step" and row["resolution"] == r)
+            blocks = len(DEFAULT_RHOS[r])
+            dense_batches = datasets.point_cloud_dataset(points[subset], labels[subset], r, args.batch_size,
+                                                         shuffle=True, seed=0).take(1)
+            dense_batches = dense_batches.map(lambda x, y: (to_dense(x), y)).cache().repeat()
+            dense_ms = step_ms(dense_octnet3(r, len(classes), blocks, _default_dense_blocks(r, blocks)),
+                               dense_batches, args.steps)
+            row = {"kind": "dense_step", "resolution": r, "device": device, "batch": args.batch_size,
+                   "step_ms": dense_ms, "sparse_step_ms": sparse_ms, "ratio": dense_ms / sparse_ms,
+                   "note": "the same network with Conv3D and MaxPool3D blocks on the same batch as a dense grid"}
+            print(json.dumps(row), flush=True)
+            out_rows.append(row)
         if args.epoch:
             model = build(r, len(classes), args.epoch_dataflow)
             full = make(train_idx)

@@ -574,6 +574,23 @@ def test_conv_rejects_key_overflow_and_bad_dense_shape():
         ts.direct_conv(_sparse([], [1, 0, 5, 1]), np.ones((1, 1, 1, 1)))
 
 
+@pytest.mark.parametrize("filter_density", [1.0, 0.5, 0.15])
+def test_cpu_backprop_dataflows_agree_over_batches_of_several_examples_per_chunk(rng, filter_density):
+    # 20 examples: the dense path's units (at most 16 batch chunks) take two examples each
+    # in turn through one [S, Cout] buffer; k-selection leaves outputs without a gradient.
+    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 20, (7, 8, 6), 3, 5, (3, 3, 3), 0.1,
+                                                           filter_density, np.float64)
+    y, _ = run_conv(CPU, keys, values, dense_shape, w, mask, bias, selection="abs", k=20)
+    out_keys = y.keys.numpy()
+    out_grad = rng.standard_normal(len(out_keys))
+    dense = backprop(CPU, keys, values, dense_shape, w, mask, out_keys, out_grad, dataflow="dense")
+    merged = backprop(CPU, keys, values, dense_shape, w, mask, out_keys, out_grad, dataflow="sort")
+    assert np.count_nonzero(dense[0]) > len(keys) // 2
+    for got, expected in zip(dense, merged):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert np.all(dense[1][~mask] == 0)
+
+
 def test_backprop_op_rejects_output_keys_of_another_geometry():
     x = _sparse([0, 7], [1, 5, 5, 1])
     with pytest.raises(tf.errors.InvalidArgumentError, match="output key out of range"):

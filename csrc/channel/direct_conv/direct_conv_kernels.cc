@@ -595,9 +595,10 @@ void SearchBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g,
                      });
 }
 
-// Backward through the dense path's layout: dL/dy scattered into a position-major
-// [B, S, Cout] buffer (an output absent after k-selection holds 0: no gradient, Eq. 3),
-// then per (entry, offset) a [Cout] dot product for dL/dx and a [Cout] update for dL/dw.
+// Backward through the dense path's layout: one example's dL/dy scattered into a
+// position-major [S, Cout] buffer (an output absent after k-selection holds 0: no gradient,
+// Eq. 3), then per (entry, offset) a [Cout] dot product for dL/dx and a [Cout] update for
+// dL/dw.
 template <typename T>
 void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, T* in_grad,
                    T* filter_grad) {
@@ -606,69 +607,73 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
   const int64_t batch = L.batch, cin = L.channels, cout = a.cout, S = L.spatial_size;
   const int d = L.d;
   const DenseTables<T> t = BuildDenseTables(a);
-  std::vector<T> grad(batch * S * cout, T(0));
-  for (int64_t p = 0; p < g.n_out; ++p) {
-    const int64_t seg = g.out_keys[p] / S, lin = g.out_keys[p] % S;
-    grad[((seg / cout) * S + lin) * cout + seg % cout] = g.out_grad[p];
-  }
-  const T* G = grad.data();
   const double per_entry = 1.0 + 2.0 * cout * (t.masked_filter.size() / std::max<int64_t>(1, cin * cout));
-  // One pass over the entries gives both gradients. Units (ic, batch chunk): each owns its
-  // entries' dL/dx and accumulates its own dL/dw partial sums, added in chunk order below,
-  // so the result does not depend on the thread count. Pruned weights get none (Eq. 3).
+  // One pass over the entries gives both gradients. Units are batch chunks; a unit takes
+  // its examples one at a time, scatters the example's dL/dy into a position-major [S, Cout]
+  // buffer, then visits its entries of every input channel. Each entry's dL/dx is its own;
+  // the dL/dw partial sums of (chunk, ic) are added in chunk order below, so the result
+  // does not depend on the thread count. Pruned weights get none (Eq. 3).
   const int64_t chunks = std::min<int64_t>(batch, 16);
   const int64_t row_stride = cin * cout;  // filter_index of (offset, ic) rows step by this
   const int64_t offsets = a.filter_size / row_stride;
-  std::vector<T> partial(cin * chunks * offsets * cout, T(0));
-  device.parallelFor(cin * chunks, Eigen::TensorOpCost(0, 0, 2.0 * per_entry * (1.0 + a.n / (cin * chunks))),
+  const int64_t part_size = offsets * cout;
+  std::vector<T> partial(chunks * cin * part_size, T(0));
+  device.parallelFor(chunks, Eigen::TensorOpCost(0, 0, 2.0 * per_entry * (1.0 + a.n / chunks)),
                      [&](Eigen::Index first, Eigen::Index last) {
                        // dL/dx of an entry: one partial sum per output channel (over the
                        // reaches, in offset order), added in channel order at the end:
                        // cout independent sums instead of one chain, the same on every run.
                        std::vector<T> lanes(cout);
-                       for (Eigen::Index u = first; u < last; ++u) {
-                         const int64_t ic = u / chunks, chunk = u % chunks;
-                         T* part = partial.data() + u * offsets * cout;
-                         const PresentWeight* reaches = t.reaches[ic].data();
-                         const int64_t num_reaches = static_cast<int64_t>(t.reaches[ic].size());
-                         const uint8_t* full_rows = t.full_rows[ic].data();
+                       std::vector<T> grad(S * cout, T(0));  // an absent output's dL/dy is 0
+                       T* G = grad.data();
+                       for (Eigen::Index chunk = first; chunk < last; ++chunk) {
                          for (int64_t b = chunk * batch / chunks; b < (chunk + 1) * batch / chunks; ++b) {
-                           const int64_t seg = b * cin + ic;
-                           for (int64_t i = a.in_offsets[seg]; i < a.in_offsets[seg + 1]; ++i) {
-                             const int32_t* x = a.coords + i * d;
-                             const int64_t lin = a.keys[i] - seg * S;
-                             const T v = a.values[i];
-                             const bool inner = Inside(x, t.inner_lo[ic].data(), t.inner_hi[ic].data(), d);
-                             std::fill(lanes.begin(), lanes.end(), T(0));
-                             for (int64_t ri = 0; ri < num_reaches; ++ri) {
-                               const PresentWeight& r = reaches[ri];
-                               if (!inner && !Reaches(x, r, d)) continue;
-                               const T* row = G + (b * S + lin - r.lin_delta) * cout;
-                               const T* w = t.masked_filter.data() + r.filter_index;
-                               T* acc = part + (r.filter_index / row_stride) * cout;
-                               if (full_rows[ri]) {
-                                 AddProductsAndScaled(lanes.data(), acc, row, w, v, cout);
-                                 continue;
+                           const int64_t p0 = g.out_offsets[b * cout], p1 = g.out_offsets[(b + 1) * cout];
+                           for (int64_t p = p0; p < p1; ++p)
+                             G[(g.out_keys[p] % S) * cout + (g.out_keys[p] / S) % cout] = g.out_grad[p];
+                           for (int64_t ic = 0; ic < cin; ++ic) {
+                             T* part = partial.data() + (chunk * cin + ic) * part_size;
+                             const PresentWeight* reaches = t.reaches[ic].data();
+                             const int64_t num_reaches = static_cast<int64_t>(t.reaches[ic].size());
+                             const uint8_t* full_rows = t.full_rows[ic].data();
+                             const int64_t seg = b * cin + ic;
+                             for (int64_t i = a.in_offsets[seg]; i < a.in_offsets[seg + 1]; ++i) {
+                               const int32_t* x = a.coords + i * d;
+                               const int64_t lin = a.keys[i] - seg * S;
+                               const T v = a.values[i];
+                               const bool inner = Inside(x, t.inner_lo[ic].data(), t.inner_hi[ic].data(), d);
+                               std::fill(lanes.begin(), lanes.end(), T(0));
+                               for (int64_t ri = 0; ri < num_reaches; ++ri) {
+                                 const PresentWeight& r = reaches[ri];
+                                 if (!inner && !Reaches(x, r, d)) continue;
+                                 const T* row = G + (lin - r.lin_delta) * cout;
+                                 const T* w = t.masked_filter.data() + r.filter_index;
+                                 T* acc = part + (r.filter_index / row_stride) * cout;
+                                 if (full_rows[ri]) {
+                                   AddProductsAndScaled(lanes.data(), acc, row, w, v, cout);
+                                   continue;
+                                 }
+                                 // Pruned weights add nothing to dL/dx (a non-finite gradient
+                                 // times 0 is NaN); their dL/dw sums are dropped below.
+                                 const uint8_t* m = t.mask.data() + r.filter_index;
+                                 ForEachRowChannel(t.sparse_rows[ic][ri], cout, [&](int64_t oc) {
+                                   lanes[oc] += m[oc] ? row[oc] * w[oc] : T(0);
+                                   acc[oc] += v * row[oc];
+                                 });
                                }
-                               // Pruned weights add nothing to dL/dx (a non-finite gradient
-                               // times 0 is NaN); their dL/dw sums are dropped below.
-                               const uint8_t* m = t.mask.data() + r.filter_index;
-                               const std::vector<int32_t>& sparse_row = t.sparse_rows[ic][ri];
-                               ForEachRowChannel(sparse_row, cout, [&](int64_t oc) {
-                                 lanes[oc] += m[oc] ? row[oc] * w[oc] : T(0);
-                                 acc[oc] += v * row[oc];
-                               });
+                               T sum = T(0);
+                               for (int64_t oc = 0; oc < cout; ++oc) sum += lanes[oc];
+                               in_grad[i] = sum;
                              }
-                             T sum = T(0);
-                             for (int64_t oc = 0; oc < cout; ++oc) sum += lanes[oc];
-                             in_grad[i] = sum;
                            }
+                           for (int64_t p = p0; p < p1; ++p)
+                             G[(g.out_keys[p] % S) * cout + (g.out_keys[p] / S) % cout] = T(0);
                          }
                        }
                      });
   for (int64_t ic = 0; ic < cin; ++ic)
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      const T* part = partial.data() + (ic * chunks + chunk) * offsets * cout;
+      const T* part = partial.data() + (chunk * cin + ic) * part_size;
       for (int64_t off = 0; off < offsets; ++off)
         for (int64_t oc = 0; oc < cout; ++oc) {
           const int64_t fi = (off * cin + ic) * cout + oc;
