@@ -9,6 +9,8 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -532,14 +534,29 @@ struct DirectConvForwardFunctor<CPUDevice, T> {
       dense = dense_cost < merge_cost;
     }
     if (dense) {
+      // Scratch buffers (up to kDenseSlabBytes each) pass from one block of examples to the
+      // next instead of being allocated, page-faulted and zeroed per block: at most one
+      // per thread exists at a time.
+      std::mutex pool_mutex;
+      std::vector<std::unique_ptr<DenseScratch<T>>> pool;
       device.parallelFor(batch, Eigen::TensorOpCost(0, 0, 10.0 * (1.0 + row_updates * cout / batch)),
                          [&](Eigen::Index first, Eigen::Index last) {
-                           DenseScratch<T> scratch;
+                           std::unique_ptr<DenseScratch<T>> scratch;
+                           {
+                             std::lock_guard<std::mutex> lock(pool_mutex);
+                             if (!pool.empty()) {
+                               scratch = std::move(pool.back());
+                               pool.pop_back();
+                             }
+                           }
+                           if (!scratch) scratch = std::make_unique<DenseScratch<T>>();
                            for (Eigen::Index b = first; b < last; ++b) {
-                             ConvolveBatchElement(args, tables, b, &scratch, results->data() + b * cout);
+                             ConvolveBatchElement(args, tables, b, scratch.get(), results->data() + b * cout);
                              for (int64_t oc = 0; oc < cout; ++oc)
                                Emit(sink, b * cout + oc, &(*results)[b * cout + oc]);
                            }
+                           std::lock_guard<std::mutex> lock(pool_mutex);
+                           pool.push_back(std::move(scratch));
                          });
       return;
     }
