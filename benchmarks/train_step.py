@@ -5,7 +5,8 @@ where there is one).
 For each resolution, on a stratified subset of ../shared/data/modelnet40_train.npz:
   input     ms per batch of the tf.data pipeline alone (voxelization, key encoding);
   step      ms per training step on one cached batch (Keras' compiled train function,
-            median over epochs of --steps steps after a warm-up epoch): the model's part;
+            median of the steps of three fits of --steps steps after a warm-up fit, each
+            step timed by a callback up to the end of its device work): the model's part;
   layers    ms per layer: each layer's forward call on the cached batch, synchronised,
             median of --reps calls, and its forward+backward under a GradientTape;
   epoch     (--epoch) one real epoch of model.fit over all 8,858 training shapes, the
@@ -83,17 +84,32 @@ def dense_octnet3(resolution, classes, blocks, dense_blocks, fc_units=1024, drop
     return model
 
 
+class StepTimes(keras.callbacks.Callback):
+    """Seconds of each training step, from its start to the end of its device work. Timing
+    steps instead of a whole fit leaves out fit's own start and end (the iterator's setup
+    and teardown), which took seconds per call on the 2-core CPU and would swamp a short fit."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        sync()
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        sync()
+        self.seconds.append(time.perf_counter() - self.start)
+
+
 def step_ms(model, batches, steps):
-    """Median ms per step of model.fit over batches (a repeated dataset), after a warm-up."""
+    """Median ms of the steps of three fits of `steps` steps over batches (a repeated
+    dataset), after a warm-up fit."""
     model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0)  # warm-up and tracing
-    epoch_times = []
+    times = StepTimes()
     for _ in range(3):
-        sync()
-        start = time.perf_counter()
-        model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0)
-        sync()
-        epoch_times.append((time.perf_counter() - start) / steps)
-    return statistics.median(epoch_times) * 1e3
+        model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[times])
+    return statistics.median(times.seconds) * 1e3
 
 
 def layer_rows(model, batch, reps):
