@@ -11,20 +11,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import direct_conv_stack_gpu as stack  # noqa: E402
-from tests.test_benchmark_step_profile import add_event  # noqa: E402
+from tests.test_benchmark_step_profile import add_event, trace_with_one_gpu  # noqa: E402
 
 
 def test_kernels_in_trace_ranks_names_by_time_per_call(tmp_path):
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    space = xplane_pb2.XSpace()
-    host = space.planes.add()
-    host.name = "/host:CPU"
-    add_event(host.lines.add(), 1, 0, 10**9)  # host time is not GPU time
-    gpu = space.planes.add()
-    gpu.name = "/device:GPU:0"
-    gpu.event_metadata[1].name = "ContributionsKernel"
-    gpu.event_metadata[2].name = "SortKernel"
-    gpu.event_metadata[3].name = "Memset"
+    space, gpu = trace_with_one_gpu(["ContributionsKernel", "SortKernel", "Memset"])
     stream = gpu.lines.add()
     stream.name, stream.timestamp_ns = "Stream #7(Compute,Memset)", 0
     add_event(stream, 1, 0, 3000)

@@ -23,17 +23,24 @@ def add_event(line, metadata_id, offset_ps, duration_ps):
     event.metadata_id, event.offset_ps, event.duration_ps = metadata_id, offset_ps, duration_ps
 
 
-def test_gpu_summary_reads_the_stream_lines_of_each_gpu(tmp_path):
+def trace_with_one_gpu(event_names):
+    """A profiler XSpace with a busy host line (host time is not GPU time) and an empty
+    /device:GPU:0 plane whose event metadata i + 1 is event_names[i]: (space, gpu plane).
+    Also tests/test_benchmark_stack.py's."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
     space = xplane_pb2.XSpace()
     host = space.planes.add()
     host.name = "/host:CPU"
-    add_event(host.lines.add(), 1, 0, 10**9)  # host time is not GPU time
+    add_event(host.lines.add(), 1, 0, 10**9)
     gpu = space.planes.add()
     gpu.name = "/device:GPU:0"
-    gpu.event_metadata[1].name = "DirectConvKernel"
-    gpu.event_metadata[2].name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
-    gpu.event_metadata[3].name = "MemcpyDtoH"
+    for i, name in enumerate(event_names, 1):
+        gpu.event_metadata[i].name = name
+    return space, gpu
+
+
+def test_gpu_summary_reads_the_stream_lines_of_each_gpu(tmp_path):
+    space, gpu = trace_with_one_gpu(["DirectConvKernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "MemcpyDtoH"])
     compute = gpu.lines.add()
     # as CUPTI names a stream's line: every kind of event it carried
     compute.name, compute.timestamp_ns = "Stream #13(MemcpyDtoH,Compute,Memset)", 1
