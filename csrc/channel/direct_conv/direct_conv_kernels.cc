@@ -159,6 +159,8 @@ struct DenseTables {
   std::vector<std::vector<std::vector<int32_t>>> sparse_rows;
   // Per reach: 1 where all Cout weights of its row are present (no mask to apply).
   std::vector<std::vector<uint8_t>> full_rows;
+  // Per reach: offset * Cout, its row in an [offsets, Cout] table of one input channel.
+  std::vector<std::vector<int64_t>> offset_rows;
   // Per input channel, the box [inner_lo, inner_hi) of positions that every one of its
   // reaches reaches: an entry inside it skips the per-offset bound checks.
   std::vector<std::array<int32_t, kMaxSpatialDims>> inner_lo, inner_hi;
@@ -239,6 +241,7 @@ DenseTables<T> BuildDenseTables(const DirectConvArgs<T>& a) {
   }
   t.sparse_rows.resize(cin);
   t.full_rows.resize(cin);
+  t.offset_rows.resize(cin);
   t.inner_lo.resize(cin);
   t.inner_hi.resize(cin);
   for (int64_t ic = 0; ic < cin; ++ic) {
@@ -253,6 +256,7 @@ DenseTables<T> BuildDenseTables(const DirectConvArgs<T>& a) {
       for (int64_t oc = 0; oc < cout; ++oc)
         if (t.mask[r.filter_index + oc]) present.push_back(static_cast<int32_t>(oc));
       t.full_rows[ic].push_back(static_cast<int64_t>(present.size()) == cout);
+      t.offset_rows[ic].push_back(r.filter_index / (cin * cout) * cout);
       if (3 * static_cast<int64_t>(present.size()) >= cout) present.clear();  // dense row
       t.sparse_rows[ic].push_back(std::move(present));
       for (int j = 0; j < a.in_layout.d; ++j) {
@@ -631,8 +635,7 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
   // the dL/dw partial sums of (chunk, ic) are added in chunk order below, so the result
   // does not depend on the thread count. Pruned weights get none (Eq. 3).
   const int64_t chunks = std::min<int64_t>(batch, 16);
-  const int64_t row_stride = cin * cout;  // filter_index of (offset, ic) rows step by this
-  const int64_t offsets = a.filter_size / row_stride;
+  const int64_t offsets = a.filter_size / (cin * cout);
   const int64_t part_size = offsets * cout;
   std::vector<T> partial(chunks * cin * part_size, T(0));
   device.parallelFor(chunks, Eigen::TensorOpCost(0, 0, 2.0 * per_entry * (1.0 + a.n / chunks)),
@@ -665,7 +668,7 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
                                  if (!inner && !Reaches(x, r, d)) continue;
                                  const T* row = G + (lin - r.lin_delta) * cout;
                                  const T* w = t.masked_filter.data() + r.filter_index;
-                                 T* acc = part + (r.filter_index / row_stride) * cout;
+                                 T* acc = part + t.offset_rows[ic][ri];
                                  if (full_rows[ri]) {
                                    AddProductsAndScaled(lanes.data(), acc, row, w, v, cout);
                                    continue;
@@ -756,10 +759,15 @@ struct HostTables {
   std::vector<int64_t> in_offsets;
   PresentWeights weights;
 
-  void Build(const ConvTensors<T>& in) {
+  void Build(const CPUDevice& device, const ConvTensors<T>& in) {
     const KeyLayout& L = in.layout;
     coords.resize(in.n * L.d);
-    for (int64_t i = 0; i < in.n; ++i) DecodeSpatial(L.spatial_of(in.keys[i]), L, &coords[i * L.d]);
+    // 2d + 1 integer divisions per entry: worth the pool at a few hundred thousand entries.
+    device.parallelFor(in.n, Eigen::TensorOpCost(8, 4 * L.d, 20.0 * (2 * L.d + 1)),
+                       [&](Eigen::Index first, Eigen::Index last) {
+                         for (Eigen::Index i = first; i < last; ++i)
+                           DecodeSpatial(L.spatial_of(in.keys[i]), L, &coords[i * L.d]);
+                       });
     SegmentOffsets(in.keys, in.n, L, &in_offsets);
     weights = BuildPresentWeights(in.mask, in.shapes.kernel_size, L.channels, in.shapes.cout, L);
   }
@@ -793,7 +801,7 @@ class DirectSparseConvFunctor<CPUDevice, T> {
   absl::Status Prepare(const ConvTensors<T>& in, const T* bias) {
     TF_RETURN_IF_ERROR(CheckConvData(in));
     TF_RETURN_IF_ERROR(RejectNaN(bias, in.shapes.cout, "bias"));
-    tables_.Build(in);
+    tables_.Build(device_, in);
     a_ = tables_.Args(in);
     a_.bias = bias;
     a_.selection = attrs_.selection;
@@ -910,7 +918,7 @@ class DirectSparseConvBackpropFunctor<CPUDevice, T> {
     TF_RETURN_IF_ERROR(CheckConvData(in));
     const KeyLayout out_layout = in.layout.WithChannels(in.shapes.cout);
     TF_RETURN_IF_ERROR(ValidateKeys(out_keys, n_out, out_layout, "output"));
-    tables_.Build(in);
+    tables_.Build(device_, in);
     SegmentOffsets(out_keys, n_out, out_layout, &out_offsets_);
     g_.forward = tables_.Args(in);
     g_.out_keys = out_keys;
