@@ -124,6 +124,34 @@ def test_sparse_max_pool_value_is_the_max_of_the_present_entries_even_if_negativ
     np.testing.assert_array_equal(y_dense.numpy(), expected)
 
 
+@pytest.mark.parametrize("density", [
+    pytest.param(0.002, id="stable-sort"),     # 720 entries per segment on a 300^2 pooled grid
+    pytest.param(0.2, id="counting-sort")])    # 72,000 entries: the CPU orders them by counting
+def test_sparse_max_pool_of_a_large_grid_keeps_the_first_maximum_of_each_window(density, rng):
+    shape, strides = [2, 600, 600, 2], 2
+    dense = np.where(rng.random(shape) < density, rng.choice([-1.0, 1.0, 2.0], shape), 0.0)
+    x = ts.from_dense(dense)
+    with tf.GradientTape() as tape:
+        tape.watch(x.values)
+        y = ts.sparse_max_pool(x, strides)
+        total = tf.reduce_sum(y.values)
+    expected, nonempty = reference_max_pool(dense, strides)
+    np.testing.assert_array_equal(ts.to_dense(y).numpy(), expected)
+    assert int(y.num_entries) == np.count_nonzero(nonempty)
+    # dL/dx: 1 at each window's maximum of the smallest key (keys are sorted), else 0
+    coords = ts.decode_keys(x.keys, x.dense_shape).numpy()
+    window = np.stack([coords[:, 0], coords[:, -1], coords[:, 1] // 2, coords[:, 2] // 2], axis=1)
+    values = x.values.numpy()
+    first_max = {}
+    for i in range(len(values)):
+        w = tuple(window[i])
+        if w not in first_max or values[i] > values[first_max[w]]:
+            first_max[w] = i
+    expected_grad = np.zeros(len(values))
+    expected_grad[list(first_max.values())] = 1.0
+    np.testing.assert_array_equal(tape.gradient(total, x.values).numpy(), expected_grad)
+
+
 @pytest.mark.soft_placement
 @pytest.mark.parametrize("shape, strides", [
     pytest.param([2, 9, 2], 3, id="1d"), pytest.param([2, 4, 6, 2], [2, 3], id="2d-anisotropic"),

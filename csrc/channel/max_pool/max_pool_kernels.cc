@@ -1,5 +1,6 @@
 // The sparse max-pooling op's CPU functor: per (b, c) segment, order the entries by their
-// pooled position (stably, so key order breaks ties), then reduce each run; and the CPU
+// pooled position (stably, so key order breaks ties: a counting sort on small pooled grids,
+// else a stable sort), then reduce each run; and the CPU
 // registration of its OpKernel (max_pool_kernels.h).
 #define EIGEN_USE_THREADS
 
@@ -11,6 +12,10 @@
 #include "unsupported/Eigen/CXX11/Tensor"
 
 namespace tf_sparseconv {
+
+// Pooled grids up to this many positions (plus 8 per segment entry) are ordered by a
+// counting sort.
+constexpr int64_t kCountingSortCells = 1 << 16;
 
 template <typename T>
 class SparseMaxPoolFunctor<CPUDevice, T> {
@@ -34,6 +39,7 @@ class SparseMaxPoolFunctor<CPUDevice, T> {
         num_segments_, Eigen::TensorOpCost(0, 0, 20.0 * (1.0 + n / (num_segments_ + 1.0))),
         [&](Eigen::Index first, Eigen::Index last) {
           std::vector<int32_t> x(in.d);
+          std::vector<int64_t> starts;  // counting sort's per-position starts, where it is used
           for (Eigen::Index s = first; s < last; ++s) {
             const int64_t s0 = in_offsets_[s], s1 = in_offsets_[s + 1];
             for (int64_t i = s0; i < s1; ++i) {
@@ -43,8 +49,18 @@ class SparseMaxPoolFunctor<CPUDevice, T> {
               pooled_[i] = s * out.spatial_size + lin;
               order_[i] = i;
             }
-            std::stable_sort(order_.begin() + s0, order_.begin() + s1,
-                             [&](int64_t a, int64_t b) { return pooled_[a] < pooled_[b]; });
+            if (out.spatial_size <= kCountingSortCells + 8 * (s1 - s0)) {
+              // A stable counting sort by pooled position: linear where the pooled grid is
+              // not much larger than the segment (the same order as the stable sort below).
+              starts.assign(out.spatial_size + 1, 0);
+              const int64_t base = s * out.spatial_size;
+              for (int64_t i = s0; i < s1; ++i) ++starts[pooled_[i] - base + 1];
+              for (int64_t c = 0; c < out.spatial_size; ++c) starts[c + 1] += starts[c];
+              for (int64_t i = s0; i < s1; ++i) order_[s0 + starts[pooled_[i] - base]++] = i;
+            } else {
+              std::stable_sort(order_.begin() + s0, order_.begin() + s1,
+                               [&](int64_t a, int64_t b) { return pooled_[a] < pooled_[b]; });
+            }
             int64_t runs = 0;
             for (int64_t i = s0; i < s1; ++i)
               runs += (i == s0 || pooled_[order_[i]] != pooled_[order_[i - 1]]);
