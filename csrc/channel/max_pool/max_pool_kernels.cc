@@ -13,9 +13,10 @@
 
 namespace tf_sparseconv {
 
-// Pooled grids up to this many positions (plus 8 per segment entry) are ordered by a
-// counting sort.
-constexpr int64_t kCountingSortCells = 1 << 16;
+// A segment is ordered by a counting sort where the pooled grid has at most this many
+// positions plus 8 per entry of the segment (its cost is linear in both), else by a stable
+// sort (n log n), which wins for a few entries on a large grid.
+constexpr int64_t kCountingSortCells = 1024;
 
 template <typename T>
 class SparseMaxPoolFunctor<CPUDevice, T> {
@@ -49,7 +50,7 @@ class SparseMaxPoolFunctor<CPUDevice, T> {
               pooled_[i] = s * out.spatial_size + lin;
               order_[i] = i;
             }
-            if (out.spatial_size <= kCountingSortCells + 8 * (s1 - s0)) {
+            if (s1 > s0 && out.spatial_size <= kCountingSortCells + 8 * (s1 - s0)) {
               // A stable counting sort by pooled position: linear where the pooled grid is
               // not much larger than the segment (the same order as the stable sort below).
               starts.assign(out.spatial_size + 1, 0);
