@@ -1,0 +1,243 @@
+"""Whole site-sparse networks against spconv 2.3.8: what a user runs, one call from
+(coordinates, features) to the output features, every kernel map built inside the call.
+
+Networks (benchmarks/site_networks.py): unet5_lidar_5cm (the seven-convolution chain of
+site_conv_gpu.py on the 5 cm LiDAR frame), resunet42_lidar_5cm_b1 and _b2 (a
+SparseResUNet42-style network with batch norm and ReLU, on one frame and on the frame
+plus its mirror image). Passes: fwd (inference: batch norm from its moving statistics)
+and train (forward in training mode, the loss 0.5 * sum(y^2) / sites in float32, and the
+gradients of every weight; the optimizer's update is left out on both sides). dtypes:
+fp32 (TF32 off on both sides) and fp16 (weights and features; batch-norm statistics and
+parameters in float32).
+
+Three phases, the first and last in TensorFlow, the middle in PyTorch:
+
+    python benchmarks/site_e2e_gpu.py --phase ours        # times ours, writes the exchange
+    python benchmarks/site_e2e_spconv.py                  # times spconv on the same inputs
+    python benchmarks/site_e2e_gpu.py --phase merge       # rows -> results/site_e2e_gpu.jsonl
+
+The exchange (--exchange, default /tmp/site_e2e) carries the sites, features, weights,
+batch-norm statistics (ours after one training-mode call, so that inference sees
+normalised features) and our fp32 outputs and gradients, which spconv's side must match
+before it times anything. Rows: network, dtype, pass, ours_s, spconv_s, ratio (spconv_s /
+ours_s: above 1 we are faster), max_rel_err, device, date, commit, plus the sites, our host
+waits per call and spconv's algorithm (its faster of Native and MaskImplicitGemm).
+Times are medians of synchronised whole calls (cudaDeviceSynchronize on both sides)
+after warm-up.
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from site_networks import BN_EPS, conv_weights, network, scene  # noqa: E402
+from site_scenes import LIDAR  # noqa: E402
+
+RUNS = {"unet5_lidar_5cm": ("unet5", 1), "resunet42_lidar_5cm_b1": ("resunet42", 1),
+        "resunet42_lidar_5cm_b2": ("resunet42", 2)}
+RESULTS = os.path.join(HERE, "results", "site_e2e_gpu.jsonl")
+
+
+def build_model(steps, spatial, cin, dtype):
+    """Our Keras model of `steps` -> (model, {conv step: layer}, {bn step: BatchNormalization})."""
+    import keras
+    from tf_sparseconv.site.conv_layers import SPARSE_CONV, SPARSE_INVERSE_CONV, SUBM_CONV
+    from tf_sparseconv.site.keras_io import site_input
+    from tf_sparseconv.site.layers import SiteAdd, SiteConcat, SiteFeatures
+    bn_dtype = "mixed_float16" if dtype == "float16" else "float32"
+    inputs = site_input(tuple(int(s) for s in spatial), cin, dtype=dtype)
+    tensors, convs, norms = {"x": inputs}, {}, {}
+    for step in steps:
+        op, out = step[0], step[1]
+        if op == "conv":
+            _, _, src, kind, _, cout, k, key = step
+            if kind == "subm":
+                layer = SUBM_CONV[3](cout, k, indice_key=key, use_bias=False, dtype=dtype, name=out)
+            elif kind == "down":
+                layer = SPARSE_CONV[3](cout, k, strides=2, indice_key=key, use_bias=False, dtype=dtype, name=out)
+            else:
+                layer = SPARSE_INVERSE_CONV[3](cout, indice_key=key, use_bias=False, dtype=dtype, name=out)
+            convs[out] = layer
+            tensors[out] = layer(tensors[src])
+        elif op == "bn":
+            norm = keras.layers.BatchNormalization(momentum=0.0, epsilon=BN_EPS, dtype=bn_dtype, name=f"{out}_inner")
+            norms[out] = norm
+            tensors[out] = SiteFeatures(norm, dtype=dtype, name=out)(tensors[step[2]])
+        elif op == "relu":
+            tensors[out] = SiteFeatures(keras.layers.ReLU(dtype=dtype), dtype=dtype, name=out)(tensors[step[2]])
+        elif op == "add":
+            tensors[out] = SiteAdd(dtype=dtype, name=out)([tensors[step[2]], tensors[step[3]]])
+        elif op == "concat":
+            tensors[out] = SiteConcat(dtype=dtype, name=out)([tensors[step[2]], tensors[step[3]]])
+        else:
+            raise ValueError(f"unknown step {step}")
+    last = tensors[steps[-1][1]]
+    return keras.Model(inputs, {"coords": last["coords"], "features": last["features"]}), convs, norms
+
+
+def functions(model, spatial, batch):
+    """(fwd, train) tf.functions of (coords, features): the whole call a user makes."""
+    import tensorflow as tf
+    from tf_sparseconv.site.keras_io import as_site_keras_inputs
+    from tf_sparseconv.site.tensor import make_site_sparse
+
+    def inputs(coords, features):
+        return as_site_keras_inputs(make_site_sparse(coords, features, spatial, batch))
+
+    @tf.function
+    def fwd(coords, features):
+        return model(inputs(coords, features), training=False)["features"]
+
+    @tf.function
+    def train(coords, features):
+        with tf.GradientTape() as tape:
+            y = tf.cast(model(inputs(coords, features), training=True)["features"], tf.float32)
+            loss = 0.5 * tf.reduce_sum(tf.square(y)) / tf.cast(tf.shape(y)[0], tf.float32)
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    return fwd, train
+
+
+def run_ours(args):
+    import tensorflow as tf
+    import tf_sparseconv as ts
+    from timing import median_time, sync, sync_method
+    tf.config.experimental.enable_tensor_float_32_execution(False)  # fp32 is fp32 on both sides
+    os.makedirs(args.exchange, exist_ok=True)
+    device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
+    rows = []
+    for run in args.networks:
+        net, batch = RUNS[run]
+        steps = network(net)
+        coords, spatial, features = scene(net, batch, args.lidar, tiny=args.tiny)
+        weights = conv_weights(net, steps)
+        cin = features.shape[1]
+        print(f"[ours] {run}: {len(coords):,} sites, spatial shape {spatial.tolist()}, "
+              f"{len(weights)} convolutions", flush=True)
+        np.savez(os.path.join(args.exchange, f"{run}_inputs.npz"), coords=coords, spatial=spatial,
+                 features=features, batch=batch)
+        stats = None
+        for dtype_name in args.dtypes:
+            dtype = {"fp32": "float32", "fp16": "float16"}[dtype_name]
+            with tf.device(device):
+                model, convs, norms = build_model(steps, spatial, cin, dtype)
+                for name, layer in convs.items():
+                    layer.kernel.assign(weights[name].astype(dtype))
+                c = tf.constant(coords)
+                f = tf.constant(features.astype(dtype))
+                fwd, train = functions(model, tf.constant(spatial), batch)
+                if stats is None:  # fp32 comes first: its training-mode call sets the statistics
+                    train(c, f)
+                    stats = {name: (n.moving_mean.numpy(), n.moving_variance.numpy()) for name, n in norms.items()}
+                    out = fwd(c, f)
+                    out_coords = model(functions_inputs(c, f, spatial, batch), training=False)["coords"]
+                    loss, grads = train(c, f)
+                    for name, n in norms.items():  # train() moved them again (same batch, same values)
+                        n.moving_mean.assign(stats[name][0])
+                        n.moving_variance.assign(stats[name][1])
+                    grad_of = {v.path if hasattr(v, "path") else v.name: g for v, g in
+                               zip(model.trainable_variables, grads)}
+                    reference = {"out_coords": out_coords.numpy(), "out_features": out.numpy().astype(np.float32),
+                                 "loss": np.float64(loss.numpy())}
+                    for name in convs:
+                        key = next(k for k in grad_of if k.startswith(f"{name}/") and "kernel" in k)
+                        reference[f"grad_{name}"] = grad_of[key].numpy().astype(np.float32)
+                    np.savez(os.path.join(args.exchange, f"{run}_reference.npz"), **reference)
+                    np.savez(os.path.join(args.exchange, f"{run}_bn.npz"),
+                             **{f"{k}_mean": v[0] for k, v in stats.items()},
+                             **{f"{k}_var": v[1] for k, v in stats.items()})
+                else:
+                    for name, n in norms.items():
+                        n.moving_mean.assign(stats[name][0])
+                        n.moving_variance.assign(stats[name][1])
+                for pass_name, fn in (("fwd", fwd), ("train", train)):
+                    fn(c, f)
+                    sync()
+                    before = ts.host_sync_count()
+                    fn(c, f)
+                    sync()
+                    waits = ts.host_sync_count() - before
+                    seconds = median_time(fn, args.warmup, args.reps, (c, f))
+                    rows.append({"network": run, "dtype": dtype_name, "pass": pass_name, "ours_s": seconds,
+                                 "n_sites": len(coords), "ours_host_syncs": waits, "sync": sync_method()})
+                    print(f"  {dtype_name} {pass_name}: {seconds * 1e3:.3f} ms, {waits} host waits", flush=True)
+        with open(os.path.join(args.exchange, "ours.json"), "w") as out_file:
+            json.dump({"rows": rows, "device": device_name()}, out_file)
+    print(f"[ours] {len(rows)} rows -> {args.exchange}/ours.json", flush=True)
+
+
+def functions_inputs(coords, features, spatial, batch):
+    from tf_sparseconv.site.keras_io import as_site_keras_inputs
+    from tf_sparseconv.site.tensor import make_site_sparse
+    return as_site_keras_inputs(make_site_sparse(coords, features, spatial, batch))
+
+
+def device_name():
+    from run_info import gpu_name
+    return gpu_name() or "CPU"
+
+
+def merge(args):
+    from run_info import checkout_commit
+    with open(os.path.join(args.exchange, "ours.json")) as f:
+        ours = json.load(f)
+    with open(os.path.join(args.exchange, "spconv.json")) as f:
+        peer = json.load(f)
+    theirs = {(r["network"], r["dtype"], r["pass"]): r for r in peer["rows"]}
+    errors = peer.get("max_rel_err", {})
+    stamp = {"device": ours["device"], "date": datetime.date.today().isoformat(), "commit": checkout_commit(),
+             "run": args.run}
+    out = []
+    for r in ours["rows"]:
+        key = (r["network"], r["dtype"], r["pass"])
+        if key not in theirs:
+            print(f"[merge] no spconv row for {key}; left out", flush=True)
+            continue
+        s = theirs[key]
+        out.append({**r, "spconv_s": s["spconv_s"], "ratio": s["spconv_s"] / r["ours_s"],
+                    "max_rel_err": errors.get(r["network"]), "spconv_algo": s["algo"],
+                    "spconv_gpu_s": s.get("spconv_gpu_s"), **stamp})
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "a") as f:
+        for row in out:
+            f.write(json.dumps(row) + "\n")
+    print(f"{'network':<24} {'dtype':<5} {'pass':<6} {'ours ms':>9} {'spconv ms':>10} {'ratio':>6}")
+    for row in out:
+        print(f"{row['network']:<24} {row['dtype']:<5} {row['pass']:<6} {row['ours_s'] * 1e3:9.3f} "
+              f"{row['spconv_s'] * 1e3:10.3f} {row['ratio']:6.2f}")
+    print(f"[merge] {len(out)} rows appended to {args.out}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--phase", choices=("ours", "merge"), required=True)
+    p.add_argument("--networks", nargs="+", choices=tuple(RUNS), default=list(RUNS))
+    p.add_argument("--dtypes", nargs="+", choices=("fp32", "fp16"), default=["fp32", "fp16"])
+    p.add_argument("--exchange", default="/tmp/site_e2e")
+    p.add_argument("--lidar", default=LIDAR)
+    p.add_argument("--tiny", action="store_true", help="a small random scene instead of the frame (tests, CPU)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--out", default=RESULTS)
+    p.add_argument("--run", default=None, help="a label for the merged rows")
+    args = p.parse_args()
+    if args.phase == "ours":
+        if "fp32" not in args.dtypes:
+            p.error("the fp32 pass makes the reference and the batch-norm statistics: keep fp32 in --dtypes")
+        args.dtypes = ["fp32"] + [d for d in args.dtypes if d != "fp32"]
+        if not args.tiny and not os.path.exists(args.lidar):
+            p.error(f"no LiDAR frame at {args.lidar} (--lidar, or --tiny)")
+        sys.path.insert(0, ROOT)
+        run_ours(args)
+    else:
+        merge(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""spconv 2.3.8's side of benchmarks/site_e2e_gpu.py (PyTorch; run on the lent GPU after
+`site_e2e_gpu.py --phase ours`, which wrote the exchange this reads).
+
+The same networks (site_networks.py) with the same weights and batch-norm statistics, on
+the same sites and features. Before timing, each network's fp32 inference output and the
+gradients of its weights (training mode) are compared with ours; the kernel orientation
+of each kind of convolution (submanifold, strided, inverse) is the one of the eight that
+matches. Every call builds a fresh SparseConvTensor, so spconv builds its kernel maps
+(indice pairs) inside the call, as ours does. Writes <exchange>/spconv.json.
+"""
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from site_networks import BN_EPS, conv_weights, network  # noqa: E402
+
+torch = spconv = ConvAlgo = None
+KINDS = ("subm", "down", "inv")
+
+
+def load_spconv():
+    global torch, spconv, ConvAlgo
+    import torch as torch_module
+    import spconv as spconv_core
+    spconv_core.constants.SPCONV_ALLOW_TF32 = False
+    import spconv.pytorch as spconv_pytorch
+    from spconv.core import ConvAlgo as conv_algo
+    torch, spconv, ConvAlgo = torch_module, spconv_pytorch, conv_algo
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def timed(fn, warmup, reps):
+    """(median wall s of the synchronised call, median CUDA-event s)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    walls, events = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
+        events.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(walls), statistics.median(events)
+
+
+class Network:
+    """The steps of site_networks as spconv modules, interpreted in order."""
+
+    def __init__(self, steps, algo, dtype):
+        self.steps = steps
+        self.convs, self.norms = {}, {}
+        for step in steps:
+            if step[0] == "conv":
+                _, name, _, kind, cin, cout, k, key = step
+                if kind == "subm":
+                    conv = spconv.SubMConv3d(cin, cout, k, bias=False, indice_key=key, algo=algo)
+                elif kind == "down":
+                    conv = spconv.SparseConv3d(cin, cout, k, stride=2, bias=False, indice_key=key, algo=algo)
+                else:
+                    conv = spconv.SparseInverseConv3d(cin, cout, k, bias=False, indice_key=key, algo=algo)
+                self.convs[name] = conv.cuda().to(dtype)
+            elif step[0] == "bn":
+                # parameters and statistics in float32, as ours (mixed_float16) keeps them
+                self.norms[step[1]] = torch.nn.BatchNorm1d(step[3], eps=BN_EPS, momentum=1.0).cuda()
+
+    def parameters(self):
+        return [m.weight for m in self.convs.values()] + [p for n in self.norms.values() for p in n.parameters()]
+
+    def train(self, mode):
+        for n in self.norms.values():
+            n.train(mode)
+
+    def __call__(self, x):
+        t = {"x": x}
+        for step in self.steps:
+            op, out = step[0], step[1]
+            if op == "conv":
+                t[out] = self.convs[out](t[step[2]])
+            elif op == "bn":
+                src = t[step[2]]
+                t[out] = src.replace_feature(self.norms[out](src.features.float()).to(src.features.dtype))
+            elif op == "relu":
+                t[out] = t[step[2]].replace_feature(torch.relu(t[step[2]].features))
+            elif op == "add":
+                t[out] = t[step[2]].replace_feature(t[step[2]].features + t[step[3]].features)
+            elif op == "concat":
+                t[out] = t[step[2]].replace_feature(torch.cat([t[step[2]].features, t[step[3]].features], 1))
+        return t[self.steps[-1][1]]
+
+
+def to_spconv_layout(conv, w, flip):
+    """Our [k, k, k, Cin, Cout] in spconv's layout (checked by shape), offsets reversed with flip."""
+    if flip:
+        w = w[::-1, ::-1, ::-1]
+    shape = tuple(conv.weight.shape)
+    if shape == w.shape:
+        return np.ascontiguousarray(w)
+    if shape == (w.shape[4], *w.shape[:3], w.shape[3]):
+        return np.ascontiguousarray(np.transpose(w, (4, 0, 1, 2, 3)))
+    if shape == (*w.shape[:3], w.shape[4], w.shape[3]):
+        return np.ascontiguousarray(np.transpose(w, (0, 1, 2, 4, 3)))
+    raise RuntimeError(f"unexpected spconv weight shape {shape} for ours {w.shape}")
+
+
+def from_spconv_layout(conv, g, our_shape, flip):
+    """The inverse of to_spconv_layout for a gradient."""
+    shape = tuple(conv.weight.shape)
+    if shape == our_shape:
+        w = g
+    elif shape == (our_shape[4], *our_shape[:3], our_shape[3]):
+        w = np.transpose(g, (1, 2, 3, 4, 0))
+    else:
+        w = np.transpose(g, (0, 1, 2, 4, 3))
+    return w[::-1, ::-1, ::-1] if flip else w
+
+
+def set_weights(net, steps, weights, flips):
+    kinds = {s[1]: s[3] for s in steps if s[0] == "conv"}
+    with torch.no_grad():
+        for name, conv in net.convs.items():
+            value = to_spconv_layout(conv, weights[name], flips[kinds[name]])
+            conv.weight.copy_(torch.from_numpy(value).to(conv.weight.dtype))
+
+
+def sorted_rows(coords, features):
+    order = np.lexsort(coords.T[::-1])
+    return coords[order], features[order]
+
+
+def relative(got, want):
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def run(args):
+    load_spconv()
+    ours = json.load(open(os.path.join(args.exchange, "ours.json")))
+    runs = sorted({r["network"] for r in ours["rows"]}, key=[r["network"] for r in ours["rows"]].index)
+    dtypes = sorted({r["dtype"] for r in ours["rows"]}, key=["fp32", "fp16"].index)
+    rows, errors = [], {}
+    algos = {"native": ConvAlgo.Native, "mask_implicit_gemm": ConvAlgo.MaskImplicitGemm}
+    for run_name in runs:
+        inputs = dict(np.load(os.path.join(args.exchange, f"{run_name}_inputs.npz")))
+        reference = dict(np.load(os.path.join(args.exchange, f"{run_name}_reference.npz")))
+        bn = dict(np.load(os.path.join(args.exchange, f"{run_name}_bn.npz")))
+        net_name = run_name.split("_")[0]
+        steps = network(net_name)
+        weights = conv_weights(net_name, steps)
+        coords = torch.from_numpy(inputs["coords"]).cuda()
+        spatial = [int(s) for s in inputs["spatial"]]
+        batch = int(inputs["batch"])
+        features32 = torch.from_numpy(inputs["features"]).cuda()
+        want_coords, want = sorted_rows(reference["out_coords"], reference["out_features"])
+        print(f"[spconv] {run_name}: {len(inputs['coords']):,} sites", flush=True)
+        flips = None
+        for algo_name, algo in algos.items():
+            for dtype_name in dtypes:
+                dt = {"fp32": torch.float32, "fp16": torch.float16}[dtype_name]
+                net = Network(steps, algo, dt)
+                for name, norm in net.norms.items():
+                    with torch.no_grad():
+                        norm.running_mean.copy_(torch.from_numpy(bn[f"{name}_mean"]))
+                        norm.running_var.copy_(torch.from_numpy(bn[f"{name}_var"]))
+                features = features32.to(dt)
+
+                def forward():
+                    with torch.no_grad():
+                        return net(spconv.SparseConvTensor(features, coords, spatial, batch))
+
+                if flips is None:  # fp32, first algorithm: which orientation is ours
+                    net.train(False)
+                    errs = {}
+                    for combo in itertools.product((False, True), repeat=len(KINDS)):
+                        candidate = dict(zip(KINDS, combo))
+                        set_weights(net, steps, weights, candidate)
+                        y = forward()
+                        got_coords, got = sorted_rows(y.indices.cpu().numpy(), y.features.float().cpu().numpy())
+                        if not np.array_equal(got_coords, want_coords):
+                            raise RuntimeError(f"{run_name}: spconv's output sites differ from ours "
+                                               f"({len(got_coords)} against {len(want_coords)})")
+                        errs[combo] = relative(got, want)
+                    best = min(errs, key=errs.get)
+                    flips = dict(zip(KINDS, best))
+                    out_err = errs[best]
+                    # Gradients in training mode against ours.
+                    set_weights(net, steps, weights, flips)
+                    net.train(True)
+                    y = net(spconv.SparseConvTensor(features, coords, spatial, batch))
+                    f = y.features.float()
+                    loss = 0.5 * (f * f).sum() / f.shape[0]
+                    loss.backward()
+                    grad_err = 0.0
+                    for name, conv in net.convs.items():
+                        g = from_spconv_layout(conv, conv.weight.grad.float().cpu().numpy(), weights[name].shape,
+                                               flips[dict((s[1], s[3]) for s in steps if s[0] == "conv")[name]])
+                        grad_err = max(grad_err, relative(g, reference[f"grad_{name}"]))
+                    loss_err = abs(float(loss) - float(reference["loss"])) / max(abs(float(reference["loss"])), 1e-30)
+                    errors[run_name] = max(out_err, grad_err, loss_err)
+                    print(f"  orientation {flips}: output {out_err:.1e}, weight gradients {grad_err:.1e}, "
+                          f"loss {loss_err:.1e} (relative to ours)", flush=True)
+                    if errors[run_name] > args.tolerance:
+                        raise RuntimeError(f"{run_name}: spconv and ours differ beyond {args.tolerance} "
+                                           f"(output {out_err:.2e}, gradients {grad_err:.2e}, loss {loss_err:.2e}; "
+                                           f"orientations tried: {errs})")
+                else:
+                    set_weights(net, steps, weights, flips)
+                params = net.parameters()
+
+                def train_step():
+                    for p in params:
+                        p.grad = None
+                    y = net(spconv.SparseConvTensor(features, coords, spatial, batch))
+                    f = y.features.float()
+                    loss = 0.5 * (f * f).sum() / f.shape[0]
+                    loss.backward()
+
+                for pass_name, fn, mode in (("fwd", forward, False), ("train", train_step, True)):
+                    net.train(mode)
+                    wall, gpu = timed(fn, args.warmup, args.reps)
+                    rows.append({"network": run_name, "dtype": dtype_name, "pass": pass_name, "algo": algo_name,
+                                 "spconv_s": wall, "spconv_gpu_s": gpu})
+                    print(f"  {algo_name:<18} {dtype_name} {pass_name}: {wall * 1e3:.3f} ms "
+                          f"(CUDA events {gpu * 1e3:.3f})", flush=True)
+            save(args, rows, errors)
+
+
+def save(args, rows, errors):
+    best = {}
+    for r in rows:  # spconv's faster algorithm per configuration
+        key = (r["network"], r["dtype"], r["pass"])
+        if key not in best or r["spconv_s"] < best[key]["spconv_s"]:
+            best[key] = r
+    with open(os.path.join(args.exchange, "spconv.json"), "w") as f:
+        json.dump({"rows": list(best.values()), "all_algos": rows, "max_rel_err": errors}, f)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--exchange", default="/tmp/site_e2e")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--tolerance", type=float, default=1e-3,
+                   help="largest relative difference from ours (fp32 output, loss, weight gradients) accepted")
+    args = p.parse_args()
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
