@@ -10,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 folder=experiments/models
-exclude=.git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
+mkdir -p "$(dirname "$exclude")"
 case "${1:-}" in
   on)
     if ! git diff --cached --quiet; then echo "changes are staged: commit or unstage them first" >&2; exit 1; fi
