@@ -45,7 +45,8 @@ RESULTS = os.path.join(HERE, "results", "site_e2e_gpu.jsonl")
 
 
 def build_model(steps, spatial, cin, dtype):
-    """Our Keras model of `steps` -> (model, {conv step: layer}, {bn step: BatchNormalization})."""
+    """Our Keras model of `steps` -> (model, {conv step: layer}, {bn step: BatchNormalization},
+    a model of the same layers whose outputs are every convolution's output site dict)."""
     import keras
     from tf_sparseconv.site.conv_layers import SPARSE_CONV, SPARSE_INVERSE_CONV, SUBM_CONV
     from tf_sparseconv.site.keras_io import site_input
@@ -78,7 +79,11 @@ def build_model(steps, spatial, cin, dtype):
         else:
             raise ValueError(f"unknown step {step}")
     last = tensors[steps[-1][1]]
-    return keras.Model(inputs, {"coords": last["coords"], "features": last["features"]}), convs, norms
+    model = keras.Model(inputs, {"coords": last["coords"], "features": last["features"]})
+    # Every convolution's output, for finding where two implementations part (same layers).
+    probes = keras.Model(inputs, {name: {"coords": tensors[name]["coords"], "features": tensors[name]["features"]}
+                                  for name in convs})
+    return model, convs, norms, probes
 
 
 def functions(model, spatial, batch):
@@ -122,40 +127,31 @@ def run_ours(args):
               f"{len(weights)} convolutions", flush=True)
         np.savez(os.path.join(args.exchange, f"{run}_inputs.npz"), coords=coords, spatial=spatial,
                  features=features, batch=batch)
-        stats = None
+        reference, stats = reference_pass(steps, spatial, cin, weights, coords, features, batch, device)
+        np.savez(os.path.join(args.exchange, f"{run}_reference.npz"), **reference)
+        np.savez(os.path.join(args.exchange, f"{run}_bn.npz"), **{f"{k}_mean": v[0] for k, v in stats.items()},
+                 **{f"{k}_var": v[1] for k, v in stats.items()})
+        check = None
+        if args.cpu_check and device != "/CPU:0":
+            on_cpu, _ = reference_pass(steps, spatial, cin, weights, coords, features, batch, "/CPU:0")
+            if any(not np.array_equal(on_cpu[k], reference[k]) for k in reference if k.endswith("_coords")):
+                raise RuntimeError(f"{run}: our CPU and GPU kernels give different sites")
+            check = {k: relative(on_cpu[k], reference[k]) for k in reference if not k.endswith("_coords")}
+            worst = max(check, key=check.get)
+            print(f"  ours on the CPU against the GPU: largest relative difference {check[worst]:.1e} ({worst})",
+                  flush=True)
         for dtype_name in args.dtypes:
             dtype = {"fp32": "float32", "fp16": "float16"}[dtype_name]
             with tf.device(device):
-                model, convs, norms = build_model(steps, spatial, cin, dtype)
+                model, convs, norms, _ = build_model(steps, spatial, cin, dtype)
                 for name, layer in convs.items():
                     layer.kernel.assign(weights[name].astype(dtype))
+                for name, n in norms.items():
+                    n.moving_mean.assign(stats[name][0])
+                    n.moving_variance.assign(stats[name][1])
                 c = tf.constant(coords)
                 f = tf.constant(features.astype(dtype))
                 fwd, train = functions(model, tf.constant(spatial), batch)
-                if stats is None:  # fp32 comes first: its training-mode call sets the statistics
-                    train(c, f)
-                    stats = {name: (n.moving_mean.numpy(), n.moving_variance.numpy()) for name, n in norms.items()}
-                    out = fwd(c, f)
-                    out_coords = model(functions_inputs(c, f, spatial, batch), training=False)["coords"]
-                    loss, grads = train(c, f)
-                    for name, n in norms.items():  # train() moved them again (same batch, same values)
-                        n.moving_mean.assign(stats[name][0])
-                        n.moving_variance.assign(stats[name][1])
-                    grad_of = {v.path if hasattr(v, "path") else v.name: g for v, g in
-                               zip(model.trainable_variables, grads)}
-                    reference = {"out_coords": out_coords.numpy(), "out_features": out.numpy().astype(np.float32),
-                                 "loss": np.float64(loss.numpy())}
-                    for name in convs:
-                        key = next(k for k in grad_of if k.startswith(f"{name}/") and "kernel" in k)
-                        reference[f"grad_{name}"] = grad_of[key].numpy().astype(np.float32)
-                    np.savez(os.path.join(args.exchange, f"{run}_reference.npz"), **reference)
-                    np.savez(os.path.join(args.exchange, f"{run}_bn.npz"),
-                             **{f"{k}_mean": v[0] for k, v in stats.items()},
-                             **{f"{k}_var": v[1] for k, v in stats.items()})
-                else:
-                    for name, n in norms.items():
-                        n.moving_mean.assign(stats[name][0])
-                        n.moving_variance.assign(stats[name][1])
                 for pass_name, fn in (("fwd", fwd), ("train", train)):
                     fn(c, f)
                     sync()
@@ -165,17 +161,57 @@ def run_ours(args):
                     waits = ts.host_sync_count() - before
                     seconds = median_time(fn, args.warmup, args.reps, (c, f))
                     rows.append({"network": run, "dtype": dtype_name, "pass": pass_name, "ours_s": seconds,
-                                 "n_sites": len(coords), "ours_host_syncs": waits, "sync": sync_method()})
+                                 "n_sites": len(coords), "ours_host_syncs": waits, "sync": sync_method(),
+                                 "ours_cpu_gpu_rel_err": check and max(check.values())})
                     print(f"  {dtype_name} {pass_name}: {seconds * 1e3:.3f} ms, {waits} host waits", flush=True)
         with open(os.path.join(args.exchange, "ours.json"), "w") as out_file:
             json.dump({"rows": rows, "device": device_name()}, out_file)
     print(f"[ours] {len(rows)} rows -> {args.exchange}/ours.json", flush=True)
 
 
-def functions_inputs(coords, features, spatial, batch):
+PROBE_ROWS = 2000  # rows of each convolution's output kept, the first in coordinate order
+
+
+def sorted_head(coords, features, rows=None):
+    order = np.lexsort(coords.T[::-1])[:rows]
+    return coords[order], features[order]
+
+
+def relative(got, want):
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def reference_pass(steps, spatial, cin, weights, coords, features, batch, device):
+    """fp32 on `device`: one training-mode call sets the batch-norm statistics (momentum 0:
+    this batch's), then the inference output, every convolution's output (PROBE_ROWS rows),
+    the loss and every convolution's weight gradient in training mode -> (arrays, stats)."""
+    import tensorflow as tf
     from tf_sparseconv.site.keras_io import as_site_keras_inputs
     from tf_sparseconv.site.tensor import make_site_sparse
-    return as_site_keras_inputs(make_site_sparse(coords, features, spatial, batch))
+    with tf.device(device):
+        model, convs, norms, probes = build_model(steps, spatial, cin, "float32")
+        for name, layer in convs.items():
+            layer.kernel.assign(weights[name])
+        c, f = tf.constant(coords), tf.constant(features)
+        fwd, train = functions(model, tf.constant(spatial), batch)
+        train(c, f)
+        stats = {name: (n.moving_mean.numpy(), n.moving_variance.numpy()) for name, n in norms.items()}
+        inputs = as_site_keras_inputs(make_site_sparse(c, f, spatial, batch))
+        out = model(inputs, training=False)
+        probed = probes(inputs, training=False)
+        loss, grads = train(c, f)
+        for name, n in norms.items():  # train() set them again: the same batch, the same values
+            n.moving_mean.assign(stats[name][0])
+            n.moving_variance.assign(stats[name][1])
+    grad_of = {v.path if hasattr(v, "path") else v.name: g for v, g in zip(model.trainable_variables, grads)}
+    reference = {"out_coords": out["coords"].numpy(), "out_features": out["features"].numpy(),
+                 "loss": np.float64(loss.numpy())}
+    for name in convs:
+        key = next(k for k in grad_of if k.startswith(f"{name}/") and "kernel" in k)
+        reference[f"grad_{name}"] = grad_of[key].numpy()
+        head = sorted_head(probed[name]["coords"].numpy(), probed[name]["features"].numpy(), PROBE_ROWS)
+        reference[f"probe_{name}_coords"], reference[f"probe_{name}_features"] = head
+    return reference, stats
 
 
 def device_name():
@@ -224,6 +260,8 @@ def main():
     p.add_argument("--tiny", action="store_true", help="a small random scene instead of the frame (tests, CPU)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--cpu-check", action="store_true",
+                   help="also make the fp32 reference on the CPU and report how far the GPU's is from it")
     p.add_argument("--out", default=RESULTS)
     p.add_argument("--run", default=None, help="a label for the merged rows")
     args = p.parse_args()
