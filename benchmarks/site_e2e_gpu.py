@@ -5,8 +5,9 @@ Networks (benchmarks/site_networks.py): unet5_lidar_5cm (the seven-convolution c
 site_conv_gpu.py on the 5 cm LiDAR frame), resunet42_lidar_5cm_b1 and _b2 (a
 SparseResUNet42-style network with batch norm and ReLU, on one frame and on the frame
 plus its mirror image). Passes: fwd (inference: batch norm from its moving statistics)
-and train (forward in training mode, the loss 0.5 * sum(y^2) / sites in float32, and the
-gradients of every weight; the optimizer's update is left out on both sides). dtypes:
+and train (forward in training mode, a float32 loss that weighs each output site and
+channel (site_networks: SITE_HASH), and the gradients of every weight; the optimizer's
+update is left out on both sides). dtypes:
 fp32 (TF32 off on both sides) and fp16 (weights and features; batch-norm statistics and
 parameters in float32).
 
@@ -36,7 +37,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from site_networks import BN_EPS, conv_weights, network, scene  # noqa: E402
+from site_networks import (BN_EPS, SITE_HASH, SITE_HASH_MOD, conv_weights, loss_channel_weights,  # noqa: E402
+                           network, scene)  # noqa: E402
 from site_scenes import LIDAR  # noqa: E402
 
 RUNS = {"unet5_lidar_5cm": ("unet5", 1), "resunet42_lidar_5cm_b1": ("resunet42", 1),
@@ -102,8 +104,11 @@ def functions(model, spatial, batch):
     @tf.function
     def train(coords, features):
         with tf.GradientTape() as tape:
-            y = tf.cast(model(inputs(coords, features), training=True)["features"], tf.float32)
-            loss = 0.5 * tf.reduce_sum(tf.square(y)) / tf.cast(tf.shape(y)[0], tf.float32)
+            out = model(inputs(coords, features), training=True)
+            y = tf.cast(out["features"], tf.float32)
+            h = tf.math.floormod(tf.reduce_sum(tf.cast(out["coords"], tf.int64) * tf.constant(SITE_HASH, tf.int64), 1), SITE_HASH_MOD)
+            s = tf.cast(h, tf.float32) / SITE_HASH_MOD - 0.5
+            loss = tf.reduce_mean(s * tf.linalg.matvec(y, loss_channel_weights(y.shape[-1])))
         return loss, tape.gradient(loss, model.trainable_variables)
 
     return fwd, train
@@ -140,6 +145,11 @@ def run_ours(args):
             worst = max(check, key=check.get)
             print(f"  ours on the CPU against the GPU: largest relative difference {check[worst]:.1e} ({worst})",
                   flush=True)
+            for kind in ("probe_", "grad_"):
+                order = [k for k in check if k.startswith(kind)]
+                parted = [k for k in order if check[k] > 1e-4]
+                print(f"    {kind[:-1]}s beyond 1e-4: {len(parted)} of {len(order)}, in network order: "
+                      + ", ".join(f"{k} {check[k]:.1e}" for k in parted[:8]), flush=True)
         for dtype_name in args.dtypes:
             dtype = {"fp32": "float32", "fp16": "float16"}[dtype_name]
             with tf.device(device):

@@ -20,7 +20,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from site_networks import BN_EPS, conv_weights, network  # noqa: E402
+from site_networks import BN_EPS, SITE_HASH, SITE_HASH_MOD, conv_weights, loss_channel_weights, network  # noqa: E402,E501
 
 torch = spconv = ConvAlgo = None
 KINDS = ("subm", "down", "inv")
@@ -104,10 +104,15 @@ class Network:
 
 
 def to_spconv_layout(conv, w, flip):
-    """Our [k, k, k, Cin, Cout] in spconv's layout (checked by shape), offsets reversed with flip."""
+    """Our [k, k, k, Cin, Cout] in spconv's layout (checked by shape), offsets reversed with
+    flip. A 1^3 kernel is our [Cin, Cout] matrix in row-major memory order whatever the
+    shape says: spconv 2.3.8's 1x1 path (conv.py, `conv1x1`) multiplies the features by
+    weight.view(Cin, Cout) in its default [Cout, 1, 1, 1, Cin] layout."""
+    shape = tuple(conv.weight.shape)
+    if w.shape[:3] == (1, 1, 1):
+        return np.ascontiguousarray(w.reshape(shape))
     if flip:
         w = w[::-1, ::-1, ::-1]
-    shape = tuple(conv.weight.shape)
     if shape == w.shape:
         return np.ascontiguousarray(w)
     if shape == (w.shape[4], *w.shape[:3], w.shape[3]):
@@ -120,6 +125,8 @@ def to_spconv_layout(conv, w, flip):
 def from_spconv_layout(conv, g, our_shape, flip):
     """The inverse of to_spconv_layout for a gradient."""
     shape = tuple(conv.weight.shape)
+    if our_shape[:3] == (1, 1, 1):
+        return g.reshape(our_shape)
     if shape == our_shape:
         w = g
     elif shape == (our_shape[4], *our_shape[:3], our_shape[3]):
@@ -135,6 +142,14 @@ def set_weights(net, steps, weights, flips):
         for name, conv in net.convs.items():
             value = to_spconv_layout(conv, weights[name], flips[kinds[name]])
             conv.weight.copy_(torch.from_numpy(value).to(conv.weight.dtype))
+
+
+def training_loss(y):
+    """site_networks' loss of output tensor y (SITE_HASH)."""
+    h = (y.indices.long() * torch.tensor(SITE_HASH, device=y.indices.device)).sum(1) % SITE_HASH_MOD
+    s = h.float() / SITE_HASH_MOD - 0.5
+    u = torch.from_numpy(loss_channel_weights(y.features.shape[1])).to(y.features.device)
+    return (s * (y.features.float() @ u)).mean()
 
 
 def probe_errors(net, x, reference):
@@ -207,6 +222,14 @@ def run(args):
                             raise RuntimeError(f"{run_name}: spconv's output sites differ from ours "
                                                f"({len(got_coords)} against {len(want_coords)})")
                         errs[combo] = relative(got, want)
+                    if args.every_orientation:
+                        for combo in errs:
+                            set_weights(net, steps, weights, dict(zip(KINDS, combo)))
+                            e = probe_errors(net, spconv.SparseConvTensor(features, coords, spatial, batch),
+                                             reference)
+                            parted = [name for name, v in e.items() if v > args.tolerance]
+                            print(f"  orientation {combo}: output {errs[combo]:.1e}; first beyond tolerance "
+                                  + ", ".join(f"{n} {e[n]:.1e}" for n in parted[:4]), flush=True)
                     best = min(errs, key=errs.get)
                     flips = dict(zip(KINDS, best))
                     out_err = errs[best]
@@ -220,16 +243,14 @@ def run(args):
                     # Gradients in training mode against ours.
                     set_weights(net, steps, weights, flips)
                     net.train(True)
-                    y = net(spconv.SparseConvTensor(features, coords, spatial, batch))
-                    f = y.features.float()
-                    loss = 0.5 * (f * f).sum() / f.shape[0]
+                    loss = training_loss(net(spconv.SparseConvTensor(features, coords, spatial, batch)))
                     loss.backward()
                     grad_err = 0.0
                     for name, conv in net.convs.items():
                         g = from_spconv_layout(conv, conv.weight.grad.float().cpu().numpy(), weights[name].shape,
                                                flips[dict((s[1], s[3]) for s in steps if s[0] == "conv")[name]])
                         grad_err = max(grad_err, relative(g, reference[f"grad_{name}"]))
-                    loss_err = abs(float(loss) - float(reference["loss"])) / max(abs(float(reference["loss"])), 1e-30)
+                    loss_err = abs(loss.item() - float(reference["loss"])) / max(abs(float(reference["loss"])), 1e-30)
                     errors[run_name] = max(out_err, grad_err, loss_err)
                     first_parted[run_name] = parted[0] if parted else None
                     print(f"  orientation {flips}: output {out_err:.1e}, weight gradients {grad_err:.1e}, "
@@ -245,10 +266,7 @@ def run(args):
                 def train_step():
                     for p in params:
                         p.grad = None
-                    y = net(spconv.SparseConvTensor(features, coords, spatial, batch))
-                    f = y.features.float()
-                    loss = 0.5 * (f * f).sum() / f.shape[0]
-                    loss.backward()
+                    training_loss(net(spconv.SparseConvTensor(features, coords, spatial, batch))).backward()
 
                 for pass_name, fn, mode in (("fwd", forward, False), ("train", train_step, True)):
                     net.train(mode)
@@ -278,6 +296,8 @@ def main():
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--tolerance", type=float, default=1e-3,
                    help="largest relative difference from ours (fp32 output, loss, weight gradients) accepted")
+    p.add_argument("--every-orientation", action="store_true",
+                   help="print where each of the eight kernel orientations first parts from ours")
     p.add_argument("--record-mismatch", action="store_true",
                    help="time a network that differs from ours beyond --tolerance too (its rows carry the error) "
                         "instead of stopping")

@@ -32,6 +32,13 @@ import numpy as np
 from site_scenes import CHAIN, LAYERS, layer_weights, level_features, voxelize
 
 BN_EPS = 1e-3
+# The training loss of both sides: the mean over output sites of s_i * (y_i . u), where
+# s_i = ((b, x, y, z)_i . SITE_HASH mod 2^20) / 2^20 - 0.5 is computed from the site's
+# coordinates (so it needs no common row order) and u is loss_channel_weights(). A loss of
+# the plain squares of batch-normalised outputs would be nearly invariant to every weight
+# before the last batch norm, leaving gradients of rounding noise to compare.
+SITE_HASH = (7919, 104729, 1299709, 15485863)
+SITE_HASH_MOD = 1 << 20
 IN_CHANNELS = {"unet5": 64, "resunet42": 4}
 LEVELS = {"unet5": 2, "resunet42": 4}  # stride-2 levels: the spatial shape must divide by 2^levels
 
@@ -90,6 +97,16 @@ def resunet42(in_channels=IN_CHANNELS["resunet42"], stem=32, encoder=(32, 64, 12
 
 
 NETWORKS = {"unet5": unet5, "resunet42": resunet42}
+
+
+def loss_channel_weights(channels):
+    return np.random.default_rng(12).standard_normal(channels).astype(np.float32)
+
+
+def site_scores(coords):
+    """s_i of the training loss for coords [N, 4] (NumPy; both sides compute the same in-graph)."""
+    h = (coords.astype(np.int64) * np.array(SITE_HASH, np.int64)).sum(1) % SITE_HASH_MOD
+    return (h / SITE_HASH_MOD - 0.5).astype(np.float32)
 
 
 def network(name):

@@ -1,7 +1,9 @@
 """benchmarks/site_e2e_gpu.py and site_networks.py: the networks' structure (every step reads
 tensors made before it, channel counts agree, the stages issue 24 names), a small CPU run of
 our phase (the exchange spconv's side reads: inputs, batch-norm statistics, outputs at the
-input sites, a gradient per convolution) and the merge into issue 24's row keys."""
+input sites, a gradient per convolution), its output and loss against a NumPy evaluation of
+the same steps, and the merge into issue 24's row keys."""
+import itertools
 import json
 import os
 import subprocess
@@ -38,6 +40,59 @@ def channels_of(steps, in_channels):
             assert op == "concat", step
             width[out] = width[step[2]] + width[step[3]]
     return width
+
+
+def _rows(coords):
+    return {tuple(c): i for i, c in enumerate(coords.tolist())}
+
+
+def numpy_forward(steps, weights, coords, features):
+    """The steps in float64 NumPy, batch norm in training mode (over this batch's sites), with
+    the site convention of csrc/site/kernel_map/site_geometry.h -> (coords, features)."""
+    t, maps = {"x": (coords, features.astype(np.float64))}, {}
+    for step in steps:
+        op, out = step[0], step[1]
+        if op == "conv":
+            _, _, src, kind, cin, cout, k, key = step
+            c, f = t[src]
+            w = weights[out].astype(np.float64).reshape(k ** 3, cin, cout)
+            offsets = list(itertools.product(range(k), repeat=3))
+            if kind == "subm":  # output o reads input o + (q - (k - 1) / 2)
+                rows, y = _rows(c), np.zeros((len(c), cout))
+                for q, qi in enumerate(offsets):
+                    shift = np.array(qi) - (k - 1) // 2
+                    for o, site in enumerate(c):
+                        x = rows.get((int(site[0]), *(site[1:] + shift).tolist()))
+                        if x is not None:
+                            y[o] += f[x] @ w[q]
+                t[out] = (c, y)
+            elif kind == "down":  # input x feeds output x // 2 through offset x % 2
+                out_c = np.unique(np.concatenate([c[:, :1], c[:, 1:] // 2], 1), axis=0)
+                rows, y, pairs = _rows(out_c), np.zeros((len(out_c), cout)), []
+                for x, site in enumerate(c):
+                    o = rows[(int(site[0]), *(site[1:] // 2).tolist())]
+                    q = offsets.index(tuple((site[1:] % 2).tolist()))
+                    y[o] += f[x] @ w[q]
+                    pairs.append((x, o, q))
+                maps[key] = (c, pairs)
+                t[out] = (out_c, y)
+            else:  # back through the pairs of the strided map of the same key
+                fine, pairs = maps[key]
+                y = np.zeros((len(fine), cout))
+                for x, o, q in pairs:
+                    y[x] += f[o] @ w[q]
+                t[out] = (fine, y)
+        elif op == "bn":
+            c, f = t[step[2]]
+            t[out] = (c, (f - f.mean(0)) / np.sqrt(f.var(0) + site_networks.BN_EPS))
+        elif op == "relu":
+            c, f = t[step[2]]
+            t[out] = (c, np.maximum(f, 0))
+        else:
+            (ca, fa), (cb, fb) = t[step[2]], t[step[3]]
+            assert np.array_equal(ca, cb)
+            t[out] = (ca, fa + fb if op == "add" else np.concatenate([fa, fb], 1))
+    return t[steps[-1][1]]
 
 
 def test_resunet42_has_the_stages_issue_24_names():
@@ -90,7 +145,18 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
         assert np.isfinite(reference["out_features"]).all() and np.abs(reference["out_features"]).max() > 0
         grads = [k for k in reference.files if k.startswith("grad_")]
         assert len(grads) == convs and all(np.isfinite(reference[k]).all() for k in grads)
-        assert float(reference["loss"]) > 0
+        # the inference output with statistics from this batch is the training-mode forward;
+        # the tolerance allows for Keras' float32 variance over the two sites of the deepest level
+        steps = site_networks.network(run.split("_")[0])
+        want_coords, want = numpy_forward(steps, site_networks.conv_weights(run.split("_")[0], steps), coords,
+                                          inputs["features"])
+        order = np.lexsort(want_coords.T[::-1])
+        assert np.array_equal(got[np.lexsort(got.T[::-1])], want_coords[order])
+        features = reference["out_features"][np.lexsort(got.T[::-1])]
+        assert np.abs(features - want[order]).max() <= 2e-3 * np.abs(want).max()
+        loss = np.mean(site_networks.site_scores(want_coords) * (want @ site_networks.loss_channel_weights(
+            want.shape[1])))
+        assert abs(float(reference["loss"]) - loss) <= 2e-3 * abs(loss) and loss != 0
     assert set(np.load(exchange / "resunet42_lidar_5cm_b2_inputs.npz")["coords"][:, 0]) == {0, 1}
     bn = np.load(exchange / "resunet42_lidar_5cm_b2_bn.npz")
     assert len(bn.files) == 2 * 49 and (bn["stem1_bn_var"] > 0).all()
