@@ -106,7 +106,8 @@ def functions(model, spatial, batch):
         with tf.GradientTape() as tape:
             out = model(inputs(coords, features), training=True)
             y = tf.cast(out["features"], tf.float32)
-            h = tf.math.floormod(tf.reduce_sum(tf.cast(out["coords"], tf.int64) * tf.constant(SITE_HASH, tf.int64), 1), SITE_HASH_MOD)
+            h = tf.reduce_sum(tf.cast(out["coords"], tf.int64) * tf.constant(SITE_HASH, tf.int64), 1)
+            h = tf.math.floormod(h, SITE_HASH_MOD)
             s = tf.cast(h, tf.float32) / SITE_HASH_MOD - 0.5
             loss = tf.reduce_mean(s * tf.linalg.matvec(y, loss_channel_weights(y.shape[-1])))
         return loss, tape.gradient(loss, model.trainable_variables)
@@ -236,7 +237,7 @@ def merge(args):
     with open(os.path.join(args.exchange, "spconv.json")) as f:
         peer = json.load(f)
     theirs = {(r["network"], r["dtype"], r["pass"]): r for r in peer["rows"]}
-    errors = peer.get("max_rel_err", {})
+    errors = peer.get("rel_err", {})
     stamp = {"device": ours["device"], "date": datetime.date.today().isoformat(), "commit": checkout_commit(),
              "run": args.run}
     out = []
@@ -246,9 +247,13 @@ def merge(args):
             print(f"[merge] no spconv row for {key}; left out", flush=True)
             continue
         s = theirs[key]
+        err = errors.get(r["network"], {})
+        # fwd: the fp32 outputs; train: the fp32 outputs and loss, the gradients beside them
+        checked = {"fwd": ("output",), "train": ("output", "loss")}[r["pass"]]
         out.append({**r, "spconv_s": s["spconv_s"], "ratio": s["spconv_s"] / r["ours_s"],
-                    "max_rel_err": errors.get(r["network"]), "spconv_algo": s["algo"],
-                    "spconv_gpu_s": s.get("spconv_gpu_s"), **stamp})
+                    "max_rel_err": max((err[k] for k in checked if k in err), default=None),
+                    **({"grad_rel_err": err.get("gradients")} if r["pass"] == "train" else {}),
+                    "spconv_algo": s["algo"], "spconv_gpu_s": s.get("spconv_gpu_s"), **stamp})
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "a") as f:
         for row in out:

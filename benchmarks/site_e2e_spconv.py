@@ -251,11 +251,12 @@ def run(args):
                                                flips[dict((s[1], s[3]) for s in steps if s[0] == "conv")[name]])
                         grad_err = max(grad_err, relative(g, reference[f"grad_{name}"]))
                     loss_err = abs(loss.item() - float(reference["loss"])) / max(abs(float(reference["loss"])), 1e-30)
-                    errors[run_name] = max(out_err, grad_err, loss_err)
+                    errors[run_name] = {"output": out_err, "loss": loss_err, "gradients": grad_err}
                     first_parted[run_name] = parted[0] if parted else None
                     print(f"  orientation {flips}: output {out_err:.1e}, weight gradients {grad_err:.1e}, "
                           f"loss {loss_err:.1e} (relative to ours)", flush=True)
-                    if errors[run_name] > args.tolerance and not args.record_mismatch:
+                    if (max(out_err, loss_err) > args.tolerance or grad_err > args.grad_tolerance) and \
+                            not args.record_mismatch:
                         raise RuntimeError(f"{run_name}: spconv and ours differ beyond {args.tolerance} "
                                            f"(output {out_err:.2e}, gradients {grad_err:.2e}, loss {loss_err:.2e}; "
                                            f"orientations tried: {errs})")
@@ -285,7 +286,7 @@ def save(args, rows, errors, first_parted):
         if key not in best or r["spconv_s"] < best[key]["spconv_s"]:
             best[key] = r
     with open(os.path.join(args.exchange, "spconv.json"), "w") as f:
-        json.dump({"rows": list(best.values()), "all_algos": rows, "max_rel_err": errors,
+        json.dump({"rows": list(best.values()), "all_algos": rows, "rel_err": errors,
                    "first_convolution_beyond_tolerance": first_parted}, f)
 
 
@@ -295,7 +296,12 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--tolerance", type=float, default=1e-3,
-                   help="largest relative difference from ours (fp32 output, loss, weight gradients) accepted")
+                   help="largest relative difference from ours of the fp32 outputs and loss accepted")
+    # Float32 itself moves these gradients by that much: our CPU kernels' resunet42 weight
+    # gradients in float32 against float64 differ by 9e-3 (median layer) to 7e-2 (largest),
+    # since the loss sums signed terms over 173,011 sites (docs/benchmarks.md).
+    p.add_argument("--grad-tolerance", type=float, default=0.1,
+                   help="largest relative difference from ours of the fp32 weight gradients accepted")
     p.add_argument("--every-orientation", action="store_true",
                    help="print where each of the eight kernel orientations first parts from ours")
     p.add_argument("--record-mismatch", action="store_true",

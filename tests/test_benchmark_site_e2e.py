@@ -164,7 +164,7 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
     (exchange / "spconv.json").write_text(json.dumps({
         "rows": [{"network": "unet5_lidar_5cm", "dtype": "fp32", "pass": p, "algo": "native", "spconv_s": s,
                   "spconv_gpu_s": s / 2} for p, s in (("fwd", 0.002), ("train", 0.006))],
-        "max_rel_err": {"unet5_lidar_5cm": 1e-6}}))
+        "rel_err": {"unet5_lidar_5cm": {"output": 1e-6, "loss": 3e-6, "gradients": 2e-3}}}))
     out = tmp_path / "rows.jsonl"
     done = subprocess.run([sys.executable, "benchmarks/site_e2e_gpu.py", "--phase", "merge", "--exchange",
                            str(exchange), "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -177,5 +177,7 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
         for key in ("network", "dtype", "pass", "ours_s", "spconv_s", "max_rel_err", "device", "date"):
             assert key in r, key
         assert r["ours_s"] == by_pass[r["pass"]]["ours_s"]
-        assert r["ratio"] == r["spconv_s"] / r["ours_s"] and r["max_rel_err"] == 1e-6
+        assert r["ratio"] == r["spconv_s"] / r["ours_s"]
+    assert rows[0]["max_rel_err"] == 1e-6 and "grad_rel_err" not in rows[0]  # fwd: the outputs
+    assert rows[1]["max_rel_err"] == 3e-6 and rows[1]["grad_rel_err"] == 2e-3  # train: and the loss
     assert "no spconv row" in done.stdout  # resunet42's rows had no partner: left out, said so
