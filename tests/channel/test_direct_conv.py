@@ -981,3 +981,31 @@ def test_conv_refuses_an_output_with_too_many_segments():
     x = _sparse([], [2**12, 1, 1])
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"dense_shape of output has B = 4096 and C = 8192"):
         ts.direct_conv(x, np.ones((1, 1, 2**13)))
+
+
+def test_a_grid_of_more_than_2_to_the_32_positions_gives_the_small_grids_values(rng):
+    # Coordinates decode by 32-bit multiplications up to 2^32 - 1 positions per example and
+    # by 64-bit divisions beyond: the same sites in both grids, the same outputs where the
+    # small grid has them (the big one also reaches z = 5).
+    small, big_z = (6, 7, 5), 2 ** 27 + 1
+    dense = random_sparse(rng, 2, small, 2, 0.3)
+    b, x, y, z, c = np.nonzero(dense)
+    w = rng.standard_normal((3, 3, 3, 2, 3))
+
+    def run(spatial):
+        keys = ((b * 2 + c) * np.prod(spatial, dtype=np.int64) + (x * spatial[1] + y) * spatial[2] + z)
+        order = np.argsort(keys)
+        out = ts.direct_conv(ts.ChannelSparseTensor(tf.constant(keys[order], tf.int64),
+                                                    tf.constant(dense[b, x, y, z, c][order]),
+                                                    tf.constant([2, *spatial, 2], tf.int64)), w)
+        size = np.prod(spatial, dtype=np.int64)
+        k, v = out.keys.numpy(), out.values.numpy()
+        seg, lin = k // size, k % size
+        coords = np.stack([seg // 3, lin // (spatial[1] * spatial[2]), lin // spatial[2] % spatial[1],
+                           lin % spatial[2], seg % 3], 1)
+        return {tuple(p): value for p, value in zip(coords.tolist(), v)}
+
+    want, got = run(small), run((6, 7, big_z))
+    assert 6 * 7 * big_z > 2 ** 32 and len(got) > len(want) > 0
+    assert all(p[3] == 5 for p in set(got) - set(want))
+    np.testing.assert_allclose([got[p] for p in want], [want[p] for p in want], rtol=1e-12, atol=1e-12)

@@ -753,6 +753,24 @@ namespace {
 
 // The host tables of the input: decoded coordinates, segment offsets and present weights.
 // The keys must have been validated.
+// Exact n / d and n % d for 32-bit n and d >= 1 by two multiplications (Lemire, Kaser and
+// Kurz, "Faster remainder by direct computation", 2019): m = floor((2^64 - 1) / d) + 1.
+// d = 1 has no such m (it wraps to 0) and is taken apart.
+constexpr int64_t kMaxDivisor32 = 0xffffffffLL;
+
+struct Divisor32 {
+  uint64_t m = 0;
+  uint32_t d = 1;
+  Divisor32() = default;
+  explicit Divisor32(uint32_t divisor) : m(divisor > 1 ? ~uint64_t{0} / divisor + 1 : 0), d(divisor) {}
+  uint32_t Div(uint32_t n) const {
+    return d == 1 ? n : static_cast<uint32_t>((static_cast<unsigned __int128>(m) * n) >> 64);
+  }
+  uint32_t Mod(uint32_t n) const {
+    return d == 1 ? 0 : static_cast<uint32_t>((static_cast<unsigned __int128>(m * n) * d) >> 64);
+  }
+};
+
 template <typename T>
 struct HostTables {
   std::vector<int32_t> coords;
@@ -762,12 +780,35 @@ struct HostTables {
   void Build(const CPUDevice& device, const ConvTensors<T>& in) {
     const KeyLayout& L = in.layout;
     coords.resize(in.n * L.d);
-    // 2d + 1 integer divisions per entry: worth the pool at a few hundred thousand entries.
-    device.parallelFor(in.n, Eigen::TensorOpCost(8, 4 * L.d, 20.0 * (2 * L.d + 1)),
-                       [&](Eigen::Index first, Eigen::Index last) {
-                         for (Eigen::Index i = first; i < last; ++i)
-                           DecodeSpatial(L.spatial_of(in.keys[i]), L, &coords[i * L.d]);
-                       });
+    if (L.spatial_size <= kMaxDivisor32) {
+      // Keys are sorted, so a chunk divides only where an entry starts another segment,
+      // and the spatial parts decode by multiplications (Divisor32) instead of 2d 64-bit
+      // divisions.
+      Divisor32 stride[kMaxSpatialDims], extent[kMaxSpatialDims];
+      for (int j = 0; j < L.d; ++j) {
+        stride[j] = Divisor32(static_cast<uint32_t>(L.stride[j]));
+        extent[j] = Divisor32(static_cast<uint32_t>(L.extent[j]));
+      }
+      const int64_t S = L.spatial_size;
+      device.parallelFor(in.n, Eigen::TensorOpCost(8, 4 * L.d, 4.0 * (2 * L.d + 1)),
+                         [&](Eigen::Index first, Eigen::Index last) {
+                           int64_t base = first < last ? in.keys[first] / S * S : 0;
+                           for (Eigen::Index i = first; i < last; ++i) {
+                             const int64_t key = in.keys[i];
+                             if (key - base >= S) base = key - key % S;  // the next segment
+                             const uint32_t lin = static_cast<uint32_t>(key - base);
+                             for (int j = 0; j < L.d; ++j)
+                               coords[i * L.d + j] = static_cast<int32_t>(extent[j].Mod(stride[j].Div(lin)));
+                           }
+                         });
+    } else {
+      // 2d + 1 integer divisions per entry: worth the pool at a few hundred thousand entries.
+      device.parallelFor(in.n, Eigen::TensorOpCost(8, 4 * L.d, 20.0 * (2 * L.d + 1)),
+                         [&](Eigen::Index first, Eigen::Index last) {
+                           for (Eigen::Index i = first; i < last; ++i)
+                             DecodeSpatial(L.spatial_of(in.keys[i]), L, &coords[i * L.d]);
+                         });
+    }
     SegmentOffsets(in.keys, in.n, L, &in_offsets);
     weights = BuildPresentWeights(in.mask, in.shapes.kernel_size, L.channels, in.shapes.cout, L);
   }
