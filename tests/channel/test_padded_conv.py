@@ -13,6 +13,7 @@ import tensorflow as tf
 import tf_sparseconv as ts
 from tf_sparseconv import keras_layers as kl
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as raw_ops
+from tf_sparseconv.channel import keras_io
 from tf_sparseconv.channel.tensor import PADDING_KEY
 from tf_sparseconv.checks import padded_by_library, padded_convs_upstream
 from tests.channel.helpers import assert_exact_then_padding, random_filter, random_sparse_components
@@ -266,7 +267,8 @@ def test_padded_convolutions_are_found_upstream_in_a_traced_graph(rng):
     assert padded_convs_upstream(tf.constant([1], tf.int64)) == []  # eager: no graph
 
 
-def test_the_keras_layer_auto_pads_inside_a_traced_model_only(rng):
+def test_the_keras_layer_auto_pads_inside_a_traced_model_only(rng, monkeypatch):
+    monkeypatch.setattr(keras_io, "gpu_visible", lambda: True)  # "auto" pads where a GPU is seen
     (keys, values, dense_shape), _, _ = _network_case(rng)
     x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(dense_shape),
                                tf.TensorShape([None, 8, 8, 8, 1]))
@@ -282,6 +284,18 @@ def test_the_keras_layer_auto_pads_inside_a_traced_model_only(rng):
     assert kl.DirectSparseConv.from_config(layer.get_config()).padded_output == "auto"
     eager_out = layer(kl.as_keras_inputs(x))
     assert not padded_by_library(eager_out["keys"]) and PADDING_KEY not in eager_out["keys"].numpy()
+    seen = []
+
+    @tf.function
+    def traced_conv(inputs):
+        y = layer(inputs)
+        seen.append(padded_by_library(y["keys"]))
+        return y["keys"]
+
+    traced_conv(kl.as_keras_inputs(x))
+    monkeypatch.setattr(keras_io, "gpu_visible", lambda: False)  # no GPU: nothing to spare, exact
+    tf.function(lambda inputs: seen.append(padded_by_library(layer(inputs)["keys"])) or 0)(kl.as_keras_inputs(x))
+    assert seen == [True, False]
     with pytest.raises(ValueError, match="padded_output"):
         kl.DirectSparseConv(3, 3, padded_output="yes")
 

@@ -56,7 +56,8 @@ class DirectSparseConv(SparseLayer):
         before the op runs, the live entries then padding: on the GPU no wait for the device
         after a library op; the data checks are read where SparseToDense ends the sparse
         part; see direct_conv) or "auto" (padded inside a traced function, as in fit,
-        evaluate and predict).
+        evaluate and predict, where TensorFlow sees a GPU: on the CPU there is no wait to
+        spare, and the capacity only costs).
     Metrics: `<name>_density`, the output density (entries / (B * R1*...*Rd * filters)).
     """
 

@@ -66,11 +66,20 @@ def check_padded_output(padded_output, what):
     return padded_output
 
 
+def gpu_visible():
+    """Whether TensorFlow sees a GPU in this process."""
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
 def padded_now(padded_output):
     """Whether a layer with this padded_output option pads the call being made: 'auto' pads
     inside traced functions (fit, evaluate, predict), where padded dicts can pass between
-    layers (SparseLayer.call)."""
-    return tf.inside_function() if padded_output == "auto" else bool(padded_output)
+    layers (SparseLayer.call), where TensorFlow sees a GPU. Padding spares the GPU's ops a
+    wait for the device; on the CPU there is none to spare, and the capacity only costs (an
+    OctNet3 32^3 training step on 2 cores: 694 / 698 ms padded against 653 / 639 exact)."""
+    if padded_output == "auto":
+        return tf.inside_function() and gpu_visible()
+    return bool(padded_output)
 
 
 class CustomOpLayer(keras.layers.Layer):

@@ -44,8 +44,8 @@ def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, s
     dataflow: of every DirectSparseConv ('auto', 'sort' or 'dense'; direct_conv).
     padded_convs, padded_pools: the convolutions' and the poolings' padded_output
     (DirectSparseConv, SparseMaxPool): "auto" (the default) pads them inside traced functions
-    (fit, evaluate, predict), where on the GPU only the first convolution then waits for the
-    device (it checks the user's keys); False keeps exact outputs.
+    (fit, evaluate, predict) where TensorFlow sees a GPU, so that only the first convolution
+    then waits for the device (it checks the user's keys); False keeps exact outputs.
     Built in a tf.distribute strategy's scope, it trains on per-replica sparse batches
     (models.replicas); the density bounds then hold per replica's batch, and Eq. 4 reads
     the density of the global batch."""
