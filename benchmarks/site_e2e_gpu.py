@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from site_networks import (BN_EPS, SITE_HASH, SITE_HASH_MOD, conv_weights, loss_channel_weights,  # noqa: E402
-                           network, scene)  # noqa: E402
+                           network, relative, scene, sorted_rows)
 from site_scenes import LIDAR  # noqa: E402
 
 RUNS = {"unet5_lidar_5cm": ("unet5", 1), "resunet42_lidar_5cm_b1": ("resunet42", 1),
@@ -88,23 +88,31 @@ def build_model(steps, spatial, cin, dtype):
     return model, convs, norms, probes
 
 
+def site_inputs(coords, features, spatial, batch):
+    """The model's input dict, made as a user makes it (make_site_sparse's checks included)."""
+    from tf_sparseconv.site.keras_io import as_site_keras_inputs
+    from tf_sparseconv.site.tensor import make_site_sparse
+    return as_site_keras_inputs(make_site_sparse(coords, features, spatial, batch))
+
+
+def set_statistics(norms, stats):
+    for name, norm in norms.items():
+        norm.moving_mean.assign(stats[name][0])
+        norm.moving_variance.assign(stats[name][1])
+
+
 def functions(model, spatial, batch):
     """(fwd, train) tf.functions of (coords, features): the whole call a user makes."""
     import tensorflow as tf
-    from tf_sparseconv.site.keras_io import as_site_keras_inputs
-    from tf_sparseconv.site.tensor import make_site_sparse
-
-    def inputs(coords, features):
-        return as_site_keras_inputs(make_site_sparse(coords, features, spatial, batch))
 
     @tf.function
     def fwd(coords, features):
-        return model(inputs(coords, features), training=False)["features"]
+        return model(site_inputs(coords, features, spatial, batch), training=False)["features"]
 
     @tf.function
     def train(coords, features):
         with tf.GradientTape() as tape:
-            out = model(inputs(coords, features), training=True)
+            out = model(site_inputs(coords, features, spatial, batch), training=True)
             y = tf.cast(out["features"], tf.float32)
             h = tf.reduce_sum(tf.cast(out["coords"], tf.int64) * tf.constant(SITE_HASH, tf.int64), 1)
             h = tf.math.floormod(h, SITE_HASH_MOD)
@@ -157,9 +165,7 @@ def run_ours(args):
                 model, convs, norms, _ = build_model(steps, spatial, cin, dtype)
                 for name, layer in convs.items():
                     layer.kernel.assign(weights[name].astype(dtype))
-                for name, n in norms.items():
-                    n.moving_mean.assign(stats[name][0])
-                    n.moving_variance.assign(stats[name][1])
+                set_statistics(norms, stats)
                 c = tf.constant(coords)
                 f = tf.constant(features.astype(dtype))
                 fwd, train = functions(model, tf.constant(spatial), batch)
@@ -183,44 +189,31 @@ def run_ours(args):
 PROBE_ROWS = 2000  # rows of each convolution's output kept, the first in coordinate order
 
 
-def sorted_head(coords, features, rows=None):
-    order = np.lexsort(coords.T[::-1])[:rows]
-    return coords[order], features[order]
-
-
-def relative(got, want):
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
-
-
 def reference_pass(steps, spatial, cin, weights, coords, features, batch, device):
     """fp32 on `device`: one training-mode call sets the batch-norm statistics (momentum 0:
     this batch's), then the inference output, every convolution's output (PROBE_ROWS rows),
     the loss and every convolution's weight gradient in training mode -> (arrays, stats)."""
     import tensorflow as tf
-    from tf_sparseconv.site.keras_io import as_site_keras_inputs
-    from tf_sparseconv.site.tensor import make_site_sparse
     with tf.device(device):
         model, convs, norms, probes = build_model(steps, spatial, cin, "float32")
         for name, layer in convs.items():
             layer.kernel.assign(weights[name])
         c, f = tf.constant(coords), tf.constant(features)
-        fwd, train = functions(model, tf.constant(spatial), batch)
+        _, train = functions(model, tf.constant(spatial), batch)
         train(c, f)
         stats = {name: (n.moving_mean.numpy(), n.moving_variance.numpy()) for name, n in norms.items()}
-        inputs = as_site_keras_inputs(make_site_sparse(c, f, spatial, batch))
+        inputs = site_inputs(c, f, spatial, batch)
         out = model(inputs, training=False)
         probed = probes(inputs, training=False)
         loss, grads = train(c, f)
-        for name, n in norms.items():  # train() set them again: the same batch, the same values
-            n.moving_mean.assign(stats[name][0])
-            n.moving_variance.assign(stats[name][1])
+        set_statistics(norms, stats)  # train() set them again: the same batch, the same values
     grad_of = {v.path if hasattr(v, "path") else v.name: g for v, g in zip(model.trainable_variables, grads)}
     reference = {"out_coords": out["coords"].numpy(), "out_features": out["features"].numpy(),
                  "loss": np.float64(loss.numpy())}
     for name in convs:
         key = next(k for k in grad_of if k.startswith(f"{name}/") and "kernel" in k)
         reference[f"grad_{name}"] = grad_of[key].numpy()
-        head = sorted_head(probed[name]["coords"].numpy(), probed[name]["features"].numpy(), PROBE_ROWS)
+        head = sorted_rows(probed[name]["coords"].numpy(), probed[name]["features"].numpy(), PROBE_ROWS)
         reference[f"probe_{name}_coords"], reference[f"probe_{name}_features"] = head
     return reference, stats
 

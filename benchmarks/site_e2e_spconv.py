@@ -12,49 +12,27 @@ import argparse
 import itertools
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from site_networks import BN_EPS, SITE_HASH, SITE_HASH_MOD, conv_weights, loss_channel_weights, network  # noqa: E402,E501
+import site_conv_spconv as per_layer  # noqa: E402  (its spconv loader, timer and weight layout)
+from site_networks import (BN_EPS, SITE_HASH, SITE_HASH_MOD, conv_kinds, conv_weights,  # noqa: E402
+                           loss_channel_weights, network, relative, sorted_rows)
 
 torch = spconv = ConvAlgo = None
 KINDS = ("subm", "down", "inv")
 
 
 def load_spconv():
+    """spconv without TF32 (site_conv_spconv's loader), and PyTorch's own TF32 off too."""
     global torch, spconv, ConvAlgo
-    import torch as torch_module
-    import spconv as spconv_core
-    spconv_core.constants.SPCONV_ALLOW_TF32 = False
-    import spconv.pytorch as spconv_pytorch
-    from spconv.core import ConvAlgo as conv_algo
-    torch, spconv, ConvAlgo = torch_module, spconv_pytorch, conv_algo
+    per_layer.load_spconv(tf32=False)
+    torch, spconv, ConvAlgo = per_layer.torch, per_layer.spconv, per_layer.ConvAlgo
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-
-
-def timed(fn, warmup, reps):
-    """(median wall s of the synchronised call, median CUDA-event s)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    walls, events = [], []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0 = time.perf_counter()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        walls.append(time.perf_counter() - t0)
-        events.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(walls), statistics.median(events)
 
 
 class Network:
@@ -103,27 +81,20 @@ class Network:
         return t if every else t[self.steps[-1][1]]
 
 
-def to_spconv_layout(conv, w, flip):
-    """Our [k, k, k, Cin, Cout] in spconv's layout (checked by shape), offsets reversed with
-    flip. A 1^3 kernel is our [Cin, Cout] matrix in row-major memory order whatever the
-    shape says: spconv 2.3.8's 1x1 path (conv.py, `conv1x1`) multiplies the features by
-    weight.view(Cin, Cout) in its default [Cout, 1, 1, 1, Cin] layout."""
-    shape = tuple(conv.weight.shape)
-    if w.shape[:3] == (1, 1, 1):
-        return np.ascontiguousarray(w.reshape(shape))
-    if flip:
-        w = w[::-1, ::-1, ::-1]
-    if shape == w.shape:
-        return np.ascontiguousarray(w)
-    if shape == (w.shape[4], *w.shape[:3], w.shape[3]):
-        return np.ascontiguousarray(np.transpose(w, (4, 0, 1, 2, 3)))
-    if shape == (*w.shape[:3], w.shape[4], w.shape[3]):
-        return np.ascontiguousarray(np.transpose(w, (0, 1, 2, 4, 3)))
-    raise RuntimeError(f"unexpected spconv weight shape {shape} for ours {w.shape}")
+def set_weight(conv, w, flip):
+    """Our [k, k, k, Cin, Cout] into conv (site_conv_spconv.set_weight: spconv's layout, offsets
+    reversed with flip). A 1^3 kernel is our [Cin, Cout] matrix in row-major memory order
+    whatever the shape says: spconv 2.3.8's 1x1 path (conv.py, `conv1x1`) multiplies the
+    features by weight.view(Cin, Cout) in its default [Cout, 1, 1, 1, Cin] layout."""
+    if w.shape[:3] != (1, 1, 1):
+        per_layer.set_weight(conv, w, flip)
+        return
+    with torch.no_grad():
+        conv.weight.copy_(torch.from_numpy(np.ascontiguousarray(w.reshape(tuple(conv.weight.shape)))))
 
 
 def from_spconv_layout(conv, g, our_shape, flip):
-    """The inverse of to_spconv_layout for a gradient."""
+    """The inverse of set_weight's layout for a gradient."""
     shape = tuple(conv.weight.shape)
     if our_shape[:3] == (1, 1, 1):
         return g.reshape(our_shape)
@@ -137,11 +108,9 @@ def from_spconv_layout(conv, g, our_shape, flip):
 
 
 def set_weights(net, steps, weights, flips):
-    kinds = {s[1]: s[3] for s in steps if s[0] == "conv"}
-    with torch.no_grad():
-        for name, conv in net.convs.items():
-            value = to_spconv_layout(conv, weights[name], flips[kinds[name]])
-            conv.weight.copy_(torch.from_numpy(value).to(conv.weight.dtype))
+    kinds = conv_kinds(steps)
+    for name, conv in net.convs.items():
+        set_weight(conv, weights[name], flips[kinds[name]])
 
 
 def training_loss(y):
@@ -160,19 +129,10 @@ def probe_errors(net, x, reference):
     errs = {}
     for name in net.convs:
         want_coords, want = reference[f"probe_{name}_coords"], reference[f"probe_{name}_features"]
-        got_coords, got = sorted_rows(t[name].indices.cpu().numpy(), t[name].features.float().cpu().numpy())
-        got_coords, got = got_coords[:len(want_coords)], got[:len(want_coords)]
+        got_coords, got = sorted_rows(t[name].indices.cpu().numpy(), t[name].features.float().cpu().numpy(),
+                                      len(want_coords))
         errs[name] = relative(got, want) if np.array_equal(got_coords, want_coords) else float("inf")
     return errs
-
-
-def sorted_rows(coords, features):
-    order = np.lexsort(coords.T[::-1])
-    return coords[order], features[order]
-
-
-def relative(got, want):
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def run(args):
@@ -188,6 +148,7 @@ def run(args):
         bn = dict(np.load(os.path.join(args.exchange, f"{run_name}_bn.npz")))
         net_name = run_name.split("_")[0]
         steps = network(net_name)
+        kinds = conv_kinds(steps)
         weights = conv_weights(net_name, steps)
         coords = torch.from_numpy(inputs["coords"]).cuda()
         spatial = [int(s) for s in inputs["spatial"]]
@@ -248,7 +209,7 @@ def run(args):
                     grad_err = 0.0
                     for name, conv in net.convs.items():
                         g = from_spconv_layout(conv, conv.weight.grad.float().cpu().numpy(), weights[name].shape,
-                                               flips[dict((s[1], s[3]) for s in steps if s[0] == "conv")[name]])
+                                               flips[kinds[name]])
                         grad_err = max(grad_err, relative(g, reference[f"grad_{name}"]))
                     loss_err = abs(loss.item() - float(reference["loss"])) / max(abs(float(reference["loss"])), 1e-30)
                     errors[run_name] = {"output": out_err, "loss": loss_err, "gradients": grad_err}
@@ -271,7 +232,7 @@ def run(args):
 
                 for pass_name, fn, mode in (("fwd", forward, False), ("train", train_step, True)):
                     net.train(mode)
-                    wall, gpu = timed(fn, args.warmup, args.reps)
+                    wall, gpu = per_layer.timed(fn, args.warmup, args.reps)
                     rows.append({"network": run_name, "dtype": dtype_name, "pass": pass_name, "algo": algo_name,
                                  "spconv_s": wall, "spconv_gpu_s": gpu})
                     print(f"  {algo_name:<18} {dtype_name} {pass_name}: {wall * 1e3:.3f} ms "

@@ -99,6 +99,23 @@ def resunet42(in_channels=IN_CHANNELS["resunet42"], stem=32, encoder=(32, 64, 12
 NETWORKS = {"unet5": unet5, "resunet42": resunet42}
 
 
+def conv_kinds(steps):
+    """{convolution step: its kind ('subm', 'down' or 'inv')}."""
+    return {s[1]: s[3] for s in steps if s[0] == "conv"}
+
+
+def sorted_rows(coords, features, rows=None):
+    """(coords, features) in coordinate order, the first `rows` of them (None: all): rows of
+    two implementations compare whatever order each keeps its sites in."""
+    order = np.lexsort(coords.T[::-1])[:rows]
+    return coords[order], features[order]
+
+
+def relative(got, want):
+    """Largest absolute difference relative to the largest magnitude of want."""
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
 def loss_channel_weights(channels):
     return np.random.default_rng(12).standard_normal(channels).astype(np.float32)
 
