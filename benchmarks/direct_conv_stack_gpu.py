@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tf_sparseconv as ts  # noqa: E402
 from direct_conv_gpu import random_keys  # noqa: E402
+from gpu_trace import kernel_times  # noqa: E402
 from run_info import checkout_commit  # noqa: E402
 from timing import median_time  # noqa: E402
 
@@ -87,37 +88,6 @@ def layer_times(x, r, filters, warmup, repeats, dataflow="auto"):
         out.append((name, seconds, int(h.live_entries), int(y.num_entries)))
         h = ts.ChannelSparseTensor(y.keys, y.values, y.dense_shape, padded=True)
     return out
-
-
-def kernel_times(run, args, calls, top):
-    """The GPU's kernels, copies and memsets during `calls` calls of run(*args) under
-    TensorFlow's profiler: kernels_in_trace of the trace."""
-    import glob
-    import tempfile
-    logdir = tempfile.mkdtemp(prefix="stack_kernels_")
-    run(*args)
-    tf.profiler.experimental.start(logdir)
-    for _ in range(calls):
-        run(*args)
-    tf.profiler.experimental.stop()
-    return kernels_in_trace(sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1],
-                            calls, top)
-
-
-def kernels_in_trace(xspace_path, calls, top):
-    """(GPU busy ms per call, [(name, ms per call, launches per call)] of the `top` names by
-    time) from the GPUs' stream events of a profiler trace (step_profile.gpu_stream_events;
-    busy is the union of the events' intervals)."""
-    from step_profile import gpu_stream_events, union_length
-    by_name, intervals = {}, []
-    for _, events in gpu_stream_events(xspace_path).values():
-        for b, e, name in events:
-            intervals.append((b, e))
-            total, count = by_name.get(name or "?", (0, 0))
-            by_name[name or "?"] = (total + e - b, count + 1)
-    ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]
-    return (union_length(intervals) / 1e9 / calls,
-            [(name[:160], ps / 1e9 / calls, count / calls) for name, (ps, count) in ranked])
 
 
 def dense_stack(filters):

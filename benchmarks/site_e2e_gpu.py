@@ -24,7 +24,10 @@ before it times anything. Rows: network, dtype, pass, ours_s, spconv_s, ratio (s
 ours_s: above 1 we are faster), max_rel_err, device, date, commit, plus the sites, our host
 waits per call and spconv's algorithm (its faster of Native and MaskImplicitGemm).
 Times are medians of synchronised whole calls (cudaDeviceSynchronize on both sides)
-after warm-up.
+after warm-up. With --kernels N (both sides) three more calls of each pass are traced
+(TensorFlow's profiler, PyTorch's) and the merge appends, per side, the GPU's busy time per
+call and its N costliest kernels to results/site_e2e_kernels.jsonl: what a call's time is
+made of, kernel maps, convolutions, batch norm and the host's gaps between them.
 """
 import argparse
 import datetime
@@ -44,6 +47,7 @@ from site_scenes import LIDAR  # noqa: E402
 RUNS = {"unet5_lidar_5cm": ("unet5", 1), "resunet42_lidar_5cm_b1": ("resunet42", 1),
         "resunet42_lidar_5cm_b2": ("resunet42", 2)}
 RESULTS = os.path.join(HERE, "results", "site_e2e_gpu.jsonl")
+KERNELS_RESULTS = os.path.join(HERE, "results", "site_e2e_kernels.jsonl")
 
 
 def build_model(steps, spatial, cin, dtype):
@@ -126,9 +130,12 @@ def functions(model, spatial, batch):
 def run_ours(args):
     import tensorflow as tf
     import tf_sparseconv as ts
+    from gpu_trace import kernel_times
     from timing import median_time, sync, sync_method
     tf.config.experimental.enable_tensor_float_32_execution(False)  # fp32 is fp32 on both sides
     os.makedirs(args.exchange, exist_ok=True)
+    if os.path.exists(os.path.join(args.exchange, "kernels.jsonl")):
+        os.remove(os.path.join(args.exchange, "kernels.jsonl"))  # an earlier run's
     device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
     rows = []
     for run in args.networks:
@@ -181,9 +188,29 @@ def run_ours(args):
                                  "n_sites": len(coords), "ours_host_syncs": waits, "sync": sync_method(),
                                  "ours_cpu_gpu_rel_err": check and max(check.values())})
                     print(f"  {dtype_name} {pass_name}: {seconds * 1e3:.3f} ms, {waits} host waits", flush=True)
+                    if args.kernels:
+                        busy_ms, top = kernel_times(lambda *a: (fn(*a), sync()), (c, f), KERNEL_CALLS,
+                                                    args.kernels)
+                        write_kernels(args, {"network": run, "dtype": dtype_name, "pass": pass_name,
+                                             "side": "ours"}, busy_ms, top)
         with open(os.path.join(args.exchange, "ours.json"), "w") as out_file:
             json.dump({"rows": rows, "device": device_name()}, out_file)
     print(f"[ours] {len(rows)} rows -> {args.exchange}/ours.json", flush=True)
+
+
+KERNEL_CALLS = 3  # calls traced for --kernels
+
+
+def write_kernels(args, key, busy_ms, top):
+    """Appends one kernels row (the GPU's busy time per call and the costliest kernels: name,
+    seconds per call, launches per call) to the exchange's kernels.jsonl and prints it."""
+    row = {**key, "gpu_busy_s": busy_ms / 1e3, "calls": KERNEL_CALLS,
+           "kernels": [[name, ms / 1e3, n] for name, ms, n in top]}
+    with open(os.path.join(args.exchange, "kernels.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(f"    GPU busy {busy_ms:.3f} ms per call; costliest kernels (ms, launches per call):", flush=True)
+    for name, ms, n in top:
+        print(f"      {ms:8.3f} {n:6.1f}  {name[:110]}", flush=True)
 
 
 PROBE_ROWS = 2000  # rows of each convolution's output kept, the first in coordinate order
@@ -256,6 +283,14 @@ def merge(args):
         print(f"{row['network']:<24} {row['dtype']:<5} {row['pass']:<6} {row['ours_s'] * 1e3:9.3f} "
               f"{row['spconv_s'] * 1e3:10.3f} {row['ratio']:6.2f}")
     print(f"[merge] {len(out)} rows appended to {args.out}")
+    kernels = os.path.join(args.exchange, "kernels.jsonl")
+    if os.path.exists(kernels):  # --kernels rows of both sides
+        with open(kernels) as f:
+            rows = [{**json.loads(line), **stamp} for line in f]
+        with open(args.kernels_out, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        print(f"[merge] {len(rows)} kernel rows appended to {args.kernels_out}")
 
 
 def main():
@@ -271,6 +306,10 @@ def main():
     p.add_argument("--cpu-check", action="store_true",
                    help="also make the fp32 reference on the CPU and report how far the GPU's is from it")
     p.add_argument("--out", default=RESULTS)
+    p.add_argument("--kernels", type=int, default=0, metavar="N",
+                   help="also trace 3 calls of each pass and give the GPU's busy time per call and its N costliest "
+                        "kernels (rows in <exchange>/kernels.jsonl; the merge appends them to --kernels-out)")
+    p.add_argument("--kernels-out", default=KERNELS_RESULTS)
     p.add_argument("--run", default=None, help="a label for the merged rows")
     args = p.parse_args()
     if args.phase == "ours":

@@ -48,6 +48,7 @@ from tf_sparseconv.training.optimizers import FusedAdam  # noqa: E402
 from tf_sparseconv.training.train import keras_batches  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_trace import gpu_stream_events, idle_gaps, union_length  # noqa: E402
 from run_info import checkout_commit, checks_mode, gpu_name, gpu_thread_mode  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -90,55 +91,6 @@ class TraceSteps(keras.callbacks.Callback):
             self.seconds = time.perf_counter() - self._start[0]
             self.waits = ts.host_sync_count() - self._start[1]
             tf.profiler.experimental.stop()
-
-
-def union_length(intervals):
-    """Total length covered by [begin, end) intervals (picoseconds)."""
-    total, end = 0, None
-    for b, e in sorted(intervals):
-        if end is None or b > end:
-            total += e - b
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
-
-
-def idle_gaps(intervals, at_least):
-    """The idle stretches between [begin, end) intervals (their union's holes) of at least
-    at_least picoseconds, in order."""
-    gaps, end = [], None
-    for b, e in sorted(intervals):
-        if end is not None and b - end >= at_least:
-            gaps.append(b - end)
-        end = e if end is None else max(end, e)
-    return gaps
-
-
-def gpu_stream_events(xspace_path):
-    """{GPU plane name: ([line names], [(begin ps, end ps, event name)])} of a profiler trace:
-    the events on each GPU's stream lines (CUPTI's kernels, copies and memsets); derived
-    lines (steps, ops), which repeat the streams' time, are named but their events left out."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    space = xplane_pb2.XSpace()
-    with open(xspace_path, "rb") as f:
-        space.ParseFromString(f.read())
-    out = {}
-    for plane in space.planes:
-        if not plane.name.startswith("/device:GPU:"):
-            continue
-        names = {i: m.name for i, m in plane.event_metadata.items()}
-        lines, events = out.setdefault(plane.name, ([], []))
-        for line in plane.lines:
-            lines.append(line.name)
-            if "stream" not in line.name.lower():
-                continue
-            base = line.timestamp_ns * 1000
-            for event in line.events:
-                b = base + event.offset_ps
-                events.append((b, b + event.duration_ps, names.get(event.metadata_id, "")))
-    return out
 
 
 def gpu_summary(xspace_path):

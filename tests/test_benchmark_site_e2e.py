@@ -127,7 +127,7 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "benchmarks/site_e2e_gpu.py", "--phase", "ours", "--tiny", "--dtypes",
                            "fp32", "--networks", "unet5_lidar_5cm", "resunet42_lidar_5cm_b2", "--warmup", "0",
-                           "--reps", "1", "--exchange", str(exchange)],
+                           "--reps", "1", "--exchange", str(exchange), "--kernels", "4"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     ours = json.loads((exchange / "ours.json").read_text())
@@ -135,6 +135,10 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
         ("unet5_lidar_5cm", "fwd"), ("unet5_lidar_5cm", "train"),
         ("resunet42_lidar_5cm_b2", "fwd"), ("resunet42_lidar_5cm_b2", "train")]
     assert all(r["ours_s"] > 0 and r["ours_host_syncs"] == 0 for r in ours["rows"])  # the CPU never waits
+    traced = [json.loads(line) for line in (exchange / "kernels.jsonl").read_text().splitlines()]
+    assert [(r["network"], r["pass"], r["side"]) for r in traced] == [
+        (r["network"], r["pass"], "ours") for r in ours["rows"]]
+    assert all(r["gpu_busy_s"] == 0 and r["kernels"] == [] and r["calls"] == 3 for r in traced)  # no GPU plane
     for run, convs in (("unet5_lidar_5cm", 7), ("resunet42_lidar_5cm_b2", 49)):
         inputs = np.load(exchange / f"{run}_inputs.npz")
         reference = np.load(exchange / f"{run}_reference.npz")
@@ -165,10 +169,10 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
         "rows": [{"network": "unet5_lidar_5cm", "dtype": "fp32", "pass": p, "algo": "native", "spconv_s": s,
                   "spconv_gpu_s": s / 2} for p, s in (("fwd", 0.002), ("train", 0.006))],
         "rel_err": {"unet5_lidar_5cm": {"output": 1e-6, "loss": 3e-6, "gradients": 2e-3}}}))
-    out = tmp_path / "rows.jsonl"
+    out, kernels_out = tmp_path / "rows.jsonl", tmp_path / "kernels.jsonl"
     done = subprocess.run([sys.executable, "benchmarks/site_e2e_gpu.py", "--phase", "merge", "--exchange",
-                           str(exchange), "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+                           str(exchange), "--out", str(out), "--kernels-out", str(kernels_out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["network"], r["pass"]) for r in rows] == [("unet5_lidar_5cm", "fwd"), ("unet5_lidar_5cm", "train")]
@@ -181,3 +185,6 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
     assert rows[0]["max_rel_err"] == 1e-6 and "grad_rel_err" not in rows[0]  # fwd: the outputs
     assert rows[1]["max_rel_err"] == 3e-6 and rows[1]["grad_rel_err"] == 2e-3  # train: and the loss
     assert "no spconv row" in done.stdout  # resunet42's rows had no partner: left out, said so
+    merged = [json.loads(line) for line in kernels_out.read_text().splitlines()]
+    assert [r["network"] for r in merged] == [r["network"] for r in traced]
+    assert all(r["device"] == rows[0]["device"] and r["date"] == rows[0]["date"] for r in merged)

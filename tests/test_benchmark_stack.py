@@ -1,4 +1,4 @@
-"""benchmarks/direct_conv_stack_gpu.py: its reading of a profiler trace (time and launches per
+"""benchmarks/gpu_trace.py's reading of a profiler trace (time and launches per
 kernel name, busy time as the union of the GPUs' stream events) on a hand-built XSpace, and
 one small CPU run whose rows of each kind carry their keys."""
 import json
@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import direct_conv_stack_gpu as stack  # noqa: E402
+import gpu_trace  # noqa: E402
 from tests.test_benchmark_step_profile import add_event, trace_with_one_gpu  # noqa: E402
 
 
@@ -27,7 +27,7 @@ def test_kernels_in_trace_ranks_names_by_time_per_call(tmp_path):
     add_event(derived, 2, 0, 10**6)
     path = tmp_path / "t.xplane.pb"
     path.write_bytes(space.SerializeToString())
-    busy_ms, top = stack.kernels_in_trace(str(path), calls=2, top=2)
+    busy_ms, top = gpu_trace.kernels_in_trace(str(path), calls=2, top=2)
     assert busy_ms == pytest.approx((8000 + 4000) / 1e9 / 2)  # [0, 8000) and [9000, 13000)
     assert [name for name, _, _ in top] == ["ContributionsKernel", "SortKernel"]  # 6000 and 5000 ps
     assert top[0][1] == pytest.approx(6000 / 1e9 / 2) and top[0][2] == 1.0

@@ -8,13 +8,14 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import gpu_trace  # noqa: E402
 import step_profile  # noqa: E402
 
 
 def test_union_length_counts_overlaps_once():
-    assert step_profile.union_length([]) == 0
-    assert step_profile.union_length([(0, 10), (5, 20), (30, 35), (31, 32)]) == 25
-    assert step_profile.union_length([(30, 35), (0, 10), (10, 12)]) == 17
+    assert gpu_trace.union_length([]) == 0
+    assert gpu_trace.union_length([(0, 10), (5, 20), (30, 35), (31, 32)]) == 25
+    assert gpu_trace.union_length([(30, 35), (0, 10), (10, 12)]) == 17
 
 
 def add_event(line, metadata_id, offset_ps, duration_ps):
@@ -65,9 +66,9 @@ def test_gpu_summary_reads_the_stream_lines_of_each_gpu(tmp_path):
 
 
 def test_idle_gaps_are_the_holes_of_the_union():
-    assert step_profile.idle_gaps([], 1) == []
-    assert step_profile.idle_gaps([(0, 10), (5, 20), (30, 35), (31, 32), (50, 51)], 10) == [10, 15]
-    assert step_profile.idle_gaps([(50, 51), (0, 10), (30, 35)], 16) == [20]
+    assert gpu_trace.idle_gaps([], 1) == []
+    assert gpu_trace.idle_gaps([(0, 10), (5, 20), (30, 35), (31, 32), (50, 51)], 10) == [10, 15]
+    assert gpu_trace.idle_gaps([(50, 51), (0, 10), (30, 35)], 16) == [20]
 
 
 def test_a_cpu_run_appends_a_row_with_its_keys(tmp_path):

@@ -1,0 +1,84 @@
+"""Reading TensorFlow's profiler traces for the benchmarks: the GPUs' stream events of an
+XSpace (.xplane.pb), the union of their intervals (the GPU's busy time), the idle stretches
+between them, and the costliest kernels of a few traced calls."""
+import glob
+import os
+import tempfile
+
+
+def union_length(intervals):
+    """Total length covered by [begin, end) intervals (picoseconds)."""
+    total, end = 0, None
+    for b, e in sorted(intervals):
+        if end is None or b > end:
+            total += e - b
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def idle_gaps(intervals, at_least):
+    """The idle stretches between [begin, end) intervals (their union's holes) of at least
+    at_least picoseconds, in order."""
+    gaps, end = [], None
+    for b, e in sorted(intervals):
+        if end is not None and b - end >= at_least:
+            gaps.append(b - end)
+        end = e if end is None else max(end, e)
+    return gaps
+
+
+def gpu_stream_events(xspace_path):
+    """{GPU plane name: ([line names], [(begin ps, end ps, event name)])} of a profiler trace:
+    the events on each GPU's stream lines (CUPTI's kernels, copies and memsets); derived
+    lines (steps, ops), which repeat the streams' time, are named but their events left out."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    space = xplane_pb2.XSpace()
+    with open(xspace_path, "rb") as f:
+        space.ParseFromString(f.read())
+    out = {}
+    for plane in space.planes:
+        if not plane.name.startswith("/device:GPU:"):
+            continue
+        names = {i: m.name for i, m in plane.event_metadata.items()}
+        lines, events = out.setdefault(plane.name, ([], []))
+        for line in plane.lines:
+            lines.append(line.name)
+            if "stream" not in line.name.lower():
+                continue
+            base = line.timestamp_ns * 1000
+            for event in line.events:
+                b = base + event.offset_ps
+                events.append((b, b + event.duration_ps, names.get(event.metadata_id, "")))
+    return out
+
+
+def kernel_times(run, args, calls, top):
+    """The GPU's kernels, copies and memsets during `calls` calls of run(*args) under
+    TensorFlow's profiler: kernels_in_trace of the trace."""
+    import tensorflow as tf
+    logdir = tempfile.mkdtemp(prefix="gpu_kernels_")
+    run(*args)
+    tf.profiler.experimental.start(logdir)
+    for _ in range(calls):
+        run(*args)
+    tf.profiler.experimental.stop()
+    return kernels_in_trace(sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1],
+                            calls, top)
+
+
+def kernels_in_trace(xspace_path, calls, top):
+    """(GPU busy ms per call, [(name, ms per call, launches per call)] of the `top` names by
+    time) from the GPUs' stream events of a profiler trace (gpu_stream_events;
+    busy is the union of the events' intervals)."""
+    by_name, intervals = {}, []
+    for _, events in gpu_stream_events(xspace_path).values():
+        for b, e, name in events:
+            intervals.append((b, e))
+            total, count = by_name.get(name or "?", (0, 0))
+            by_name[name or "?"] = (total + e - b, count + 1)
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]
+    return (union_length(intervals) / 1e9 / calls,
+            [(name[:160], ps / 1e9 / calls, count / calls) for name, (ps, count) in ranked])
