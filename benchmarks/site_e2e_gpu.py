@@ -23,6 +23,8 @@ normalised features) and our fp32 outputs and gradients, which spconv's side mus
 before it times anything. Rows: network, dtype, pass, ours_s, spconv_s, ratio (spconv_s /
 ours_s: above 1 we are faster), max_rel_err, device, date, commit, plus the sites, our host
 waits per call and spconv's algorithm (its faster of Native and MaskImplicitGemm).
+Our batch norm is the library's FusedBatchNormalization (--bn fused, the default; --bn
+keras times Keras' own layer too, fused-nchw and fused-nhwc force one row layout).
 Times are medians of synchronised whole calls (cudaDeviceSynchronize on both sides)
 after warm-up. With --kernels N (both sides) three more calls of each pass are traced
 (TensorFlow's profiler, PyTorch's) and the merge appends, per side, the GPU's busy time per
@@ -31,6 +33,7 @@ made of, kernel maps, convolutions, batch norm and the host's gaps between them.
 """
 import argparse
 import datetime
+import itertools
 import json
 import os
 import sys
@@ -48,11 +51,27 @@ RUNS = {"unet5_lidar_5cm": ("unet5", 1), "resunet42_lidar_5cm_b1": ("resunet42",
         "resunet42_lidar_5cm_b2": ("resunet42", 2)}
 RESULTS = os.path.join(HERE, "results", "site_e2e_gpu.jsonl")
 KERNELS_RESULTS = os.path.join(HERE, "results", "site_e2e_kernels.jsonl")
+# Our batch-norm layer (--bn): the library's FusedBatchNormalization with its row layout
+# per dtype, the same with one layout forced for every dtype, or Keras' own layer.
+BN_CHOICES = ("fused", "fused-nchw", "fused-nhwc", "keras")
 
 
-def build_model(steps, spatial, cin, dtype):
-    """Our Keras model of `steps` -> (model, {conv step: layer}, {bn step: BatchNormalization},
-    a model of the same layers whose outputs are every convolution's output site dict)."""
+def bn_layer(bn):
+    """The batch-norm layer class of a --bn choice, its row layouts set (before any tracing)."""
+    import keras
+    from tf_sparseconv.site import batch_norm
+    if bn == "keras":
+        return keras.layers.BatchNormalization
+    defaults = getattr(bn_layer, "defaults", None) or dict(batch_norm.DATA_FORMAT)
+    bn_layer.defaults = defaults
+    batch_norm.DATA_FORMAT.update(defaults if bn == "fused" else {k: bn[len("fused-"):].upper() for k in defaults})
+    return batch_norm.FusedBatchNormalization
+
+
+def build_model(steps, spatial, cin, dtype, bn="fused"):
+    """Our Keras model of `steps` -> (model, {conv step: layer}, {bn step: batch-norm layer},
+    a model of the same layers whose outputs are every convolution's output site dict).
+    bn: the batch-norm layer (BN_CHOICES)."""
     import keras
     from tf_sparseconv.site.conv_layers import SPARSE_CONV, SPARSE_INVERSE_CONV, SUBM_CONV
     from tf_sparseconv.site.keras_io import site_input
@@ -73,7 +92,7 @@ def build_model(steps, spatial, cin, dtype):
             convs[out] = layer
             tensors[out] = layer(tensors[src])
         elif op == "bn":
-            norm = keras.layers.BatchNormalization(momentum=0.0, epsilon=BN_EPS, dtype=bn_dtype, name=f"{out}_inner")
+            norm = bn_layer(bn)(momentum=0.0, epsilon=BN_EPS, dtype=bn_dtype, name=f"{out}_inner")
             norms[out] = norm
             tensors[out] = SiteFeatures(norm, dtype=dtype, name=out)(tensors[step[2]])
         elif op == "relu":
@@ -166,10 +185,12 @@ def run_ours(args):
                 parted = [k for k in order if check[k] > 1e-4]
                 print(f"    {kind[:-1]}s beyond 1e-4: {len(parted)} of {len(order)}, in network order: "
                       + ", ".join(f"{k} {check[k]:.1e}" for k in parted[:8]), flush=True)
-        for dtype_name in args.dtypes:
+        for bn, dtype_name in itertools.product(args.bn, args.dtypes):
+            if bn != args.bn[0] and not any(step[0] == "bn" for step in steps):
+                continue  # no batch norm: every --bn is the same network
             dtype = {"fp32": "float32", "fp16": "float16"}[dtype_name]
             with tf.device(device):
-                model, convs, norms, _ = build_model(steps, spatial, cin, dtype)
+                model, convs, norms, _ = build_model(steps, spatial, cin, dtype, bn)
                 for name, layer in convs.items():
                     layer.kernel.assign(weights[name].astype(dtype))
                 set_statistics(norms, stats)
@@ -186,13 +207,13 @@ def run_ours(args):
                     seconds = median_time(fn, args.warmup, args.reps, (c, f))
                     rows.append({"network": run, "dtype": dtype_name, "pass": pass_name, "ours_s": seconds,
                                  "n_sites": len(coords), "ours_host_syncs": waits, "sync": sync_method(),
-                                 "ours_cpu_gpu_rel_err": check and max(check.values())})
-                    print(f"  {dtype_name} {pass_name}: {seconds * 1e3:.3f} ms, {waits} host waits", flush=True)
+                                 "ours_cpu_gpu_rel_err": check and max(check.values()), "bn": bn})
+                    print(f"  {bn} {dtype_name} {pass_name}: {seconds * 1e3:.3f} ms, {waits} host waits", flush=True)
                     if args.kernels:
                         busy_ms, top = kernel_times(lambda *a: (fn(*a), sync()), (c, f), KERNEL_CALLS,
                                                     args.kernels)
                         write_kernels(args, {"network": run, "dtype": dtype_name, "pass": pass_name,
-                                             "side": "ours"}, busy_ms, top)
+                                             "side": "ours", "bn": bn}, busy_ms, top)
         with open(os.path.join(args.exchange, "ours.json"), "w") as out_file:
             json.dump({"rows": rows, "device": device_name()}, out_file)
     print(f"[ours] {len(rows)} rows -> {args.exchange}/ours.json", flush=True)
@@ -298,6 +319,9 @@ def main():
     p.add_argument("--phase", choices=("ours", "merge"), required=True)
     p.add_argument("--networks", nargs="+", choices=tuple(RUNS), default=list(RUNS))
     p.add_argument("--dtypes", nargs="+", choices=("fp32", "fp16"), default=["fp32", "fp16"])
+    p.add_argument("--bn", nargs="+", choices=BN_CHOICES, default=["fused"],
+                   help="our batch-norm layer(s): the library's FusedBatchNormalization (fused: its row layout per "
+                        "dtype; fused-nchw, fused-nhwc: one layout for every dtype) or Keras' own (keras)")
     p.add_argument("--exchange", default="/tmp/site_e2e")
     p.add_argument("--lidar", default=LIDAR)
     p.add_argument("--tiny", action="store_true", help="a small random scene instead of the frame (tests, CPU)")

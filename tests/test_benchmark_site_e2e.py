@@ -127,13 +127,14 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "benchmarks/site_e2e_gpu.py", "--phase", "ours", "--tiny", "--dtypes",
                            "fp32", "--networks", "unet5_lidar_5cm", "resunet42_lidar_5cm_b2", "--warmup", "0",
-                           "--reps", "1", "--exchange", str(exchange), "--kernels", "4"],
+                           "--reps", "1", "--exchange", str(exchange), "--kernels", "4", "--bn", "fused", "keras"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     ours = json.loads((exchange / "ours.json").read_text())
-    assert [(r["network"], r["pass"]) for r in ours["rows"]] == [
-        ("unet5_lidar_5cm", "fwd"), ("unet5_lidar_5cm", "train"),
-        ("resunet42_lidar_5cm_b2", "fwd"), ("resunet42_lidar_5cm_b2", "train")]
+    assert [(r["network"], r["pass"], r["bn"]) for r in ours["rows"]] == [
+        ("unet5_lidar_5cm", "fwd", "fused"), ("unet5_lidar_5cm", "train", "fused"),  # no batch norm: once
+        ("resunet42_lidar_5cm_b2", "fwd", "fused"), ("resunet42_lidar_5cm_b2", "train", "fused"),
+        ("resunet42_lidar_5cm_b2", "fwd", "keras"), ("resunet42_lidar_5cm_b2", "train", "keras")]
     assert all(r["ours_s"] > 0 and r["ours_host_syncs"] == 0 for r in ours["rows"])  # the CPU never waits
     traced = [json.loads(line) for line in (exchange / "kernels.jsonl").read_text().splitlines()]
     assert [(r["network"], r["pass"], r["side"]) for r in traced] == [

@@ -11,7 +11,8 @@ saved classifier.
 A site-sparse batch is the dict made by `as_site_keras_inputs` (cached kernel maps
 included); models start from `site_input` or `SiteVoxelize`, run `SubMConv3D`,
 `SparseConv3D`, `SparseConvTranspose3D`, `SparseInverseConv3D`, `SiteMaxPooling3D`,
-`SiteAveragePooling3D` (1-D, 2-D and 4-D forms too) and `SiteFeatures`, and leave through
+`SiteAveragePooling3D` (1-D, 2-D and 4-D forms too) and `SiteFeatures` (feature-row layers,
+e.g. `FusedBatchNormalization`), and leave through
 `SiteGlobalPool`, `SiteToPoints` or the dict's "features" rows.
 
 Deprecated names, kept one release (they warn): SparseConv (-> DirectSparseConv), SiteConv,
@@ -21,15 +22,15 @@ from tf_sparseconv.channel import (DenseToSparse, DirectSparseConv, SparseConv, 
                                    SparseToDense, as_keras_inputs, from_keras_inputs, sparse_input)
 from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse, VoxelizePoints
 from tf_sparseconv.models.serving import ClassNames
-from tf_sparseconv.site import (SiteAdd, SiteAveragePooling1D, SiteAveragePooling2D, SiteAveragePooling3D,
-                                SiteAveragePooling4D, SiteConcat, SiteConv, SiteConvTranspose, SiteFeatures,
-                                SiteGlobalPool, SiteInverseConv, SiteMaxPooling1D, SiteMaxPooling2D, SiteMaxPooling3D,
-                                SiteMaxPooling4D, SitePool, SiteSelect, SiteToPoints, SiteVoxelize, SparseConv1D,
-                                SparseConv2D, SparseConv3D, SparseConv4D, SparseConvTranspose1D, SparseConvTranspose2D,
-                                SparseConvTranspose3D, SparseConvTranspose4D, SparseInverseConv1D,
-                                SparseInverseConv2D, SparseInverseConv3D, SparseInverseConv4D, SparseToSite,
-                                SubMConv, SubMConv1D, SubMConv2D, SubMConv3D, SubMConv4D, as_site_keras_inputs,
-                                from_site_keras_inputs, site_input)
+from tf_sparseconv.site import (FusedBatchNormalization, SiteAdd, SiteAveragePooling1D, SiteAveragePooling2D,
+                                SiteAveragePooling3D, SiteAveragePooling4D, SiteConcat, SiteConv, SiteConvTranspose,
+                                SiteFeatures, SiteGlobalPool, SiteInverseConv, SiteMaxPooling1D, SiteMaxPooling2D,
+                                SiteMaxPooling3D, SiteMaxPooling4D, SitePool, SiteSelect, SiteToPoints, SiteVoxelize,
+                                SparseConv1D, SparseConv2D, SparseConv3D, SparseConv4D, SparseConvTranspose1D,
+                                SparseConvTranspose2D, SparseConvTranspose3D, SparseConvTranspose4D,
+                                SparseInverseConv1D, SparseInverseConv2D, SparseInverseConv3D, SparseInverseConv4D,
+                                SparseToSite, SubMConv, SubMConv1D, SubMConv2D, SubMConv3D, SubMConv4D,
+                                as_site_keras_inputs, from_site_keras_inputs, site_input)
 from tf_sparseconv.site import DEPRECATED_LAYERS as _SITE_DEPRECATED
 from tf_sparseconv.site import LAYERS as _SITE_LAYERS
 from tf_sparseconv.training import (DensityRegularizer, FineTunePhase, WarningShotPruning, present_weight_count,

@@ -15,10 +15,13 @@ Under a tf.distribute strategy each replica holds its own sites; synchronized_bn
 every batch norm compute its statistics over the sites of all replicas (Keras'
 BatchNormalization(synchronized=True): sums and counts all-reduced, so replicas holding
 different numbers of sites weigh each site alike), as one device would over the global batch.
+The batch norms are FusedBatchNormalization (Keras' layer computed by TensorFlow's fused
+kernel; the synchronized ones by Keras' own computation).
 """
 import keras
 
 from tf_sparseconv.models.replicas import accept_per_replica_batches
+from tf_sparseconv.site.batch_norm import FusedBatchNormalization
 from tf_sparseconv.site.conv_layers import SPARSE_CONV, SPARSE_INVERSE_CONV, SUBM_CONV
 from tf_sparseconv.site.keras_io import site_input
 from tf_sparseconv.site.layers import SiteAdd, SiteConcat, SiteFeatures, SiteSelect, SiteToPoints, SiteVoxelize
@@ -41,7 +44,7 @@ def _inputs(spatial_shape, in_channels, points, point_features, bounds, return_p
 
 
 def bn_relu(h, name, relu=True, synchronized=False):
-    h = SiteFeatures(keras.layers.BatchNormalization(momentum=0.9, synchronized=synchronized), name=f"{name}_bn")(h)
+    h = SiteFeatures(FusedBatchNormalization(momentum=0.9, synchronized=synchronized), name=f"{name}_bn")(h)
     return SiteFeatures(keras.layers.ReLU(), name=f"{name}_relu")(h) if relu else h
 
 

@@ -1,0 +1,136 @@
+"""FusedBatchNormalization against keras.layers.BatchNormalization, the computation it
+replaces: outputs, moving statistics and gradients on fresh random rows in both row
+layouts, float32 and float16 (gradients also against a float64 Keras reference); the cases
+left to Keras' own computation; a batch without rows; the layer inside a site model and
+its .keras round trip."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_sparseconv import keras_layers as kl
+from tf_sparseconv.site import batch_norm
+from tf_sparseconv.site.tensor import make_site_sparse
+from tests.site.helpers import random_sites
+
+LAYOUTS = ("NCHW", "NHWC")
+
+
+def rows(rng, n, c):
+    """Rows with a mean and a spread of their own per channel (normalisation matters)."""
+    return (rng.normal(0, 1, (n, c)) * rng.uniform(0.5, 3, c) + rng.uniform(-2, 2, c)).astype(np.float32)
+
+
+def twin_layers(rng, c, dtype, **kwargs):
+    """(ours, Keras') built with the same random gamma, beta and moving statistics."""
+    ours = batch_norm.FusedBatchNormalization(dtype=dtype, **kwargs)
+    theirs = keras.layers.BatchNormalization(dtype=dtype, **kwargs)
+    for layer in (ours, theirs):
+        layer.build((None, c))
+    values = {"gamma": rng.uniform(0.5, 1.5, c), "beta": rng.normal(0, 0.5, c), "moving_mean": rng.normal(0, 1, c),
+              "moving_variance": rng.uniform(0.5, 2, c)}
+    for layer in (ours, theirs):
+        for name, value in values.items():
+            if getattr(layer, name, None) is not None:
+                getattr(layer, name).assign(value.astype(np.float32))
+    return ours, theirs
+
+
+def call_with_gradients(layer, x, upstream, training):
+    x = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x, training=training)
+        loss = tf.reduce_sum(tf.cast(y, tf.float64) * upstream)
+    grads = tape.gradient(loss, [x, *layer.trainable_variables])
+    return y.numpy().astype(np.float64), [g.numpy().astype(np.float64) for g in grads]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("n", [7, 300])  # 7 rows: the biased and unbiased variance differ by 17 %
+def test_float32_equals_keras_values_statistics_and_gradients(rng, monkeypatch, layout, training, n):
+    monkeypatch.setitem(batch_norm.DATA_FORMAT, "float32", layout)
+    c = 5
+    ours, theirs = twin_layers(rng, c, "float32", momentum=0.7, epsilon=1e-3)
+    x = rows(rng, n, c)
+    upstream = rng.normal(0, 1, (n, c))
+    y, grads = call_with_gradients(ours, x, upstream, training)
+    want_y, want_grads = call_with_gradients(theirs, x, upstream, training)
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, want_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    for got, want in zip(ours.get_weights(), theirs.get_weights()):  # the moving statistics
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if training:
+        assert not np.allclose(ours.moving_mean.numpy(), twin_layers(rng, c, "float32")[0].moving_mean.numpy())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("training", [True, False])
+def test_float16_rows_equal_keras_mixed_precision_against_float64(rng, monkeypatch, layout, training):
+    """Half rows, float32 statistics and parameters (mixed_float16), against Keras' layer in
+    float64 on the same (half-rounded) rows: within half precision's rounding."""
+    monkeypatch.setitem(batch_norm.DATA_FORMAT, "float16", layout)
+    n, c = 257, 8
+    ours, _ = twin_layers(rng, c, "mixed_float16", momentum=0.5)
+    reference = keras.layers.BatchNormalization(dtype="float64", momentum=0.5)
+    reference.build((None, c))
+    reference.set_weights([w.astype(np.float64) for w in ours.get_weights()])
+    x = rows(rng, n, c).astype(np.float16)
+    upstream = rng.normal(0, 1, (n, c))
+    y, grads = call_with_gradients(ours, x, upstream, training)
+    want_y, want_grads = call_with_gradients(reference, x.astype(np.float64), upstream, training)
+    np.testing.assert_allclose(y, want_y, rtol=2e-3, atol=4e-3)
+    for got, want in zip(grads, want_grads):  # dL/dx in half, the parameters' in float32
+        np.testing.assert_allclose(got, want, rtol=5e-3, atol=5e-3 * np.abs(want).max())
+    for got, want in zip(ours.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert ours(tf.constant(x), training=False).dtype == tf.float16
+
+
+@pytest.mark.parametrize("kwargs", [dict(dtype="float64"), dict(synchronized=True), dict(renorm=True),
+                                    dict(center=False, scale=False)])
+def test_other_cases_give_keras_values(rng, kwargs):
+    """float64, cross-replica statistics and renorm take Keras' computation; without center
+    and scale the fused op gets 1 and 0."""
+    c = 4
+    ours, theirs = twin_layers(rng, c, kwargs.pop("dtype", "float32"), **kwargs)
+    x = rows(rng, 33, c).astype(ours.compute_dtype)
+    upstream = rng.normal(0, 1, (33, c))
+    for training in (True, False):
+        y, grads = call_with_gradients(ours, x, upstream, training)
+        want_y, want_grads = call_with_gradients(theirs, x, upstream, training)
+        np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
+        for got, want in zip(grads, want_grads):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_batch_without_rows_keeps_the_moving_statistics(rng):
+    ours, _ = twin_layers(rng, 3, "float32", momentum=0.5)
+    before = [w.copy() for w in ours.get_weights()]
+    y = ours(tf.zeros([0, 3]), training=True)
+    assert y.shape == (0, 3)
+    for got, want in zip(ours.get_weights(), before):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_in_a_site_model_it_trains_and_round_trips(rng, tmp_path):
+    shape = (8, 8, 8)
+    coords, features = random_sites(rng, 2, shape, 0.2, 3)
+    x = make_site_sparse(coords, features, shape, 2)
+    inputs = kl.site_input(shape, 3)
+    h = kl.SubMConv3D(6, 3, use_bias=False)(inputs)
+    h = kl.SiteFeatures(batch_norm.FusedBatchNormalization(momentum=0.5))(h)
+    model = keras.Model(inputs, h["features"])
+    model.compile(optimizer="adam", loss="mse")
+    target = rng.normal(0, 1, (len(coords), 6)).astype(np.float32)
+    keras_x = kl.as_site_keras_inputs(x)
+    model.train_on_batch(keras_x, target)
+    out = model(keras_x, training=False).numpy()
+    path = tmp_path / "m.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert any(isinstance(layer.layer, batch_norm.FusedBatchNormalization)
+               for layer in loaded.layers if isinstance(layer, kl.SiteFeatures))
+    np.testing.assert_allclose(loaded(keras_x, training=False).numpy(), out, rtol=1e-6, atol=1e-6)
