@@ -1,8 +1,10 @@
-"""FusedBatchNormalization against keras.layers.BatchNormalization, the computation it
-replaces: outputs, moving statistics and gradients on fresh random rows in both row
-layouts, float32 and float16 (gradients also against a float64 Keras reference); the cases
-left to Keras' own computation; a batch without rows; the layer inside a site model and
-its .keras round trip."""
+"""The row batch-norm ops (RowBatchNorm, its gradient, RowScaleShift) against a float64
+NumPy reference, their checks, and FusedBatchNormalization against
+keras.layers.BatchNormalization, the computation it replaces: outputs, moving statistics
+and gradients on fresh random rows, float32 and float16 (against a float64 Keras
+reference), on each device; the cases left to Keras' own computation; a batch without
+rows; the GPU against the CPU and its reruns; the layer inside a site model and its .keras
+round trip."""
 import keras
 import numpy as np
 import pytest
@@ -10,10 +12,10 @@ import tensorflow as tf
 
 from tf_sparseconv import keras_layers as kl
 from tf_sparseconv.site import batch_norm
+from tf_sparseconv._op_library import ops
 from tf_sparseconv.site.tensor import make_site_sparse
+from tests.device import CPU, assert_on
 from tests.site.helpers import random_sites
-
-LAYOUTS = ("NCHW", "NHWC")
 
 
 def rows(rng, n, c):
@@ -46,17 +48,105 @@ def call_with_gradients(layer, x, upstream, training):
     return y.numpy().astype(np.float64), [g.numpy().astype(np.float64) for g in grads]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+def numpy_batch_norm(x, gamma, beta, epsilon, dy):
+    """float64 reference: (y, mean, biased variance, dx, dgamma, dbeta)."""
+    x = x.astype(np.float64)
+    mean, variance = x.mean(0), x.var(0)
+    inv_std = 1 / np.sqrt(variance + epsilon)
+    xhat = (x - mean) * inv_std
+    dbeta, dgamma = dy.sum(0), (dy * xhat).sum(0)
+    dx = gamma * inv_std * (dy - dbeta / len(x) - xhat * dgamma / len(x))
+    return xhat * gamma + beta, mean, variance, dx, dgamma, dbeta
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float16, 4e-3)])
+@pytest.mark.parametrize("n", [1, 7, 3000])  # 3000 rows: several chunks of the sums
+def test_row_ops_match_the_float64_reference(rng, device, dtype, tol, n):
+    c = 37  # more than one tile of 32 columns
+    x = (rows(rng, n, c) + 100 * (dtype == np.float32)).astype(dtype)  # far from zero: the pivot matters
+    gamma, beta = rng.uniform(0.5, 1.5, c).astype(np.float32), rng.normal(0, 1, c).astype(np.float32)
+    dy = rng.normal(0, 1, (n, c)).astype(dtype)
+    want = numpy_batch_norm(x, gamma, beta, 1e-3, dy.astype(np.float64))
+    with tf.device(device):
+        y, mean, variance, inv_std = ops.row_batch_norm(x, gamma, beta, epsilon=1e-3)
+        dx, dgamma, dbeta = ops.row_batch_norm_grad(dy, x, gamma, mean, inv_std)
+        shifted = ops.row_scale_shift(x, gamma, beta)
+        assert_on(device, y, mean, dx, dgamma, shifted)
+    assert y.dtype == dx.dtype == tf.as_dtype(dtype) and mean.dtype == dgamma.dtype == tf.float32
+    scale = np.abs(want[0]).max()
+    np.testing.assert_allclose(y.numpy(), want[0], atol=tol * scale)
+    np.testing.assert_allclose(mean.numpy(), want[1], rtol=1e-5, atol=tol)
+    np.testing.assert_allclose(variance.numpy(), want[2], rtol=1e-3, atol=tol)
+    np.testing.assert_allclose(inv_std.numpy(), 1 / np.sqrt(want[2] + 1e-3), rtol=1e-3)
+    for got, w in zip((dx, dgamma, dbeta), want[3:]):
+        np.testing.assert_allclose(got.numpy(), w, atol=4 * tol * max(np.abs(w).max(), 1))
+    np.testing.assert_allclose(shifted.numpy(), x.astype(np.float64) * gamma + beta,
+                               atol=tol * np.abs(x.astype(np.float64) * gamma + beta).max())
+
+
+def test_row_ops_gradients_match_numerical_gradients(rng, device):
+    n, c = 40, 6
+    x = rows(rng, n, c)
+    gamma, beta = rng.uniform(0.5, 1.5, c).astype(np.float32), rng.normal(0, 1, c).astype(np.float32)
+    weights = tf.constant(rng.normal(0, 1, (n, c)).astype(np.float32))
+    with tf.device(device):
+        def loss_bn(x, gamma, beta):  # the statistics outputs are not differentiated
+            return tf.reduce_sum(batch_norm.row_batch_norm(x, gamma, beta, 1e-3)[0] * weights)
+
+        def loss_shift(x, gamma, beta):
+            return tf.reduce_sum(batch_norm.row_scale_shift(x, gamma, beta) * weights)
+
+        for loss in (loss_bn, loss_shift):
+            theoretical, numerical = tf.test.compute_gradient(loss, [x, gamma, beta], delta=1e-2)
+            for t, m in zip(theoretical, numerical):
+                np.testing.assert_allclose(t, m, rtol=2e-2, atol=2e-2 * np.abs(m).max())
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: ops.row_batch_norm(np.zeros(4, np.float32), np.ones(4, np.float32), np.zeros(4, np.float32),
+                                epsilon=1e-3), "must be rows"),
+    (lambda: ops.row_batch_norm(np.zeros((3, 4), np.float32), np.ones(5, np.float32), np.zeros(4, np.float32),
+                                epsilon=1e-3), "gamma must have one entry per column"),
+    (lambda: ops.row_batch_norm(np.zeros((3, 4), np.float32), np.ones(4, np.float32), np.zeros(4, np.float32),
+                                epsilon=0.0), "epsilon must be a finite number > 0"),
+    (lambda: ops.row_batch_norm_grad(np.zeros((2, 4), np.float32), np.zeros((3, 4), np.float32),
+                                     *[np.ones(4, np.float32)] * 3), "dy must have x's shape"),
+    (lambda: ops.row_scale_shift(np.zeros((3, 4), np.float32), np.ones(4, np.float32), np.zeros(3, np.float32)),
+     "shift must have one entry per column"),
+])
+def test_row_ops_refuse_bad_shapes_clearly(device, call, message):
+    with tf.device(device), pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
+        call()
+
+
+def test_gpu_rows_match_the_cpu_and_rerun_bit_identically(rng, gpu):
+    n, c = 5000, 70
+    x, dy = rows(rng, n, c).astype(np.float16), rng.normal(0, 1, (n, c)).astype(np.float16)
+    gamma, beta = rng.uniform(0.5, 1.5, c).astype(np.float32), rng.normal(0, 1, c).astype(np.float32)
+    results = {}
+    for device in (CPU, gpu, gpu):
+        with tf.device(device):
+            y, mean, variance, inv_std = ops.row_batch_norm(x, gamma, beta, epsilon=1e-3)
+            grads = ops.row_batch_norm_grad(dy, x, gamma, mean, inv_std)
+        got = [t.numpy().astype(np.float64) for t in (y, mean, variance, *grads)]
+        if device in results:
+            for a, b in zip(got, results[device]):
+                np.testing.assert_array_equal(a, b)
+        results[device] = got
+    for a, b in zip(results[gpu], results[CPU]):
+        np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3 * max(np.abs(b).max(), 1))
+
+
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("n", [7, 300])  # 7 rows: the biased and unbiased variance differ by 17 %
-def test_float32_equals_keras_values_statistics_and_gradients(rng, monkeypatch, layout, training, n):
-    monkeypatch.setitem(batch_norm.DATA_FORMAT, "float32", layout)
+def test_float32_equals_keras_values_statistics_and_gradients(rng, device, training, n):
     c = 5
-    ours, theirs = twin_layers(rng, c, "float32", momentum=0.7, epsilon=1e-3)
-    x = rows(rng, n, c)
-    upstream = rng.normal(0, 1, (n, c))
-    y, grads = call_with_gradients(ours, x, upstream, training)
-    want_y, want_grads = call_with_gradients(theirs, x, upstream, training)
+    with tf.device(device):
+        ours, theirs = twin_layers(rng, c, "float32", momentum=0.7, epsilon=1e-3)
+        x = rows(rng, n, c)
+        upstream = rng.normal(0, 1, (n, c))
+        y, grads = call_with_gradients(ours, x, upstream, training)
+        want_y, want_grads = call_with_gradients(theirs, x, upstream, training)
     np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
     for got, want in zip(grads, want_grads):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -66,12 +156,10 @@ def test_float32_equals_keras_values_statistics_and_gradients(rng, monkeypatch, 
         assert not np.allclose(ours.moving_mean.numpy(), twin_layers(rng, c, "float32")[0].moving_mean.numpy())
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("training", [True, False])
-def test_float16_rows_equal_keras_mixed_precision_against_float64(rng, monkeypatch, layout, training):
+def test_float16_rows_equal_keras_mixed_precision_against_float64(rng, device, training):
     """Half rows, float32 statistics and parameters (mixed_float16), against Keras' layer in
     float64 on the same (half-rounded) rows: within half precision's rounding."""
-    monkeypatch.setitem(batch_norm.DATA_FORMAT, "float16", layout)
     n, c = 257, 8
     ours, _ = twin_layers(rng, c, "mixed_float16", momentum=0.5)
     reference = keras.layers.BatchNormalization(dtype="float64", momentum=0.5)
@@ -79,7 +167,8 @@ def test_float16_rows_equal_keras_mixed_precision_against_float64(rng, monkeypat
     reference.set_weights([w.astype(np.float64) for w in ours.get_weights()])
     x = rows(rng, n, c).astype(np.float16)
     upstream = rng.normal(0, 1, (n, c))
-    y, grads = call_with_gradients(ours, x, upstream, training)
+    with tf.device(device):
+        y, grads = call_with_gradients(ours, x, upstream, training)
     want_y, want_grads = call_with_gradients(reference, x.astype(np.float64), upstream, training)
     np.testing.assert_allclose(y, want_y, rtol=2e-3, atol=4e-3)
     for got, want in zip(grads, want_grads):  # dL/dx in half, the parameters' in float32

@@ -1,83 +1,88 @@
-"""Batch normalization of site feature rows by TensorFlow's fused kernel.
+"""Batch normalization of site feature rows by the library's row batch-norm ops.
 
 Keras 3's BatchNormalization computes its moments and its normalisation as a dozen separate
 element-wise and reduction ops, each a pass over the [N, C] rows in float32 (after a cast of
 float16 rows): on the lent H200 (2026-11-29, benchmarks/results/site_e2e_kernels.jsonl) they
-were about half of a SparseResUNet42 training step's GPU time at 346k sites in float16.
+were about half of a SparseResUNet42 training step's GPU time at 346k sites in float16, and
+TensorFlow's own FusedBatchNormV3 still transposed the rows for cuDNN (NCHW) on each call.
 FusedBatchNormalization keeps Keras' layer (its weights, configuration, moving-average rule
-and mixed-precision behaviour) and computes the same values by one `FusedBatchNormV3` op
-(cuDNN on the GPU) and its gradient op, on the rows viewed as a 4-D tensor. Wrap it like any
+and mixed-precision behaviour) and computes the same values by the ops of
+csrc/site/batch_norm: RowBatchNorm (training: one pass for the statistics, one for the
+rows), its gradient RowBatchNormGrad (two passes) and RowScaleShift (inference: one pass),
+float32 statistics and sums whatever the rows' type, no host round trip. Wrap it like any
 feature layer: SiteFeatures(FusedBatchNormalization(momentum=0.9)).
 
-The fused op serves float16, bfloat16 and float32 rows over the last axis, without renorm,
-mask or cross-replica statistics; anything else takes Keras' own computation, unchanged.
-One improvement over Keras: a batch without rows leaves the moving statistics as they were
+The ops serve float16, bfloat16 and float32 rows over the last axis, without renorm, mask
+or cross-replica statistics; anything else takes Keras' own computation, unchanged. The
+statistics outputs are not differentiated (as Keras' moving averages are not). One
+improvement over Keras: a batch without rows leaves the moving statistics as they were
 (Keras would make them NaN).
 """
 import keras
 import tensorflow as tf
 
-FUSED_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
+from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
+
+ROW_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
 
 
-# How the [N, C] rows are shown to the fused op, per dtype: "NCHW" as [N, C, 1, 1], "NHWC"
-# as [1, 1, N, C]; both are the rows' own memory (no copy). Chosen by measurement on the
-# lent GPU (benchmarks/site_e2e_gpu.py --bn); the CPU kernels serve both.
-DATA_FORMAT = {"float16": "NHWC", "bfloat16": "NHWC", "float32": "NCHW"}
+def row_batch_norm(x, gamma, beta, epsilon):
+    """Rows x [N, C] normalised with their own statistics per column:
+    -> (y [N, C] of x's type, mean [C], biased variance [C]) (statistics in float32)."""
+    y, mean, variance, _ = _ops.row_batch_norm(x, gamma, beta, epsilon=epsilon)
+    return y, mean, variance
 
 
-def _rows_as_image(rows):
-    """The rows as the fused op's 4-D input -> (tensor, data_format)."""
-    data_format = DATA_FORMAT[rows.dtype.name]
-    shape = tf.shape(rows)
-    if data_format == "NCHW":
-        return tf.reshape(rows, tf.concat([shape, [1, 1]], 0)), data_format
-    return tf.reshape(rows, tf.concat([[1, 1], shape], 0)), data_format
+def row_scale_shift(x, scale, shift):
+    """x * scale + shift per column of rows x [N, C], computed in float32."""
+    return _ops.row_scale_shift(x, scale, shift)
+
+
+@tf.RegisterGradient(OP_NAMESPACE + "RowBatchNorm")
+def _row_batch_norm_grad(op, dy, *statistics_grads):
+    x, gamma, _ = op.inputs
+    _, mean, _, inv_std = op.outputs
+    dx, dgamma, dbeta = _ops.row_batch_norm_grad(dy, x, gamma, mean, inv_std)
+    return [dx, dgamma, dbeta]
+
+
+@tf.RegisterGradient(OP_NAMESPACE + "RowScaleShift")
+def _row_scale_shift_grad(op, dy):
+    x, scale, shift = op.inputs
+    dy32 = tf.cast(dy, tf.float32)
+    return [_ops.row_scale_shift(dy, scale, tf.zeros_like(shift)), tf.reduce_sum(dy32 * tf.cast(x, tf.float32), 0),
+            tf.reduce_sum(dy32, 0)]
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
 class FusedBatchNormalization(keras.layers.BatchNormalization):
     """keras.layers.BatchNormalization over the last axis whose float16, bfloat16 and float32
-    computation is TensorFlow's fused batch-norm kernel (one op forward, one backward)."""
+    computation is the library's row batch-norm ops (one op forward, one backward)."""
 
-    def _fused_applies(self, inputs, training, mask):
+    def _rows_apply(self, inputs, training, mask):
         x = tf.convert_to_tensor(inputs)
         return (keras.backend.backend() == "tensorflow" and mask is None and not self.renorm
-                and not self.synchronized and x.dtype in FUSED_DTYPES and x.shape.rank is not None
+                and not self.synchronized and x.dtype in ROW_DTYPES and x.shape.rank is not None
                 and x.shape.rank >= 2 and self.axis in (-1, x.shape.rank - 1)
                 and (training is None or isinstance(training, bool)))
 
     def call(self, inputs, training=None, mask=None):
-        if not self._fused_applies(inputs, training, mask):
+        if not self._rows_apply(inputs, training, mask):
             return super().call(inputs, training=training, mask=mask)
         x = tf.convert_to_tensor(inputs)
         channels = x.shape[-1]
         rows = tf.reshape(x, [-1, channels])
-        image, data_format = _rows_as_image(rows)
-        scale = self.gamma if self.scale else tf.ones([channels], tf.float32)
-        offset = self.beta if self.center else tf.zeros([channels], tf.float32)
-        scale, offset = tf.cast(scale, tf.float32), tf.cast(offset, tf.float32)
+        gamma = tf.cast(self.gamma, tf.float32) if self.scale else tf.ones([channels], tf.float32)
+        beta = tf.cast(self.beta, tf.float32) if self.center else tf.zeros([channels], tf.float32)
         if training and self.trainable:
-            y, mean, unbiased, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-                x=image, scale=scale, offset=offset, mean=tf.zeros([0], tf.float32),
-                variance=tf.zeros([0], tf.float32), epsilon=self.epsilon, exponential_avg_factor=1.0,
-                data_format=data_format, is_training=True)
-            # The op hands back the Bessel-corrected variance; Keras' moving average takes
-            # the biased one its normalisation used.
-            n = tf.cast(tf.shape(rows)[0], tf.float32)
-            variance = unbiased * tf.maximum(n - 1.0, 0.0) / tf.maximum(n, 1.0)
+            y, mean, variance = row_batch_norm(rows, gamma, beta, self.epsilon)
             momentum = tf.cast(self.momentum, tf.float32)
-            moving_mean = tf.cast(self.moving_mean, tf.float32)
-            moving_variance = tf.cast(self.moving_variance, tf.float32)
-            has_rows = n > 0
-            new_mean = tf.where(has_rows, moving_mean * momentum + mean * (1.0 - momentum), moving_mean)
-            new_variance = tf.where(has_rows, moving_variance * momentum + variance * (1.0 - momentum),
-                                    moving_variance)
-            self.moving_mean.assign(tf.cast(new_mean, self.moving_mean.dtype))
-            self.moving_variance.assign(tf.cast(new_variance, self.moving_variance.dtype))
+            has_rows = tf.shape(rows)[0] > 0
+            for moving, batch in ((self.moving_mean, mean), (self.moving_variance, variance)):
+                old = tf.cast(moving, tf.float32)
+                moving.assign(tf.cast(tf.where(has_rows, old * momentum + batch * (1.0 - momentum), old),
+                                      moving.dtype))
         else:
-            y, _, _, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-                x=image, scale=scale, offset=offset, mean=tf.cast(self.moving_mean, tf.float32),
-                variance=tf.cast(self.moving_variance, tf.float32), epsilon=self.epsilon,
-                exponential_avg_factor=1.0, data_format=data_format, is_training=False)
+            scale = gamma * tf.math.rsqrt(tf.cast(self.moving_variance, tf.float32) + self.epsilon)
+            y = row_scale_shift(rows, scale, beta - tf.cast(self.moving_mean, tf.float32) * scale)
         return tf.cast(tf.reshape(y, tf.shape(x)), self.compute_dtype)

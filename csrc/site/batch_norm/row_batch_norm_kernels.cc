@@ -1,0 +1,174 @@
+// The CPU functors of RowBatchNorm, RowBatchNormGrad and RowScaleShift (the contract in
+// row_batch_norm.h) and the CPU registration of their OpKernels (row_batch_norm_kernels.h).
+// The chunks of the sums run on TensorFlow's CPU thread pool; their partial sums are added
+// in chunk order, so the result does not depend on the pool.
+#define EIGEN_USE_THREADS
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "site/batch_norm/row_batch_norm_kernels.h"
+#include "tensorflow/core/framework/bfloat16.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "unsupported/Eigen/CXX11/Tensor"
+
+namespace tf_sparseconv {
+
+namespace {
+
+// Runs chunk(k, first_row, end_row) for the RowChunks(n) chunks of the rows on the pool.
+template <typename Chunk>
+void ForEachChunk(tensorflow::OpKernelContext* ctx, int64_t n, int64_t c, const Chunk& chunk) {
+  const int64_t chunks = RowChunks(n);
+  const int64_t per = RowsPerChunk(n);
+  ctx->eigen_cpu_device().parallelFor(
+      chunks, Eigen::TensorOpCost(0, 0, 4.0 * static_cast<double>(per * c)), [&](int64_t begin, int64_t end) {
+        for (int64_t k = begin; k < end; ++k) {
+          const int64_t first = k * per;
+          const int64_t last = std::min(n, first + per);
+          if (first < last) chunk(k, first, last);
+        }
+      });
+}
+
+// Per column: sum over the chunks, in chunk order, of part[k * c + j].
+void AddChunks(const std::vector<float>& part, int64_t chunks, int64_t c, std::vector<float>* out) {
+  out->assign(c, 0.0f);
+  for (int64_t k = 0; k < chunks; ++k) {
+    for (int64_t j = 0; j < c; ++j) (*out)[j] += part[k * c + j];
+  }
+}
+
+}  // namespace
+
+template <typename T>
+struct RowBatchNormFunctor<CPUDevice, T> {
+  absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowBatchNormArgs<T>& a) {
+    const int64_t n = a.n, c = a.c;
+    if (c == 0) return absl::OkStatus();
+    if (n == 0) {  // no rows: no statistics
+      for (int64_t j = 0; j < c; ++j) {
+        a.mean[j] = a.variance[j] = a.inv_std[j] = std::numeric_limits<float>::quiet_NaN();
+      }
+      return absl::OkStatus();
+    }
+    const int64_t chunks = RowChunks(n);
+    std::vector<float> pivot(c);
+    for (int64_t j = 0; j < c; ++j) pivot[j] = static_cast<float>(a.x[j]);
+    std::vector<float> part1(chunks * c, 0.0f), part2(chunks * c, 0.0f);
+    ForEachChunk(ctx, n, c, [&](int64_t k, int64_t first, int64_t last) {
+      float* s1 = &part1[k * c];
+      float* s2 = &part2[k * c];
+      for (int64_t r = first; r < last; ++r) {
+        const T* row = a.x + r * c;
+        for (int64_t j = 0; j < c; ++j) {
+          const float d = static_cast<float>(row[j]) - pivot[j];
+          s1[j] += d;
+          s2[j] += d * d;
+        }
+      }
+    });
+    std::vector<float> sum1, sum2;
+    AddChunks(part1, chunks, c, &sum1);
+    AddChunks(part2, chunks, c, &sum2);
+    std::vector<float> scale(c);
+    for (int64_t j = 0; j < c; ++j) {
+      const float shifted_mean = sum1[j] / static_cast<float>(n);
+      const float variance = std::max(0.0f, sum2[j] / static_cast<float>(n) - shifted_mean * shifted_mean);
+      a.mean[j] = pivot[j] + shifted_mean;
+      a.variance[j] = variance;
+      a.inv_std[j] = 1.0f / std::sqrt(variance + a.epsilon);
+      scale[j] = a.gamma[j] * a.inv_std[j];
+    }
+    ForEachChunk(ctx, n, c, [&](int64_t, int64_t first, int64_t last) {
+      for (int64_t r = first; r < last; ++r) {
+        for (int64_t j = 0; j < c; ++j) {
+          a.y[r * c + j] = static_cast<T>((static_cast<float>(a.x[r * c + j]) - a.mean[j]) * scale[j] + a.beta[j]);
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+};
+
+template <typename T>
+struct RowBatchNormGradFunctor<CPUDevice, T> {
+  absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowBatchNormGradArgs<T>& a) {
+    const int64_t n = a.n, c = a.c;
+    for (int64_t j = 0; j < c; ++j) a.dgamma[j] = a.dbeta[j] = 0.0f;
+    if (n == 0 || c == 0) return absl::OkStatus();
+    const int64_t chunks = RowChunks(n);
+    std::vector<float> part1(chunks * c, 0.0f), part2(chunks * c, 0.0f);
+    ForEachChunk(ctx, n, c, [&](int64_t k, int64_t first, int64_t last) {
+      float* s1 = &part1[k * c];
+      float* s2 = &part2[k * c];
+      for (int64_t r = first; r < last; ++r) {
+        for (int64_t j = 0; j < c; ++j) {
+          const float dy = static_cast<float>(a.dy[r * c + j]);
+          s1[j] += dy;
+          s2[j] += dy * (static_cast<float>(a.x[r * c + j]) - a.mean[j]);
+        }
+      }
+    });
+    std::vector<float> sum_dy, sum_dy_xc;
+    AddChunks(part1, chunks, c, &sum_dy);
+    AddChunks(part2, chunks, c, &sum_dy_xc);
+    // dx = dy * A + (x - mean) * B + C per column (row_batch_norm.h's dx, expanded)
+    std::vector<float> ca(c), cb(c), cc(c);
+    for (int64_t j = 0; j < c; ++j) {
+      a.dbeta[j] = sum_dy[j];
+      a.dgamma[j] = sum_dy_xc[j] * a.inv_std[j];
+      const float k1 = a.gamma[j] * a.inv_std[j];
+      const float k2 = a.dbeta[j] / static_cast<float>(n);
+      const float k3 = a.dgamma[j] * a.inv_std[j] / static_cast<float>(n);
+      ca[j] = k1;
+      cb[j] = -k1 * k3;
+      cc[j] = -k1 * k2;
+    }
+    ForEachChunk(ctx, n, c, [&](int64_t, int64_t first, int64_t last) {
+      for (int64_t r = first; r < last; ++r) {
+        for (int64_t j = 0; j < c; ++j) {
+          const float dx = static_cast<float>(a.dy[r * c + j]) * ca[j] +
+                           (static_cast<float>(a.x[r * c + j]) - a.mean[j]) * cb[j] + cc[j];
+          a.dx[r * c + j] = static_cast<T>(dx);
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+};
+
+template <typename T>
+struct RowScaleShiftFunctor<CPUDevice, T> {
+  absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowScaleShiftArgs<T>& a) {
+    const int64_t c = a.c;
+    ForEachChunk(ctx, a.n, c, [&](int64_t, int64_t first, int64_t last) {
+      for (int64_t r = first; r < last; ++r) {
+        for (int64_t j = 0; j < c; ++j) {
+          a.y[r * c + j] = static_cast<T>(static_cast<float>(a.x[r * c + j]) * a.scale[j] + a.shift[j]);
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+};
+
+#define REGISTER_ROW_BATCH_NORM_CPU(T)                                                                     \
+  REGISTER_KERNEL_BUILDER(                                                                                 \
+      Name("TfSparseconv>RowBatchNorm").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),          \
+      RowBatchNormOp<CPUDevice, T>);                                                                       \
+  REGISTER_KERNEL_BUILDER(                                                                                 \
+      Name("TfSparseconv>RowBatchNormGrad").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),      \
+      RowBatchNormGradOp<CPUDevice, T>);                                                                   \
+  REGISTER_KERNEL_BUILDER(                                                                                 \
+      Name("TfSparseconv>RowScaleShift").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),         \
+      RowScaleShiftOp<CPUDevice, T>);
+REGISTER_ROW_BATCH_NORM_CPU(float)
+REGISTER_ROW_BATCH_NORM_CPU(Eigen::half)
+REGISTER_ROW_BATCH_NORM_CPU(Eigen::bfloat16)
+#undef REGISTER_ROW_BATCH_NORM_CPU
+
+}  // namespace tf_sparseconv

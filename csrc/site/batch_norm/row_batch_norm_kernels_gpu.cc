@@ -1,0 +1,121 @@
+// The GPU functors of RowBatchNorm, RowBatchNormGrad and RowScaleShift, over
+// row_batch_norm.cu, and the GPU registration of their OpKernels
+// (row_batch_norm_kernels.h). They queue the kernels and return without waiting.
+#if GOOGLE_CUDA
+
+#include <cstdint>
+
+#include "common/gpu_kernel_util.h"
+#include "site/batch_norm/row_batch_norm_gpu.h"
+#include "site/batch_norm/row_batch_norm_kernels.h"
+#include "tensorflow/core/framework/bfloat16.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_sparseconv {
+
+namespace {
+
+// TensorFlow's element types as the kernels see them: the same bits.
+template <typename T>
+struct Stored {
+  using type = T;
+};
+template <>
+struct Stored<Eigen::half> {
+  using type = gpu::Half;
+};
+template <>
+struct Stored<Eigen::bfloat16> {
+  using type = gpu::BFloat16;
+};
+
+template <typename T>
+const typename Stored<T>::type* AsStored(const T* p) {
+  return reinterpret_cast<const typename Stored<T>::type*>(p);
+}
+template <typename T>
+typename Stored<T>::type* AsStored(T* p) {
+  return reinterpret_cast<typename Stored<T>::type*>(p);
+}
+
+class RowBatchNormGpuContext : public GpuOpContext {
+ public:
+  RowBatchNormGpuContext(tensorflow::OpKernelContext* ctx, const char* op) : GpuOpContext(ctx, op) {}
+  using GpuOpContext::ToStatus;
+  gpu::Scratch* scratch() { return &scratch_; }
+  gpu::Stream stream() const { return stream_; }
+};
+
+}  // namespace
+
+template <typename T>
+struct RowBatchNormFunctor<GPUDevice, T> {
+  absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowBatchNormArgs<T>& a) {
+    RowBatchNormGpuContext g(ctx, "RowBatchNorm");
+    RowBatchNormArgs<typename Stored<T>::type> s;
+    s.x = AsStored(a.x);
+    s.gamma = a.gamma;
+    s.beta = a.beta;
+    s.n = a.n;
+    s.c = a.c;
+    s.epsilon = a.epsilon;
+    s.y = AsStored(a.y);
+    s.mean = a.mean;
+    s.variance = a.variance;
+    s.inv_std = a.inv_std;
+    return g.ToStatus(gpu::RowBatchNorm(s, g.scratch(), g.stream()));
+  }
+};
+
+template <typename T>
+struct RowBatchNormGradFunctor<GPUDevice, T> {
+  absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowBatchNormGradArgs<T>& a) {
+    RowBatchNormGpuContext g(ctx, "RowBatchNormGrad");
+    RowBatchNormGradArgs<typename Stored<T>::type> s;
+    s.dy = AsStored(a.dy);
+    s.x = AsStored(a.x);
+    s.gamma = a.gamma;
+    s.mean = a.mean;
+    s.inv_std = a.inv_std;
+    s.n = a.n;
+    s.c = a.c;
+    s.dx = AsStored(a.dx);
+    s.dgamma = a.dgamma;
+    s.dbeta = a.dbeta;
+    return g.ToStatus(gpu::RowBatchNormGrad(s, g.scratch(), g.stream()));
+  }
+};
+
+template <typename T>
+struct RowScaleShiftFunctor<GPUDevice, T> {
+  absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowScaleShiftArgs<T>& a) {
+    RowBatchNormGpuContext g(ctx, "RowScaleShift");
+    RowScaleShiftArgs<typename Stored<T>::type> s;
+    s.x = AsStored(a.x);
+    s.scale = a.scale;
+    s.shift = a.shift;
+    s.n = a.n;
+    s.c = a.c;
+    s.y = AsStored(a.y);
+    return g.ToStatus(gpu::RowScaleShift(s, g.stream()));
+  }
+};
+
+#define REGISTER_ROW_BATCH_NORM_GPU(T)                                                                     \
+  REGISTER_KERNEL_BUILDER(                                                                                 \
+      Name("TfSparseconv>RowBatchNorm").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),          \
+      RowBatchNormOp<GPUDevice, T>);                                                                       \
+  REGISTER_KERNEL_BUILDER(                                                                                 \
+      Name("TfSparseconv>RowBatchNormGrad").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),      \
+      RowBatchNormGradOp<GPUDevice, T>);                                                                   \
+  REGISTER_KERNEL_BUILDER(                                                                                 \
+      Name("TfSparseconv>RowScaleShift").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),         \
+      RowScaleShiftOp<GPUDevice, T>);
+REGISTER_ROW_BATCH_NORM_GPU(float)
+REGISTER_ROW_BATCH_NORM_GPU(Eigen::half)
+REGISTER_ROW_BATCH_NORM_GPU(Eigen::bfloat16)
+#undef REGISTER_ROW_BATCH_NORM_GPU
+
+}  // namespace tf_sparseconv
+
+#endif  // GOOGLE_CUDA
