@@ -148,7 +148,9 @@ GpuStatus RowBatchNorm(const RowBatchNormArgs<T>& a, Scratch* scratch, Stream st
   if (c == 0) return GpuStatus::Ok();
   if (n == 0) {  // no rows: no statistics
     const float nan = __builtin_nanf("");
-    for (float* p : {a.mean, a.variance, a.inv_std}) FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(p, c, nan);
+    FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(a.mean, c, nan);
+    FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(a.variance, c, nan);
+    FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(a.inv_std, c, nan);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm fill");
     return GpuStatus::Ok();
   }
@@ -173,7 +175,8 @@ GpuStatus RowBatchNormGrad(const RowBatchNormGradArgs<T>& a, Scratch* scratch, S
   const int64_t n = a.n, c = a.c;
   if (c == 0) return GpuStatus::Ok();
   if (n == 0) {
-    for (float* p : {a.dgamma, a.dbeta}) FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(p, c, 0.0f);
+    FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(a.dgamma, c, 0.0f);
+    FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(a.dbeta, c, 0.0f);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad fill");
     return GpuStatus::Ok();
   }
