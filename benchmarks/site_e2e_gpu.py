@@ -24,7 +24,7 @@ before it times anything. Rows: network, dtype, pass, ours_s, spconv_s, ratio (s
 ours_s: above 1 we are faster), max_rel_err, device, date, commit, plus the sites, our host
 waits per call and spconv's algorithm (its faster of Native and MaskImplicitGemm).
 Our batch norm is the library's FusedBatchNormalization (--bn fused, the default; --bn
-keras times Keras' own layer too, fused-nchw and fused-nhwc force one row layout).
+keras times Keras' own layer too).
 Times are medians of synchronised whole calls (cudaDeviceSynchronize on both sides)
 after warm-up. With --kernels N (both sides) three more calls of each pass are traced
 (TensorFlow's profiler, PyTorch's) and the merge appends, per side, the GPU's busy time per
@@ -51,21 +51,16 @@ RUNS = {"unet5_lidar_5cm": ("unet5", 1), "resunet42_lidar_5cm_b1": ("resunet42",
         "resunet42_lidar_5cm_b2": ("resunet42", 2)}
 RESULTS = os.path.join(HERE, "results", "site_e2e_gpu.jsonl")
 KERNELS_RESULTS = os.path.join(HERE, "results", "site_e2e_kernels.jsonl")
-# Our batch-norm layer (--bn): the library's FusedBatchNormalization with its row layout
-# per dtype, the same with one layout forced for every dtype, or Keras' own layer.
-BN_CHOICES = ("fused", "fused-nchw", "fused-nhwc", "keras")
+# Our batch-norm layer (--bn): the library's FusedBatchNormalization (the row batch-norm
+# ops) or Keras' own layer.
+BN_CHOICES = ("fused", "keras")
 
 
 def bn_layer(bn):
-    """The batch-norm layer class of a --bn choice, its row layouts set (before any tracing)."""
+    """The batch-norm layer class of a --bn choice."""
     import keras
-    from tf_sparseconv.site import batch_norm
-    if bn == "keras":
-        return keras.layers.BatchNormalization
-    defaults = getattr(bn_layer, "defaults", None) or dict(batch_norm.DATA_FORMAT)
-    bn_layer.defaults = defaults
-    batch_norm.DATA_FORMAT.update(defaults if bn == "fused" else {k: bn[len("fused-"):].upper() for k in defaults})
-    return batch_norm.FusedBatchNormalization
+    from tf_sparseconv.site.batch_norm import FusedBatchNormalization
+    return keras.layers.BatchNormalization if bn == "keras" else FusedBatchNormalization
 
 
 def build_model(steps, spatial, cin, dtype, bn="fused"):
@@ -320,8 +315,7 @@ def main():
     p.add_argument("--networks", nargs="+", choices=tuple(RUNS), default=list(RUNS))
     p.add_argument("--dtypes", nargs="+", choices=("fp32", "fp16"), default=["fp32", "fp16"])
     p.add_argument("--bn", nargs="+", choices=BN_CHOICES, default=["fused"],
-                   help="our batch-norm layer(s): the library's FusedBatchNormalization (fused: its row layout per "
-                        "dtype; fused-nchw, fused-nhwc: one layout for every dtype) or Keras' own (keras)")
+                   help="our batch-norm layer(s): the library's FusedBatchNormalization (fused) or Keras' own (keras)")
     p.add_argument("--exchange", default="/tmp/site_e2e")
     p.add_argument("--lidar", default=LIDAR)
     p.add_argument("--tiny", action="store_true", help="a small random scene instead of the frame (tests, CPU)")
