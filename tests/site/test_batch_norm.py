@@ -213,6 +213,7 @@ def test_in_a_site_model_it_trains_and_round_trips(rng, tmp_path):
     h = kl.SiteFeatures(batch_norm.FusedBatchNormalization(momentum=0.5))(h)
     model = keras.Model(inputs, h["features"])
     model.compile(optimizer="adam", loss="mse")
+    assert not batch_norm.FusedBatchNormalization().supports_jit  # Keras must not XLA-compile custom ops
     target = rng.normal(0, 1, (len(coords), 6)).astype(np.float32)
     keras_x = kl.as_site_keras_inputs(x)
     model.train_on_batch(keras_x, target)

@@ -59,6 +59,10 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
     """keras.layers.BatchNormalization over the last axis whose float16, bfloat16 and float32
     computation is the library's row batch-norm ops (one op forward, one backward)."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.supports_jit = False  # custom ops: Keras must not XLA-compile a model using them
+
     def _rows_apply(self, inputs, training, mask):
         x = tf.convert_to_tensor(inputs)
         return (keras.backend.backend() == "tensorflow" and mask is None and not self.renorm
