@@ -1,5 +1,6 @@
 """Fuzzing every op of the site family (tests/fuzz.py): the raw ops SiteKernelMap,
-SiteSparseConv, SiteSparseConvFilterGrad and SiteNeighbourTable and the public functions,
+SiteSparseConv, SiteSparseConvFilterGrad, SiteNeighbourTable, RowBatchNorm,
+RowBatchNormGrad and RowScaleShift and the public functions,
 on each device, from small valid inputs with one mutation each; every case is refused with
 a clear error or equals the reference below (numpy, along a brute-force kernel map).
 
@@ -933,6 +934,115 @@ CONV_MUTABLE = ["coords", "features", "spatial_shape", "batch_size", "kernel", "
 SITE_NAMES = ("coords", "features", "spatial_shape", "batch_size", "site", "sites", "batch", "coordinate")
 MAP_NAMES = ("in_rows", "out_rows", "offset_splits", "num_out", "num_in", "neighbours", "kernel map", "output row",
              "kernel")
+# --- row batch norm (RowBatchNorm, RowBatchNormGrad, RowScaleShift) ------------------------------
+# References in float64 from the float32 inputs; Approx bounds hold each result's rounding:
+# the sums about a pivot (the first row) in any order, the mean's rounding where the rows sit
+# far from zero. Non-finite inputs give non-finite results (a NaN or infinite term makes the
+# bound non-finite, and the results there must be too).
+
+BIG_ROWS = 1e15  # beyond, float32's squared deviations overflow where float64's do not
+
+
+def make_rows(rng):
+    n, c = int(rng.integers(1, 7)), int(rng.integers(1, 4))
+    return dict(x=(rng.standard_normal((n, c)) * rng.uniform(0.5, 3) + rng.uniform(-3, 3)).astype(np.float32),
+                gamma=rng.uniform(0.5, 1.5, c).astype(np.float32), beta=rng.standard_normal(c).astype(np.float32),
+                epsilon=np.array(1e-3, np.float32))
+
+
+def check_rows(inputs, x_name, vectors):
+    x = inputs[x_name]
+    require(x.ndim == 2, f"{x_name} must be rows [N, C]")
+    for name in vectors:
+        require(inputs[name].ndim == 1 and len(inputs[name]) == x.shape[1], f"{name}: one entry per column")
+
+
+def epsilon_of(inputs):
+    """The epsilon attr the case passes: the array's one value (a float attr takes any size-1
+    array's value)."""
+    return float(np.asarray(inputs["epsilon"], np.float32).reshape(-1)[0])
+
+
+def ref_row_batch_norm(inputs):
+    check_rows(inputs, "x", ("gamma", "beta"))
+    e = epsilon_of(inputs)
+    require(math.isfinite(e) and e > 0, "epsilon must be a finite number > 0")
+    with np.errstate(all="ignore"):
+        x = inputs["x"].astype(np.float64)
+    n, c = x.shape
+    finite = np.concatenate([x[np.isfinite(x)], *(inputs[k][np.isfinite(inputs[k])] for k in ("gamma", "beta"))])
+    if finite.size and np.abs(finite).max() > BIG_ROWS:
+        raise NotRun("rows beyond 1e15")
+    if n == 0:
+        nan = np.full(c, np.nan, np.float32)
+        return np.zeros((0, c), np.float32), nan, nan, nan
+    with np.errstate(all="ignore"):
+        g, b = inputs["gamma"].astype(np.float64), inputs["beta"].astype(np.float64)
+        m = x.mean(0)
+        v = ((x - m) ** 2).mean(0)
+        inv = 1 / np.sqrt(v + e)
+        spread = np.abs(x - x[0]).max(0)
+        var_bound = 4 * n * spread ** 2 + v
+        var_rel = 1 + var_bound / (v + e)
+        mean_bound = np.abs(x).max(0) + n * spread
+        y = (x - m) * inv * g + b
+        y_bound = np.abs(g) * inv * (np.abs(x - m) * var_rel + np.abs(x) + mean_bound) + np.abs(b)
+        inv_bound = inv * var_rel
+    return (Approx(y, y_bound, np.float32), Approx(m, mean_bound, np.float32), Approx(v, var_bound, np.float32),
+            Approx(inv, inv_bound, np.float32))
+
+
+def run_row_batch_norm(inputs):
+    return numpy_of(ops.row_batch_norm(inputs["x"], inputs["gamma"], inputs["beta"], epsilon=epsilon_of(inputs)))
+
+
+def make_row_grad(rng):
+    rows = make_rows(rng)
+    x = rows["x"]
+    mean = x.mean(0).astype(np.float32)
+    return dict(dy=rng.standard_normal(x.shape).astype(np.float32), x=x, gamma=rows["gamma"], mean=mean,
+                inv_std=(1 / np.sqrt(x.var(0) + 1e-3)).astype(np.float32))
+
+
+def ref_row_batch_norm_grad(inputs):
+    check_rows(inputs, "x", ("gamma", "mean", "inv_std"))
+    require(inputs["dy"].shape == inputs["x"].shape, "dy must have x's shape")
+    n, c = inputs["x"].shape
+    if n == 0:
+        return np.zeros((0, c), np.float32), np.zeros(c, np.float32), np.zeros(c, np.float32)
+    with np.errstate(all="ignore"):
+        dy, x = inputs["dy"].astype(np.float64), inputs["x"].astype(np.float64)
+        g, m, inv = (inputs[k].astype(np.float64) for k in ("gamma", "mean", "inv_std"))
+        xc = x - m
+        db = dy.sum(0)
+        dg = inv * (dy * xc).sum(0)
+        dx = g * inv * (dy - db / n - xc * inv * dg / n)
+        db_bound = np.abs(dy).sum(0)
+        reach = np.abs(xc) + np.abs(x) + np.abs(m)  # x - mean with its rounding
+        dg_bound = np.abs(inv) * (np.abs(dy) * reach).sum(0)
+        dx_bound = np.abs(g * inv) * (np.abs(dy) + db_bound / n + reach * np.abs(inv) * dg_bound / n)
+    return Approx(dx, dx_bound, np.float32), Approx(dg, dg_bound, np.float32), Approx(db, db_bound, np.float32)
+
+
+def run_row_batch_norm_grad(inputs):
+    return numpy_of(ops.row_batch_norm_grad(*constants(inputs, "dy", "x", "gamma", "mean", "inv_std")))
+
+
+def make_scale_shift(rng):
+    rows = make_rows(rng)
+    return dict(x=rows["x"], scale=rows["gamma"], shift=rows["beta"])
+
+
+def ref_row_scale_shift(inputs):
+    check_rows(inputs, "x", ("scale", "shift"))
+    with np.errstate(all="ignore"):
+        x, s, t = (inputs[k].astype(np.float64) for k in ("x", "scale", "shift"))
+        return Approx(x * s + t, np.abs(x) * np.abs(s) + np.abs(t), np.float32)
+
+
+ROW_NAMES = ("x", "rows", "columns", "gamma", "beta", "epsilon", "dy", "mean", "inv_std", "scale", "shift")
+
+
 GEOMETRY_NAMES = GEOMETRY + ("kernel", "submanifold", "output spatial extent", "key overflow")
 SOFT = pytest.mark.soft_placement  # TensorFlow's sorts and segment reductions of int32 rows
 TARGETS = [
@@ -947,6 +1057,12 @@ TARGETS = [
            ("features", "out_grad") + MAP_NAMES, groups=[("in_rows", "out_rows")]),
     Target("SiteNeighbourTable", make_table_op, run_table_op, ref_neighbour_table_op, assert_equal, MAP_NAMES,
            groups=[("in_rows", "out_rows")]),
+    Target("RowBatchNorm", make_rows, run_row_batch_norm, ref_row_batch_norm, assert_equal, ROW_NAMES,
+           subnormals_flushed=True),
+    Target("RowBatchNormGrad", make_row_grad, run_row_batch_norm_grad, ref_row_batch_norm_grad, assert_equal,
+           ROW_NAMES, groups=[("dy", "x")], subnormals_flushed=True),
+    Target("RowScaleShift", make_scale_shift, lambda i: ops.row_scale_shift(*constants(i, "x", "scale", "shift"))
+           .numpy(), ref_row_scale_shift, assert_equal, ROW_NAMES, subnormals_flushed=True),
     # public functions
     Target("make_site_sparse", lambda rng: random_site_tensor(rng),
            lambda i: site_parts(make_site_sparse(*constants(i, *SITES))),

@@ -110,7 +110,8 @@ __global__ void StatisticsKernel(const T* x, const float* gamma, const float* pa
     ColumnTotals(part1, part2, chunks, c, j, lane, &t1, &t2);
     if (lane != 0) continue;
     const float shifted_mean = t1 / static_cast<float>(n);
-    const float var = fmaxf(0.0f, t2 / static_cast<float>(n) - shifted_mean * shifted_mean);
+    const float raw = t2 / static_cast<float>(n) - shifted_mean * shifted_mean;
+    const float var = raw < 0.0f ? 0.0f : raw;  // rounding below 0 clamped, NaN kept (fmaxf would drop it)
     const float m = Load(x + j) + shifted_mean;
     const float s = 1.0f / sqrtf(var + epsilon);
     mean[j] = m;

@@ -77,7 +77,8 @@ struct RowBatchNormFunctor<CPUDevice, T> {
     std::vector<float> scale(c);
     for (int64_t j = 0; j < c; ++j) {
       const float shifted_mean = sum1[j] / static_cast<float>(n);
-      const float variance = std::max(0.0f, sum2[j] / static_cast<float>(n) - shifted_mean * shifted_mean);
+      const float raw = sum2[j] / static_cast<float>(n) - shifted_mean * shifted_mean;
+      const float variance = raw < 0.0f ? 0.0f : raw;  // rounding below 0 clamped, NaN kept
       a.mean[j] = pivot[j] + shifted_mean;
       a.variance[j] = variance;
       a.inv_std[j] = 1.0f / std::sqrt(variance + a.epsilon);
