@@ -364,6 +364,8 @@ def _compile_with_progress(compiler, cuda, progress):
                 extra += cuda[1]
             if source.endswith("_avx2.cc"):  # called only where the CPU has AVX2 and FMA
                 extra += ["-mavx2", "-mfma"]
+            if source.endswith("_avx512.cc"):  # called only where the CPU has AVX-512
+                extra += ["-mavx512f", "-mfma"]
             return serial_compile([source], *args, **dict(kwargs, extra_postargs=extra))
         except CompileError as e:
             raise UnitFailed(f"compiling {source}", _last_output.text or str(e)) from None

@@ -189,3 +189,15 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
     merged = [json.loads(line) for line in kernels_out.read_text().splitlines()]
     assert [r["network"] for r in merged] == [r["network"] for r in traced]
     assert all(r["device"] == rows[0]["device"] and r["date"] == rows[0]["date"] for r in merged)
+
+
+def test_the_cpu_training_call_benchmark_writes_its_row(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "benchmarks/site_train_cpu.py", "--tiny", "--label", "test", "--warmup", "0",
+                           "--reps", "2", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    [row] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["label"] == "test" and row["network"] == "resunet42_lidar_5cm_b1" and len(row["seconds"]) == 2
+    assert row["median_s"] > 0 and row["n_sites"] > 0 and "summary: test" in done.stdout

@@ -343,9 +343,20 @@ def conv_and_gradients_with(cpu_products, coords, features, kernel, upstream):
     return [t.numpy().astype(np.float64) for t in [y, *tape.gradient(y, [features, filters], output_gradients=upstream)]]
 
 
-def test_avx2_products_match_the_portable_path(rng):
-    """cpu_products='auto' (the AVX2 + FMA tiles where the CPU has them) against 'portable'
-    (Eigen's GEMM), forward and both gradients (the gradients pass the attr on)."""
+def cpu_has(feature):
+    """Whether this machine's CPU lists the flag (Linux /proc/cpuinfo; False elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(feature in line.split() for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("products", ["auto", "avx2"])
+def test_tiled_products_match_the_portable_path(rng, products):
+    """cpu_products='auto' (the AVX-512 or AVX2 + FMA tiles, the widest the CPU has) and
+    'avx2' (at most the AVX2 tiles) against 'portable' (Eigen's GEMM), forward and both
+    gradients (the gradients pass the attr on)."""
     with tf.device(CPU):  # the CPU kernel's products
         occupied = rng.random((2, 9, 9, 9)) < 0.3
         coords = np.argwhere(occupied).astype(np.int32)
@@ -354,13 +365,32 @@ def test_avx2_products_match_the_portable_path(rng):
             features = tf.cast(rng.standard_normal((len(coords), cin)), dtype)
             kernel = tf.cast(rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin), dtype)
             upstream = tf.cast(np.linspace(-1, 1, len(coords) * cout).reshape(len(coords), cout), dtype)
-            auto = conv_and_gradients_with("auto", coords, features, kernel, upstream)
+            auto = conv_and_gradients_with(products, coords, features, kernel, upstream)
             portable = conv_and_gradients_with("portable", coords, features, kernel, upstream)
             for what, a, b in zip(("features", "input gradient", "kernel gradient"), auto, portable):
                 # half: both round the same float32 sums to half once.
                 tolerance = 2e-3 if dtype == tf.float16 else 1e-5  # fused multiply-adds and another sum order
                 np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance * np.max(np.abs(b)),
                                            err_msg=f"{what}, {cin} -> {cout} {dtype.name}")
+
+
+@pytest.mark.skipif(not cpu_has("avx512f"), reason="needs a CPU with AVX-512")
+def test_avx512_tiles_give_the_avx2_tiles_bits(rng):
+    """The AVX-512 tiles sum each output element's terms in the AVX2 tiles' order with the
+    same fused multiply-adds: the same bits, forward and both gradients, for widths that
+    take every panel kind of both (32-, 16- and 8-column panels, masked tails) and row
+    counts past whole tiles."""
+    with tf.device(CPU):
+        occupied = rng.random((2, 9, 9, 9)) < 0.3
+        coords = np.argwhere(occupied).astype(np.int32)
+        for cin, cout in ((5, 37), (16, 16), (33, 70), (64, 8), (3, 1)):
+            features = tf.constant(rng.standard_normal((len(coords), cin)), tf.float32)
+            kernel = tf.constant(rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin), tf.float32)
+            upstream = tf.constant(rng.standard_normal((len(coords), cout)), tf.float32)
+            wide = conv_and_gradients_with("auto", coords, features, kernel, upstream)
+            narrow = conv_and_gradients_with("avx2", coords, features, kernel, upstream)
+            for what, a, b in zip(("features", "input gradient", "kernel gradient"), wide, narrow):
+                np.testing.assert_array_equal(a, b, err_msg=f"{what}, {cin} -> {cout}")
 
 
 def test_cpu_products_choices_are_checked():

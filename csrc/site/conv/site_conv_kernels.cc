@@ -1,7 +1,7 @@
 // The CPU functors of SiteSparseConv, SiteSparseConvFilterGrad and SiteNeighbourTable and
 // the CPU registration of their OpKernels (site_conv_kernels.h). The functors gather a
-// block of input rows, multiply it by the offset's filter (Eigen's GEMM, or AVX2 tiles of
-// our own, site_gemm_avx2.cc) and scatter-add the products into the output rows. The map's
+// block of input rows, multiply it by the offset's filter (Eigen's GEMM, or AVX2 or AVX-512
+// tiles of our own, site_gemm_avx2.cc and site_gemm_avx512.cc) and scatter-add the products into the output rows. The map's
 // rows and the features' NaNs are checked on every call, map_is_trusted or not: on the CPU
 // those checks need no round trip and cost little next to the GEMMs.
 #define EIGEN_USE_THREADS
@@ -53,7 +53,7 @@ void RowPointers(const T* x, int64_t width, const int32_t* rows, int64_t n, floa
 
 // out = the convolution (site_conv.h) of a map whose rows are checked.
 template <typename T>
-void ConvOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx2, T* out) {
+void ConvOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, CpuProducts products, T* out) {
   using A = typename AccumulatorOf<T>::type;
   std::vector<A> filters(a.volume * a.cin * a.cout);
   ToAccumulator(a.filters, static_cast<int64_t>(filters.size()), filters.data());
@@ -73,7 +73,8 @@ void ConvOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx2, T* 
     const Eigen::Map<const RowMajor<A>> w(filters.data() + q * a.cin * a.cout, a.cin, a.cout);
     const int64_t blocks = (count + kPairBlock - 1) / kPairBlock;
     if constexpr (std::is_same_v<A, float>) {
-      if (avx2) {
+      if (products != CpuProducts::kPortable) {
+        const auto product = products == CpuProducts::kAvx512 ? GatherGemmScatterAvx512 : GatherGemmScatterAvx2;
         device.parallelFor(blocks, Eigen::TensorOpCost(0, 0, 2.0 * kPairBlock * a.cin * a.cout),
                            [&](Eigen::Index first, Eigen::Index last) {
                              std::vector<float> staging(std::is_same_v<T, float> ? 0 : kPairBlock * a.cin);
@@ -84,7 +85,7 @@ void ConvOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx2, T* 
                                const int64_t rows = std::min(kPairBlock, begin + count - p0);
                                RowPointers(a.features, a.cin, a.in_rows + p0, rows, staging.data(), in);
                                for (int64_t r = 0; r < rows; ++r) dst[r] = acc + a.out_rows[p0 + r] * a.cout;
-                               GatherGemmScatterAvx2(rows, a.cin, a.cout, in, w.data(), dst);
+                               product(rows, a.cin, a.cout, in, w.data(), dst);
                              }
                            });
         continue;
@@ -116,13 +117,14 @@ void ConvOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx2, T* 
 
 // filter_grad[q] = features[in_rows]^T out_grad[out_rows] over q's pairs, the rows checked.
 template <typename T>
-void FilterGradOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx2, const T* out_grad,
+void FilterGradOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, CpuProducts products, const T* out_grad,
                      T* filter_grad) {
   using A = typename AccumulatorOf<T>::type;
   // One offset per task: offsets write disjoint filter slices, so no reduction is needed
   // and the sum order (by pair) does not depend on the thread count.
   if constexpr (std::is_same_v<A, float>) {
-    if (avx2) {
+    if (products != CpuProducts::kPortable) {
+      const auto product = products == CpuProducts::kAvx512 ? OuterProductSumAvx512 : OuterProductSumAvx2;
       device.parallelFor(a.volume, Eigen::TensorOpCost(0, 0, 2.0 * a.pairs / a.volume * a.cin * a.cout),
                          [&](Eigen::Index first, Eigen::Index last) {
                            const bool convert = !std::is_same_v<T, float>;
@@ -138,7 +140,7 @@ void FilterGradOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, bool avx
                                const int64_t rows = std::min(kPairBlock, end - p0);
                                RowPointers(a.features, a.cin, a.in_rows + p0, rows, x_staging.data(), x);
                                RowPointers(out_grad, a.cout, a.out_rows + p0, rows, g_staging.data(), g);
-                               OuterProductSumAvx2(rows, a.cin, a.cout, x, g, dw.data());
+                               product(rows, a.cin, a.cout, x, g, dw.data());
                              }
                              T* dst = filter_grad + q * a.cin * a.cout;
                              for (int64_t i = 0; i < a.cin * a.cout; ++i) dst[i] = static_cast<T>(dw[i]);
@@ -232,19 +234,21 @@ void NeighbourTableOnCpu(const SiteMapView& map, int64_t num_out, int32_t* table
 }  // namespace
 
 // What the CPU functors of the convolution and its filter gradient hold: the thread pool,
-// and whether the products run on the AVX2 tiles (where the CPU has them, unless
-// cpu_products is 'portable').
+// and which products run: the widest tiles that cpu_products allows and the CPU has.
 class CpuSiteConvFunctor {
  protected:
   CpuSiteConvFunctor(OpKernelContext* ctx, const SiteConvAttrs& attrs)
       : device_(ctx->eigen_device<CPUDevice>()), attrs_(attrs) {
     static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    avx2_ = has_avx2 && !attrs.portable_products;
+    static const bool has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f");
+    products_ = attrs.products == CpuProducts::kPortable || !has_avx2 ? CpuProducts::kPortable
+                : attrs.products == CpuProducts::kAvx512 && has_avx512 ? CpuProducts::kAvx512
+                                                                       : CpuProducts::kAvx2;
   }
 
   const CPUDevice& device_;
   const SiteConvAttrs& attrs_;
-  bool avx2_ = false;
+  CpuProducts products_ = CpuProducts::kPortable;
 };
 
 template <typename T>
@@ -260,7 +264,7 @@ class SiteConvFunctor<CPUDevice, T> : CpuSiteConvFunctor {
 
   // The products read the pairs, given a neighbour table or not.
   absl::Status Run(const SiteConvArgs<T>& a, const int32_t* /*neighbours*/, T* out) {
-    ConvOnCpu(device_, a, avx2_, out);
+    ConvOnCpu(device_, a, products_, out);
     return absl::OkStatus();
   }
 };
@@ -275,7 +279,7 @@ class SiteConvFilterGradFunctor<CPUDevice, T> : CpuSiteConvFunctor {
   }
 
   absl::Status Run(const SiteConvArgs<T>& a, const T* out_grad, T* filter_grad) {
-    FilterGradOnCpu(device_, a, avx2_, out_grad, filter_grad);
+    FilterGradOnCpu(device_, a, products_, out_grad, filter_grad);
     return absl::OkStatus();
   }
 };

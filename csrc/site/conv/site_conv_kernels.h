@@ -20,6 +20,7 @@
 #include "common/guarded_op_kernel.h"
 #include "site/conv/site_conv.h"
 #include "site/conv/site_conv_checks.h"
+#include "site/conv/site_gemm_cpu.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -31,7 +32,9 @@ struct SiteConvAttrs {
   bool map_is_trusted = false;
   bool map_is_submanifold = false;
   SiteDataflow dataflow = SiteDataflow::kAuto;
-  bool portable_products = false;  // cpu_products == 'portable': Eigen's GEMM on the CPU
+  // cpu_products: 'auto' the widest tiles the CPU has (kAvx512 asked), 'avx2' at most the
+  // AVX2 tiles, 'portable' Eigen's GEMM.
+  CpuProducts products = CpuProducts::kAvx512;
 
   absl::Status Read(tensorflow::OpKernelConstruction* ctx) {
     TF_RETURN_IF_ERROR(ctx->GetAttr("map_is_trusted", &map_is_trusted));
@@ -46,11 +49,13 @@ struct SiteConvAttrs {
     if (ctx->HasAttr("cpu_products")) {
       std::string products;
       TF_RETURN_IF_ERROR(ctx->GetAttr("cpu_products", &products));
-      if (products != "auto" && products != "portable") {
-        return tensorflow::errors::InvalidArgument("cpu_products must be 'auto' or 'portable', got '", products,
-                                                   "'");
+      if (products != "auto" && products != "avx2" && products != "portable") {
+        return tensorflow::errors::InvalidArgument("cpu_products must be 'auto', 'avx2' or 'portable', got '",
+                                                   products, "'");
       }
-      portable_products = products == "portable";
+      this->products = products == "portable" ? CpuProducts::kPortable
+                       : products == "avx2"   ? CpuProducts::kAvx2
+                                              : CpuProducts::kAvx512;
     }
     return absl::OkStatus();
   }

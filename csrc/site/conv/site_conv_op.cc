@@ -25,7 +25,7 @@ REGISTER_OP("TfSparseconv>SiteSparseConv")
     .Attr("map_is_trusted: bool = false")
     .Attr("map_is_submanifold: bool = false")
     .Attr("dataflow: {'auto', 'pairs', 'outputs'} = 'auto'")
-    .Attr("cpu_products: {'auto', 'portable'} = 'auto'")
+    .Attr("cpu_products: {'auto', 'avx2', 'portable'} = 'auto'")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle features, filters, neighbours;
       TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(6), 1, &neighbours));
@@ -67,10 +67,12 @@ names the reason; 'auto' chooses the pairs there.
 determinism, 'pairs' otherwise. The CPU kernel has one dataflow, per-offset
 gather-GEMM-scatter over the pairs: 'auto' and 'pairs' run it, 'outputs' is
 InvalidArgument there.
-cpu_products: the CPU kernel's products. 'auto': AVX2 and FMA tiles where the CPU has
-them (float, and half and bfloat16 converted to float), Eigen's GEMM otherwise;
-'portable': Eigen's GEMM always (the portable path, e.g. to test it on a CPU with AVX2, or
-to match another machine's CPU results). No effect on the GPU.
+cpu_products: the CPU kernel's products. 'auto': AVX-512 tiles where the CPU has AVX-512,
+else AVX2 and FMA tiles where it has those (float, and half and bfloat16 converted to
+float; both widths give the same bits), Eigen's GEMM otherwise; 'avx2': at most the AVX2
+tiles (e.g. to test them on a CPU with AVX-512); 'portable': Eigen's GEMM always (the
+portable path, e.g. to test it on a CPU with AVX2, or to match another machine's CPU
+results). No effect on the GPU.
 map_is_trusted: the caller promises that the map is valid (every in_rows[p] <
 num_in, every out_rows[p] < num_out, at most one pair per output row and offset), as
 SiteKernelMap's maps are by construction; tf_sparseconv's wrappers set it for those
@@ -134,7 +136,7 @@ REGISTER_OP("TfSparseconv>SiteSparseConvFilterGrad")
     .Output("filter_grad: T")
     .Attr("T: {float, double, half, bfloat16}")
     .Attr("map_is_trusted: bool = false")
-    .Attr("cpu_products: {'auto', 'portable'} = 'auto'")
+    .Attr("cpu_products: {'auto', 'avx2', 'portable'} = 'auto'")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle features, out_grad, splits;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &features));
@@ -152,8 +154,8 @@ TensorFlow's TF32 setting on the GPU from sm_80, as SiteSparseConv does.
 map_is_trusted: as for SiteSparseConv, a promise that the map is valid. A trusted call
 on the GPU skips the row checks and their host round trip; the CPU kernel checks the
 rows regardless.
-cpu_products: as for SiteSparseConv, the CPU kernel's AVX2 products ('auto') or Eigen's
-GEMM ('portable').
+cpu_products: as for SiteSparseConv, the CPU kernel's widest tiles ('auto'), at most
+AVX2 tiles ('avx2') or Eigen's GEMM ('portable').
 )doc");
 
 }  // namespace tf_sparseconv

@@ -1,5 +1,5 @@
 // AVX2 + FMA products of the CPU site convolution (site_gemm_cpu.h). setup.py compiles
-// the sources ending in _avx2.cc with -mavx2 -mfma; the callers check CpuHasAvx2Fma().
+// the sources ending in _avx2.cc with -mavx2 -mfma; the callers check the CPU (CpuProducts).
 // Everything here has internal linkage and nothing comes from a header but intrinsics:
 // the linker keeps one copy of an inline function shared between translation units, and
 // an AVX2 copy of, say, a standard-library template would then run on CPUs without AVX2.
