@@ -7,26 +7,27 @@
 // the per-column coefficients of the element-wise pass. No float atomics: the result does
 // not depend on thread timing. The element-wise passes (y from x; dx from dy and x) are
 // one centred multiply-add per operand and column, over the rows with a grid stride.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "common/gpu_util.cuh"
 #include "site/batch_norm/row_batch_norm_gpu.h"
+#include "site/conv/site_half.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
 
 namespace {
 
-__device__ inline float Load(const float* p) { return *p; }
-__device__ inline float Load(const Half* p) { return __half2float(__ushort_as_half(p->bits)); }
-__device__ inline float Load(const BFloat16* p) { return __uint_as_float(static_cast<uint32_t>(p->bits) << 16); }
-__device__ inline void Store(float* p, float v) { *p = v; }
-__device__ inline void Store(Half* p, float v) { p->bits = __half_as_ushort(__float2half_rn(v)); }
-__device__ inline void Store(BFloat16* p, float v) { p->bits = __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+template <typename T>
+__device__ inline float Load(const T* p) {
+  return ToAcc(*p);
+}
+template <typename T>
+__device__ inline void Store(T* p, float v) {
+  *p = FromAcc<T>::Convert(v);
+}
 
 constexpr int kColumns = 32;  // threadIdx.x
 constexpr int kRows = 8;      // threadIdx.y

@@ -8,35 +8,13 @@
 #include "common/gpu_kernel_util.h"
 #include "site/batch_norm/row_batch_norm_gpu.h"
 #include "site/batch_norm/row_batch_norm_kernels.h"
+#include "site/conv/site_gpu_storage.h"
 #include "tensorflow/core/framework/bfloat16.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_sparseconv {
 
 namespace {
-
-// TensorFlow's element types as the kernels see them: the same bits.
-template <typename T>
-struct Stored {
-  using type = T;
-};
-template <>
-struct Stored<Eigen::half> {
-  using type = gpu::Half;
-};
-template <>
-struct Stored<Eigen::bfloat16> {
-  using type = gpu::BFloat16;
-};
-
-template <typename T>
-const typename Stored<T>::type* AsStored(const T* p) {
-  return reinterpret_cast<const typename Stored<T>::type*>(p);
-}
-template <typename T>
-typename Stored<T>::type* AsStored(T* p) {
-  return reinterpret_cast<typename Stored<T>::type*>(p);
-}
 
 class RowBatchNormGpuContext : public GpuOpContext {
  public:
@@ -52,14 +30,14 @@ template <typename T>
 struct RowBatchNormFunctor<GPUDevice, T> {
   absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowBatchNormArgs<T>& a) {
     RowBatchNormGpuContext g(ctx, "RowBatchNorm");
-    RowBatchNormArgs<typename Stored<T>::type> s;
-    s.x = AsStored(a.x);
+    RowBatchNormArgs<typename GpuStorage<T>::type> s;
+    s.x = Stored(a.x);
     s.gamma = a.gamma;
     s.beta = a.beta;
     s.n = a.n;
     s.c = a.c;
     s.epsilon = a.epsilon;
-    s.y = AsStored(a.y);
+    s.y = Stored(a.y);
     s.mean = a.mean;
     s.variance = a.variance;
     s.inv_std = a.inv_std;
@@ -71,15 +49,15 @@ template <typename T>
 struct RowBatchNormGradFunctor<GPUDevice, T> {
   absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowBatchNormGradArgs<T>& a) {
     RowBatchNormGpuContext g(ctx, "RowBatchNormGrad");
-    RowBatchNormGradArgs<typename Stored<T>::type> s;
-    s.dy = AsStored(a.dy);
-    s.x = AsStored(a.x);
+    RowBatchNormGradArgs<typename GpuStorage<T>::type> s;
+    s.dy = Stored(a.dy);
+    s.x = Stored(a.x);
     s.gamma = a.gamma;
     s.mean = a.mean;
     s.inv_std = a.inv_std;
     s.n = a.n;
     s.c = a.c;
-    s.dx = AsStored(a.dx);
+    s.dx = Stored(a.dx);
     s.dgamma = a.dgamma;
     s.dbeta = a.dbeta;
     return g.ToStatus(gpu::RowBatchNormGrad(s, g.scratch(), g.stream()));
@@ -90,13 +68,13 @@ template <typename T>
 struct RowScaleShiftFunctor<GPUDevice, T> {
   absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowScaleShiftArgs<T>& a) {
     RowBatchNormGpuContext g(ctx, "RowScaleShift");
-    RowScaleShiftArgs<typename Stored<T>::type> s;
-    s.x = AsStored(a.x);
+    RowScaleShiftArgs<typename GpuStorage<T>::type> s;
+    s.x = Stored(a.x);
     s.scale = a.scale;
     s.shift = a.shift;
     s.n = a.n;
     s.c = a.c;
-    s.y = AsStored(a.y);
+    s.y = Stored(a.y);
     return g.ToStatus(gpu::RowScaleShift(s, g.stream()));
   }
 };

@@ -60,6 +60,7 @@
 #include "common/gpu_util.cuh"
 #include "site/conv/site_conv_filter_grad.cuh"
 #include "site/conv/site_conv_gpu.h"
+#include "site/conv/site_half.cuh"
 #include "site/conv/site_conv_mma_sync.cuh"
 #include "site/conv/site_conv_outputs.cuh"
 #include "site/conv/site_conv_pipeline.cuh"
@@ -94,31 +95,6 @@ static_assert(kTileRows * kMmaDepth / 8 == kThreads && kMmaDepth * kTileCols / 8
 static_assert(kTileRows == 64 && kTileCols == 64 && kThreads == 256,
               "8 warps: 4 along the 64 rows, 2 along the 64 columns, 16 x 32 each");
 static_assert(kMinChunkPairs % kMmaDepth == 0, "filter-gradient chunks are whole tensor-core steps");
-
-__device__ inline float ToAcc(float x) { return x; }
-__device__ inline double ToAcc(double x) { return x; }
-__device__ inline float ToAcc(Half x) { return __half2float(__ushort_as_half(x.bits)); }
-__device__ inline float ToAcc(BFloat16 x) { return __uint_as_float(static_cast<uint32_t>(x.bits) << 16); }
-
-// Round to nearest even, as Eigen's conversions on the CPU.
-template <typename T>
-struct FromAcc;
-template <>
-struct FromAcc<float> {
-  __device__ static float Convert(float x) { return x; }
-};
-template <>
-struct FromAcc<double> {
-  __device__ static double Convert(double x) { return x; }
-};
-template <>
-struct FromAcc<Half> {
-  __device__ static Half Convert(float x) { return Half{__half_as_ushort(__float2half_rn(x))}; }
-};
-template <>
-struct FromAcc<BFloat16> {
-  __device__ static BFloat16 Convert(float x) { return BFloat16{__bfloat16_as_ushort(__float2bfloat16_rn(x))}; }
-};
 
 // The WMMA element type of a 16-bit storage type where this architecture multiplies it
 // on tensor cores (kAvailable). The host pass sees every specialisation, each device

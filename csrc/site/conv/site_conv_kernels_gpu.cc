@@ -17,6 +17,7 @@
 #include "site/conv/site_conv.h"
 #include "site/conv/site_conv_checks.h"
 #include "site/conv/site_conv_gpu.h"
+#include "site/conv/site_gpu_storage.h"
 #include "site/conv/site_conv_kernels.h"
 #include "tensorflow/core/framework/bfloat16.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -28,31 +29,6 @@ namespace tf_sparseconv {
 using ::tensorflow::OpKernelContext;
 
 namespace {
-
-// The kernels' view of TensorFlow's element types: the same bits.
-template <typename T>
-struct GpuStorage {
-  using type = T;
-};
-template <>
-struct GpuStorage<Eigen::half> {
-  using type = gpu::Half;
-};
-template <>
-struct GpuStorage<Eigen::bfloat16> {
-  using type = gpu::BFloat16;
-};
-static_assert(sizeof(Eigen::half) == sizeof(gpu::Half) && sizeof(Eigen::bfloat16) == sizeof(gpu::BFloat16),
-              "half types must be 16-bit");
-
-template <typename T>
-const typename GpuStorage<T>::type* Stored(const T* x) {
-  return reinterpret_cast<const typename GpuStorage<T>::type*>(x);
-}
-template <typename T>
-typename GpuStorage<T>::type* Stored(T* x) {
-  return reinterpret_cast<typename GpuStorage<T>::type*>(x);
-}
 
 // The call's arguments as the kernels see them.
 template <typename T>
