@@ -1,7 +1,8 @@
 """Reading TensorFlow's profiler traces for the benchmarks: the GPUs' stream events of an
 XSpace (.xplane.pb), the union of their intervals (the GPU's busy time), the idle stretches
-between them, and the costliest kernels of a few traced calls."""
+between them, the costliest kernels of a few traced calls, and their rows."""
 import glob
+import json
 import os
 import tempfile
 
@@ -69,16 +70,35 @@ def kernel_times(run, args, calls, top):
                             calls, top)
 
 
-def kernels_in_trace(xspace_path, calls, top):
-    """(GPU busy ms per call, [(name, ms per call, launches per call)] of the `top` names by
-    time) from the GPUs' stream events of a profiler trace (gpu_stream_events;
-    busy is the union of the events' intervals)."""
+def rank_events(events, calls, top, per_ms):
+    """(busy ms per call, [(name, ms per call, launches per call)] of the `top` names by time)
+    of (begin, end, name) events whose times are in units of which per_ms make a millisecond;
+    busy is the union of the events' intervals."""
     by_name, intervals = {}, []
-    for _, events in gpu_stream_events(xspace_path).values():
-        for b, e, name in events:
-            intervals.append((b, e))
-            total, count = by_name.get(name or "?", (0, 0))
-            by_name[name or "?"] = (total + e - b, count + 1)
+    for b, e, name in events:
+        intervals.append((b, e))
+        total, count = by_name.get(name or "?", (0, 0))
+        by_name[name or "?"] = (total + e - b, count + 1)
     ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]
-    return (union_length(intervals) / 1e9 / calls,
-            [(name[:160], ps / 1e9 / calls, count / calls) for name, (ps, count) in ranked])
+    return (union_length(intervals) / per_ms / calls,
+            [(name[:160], t / per_ms / calls, count / calls) for name, (t, count) in ranked])
+
+
+def kernels_in_trace(xspace_path, calls, top):
+    """rank_events of the GPUs' stream events of a TensorFlow profiler trace
+    (gpu_stream_events; picoseconds)."""
+    events = [event for _, stream in gpu_stream_events(xspace_path).values() for event in stream]
+    return rank_events(events, calls, top, 1e9)
+
+
+def append_kernel_row(path, key, busy_ms, top, calls):
+    """Appends one kernels row ({key}, the GPU's busy seconds per call, the traced calls and
+    the costliest kernels as [name, seconds per call, launches per call]) to the JSON lines
+    at path and prints it."""
+    row = {**key, "gpu_busy_s": busy_ms / 1e3, "calls": calls,
+           "kernels": [[name, ms / 1e3, n] for name, ms, n in top]}
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(f"    GPU busy {busy_ms:.3f} ms per call; costliest kernels (ms, launches per call):", flush=True)
+    for name, ms, n in top:
+        print(f"      {ms:8.3f} {n:6.1f}  {name[:110]}", flush=True)

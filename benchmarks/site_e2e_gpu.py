@@ -144,7 +144,7 @@ def functions(model, spatial, batch):
 def run_ours(args):
     import tensorflow as tf
     import tf_sparseconv as ts
-    from gpu_trace import kernel_times
+    from gpu_trace import append_kernel_row, kernel_times
     from timing import median_time, sync, sync_method
     tf.config.experimental.enable_tensor_float_32_execution(False)  # fp32 is fp32 on both sides
     os.makedirs(args.exchange, exist_ok=True)
@@ -207,26 +207,15 @@ def run_ours(args):
                     if args.kernels:
                         busy_ms, top = kernel_times(lambda *a: (fn(*a), sync()), (c, f), KERNEL_CALLS,
                                                     args.kernels)
-                        write_kernels(args, {"network": run, "dtype": dtype_name, "pass": pass_name,
-                                             "side": "ours", "bn": bn}, busy_ms, top)
+                        append_kernel_row(os.path.join(args.exchange, "kernels.jsonl"),
+                                          {"network": run, "dtype": dtype_name, "pass": pass_name, "side": "ours",
+                                           "bn": bn}, busy_ms, top, KERNEL_CALLS)
         with open(os.path.join(args.exchange, "ours.json"), "w") as out_file:
             json.dump({"rows": rows, "device": device_name()}, out_file)
     print(f"[ours] {len(rows)} rows -> {args.exchange}/ours.json", flush=True)
 
 
 KERNEL_CALLS = 3  # calls traced for --kernels
-
-
-def write_kernels(args, key, busy_ms, top):
-    """Appends one kernels row (the GPU's busy time per call and the costliest kernels: name,
-    seconds per call, launches per call) to the exchange's kernels.jsonl and prints it."""
-    row = {**key, "gpu_busy_s": busy_ms / 1e3, "calls": KERNEL_CALLS,
-           "kernels": [[name, ms / 1e3, n] for name, ms, n in top]}
-    with open(os.path.join(args.exchange, "kernels.jsonl"), "a") as f:
-        f.write(json.dumps(row) + "\n")
-    print(f"    GPU busy {busy_ms:.3f} ms per call; costliest kernels (ms, launches per call):", flush=True)
-    for name, ms, n in top:
-        print(f"      {ms:8.3f} {n:6.1f}  {name[:110]}", flush=True)
 
 
 PROBE_ROWS = 2000  # rows of each convolution's output kept, the first in coordinate order

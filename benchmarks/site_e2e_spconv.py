@@ -19,7 +19,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import site_conv_spconv as per_layer  # noqa: E402  (its spconv loader, timer and weight layout)
-from gpu_trace import union_length  # noqa: E402
+from gpu_trace import append_kernel_row, rank_events  # noqa: E402
 from site_networks import (BN_EPS, SITE_HASH, SITE_HASH_MOD, conv_kinds, conv_weights,  # noqa: E402
                            loss_channel_weights, network, relative, sorted_rows)
 
@@ -248,9 +248,9 @@ KERNEL_CALLS = 3  # calls traced for --kernels, as on our side
 
 
 def trace_kernels(args, fn, key):
-    """Traces KERNEL_CALLS calls of fn under PyTorch's profiler and appends, as our side does
-    (site_e2e_gpu.write_kernels), the GPU's busy time per call (the union of its kernels',
-    copies' and memsets' intervals) and the costliest kernels to <exchange>/kernels.jsonl."""
+    """Traces KERNEL_CALLS calls of fn under PyTorch's profiler and appends, as our side does,
+    the GPU's busy time per call (the union of its kernels', copies' and memsets' intervals)
+    and the costliest kernels to <exchange>/kernels.jsonl."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     fn()
@@ -259,23 +259,10 @@ def trace_kernels(args, fn, key):
         for _ in range(KERNEL_CALLS):
             fn()
         torch.cuda.synchronize()
-    by_name, intervals = {}, []
-    for event in prof.events():
-        if event.device_type != DeviceType.CUDA:
-            continue
-        begin, end = event.time_range.start, event.time_range.end  # microseconds
-        intervals.append((begin, end))
-        total, count = by_name.get(event.name, (0.0, 0))
-        by_name[event.name] = (total + end - begin, count + 1)
-    busy_s = union_length(intervals) / 1e6 / KERNEL_CALLS
-    top = sorted(by_name.items(), key=lambda item: -item[1][0])[:args.kernels]
-    row = {**key, "gpu_busy_s": busy_s, "calls": KERNEL_CALLS,
-           "kernels": [[name[:160], us / 1e6 / KERNEL_CALLS, n / KERNEL_CALLS] for name, (us, n) in top]}
-    with open(os.path.join(args.exchange, "kernels.jsonl"), "a") as f:
-        f.write(json.dumps(row) + "\n")
-    print(f"    GPU busy {busy_s * 1e3:.3f} ms per call; costliest kernels (ms, launches per call):", flush=True)
-    for name, s, n in row["kernels"]:
-        print(f"      {s * 1e3:8.3f} {n:6.1f}  {name[:110]}", flush=True)
+    # PyTorch's times are microseconds
+    events = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    busy_ms, top = rank_events(events, KERNEL_CALLS, args.kernels, 1e3)
+    append_kernel_row(os.path.join(args.exchange, "kernels.jsonl"), key, busy_ms, top, KERNEL_CALLS)
 
 
 def save(args, rows, errors, first_parted):
