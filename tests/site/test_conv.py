@@ -177,6 +177,62 @@ def test_kernel_map_is_reused_under_its_indice_key_and_geometry_is_checked(rng, 
             site_conv(other, kernel, subm=True, indice_key="subm1")
 
 
+@pytest.mark.parametrize("shape", [(9,), (6, 7), (5, 6, 4)])
+def test_pointwise_submanifold_conv_is_a_matrix_product_without_a_map(rng, shape, device, monkeypatch):
+    """A 1 x ... x 1 submanifold kernel builds no map (so no pair count is read back) and
+    gives each site's row times the kernel, plus the bias; the gradients are numerical's."""
+    batch, cin, cout = 2, 3, 4
+    d = len(shape)
+    coords, features = random_sites(rng, batch, shape, 0.4, cin, np.float64)
+    kernel = rng.standard_normal((*([1] * d), cin, cout))
+    bias = rng.standard_normal(cout)
+    built = []
+    real = ops.site_kernel_map
+    monkeypatch.setattr(ops, "site_kernel_map", lambda *a, **k: built.append(k) or real(*a, **k))
+    with tf.device(device):
+        # A model's tensor: its sites were checked by a submanifold 3^d map carried along.
+        x = site_conv(make_site_sparse(coords, features, shape, batch), np.zeros((*([3] * d), cin, cin)), subm=True,
+                      indice_key="subm")
+        built.clear()
+        x = x.with_features(tf.constant(features))
+        y = site_conv(x, kernel, bias, subm=True, indice_key="pointwise")
+        assert not built and "pointwise" not in y.kernel_maps and "subm" in y.kernel_maps
+        assert y.coords is x.coords
+        np.testing.assert_allclose(y.features.numpy(), features @ kernel.reshape(cin, cout) + bias, rtol=1e-12)
+
+        def f(features, kernel):
+            return site_conv(x.with_features(features), kernel, subm=True).features
+
+        theoretical, numerical = tf.test.compute_gradient(f, [tf.constant(features), tf.constant(kernel)])
+    for t, n in zip(theoretical, numerical):
+        assert np.any(t)
+        np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-6)
+
+
+def test_pointwise_submanifold_conv_still_checks_unchecked_sites(rng, device):
+    """Without a trusted map of its sites, the pointwise path checks them as a map build
+    would: a site outside the grid or a repeated site is InvalidArgumentError."""
+    kernel = np.ones((1, 1, 1, 2, 3), np.float32)
+    for coords, message in (([[0, 1, 1, 1], [0, 4, 1, 1]], "out of range|outside"),
+                            ([[0, 1, 1, 1], [0, 1, 1, 1]], "twice|duplicate|repeat")):
+        with tf.device(device), pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            site_conv(make_site_sparse(coords, np.ones((2, 2), np.float32), (4, 4, 4), 1), kernel, subm=True)
+
+
+def test_pointwise_submanifold_conv_uses_a_map_cached_under_its_key(rng, device):
+    """A map already under the key is used (and its geometry checked), as for any kernel."""
+    coords, features = random_sites(rng, 1, (5, 5, 5), 0.4, 2)
+    kernel = rng.standard_normal((1, 1, 1, 2, 3)).astype(np.float32)
+    with tf.device(device):
+        x = make_site_sparse(coords, features, (5, 5, 5), 1)
+        x = x.with_map("k", kernel_map(x, 1, mode="submanifold"))
+        y = site_conv(x, kernel, subm=True, indice_key="k")
+        assert y.kernel_maps["k"] is not None
+        np.testing.assert_allclose(y.features.numpy(), features @ kernel.reshape(2, 3), rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="indice_key 'k' was built for"):
+            site_conv(x, np.ones((3, 3, 3, 2, 3), np.float32), subm=True, indice_key="k")
+
+
 @pytest.mark.soft_placement
 @pytest.mark.parametrize("subm", [True, False])
 def test_gradients_match_numerical_gradients_in_float64(rng, subm, device):

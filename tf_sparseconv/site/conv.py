@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.geometry import conv_geometry
-from tf_sparseconv.site.kernel_map import along_map, assert_rows_match, check_dataflow, map_checks, with_inverse_table
+from tf_sparseconv.site.kernel_map import (along_map, assert_rows_match, check_dataflow, map_checks, site_checks,
+                                           with_inverse_table)
 from tf_sparseconv.site.tensor import SiteSparseTensor, check_site_tensor
 
 
@@ -50,6 +51,21 @@ def _with_bias(out, bias, what):
     return tf.nn.bias_add(out, bias)
 
 
+def _pointwise(x, kernel, bias, indice_key):
+    """A submanifold convolution whose kernel is one site (1 x ... x 1), as one matrix
+    product of the feature rows, where no map is cached under indice_key: it needs no
+    kernel map, so it builds none (a map build reads its pair counts back to the host).
+    x's sites are checked as a map build would check them, unless x carries a trusted map
+    of its sites (site_checks). None where a map is cached under indice_key: the caller
+    then takes the map path (which checks its geometry and uses it)."""
+    if indice_key is not None and indice_key in x.kernel_maps:
+        return None
+    with tf.control_dependencies(site_checks(x, "site_conv")):
+        features = tf.identity(x.features)
+    out = tf.matmul(features, tf.reshape(kernel, [kernel.shape[-2], kernel.shape[-1]]))
+    return x.with_features(_with_bias(out, bias, "site_conv"))
+
+
 def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False, indice_key=None, dataflow="auto"):
     """Sparse convolution of x with kernel [k1, ..., kd, Cin, Cout].
 
@@ -57,7 +73,9 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     must be 0 or "same", dilation * (k - 1) / 2, which spconv accepts and ignores).
     Otherwise a strided convolution whose output sites are every site an input
     reaches. With indice_key, the map is taken from x.kernel_maps when there and stored
-    on the output, so layers of one geometry share it and site_inverse_conv finds it.
+    on the output, so layers of one geometry share it and site_inverse_conv finds it. A
+    submanifold 1 x ... x 1 kernel with no map under its key is one matrix product of the
+    rows (tf.matmul) and builds no map.
     On a GPU of sm_80 or later, float32 follows TensorFlow's TF32 switch
     (tf.config.experimental.enable_tensor_float_32_execution, on by default).
     dataflow: the GPU's, as spconv's algo= (SiteSparseConv; docs/gpu-kernels.md): "auto"
@@ -72,6 +90,10 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     _check_kernel(x, kernel, "site_conv")
     d = x.spatial_rank
     geometry = conv_geometry("submanifold" if subm else "strided", d, kernel.shape[:d], strides, padding, dilation)
+    if subm and all(k == 1 for k in geometry.kernel_size):
+        out = _pointwise(x, kernel, bias, indice_key)
+        if out is not None:
+            return out
     # Only SiteKernelMap's own submanifold maps are promised mirrored to the op.
     return along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
         _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
