@@ -3,12 +3,14 @@ for the GPU during one step of OctNet3 (channel family, 32^3, Keras' compiled tr
 function) and of a site UNet (site family, a traced GradientTape step), counted by
 tf_sparseconv.host_sync_count() (every wait of the library's GPU kernels for their stream).
 A wait stalls the host until the GPU has run everything queued before it, so TensorFlow
-cannot queue the step's next ops ahead of the GPU's work.
+cannot queue the step's next ops ahead of the GPU's work. Each row also gives the step's
+deferred read-backs (tf_sparseconv.deferred_read_back_count(): sizes read back in a
+callback without a wait, as SiteKernelMap does on the GPU).
 
 Batches: the embedded synthetic shapes (tf_sparseconv.data.synthetic), voxelized as in
 training. Appends one row per model to --out (default benchmarks/results/host_syncs.jsonl):
 model, device, syncs_per_step, how, commit, checks (boundary, or "every op" with
-TF_SPARSECONV_CHECK_EVERY_OP=1), date, batch, resolution, steps.
+TF_SPARSECONV_CHECK_EVERY_OP=1), date, batch, resolution, steps, deferred_per_step.
 
     python benchmarks/host_syncs.py [--steps 5] [--batch-size 32]
 """
@@ -35,12 +37,13 @@ HOW = "tf_sparseconv.host_sync_count(): the library's count of its cudaStreamSyn
 
 
 def waits_per_step(step, batch, steps):
+    """(waits, deferred read-backs) per step."""
     step(*batch)  # tracing and first-call work outside the count
-    before = ts.host_sync_count()
+    before, deferred = ts.host_sync_count(), ts.deferred_read_back_count()
     for _ in range(steps):
         loss = step(*batch)
     float(tf.nest.flatten(loss)[0])  # the last step has run
-    return (ts.host_sync_count() - before) / steps
+    return (ts.host_sync_count() - before) / steps, (ts.deferred_read_back_count() - deferred) / steps
 
 
 def octnet3_step(points, labels, classes, resolution, batch_size, exact_convs=False, exact_pools=False):
@@ -91,19 +94,21 @@ def main():
         print(f"[{i}/{len(args.models)}] {name} {args.resolution}^3, batch {args.batch_size}, on {device}", flush=True)
         step, batch = MODELS[name](points, labels, classes, args.resolution, args.batch_size, args.exact_convs,
                                    args.exact_pools)
-        rows.append({"model": name, "device": device, "syncs_per_step": waits_per_step(step, batch, args.steps),
+        waits, deferred = waits_per_step(step, batch, args.steps)
+        rows.append({"model": name, "device": device, "syncs_per_step": waits, "deferred_per_step": deferred,
                      "how": HOW, "commit": checkout_commit(), "checks": checks_mode(),
                      "date": datetime.date.today().isoformat(),
                      "batch": args.batch_size, "resolution": args.resolution, "steps": args.steps})
         if name == "octnet3":
             rows[-1]["convs"] = "exact" if args.exact_convs else "padded"
             rows[-1]["pooling"] = "exact" if args.exact_pools else "padded"
-        print(f"  {rows[-1]['syncs_per_step']:g} host waits per training step", flush=True)
+        print(f"  {waits:g} host waits and {deferred:g} deferred read-backs per training step", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "a") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
-    print("summary: " + "; ".join(f"{r['model']} {r['syncs_per_step']:g} waits/step" for r in rows)
+    print("summary: " + "; ".join(f"{r['model']} {r['syncs_per_step']:g} waits/step, "
+                                  f"{r['deferred_per_step']:g} deferred read-backs/step" for r in rows)
           + f" ({device}); appended to {args.out}")
 
 

@@ -195,15 +195,18 @@ def run_ours(args):
                 for pass_name, fn in (("fwd", fwd), ("train", train)):
                     fn(c, f)
                     sync()
-                    before = ts.host_sync_count()
+                    before, deferred = ts.host_sync_count(), ts.deferred_read_back_count()
                     fn(c, f)
                     sync()
                     waits = ts.host_sync_count() - before
+                    deferred = ts.deferred_read_back_count() - deferred
                     seconds = median_time(fn, args.warmup, args.reps, (c, f))
                     rows.append({"network": run, "dtype": dtype_name, "pass": pass_name, "ours_s": seconds,
-                                 "n_sites": len(coords), "ours_host_syncs": waits, "sync": sync_method(),
+                                 "n_sites": len(coords), "ours_host_syncs": waits, "ours_deferred_read_backs": deferred,
+                                 "sync": sync_method(),
                                  "ours_cpu_gpu_rel_err": check and max(check.values()), "bn": bn})
-                    print(f"  {bn} {dtype_name} {pass_name}: {seconds * 1e3:.3f} ms, {waits} host waits", flush=True)
+                    print(f"  {bn} {dtype_name} {pass_name}: {seconds * 1e3:.3f} ms, {waits} host waits, "
+                          f"{deferred} deferred read-backs", flush=True)
                     if args.kernels:
                         busy_ms, top = kernel_times(lambda *a: (fn(*a), sync()), (c, f), KERNEL_CALLS,
                                                     args.kernels)

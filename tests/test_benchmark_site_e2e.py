@@ -135,7 +135,8 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
         ("unet5_lidar_5cm", "fwd", "fused"), ("unet5_lidar_5cm", "train", "fused"),  # no batch norm: once
         ("resunet42_lidar_5cm_b2", "fwd", "fused"), ("resunet42_lidar_5cm_b2", "train", "fused"),
         ("resunet42_lidar_5cm_b2", "fwd", "keras"), ("resunet42_lidar_5cm_b2", "train", "keras")]
-    assert all(r["ours_s"] > 0 and r["ours_host_syncs"] == 0 for r in ours["rows"])  # the CPU never waits
+    assert all(r["ours_s"] > 0 and r["ours_host_syncs"] == 0 and r["ours_deferred_read_backs"] == 0
+               for r in ours["rows"])  # the CPU never reads back
     traced = [json.loads(line) for line in (exchange / "kernels.jsonl").read_text().splitlines()]
     assert [(r["network"], r["pass"], r["side"]) for r in traced] == [
         (r["network"], r["pass"], "ours") for r in ours["rows"]]

@@ -28,16 +28,57 @@ def test_cpu_ops_never_wait(rng):
     assert waits == 0 and more == 0
 
 
-def test_gpu_kernel_map_waits_once_and_a_trusted_map_is_not_read_back(gpu, rng):
+def counted_both(fn):
+    """fn()'s result, its waits and its deferred read-backs."""
+    waits, deferred = ts.host_sync_count(), ts.deferred_read_back_count()
+    result = fn()
+    return result, ts.host_sync_count() - waits, ts.deferred_read_back_count() - deferred
+
+
+def test_cpu_kernel_map_reads_nothing_back(rng):
+    with tf.device(CPU):
+        _, waits, deferred = counted_both(lambda: ts.kernel_map(sites(rng), 3, mode="submanifold").in_rows.numpy())
+    assert waits == 0 and deferred == 0
+
+
+def test_gpu_kernel_map_reads_back_without_waiting_and_a_trusted_map_is_not_read_back(gpu, rng):
     with tf.device(gpu):
         x = sites(rng)
         kernel = tf.constant(rng.standard_normal((3, 3, 3, 4, 5)).astype(np.float32))
-        kmap, waits = counted(lambda: ts.kernel_map(x, 3, mode="submanifold"))
-        assert waits == 1  # the map's sizes
-        _, waits = counted(lambda: ts.site_conv(x.with_map("s", kmap), kernel, subm=True, indice_key="s"))
-        assert waits == 0  # a trusted (library-built) map is not checked again
-        _, waits = counted(lambda: ts.site_conv(x, kernel, subm=True))
-        assert waits == 1  # the map built inside
+        kmap, waits, deferred = counted_both(lambda: ts.kernel_map(x, 3, mode="submanifold"))
+        assert (waits, deferred) == (0, 1)  # the map's sizes, read back in a callback
+        _, waits, deferred = counted_both(lambda: ts.site_conv(x.with_map("s", kmap), kernel, subm=True,
+                                                               indice_key="s"))
+        assert (waits, deferred) == (0, 0)  # a trusted (library-built) map is not checked again
+        _, waits, deferred = counted_both(lambda: ts.site_conv(x, kernel, subm=True))
+        assert (waits, deferred) == (0, 1)  # the map built inside
+
+
+def test_gpu_site_unet_step_in_a_traced_function_does_not_wait(gpu, rng):
+    """A site UNet's traced training step (maps built inside) makes no thread wait: every
+    map's counts come back in callbacks, one per map."""
+    from tf_sparseconv import keras_layers as kl
+    from tf_sparseconv.models import site_unet
+    with tf.device(gpu):
+        coords, features = random_sites(rng, 2, (16, 16, 16), 0.1, 3)
+        model = site_unet(4, 16, in_channels=3, channels=(8, 16))
+        x = kl.as_site_keras_inputs(ts.make_site_sparse(coords, features, (16, 16, 16), 2))
+        labels = tf.constant(rng.integers(0, 4, len(coords)), tf.int32)
+        optimizer = tf.keras.optimizers.SGD(0.01)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        step().numpy()
+        loss, waits, deferred = counted_both(lambda: step().numpy())
+    assert np.isfinite(loss)
+    assert waits == 0 and deferred >= 1
 
 
 def conv_case(rng):

@@ -23,7 +23,7 @@ from tf_sparseconv.site import (KernelMap, SiteSparseTensor, from_channel_sparse
                                 make_site_sparse, neighbour_table, select_sites, site_conv, site_conv_transpose,
                                 site_from_dense, site_inverse_conv, site_pool, site_to_dense, to_channel_sparse,
                                 voxelize_sites)
-from tf_sparseconv.host_syncs import host_sync_count  # noqa: E402
+from tf_sparseconv.host_syncs import deferred_read_back_count, host_sync_count  # noqa: E402
 from tf_sparseconv import keras_layers, training  # noqa: F401,E402  (registers the Keras layers and losses)
 
 __version__ = "0.1.0"
@@ -34,5 +34,5 @@ __all__ = [
     "k_from_rho_up", "sparse_relu", "sparse_max_pool",
     "SiteSparseTensor", "KernelMap", "make_site_sparse", "kernel_map", "neighbour_table", "site_conv",
     "site_conv_transpose", "site_inverse_conv", "site_pool", "global_pool", "select_sites", "site_from_dense", "site_to_dense",
-    "voxelize_sites", "to_channel_sparse", "from_channel_sparse", "host_sync_count",
+    "voxelize_sites", "to_channel_sparse", "from_channel_sparse", "host_sync_count", "deferred_read_back_count",
 ]

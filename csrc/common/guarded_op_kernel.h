@@ -18,6 +18,20 @@
 
 namespace tf_sparseconv {
 
+// fn() (returning absl::Status) with the guarantee above: a failed host allocation is
+// ResourceExhausted, for work outside a GuardedOpKernel's Compute (an AsyncOpKernel's
+// callbacks).
+template <typename Fn>
+absl::Status RunGuarded(const char* op, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return tensorflow::errors::ResourceExhausted(op, ": out of host memory for its working tables");
+  } catch (const std::length_error&) {
+    return tensorflow::errors::ResourceExhausted(op, ": a working table would exceed the largest size");
+  }
+}
+
 class GuardedOpKernel : public tensorflow::OpKernel {
  public:
   // `op` names the op in the errors of failed allocations.

@@ -1,15 +1,18 @@
 // The GPU kernels of RowBatchNorm, RowBatchNormGrad and RowScaleShift (row_batch_norm.h).
 //
-// Column sums: one block per chunk of rows (row_batch_norm.h's RowChunks), 32 columns by 8
-// rows of threads; a thread adds its column over every eighth row of the chunk, the block
+// Column sums: one block per chunk of rows (row_batch_norm.h's RowChunks), 32 threads across
+// (each with 1, 2 or 4 adjacent columns, read in one load) by 8 rows of threads; a thread
+// adds its columns over every eighth row of the chunk, the block
 // adds its 8 rows of sums in a fixed order and writes the chunk's partial sums, and a
 // second kernel, a warp per column, adds the chunks' in a fixed order and turns them into
 // the per-column coefficients of the element-wise pass. No float atomics: the result does
 // not depend on thread timing. The element-wise passes (y from x; dx from dy and x) are
-// one centred multiply-add per operand and column, over the rows with a grid stride.
+// one centred multiply-add per operand and column, over the rows with a grid stride, 1, 2
+// or 4 elements per thread and access. The vector width changes no result.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "common/gpu_util.cuh"
 #include "site/batch_norm/row_batch_norm_gpu.h"
@@ -24,52 +27,115 @@ template <typename T>
 __device__ inline float Load(const T* p) {
   return ToAcc(*p);
 }
-template <typename T>
-__device__ inline void Store(T* p, float v) {
-  *p = FromAcc<T>::Convert(v);
+
+// An unsigned type of `bytes` bytes, for one load or store of several elements.
+template <int kBytes>
+struct Raw;
+template <>
+struct Raw<2> {
+  using type = uint16_t;
+};
+template <>
+struct Raw<4> {
+  using type = uint32_t;
+};
+template <>
+struct Raw<8> {
+  using type = uint2;
+};
+template <>
+struct Raw<16> {
+  using type = uint4;
+};
+
+// kV consecutive elements in one load (p aligned to kV elements), widened.
+template <int kV, typename T>
+__device__ inline void LoadVec(const T* p, float* out) {
+  using R = typename Raw<static_cast<int>(sizeof(T)) * kV>::type;
+  const R raw = *reinterpret_cast<const R*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kV; ++k) out[k] = ToAcc(e[k]);
+}
+
+// kV consecutive elements rounded and stored in one store (p aligned to kV elements).
+template <int kV, typename T>
+__device__ inline void StoreVec(T* p, const float* v) {
+  using R = typename Raw<static_cast<int>(sizeof(T)) * kV>::type;
+  R raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kV; ++k) e[k] = FromAcc<T>::Convert(v[k]);
+  *reinterpret_cast<R*>(p) = raw;
 }
 
 constexpr int kColumns = 32;  // threadIdx.x
 constexpr int kRows = 8;      // threadIdx.y
 
 // The two per-column sums of a chunk: forward (x - pivot, (x - pivot)^2), with pivot the
-// first row; backward (dy, dy * (x - mean)).
-template <typename T, bool kBackward>
+// first row; backward (dy, dy * (x - mean)). A thread holds kV adjacent columns (c a
+// multiple of kV, rows aligned to kV elements), read in one load per row; each column's
+// sum runs over the same rows in the same order for every kV.
+template <typename T, bool kBackward, int kV>
 __global__ void ChunkSumsKernel(const T* x, const T* dy, const float* mean, int64_t n, int64_t c, int64_t per,
                                 float* part1, float* part2) {
-  __shared__ float s1[kRows][kColumns];
-  __shared__ float s2[kRows][kColumns];
+  __shared__ float s1[kRows][kColumns * kV];
+  __shared__ float s2[kRows][kColumns * kV];
   const int64_t chunk = blockIdx.x;
   const int64_t first = chunk * per;
   const int64_t last = first + per < n ? first + per : n;
-  for (int64_t c0 = 0; c0 < c; c0 += kColumns) {
-    const int64_t j = c0 + threadIdx.x;
-    float a1 = 0.0f, a2 = 0.0f;
+  for (int64_t c0 = 0; c0 < c; c0 += kColumns * kV) {
+    const int64_t j = c0 + threadIdx.x * kV;  // j < c: all kV columns are
+    float a1[kV], a2[kV];
+#pragma unroll
+    for (int k = 0; k < kV; ++k) a1[k] = a2[k] = 0.0f;
     if (j < c) {
-      const float center = kBackward ? mean[j] : Load(x + j);
+      float center[kV];
+      if (kBackward) {
+#pragma unroll
+        for (int k = 0; k < kV; ++k) center[k] = mean[j + k];
+      } else {
+        LoadVec<kV>(x + j, center);
+      }
+#pragma unroll 4
       for (int64_t r = first + threadIdx.y; r < last; r += kRows) {
-        const float d = Load(x + r * c + j) - center;
+        float xv[kV];
+        LoadVec<kV>(x + r * c + j, xv);
         if (kBackward) {
-          const float g = Load(dy + r * c + j);
-          a1 += g;
-          a2 += g * d;
+          float g[kV];
+          LoadVec<kV>(dy + r * c + j, g);
+#pragma unroll
+          for (int k = 0; k < kV; ++k) {
+            a1[k] += g[k];
+            a2[k] += g[k] * (xv[k] - center[k]);
+          }
         } else {
-          a1 += d;
-          a2 += d * d;
+#pragma unroll
+          for (int k = 0; k < kV; ++k) {
+            const float d = xv[k] - center[k];
+            a1[k] += d;
+            a2[k] += d * d;
+          }
         }
       }
     }
-    s1[threadIdx.y][threadIdx.x] = a1;
-    s2[threadIdx.y][threadIdx.x] = a2;
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      s1[threadIdx.y][threadIdx.x * kV + k] = a1[k];
+      s2[threadIdx.y][threadIdx.x * kV + k] = a2[k];
+    }
     __syncthreads();
     if (threadIdx.y == 0 && j < c) {
-      float t1 = 0.0f, t2 = 0.0f;
-      for (int i = 0; i < kRows; ++i) {
-        t1 += s1[i][threadIdx.x];
-        t2 += s2[i][threadIdx.x];
+#pragma unroll
+      for (int k = 0; k < kV; ++k) {
+        float t1 = 0.0f, t2 = 0.0f;
+        for (int i = 0; i < kRows; ++i) {
+          t1 += s1[i][threadIdx.x * kV + k];
+          t2 += s2[i][threadIdx.x * kV + k];
+        }
+        part1[chunk * c + j + k] = t1;
+        part2[chunk * c + j + k] = t2;
       }
-      part1[chunk * c + j] = t1;
-      part2[chunk * c + j] = t2;
     }
     __syncthreads();
   }
@@ -146,17 +212,79 @@ __global__ void GradCoefficientsKernel(const float* gamma, const float* mean, co
 
 // out = (a - a_center[j]) * ca[j] + (b - b_center[j]) * cb[j] + cc[j] per element of column
 // j (centers: 0 when null; b: none when null). Centred, so rows far from zero keep their
-// precision (x * scale + (beta - mean * scale) would cancel).
-template <typename T>
+// precision (x * scale + (beta - mean * scale) would cancel). A thread takes kV adjacent
+// elements of one row (c a multiple of kV, rows aligned to kV elements) in one load and
+// one store per operand; each element's arithmetic is the same for every kV.
+template <typename T, int kV>
 __global__ void ColumnAffineKernel(const T* a, const float* a_center, const float* ca, const T* b,
                                    const float* b_center, const float* cb, const float* cc, int64_t total, int64_t c,
                                    T* out) {
-  const bool narrow = total <= 0xffffffffLL;  // 32-bit remainders, far cheaper than 64-bit ones
-  TF_SPARSECONV_GRID_LOOP(i, total) {
-    const int64_t j = narrow ? static_cast<int64_t>(static_cast<uint32_t>(i) % static_cast<uint32_t>(c)) : i % c;
-    float v = (Load(a + i) - (a_center != nullptr ? a_center[j] : 0.0f)) * ca[j] + cc[j];
-    if (b != nullptr) v += (Load(b + i) - (b_center != nullptr ? b_center[j] : 0.0f)) * cb[j];
-    Store(out + i, v);
+  const int64_t vectors = total / kV;
+  const int64_t row_vectors = c / kV;
+  const bool narrow = vectors <= 0xffffffffLL;  // 32-bit remainders, far cheaper than 64-bit ones
+  TF_SPARSECONV_GRID_LOOP(v, vectors) {
+    const int64_t j =
+        kV * (narrow ? static_cast<int64_t>(static_cast<uint32_t>(v) % static_cast<uint32_t>(row_vectors))
+                     : v % row_vectors);
+    const int64_t i = v * kV;
+    float av[kV], bv[kV], o[kV];
+    LoadVec<kV>(a + i, av);
+    if (b != nullptr) LoadVec<kV>(b + i, bv);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      float value = (av[k] - (a_center != nullptr ? a_center[j + k] : 0.0f)) * ca[j + k] + cc[j + k];
+      if (b != nullptr) value += (bv[k] - (b_center != nullptr ? b_center[j + k] : 0.0f)) * cb[j + k];
+      o[k] = value;
+    }
+    StoreVec<kV>(out + i, o);
+  }
+}
+
+// The widest of 4, 2 and 1 elements per access that c and every pointer allow.
+template <typename T>
+int VectorWidth(int64_t c, std::initializer_list<const void*> pointers) {
+  for (int v : {4, 2}) {
+    bool fits = c % v == 0;
+    for (const void* p : pointers) {
+      fits = fits && (p == nullptr || reinterpret_cast<uintptr_t>(p) % (sizeof(T) * v) == 0);
+    }
+    if (fits) return v;
+  }
+  return 1;
+}
+
+template <typename T, bool kBackward>
+void LaunchChunkSums(const T* x, const T* dy, const float* mean, int64_t n, int64_t c, int64_t chunks, float* part,
+                     Stream stream) {
+  const dim3 grid(static_cast<unsigned int>(chunks)), block(kColumns, kRows);
+  const int64_t per = RowsPerChunk(n);
+  float* part2 = part + chunks * c;
+  switch (VectorWidth<T>(c, {x, dy})) {
+    case 4:
+      ChunkSumsKernel<T, kBackward, 4><<<grid, block, 0, stream>>>(x, dy, mean, n, c, per, part, part2);
+      break;
+    case 2:
+      ChunkSumsKernel<T, kBackward, 2><<<grid, block, 0, stream>>>(x, dy, mean, n, c, per, part, part2);
+      break;
+    default:
+      ChunkSumsKernel<T, kBackward, 1><<<grid, block, 0, stream>>>(x, dy, mean, n, c, per, part, part2);
+  }
+}
+
+template <typename T>
+void LaunchColumnAffine(const T* a, const float* a_center, const float* ca, const T* b, const float* b_center,
+                        const float* cb, const float* cc, int64_t total, int64_t c, T* out, Stream stream) {
+  const int v = VectorWidth<T>(c, {a, b, out});
+  const unsigned int blocks = BlocksFor(total / v);
+  switch (v) {
+    case 4:
+      ColumnAffineKernel<T, 4><<<blocks, kThreads, 0, stream>>>(a, a_center, ca, b, b_center, cb, cc, total, c, out);
+      break;
+    case 2:
+      ColumnAffineKernel<T, 2><<<blocks, kThreads, 0, stream>>>(a, a_center, ca, b, b_center, cb, cc, total, c, out);
+      break;
+    default:
+      ColumnAffineKernel<T, 1><<<blocks, kThreads, 0, stream>>>(a, a_center, ca, b, b_center, cb, cc, total, c, out);
   }
 }
 
@@ -182,14 +310,12 @@ GpuStatus RowBatchNorm(const RowBatchNormArgs<T>& a, Scratch* scratch, Stream st
   float* part = scratch->DeviceArray<float>(2 * chunks * c + c);
   if (part == nullptr) return GpuStatus::OutOfMemory("RowBatchNorm partial sums");
   float* scale = part + 2 * chunks * c;
-  ChunkSumsKernel<T, false><<<static_cast<unsigned int>(chunks), dim3(kColumns, kRows), 0, stream>>>(
-      a.x, nullptr, nullptr, n, c, RowsPerChunk(n), part, part + chunks * c);
+  LaunchChunkSums<T, false>(a.x, nullptr, nullptr, n, c, chunks, part, stream);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm sums");
   StatisticsKernel<T><<<WarpBlocksFor(c), kThreads, 0, stream>>>(a.x, a.gamma, part, part + chunks * c, chunks, n,
                                                                c, a.epsilon, a.mean, a.variance, a.inv_std, scale);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm statistics");
-  ColumnAffineKernel<T><<<BlocksFor(n * c), kThreads, 0, stream>>>(a.x, a.mean, scale, nullptr, nullptr, nullptr,
-                                                                   a.beta, n * c, c, a.y);
+  LaunchColumnAffine<T>(a.x, a.mean, scale, nullptr, nullptr, nullptr, a.beta, n * c, c, a.y, stream);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm normalise");
   return GpuStatus::Ok();
 }
@@ -208,15 +334,13 @@ GpuStatus RowBatchNormGrad(const RowBatchNormGradArgs<T>& a, Scratch* scratch, S
   float* part = scratch->DeviceArray<float>(2 * chunks * c + 3 * c);
   if (part == nullptr) return GpuStatus::OutOfMemory("RowBatchNormGrad partial sums");
   float* coef = part + 2 * chunks * c;
-  ChunkSumsKernel<T, true><<<static_cast<unsigned int>(chunks), dim3(kColumns, kRows), 0, stream>>>(
-      a.x, a.dy, a.mean, n, c, RowsPerChunk(n), part, part + chunks * c);
+  LaunchChunkSums<T, true>(a.x, a.dy, a.mean, n, c, chunks, part, stream);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad sums");
   GradCoefficientsKernel<<<WarpBlocksFor(c), kThreads, 0, stream>>>(a.gamma, a.mean, a.inv_std, part, part + chunks * c,
                                                                  chunks, n, c, a.dgamma, a.dbeta, coef, coef + c,
                                                                  coef + 2 * c);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad coefficients");
-  ColumnAffineKernel<T><<<BlocksFor(n * c), kThreads, 0, stream>>>(a.dy, nullptr, coef, a.x, a.mean, coef + c,
-                                                                   coef + 2 * c, n * c, c, a.dx);
+  LaunchColumnAffine<T>(a.dy, nullptr, coef, a.x, a.mean, coef + c, coef + 2 * c, n * c, c, a.dx, stream);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad dx");
   return GpuStatus::Ok();
 }
@@ -224,8 +348,7 @@ GpuStatus RowBatchNormGrad(const RowBatchNormGradArgs<T>& a, Scratch* scratch, S
 template <typename T>
 GpuStatus RowScaleShift(const RowScaleShiftArgs<T>& a, Stream stream) {
   if (a.n == 0 || a.c == 0) return GpuStatus::Ok();
-  ColumnAffineKernel<T><<<BlocksFor(a.n * a.c), kThreads, 0, stream>>>(a.x, nullptr, a.scale, nullptr, nullptr,
-                                                                       nullptr, a.shift, a.n * a.c, a.c, a.y);
+  LaunchColumnAffine<T>(a.x, nullptr, a.scale, nullptr, nullptr, nullptr, a.shift, a.n * a.c, a.c, a.y, stream);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowScaleShift");
   return GpuStatus::Ok();
 }

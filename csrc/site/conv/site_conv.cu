@@ -909,6 +909,37 @@ GpuStatus LaunchFilterGradTf32Or(Stream stream, const SiteConvArgs<float>& a, co
   return LaunchFilterGradTiles<64, 64, kTf32>(stream, a, out_grad, table, chunk_pairs, report, partial);
 }
 
+template <typename M, int kBM, int kBN, typename T>
+GpuStatus LaunchFilterGrad16Tiles(Stream stream, const SiteConvArgs<T>& a, const T* out_grad, const OffsetTable& table,
+                                  int64_t chunk_pairs, const Report* report, float* partial) {
+  using Layout = filter_grad::Layout16<kBM, kBN>;
+  const auto kernel = filter_grad::PartialKernel16<M, kBM, kBN>;
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
+      "filter gradient (shared memory)");
+  const int64_t in_tiles = (a.cin + kBM - 1) / kBM, out_tiles = (a.cout + kBN - 1) / kBN;
+  kernel<<<GridFor(table.units * in_tiles * out_tiles), filter_grad::kBlockThreads, Layout::kSharedBytes, stream>>>(
+      reinterpret_cast<const uint16_t*>(a.features), reinterpret_cast<const uint16_t*>(out_grad), a.in_rows,
+      a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs, table.units, a.cin, a.cout, in_tiles,
+      out_tiles, report, partial);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  return GpuStatus::Ok();
+}
+
+// site_conv_filter_grad.cuh's 16-bit partial products (M: __half or __nv_bfloat16) in
+// [tile_in x tile_out] tiles (64 or 128).
+template <typename M, typename T>
+GpuStatus LaunchFilterGrad16(Stream stream, const SiteConvArgs<T>& a, const T* out_grad, const OffsetTable& table,
+                             int64_t chunk_pairs, int64_t tile_in, int64_t tile_out, const Report* report,
+                             float* partial) {
+  if (tile_in == 128 && tile_out == 128) {
+    return LaunchFilterGrad16Tiles<M, 128, 128>(stream, a, out_grad, table, chunk_pairs, report, partial);
+  }
+  if (tile_in == 128) return LaunchFilterGrad16Tiles<M, 128, 64>(stream, a, out_grad, table, chunk_pairs, report, partial);
+  if (tile_out == 128) return LaunchFilterGrad16Tiles<M, 64, 128>(stream, a, out_grad, table, chunk_pairs, report, partial);
+  return LaunchFilterGrad16Tiles<M, 64, 64>(stream, a, out_grad, table, chunk_pairs, report, partial);
+}
+
 // site_conv_filter_grad.cuh's partial products in [tile_in x tile_out] tiles (64 or 128).
 GpuStatus LaunchFilterGradPipelined(Stream stream, const SiteConvArgs<float>& a, const float* out_grad,
                                     const OffsetTable& table, int64_t chunk_pairs, int64_t tile_in, int64_t tile_out,
@@ -1081,8 +1112,12 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
   // float on sm_80+ with whole 16-byte vectors: site_conv_filter_grad.cuh's pipelined
   // kernels, in tiles of 64 or 128 channels each way.
+  // Half and bfloat16 with channels in whole 16-byte vectors: the same tiles on the tensor
+  // cores through mma.sync (PartialKernel16).
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool pipelined = std::is_same<T, float>::value && a.cin % 4 == 0 && a.cout % 4 == 0 &&
+  constexpr bool k16 = std::is_same<T, Half>::value || std::is_same<T, BFloat16>::value;
+  const int vector = k16 ? 8 : 4;
+  const bool pipelined = (std::is_same<T, float>::value || k16) && a.cin % vector == 0 && a.cout % vector == 0 &&
                          aligned(a.features) && aligned(out_grad) && CurrentComputeMajor() >= 8;
   const int64_t tile_in = pipelined && a.cin > 64 ? 128 : kTileCols;
   const int64_t tile_out = pipelined && a.cout > 64 ? 128 : kTileCols;
@@ -1112,6 +1147,11 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
         if (pipelined) {
           TF_SPARSECONV_RETURN_IF_ERROR(LaunchFilterGradPipelined(stream, a, out_grad, table, chunk_pairs, tile_in,
                                                                   tile_out, tf32, device_report, partial));
+        }
+      } else if constexpr (k16) {
+        if (pipelined) {
+          TF_SPARSECONV_RETURN_IF_ERROR(LaunchFilterGrad16<typename PipelinedMma<T>::type>(
+              stream, a, out_grad, table, chunk_pairs, tile_in, tile_out, device_report, partial));
         }
       }
       if (!pipelined) {

@@ -97,8 +97,9 @@ GpuStatus SiteNeighbourTableGpu(Stream stream, Scratch* scratch, const int32_t* 
 // map (as for the forward: no row checks, report untouched, returns once queued).
 // Temporary memory: the repeat check's (as for the forward), 16 * (volume + 1), and the
 // partial sums: about min(pairs / 512, 2048 / tiles + volume) * cin * cout * sizeof(accumulator),
-// tiles = ceil(cin / 64) * ceil(cout / 64) (float on sm_80+ with rows of whole 16-byte
-// vectors: tiles of 128 channels on a side above 64 channels, site_conv_filter_grad.cuh).
+// tiles = ceil(cin / 64) * ceil(cout / 64) (float, half and bfloat16 on sm_80+ with rows
+// of whole 16-byte vectors: tiles of 128 channels on a side above 64 channels,
+// site_conv_filter_grad.cuh).
 template <typename T>
 GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvArgs<T>& args,
                                 const CheckedMap& checked, bool allow_tf32, bool trusted,

@@ -109,8 +109,7 @@ __global__ void OffsetStartsKernel(const int64_t* tile_offsets, int64_t tiles_pe
 }  // namespace
 
 GpuStatus SiteKernelMapGpu::Count(Stream stream, Scratch* scratch, const SiteGeometry& g,
-                                  SiteMapBuilder builder, const int32_t* coords, int64_t n,
-                                  SiteMapReport* report) {
+                                  SiteMapBuilder builder, const int32_t* coords, int64_t n) {
   g_ = g;
   builder_ = builder;
   coords_ = coords;
@@ -119,7 +118,6 @@ GpuStatus SiteKernelMapGpu::Count(Stream stream, Scratch* scratch, const SiteGeo
   const int64_t volume = g.volume;
   const int64_t candidates = volume * n;
   if (candidates > kMaxSortItems) return GpuStatus{"kernel map", "more than 2^31 - 1 candidates"};
-  const bool submanifold = g.mode == SiteMapMode::kSubmanifold;
 
   const size_t report_bytes = sizeof(SiteMapDeviceReport) + sizeof(int64_t) * static_cast<size_t>(volume + 1);
   SiteMapDeviceReport* device_report = static_cast<SiteMapDeviceReport*>(scratch->Device(report_bytes));
@@ -186,26 +184,29 @@ GpuStatus SiteKernelMapGpu::Count(Stream stream, Scratch* scratch, const SiteGeo
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("offset splits");
   }
 
-  // The op's one host round trip: the report and the offset starts in one copy.
-  void* pinned = scratch->PinnedHost(report_bytes);
-  if (pinned == nullptr) return GpuStatus::OutOfMemory("report (host)");
+  // The op's one read-back: the report and the offset starts in one copy, read by
+  // ReadReport once the stream has passed it.
+  pinned_report_ = scratch->PinnedHost(report_bytes);
+  if (pinned_report_ == nullptr) return GpuStatus::OutOfMemory("report (host)");
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaMemcpyAsync(pinned, device_report, report_bytes, cudaMemcpyDeviceToHost, stream), "report copy");
-  TF_SPARSECONV_RETURN_IF_ERROR(WaitForStream(stream));
+      cudaMemcpyAsync(pinned_report_, device_report, report_bytes, cudaMemcpyDeviceToHost, stream), "report copy");
+  return GpuStatus::Ok();
+}
+
+void SiteKernelMapGpu::ReadReport(SiteMapReport* report) {
   SiteMapDeviceReport host;
-  std::memcpy(&host, pinned, sizeof(SiteMapDeviceReport));
+  std::memcpy(&host, pinned_report_, sizeof(SiteMapDeviceReport));
   report->range = host.range;
   report->duplicate = host.duplicate;
   report->table_full = host.table_full;
   report->pairs = host.pairs;
-  report->out_sites = submanifold ? n : host.out_sites;
-  report->offset_splits.resize(static_cast<size_t>(volume + 1));
+  report->out_sites = g_.mode == SiteMapMode::kSubmanifold ? n_ : host.out_sites;
+  report->offset_splits.resize(static_cast<size_t>(g_.volume + 1));
   const int64_t* starts =
-      reinterpret_cast<const int64_t*>(static_cast<const char*>(pinned) + sizeof(SiteMapDeviceReport));
-  for (int64_t q = 0; q <= volume; ++q) report->offset_splits[q] = static_cast<int32_t>(starts[q]);
+      reinterpret_cast<const int64_t*>(static_cast<const char*>(pinned_report_) + sizeof(SiteMapDeviceReport));
+  for (int64_t q = 0; q <= g_.volume; ++q) report->offset_splits[q] = static_cast<int32_t>(starts[q]);
   pairs_ = report->pairs;
   out_sites_ = report->out_sites;
-  return GpuStatus::Ok();
 }
 
 GpuStatus SiteKernelMapGpu::Write(Stream stream, Scratch* scratch, int32_t* out_coords, int32_t* in_rows,

@@ -32,7 +32,7 @@ enum class SiteMapBuilder : int { kHash = 0, kSort = 1 };
 // The report in device memory (site_kernel_map.cuh).
 struct SiteMapDeviceReport;
 
-// What the host learns in the op's one round trip.
+// What the host learns in the op's one read-back.
 struct SiteMapReport {
   // The first entry row * (1 + d) + column outside its range, detail[0] = its value.
   CheckSlot range;
@@ -58,11 +58,13 @@ struct SiteMapReport {
 //   + 16 bytes per 2048 candidates (compactions) and CUB's sort scratch.
 class SiteKernelMapGpu {
  public:
-  // Checks the sites (range, then duplicates) and finds every pair and output site;
-  // blocks until the report, with the pair count of every offset, is on the host.
+  // Queues the checks of the sites (range, then duplicates), the search for every pair
+  // and output site, and the copy of the report, with the pair count of every offset,
+  // into pinned host memory from scratch. Does not wait: ReadReport reads the copy once
+  // the stream has passed it (a wait, or an EventMgr callback).
   GpuStatus Count(Stream stream, Scratch* scratch, const SiteGeometry& geometry,
-                  SiteMapBuilder builder, const int32_t* coords, int64_t n,
-                  SiteMapReport* report);
+                  SiteMapBuilder builder, const int32_t* coords, int64_t n);
+  void ReadReport(SiteMapReport* report);
   // Writes out_coords [out_sites, 1 + d] and in_rows, out_rows [pairs]; only enqueues.
   GpuStatus Write(Stream stream, Scratch* scratch, int32_t* out_coords, int32_t* in_rows,
                   int32_t* out_rows);
@@ -84,6 +86,7 @@ class SiteKernelMapGpu {
   int64_t n_ = 0;
   int64_t pairs_ = 0;
   int64_t out_sites_ = 0;
+  void* pinned_report_ = nullptr;  // Count's copy of the report (pinned host memory)
   // found[q * n + i]: the output row (submanifold; strided/transposed with kSort) or the
   // hash-table slot (strided/transposed with kHash) that site i feeds through offset q,
   // or -1.
