@@ -1,4 +1,4 @@
-"""The row batch-norm ops (RowBatchNorm, its gradient, RowScaleShift) against a float64
+"""The row batch-norm ops (RowBatchNorm, its gradient, RowScaleShift, RowNormalize) against a float64
 NumPy reference, their checks, and FusedBatchNormalization against
 keras.layers.BatchNormalization, the computation it replaces: outputs, moving statistics
 and gradients on fresh random rows, float32 and float16 (against a float64 Keras
@@ -61,8 +61,9 @@ def numpy_batch_norm(x, gamma, beta, epsilon, dy):
 
 @pytest.mark.parametrize("dtype, tol", [(np.float32, 1e-5), (np.float16, 4e-3)])
 @pytest.mark.parametrize("n", [1, 7, 3000])  # 3000 rows: several chunks of the sums
-def test_row_ops_match_the_float64_reference(rng, device, dtype, tol, n):
-    c = 37  # more than one tile of 32 columns
+# Columns: more than one tile of 32, read 1, 2 or 4 per access on the GPU (c % 4, c % 2).
+@pytest.mark.parametrize("c", [37, 70, 136])
+def test_row_ops_match_the_float64_reference(rng, device, dtype, tol, n, c):
     x = (rows(rng, n, c) + 100 * (dtype == np.float32)).astype(dtype)  # far from zero: the pivot matters
     gamma, beta = rng.uniform(0.5, 1.5, c).astype(np.float32), rng.normal(0, 1, c).astype(np.float32)
     dy = rng.normal(0, 1, (n, c)).astype(dtype)
@@ -71,7 +72,10 @@ def test_row_ops_match_the_float64_reference(rng, device, dtype, tol, n):
         y, mean, variance, inv_std = ops.row_batch_norm(x, gamma, beta, epsilon=1e-3)
         dx, dgamma, dbeta = ops.row_batch_norm_grad(dy, x, gamma, mean, inv_std)
         shifted = ops.row_scale_shift(x, gamma, beta)
-        assert_on(device, y, mean, dx, dgamma, shifted)
+        moving_mean, moving_variance = want[1] + rng.normal(0, 0.1, c), want[2] * rng.uniform(0.8, 1.2, c)
+        normalized = ops.row_normalize(x, moving_mean.astype(np.float32), moving_variance.astype(np.float32), gamma,
+                                       beta, epsilon=1e-3)
+        assert_on(device, y, mean, dx, dgamma, shifted, normalized)
     assert y.dtype == dx.dtype == tf.as_dtype(dtype) and mean.dtype == dgamma.dtype == tf.float32
     scale = np.abs(want[0]).max()
     np.testing.assert_allclose(y.numpy(), want[0], atol=tol * scale)
@@ -82,6 +86,10 @@ def test_row_ops_match_the_float64_reference(rng, device, dtype, tol, n):
         np.testing.assert_allclose(got.numpy(), w, atol=4 * tol * max(np.abs(w).max(), 1))
     np.testing.assert_allclose(shifted.numpy(), x.astype(np.float64) * gamma + beta,
                                atol=tol * np.abs(x.astype(np.float64) * gamma + beta).max())
+    m32, v32 = moving_mean.astype(np.float32).astype(np.float64), moving_variance.astype(np.float32).astype(np.float64)
+    want_normalized = (x.astype(np.float64) - m32) / np.sqrt(v32 + 1e-3) * gamma + beta
+    assert normalized.dtype == tf.as_dtype(dtype)
+    np.testing.assert_allclose(normalized.numpy(), want_normalized, atol=tol * np.abs(want_normalized).max())
 
 
 def test_row_ops_gradients_match_numerical_gradients(rng, device):
@@ -101,6 +109,16 @@ def test_row_ops_gradients_match_numerical_gradients(rng, device):
             for t, m in zip(theoretical, numerical):
                 np.testing.assert_allclose(t, m, rtol=2e-2, atol=2e-2 * np.abs(m).max())
 
+        def loss_normalize(x, mean, variance, gamma, beta):
+            return tf.reduce_sum(batch_norm.row_normalize(x, mean, variance, gamma, beta, 1e-3) * weights)
+
+        statistics = [x.mean(0) + rng.normal(0, 0.2, c).astype(np.float32), x.var(0) * rng.uniform(0.8, 1.2, c).astype(
+            np.float32)]
+        theoretical, numerical = tf.test.compute_gradient(loss_normalize, [x, *statistics, gamma, beta], delta=1e-2)
+        for t, m in zip(theoretical, numerical):
+            assert np.any(t)
+            np.testing.assert_allclose(t, m, rtol=2e-2, atol=2e-2 * np.abs(m).max())
+
 
 @pytest.mark.parametrize("call, message", [
     (lambda: ops.row_batch_norm(np.zeros(4, np.float32), np.ones(4, np.float32), np.zeros(4, np.float32),
@@ -113,14 +131,20 @@ def test_row_ops_gradients_match_numerical_gradients(rng, device):
                                      *[np.ones(4, np.float32)] * 3), "dy must have x's shape"),
     (lambda: ops.row_scale_shift(np.zeros((3, 4), np.float32), np.ones(4, np.float32), np.zeros(3, np.float32)),
      "shift must have one entry per column"),
+    (lambda: ops.row_normalize(np.zeros((3, 4), np.float32), np.zeros(4, np.float32), np.ones(5, np.float32),
+                               np.ones(4, np.float32), np.zeros(4, np.float32), epsilon=1e-3),
+     "variance must have one entry per column"),
+    (lambda: ops.row_normalize(np.zeros((3, 4), np.float32), *[np.ones(4, np.float32)] * 4, epsilon=-1.0),
+     "epsilon must be a finite number > 0"),
 ])
 def test_row_ops_refuse_bad_shapes_clearly(device, call, message):
     with tf.device(device), pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
         call()
 
 
-def test_gpu_rows_match_the_cpu_and_rerun_bit_identically(rng, gpu):
-    n, c = 5000, 70
+@pytest.mark.parametrize("c", [70, 136])  # 2 and 4 columns per access on the GPU
+def test_gpu_rows_match_the_cpu_and_rerun_bit_identically(rng, gpu, c):
+    n = 5000
     x, dy = rows(rng, n, c).astype(np.float16), rng.normal(0, 1, (n, c)).astype(np.float16)
     gamma, beta = rng.uniform(0.5, 1.5, c).astype(np.float32), rng.normal(0, 1, c).astype(np.float32)
     results = {}
@@ -128,7 +152,8 @@ def test_gpu_rows_match_the_cpu_and_rerun_bit_identically(rng, gpu):
         with tf.device(device):
             y, mean, variance, inv_std = ops.row_batch_norm(x, gamma, beta, epsilon=1e-3)
             grads = ops.row_batch_norm_grad(dy, x, gamma, mean, inv_std)
-        got = [t.numpy().astype(np.float64) for t in (y, mean, variance, *grads)]
+            normalized = ops.row_normalize(x, mean + 0.1, variance * 1.1, gamma, beta, epsilon=1e-3)
+        got = [t.numpy().astype(np.float64) for t in (y, mean, variance, *grads, normalized)]
         if device in results:
             for a, b in zip(got, results[device]):
                 np.testing.assert_array_equal(a, b)

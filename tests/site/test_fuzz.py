@@ -1,6 +1,6 @@
 """Fuzzing every op of the site family (tests/fuzz.py): the raw ops SiteKernelMap,
 SiteSparseConv, SiteSparseConvFilterGrad, SiteNeighbourTable, RowBatchNorm,
-RowBatchNormGrad and RowScaleShift and the public functions,
+RowBatchNormGrad, RowScaleShift and RowNormalize and the public functions,
 on each device, from small valid inputs with one mutation each; every case is refused with
 a clear error or equals the reference below (numpy, along a brute-force kernel map).
 
@@ -934,7 +934,7 @@ CONV_MUTABLE = ["coords", "features", "spatial_shape", "batch_size", "kernel", "
 SITE_NAMES = ("coords", "features", "spatial_shape", "batch_size", "site", "sites", "batch", "coordinate")
 MAP_NAMES = ("in_rows", "out_rows", "offset_splits", "num_out", "num_in", "neighbours", "kernel map", "output row",
              "kernel")
-# --- row batch norm (RowBatchNorm, RowBatchNormGrad, RowScaleShift) ------------------------------
+# --- row batch norm (RowBatchNorm, RowBatchNormGrad, RowScaleShift, RowNormalize) ---------------
 # References in float64 from the float32 inputs; Approx bounds hold each result's rounding:
 # the sums about a pivot (the first row) in any order, the mean's rounding where the rows sit
 # far from zero. Non-finite inputs give non-finite results (a NaN or infinite term makes the
@@ -1040,7 +1040,36 @@ def ref_row_scale_shift(inputs):
         return Approx(x * s + t, np.abs(x) * np.abs(s) + np.abs(t), np.float32)
 
 
-ROW_NAMES = ("x", "rows", "columns", "gamma", "beta", "epsilon", "dy", "mean", "inv_std", "scale", "shift")
+def make_normalize(rng):
+    rows = make_rows(rng)
+    x, c = rows["x"], rows["x"].shape[1]
+    return dict(x=x, mean=(x.mean(0) + rng.normal(0, 0.3, c)).astype(np.float32),
+                variance=(x.var(0) * rng.uniform(0.5, 1.5, c)).astype(np.float32), gamma=rows["gamma"],
+                beta=rows["beta"], epsilon=rows["epsilon"])
+
+
+def ref_row_normalize(inputs):
+    check_rows(inputs, "x", ("mean", "variance", "gamma", "beta"))
+    e = epsilon_of(inputs)
+    require(math.isfinite(e) and e > 0, "epsilon must be a finite number > 0")
+    with np.errstate(all="ignore"):
+        x, m, v, g, b = (inputs[k].astype(np.float64) for k in ("x", "mean", "variance", "gamma", "beta"))
+        inv = 1 / np.sqrt(v + e)
+        # variance + epsilon rounds relative to |variance| + epsilon (cancellation where the
+        # variance is near -epsilon), and the scale with it.
+        # An infinite variance scales by exactly 0 (y = beta where x - mean is finite).
+        var_rel = np.where(np.isinf(v), 1.0, 1 + (np.abs(v) + e) / np.abs(v + e))
+        return Approx((x - m) * g * inv + b, (np.abs(x) + np.abs(m)) * np.abs(g) * inv * var_rel + np.abs(b),
+                      np.float32)
+
+
+def run_row_normalize(inputs):
+    return ops.row_normalize(*constants(inputs, "x", "mean", "variance", "gamma", "beta"),
+                             epsilon=epsilon_of(inputs)).numpy()
+
+
+ROW_NAMES = ("x", "rows", "columns", "gamma", "beta", "epsilon", "dy", "mean", "inv_std", "scale", "shift",
+             "variance")
 
 
 GEOMETRY_NAMES = GEOMETRY + ("kernel", "submanifold", "output spatial extent", "key overflow")
@@ -1063,6 +1092,8 @@ TARGETS = [
            ROW_NAMES, groups=[("dy", "x")], subnormals_flushed=True),
     Target("RowScaleShift", make_scale_shift, lambda i: ops.row_scale_shift(*constants(i, "x", "scale", "shift"))
            .numpy(), ref_row_scale_shift, assert_equal, ROW_NAMES, subnormals_flushed=True),
+    Target("RowNormalize", make_normalize, run_row_normalize, ref_row_normalize, assert_equal, ROW_NAMES,
+           subnormals_flushed=True),
     # public functions
     Target("make_site_sparse", lambda rng: random_site_tensor(rng),
            lambda i: site_parts(make_site_sparse(*constants(i, *SITES))),

@@ -8,7 +8,8 @@ TensorFlow's own FusedBatchNormV3 still transposed the rows for cuDNN (NCHW) on 
 FusedBatchNormalization keeps Keras' layer (its weights, configuration, moving-average rule
 and mixed-precision behaviour) and computes the same values by the ops of
 csrc/site/batch_norm: RowBatchNorm (training: one pass for the statistics, one for the
-rows), its gradient RowBatchNormGrad (two passes) and RowScaleShift (inference: one pass),
+rows), its gradient RowBatchNormGrad (two passes) and RowNormalize (inference: one pass,
+the moving statistics folded in the op rather than by four element-wise ops before it),
 float32 statistics and sums whatever the rows' type, no host round trip. Wrap it like any
 feature layer: SiteFeatures(FusedBatchNormalization(momentum=0.9)).
 
@@ -38,6 +39,12 @@ def row_scale_shift(x, scale, shift):
     return _ops.row_scale_shift(x, scale, shift)
 
 
+def row_normalize(x, mean, variance, gamma, beta, epsilon):
+    """Rows x [N, C] normalised with given statistics (inference): (x - mean) * gamma /
+    sqrt(variance + epsilon) + beta per column, computed in float32, in one op."""
+    return _ops.row_normalize(x, mean, variance, gamma, beta, epsilon=epsilon)
+
+
 @tf.RegisterGradient(OP_NAMESPACE + "RowBatchNorm")
 def _row_batch_norm_grad(op, dy, *statistics_grads):
     x, gamma, _ = op.inputs
@@ -52,6 +59,18 @@ def _row_scale_shift_grad(op, dy):
     dy32 = tf.cast(dy, tf.float32)
     return [_ops.row_scale_shift(dy, scale, tf.zeros_like(shift)), tf.reduce_sum(dy32 * tf.cast(x, tf.float32), 0),
             tf.reduce_sum(dy32, 0)]
+
+
+@tf.RegisterGradient(OP_NAMESPACE + "RowNormalize")
+def _row_normalize_grad(op, dy):
+    x, mean, variance, gamma, _ = op.inputs
+    inv_std = 1.0 / tf.sqrt(variance + op.get_attr("epsilon"))
+    scale = gamma * inv_std
+    dy32 = tf.cast(dy, tf.float32)
+    dbeta = tf.reduce_sum(dy32, 0)
+    centred = tf.reduce_sum(dy32 * (tf.cast(x, tf.float32) - mean), 0)
+    return [_ops.row_scale_shift(dy, scale, tf.zeros_like(scale)), -dbeta * scale,
+            -0.5 * centred * gamma * inv_std ** 3, centred * inv_std, dbeta]
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
@@ -87,6 +106,6 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
                 moving.assign(tf.cast(tf.where(has_rows, old * momentum + batch * (1.0 - momentum), old),
                                       moving.dtype))
         else:
-            scale = gamma * tf.math.rsqrt(tf.cast(self.moving_variance, tf.float32) + self.epsilon)
-            y = row_scale_shift(rows, scale, beta - tf.cast(self.moving_mean, tf.float32) * scale)
+            y = row_normalize(rows, tf.cast(self.moving_mean, tf.float32), tf.cast(self.moving_variance, tf.float32),
+                              gamma, beta, self.epsilon)
         return tf.cast(tf.reshape(y, tf.shape(x)), self.compute_dtype)

@@ -1,4 +1,5 @@
-// The GPU kernels of RowBatchNorm, RowBatchNormGrad and RowScaleShift (row_batch_norm.h).
+// The GPU kernels of RowBatchNorm, RowBatchNormGrad, RowScaleShift and RowNormalize
+// (row_batch_norm.h).
 //
 // Column sums: one block per chunk of rows (row_batch_norm.h's RowChunks), 32 threads across
 // (each with 1, 2 or 4 adjacent columns, read in one load) by 8 rows of threads; a thread
@@ -288,6 +289,12 @@ void LaunchColumnAffine(const T* a, const float* a_center, const float* ca, cons
   }
 }
 
+// scale[j] = gamma[j] / sqrt(variance[j] + epsilon), as StatisticsKernel forms it.
+__global__ void NormalizeScaleKernel(const float* gamma, const float* variance, int64_t c, float epsilon,
+                                     float* scale) {
+  TF_SPARSECONV_GRID_LOOP(j, c) { scale[j] = gamma[j] * (1.0f / sqrtf(variance[j] + epsilon)); }
+}
+
 __global__ void FillKernel(float* p, int64_t count, float value) {
   TF_SPARSECONV_GRID_LOOP(i, count) { p[i] = value; }
 }
@@ -353,10 +360,24 @@ GpuStatus RowScaleShift(const RowScaleShiftArgs<T>& a, Stream stream) {
   return GpuStatus::Ok();
 }
 
+template <typename T>
+GpuStatus RowNormalize(const RowNormalizeArgs<T>& a, Scratch* scratch, Stream stream) {
+  if (a.c == 0) return GpuStatus::Ok();
+  float* scale = scratch->DeviceArray<float>(a.c);
+  if (scale == nullptr) return GpuStatus::OutOfMemory("RowNormalize scales");
+  NormalizeScaleKernel<<<BlocksFor(a.c), kThreads, 0, stream>>>(a.gamma, a.variance, a.c, a.epsilon, scale);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowNormalize scales");
+  if (a.n == 0) return GpuStatus::Ok();
+  LaunchColumnAffine<T>(a.x, a.mean, scale, nullptr, nullptr, nullptr, a.beta, a.n * a.c, a.c, a.y, stream);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowNormalize");
+  return GpuStatus::Ok();
+}
+
 #define INSTANTIATE_ROW_BATCH_NORM(T)                                                         \
   template GpuStatus RowBatchNorm<T>(const RowBatchNormArgs<T>&, Scratch*, Stream);           \
   template GpuStatus RowBatchNormGrad<T>(const RowBatchNormGradArgs<T>&, Scratch*, Stream);   \
-  template GpuStatus RowScaleShift<T>(const RowScaleShiftArgs<T>&, Stream);
+  template GpuStatus RowScaleShift<T>(const RowScaleShiftArgs<T>&, Stream);                   \
+  template GpuStatus RowNormalize<T>(const RowNormalizeArgs<T>&, Scratch*, Stream);
 INSTANTIATE_ROW_BATCH_NORM(float)
 INSTANTIATE_ROW_BATCH_NORM(Half)
 INSTANTIATE_ROW_BATCH_NORM(BFloat16)

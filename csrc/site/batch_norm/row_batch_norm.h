@@ -1,5 +1,5 @@
 // Batch normalization of feature rows [n, c] over the rows, per column (channel): the
-// contract of the RowBatchNorm, RowBatchNormGrad and RowScaleShift functors, shared by the
+// contract of the RowBatchNorm, RowBatchNormGrad, RowScaleShift and RowNormalize functors, shared by the
 // CPU (row_batch_norm_kernels.cc) and the GPU (row_batch_norm.cu). Statistics, gamma, beta
 // and every sum are float32 whatever the rows' type (half, bfloat16, float).
 //
@@ -9,7 +9,9 @@
 // Backward: with xhat = (x - mean) * inv_std, dbeta = sum(dy), dgamma = sum(dy * xhat),
 // dx = gamma * inv_std * (dy - dbeta / n - xhat * dgamma / n): the gradient through the
 // batch's own mean and variance, as Keras' layer in training mode.
-// Scale-shift (inference): y = x * scale + shift.
+// Scale-shift: y = x * scale + shift.
+// Normalize (inference from moving statistics): scale = gamma / sqrt(variance + epsilon)
+// per column, y = (x - mean) * scale + beta.
 //
 // The sums are deterministic: each device splits the rows into chunks fixed by n alone
 // and adds the chunks' partial sums in chunk order. The variance is summed about a pivot
@@ -56,6 +58,19 @@ struct RowScaleShiftArgs {
   const float* shift = nullptr;
   int64_t n = 0;
   int64_t c = 0;
+  T* y = nullptr;
+};
+
+template <typename T>
+struct RowNormalizeArgs {
+  const T* x = nullptr;
+  const float* mean = nullptr;
+  const float* variance = nullptr;
+  const float* gamma = nullptr;
+  const float* beta = nullptr;
+  int64_t n = 0;
+  int64_t c = 0;
+  float epsilon = 0;
   T* y = nullptr;
 };
 

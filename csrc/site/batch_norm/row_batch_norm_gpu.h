@@ -1,4 +1,4 @@
-// The GPU functors of RowBatchNorm, RowBatchNormGrad and RowScaleShift (CUDA-free
+// The GPU functors of RowBatchNorm, RowBatchNormGrad, RowScaleShift and RowNormalize (CUDA-free
 // interface; kernels in row_batch_norm.cu): the contract of row_batch_norm.h with every
 // pointer in device memory. They queue their kernels on `stream` and return: nothing is
 // read back.
@@ -19,6 +19,9 @@ template <typename T>
 GpuStatus RowBatchNormGrad(const RowBatchNormGradArgs<T>& a, Scratch* scratch, Stream stream);
 template <typename T>
 GpuStatus RowScaleShift(const RowScaleShiftArgs<T>& a, Stream stream);
+// Temporary memory: 4 * c bytes (the columns' scales).
+template <typename T>
+GpuStatus RowNormalize(const RowNormalizeArgs<T>& a, Scratch* scratch, Stream stream);
 
 }  // namespace gpu
 }  // namespace tf_sparseconv

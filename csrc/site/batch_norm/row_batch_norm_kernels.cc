@@ -1,4 +1,4 @@
-// The CPU functors of RowBatchNorm, RowBatchNormGrad and RowScaleShift (the contract in
+// The CPU functors of RowBatchNorm, RowBatchNormGrad, RowScaleShift and RowNormalize (the contract in
 // row_batch_norm.h) and the CPU registration of their OpKernels (row_batch_norm_kernels.h).
 // The chunks of the sums run on TensorFlow's CPU thread pool; their partial sums are added
 // in chunk order, so the result does not depend on the pool.
@@ -157,6 +157,23 @@ struct RowScaleShiftFunctor<CPUDevice, T> {
   }
 };
 
+template <typename T>
+struct RowNormalizeFunctor<CPUDevice, T> {
+  absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowNormalizeArgs<T>& a) {
+    const int64_t c = a.c;
+    std::vector<float> scale(static_cast<size_t>(c));
+    for (int64_t j = 0; j < c; ++j) scale[j] = a.gamma[j] * (1.0f / std::sqrt(a.variance[j] + a.epsilon));
+    ForEachChunk(ctx, a.n, c, [&](int64_t, int64_t first, int64_t last) {
+      for (int64_t r = first; r < last; ++r) {
+        for (int64_t j = 0; j < c; ++j) {
+          a.y[r * c + j] = static_cast<T>((static_cast<float>(a.x[r * c + j]) - a.mean[j]) * scale[j] + a.beta[j]);
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+};
+
 #define REGISTER_ROW_BATCH_NORM_CPU(T)                                                                     \
   REGISTER_KERNEL_BUILDER(                                                                                 \
       Name("TfSparseconv>RowBatchNorm").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),          \
@@ -166,7 +183,10 @@ struct RowScaleShiftFunctor<CPUDevice, T> {
       RowBatchNormGradOp<CPUDevice, T>);                                                                   \
   REGISTER_KERNEL_BUILDER(                                                                                 \
       Name("TfSparseconv>RowScaleShift").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),         \
-      RowScaleShiftOp<CPUDevice, T>);
+      RowScaleShiftOp<CPUDevice, T>);                                                                      \
+  REGISTER_KERNEL_BUILDER(                                                                                 \
+      Name("TfSparseconv>RowNormalize").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),          \
+      RowNormalizeOp<CPUDevice, T>);
 REGISTER_ROW_BATCH_NORM_CPU(float)
 REGISTER_ROW_BATCH_NORM_CPU(Eigen::half)
 REGISTER_ROW_BATCH_NORM_CPU(Eigen::bfloat16)

@@ -1,4 +1,4 @@
-// The OpKernels of RowBatchNorm, RowBatchNormGrad and RowScaleShift, one template each for
+// The OpKernels of RowBatchNorm, RowBatchNormGrad, RowScaleShift and RowNormalize, one template each for
 // both devices: the shape checks and the allocation here, the arithmetic in the functors
 // (CPU: row_batch_norm_kernels.cc; GPU: row_batch_norm_kernels_gpu.cc over
 // row_batch_norm.cu). Nothing is read back: the GPU functors only queue their kernels.
@@ -30,6 +30,19 @@ template <typename Device, typename T>
 struct RowScaleShiftFunctor {
   absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowScaleShiftArgs<T>& a);
 };
+template <typename Device, typename T>
+struct RowNormalizeFunctor {
+  absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowNormalizeArgs<T>& a);
+};
+
+// The epsilon attribute of RowBatchNorm and RowNormalize: finite and > 0.
+inline absl::Status ReadEpsilon(tensorflow::OpKernelConstruction* ctx, const char* op, float* epsilon) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("epsilon", epsilon));
+  if (!(*epsilon > 0) || !std::isfinite(*epsilon)) {
+    return tensorflow::errors::InvalidArgument(op, ": epsilon must be a finite number > 0, got ", *epsilon);
+  }
+  return absl::OkStatus();
+}
 
 // x must be a matrix [N, C] and each named vector [C]; the GPU kernels index rows with
 // int64 and columns with int.
@@ -55,11 +68,7 @@ template <typename Device, typename T>
 class RowBatchNormOp : public GuardedOpKernel {
  public:
   explicit RowBatchNormOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "RowBatchNorm") {
-    if (!AttrsOk(ctx->GetAttr("epsilon", &epsilon_))) return;
-    if (!(epsilon_ > 0) || !std::isfinite(epsilon_)) {
-      AttrsOk(tensorflow::errors::InvalidArgument("RowBatchNorm: epsilon must be a finite number > 0, got ",
-                                                  epsilon_));
-    }
+    AttrsOk(ReadEpsilon(ctx, "RowBatchNorm", &epsilon_));
   }
 
  protected:
@@ -151,6 +160,41 @@ class RowScaleShiftOp : public GuardedOpKernel {
     a.y = y->flat<T>().data();
     OP_REQUIRES_OK(ctx, RowScaleShiftFunctor<Device, T>()(ctx, a));
   }
+};
+
+template <typename Device, typename T>
+class RowNormalizeOp : public GuardedOpKernel {
+ public:
+  explicit RowNormalizeOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "RowNormalize") {
+    AttrsOk(ReadEpsilon(ctx, "RowNormalize", &epsilon_));
+  }
+
+ protected:
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
+    const tensorflow::Tensor& x = ctx->input(0);
+    const tensorflow::Tensor& mean = ctx->input(1);
+    const tensorflow::Tensor& variance = ctx->input(2);
+    const tensorflow::Tensor& gamma = ctx->input(3);
+    const tensorflow::Tensor& beta = ctx->input(4);
+    OP_REQUIRES_OK(ctx, CheckRows("RowNormalize", x, "x",
+                                  {{"mean", &mean}, {"variance", &variance}, {"gamma", &gamma}, {"beta", &beta}}));
+    tensorflow::Tensor* y;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &y));
+    RowNormalizeArgs<T> a;
+    a.x = x.flat<T>().data();
+    a.mean = mean.flat<float>().data();
+    a.variance = variance.flat<float>().data();
+    a.gamma = gamma.flat<float>().data();
+    a.beta = beta.flat<float>().data();
+    a.n = x.dim_size(0);
+    a.c = x.dim_size(1);
+    a.epsilon = epsilon_;
+    a.y = y->flat<T>().data();
+    OP_REQUIRES_OK(ctx, RowNormalizeFunctor<Device, T>()(ctx, a));
+  }
+
+ private:
+  float epsilon_ = 0;
 };
 
 }  // namespace tf_sparseconv

@@ -1,4 +1,4 @@
-// The GPU functors of RowBatchNorm, RowBatchNormGrad and RowScaleShift, over
+// The GPU functors of RowBatchNorm, RowBatchNormGrad, RowScaleShift and RowNormalize, over
 // row_batch_norm.cu, and the GPU registration of their OpKernels
 // (row_batch_norm_kernels.h). They queue the kernels and return without waiting.
 #if GOOGLE_CUDA
@@ -79,6 +79,24 @@ struct RowScaleShiftFunctor<GPUDevice, T> {
   }
 };
 
+template <typename T>
+struct RowNormalizeFunctor<GPUDevice, T> {
+  absl::Status operator()(tensorflow::OpKernelContext* ctx, const RowNormalizeArgs<T>& a) {
+    RowBatchNormGpuContext g(ctx, "RowNormalize");
+    RowNormalizeArgs<typename GpuStorage<T>::type> s;
+    s.x = Stored(a.x);
+    s.mean = a.mean;
+    s.variance = a.variance;
+    s.gamma = a.gamma;
+    s.beta = a.beta;
+    s.n = a.n;
+    s.c = a.c;
+    s.epsilon = a.epsilon;
+    s.y = Stored(a.y);
+    return g.ToStatus(gpu::RowNormalize(s, g.scratch(), g.stream()));
+  }
+};
+
 #define REGISTER_ROW_BATCH_NORM_GPU(T)                                                                     \
   REGISTER_KERNEL_BUILDER(                                                                                 \
       Name("TfSparseconv>RowBatchNorm").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),          \
@@ -88,7 +106,10 @@ struct RowScaleShiftFunctor<GPUDevice, T> {
       RowBatchNormGradOp<GPUDevice, T>);                                                                   \
   REGISTER_KERNEL_BUILDER(                                                                                 \
       Name("TfSparseconv>RowScaleShift").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),         \
-      RowScaleShiftOp<GPUDevice, T>);
+      RowScaleShiftOp<GPUDevice, T>);                                                                      \
+  REGISTER_KERNEL_BUILDER(                                                                                 \
+      Name("TfSparseconv>RowNormalize").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),          \
+      RowNormalizeOp<GPUDevice, T>);
 REGISTER_ROW_BATCH_NORM_GPU(float)
 REGISTER_ROW_BATCH_NORM_GPU(Eigen::half)
 REGISTER_ROW_BATCH_NORM_GPU(Eigen::bfloat16)

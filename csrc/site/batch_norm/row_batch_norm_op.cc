@@ -1,4 +1,4 @@
-// RowBatchNorm, RowBatchNormGrad and RowScaleShift: batch normalization of site feature
+// RowBatchNorm, RowBatchNormGrad, RowScaleShift and RowNormalize: batch normalization of site feature
 // rows [N, C] (FusedBatchNormalization's computation, tf_sparseconv/site/batch_norm.py).
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -99,6 +99,31 @@ y = x * scale + shift per column, computed in float32 (batch normalization from 
 statistics, folded into scale and shift).
 
 x: [N, C] rows. scale, shift: [C].
+y: [N, C], x's type.
+)doc");
+
+REGISTER_OP("TfSparseconv>RowNormalize")
+    .Input("x: T")
+    .Input("mean: float")
+    .Input("variance: float")
+    .Input("gamma: float")
+    .Input("beta: float")
+    .Output("y: T")
+    .Attr("epsilon: float")
+    .Attr("T: {half, bfloat16, float}")
+    .SetShapeFn([](InferenceContext* c) {
+      DimensionHandle channels;
+      TF_RETURN_IF_ERROR(RowsAndVectors(c, 0, {1, 2, 3, 4}, &channels));
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Batch normalization from given statistics (inference): per column, scale = gamma /
+sqrt(variance + epsilon) and y = (x - mean) * scale + beta, computed in float32. One op
+where the moving statistics would otherwise be folded into a scale and a shift by four
+element-wise ops first.
+
+x: [N, C] rows. mean, variance, gamma, beta: [C]. epsilon: > 0.
 y: [N, C], x's type.
 )doc");
 

@@ -1020,9 +1020,24 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
   if (!trusted) TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
   const bool pipelined = UsePipelined(a, options.allow_tf32);
   const bool simt = UseSimtPipelined(a, options.allow_tf32);
+  const int64_t outputs = a.num_out * a.cout;
+  // auto: output-stationary for half and bfloat16 under determinism or from a given table
+  // (at any width); the pairs otherwise, and always for float, whose TF32 table tiles are
+  // slower than its pair tiles (docs/gpu-kernels.md, "What was tried").
+  const SiteDataflow dataflow = options.dataflow;
+  const bool want_outputs =
+      dataflow == SiteDataflow::kOutputs ||
+      (dataflow == SiteDataflow::kAuto && sizeof(T) == 2 && (deterministic || neighbours != nullptr));
+  const bool output_stationary = want_outputs && pipelined && a.volume <= kMaxNeighbourVolume;
+  // A trusted map's given table is all the output-stationary tiles read: no offset table
+  // then, so no upload (a copy in the stream and a pinned buffer per call).
+  const bool from_table_only =
+      trusted && neighbours != nullptr && output_stationary && checked.offsets == a.volume;
   OffsetTable table;
-  TF_SPARSECONV_RETURN_IF_ERROR(UploadOffsetTable(stream, scratch, a.offset_splits, a.volume, checked,
-                                                  pipelined || simt ? pipelined::kBM : kTileRows, &table));
+  if (!from_table_only) {
+    TF_SPARSECONV_RETURN_IF_ERROR(UploadOffsetTable(stream, scratch, a.offset_splits, a.volume, checked,
+                                                    pipelined || simt ? pipelined::kBM : kTileRows, &table));
+  }
   const int64_t features = a.num_in * a.cin;
   if (!trusted) {
     TF_SPARSECONV_RETURN_IF_ERROR(CheckMap(stream, scratch, a.in_rows, a.out_rows, table.splits, checked, a.num_in,
@@ -1033,15 +1048,6 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
     }
   }
-  const int64_t outputs = a.num_out * a.cout;
-  // auto: output-stationary for half and bfloat16 under determinism or from a given table
-  // (at any width); the pairs otherwise, and always for float, whose TF32 table tiles are
-  // slower than its pair tiles (docs/gpu-kernels.md, "What was tried").
-  const SiteDataflow dataflow = options.dataflow;
-  const bool want_outputs =
-      dataflow == SiteDataflow::kOutputs ||
-      (dataflow == SiteDataflow::kAuto && sizeof(T) == 2 && (deterministic || neighbours != nullptr));
-  const bool output_stationary = want_outputs && pipelined && a.volume <= kMaxNeighbourVolume;
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.
     TF_SPARSECONV_RETURN_IF_ERROR(OutputStationaryForward(stream, scratch, a, table, neighbours, device_report, out));
