@@ -13,7 +13,8 @@
 //    the slots in index order then emits the pairs grouped by offset and, within one
 //    offset, by input row: the CPU's order, without sorting the pairs. The index space
 //    of every offset is padded to whole compaction tiles, so the pair count of each
-//    offset is a tile offset, read back with the op's one host round trip.
+//    offset is a tile offset, read back with the op's one copy to the host (waited for
+//    asynchronously, site_kernel_map_kernels_gpu.cc).
 //  - Output sites of strided and transposed maps: every reached key, sorted, as on the
 //    CPU.
 #include <cuda_runtime.h>
