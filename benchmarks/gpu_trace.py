@@ -31,6 +31,19 @@ def idle_gaps(intervals, at_least):
     return gaps
 
 
+def named_gaps(events, at_least, top):
+    """(the idle stretches' total, their count, the `top` longest as (length, the event that
+    ended last before it, the event after it)) between (begin, end, name) events, holes of
+    their union of at least at_least (the events' time unit)."""
+    gaps, end, last = [], None, None
+    for b, e, name in sorted(events):
+        if end is not None and b - end >= at_least:
+            gaps.append((b - end, last, name))
+        if end is None or e > end:
+            end, last = e, name
+    return sum(g[0] for g in gaps), len(gaps), sorted(gaps, key=lambda g: -g[0])[:top]
+
+
 def gpu_stream_events(xspace_path):
     """{GPU plane name: ([line names], [(begin ps, end ps, event name)])} of a profiler trace:
     the events on each GPU's stream lines (CUPTI's kernels, copies and memsets); derived
@@ -56,9 +69,9 @@ def gpu_stream_events(xspace_path):
     return out
 
 
-def kernel_times(run, args, calls, top):
-    """The GPU's kernels, copies and memsets during `calls` calls of run(*args) under
-    TensorFlow's profiler: kernels_in_trace of the trace."""
+def traced_events(run, args, calls):
+    """The GPUs' stream events (begin ps, end ps, name) during `calls` calls of run(*args)
+    under TensorFlow's profiler (after one untraced call)."""
     import tensorflow as tf
     logdir = tempfile.mkdtemp(prefix="gpu_kernels_")
     run(*args)
@@ -66,8 +79,14 @@ def kernel_times(run, args, calls, top):
     for _ in range(calls):
         run(*args)
     tf.profiler.experimental.stop()
-    return kernels_in_trace(sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1],
-                            calls, top)
+    path = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1]
+    return [event for _, stream in gpu_stream_events(path).values() for event in stream]
+
+
+def kernel_times(run, args, calls, top):
+    """The GPU's kernels, copies and memsets during `calls` calls of run(*args) under
+    TensorFlow's profiler: rank_events of the trace (as kernels_in_trace)."""
+    return rank_events(traced_events(run, args, calls), calls, top, 1e9)
 
 
 def rank_events(events, calls, top, per_ms):

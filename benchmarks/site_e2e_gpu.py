@@ -29,7 +29,8 @@ Times are medians of synchronised whole calls (cudaDeviceSynchronize on both sid
 after warm-up. With --kernels N (both sides) three more calls of each pass are traced
 (TensorFlow's profiler, PyTorch's) and the merge appends, per side, the GPU's busy time per
 call and its N costliest kernels to results/site_e2e_kernels.jsonl: what a call's time is
-made of, kernel maps, convolutions, batch norm and the host's gaps between them.
+made of, kernel maps, convolutions, batch norm and the host's gaps between them (ours: the
+GPU's idle time per call and its longest idle stretches, with the kernels around them).
 """
 import argparse
 import datetime
@@ -144,7 +145,7 @@ def functions(model, spatial, batch):
 def run_ours(args):
     import tensorflow as tf
     import tf_sparseconv as ts
-    from gpu_trace import append_kernel_row, kernel_times
+    from gpu_trace import append_kernel_row, named_gaps, rank_events, traced_events
     from timing import median_time, sync, sync_method
     tf.config.experimental.enable_tensor_float_32_execution(False)  # fp32 is fp32 on both sides
     os.makedirs(args.exchange, exist_ok=True)
@@ -208,11 +209,22 @@ def run_ours(args):
                     print(f"  {bn} {dtype_name} {pass_name}: {seconds * 1e3:.3f} ms, {waits} host waits, "
                           f"{deferred} deferred read-backs", flush=True)
                     if args.kernels:
-                        busy_ms, top = kernel_times(lambda *a: (fn(*a), sync()), (c, f), KERNEL_CALLS,
-                                                    args.kernels)
+                        events = traced_events(lambda *a: (fn(*a), sync()), (c, f), KERNEL_CALLS)
+                        busy_ms, top = rank_events(events, KERNEL_CALLS, args.kernels, 1e9)
+                        # Where the GPU waits for the host: its idle stretches of 20 us or more
+                        # within and between the traced calls, the longest with their neighbours.
+                        idle, count, longest = named_gaps(events, 20e6, args.kernels)
+                        print(f"    GPU idle {idle / 1e9 / KERNEL_CALLS:.3f} ms per call in {count / KERNEL_CALLS:.1f} "
+                              "stretches of 20 us or more; the longest (ms, after, before):", flush=True)
+                        for gap, before, after in longest:
+                            print(f"      {gap / 1e9:8.3f}  {before[:50]}  ->  {after[:50]}", flush=True)
                         append_kernel_row(os.path.join(args.exchange, "kernels.jsonl"),
                                           {"network": run, "dtype": dtype_name, "pass": pass_name, "side": "ours",
-                                           "bn": bn}, busy_ms, top, KERNEL_CALLS)
+                                           "bn": bn, "idle_s": idle / 1e12 / KERNEL_CALLS,
+                                           "idle_stretches": count / KERNEL_CALLS,
+                                           "longest_idle": [[gap / 1e12, before[:120], after[:120]]
+                                                            for gap, before, after in longest]},
+                                          busy_ms, top, KERNEL_CALLS)
         with open(os.path.join(args.exchange, "ours.json"), "w") as out_file:
             json.dump({"rows": rows, "device": device_name()}, out_file)
     print(f"[ours] {len(rows)} rows -> {args.exchange}/ours.json", flush=True)

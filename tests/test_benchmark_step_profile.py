@@ -69,6 +69,11 @@ def test_idle_gaps_are_the_holes_of_the_union():
     assert gpu_trace.idle_gaps([], 1) == []
     assert gpu_trace.idle_gaps([(0, 10), (5, 20), (30, 35), (31, 32), (50, 51)], 10) == [10, 15]
     assert gpu_trace.idle_gaps([(50, 51), (0, 10), (30, 35)], 16) == [20]
+    # Named: the hole's length, the event that ended last before it and the one after it.
+    events = [(30, 35, "c"), (0, 10, "a"), (5, 20, "b"), (31, 32, "d"), (50, 51, "e")]
+    assert gpu_trace.named_gaps(events, 10, 5) == (25, 2, [(15, "c", "e"), (10, "b", "c")])
+    assert gpu_trace.named_gaps(events, 10, 1) == (25, 2, [(15, "c", "e")])
+    assert gpu_trace.named_gaps(events, 16, 5) == (0, 0, [])
 
 
 def test_a_cpu_run_appends_a_row_with_its_keys(tmp_path):
