@@ -219,6 +219,23 @@ def test_pointwise_submanifold_conv_still_checks_unchecked_sites(rng, device):
             site_conv(make_site_sparse(coords, np.ones((2, 2), np.float32), (4, 4, 4), 1), kernel, subm=True)
 
 
+def test_pointwise_submanifold_conv_with_a_named_dataflow_takes_the_map_path(rng, monkeypatch):
+    """dataflow 'pairs' or 'outputs' names the convolution op's dataflow: a 1 x 1 x 1 kernel
+    then runs the op over a map as any other (and the CPU refuses 'outputs' as for any kernel)."""
+    coords, features = random_sites(rng, 1, (5, 5, 5), 0.4, 2)
+    kernel = rng.standard_normal((1, 1, 1, 2, 3)).astype(np.float32)
+    built = []
+    real = ops.site_kernel_map
+    monkeypatch.setattr(ops, "site_kernel_map", lambda *a, **k: built.append(k) or real(*a, **k))
+    with tf.device(CPU):
+        x = make_site_sparse(coords, features, (5, 5, 5), 1)
+        y = site_conv(x, kernel, subm=True, dataflow="pairs")
+        assert len(built) == 1
+        np.testing.assert_allclose(y.features.numpy(), features @ kernel.reshape(2, 3), rtol=1e-5, atol=1e-5)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="outputs"):
+            site_conv(x, kernel, subm=True, dataflow="outputs").features.numpy()
+
+
 def test_pointwise_submanifold_conv_uses_a_map_cached_under_its_key(rng, device):
     """A map already under the key is used (and its geometry checked), as for any kernel."""
     coords, features = random_sites(rng, 1, (5, 5, 5), 0.4, 2)

@@ -74,8 +74,8 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     Otherwise a strided convolution whose output sites are every site an input
     reaches. With indice_key, the map is taken from x.kernel_maps when there and stored
     on the output, so layers of one geometry share it and site_inverse_conv finds it. A
-    submanifold 1 x ... x 1 kernel with no map under its key is one matrix product of the
-    rows (tf.matmul) and builds no map.
+    submanifold 1 x ... x 1 kernel with no map under its key and dataflow "auto" is one
+    matrix product of the rows (tf.matmul) and builds no map.
     On a GPU of sm_80 or later, float32 follows TensorFlow's TF32 switch
     (tf.config.experimental.enable_tensor_float_32_execution, on by default).
     dataflow: the GPU's, as spconv's algo= (SiteSparseConv; docs/gpu-kernels.md): "auto"
@@ -90,7 +90,7 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     _check_kernel(x, kernel, "site_conv")
     d = x.spatial_rank
     geometry = conv_geometry("submanifold" if subm else "strided", d, kernel.shape[:d], strides, padding, dilation)
-    if subm and all(k == 1 for k in geometry.kernel_size):
+    if subm and dataflow == "auto" and all(k == 1 for k in geometry.kernel_size):
         out = _pointwise(x, kernel, bias, indice_key)
         if out is not None:
             return out
