@@ -39,13 +39,11 @@ class GuardedOpKernel : public tensorflow::OpKernel {
 
   void Compute(tensorflow::OpKernelContext* ctx) final {
     OP_REQUIRES_OK(ctx, attrs_status_);
-    try {
-      ComputeGuarded(ctx);
-    } catch (const std::bad_alloc&) {
-      ctx->CtxFailure(tensorflow::errors::ResourceExhausted(op_, ": out of host memory for its working tables"));
-    } catch (const std::length_error&) {
-      ctx->CtxFailure(tensorflow::errors::ResourceExhausted(op_, ": a working table would exceed the largest size"));
-    }
+    const absl::Status status = RunGuarded(op_, [&]() -> absl::Status {
+      ComputeGuarded(ctx);  // its own failures are set on ctx
+      return absl::OkStatus();
+    });
+    if (!status.ok()) ctx->CtxFailure(status);
   }
 
  protected:

@@ -881,49 +881,33 @@ GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, const 
   return LaunchOutputStationaryWidth<M, 64>(stream, a, neighbours, report, out);
 }
 
-template <int kBM, int kBN, bool kTf32>
-GpuStatus LaunchFilterGradTiles(Stream stream, const SiteConvArgs<float>& a, const float* out_grad,
-                                const OffsetTable& table, int64_t chunk_pairs, const Report* report, float* partial) {
-  using Layout = filter_grad::Layout<kBM, kBN>;
-  const auto kernel = filter_grad::PartialKernel<kBM, kBN, kTf32>;
+// One of site_conv_filter_grad.cuh's partial-product kernels over [kBM x kBN] tiles of
+// dW: kernel(features, out_grad, ...) with shared_bytes of dynamic shared memory.
+template <int kBM, int kBN, typename Kernel, typename S, typename T>
+GpuStatus LaunchFilterGradKernel(Stream stream, Kernel kernel, size_t shared_bytes, const SiteConvArgs<T>& a,
+                                 const S* features, const S* out_grad, const OffsetTable& table, int64_t chunk_pairs,
+                                 const Report* report, float* partial) {
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)),
       "filter gradient (shared memory)");
   const int64_t in_tiles = (a.cin + kBM - 1) / kBM, out_tiles = (a.cout + kBN - 1) / kBN;
-  kernel<<<GridFor(table.units * in_tiles * out_tiles), filter_grad::kBlockThreads, Layout::kSharedBytes, stream>>>(
-      a.features, out_grad, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs, table.units,
+  kernel<<<GridFor(table.units * in_tiles * out_tiles), filter_grad::kBlockThreads, shared_bytes, stream>>>(
+      features, out_grad, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs, table.units,
       a.cin, a.cout, in_tiles, out_tiles, report, partial);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
   return GpuStatus::Ok();
 }
 
-template <bool kTf32>
-GpuStatus LaunchFilterGradTf32Or(Stream stream, const SiteConvArgs<float>& a, const float* out_grad,
-                                 const OffsetTable& table, int64_t chunk_pairs, int64_t tile_in, int64_t tile_out,
-                                 const Report* report, float* partial) {
-  if (tile_in == 128 && tile_out == 128) {
-    return LaunchFilterGradTiles<128, 128, kTf32>(stream, a, out_grad, table, chunk_pairs, report, partial);
-  }
-  if (tile_in == 128) return LaunchFilterGradTiles<128, 64, kTf32>(stream, a, out_grad, table, chunk_pairs, report, partial);
-  if (tile_out == 128) return LaunchFilterGradTiles<64, 128, kTf32>(stream, a, out_grad, table, chunk_pairs, report, partial);
-  return LaunchFilterGradTiles<64, 64, kTf32>(stream, a, out_grad, table, chunk_pairs, report, partial);
-}
-
-template <typename M, int kBM, int kBN, typename T>
-GpuStatus LaunchFilterGrad16Tiles(Stream stream, const SiteConvArgs<T>& a, const T* out_grad, const OffsetTable& table,
-                                  int64_t chunk_pairs, const Report* report, float* partial) {
-  using Layout = filter_grad::Layout16<kBM, kBN>;
-  const auto kernel = filter_grad::PartialKernel16<M, kBM, kBN>;
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
-      "filter gradient (shared memory)");
-  const int64_t in_tiles = (a.cin + kBM - 1) / kBM, out_tiles = (a.cout + kBN - 1) / kBN;
-  kernel<<<GridFor(table.units * in_tiles * out_tiles), filter_grad::kBlockThreads, Layout::kSharedBytes, stream>>>(
-      reinterpret_cast<const uint16_t*>(a.features), reinterpret_cast<const uint16_t*>(out_grad), a.in_rows,
-      a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs, table.units, a.cin, a.cout, in_tiles,
-      out_tiles, report, partial);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
-  return GpuStatus::Ok();
+// launch(kBM, kBN) for the tile shape [tile_in x tile_out] (64 or 128 channels each way),
+// the sides as std::integral_constant<int, ...>.
+template <typename Launch>
+GpuStatus ForFilterGradTiles(int64_t tile_in, int64_t tile_out, const Launch& launch) {
+  using Wide = std::integral_constant<int, 128>;
+  using Narrow = std::integral_constant<int, 64>;
+  if (tile_in == 128 && tile_out == 128) return launch(Wide{}, Wide{});
+  if (tile_in == 128) return launch(Wide{}, Narrow{});
+  if (tile_out == 128) return launch(Narrow{}, Wide{});
+  return launch(Narrow{}, Narrow{});
 }
 
 // site_conv_filter_grad.cuh's 16-bit partial products (M: __half or __nv_bfloat16) in
@@ -932,21 +916,28 @@ template <typename M, typename T>
 GpuStatus LaunchFilterGrad16(Stream stream, const SiteConvArgs<T>& a, const T* out_grad, const OffsetTable& table,
                              int64_t chunk_pairs, int64_t tile_in, int64_t tile_out, const Report* report,
                              float* partial) {
-  if (tile_in == 128 && tile_out == 128) {
-    return LaunchFilterGrad16Tiles<M, 128, 128>(stream, a, out_grad, table, chunk_pairs, report, partial);
-  }
-  if (tile_in == 128) return LaunchFilterGrad16Tiles<M, 128, 64>(stream, a, out_grad, table, chunk_pairs, report, partial);
-  if (tile_out == 128) return LaunchFilterGrad16Tiles<M, 64, 128>(stream, a, out_grad, table, chunk_pairs, report, partial);
-  return LaunchFilterGrad16Tiles<M, 64, 64>(stream, a, out_grad, table, chunk_pairs, report, partial);
+  return ForFilterGradTiles(tile_in, tile_out, [&](auto bm, auto bn) {
+    constexpr int kBM = decltype(bm)::value, kBN = decltype(bn)::value;
+    return LaunchFilterGradKernel<kBM, kBN>(stream, filter_grad::PartialKernel16<M, kBM, kBN>,
+                                            filter_grad::Layout16<kBM, kBN>::kSharedBytes, a,
+                                            reinterpret_cast<const uint16_t*>(a.features),
+                                            reinterpret_cast<const uint16_t*>(out_grad), table, chunk_pairs, report,
+                                            partial);
+  });
 }
 
 // site_conv_filter_grad.cuh's partial products in [tile_in x tile_out] tiles (64 or 128).
 GpuStatus LaunchFilterGradPipelined(Stream stream, const SiteConvArgs<float>& a, const float* out_grad,
                                     const OffsetTable& table, int64_t chunk_pairs, int64_t tile_in, int64_t tile_out,
                                     bool tf32, const Report* report, float* partial) {
-  return tf32 ? LaunchFilterGradTf32Or<true>(stream, a, out_grad, table, chunk_pairs, tile_in, tile_out, report, partial)
-              : LaunchFilterGradTf32Or<false>(stream, a, out_grad, table, chunk_pairs, tile_in, tile_out, report,
-                                              partial);
+  return ForFilterGradTiles(tile_in, tile_out, [&](auto bm, auto bn) {
+    constexpr int kBM = decltype(bm)::value, kBN = decltype(bn)::value;
+    constexpr size_t kShared = filter_grad::Layout<kBM, kBN>::kSharedBytes;
+    return tf32 ? LaunchFilterGradKernel<kBM, kBN>(stream, filter_grad::PartialKernel<kBM, kBN, true>, kShared, a,
+                                                   a.features, out_grad, table, chunk_pairs, report, partial)
+                : LaunchFilterGradKernel<kBM, kBN>(stream, filter_grad::PartialKernel<kBM, kBN, false>, kShared, a,
+                                                   a.features, out_grad, table, chunk_pairs, report, partial);
+  });
 }
 
 // SiteNeighbourTable's layout (site_conv_outputs.cuh) of a map with volume <= 32 into

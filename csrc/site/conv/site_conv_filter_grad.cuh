@@ -86,6 +86,29 @@ __device__ __forceinline__ void CopyPairRows(S* stage, int ld, int64_t p0, int64
   }
 }
 
+// Stores warp (wm, wn)'s tensor-core accumulators (kWM x kWN of the tile, in m16 x n8
+// pieces, C fragment layout) into dst [cin, cout] from (k0, c0): lane (g, t) holds output
+// channels 2t, 2t + 1 of input channels g and g + 8 of each piece (cout even: both columns
+// or neither exist).
+template <int kWM, int kWN, int kFM, int kFN>
+__device__ __forceinline__ void StoreAccumulators(const float (&acc)[kFM][kFN][4], float* dst, int64_t k0, int64_t c0,
+                                                  int wm, int wn, int lane, int64_t cin, int64_t cout) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < kFM; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t k = k0 + wm * kWM + 16 * i + 8 * h + g;
+      if (k >= cin) continue;
+#pragma unroll
+      for (int j = 0; j < kFN; ++j) {
+        const int64_t c = c0 + wn * kWN + 8 * j + 2 * t;
+        if (c < cout) *reinterpret_cast<float2*>(dst + k * cout + c) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+      }
+    }
+  }
+}
+
 template <int kBM, int kBN, bool kTf32>
 __global__ void __launch_bounds__(kBlockThreads)
     PartialKernel(const float* features, const float* out_grad, const int32_t* in_rows, const int32_t* out_rows,
@@ -140,21 +163,7 @@ __global__ void __launch_bounds__(kBlockThreads)
           }
         }
       });
-      // Lane (g, t) holds output channels 2t, 2t + 1 of input channels g and g + 8 of each
-      // 16 x 8 piece (cout is a multiple of 4: both columns or neither exist).
-#pragma unroll
-      for (int i = 0; i < L::kFM; ++i) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t k = k0 + wm * L::kWM + 16 * i + 8 * h + g;
-          if (k >= cin) continue;
-#pragma unroll
-          for (int j = 0; j < L::kFN; ++j) {
-            const int64_t c = c0 + wn * L::kWN + 8 * j + 2 * t;
-            if (c < cout) *reinterpret_cast<float2*>(dst + k * cout + c) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-          }
-        }
-      }
+      StoreAccumulators<L::kWM, L::kWN>(acc, dst, k0, c0, wm, wn, lane, cin, cout);
     } else {
       const int tx = threadIdx.x % L::kColThreads, ty = threadIdx.x / L::kColThreads;
       float acc[4 * L::kMG][4 * L::kNG];
@@ -255,7 +264,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   uint16_t* g_stages = x_stages + kStages * L::kXStage;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
-  const int g = lane / 4, t4 = lane % 4;
   // This lane's ldmatrix rows (see above) within a stage.
   const int a_offset = (8 * (lane / 16) + lane % 8) * L::kLdX + wm * L::kWM + 8 * ((lane / 8) % 2);
   const int b_offset = (8 * ((lane / 8) % 2) + lane % 8) * L::kLdG + wn * L::kWN + 8 * (lane / 16);
@@ -293,22 +301,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         }
       }
     });
-    // Lane (g, t4) holds output channels 2 t4, 2 t4 + 1 of input channels g and g + 8 of
-    // each 16 x 8 piece (cout is a multiple of 8: both columns or neither exist).
-    float* dst = partial + t.chunk * cin * cout;
-#pragma unroll
-    for (int i = 0; i < L::kFM; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t k = k0 + wm * L::kWM + 16 * i + 8 * h + g;
-        if (k >= cin) continue;
-#pragma unroll
-        for (int j = 0; j < L::kFN; ++j) {
-          const int64_t c = c0 + wn * L::kWN + 8 * j + 2 * t4;
-          if (c < cout) *reinterpret_cast<float2*>(dst + k * cout + c) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        }
-      }
-    }
+    StoreAccumulators<L::kWM, L::kWN>(acc, partial + t.chunk * cin * cout, k0, c0, wm, wn, lane, cin, cout);
     pipelined::WaitCopies<0>();  // only empty groups can be left, but none may outlive the item
     __syncthreads();             // the stages are refilled by the next item
   }
