@@ -12,6 +12,15 @@ without ('none').
            synchronised once, so TensorFlow's per-call dispatch from Python is not in
            it; ratio_gpu = dense_gpu_s / ours_gpu_s. Ours keeps its own host round trip
            (the output size) in that figure.
+           As the library runs inside a network (issue 24): the input checked once
+           (ts.validate) and every convolution with padded_output, so no call waits for
+           the device. *_unrolled_gpu_s: per call, (T(U) - T(1)) / (U - 1), where T(U) is
+           the median synchronised time of one tf.function of U convolutions (U =
+           --loop-calls, each with its own filter scale, so that no two are the same op)
+           on that input, and the dense baseline the same way with tf.nn.conv3d;
+           ratio_unrolled_gpu = dense_unrolled_gpu_s / ours_unrolled_gpu_s.
+           ours_busy_s / ours_launches: the GPU's busy time and its kernels, copies and
+           memsets per convolution in a profiler trace of the U-call function (with --trace).
   memory:  batch 32, Cout 8 (Table 1): peak GPU memory of one call above what its inputs
            hold (tf.config.experimental.get_memory_info after reset_memory_stats); the
            inputs' bytes are recorded separately.
@@ -42,6 +51,7 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tf_sparseconv as ts  # noqa: E402
+from gpu_trace import rank_events, traced_events  # noqa: E402
 from timing import device_s_per_call, median_time, sync  # noqa: E402
 
 RESOLUTIONS = [32, 64, 128, 256, 512]
@@ -91,6 +101,52 @@ def sparse_conv_fn(selection, r, temp_limit_mb=None):
     return lambda x, w, mask, bias: conv(x.keys, x.values, x.dense_shape, w, mask, bias)
 
 
+def unrolled_fns(conv_once, calls):
+    """tf.functions of 1 and of `calls` calls conv_once(prepared, scale) on the same
+    prepared input, each with its own scale (1 + i / 1024), so that no two calls are the
+    same op; one element of every output feeds the returned sum, so pruning keeps them all."""
+    def make(n):
+        @tf.function
+        def run(prepare_args):
+            prepared = prepare_args()
+            total = tf.constant(0.0)
+            for i in range(n):
+                for t in tf.nest.flatten(conv_once(prepared, 1.0 + i / 1024.0)):
+                    total += tf.reduce_sum(tf.cast(tf.reshape(t, [-1])[:1], tf.float32))
+            return total
+        return run
+    return make(1), make(calls)
+
+
+def unrolled_s_per_call(conv_once, prepare_args, calls, warmup, repeats):
+    """Device seconds per call as (T(calls) - T(1)) / (calls - 1) of unrolled_fns."""
+    one, many = unrolled_fns(conv_once, calls)
+    t_one = median_time(lambda: one(prepare_args), warmup, repeats)
+    t_many = median_time(lambda: many(prepare_args), warmup, repeats)
+    return max(t_many - t_one, 0.0) / (calls - 1)
+
+
+def padded_sparse_fns(x, w, mask, bias, selection, r):
+    """(conv_once, prepare_args) for unrolled_s_per_call: x checked once by ts.validate in
+    the traced function, then padded convolutions that trust it, as inside a network."""
+    kwargs = {} if selection == "none" else dict(selection=selection, rho_up=1.0 / r)
+
+    def prepare():  # graph tensors (an eager dense_shape would not count as the checked one)
+        return ts.validate(ts.ChannelSparseTensor(tf.identity(x.keys), tf.identity(x.values),
+                                                  tf.identity(x.dense_shape)))
+
+    def conv_once(checked, scale):
+        y = ts.direct_conv(checked, w * scale, bias, mask, padded_output=True, **kwargs)
+        return y.keys, y.values
+    return conv_once, prepare
+
+
+def dense_fns(dense, w_masked):
+    def conv_once(prepared, scale):
+        return tf.nn.conv3d(prepared, w_masked * scale, strides=[1] * 5, padding="SAME")
+    return conv_once, lambda: dense
+
+
 @tf.function
 def dense_conv(dense, w_masked):
     return tf.nn.conv3d(dense, w_masked, strides=[1] * 5, padding="SAME")
@@ -137,6 +193,18 @@ def run_config(rng, mode, batch, r, rho_f, device_name, args):
         if mode == "time":
             record["ours_s"] = attempt(lambda: median_time(call, args.warmup, args.repeats, budget_s=args.budget))
             record["ours_gpu_s"] = attempt(lambda: device_s_per_call(call, args.loop_calls))
+            conv_once, prepare = padded_sparse_fns(x, w, mask, bias, selection, r)
+            record["ours_unrolled_gpu_s"] = attempt(lambda: unrolled_s_per_call(
+                conv_once, prepare, args.loop_calls, args.warmup, args.repeats))
+            if args.trace:
+                events = attempt(lambda: traced_events(unrolled_fns(conv_once, args.loop_calls)[1], (prepare,), 1))
+                if events is not None:
+                    busy_ms, ranked = rank_events(events, args.loop_calls, 1000, 1e9)
+                    record["ours_busy_s"] = busy_ms / 1e3
+                    record["ours_launches"] = len(events) / args.loop_calls
+                    record["ours_kernels"] = [[name, ms / 1e3, n] for name, ms, n in ranked[:12]]
+                    print(f"    traced: GPU busy {busy_ms * 1e3:.1f} us and {len(events) / args.loop_calls:.1f} "
+                          f"launches per call", flush=True)
             record["ours_peak_bytes"] = None
         else:
             # --memory-only also times the call (grouped or not), as the cost of the limit.
@@ -154,11 +222,18 @@ def run_config(rng, mode, batch, r, rho_f, device_name, args):
             def dense_figures():
                 dense = ts.to_dense(x)
                 if mode == "time":
+                    unrolled = unrolled_s_per_call(*dense_fns(dense, w_masked), args.loop_calls, args.warmup,
+                                                   args.repeats)
                     return (median_time(lambda: dense_conv(dense, w_masked), args.warmup, args.repeats, budget_s=args.budget),
-                            device_s_per_call(lambda: dense_conv(dense, w_masked), args.loop_calls), None)
+                            device_s_per_call(lambda: dense_conv(dense, w_masked), args.loop_calls), None, unrolled)
                 return None, None, peak_bytes(lambda: dense_conv(dense, w_masked))
             dense_result = attempt(dense_figures) or (None, None, None)
-        record["dense_s"], record["dense_gpu_s"], record["dense_peak_bytes"] = dense_result or (None, None, None)
+        record["dense_s"], record["dense_gpu_s"], record["dense_peak_bytes"] = (dense_result or (None,) * 3)[:3]
+        if mode == "time":
+            record["dense_unrolled_gpu_s"] = dense_result[3] if dense_result and len(dense_result) > 3 else None
+            record["ratio_unrolled_gpu"] = (record["dense_unrolled_gpu_s"] / record["ours_unrolled_gpu_s"]
+                                            if record["dense_unrolled_gpu_s"] and record["ours_unrolled_gpu_s"]
+                                            else None)
         record["ratio"] = (record["dense_s"] / record["ours_s"]
                            if record["dense_s"] and record["ours_s"] else None)
         if mode == "time":
@@ -259,6 +334,11 @@ def main():
     parser.add_argument("--table", action="store_true", help="print the markdown tables of --out and exit")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loop-calls", type=int, default=20, help="calls per graph loop for the device time")
+    parser.add_argument("--trace", action="store_true",
+                        help="also trace the unrolled padded calls: GPU busy time and launches per call")
+    parser.add_argument("--only-time", action="store_true", help="only the time rows (no memory rows)")
+    parser.add_argument("--time-resolutions", type=int, nargs="+", choices=RESOLUTIONS, default=None,
+                        help="the time rows' resolutions (default: all)")
     parser.add_argument("--memory-only", action="store_true",
                         help="only the memory rows (no dense baseline), appended to --out")
     parser.add_argument("--temp-limit-mb", type=int, default=None,
@@ -278,7 +358,7 @@ def main():
     if not gpus:
         sys.exit("no GPU visible to TensorFlow")
     device_name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
-    resolutions = RESOLUTIONS[:3] if args.quick else RESOLUTIONS
+    resolutions = args.time_resolutions or (RESOLUTIONS[:3] if args.quick else RESOLUTIONS)
     time_densities = [0.5] if args.quick else FILTER_DENSITIES
     memory_resolutions = RESOLUTIONS[:2] if args.quick else RESOLUTIONS
     memory_densities = [0.5] if args.quick else MEMORY_FILTER_DENSITIES
@@ -288,16 +368,20 @@ def main():
     records = []
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     configs = ([("time", TIME_BATCH, r, rho_f) for r in resolutions for rho_f in time_densities]
-               + [("memory", MEMORY_BATCH, r, rho_f) for r in memory_resolutions for rho_f in memory_densities])
+               + ([] if args.only_time else
+                  [("memory", MEMORY_BATCH, r, rho_f) for r in memory_resolutions for rho_f in memory_densities]))
     if args.memory_only:
         configs = [("memory", MEMORY_BATCH, r, rho_f) for r in (args.resolutions or RESOLUTIONS)
                    for rho_f in MEMORY_FILTER_DENSITIES]
-    # A full run replaces the grid's rows but keeps the epoch rows of benchmarks/train_step.py
-    # and the stack rows of benchmarks/direct_conv_stack_gpu.py.
+    # A run replaces the rows of the configurations it runs but keeps the others, the epoch
+    # rows of benchmarks/train_step.py and the stack rows of benchmarks/direct_conv_stack_gpu.py.
+    run_now = {(mode, r, rho_f) for mode, _, r, rho_f in configs}
     epoch_rows = []
     if not args.memory_only and os.path.exists(args.out):
         with open(args.out) as f:
-            epoch_rows = [line for line in f if line.strip() and json.loads(line).get("kind") in ("epoch", "stack")]
+            epoch_rows = [line for line in f if line.strip()
+                          and (json.loads(line).get("kind"), json.loads(line).get("r"), json.loads(line).get("rho_f"))
+                          not in run_now]
     # Written as the configurations finish, so a cut-off run keeps its rows.
     with open(args.out, "a" if args.memory_only else "w") as f:
         f.writelines(epoch_rows)
