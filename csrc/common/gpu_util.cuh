@@ -208,6 +208,13 @@ __global__ void __launch_bounds__(kThreads)
 GpuStatus CompactionTotal(Stream stream, const int64_t* tile_counts,
                           const int64_t* tile_offsets, int64_t num_tiles, int64_t* total);
 
+// offsets[i] = counts[0] + ... + counts[i - 1] and *total = the sum of all n counts, on the
+// device: one block's launch up to kOneBlockScanItems counts (a compaction's tiles), CUB's
+// scan beyond.
+constexpr int64_t kOneBlockScanItems = 65536;
+GpuStatus ScanCounts(Stream stream, Scratch* scratch, const int64_t* counts, int64_t* offsets, int64_t n,
+                     int64_t* total);
+
 template <typename Pred>
 GpuStatus CountCompaction(Stream stream, Scratch* scratch, Pred pred, int64_t n,
                           int64_t* total, Compaction* c) {
@@ -226,9 +233,7 @@ GpuStatus CountCompaction(Stream stream, Scratch* scratch, Pred pred, int64_t n,
   CountTilesKernel<Pred><<<TileBlocks(c->num_tiles), kThreads, 0, stream>>>(
       pred, n, c->num_tiles, c->tile_counts);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("compaction count");
-  TF_SPARSECONV_RETURN_IF_ERROR(
-      ExclusiveSum(stream, scratch, c->tile_counts, c->tile_offsets, c->num_tiles));
-  return CompactionTotal(stream, c->tile_counts, c->tile_offsets, c->num_tiles, total);
+  return ScanCounts(stream, scratch, c->tile_counts, c->tile_offsets, c->num_tiles, total);
 }
 
 template <typename Pred, typename Emit>

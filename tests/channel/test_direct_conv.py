@@ -514,7 +514,7 @@ def test_conv_rejects_bad_selection_options(kwargs, match):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(selection="top"), "selection must be one of"),
-    (dict(dataflow="fastest"), r"dataflow must be one of \('auto', 'sort', 'dense'\)"),
+    (dict(dataflow="fastest"), r"dataflow must be one of \('auto', 'sort', 'dense', 'bitmap'\)"),
     (dict(accumulator="hash"), "accumulator must be one of"),
     (dict(temp_limit_bytes=-1), "temp_limit_bytes must be a whole number of bytes >= 0"),
     (dict(temp_limit_bytes=1.5), "temp_limit_bytes must be a whole number of bytes >= 0"),
@@ -544,6 +544,13 @@ def test_conv_names_a_rho_up_that_is_not_a_number(rho_up):
     x = _sparse([0, 7], [1, 5, 5, 1])
     with pytest.raises(TypeError, match="direct_conv: rho_up must be a number"):  # was float()'s message
         ts.direct_conv(x, np.ones((3, 3, 1, 1)), selection="abs", rho_up=rho_up)
+
+
+def test_bitmap_dataflow_is_refused_on_the_cpu(rng):
+    x, w, mask = sparse_case(rng, 1, (5, 5), 1, 2, 0.3, 1.0)
+    with tf.device(CPU):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow 'bitmap' runs on the GPU only"):
+            ts.direct_conv(x, w, None, mask, dataflow="bitmap")
 
 
 def test_conv_op_rejects_unknown_dataflow_and_negative_temp_limit():
@@ -614,9 +621,9 @@ def test_k_from_rho_up_matches_the_op_where_rho_up_times_size_is_whole(device):
 
 # --- on the GPU, against the CPU ----------------------------------------------------------------
 
-@pytest.fixture(params=["sort", "dense"])
+@pytest.fixture(params=["sort", "dense", "bitmap"])
 def gpu_dataflow(request):
-    """The direct convolution's two dataflows (`dataflow=`; `auto` picks the dense grid for every
+    """The direct convolution's GPU dataflows (`dataflow=`; `auto` picks the dense grid for every
     small grid here): a test taking this fixture runs its GPU calls with each forced."""
     return request.param
 
@@ -717,7 +724,7 @@ def test_conv_of_an_empty_input_and_all_pruned_filter(rng, dtype, gpu_dataflow, 
 
 def test_gpu_dataflows_give_bit_identical_results(rng, gpu):
     inputs = conv_inputs(rng, 2, (9, 8, 7), 2, 3, (3, 3, 3), 0.1, 0.6, np.float32)
-    results = [run_conv(GPU, *inputs, dataflow=dataflow)[0] for dataflow in ("auto", "sort", "dense")]
+    results = [run_conv(GPU, *inputs, dataflow=dataflow)[0] for dataflow in ("auto", "sort", "dense", "bitmap")]
     for y in results[1:]:
         np.testing.assert_array_equal(y.keys.numpy(), results[0].keys.numpy())
         np.testing.assert_array_equal(y.values.numpy(), results[0].values.numpy())

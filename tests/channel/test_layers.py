@@ -168,7 +168,7 @@ def test_sparse_input_feeds_channel_sparse_batches_from_tf_data(rng):
     (dict(activation="sigmoid"), "fill empty space"),
     (dict(density_regularizer=kl.DensityRegularizer()), "give rho_up"),
     (dict(selection="top", k=3), "selection must be one of"),
-    (dict(dataflow="merge"), r"dataflow must be one of \('auto', 'sort', 'dense'\)"),
+    (dict(dataflow="merge"), r"dataflow must be one of \('auto', 'sort', 'dense', 'bitmap'\)"),
     (dict(temp_limit_bytes=-1), "temp_limit_bytes must be a whole number of bytes >= 0"),
 ])
 def test_sparse_conv_rejects_bad_options(kwargs, match):

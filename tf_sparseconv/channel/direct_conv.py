@@ -13,7 +13,7 @@ from tf_sparseconv.inputs import float_attr, int_attr, refuse_complex
 
 SELECTION_MODES = ("none", "signed", "abs")
 ACTIVATIONS = (None, "relu")
-DATAFLOWS = ("auto", "sort", "dense")
+DATAFLOWS = ("auto", "sort", "dense", "bitmap")
 # tf_sparseconv 0.1's name of the CPU's dataflow choice, kept one release: its 'merge' is 'sort'.
 ACCUMULATORS = {"auto": "auto", "dense": "dense", "merge": "sort"}
 
@@ -65,10 +65,11 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     entry reaches through a present (filter_mask true) weight. `selection` 'signed' or
     'abs' keeps at most k entries per (batch, output channel); give k or rho_up.
 
-    `dataflow` chooses how the touched set is formed, on either device, with the same
-    result: 'sort' (the contributions in output-key order; memory follows the entries),
-    'dense' (buffers over the grid; memory follows B * R1*...*Rd) or 'auto' (each device's
-    rule). `temp_limit_bytes` caps the GPU sort's contribution buffers by running the batch
+    `dataflow` chooses how the touched set is formed, with the same result: 'sort' (the
+    contributions in output-key order; memory follows the entries), 'dense' (buffers over
+    the grid; memory follows B * R1*...*Rd), 'bitmap' (the GPU only, refused on the CPU: a
+    bit per input and output key, the touched keys read from the bits in order without a
+    sort; memory follows B * R1*...*Rd / 8 per channel) or 'auto' (each device's rule). `temp_limit_bytes` caps the GPU sort's contribution buffers by running the batch
     in groups of whole examples (None or 0: no cap); the CPU holds no such buffers.
     `accumulator` is 0.1's name of the choice ('merge' is 'sort'), deprecated.
     `activation` 'relu' is sparse_relu fused into the op: the same output as

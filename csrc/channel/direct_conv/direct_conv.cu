@@ -153,17 +153,20 @@ struct SumContributions {
   }
 };
 
-// begin[s] = first touched entry of segment s, for s in [0, num_segments].
-__global__ void SegmentBeginKernel(const int64_t* touched_keys, const int64_t* touched_total,
-                                   int64_t num_segments, int64_t spatial_size, int64_t* begin) {
+// begin[s] = first touched entry of segment s, for s in [0, num_segments]; counts[s] = the
+// touched entries of segment s; positive[s] = 0 (PositiveCountKernel adds to it next).
+__global__ void SegmentCountsKernel(const int64_t* touched_keys, const int64_t* touched_total,
+                                    int64_t num_segments, int64_t spatial_size, int64_t* begin, int64_t* counts,
+                                    int64_t* positive) {
   const int64_t total = *touched_total;
   TF_SPARSECONV_GRID_LOOP(s, num_segments + 1) {
-    begin[s] = LowerBound(touched_keys, total, s * spatial_size);
+    const int64_t first = LowerBound(touched_keys, total, s * spatial_size);
+    begin[s] = first;
+    if (s < num_segments) {
+      counts[s] = LowerBound(touched_keys, total, (s + 1) * spatial_size) - first;
+      positive[s] = 0;
+    }
   }
-}
-
-__global__ void SegmentCountKernel(const int64_t* begin, int64_t num_segments, int64_t* counts) {
-  TF_SPARSECONV_GRID_LOOP(s, num_segments) { counts[s] = begin[s + 1] - begin[s]; }
 }
 
 // positive[s] = touched entries > 0 of segment s (before k-selection). Integer atomics:
@@ -243,13 +246,14 @@ __global__ void SegmentOfKernel(const int64_t* touched_keys, const int64_t* touc
 }
 
 // remaining[s] = k where segment s holds more than k entries (it is selected), else -1
-// (every entry kept); prefix[s] = 0.
+// (every entry kept); prefix[s] = 0; the first round's histogram of s zeroed.
 template <typename Bits>
 __global__ void SelectStartKernel(const int64_t* begin, int64_t num_segments, int64_t k, Bits* prefix,
-                                  int64_t* remaining) {
+                                  int64_t* remaining, uint32_t* hist) {
   TF_SPARSECONV_GRID_LOOP(s, num_segments) {
     remaining[s] = begin[s + 1] - begin[s] > k ? k : -1;
     prefix[s] = 0;
+    for (int b = 0; b < kRadixBins; ++b) hist[s * kRadixBins + b] = 0u;
   }
 }
 
@@ -309,15 +313,18 @@ SelectHistogramKernel(const T* values, bool by_magnitude, const int32_t* segment
 // Per selected segment, one warp: the digit at `shift` where the count from the top bin
 // reaches remaining[s]; the entries of the higher bins are kept, so remaining[s] drops by
 // them. Lane l holds bins 8l .. 8l + 7; the counts above each lane's bins are a warp scan.
+// The next round's histogram (the other buffer) of every segment is zeroed here.
 template <typename Bits>
 __global__ void SelectDigitKernel(const uint32_t* hist, int64_t num_segments, int shift, Bits* prefix,
-                                  int64_t* remaining) {
+                                  int64_t* remaining, uint32_t* next_hist) {
   constexpr int kPerLane = kRadixBins / 32;
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t s = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; s < num_segments;
        s += warps) {
     const int64_t want = remaining[s];  // the same for the whole warp
+#pragma unroll
+    for (int b = 0; b < kPerLane; ++b) next_hist[s * kRadixBins + lane * kPerLane + b] = 0u;
     if (want < 0) continue;
     uint32_t bins[kPerLane];
     int64_t mine = 0;
@@ -788,6 +795,122 @@ __global__ void DenseSiteAccumulateKernel(KeyLayout L, int64_t cout, const T* de
   }
 }
 
+// ---- the bitmaps (ForwardPath::kBitmap, direct_conv_gpu.h) ----
+
+// in_bits: a bit per input key; word_first[w]: the first entry whose key lies in word w,
+// written for the words that hold an entry, the only ones read.
+__global__ void MarkInputsKernel(KeyLayout L, const int64_t* keys, int64_t n, const Report* report,
+                                 uint32_t* in_bits, int32_t* word_first) {
+  if (!ChecksPassed(report)) return;
+  const int64_t num_keys = L.num_keys();
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    const int64_t key = keys[i];
+    if (key < 0 || key >= num_keys) continue;  // padding
+    atomicOr(in_bits + (key >> 5), 1u << (key & 31));
+    if (i == 0 || (keys[i - 1] >> 5) != (key >> 5)) word_first[key >> 5] = static_cast<int32_t>(i);
+  }
+}
+
+// out_bits: the bit of every output key that an (entry, present weight) reaches; one
+// thread per contribution slot, as ContributionsKernel.
+template <typename Index>
+__global__ void MarkOutputsKernel(KeyLayout L, EntryData e, const GpuPresentWeight* weights,
+                                  const int64_t* row_begin, int64_t max_row, int64_t num_slots,
+                                  const Report* report, uint32_t* out_bits) {
+  if (!ChecksPassed(report)) return;
+  const Index row_length = static_cast<Index>(max_row);
+  TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
+    const Index i = static_cast<Index>(slot) / row_length;
+    if (e.ic[i] < 0) continue;
+    const int64_t r = static_cast<Index>(slot) - i * row_length;
+    const int64_t row = row_begin[e.ic[i]];
+    if (r >= row_begin[e.ic[i] + 1] - row) continue;
+    const GpuPresentWeight& w = weights[row + r];
+    if (!Reaches(e.coords + static_cast<int64_t>(i) * L.d, w, L.d)) continue;
+    const int64_t o = e.out_base[i] + w.oc * L.spatial_size - w.lin_delta;
+    atomicOr(out_bits + (o >> 5), 1u << (o & 31));
+  }
+}
+
+// The set bits of a bitmap in order, as the compaction of gpu_util.cuh over words: per tile
+// of kTileSize words the set bits counted, the counts scanned, then each tile rescanned and
+// every set bit's index written at its rank.
+__global__ void __launch_bounds__(kThreads)
+    CountBitTilesKernel(const uint32_t* bits, int64_t words, int64_t num_tiles, int64_t* tile_counts) {
+  using BlockReduce = cub::BlockReduce<int, kThreads>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int64_t first = tile * kTileSize + static_cast<int64_t>(threadIdx.x) * kTileItems;
+    int set = 0;
+    for (int j = 0; j < kTileItems; ++j) {
+      if (first + j < words) set += __popc(bits[first + j]);
+    }
+    const int tile_total = BlockReduce(temp).Sum(set);
+    if (threadIdx.x == 0) tile_counts[tile] = tile_total;
+    __syncthreads();
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    WriteBitTilesKernel(const uint32_t* bits, int64_t words, int64_t num_tiles, const int64_t* tile_offsets,
+                        int64_t* indices) {
+  using BlockScan = cub::BlockScan<int, kThreads>;
+  __shared__ typename BlockScan::TempStorage temp;
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int64_t first = tile * kTileSize + static_cast<int64_t>(threadIdx.x) * kTileItems;
+    uint32_t word[kTileItems];
+    int set = 0;
+    for (int j = 0; j < kTileItems; ++j) {
+      word[j] = first + j < words ? bits[first + j] : 0u;
+      set += __popc(word[j]);
+    }
+    int before = 0;
+    BlockScan(temp).ExclusiveSum(set, before);
+    int64_t rank = tile_offsets[tile] + before;
+    for (int j = 0; j < kTileItems; ++j) {
+      for (uint32_t w = word[j]; w != 0u; w &= w - 1u) indices[rank++] = (first + j) * 32 + (__ffs(w) - 1);
+    }
+    __syncthreads();
+  }
+}
+
+// One thread per touched entry o = (b * Cout + oc) * S + lin(y): the sum over ic ascending,
+// then the (ic, oc) weights in kernel-offset order, of value(y + delta, ic) * w where that
+// input is present (its bit), found at word_first of its word plus the set bits below it:
+// DenseAccumulateKernel's order and roundings, so the CPU's values.
+template <typename T>
+__global__ void BitmapSumsKernel(KeyLayout L, int64_t cout, const int64_t* touched_keys,
+                                 const int64_t* touched_total, const uint32_t* in_bits,
+                                 const int32_t* word_first, const T* values, const T* filter,
+                                 const GpuPresentWeight* weights, const int64_t* pair_begin, const T* bias,
+                                 T* touched_values) {
+  const int64_t total = *touched_total;
+  const int64_t S = L.spatial_size, cin = L.channels;
+  TF_SPARSECONV_GRID_LOOP(j, total) {
+    const int64_t o = touched_keys[j];
+    const int64_t seg = o / S, lin = o - seg * S;
+    const int64_t b = seg / cout, oc = seg - b * cout;
+    int32_t y[kMaxSpatialDims];
+    DecodeSpatial(lin, L, y);
+    T sum = T(0);
+    for (int64_t ic = 0; ic < cin; ++ic) {
+      const int64_t base = (b * cin + ic) * S + lin;
+      const int64_t end = pair_begin[ic * cout + oc + 1];
+      for (int64_t p = pair_begin[ic * cout + oc]; p < end; ++p) {
+        const GpuPresentWeight& w = weights[p];
+        if (!InputInGrid(y, w, L)) continue;
+        const int64_t key = base + w.lin_delta;
+        const uint32_t word = in_bits[key >> 5];
+        const uint32_t bit = static_cast<uint32_t>(key & 31);
+        if (!((word >> bit) & 1u)) continue;
+        const int64_t entry = word_first[key >> 5] + __popc(word & ((1u << bit) - 1u));
+        sum = AddRn(sum, MulRn(values[entry], filter[w.filter_index]));
+      }
+    }
+    touched_values[j] = AddRn(sum, bias[oc]);
+  }
+}
+
 struct IsTouchedBit {
   const uint32_t* bits;
   __device__ bool operator()(int64_t o) const { return (bits[o >> 5] >> (o & 31)) & 1u; }
@@ -815,41 +938,61 @@ struct DenseTables {
 template <typename T>
 GpuStatus QueueForwardChecks(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const T* bias,
                              Report** device_report) {
-  TF_SPARSECONV_RETURN_IF_ERROR(NewEntryReport(stream, scratch, a.keys, a.values, a.n, a.in_layout.num_keys(),
-                                               kConvKeys, kConvValues, device_report, a.padded));
+  if (a.keys_checked) {  // the values are still checked for NaN
+    TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, device_report));
+    TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &(*device_report)->checks[kConvValues]));
+  } else {
+    TF_SPARSECONV_RETURN_IF_ERROR(NewEntryReport(stream, scratch, a.keys, a.values, a.n, a.in_layout.num_keys(),
+                                                 kConvKeys, kConvValues, device_report, a.padded));
+  }
   CheckSlot* checks = (*device_report)->checks;
   TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.filter, a.filter_size, &checks[kConvFilter]));
   return CheckNaN(stream, bias, a.cout, &checks[kConvBias]);
 }
 
 // Uploads the weight table and computes the per-entry data (or, given `dense`, the dense
-// grid's tables instead); shared by both passes.
+// grid's tables instead; given `pair_begin`, that table as well); shared by both passes.
+// The tables go in one copy through one pinned buffer, each at an 8-byte boundary.
 template <typename T>
 GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a,
                          const Report* report, const GpuPresentWeight** weights,
-                         const int64_t** row_begin, EntryData* e, DenseTables* dense = nullptr) {
-  void* device = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.items,
-                                       sizeof(GpuPresentWeight) * a.weights.count, &device,
-                                       "present weights"));
-  *weights = static_cast<const GpuPresentWeight*>(device);
-  TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.row_begin,
-                                       sizeof(int64_t) * (a.in_layout.channels + 1), &device,
-                                       "present weights"));
-  *row_begin = static_cast<const int64_t*>(device);
+                         const int64_t** row_begin, EntryData* e, DenseTables* dense = nullptr,
+                         const int64_t** pair_begin = nullptr) {
+  struct Table {
+    const void* host;
+    size_t bytes;
+    const void** device;
+  };
+  const size_t pairs_bytes = sizeof(int64_t) * (a.in_layout.channels * a.cout + 1);
+  Table tables[6];
+  int count = 0;
+  tables[count++] = {a.weights.items, sizeof(GpuPresentWeight) * a.weights.count,
+                     reinterpret_cast<const void**>(weights)};
+  tables[count++] = {a.weights.row_begin, sizeof(int64_t) * (a.in_layout.channels + 1),
+                     reinterpret_cast<const void**>(row_begin)};
   if (dense != nullptr) {
-    TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.pair_begin,
-                                         sizeof(int64_t) * (a.in_layout.channels * a.cout + 1), &device,
-                                         "present weights"));
-    dense->pair_begin = static_cast<const int64_t*>(device);
-    TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.offset_rep,
-                                         sizeof(int64_t) * a.weights.num_offsets, &device, "present weights"));
-    dense->offset_rep = static_cast<const int64_t*>(device);
-    TF_SPARSECONV_RETURN_IF_ERROR(Upload(stream, scratch, a.weights.present, a.weights.present_size, &device,
-                                         "present weights"));
-    dense->present = static_cast<const uint8_t*>(device);
-    return GpuStatus::Ok();  // the dense grid needs no per-entry data
+    tables[count++] = {a.weights.pair_begin, pairs_bytes, reinterpret_cast<const void**>(&dense->pair_begin)};
+    tables[count++] = {a.weights.offset_rep, sizeof(int64_t) * a.weights.num_offsets,
+                       reinterpret_cast<const void**>(&dense->offset_rep)};
+    tables[count++] = {a.weights.present, static_cast<size_t>(a.weights.present_size),
+                       reinterpret_cast<const void**>(&dense->present)};
+  } else if (pair_begin != nullptr) {
+    tables[count++] = {a.weights.pair_begin, pairs_bytes, reinterpret_cast<const void**>(pair_begin)};
   }
+  size_t total = 0;
+  for (int t = 0; t < count; ++t) total += (tables[t].bytes + 7) / 8 * 8;
+  char* device = static_cast<char*>(scratch->Device(total));
+  char* pinned = static_cast<char*>(scratch->PinnedHost(total));
+  if (device == nullptr || pinned == nullptr) return GpuStatus::OutOfMemory("present weights");
+  size_t offset = 0;
+  for (int t = 0; t < count; ++t) {
+    if (tables[t].bytes > 0) std::memcpy(pinned + offset, tables[t].host, tables[t].bytes);
+    *tables[t].device = device + offset;
+    offset += (tables[t].bytes + 7) / 8 * 8;
+  }
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(device, pinned, total, cudaMemcpyHostToDevice, stream), "present weights");
+  if (dense != nullptr) return GpuStatus::Ok();  // the dense grid needs no per-entry data
   e->out_base = scratch->DeviceArray<int64_t>(a.n);
   e->ic = scratch->DeviceArray<int32_t>(a.n);
   e->coords = scratch->DeviceArray<int32_t>(a.n * a.in_layout.d);
@@ -873,7 +1016,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   const KeyLayout& L = a.in_layout;
   const int64_t num_segments = L.batch * a.cout;
   const int64_t num_slots = ContributionSlots(a.n, a.weights.max_row);
-  const bool dense = UseDenseGrid(a, dataflow);
+  const ForwardPath path = ForwardPathOf(a, dataflow);
+  const bool dense = path == ForwardPath::kDense, bitmap = path == ForwardPath::kBitmap;
   if ((!dense && num_slots > kMaxSortItems) || num_segments > kMaxSegments) {
     return GpuStatus{"direct conv", "too many contributions or segments"};
   }
@@ -887,10 +1031,12 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
 
   const GpuPresentWeight* weights = nullptr;
   const int64_t* row_begin = nullptr;
+  const int64_t* pair_begin = nullptr;
   DenseTables tables;
   EntryData e;
-  TF_SPARSECONV_RETURN_IF_ERROR(
-      PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e, dense ? &tables : nullptr));
+  TF_SPARSECONV_RETURN_IF_ERROR(PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e,
+                                               dense ? &tables : nullptr, bitmap ? &pair_begin : nullptr));
+  touched_bound_ = touched_bound;
 
   int64_t* touched_total = scratch->DeviceArray<int64_t>(1);
   int64_t* segment_begin = scratch->DeviceArray<int64_t>(num_segments + 1);
@@ -952,6 +1098,47 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
         WriteCompaction(stream, runs, is_touched, CopyTouched<T>{out_values, touched_keys, touched_values}));
     touched_keys_ = touched_keys;
     touched_values_ = touched_values;
+  } else if (bitmap) {
+    if (a.n > INT32_MAX) return GpuStatus{"direct conv", "the bitmap dataflow takes fewer than 2^31 entries"};
+    const int64_t in_words = (L.num_keys() + 31) / 32;
+    const int64_t out_words = static_cast<int64_t>((no_output + 31) / 32);
+    uint32_t* in_bits = scratch->DeviceArray<uint32_t>(in_words + out_words);
+    int32_t* word_first = scratch->DeviceArray<int32_t>(in_words);
+    int64_t* touched_keys = scratch->DeviceArray<int64_t>(touched_bound);
+    T* touched_values = scratch->DeviceArray<T>(touched_bound);
+    const int64_t num_tiles = (out_words + kTileSize - 1) / kTileSize;
+    int64_t* tile_counts = scratch->DeviceArray<int64_t>(num_tiles);
+    int64_t* tile_offsets = scratch->DeviceArray<int64_t>(num_tiles);
+    if (!in_bits || !word_first || !touched_keys || !touched_values || !tile_counts || !tile_offsets) {
+      return GpuStatus::OutOfMemory("bitmaps");
+    }
+    uint32_t* out_bits = in_bits + in_words;
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(in_bits, 0, sizeof(uint32_t) * (in_words + out_words), stream), "bitmaps");
+    if (a.n > 0) {
+      MarkInputsKernel<<<BlocksFor(a.n), kThreads, 0, stream>>>(L, a.keys, a.n, device_report, in_bits,
+                                                                 word_first);
+      if (num_slots <= static_cast<int64_t>(UINT32_MAX)) {
+        MarkOutputsKernel<uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+            L, e, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits);
+      } else {
+        MarkOutputsKernel<uint64_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+            L, e, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits);
+      }
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bitmaps");
+    }
+    CountBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(out_bits, out_words, num_tiles,
+                                                                         tile_counts);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
+    TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, touched_total));
+    WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(out_bits, out_words, num_tiles,
+                                                                         tile_offsets, touched_keys);
+    BitmapSumsKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        L, a.cout, touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin,
+        bias, touched_values);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
+    touched_keys_ = touched_keys;
+    touched_values_ = touched_values;
   } else {
     for (int buffer = 0; buffer < 2; ++buffer) {
       slot_keys[buffer] = scratch->DeviceArray<uint64_t>(num_slots);
@@ -988,15 +1175,9 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     free_buffers[0] = slot_keys[current];  // the contributions are summed: reusable
     free_buffers[1] = slot_values[current];
   }
-  SegmentBeginKernel<<<BlocksFor(num_segments + 1), kThreads, 0, stream>>>(
-      touched_keys_, touched_total, num_segments, L.spatial_size, segment_begin);
+  SegmentCountsKernel<<<BlocksFor(num_segments + 1), kThreads, 0, stream>>>(
+      touched_keys_, touched_total, num_segments, L.spatial_size, segment_begin, touched_counts, positive_counts);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
-  SegmentCountKernel<<<BlocksFor(num_segments), kThreads, 0, stream>>>(segment_begin,
-                                                                       num_segments,
-                                                                       touched_counts);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaMemsetAsync(positive_counts, 0, num_segments * sizeof(int64_t), stream), "positive counts");
   if (touched_bound > 0) {
     PositiveCountKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
         touched_keys_, touched_values_, touched_total, touched_bound, L.spatial_size, positive_counts);
@@ -1021,7 +1202,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     int64_t* tie_rank = scratch->DeviceArray<int64_t>(touched_bound);
     Bits* prefix = scratch->DeviceArray<Bits>(num_segments);
     int64_t* remaining = scratch->DeviceArray<int64_t>(num_segments);
-    uint32_t* hist = scratch->DeviceArray<uint32_t>(num_segments * kRadixBins);
+    uint32_t* hist = scratch->DeviceArray<uint32_t>(2 * num_segments * kRadixBins);  // two rounds' buffers
     uint8_t* keep = scratch->DeviceArray<uint8_t>(touched_bound);
     if (!tie || !segment_of || !tie_rank || !prefix || !remaining || !hist || !keep) {
       return GpuStatus::OutOfMemory("k-selection");
@@ -1029,16 +1210,18 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     SegmentOfKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(touched_keys_, touched_total, touched_bound,
                                                                        L.spatial_size, segment_of);
     SelectStartKernel<Bits><<<BlocksFor(num_segments), kThreads, 0, stream>>>(segment_begin, num_segments, k,
-                                                                              prefix, remaining);
+                                                                              prefix, remaining, hist);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
     const int64_t tiles = (touched_bound + kThreads * kSelectItems - 1) / (kThreads * kSelectItems);
-    for (int shift = 8 * static_cast<int>(sizeof(Bits)) - kRadixBits; shift >= 0; shift -= kRadixBits) {
-      TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-          cudaMemsetAsync(hist, 0, sizeof(uint32_t) * num_segments * kRadixBins, stream), "k-selection");
+    int round = 0;
+    for (int shift = 8 * static_cast<int>(sizeof(Bits)) - kRadixBits; shift >= 0; shift -= kRadixBits, ++round) {
+      uint32_t* round_hist = hist + (round % 2) * num_segments * kRadixBins;
+      uint32_t* next_hist = hist + ((round + 1) % 2) * num_segments * kRadixBins;
       SelectHistogramKernel<T><<<LoopBlocks(tiles), kThreads, 0, stream>>>(
-          touched_values_, by_magnitude, segment_of, touched_total, touched_bound, prefix, remaining, shift, hist);
-      SelectDigitKernel<Bits><<<BlocksFor(num_segments * 32), kThreads, 0, stream>>>(hist, num_segments, shift,
-                                                                                     prefix, remaining);
+          touched_values_, by_magnitude, segment_of, touched_total, touched_bound, prefix, remaining, shift,
+          round_hist);
+      SelectDigitKernel<Bits><<<BlocksFor(num_segments * 32), kThreads, 0, stream>>>(
+          round_hist, num_segments, shift, prefix, remaining, next_hist);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
     }
     SelectTieKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
@@ -1051,8 +1234,15 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
     keep_ = keep;
   }
-  TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, IsKept<T>{touched_total, keep_, relu_values_},
-                                                touched_bound, &device_report->count, &kept_));
+  keep_all_ = keep_ == nullptr && relu_values_ == nullptr;
+  if (keep_all_) {  // the output is the touched set: its count, and a copy in Write
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemcpyAsync(&device_report->count, touched_total, sizeof(int64_t), cudaMemcpyDeviceToDevice, stream),
+        "kept entries");
+  } else {
+    TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, IsKept<T>{touched_total, keep_, relu_values_},
+                                                  touched_bound, &device_report->count, &kept_));
+  }
   if (report == nullptr) {
     unread_report_ = device_report;
     scratch->HoldPinnedUntilQueuedWorkRuns();  // the weight table's upload may still be queued
@@ -1062,7 +1252,25 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
 }
 
 template <typename T>
+__global__ void CopyTouchedKernel(const int64_t* keys, const T* values, const int64_t* total, int64_t bound,
+                                  int64_t* out_keys, T* out_values) {
+  const int64_t n = *total < bound ? *total : bound;
+  TF_SPARSECONV_GRID_LOOP(q, n) {
+    out_keys[q] = keys[q];
+    out_values[q] = values[q];
+  }
+}
+
+template <typename T>
 GpuStatus DirectConvForwardGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values) const {
+  if (keep_all_) {
+    if (touched_bound_ == 0) return GpuStatus::Ok();
+    CopyTouchedKernel<T><<<BlocksFor(touched_bound_), kThreads, 0, stream>>>(touched_keys_, touched_values_,
+                                                                            touched_total_, touched_bound_,
+                                                                            out_keys, out_values);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output entries");
+    return GpuStatus::Ok();
+  }
   return WriteCompaction(stream, kept_, IsKept<T>{touched_total_, keep_, relu_values_},
                          CopyEntries<T>{touched_keys_, touched_values_, out_keys, out_values, nullptr});
 }

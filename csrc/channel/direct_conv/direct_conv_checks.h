@@ -22,9 +22,10 @@ namespace tf_sparseconv {
 inline absl::Status ReadDataflow(tensorflow::OpKernelConstruction* ctx, DirectConvDataflow* dataflow) {
   std::string name;
   TF_RETURN_IF_ERROR(ctx->GetAttr("dataflow", &name));
-  *dataflow = name == "sort" ? DirectConvDataflow::kSort
-              : name == "dense" ? DirectConvDataflow::kDense
-                                : DirectConvDataflow::kAuto;
+  *dataflow = name == "sort"     ? DirectConvDataflow::kSort
+              : name == "dense"  ? DirectConvDataflow::kDense
+              : name == "bitmap" ? DirectConvDataflow::kBitmap
+                                 : DirectConvDataflow::kAuto;
   return absl::OkStatus();
 }
 

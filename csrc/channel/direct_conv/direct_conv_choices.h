@@ -20,10 +20,14 @@ enum class SelectionMode { kNone, kSigned, kAbs };
 //          scatters the input into [B, Cin, R^d] with neighbour masks; the CPU adds into
 //          position-major [R^d, Cout] rows per batch element. The backprop reads the output
 //          gradient through the dense output grid.
-//  kAuto:  each device's rule (the GPU: the smaller temporary memory, direct_conv_gpu.h; the
-//          CPU: its cost model, direct_conv_kernels.cc).
-// On each device both give the same touched set and bit-identical forward values.
-enum class DirectConvDataflow { kAuto, kSort, kDense };
+//  kBitmap: the GPU only (the CPU refuses it): a presence bit per input and per output key,
+//          the touched keys read from the output bits in order, no sort; memory follows
+//          B * R^d / 8 per channel plus the touched entries. The backprop searches the sorted
+//          output keys, as after kSort.
+//  kAuto:  each device's rule (the GPU: by temporary memory, direct_conv_gpu.h; the CPU: its
+//          cost model, direct_conv_kernels.cc).
+// On each device they give the same touched set and bit-identical forward values.
+enum class DirectConvDataflow { kAuto, kSort, kDense, kBitmap };
 
 // DirectSparseConv's `status` output (direct_conv_checks.h, ConvStatusError): kConvStatusSlots
 // slots of {first offending position (-1: passed), three details} in the order of the GPU's

@@ -5,6 +5,7 @@
 #ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_GPU_H_
 #define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_GPU_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "channel/direct_conv/direct_conv_choices.h"
@@ -52,6 +53,7 @@ struct DirectConvGpuArgs {
   bool relu = false;                   // the fused ReLU: of the kept entries, only those > 0
   bool padded = false;                 // keys may end in padding (kPaddingKey), which is skipped
   bool out_padded = false;             // the backprop's out_keys may end in padding, skipped
+  bool keys_checked = false;           // the forward's keys were made by a library op: not checked again
 };
 
 // Contribution slots of the forward pass: n * max_row, which must not exceed
@@ -72,8 +74,16 @@ inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_ro
 //          key order; temporary memory ~ B * R^d * ((Cin + Cout) * (sizeof(T) + 1/8)
 //          + 4 + 1/8), whatever the entries. The paper's dense R^d buffers, used only where
 //          they are the smaller.
-//  kAuto:  kDense where its temporary memory is below kSort's, else kSort.
-// Both give the same touched set and bit-identical values (the CPU's summation order).
+//  kAuto:  kDense where its temporary memory is below kSort's; else the bitmaps below where
+//          theirs is at most twice kSort's or 256 MiB; else kSort.
+// kBitmap (ForwardPath::kBitmap, also chosen by kAuto): a presence bit per input key
+// [B, Cin, R^d] and per output key [B, Cout, R^d]. Each (entry, present weight) sets its
+// output's bit (integer atomicOr); the set bits, counted per tile of words and scanned,
+// are the touched keys in key order, with no sort; then one thread per touched entry sums
+// its inputs in the CPU's order, each found by its bit and the bits before it in its word
+// (the word's first entry is recorded when the input is marked). Temporary memory
+// ~ B * R^d * (Cin / 4 + Cout / 8) bytes + the touched keys and values + the entries' data.
+// All three give the same touched set and bit-identical values (the CPU's summation order).
 
 template <typename T>
 inline double SortForwardBytes(const DirectConvGpuArgs<T>& a) {
@@ -91,6 +101,28 @@ template <typename T>
 inline bool UseDenseGrid(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataflow) {
   if (dataflow == DirectConvDataflow::kAuto) return DenseForwardBytes(a) < SortForwardBytes(a);
   return dataflow == DirectConvDataflow::kDense;
+}
+template <typename T>
+inline double BitmapForwardBytes(const DirectConvGpuArgs<T>& a) {
+  const double sites = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size);
+  const double touched = std::min(static_cast<double>(ContributionSlots(a.n, a.weights.max_row)),
+                                  sites * static_cast<double>(a.cout));
+  // input bits and each word's first entry; output bits; touched keys and values; entry data
+  return sites * static_cast<double>(a.in_layout.channels) * 0.25 + sites * static_cast<double>(a.cout) * 0.125 +
+         touched * (8.0 + sizeof(T)) + static_cast<double>(a.n) * (12.0 + 4.0 * a.in_layout.d);
+}
+
+// How the forward runs (the dataflow kAuto resolved).
+enum class ForwardPath { kSort, kDense, kBitmap };
+template <typename T>
+inline ForwardPath ForwardPathOf(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataflow) {
+  if (dataflow == DirectConvDataflow::kSort) return ForwardPath::kSort;
+  if (dataflow == DirectConvDataflow::kBitmap) return ForwardPath::kBitmap;
+  if (UseDenseGrid(a, dataflow)) return ForwardPath::kDense;
+  const double sort = SortForwardBytes(a), bitmap = BitmapForwardBytes(a);
+  // the input's entry indices are int32 in the bitmaps' word table
+  const bool fits = a.n < (int64_t{1} << 31) && (bitmap <= 2.0 * sort || bitmap <= 256.0 * (1 << 20));
+  return fits ? ForwardPath::kBitmap : ForwardPath::kSort;
 }
 
 // kConvReluNaN: with the fused ReLU, the first touched entry that is NaN.
@@ -120,6 +152,8 @@ class DirectConvForwardGpu {
   const uint8_t* keep_ = nullptr;           // nullptr: keep every touched entry
   const T* relu_values_ = nullptr;          // the fused ReLU's test (nullptr: none)
   Compaction kept_;
+  bool keep_all_ = false;                   // every touched entry is kept: Write copies them
+  int64_t touched_bound_ = 0;
 };
 
 // A forward in groups of whole examples (the attribute temp_limit_bytes, the OpKernel):

@@ -144,6 +144,7 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
   absl::Status Prepare(const ConvTensors<T>& in, const T* bias) {
     GpuConvArgs(in, &table_, &args_);
     args_.relu = attrs_.relu;
+    args_.keys_checked = attrs_.inputs_checked;
     bias_ = bias;
     const KeyLayout& L = args_.in_layout;
     k_ = attrs_.EffectiveK(L.spatial_size);

@@ -27,7 +27,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConv")
     .Attr("selection: {'none', 'signed', 'abs'} = 'none'")
     .Attr("k: int = 0")
     .Attr("rho_up: float = 0")
-    .Attr("dataflow: {'auto', 'sort', 'dense'} = 'auto'")
+    .Attr("dataflow: {'auto', 'sort', 'dense', 'bitmap'} = 'auto'")
     .Attr("temp_limit_bytes: int = 0")
     .Attr("activation: {'none', 'relu'} = 'none'")
     .Attr("padded_input: bool = false")
@@ -65,8 +65,10 @@ dataflow chooses how the touched set is formed, the same two ways on both device
 the same result: 'sort' takes the contributions in output-key order and sums them per key,
 its memory following the contributions (the GPU radix-sorts them, the CPU k-way merges
 the sorted stream of each present weight); 'dense' works in buffers over the grid, its
-memory following B * R1 * ... * Rd. 'auto' picks per call by each device's rule (the GPU:
-the smaller temporary memory; the CPU: a cost model).
+memory following B * R1 * ... * Rd. 'bitmap' (GPU only; the CPU refuses it) marks a bit per
+input and per output key and reads the touched keys from the output bits in order, without
+a sort. 'auto' picks per call by each device's rule (the GPU: by temporary memory; the CPU:
+a cost model).
 temp_limit_bytes caps the contribution buffers of the GPU's sort (0: no cap): where those of
 the whole batch would exceed it, the forward runs in groups of whole examples, twice the
 work for a lower peak, with the same result. The CPU's sort merges streams and holds no such
@@ -117,7 +119,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConvBackprop")
     .Output("filter_grad: T")
     .Output("bias_grad: T")
     .Attr("T: {float, double}")
-    .Attr("dataflow: {'auto', 'sort', 'dense'} = 'auto'")
+    .Attr("dataflow: {'auto', 'sort', 'dense', 'bitmap'} = 'auto'")
     .Attr("inputs_checked: bool = false")
     .Attr("padded_input: bool = false")
     .Attr("padded_output: bool = false")
@@ -135,8 +137,8 @@ Gradients of DirectSparseConv (Hackel et al., Algorithm 2 and Eq. 3): the input
 gradient exists only at the input entries, the filter gradient only at present
 weights, and the bias gradient sums over the kept output entries.
 
-dataflow: the forward's; 'sort' finds the output entries by searching the sorted out_keys,
-'dense' through the dense output grid, 'auto' by each device's rule.
+dataflow: the forward's; 'sort' and 'bitmap' find the output entries by searching the
+sorted out_keys, 'dense' through the dense output grid, 'auto' by each device's rule.
 inputs_checked: the caller vouches that in_keys, in_values, filter and out_keys are the
 inputs and output keys of a DirectSparseConv call, which checked them (its gradient does);
 the GPU kernel then queues its work without checking them again and without waiting for
