@@ -153,19 +153,14 @@ struct SumContributions {
   }
 };
 
-// begin[s] = first touched entry of segment s, for s in [0, num_segments]; counts[s] = the
-// touched entries of segment s; positive[s] = 0 (PositiveCountKernel adds to it next).
-__global__ void SegmentCountsKernel(const int64_t* touched_keys, const int64_t* touched_total,
-                                    int64_t num_segments, int64_t spatial_size, int64_t* begin, int64_t* counts,
-                                    int64_t* positive) {
+// begin[s] = first touched entry of segment s, for s in [0, num_segments]; positive[s] = 0
+// (PositiveCountKernel adds to it next).
+__global__ void SegmentBeginKernel(const int64_t* touched_keys, const int64_t* touched_total,
+                                   int64_t num_segments, int64_t spatial_size, int64_t* begin, int64_t* positive) {
   const int64_t total = *touched_total;
   TF_SPARSECONV_GRID_LOOP(s, num_segments + 1) {
-    const int64_t first = LowerBound(touched_keys, total, s * spatial_size);
-    begin[s] = first;
-    if (s < num_segments) {
-      counts[s] = LowerBound(touched_keys, total, (s + 1) * spatial_size) - first;
-      positive[s] = 0;
-    }
+    begin[s] = LowerBound(touched_keys, total, s * spatial_size);
+    if (s < num_segments) positive[s] = 0;
   }
 }
 
@@ -175,10 +170,16 @@ __global__ void SegmentCountsKernel(const int64_t* touched_keys, const int64_t* 
 // counts them together (one atomic per block), else each warp per segment among its lanes
 // (one atomic per warp and segment). One atomic per entry on the few segments of a large
 // grid (B * Cout = 8) took 2 ms of a 4 ms convolution (H200, 256^3, 2026-11-29).
+// Its first num_segments threads also write counts[s] = begin[s + 1] - begin[s].
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
 PositiveCountKernel(const int64_t* touched_keys, const T* touched_values, const int64_t* touched_total,
-                    int64_t num_slots, int64_t spatial_size, int64_t* positive) {
+                    int64_t num_slots, int64_t spatial_size, const int64_t* begin, int64_t num_segments,
+                    int64_t* counts, int64_t* positive) {
+  for (int64_t s = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; s < num_segments;
+       s += static_cast<int64_t>(gridDim.x) * kThreads) {
+    counts[s] = begin[s + 1] - begin[s];
+  }
   const int64_t total = *touched_total;
   const int64_t end = total < num_slots ? total : num_slots;
   __shared__ int64_t block_segment[2];
@@ -878,6 +879,8 @@ __global__ void __launch_bounds__(kThreads)
 // then the (ic, oc) weights in kernel-offset order, of value(y + delta, ic) * w where that
 // input is present (its bit), found at word_first of its word plus the set bits below it:
 // DenseAccumulateKernel's order and roundings, so the CPU's values.
+constexpr int kProbes = 8;
+
 template <typename T>
 __global__ void BitmapSumsKernel(KeyLayout L, int64_t cout, const int64_t* touched_keys,
                                  const int64_t* touched_total, const uint32_t* in_bits,
@@ -896,15 +899,27 @@ __global__ void BitmapSumsKernel(KeyLayout L, int64_t cout, const int64_t* touch
     for (int64_t ic = 0; ic < cin; ++ic) {
       const int64_t base = (b * cin + ic) * S + lin;
       const int64_t end = pair_begin[ic * cout + oc + 1];
-      for (int64_t p = pair_begin[ic * cout + oc]; p < end; ++p) {
-        const GpuPresentWeight& w = weights[p];
-        if (!InputInGrid(y, w, L)) continue;
-        const int64_t key = base + w.lin_delta;
-        const uint32_t word = in_bits[key >> 5];
-        const uint32_t bit = static_cast<uint32_t>(key & 31);
-        if (!((word >> bit) & 1u)) continue;
-        const int64_t entry = word_first[key >> 5] + __popc(word & ((1u << bit) - 1u));
-        sum = AddRn(sum, MulRn(values[entry], filter[w.filter_index]));
+      // kProbes presence words loaded before any is tested, so their reads overlap; the
+      // sums then run in the same order as one weight at a time.
+      for (int64_t p0 = pair_begin[ic * cout + oc]; p0 < end; p0 += kProbes) {
+        int64_t key[kProbes];
+        uint32_t word[kProbes];
+#pragma unroll
+        for (int u = 0; u < kProbes; ++u) {
+          key[u] = -1;
+          word[u] = 0u;
+          if (p0 + u < end && InputInGrid(y, weights[p0 + u], L)) {
+            key[u] = base + weights[p0 + u].lin_delta;
+            word[u] = in_bits[key[u] >> 5];
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kProbes; ++u) {
+          const uint32_t bit = static_cast<uint32_t>(key[u] & 31);
+          if (key[u] < 0 || !((word[u] >> bit) & 1u)) continue;
+          const int64_t entry = word_first[key[u] >> 5] + __popc(word[u] & ((1u << bit) - 1u));
+          sum = AddRn(sum, MulRn(values[entry], filter[weights[p0 + u].filter_index]));
+        }
       }
     }
     touched_values[j] = AddRn(sum, bias[oc]);
@@ -1175,13 +1190,14 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     free_buffers[0] = slot_keys[current];  // the contributions are summed: reusable
     free_buffers[1] = slot_values[current];
   }
-  SegmentCountsKernel<<<BlocksFor(num_segments + 1), kThreads, 0, stream>>>(
-      touched_keys_, touched_total, num_segments, L.spatial_size, segment_begin, touched_counts, positive_counts);
+  SegmentBeginKernel<<<BlocksFor(num_segments + 1), kThreads, 0, stream>>>(
+      touched_keys_, touched_total, num_segments, L.spatial_size, segment_begin, positive_counts);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
+  PositiveCountKernel<T><<<BlocksFor(std::max(touched_bound, num_segments)), kThreads, 0, stream>>>(
+      touched_keys_, touched_values_, touched_total, touched_bound, L.spatial_size, segment_begin, num_segments,
+      touched_counts, positive_counts);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("positive counts");
   if (touched_bound > 0) {
-    PositiveCountKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-        touched_keys_, touched_values_, touched_total, touched_bound, L.spatial_size, positive_counts);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("positive counts");
     if (a.relu) {
       TouchedNaNKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
           touched_values_, touched_total, touched_bound, &device_report->checks[kConvReluNaN]);
