@@ -16,6 +16,7 @@ from tf_sparseconv._op_library import OP_NAMESPACE, ops as raw_ops
 from tf_sparseconv.channel import keras_io
 from tf_sparseconv.channel.tensor import PADDING_KEY
 from tf_sparseconv.checks import padded_by_library, padded_convs_upstream
+from tests.device import CPU
 from tests.channel.helpers import assert_exact_then_padding, random_filter, random_sparse_components
 
 SHAPE = [2, 6, 5, 4, 3]  # B, R1..R3, Cin
@@ -23,7 +24,13 @@ COUT = 2
 # (selection, k, activation, dataflow) of the cases
 CASES = {"plain": ("none", None, None, "auto"), "sort": ("none", None, None, "sort"),
          "dense": ("none", None, None, "dense"), "k-relu": ("abs", 5, "relu", "auto"),
-         "k-signed-sort": ("signed", 9, None, "sort"), "k-large": ("signed", 1000, "relu", "dense")}
+         "k-signed-sort": ("signed", 9, None, "sort"), "k-large": ("signed", 1000, "relu", "dense"),
+         "bitmap": ("none", None, None, "bitmap"), "k-relu-bitmap": ("signed", 7, "relu", "bitmap")}
+
+
+def _skip_bitmap_on_cpu(device, dataflow):
+    if dataflow == "bitmap" and device == CPU:
+        pytest.skip("the bitmap dataflow is the GPU's (the CPU refuses it)")
 
 
 def _bound(n, mask, selection, k, shape=SHAPE, cout=COUT):
@@ -43,6 +50,7 @@ def _conv(x, w, bias, mask, case, padded):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_padded_output_is_the_exact_output_then_padding(rng, device, case, dtype):
+    _skip_bitmap_on_cpu(device, CASES[case][3])
     keys, values, dense_shape = random_sparse_components(rng, SHAPE, 0.3, dtype)
     w, mask = random_filter(rng, [3, 3, 3], SHAPE[-1], COUT, 0.7, dtype)
     bias = rng.standard_normal(COUT).astype(dtype)
@@ -77,6 +85,7 @@ def test_the_capacity_counts_a_padded_inputs_whole_length(rng, device):
 
 @pytest.mark.parametrize("case", ["plain", "k-relu", "k-signed-sort", "dense"])
 def test_gradients_equal_the_exact_calls(rng, device, case):
+    _skip_bitmap_on_cpu(device, CASES[case][3])
     keys, values, dense_shape = random_sparse_components(rng, SHAPE, 0.3, np.float64)
     w, mask = random_filter(rng, [3, 3, 3], SHAPE[-1], COUT, 0.7)
     bias = rng.standard_normal(COUT)
@@ -140,12 +149,13 @@ def _network_case(rng):
     return (keys, values, dense_shape), [w1, w2, w3], [m1, m2, m3]
 
 
-@pytest.mark.parametrize("dataflow", ["auto", "sort", "dense"])
+@pytest.mark.parametrize("dataflow", ["auto", "sort", "dense", "bitmap"])
 def test_a_traced_network_of_padded_convolutions_equals_the_exact_one(rng, device, dataflow):
     """conv -> conv -> pool -> conv -> to_dense in one tf.function: the same output and filter
     gradients with padded convolutions (on the GPU the 2nd and 3rd do not wait: their kept
     count stays on the device); one status check reads all three, and the convolutions after
     the first take keys the library made (inputs_checked)."""
+    _skip_bitmap_on_cpu(device, dataflow)
     (keys, values, dense_shape), ws, masks = _network_case(rng)
     filters = [tf.Variable(w) for w in ws]
     with tf.device(device):

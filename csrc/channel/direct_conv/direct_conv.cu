@@ -170,6 +170,36 @@ __global__ void SegmentBeginKernel(const int64_t* touched_keys, const int64_t* t
 // counts them together (one atomic per block), else each warp per segment among its lanes
 // (one atomic per warp and segment). One atomic per entry on the few segments of a large
 // grid (B * Cout = 8) took 2 ms of a 4 ms convolution (H200, 256^3, 2026-11-29).
+// counts[segment] += the block's threads with `here` (integer atomics, so the result does
+// not depend on their order), for the block's positions [base, min(base + kThreads, end))
+// whose segments rise (sorted keys): one atomic where they all share one segment, else one
+// per warp and segment. Every thread of the block calls it (it holds barriers).
+__device__ inline void CountPerSegment(int64_t segment, bool here, int64_t base, int64_t end,
+                                       int64_t* block_segment, int64_t* counts) {
+  if (threadIdx.x == 0) block_segment[0] = segment;
+  const int64_t last = (end - base < kThreads ? end - base : kThreads) - 1;
+  if (threadIdx.x == last) block_segment[1] = segment;
+  __syncthreads();
+  const bool one_segment = block_segment[0] == block_segment[1];  // sorted: all between are equal
+  const int count = __syncthreads_count(here);
+  if (one_segment) {
+    if (threadIdx.x == 0 && count > 0) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&counts[block_segment[0]]),
+                static_cast<unsigned long long>(count));
+    }
+  } else {
+    const unsigned int lanes = __ballot_sync(0xffffffffu, here);
+    if (here) {
+      const unsigned int same = __match_any_sync(lanes, static_cast<unsigned long long>(segment)) & lanes;
+      if ((threadIdx.x % 32) == static_cast<unsigned int>(__ffs(same) - 1)) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(&counts[segment]),
+                  static_cast<unsigned long long>(__popc(same)));
+      }
+    }
+  }
+  __syncthreads();  // block_segment is rewritten by the caller's next iteration
+}
+
 // Its first num_segments threads also write counts[s] = begin[s + 1] - begin[s].
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -189,29 +219,7 @@ PositiveCountKernel(const int64_t* touched_keys, const T* touched_values, const 
     const int64_t j = base + threadIdx.x;
     const bool in_range = j < end;
     const int64_t segment = in_range ? touched_keys[j] / spatial_size : -1;
-    const bool positive_here = in_range && touched_values[j] > T(0);
-    if (threadIdx.x == 0) block_segment[0] = segment;
-    const int64_t last = (end - base < kThreads ? end - base : kThreads) - 1;
-    if (threadIdx.x == last) block_segment[1] = segment;
-    __syncthreads();
-    const bool one_segment = block_segment[0] == block_segment[1];  // sorted: all between are equal
-    const int count = __syncthreads_count(positive_here);
-    if (one_segment) {
-      if (threadIdx.x == 0 && count > 0) {
-        atomicAdd(reinterpret_cast<unsigned long long*>(&positive[block_segment[0]]),
-                  static_cast<unsigned long long>(count));
-      }
-    } else {
-      const unsigned int lanes = __ballot_sync(0xffffffffu, positive_here);
-      if (positive_here) {
-        const unsigned int same = __match_any_sync(lanes, static_cast<unsigned long long>(segment)) & lanes;
-        if ((threadIdx.x % 32) == static_cast<unsigned int>(__ffs(same) - 1)) {
-          atomicAdd(reinterpret_cast<unsigned long long*>(&positive[segment]),
-                    static_cast<unsigned long long>(__popc(same)));
-        }
-      }
-    }
-    __syncthreads();  // block_segment is rewritten by the next iteration
+    CountPerSegment(segment, in_range && touched_values[j] > T(0), base, end, block_segment, positive);
   }
 }
 
@@ -239,10 +247,17 @@ __device__ inline typename ScoreBits<T>::type ScoreOf(T value, bool by_magnitude
 
 // segment_of[j] = the segment of touched entry j (-1 past the touched set).
 __global__ void SegmentOfKernel(const int64_t* touched_keys, const int64_t* touched_total, int64_t touched_bound,
-                                int64_t spatial_size, int32_t* segment_of) {
+                                int64_t spatial_size, bool narrow, int32_t* segment_of) {
   const int64_t total = *touched_total;
+  // narrow: every key fits 32 bits, so 32-bit divisions do (the same for the whole grid)
   TF_SPARSECONV_GRID_LOOP(j, touched_bound) {
-    segment_of[j] = j < total ? static_cast<int32_t>(touched_keys[j] / spatial_size) : -1;
+    if (j >= total) {
+      segment_of[j] = -1;
+    } else if (narrow) {
+      segment_of[j] = static_cast<int32_t>(static_cast<uint32_t>(touched_keys[j]) / static_cast<uint32_t>(spatial_size));
+    } else {
+      segment_of[j] = static_cast<int32_t>(touched_keys[j] / spatial_size);
+    }
   }
 }
 
@@ -289,14 +304,22 @@ SelectHistogramKernel(const T* values, bool by_magnitude, const int32_t* segment
     if (!shared_bins || remaining[s0] >= 0) {  // a whole tile of an unselected segment has nothing to count
       for (int64_t j = base + threadIdx.x; j < tile_end; j += kThreads) {
         const int32_t s = segment_of[j];
-        if (remaining[s] < 0) continue;
+        bool counted = remaining[s] >= 0;
         const Bits u = ScoreOf(values[j], by_magnitude);
         const int high = shift + kRadixBits;
-        if (high < kBits && (u >> high) != (prefix[s] >> high)) continue;
+        if (high < kBits && (u >> high) != (prefix[s] >> high)) counted = false;
         const uint32_t digit = static_cast<uint32_t>(u >> shift) & (kRadixBins - 1);
         if (shared_bins) {
-          atomicAdd(&bins[digit], 1u);
-        } else {
+          // the lanes with one digit add once (the top digits of similar scores share a few
+          // bins, and their one-by-one atomics queued on them)
+          const unsigned int lanes = __ballot_sync(__activemask(), counted);
+          if (counted) {
+            const unsigned int peers = __match_any_sync(lanes, digit);
+            if ((threadIdx.x % 32) == static_cast<unsigned int>(__ffs(peers) - 1)) {
+              atomicAdd(&bins[digit], static_cast<uint32_t>(__popc(peers)));
+            }
+          }
+        } else if (counted) {
           atomicAdd(&hist[static_cast<int64_t>(s) * kRadixBins + digit], 1u);
         }
       }
@@ -799,14 +822,30 @@ __global__ void DenseSiteAccumulateKernel(KeyLayout L, int64_t cout, const T* de
 // ---- the bitmaps (ForwardPath::kBitmap, direct_conv_gpu.h) ----
 
 // in_bits: a bit per input key; word_first[w]: the first entry whose key lies in word w,
-// written for the words that hold an entry, the only ones read.
-__global__ void MarkInputsKernel(KeyLayout L, const int64_t* keys, int64_t n, const Report* report,
-                                 uint32_t* in_bits, int32_t* word_first) {
+// written for the words that hold an entry, the only ones read; EntryDataKernel's data; and
+// both per-segment counts zeroed.
+__global__ void MarkInputsKernel(KeyLayout L, int64_t cout, const int64_t* keys, int64_t n, const Report* report,
+                                 uint32_t* in_bits, int32_t* word_first, EntryData e, int64_t num_segments,
+                                 int64_t* touched_counts, int64_t* positive_counts) {
+  TF_SPARSECONV_GRID_LOOP(s, num_segments) {  // zeroed for WriteBitTilesKernel and BitmapSumsKernel
+    touched_counts[s] = 0;
+    positive_counts[s] = 0;
+  }
   if (!ChecksPassed(report)) return;
   const int64_t num_keys = L.num_keys();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     const int64_t key = keys[i];
-    if (key < 0 || key >= num_keys) continue;  // padding
+    if (key < 0 || key >= num_keys) {  // padding reaches nothing
+      e.out_base[i] = 0;
+      e.ic[i] = -1;
+      continue;
+    }
+    const int64_t seg = L.segment_of(key);
+    const int64_t lin = key - seg * L.spatial_size;
+    const int64_t b = seg / L.channels;
+    e.out_base[i] = b * cout * L.spatial_size + lin;
+    e.ic[i] = static_cast<int32_t>(seg - b * L.channels);
+    DecodeSpatial(lin, L, e.coords + i * L.d);
     atomicOr(in_bits + (key >> 5), 1u << (key & 31));
     if (i == 0 || (keys[i - 1] >> 5) != (key >> 5)) word_first[key >> 5] = static_cast<int32_t>(i);
   }
@@ -852,11 +891,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+struct MinOf {
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
+};
+struct MaxOf {
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a > b ? a : b; }
+};
+
+// Also counts[s] += the set bits in [s * segment_size, (s + 1) * segment_size) (counts zeroed
+// before): one atomic per tile where its bits share one segment, else per thread or bit.
 __global__ void __launch_bounds__(kThreads)
     WriteBitTilesKernel(const uint32_t* bits, int64_t words, int64_t num_tiles, const int64_t* tile_offsets,
-                        int64_t* indices) {
+                        int64_t* indices, int64_t segment_size, int64_t* counts) {
   using BlockScan = cub::BlockScan<int, kThreads>;
-  __shared__ typename BlockScan::TempStorage temp;
+  using BlockReduce = cub::BlockReduce<int64_t, kThreads>;
+  __shared__ union {
+    typename BlockScan::TempStorage scan;
+    typename BlockReduce::TempStorage reduce;
+  } temp;
+  __shared__ int64_t tile_segment[2];
   for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const int64_t first = tile * kTileSize + static_cast<int64_t>(threadIdx.x) * kTileItems;
     uint32_t word[kTileItems];
@@ -865,13 +918,42 @@ __global__ void __launch_bounds__(kThreads)
       word[j] = first + j < words ? bits[first + j] : 0u;
       set += __popc(word[j]);
     }
-    int before = 0;
-    BlockScan(temp).ExclusiveSum(set, before);
+    int before = 0, tile_total = 0;
+    BlockScan(temp.scan).ExclusiveSum(set, before, tile_total);
     int64_t rank = tile_offsets[tile] + before;
+    int64_t lo = INT64_MAX, hi = -1;  // the segments of this thread's first and last set bits
     for (int j = 0; j < kTileItems; ++j) {
-      for (uint32_t w = word[j]; w != 0u; w &= w - 1u) indices[rank++] = (first + j) * 32 + (__ffs(w) - 1);
+      for (uint32_t w = word[j]; w != 0u; w &= w - 1u) {
+        const int64_t index = (first + j) * 32 + (__ffs(w) - 1);
+        indices[rank++] = index;
+        if (lo == INT64_MAX) lo = index / segment_size;
+        hi = index;
+      }
     }
+    if (hi >= 0) hi /= segment_size;
+    __syncthreads();  // temp.scan is reused as temp.reduce
+    const int64_t tile_lo = BlockReduce(temp.reduce).Reduce(lo, MinOf());
+    if (threadIdx.x == 0) tile_segment[0] = tile_lo;
     __syncthreads();
+    const int64_t tile_hi = BlockReduce(temp.reduce).Reduce(hi, MaxOf());
+    if (threadIdx.x == 0) tile_segment[1] = tile_hi;
+    __syncthreads();
+    if (tile_segment[0] == tile_segment[1]) {
+      if (threadIdx.x == 0 && tile_total > 0) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(&counts[tile_segment[0]]),
+                  static_cast<unsigned long long>(tile_total));
+      }
+    } else if (lo == hi) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(&counts[lo]), static_cast<unsigned long long>(set));
+    } else if (set > 0) {  // this thread's bits span segments: bit by bit
+      for (int j = 0; j < kTileItems; ++j) {
+        for (uint32_t w = word[j]; w != 0u; w &= w - 1u) {
+          atomicAdd(reinterpret_cast<unsigned long long*>(&counts[((first + j) * 32 + (__ffs(w) - 1)) / segment_size]),
+                    1ull);
+        }
+      }
+    }
+    __syncthreads();  // temp and tile_segment are rewritten by the next tile
   }
 }
 
@@ -879,50 +961,54 @@ __global__ void __launch_bounds__(kThreads)
 // then the (ic, oc) weights in kernel-offset order, of value(y + delta, ic) * w where that
 // input is present (its bit), found at word_first of its word plus the set bits below it:
 // DenseAccumulateKernel's order and roundings, so the CPU's values.
-constexpr int kProbes = 8;
-
-template <typename T>
-__global__ void BitmapSumsKernel(KeyLayout L, int64_t cout, const int64_t* touched_keys,
-                                 const int64_t* touched_total, const uint32_t* in_bits,
-                                 const int32_t* word_first, const T* values, const T* filter,
-                                 const GpuPresentWeight* weights, const int64_t* pair_begin, const T* bias,
-                                 T* touched_values) {
+// Index: the integer type of the key arithmetic, uint32_t where every key fits (64-bit
+// divisions took most of this kernel's time). Also counts each segment's entries > 0
+// (CountPerSegment; positive zeroed before), as PositiveCountKernel does for the other paths.
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads)
+    BitmapSumsKernel(KeyLayout L, int64_t cout, const int64_t* touched_keys, const int64_t* touched_total,
+                     const uint32_t* in_bits, const int32_t* word_first, const T* values, const T* filter,
+                     const GpuPresentWeight* weights, const int64_t* pair_begin, const T* bias, T* touched_values,
+                     int64_t* positive) {
+  __shared__ int64_t block_segment[2];
   const int64_t total = *touched_total;
-  const int64_t S = L.spatial_size, cin = L.channels;
-  TF_SPARSECONV_GRID_LOOP(j, total) {
-    const int64_t o = touched_keys[j];
-    const int64_t seg = o / S, lin = o - seg * S;
-    const int64_t b = seg / cout, oc = seg - b * cout;
-    int32_t y[kMaxSpatialDims];
-    DecodeSpatial(lin, L, y);
-    T sum = T(0);
-    for (int64_t ic = 0; ic < cin; ++ic) {
-      const int64_t base = (b * cin + ic) * S + lin;
-      const int64_t end = pair_begin[ic * cout + oc + 1];
-      // kProbes presence words loaded before any is tested, so their reads overlap; the
-      // sums then run in the same order as one weight at a time.
-      for (int64_t p0 = pair_begin[ic * cout + oc]; p0 < end; p0 += kProbes) {
-        int64_t key[kProbes];
-        uint32_t word[kProbes];
-#pragma unroll
-        for (int u = 0; u < kProbes; ++u) {
-          key[u] = -1;
-          word[u] = 0u;
-          if (p0 + u < end && InputInGrid(y, weights[p0 + u], L)) {
-            key[u] = base + weights[p0 + u].lin_delta;
-            word[u] = in_bits[key[u] >> 5];
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kProbes; ++u) {
-          const uint32_t bit = static_cast<uint32_t>(key[u] & 31);
-          if (key[u] < 0 || !((word[u] >> bit) & 1u)) continue;
-          const int64_t entry = word_first[key[u] >> 5] + __popc(word[u] & ((1u << bit) - 1u));
-          sum = AddRn(sum, MulRn(values[entry], filter[weights[p0 + u].filter_index]));
+  const Index S = static_cast<Index>(L.spatial_size), cin = static_cast<Index>(L.channels);
+  const Index n_oc = static_cast<Index>(cout);
+  // the loop's bounds are the same for the whole block: every thread reaches each barrier
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads; base < total;
+       base += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t j = base + threadIdx.x;
+    int64_t segment = -1;
+    bool positive_here = false;
+    if (j < total) {
+      const Index o = static_cast<Index>(touched_keys[j]);
+      const Index seg = o / S, lin = o - seg * S;
+      const Index b = seg / n_oc, oc = seg - b * n_oc;
+      int32_t y[kMaxSpatialDims];
+      for (int k = 0; k < L.d; ++k) {
+        y[k] = static_cast<int32_t>((lin / static_cast<Index>(L.stride[k])) % static_cast<Index>(L.extent[k]));
+      }
+      T sum = T(0);
+      for (Index ic = 0; ic < cin; ++ic) {
+        const int64_t in_base = static_cast<int64_t>((b * cin + ic) * S + lin);
+        const int64_t end = pair_begin[ic * n_oc + oc + 1];
+        for (int64_t p = pair_begin[ic * n_oc + oc]; p < end; ++p) {
+          const GpuPresentWeight& w = weights[p];
+          if (!InputInGrid(y, w, L)) continue;
+          const int64_t key = in_base + w.lin_delta;
+          const uint32_t word = in_bits[key >> 5];
+          const uint32_t bit = static_cast<uint32_t>(key & 31);
+          if (!((word >> bit) & 1u)) continue;
+          const int64_t entry = word_first[key >> 5] + __popc(word & ((1u << bit) - 1u));
+          sum = AddRn(sum, MulRn(values[entry], filter[w.filter_index]));
         }
       }
+      const T value = AddRn(sum, bias[oc]);
+      touched_values[j] = value;
+      segment = static_cast<int64_t>(seg);
+      positive_here = value > T(0);
     }
-    touched_values[j] = AddRn(sum, bias[oc]);
+    CountPerSegment(segment, positive_here, base, total, block_segment, positive);
   }
 }
 
@@ -949,20 +1035,39 @@ struct DenseTables {
   const uint8_t* present = nullptr;  // [K..., Cin, Cout] byte table: is this weight present
 };
 
-// A new device report with the forward's data checks (ConvCheck slots) queued into it.
+// The first NaN of the values, the filter and the bias, each in its ConvCheck slot: one launch.
+template <typename T>
+__global__ void ForwardNaNKernel(const T* values, int64_t n, const T* filter, int64_t filter_size, const T* bias,
+                                 int64_t cout, CheckSlot* checks) {
+  TF_SPARSECONV_GRID_LOOP(i, n + filter_size + cout) {
+    if (i < n) {
+      if (isnan(values[i])) RecordFirst(&checks[kConvValues], i);
+    } else if (i < n + filter_size) {
+      if (isnan(filter[i - n])) RecordFirst(&checks[kConvFilter], i - n);
+    } else if (isnan(bias[i - n - filter_size])) {
+      RecordFirst(&checks[kConvBias], i - n - filter_size);
+    }
+  }
+}
+
+// A new device report with the forward's data checks (ConvCheck slots) queued into it; the
+// keys are not checked again where a library op made them (keys_checked).
 template <typename T>
 GpuStatus QueueForwardChecks(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const T* bias,
                              Report** device_report) {
-  if (a.keys_checked) {  // the values are still checked for NaN
-    TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, device_report));
-    TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.values, a.n, &(*device_report)->checks[kConvValues]));
-  } else {
-    TF_SPARSECONV_RETURN_IF_ERROR(NewEntryReport(stream, scratch, a.keys, a.values, a.n, a.in_layout.num_keys(),
-                                                 kConvKeys, kConvValues, device_report, a.padded));
-  }
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, device_report));
   CheckSlot* checks = (*device_report)->checks;
-  TF_SPARSECONV_RETURN_IF_ERROR(CheckNaN(stream, a.filter, a.filter_size, &checks[kConvFilter]));
-  return CheckNaN(stream, bias, a.cout, &checks[kConvBias]);
+  if (!a.keys_checked) {
+    TF_SPARSECONV_RETURN_IF_ERROR(
+        CheckSortedKeys(stream, a.keys, a.n, a.in_layout.num_keys(), &checks[kConvKeys], a.padded));
+  }
+  const int64_t items = a.n + a.filter_size + a.cout;
+  if (items > 0) {
+    ForwardNaNKernel<T><<<BlocksFor(items), kThreads, 0, stream>>>(a.values, a.n, a.filter, a.filter_size, bias,
+                                                                   a.cout, checks);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
+  }
+  return GpuStatus::Ok();
 }
 
 // Uploads the weight table and computes the per-entry data (or, given `dense`, the dense
@@ -1008,11 +1113,12 @@ GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArg
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemcpyAsync(device, pinned, total, cudaMemcpyHostToDevice, stream), "present weights");
   if (dense != nullptr) return GpuStatus::Ok();  // the dense grid needs no per-entry data
+  const bool data_by_caller = pair_begin != nullptr;  // the bitmaps compute it as they mark the input
   e->out_base = scratch->DeviceArray<int64_t>(a.n);
   e->ic = scratch->DeviceArray<int32_t>(a.n);
   e->coords = scratch->DeviceArray<int32_t>(a.n * a.in_layout.d);
   if (!e->out_base || !e->ic || !e->coords) return GpuStatus::OutOfMemory("entry data");
-  if (a.n > 0) {
+  if (a.n > 0 && !data_by_caller) {
     EntryDataKernel<<<BlocksFor(a.n), kThreads, 0, stream>>>(a.in_layout, a.cout, a.keys, a.n,
                                                              report, *e);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("entry data");
@@ -1131,8 +1237,9 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(in_bits, 0, sizeof(uint32_t) * (in_words + out_words), stream), "bitmaps");
     if (a.n > 0) {
-      MarkInputsKernel<<<BlocksFor(a.n), kThreads, 0, stream>>>(L, a.keys, a.n, device_report, in_bits,
-                                                                 word_first);
+      MarkInputsKernel<<<BlocksFor(std::max(a.n, num_segments)), kThreads, 0, stream>>>(
+          L, a.cout, a.keys, a.n, device_report, in_bits, word_first, e, num_segments, touched_counts,
+          positive_counts);
       if (num_slots <= static_cast<int64_t>(UINT32_MAX)) {
         MarkOutputsKernel<uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
             L, e, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits);
@@ -1146,11 +1253,17 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
                                                                          tile_counts);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
     TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, touched_total));
-    WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(out_bits, out_words, num_tiles,
-                                                                         tile_offsets, touched_keys);
-    BitmapSumsKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-        L, a.cout, touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin,
-        bias, touched_values);
+    WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
+        out_bits, out_words, num_tiles, tile_offsets, touched_keys, L.spatial_size, touched_counts);
+    if (no_output <= UINT32_MAX && static_cast<uint64_t>(L.num_keys()) <= UINT32_MAX) {
+      BitmapSumsKernel<T, uint32_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+          L, a.cout, touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin,
+          bias, touched_values, positive_counts);
+    } else {
+      BitmapSumsKernel<T, uint64_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+          L, a.cout, touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin,
+          bias, touched_values, positive_counts);
+    }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
     touched_keys_ = touched_keys;
     touched_values_ = touched_values;
@@ -1190,13 +1303,21 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     free_buffers[0] = slot_keys[current];  // the contributions are summed: reusable
     free_buffers[1] = slot_values[current];
   }
-  SegmentBeginKernel<<<BlocksFor(num_segments + 1), kThreads, 0, stream>>>(
-      touched_keys_, touched_total, num_segments, L.spatial_size, segment_begin, positive_counts);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
-  PositiveCountKernel<T><<<BlocksFor(std::max(touched_bound, num_segments)), kThreads, 0, stream>>>(
-      touched_keys_, touched_values_, touched_total, touched_bound, L.spatial_size, segment_begin, num_segments,
-      touched_counts, positive_counts);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("positive counts");
+  if (bitmap && touched_bound > 0) {
+    // both counts are written; k-selection's segment begins are their scan
+    if (selection != SelectionMode::kNone) {
+      TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, touched_counts, segment_begin, num_segments,
+                                               segment_begin + num_segments));
+    }
+  } else {
+    SegmentBeginKernel<<<BlocksFor(num_segments + 1), kThreads, 0, stream>>>(
+        touched_keys_, touched_total, num_segments, L.spatial_size, segment_begin, positive_counts);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
+    PositiveCountKernel<T><<<BlocksFor(std::max(touched_bound, num_segments)), kThreads, 0, stream>>>(
+        touched_keys_, touched_values_, touched_total, touched_bound, L.spatial_size, segment_begin, num_segments,
+        touched_counts, positive_counts);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("positive counts");
+  }
   if (touched_bound > 0) {
     if (a.relu) {
       TouchedNaNKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
@@ -1223,8 +1344,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     if (!tie || !segment_of || !tie_rank || !prefix || !remaining || !hist || !keep) {
       return GpuStatus::OutOfMemory("k-selection");
     }
-    SegmentOfKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(touched_keys_, touched_total, touched_bound,
-                                                                       L.spatial_size, segment_of);
+    SegmentOfKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+        touched_keys_, touched_total, touched_bound, L.spatial_size, no_output <= UINT32_MAX, segment_of);
     SelectStartKernel<Bits><<<BlocksFor(num_segments), kThreads, 0, stream>>>(segment_begin, num_segments, k,
                                                                               prefix, remaining, hist);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
@@ -1275,6 +1396,37 @@ __global__ void CopyTouchedKernel(const int64_t* keys, const T* values, const in
     out_keys[q] = keys[q];
     out_values[q] = values[q];
   }
+}
+
+// The touched set's first `live` entries, then padding up to capacity; live as in
+// PadConvOutputKernel (0 where a check failed).
+template <typename T>
+__global__ void CopyTouchedPaddedKernel(const int64_t* keys, const T* values, const Report* report,
+                                        int64_t host_live, int64_t capacity, int64_t* out_keys, T* out_values) {
+  const int64_t live = report == nullptr ? host_live : ChecksPassed(report) ? report->count : 0;
+  TF_SPARSECONV_GRID_LOOP(q, capacity) {
+    if (q < live) {
+      out_keys[q] = keys[q];
+      out_values[q] = values[q];
+    } else {
+      out_keys[q] = kPaddingKey;
+      out_values[q] = T(0);
+    }
+  }
+}
+
+template <typename T>
+GpuStatus DirectConvForwardGpu<T>::WritePadded(Stream stream, int64_t* out_keys, T* out_values, int64_t capacity,
+                                               const Report* device_report, int64_t live) const {
+  if (!keep_all_) {
+    TF_SPARSECONV_RETURN_IF_ERROR(Write(stream, out_keys, out_values));
+    return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values);
+  }
+  if (capacity == 0) return GpuStatus::Ok();
+  CopyTouchedPaddedKernel<T><<<BlocksFor(capacity), kThreads, 0, stream>>>(
+      touched_keys_, touched_values_, device_report, live, capacity, out_keys, out_values);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output entries");
+  return GpuStatus::Ok();
 }
 
 template <typename T>

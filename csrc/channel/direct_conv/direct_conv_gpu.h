@@ -147,6 +147,10 @@ class DirectConvForwardGpu {
                 int64_t* touched_counts, int64_t* positive_counts, Report* report);
   // Writes the report->count kept entries in key order.
   GpuStatus Write(Stream stream, int64_t* out_keys, T* out_values) const;
+  // Write, then PadConvOutput's padding up to capacity (one launch where every touched entry
+  // is kept).
+  GpuStatus WritePadded(Stream stream, int64_t* out_keys, T* out_values, int64_t capacity,
+                        const Report* device_report, int64_t live) const;
   // The report of a Run that did not wait (nullptr after one that did).
   const Report* device_report() const { return unread_report_; }
 

@@ -188,6 +188,10 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
   bool Staged(int64_t, Tensor*, Tensor*) const { return false; }
 
   absl::Status WritePadded(int64_t count, int64_t capacity, int64_t* out_keys, T* out_values) {
+    if (!in_groups_) {
+      return ToStatus(conv_.WritePadded(stream_, out_keys, out_values, capacity,
+                                        no_wait_ ? conv_.device_report() : nullptr, count));
+    }
     TF_RETURN_IF_ERROR(Write(out_keys, out_values));
     return ToStatus(gpu::PadConvOutput<T>(stream_, no_wait_ ? conv_.device_report() : nullptr, count, capacity,
                                           out_keys, out_values));
