@@ -304,22 +304,14 @@ SelectHistogramKernel(const T* values, bool by_magnitude, const int32_t* segment
     if (!shared_bins || remaining[s0] >= 0) {  // a whole tile of an unselected segment has nothing to count
       for (int64_t j = base + threadIdx.x; j < tile_end; j += kThreads) {
         const int32_t s = segment_of[j];
-        bool counted = remaining[s] >= 0;
+        if (remaining[s] < 0) continue;
         const Bits u = ScoreOf(values[j], by_magnitude);
         const int high = shift + kRadixBits;
-        if (high < kBits && (u >> high) != (prefix[s] >> high)) counted = false;
+        if (high < kBits && (u >> high) != (prefix[s] >> high)) continue;
         const uint32_t digit = static_cast<uint32_t>(u >> shift) & (kRadixBins - 1);
         if (shared_bins) {
-          // the lanes with one digit add once (the top digits of similar scores share a few
-          // bins, and their one-by-one atomics queued on them)
-          const unsigned int lanes = __ballot_sync(__activemask(), counted);
-          if (counted) {
-            const unsigned int peers = __match_any_sync(lanes, digit);
-            if ((threadIdx.x % 32) == static_cast<unsigned int>(__ffs(peers) - 1)) {
-              atomicAdd(&bins[digit], static_cast<uint32_t>(__popc(peers)));
-            }
-          }
-        } else if (counted) {
+          atomicAdd(&bins[digit], 1u);
+        } else {
           atomicAdd(&hist[static_cast<int64_t>(s) * kRadixBins + digit], 1u);
         }
       }
