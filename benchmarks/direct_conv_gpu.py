@@ -52,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tf_sparseconv as ts  # noqa: E402
 from gpu_trace import rank_events, traced_events  # noqa: E402
+from run_info import checkout_commit  # noqa: E402
 from timing import device_s_per_call, median_time, sync  # noqa: E402
 
 RESOLUTIONS = [32, 64, 128, 256, 512]
@@ -189,7 +190,8 @@ def run_config(rng, mode, batch, r, rho_f, device_name, args):
                       k_selection=selection != "none", selection=selection,
                       rho_up=None if selection == "none" else 1.0 / r,
                       entries=int(x.keys.shape[0]), ours_input_bytes=input_bytes,
-                      dense_input_bytes=dense_input_bytes, device=device_name)
+                      dense_input_bytes=dense_input_bytes, device=device_name,
+                      date=time.strftime("%Y-%m-%d"), commit=checkout_commit())
         if mode == "time":
             record["ours_s"] = attempt(lambda: median_time(call, args.warmup, args.repeats, budget_s=args.budget))
             record["ours_gpu_s"] = attempt(lambda: device_s_per_call(call, args.loop_calls))
@@ -295,14 +297,19 @@ def markdown_tables(path):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     ms = lambda s: "-" if s is None else f"{s * 1e3:.2f}"  # noqa: E731
     ratio = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    us = lambda s: "-" if s is None else f"{s * 1e6:.0f}"  # noqa: E731
     print("| r³ | ρ_f | k-selection | ours call [ms] | cuDNN call [ms] | dense/ours | ours device [ms] "
-          "| cuDNN device [ms] | dense/ours (device) |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+          "| cuDNN device [ms] | dense/ours (device) | ours in a network [µs] | cuDNN [µs] | dense/ours "
+          "| GPU busy [µs] | launches |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if r.get("kind") == "time":
+            launches = r.get("ours_launches")
             print(f"| {r['r']}³ | {r['rho_f']} | {r['selection']} | {ms(r['ours_s'])} | {ms(r['dense_s'])} "
                   f"| {ratio(r['ratio'])} | {ms(r.get('ours_gpu_s'))} | {ms(r.get('dense_gpu_s'))} "
-                  f"| {ratio(r.get('ratio_gpu'))} |")
+                  f"| {ratio(r.get('ratio_gpu'))} | {us(r.get('ours_unrolled_gpu_s'))} "
+                  f"| {us(r.get('dense_unrolled_gpu_s'))} | {ratio(r.get('ratio_unrolled_gpu'))} "
+                  f"| {us(r.get('ours_busy_s'))} | {'-' if launches is None else f'{launches:.1f}'} |")
     print()
     print("| r³ (batch 32) | ρ_f | k-selection | ours peak [GiB] | dense peak [GiB] |")
     print("|---|---:|---|---:|---:|")
