@@ -19,7 +19,14 @@
 //     then the entries above it and the first of its ties in key order are kept: the k
 //     largest, ties to the smaller key.
 //  5. A compaction of the kept entries gives the output size (read back with the
-//     checks) and, after the OpKernel allocated the outputs, writes them in key order.
+//     checks) and, after the OpKernel allocated the outputs, writes them in key order;
+//     where every touched entry is kept, the touched set is copied (and padded) instead.
+//
+// Forward on the bitmaps (ForwardPath::kBitmap, direct_conv_gpu.h) replaces steps 1-3: a
+// bit per input and per output key, the output bits set from every (entry, present
+// weight), read out in key order per tile of words (the touched set without a sort), and
+// one thread per touched entry summing its present inputs in the CPU's order; the
+// per-segment counts come from those two kernels, so no binary searches.
 //
 // Temporary memory of the forward pass, U = n * max_row contribution slots:
 //   U * (16 + 2 * sizeof(T))   keys and values of the contributions, double-buffered
