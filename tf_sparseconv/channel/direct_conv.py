@@ -69,8 +69,10 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     contributions in output-key order; memory follows the entries), 'dense' (buffers over
     the grid; memory follows B * R1*...*Rd), 'bitmap' (the GPU only, refused on the CPU: a
     bit per input and output key, the touched keys read from the bits in order without a
-    sort; memory follows B * R1*...*Rd / 8 per channel) or 'auto' (each device's rule). `temp_limit_bytes` caps the GPU sort's contribution buffers by running the batch
-    in groups of whole examples (None or 0: no cap); the CPU holds no such buffers.
+    sort; memory follows B * R1*...*Rd / 8 per channel) or 'auto' (each device's rule).
+    `temp_limit_bytes` caps the GPU sort's contribution buffers by running the batch in
+    groups of whole examples (None or 0: no cap; under 'auto' the GPU then takes the bitmaps
+    only where they fit the cap); the CPU holds no such buffers.
     `accumulator` is 0.1's name of the choice ('merge' is 'sort'), deprecated.
     `activation` 'relu' is sparse_relu fused into the op: the same output as
     sparse_relu(direct_conv(...)) without a second op (on the GPU, without its wait).

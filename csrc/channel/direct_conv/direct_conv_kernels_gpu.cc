@@ -149,11 +149,19 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
     const KeyLayout& L = args_.in_layout;
     k_ = attrs_.EffectiveK(L.spatial_size);
     temp_limit_ = static_cast<double>(attrs_.temp_limit_bytes);
+    // temp_limit_bytes caps the sort's buffers; where 'auto' would take the bitmaps and they
+    // exceed the limit, the sort runs (in groups) so that the cap holds.
+    dataflow_ = attrs_.dataflow;
+    if (dataflow_ == DirectConvDataflow::kAuto && attrs_.temp_limit_bytes > 0 &&
+        gpu::ForwardPathOf(args_, dataflow_) == gpu::ForwardPath::kBitmap &&
+        gpu::BitmapForwardBytes(args_) > temp_limit_) {
+      dataflow_ = DirectConvDataflow::kSort;
+    }
     // In groups, each group's contributions are checked against the sort's limit instead.
-    const bool sort = !gpu::UseDenseGrid(args_, attrs_.dataflow);
-    in_groups_ = sort && attrs_.temp_limit_bytes > 0 && L.batch > 1 && args_.n > 0 &&
+    const gpu::ForwardPath path = gpu::ForwardPathOf(args_, dataflow_);
+    in_groups_ = path == gpu::ForwardPath::kSort && attrs_.temp_limit_bytes > 0 && L.batch > 1 && args_.n > 0 &&
                  gpu::SortForwardBytes(args_) > temp_limit_;
-    if (sort && !in_groups_) {
+    if (path != gpu::ForwardPath::kDense && !in_groups_) {  // the sort's and the bitmaps' slot indices
       TF_RETURN_IF_ERROR(CheckSortable(gpu::ContributionSlots(args_.n, table_.max_row), "DirectSparseConv",
                                        "contributions (entries x present weights of one input "
                                        "channel)"));
@@ -174,11 +182,11 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
     if (in_groups_) return CountInGroups(touched, positive, count);
     if (no_wait_) {
       *count = kCountOnDevice;
-      return ToStatus(conv_.Run(stream_, &scratch_, args_, bias_, attrs_.selection, k_, attrs_.dataflow, touched,
+      return ToStatus(conv_.Run(stream_, &scratch_, args_, bias_, attrs_.selection, k_, dataflow_, touched,
                                 positive, nullptr));
     }
     gpu::Report report;
-    TF_RETURN_IF_ERROR(ToStatus(conv_.Run(stream_, &scratch_, args_, bias_, attrs_.selection, k_, attrs_.dataflow,
+    TF_RETURN_IF_ERROR(ToStatus(conv_.Run(stream_, &scratch_, args_, bias_, attrs_.selection, k_, dataflow_,
                                           touched, positive, &report)));
     TF_RETURN_IF_ERROR(ForwardReportStatus(report, args_.in_layout));
     *count = report.count;
@@ -297,6 +305,7 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
   const T* bias_ = nullptr;
   int64_t k_ = 0;
   double temp_limit_ = 0;
+  DirectConvDataflow dataflow_ = DirectConvDataflow::kAuto;  // attrs_.dataflow, or the sort under a temp limit
   bool in_groups_ = false;
   bool no_wait_ = false;
   gpu::DirectConvForwardGpu<T> conv_;
