@@ -313,6 +313,8 @@ def ref_direct_conv(inputs):
     require(out.num_keys < 2**63, "output key overflow")
     if attrs.dataflow == "dense":
         cap(layout.batch * layout.spatial * max(layout.channels, cout), "dense dataflow grid")
+    if attrs.dataflow == "bitmap":  # a bit per input and per output key (on the GPU)
+        cap(layout.batch * layout.spatial * (layout.channels + cout) // 32, "bitmap dataflow grid")
     keys, values, w = inputs["keys"], inputs["values"].astype(np.float64), inputs["filter"].astype(np.float64)
     sums, bounds = {}, {}
     with np.errstate(invalid="ignore", over="ignore"):
@@ -458,7 +460,15 @@ def make_conv(rng):
     return dict(sparse, filter=w, mask=mask, bias=rng.standard_normal(w.shape[-1]).astype(w.dtype),
                 selection=selection, k=np.array(k, np.int64), rho_up=np.array(rho_up, np.float64),
                 temp_limit_bytes=np.array(0 if rng.random() < 0.5 else 4096, np.int64),
-                dataflow=str(rng.choice(["auto", "sort", "dense"])), activation=str(rng.choice(["none", "relu"])))
+                dataflow=str(rng.choice(["auto", "sort", "dense", "bitmap"])),
+                activation=str(rng.choice(["none", "relu"])))
+
+
+def dataflow_here(inputs):
+    """The case's dataflow where the op runs now: 'bitmap' is the GPU's (the CPU refuses it,
+    tests/channel/test_direct_conv.py), so the CPU runs its results' twin, 'sort'."""
+    on_cpu = tf.identity(tf.zeros([])).device.endswith("CPU:0")
+    return "sort" if inputs["dataflow"] == "bitmap" and on_cpu else inputs["dataflow"]
 
 
 CONV_MUTABLE = ["keys", "values", "dense_shape", "filter", "mask", "bias", "k", "rho_up", "temp_limit_bytes"]
@@ -469,7 +479,7 @@ def run_raw_conv(inputs):
                                                          "bias")
     out = ops.direct_sparse_conv(keys, values, dense_shape, w, mask, bias, selection=inputs["selection"],
                                  k=inputs["k"].tolist(), rho_up=inputs["rho_up"].tolist(),
-                                 dataflow=inputs["dataflow"], temp_limit_bytes=inputs["temp_limit_bytes"].tolist(),
+                                 dataflow=dataflow_here(inputs), temp_limit_bytes=inputs["temp_limit_bytes"].tolist(),
                                  activation=inputs.get("activation", "none"))
     return dict(zip(("keys", "values", "dense_shape", "touched", "positive"), numpy_of(out)))
 
@@ -483,7 +493,7 @@ def run_public_conv(inputs, make_tensor=tensor_of, padded_output=False):
     k, rho_up = inputs["k"].tolist(), inputs["rho_up"].tolist()
     y, touched, positive = ts.direct_conv(
         make_tensor(inputs), w, bias, mask, selection=inputs["selection"], k=None if k == 0 else k,
-        rho_up=None if rho_up == 0 else rho_up, dataflow=inputs["dataflow"],
+        rho_up=None if rho_up == 0 else rho_up, dataflow=dataflow_here(inputs),
         temp_limit_bytes=inputs["temp_limit_bytes"].tolist(), activation=public_activation(inputs),
         return_counts=True, padded_output=padded_output)
     if padded_output:  # the live entries, then only padding
@@ -501,7 +511,7 @@ def make_backprop(rng):
     out_keys = ref_direct_conv(inputs)["keys"]
     out_grad = rng.standard_normal(len(out_keys)).astype(inputs["values"].dtype)
     return dict((n, inputs[n]) for n in ("keys", "values", "dense_shape", "filter", "mask")) | dict(
-        out_keys=out_keys, out_grad=out_grad, dataflow=str(rng.choice(["auto", "sort", "dense"])))
+        out_keys=out_keys, out_grad=out_grad, dataflow=str(rng.choice(["auto", "sort", "dense", "bitmap"])))
 
 
 def run_backprop(inputs):
@@ -544,7 +554,7 @@ def run_conv_gradient(inputs):
         tape.watch([values, w, bias])
         y = ts.direct_conv(ts.ChannelSparseTensor(keys, values, dense_shape), w, bias, mask,
                            selection=inputs["selection"], k=None if k == 0 else k,
-                           rho_up=None if rho_up == 0 else rho_up, dataflow=inputs["dataflow"],
+                           rho_up=None if rho_up == 0 else rho_up, dataflow=dataflow_here(inputs),
                            activation=public_activation(inputs))
         loss = tf.reduce_sum(y.values * loss_weights(y))
     return numpy_of(tape.gradient(loss, [values, w, bias]))
