@@ -51,10 +51,15 @@ struct KeyLayout {
 };
 
 // The spatial coordinates of a spatial index: coords[j] = x_j.
+// Unrolled over kMaxSpatialDims with constant indices on the GPU, so that a kernel's
+// coordinate array stays in registers (a loop to layout.d put it on the stack).
 TF_SPARSECONV_HOST_DEVICE inline void DecodeSpatial(int64_t lin, const KeyLayout& layout,
                                                     int32_t* coords) {
-  for (int j = 0; j < layout.d; ++j) {
-    coords[j] = static_cast<int32_t>((lin / layout.stride[j]) % layout.extent[j]);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < kMaxSpatialDims; ++j) {
+    if (j < layout.d) coords[j] = static_cast<int32_t>((lin / layout.stride[j]) % layout.extent[j]);
   }
 }
 

@@ -676,12 +676,17 @@ __global__ void ScatterDenseKernel(KeyLayout L, const int64_t* keys, const T* va
 
 // Whether the input site x = y + delta of output site y and present weight w lies in the
 // grid; delta is recovered from lo = max(0, delta) and hi = min(R, R + delta).
+// (Unrolled over kMaxSpatialDims with constant indices, so that y stays in registers: a
+// loop to L.d put the caller's coordinates on the stack.)
 __device__ inline bool InputInGrid(const int32_t* y, const GpuPresentWeight& w, const KeyLayout& L) {
   bool inside = true;
-  for (int j = 0; j < L.d; ++j) {
-    const int32_t delta = w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(L.extent[j]);
-    const int32_t x = y[j] + delta;
-    inside = inside && x >= 0 && x < L.extent[j];
+#pragma unroll
+  for (int j = 0; j < kMaxSpatialDims; ++j) {
+    if (j < L.d) {
+      const int32_t delta = w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(L.extent[j]);
+      const int32_t x = y[j] + delta;
+      inside = inside && x >= 0 && x < L.extent[j];
+    }
   }
   return inside;
 }
@@ -984,8 +989,11 @@ __global__ void __launch_bounds__(kThreads)
       const Index seg = o / S, lin = o - seg * S;
       const Index b = seg / n_oc, oc = seg - b * n_oc;
       int32_t y[kMaxSpatialDims];
-      for (int k = 0; k < L.d; ++k) {
-        y[k] = static_cast<int32_t>((lin / static_cast<Index>(L.stride[k])) % static_cast<Index>(L.extent[k]));
+#pragma unroll
+      for (int k = 0; k < kMaxSpatialDims; ++k) {  // constant indices: y stays in registers
+        y[k] = k < L.d ? static_cast<int32_t>((lin / static_cast<Index>(L.stride[k])) %
+                                              static_cast<Index>(L.extent[k]))
+                       : 0;
       }
       T sum = T(0);
       for (Index ic = 0; ic < cin; ++ic) {
