@@ -50,8 +50,14 @@ struct SiteGeometry {
   // The output coordinate (along every dimension) that input coordinate x feeds through
   // kernel offset index `qi`, or false when there is none (off the stride grid or
   // outside the output).
+  // (This and OutKey run over kMaxSpatialDims with constant indices, unrolled on the GPU,
+  // so that a kernel's coordinate arrays stay in registers; a loop to d put them on the stack.)
   TF_SPARSECONV_HOST_DEVICE bool OutputOf(const int32_t* x, const int64_t* qi, int64_t* o) const {
-    for (int j = 0; j < d; ++j) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < kMaxSpatialDims; ++j) {
+      if (j >= d) break;
       int64_t v;
       switch (mode) {
         case SiteMapMode::kSubmanifold:
@@ -76,7 +82,12 @@ struct SiteGeometry {
   // Row-major key of (batch, spatial coordinate) over the output grid.
   TF_SPARSECONV_HOST_DEVICE int64_t OutKey(int64_t b, const int64_t* o) const {
     int64_t key = b;
-    for (int j = 0; j < d; ++j) key = key * out_shape[j] + o[j];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < kMaxSpatialDims; ++j) {
+      if (j < d) key = key * out_shape[j] + o[j];
+    }
     return key;
   }
   TF_SPARSECONV_HOST_DEVICE void DecodeOutKey(int64_t key, int32_t* coords) const {

@@ -26,7 +26,10 @@ __device__ inline bool SitesInRange(const SiteMapDeviceReport* report) {
 }
 
 __device__ inline void LoadOffset(const int32_t* offset_index, int d, int64_t q, int64_t* qi) {
-  for (int j = 0; j < d; ++j) qi[j] = offset_index[q * d + j];
+#pragma unroll
+  for (int j = 0; j < kMaxSpatialDims; ++j) {  // constant indices: qi stays in registers
+    if (j < d) qi[j] = offset_index[q * d + j];
+  }
 }
 
 // Candidate idx of the grid over volume * n (i varies fastest, q = idx / n): site i moved by
