@@ -161,9 +161,11 @@ inline unsigned int TileBlocks(int64_t num_tiles) {
   return static_cast<unsigned int>(num_tiles > 65536 ? 65536 : num_tiles);
 }
 
-template <typename Pred>
+// tile_counts[t] = the sum of count(q) over the tile's positions q < n: the selected ones
+// where count is a predicate, or whatever it counts per position (the set bits of a word).
+template <typename Count>
 __global__ void __launch_bounds__(kThreads)
-    CountTilesKernel(Pred pred, int64_t n, int64_t num_tiles, int64_t* tile_counts) {
+    CountTilesKernel(Count count, int64_t n, int64_t num_tiles, int64_t* tile_counts) {
   using BlockReduce = cub::BlockReduce<int, kThreads>;
   __shared__ typename BlockReduce::TempStorage temp;
   for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
@@ -171,7 +173,7 @@ __global__ void __launch_bounds__(kThreads)
     int selected = 0;
     for (int j = 0; j < kTileItems; ++j) {
       const int64_t q = first + j;
-      if (q < n && pred(q)) ++selected;
+      if (q < n) selected += static_cast<int>(count(q));
     }
     const int tile_total = BlockReduce(temp).Sum(selected);
     if (threadIdx.x == 0) tile_counts[tile] = tile_total;

@@ -91,22 +91,27 @@ struct EntryData {
   int32_t* coords;  // n * d
 };
 
+// Entry i's data from its (checked) key; false for padding (a padded input's tail), which
+// reaches nothing.
+__device__ inline bool StoreEntryData(const KeyLayout& L, int64_t cout, int64_t key, int64_t i, EntryData e) {
+  if (key == kPaddingKey) {
+    e.out_base[i] = 0;
+    e.ic[i] = -1;
+    return false;
+  }
+  const int64_t seg = L.segment_of(key);
+  const int64_t lin = key - seg * L.spatial_size;
+  const int64_t b = seg / L.channels;
+  e.out_base[i] = b * cout * L.spatial_size + lin;
+  e.ic[i] = static_cast<int32_t>(seg - b * L.channels);
+  DecodeSpatial(lin, L, e.coords + i * L.d);
+  return true;
+}
+
 __global__ void EntryDataKernel(KeyLayout L, int64_t cout, const int64_t* keys, int64_t n,
                                 const Report* report, EntryData e) {
   if (!ChecksPassed(report)) return;
-  TF_SPARSECONV_GRID_LOOP(i, n) {
-    if (keys[i] == kPaddingKey) {  // padding (a padded input's tail) reaches nothing
-      e.out_base[i] = 0;
-      e.ic[i] = -1;
-      continue;
-    }
-    const int64_t seg = L.segment_of(keys[i]);
-    const int64_t lin = keys[i] - seg * L.spatial_size;
-    const int64_t b = seg / L.channels;
-    e.out_base[i] = b * cout * L.spatial_size + lin;
-    e.ic[i] = static_cast<int32_t>(seg - b * L.channels);
-    DecodeSpatial(lin, L, e.coords + i * L.d);
-  }
+  TF_SPARSECONV_GRID_LOOP(i, n) StoreEntryData(L, cout, keys[i], i, e);
 }
 
 // Index: the integer type of the slot arithmetic, uint32_t where the slots fit (a 64-bit
@@ -171,12 +176,6 @@ __global__ void SegmentBeginKernel(const int64_t* touched_keys, const int64_t* t
   }
 }
 
-// positive[s] = touched entries > 0 of segment s (before k-selection). Integer atomics:
-// exact and independent of the order, so the result is deterministic. The touched keys are
-// sorted, so a block's kThreads consecutive entries mostly share one segment: the block
-// counts them together (one atomic per block), else each warp per segment among its lanes
-// (one atomic per warp and segment). One atomic per entry on the few segments of a large
-// grid (B * Cout = 8) took 2 ms of a 4 ms convolution (H200, 256^3, 2026-11-29).
 // counts[segment] += the block's threads with `here` (integer atomics, so the result does
 // not depend on their order), for the block's positions [base, min(base + kThreads, end))
 // whose segments rise (sorted keys): one atomic where they all share one segment, else one
@@ -207,6 +206,12 @@ __device__ inline void CountPerSegment(int64_t segment, bool here, int64_t base,
   __syncthreads();  // block_segment is rewritten by the caller's next iteration
 }
 
+// positive[s] = touched entries > 0 of segment s (before k-selection). Integer atomics:
+// exact and independent of the order, so the result is deterministic. The touched keys are
+// sorted, so a block's kThreads consecutive entries mostly share one segment: the block
+// counts them together (one atomic per block), else each warp per segment among its lanes
+// (one atomic per warp and segment). One atomic per entry on the few segments of a large
+// grid (B * Cout = 8) took 2 ms of a 4 ms convolution (H200, 256^3, 2026-11-29).
 // Its first num_segments threads also write counts[s] = begin[s + 1] - begin[s].
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -836,20 +841,9 @@ __global__ void MarkInputsKernel(KeyLayout L, int64_t cout, const int64_t* keys,
     positive_counts[s] = 0;
   }
   if (!ChecksPassed(report)) return;
-  const int64_t num_keys = L.num_keys();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     const int64_t key = keys[i];
-    if (key < 0 || key >= num_keys) {  // padding reaches nothing
-      e.out_base[i] = 0;
-      e.ic[i] = -1;
-      continue;
-    }
-    const int64_t seg = L.segment_of(key);
-    const int64_t lin = key - seg * L.spatial_size;
-    const int64_t b = seg / L.channels;
-    e.out_base[i] = b * cout * L.spatial_size + lin;
-    e.ic[i] = static_cast<int32_t>(seg - b * L.channels);
-    DecodeSpatial(lin, L, e.coords + i * L.d);
+    if (!StoreEntryData(L, cout, key, i, e)) continue;
     atomicOr(in_bits + (key >> 5), 1u << (key & 31));
     if (i == 0 || (keys[i - 1] >> 5) != (key >> 5)) word_first[key >> 5] = static_cast<int32_t>(i);
   }
@@ -877,23 +871,12 @@ __global__ void MarkOutputsKernel(KeyLayout L, EntryData e, const GpuPresentWeig
 }
 
 // The set bits of a bitmap in order, as the compaction of gpu_util.cuh over words: per tile
-// of kTileSize words the set bits counted, the counts scanned, then each tile rescanned and
-// every set bit's index written at its rank.
-__global__ void __launch_bounds__(kThreads)
-    CountBitTilesKernel(const uint32_t* bits, int64_t words, int64_t num_tiles, int64_t* tile_counts) {
-  using BlockReduce = cub::BlockReduce<int, kThreads>;
-  __shared__ typename BlockReduce::TempStorage temp;
-  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const int64_t first = tile * kTileSize + static_cast<int64_t>(threadIdx.x) * kTileItems;
-    int set = 0;
-    for (int j = 0; j < kTileItems; ++j) {
-      if (first + j < words) set += __popc(bits[first + j]);
-    }
-    const int tile_total = BlockReduce(temp).Sum(set);
-    if (threadIdx.x == 0) tile_counts[tile] = tile_total;
-    __syncthreads();
-  }
-}
+// of kTileSize words the set bits counted (CountTilesKernel<SetBitsOf>), the counts scanned,
+// then each tile rescanned and every set bit's index written at its rank (WriteBitTilesKernel).
+struct SetBitsOf {
+  const uint32_t* bits;
+  __device__ int operator()(int64_t word) const { return __popc(bits[word]); }
+};
 
 struct MinOf {
   __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
@@ -1256,8 +1239,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
       }
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bitmaps");
     }
-    CountBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(out_bits, out_words, num_tiles,
-                                                                         tile_counts);
+    CountTilesKernel<SetBitsOf><<<TileBlocks(num_tiles), kThreads, 0, stream>>>(SetBitsOf{out_bits}, out_words,
+                                                                                 num_tiles, tile_counts);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
     TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, touched_total));
     WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
@@ -1405,12 +1388,17 @@ __global__ void CopyTouchedKernel(const int64_t* keys, const T* values, const in
   }
 }
 
-// The touched set's first `live` entries, then padding up to capacity; live as in
-// PadConvOutputKernel (0 where a check failed).
+// The live entries of a padded output: the host's count where it read the report
+// (report nullptr), else the report's count, or none where a check failed.
+__device__ inline int64_t PaddedLive(const Report* report, int64_t host_live) {
+  return report == nullptr ? host_live : ChecksPassed(report) ? report->count : 0;
+}
+
+// The touched set's first PaddedLive entries, then padding up to capacity.
 template <typename T>
 __global__ void CopyTouchedPaddedKernel(const int64_t* keys, const T* values, const Report* report,
                                         int64_t host_live, int64_t capacity, int64_t* out_keys, T* out_values) {
-  const int64_t live = report == nullptr ? host_live : ChecksPassed(report) ? report->count : 0;
+  const int64_t live = PaddedLive(report, host_live);
   TF_SPARSECONV_GRID_LOOP(q, capacity) {
     if (q < live) {
       out_keys[q] = keys[q];
@@ -1455,7 +1443,7 @@ namespace {
 template <typename T>
 __global__ void PadConvOutputKernel(const Report* report, int64_t host_live, int64_t capacity, int64_t* out_keys,
                                     T* out_values) {
-  const int64_t live = report == nullptr ? host_live : ChecksPassed(report) ? report->count : 0;
+  const int64_t live = PaddedLive(report, host_live);
   TF_SPARSECONV_GRID_LOOP(j, capacity) {
     if (j < live) continue;
     out_keys[j] = kPaddingKey;
