@@ -18,7 +18,11 @@ workload, strategy, replicas, device, items_per_s, date, plus what each run was)
   one frame per replica (replica r takes the frame mirrored by r's bits, so every replica
   holds the same number of sites), under MirroredStrategy over the first R GPUs. items_per_s
   is frames per second: median over --windows windows of --steps steps, each ended by
-  reading the loss back, after --warmup steps.
+  reading the loss back, after --warmup steps. --batch-norms chooses the batch norm, each
+  a row per replica count (key batch_norm): synchronized (the library's
+  FusedBatchNormalization: one all-reduce per layer forward, one backward), keras-synchronized
+  (the same layer left to Keras' own synchronized computation: five all-reduces per layer and
+  step, the baseline) and local (each replica's own statistics: no all-reduce).
 
 Scaling efficiency is items_per_s at R replicas over R times items_per_s at one; the
 summary prints it per workload. Without GPUs (for checking the script, not for speed) the
@@ -261,12 +265,13 @@ def lidar_frames(replicas, voxel):
     return frames, tuple(int(e) for e in extent)
 
 
+BATCH_NORMS = ("synchronized", "keras-synchronized", "local")
+
+
 def site_unet_rows(args, gpus, record):
-    import keras
     import tensorflow as tf
 
     import tf_sparseconv as ts
-    from tf_sparseconv.models import site_unet
     from tf_sparseconv.site.keras_io import as_site_keras_inputs
     from tf_sparseconv.training.distribute import per_replica_dataset
 
@@ -278,6 +283,8 @@ def site_unet_rows(args, gpus, record):
         if replicas > len(devices):
             print(f"  skipped {replicas} replicas: {len(devices)} device(s)", flush=True)
             continue
+        # One strategy per replica count for all batch norms: a second strategy over the same
+        # devices would draw the same collective keys (TensorFlow refuses the clash on CPUs).
         strategy = tf.distribute.MirroredStrategy(devices[:replicas])
 
         def make(split):
@@ -290,44 +297,63 @@ def site_unet_rows(args, gpus, record):
                 dataset = part if dataset is None else dataset.concatenate(part)
             return dataset
 
-        dataset = per_replica_dataset(strategy, make)
-        with strategy.scope():
-            model = site_unet(2, resolution=extent, channels=tuple(args.unet_channels), synchronized_bn=True)
-            optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
-            optimizer.build(model.trainable_variables)
-        cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-
-        def replica_step(x, y, model=model, optimizer=optimizer, replicas=replicas):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(cross_entropy(y, model(x, training=True))) / replicas
-            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-            return loss
-
-        @tf.function
-        def step(iterator, strategy=strategy, replica_step=replica_step):
-            return strategy.reduce("SUM", strategy.run(replica_step, args=next(iterator)), axis=None)
-
-        iterator = iter(dataset)
-        for _ in range(args.warmup):
-            float(step(iterator))
-        windows = []
-        for _ in range(args.windows):
-            started = time.perf_counter()
-            for _ in range(args.steps):
-                loss = step(iterator)
-            float(loss)  # every step of the window has run
-            windows.append((time.perf_counter() - started) / args.steps)
-        step_s = statistics.median(windows)
-        row = base_row("site_unet_lidar_step", "mirrored", replicas, device_name(replicas, gpus),
-                       replicas / step_s)
-        row.update(step_s=step_s, window_step_s=windows, sites_per_frame=int(len(frames[0][0])),
-                   voxel_m=args.voxel, spatial_shape=list(extent), channels=list(args.unet_channels),
-                   synchronized_bn=True, steps=args.steps, warmup=args.warmup, loss=float(loss))
-        rows.append(row)
-        record(row)
-        print(f"  {replicas} replica(s): {step_s * 1e3:.1f} ms per step, {row['items_per_s']:.2f} frames/s",
-              flush=True)
+        iterator = iter(per_replica_dataset(strategy, make))
+        for batch_norm in args.batch_norms:
+            step_s, windows, loss = site_unet_step_time(args, strategy, iterator, extent, batch_norm)
+            row = base_row("site_unet_lidar_step", "mirrored", replicas, device_name(replicas, gpus),
+                           replicas / step_s)
+            row.update(step_s=step_s, window_step_s=windows, sites_per_frame=int(len(frames[0][0])),
+                       voxel_m=args.voxel, spatial_shape=list(extent), channels=list(args.unet_channels),
+                       synchronized_bn=batch_norm != "local", batch_norm=batch_norm, steps=args.steps,
+                       warmup=args.warmup, loss=loss)
+            rows.append(row)
+            record(row)
+            print(f"  {replicas} replica(s), batch norm {batch_norm}: {step_s * 1e3:.1f} ms per step, "
+                  f"{row['items_per_s']:.2f} frames/s", flush=True)
     return rows
+
+
+def site_unet_step_time(args, strategy, iterator, extent, batch_norm):
+    """A fresh site UNet's training step under strategy: (median s per step, each window's,
+    the last loss)."""
+    import keras
+    import tensorflow as tf
+
+    from tf_sparseconv.models import site_unet
+    from tf_sparseconv.site.batch_norm import FusedBatchNormalization
+
+    replicas = strategy.num_replicas_in_sync
+    with strategy.scope():
+        model = site_unet(2, resolution=extent, channels=tuple(args.unet_channels),
+                          synchronized_bn=batch_norm != "local")
+        optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+    if batch_norm == "keras-synchronized":
+        for layer in model._flatten_layers():
+            if isinstance(layer, FusedBatchNormalization):
+                layer._rows_apply = lambda *_: False  # Keras' own computation, synchronized
+    cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(cross_entropy(y, model(x, training=True))) / replicas
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    @tf.function
+    def step(iterator):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=next(iterator)), axis=None)
+
+    for _ in range(args.warmup):
+        float(step(iterator))
+    windows = []
+    for _ in range(args.windows):
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            loss = step(iterator)
+        float(loss)  # every step of the window has run
+        windows.append((time.perf_counter() - started) / args.steps)
+    return statistics.median(windows), windows, float(loss)
 
 
 def append_row(path, row):
@@ -339,10 +365,12 @@ def append_row(path, row):
 def scaling_lines(rows):
     lines = []
     for workload in WORKLOADS:
-        ones = [r for r in rows if r["workload"] == workload and r["replicas"] == 1]
         for r in rows:
+            ones = [o for o in rows if o["workload"] == workload and o["replicas"] == 1
+                    and o.get("batch_norm") == r.get("batch_norm")]
             if r["workload"] == workload and r["replicas"] > 1 and ones:
                 what = (f" ({r['strategy']}, {r['scaling']}, global batch {r['global_batch']})" if "scaling" in r
+                        else f" ({r['strategy']}, batch norm {r['batch_norm']})" if "batch_norm" in r
                         else f" ({r['strategy']})")
                 speedup = r["items_per_s"] / ones[0]["items_per_s"]
                 lines.append(f"{workload}: {r['replicas']} replicas{what} {r['items_per_s']:.2f}/s = "
@@ -379,6 +407,8 @@ def main(argv=None):
                    help="more arguments for every trainer run (last on the line)")
     p.add_argument("--voxel", type=float, default=0.05, help="site_unet_lidar_step: voxel size in metres")
     p.add_argument("--unet-channels", type=int, nargs="+", default=[32, 64, 128, 256])
+    p.add_argument("--batch-norms", nargs="+", choices=BATCH_NORMS, default=["synchronized"],
+                   help="site_unet_lidar_step: the batch norms to measure (module docstring)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--warmup", type=int, default=3)

@@ -209,28 +209,82 @@ def pruning_checks(strategy):
 
 
 def batch_norm_checks(strategy):
-    """A synchronized batch norm over replicas holding 5 and 11 sites against one over all 16."""
+    """Synchronized batch norms over replicas holding 5 and 11 sites against one over all 16:
+    Keras' own and the library's FusedBatchNormalization (one all-reduce forward, one in its
+    gradient): outputs, moving statistics, and the gradients of x (each replica's rows),
+    gamma and beta (summed over the replicas); then, for the library's, rows around 1000
+    whose variance E[x^2] - E[x]^2 in float32 would lose to cancellation, once the moving
+    mean it shifts by is near theirs."""
     import keras
     import numpy as np
     import tensorflow as tf
-    rows = np.random.default_rng(0).normal(2.0, 3.0, (16, 4)).astype(np.float32)
-    parts = (rows[:5], rows[5:])
-    with strategy.scope():
-        synced = keras.layers.BatchNormalization(momentum=0.0, synchronized=True)
-        synced.build((None, 4))
 
-    @tf.function
-    def step():
-        context = tf.distribute.get_replica_context()
-        features = tf.switch_case(context.replica_id_in_sync_group, [lambda p=p: tf.constant(p) for p in parts])
-        return synced(features, training=True)
+    from tf_sparseconv.site.batch_norm import FusedBatchNormalization
+    rng = np.random.default_rng(0)
+    upstream = rng.normal(0.0, 1.0, (16, 4)).astype(np.float32)
+    slices = (slice(0, 5), slice(5, 16))
 
-    out = strategy.experimental_local_results(strategy.run(step))
-    reference = keras.layers.BatchNormalization(momentum=0.0)
-    expected = reference(rows, training=True).numpy()
-    return {"outputs_close": bool(np.allclose(np.concatenate([o.numpy() for o in out]), expected, atol=1e-4)),
+    def synchronized_call(layer, rows):
+        @tf.function
+        def step():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            x, dy = (tf.switch_case(replica, [lambda a=a[s]: tf.constant(a) for s in slices]) for a in (rows, upstream))
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = layer(x, training=True)
+                loss = tf.reduce_sum(y * dy)
+            return (y, *tape.gradient(loss, [x, layer.gamma, layer.beta]))
+
+        results = [strategy.experimental_local_results(t) for t in strategy.run(step)]
+        y, dx = (np.concatenate([t.numpy() for t in results[i]]) for i in (0, 1))
+        return y, dx, *(sum(t.numpy() for t in results[i]) for i in (2, 3))
+
+    def collectives_per_replica(layer, rows):
+        """The all-reduces a replica's forward and backward pass of the layer wait for."""
+        def step():
+            x = tf.constant(rows[:5])
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(tf.square(layer(x, training=True)))
+            return tape.gradient(loss, x)
+
+        graph = tf.function(lambda: strategy.run(step)).get_concrete_function().graph
+        kinds = ("CollectiveReduceV2", "NcclAllReduce", "CollectiveReduce")
+        return sum(op.type in kinds for op in graph.get_operations()) // strategy.num_replicas_in_sync
+
+    def one_device(rows):
+        layer = keras.layers.BatchNormalization(momentum=0.0)
+        x = tf.constant(rows)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=True)
+            loss = tf.reduce_sum(y * upstream)
+        return (y.numpy(), *(g.numpy() for g in tape.gradient(loss, [x, layer.gamma, layer.beta])))
+
+    rows = rng.normal(2.0, 3.0, (16, 4)).astype(np.float32)
+    expected = one_device(rows)
+    checks = {}
+    for name, layer_class in (("keras", keras.layers.BatchNormalization), ("fused", FusedBatchNormalization)):
+        with strategy.scope():
+            synced = layer_class(momentum=0.0, synchronized=True)
+            synced.build((None, 4))
+        actual = synchronized_call(synced, rows)
+        checks[name] = {
+            "outputs_close": bool(np.allclose(actual[0], expected[0], atol=1e-4)),
+            "gradients_close": all(bool(np.allclose(a, e, atol=1e-4)) for a, e in zip(actual[1:], expected[1:])),
             "mean_close": bool(np.allclose(synced.moving_mean.numpy(), rows.mean(0), atol=1e-5)),
-            "variance_close": bool(np.allclose(synced.moving_variance.numpy(), rows.var(0), rtol=1e-4))}
+            "variance_close": bool(np.allclose(synced.moving_variance.numpy(), rows.var(0), rtol=1e-4)),
+            "collectives_per_replica": collectives_per_replica(synced, rows)}
+    far = rng.normal(1000.0, 1.0, (16, 4)).astype(np.float32)
+    with strategy.scope():
+        synced = FusedBatchNormalization(momentum=0.0, synchronized=True)
+        synced.build((None, 4))
+    synchronized_call(synced, far)  # the moving mean is now near the rows' mean
+    synchronized_call(synced, far)
+    truth = far.astype(np.float64).var(0)
+    checks["fused_far_from_zero"] = {"variance_close": bool(np.allclose(synced.moving_variance.numpy(), truth,
+                                                                        rtol=1e-4))}
+    return checks
 
 
 def main(argv=None):

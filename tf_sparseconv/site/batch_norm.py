@@ -13,8 +13,13 @@ the moving statistics folded in the op rather than by four element-wise ops befo
 float32 statistics and sums whatever the rows' type, no host round trip. Wrap it like any
 feature layer: SiteFeatures(FusedBatchNormalization(momentum=0.9)).
 
-The ops serve float16, bfloat16 and float32 rows over the last axis, without renorm, mask
-or cross-replica statistics; anything else takes Keras' own computation, unchanged. The
+The ops serve float16, bfloat16 and float32 rows over the last axis, without renorm or
+mask; anything else takes Keras' own computation, unchanged. With synchronized=True under a
+strategy of several replicas, a training call all-reduces one vector per layer (the rows'
+sums, their squares' sums and their count, synchronized_row_statistics) and normalises by
+RowNormalize with the global statistics; its gradient is one all-reduce more. Keras' own
+synchronized computation all-reduces three tensors forward and two backward, each a
+collective that every replica waits for (five per layer and step against two). The
 statistics outputs are not differentiated (as Keras' moving averages are not). One
 improvement over Keras: a batch without rows leaves the moving statistics as they were
 (Keras would make them NaN).
@@ -43,6 +48,25 @@ def row_normalize(x, mean, variance, gamma, beta, epsilon):
     """Rows x [N, C] normalised with given statistics (inference): (x - mean) * gamma /
     sqrt(variance + epsilon) + beta per column, computed in float32, in one op."""
     return _ops.row_normalize(x, mean, variance, gamma, beta, epsilon=epsilon)
+
+
+def synchronized_row_statistics(rows, shift, context):
+    """Statistics per column of the rows [N, C] of every replica, by one all-reduce in the
+    replica context: -> (mean [C], biased variance [C], rows of all replicas), float32.
+
+    The sums are of rows - shift, shift [C] being the same on every replica (the layer's
+    moving mean): once it nears the mean, the variance E[(x - s)^2] - E[x - s]^2 no longer
+    cancels away its digits as E[x^2] - E[x]^2 does for rows far from zero. Differentiable:
+    the gradient all-reduces the sums' gradients (tf.distribute's rule for a SUM)."""
+    channels = rows.shape[-1]
+    centred = tf.cast(rows, tf.float32) - tf.stop_gradient(shift)
+    local = tf.concat([tf.reduce_sum(centred, 0), tf.reduce_sum(tf.square(centred), 0),
+                       tf.cast(tf.shape(rows)[:1], tf.float32)], 0)
+    total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+    count = total[2 * channels]
+    offset = tf.math.divide_no_nan(total[:channels], count)
+    variance = tf.maximum(tf.math.divide_no_nan(total[channels:2 * channels], count) - tf.square(offset), 0.0)
+    return shift + offset, variance, count
 
 
 @tf.RegisterGradient(OP_NAMESPACE + "RowBatchNorm")
@@ -85,7 +109,7 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
     def _rows_apply(self, inputs, training, mask):
         x = tf.convert_to_tensor(inputs)
         return (keras.backend.backend() == "tensorflow" and mask is None and not self.renorm
-                and not self.synchronized and x.dtype in ROW_DTYPES and x.shape.rank is not None
+                and x.dtype in ROW_DTYPES and x.shape.rank is not None
                 and x.shape.rank >= 2 and self.axis in (-1, x.shape.rank - 1)
                 and (training is None or isinstance(training, bool)))
 
@@ -98,9 +122,16 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
         gamma = tf.cast(self.gamma, tf.float32) if self.scale else tf.ones([channels], tf.float32)
         beta = tf.cast(self.beta, tf.float32) if self.center else tf.zeros([channels], tf.float32)
         if training and self.trainable:
-            y, mean, variance = row_batch_norm(rows, gamma, beta, self.epsilon)
+            context = tf.distribute.get_replica_context() if self.synchronized else None
+            if context is not None and context.num_replicas_in_sync > 1:
+                mean, variance, count = synchronized_row_statistics(rows, tf.cast(self.moving_mean, tf.float32),
+                                                                    context)
+                y = row_normalize(rows, mean, variance, gamma, beta, self.epsilon)
+                has_rows = count > 0
+            else:  # one replica (or a cross-replica call, as Keras): the batch's own statistics
+                y, mean, variance = row_batch_norm(rows, gamma, beta, self.epsilon)
+                has_rows = tf.shape(rows)[0] > 0
             momentum = tf.cast(self.momentum, tf.float32)
-            has_rows = tf.shape(rows)[0] > 0
             for moving, batch in ((self.moving_mean, mean), (self.moving_variance, variance)):
                 old = tf.cast(moving, tf.float32)
                 moving.assign(tf.cast(tf.where(has_rows, old * momentum + batch * (1.0 - momentum), old),
