@@ -17,7 +17,11 @@
 # trainer configuration, default 240) tune the call's length; FUZZ=0 leaves the fuzz out; BEFORE=1 also
 # runs the one-replica epoch with TF_SPARSECONV_CHECK_EVERY_OP=1 (every op re-checks its inputs);
 # BIG_BATCH=1 also runs one replica at 64 shapes and two at 64 each (after the profile): the
-# scaling where a replica's batch outweighs the step's fixed costs.
+# scaling where a replica's batch outweighs the step's fixed costs. STRATEGIES (default
+# "multi-worker mirrored") and SCALINGS (default "strong weak") choose the two-replica runs,
+# TRAIN_ARGS is passed to every trainer (e.g. "--steps-per-execution 4"), SITE_BATCH_NORMS
+# (default "synchronized keras-synchronized local") the site UNet's batch norms, SITE=0 leaves
+# the site UNet out and MODELNET=0 the trainer.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TF_FORCE_GPU_ALLOW_GROWTH=true NCCL_NVLS_ENABLE=0
@@ -41,9 +45,14 @@ for family in $families; do
     --fuzz-report "$out/fuzz_gpu_$family.json" > "$out/fuzz_gpu_$family.log" 2>&1 &
 done
 
-python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 1 --data-dir .devdata \
-  --epochs "$epochs" --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee "$out/scaling.log"
-echo "one replica done at $((SECONDS - started)) s"
+# shellcheck disable=SC2206  # word lists on purpose
+train_args=(${TRAIN_ARGS:-})
+[ ${#train_args[@]} -gt 0 ] && train_args=(--train-args "${train_args[@]}")
+if [ "${MODELNET:-1}" = 1 ]; then
+  python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 1 --data-dir .devdata \
+    --epochs "$epochs" --out "$out/distributed.jsonl" "${train_args[@]}" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+  echo "one replica done at $((SECONDS - started)) s"
+fi
 if [ "${BEFORE:-0}" = 1 ]; then
   # The same run with every op re-checking its inputs (the waits before issue 24's first step).
   TF_SPARSECONV_CHECK_EVERY_OP=1 python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 1 \
@@ -56,15 +65,24 @@ for family in $families; do
 done
 
 # Each trainer process's output (with NCCL's own report of its communicators) to $out/logs.
-NCCL_DEBUG=INFO python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 2 --data-dir .devdata \
-  --strategies multi-worker mirrored --epochs "$epochs" --timeout "${TRAIN_TIMEOUT:-240}" --logs "$out/logs" \
-  --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
-grep -c "NCCL INFO" "$out"/logs/*.log
-# one file back (a call returns 8 at most)
-tar -czf "$out/trainer_logs.tar.gz" -C "$out" logs && rm -rf "$out/logs"
-echo "two replicas done at $((SECONDS - started)) s"
-python3 benchmarks/distributed.py --workloads site_unet_lidar_step --replicas 1 2 \
-  --steps 5 --warmup 2 --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+if [ "${MODELNET:-1}" = 1 ]; then
+  # shellcheck disable=SC2086  # word lists on purpose
+  NCCL_DEBUG=INFO python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 2 --data-dir .devdata \
+    --strategies ${STRATEGIES:-multi-worker mirrored} --scalings ${SCALINGS:-strong weak} --epochs "$epochs" \
+    --timeout "${TRAIN_TIMEOUT:-240}" --logs "$out/logs" --out "$out/distributed.jsonl" "${train_args[@]}" 2>&1 \
+    | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+  grep -c "NCCL INFO" "$out"/logs/*.log
+  # one file back (a call returns 8 at most)
+  tar -czf "$out/trainer_logs.tar.gz" -C "$out" logs && rm -rf "$out/logs"
+  echo "two replicas done at $((SECONDS - started)) s"
+fi
+if [ "${SITE:-1}" = 1 ]; then
+  # shellcheck disable=SC2086  # word lists on purpose
+  python3 benchmarks/distributed.py --workloads site_unet_lidar_step --replicas 1 2 --steps 5 --warmup 2 \
+    --batch-norms ${SITE_BATCH_NORMS:-synchronized keras-synchronized local} --out "$out/distributed.jsonl" 2>&1 \
+    | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
+  echo "site UNet done at $((SECONDS - started)) s"
+fi
 if [ "${PROFILE:-1}" = 1 ]; then
   python3 benchmarks/step_profile.py --replicas 1 2 --optimizers keras-adam fused-adam --data-dir .devdata --keep-trace /tmp/traces \
     --out "$out/step_profile.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
