@@ -581,6 +581,11 @@ def build_parser():
     p.add_argument("--site-blocks", type=int, default=1, help="site-resnet: residual blocks per level")
     p.add_argument("--site-k", type=int, default=0,
                    help="site-resnet: keep at most this many sites per example after the stem (0: all)")
+    p.add_argument("--site-batch-norm", choices=("synchronized", "per-replica"), default=None,
+                   help="site-resnet on several replicas: batch statistics over all replicas' sites (the default: "
+                        "a step then "
+                        "trains as on one device; two all-reduces per layer, each a wait for every replica) or "
+                        "over each replica's own sites (no wait; a replica's batch must be large enough for them)")
     p.add_argument("--out", default=None,
                    help=f"folder for the results (default: a new {RUNS_DIR}/<dataset>-<model>-<YYYYmmdd-HHMMSS>); "
                         "an existing non-empty folder is refused unless --overwrite")
@@ -723,6 +728,8 @@ def _check_model_options(parser, args):
                                                 ("--prune-eps", args.prune_eps > 0), ("--init", args.init)) if given]
         if octnet_only:
             parser.error(f"{', '.join(octnet_only)} apply to the channel-sparse octnet3 model, not site-resnet")
+    elif args.site_batch_norm is not None:
+        parser.error("--site-batch-norm applies to --model site-resnet (octnet3 has no batch norm)")
     if args.weight_decay < 0:
         parser.error(f"--weight-decay must be >= 0, got {args.weight_decay}")
     if not 0 <= args.label_smoothing < 1:
@@ -1003,10 +1010,11 @@ def run_training(parser, args, argv, strategy):
     in_channels = 1 if image_data else datasets.num_channels(args.features)
     # ModelNet's validation accuracy also at the official test's class balance (training.metrics)
     test_weights = test_class_weights(classes) if args.dataset in ("modelnet40", "modelnet10") else None
+    synchronized_bn = replicas > 1 and args.site_batch_norm in (None, "synchronized")
     with strategy.scope():
         model, rhos, optimizer, loss = build_model(
             args, len(classes), in_channels, fit_steps.get("steps_per_epoch", -(-len(train_idx) // args.batch_size)),
-            synchronized_bn=replicas > 1)
+            synchronized_bn=synchronized_bn)
         metrics = ["accuracy", MeanClassAccuracy(len(classes))]
         if test_weights is not None:
             metrics.append(MeanClassAccuracy(len(classes), test_weights, name="test_weighted_accuracy"))
@@ -1125,7 +1133,7 @@ def run_training(parser, args, argv, strategy):
     }
     if site:
         results.update(site_channels=list(args.site_channels), site_blocks=args.site_blocks, site_k=args.site_k,
-                       parameters=int(model.count_params()), synchronized_bn=replicas > 1)
+                       parameters=int(model.count_params()), synchronized_bn=synchronized_bn)
     if not chief:
         print(f"[4/4] done: this worker trained {replicas // cluster_from_tf_config()[0]} of the {replicas} replicas; "
               "the chief writes the results", flush=True)
