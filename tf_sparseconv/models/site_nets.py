@@ -12,11 +12,11 @@ Both take site inputs (site_input) or point clouds [B, N, d + F] (points=True, t
 SiteVoxelize). Submanifold layers of one level share one kernel map ("subm<level>").
 
 Under a tf.distribute strategy each replica holds its own sites; synchronized_bn=True makes
-every batch norm compute its statistics over the sites of all replicas (Keras'
-BatchNormalization(synchronized=True): sums and counts all-reduced, so replicas holding
-different numbers of sites weigh each site alike), as one device would over the global batch.
-The batch norms are FusedBatchNormalization (Keras' layer computed by TensorFlow's fused
-kernel; the synchronized ones by Keras' own computation).
+every batch norm compute its statistics over the sites of all replicas (sums and counts
+all-reduced, so replicas holding different numbers of sites weigh each site alike), as one
+device would over the global batch. The batch norms are FusedBatchNormalization (Keras'
+layer computed by the library's row batch-norm ops; synchronized, by one all-reduce per
+layer forward and one backward: site/batch_norm.py).
 """
 import keras
 
