@@ -219,6 +219,26 @@ def test_pointwise_submanifold_conv_still_checks_unchecked_sites(rng, device):
             site_conv(make_site_sparse(coords, np.ones((2, 2), np.float32), (4, 4, 4), 1), kernel, subm=True)
 
 
+def test_pointwise_submanifold_conv_refuses_nan_features_of_unchecked_sites(device):
+    """As SiteSparseConv does on the map path: a NaN among the features of sites not yet
+    checked is InvalidArgumentError naming the features (the 3 x 3 x 3 kernel for comparison),
+    eager and traced; finite features pass."""
+    coords = [[0, 1, 2, 0], [0, 3, 0, 2], [1, 1, 2, 0]]
+    features = np.ones((3, 2), np.float32)
+    features[1, 0] = np.nan
+
+    def conv(f, k):
+        x = make_site_sparse(coords, f, (4, 3, 3), 2, non_finite="allow")
+        return site_conv(x, tf.ones((k, k, k, 2, 1)), subm=True).features
+
+    for k in (1, 3):
+        for run in (conv, tf.function(conv)):
+            with tf.device(device), pytest.raises(tf.errors.InvalidArgumentError, match="features"):
+                run(tf.constant(features), k)
+    with tf.device(device):
+        np.testing.assert_array_equal(conv(tf.ones((3, 2)), 1).numpy(), np.full((3, 1), 2.0))
+
+
 def test_pointwise_submanifold_conv_with_a_named_dataflow_takes_the_map_path(rng, monkeypatch):
     """dataflow 'pairs' or 'outputs' names the convolution op's dataflow: a 1 x 1 x 1 kernel
     then runs the op over a map as any other (and the CPU refuses 'outputs' as for any kernel)."""

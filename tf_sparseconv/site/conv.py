@@ -51,6 +51,14 @@ def _with_bias(out, bias, what):
     return tf.nn.bias_add(out, bias)
 
 
+def _no_nan_features(features, what):
+    """An op raising InvalidArgumentError where the feature rows hold a NaN, naming the first
+    (row, column): SiteSparseConv's own check, for the path that runs no SiteSparseConv."""
+    nan = tf.math.is_nan(features)
+    return tf.debugging.Assert(tf.logical_not(tf.reduce_any(nan)),
+                               [f"{what}: the features hold NaN, first at [row, column]", tf.where(nan)[:1]])
+
+
 def _pointwise(x, kernel, bias, indice_key):
     """A submanifold convolution whose kernel is one site (1 x ... x 1), as one matrix
     product of the feature rows, where no map is cached under indice_key: it needs no
@@ -60,7 +68,10 @@ def _pointwise(x, kernel, bias, indice_key):
     then takes the map path (which checks its geometry and uses it)."""
     if indice_key is not None and indice_key in x.kernel_maps:
         return None
-    with tf.control_dependencies(site_checks(x, "site_conv")):
+    checks = site_checks(x, "site_conv")
+    if checks:  # untrusted sites: their features are checked as SiteSparseConv checks them
+        checks.append(_no_nan_features(x.features, "site_conv"))
+    with tf.control_dependencies(checks):
         features = tf.identity(x.features)
     out = tf.matmul(features, tf.reshape(kernel, [kernel.shape[-2], kernel.shape[-1]]))
     return x.with_features(_with_bias(out, bias, "site_conv"))
