@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.geometry import conv_geometry
+from tf_sparseconv.inputs import nan_checks
 from tf_sparseconv.site.kernel_map import (along_map, assert_rows_match, check_dataflow, map_checks, site_checks,
                                            with_inverse_table)
 from tf_sparseconv.site.tensor import SiteSparseTensor, check_site_tensor
@@ -51,14 +52,6 @@ def _with_bias(out, bias, what):
     return tf.nn.bias_add(out, bias)
 
 
-def _no_nan_features(features, what):
-    """An op raising InvalidArgumentError where the feature rows hold a NaN, naming the first
-    (row, column): SiteSparseConv's own check, for the path that runs no SiteSparseConv."""
-    nan = tf.math.is_nan(features)
-    return tf.debugging.Assert(tf.logical_not(tf.reduce_any(nan)),
-                               [f"{what}: the features hold NaN, first at [row, column]", tf.where(nan)[:1]])
-
-
 def _pointwise(x, kernel, bias, indice_key):
     """A submanifold convolution whose kernel is one site (1 x ... x 1), as one matrix
     product of the feature rows, where no map is cached under indice_key: it needs no
@@ -69,8 +62,8 @@ def _pointwise(x, kernel, bias, indice_key):
     if indice_key is not None and indice_key in x.kernel_maps:
         return None
     checks = site_checks(x, "site_conv")
-    if checks:  # untrusted sites: their features are checked as SiteSparseConv checks them
-        checks.append(_no_nan_features(x.features, "site_conv"))
+    if checks:  # untrusted sites: their features are refused NaN, as SiteSparseConv refuses them
+        checks += nan_checks(x.features, "features", "site_conv")
     with tf.control_dependencies(checks):
         features = tf.identity(x.features)
     out = tf.matmul(features, tf.reshape(kernel, [kernel.shape[-2], kernel.shape[-1]]))
