@@ -232,7 +232,7 @@ def batch_norm_checks(strategy):
             with tf.GradientTape() as tape:
                 tape.watch(x)
                 y = layer(x, training=True)
-                loss = tf.reduce_sum(y * dy)
+                loss = tf.reduce_sum(tf.cast(y, tf.float32) * dy)
             return (y, *tape.gradient(loss, [x, layer.gamma, layer.beta]))
 
         results = [strategy.experimental_local_results(t) for t in strategy.run(step)]
@@ -284,6 +284,22 @@ def batch_norm_checks(strategy):
     truth = far.astype(np.float64).var(0)
     checks["fused_far_from_zero"] = {"variance_close": bool(np.allclose(synced.moving_variance.numpy(), truth,
                                                                         rtol=1e-4))}
+    # float16 rows (mixed precision) against float64 arithmetic on the same rows
+    half = rows.astype(np.float16)
+    with strategy.scope():
+        synced = FusedBatchNormalization(momentum=0.0, synchronized=True, dtype="mixed_float16")
+        synced.build((None, 4))
+    actual = synchronized_call(synced, half)
+    x = half.astype(np.float64)
+    inv_std = 1.0 / np.sqrt(x.var(0) + synced.epsilon)
+    xhat, dy = (x - x.mean(0)) * inv_std, upstream.astype(np.float64)
+    dx = inv_std * (dy - dy.mean(0) - xhat * (dy * xhat).mean(0))
+    checks["fused_float16"] = {
+        "outputs_close": actual[0].dtype == np.float16 and bool(np.allclose(actual[0], xhat, atol=4e-3)),
+        # dy reaches the layer in float16 (y's type): its rounding bounds gamma's and beta's sums
+        "gradients_close": bool(np.allclose(actual[1], dx, atol=4e-3) and np.allclose(actual[2], (dy * xhat).sum(0),
+                                                                                     atol=1e-2)
+                                and np.allclose(actual[3], dy.sum(0), atol=1e-2))}
     return checks
 
 

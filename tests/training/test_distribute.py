@@ -135,11 +135,13 @@ def test_warning_shot_pruning_leaves_every_replica_the_same_masks(mirrored):
 def test_synchronized_batch_norm_over_replicas_of_5_and_11_sites_matches_one_device(mirrored):
     # Keras' own synchronized computation and the library's FusedBatchNormalization, which
     # waits for two all-reduces per replica and step (one forward, one in its gradient)
-    # where Keras' waits for five (sums, squared sums and counts; two gradients).
+    # where Keras' waits for five (sums, squared sums and counts; two gradients); also in
+    # float16 (mixed precision) against float64 arithmetic.
     close = {"outputs_close": True, "gradients_close": True, "mean_close": True, "variance_close": True}
     assert mirrored[2]["batch_norm"] == {"keras": dict(close, collectives_per_replica=5),
                                          "fused": dict(close, collectives_per_replica=2),
-                                         "fused_far_from_zero": {"variance_close": True}}
+                                         "fused_far_from_zero": {"variance_close": True},
+                                         "fused_float16": {"outputs_close": True, "gradients_close": True}}
 
 
 def test_two_workers_train_the_weights_of_one_device(mirrored, tmp_path):
