@@ -582,10 +582,10 @@ def build_parser():
     p.add_argument("--site-k", type=int, default=0,
                    help="site-resnet: keep at most this many sites per example after the stem (0: all)")
     p.add_argument("--site-batch-norm", choices=("synchronized", "per-replica"), default=None,
-                   help="site-resnet on several replicas: batch statistics over all replicas' sites (the default: "
-                        "a step then "
-                        "trains as on one device; two all-reduces per layer, each a wait for every replica) or "
-                        "over each replica's own sites (no wait; a replica's batch must be large enough for them)")
+                   help="site-resnet on several replicas: batch statistics over all replicas' sites (the default: a "
+                        "step then trains as on one device; two all-reduces per layer, each a wait for every "
+                        "replica) or over each replica's own sites (no wait; a replica's batch must be large enough "
+                        "for them)")
     p.add_argument("--out", default=None,
                    help=f"folder for the results (default: a new {RUNS_DIR}/<dataset>-<model>-<YYYYmmdd-HHMMSS>); "
                         "an existing non-empty folder is refused unless --overwrite")
