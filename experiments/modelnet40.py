@@ -72,6 +72,11 @@ RECIPES = {
                               ["--model", "site-resnet", "--resolution", "32", "--epochs", "30", *REGULARISED,
                                "--site-channels", "32", "64", "128", "--site-blocks", "2", "--augment", "mirror",
                                "--vote", "mirror"]),
+    "site-resnet-32-wide-mirror": ("site-resnet-32-wide trained on mirror images and voting over each shape and its "
+                                   "mirror image (the two changes that each helped site-resnet-32, together)",
+                                   ["--model", "site-resnet", "--resolution", "32", "--epochs", "30", *REGULARISED,
+                                    "--site-channels", "64", "128", "256", "--site-blocks", "2", "--augment",
+                                    "mirror", "--vote", "mirror"]),
     "octnet3-32-aniso": ("octnet3-32 trained on shapes scaled by a factor per axis (--augment aniso: proportions "
                          "vary as between CAD models of one class)",
                          ["--model", "octnet3", "--resolution", "32", "--epochs", "30", *REGULARISED,
