@@ -33,6 +33,7 @@ import shutil
 import sys
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -58,6 +59,8 @@ RECIPES = {
     "octnet3-32-rotate12": ("as octnet3-32, trained on the 12 rotations about z and voting over them (VRN/MVCNN)",
                             ["--model", "octnet3", "--resolution", "32", "--epochs", "60", *REGULARISED,
                              "--augment", "rotate12", "--vote", "rotations-12"]),
+    "octnet3-32-long": ("octnet3-32 trained twice as long (60 epochs, the cosine decay stretched over them)",
+                        ["--model", "octnet3", "--resolution", "32", "--epochs", "60", *REGULARISED]),
     "site-resnet-32": ("the site-sparse ResNet at 32^3: channels 32, 64, 128, two residual blocks per level",
                        ["--model", "site-resnet", "--resolution", "32", "--epochs", "30", *REGULARISED,
                         "--site-channels", "32", "64", "128", "--site-blocks", "2"]),
@@ -108,6 +111,14 @@ RECIPES = {
                                          ["--model", "octnet3", "--resolution", "32", "--epochs", "30", *REGULARISED,
                                           "--augment", "turn10", "--seed", str(seed), "--split-seed", "0"])
        for seed in (1, 2)},
+    # the wider mirrored site ResNet with other seeds: members of an ensemble with octnet3-32-long
+    **{f"site-resnet-32-wide-mirror-seed{seed}": (f"site-resnet-32-wide-mirror with --seed {seed} and the validation "
+                                                  "split of seed 0 (--split-seed 0)",
+                                                  ["--model", "site-resnet", "--resolution", "32", "--epochs", "30",
+                                                   *REGULARISED, "--site-channels", "64", "128", "256",
+                                                   "--site-blocks", "2", "--augment", "mirror", "--vote", "mirror",
+                                                   "--seed", str(seed), "--split-seed", "0"])
+       for seed in (1, 2)},
     "octnet3-64": ("OctNet3 at 64^3 (Table 4 bounds), the recipe of octnet3-32",
                    ["--model", "octnet3", "--resolution", "64", "--epochs", "20", *REGULARISED]),
     "site-resnet-64": ("the site-sparse ResNet at 64^3: channels 32, 64, 128, 256, two residual blocks per level",
@@ -117,10 +128,26 @@ RECIPES = {
 # Ensembles of recipes trained with the same validation examples: scored on the validation
 # split by `tf-sparseconv evaluate MEMBER ... --split val` (the mean of the members' softmax
 # outputs) and added with --add-ensemble; their final models are the members' finals.
+# Each: what it is, its members, the vote every member scores under (tf-sparseconv evaluate --vote).
 ENSEMBLES = {
     "octnet3-32-ensemble4": ("the mean softmax of octnet3-32, octnet3-32-seed1, octnet3-32-seed2 and "
                              "octnet3-32-turn10 (the validated runs of one recipe's three seeds, and its turn10 "
-                             "variant)", ["octnet3-32", "octnet3-32-seed1", "octnet3-32-seed2", "octnet3-32-turn10"]),
+                             "variant)", ["octnet3-32", "octnet3-32-seed1", "octnet3-32-seed2", "octnet3-32-turn10"],
+                             "none"),
+    # Ensembles of both families (2026-11-29): the 60-epoch OctNet3, the wider mirrored site
+    # ResNet and the rotation-trained OctNet3, each scored with its mirror image.
+    "mixed-32-ensemble2": ("the mean softmax of octnet3-32-long and site-resnet-32-wide-mirror, each shape and "
+                           "its mirror image", ["octnet3-32-long", "site-resnet-32-wide-mirror"], "mirror"),
+    "mixed-32-ensemble3": ("mixed-32-ensemble2 and octnet3-32-rotate12, each shape and its mirror image",
+                           ["octnet3-32-long", "site-resnet-32-wide-mirror", "octnet3-32-rotate12"], "mirror"),
+    "mixed-32-ensemble5": ("mixed-32-ensemble3 and site-resnet-32-wide-mirror's seeds 1 and 2, each shape and its "
+                           "mirror image", ["octnet3-32-long", "site-resnet-32-wide-mirror", "octnet3-32-rotate12",
+                                            "site-resnet-32-wide-mirror-seed1", "site-resnet-32-wide-mirror-seed2"],
+                           "mirror"),
+    "site-resnet-32-wide-mirror-ensemble3": ("the mean softmax of site-resnet-32-wide-mirror and its seeds 1 and 2, "
+                                             "each shape and its mirror image",
+                                             ["site-resnet-32-wide-mirror", "site-resnet-32-wide-mirror-seed1",
+                                              "site-resnet-32-wide-mirror-seed2"], "mirror"),
 }
 # Options of this script that override a recipe's (for smoke runs); a recorded command
 # carries them after the recipe's flags.
@@ -243,10 +270,12 @@ def ensemble_row(name, metrics, rows):
     the validation split, with what its members' rows say (the newest validated row of each,
     and the model file of its final where kept). The members run one after another, so the
     ensemble's memory bound is the largest member's; its training time is theirs added."""
-    what, members = ENSEMBLES[name]
+    what, members, vote = ENSEMBLES[name]
     if metrics.get("split") != "val" or len(metrics.get("models") or []) != len(members):
         raise SystemExit(f"the metrics.json of an ensemble of {name} is tf-sparseconv evaluate's on the validation "
                          f"split (--split val) of its {len(members)} members: {', '.join(members)}")
+    if metrics.get("vote", "none") != vote:
+        raise SystemExit(f"{name} is scored with --vote {vote}, its metrics.json with --vote {metrics.get('vote')}")
     validated, finals = [], []
     for member in members:
         found = [row for row in rows if row.get("run") == member and row.get("val_overall") is not None]
@@ -256,19 +285,92 @@ def ensemble_row(name, metrics, rows):
         validated.append(found[-1])
         finals.append(final[-1].get("model_file") if final else None)
     first = validated[0]
-    return {"run": name, "model": f"{first['model']} ensemble of {len(members)}", "members": members,
+    kinds = " + ".join(dict.fromkeys(row["model"] for row in validated))
+    bounds = [row["memory_bound_bytes"] for row in validated]
+    seconds = [row["train_s_per_epoch"] for row in validated]
+    weighted = test_weighted_scores(metrics) if metrics.get("confusion_matrix") else {}
+    return {"run": name, "model": f"{kinds} ensemble of {len(members)}", "members": members,
             "resolution": first["resolution"], "epochs": first["epochs"], "val_split": first["val_split"],
             "val_examples": metrics["examples"], "val_overall": metrics["overall_accuracy"],
-            "val_mean_class": metrics["mean_class_accuracy"], "val_overall_test_weighted": None,
+            "val_mean_class": metrics["mean_class_accuracy"],
+            "val_overall_test_weighted": weighted.get("weighted"),
+            "val_overall_test_weighted_se": weighted.get("weighted_se"),
             "vote": metrics.get("vote", "none"),
-            "memory_bound_bytes": max(row["memory_bound_bytes"] for row in validated),
-            "train_s_per_epoch": sum(row["train_s_per_epoch"] for row in validated),
+            # None where a member has none (a site model's is not computed)
+            "memory_bound_bytes": None if None in bounds else max(bounds),
+            "train_s_per_epoch": None if None in seconds else sum(seconds),
             "device": first["device"], "command": None, "what": what,
             "reproduce": shlex.join(["tf-sparseconv", "evaluate",
-                                     *[f"runs/modelnet40/{m}/model.keras" for m in members], "--split", "val"]),
+                                     *[f"runs/modelnet40/{m}/model.keras" for m in members], "--split", "val",
+                                     *(["--vote", vote] if vote != "none" else [])]),
             "examples": first["examples"], "batch_size": first["batch_size"], "features": first["features"],
             "augment": None, "member_val_overall": [row["val_overall"] for row in validated],
-            "model_file": finals if all(finals) else None}
+            **member_models(finals, validated)}
+
+
+def member_models(finals, validated):
+    """An ensemble row's model_file: its members' kept finals where every one is kept, else
+    the validated models themselves where every one is kept in the repository (trained
+    without the validation shapes), else None; member_models says which."""
+    if all(finals):
+        return {"model_file": finals, "member_models": "final"}
+    kept = [row.get("model_file") for row in validated]
+    if all(path and not os.path.isabs(path) and os.path.exists(os.path.join(REPO, path)) for path in kept):
+        return {"model_file": kept, "member_models": "validated"}
+    return {"model_file": None, "member_models": None}
+
+
+def evaluated_row(name, split, scores, model_file=None):
+    """A modelnet40.json row of recipe name whose results.json was not kept, from tf-sparseconv
+    evaluate's metrics.json of its model on its validation split (--split val), one per vote:
+    the recipe's vote and, where it votes, none. The run's split.json gives the split; the
+    recipe gives the rest. What only training knew (its time per epoch, its curves, the
+    training model's memory bound) stays None."""
+    flags = RECIPES[name][1]
+
+    def value(flag, default=None):
+        return flags[flags.index(flag) + 1] if flag in flags else default
+
+    vote = value("--vote", "none")
+    by_vote = {m.get("vote", "none"): m for m in scores}
+    if any(m.get("split") != "val" for m in scores) or vote not in by_vote:
+        raise SystemExit(f"--add-evaluated {name}: give tf-sparseconv evaluate's metrics.json of its model on the "
+                         f"validation split (--split val) with --vote {vote}")
+    if any(m["examples"] != len(split["val_indices"]) for m in scores):
+        raise SystemExit(f"--add-evaluated {name}: the metrics are not of the split.json given (examples differ)")
+    weighted = test_weighted_scores
+    chosen = by_vote[vote]
+    row = {"run": name, "model": value("--model"), "resolution": int(value("--resolution")),
+           "epochs": int(value("--epochs")), "val_split": split_name(split), "val_examples": chosen["examples"],
+           "val_overall": chosen["overall_accuracy"], "val_mean_class": chosen["mean_class_accuracy"],
+           "val_overall_test_weighted": weighted(chosen)["weighted"],
+           "val_overall_test_weighted_se": weighted(chosen)["weighted_se"], "vote": vote,
+           "memory_bound_bytes": None, "train_s_per_epoch": None, "device": None,
+           "command": shlex.join(["tf-sparseconv", "train", *train_args(name, {})]),
+           "reproduce": f"python experiments/modelnet40.py --run {name}",
+           "examples": split["num_examples"], "batch_size": int(value("--batch-size", TRAINING[1])),
+           "features": flags[flags.index("--features") + 1:flags.index("--weight-decay")]
+           if "--features" in flags else None,
+           "augment": value("--augment"), "model_file": model_file,
+           "scored_by": "tf-sparseconv evaluate --split val of the saved model (the run's results.json was not kept)"}
+    if vote != "none" and "none" in by_vote:
+        row.update(val_overall_unvoted=by_vote["none"]["overall_accuracy"],
+                   val_mean_class_unvoted=by_vote["none"]["mean_class_accuracy"],
+                   val_overall_test_weighted_unvoted=weighted(by_vote["none"])["weighted"])
+    return row
+
+
+def test_weighted_scores(metrics):
+    """The overall accuracy reweighted to the official test's class balance, and its standard
+    error, from the confusion matrix of tf-sparseconv evaluate's metrics.json (as training
+    reports val_test_w)."""
+    from tf_sparseconv.training.metrics import class_accuracies
+    from tf_sparseconv.training.train import test_class_weights
+
+    matrix = np.asarray(metrics["confusion_matrix"], np.int64)
+    labels = np.repeat(np.arange(len(matrix)), matrix.sum(axis=1))
+    predicted = np.concatenate([np.repeat(np.arange(len(matrix)), row) for row in matrix])
+    return class_accuracies(labels, predicted, len(matrix), test_class_weights(metrics["classes"]))
 
 
 def build_ensemble(name, rows, keep_dir):
@@ -350,8 +452,14 @@ def keep_model(out, keep_dir, name):
     target = os.path.join(keep_dir, name)
     os.makedirs(target, exist_ok=True)
     for filename in ("model.keras", "split.json", "results.json"):
-        shutil.copy2(os.path.join(out, filename), os.path.join(target, filename))
+        if filename != "results.json" or os.path.exists(os.path.join(out, filename)):
+            shutil.copy2(os.path.join(out, filename), os.path.join(target, filename))
     return repo_path(os.path.join(target, "model.keras"))
+
+
+def read_json_file(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 def test_scores(metrics):
@@ -382,6 +490,10 @@ def main(argv=None):
     p.add_argument("--no-record", action="store_true", help=f"leave experiments/results/{RESULTS_FILE} alone")
     p.add_argument("--add-results", nargs=2, action="append", metavar=("RECIPE", "RESULTS_JSON"),
                    help="add the row of a finished run of tf-sparseconv train (e.g. on a lent GPU); no training")
+    p.add_argument("--add-evaluated", nargs="+", action="append", metavar="RECIPE RUN_DIR METRICS_JSON",
+                   help="add the row of a run whose results.json was not kept: RUN_DIR holds its model.keras and "
+                        "split.json, each METRICS_JSON is tf-sparseconv evaluate's of that model on its validation "
+                        "split (--split val), under the recipe's vote and, where it votes, without")
     p.add_argument("--add-ensemble", nargs=2, action="append", metavar=("ENSEMBLE", "METRICS_JSON"),
                    help=f"add the row of an ensemble ({', '.join(ENSEMBLES)}) from tf-sparseconv evaluate's "
                         "metrics.json of its members on the validation split")
@@ -421,6 +533,15 @@ def main(argv=None):
             if args.note:
                 row["note"] = args.note
             add_row(row)
+    for name, run_dir, *paths in args.add_evaluated or []:
+        if name not in RECIPES or not paths:
+            raise SystemExit("--add-evaluated takes RECIPE RUN_DIR METRICS_JSON [METRICS_JSON]")
+        scores = [read_json_file(path) for path in paths]
+        kept = keep_model(run_dir, args.keep_models, name) if args.keep_models else None
+        row = evaluated_row(name, read_json_file(os.path.join(run_dir, "split.json")), scores, kept)
+        if args.note:
+            row["note"] = args.note
+        add_row(row)
     for name, path in args.add_ensemble or []:
         if name not in ENSEMBLES:
             raise SystemExit(f"--add-ensemble {name}: not an ensemble ({', '.join(ENSEMBLES)})")
@@ -491,7 +612,8 @@ def plot_and_print(rows):
         val = f"val {row['val_overall']:.4f}" if row.get("val_overall") is not None else "no validation"
         print(f"{row.get('run') or row.get('recipe')} ({row['model']}, {row['resolution']}³, {row['device']}, "
               f"{row['val_split']}): {val}{mean_class} after {row['epochs']} epochs, vote "
-              f"{row['vote']}{test}, {row['train_s_per_epoch']:.1f} s/epoch")
+              f"{row['vote']}{test}"
+              + (f", {row['train_s_per_epoch']:.1f} s/epoch" if row.get("train_s_per_epoch") is not None else ""))
 
 
 if __name__ == "__main__":

@@ -227,3 +227,84 @@ def test_an_ensemble_is_built_into_one_model_from_its_members_finals(tmp_path, m
     want = np.mean([keras.ops.convert_to_numpy(keras.ops.softmax(m.predict(clouds, verbose=0))) for m in models], 0)
     got = keras.ops.convert_to_numpy(keras.ops.softmax(ensemble.predict(clouds, verbose=0)))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def evaluate_metrics(confusion, vote, classes):
+    """tf-sparseconv evaluate's metrics.json on a validation split, from its confusion matrix."""
+    confusion = [list(row) for row in confusion]
+    examples = sum(map(sum, confusion))
+    correct = sum(confusion[i][i] for i in range(len(confusion)))
+    per_class = [row[i] / sum(row) for i, row in enumerate(confusion)]
+    return {"split": "val", "vote": vote, "classes": classes, "examples": examples, "correct": correct,
+            "overall_accuracy": correct / examples, "mean_class_accuracy": sum(per_class) / len(per_class),
+            "confusion_matrix": confusion, "models": ["model.keras"]}
+
+
+def test_a_run_without_its_results_json_is_added_from_evaluate_on_its_validation_split(tmp_path, monkeypatch):
+    import numpy as np
+    from tf_sparseconv.training.metrics import class_accuracies
+
+    monkeypatch.setattr(common, "RESULTS", str(tmp_path))
+    classes = ["airplane", "bathtub", "bed"]  # 100, 50 and 100 shapes in the official test split
+    run = tmp_path / "octnet3-32-rotate12"
+    run.mkdir()
+    (run / "model.keras").write_text("x")
+    split = {"val_split": "modelnet40-test", "val_per_class": 50, "val_max_fraction": 0.25, "num_examples": 9843,
+             "val_indices": list(range(30))}
+    (run / "split.json").write_text(json.dumps(split))
+    voted = [[9, 1, 0], [2, 7, 1], [0, 0, 10]]
+    plain = [[8, 1, 1], [3, 6, 1], [1, 0, 9]]
+    for name, matrix, vote in (("voted.json", voted, "rotations-12"), ("plain.json", plain, "none")):
+        (tmp_path / name).write_text(json.dumps(evaluate_metrics(matrix, vote, classes)))
+    kept = tmp_path / "kept"
+    modelnet40.main(["--add-evaluated", "octnet3-32-rotate12", str(run), str(tmp_path / "voted.json"),
+                     str(tmp_path / "plain.json"), "--keep-models", str(kept), "--note", "lost"])
+    [row] = [r for r in common.read_json("modelnet40.json") if r["run"] == "octnet3-32-rotate12"]
+    assert set(modelnet40.ROW_KEYS) <= set(row)
+    assert (row["val_overall"], row["val_overall_unvoted"]) == (pytest.approx(26 / 30), pytest.approx(23 / 30))
+    assert row["val_mean_class"] == pytest.approx((0.9 + 0.7 + 1.0) / 3)
+    assert row["val_overall_test_weighted"] == pytest.approx((100 * 0.9 + 50 * 0.7 + 100 * 1.0) / 250)
+    labels = np.repeat([0, 1, 2], 10)
+    predicted = np.array([0] * 9 + [1] + [0] * 2 + [1] * 7 + [2] + [2] * 10)
+    expected = class_accuracies(labels, predicted, 3, [100, 50, 100])
+    assert row["val_overall_test_weighted_se"] == pytest.approx(expected["weighted_se"])
+    assert (row["vote"], row["epochs"], row["augment"]) == ("rotations-12", 60, "rotate12")
+    assert row["features"] == ["occupancy", "offset"]
+    assert row["val_split"] == "modelnet40-test 50 (at most 0.25 of a class)"
+    assert row["train_s_per_epoch"] is None and row["memory_bound_bytes"] is None and row["note"] == "lost"
+    assert row["reproduce"] == "python experiments/modelnet40.py --run octnet3-32-rotate12"
+    assert row["model_file"] == str(kept / "octnet3-32-rotate12" / "model.keras")
+    assert sorted(os.listdir(kept / "octnet3-32-rotate12")) == ["model.keras", "split.json"]
+    with pytest.raises(SystemExit, match="--vote rotations-12"):  # the recipe's vote is missing
+        modelnet40.main(["--add-evaluated", "octnet3-32-rotate12", str(run), str(tmp_path / "plain.json")])
+    split["val_indices"] = list(range(31))
+    (run / "split.json").write_text(json.dumps(split))
+    with pytest.raises(SystemExit, match="examples differ"):
+        modelnet40.main(["--add-evaluated", "octnet3-32-rotate12", str(run), str(tmp_path / "voted.json")])
+
+
+def test_a_voting_ensemble_checks_its_vote_and_falls_back_to_its_kept_validated_members(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", str(tmp_path))
+    monkeypatch.setattr(modelnet40, "REPO", str(tmp_path))
+    name = "mixed-32-ensemble2"
+    members = modelnet40.ENSEMBLES[name][1]
+    assert modelnet40.ENSEMBLES[name][2] == "mirror"
+    for member in members:
+        run = tmp_path / "runs" / member
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps(results_json()))
+        for filename in ("model.keras", "split.json"):
+            (run / filename).write_text("x")
+        modelnet40.main(["--add-results", member, str(run / "results.json"), "--keep-models",
+                         str(tmp_path / "kept")])
+    metrics = {"split": "val", "models": ["a", "b"], "examples": 1191, "overall_accuracy": 0.9,
+               "mean_class_accuracy": 0.87, "vote": "mirror"}
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    modelnet40.main(["--add-ensemble", name, str(tmp_path / "metrics.json")])
+    [row] = [r for r in common.read_json("modelnet40.json") if r["run"] == name]
+    assert row["vote"] == "mirror" and row["reproduce"].endswith("--split val --vote mirror")
+    assert row["member_models"] == "validated"
+    assert row["model_file"] == [os.path.join("kept", m, "model.keras") for m in members]
+    (tmp_path / "none.json").write_text(json.dumps(dict(metrics, vote="none")))
+    with pytest.raises(SystemExit, match="scored with --vote mirror"):
+        modelnet40.main(["--add-ensemble", name, str(tmp_path / "none.json")])
