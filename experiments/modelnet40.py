@@ -246,9 +246,59 @@ def result_row(name, res, model_file=None):
     if voted:
         row.update(val_overall_unvoted=res["val_overall"], val_mean_class_unvoted=res["val_mean_class"],
                    val_overall_test_weighted_unvoted=res["val_overall_test_weighted"])
-    if res["model"] == "site-resnet":
+    if res.get("memory_bound_sites_per_sample"):
+        row["memory_bound_sites_per_sample"] = res["memory_bound_sites_per_sample"]
+    elif res["model"] == "site-resnet":
         row["memory_bound_note"] = res.get("memory_bound_note")
     return row
+
+
+def training_bound(command, device, threads, num_classes=40):
+    """(bytes, sites per sample) of the memory bound tf-sparseconv train reports for a recorded
+    ModelNet40 `tf-sparseconv train` command run on device ("gpu" or "cpu": the kernels'
+    temporaries differ): its model built as train builds it, bounded at the command's batch
+    (one replica), a site model with at most --points sites per sample; threads: the
+    training host's cores (a little CPU-side scratch per thread)."""
+    from tf_sparseconv.data import num_channels
+    from tf_sparseconv.models.memory_bound import memory_bound
+    from tf_sparseconv.training import train
+
+    args = train.build_parser().parse_args(shlex.split(command)[2:])
+    model = train.build_model(args, num_classes, num_channels(args.features), steps=1)[0]
+    sites = args.points if args.model == "site-resnet" else None
+    bound = memory_bound(model, args.batch_size, points_per_sample=sites, device=device, threads=threads)
+    return bound.total_bytes, sites
+
+
+# The lent two-GPU host's cores, where the 32^3 runs of this protocol trained (its bounds
+# reproduce train's to the byte there: octnet3-32-long 600,685,352).
+BOUND_THREADS = 32
+
+
+def filled_bounds(rows, threads=BOUND_THREADS):
+    """rows with the memory bound of each validated or final run that has none (site runs
+    before train bounded them, runs added from evaluate) computed from its command; ensembles
+    after them, from their members' rows."""
+    rows = [dict(row) for row in rows]
+    for row in rows:
+        command = row.get("command") or ""
+        if row.get("memory_bound_bytes") is None and command.startswith("tf-sparseconv train"):
+            # a row without its device (added from evaluate) ran on the lent GPU, as every 32^3 run since
+            device = "cpu" if (row.get("device") or "GPU").startswith("CPU") else "gpu"
+            row["memory_bound_bytes"], sites = training_bound(command, device, threads)
+            if sites:
+                row["memory_bound_sites_per_sample"] = sites
+            row.pop("memory_bound_note", None)
+            row["memory_bound_from"] = (f"experiments/modelnet40.py --fill-bounds ({device} kernels, {threads} "
+                                        "host threads)")
+    for row in rows:
+        if row.get("members") and row.get("memory_bound_bytes") is None:
+            found = [[r for r in rows if r.get("run") == member and r.get("val_overall") is not None]
+                     for member in row["members"]]
+            bounds = [f[-1].get("memory_bound_bytes") if f else None for f in found]
+            if None not in bounds:
+                row["memory_bound_bytes"] = max(bounds)
+    return rows
 
 
 def final_row(name, res, model_file=None):
@@ -504,6 +554,8 @@ def main(argv=None):
                    help="attach the official test split's scores (tf-sparseconv evaluate's metrics.json) to the "
                         "newest row of RECIPE on the validation protocol")
     p.add_argument("--note", help="with --add-results or --run: a note stored in the rows (e.g. how they were timed)")
+    p.add_argument("--fill-bounds", action="store_true",
+                   help="compute the memory bound of rows recorded without one from their training command")
     p.add_argument("--replot", action="store_true", help="only redraw modelnet40.png and print the rows")
     args = p.parse_args(argv)
     overrides = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in OVERRIDES
@@ -518,6 +570,8 @@ def main(argv=None):
     if args.replot:
         plot_and_print(read_json(RESULTS_FILE))
         return
+    if args.fill_bounds:
+        replace_rows(RESULTS_FILE, filled_bounds(read_json(RESULTS_FILE)), lambda row: True)
     if args.add_results:
         for name, path in args.add_results:
             with open(path) as f:

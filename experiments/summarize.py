@@ -136,9 +136,11 @@ MODELNET40_FINDINGS = [
     "its 0.904 carries a little selection on top of the ± 0.009.",
     "- **mixed-32-ensemble3 is the 32³ model we keep now**: its three validated members (trained without the "
     "1,191 validation shapes; the finals are not trained yet) are kept as they are, and `evaluate` and "
-    "`predict` take the three files as one ensemble (the command below). The OctNet3 members' memory bound "
-    "is 573 MiB each at batch 32 in training; the site member's is not computed (site models have no bound "
-    "yet), so the ensemble's is not given.",
+    "`predict` take the three files as one ensemble (the command below), one member after another. Its "
+    "memory bound is the largest member's: 740 MiB at batch 32 for the site ResNet with at most 1,024 sites "
+    "per shape (one per point), against 573 MiB for each OctNet3 (GPU kernels; `tf-sparseconv train` reports "
+    "a site model's bound since 2026-11-29, and `experiments/modelnet40.py --fill-bounds` computed it for "
+    "the site rows recorded before, from their commands).",
     "- The kept 64³ model is octnet3-64's final (below).",
 ]
 
@@ -171,8 +173,7 @@ def modelnet_section(rows):
             goal = GOAL_TEST_ACCURACY.get(r["resolution"])
             test = (f"{r['test_overall']:.3f} / {r['test_mean_class']:.3f}" if r.get("test_overall") is not None
                     else "not scored")
-            bound = (f"{r['memory_bound_bytes'] / 2**20:.0f} MiB" if r.get("memory_bound_bytes")
-                     else "— (site model)" if r["model"] == "site-resnet" else "—")
+            bound = f"{r['memory_bound_bytes'] / 2**20:.0f} MiB" if r.get("memory_bound_bytes") else "—"
             weighted = (f"{r['val_overall_test_weighted']:.3f} ± {r['val_overall_test_weighted_se']:.3f}"
                         if r.get("val_overall_test_weighted") is not None else "—")
             lines.append(f"| {r['run']} | {r['model']} | {r['resolution']}³ | {r['epochs']} | {r['examples']} | "
@@ -210,7 +211,7 @@ def modelnet_section(rows):
         for r in finals:
             test = (f"{r['test_overall']:.3f} / {r['test_mean_class']:.3f}" if r.get("test_overall") is not None
                     else "not scored")
-            bound = f"{r['memory_bound_bytes'] / 2**20:.0f} MiB" if r.get("memory_bound_bytes") else "— (site model)"
+            bound = f"{r['memory_bound_bytes'] / 2**20:.0f} MiB" if r.get("memory_bound_bytes") else "—"
             lines.append(f"| {r['run']} | {r['final_of']} | {r['resolution']}³ | {r['epochs']} | {test} | "
                          f"{r['train_s_per_epoch']:.1f} | {bound} | {r['device']} | {r.get('model_file') or '—'} |")
     lines += ["", "### Earlier runs (OctNet3, 10% stratified validation split of the training set)", "",

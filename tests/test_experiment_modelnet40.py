@@ -308,3 +308,32 @@ def test_a_voting_ensemble_checks_its_vote_and_falls_back_to_its_kept_validated_
     (tmp_path / "none.json").write_text(json.dumps(dict(metrics, vote="none")))
     with pytest.raises(SystemExit, match="scored with --vote mirror"):
         modelnet40.main(["--add-ensemble", name, str(tmp_path / "none.json")])
+
+
+@pytest.mark.parametrize("model", [["--rho", "0.5", "0.5"], ["--model", "site-resnet", "--site-channels", "8", "16",
+                                                             "--site-blocks", "1", "--points", "64"]])
+def test_a_bound_filled_from_a_command_is_the_one_train_reported(tmp_path, model):
+    from tf_sparseconv.models.memory_bound import _worker_threads
+
+    results = train.main(["--dataset", "synthetic", "--resolution", "8", "--synthetic-per-class", "6",
+                          "--batch-size", "8", "--epochs", "1", *model, "--out", str(tmp_path / "run")])
+    bound, sites = modelnet40.training_bound(results["command"], "cpu", _worker_threads(), results["num_classes"])
+    assert bound == results["memory_bound_bytes"] and sites == results["memory_bound_sites_per_sample"]
+    assert modelnet40.training_bound(results["command"], "cpu", 64, results["num_classes"])[0] > bound
+
+
+def test_fill_bounds_fills_runs_without_one_and_then_their_ensembles(monkeypatch):
+    monkeypatch.setattr(modelnet40, "training_bound", lambda command, device, threads: (
+        {"a": 100, "b": 300}[command.split()[-1]], 1024 if command.endswith("b") else None))
+    rows = [{"run": "a", "val_overall": 0.8, "memory_bound_bytes": None, "command": "tf-sparseconv train a",
+             "device": "CPU (2 cores)"},
+            {"run": "b", "val_overall": 0.8, "memory_bound_bytes": None, "command": "tf-sparseconv train b",
+             "memory_bound_note": "not computed"},
+            {"run": "c", "val_overall": 0.8, "memory_bound_bytes": 7, "command": "tf-sparseconv train c"},
+            {"run": "e", "members": ["a", "b"], "memory_bound_bytes": None, "command": None}]
+    a, b, c, e = modelnet40.filled_bounds(rows)
+    assert (a["memory_bound_bytes"], b["memory_bound_bytes"], c["memory_bound_bytes"]) == (100, 300, 7)
+    assert "cpu kernels" in a["memory_bound_from"] and "gpu kernels" in b["memory_bound_from"]
+    assert b["memory_bound_sites_per_sample"] == 1024 and "memory_bound_note" not in b
+    assert "memory_bound_from" not in c and e["memory_bound_bytes"] == 300
+    assert rows[0]["memory_bound_bytes"] is None  # the rows given are left as they were

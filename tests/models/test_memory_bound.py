@@ -314,3 +314,13 @@ def test_split_mode_runs_a_serving_model_within_budget(rng):
     # a chunk of one and the whole batch agree to TF32's precision, not float32's.
     tolerance = dict(rtol=2e-3, atol=2e-4) if tf.config.list_physical_devices("GPU") else dict(rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(runner(points).numpy(), serving(points).numpy(), **tolerance)
+
+
+def test_the_threads_of_another_host_change_only_the_cpu_scratch():
+    net = octnet3(16, 4)
+    one, many = (memory_bound(net, 4, device="cpu", threads=n).total_bytes for n in (1, 64))
+    assert one < many
+    gpu_one, gpu_many = (memory_bound(net, 4, device="gpu", threads=n).total_bytes for n in (1, 64))
+    assert gpu_one <= gpu_many
+    with pytest.raises(ValueError, match="threads must be a positive integer"):
+        memory_bound(net, 4, threads=0)

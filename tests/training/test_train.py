@@ -87,6 +87,23 @@ def test_train_on_synthetic_writes_results_and_a_loadable_model(tmp_path, capsys
     assert model.output_shape == (None, 8)
 
 
+def test_a_site_run_reports_the_memory_bound_of_its_sites(tmp_path, capsys):
+    from tf_sparseconv.data import num_channels
+    from tf_sparseconv.models import site_resnet
+    from tf_sparseconv.models.memory_bound import memory_bound
+
+    results = train.main(["--model", "site-resnet", "--dataset", "synthetic", "--resolution", "8",
+                          "--site-channels", "8", "16", "--site-blocks", "1", "--synthetic-per-class", "6",
+                          "--points", "64", "--batch-size", "8", "--epochs", "1", "--out", str(tmp_path)])
+    assert "memory bound at batch 8: " in capsys.readouterr().out
+    assert results["memory_bound_sites_per_sample"] == 64
+    # the bound of the same net with at most 64 sites per sample, below the whole 8^3 grid's
+    net = site_resnet(results["num_classes"], 8, in_channels=num_channels(results["features"]), channels=(8, 16),
+                      blocks=1)
+    assert results["memory_bound_bytes"] == memory_bound(net, 8, points_per_sample=64).total_bytes
+    assert results["memory_bound_bytes"] < memory_bound(net, 8).total_bytes
+
+
 def test_steps_per_execution_trains_the_same_weights(tmp_path, monkeypatch):
     # Keras runs N steps in one call of the traced function; the steps themselves (batches,
     # order, Eq. 4, pruning at the epoch's end) are the same.

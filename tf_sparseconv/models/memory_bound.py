@@ -554,7 +554,7 @@ def _default_device():
     return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
 
 
-def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, device=None):
+def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, device=None, threads=None):
     """Upper bounds for model at batch_size, per layer and for the forward pass.
 
     The model is a chain of layers starting at PointCloudToSparse (VoxelizePoints),
@@ -569,7 +569,9 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
     (default: the whole grid) and adds the voxelization's temporaries and the clouds'
     float32 copy, which grow with it and are left out without it (ModelBound.notes says so).
     device: 'cpu' or 'gpu', whose kernels' temporaries are counted (default: where
-    TensorFlow runs the model, the GPU where it sees one).
+    TensorFlow runs the model, the GPU where it sees one). threads: the worker threads whose
+    per-thread scratch the CPU kernels take (default: TensorFlow's intra-op threads, the
+    host's cores unless configured), for a bound of another host than this one.
 
     What the bound covers: the bytes a forward call allocates beyond what exists before it
     (the model's weights, the caller's input), on the device given: the model's copy of
@@ -594,7 +596,9 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES} (or None: where TensorFlow runs the model), got {device!r}")
     value_bytes = tf.as_dtype(dtype).size
-    threads = _worker_threads()
+    threads = _worker_threads() if threads is None else threads
+    if isinstance(threads, bool) or int(threads) != threads or threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {threads!r}")
     layers = list(_flat_layers(model))
     walk = _SiteWalk(batch_size, points_per_sample, value_bytes, threads, device)
     shape, entries, bounds, notes = None, None, [], []

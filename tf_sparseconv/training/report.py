@@ -176,7 +176,9 @@ def memory_lines(results):
     replicas = results.get("replicas", 1)
     at = (f"per replica at its batch {results['batch_size_per_replica']} (global {results['batch_size']})"
           if replicas > 1 else f"at batch {results['batch_size']}")
-    lines = [f"memory bound {at}: {megabytes(results['memory_bound_bytes'])} for any input (per layer in "
+    sites = results.get("memory_bound_sites_per_sample")
+    inputs = f"any input of at most {sites} sites per sample" if sites else "any input"
+    lines = [f"memory bound {at}: {megabytes(results['memory_bound_bytes'])} for {inputs} (per layer in "
              "results.json)"]
     if dense:
         lines.append(f"  activations {megabytes(activations)} against the dense grid's {megabytes(dense)} "
@@ -222,8 +224,6 @@ def summary_lines(results, written, next_commands):
                          f"{row['present_weights']:>11} / {row['weights']:<7}")
     if results.get("memory_bound_bytes") is not None:
         lines.extend(memory_lines(results))
-    elif results.get("memory_bound_note"):
-        lines.append(results["memory_bound_note"])
     lines.append(f"peak resident memory {results['peak_rss_bytes'] / 2 ** 20:.0f} MiB"
                  + (f", GPU peak {results['peak_gpu_bytes'] / 2 ** 20:.0f} MiB" if results.get("peak_gpu_bytes")
                     else "") + f" ({results['device']})")

@@ -88,8 +88,6 @@ OPTIMIZERS = ("adam", "adagrad", "sgd")
 # the recipe and its epochs are chosen on a split).
 VAL_SPLITS = ("stratified", "balanced", "modelnet40-test", "none")
 VAL_DEFAULTS = {"val_fraction": 0.1, "val_per_class": 50, "val_max_fraction": 0.25}
-SITE_MODEL_NOTE = ("memory bound: not computed for site-resnet; the bound covers the channel-sparse layers "
-                   "(DirectSparseConv, SparseMaxPool) only, and a site model's memory follows its active sites")
 DEFAULT_DATA_DIR = os.environ.get(
     "TF_SPARSECONV_DATA", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data"))
 MNIST_RESOLUTION = 28
@@ -1020,7 +1018,10 @@ def run_training(parser, args, argv, strategy):
             metrics.append(MeanClassAccuracy(len(classes), test_weights, name="test_weighted_accuracy"))
         model.compile(optimizer, loss, metrics=metrics, steps_per_execution=args.steps_per_execution)
     replica_batch = args.batch_size // replicas
-    bound = None if site else memory_bound(model, replica_batch)
+    # A site model holds a row per active site: a point cloud of --points points makes at most
+    # that many (one per occupied voxel), an image at most its pixels (the whole grid).
+    sites_per_sample = args.points if site and not image_data else None
+    bound = memory_bound(model, replica_batch, points_per_sample=sites_per_sample)
     # What the density bounds buy: the same net without them may hold every cell of its grid.
     unbounded = None if site or all(rho >= 1 for rho in rhos) else memory_bound(
         octnet3(resolution, len(classes), (1.0,) * len(rhos), spatial_dims=2 if image_data else 3,
@@ -1120,7 +1121,7 @@ def run_training(parser, args, argv, strategy):
         "memory_dense_bytes": bound.dense_bytes if bound else None,
         "memory_unbounded_bytes": unbounded.total_bytes if unbounded else None,
         "memory_bound_layers": [vars(b) for b in bound.layers] if bound else [],
-        "memory_bound_note": SITE_MODEL_NOTE if site else None,
+        "memory_bound_sites_per_sample": sites_per_sample,
         "pruning": pruning.history if pruning else [],
         "peak_rss_bytes": max([peak_rss_bytes(), *history.get("peak_rss_bytes", [])]),
         "peak_gpu_bytes": peak_gpu_bytes(), "device": device_description(),
