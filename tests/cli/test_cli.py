@@ -192,6 +192,10 @@ BAD_ARGUMENTS = [
     (["predict", "{images}", "{t}/cube.off"], r"cube.off: a point file, but the model takes images"),
     (["predict", "{images}", "{t}/small.npy"], r"small.npy: images of 20x20 pixels, the model takes 28x28"),
     (["predict", "{none}", "{t}/far.npy"], r"far.npy: points outside the model's bounds \[-1, 1\].*normalize='none'"),
+    (["predict", "{points}", "{t}/cube.off", "--vote", "rotations-1"], r"argument --vote: the vote must be none, "),
+    (["predict", "{images}", "{t}/digit.png", "--vote", "mirror"], r"--vote mirror applies to point clouds, not to "),
+    (["predict", "{none}", "{t}/cube.off", "--vote", "rotations-4"],
+     r"--vote rotations-4 needs a model that normalises its clouds \(normalize='unit_sphere'\)"),
     (["bound", "{points}", "--batch-size", "0"], r"argument --batch-size: must be at least 1"),
     (["bound", "{points}", "--points-per-cloud", "x"], r"argument --points-per-cloud: expected a whole number"),
     (["bound", "{images}", "--points-per-cloud", "100"], r"--points-per-cloud applies to point-cloud models"),
@@ -437,6 +441,34 @@ def test_predict_files_of_each_format(capsys, tmp_path, models):
     labels = [f"{tmp_path / 'three.npz'}[{i}]" for i in range(3)] + [str(tmp_path / "cube.off")]
     for line, label, row in zip(lines, labels, rows[5:] + rows[:1], strict=True):
         assert line.split() == [label] + [t for c in row["top_k"] for t in (c["class"], f"{c['probability']:.3f}")]
+
+
+@pytest.mark.parametrize("vote", ["mirror", "rotations-3"])
+def test_predict_with_a_vote_gives_the_mean_softmax_over_the_views(capsys, tmp_path, models, vote):
+    from tf_sparseconv.training.voting import vote_views
+
+    clouds, _, _ = make_shapes(num_per_class=1, num_points=POINTS, classes=("cube", "torus", "cone"), seed=5)
+    np.savez(tmp_path / "three.npz", points=clouds)
+    code, out, err = run(capsys, "predict", models["paths"]["points"], tmp_path / "three.npz", "--top-k", "3",
+                         "--json", "--vote", vote)
+    assert code == 0, err
+    assert f"voting over views of each cloud ({vote})" in err
+    expected = np.mean([softmax(models["points"].predict(view, verbose=0)) for view in vote_views(clouds, vote)],
+                       axis=0)
+    assert len(list(vote_views(clouds, vote))) == (2 if vote == "mirror" else 3)
+    for row, probabilities in zip(json.loads(out), expected, strict=True):
+        top = np.argsort(-probabilities)[:3]
+        assert [c["class"] for c in row["top_k"]] == [models["classes"][i] for i in top]
+        np.testing.assert_allclose([c["probability"] for c in row["top_k"]], probabilities[top], rtol=1e-4)
+    # an ensemble: each model's vote, then the mean over the models (the same model twice: its own vote)
+    copy = tmp_path / "copy.keras"
+    copy.write_bytes(open(models["paths"]["points"], "rb").read())
+    code, out, err = run(capsys, "predict", models["paths"]["points"], copy, tmp_path / "three.npz", "--top-k", "3",
+                         "--json", "--vote", vote)
+    assert code == 0, err
+    for row, probabilities in zip(json.loads(out), expected, strict=True):
+        np.testing.assert_allclose(sorted(c["probability"] for c in row["top_k"]), sorted(probabilities)[-3:],
+                                   rtol=1e-4)
 
 
 def test_predict_images(capsys, tmp_path, models):

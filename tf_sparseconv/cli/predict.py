@@ -7,7 +7,9 @@ with an `images` array. Clouds of another size than the model was trained with a
 resampled to it (seeded). The model normalises each cloud into the unit sphere itself, so
 clouds in any units work; a model saved with normalize='none' refuses points outside its
 bounds. Several models (the .keras files before the first input) predict as an ensemble:
-the mean of their softmax outputs, as `evaluate` scores one.
+the mean of their softmax outputs, as `evaluate` scores one. With --vote, each cloud is
+predicted by the mean softmax over its mirror image or its rotations about the up axis (z)
+as well, as `evaluate --vote` scores it (an ensemble: each model's vote, then their mean).
 """
 import json
 import os
@@ -36,6 +38,15 @@ def add_arguments(parser):
                         help="examples per prediction batch (default 32)")
     parser.add_argument("--seed", type=int, default=0, metavar="N",
                         help="seed of mesh sampling and resampling (default 0)")
+    parser.add_argument("--vote", type=_vote, default="none", metavar="VOTE",
+                        help="predict each cloud by the mean softmax over views of it: none (default), mirror (and "
+                             "its x-mirrored copy) or rotations-N (N rotations about the up axis, z); as evaluate "
+                             "--vote, for a model chosen with that vote")
+
+
+def _vote(text):
+    from tf_sparseconv.cli.evaluate import _vote as parse
+    return parse(text)
 
 
 def _check_files(files):
@@ -140,7 +151,7 @@ SHARED_INPUT = ("kind", "points_per_cloud", "columns", "image_shape")
 
 def run(args):
     from tf_sparseconv.cli.evaluate import predict_logits
-    from tf_sparseconv.training.voting import softmax
+    from tf_sparseconv.training.voting import softmax, voted_probabilities
 
     paths, files = split_models(args.model, list(args.files))
     _check_files(files)
@@ -150,6 +161,14 @@ def run(args):
                                                       "image size", "an ensemble predicts from the same examples")
     spec = members[0][1]
     names = list(model_names) if model_names else [str(i) for i in range(num_outputs)]
+    if args.vote != "none":
+        if spec["kind"] == "images":
+            raise UsageError(f"--vote {args.vote} applies to point clouds, not to images (mirroring or rotating "
+                             "changes a digit)")
+        if any(other.get("normalize") == "none" for _, other in members):
+            # the views turn about the origin, which may carry points out of the model's fixed bounds
+            raise UsageError(f"--vote {args.vote} needs a model that normalises its clouds "
+                             "(normalize='unit_sphere'); this one was saved with normalize='none'")
     if spec["kind"] == "images":
         sources, examples, notes = _read_images(files, spec)
     else:
@@ -160,14 +179,22 @@ def run(args):
         notes.append("the model stores no class names; classes are shown by index")
     if len(members) > 1:
         notes.append(f"ensemble of {len(members)} models: the mean of their softmax outputs")
+    if args.vote != "none":
+        notes.append(f"voting over views of each cloud ({args.vote}): the mean of their softmax outputs")
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     many = len(examples) > args.batch_size
     outputs = []
     for i, (model, _) in enumerate(members):
         what = f" (model {i + 1}/{len(members)})" if len(members) > 1 else ""
-        outputs.append(predict_logits(model, examples, args.batch_size,
-                                      Progress(f"predicting{what}", len(examples)) if many else None))
+        if args.vote == "none":
+            outputs.append(predict_logits(model, examples, args.batch_size,
+                                          Progress(f"predicting{what}", len(examples)) if many else None))
+        else:  # the vote's mean softmax, as log-probabilities (top_classes' softmax gives it back)
+            voted = voted_probabilities(lambda view, what=what: predict_logits(
+                model, view, args.batch_size, Progress(f"predicting{what}", len(view)) if many else None),
+                examples, args.vote)
+            outputs.append(np.log(np.maximum(voted, np.finfo(np.float64).tiny)))
     if len(outputs) > 1:  # log of the mean softmax as logits: top_classes' softmax gives the mean back
         mean = np.mean([softmax(o) for o in outputs], axis=0)  # float64
         outputs = [np.log(np.maximum(mean, np.finfo(np.float64).tiny))]
