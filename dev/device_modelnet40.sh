@@ -65,7 +65,9 @@ case "${1:-}" in
   collect)
     cd /tmp/repo
     t0=$(date +%s)
-    while pgrep -f "experiments/modelnet40.py --(run|final)" > /dev/null && [ $(( $(date +%s) - t0 )) -lt "$WAIT" ]; do
+    # wait for the runs named (RUNS, FINALS), not for others still training beside them
+    pattern="experiments/modelnet40.py --(run|final) ($(for run in $RUNS ${FINALS:-}; do printf '%s|' "${run%%:*}"; done | sed 's/|$//')) "
+    while pgrep -f "$pattern" > /dev/null && [ $(( $(date +%s) - t0 )) -lt "$WAIT" ]; do
       sleep 10
     done
     finished=()
@@ -78,6 +80,8 @@ case "${1:-}" in
       elif grep -q "=== $name finished" "/tmp/mn40_$name.log"; then
         cp "/tmp/mn40_$name.log" "/tmp/mn40_runs/$name/train.log"
         finished+=("$name/results.json" "$name/split.json" "$name/training_curve.png" "$name/train.log")
+      else
+        echo "$name: NOT FINISHED (still training or voting after ${WAIT} s): not in results.tar; collect it again"
       fi
     done
     # The scores of every finished run in one file; their models with `models`.
