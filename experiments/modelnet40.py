@@ -376,12 +376,11 @@ def evaluated_row(name, split, scores, model_file=None):
     the recipe's vote and, where it votes, none. The run's split.json gives the split; the
     recipe gives the rest. What only training knew (its time per epoch, its curves, the
     training model's memory bound) stays None."""
-    flags = RECIPES[name][1]
+    from tf_sparseconv.training import train
 
-    def value(flag, default=None):
-        return flags[flags.index(flag) + 1] if flag in flags else default
-
-    vote = value("--vote", "none")
+    flags = train_args(name, {})
+    recipe = train.build_parser().parse_args(flags)  # the recipe as train reads it
+    vote = recipe.vote
     by_vote = {m.get("vote", "none"): m for m in scores}
     if any(m.get("split") != "val" for m in scores) or vote not in by_vote:
         raise SystemExit(f"--add-evaluated {name}: give tf-sparseconv evaluate's metrics.json of its model on the "
@@ -390,18 +389,16 @@ def evaluated_row(name, split, scores, model_file=None):
         raise SystemExit(f"--add-evaluated {name}: the metrics are not of the split.json given (examples differ)")
     weighted = test_weighted_scores
     chosen = by_vote[vote]
-    row = {"run": name, "model": value("--model"), "resolution": int(value("--resolution")),
-           "epochs": int(value("--epochs")), "val_split": split_name(split), "val_examples": chosen["examples"],
+    row = {"run": name, "model": recipe.model, "resolution": recipe.resolution, "epochs": recipe.epochs,
+           "val_split": split_name(split), "val_examples": chosen["examples"],
            "val_overall": chosen["overall_accuracy"], "val_mean_class": chosen["mean_class_accuracy"],
            "val_overall_test_weighted": weighted(chosen)["weighted"],
            "val_overall_test_weighted_se": weighted(chosen)["weighted_se"], "vote": vote,
            "memory_bound_bytes": None, "train_s_per_epoch": None, "device": None,
-           "command": shlex.join(["tf-sparseconv", "train", *train_args(name, {})]),
+           "command": shlex.join(["tf-sparseconv", "train", *flags]),
            "reproduce": f"python experiments/modelnet40.py --run {name}",
-           "examples": split["num_examples"], "batch_size": int(value("--batch-size", TRAINING[1])),
-           "features": flags[flags.index("--features") + 1:flags.index("--weight-decay")]
-           if "--features" in flags else None,
-           "augment": value("--augment"), "model_file": model_file,
+           "examples": split["num_examples"], "batch_size": recipe.batch_size, "features": list(recipe.features),
+           "augment": recipe.augment, "model_file": model_file,
            "scored_by": "tf-sparseconv evaluate --split val of the saved model (the run's results.json was not kept)"}
     if vote != "none" and "none" in by_vote:
         row.update(val_overall_unvoted=by_vote["none"]["overall_accuracy"],
