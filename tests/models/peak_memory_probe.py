@@ -4,7 +4,8 @@ unmapped and RSS follows live memory.
 
     python tests/models/peak_memory_probe.py random|modelnet40 RESOLUTION BATCH POINTS
         per layer and per forward pass of the test classifier
-    python tests/models/peak_memory_probe.py serving octnet3|site_resnet RESOLUTION BATCH POINTS [BUDGET_BYTES]
+    python tests/models/peak_memory_probe.py serving CORE RESOLUTION BATCH POINTS [BUDGET_BYTES]
+        (CORE: octnet3, site_resnet, site_resnet-select or octnet3-normals)
         one forward pass of a serving model (point_cloud_classifier around the core) on
         NumPy clouds, through BoundedInference where a budget is given
 
@@ -49,12 +50,15 @@ def layers(source, resolution, batch, points_per_sample):
 
 
 def serving_model(core, resolution):
-    """octnet3, site_resnet, or octnet3-normals (occupancy and the normals the model
-    estimates from 16 neighbours per point)."""
+    """octnet3, site_resnet, site_resnet-select (at most 64 sites per sample after the stem,
+    SiteSelect), or octnet3-normals (occupancy and the normals the model estimates from 16
+    neighbours per point)."""
     from tf_sparseconv import models
     if core == "octnet3-normals":
         return models.point_cloud_classifier(models.octnet3(resolution, 10, in_channels=4), resolution,
                                              features=("occupancy", "normals"), estimate_normals=16)
+    if core == "site_resnet-select":
+        return models.point_cloud_classifier(models.site_resnet(10, resolution, select_k=64), resolution)
     core = models.octnet3(resolution, 10) if core == "octnet3" else models.site_resnet(10, resolution)
     return models.point_cloud_classifier(core, resolution)
 

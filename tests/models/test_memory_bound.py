@@ -135,6 +135,7 @@ def test_measured_peak_memory_never_exceeds_the_bound(source):
 
 @needs_proc
 @pytest.mark.parametrize("core, batch, points", [("octnet3", 4, 1000), ("site_resnet", 4, 1000),
+                                                 ("site_resnet-select", 4, 1000),
                                                  ("octnet3", 2, 400_000), ("octnet3-normals", 4, 1000),
                                                  ("octnet3-normals", 2, 20_000)])
 def test_serving_models_peak_stays_under_the_bound_for_small_and_large_clouds(core, batch, points):
@@ -300,8 +301,16 @@ def test_site_models_are_bounded_per_grid_of_sites():
     assert layers["level0_block1_conv1"].output_bytes == 2 * 100 * 4 * 4  # the map is reused
     assert layers["global_pool"].output_bytes == 2 * 6 * 4
     assert memory_bound(core, 2).total_bytes < memory_bound(core, 4).total_bytes
-    with pytest.raises(TypeError, match="no memory bound for the site layer select"):
-        memory_bound(models.site_resnet(3, 8, channels=(4,), select_k=10), 2)
+    # k-selection keeps at most k sites per sample: the grid's later layers count those, and
+    # the first convolution after it builds a new map over them (the select drops the maps)
+    selected = models.point_cloud_classifier(models.site_resnet(3, 8, channels=(4, 6), select_k=10), 8)
+    kept = {b.name: b for b in memory_bound(selected, 2, points_per_sample=100).layers}
+    assert kept["select"].kind == "site_select" and kept["select"].output_entries == 2 * 10 * 4
+    assert kept["level0_block1_add"].output_entries == 2 * 10 * 4
+    assert kept["level0_block1_conv1"].output_bytes >= 2 * 10 * 27 * 8 + 2 * 10 * 4 * 4
+    assert memory_bound(selected, 2, points_per_sample=100).total_bytes < bound.total_bytes
+    assert memory_bound(models.point_cloud_classifier(models.site_resnet(3, 8, channels=(4, 6), select_k=1000), 8),
+                        2, points_per_sample=100).layers[6].output_entries == 2 * 100 * 4  # k above the sites
 
 
 def test_split_mode_runs_a_serving_model_within_budget(rng):

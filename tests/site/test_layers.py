@@ -385,10 +385,14 @@ def test_train_entry_point_trains_site_resnet_on_synthetic(tmp_path, capsys):
                           "--batch-size", "16", "--site-channels", "4", "8", "--site-k", "40",
                           "--optimizer", "adagrad", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
-    assert "validation accuracy" in printed and "memory bound: not computed for site-resnet" in printed
+    assert "validation accuracy" in printed and "memory bound at batch 16: " in printed
     with open(tmp_path / "results.json") as f:
         saved = json.load(f)
-    assert saved["model"] == "site-resnet" and saved["memory_bound_bytes"] is None
+    # bounded with the selection's 40 sites per example after the stem (synthetic clouds:
+    # at most --points sites per sample before it)
+    assert saved["model"] == "site-resnet" and saved["memory_bound_bytes"] > 0
+    assert saved["memory_bound_sites_per_sample"] == 1024
+    assert {b["name"]: b for b in saved["memory_bound_layers"]}["select"]["output_entries"] == 16 * 40 * 4
     assert saved["site_k"] == 40 and "at most 40 sites per example" in printed
     assert saved["val_accuracy"] == pytest.approx(results["val_accuracy"]) and 0 <= saved["val_accuracy"] <= 1
     assert len(saved["sec_per_epoch"]) == 1 and saved["peak_rss_bytes"] > 0

@@ -50,7 +50,7 @@ from tf_sparseconv.models.point_normals import chunk_rows
 from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse
 from tf_sparseconv.models.serving import ClassNames
 from tf_sparseconv.site.conv_layers import _SiteConv, _SparseInverseConv
-from tf_sparseconv.site.layers import SiteFeatures, SparseToSite, _SiteMerge
+from tf_sparseconv.site.layers import SiteFeatures, SiteSelect, SparseToSite, _SiteMerge
 from tf_sparseconv.site.pool_layers import SiteGlobalPool
 
 # LayerBound.kind of the layers whose outputs are channel-sparse.
@@ -485,6 +485,21 @@ class _SiteWalk:
         return ("site_merge", (self.batch, *spatial, cout), sites * cout, sites * cout * self.value_bytes,
                 sites * (len(spatial) + 1) * 4)
 
+    def select(self, layer):
+        """SiteSelect: at most k sites per batch element. The grid's later tensors hold the
+        kept sites (a merge with an earlier one would not match), so the walk counts the
+        smaller number on this grid from here on; the tensors before it are counted already.
+        Its output carries no kernel maps, so the next convolution of any indice_key builds
+        (and the walk counts) a new one. Temporaries (select.py): per input site the score
+        and its sorts, gathers, ranks and mask (int32 and int64 vectors, sort scratch; 192
+        bytes, generous), the kept rows' coordinates and features gathered once more."""
+        spatial, channels = _site_fields(layer.output)
+        before = self.sites[spatial]
+        kept = self.sites[spatial] = min(before, self.batch * layer.k)
+        self.maps.clear()
+        out = kept * (4 * (len(spatial) + 1) + channels * self.value_bytes)
+        return "site_select", (self.batch, *spatial, channels), kept * channels, out, 192 * before + 8 * kept + out
+
     def global_pool(self, layer):
         """SiteGlobalPool: [B, C]; the batch column, the segment counts' ones."""
         spatial, channels = _site_fields(_site_input(layer))
@@ -506,8 +521,11 @@ def _site_layer_bound(walk, layer, entries):
         return walk.merge(layer)
     if isinstance(layer, SiteGlobalPool):
         return walk.global_pool(layer)
+    if isinstance(layer, SiteSelect):
+        return walk.select(layer)
     raise TypeError(f"no memory bound for the site layer {layer.name} ({type(layer).__name__}); the bound covers "
-                    "SparseToSite, the site convolutions, SiteFeatures, SiteAdd, SiteConcat and SiteGlobalPool")
+                    "SparseToSite, the site convolutions, SiteFeatures, SiteAdd, SiteConcat, SiteSelect and "
+                    "SiteGlobalPool")
 
 
 def _is_site_layer(layer):
@@ -563,7 +581,7 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
     ensemble of channel-sparse serving models (models.ensemble_classifier), whose members
     are bounded as all alive at once (one graph may run them side by side). Site
     layers other than SparseToSite, the site convolutions, SiteFeatures, SiteAdd,
-    SiteConcat and SiteGlobalPool are refused (TypeError naming the layer).
+    SiteConcat, SiteSelect and SiteGlobalPool are refused (TypeError naming the layer).
 
     points_per_sample caps the entries (sites) a point-cloud model's voxelization can make
     (default: the whole grid) and adds the voxelization's temporaries and the clouds'
