@@ -337,3 +337,25 @@ def test_fill_bounds_fills_runs_without_one_and_then_their_ensembles(monkeypatch
     assert b["memory_bound_sites_per_sample"] == 1024 and "memory_bound_note" not in b
     assert "memory_bound_from" not in c and e["memory_bound_bytes"] == 300
     assert rows[0]["memory_bound_bytes"] is None  # the rows given are left as they were
+
+
+def test_the_summary_names_the_best_validated_kept_model_of_each_resolution_as_chosen(tmp_path):
+    def row(run, resolution, val, vote="none", members=1):
+        files = []
+        for i in range(members):
+            (tmp_path / f"{run}-{i}.keras").write_text("x")
+            files.append(str(tmp_path / f"{run}-{i}.keras"))
+        return dict(result_row(run, resolution, val), vote=vote, model_file=files if members > 1 else files[0])
+
+    def result_row(run, resolution, val):
+        r = modelnet40.result_row(run, dict(results_json(), resolution=resolution, val_overall=val))
+        return dict(r, val_overall=val)
+
+    rows = [row("a", 32, 0.88), row("ens", 32, 0.90, "mirror", members=3), row("b", 32, 0.89), row("c", 64, 0.87)]
+    lines = summarize.modelnet_section(rows)
+    text = "\n".join(lines)
+    chosen = text[text.index("The chosen model of each resolution"):text.index("The other kept models")]
+    assert "# ens" in chosen and "--vote mirror" in chosen and "# c" in chosen
+    assert "# a" not in chosen and "# b" not in chosen
+    others = text[text.index("The other kept models"):]
+    assert "# a" in others and "# b" in others
