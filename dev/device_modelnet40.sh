@@ -29,7 +29,7 @@
 # python experiments/modelnet40.py --add-results RECIPE RECIPE/results.json --keep-models DIR
 # --note "..." and python experiments/summarize.py.
 set -uo pipefail
-RUNS=${RUNS:-octnet3-32 site-resnet-32}
+RUNS=${RUNS-octnet3-32 site-resnet-32}  # RUNS="" with FINALS: finals only
 WAIT=${WAIT:-500}
 EXTRA=${EXTRA:-}
 BACKUP=/tmp/mn40_backup
