@@ -265,7 +265,7 @@ def training_bound(command, device, threads, num_classes=40):
 
     args = train.build_parser().parse_args(shlex.split(command)[2:])
     model = train.build_model(args, num_classes, num_channels(args.features), steps=1)[0]
-    sites = args.points if args.model == "site-resnet" else None
+    sites = train.bound_sites_per_sample(args)
     bound = memory_bound(model, args.batch_size, points_per_sample=sites, device=device, threads=threads)
     return bound.total_bytes, sites
 
@@ -387,13 +387,13 @@ def evaluated_row(name, split, scores, model_file=None):
                          f"validation split (--split val) with --vote {vote}")
     if any(m["examples"] != len(split["val_indices"]) for m in scores):
         raise SystemExit(f"--add-evaluated {name}: the metrics are not of the split.json given (examples differ)")
-    weighted = test_weighted_scores
     chosen = by_vote[vote]
+    weighted = test_weighted_scores(chosen)
     row = {"run": name, "model": recipe.model, "resolution": recipe.resolution, "epochs": recipe.epochs,
            "val_split": split_name(split), "val_examples": chosen["examples"],
            "val_overall": chosen["overall_accuracy"], "val_mean_class": chosen["mean_class_accuracy"],
-           "val_overall_test_weighted": weighted(chosen)["weighted"],
-           "val_overall_test_weighted_se": weighted(chosen)["weighted_se"], "vote": vote,
+           "val_overall_test_weighted": weighted["weighted"],
+           "val_overall_test_weighted_se": weighted["weighted_se"], "vote": vote,
            "memory_bound_bytes": None, "train_s_per_epoch": None, "device": None,
            "command": shlex.join(["tf-sparseconv", "train", *flags]),
            "reproduce": f"python experiments/modelnet40.py --run {name}",
@@ -403,7 +403,7 @@ def evaluated_row(name, split, scores, model_file=None):
     if vote != "none" and "none" in by_vote:
         row.update(val_overall_unvoted=by_vote["none"]["overall_accuracy"],
                    val_mean_class_unvoted=by_vote["none"]["mean_class_accuracy"],
-                   val_overall_test_weighted_unvoted=weighted(by_vote["none"])["weighted"])
+                   val_overall_test_weighted_unvoted=test_weighted_scores(by_vote["none"])["weighted"])
     return row
 
 

@@ -202,15 +202,24 @@ def _check_compatible(kind, spec, data, vote="none", turn=0.0):
         raise UsageError(f"{data} holds images, but the model takes point clouds")
     if not images and spec["kind"] == "images":
         raise UsageError(f"{data} holds point clouds, but the model takes images")
-    if vote != "none" and spec["kind"] == "images":
-        raise UsageError(f"--vote {vote} applies to point clouds, not to images (mirroring or rotating changes a "
-                         "digit)")
+    check_vote(vote, spec)
     if turn and spec["kind"] == "images":
         raise UsageError(f"--turn {turn:g} applies to point clouds, not to images")
-    if (vote != "none" or turn) and spec.get("normalize") == "none":
+    if turn and spec.get("normalize") == "none":
+        raise UsageError(f"--turn {turn:g} needs a model that normalises its clouds (normalize='unit_sphere'); "
+                         "this one was saved with normalize='none'")
+
+
+def check_vote(vote, spec):
+    """UsageError where a model of input spec cannot vote (evaluate and predict --vote)."""
+    if vote == "none":
+        return
+    if spec["kind"] == "images":
+        raise UsageError(f"--vote {vote} applies to point clouds, not to images (mirroring or rotating changes a "
+                         "digit)")
+    if spec.get("normalize") == "none":
         # the views turn about the origin, which may carry points out of the model's fixed bounds
-        what = f"--vote {vote}" if vote != "none" else f"--turn {turn:g}"
-        raise UsageError(f"{what} needs a model that normalises its clouds (normalize='unit_sphere'); this "
+        raise UsageError(f"--vote {vote} needs a model that normalises its clouds (normalize='unit_sphere'); this "
                          "one was saved with normalize='none'")
 
 

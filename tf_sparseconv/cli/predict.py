@@ -150,7 +150,7 @@ SHARED_INPUT = ("kind", "points_per_cloud", "columns", "image_shape")
 
 
 def run(args):
-    from tf_sparseconv.cli.evaluate import predict_logits
+    from tf_sparseconv.cli.evaluate import check_vote, predict_logits
     from tf_sparseconv.training.voting import softmax, voted_probabilities
 
     paths, files = split_models(args.model, list(args.files))
@@ -161,14 +161,8 @@ def run(args):
                                                       "image size", "an ensemble predicts from the same examples")
     spec = members[0][1]
     names = list(model_names) if model_names else [str(i) for i in range(num_outputs)]
-    if args.vote != "none":
-        if spec["kind"] == "images":
-            raise UsageError(f"--vote {args.vote} applies to point clouds, not to images (mirroring or rotating "
-                             "changes a digit)")
-        if any(other.get("normalize") == "none" for _, other in members):
-            # the views turn about the origin, which may carry points out of the model's fixed bounds
-            raise UsageError(f"--vote {args.vote} needs a model that normalises its clouds "
-                             "(normalize='unit_sphere'); this one was saved with normalize='none'")
+    for _, member_spec in members:
+        check_vote(args.vote, member_spec)
     if spec["kind"] == "images":
         sources, examples, notes = _read_images(files, spec)
     else:

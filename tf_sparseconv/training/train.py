@@ -889,6 +889,14 @@ def serving_model(core, args, classes, points_per_cloud):
                                   estimate_normals=args.estimate_normals)
 
 
+def bound_sites_per_sample(args):
+    """The sites per sample the run's memory bound assumes (memory_bound's points_per_sample):
+    a site model holds a row per active site, and a point cloud of --points points makes at
+    most that many (one per occupied voxel); an image at most its pixels (None: the whole
+    grid), and OctNet3's density bounds cap it on any input (None)."""
+    return args.points if args.model == "site-resnet" and args.dataset != "mnist" else None
+
+
 def build_model(args, num_classes, in_channels, steps, synchronized_bn=False):
     """(model, rhos, optimizer, loss) of the run: the site ResNet (its batch norm
     synchronized over the replicas with synchronized_bn) or OctNet3 with the density
@@ -1018,9 +1026,7 @@ def run_training(parser, args, argv, strategy):
             metrics.append(MeanClassAccuracy(len(classes), test_weights, name="test_weighted_accuracy"))
         model.compile(optimizer, loss, metrics=metrics, steps_per_execution=args.steps_per_execution)
     replica_batch = args.batch_size // replicas
-    # A site model holds a row per active site: a point cloud of --points points makes at most
-    # that many (one per occupied voxel), an image at most its pixels (the whole grid).
-    sites_per_sample = args.points if site and not image_data else None
+    sites_per_sample = bound_sites_per_sample(args)
     bound = memory_bound(model, replica_batch, points_per_sample=sites_per_sample)
     # What the density bounds buy: the same net without them may hold every cell of its grid.
     unbounded = None if site or all(rho >= 1 for rho in rhos) else memory_bound(
