@@ -124,6 +124,18 @@ RECIPES = {
     "site-resnet-64": ("the site-sparse ResNet at 64^3: channels 32, 64, 128, 256, two residual blocks per level",
                        ["--model", "site-resnet", "--resolution", "64", "--epochs", "20", *REGULARISED,
                         "--site-channels", "32", "64", "128", "256", "--site-blocks", "2"]),
+    "octnet3-64-mirror": ("octnet3-64 trained on mirror images and voting over each shape and its mirror image",
+                          ["--model", "octnet3", "--resolution", "64", "--epochs", "20", *REGULARISED,
+                           "--augment", "mirror", "--vote", "mirror"]),
+    # What made the best 32^3 site net (twice the channels, mirror images), at 64^3, with
+    # three seeds: members of an ensemble at 64^3.
+    **{"site-resnet-64-wide-mirror" + (f"-seed{seed}" if seed else ""): (
+        "site-resnet-64 with twice the channels (64, 128, 256, 512), trained on mirror images and voting over each "
+        "shape and its mirror image" + (f", with --seed {seed} and the validation split of seed 0" if seed else ""),
+        ["--model", "site-resnet", "--resolution", "64", "--epochs", "30", *REGULARISED,
+         "--site-channels", "64", "128", "256", "512", "--site-blocks", "2", "--augment", "mirror", "--vote", "mirror",
+         *(["--seed", str(seed), "--split-seed", "0"] if seed else [])])
+       for seed in (0, 1, 2)},
 }
 # Ensembles of recipes trained with the same validation examples: scored on the validation
 # split by `tf-sparseconv evaluate MEMBER ... --split val` (the mean of the members' softmax
