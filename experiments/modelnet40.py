@@ -127,6 +127,14 @@ RECIPES = {
     "octnet3-64-mirror": ("octnet3-64 trained on mirror images and voting over each shape and its mirror image",
                           ["--model", "octnet3", "--resolution", "64", "--epochs", "20", *REGULARISED,
                            "--augment", "mirror", "--vote", "mirror"]),
+    # octnet3-64-mirror still gained 2 points in its last 6 epochs: twice as long, two seeds
+    # (members of a 64^3 ensemble; trained across two leases with --backup-dir).
+    **{"octnet3-64-mirror-long" + (f"-seed{seed}" if seed else ""): (
+        "octnet3-64-mirror trained twice as long (40 epochs)" + (f", with --seed {seed} and the validation split "
+                                                                 "of seed 0" if seed else ""),
+        ["--model", "octnet3", "--resolution", "64", "--epochs", "40", *REGULARISED, "--augment", "mirror",
+         "--vote", "mirror", *(["--seed", str(seed), "--split-seed", "0"] if seed else [])])
+       for seed in (0, 1)},
     # What made the best 32^3 site net (twice the channels, mirror images), at 64^3, with
     # three seeds: members of an ensemble at 64^3.
     **{"site-resnet-64-wide-mirror" + (f"-seed{seed}" if seed else ""): (
@@ -135,7 +143,12 @@ RECIPES = {
         ["--model", "site-resnet", "--resolution", "64", "--epochs", "30", *REGULARISED,
          "--site-channels", "64", "128", "256", "512", "--site-blocks", "2", "--augment", "mirror", "--vote", "mirror",
          *(["--seed", str(seed), "--split-seed", "0"] if seed else [])])
-       for seed in (0, 1, 2)},
+       for seed in (0, 1, 2, 3)},
+    "site-resnet-64-wide-rotate12": ("site-resnet-64 with twice the channels (64, 128, 256, 512), trained on the 12 "
+                                     "rotations about z and voting over them (VRN/MVCNN)",
+                                     ["--model", "site-resnet", "--resolution", "64", "--epochs", "30", *REGULARISED,
+                                      "--site-channels", "64", "128", "256", "512", "--site-blocks", "2",
+                                      "--augment", "rotate12", "--vote", "rotations-12"]),
 }
 # Ensembles of recipes trained with the same validation examples: scored on the validation
 # split by `tf-sparseconv evaluate MEMBER ... --split val` (the mean of the members' softmax
@@ -156,6 +169,20 @@ ENSEMBLES = {
                            "mirror image", ["octnet3-32-long", "site-resnet-32-wide-mirror", "octnet3-32-rotate12",
                                             "site-resnet-32-wide-mirror-seed1", "site-resnet-32-wide-mirror-seed2"],
                            "mirror"),
+    # 64^3 (2026-11-29): the wider mirrored site ResNet's seeds, and with the mirrored OctNet3.
+    **{f"site-resnet-64-wide-mirror-ensemble{n}": (
+        f"the mean softmax of site-resnet-64-wide-mirror and its seeds 1 to {n - 1}, each shape and its mirror image",
+        ["site-resnet-64-wide-mirror", *[f"site-resnet-64-wide-mirror-seed{seed}" for seed in range(1, n)]], "mirror")
+       for n in (3, 4)},
+    "mixed-64-ensemble4": ("the mean softmax of octnet3-64-mirror and site-resnet-64-wide-mirror-ensemble3's three "
+                           "members, each shape and its mirror image",
+                           ["octnet3-64-mirror", "site-resnet-64-wide-mirror", "site-resnet-64-wide-mirror-seed1",
+                            "site-resnet-64-wide-mirror-seed2"], "mirror"),
+    "mixed-64-ensemble6": ("mixed-64-ensemble4 and site-resnet-64-wide-mirror-seed3 and site-resnet-64-wide-rotate12, "
+                           "each shape and its mirror image",
+                           ["octnet3-64-mirror", "site-resnet-64-wide-mirror", "site-resnet-64-wide-mirror-seed1",
+                            "site-resnet-64-wide-mirror-seed2", "site-resnet-64-wide-mirror-seed3",
+                            "site-resnet-64-wide-rotate12"], "mirror"),
     "site-resnet-32-wide-mirror-ensemble3": ("the mean softmax of site-resnet-32-wide-mirror and its seeds 1 and 2, "
                                              "each shape and its mirror image",
                                              ["site-resnet-32-wide-mirror", "site-resnet-32-wide-mirror-seed1",
