@@ -408,7 +408,7 @@ def test_half_precision_matches_float32_within_tolerance(rng, dtype, tolerance, 
     np.testing.assert_allclose(half.features.numpy().astype(np.float32), reference, atol=tolerance * scale)
 
 
-def test_results_do_not_depend_on_the_thread_count(rng):
+def test_results_do_not_depend_on_the_thread_count(rng, tmp_path):
     with tf.device(CPU):  # the CPU kernel's thread pool
         coords, features = random_sites(rng, 2, (12, 12, 12), 0.2, 8)
         kernel = rng.standard_normal((3, 3, 3, 8, 8)).astype(np.float32)
@@ -421,6 +421,21 @@ def test_results_do_not_depend_on_the_thread_count(rng):
         first = f(features).numpy()
         for _ in range(3):
             np.testing.assert_array_equal(f(features).numpy(), first)
+    # The pool's size is fixed before TensorFlow starts: processes of their own with 1 and 4 threads.
+    np.savez(tmp_path / "case.npz", coords=coords, features=features, kernel=kernel)
+    for threads in (1, 4):
+        run_in_own_process(f"""
+            import numpy as np, tensorflow as tf
+            tf.config.threading.set_intra_op_parallelism_threads({threads})
+            from tf_sparseconv.site import site_conv
+            from tf_sparseconv.site.tensor import make_site_sparse
+            case = np.load({str(tmp_path / "case.npz")!r})
+            with tf.device("/CPU:0"):
+                x = make_site_sparse(case["coords"], case["features"], (12, 12, 12), 2)
+                y = site_conv(x, case["kernel"], strides=2, padding=1).features
+            np.save({str(tmp_path / f"threads{threads}.npy")!r}, y.numpy())
+        """)
+        np.testing.assert_array_equal(np.load(tmp_path / f"threads{threads}.npy"), first, err_msg=f"{threads} threads")
 
 
 def conv_and_gradients_with(cpu_products, coords, features, kernel, upstream):
