@@ -354,14 +354,15 @@ def test_evaluate_writes_a_new_folder_beside_the_model_each_time(capsys, tmp_pat
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    """A one-epoch run of tf-sparseconv train on a small point-cloud .npz: model.keras, results.json,
-    split.json."""
+    """A short run of tf-sparseconv train on a small point-cloud .npz (30 epochs of batch 4: one epoch
+    leaves a model that predicts one class for every shape): model.keras, results.json, split.json."""
     root = tmp_path_factory.mktemp("run")
     clouds, labels, names = make_shapes(num_per_class=10, num_points=POINTS, classes=("cube", "cone", "torus"), seed=1)
     quantised_npz(root / "train.npz", clouds, labels, names)
     quantised_npz(root / "shuffled.npz", clouds, labels[::-1], names)
     assert cli.main(["train", "--dataset", "modelnet40", "--data-dir", str(root / "train.npz"), "--resolution", "8",
-                     "--rho", "0.5", "1.0", "--epochs", "1", "--val-fraction", "0.3", "--out", str(root / "run")]) == 0
+                     "--rho", "0.5", "1.0", "--epochs", "30", "--batch-size", "4", "--val-fraction", "0.3",
+                     "--out", str(root / "run")]) == 0
     return root
 
 
@@ -377,6 +378,7 @@ def test_evaluate_split_val_rescores_the_training_runs_validation_examples(capsy
     examples, labels, _ = train.load_examples("modelnet40", str(trained_run / "train.npz"), {}, 0)
     model = keras.models.load_model(run_dir / "model.keras")
     predicted = model.predict(examples[split["val_indices"]], verbose=0).argmax(1)
+    assert len(set(predicted.tolist())) > 1  # so the count depends on which examples are scored
     assert metrics["correct"] == int(np.sum(predicted == labels[split["val_indices"]]))
     results = json.loads((run_dir / "results.json").read_text())
     assert metrics["overall_accuracy"] == pytest.approx(results["val_accuracy"])
@@ -543,8 +545,8 @@ def test_split_seed_keeps_the_validation_examples_and_evaluate_scores_the_ensemb
     runs = {}
     for name, seeds in (("seed1", ["--seed", "1", "--split-seed", "0"]), ("seed2", ["--seed", "2"])):
         assert cli.main(["train", "--dataset", "modelnet40", "--data-dir", str(trained_run / "train.npz"),
-                         "--resolution", "8", "--rho", "0.5", "1.0", "--epochs", "1", "--val-fraction", "0.3",
-                         *seeds, "--out", str(trained_run / name)]) == 0
+                         "--resolution", "8", "--rho", "0.5", "1.0", "--epochs", "30", "--batch-size", "4",
+                         "--val-fraction", "0.3", *seeds, "--out", str(trained_run / name)]) == 0
         runs[name] = json.loads((trained_run / name / "split.json").read_text())
     first = json.loads((trained_run / "run" / "split.json").read_text())
     assert runs["seed1"]["val_indices"] == first["val_indices"] and runs["seed1"]["split_seed"] == 0
@@ -554,9 +556,16 @@ def test_split_seed_keeps_the_validation_examples_and_evaluate_scores_the_ensemb
     assert code == 0, err
     examples, labels, _ = train.load_examples("modelnet40", str(trained_run / "train.npz"), {}, 0)
     val = first["val_indices"]
-    mean = sum(softmax(keras.models.load_model(p).predict(examples[val], verbose=0)) for p in paths) / 2
+    members = [softmax(keras.models.load_model(p).predict(examples[val], verbose=0)) for p in paths]
+    mean = sum(members) / 2
+    confusions = [np.zeros((3, 3), int) for _ in range(3)]
+    for confusion, probabilities in zip(confusions, [*members, mean]):
+        np.add.at(confusion, (labels[val], probabilities.argmax(1)), 1)
+    # the ensemble's confusion matrix is neither member's: scoring one member alone would show
+    assert not np.array_equal(confusions[2], confusions[0]) and not np.array_equal(confusions[2], confusions[1])
     metrics = json.loads((trained_run / "ensemble-val" / "metrics.json").read_text())
     assert metrics["correct"] == int(np.sum(mean.argmax(1) == labels[val]))
+    np.testing.assert_array_equal(metrics["confusion_matrix"], confusions[2])
     # Runs that held out other examples do not make an ensemble on --split val.
     code, out, err = run(capsys, "evaluate", paths[0], trained_run / "seed2" / "model.keras", "--split", "val")
     assert code == 2 and out == "" and "was trained with other validation examples" in err
