@@ -192,6 +192,9 @@ def test_shuffling_and_augmentation_are_seeded_and_change_per_epoch(shapes):
     assert sorted(labels_epoch[0]) == sorted(labels)
     assert not np.array_equal(labels_epoch[0], labels_epoch[1])
     assert not np.array_equal(labels_epoch[0], np.concatenate([y for _, y in epochs(make(4), 1)[0]]))
+    # Unshuffled, every batch holds the same clouds each epoch: only the augmentation can change its keys.
+    unshuffled = epochs(point_cloud_dataset(points, labels, 16, 8, augmentation=Augmentation(), seed=3, shuffle=False))
+    assert not any(np.array_equal(keys_a, keys_b) for (keys_a, _), (keys_b, _) in zip(*unshuffled))
 
 
 def test_augmentation_rotates_about_up_scales_and_jitters(rng):

@@ -84,9 +84,14 @@ def test_keys_follow_the_formula_channel_major(rng):
     r = 5
     keys, values, dense_shape = voxelize_arrays(clouds, r, features=("occupancy", "count"))
     assert np.all(np.diff(keys) > 0)
+    # The formula from each point's cell, not from the keys themselves (decoding keys and
+    # encoding them again gives them back whatever cells they name).
+    cells = np.clip(np.floor((clouds[..., :3] + 1.0) * (r / 2.0)), 0, r - 1).astype(np.int64)
+    sites = [np.unique((cell[:, 0] * r + cell[:, 1]) * r + cell[:, 2]) for cell in cells]
+    np.testing.assert_array_equal(keys, np.concatenate([(batch * 2 + channel) * r ** 3 + sites[batch]
+                                                        for batch in range(2) for channel in range(2)]))
     indices = ts.decode_keys(keys, dense_shape).numpy()
     b, x, y, z, c = indices.T
-    np.testing.assert_array_equal(keys, ((b * 2 + c) * r ** 3) + (x * r + y) * r + z)
     # Every occupied site appears once per channel, occupancy block before count block in each batch.
     for batch in range(2):
         channel = c[b == batch]

@@ -368,6 +368,13 @@ def test_members_added_or_removed_and_a_required_checksum_are_checked(saved, tmp
         archive.writestr("assets/extra.txt", "x")
     with pytest.raises(ModelFileError, match="changed since it was saved: assets/extra.txt was added"):
         models.load_model(added)
+    removed = tmp_path / "removed.keras"
+    with zipfile.ZipFile(saved["points"]) as zin, zipfile.ZipFile(removed, "w") as zout:
+        for item in zin.infolist():
+            if item.filename != "metadata.json":
+                zout.writestr(item, zin.read(item.filename))
+    with pytest.raises(ModelFileError, match="changed since it was saved: metadata.json is missing from the archive"):
+        models.load_model(removed)
     plain = tmp_path / "plain.keras"
     saved["built"]["points"].save(plain)
     assert models.load_model(plain).name == saved["built"]["points"].name  # no checksum: nothing to verify
