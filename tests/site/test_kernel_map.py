@@ -159,6 +159,12 @@ def test_kernel_map_python_wrapper_passes_the_builder_through(rng, gpu):
         maps = [kernel_map(x, 3, strides=2, padding=1, builder=b) for b in BUILDERS]
     for name in ("in_rows", "out_rows", "offset_splits", "out_coords"):
         np.testing.assert_array_equal(getattr(maps[0], name).numpy(), getattr(maps[1], name).numpy())
+    # The builders' maps are identical by design: the traced op's attribute shows the builder reached it.
+    for builder in BUILDERS:
+        graph = tf.function(lambda t: kernel_map(t, 3, strides=2, padding=1, builder=builder).in_rows
+                            ).get_concrete_function(x).graph
+        attrs = [op.get_attr("builder") for op in graph.get_operations() if op.type.endswith("SiteKernelMap")]
+        assert attrs == [builder.encode()], builder
 
 
 # --- errors on the GPU: the CPU's messages ----------------------------------------------------------

@@ -13,8 +13,10 @@ from tests.site.helpers import random_sites
 @pytest.mark.soft_placement  # TensorFlow's sorts and segment reductions of int32 rows
 def test_select_sites_keeps_the_k_largest_per_batch_element_in_order(rng, device):
     coords, features = random_sites(rng, 3, (10, 10), 0.4, 3)
-    features[5] = features[6]  # a tie: the lower row wins
     k = 7
+    rows = np.flatnonzero(coords[:, 0] == 0)
+    cut = rows[np.argsort(-np.linalg.norm(features[rows], axis=1))][k - 1:k + 1]  # ranks k and k + 1
+    features[cut.max()] = features[cut.min()]  # a tie across the cut: the lower row wins
     with tf.device(device):
         x = make_site_sparse(coords, features, (10, 10), 3)
         y = select_sites(x, k)
