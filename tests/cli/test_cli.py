@@ -134,6 +134,18 @@ def bad_inputs(tmp_path, models):
     np.save(tmp_path / "small.npy", np.zeros((1, 20, 20), np.uint8))
     Image.fromarray(np.zeros((28, 28), np.uint8)).save(tmp_path / "digit.png")
     write(tmp_path / "cube.off", off_text(CUBE_VERTICES, CUBE_QUADS))
+    write(tmp_path / "huge_index.off", "OFF\n3 1 0\n0 0 0\n1 0 0\n0 1 0\n3 0 1 99999999999999999999\n")
+    np.save(tmp_path / "none.npy", np.zeros((0, POINTS, 3), np.float32))
+    np.save(tmp_path / "point.npy", np.array([[0.5, 0.25, 0.0]]))
+    np.save(tmp_path / "utm.npy", np.random.default_rng(1).normal(size=(POINTS, 3)) + [4.5e8, 5.4e8, 0])
+    np.save(tmp_path / "spans.npy", np.ones((POINTS, 3), "timedelta64[s]"))
+    np.save(tmp_path / "beyond.npy", np.array([[0, 0, 0], [0, 1, 0], [1e300, 0, 0]]))
+    quantised_npz(tmp_path / "same.npz", np.zeros((2, POINTS, 3)), [0, 1], ["cube", "cone"])
+    np.savez(tmp_path / "twice.npz", points=np.load(tmp_path / "shapes.npz")["points"],
+             labels=np.load(tmp_path / "shapes.npz")["labels"], classes=np.array(["cube", "cube"]))
+    np.savez(tmp_path / "scalar.npz", points=np.load(tmp_path / "shapes.npz")["points"],
+             labels=np.zeros(len(labels), np.uint8), classes=np.array("cube"))
+    mesh_tree(tmp_path / "meshes")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("results of another run")
     return tmp_path
@@ -169,6 +181,15 @@ BAD_ARGUMENTS = [
     ([*SHAPES, "--out", "{t}/full"], r"exists and is not empty; .*--overwrite"),
     ([*SHAPES, "--classes", "cube", "cube"], r"names a class twice"),
     ([*SHAPES, "--classes", "torus"], r"--classes: torus not in the data"),
+    ([*SHAPES, "--out", "{t}/notes.txt/run"], r"--out .*notes.txt/run: cannot be written: .*notes.txt is a file, not "),
+    (["evaluate", "{points}", "--data", "{t}/meshes", "--seed", "-1"], r"argument --seed: must be at least 0, got -1"),
+    (["evaluate", "{points}", "--data", "{t}/meshes", "--points", "1000000000000"],
+     r"meshes: not enough memory for 1000000000000 points per cloud \(--points\): Unable to allocate"),
+    (["evaluate", "{points}", "--data", "{t}/twice.npz"], r"twice.npz: classes names 'cube' more than once; each "),
+    (["evaluate", "{points}", "--data", "{t}/scalar.npz"],
+     r"scalar.npz: classes must be the class names \[C\], one per label value, got an array of shape \[\]"),
+    (["evaluate", "{points}", "--data", "{t}/same.npz"],
+     r"same.npz\[0\]: 128 points all at one position, a cloud without a shape to classify"),
     (["evaluate", "{points}", "--data", "{t}/fruit.npz"],
      r"the data's classes banana are not among the model's 8 classes .*--classes model"),
     (["evaluate", "{points}", "--data", "{t}/digits.npz"], r"digits.npz holds images, but the model takes point "),
@@ -188,6 +209,17 @@ BAD_ARGUMENTS = [
     (["predict", "{points}", "{t}/objects.npy"], r"objects.npy: holds Python objects"),
     (["predict", "{points}", "{t}/pickled.npz"], r"pickled.npz: not a NumPy \.npz archive"),
     (["predict", "{points}", "{t}/flat.npy"], r"flat.npy: expected points \[N, 3\+\]"),
+    (["predict", "{points}", "{t}/none.npy"], r"none.npy: expected points \[N, 3\+\].*got shape \[0, 128, 3\]"),
+    (["predict", "{points}", "{t}/point.npy"], r"point.npy: a single point, a cloud without a shape to classify"),
+    (["predict", "{points}", "{t}/utm.npy"],
+     r"utm.npy: coordinates up to 5.4e\+08 for a cloud .* across: float32, which the model computes in, moves its "
+     r"points by up to .*more than 1/32"),
+    (["predict", "{points}", "{t}/spans.npy"], r"spans.npy: points must be numbers, got dtype timedelta64\[s\]"),
+    (["predict", "{points}", "{t}/beyond.npy"], r"beyond.npy: point 2 contains NaN or infinite values, or values "
+                                                r"beyond float32's range"),
+    (["predict", "{points}", "{t}/huge_index.off"],
+     r"huge_index.off: the face on line 6 indexes vertex 99999999999999999999, outside 0\.\.2"),
+    (["predict", "{points}", "{t}/cube.off", "--seed", "-1"], r"argument --seed: must be at least 0, got -1"),
     (["predict", "{points}", "{t}/digit.png"], r"digit.png: an image, but the model takes point clouds"),
     (["predict", "{images}", "{t}/cube.off"], r"cube.off: a point file, but the model takes images"),
     (["predict", "{images}", "{t}/small.npy"], r"small.npy: images of 20x20 pixels, the model takes 28x28"),
@@ -391,6 +423,18 @@ def test_evaluate_split_val_rescores_the_training_runs_validation_examples(capsy
         f"tf-sparseconv evaluate: error: --split val: {trained_run / 'shuffled.npz'} is not the data the model was "
         "trained on: it has other labels than the training run's")
     assert _files(trained_run) == before
+
+
+def test_evaluate_results_that_cannot_be_written_end_in_one_line(capsys, tmp_path, bad_inputs, models, monkeypatch):
+    def read_only(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(os, "makedirs", read_only)  # what no check beforehand sees: a read-only file system, say
+    code, out, err = run(capsys, "evaluate", models["paths"]["points"], "--data", bad_inputs / "shapes.npz", "--out",
+                         tmp_path / "results")
+    assert code == 2 and "overall accuracy" in out
+    assert err.strip().splitlines()[-1] == (f"tf-sparseconv evaluate: error: {tmp_path / 'results'}: cannot write the "
+                                            "results there (Permission denied)")
 
 
 def test_tensorflow_errors_on_user_data_become_one_line(models):

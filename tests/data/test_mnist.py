@@ -63,6 +63,17 @@ def test_load_mnist_npz(tmp_path, digits):
     np.testing.assert_array_equal(loaded_labels, labels)
 
 
+@pytest.mark.parametrize("labels, message", [
+    ([3, 12, 0], r"labels must be the digits 0\.\.9 \(integers\), got 0\.\.12"),
+    ([3, -1, 0], r"labels must be the digits 0\.\.9 \(integers\), got -1\.\.3"),
+    ([3.0, 1.5, 0.0], r"labels must be the digits 0\.\.9 \(integers\), got 0\.0\.\.3\.0"),
+])
+def test_labels_that_are_not_digits_are_refused(tmp_path, digits, labels, message):
+    np.savez(tmp_path / "m.npz", images=digits[0][:3], labels=np.array(labels))
+    with pytest.raises(ValueError, match="m.npz: " + message):
+        load_mnist(tmp_path / "m.npz")
+
+
 @pytest.mark.parametrize("data, message", [
     (b"\x00\x00\x08", "bad idx magic number 000008"),
     (b"\x08\x03\x00\x00" + b"\x00" * 16, "bad idx magic number 08030000"),

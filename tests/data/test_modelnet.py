@@ -1,14 +1,15 @@
 """OFF parsing (standard and malformed headers, polygons, comments), area-weighted surface
 sampling, the ModelNet mesh layout and .npz loaders, their errors, the official test split's
 class counts, and the real .npz (its up axis among them)."""
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tf_sparseconv.data.modelnet import (MODELNET10_CLASSES, MODELNET40_TEST_COUNTS, load_modelnet_meshes,
-                                         load_modelnet_npz, modelnet40_test_counts, normalize_to_unit_sphere, read_off,
-                                         sample_surface)
+                                         load_modelnet_npz, mesh_point_cloud, modelnet40_test_counts,
+                                         normalize_to_unit_sphere, read_off, sample_surface)
 from tf_sparseconv.data.pipeline import UP_AXIS
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -61,6 +62,10 @@ def test_malformed_header_comments_and_extra_columns(tmp_path):
     ("OFF\n3 1 0\n0 0 0\n1 0 0\n0 1\n3 0 1 2\n", "bad vertex on line 5"),
     ("OFF\n3 1 0\n0 0 0\n1 0 0\n0 1 0\n3 0 1 9\n", "indexes vertex 9"),
     ("OFF\n3 1 0\n0 0 0\n1 0 0\n0 1 0\n2 0 1\n", "bad face on line 6"),
+    ("OFF\n3 1 0\n0 0 0\n1 0 0\n0 1 0\n3 0 1 99999999999999999999\n",
+     "the face on line 6 indexes vertex 99999999999999999999, outside 0..2"),
+    ("OFF\n4 1 0\n0 0 0\n1 0 0\n0 1 0\n1 1 0\n4 0 1 3 -99999999999999999999\n",
+     "the face on line 7 indexes vertex -99999999999999999999, outside 0..3"),
 ])
 def test_corrupt_off_files_name_file_and_problem(tmp_path, text, message):
     path = write(tmp_path / "bad.off", text)
@@ -93,6 +98,16 @@ def test_sampling_is_area_weighted_and_seeded():
     np.testing.assert_array_equal(points, again)
     with pytest.raises(ValueError, match="no surface"):
         sample_surface(vertices, np.array([[0, 0, 0]]), 10, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("name, vertices", [("inf", "0 0 0\ninf 0 0\n0 1 0"), ("nan", "0 0 0\nnan 0 0\n0 1 0"),
+                                             ("overflow", "0 0 0\n1e300 0 0\n0 1e300 0")])
+def test_meshes_without_a_finite_surface_are_refused_without_numpy_warnings(tmp_path, name, vertices):
+    path = write(tmp_path / f"{name}.off", f"OFF\n3 1 0\n{vertices}\n3 0 1 2\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the error alone reaches the user, no RuntimeWarning of the arithmetic
+        with pytest.raises(ValueError, match=f"{name}.off: mesh has no surface to sample"):
+            mesh_point_cloud(path, 16, np.random.default_rng(0))
 
 
 def test_normalize_to_unit_sphere(rng):
@@ -169,6 +184,18 @@ def test_npz_loader_errors(tmp_path):
     np.savez(tmp_path / "float.npz", points=np.zeros((1, 2, 3)), labels=[0], classes=["a"])
     with pytest.raises(ValueError, match="float.npz: expected points uint8"):
         load_modelnet_npz(tmp_path / "float.npz")
+    np.savez(tmp_path / "twice.npz", points=np.zeros((3, 2, 3), np.uint8), labels=[0, 1, 2], classes=["a", "b", "a"])
+    with pytest.raises(ValueError, match="twice.npz: classes names 'a' more than once; each label value needs its own"):
+        load_modelnet_npz(tmp_path / "twice.npz")
+    flat = np.random.default_rng(0).integers(0, 256, (3, 4, 3), dtype=np.uint8)
+    flat[2] = flat[2, :1]
+    np.savez(tmp_path / "flat.npz", points=flat, labels=[0, 1, 0], classes=["a", "b"])
+    with pytest.raises(ValueError, match=r"flat.npz\[2\]: 4 points all at one position, a cloud without a shape"):
+        load_modelnet_npz(tmp_path / "flat.npz")
+    for n, message in ((0, "clouds of 0 points, without a shape"), (1, "clouds of 1 point, without a shape")):
+        np.savez(tmp_path / "few.npz", points=np.zeros((2, n, 3), np.uint8), labels=[0, 1], classes=["a", "b"])
+        with pytest.raises(ValueError, match=f"few.npz: {message}"):
+            load_modelnet_npz(tmp_path / "few.npz")
 
 
 @pytest.mark.skipif(not (DATA / "modelnet40_train.npz").exists(), reason="../shared/data not available")

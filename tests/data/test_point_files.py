@@ -1,6 +1,7 @@
 """Reading the files users have (OFF, ascii and binary PLY, .npy, .npz, PNG) into clouds and
 images, their errors (never advice to unpickle), and the labelled test splits evaluate scores."""
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -85,13 +86,32 @@ def _pickled(path):
     ("cloud.xyz", lambda p: p.write_text("0 0 0"), r"unsupported file type '\.xyz'; expected one of \.off, \.ply"),
     ("bad.off", lambda p: p.write_text("OFF\n3 1 0\n0 0 0\n"), r"bad.off: truncated"),
     ("bad.ply", lambda p: p.write_text("plx"), r"not a PLY file"),
+    ("none.npy", lambda p: np.save(p, np.zeros((0, 16, 3))), r"expected points \[N, 3\+\].*got shape \[0, 16, 3\]"),
+    ("spans.npy", lambda p: np.save(p, np.ones((4, 3), "timedelta64[s]")), r"points must be numbers, got dtype timed"),
+    ("beyond.npy", lambda p: np.save(p, np.array([[0, 0, 0], [1e39, 0, 0]])), r"point 1 .*beyond float32's range"),
+    ("one.npy", lambda p: np.save(p, np.array([[0.1, 0.2, 0.3]])), r"one.npy: a single point, a cloud without a sha"),
+    ("same.npz", lambda p: np.savez(p, points=np.full((2, 8, 3), 7, np.uint8)),
+     r"same.npz\[0\]: 8 points all at one position, a cloud without a shape to classify"),
+    ("far.npy", lambda p: np.save(p, np.random.default_rng(0).random((64, 3)) + 1e8),
+     r"coordinates up to 1e\+08 for a cloud 0.994 across: float32.*moves its points by up to 0.997, more than 1/32"),
+    ("tiny.npy", lambda p: np.save(p, np.random.default_rng(0).random((64, 3)) * 1e-40),
+     r"coordinates up to 9.97e-41 for a cloud 9.94e-41 across: float32.*moves its points by up to 9.97e-41"),
 ])
 def test_unreadable_point_files_name_the_file_and_never_suggest_pickles(tmp_path, name, make, message):
     path = tmp_path / name
     make(path)
-    with pytest.raises(ValueError, match=message) as error:
-        point_files.read_point_file(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the error alone: no numpy warning of overflow on the way
+        with pytest.raises(ValueError, match=message) as error:
+            point_files.read_point_file(path)
     assert str(path) in str(error.value) and "allow_pickle" not in str(error.value)
+
+
+def test_clouds_far_from_the_origin_are_read_while_float32_holds_their_shape(tmp_path):
+    cloud = np.random.default_rng(0).random((64, 3)) * 2
+    for offset in (0.0, 1e5, 1e6):  # float32 moves the points by up to 0.016 at 1e6, under 1/32 of 2
+        np.save(tmp_path / "c.npy", cloud + offset)
+        np.testing.assert_allclose(point_files.read_point_file(tmp_path / "c.npy"), cloud + offset, atol=0.04)
 
 
 def test_missing_file_and_folder(tmp_path):
@@ -115,6 +135,9 @@ def test_images_from_png_npy_and_npz(tmp_path, rng):
     np.save(tmp_path / "unit.npy", grey / 255.0 - 0.5)
     with pytest.raises(ValueError, match=r"must lie in 0\.\.255"):
         point_files.read_image_file(tmp_path / "unit.npy")
+    np.save(tmp_path / "spans.npy", np.ones((28, 28), "timedelta64[s]"))
+    with pytest.raises(ValueError, match=r"spans.npy: images must be numbers 0\.\.255, got dtype timedelta64"):
+        point_files.read_image_file(tmp_path / "spans.npy")
     (tmp_path / "fake.png").write_bytes(b"not an image")
     with pytest.raises(ValueError, match=r"fake.png: not a readable PNG"):
         point_files.read_image_file(tmp_path / "fake.png")
@@ -169,6 +192,20 @@ def test_npz_and_mnist_splits_keep_the_asked_classes_by_name(tmp_path, rng):
     digits = test_split.load_test_split(tmp_path / "idx", "mnist", "test", ("1", "5"))
     np.testing.assert_array_equal(digits.examples, images[[1, 3, 4]])
     np.testing.assert_array_equal(digits.labels, [0, 0, 1])
+
+
+@pytest.mark.parametrize("classes, message", [
+    (np.array("a"), r"classes must be the class names \[C\], one per label value, got an array of shape \[\]"),
+    (np.array([["a", "b"]]), r"classes must be the class names \[C\].*shape \[1, 2\]"),
+    (np.array(["a", "b", "a"]), r"classes names 'a' more than once; each label value needs its own name"),
+])
+def test_npz_split_refuses_classes_that_are_not_one_name_per_label(tmp_path, rng, classes, message):
+    path = tmp_path / "p.npz"
+    np.savez(path, points=rng.integers(0, 256, (3, 8, 3), dtype=np.uint8), labels=[0, 1, 2], classes=classes)
+    with pytest.raises(ValueError, match=message):
+        test_split.data_classes(path, "points-npz", "all")
+    with pytest.raises(ValueError, match=message):
+        test_split.load_test_split(path, "points-npz", "all", ("a",))
 
 
 def test_scannet_split_equals_the_loader(tmp_path):

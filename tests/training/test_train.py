@@ -460,6 +460,11 @@ def _bad_data(tmp):
                              classes=np.array(["a"])),
         "points_npz": _npz(tmp / "points.npz", points=clouds, labels=np.zeros(4, np.int64), classes=np.array(["a"])),
         "mnist_32": _npz(tmp / "mnist_32.npz", images=np.zeros([4, 32, 32], np.uint8), labels=np.zeros(4, np.int64)),
+        "mnist_12": _npz(tmp / "mnist_12.npz", images=np.zeros([4, 28, 28], np.uint8), labels=np.array([0, 12, 3, 4])),
+        "one_class": _npz(tmp / "one_class.npz", points=np.random.default_rng(0).integers(0, 256, [4, 16, 3], np.uint8),
+                          labels=np.zeros(4, np.int64), classes=np.array(["a", "b"])),
+        "twice": _npz(tmp / "twice.npz", points=clouds, labels=np.array([0, 1, 2, 0]),
+                      classes=np.array(["a", "b", "a"])),
     }
 
 
@@ -526,6 +531,34 @@ BAD_ARGUMENTS = [
     (["--features", "occupancy", "normals", "--estimate-normals", "2"],
      "--estimate-normals takes the neighbours per point as an integer from 3 to 256"),
     (["--steps-per-execution", "0"], "--steps-per-execution must be >= 1, got 0"),
+    (["--seed", "-1"], "--seed must be a whole number from 0 to 4294967295, got -1"),
+    (["--seed", "4294967296"], "--seed must be a whole number from 0 to 4294967295, got 4294967296"),
+    (["--split-seed", "-1"], "--split-seed must be >= 0, got -1"),
+    (["--lr", "inf"], "--lr must be > 0 (a finite number), got inf"),
+    (["--lam", "nan"], "--lam must be >= 0 (a finite number), got nan"),
+    (["--lam", "inf", "--rho", "0.5", "0.5"], "--lam must be >= 0 (a finite number), got inf"),
+    (["--prune-eps", "nan"], "--prune-eps must be >= 0 (a finite number), got nan"),
+    (["--weight-decay", "nan"], "--weight-decay must be >= 0 (a finite number), got nan"),
+    (["--weight-decay", "inf"], "--weight-decay must be >= 0 (a finite number), got inf"),
+    (["--resolution", "100000000", "--rho", "1", "1"], "--resolution 100000000 is too large: a batch of 8 grids of "
+                                                      "100000000^3 voxels with 16 channels has more entries than"),
+    (["--model", "site-resnet", "--resolution", "100000000"], "--resolution 100000000 is too large: a batch of 8 grids "
+                                                              "of 100000000^3 voxels with 1 channel has more entries"),
+    (["--resolution", "256", "--rho", "0.5", "0.5", "0.5"],
+     "--resolution 256 is too large for 3 sparse blocks: pooling their last grid, 64, down to 4 takes 4 dense blocks, "
+     "and OctNet3 has 6 blocks in all"),
+    (["--backup-dir", "{garbage}/backup"], "--backup-dir {garbage}/backup cannot be written: {garbage} is a file, "
+                                           "not a folder"),
+    (["--dataset", "modelnet40", "--data-dir", "{points_npz}"],
+     "{points_npz}[0]: 16 points all at one position, a cloud without a shape to classify"),
+    (["--dataset", "modelnet40", "--data-dir", "{one_class}"],
+     "{one_class}: examples of one class only (a); a classifier trains on examples of two classes or more"),
+    (["--dataset", "mnist", "--data-dir", "{mnist_12}"], "{mnist_12}: labels must be the digits 0..9 (integers), got "
+                                                         "0..12"),
+    (["--dataset", "modelnet40", "--data-dir", "{twice}"], "{twice}: classes names 'a' more than once; each label "
+                                                           "value needs its own name"),
+    (["--max-examples", "3"], "--max-examples 3 keeps no example: the subset keeps its share of each of the 8 classes "
+                              "of 48 examples, which rounds to none"),
     # found only once the data is there: 2 shapes per class leave no validation example
     (["--synthetic-per-class", "2"], "leaves 16 for training and 0 for validation"),
     (["--synthetic-per-class", "3", "--val-split", "balanced"], "--val-split balanced (--val-per-class 50, "
@@ -570,6 +603,11 @@ def test_out_is_checked_first_and_never_replaced_without_overwrite(tmp_path, cap
     with pytest.raises(SystemExit):
         train.main(["--out", str(tmp_path / "file"), "--overwrite"])
     assert f"--out {tmp_path / 'file'} is a file; give a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--out", str(tmp_path / "file" / "run")])
+    assert exit_info.value.code == 2
+    assert (f"--out {tmp_path / 'file' / 'run'} cannot be written: {tmp_path / 'file'} is a file, not a folder"
+            in capsys.readouterr().err)
     assert (out / "results.json").read_text() == "{}"
     # --overwrite replaces the results of the run there and leaves other files alone
     (out / "model_epoch3.keras").write_text("old snapshot")
@@ -579,6 +617,33 @@ def test_out_is_checked_first_and_never_replaced_without_overwrite(tmp_path, cap
     assert json.loads((out / "results.json").read_text())["val_accuracy"] == results["val_accuracy"]
     assert (out / "notes.txt").read_text() == "mine"
     assert not (out / "model_epoch3.keras").exists() and not (out / "tensorboard" / "events.out.tfevents.old").exists()
+
+
+def test_a_model_too_large_for_memory_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    def out_of_memory(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[33554432,1024]")
+
+    monkeypatch.setattr(train, "build_model", out_of_memory)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(TINY + ["--epochs", "1", "--out", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["tf-sparseconv train: error: --resolution 8: the octnet3 model does not fit in this machine's "
+                     "memory; use a lower --resolution or more --rho values (each halves the grid its classifier "
+                     "reads)"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_out_folder_that_cannot_be_made_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    def read_only(out, overwrite):
+        raise PermissionError(13, "Permission denied", out)
+
+    monkeypatch.setattr(train, "prepare_out", read_only)  # what no check beforehand sees: a read-only file system
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(TINY + ["--epochs", "1", "--out", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"tf-sparseconv train: error: --out {tmp_path / 'run'} cannot be "
+                                                    "written: Permission denied"]
 
 
 def test_default_out_is_a_new_folder_under_runs(tmp_path, monkeypatch):

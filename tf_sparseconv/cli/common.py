@@ -32,14 +32,19 @@ def one_line(error):
     return without_pickle_advice(line)
 
 
-def positive_int(text):
+def positive_int(text, least=1):
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
+
+
+def non_negative_int(text):
+    """A seed: a whole number >= 0 (NumPy's generators take no negative seed)."""
+    return positive_int(text, least=0)
 
 
 def check_model_file(path):
@@ -106,11 +111,28 @@ def load_ensemble(paths, shared, shared_names, purpose, check=None):
 
 
 def check_out_dir(path, overwrite):
-    """UsageError if path is a file, or a non-empty folder without --overwrite."""
+    """UsageError if path is a file, a non-empty folder without --overwrite, or a folder that
+    cannot be made or written in."""
     if os.path.isfile(path):
         raise UsageError(f"--out {path}: is a file, expected a folder")
     if os.path.isdir(path) and os.listdir(path) and not overwrite:
         raise UsageError(f"--out {path}: exists and is not empty; choose another folder or pass --overwrite")
+    problem = folder_problem(path)
+    if problem:
+        raise UsageError(f"--out {path}: cannot be written: {problem}")
+
+
+def folder_problem(path):
+    """Why the folder path cannot be made or written in, in words (the nearest existing path
+    at or above it is a file, or a folder this user may not write in); None where it can."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
 
 
 class Progress:

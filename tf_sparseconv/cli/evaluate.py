@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 
-from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, check_out_dir, load_ensemble, one_line,
-                                     positive_int)
+from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, check_out_dir, load_ensemble,
+                                     non_negative_int, one_line, positive_int)
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip() + """
 
@@ -58,7 +58,7 @@ def add_arguments(parser):
                              "score leans on the data's exact orientation; default 0)")
     parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
                         help="examples per prediction batch (default 32)")
-    parser.add_argument("--seed", type=int, metavar="N", help="seed of the point sampling (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, metavar="N", help="seed of the point sampling (default 0)")
     parser.add_argument("--out", metavar="DIR",
                         help="folder for metrics.json and confusion_matrix.png (default: a new "
                              "eval-<data>-<split>-<time> folder beside the model)")
@@ -340,16 +340,22 @@ def _load_examples(args, kind, split, data, record, spec, model_names, num_outpu
         return (loaded, *_choose_classes(None, loaded.classes, model_names, num_outputs), record.get("seed", 0))
     from tf_sparseconv.data import test_split
 
-    available = test_split.data_classes(data, kind, split)
+    try:
+        available = test_split.data_classes(data, kind, split)
+    except (OSError, ValueError) as e:
+        raise UsageError(one_line(e)) from None
     classes, model_index, notes = _choose_classes(args.classes, available, model_names, num_outputs)
     seed = args.seed or 0
+    points = args.points or spec.get("points_per_cloud") or 1024
     try:
-        loaded = test_split.load_test_split(data, kind, split, classes,
-                                            num_points=args.points or spec.get("points_per_cloud") or 1024,
+        loaded = test_split.load_test_split(data, kind, split, classes, num_points=points,
                                             normals=spec.get("columns") == 6, seed=seed,
                                             progress=Progress(f"loading {data}"))
     except (OSError, ValueError) as e:
         raise UsageError(one_line(e)) from None
+    except MemoryError as e:
+        given = " (--points)" if args.points else ""
+        raise UsageError(f"{data}: not enough memory for {points} points per cloud{given}: {one_line(e)}") from None
     return loaded, classes, model_index, notes, seed
 
 
@@ -411,9 +417,12 @@ def run(args):
                "points_per_cloud": int(loaded.examples.shape[1]) if spec["kind"] == "points" else None, "seed": seed,
                "vote": args.vote, "turn_degrees": args.turn,
                **metrics}
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "metrics.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    try:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "metrics.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+    except OSError as e:  # what check_out_dir could not see (a read-only file system, say)
+        raise UsageError(f"{out}: cannot write the results there ({e.strerror or one_line(e)})") from None
     run_name = os.path.basename(os.path.dirname(os.path.abspath(args.model[0])))
     if len(args.model) > 1:
         run_name += f" and {len(args.model) - 1} more (ensemble)"

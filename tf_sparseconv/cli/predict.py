@@ -17,7 +17,8 @@ import sys
 
 import numpy as np
 
-from tf_sparseconv.cli.common import Progress, UsageError, check_model_file, load_ensemble, one_line, positive_int
+from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, load_ensemble, non_negative_int,
+                                     one_line, positive_int)
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip()
 # Points per cloud when the model does not say how many it was trained with.
@@ -36,7 +37,7 @@ def add_arguments(parser):
                         help="print a JSON list (file, index, top classes with probabilities) instead of lines")
     parser.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
                         help="examples per prediction batch (default 32)")
-    parser.add_argument("--seed", type=int, default=0, metavar="N",
+    parser.add_argument("--seed", type=non_negative_int, default=0, metavar="N",
                         help="seed of mesh sampling and resampling (default 0)")
     parser.add_argument("--vote", type=_vote, default="none", metavar="VOTE",
                         help="predict each cloud by the mean softmax over views of it: none (default), mirror (and "

@@ -75,6 +75,9 @@ def load_mnist(path, split="train"):
     if images.ndim != 3 or images.dtype != np.uint8 or labels.shape != (len(images),):
         raise ValueError(f"{source}: expected uint8 images [M, H, W] and labels [M], got images {images.dtype} "
                          f"{images.shape} and labels {labels.shape}")
+    if labels.dtype.kind not in "iu" or (len(labels) and (labels.min() < 0 or labels.max() > 9)):
+        shown = f"{labels.min()}..{labels.max()}" if len(labels) and labels.dtype.kind in "iuf" else labels.dtype
+        raise ValueError(f"{source}: labels must be the digits 0..9 (integers), got {shown}")
     return images, labels.astype(np.int64)
 
 

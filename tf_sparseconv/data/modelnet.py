@@ -4,6 +4,7 @@ Both loaders return (points float32 [M, N, 3 or 6], labels int64 [M], class name
 3:6, when asked for, are unit surface normals. Shapes are centred and scaled into the unit
 sphere, ready for voxelizing over bounds (-1, 1).
 """
+import collections
 import os
 import re
 import zlib
@@ -113,7 +114,7 @@ def _triangulate(lines, num_vertices, path):
         try:
             rows = np.array(tokens, np.int64).reshape(-1, 4)
             triangles = rows[:, 1:] if (rows[:, 0] == 3).all() else None
-        except ValueError:
+        except (ValueError, OverflowError):  # a token not an int64: the slow path names its line
             pass
     if triangles is None:
         fans = []
@@ -126,6 +127,10 @@ def _triangulate(lines, num_vertices, path):
                 n, polygon = 0, []
             if n < 3 or len(polygon) != n:
                 raise ValueError(f"{path}: bad face on line {number}: {text[:60]!r}, expected '<n >= 3> i1 ... in'")
+            outside = [i for i in polygon if not 0 <= i < num_vertices]
+            if outside:
+                raise ValueError(f"{path}: the face on line {number} indexes vertex {outside[0]}, outside "
+                                 f"0..{num_vertices - 1}")
             fans.extend((polygon[0], polygon[i], polygon[i + 1]) for i in range(1, n - 1))
         triangles = np.array(fans, np.int64).reshape(-1, 3)
     out_of_range = (triangles < 0) | (triangles >= num_vertices)
@@ -138,9 +143,10 @@ def _triangulate(lines, num_vertices, path):
 def sample_surface(vertices, triangles, num_points, rng):
     """(points [N, 3], unit face normals [N, 3]) sampled uniformly by area on the mesh surface."""
     a, b, c = (vertices[triangles[:, k]] for k in range(3))
-    cross = np.cross(b - a, c - a)
-    doubled_area = np.linalg.norm(cross, axis=1)
-    total = doubled_area.sum()
+    with np.errstate(over="ignore", invalid="ignore"):  # non-finite areas are refused below, not warned of
+        cross = np.cross(b - a, c - a)
+        doubled_area = np.linalg.norm(cross, axis=1)
+        total = doubled_area.sum()
     if not total > 0 or not np.isfinite(total):
         raise ValueError("mesh has no surface to sample (no triangles, zero area or non-finite vertices)")
     chosen = np.searchsorted(np.cumsum(doubled_area), rng.random(num_points) * total, side="right")
@@ -224,6 +230,18 @@ def load_modelnet_npz(path, classes=None):
                          f"{raw.shape} and labels {raw_labels.shape}")
     if len(raw_labels) and (raw_labels.min() < 0 or raw_labels.max() >= len(names)):
         raise ValueError(f"{path}: labels outside 0..{len(names) - 1}")
+    twice = sorted(c for c, n in collections.Counter(names).items() if n > 1)
+    if twice:
+        raise ValueError(f"{path}: classes names {', '.join(map(repr, twice))} more than once; each label value "
+                         "needs its own name")
+    if raw.shape[0] and raw.shape[1] < 2:
+        raise ValueError(f"{path}: clouds of {raw.shape[1]} point{'s' * (raw.shape[1] != 1)}, without a shape to "
+                         "classify")
+    if raw.shape[0]:
+        flat = np.flatnonzero((raw.max(axis=1) == raw.min(axis=1)).all(axis=1))
+        if len(flat):
+            raise ValueError(f"{path}[{flat[0]}]: {raw.shape[1]} points all at one position, a cloud without a shape "
+                             "to classify")
     if classes is None:
         keep, labels, classes = slice(None), raw_labels, tuple(names)
     else:

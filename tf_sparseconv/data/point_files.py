@@ -125,20 +125,55 @@ def resample_points(cloud, num_points, rng):
 
 
 def as_clouds(array, path):
-    """float32 [N, 3 or 6] or [M, N, 3 or 6] from a numeric array; uint8 is the quantised ModelNet form."""
-    if array.ndim not in (2, 3) or array.shape[-1] < 3 or array.shape[-2] == 0:
+    """float32 [N, 3 or 6] or [M, N, 3 or 6] from a numeric array; uint8 is the quantised ModelNet form.
+
+    ValueError for a cloud the models cannot classify: values NaN, infinite or beyond
+    float32's range, every point at one position, or coordinates so large (or so small) for
+    the cloud's size that float32, which the models compute in, moves its points by more than
+    1/32 of it (about a voxel of a 64^3 grid over the unit sphere)."""
+    if array.ndim not in (2, 3) or array.shape[-1] < 3 or 0 in array.shape:
         raise ValueError(f"{path}: expected points [N, 3+] (one cloud) or [M, N, 3+] (several), x y z first, "
                          f"got shape {list(array.shape)}")
     if array.dtype == np.uint8:  # xyz = q / 255 * 2 - 1, as data.modelnet.load_modelnet_npz
+        _check_extent(array[..., :3], path)
         return array[..., :3].astype(np.float32) * np.float32(2 / 255) - np.float32(1)
-    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+    if array.dtype.kind not in "iuf":  # not bool, complex, text, dates or time spans (numpy's integers)
         raise ValueError(f"{path}: points must be numbers, got dtype {array.dtype}")
     columns = 6 if array.shape[-1] >= 6 else 3
-    clouds = array[..., :columns].astype(np.float32)
-    if not np.isfinite(clouds).all():
-        bad = np.flatnonzero(~np.isfinite(clouds).reshape(-1, columns).all(axis=1))[0]
-        raise ValueError(f"{path}: point {bad} contains NaN or infinite values")
+    values = array[..., :columns]
+    low, high = values.min(axis=-2).astype(np.float64), values.max(axis=-2).astype(np.float64)  # NaN propagates
+    if not (np.abs(low) <= np.finfo(np.float32).max).all() or not (np.abs(high) <= np.finfo(np.float32).max).all():
+        representable = np.isfinite(values) & (np.abs(values.astype(np.float64)) <= np.finfo(np.float32).max)
+        bad = np.flatnonzero(~representable.reshape(-1, columns).all(axis=1))[0]
+        raise ValueError(f"{path}: point {bad} contains NaN or infinite values, or values beyond float32's range")
+    clouds = values.astype(np.float32)
+    _check_extent(values[..., :3], path, clouds)
     return clouds
+
+
+def _check_extent(xyz, path, clouds=None):
+    """ValueError naming the first cloud of xyz [..., N, 3] whose points coincide, or, given
+    clouds (xyz as float32), which float32 does not hold to 1/32 of its size: it rounds by up
+    to 2^-24 of a value, and TensorFlow flushes values below its smallest normal to zero."""
+    low, high = xyz.min(axis=-2).astype(np.float64), xyz.max(axis=-2).astype(np.float64)
+    extent = np.atleast_1d((high - low).max(axis=-1))
+    largest = np.atleast_1d(np.maximum(np.abs(low), np.abs(high)).max(axis=-1))
+    tiny = np.finfo(np.float32).tiny
+    for i in np.flatnonzero((extent == 0) | (largest * 2.0 ** -24 + tiny > extent / 32)):  # the bound settles most
+        cloud = xyz[i] if xyz.ndim == 3 else xyz
+        where = f"{path}[{i}]" if xyz.ndim == 3 else path
+        if extent[i] == 0:
+            points = "a single point" if len(cloud) == 1 else f"{len(cloud)} points all at one position"
+            raise ValueError(f"{where}: {points}, a cloud without a shape to classify")
+        if clouds is None:
+            continue
+        rounded = (clouds[i] if xyz.ndim == 3 else clouds)[..., :3].astype(np.float64)
+        rounded[np.abs(rounded) < tiny] = 0
+        moved = np.abs(rounded - cloud).max()
+        if moved > extent[i] / 32:
+            raise ValueError(f"{where}: coordinates up to {largest[i]:.3g} for a cloud {extent[i]:.3g} across: "
+                             f"float32, which the model computes in, moves its points by up to {moved:.3g}, more "
+                             "than 1/32 of its size; centre the cloud (subtract its mean) or scale it")
 
 
 def _ply_cloud(path):
@@ -206,10 +241,10 @@ def read_image_file(path):
     if images.ndim not in (2, 3) or 0 in images.shape:
         raise ValueError(f"{path}: expected an image [H, W] or images [M, H, W], got shape {list(images.shape)}")
     if images.dtype != np.uint8:
-        if not (np.issubdtype(images.dtype, np.floating) or np.issubdtype(images.dtype, np.integer)):
+        if images.dtype.kind not in "iuf":  # not bool, complex, text, dates or time spans (numpy's integers)
             raise ValueError(f"{path}: images must be numbers 0..255, got dtype {images.dtype}")
-        images = images.astype(np.float32)
-        if not np.isfinite(images).all() or images.min() < 0 or images.max() > 255:
+        if not np.isfinite(images).all() or images.min() < 0 or images.max() > 255:  # before float32 rounds them
             raise ValueError(f"{path}: image values must lie in 0..255 (as MNIST's), got "
                              f"{np.nanmin(images):g}..{np.nanmax(images):g}")
+        images = images.astype(np.float32)
     return images

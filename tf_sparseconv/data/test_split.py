@@ -8,6 +8,7 @@ Kinds (detect_kind tells them apart from the path alone, reading no data):
 Layouts with splits (meshes, idx files) give "test", "train" or "all" (both); a single .npz
 and ScanNet scans have no split and give "all".
 """
+import collections
 import os
 from typing import NamedTuple
 
@@ -85,7 +86,7 @@ def resolve_split(kind, splits, split):
 def data_classes(path, kind, split):
     """The class names the data holds, read without loading it."""
     if kind == "points-npz":
-        return tuple(str(c) for c in point_files.load_npz(path, ["classes"])["classes"])
+        return class_names(point_files.load_npz(path, ["classes"])["classes"], path)
     if kind == "mnist":
         return MNIST_CLASSES
     if kind == "scannet":
@@ -93,6 +94,20 @@ def data_classes(path, kind, split):
         return SCANNET_CLASSES
     splits = ("train", "test") if split == "all" else (split,)
     return tuple(sorted({c for s in splits for c in _mesh_classes(path, s)}))
+
+
+def class_names(classes, path):
+    """The names of an .npz's classes array [C], as strings; ValueError unless it is one
+    distinct name per label value."""
+    if classes.ndim != 1:
+        raise ValueError(f"{path}: classes must be the class names [C], one per label value, got an array of shape "
+                         f"{list(classes.shape)}")
+    names = tuple(str(c) for c in classes)
+    twice = sorted(c for c, n in collections.Counter(names).items() if n > 1)
+    if twice:
+        raise ValueError(f"{path}: classes names {', '.join(map(repr, twice))} more than once; each label value "
+                         "needs its own name")
+    return names
 
 
 def _relabel(labels, from_classes, to_classes):
@@ -151,7 +166,7 @@ def load_test_split(path, kind, split, classes, num_points=1024, normals=False, 
         return LabelledSet(clouds, labels, classes, kind, path)
     if kind == "points-npz":
         arrays = point_files.load_npz(path, ["points", "labels", "classes"])
-        names = tuple(str(c) for c in arrays["classes"])
+        names = class_names(arrays["classes"], path)
         raw_labels = arrays["labels"]
         points = arrays["points"]
         if points.ndim != 3 or points.shape[2] < 3 or raw_labels.shape != (len(points),):
@@ -161,7 +176,7 @@ def load_test_split(path, kind, split, classes, num_points=1024, normals=False, 
                 len(raw_labels) and (raw_labels.min() < 0 or raw_labels.max() >= len(names))):
             raise ValueError(f"{path}: labels must be integers in 0..{len(names) - 1} (indices into classes)")
         keep = np.isin(raw_labels, [names.index(c) for c in classes])
-        clouds = point_files.as_clouds(points[keep], path)
+        clouds = point_files.as_clouds(points, path)[keep]  # every example checked, named by its index in the file
         return LabelledSet(clouds, _relabel(raw_labels[keep].astype(np.int64), names, classes), classes, kind, path)
     if kind == "mnist":
         from tf_sparseconv.data.mnist import load_mnist

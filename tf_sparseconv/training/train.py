@@ -56,11 +56,13 @@ from tf_sparseconv.data.modelnet import MESH_LAYOUT
 from tf_sparseconv.data.point_files import npz_headers
 from tf_sparseconv.data.scannet import SCAN_LAYOUT
 from tf_sparseconv.channel.keras_io import as_keras_inputs
+from tf_sparseconv.cli.common import folder_problem
+from tf_sparseconv.layer_config import MAX_EXTENT, MAX_KEYS
 from tf_sparseconv.models import (DEFAULT_RHOS, image_classifier, normalize_point_clouds, octnet3,
                                   point_cloud_classifier, save_model, site_resnet)
 from tf_sparseconv.models.memory_bound import memory_bound
 from tf_sparseconv.models.point_normals import MAX_NEIGHBOURS, MIN_NEIGHBOURS, check_neighbours, with_estimated_normals
-from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS
+from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS, _default_dense_blocks
 from tf_sparseconv.site.conversions import from_channel_sparse
 from tf_sparseconv.site.keras_io import as_site_keras_inputs
 from tf_sparseconv.training.density_regularizer import DENSITIES, DensityRegularizer
@@ -357,6 +359,8 @@ def prepare_backup_dir(parser, args, write=True):
     write, creates it and records this run's arguments there unless recorded already."""
     if os.path.exists(args.backup_dir) and not os.path.isdir(args.backup_dir):
         parser.error(f"--backup-dir {args.backup_dir} is a file; give a folder")
+    if folder_problem(args.backup_dir):
+        parser.error(f"--backup-dir {args.backup_dir} cannot be written: {folder_problem(args.backup_dir)}")
     path = os.path.join(args.backup_dir, "run_args.json")
     resumable = tuple(k for k in RESUMABLE_CHANGES if args.lr_schedule == "constant" or k != "epochs")
     current = {k: v for k, v in vars(args).items() if k not in resumable}
@@ -626,6 +630,8 @@ def _check_out(parser, args):
         return
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         parser.error(f"--out {args.out} is a file; give a folder for the results")
+    if folder_problem(args.out):
+        parser.error(f"--out {args.out} cannot be written: {folder_problem(args.out)}")
     if os.path.isdir(args.out) and os.listdir(args.out) and not args.overwrite:
         parser.error(f"--out {args.out} exists and is not empty; give a new folder (or leave --out out for a new "
                      f"one under {RUNS_DIR}/), or add --overwrite to replace the results there")
@@ -672,10 +678,15 @@ def _check_values(parser, args):
                                ("--site-k", args.site_k, 0), ("--steps-per-execution", args.steps_per_execution, 1)):
         if value < least:
             parser.error(f"{flag} must be >= {least}, got {value}")
-    if not args.lr > 0:
-        parser.error(f"--lr must be > 0, got {args.lr}")
-    if args.lam < 0 or args.prune_eps < 0:
-        parser.error(f"--lam and --prune-eps must be >= 0, got {args.lam} and {args.prune_eps}")
+    if not 0 <= args.seed < 2 ** 32:  # keras.utils.set_random_seed takes 0..2^32 - 1
+        parser.error(f"--seed must be a whole number from 0 to {2 ** 32 - 1}, got {args.seed}")
+    if args.split_seed < 0:
+        parser.error(f"--split-seed must be >= 0, got {args.split_seed}")
+    if not 0 < args.lr < np.inf:
+        parser.error(f"--lr must be > 0 (a finite number), got {args.lr}")
+    for flag, value in (("--lam", args.lam), ("--prune-eps", args.prune_eps), ("--weight-decay", args.weight_decay)):
+        if not 0 <= value < np.inf:  # NaN, which compares false, would silently turn the option off
+            parser.error(f"{flag} must be >= 0 (a finite number), got {value}")
     if any(c < 1 for c in args.site_channels):
         parser.error(f"--site-channels must be >= 1, got {args.site_channels}")
 
@@ -698,11 +709,13 @@ def _check_resolution(parser, args):
             parser.error(f"--rho values must be in (0, 1] (1.0: no bound), got {bad}")
         if len(args.rho) > len(BLOCK_CHANNELS):
             parser.error(f"--rho gives {len(args.rho)} sparse blocks; OctNet3 has at most {len(BLOCK_CHANNELS)}")
+    in_channels = 1 if args.dataset == "mnist" else datasets.num_channels(args.features)
     if args.model == "site-resnet":
         levels = len(args.site_channels)
         if r < 2 ** (levels - 1):
             parser.error(f"--resolution {r} is too small for {levels} site-resnet levels (--site-channels): "
                          f"need >= {2 ** (levels - 1)}")
+        _check_key_space(parser, args, in_channels)
         return
     if args.rho is None:
         if args.dataset != "mnist" and r not in TABLE4_RESOLUTIONS:
@@ -718,6 +731,23 @@ def _check_resolution(parser, args):
     if blocks >= 3 and r // step < 4:
         parser.error(f"--resolution {r} is too small for {blocks} sparse blocks: the last block's grid is "
                      f"{r // step}, OctNet3 needs >= 4 (use >= {4 * step} or fewer --rho values)")
+    _check_key_space(parser, args, max(BLOCK_CHANNELS[blocks - 1], in_channels))
+    dense = _default_dense_blocks(r, blocks)
+    if blocks + dense > len(BLOCK_CHANNELS):
+        parser.error(f"--resolution {r} is too large for {blocks} sparse blocks: pooling their last grid, "
+                     f"{r // step}, down to 4 takes {dense} dense blocks, and OctNet3 has {len(BLOCK_CHANNELS)} "
+                     "blocks in all (use a lower --resolution or more --rho values)")
+
+
+def _check_key_space(parser, args, channels):
+    """Refuses a resolution whose batches the sparse tensors cannot index: a key per
+    (example, voxel, channel) below 2^63, and per axis at most MAX_EXTENT voxels."""
+    dims = 2 if args.dataset == "mnist" else 3
+    r = args.resolution
+    if r > MAX_EXTENT or args.batch_size * r ** dims * channels >= MAX_KEYS:
+        parser.error(f"--resolution {r} is too large: a batch of {args.batch_size} grids of {r}^{dims} voxels with "
+                     f"{channels} channel{'s' * (channels > 1)} has more entries than the sparse tensors' 2^63 keys "
+                     "can index")
 
 
 def _check_model_options(parser, args):
@@ -728,8 +758,6 @@ def _check_model_options(parser, args):
             parser.error(f"{', '.join(octnet_only)} apply to the channel-sparse octnet3 model, not site-resnet")
     elif args.site_batch_norm is not None:
         parser.error("--site-batch-norm applies to --model site-resnet (octnet3 has no batch norm)")
-    if args.weight_decay < 0:
-        parser.error(f"--weight-decay must be >= 0, got {args.weight_decay}")
     if not 0 <= args.label_smoothing < 1:
         parser.error(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     if args.vote_mirror:
@@ -965,7 +993,16 @@ def run_training(parser, args, argv, strategy):
     all_labels, keep = labels, np.arange(len(labels))
     if args.max_examples and args.max_examples < len(labels):
         keep, _ = datasets.stratified_split(labels, 1 - args.max_examples / len(labels), args.split_seed)
+        if not len(keep):
+            parser.error(f"--max-examples {args.max_examples} keeps no example: the subset keeps its share of each "
+                         f"of the {len(classes)} classes of {len(labels)} examples, which rounds to none; give more")
         examples, labels = examples[keep], labels[keep]
+    present = np.unique(labels)
+    if len(present) < 2:
+        where = data_path or args.dataset
+        held = (f"examples of one class only ({classes[present[0]]})" if len(present) else "no examples")
+        parser.error(f"{where}: {held}{' after --max-examples' if len(keep) < len(all_labels) else ''}; a "
+                     "classifier trains on examples of two classes or more")
     if args.estimate_normals is not None:
         examples = estimated_normals(examples, args.estimate_normals)
     train_idx, val_idx = validation_split(args, labels, classes)
@@ -1018,9 +1055,15 @@ def run_training(parser, args, argv, strategy):
     test_weights = test_class_weights(classes) if args.dataset in ("modelnet40", "modelnet10") else None
     synchronized_bn = replicas > 1 and args.site_batch_norm in (None, "synchronized")
     with strategy.scope():
-        model, rhos, optimizer, loss = build_model(
-            args, len(classes), in_channels, fit_steps.get("steps_per_epoch", -(-len(train_idx) // args.batch_size)),
-            synchronized_bn=synchronized_bn)
+        steps = fit_steps.get("steps_per_epoch", -(-len(train_idx) // args.batch_size))
+        try:
+            model, rhos, optimizer, loss = build_model(args, len(classes), in_channels, steps,
+                                                       synchronized_bn=synchronized_bn)
+        except (MemoryError, tf.errors.ResourceExhaustedError):
+            fewer = ("more --rho values (each halves the grid its classifier reads)" if not site else
+                     "fewer --site-channels")
+            parser.error(f"--resolution {resolution}: the {args.model} model does not fit in this machine's memory; "
+                         f"use a lower --resolution or {fewer}")
         metrics = ["accuracy", MeanClassAccuracy(len(classes))]
         if test_weights is not None:
             metrics.append(MeanClassAccuracy(len(classes), test_weights, name="test_weighted_accuracy"))
@@ -1042,7 +1085,10 @@ def run_training(parser, args, argv, strategy):
     if args.backup_dir:
         prepare_backup_dir(parser, args)
     if chief:
-        prepare_out(args.out, args.overwrite)
+        try:
+            prepare_out(args.out, args.overwrite)
+        except OSError as e:  # what the checks before loading could not see (a read-only file system, say)
+            parser.error(f"--out {args.out} cannot be written: {e.strerror or one_line(e)}")
         write_json(os.path.join(args.out, "split.json"),
                    split_record(args, data_path, all_labels, keep, train_idx, val_idx, classes))
     callbacks = [EpochTimer()]
