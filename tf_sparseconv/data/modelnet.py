@@ -4,7 +4,6 @@ Both loaders return (points float32 [M, N, 3 or 6], labels int64 [M], class name
 3:6, when asked for, are unit surface normals. Shapes are centred and scaled into the unit
 sphere, ready for voxelizing over bounds (-1, 1).
 """
-import collections
 import os
 import re
 import zlib
@@ -12,6 +11,7 @@ import zlib
 import numpy as np
 
 from tf_sparseconv.data.npz import read_npz_arrays
+from tf_sparseconv.data.point_files import check_extent, npz_class_names
 
 MODELNET10_CLASSES = ("bathtub", "bed", "chair", "desk", "dresser", "monitor", "night_stand", "sofa", "table",
                       "toilet")
@@ -224,24 +224,17 @@ def load_modelnet_npz(path, classes=None):
                                 "points uint8 [M, N, 3], labels [M] and classes")
     arrays = read_npz_arrays(path, ("points", "labels", "classes"))
     raw, raw_labels, names = arrays["points"], arrays["labels"].astype(np.int64), arrays["classes"]
-    names = [str(c) for c in names]
+    names = list(npz_class_names(names, path))
     if raw.ndim != 3 or raw.shape[2] != 3 or raw.dtype != np.uint8 or len(raw_labels) != len(raw):
         raise ValueError(f"{path}: expected points uint8 [M, N, 3] and labels [M], got points {raw.dtype} "
                          f"{raw.shape} and labels {raw_labels.shape}")
     if len(raw_labels) and (raw_labels.min() < 0 or raw_labels.max() >= len(names)):
         raise ValueError(f"{path}: labels outside 0..{len(names) - 1}")
-    twice = sorted(c for c, n in collections.Counter(names).items() if n > 1)
-    if twice:
-        raise ValueError(f"{path}: classes names {', '.join(map(repr, twice))} more than once; each label value "
-                         "needs its own name")
     if raw.shape[0] and raw.shape[1] < 2:
         raise ValueError(f"{path}: clouds of {raw.shape[1]} point{'s' * (raw.shape[1] != 1)}, without a shape to "
                          "classify")
     if raw.shape[0]:
-        flat = np.flatnonzero((raw.max(axis=1) == raw.min(axis=1)).all(axis=1))
-        if len(flat):
-            raise ValueError(f"{path}[{flat[0]}]: {raw.shape[1]} points all at one position, a cloud without a shape "
-                             "to classify")
+        check_extent(raw, path)
     if classes is None:
         keep, labels, classes = slice(None), raw_labels, tuple(names)
     else:

@@ -9,6 +9,7 @@ columns 3:6 being unit normals; images as uint8 or float32 [H, W] or [M, H, W].
 .npy and .npz files are read without pickles: a file holding Python objects is refused,
 since unpickling runs code from the file.
 """
+import collections
 import os
 import zipfile
 import zlib
@@ -135,7 +136,7 @@ def as_clouds(array, path):
         raise ValueError(f"{path}: expected points [N, 3+] (one cloud) or [M, N, 3+] (several), x y z first, "
                          f"got shape {list(array.shape)}")
     if array.dtype == np.uint8:  # xyz = q / 255 * 2 - 1, as data.modelnet.load_modelnet_npz
-        _check_extent(array[..., :3], path)
+        check_extent(array[..., :3], path)
         return array[..., :3].astype(np.float32) * np.float32(2 / 255) - np.float32(1)
     if array.dtype.kind not in "iuf":  # not bool, complex, text, dates or time spans (numpy's integers)
         raise ValueError(f"{path}: points must be numbers, got dtype {array.dtype}")
@@ -147,11 +148,11 @@ def as_clouds(array, path):
         bad = np.flatnonzero(~representable.reshape(-1, columns).all(axis=1))[0]
         raise ValueError(f"{path}: point {bad} contains NaN or infinite values, or values beyond float32's range")
     clouds = values.astype(np.float32)
-    _check_extent(values[..., :3], path, clouds)
+    check_extent(values[..., :3], path, clouds)
     return clouds
 
 
-def _check_extent(xyz, path, clouds=None):
+def check_extent(xyz, path, clouds=None):
     """ValueError naming the first cloud of xyz [..., N, 3] whose points coincide, or, given
     clouds (xyz as float32), which float32 does not hold to 1/32 of its size: it rounds by up
     to 2^-24 of a value, and TensorFlow flushes values below its smallest normal to zero."""
@@ -174,6 +175,20 @@ def _check_extent(xyz, path, clouds=None):
             raise ValueError(f"{where}: coordinates up to {largest[i]:.3g} for a cloud {extent[i]:.3g} across: "
                              f"float32, which the model computes in, moves its points by up to {moved:.3g}, more "
                              "than 1/32 of its size; centre the cloud (subtract its mean) or scale it")
+
+
+def npz_class_names(classes, path):
+    """The names of an .npz's classes array [C], as strings; ValueError unless it is one
+    distinct name per label value."""
+    if classes.ndim != 1:
+        raise ValueError(f"{path}: classes must be the class names [C], one per label value, got an array of shape "
+                         f"{list(classes.shape)}")
+    names = tuple(str(c) for c in classes)
+    twice = sorted(c for c, n in collections.Counter(names).items() if n > 1)
+    if twice:
+        raise ValueError(f"{path}: classes names {', '.join(map(repr, twice))} more than once; each label value "
+                         "needs its own name")
+    return names
 
 
 def _ply_cloud(path):

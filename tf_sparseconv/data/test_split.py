@@ -8,7 +8,6 @@ Kinds (detect_kind tells them apart from the path alone, reading no data):
 Layouts with splits (meshes, idx files) give "test", "train" or "all" (both); a single .npz
 and ScanNet scans have no split and give "all".
 """
-import collections
 import os
 from typing import NamedTuple
 
@@ -86,7 +85,7 @@ def resolve_split(kind, splits, split):
 def data_classes(path, kind, split):
     """The class names the data holds, read without loading it."""
     if kind == "points-npz":
-        return class_names(point_files.load_npz(path, ["classes"])["classes"], path)
+        return point_files.npz_class_names(point_files.load_npz(path, ["classes"])["classes"], path)
     if kind == "mnist":
         return MNIST_CLASSES
     if kind == "scannet":
@@ -94,20 +93,6 @@ def data_classes(path, kind, split):
         return SCANNET_CLASSES
     splits = ("train", "test") if split == "all" else (split,)
     return tuple(sorted({c for s in splits for c in _mesh_classes(path, s)}))
-
-
-def class_names(classes, path):
-    """The names of an .npz's classes array [C], as strings; ValueError unless it is one
-    distinct name per label value."""
-    if classes.ndim != 1:
-        raise ValueError(f"{path}: classes must be the class names [C], one per label value, got an array of shape "
-                         f"{list(classes.shape)}")
-    names = tuple(str(c) for c in classes)
-    twice = sorted(c for c, n in collections.Counter(names).items() if n > 1)
-    if twice:
-        raise ValueError(f"{path}: classes names {', '.join(map(repr, twice))} more than once; each label value "
-                         "needs its own name")
-    return names
 
 
 def _relabel(labels, from_classes, to_classes):
@@ -166,7 +151,7 @@ def load_test_split(path, kind, split, classes, num_points=1024, normals=False, 
         return LabelledSet(clouds, labels, classes, kind, path)
     if kind == "points-npz":
         arrays = point_files.load_npz(path, ["points", "labels", "classes"])
-        names = class_names(arrays["classes"], path)
+        names = point_files.npz_class_names(arrays["classes"], path)
         raw_labels = arrays["labels"]
         points = arrays["points"]
         if points.ndim != 3 or points.shape[2] < 3 or raw_labels.shape != (len(points),):

@@ -359,8 +359,9 @@ def prepare_backup_dir(parser, args, write=True):
     write, creates it and records this run's arguments there unless recorded already."""
     if os.path.exists(args.backup_dir) and not os.path.isdir(args.backup_dir):
         parser.error(f"--backup-dir {args.backup_dir} is a file; give a folder")
-    if folder_problem(args.backup_dir):
-        parser.error(f"--backup-dir {args.backup_dir} cannot be written: {folder_problem(args.backup_dir)}")
+    problem = folder_problem(args.backup_dir)
+    if problem:
+        parser.error(f"--backup-dir {args.backup_dir} cannot be written: {problem}")
     path = os.path.join(args.backup_dir, "run_args.json")
     resumable = tuple(k for k in RESUMABLE_CHANGES if args.lr_schedule == "constant" or k != "epochs")
     current = {k: v for k, v in vars(args).items() if k not in resumable}
@@ -630,8 +631,9 @@ def _check_out(parser, args):
         return
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         parser.error(f"--out {args.out} is a file; give a folder for the results")
-    if folder_problem(args.out):
-        parser.error(f"--out {args.out} cannot be written: {folder_problem(args.out)}")
+    problem = folder_problem(args.out)
+    if problem:
+        parser.error(f"--out {args.out} cannot be written: {problem}")
     if os.path.isdir(args.out) and os.listdir(args.out) and not args.overwrite:
         parser.error(f"--out {args.out} exists and is not empty; give a new folder (or leave --out out for a new "
                      f"one under {RUNS_DIR}/), or add --overwrite to replace the results there")
