@@ -58,12 +58,24 @@ LIDAR_PATHS = (os.path.join(ROOT, "..", "shared", "data", "lidar_scan.npz"),
 
 
 def visible_gpus():
-    """The GPUs of this machine by nvidia-smi's count (without loading TensorFlow here)."""
+    """The GPUs this process may use, without loading TensorFlow here: nvidia-smi's count
+    (which ignores CUDA_VISIBLE_DEVICES), or fewer where CUDA_VISIBLE_DEVICES names fewer
+    (CUDA takes its entries up to the first negative one; empty or -1: none)."""
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return 0
-    return sum(line.startswith("GPU ") for line in out.splitlines())
+    count = sum(line.startswith("GPU ") for line in out.splitlines())
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if named is not None:
+        entries = [e.strip() for e in named.split(",")]
+        usable = 0
+        for entry in entries:
+            if not entry or entry.startswith("-"):
+                break
+            usable += 1
+        count = min(count, usable)
+    return count
 
 
 def device_name(replicas, gpus):

@@ -183,6 +183,10 @@ ENSEMBLES = {
                            ["octnet3-64-mirror", "site-resnet-64-wide-mirror", "site-resnet-64-wide-mirror-seed1",
                             "site-resnet-64-wide-mirror-seed2", "site-resnet-64-wide-mirror-seed3",
                             "site-resnet-64-wide-rotate12"], "mirror"),
+    "octnet3-64-mirror-ensemble3": ("the mean softmax of octnet3-64-mirror and the 40-epoch octnet3-64-mirror-long "
+                                    "and its seed 1, each shape and its mirror image",
+                                    ["octnet3-64-mirror", "octnet3-64-mirror-long", "octnet3-64-mirror-long-seed1"],
+                                    "mirror"),
     "site-resnet-32-wide-mirror-ensemble3": ("the mean softmax of site-resnet-32-wide-mirror and its seeds 1 and 2, "
                                              "each shape and its mirror image",
                                              ["site-resnet-32-wide-mirror", "site-resnet-32-wide-mirror-seed1",

@@ -131,3 +131,17 @@ def test_cpu_blocks_stay_within_a_numa_node_where_they_can(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setattr(distributed, "numa_node_of_cpu", lambda: {c: c % 2 for c in range(8)})  # interleaved
     assert distributed.cpu_blocks(2, 2, 4) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+@pytest.mark.parametrize("named, want", [(None, 2), ("", 0), ("-1", 0), ("0", 1), ("1,0", 2), ("0,-1,1", 1),
+                                         ("0,1,2,3", 2)])
+def test_visible_gpus_follows_cuda_visible_devices(monkeypatch, named, want):
+    """nvidia-smi lists every GPU of the host; the benchmark counts those CUDA lets it use."""
+    listing = "GPU 0: NVIDIA H200 (UUID: GPU-a)\nGPU 1: NVIDIA H200 (UUID: GPU-b)\n"
+    monkeypatch.setattr(distributed.subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a[0], 0, stdout=listing))
+    if named is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", named)
+    assert distributed.visible_gpus() == want

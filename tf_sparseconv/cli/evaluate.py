@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, check_out_dir, load_ensemble,
-                                     non_negative_int, one_line, positive_int)
+                                     available_memory_bytes, non_negative_int, one_line, positive_int)
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip() + """
 
@@ -347,6 +347,12 @@ def _load_examples(args, kind, split, data, record, spec, model_names, num_outpu
     classes, model_index, notes = _choose_classes(args.classes, available, model_names, num_outputs)
     seed = args.seed or 0
     points = args.points or spec.get("points_per_cloud") or 1024
+    given = " (--points)" if args.points else ""
+    # Sampling a cloud holds at least its float64 coordinates [points, 3].
+    need, available = points * 3 * 8, available_memory_bytes()
+    if available is not None and need > available:
+        raise UsageError(f"{data}: not enough memory for {points} points per cloud{given}: one cloud's coordinates "
+                         f"alone take {need / 2**30:,.1f} GiB, {available / 2**30:,.1f} GiB are available")
     try:
         loaded = test_split.load_test_split(data, kind, split, classes, num_points=points,
                                             normals=spec.get("columns") == 6, seed=seed,
@@ -354,7 +360,6 @@ def _load_examples(args, kind, split, data, record, spec, model_names, num_outpu
     except (OSError, ValueError) as e:
         raise UsageError(one_line(e)) from None
     except MemoryError as e:
-        given = " (--points)" if args.points else ""
         raise UsageError(f"{data}: not enough memory for {points} points per cloud{given}: {one_line(e)}") from None
     return loaded, classes, model_index, notes, seed
 

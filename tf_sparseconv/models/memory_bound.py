@@ -64,6 +64,12 @@ ALLOCATION_OVERHEAD = 4096 + 16 + 64
 # contexts and kernels' small bookkeeping. They come from the heap, which grows by whole
 # pages (a to_dense call was measured one page over its buffers on a fresh CI machine).
 CALL_OVERHEAD = 64 << 10
+# What one layer call may add per CPU worker thread: each of TensorFlow's intra-op threads
+# allocates from its own glibc malloc arena, whose heap a call can grow by glibc's top pad
+# (128 KiB) and a page before the memory is trimmed again. Measured on a lent 32-core host
+# (2026-11-30): the small layers after the convolutions grew peak RSS by 1.2-3.8 MB beyond
+# their tensors, and by nothing with MALLOC_ARENA_MAX=1 or 2-8 threads.
+THREAD_ARENA_BYTES = (128 << 10) + 4096
 DEVICES = ("cpu", "gpu")
 
 
@@ -595,7 +601,8 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
     (the model's weights, the caller's input), on the device given: the model's copy of
     its input, every layer's outputs alive together, and the largest single layer's
     temporaries, those the kernels take from malloc included (tf.unique's hash table, the
-    CPU convolutions' vectors). Not covered: TensorFlow's fixed costs, paid once per
+    CPU convolutions' vectors), and on the CPU what a call may grow each worker thread's
+    malloc arena by (THREAD_ARENA_BYTES per thread and layer call). Not covered: TensorFlow's fixed costs, paid once per
     process or per new shape and not growing with the batch (thread pools, the eager
     kernel cache, oneDNN's primitive cache, cuBLAS/cuDNN workspaces), and host memory
     while the model runs on the GPU. The allocator's pool (oneDNN's on x86 CPUs, TensorFlow's
@@ -617,6 +624,7 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
     threads = _worker_threads() if threads is None else threads
     if isinstance(threads, bool) or int(threads) != threads or threads < 1:
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    call_overhead = CALL_OVERHEAD + (threads * THREAD_ARENA_BYTES if device == "cpu" else 0)
     layers = list(_flat_layers(model))
     walk = _SiteWalk(batch_size, points_per_sample, value_bytes, threads, device)
     shape, entries, bounds, notes = None, None, [], []
@@ -638,12 +646,12 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
         if isinstance(layer, MeanSoftmax):  # every member's softmax and their sum, beside its output
             out_bytes = math.prod(shape) * value_bytes
             bounds.append(LayerBound(layer.name, "MeanSoftmax", tuple(shape), math.prod(shape), out_bytes,
-                                     (members + 1) * (out_bytes + ALLOCATION_OVERHEAD) + CALL_OVERHEAD, out_bytes))
+                                     (members + 1) * (out_bytes + ALLOCATION_OVERHEAD) + call_overhead, out_bytes))
             continue
         if _is_site_layer(layer):
             kind, out_shape, out_entries, out_bytes, temp = _site_layer_bound(walk, layer, entries)
             dense = batch_size * math.prod(out_shape[1:]) * value_bytes if kind != "global_pool" else out_bytes
-            bounds.append(LayerBound(layer.name, kind, out_shape, out_entries, out_bytes, temp + CALL_OVERHEAD,
+            bounds.append(LayerBound(layer.name, kind, out_shape, out_entries, out_bytes, temp + call_overhead,
                                      dense))
             shape, entries = (batch_size, out_shape[-1]) if kind == "global_pool" else None, None
             continue
@@ -655,7 +663,7 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
                 bounds.append(LayerBound("inputs", "input", (batch_size, *_input_shape(model)), input_bytes // 4,
                                          input_bytes, 0, input_bytes))
             bounds.append(LayerBound(layer.name, "voxelize" if isinstance(layer, PointCloudToSparse) else "image",
-                                     shape, entries, out_bytes, temp + CALL_OVERHEAD, dense))
+                                     shape, entries, out_bytes, temp + call_overhead, dense))
             preprocessed = (shape, entries)
         elif isinstance(layer, DenseToSparse):
             raise TypeError("DenseToSparse takes arbitrary dense input: bound the model from sparse_input instead")
@@ -667,12 +675,12 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
             # A dense convolution with an activation holds its pre-activation output too (the sparse
             # one fuses its ReLU into the op and holds one output).
             dense_tensors = 2 if isinstance(layer, DirectSparseConv) and layer.activation == "relu" else 1
-            bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp + CALL_OVERHEAD,
+            bounds.append(LayerBound(layer.name, kind, tuple(shape), entries, out_bytes, temp + call_overhead,
                                      dense_tensors * math.prod(shape) * value_bytes))
         else:
             shape, entries, out_bytes = _dense_layer_bound(layer, shape, batch_size, value_bytes)
             bounds.append(LayerBound(layer.name, type(layer).__name__, shape, entries, out_bytes,
-                                     2 * ALLOCATION_OVERHEAD + CALL_OVERHEAD, out_bytes))
+                                     2 * ALLOCATION_OVERHEAD + call_overhead, out_bytes))
     activation = sum(b.output_bytes for b in bounds)
     temporary = max((b.temporary_bytes for b in bounds), default=0)
     return ModelBound(batch_size, bounds, activation, temporary, activation + temporary,
