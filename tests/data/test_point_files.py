@@ -180,6 +180,29 @@ def test_mesh_split_per_class_equals_one_load(tmp_path):
     np.testing.assert_array_equal(both.labels, [0] * 4)
 
 
+def test_mesh_split_beyond_the_memory_available_is_refused_before_sampling(tmp_path, monkeypatch):
+    """On a host that overcommits memory, sampling clouds that cannot fit does not fail but
+    gets the process killed later: the meshes are counted and their clouds' bytes checked first."""
+    from tf_sparseconv import host_memory
+
+    make_layout(tmp_path, ["chair", "airplane", "sofa"])
+    sampled = []
+    monkeypatch.setattr(host_memory, "available_memory_bytes", lambda: 10 << 20)
+    import tf_sparseconv.data.modelnet as modelnet
+    real = modelnet.load_modelnet_meshes
+    monkeypatch.setattr(modelnet, "load_modelnet_meshes", lambda *a, **k: sampled.append(k) or real(*a, **k))
+    # 4 test meshes of 2 classes: 2 copies x 4 x 200,000 points x 3 x 4 bytes = 18.3 MiB > 10 MiB
+    with pytest.raises(MemoryError, match=r"^4 clouds of 200000 points take 18\.3 MiB, 10\.0 MiB are available$"):
+        test_split.load_test_split(tmp_path, "modelnet-meshes", "test", ("sofa", "chair"), num_points=200_000)
+    assert sampled == []
+    # with normals twice the columns; the train split too under "all"
+    with pytest.raises(MemoryError, match=r"^8 clouds of 50000 points take 18\.3 MiB"):
+        test_split.load_test_split(tmp_path, "modelnet-meshes", "all", ("sofa", "chair"), num_points=50_000,
+                                   normals=True)
+    loaded = test_split.load_test_split(tmp_path, "modelnet-meshes", "test", ("sofa", "chair"), num_points=64)
+    assert loaded.examples.shape == (4, 64, 3) and len(sampled) == 2
+
+
 def test_npz_and_mnist_splits_keep_the_asked_classes_by_name(tmp_path, rng):
     quantised = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
     np.savez(tmp_path / "p.npz", points=quantised, labels=np.array([0, 1, 2, 2, 1, 0], np.uint8),

@@ -135,24 +135,6 @@ def folder_problem(path):
     return None
 
 
-def available_memory_bytes():
-    """The memory this machine can give new allocations now (Linux's MemAvailable; else
-    the free physical pages), or None where neither is known. On a host that overcommits,
-    an allocation far beyond it does not fail but gets the process killed once touched, so
-    a size given on the command line is checked against it before anything is allocated."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
 class Progress:
     """Progress of long work on stderr: one updating line on a terminal, else a line per ~10%
     or 10 s; the last step is always shown."""

@@ -19,7 +19,8 @@ import sys
 import numpy as np
 
 from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, check_out_dir, load_ensemble,
-                                     available_memory_bytes, non_negative_int, one_line, positive_int)
+                                     non_negative_int, one_line, positive_int)
+from tf_sparseconv.host_memory import check_fits
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip() + """
 
@@ -348,12 +349,9 @@ def _load_examples(args, kind, split, data, record, spec, model_names, num_outpu
     seed = args.seed or 0
     points = args.points or spec.get("points_per_cloud") or 1024
     given = " (--points)" if args.points else ""
-    # Sampling a cloud holds at least its float64 coordinates [points, 3].
-    need, available = points * 3 * 8, available_memory_bytes()
-    if available is not None and need > available:
-        raise UsageError(f"{data}: not enough memory for {points} points per cloud{given}: one cloud's coordinates "
-                         f"alone take {need / 2**30:,.1f} GiB, {available / 2**30:,.1f} GiB are available")
     try:
+        # Sampling a cloud holds at least its float64 coordinates [points, 3].
+        check_fits(points * 3 * 8, "one cloud's coordinates alone")
         loaded = test_split.load_test_split(data, kind, split, classes, num_points=points,
                                             normals=spec.get("columns") == 6, seed=seed,
                                             progress=Progress(f"loading {data}"))

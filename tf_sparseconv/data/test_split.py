@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tf_sparseconv.data import point_files
+from tf_sparseconv.host_memory import check_fits
 
 KINDS = ("modelnet-meshes", "points-npz", "mnist", "scannet")
 SPLITS = ("test", "train", "all")
@@ -106,6 +107,9 @@ def _load_meshes(root, split, classes, num_points, normals, seed, progress):
     clouds, labels, count = [], [], 0
     splits = ("train", "test") if split == "all" else (split,)
     jobs = [(s, c) for s in splits for c in classes if os.path.isdir(os.path.join(root, c, s))]
+    # The clouds as float32 [meshes, num_points, columns], twice (per class, then joined).
+    meshes = sum(sum(1 for f in os.listdir(os.path.join(root, c, s)) if f.lower().endswith(".off")) for s, c in jobs)
+    check_fits(2 * meshes * num_points * (6 if normals else 3) * 4, f"{meshes} clouds of {num_points} points")
     for done, (s, name) in enumerate(jobs, 1):
         # One class per call gives progress; sampling is seeded per (seed, class, file), so
         # the clouds equal those of a single call over every class.

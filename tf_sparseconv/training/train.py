@@ -56,7 +56,8 @@ from tf_sparseconv.data.modelnet import MESH_LAYOUT
 from tf_sparseconv.data.point_files import npz_headers
 from tf_sparseconv.data.scannet import SCAN_LAYOUT
 from tf_sparseconv.channel.keras_io import as_keras_inputs
-from tf_sparseconv.cli.common import available_memory_bytes, folder_problem
+from tf_sparseconv.cli.common import folder_problem
+from tf_sparseconv.host_memory import check_fits
 from tf_sparseconv.layer_config import MAX_EXTENT, MAX_KEYS
 from tf_sparseconv.models import (DEFAULT_RHOS, image_classifier, normalize_point_clouds, octnet3,
                                   point_cloud_classifier, save_model, site_resnet)
@@ -682,10 +683,10 @@ def _check_values(parser, args):
             parser.error(f"{flag} must be >= {least}, got {value}")
     # A cloud is sampled as float64 coordinates [points, 3]: where that alone exceeds the
     # memory free now, an overcommitting host would kill the run once it touched them.
-    available = available_memory_bytes()
-    if available is not None and args.points * 3 * 8 > available:
-        parser.error(f"--points {args.points}: one cloud's coordinates alone take {args.points * 24 / 2**30:,.1f} GiB, "
-                     f"{available / 2**30:,.1f} GiB are available")
+    try:
+        check_fits(args.points * 3 * 8, "one cloud's coordinates alone")
+    except MemoryError as e:
+        parser.error(f"--points {args.points}: {e}")
     if not 0 <= args.seed < 2 ** 32:  # keras.utils.set_random_seed takes 0..2^32 - 1
         parser.error(f"--seed must be a whole number from 0 to {2 ** 32 - 1}, got {args.seed}")
     if args.split_seed < 0:
