@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, check_out_dir, load_ensemble,
-                                     non_negative_int, one_line, positive_int)
+                                      non_negative_int, one_line, positive_int)
 from tf_sparseconv.host_memory import check_fits
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip() + """
