@@ -144,6 +144,29 @@ def test_voxelize_layer_matches_voxelize_sites_and_to_points_gathers_rows(rng):
     np.testing.assert_array_equal(per_point[1, -5:], 0)
 
 
+def test_to_points_of_a_batch_without_sites_gives_zero_rows():
+    # Every point outside the grid: no sites, every point maps to -1.
+    sites_dict, point_to_site = kl.SiteVoxelize(4, clip=False, return_point_map=True)(np.full((2, 5, 3), 5.0,
+                                                                                              np.float32))
+    assert sites_dict["features"].shape[0] == 0
+    np.testing.assert_array_equal(kl.SiteToPoints()([sites_dict, point_to_site]).numpy(), np.zeros((2, 5, 1)))
+
+
+def test_to_points_refuses_rows_outside_the_sites_and_other_inputs():
+    x = kl.as_site_keras_inputs(make_site_sparse(np.array([[0, 1, 1, 1], [1, 0, 0, 0]], np.int32),
+                                                 np.ones((2, 3), np.float32), SHAPE, 2))
+    layer = kl.SiteToPoints(name="to_points")
+    for rows in ([[0, 2]], [[-2, 1]]):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"to_points: point_to_site holds rows outside \[-1, number of sites\)"):
+            layer([x, tf.constant(rows)])
+    with pytest.raises(TypeError, match="to_points: point_to_site must hold integer site rows .*, got float32"):
+        layer([x, tf.constant([[0.0, 1.0]])])
+    with pytest.raises(TypeError, match=r"to_points: SiteToPoints takes \[sites, point_to_site\]"):
+        layer(x)
+    np.testing.assert_array_equal(layer([x, tf.constant([[1, -1]], tf.int64)]).numpy(), [[[1, 1, 1], [0, 0, 0]]])
+
+
 def small_unet_by_hand(spatial_shape=SHAPE, channels=3, dtype="float32"):
     """subm (s0) -> strided (d0) -> subm (s1) -> SparseInverseConv3D (d0) -> concat skip."""
     inputs = kl.site_input(spatial_shape, channels, dtype=dtype)
