@@ -167,6 +167,20 @@ def test_to_points_refuses_rows_outside_the_sites_and_other_inputs():
     np.testing.assert_array_equal(layer([x, tf.constant([[1, -1]], tf.int64)]).numpy(), [[[1, 1, 1], [0, 0, 0]]])
 
 
+def test_site_features_refuses_a_layer_that_drops_rows_when_the_row_count_is_known_only_at_run_time(rng):
+    x = kl.as_site_keras_inputs(sites(rng))
+    layer = kl.SiteFeatures(keras.layers.Lambda(lambda f: tf.boolean_mask(f, f[:, 0] > 0)), name="rows")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    def call(features):
+        return layer({**x, "features": features})["features"]
+
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"rows: the wrapped layer .* must map \[N, C\] rows to .* rows \(row counts differ\)"):
+        call(x["features"])
+    np.testing.assert_array_equal(call(tf.abs(x["features"]) + 1).numpy(), tf.abs(x["features"]).numpy() + 1)
+
+
 def small_unet_by_hand(spatial_shape=SHAPE, channels=3, dtype="float32"):
     """subm (s0) -> strided (d0) -> subm (s1) -> SparseInverseConv3D (d0) -> concat skip."""
     inputs = kl.site_input(spatial_shape, channels, dtype=dtype)

@@ -58,10 +58,15 @@ class SiteFeatures(SiteLayer):
 
     def site_call(self, x, training=None):
         features = self.layer(x.features, training=training)
+        message = f"{self.name}: the wrapped layer {self.layer.name} must map [N, C] rows to [N, C'] rows"
         if features.shape.rank != 2 or (features.shape[0] is not None and x.features.shape[0] is not None
                                         and features.shape[0] != x.features.shape[0]):
-            raise ValueError(f"{self.name}: the wrapped layer {self.layer.name} must map [N, C] rows to [N, C'] "
-                             f"rows, got shape {features.shape} from {x.features.shape}")
+            raise ValueError(f"{message}, got shape {features.shape} from {x.features.shape}")
+        if features.shape[0] is None or x.features.shape[0] is None:  # traced: the row counts are known when run
+            check = tf.debugging.assert_equal(tf.shape(features)[0], tf.shape(x.features)[0],
+                                              message=f"{message} (row counts differ)")
+            with tf.control_dependencies([check]):
+                features = tf.identity(features)
         return x.with_features(features)
 
     def get_config(self):
