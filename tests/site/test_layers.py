@@ -327,6 +327,9 @@ def test_bad_configurations_give_clear_errors(rng):
         kl.SubMConv3D(4, 2)
     with pytest.raises(ValueError, match=r"kernel_size needs one entry per spatial dimension \(3\)"):
         kl.SparseConv3D(4, (2, 2))
+    for layer in (kl.SubMConv3D, kl.SparseConv3D, kl.SparseConvTranspose2D):  # only an inverse reads it from its map
+        with pytest.raises(ValueError, match="kernel_size must be an int or a sequence of ints, got None"):
+            layer(4, None)
     with pytest.raises(ValueError, match="padding must be an int, a tuple, 'valid' or 'same'"):
         kl.SparseConv3D(4, 2, padding="full")
     with pytest.raises(ValueError, match="takes its strides from the strided convolution"):
