@@ -374,6 +374,21 @@ def test_bad_configurations_give_clear_errors(rng):
         unknown_extent.get_concrete_function()
 
 
+@pytest.mark.parametrize("spatial_shape,channels,kwargs,match", [
+    (SHAPE, 0, {}, "site_input: channels must be a whole number >= 1, got 0"),
+    (SHAPE, 2.5, {}, "site_input: channels must be a whole number >= 1, got 2.5"),
+    (SHAPE, True, {}, "site_input: channels must be a whole number >= 1, got True"),
+    ((8, 8.5, 8), 3, {}, r"site_input: spatial_shape entry must be a whole number in \[1, 2147483647\], got 8.5"),
+    ((8, None, 8), 3, {}, "site_input: spatial_shape entry must be a whole number .*, got None"),
+    (SHAPE, 3, dict(dtype="int32"), "site_input: dtype must be one of .*, got 'int32'"),
+    (8, 3, {}, "spatial_shape must be 1 to 4 extents >= 1, got 8"),
+])
+def test_site_input_refuses_shapes_channels_and_dtypes_no_layer_takes(spatial_shape, channels, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        kl.site_input(spatial_shape, channels, **kwargs)
+    assert kl.site_input(np.array(SHAPE), np.int64(3))["features"].shape == (None, 3)
+
+
 @pytest.mark.parametrize("layer", [
     kl.SubMConv3D(4, (3, 1, 3), indice_key="s", activation="relu", kernel_regularizer="l2", use_bias=False),
     kl.SubMConv2D(4, 3, dilation_rate=2),
