@@ -144,6 +144,13 @@ def test_voxelize_layer_matches_voxelize_sites_and_to_points_gathers_rows(rng):
     np.testing.assert_array_equal(per_point[1, -5:], 0)
 
 
+@pytest.mark.parametrize("points", [np.zeros((2, 5, 3), np.complex64), np.full((1, 1, 3), "a")],
+                         ids=["complex", "string"])
+def test_voxelize_layer_refuses_points_that_are_not_real_numbers(points):
+    with pytest.raises(TypeError, match="vox: points must be real numbers, got (complex64|string)"):
+        kl.SiteVoxelize(4, name="vox")(points)
+
+
 def test_to_points_of_a_batch_without_sites_gives_zero_rows():
     # Every point outside the grid: no sites, every point maps to -1.
     sites_dict, point_to_site = kl.SiteVoxelize(4, clip=False, return_point_map=True)(np.full((2, 5, 3), 5.0,

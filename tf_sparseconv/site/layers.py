@@ -182,6 +182,8 @@ class SiteVoxelize(keras.layers.Layer):
 
     def call(self, points):
         points = tf.convert_to_tensor(points)
+        if not (points.dtype.is_floating or points.dtype.is_integer):  # a complex cast would drop the imaginary part
+            raise TypeError(f"{self.name}: points must be real numbers, got {points.dtype.name}")
         if not points.dtype.is_floating:
             points = tf.cast(points, tf.float32)
         d = len(self.resolution)
