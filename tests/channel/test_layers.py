@@ -177,6 +177,8 @@ def test_sparse_input_feeds_channel_sparse_batches_from_tf_data(rng):
     (dict(selection="top", k=3), "selection must be one of"),
     (dict(dataflow="merge"), r"dataflow must be one of \('auto', 'sort', 'dense', 'bitmap'\)"),
     (dict(temp_limit_bytes=-1), "temp_limit_bytes must be a whole number of bytes >= 0"),
+    (dict(padded_output=1), "padded_output must be 'auto', True or False, got 1"),
+    (dict(padded_output=0.0), "padded_output must be 'auto', True or False, got 0.0"),
 ])
 def test_sparse_conv_rejects_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -7,6 +7,7 @@ shape_token}. shape_token is a zero-element tensor whose static shape is
 layers can build their weights) and costs nothing at run time.
 """
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
@@ -66,9 +67,11 @@ def logical_shape(input_shape):
 
 def check_padded_output(padded_output, what):
     """A sparse layer's padded_output option: 'auto', True or False (ValueError otherwise)."""
-    if padded_output not in ("auto", True, False):
+    if isinstance(padded_output, str) and padded_output == "auto":
+        return padded_output
+    if not isinstance(padded_output, (bool, np.bool_)):  # 1 or 0.0 would pass an `in (True, False)` test
         raise ValueError(f"{what}: padded_output must be 'auto', True or False, got {padded_output!r}")
-    return padded_output
+    return bool(padded_output)
 
 
 def gpu_visible():
