@@ -172,9 +172,13 @@ def test_sparse_input_feeds_channel_sparse_batches_from_tf_data(rng):
     (dict(selection="abs"), "needs a bound"),
     (dict(activation="sigmoid"), "fill empty space"),
     (dict(density_regularizer=kl.DensityRegularizer()), "give rho_up"),
+    (dict(density_regularizer="l2", rho_up=0.5), "density_regularizer must be a tf_sparseconv DensityRegularizer"),
+    (dict(density_regularizer=keras.regularizers.L2(), rho_up=0.5), "density_regularizer must be a tf_sparseconv"),
     (dict(selection="top", k=3), "selection must be one of"),
     (dict(dataflow="merge"), r"dataflow must be one of \('auto', 'sort', 'dense', 'bitmap'\)"),
     (dict(temp_limit_bytes=-1), "temp_limit_bytes must be a whole number of bytes >= 0"),
+    (dict(padded_output=1), "padded_output must be 'auto', True or False, got 1"),
+    (dict(padded_output=0.0), "padded_output must be 'auto', True or False, got 0.0"),
 ])
 def test_sparse_conv_rejects_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -221,3 +225,19 @@ def test_sparse_conv_rejects_even_kernels_when_made_and_other_ranks_at_build():
 def test_layers_reject_inputs_that_are_not_channel_sparse_dicts():
     with pytest.raises(TypeError, match="as_keras_inputs"):
         kl.SparseReLU()(tf.zeros([2, 3]))
+
+
+@pytest.mark.parametrize("shape,kwargs,match", [
+    ((8, 8, 0), {}, r"shape entry must be a whole number in \[1, 2147483647\], got 0"),
+    ((8.5, 8, 1), {}, "shape entry must be a whole number .*, got 8.5"),
+    ((8, True, 1), {}, "shape entry must be a whole number .*, got True"),
+    ((8, None, 1), {}, "shape entry must be a whole number .*, got None"),
+    ((8,), {}, r"shape must be \(R1, ..., Rd, C\) with 1 to 4 extents, got \(8,\)"),
+    ((2, 2, 2, 2, 2, 1), {}, "shape must be .* with 1 to 4 extents, got"),
+    ((8, 8, 1), dict(dtype="int32"), "dtype must be one of .*, got 'int32'"),
+])
+def test_sparse_input_refuses_shapes_and_dtypes_no_layer_takes(shape, kwargs, match):
+    with pytest.raises(ValueError, match="sparse_input: " + match):
+        kl.sparse_input(shape, **kwargs)
+    # Numpy entries and float64 values are fine.
+    assert kl.sparse_input(np.array([4, 4, 1]), dtype="float64")["shape_token"].shape == (0, 4, 4, 1)

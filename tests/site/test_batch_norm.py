@@ -221,6 +221,18 @@ def test_other_cases_give_keras_values(rng, kwargs):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(momentum=2.0), r"momentum must be in \[0, 1\] \(a finite number\), got 2.0"),
+    (dict(momentum=-0.1), r"momentum must be in \[0, 1\]"),
+    (dict(epsilon=-1.0), r"epsilon must be > 0 \(a finite number\), got -1.0"),
+    (dict(epsilon=0.0, dtype="float64"), "epsilon must be > 0"),
+    (dict(dtype="int32"), r"dtype must be a policy computing and storing variables in one of \('float16'"),
+])
+def test_settings_keras_would_turn_into_garbage_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match="bn: " + match):
+        kl.FusedBatchNormalization(name="bn", **kwargs)
+
+
 def test_a_batch_without_rows_keeps_the_moving_statistics(rng):
     ours, _ = twin_layers(rng, 3, "float32", momentum=0.5)
     before = [w.copy() for w in ours.get_weights()]

@@ -144,6 +144,50 @@ def test_voxelize_layer_matches_voxelize_sites_and_to_points_gathers_rows(rng):
     np.testing.assert_array_equal(per_point[1, -5:], 0)
 
 
+@pytest.mark.parametrize("points", [np.zeros((2, 5, 3), np.complex64), np.full((1, 1, 3), "a")],
+                         ids=["complex", "string"])
+def test_voxelize_layer_refuses_points_that_are_not_real_numbers(points):
+    with pytest.raises(TypeError, match="vox: points must be real numbers, got (complex64|string)"):
+        kl.SiteVoxelize(4, name="vox")(points)
+
+
+def test_to_points_of_a_batch_without_sites_gives_zero_rows():
+    # Every point outside the grid: no sites, every point maps to -1.
+    sites_dict, point_to_site = kl.SiteVoxelize(4, clip=False, return_point_map=True)(np.full((2, 5, 3), 5.0,
+                                                                                              np.float32))
+    assert sites_dict["features"].shape[0] == 0
+    np.testing.assert_array_equal(kl.SiteToPoints()([sites_dict, point_to_site]).numpy(), np.zeros((2, 5, 1)))
+
+
+def test_to_points_refuses_rows_outside_the_sites_and_other_inputs():
+    x = kl.as_site_keras_inputs(make_site_sparse(np.array([[0, 1, 1, 1], [1, 0, 0, 0]], np.int32),
+                                                 np.ones((2, 3), np.float32), SHAPE, 2))
+    layer = kl.SiteToPoints(name="to_points")
+    for rows in ([[0, 2]], [[-2, 1]]):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"to_points: point_to_site holds rows outside \[-1, number of sites\)"):
+            layer([x, tf.constant(rows)])
+    with pytest.raises(TypeError, match="to_points: point_to_site must hold integer site rows .*, got float32"):
+        layer([x, tf.constant([[0.0, 1.0]])])
+    with pytest.raises(TypeError, match=r"to_points: SiteToPoints takes \[sites, point_to_site\]"):
+        layer(x)
+    np.testing.assert_array_equal(layer([x, tf.constant([[1, -1]], tf.int64)]).numpy(), [[[1, 1, 1], [0, 0, 0]]])
+
+
+def test_site_features_refuses_a_layer_that_drops_rows_when_the_row_count_is_known_only_at_run_time(rng):
+    x = kl.as_site_keras_inputs(sites(rng))
+    layer = kl.SiteFeatures(keras.layers.Lambda(lambda f: tf.boolean_mask(f, f[:, 0] > 0)), name="rows")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    def call(features):
+        return layer({**x, "features": features})["features"]
+
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"rows: the wrapped layer .* must map \[N, C\] rows to .* rows \(row counts differ\)"):
+        call(x["features"])
+    np.testing.assert_array_equal(call(tf.abs(x["features"]) + 1).numpy(), tf.abs(x["features"]).numpy() + 1)
+
+
 def small_unet_by_hand(spatial_shape=SHAPE, channels=3, dtype="float32"):
     """subm (s0) -> strided (d0) -> subm (s1) -> SparseInverseConv3D (d0) -> concat skip."""
     inputs = kl.site_input(spatial_shape, channels, dtype=dtype)
@@ -290,6 +334,9 @@ def test_bad_configurations_give_clear_errors(rng):
         kl.SubMConv3D(4, 2)
     with pytest.raises(ValueError, match=r"kernel_size needs one entry per spatial dimension \(3\)"):
         kl.SparseConv3D(4, (2, 2))
+    for layer in (kl.SubMConv3D, kl.SparseConv3D, kl.SparseConvTranspose2D):  # only an inverse reads it from its map
+        with pytest.raises(ValueError, match="kernel_size must be an int or a sequence of ints, got None"):
+            layer(4, None)
     with pytest.raises(ValueError, match="padding must be an int, a tuple, 'valid' or 'same'"):
         kl.SparseConv3D(4, 2, padding="full")
     with pytest.raises(ValueError, match="takes its strides from the strided convolution"):
@@ -332,6 +379,21 @@ def test_bad_configurations_give_clear_errors(rng):
 
     with pytest.raises(ValueError, match="static spatial shape .* must be known to enter a Keras model"):
         unknown_extent.get_concrete_function()
+
+
+@pytest.mark.parametrize("spatial_shape,channels,kwargs,match", [
+    (SHAPE, 0, {}, "site_input: channels must be a whole number >= 1, got 0"),
+    (SHAPE, 2.5, {}, "site_input: channels must be a whole number >= 1, got 2.5"),
+    (SHAPE, True, {}, "site_input: channels must be a whole number >= 1, got True"),
+    ((8, 8.5, 8), 3, {}, r"site_input: spatial_shape entry must be a whole number in \[1, 2147483647\], got 8.5"),
+    ((8, None, 8), 3, {}, "site_input: spatial_shape entry must be a whole number .*, got None"),
+    (SHAPE, 3, dict(dtype="int32"), "site_input: dtype must be one of .*, got 'int32'"),
+    (8, 3, {}, "spatial_shape must be 1 to 4 extents >= 1, got 8"),
+])
+def test_site_input_refuses_shapes_channels_and_dtypes_no_layer_takes(spatial_shape, channels, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        kl.site_input(spatial_shape, channels, **kwargs)
+    assert kl.site_input(np.array(SHAPE), np.int64(3))["features"].shape == (None, 3)
 
 
 @pytest.mark.parametrize("layer", [

@@ -110,6 +110,11 @@ class DirectSparseConv(SparseLayer):
                 density_regularizer = keras.saving.deserialize_keras_object(density_regularizer)
             except ValueError as e:
                 raise ValueError(f"{what}: {e}") from None
+        if density_regularizer is not None and not (callable(getattr(density_regularizer, "penalty", None))
+                                                    and hasattr(density_regularizer, "density")):
+            # A Keras regularizer (e.g. "l2") has neither: it would fail at the first training step.
+            raise ValueError(f"{what}: density_regularizer must be a tf_sparseconv DensityRegularizer (Eq. 4; "
+                             f"kernel_regularizer takes Keras' regularizers), got {density_regularizer!r}")
         self.density_regularizer = density_regularizer
         # Set False by FineTunePhase: the regulariser stays in the config, its penalty is off.
         self.density_regularization_on = True

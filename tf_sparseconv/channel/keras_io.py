@@ -7,11 +7,12 @@ shape_token}. shape_token is a zero-element tensor whose static shape is
 layers can build their weights) and costs nothing at run time.
 """
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.checks import padded_by_library
-from tf_sparseconv.layer_config import FLOAT32_OR_64, dtype_policy
+from tf_sparseconv.layer_config import FLOAT32_OR_64, FLOATS, MAX_EXTENT, dtype_policy, whole
 
 FIELDS = ("keys", "values", "dense_shape", "shape_token")
 
@@ -44,7 +45,12 @@ def from_keras_inputs(inputs):
 
 def sparse_input(shape, dtype="float32", name=None):
     """keras.Input for a channel-sparse batch of per-sample logical shape (R1, ..., Rd, C)."""
-    shape = tuple(int(s) for s in shape)
+    entries = () if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__") else tuple(shape)
+    if not 2 <= len(entries) <= 5:
+        raise ValueError(f"sparse_input: shape must be (R1, ..., Rd, C) with 1 to 4 extents, got {shape!r}")
+    shape = tuple(whole(s, "shape entry", "sparse_input", 1, MAX_EXTENT) for s in entries)
+    if keras.backend.standardize_dtype(dtype) not in FLOATS:
+        raise ValueError(f"sparse_input: dtype must be one of {FLOATS}, got {dtype!r}")
     prefix = f"{name}_" if name else ""
     return {"keys": keras.Input(batch_shape=(None,), dtype="int64", name=prefix + "keys"),
             "values": keras.Input(batch_shape=(None,), dtype=dtype, name=prefix + "values"),
@@ -61,9 +67,11 @@ def logical_shape(input_shape):
 
 def check_padded_output(padded_output, what):
     """A sparse layer's padded_output option: 'auto', True or False (ValueError otherwise)."""
-    if padded_output not in ("auto", True, False):
+    if isinstance(padded_output, str) and padded_output == "auto":
+        return padded_output
+    if not isinstance(padded_output, (bool, np.bool_)):  # 1 or 0.0 would pass an `in (True, False)` test
         raise ValueError(f"{what}: padded_output must be 'auto', True or False, got {padded_output!r}")
-    return padded_output
+    return bool(padded_output)
 
 
 def gpu_visible():

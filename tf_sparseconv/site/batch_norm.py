@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
+from tf_sparseconv.layer_config import FLOATS, dtype_policy, real
 
 ROW_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
 
@@ -104,6 +105,11 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # Keras takes these and computes garbage: integer rows, NaN for epsilon <= 0, moving
+        # statistics running away for a momentum outside [0, 1].
+        dtype_policy(self, FLOATS)
+        real(self.momentum, "momentum", self.name, 0.0, 1.0)
+        real(self.epsilon, "epsilon", self.name, 0.0, low_open=True)
         self.supports_jit = False  # custom ops: Keras must not XLA-compile a model using them
 
     def _rows_apply(self, inputs, training, mask):

@@ -42,6 +42,7 @@ class _SiteConv(SiteLayer):
 
     mode = None  # "submanifold", "strided" or "transposed"
     rank = None  # spatial dimensions; None: those of the input
+    kernel_size_optional = False  # True: kernel_size None is read from a cached map (SparseInverseConv)
 
     def __init__(self, filters, kernel_size, strides=1, padding="valid", dilation_rate=1, indice_key=None,
                  activation=None, use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
@@ -50,6 +51,8 @@ class _SiteConv(SiteLayer):
         super().__init__(**kwargs)
         self.dataflow = check_dataflow(dataflow, self.name)
         self.filters = whole(filters, "filters", self.name)
+        if kernel_size is None and not self.kernel_size_optional:
+            raise ValueError(f"{self.name}: kernel_size must be an int or a sequence of ints, got None")
         self.kernel_size = None if kernel_size is None else int_or_ints(kernel_size, "kernel_size", self.name)
         self.strides = int_or_ints(strides, "strides", self.name)
         if isinstance(padding, str):
@@ -200,6 +203,7 @@ class _SparseInverseConv(_SiteConv):
     """
 
     mode = "strided"  # of the map it inverts
+    kernel_size_optional = True
 
     def __init__(self, filters, kernel_size=None, indice_key=None, **kwargs):
         for name in ("strides", "padding", "dilation_rate", "dilation"):

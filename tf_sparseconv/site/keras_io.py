@@ -34,7 +34,7 @@ import keras
 import tensorflow as tf
 
 from tf_sparseconv.geometry import MODES, ConvGeometry
-from tf_sparseconv.layer_config import FLOATS, dtype_policy
+from tf_sparseconv.layer_config import FLOATS, MAX_EXTENT, dtype_policy, whole
 from tf_sparseconv.site.tensor import KernelMap, SiteSparseTensor
 
 FIELDS = ("coords", "features", "spatial_shape", "batch_size", "shape_token")
@@ -159,13 +159,18 @@ def from_site_keras_inputs(inputs):
 def site_input(spatial_shape, channels, dtype="float32", name=None):
     """keras.Input dict for site-sparse batches of static spatial shape (R1, ..., Rd) and
     `channels` features per site (no cached maps: the layers build them)."""
-    spatial_shape = tuple(int(s) for s in spatial_shape)
+    extents = () if isinstance(spatial_shape, (str, bytes)) or not hasattr(spatial_shape, "__len__") \
+        else tuple(spatial_shape)
+    if not 1 <= len(extents) <= 4:
+        raise ValueError(f"spatial_shape must be 1 to 4 extents >= 1, got {spatial_shape!r}")
+    spatial_shape = tuple(whole(s, "spatial_shape entry", "site_input", 1, MAX_EXTENT) for s in extents)
     d = len(spatial_shape)
-    if not 1 <= d <= 4 or any(s < 1 for s in spatial_shape):
-        raise ValueError(f"spatial_shape must be 1 to 4 extents >= 1, got {spatial_shape}")
+    channels = whole(channels, "channels", "site_input")
+    if keras.backend.standardize_dtype(dtype) not in FLOATS:
+        raise ValueError(f"site_input: dtype must be one of {FLOATS}, got {dtype!r}")
     prefix = f"{name}_" if name else ""
     return {"coords": keras.Input(batch_shape=(None, d + 1), dtype="int32", name=prefix + "coords"),
-            "features": keras.Input(batch_shape=(None, int(channels)), dtype=dtype, name=prefix + "features"),
+            "features": keras.Input(batch_shape=(None, channels), dtype=dtype, name=prefix + "features"),
             "spatial_shape": keras.Input(batch_shape=(d,), dtype="int32", name=prefix + "spatial_shape"),
             "batch_size": keras.Input(batch_shape=(None, 0), dtype="int32", name=prefix + "batch_size"),
             "shape_token": keras.Input(batch_shape=(0, *spatial_shape), dtype="int32", name=prefix + "shape_token")}

@@ -58,10 +58,15 @@ class SiteFeatures(SiteLayer):
 
     def site_call(self, x, training=None):
         features = self.layer(x.features, training=training)
+        message = f"{self.name}: the wrapped layer {self.layer.name} must map [N, C] rows to [N, C'] rows"
         if features.shape.rank != 2 or (features.shape[0] is not None and x.features.shape[0] is not None
                                         and features.shape[0] != x.features.shape[0]):
-            raise ValueError(f"{self.name}: the wrapped layer {self.layer.name} must map [N, C] rows to [N, C'] "
-                             f"rows, got shape {features.shape} from {x.features.shape}")
+            raise ValueError(f"{message}, got shape {features.shape} from {x.features.shape}")
+        if features.shape[0] is None or x.features.shape[0] is None:  # traced: the row counts are known when run
+            check = tf.debugging.assert_equal(tf.shape(features)[0], tf.shape(x.features)[0],
+                                              message=f"{message} (row counts differ)")
+            with tf.control_dependencies([check]):
+                features = tf.identity(features)
         return x.with_features(features)
 
     def get_config(self):
@@ -177,6 +182,8 @@ class SiteVoxelize(keras.layers.Layer):
 
     def call(self, points):
         points = tf.convert_to_tensor(points)
+        if not (points.dtype.is_floating or points.dtype.is_integer):  # a complex cast would drop the imaginary part
+            raise TypeError(f"{self.name}: points must be real numbers, got {points.dtype.name}")
         if not points.dtype.is_floating:
             points = tf.cast(points, tf.float32)
         d = len(self.resolution)
@@ -229,10 +236,24 @@ class SiteToPoints(keras.layers.Layer):
         self.supports_jit = False
 
     def call(self, inputs):
+        if not isinstance(inputs, (list, tuple)) or len(inputs) != 2:
+            raise TypeError(f"{self.name}: SiteToPoints takes [sites, point_to_site] (the site dict and the [B, N] "
+                            f"site rows SiteVoxelize(return_point_map=True) returns), got {type(inputs).__name__}")
         sites, point_to_site = inputs
         x = from_site_keras_inputs(sites)
-        padded = tf.concat([tf.zeros_like(x.features[:1]), x.features], axis=0)
-        return tf.gather(padded, tf.maximum(tf.cast(point_to_site, tf.int32), -1) + 1)
+        point_to_site = tf.convert_to_tensor(point_to_site)
+        if not point_to_site.dtype.is_integer:
+            raise TypeError(f"{self.name}: point_to_site must hold integer site rows (-1 for dropped points), got "
+                            f"{point_to_site.dtype.name}")
+        # A row outside [-1, sites) would be an error of tf.gather on the CPU and a zero row on the GPU.
+        wide = tf.cast(point_to_site, tf.int64)
+        check = tf.debugging.assert_equal(
+            tf.reduce_all((wide >= -1) & (wide < tf.shape(x.features, out_type=tf.int64)[0])), True,
+            message=f"{self.name}: point_to_site holds rows outside [-1, number of sites)")
+        with tf.control_dependencies([check]):
+            index = tf.cast(wide, tf.int32) + 1
+        padded = tf.pad(x.features, [[1, 0], [0, 0]])  # row 0: the dropped points' zeros, also without sites
+        return tf.gather(padded, index)
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
