@@ -84,6 +84,15 @@ def int_attr(value, name, what):
         raise TypeError(f"{what}: {name} must be an int, got {value!r}") from None
 
 
+def count_arg(value, name, what, minimum=1):
+    """value as a Python int >= minimum (a size or a count): TypeError for a bool, float or
+    other non-integer (never truncated), ValueError below minimum."""
+    value = int_attr(value, name, what)
+    if value < minimum:
+        raise ValueError(f"{what}: {name} must be >= {minimum}, got {value}")
+    return value
+
+
 def float_attr(value, name, what):
     """value as a Python float for an op attribute: TypeError for a bool or anything but a
     real number."""

@@ -411,3 +411,32 @@ def test_from_dense_names_the_dense_input_for_a_bad_rank(rank, device):
     with tf.device(device):
         with pytest.raises(tf.errors.InvalidArgumentError, match="dense must have rank 3 to 6 .*got shape"):
             ts.from_dense(np.ones([2] * rank))
+
+
+def test_reorder_takes_real_values_as_from_sparse_tensor_does():
+    # Before: integer values were TensorFlow's "Value for attr 'T' of int32 is not in the list
+    # of allowed values: float, double", complex and string ones the same internal message.
+    x = ts.reorder([1, 0], [1, 2], VALID_SHAPE)
+    assert x.values.dtype == tf.float32 and x.values.numpy().tolist() == [2.0, 1.0]
+    with pytest.raises(TypeError, match="reorder: values must be real numbers, got complex128"):
+        ts.reorder([1, 0], np.array([1j, 2]), VALID_SHAPE)
+    with pytest.raises(TypeError, match="reorder: values must be real numbers, got string"):
+        ts.reorder([1, 0], ["a", "b"], VALID_SHAPE)
+
+
+def test_gather_dense_refuses_complex_and_non_numeric_dense():
+    # Before: a complex array lost its imaginary part (gathered 0 from 1j) and a string gave
+    # "Cannot convert 'a' to EagerTensor of dtype float".
+    x = ts.from_dense(np.ones(VALID_SHAPE, np.float32))
+    with pytest.raises(TypeError, match="gather_dense: dense must be real numbers, got complex values"):
+        ts.gather_dense(x, np.ones(VALID_SHAPE) * 1j)
+    with pytest.raises(TypeError, match="gather_dense: dense must be real numbers, got string"):
+        ts.gather_dense(x, "a")
+    assert ts.gather_dense(x, 2 * np.ones(VALID_SHAPE, np.int32)).values.numpy().tolist() == [2.0] * x.values.shape[0]
+
+
+@pytest.mark.parametrize("sp", ["abc", np.ones(VALID_SHAPE, np.float32)], ids=["string", "dense-array"])
+def test_from_sparse_tensor_names_an_input_that_is_not_a_sparse_tensor(sp):
+    # Before: AttributeError ("'str' object has no attribute 'values'").
+    with pytest.raises(TypeError, match="from_sparse_tensor expects a tf.SparseTensor, got"):
+        ts.from_sparse_tensor(sp)

@@ -619,6 +619,25 @@ def test_k_from_rho_up_matches_the_op_where_rho_up_times_size_is_whole(device):
     assert int(y.num_entries) == k_from_rho_up(0.1, (10, 10))
 
 
+@pytest.mark.parametrize("rho_up, spatial_shape, error, message", [
+    (True, (4, 4), TypeError, "rho_up must be a number, got True"),
+    ("0.5", (4, 4), TypeError, "rho_up must be a number, got '0.5'"),
+    (None, (4, 4), TypeError, "rho_up must be a number, got None"),
+    (float("nan"), (4, 4), ValueError, r"rho_up must be in \(0, 1\], got nan"),
+    (0.5, (-4, 4), ValueError, "spatial_shape entries must be >= 1, got -4"),
+    (0.5, (0, 4), ValueError, "spatial_shape entries must be >= 1, got 0"),
+    (0.5, (4.7, 4), TypeError, "spatial_shape entries must be an int, got 4.7"),
+    (0.5, (), ValueError, "spatial_shape must have at least one extent"),
+    (0.5, 4, TypeError, "spatial_shape must be a sequence of extents"),
+])
+def test_k_from_rho_up_refuses_bad_bounds_and_extents(rho_up, spatial_shape, error, message):
+    # Before: True was rho 1 (k 16), extents (-4, 4) gave k = -8, (0, 4) k = 0, (4.7, 4) k = 8
+    # (truncated), () k = 1; a string or None raised "'<' not supported between instances".
+    with pytest.raises(error, match=f"k_from_rho_up: {message}"):
+        ts.k_from_rho_up(rho_up, spatial_shape)
+    assert ts.k_from_rho_up(np.float32(0.5), (np.int64(4), 4)) == 8
+
+
 # --- on the GPU, against the CPU ----------------------------------------------------------------
 
 @pytest.fixture(params=["sort", "dense", "bitmap"])

@@ -213,6 +213,25 @@ def test_sparse_max_pool_names_strides_that_are_not_ints(strides, random_dense):
         ts.sparse_max_pool(x, strides)
 
 
+@pytest.mark.parametrize("strides", [[2.5, 2], 2.0, True, [True, 2], "22", "2"],
+                         ids=["float-entry", "float", "bool", "bool-entry", "string-of-two", "string-of-one"])
+def test_sparse_max_pool_never_truncates_or_parses_strides(strides, random_dense):
+    # Before: [2.5, 2] pooled by 2 (int() truncated), True by 1, "22" by [2, 2] (a string
+    # iterated character by character) and "2" failed in the op with a count mismatch.
+    x = ts.from_dense(random_dense([1, 4, 4, 2], 0.5))
+    with pytest.raises(TypeError, match="sparse_max_pool: strides must be an int or one int per spatial dimension"):
+        ts.sparse_max_pool(x, strides)
+
+
+def test_sparse_max_pool_names_strides_beyond_int32(random_dense):
+    # Before: TensorFlow's "Attr strides has value ... out of range for an int32" or, at 2^63, an OverflowError.
+    x = ts.from_dense(random_dense([1, 4, 4, 2], 0.5))
+    for strides in ([2**40, 1], [2**63, 1]):
+        with pytest.raises(ValueError, match=r"sparse_max_pool: strides must be at most 2\^31 - 1"):
+            ts.sparse_max_pool(x, strides)
+    assert ts.sparse_max_pool(x, [np.int64(2), 1]).shape == (1, 2, 4, 2)
+
+
 @pytest.mark.parametrize("keys, values, message", [
     pytest.param([6, 1], [1.0, 2.0], "keys must be sorted", id="unsorted-keys"),
     pytest.param([1, 6], [1.0, np.nan], "contains NaN", id="nan-value"),

@@ -339,3 +339,33 @@ def test_the_threads_of_another_host_change_only_the_cpu_scratch():
     assert gpu_one <= gpu_many
     with pytest.raises(ValueError, match="threads must be a positive integer"):
         memory_bound(net, 4, threads=0)
+
+
+def test_batch_sizes_points_and_budgets_that_are_not_whole_positive_numbers_are_refused():
+    # Before: batch_size 0, -1, 2.5 or True gave a bound (-1: a negative one), points_per_sample
+    # 0 or -5 one below the smallest cloud's, a NaN budget a largest batch of 0; NaN, infinity
+    # and None raised raw int() or comparison errors.
+    net, clouds = octnet3(16, 4), classifier(16)
+    for batch in (0, -1, 2.5, True, None, "4", float("nan")):
+        with pytest.raises(ValueError, match=r"memory_bound: batch_size must be a whole number >= 1"):
+            memory_bound(net, batch)
+    for points in (0, -5, 2.5, float("nan")):
+        with pytest.raises(ValueError, match=r"memory_bound: points_per_sample must be a whole number >= 1"):
+            memory_bound(clouds, 2, points)
+        with pytest.raises(ValueError, match=r"BoundedInference: points_per_sample must be a whole number >= 1"):
+            BoundedInference(clouds, 1 << 30, points_per_sample=points)
+    for threads in (float("nan"), float("inf"), "4"):
+        with pytest.raises(ValueError, match="threads must be a positive integer"):
+            memory_bound(net, 4, threads=threads)
+    for budget in (-1, float("nan"), float("inf"), "1e9", None):
+        with pytest.raises(ValueError, match=r"largest_batch_within: budget_bytes must be a whole number of bytes"):
+            largest_batch_within(net, budget)
+    for budget in (float("nan"), float("inf"), None):
+        with pytest.raises(ValueError, match="BoundedInference: budget_bytes must be a positive whole number of bytes"):
+            BoundedInference(net, budget)
+    assert largest_batch_within(net, 0) == 0 and memory_bound(net, 2.0).batch_size == 2
+
+
+def test_clouds_of_no_points_are_refused_by_the_model_not_the_planner():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="point cloud 0 of the batch has no points"):
+        BoundedInference(classifier(16), 1 << 30)(np.zeros((2, 0, 3), np.float32))

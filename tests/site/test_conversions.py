@@ -221,3 +221,19 @@ def test_conversions_move_subnormal_values_unchanged(dtype, tiny, device):
     expected = np.zeros((1, 2, 2, 2), dtype)
     expected[0, 0, 0, 0], expected[0, 0, 1, 1], expected[0, 1, 1, 1] = tiny, 0.5, -tiny
     np.testing.assert_array_equal(dense.numpy(), expected)
+
+
+@pytest.mark.parametrize("origin, error, message", [
+    ([np.nan, 0.0, 0.0], tf.errors.InvalidArgumentError, "voxelize_sites: origin must be finite"),
+    ([np.inf, 0.0, 0.0], tf.errors.InvalidArgumentError, "voxelize_sites: origin must be finite"),
+    (np.array([1j, 0, 0]), TypeError, "voxelize_sites: origin must be real numbers, got complex128"),
+    ("a", TypeError, "voxelize_sites: origin must be real numbers, got string"),
+], ids=["nan", "inf", "complex", "string"])
+def test_voxelize_refuses_an_origin_that_is_not_finite_and_real(origin, error, message):
+    # Before: a NaN or infinite origin silently left every point outside the grid (0 sites), a
+    # complex one lost its imaginary part, a string failed in TensorFlow's Cast ("Cast string
+    # to float is not supported").
+    points = np.random.default_rng(0).random((10, 3)).astype(np.float32)
+    with pytest.raises(error, match=message):
+        tsc.voxelize_sites(points, 0.1, [10, 10, 10], origin=origin)
+    assert int(tsc.voxelize_sites(points, 0.1, [10, 10, 10], origin=np.zeros(3))[0].num_sites) > 0

@@ -890,6 +890,7 @@ def ref_voxelize(inputs):
     require(np.all((batch_index >= 0) & (batch_index < int(batch_size))), "batch_index must lie in [0, batch_size)")
     require(features.ndim == 2 and len(features) == n, "features must be [N, F]")
     require(origin.ndim == 1 and len(origin) == d, "origin must have d entries")
+    require(np.all(np.isfinite(origin)), "origin must be finite")
     require(int(batch_size) * math.prod(spatial_shape.tolist()) < 2**63, "key overflow")
     finite = np.all(np.isfinite(points), axis=1)
     if inputs["non_finite"] == "raise":

@@ -6,7 +6,7 @@ from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.direct_conv import check_conv_statuses
 from tf_sparseconv.channel.tensor import ChannelSparseTensor, make_channel_sparse
 from tf_sparseconv.checks import check_every_op, made_by_library
-from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor, same_vector
+from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor, refuse_complex, same_vector
 
 
 def _check(x):
@@ -54,7 +54,7 @@ def gather_dense(x, dense):
     """The values of `dense` at x's positions, as a ChannelSparseTensor with x's keys;
     dense must have x's dense_shape."""
     _check(x)
-    dense = tf.convert_to_tensor(dense, x.dtype)
+    dense = real_tensor(refuse_complex(dense, "dense", "gather_dense"), "dense", "gather_dense", x.dtype)
     with tf.control_dependencies([_assert_dense_shape(x, dense)]):
         return x.with_values(_ops.channel_sparse_gather_dense(x.keys, dense, padded_input=x.padded))
 
@@ -73,9 +73,13 @@ def decode_keys(keys, dense_shape):
 
 
 def reorder(keys, values, dense_shape):
-    """Sorts in-range keys into canonical order (duplicates are an error)."""
+    """Sorts in-range keys into canonical order (duplicates are an error). values must be
+    real (other types than float32 and float64 become float32; complex is TypeError)."""
     keys = integer_tensor(keys, tf.int64, "keys", "reorder")
     dense_shape = integer_tensor(dense_shape, tf.int64, "dense_shape", "reorder")
+    values = real_tensor(values, "values", "reorder")
+    if values.dtype not in (tf.float32, tf.float64):
+        values = tf.cast(values, tf.float32)
     keys, values, _ = _ops.channel_sparse_reorder(keys, values, dense_shape)
     return make_channel_sparse(keys, values, dense_shape)
 
@@ -85,6 +89,8 @@ def from_sparse_tensor(sp, non_finite="raise"):
     Its values must be real (other types than float32 and float64 become float32; complex
     is TypeError) and finite: NaN or infinite values are InvalidArgumentError unless
     non_finite="allow" (tf_sparseconv.inputs)."""
+    if not isinstance(sp, tf.SparseTensor):
+        raise TypeError(f"from_sparse_tensor expects a tf.SparseTensor, got {type(sp).__name__}")
     values = real_tensor(sp.values, "values", "from_sparse_tensor")
     values = values if values.dtype in (tf.float32, tf.float64) else tf.cast(values, tf.float32)
     with tf.control_dependencies(finite_checks(values, non_finite, "values", "from_sparse_tensor")):

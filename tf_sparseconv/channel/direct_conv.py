@@ -9,7 +9,7 @@ import tensorflow as tf
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.checks import check_every_op, made_by_library, padded_convs_upstream
-from tf_sparseconv.inputs import float_attr, int_attr, refuse_complex
+from tf_sparseconv.inputs import count_arg, float_attr, int_attr, refuse_complex
 
 SELECTION_MODES = ("none", "signed", "abs")
 ACTIVATIONS = (None, "relu")
@@ -49,10 +49,17 @@ def k_from_rho_up(rho_up, spatial_shape):
     """k = ceil(rho_up * R1 * ... * Rd): the per-(batch, channel) entry bound.
 
     rho_up is rounded to float32 first, as the op's attr holds it: ceil(0.1 * 100) is 10
-    in double precision but 11 from float32 0.1, and the bound must be the op's."""
+    in double precision but 11 from float32 0.1, and the bound must be the op's.
+    spatial_shape: the extents R1..Rd, ints >= 1."""
+    rho_up = float_attr(rho_up, "rho_up", "k_from_rho_up")
     if not 0.0 < rho_up <= 1.0:
-        raise ValueError(f"rho_up must be in (0, 1], got {rho_up}")
-    return int(math.ceil(float(np.float32(rho_up)) * math.prod(int(r) for r in spatial_shape)))
+        raise ValueError(f"k_from_rho_up: rho_up must be in (0, 1], got {rho_up}")
+    if isinstance(spatial_shape, (str, bytes)) or not hasattr(spatial_shape, "__iter__"):
+        raise TypeError(f"k_from_rho_up: spatial_shape must be a sequence of extents R1..Rd, got {spatial_shape!r}")
+    extents = [count_arg(r, "spatial_shape entries", "k_from_rho_up") for r in spatial_shape]
+    if not extents:
+        raise ValueError("k_from_rho_up: spatial_shape must have at least one extent, got none")
+    return int(math.ceil(float(np.float32(rho_up)) * math.prod(extents)))
 
 
 def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=None,

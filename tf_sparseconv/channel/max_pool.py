@@ -1,5 +1,6 @@
 """Sparse max-pooling (Hackel et al. §3.3): window = stride, output position floor(x / s)."""
 import numbers
+import operator
 
 import tensorflow as tf
 
@@ -7,6 +8,15 @@ from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import PADDING_KEY, ChannelSparseTensor
 from tf_sparseconv.checks import check_every_op, made_by_library
 from tf_sparseconv.geometry import pooled_shape
+
+_INT32_MAX = 2**31 - 1
+
+
+def _stride(value):
+    """value as an int (TypeError for a bool, a float, a string: never truncated)."""
+    if isinstance(value, bool):
+        raise TypeError
+    return operator.index(value)
 
 
 def sparse_max_pool(x, strides, padded_output=False):
@@ -21,11 +31,15 @@ def sparse_max_pool(x, strides, padded_output=False):
     if not isinstance(x, ChannelSparseTensor):
         raise TypeError(f"sparse_max_pool expects a ChannelSparseTensor, got {type(x).__name__}")
     try:
-        strides = [int(strides)] * x.spatial_rank if isinstance(strides, numbers.Integral) else \
-            [int(s) for s in strides]
-    except (TypeError, ValueError):
+        if isinstance(strides, (str, bytes)):  # "22" would be two strides of 2
+            raise TypeError
+        strides = [_stride(strides)] * x.spatial_rank if isinstance(strides, numbers.Integral) else \
+            [_stride(s) for s in strides]
+    except TypeError:
         raise TypeError(f"sparse_max_pool: strides must be an int or one int per spatial dimension, "
                         f"got {strides!r}") from None
+    if any(s > _INT32_MAX for s in strides):
+        raise ValueError(f"sparse_max_pool: strides must be at most 2^31 - 1, got {strides}")
     # The op checks the strides' count and values (InvalidArgumentError naming the bad one).
     trusted = not check_every_op() and made_by_library(x.keys, x.dense_shape)
     keys, values, dense_shape, _ = _ops.sparse_max_pool(x.keys, x.values, x.dense_shape, strides=strides,

@@ -34,6 +34,7 @@ give memory_bound the batch of one replica (the global batch / replicas).
 """
 import dataclasses
 import math
+import numbers
 import os
 
 import keras
@@ -115,6 +116,15 @@ class ModelBound:
                          f"({entries / cells:.0%}; each entry also holds an 8-byte key)")
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+
+def _whole_number(value, name, what, minimum=1):
+    """value as an int when it is a whole number >= minimum (2.0 is 2; a bool, 2.5, NaN,
+    infinity or anything but a real number is ValueError naming what and name)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or int(value) != value or value < minimum:
+        raise ValueError(f"{what}: {name} must be a whole number >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def _worker_threads():
@@ -620,9 +630,13 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
     device = _default_device() if device is None else device
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES} (or None: where TensorFlow runs the model), got {device!r}")
+    batch_size = _whole_number(batch_size, "batch_size", "memory_bound")
+    if points_per_sample is not None:
+        points_per_sample = _whole_number(points_per_sample, "points_per_sample", "memory_bound")
     value_bytes = tf.as_dtype(dtype).size
     threads = _worker_threads() if threads is None else threads
-    if isinstance(threads, bool) or int(threads) != threads or threads < 1:
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Real) or not math.isfinite(threads) \
+            or int(threads) != threads or threads < 1:
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
     call_overhead = CALL_OVERHEAD + (threads * THREAD_ARENA_BYTES if device == "cpu" else 0)
     layers = list(_flat_layers(model))
@@ -706,10 +720,21 @@ def _takes_point_clouds(model):
     return any(isinstance(layer, PointCloudToSparse) for layer in _flat_layers(model))
 
 
+def _check_budget(budget_bytes, what, minimum=1):
+    """budget_bytes as an int: a whole number of bytes >= minimum (1e9 is 10**9), not NaN,
+    infinity, a bool or a string (ValueError)."""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Real) \
+            or not math.isfinite(budget_bytes) or int(budget_bytes) != budget_bytes or budget_bytes < minimum:
+        kind = "a positive whole number of bytes" if minimum == 1 else f"a whole number of bytes >= {minimum}"
+        raise ValueError(f"{what}: budget_bytes must be {kind}, got {budget_bytes!r}")
+    return int(budget_bytes)
+
+
 def largest_batch_within(model, budget_bytes, points_per_sample=None, device=None):
     """The largest batch size whose bound (on device, memory_bound's) fits the budget (0 if
     even 1 does not). A point-cloud model needs points_per_sample: its voxelization grows
     with it."""
+    budget_bytes = _check_budget(budget_bytes, "largest_batch_within", minimum=0)
     if points_per_sample is None and _takes_point_clouds(model):
         raise ValueError(f"{model.name} voxelizes point clouds, whose memory grows with the points per cloud: "
                          "give points_per_sample")
@@ -778,19 +803,20 @@ class BoundedInference:
     def __init__(self, model, budget_bytes, on_exceed="split", points_per_sample=None, device=None):
         if on_exceed not in ("split", "refuse"):
             raise ValueError(f"on_exceed must be 'split' or 'refuse', got {on_exceed!r}")
-        if isinstance(budget_bytes, bool) or int(budget_bytes) != budget_bytes or budget_bytes <= 0:
-            raise ValueError(f"budget_bytes must be a positive whole number of bytes, got {budget_bytes!r}")
-        self.model, self.budget_bytes, self.on_exceed = model, int(budget_bytes), on_exceed
+        self.model, self.on_exceed = model, on_exceed
+        self.budget_bytes = _check_budget(budget_bytes, "BoundedInference")
         self.device = _default_device() if device is None else device
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES} (or None), got {device!r}")
         self.point_clouds = _takes_point_clouds(model)
-        self.points_per_sample = None if points_per_sample is None else int(points_per_sample)
+        self.points_per_sample = None if points_per_sample is None else _whole_number(
+            points_per_sample, "points_per_sample", "BoundedInference")
         self.chunk_size = (largest_batch_within(model, self.budget_bytes, self.points_per_sample, self.device)
                            if self.points_per_sample is not None or not self.point_clouds else None)
 
     def _bound(self, batch, points):
-        return memory_bound(self.model, batch, points, device=self.device)
+        # clouds of no points are bounded as of one: the model itself refuses them, by name
+        return memory_bound(self.model, batch, None if points is None else max(points, 1), device=self.device)
 
     def _points_of(self, inputs):
         if not self.point_clouds:
@@ -807,7 +833,8 @@ class BoundedInference:
         if batch_bytes <= self.budget_bytes:
             return BatchPlan(batch, points, batch, 1, batch_bytes, batch_bytes)
         largest = (self.chunk_size if self.chunk_size is not None and points == self.points_per_sample
-                   else largest_batch_within(self.model, self.budget_bytes, points, self.device))
+                   else largest_batch_within(self.model, self.budget_bytes, max(points, 1) if points is not None
+                                             else None, self.device))
         what = f"point clouds of {points:,} points" if points is not None else "examples"
         budget = _megabytes(self.budget_bytes)
         if largest == 0:

@@ -20,6 +20,7 @@ layer forward and one backward: site/batch_norm.py).
 """
 import keras
 
+from tf_sparseconv.inputs import count_arg
 from tf_sparseconv.models.replicas import accept_per_replica_batches
 from tf_sparseconv.site.batch_norm import FusedBatchNormalization
 from tf_sparseconv.site.conv_layers import SPARSE_CONV, SPARSE_INVERSE_CONV, SUBM_CONV
@@ -28,8 +29,23 @@ from tf_sparseconv.site.layers import SiteAdd, SiteConcat, SiteFeatures, SiteSel
 from tf_sparseconv.site.pool_layers import SiteGlobalPool
 
 
-def _spatial_shape(resolution, spatial_dims):
-    return (int(resolution),) * spatial_dims if isinstance(resolution, int) else tuple(int(r) for r in resolution)
+def _check_args(what, num_classes, resolution, spatial_dims, in_channels, channels, points, point_features):
+    """The spatial shape of the builder's arguments, after checking them: counts and extents
+    are ints >= 1 (TypeError for a float or a bool, never truncated; ValueError below 1),
+    channels a sequence, point_features given only with points=True."""
+    count_arg(num_classes, "num_classes", what)
+    count_arg(in_channels, "in_channels", what)
+    if isinstance(resolution, (str, bytes)):
+        raise TypeError(f"{what}: resolution must be an int or a sequence of ints, got {resolution!r}")
+    if hasattr(resolution, "__iter__"):
+        spatial_shape = tuple(count_arg(r, "resolution", what) for r in resolution)
+    else:
+        spatial_shape = (count_arg(resolution, "resolution", what),) * count_arg(spatial_dims, "spatial_dims", what)
+    if isinstance(channels, (str, bytes)) or not hasattr(channels, "__iter__"):
+        raise TypeError(f"{what}: channels must be a sequence of channel counts, one per level, got {channels!r}")
+    if count_arg(point_features, "point_features", what, minimum=0) and not points:
+        raise ValueError(f"{what}: point_features={point_features} applies to point-cloud inputs: give points=True")
+    return spatial_shape
 
 
 def _inputs(spatial_shape, in_channels, points, point_features, bounds, return_point_map, name):
@@ -91,9 +107,13 @@ def site_resnet(num_classes, resolution=16, spatial_dims=3, in_channels=1, chann
     mapped from bounds, else site_input(resolution, in_channels); synchronized_bn: batch
     norm over the sites of all replicas (module docstring).
     """
-    spatial_shape = _spatial_shape(resolution, spatial_dims)
+    spatial_shape = _check_args("site_resnet", num_classes, resolution, spatial_dims, in_channels, channels, points,
+                                point_features)
     if not channels:
         raise ValueError("site_resnet needs at least one level (channels)")
+    blocks = count_arg(blocks, "blocks", "site_resnet", minimum=0)
+    if select_k is not None:
+        select_k = count_arg(select_k, "select_k", "site_resnet")
     sync = dict(synchronized=synchronized_bn)
     inputs, h, _, rank = _inputs_and_stem(spatial_shape, channels, in_channels, points, point_features, bounds, False,
                                           name, sync)
@@ -123,7 +143,8 @@ def site_unet(num_classes, resolution=32, spatial_dims=3, in_channels=1, channel
     order; points=True -> per-point logits [B, N, num_classes] (zeros for dropped points).
     synchronized_bn: batch norm over the sites of all replicas (module docstring).
     """
-    spatial_shape = _spatial_shape(resolution, spatial_dims)
+    spatial_shape = _check_args("site_unet", num_classes, resolution, spatial_dims, in_channels, channels, points,
+                                point_features)
     if len(channels) < 2:
         raise ValueError("site_unet needs at least two levels (channels)")
     sync = dict(synchronized=synchronized_bn)

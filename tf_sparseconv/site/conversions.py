@@ -90,7 +90,7 @@ def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_si
     point_to_site [N] int32: the site row of each point, -1 for points outside), so
     per-point outputs are tf.gather(site_features, point_to_site) for the points inside.
     Refused with InvalidArgument: a voxel_size that is not positive and finite (scalar or
-    one per axis), batch indices outside [0, batch_size), NaN or infinite features, and NaN
+    one per axis), an origin that is not finite (TypeError: not real), batch indices outside [0, batch_size), NaN or infinite features, and NaN
     or infinite coordinates unless non_finite="drop", which maps such points to -1 like the
     points outside the grid (their features are then not read).
     """
@@ -116,7 +116,8 @@ def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_si
     batch_size = integer_tensor(batch_size, tf.int32, "batch_size", "voxelize_sites")
     features = tf.ones([n, 1], points.dtype) if features is None else real_tensor(features, "features",
                                                                                   "voxelize_sites")
-    origin = tf.zeros([d], points.dtype) if origin is None else tf.cast(origin, points.dtype)
+    origin = (tf.zeros([d], points.dtype) if origin is None
+              else real_tensor(origin, "origin", "voxelize_sites", points.dtype))
     voxel_size = tf.convert_to_tensor(voxel_size)
     if voxel_size.dtype.is_complex or not (voxel_size.dtype.is_floating or voxel_size.dtype.is_integer):
         raise TypeError(f"voxelize_sites: voxel_size must be real, got {voxel_size.dtype.name}")
@@ -133,6 +134,9 @@ def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_si
     checks = [
         tf.debugging.assert_equal(tf.reduce_all(tf.math.is_finite(voxel_size) & (voxel_size > 0)), True,
                                   message="voxelize_sites: voxel_size must be positive and finite"),
+        # a NaN or infinite origin would leave every point outside the grid (no sites)
+        tf.debugging.assert_equal(tf.reduce_all(tf.math.is_finite(origin)), True,
+                                  message="voxelize_sites: origin must be finite"),
         tf.debugging.assert_equal(tf.reduce_all((batch_index >= 0) & (batch_index < batch_size)), True,
                                   message="voxelize_sites: batch_index must lie in [0, batch_size)"),
         # The features of a dropped point are never read: only those of the kept ones must be finite.
