@@ -188,6 +188,23 @@ def test_site_features_refuses_a_layer_that_drops_rows_when_the_row_count_is_kno
     np.testing.assert_array_equal(call(tf.abs(x["features"]) + 1).numpy(), tf.abs(x["features"]).numpy() + 1)
 
 
+def test_site_features_adds_no_row_check_around_row_wise_layers(rng):
+    """Batch norm, activations, Dense, dropout map each row on their own: no run-time check of
+    the row count (host ops in every traced site network); any other layer gets one."""
+    x = kl.as_site_keras_inputs(sites(rng))
+
+    def asserts(inner):
+        layer = kl.SiteFeatures(inner)
+        fn = tf.function(lambda f: layer({**x, "features": f})["features"])
+        graph = fn.get_concrete_function(tf.TensorSpec([None, 3], tf.float32)).graph
+        return sum(op.type == "Assert" for op in graph.get_operations())
+
+    for inner in (keras.layers.ReLU(), keras.layers.BatchNormalization(), keras.layers.Dense(4),
+                  keras.layers.Dropout(0.5), keras.layers.Activation("tanh")):
+        assert asserts(inner) == 0, inner
+    assert asserts(keras.layers.Lambda(lambda f: f * 2)) == 1
+
+
 def small_unet_by_hand(spatial_shape=SHAPE, channels=3, dtype="float32"):
     """subm (s0) -> strided (d0) -> subm (s1) -> SparseInverseConv3D (d0) -> concat skip."""
     inputs = kl.site_input(spatial_shape, channels, dtype=dtype)

@@ -37,6 +37,14 @@ class SiteSelect(SiteLayer):
         return {**super().get_config(), "k": self.k}
 
 
+# Keras layers that map each row on its own, so keep the row count whatever it is: SiteFeatures
+# adds no run-time row check around them (a traced site network wraps dozens; the check is
+# half a dozen host ops each).
+ROW_WISE_LAYERS = (keras.layers.BatchNormalization, keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.ELU,
+                   keras.layers.PReLU, keras.layers.Activation, keras.layers.Dense, keras.layers.Dropout,
+                   keras.layers.LayerNormalization, keras.layers.Softmax, keras.layers.Identity)
+
+
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
 class SiteFeatures(SiteLayer):
     """Applies a Keras layer to the feature rows [N, C] of the sites (batch norm, ReLU,
@@ -62,7 +70,8 @@ class SiteFeatures(SiteLayer):
         if features.shape.rank != 2 or (features.shape[0] is not None and x.features.shape[0] is not None
                                         and features.shape[0] != x.features.shape[0]):
             raise ValueError(f"{message}, got shape {features.shape} from {x.features.shape}")
-        if features.shape[0] is None or x.features.shape[0] is None:  # traced: the row counts are known when run
+        if (features.shape[0] is None or x.features.shape[0] is None) and not isinstance(self.layer, ROW_WISE_LAYERS):
+            # traced: the row counts are known when run
             check = tf.debugging.assert_equal(tf.shape(features)[0], tf.shape(x.features)[0],
                                               message=f"{message} (row counts differ)")
             with tf.control_dependencies([check]):
