@@ -255,6 +255,26 @@ def test_neighbour_table_of_one_offset(device):
     np.testing.assert_array_equal(table.numpy(), [[1, 0, 1], [-1, 1, 0], [0, 1, 2]])
 
 
+def test_kernel_map_and_neighbour_table_refuse_options_they_do_not_have(rng):
+    """An unknown mode or builder names kernel_map (was TensorFlow's attr message); a flag
+    that is not a bool, e.g. the string 'no', is refused, not taken by its truth value; a
+    neighbour table of something other than a map is a TypeError."""
+    coords, features = random_sites(rng, 1, (4, 4), 0.5, 2)
+    x = make_site_sparse(coords, features, (4, 4), 1)
+    with pytest.raises(ValueError, match=r"kernel_map: mode must be one of \('submanifold', 'strided', 'transposed'\), "
+                                         r"got 'bogus'"):
+        kernel_map(x, 3, mode="bogus")
+    with pytest.raises(ValueError, match=r"kernel_map: builder must be one of \('hash', 'sort'\), got None"):
+        kernel_map(x, 3, mode="submanifold", builder=None)
+    kmap = kernel_map(x, 3, mode="submanifold", builder="sort")
+    for flag in ("no", 1, None):
+        with pytest.raises(TypeError, match=f"neighbour_table: inverse must be True or False, got {flag!r}"):
+            neighbour_table(kmap, inverse=flag)
+    assert neighbour_table(kmap, inverse=np.bool_(False)).shape[0] == len(coords)
+    with pytest.raises(TypeError, match="neighbour_table takes a KernelMap .*, got str"):
+        neighbour_table("abc")
+
+
 def test_neighbour_table_rejects_bad_maps():
     ok = dict(in_rows=[0, 1, 2], out_rows=[0, 1, 0], offset_splits=[0, 2, 3], num_in=4, num_out=2)
     assert ops.site_neighbour_table(**ok).shape == (2, 2 + 2 * 1)

@@ -9,7 +9,7 @@ import tensorflow as tf
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.checks import check_every_op, made_by_library, padded_convs_upstream
-from tf_sparseconv.inputs import count_arg, float_attr, int_attr, refuse_complex
+from tf_sparseconv.inputs import bool_arg, count_arg, float_attr, int_attr, refuse_complex
 
 SELECTION_MODES = ("none", "signed", "abs")
 ACTIVATIONS = (None, "relu")
@@ -104,6 +104,7 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
                          f"got {activation!r}")
     dataflow = check_dataflow(dataflow, accumulator)
     temp_limit_bytes = check_temp_limit(temp_limit_bytes)
+    padded_output = bool_arg(padded_output, "padded_output", "direct_conv")
     filters = tf.convert_to_tensor(refuse_complex(filters, "filters", "direct_conv"), dtype=x.dtype)
     cout = tf.shape(filters)[-1]
     if bias is None:
@@ -118,9 +119,9 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         selection=selection, k=0 if k is None else int_attr(k, "k", "direct_conv"),
         rho_up=0.0 if rho_up is None else float_attr(rho_up, "rho_up", "direct_conv"), dataflow=dataflow,
         temp_limit_bytes=temp_limit_bytes, activation=activation or "none", padded_input=x.padded,
-        padded_output=bool(padded_output), inputs_checked=trusted)
+        padded_output=padded_output, inputs_checked=trusted)
     out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])
-    y = ChannelSparseTensor(keys, values, dense_shape, out_shape, bool(padded_output))
+    y = ChannelSparseTensor(keys, values, dense_shape, out_shape, padded_output)
     return (y, touched, positive) if return_counts else y
 
 

@@ -9,9 +9,12 @@ computation along it, and hand the map on with the output so later layers reuse 
 import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
-from tf_sparseconv.geometry import output_shape, per_dim
-from tf_sparseconv.inputs import same_vector
+from tf_sparseconv.geometry import MODES, output_shape, per_dim
+from tf_sparseconv.inputs import bool_arg, same_vector
 from tf_sparseconv.site.tensor import KernelMap, SiteSparseTensor, check_site_tensor
+
+
+BUILDERS = ("hash", "sort")  # SiteKernelMap's builder attr
 
 
 def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided", builder="hash"):
@@ -20,6 +23,10 @@ def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided",
     builder: "hash" or "sort", how the GPU kernel builds the map (identical results;
     the CPU kernel has one builder and accepts either)."""
     check_site_tensor(x, "kernel_map")
+    if mode not in MODES:
+        raise ValueError(f"kernel_map: mode must be one of {MODES}, got {mode!r}")
+    if builder not in BUILDERS:
+        raise ValueError(f"kernel_map: builder must be one of {BUILDERS}, got {builder!r}")
     d = x.spatial_rank
     kernel_size = per_dim(kernel_size, d, "kernel_size", 1)
     strides = per_dim(strides, d, "strides", 1)
@@ -122,6 +129,9 @@ def neighbour_table(kmap, inverse=False):
     input row per output row and offset (-1: none), then the output rows sorted by their
     neighbour masks, each beside its mask. SiteSparseConv's output-stationary dataflow
     reads it on the GPU."""
+    if not isinstance(kmap, KernelMap):
+        raise TypeError(f"neighbour_table takes a KernelMap (tf_sparseconv.kernel_map), got {type(kmap).__name__}")
+    inverse = bool_arg(inverse, "inverse", "neighbour_table")
     # The op takes the table's width from the splits: they must be those of kmap's kernel.
     fits = tf.debugging.assert_equal(
         tf.size(kmap.offset_splits), kmap.volume + 1,
