@@ -371,7 +371,7 @@ def site_parts(y):
 
 def ref_make_site_sparse(inputs):
     """The constructor holds its parts (int32, nothing wrapped); shapes must agree, the
-    extents be >= 1 and the features finite. The sites themselves are checked by the ops
+    extents and the batch size be >= 1 and the features finite. The sites themselves are checked by the ops
     that read them."""
     coords, features, spatial_shape, batch_size = (inputs[n] for n in SITES)
     for name in ("coords", "spatial_shape", "batch_size"):
@@ -379,6 +379,7 @@ def ref_make_site_sparse(inputs):
         require(np.all((value >= -2**31) & (value <= INT32_MAX)), f"{name} outside int32")
     require(spatial_shape.ndim == 1 and np.all(spatial_shape >= 1), "spatial_shape: a vector of extents >= 1")
     require(coords.ndim == 2 and features.ndim == 2 and batch_size.ndim == 0, "ranks")
+    require(batch_size >= 1, "batch_size: at least one sample")
     require(len(coords) == len(features), "one feature row per site")
     require(coords.shape[1] == len(spatial_shape) + 1, "coords must be [N, d + 1]")
     require(np.all(np.isfinite(features)), "features hold NaN or infinite values")

@@ -44,6 +44,13 @@ def test_type_checks():
         make_site_sparse(np.zeros((2, 3), np.int32), np.zeros((3, 2), np.float32), (4, 4), 1)
     with pytest.raises(ValueError, match="coords must be"):
         make_site_sparse(np.zeros((2, 4), np.int32), np.zeros((2, 2), np.float32), (4, 4), 1)
+    # a batch of no samples, or of -1, was accepted (an op refused it later, or nothing did)
+    for batch in (0, -1):
+        with pytest.raises(ValueError, match=f"make_site_sparse: batch_size must be a scalar >= 1, got {batch}"):
+            make_site_sparse(np.zeros((2, 3), np.int32), np.zeros((2, 2), np.float32), (4, 4), batch)
+    with pytest.raises(TypeError, match=r"make_site_sparse: kernel_maps must be a dict of indice_key \(str\) -> "
+                                        r"KernelMap, got list"):
+        make_site_sparse(np.zeros((2, 3), np.int32), np.zeros((2, 2), np.float32), (4, 4), 1, kernel_maps=[1])
     # A component of the wrong rank is named, with the layout it needs.
     for parts, match in [
             ((np.zeros((1, 2, 3), np.int32), np.zeros((1, 2)), [4, 4], 1), r"coords must be \[N, 1 \+ d\]"),

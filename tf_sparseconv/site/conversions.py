@@ -42,6 +42,9 @@ def site_from_dense(dense, non_finite="raise"):
     dense = real_tensor(dense, "dense", "site_from_dense")
     if dense.shape.rank is None or dense.shape.rank < 3:
         raise ValueError(f"site_from_dense takes [B, R1, ..., Rd, C] with d >= 1, got shape {dense.shape}")
+    if 0 in dense.shape.as_list():  # no sample, no cell or no channel: nothing a site tensor can hold
+        raise ValueError(f"site_from_dense: dense must have a sample, a cell per extent and a channel, got shape "
+                         f"{dense.shape}")
     with tf.control_dependencies(finite_checks(dense, non_finite, "dense entries", "site_from_dense")):
         coords = tf.cast(tf.where(tf.reduce_any(tf.not_equal(dense, 0), axis=-1)), tf.int32)
     shape = tf.shape(dense, out_type=tf.int32)

@@ -9,6 +9,7 @@ inverse convolution finds the map of the strided convolution it undoes.
 Both types are tf.experimental.ExtensionTypes: they pass through tf.function, tf.data
 and SavedModel signatures like tensors.
 """
+import collections.abc
 import typing
 
 import tensorflow as tf
@@ -199,6 +200,13 @@ def make_site_sparse(coords, features, spatial_shape, batch_size, kernel_maps=No
     known = tf.get_static_value(spatial_shape)
     if known is not None and (known.ndim != 1 or (known < 1).any()):
         raise ValueError(f"make_site_sparse: spatial_shape must be a vector of extents >= 1, got {known.tolist()}")
+    batch = tf.get_static_value(batch_size)
+    if batch is not None and (batch.ndim != 0 or batch < 1):
+        raise ValueError(f"make_site_sparse: batch_size must be a scalar >= 1, got {batch.tolist()}")
+    if kernel_maps is not None and not (isinstance(kernel_maps, collections.abc.Mapping) and all(
+            isinstance(k, str) and isinstance(m, KernelMap) for k, m in kernel_maps.items())):
+        raise TypeError(f"make_site_sparse: kernel_maps must be a dict of indice_key (str) -> KernelMap, got "
+                        f"{type(kernel_maps).__name__}")
     static = tf.TensorShape([int(v) for v in known]) if known is not None else \
         tf.TensorShape([None] * spatial_shape.shape[0]) if spatial_shape.shape[0] is not None else tf.TensorShape(None)
     return SiteSparseTensor(coords, features, spatial_shape, batch_size, dict(kernel_maps or {}), static)
