@@ -364,6 +364,11 @@ def test_batch_sizes_points_and_budgets_that_are_not_whole_positive_numbers_are_
         with pytest.raises(ValueError, match="BoundedInference: budget_bytes must be a positive whole number of bytes"):
             BoundedInference(net, budget)
     assert largest_batch_within(net, 0) == 0 and memory_bound(net, 2.0).batch_size == 2
+    # int32 was bounded at 4 bytes a value, a string dtype at 0
+    for dtype in ("int32", tf.string, "complex"):
+        with pytest.raises(ValueError, match=r"memory_bound: dtype must be the models' floating-point type"):
+            memory_bound(net, 4, dtype=dtype)
+    assert memory_bound(net, 4, dtype="float16").total_bytes < memory_bound(net, 4).total_bytes
 
 
 def test_clouds_of_no_points_are_refused_by_the_model_not_the_planner():

@@ -75,7 +75,8 @@ class DirectSparseConv(SparseLayer):
         if k is not None:
             k = whole(k, "k", what)
         bounded = rho_up is not None or k is not None
-        selection = selection or ("signed" if bounded else "none")
+        if selection is None:
+            selection = "signed" if bounded else "none"
         choice(selection, "selection", what, SELECTION_MODES)
         if bounded != (selection != "none"):
             raise ValueError(f"{what}: selection={selection!r} needs a bound (rho_up or k) exactly when it is not "

@@ -633,7 +633,14 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
     batch_size = _whole_number(batch_size, "batch_size", "memory_bound")
     if points_per_sample is not None:
         points_per_sample = _whole_number(points_per_sample, "points_per_sample", "memory_bound")
-    value_bytes = tf.as_dtype(dtype).size
+    try:
+        value_dtype = tf.as_dtype(dtype)
+    except TypeError:
+        value_dtype = None
+    if value_dtype is None or not value_dtype.is_floating:
+        raise ValueError(f"memory_bound: dtype must be the models' floating-point type (float32, float16, ...), "
+                         f"got {dtype!r}")
+    value_bytes = value_dtype.size
     threads = _worker_threads() if threads is None else threads
     if isinstance(threads, bool) or not isinstance(threads, numbers.Real) or not math.isfinite(threads) \
             or int(threads) != threads or threads < 1:
