@@ -3,7 +3,10 @@
 # from PYTHONPATH=/tmp/site; no virtual environment is created):
 #   build      builds the op library with CUDA for sm_90 only (TF_SPARSECONV_CUDA_ARCHS overrides)
 #   test       runs the whole test suite with the GPU visible: the GPU cases (the gpu case of
-#              tests/conftest.py's device fixture, and the tests of its gpu fixture) then run
+#              tests/conftest.py's device fixture, and the tests of its gpu fixture) then run;
+#              TEST_WORKERS pytest-xdist workers (default 12, 0: one process), TEST_ARGS more
+#              pytest options (e.g. --ignore=tests/test_install.py where the package is not
+#              pip-installed)
 #   memcheck   the channel family's GPU cases (pytest tests/channel -m gpu) under
 #              compute-sanitizer --tool memcheck
 #   racecheck  the same under compute-sanitizer --tool racecheck
@@ -68,8 +71,16 @@ for stage in "${STAGES[@]}"; do
       ;;
     test)
       log="$LOGS/pytest_all.log"
-      echo "=== test: the whole suite, GPU visible"
-      gpu_ready && logged "$log" "$PYTHON" -m pytest -q -rs -p no:cacheprovider
+      # With pytest-xdist, TEST_WORKERS processes share the GPU (memory allocated as it
+      # grows): the whole suite took 4 min 54 s with 12 on a lent H200 (2026-11-30).
+      workers=()
+      if [ "${TEST_WORKERS:-12}" != 0 ] && "$PYTHON" -c "import xdist" 2>/dev/null; then
+        workers=(-n "${TEST_WORKERS:-12}")
+      fi
+      echo "=== test: the whole suite, GPU visible ${workers[*]}"
+      # shellcheck disable=SC2086
+      gpu_ready && logged "$log" env TF_FORCE_GPU_ALLOW_GROWTH=true "$PYTHON" -m pytest -q -rfEs -p no:cacheprovider \
+          "${workers[@]}" ${TEST_ARGS:-}
       ;;
     memcheck|racecheck)
       log="$LOGS/sanitizer_$stage.log"
