@@ -123,6 +123,12 @@ def test_pool_select_global_pool_features_and_merge_layers_equal_the_raw_ops(rng
     other = kl.as_site_keras_inputs(select_sites(x, 2))
     with pytest.raises(tf.errors.InvalidArgumentError, match="other sites than input 0"):
         kl.SiteAdd()([d, other])
+    # the same sites in a batch of another size: the merged tensor would keep input 0's
+    bigger = kl.as_site_keras_inputs(make_site_sparse(x.coords, x.features, x.static_spatial_shape.as_list(),
+                                                      x.batch_size + 1))
+    for merge in (kl.SiteAdd(), kl.SiteConcat()):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="input 1 has another batch size than input 0"):
+            merge([d, bigger])
 
 
 def test_voxelize_layer_matches_voxelize_sites_and_to_points_gathers_rows(rng):

@@ -88,6 +88,11 @@ class SiteFeatures(SiteLayer):
         return cls(layer, **config)
 
 
+def _batch_token(site):
+    """What carries the batch size of a site dict (its token) or SiteSparseTensor."""
+    return site.batch_size if isinstance(site, SiteSparseTensor) else site["batch_size"]
+
+
 class _SiteMerge(SiteLayer):
     """Merges site tensors with the same sites (the same coordinates in the same order,
     e.g. a skip connection and the inverse convolution back onto its sites); their maps
@@ -110,6 +115,12 @@ class _SiteMerge(SiteLayer):
         checks = []
         if self.validate:
             for i, other in enumerate(xs[1:], 1):
+                # The merged tensor keeps input 0's batch size. Along a model the inputs share one
+                # batch-size token (the layers pass it on), which needs no check.
+                if _batch_token(inputs[i]) is not _batch_token(inputs[0]):
+                    checks.append(tf.debugging.assert_equal(
+                        other.batch_size, first.batch_size,
+                        message=f"{self.name}: input {i} has another batch size than input 0"))
                 if other.coords is first.coords:
                     continue
                 count = tf.debugging.assert_equal(
