@@ -58,6 +58,8 @@ def test_octnet3_of_few_cells_after_its_sparse_blocks_has_no_dense_blocks():
     (dict(channels=16), TypeError, "channels must be a sequence of channel counts"),
     (dict(point_features=3), ValueError, r"point_features=3 applies to point-cloud inputs: give points=True"),
     (dict(points=True, point_features=-1), ValueError, "point_features must be >= 0, got -1"),
+    # a tuple resolution silently overrode spatial_dims
+    (dict(resolution=(8, 8), spatial_dims=3), ValueError, r"resolution \(8, 8\) has 2 axes but spatial_dims is 3"),
 ])
 def test_site_networks_refuse_bad_sizes_and_options(build, kwargs, error, message):
     # Before: resolution (16.7, 16, 16) was truncated to 16, in_channels 0 and point_features
@@ -68,6 +70,13 @@ def test_site_networks_refuse_bad_sizes_and_options(build, kwargs, error, messag
     args.update(kwargs)
     with pytest.raises(error, match=f"{build.__name__}: {message}"):
         build(**args)
+
+
+@pytest.mark.parametrize("build", [models.site_resnet, models.site_unet])
+def test_site_networks_take_the_rank_from_a_tuple_resolution(build):
+    for kwargs in (dict(resolution=(8, 8)), dict(resolution=(8, 8), spatial_dims=2), dict(resolution=8, spatial_dims=2)):
+        model = build(3, channels=(4, 8), **kwargs)
+        assert tuple(model.input["shape_token"].shape) == (0, 8, 8) and tuple(model.input["coords"].shape) == (None, 3)
 
 
 @pytest.mark.parametrize("kwargs, message", [(dict(select_k=0), "select_k must be >= 1, got 0"),

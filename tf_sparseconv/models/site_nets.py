@@ -39,7 +39,11 @@ def _check_args(what, num_classes, resolution, spatial_dims, in_channels, channe
         raise TypeError(f"{what}: resolution must be an int or a sequence of ints, got {resolution!r}")
     if hasattr(resolution, "__iter__"):
         spatial_shape = tuple(count_arg(r, "resolution", what) for r in resolution)
+        if spatial_dims is not None and count_arg(spatial_dims, "spatial_dims", what) != len(spatial_shape):
+            raise ValueError(f"{what}: resolution {tuple(resolution)} has {len(spatial_shape)} axes but spatial_dims is "
+                             f"{spatial_dims}; give one of them")
     else:
+        spatial_dims = 3 if spatial_dims is None else spatial_dims
         spatial_shape = (count_arg(resolution, "resolution", what),) * count_arg(spatial_dims, "spatial_dims", what)
     if isinstance(channels, (str, bytes)) or not hasattr(channels, "__iter__"):
         raise TypeError(f"{what}: channels must be a sequence of channel counts, one per level, got {channels!r}")
@@ -95,12 +99,13 @@ def _inputs_and_stem(spatial_shape, channels, in_channels, points, point_feature
     return inputs, h, point_to_site, rank
 
 
-def site_resnet(num_classes, resolution=16, spatial_dims=3, in_channels=1, channels=(16, 32, 64), blocks=1,
+def site_resnet(num_classes, resolution=16, spatial_dims=None, in_channels=1, channels=(16, 32, 64), blocks=1,
                 points=False, point_features=0, bounds=(-1.0, 1.0), select_k=None, pool="max", dropout=0.3,
                 synchronized_bn=False, name="site_resnet"):
     """A functional ResNet-style classifier -> logits [B, num_classes].
 
-    resolution: int (spatial_dims axes) or a tuple; channels: per level (level l > 0
+    resolution: int (spatial_dims axes, default 3) or a tuple (spatial_dims, if given, must
+    be its length); channels: per level (level l > 0
     starts with a stride-2 strided convolution, "down<l>"); blocks: residual blocks per
     level; select_k: keep at most this many sites per example after the stem
     (SiteSelect, density-bounded sites); points=True: takes point clouds [B, N, d + F]
@@ -135,7 +140,7 @@ def site_resnet(num_classes, resolution=16, spatial_dims=3, in_channels=1, chann
     return accept_per_replica_batches(keras.Model(inputs, outputs, name=name))
 
 
-def site_unet(num_classes, resolution=32, spatial_dims=3, in_channels=1, channels=(16, 32, 64), points=False,
+def site_unet(num_classes, resolution=32, spatial_dims=None, in_channels=1, channels=(16, 32, 64), points=False,
               point_features=0, bounds=(-1.0, 1.0), synchronized_bn=False, name="site_unet"):
     """A functional MinkUNet-style segmentation network.
 
