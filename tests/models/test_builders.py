@@ -74,7 +74,8 @@ def test_site_networks_refuse_bad_sizes_and_options(build, kwargs, error, messag
 
 @pytest.mark.parametrize("build", [models.site_resnet, models.site_unet])
 def test_site_networks_take_the_rank_from_a_tuple_resolution(build):
-    for kwargs in (dict(resolution=(8, 8)), dict(resolution=(8, 8), spatial_dims=2), dict(resolution=8, spatial_dims=2)):
+    for kwargs in (dict(resolution=(8, 8)), dict(resolution=(8, 8), spatial_dims=2),
+                   dict(resolution=8, spatial_dims=2)):
         model = build(3, channels=(4, 8), **kwargs)
         assert tuple(model.input["shape_token"].shape) == (0, 8, 8) and tuple(model.input["coords"].shape) == (None, 3)
 

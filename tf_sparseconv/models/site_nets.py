@@ -40,8 +40,8 @@ def _check_args(what, num_classes, resolution, spatial_dims, in_channels, channe
     if hasattr(resolution, "__iter__"):
         spatial_shape = tuple(count_arg(r, "resolution", what) for r in resolution)
         if spatial_dims is not None and count_arg(spatial_dims, "spatial_dims", what) != len(spatial_shape):
-            raise ValueError(f"{what}: resolution {tuple(resolution)} has {len(spatial_shape)} axes but spatial_dims is "
-                             f"{spatial_dims}; give one of them")
+            raise ValueError(f"{what}: resolution {tuple(resolution)} has {len(spatial_shape)} axes but spatial_dims "
+                             f"is {spatial_dims}; give one of them")
     else:
         spatial_dims = 3 if spatial_dims is None else spatial_dims
         spatial_shape = (count_arg(resolution, "resolution", what),) * count_arg(spatial_dims, "spatial_dims", what)
