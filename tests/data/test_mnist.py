@@ -125,3 +125,10 @@ def test_real_mnist():
     ts.validate(x)
     density = float(x.density())
     assert 0.1 < density < 0.25, density  # strokes only
+
+
+@pytest.mark.parametrize("threshold", [float("nan"), "a", -1])
+def test_image_arrays_refuses_a_threshold_that_is_not_a_number_in_range(threshold):
+    # NaN dropped every pixel, a str failed in a NumPy ufunc
+    with pytest.raises(ValueError, match=r"image_arrays: threshold must be >= 0 \(a finite number\)"):
+        image_arrays(np.full((1, 3, 3), 200, np.uint8), threshold)

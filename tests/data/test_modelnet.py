@@ -232,3 +232,10 @@ def test_real_modelnet40_classes_are_the_test_counts_and_z_is_up():
     for c in ("person", "bottle", "door"):
         assert np.argmax(extent[c]) == UP_AXIS, (c, extent[c])
     assert np.argmin(extent["airplane"]) == UP_AXIS
+
+
+@pytest.mark.parametrize("full", [float("nan"), 0.5, True])
+def test_modelnet40_test_counts_full_is_a_whole_number(full):
+    # NaN failed in int(), True was 1
+    with pytest.raises(ValueError, match="modelnet40_test_counts: full must be a whole number >= 1"):
+        modelnet40_test_counts(["bed"], full)

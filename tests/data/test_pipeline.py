@@ -302,3 +302,84 @@ def test_mirror_augmentation_negates_x_in_some_clouds_only():
     assert Augmentation.named("rotate") == Augmentation() and not Augmentation.named("scale").mirror_axes
     with pytest.raises(ValueError, match="augmentation must be one of"):
         Augmentation.named("shear")
+
+
+CLOUDS, CLOUD_LABELS, _ = make_shapes(1, 32)
+
+
+@pytest.mark.parametrize("options,error,message", [
+    # each failed inside tf.data on the first batch (resolution 0, 2.5, bounds (1, -1), an
+    # augmentation name, 2-column points, normals missing), in TensorFlow's batch op
+    # (batch_size 0) or conversions (2.5, None, seed 1.5, drop_remainder 'no'), or was taken:
+    # resolution or batch_size True as 1, shuffle='no' as True, negative and float labels
+    (dict(resolution=0), ValueError, "resolution must be a whole number >= 1"),
+    (dict(resolution=2.5), ValueError, "resolution must be a whole number >= 1"),
+    (dict(resolution=True), ValueError, "resolution must be a whole number >= 1"),
+    (dict(batch_size=0), ValueError, "batch_size must be >= 1"),
+    (dict(batch_size=2.5), TypeError, "batch_size must be an int"),
+    (dict(batch_size=True), TypeError, "batch_size must be an int"),
+    (dict(bounds=(1.0, -1.0)), ValueError, "bounds must be"),
+    (dict(seed=-1), ValueError, r"seed must be in \[0, 2\^63 - 1\]"),
+    (dict(seed=1.5), TypeError, "seed must be an int"),
+    (dict(shuffle="no"), TypeError, "shuffle must be True or False"),
+    (dict(drop_remainder="no"), TypeError, "drop_remainder must be True or False"),
+    (dict(augmentation="rotate"), TypeError, "augmentation must be an Augmentation or None"),
+    (dict(split=2), TypeError, "split must be a ReplicaSplit or None"),
+    (dict(labels=CLOUD_LABELS - 3), ValueError, "labels must be class indices >= 0"),
+    (dict(labels=CLOUD_LABELS + 0.5), TypeError, "labels must be integers"),
+    (dict(points=CLOUDS[..., :2]), ValueError, r"points must be numbers \[M, N, 3\+\]"),
+    (dict(features=("normals",)), ValueError, r"points must be numbers \[M, N, 6\+\]"),
+])
+def test_point_cloud_dataset_refuses_bad_arguments_when_called(options, error, message):
+    arguments = dict(points=CLOUDS, labels=CLOUD_LABELS, resolution=8, batch_size=4)
+    arguments.update(options)
+    points, labels, resolution, batch_size = (arguments.pop(k) for k in ("points", "labels", "resolution",
+                                                                         "batch_size"))
+    with pytest.raises(error, match="point_cloud_dataset: " + message):
+        point_cloud_dataset(points, labels, resolution, batch_size, **arguments)
+
+
+def test_image_dataset_refuses_a_threshold_that_is_no_number_and_empty_images():
+    images, labels = np.full((4, 5, 5), 200, np.uint8), np.zeros(4, np.int64)
+    with pytest.raises(ValueError, match=r"image_dataset: threshold must be >= 0 \(a finite number\), got nan"):
+        image_dataset(images, labels, 2, threshold=float("nan"))  # NaN dropped every pixel
+    with pytest.raises(ValueError, match=r"image_dataset: images must be numbers \[M, H, W\] with H, W >= 1"):
+        image_dataset(images[:, :0], labels, 2)
+    with pytest.raises(ValueError, match="image_dataset: batch_size must be >= 1"):
+        image_dataset(images, labels, 0)
+
+
+@pytest.mark.parametrize("options,message", [
+    # all were taken, and failed (or drew garbage) only when a batch was augmented
+    (dict(rotation_steps=-1), "rotation_steps must be a whole number >= 0"),
+    (dict(up_axis=5), r"up_axis must be a whole number in \[0, 2\]"),
+    (dict(mirror_axes=(5,)), r"mirror_axes entry must be a whole number in \[0, 2\]"),
+    (dict(mirror_axes=0), "mirror_axes must be a tuple"),
+    (dict(scale_range=(1.0, 0.5)), "scale_range must be"),
+    (dict(scale_range=(-1.0, 0.5)), "scale_range must be"),
+    (dict(jitter=float("nan")), "jitter must be >= 0"),
+    (dict(max_angle=float("inf")), r"max_angle must be in \[0, 180\]"),
+    (dict(rotate_up="no"), "rotate_up must be True or False"),
+])
+def test_augmentation_refuses_options_it_cannot_apply(options, message):
+    with pytest.raises(ValueError, match="Augmentation: " + message):
+        Augmentation(**options)
+    assert Augmentation(scale_range=(1.0, 1.0)).scale_range == (1.0, 1.0)  # a fixed scale stays allowed
+
+
+def test_splits_and_replica_split_refuse_what_they_truncated_or_numpy_refused():
+    labels = np.array([0, 0, 1, 1, 2, 2])
+    with pytest.raises(ValueError, match="stratified_split: seed must be in"):
+        stratified_split(labels, 0.5, seed=-1)  # NumPy's 'expected non-negative integer'
+    with pytest.raises(ValueError, match="stratified_split: val_fraction must be in"):
+        stratified_split(labels, "0.5")  # a str comparison error
+    with pytest.raises(TypeError, match="stratified_split: labels must be integers"):
+        stratified_split(labels + 0.5, 0.5)
+    with pytest.raises(TypeError, match="balanced_split: per_class must be whole counts"):
+        balanced_split(labels, 1.7)  # held out 1 per class
+    with pytest.raises(ValueError, match="balanced_split: labels must be class indices >= 0"):
+        balanced_split(labels - 1, 1)
+    with pytest.raises(TypeError, match="ReplicaSplit: replicas must be an int"):
+        ReplicaSplit(2.5)  # taken, with count 2.5
+    with pytest.raises(TypeError, match="ReplicaSplit: first must be an int"):
+        ReplicaSplit(4, 1.5)

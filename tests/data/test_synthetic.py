@@ -83,3 +83,26 @@ def test_surfaces_are_sparse_at_16_cubed():
 def test_unknown_class():
     with pytest.raises(ValueError, match="unknown shape classes"):
         make_shapes(1, 8, classes=("sphere", "teapot"))
+
+
+@pytest.mark.parametrize("options,error,message", [
+    # ZeroDivisionError, IndexError, NumPy errors, or shapes taken: occlusion 1 divided by 0,
+    # num_points 0 failed in a reduction, anisotropy 2 drew negative stretches (mirrored,
+    # collapsed shapes), NaN noise gave NaN clouds, num_per_class True one shape per class,
+    # duplicate classes two labels of one shape, no class an empty data set
+    (dict(occlusion=1.0), ValueError, r"occlusion must be in \[0, 1\)"),
+    (dict(anisotropy=2.0), ValueError, r"anisotropy must be in \[0, 1\)"),
+    (dict(noise=float("nan")), ValueError, "noise must be >= 0"),
+    (dict(num_points=0), ValueError, "num_points must be >= 1"),
+    (dict(num_points=2.5), TypeError, "num_points must be an int"),
+    (dict(num_per_class=True), TypeError, "num_per_class must be an int"),
+    (dict(seed=-1), ValueError, "seed must be >= 0"),
+    (dict(normals="no"), ValueError, "normals must be True or False"),
+    (dict(classes=("sphere", "sphere")), ValueError, "classes must be distinct names, at least one"),
+    (dict(classes=()), ValueError, "classes must be distinct names, at least one"),
+])
+def test_make_shapes_refuses_options_it_cannot_honour(options, error, message):
+    arguments = dict(num_per_class=1, num_points=16)
+    arguments.update(options)
+    with pytest.raises(error, match="make_shapes: " + message):
+        make_shapes(**arguments)

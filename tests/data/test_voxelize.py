@@ -156,3 +156,15 @@ def _timed(f, *args):
     start = time.perf_counter()
     f(*args)
     return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("resolution,bounds,message", [
+    (True, (-1.0, 1.0), "resolution must be a whole number >= 1"),   # was a resolution of 1
+    ("a", (-1.0, 1.0), "resolution must be a whole number >= 1"),    # failed in int()
+    (4, (0.0, 1.0, 2.0), "bounds must be"),                           # taken as (0, 1)
+    (4, "ab", "bounds must be"),                                      # failed in float()
+    (2 ** 22, (-1.0, 1.0), "resolution 4194304 makes keys beyond int64"),  # an OverflowError
+])
+def test_voxelize_arrays_refuses_bad_resolutions_and_bounds(resolution, bounds, message):
+    with pytest.raises(ValueError, match="voxelize_arrays: " + message):
+        voxelize_arrays(np.zeros((1, 4, 3)), resolution, bounds)

@@ -401,6 +401,18 @@ def test_strategies_the_op_library_cannot_serve_are_refused():
     assert distribute.check_strategy(tf.distribute.get_strategy()) is tf.distribute.get_strategy()
 
 
+def test_steps_per_epoch_counts_batches_of_at_least_one_example():
+    assert distribute.steps_per_epoch(10, 4, False) == 3 and distribute.steps_per_epoch(10, 4, True) == 2
+    # 0 was a ZeroDivisionError, -3 gave -3 steps, 2.5 gave 4 steps
+    for size in (0, -3):
+        with pytest.raises(ValueError, match="steps_per_epoch: global_batch_size must be >= 1"):
+            distribute.steps_per_epoch(10, size, False)
+    with pytest.raises(TypeError, match="steps_per_epoch: global_batch_size must be an int"):
+        distribute.steps_per_epoch(10, 2.5, False)
+    with pytest.raises(ValueError, match="steps_per_epoch: num_examples must be >= 0"):
+        distribute.steps_per_epoch(-1, 4, False)
+
+
 def test_tf_config_of_a_chief_and_workers():
     config = json.dumps({"cluster": {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"]},
                          "task": {"type": "worker", "index": 1}})

@@ -196,3 +196,30 @@ def test_a_keras_adam_checkpoint_resumes_under_fused_adam(tmp_path):
     assert new.optimizer.iterations.numpy() == 2
     for got, want in zip(new.optimizer.variables, old.optimizer.variables):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(beta_1=1.0), r"beta_1 must be in \[0, 1\)"),      # trained to NaN (1 - beta_1^t = 0)
+    (dict(beta_2=2.0), r"beta_2 must be in \[0, 1\)"),      # trained to NaN
+    (dict(beta_1=-0.1), r"beta_1 must be in \[0, 1\)"),
+    (dict(epsilon=0.0), "epsilon must be > 0"),            # 0 / 0 = NaN where a gradient is 0 from the start
+    (dict(epsilon=-1.0), "epsilon must be > 0"),
+    (dict(epsilon=None), "epsilon must be a number"),      # failed in the first step, inside TensorFlow
+    (dict(beta_1=lambda: 0.9), "beta_1 must be a number"),  # failed in the first step, inside TensorFlow
+    (dict(learning_rate=-1.0), "learning_rate must be >= 0"),  # climbed the loss
+    (dict(learning_rate=float("nan")), "learning_rate must be >= 0"),
+    (dict(weight_decay=-0.1), "weight_decay must be >= 0"),    # grew the weights
+    (dict(weight_decay="a"), "weight_decay must be a number"),
+    (dict(amsgrad="no"), "amsgrad must be True or False"),    # a true string: amsgrad ran
+])
+def test_refuses_hyperparameters_that_would_train_to_nan_or_not_as_asked(options, message):
+    with pytest.raises(ValueError, match="FusedAdam: " + message):
+        FusedAdam(**options)
+
+
+def test_still_takes_schedules_tensors_and_its_own_config():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    FusedAdam(schedule, beta_1=tf.constant(0.9), weight_decay=0.0)
+    FusedAdam(lambda: 0.01, np.float32(0.8), amsgrad=np.bool_(True))
+    config = FusedAdam(weight_decay=0.01).get_config()
+    assert FusedAdam.from_config(config).get_config() == config

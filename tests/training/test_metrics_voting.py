@@ -151,3 +151,46 @@ def test_parse_vote(text, name):
 def test_parse_vote_refuses(text):
     with pytest.raises(ValueError, match="the vote must be none, mirror or rotations-N"):
         parse_vote(text)
+
+
+@pytest.mark.parametrize("num_classes", [2.5, True, "3", None, float("inf")])
+def test_mean_class_accuracy_num_classes_is_an_int(num_classes):
+    # 2.5 and True were truncated to 2 and 1 classes, "3" was parsed, inf an OverflowError
+    with pytest.raises(TypeError, match="MeanClassAccuracy: num_classes must be an int"):
+        MeanClassAccuracy(num_classes)
+
+
+@pytest.mark.parametrize("weights", [[1.0, float("inf")], ["a", "b"]])
+def test_mean_class_accuracy_class_weights_are_finite_numbers(weights):
+    # an infinite weight made every result NaN; text failed inside NumPy
+    with pytest.raises(ValueError, match="MeanClassAccuracy: class_weights must be 2 finite values >= 0"):
+        MeanClassAccuracy(2, class_weights=weights)
+
+
+def test_class_accuracies_refuses_labels_outside_the_classes_and_bad_weights():
+    # before: NumPy broadcast errors (a label >= num_classes, weights of another length), a
+    # bincount error (a negative label), float labels truncated, and NaN scores for negative
+    # or all-zero weights
+    with pytest.raises(ValueError, match=r"class_accuracies: labels must be class indices in 0..3, got 0..5"):
+        class_accuracies(np.append(LABELS, 5), np.append(PREDICTED, 0), 4)
+    with pytest.raises(ValueError, match=r"class_accuracies: predictions must be class indices in 0..3, got -1..2"):
+        class_accuracies(LABELS, np.append(PREDICTED[:-1], -1), 4)
+    with pytest.raises(TypeError, match="class_accuracies: labels must be integers"):
+        class_accuracies(LABELS + 0.5, PREDICTED, 4)
+    with pytest.raises(TypeError, match="class_accuracies: num_classes must be an int"):
+        class_accuracies(LABELS, PREDICTED, 4.0)
+    for weights in ([1, 1], [-1, 1, 1, 1], [0, 0, 0, 0], [np.nan, 1, 1, 1]):
+        with pytest.raises(ValueError, match="class_accuracies: class_weights must be 4 finite values >= 0"):
+            class_accuracies(LABELS, PREDICTED, 4, weights)
+
+
+def test_voting_refuses_clouds_and_predictions_of_the_wrong_shape():
+    # a single cloud [N, 3] was voted over as N clouds of 3 points (its mirror negated one
+    # point's x), [M, N, 3, 1] failed inside einsum, and a predict giving fewer rows than
+    # clouds was averaged by broadcasting
+    with pytest.raises(ValueError, match=r"vote_views: clouds must be numbers \[M, N, 3\+\]"):
+        list(vote_views(np.zeros((5, 3)), "mirror"))
+    with pytest.raises(ValueError, match=r"vote_views: clouds must be numbers \[M, N, 3\+\]"):
+        list(vote_views(np.zeros((2, 5, 3, 1)), "rotations-4"))
+    with pytest.raises(ValueError, match=r"voted_probabilities: predict must map 2 clouds to logits \[2, K\]"):
+        voted_probabilities(lambda view: np.zeros((1, 3)), np.zeros((2, 5, 3)), "none")

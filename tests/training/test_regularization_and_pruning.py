@@ -347,3 +347,24 @@ def test_layer_penalty_with_density_per_channel_uses_each_channels_survivors(rng
 def test_density_regularizer_rejects_unknown_density():
     with pytest.raises(ValueError, match="density must be one of"):
         kl.DensityRegularizer(density="batch")
+
+
+@pytest.mark.parametrize("epsilon", [float("inf"), float("nan"), True, None, "0.1"])
+def test_pruning_callback_rejects_an_epsilon_that_is_not_a_finite_number(epsilon):
+    # an infinite epsilon flagged, and then pruned, every weight
+    with pytest.raises(ValueError, match=r"WarningShotPruning: epsilon must be > 0 \(a finite number\)"):
+        kl.WarningShotPruning(epsilon=epsilon)
+
+
+@pytest.mark.parametrize("start_epoch", [1.5, True, None, "2", float("nan")])
+def test_fine_tune_phase_start_epoch_is_an_int(start_epoch):
+    # 1.5 started the phase at epoch 1, True at epoch 1; a string or NaN failed inside Python's comparison
+    with pytest.raises(TypeError, match="FineTunePhase: start_epoch must be an int"):
+        kl.FineTunePhase(start_epoch)
+
+
+def test_fine_tune_phase_pruning_is_a_warning_shot_pruning_callback():
+    # anything else was accepted and failed only when the phase began, epochs into training
+    with pytest.raises(TypeError, match="FineTunePhase: pruning must be a WarningShotPruning callback or None"):
+        kl.FineTunePhase(2, pruning="yes")
+    assert kl.FineTunePhase(2, kl.WarningShotPruning()).pruning is not None

@@ -397,6 +397,16 @@ def test_smoothed_crossentropy_matches_its_definition():
         SmoothedSparseCrossentropy(1.0)
 
 
+@pytest.mark.parametrize("smoothing", ["0.1", None, True, float("nan"), np.array([0.1, 0.2])])
+def test_smoothed_crossentropy_refuses_a_smoothing_that_is_not_a_number(smoothing):
+    # before: Python's comparison of a str or None, NumPy's truth value of an array
+    from tf_sparseconv.training.losses import SmoothedSparseCrossentropy
+    with pytest.raises(ValueError, match=r"SmoothedSparseCrossentropy: label_smoothing must be in \[0, 1\)"):
+        SmoothedSparseCrossentropy(smoothing)
+    loss = SmoothedSparseCrossentropy(np.float32(0.25))
+    assert SmoothedSparseCrossentropy.from_config(loss.get_config()).label_smoothing == 0.25
+
+
 @pytest.mark.parametrize("name", ["adam", "adagrad", "sgd"])
 def test_weight_decay_shrinks_kernels_and_spares_biases(name):
     layer = keras.layers.Dense(3, bias_initializer="ones")

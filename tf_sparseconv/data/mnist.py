@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.data.npz import read_npz_arrays
+from tf_sparseconv.layer_config import real
 
 THRESHOLD = 50
 
@@ -90,6 +91,7 @@ def image_arrays(images, threshold=THRESHOLD, dtype=np.float32):
     images = np.asarray(images)
     if images.ndim != 3:
         raise ValueError(f"images must have shape [B, H, W], got {images.shape}")
+    threshold = real(threshold, "threshold", "image_arrays", 0.0)  # NaN dropped every pixel
     flat = images.reshape(-1)
     keys = np.flatnonzero(flat >= threshold).astype(np.int64)
     values = flat[keys].astype(dtype) / np.dtype(dtype).type(255)

@@ -12,6 +12,7 @@ import numpy as np
 
 from tf_sparseconv.data.npz import read_npz_arrays
 from tf_sparseconv.data.point_files import check_extent, npz_class_names
+from tf_sparseconv.layer_config import whole
 
 MODELNET10_CLASSES = ("bathtub", "bed", "chair", "desk", "dresser", "monitor", "night_stand", "sofa", "table",
                       "toilet")
@@ -41,8 +42,7 @@ def modelnet40_test_counts(classes, full=100):
     if unknown:
         raise ValueError(f"the official ModelNet40 test split has no classes {unknown}; its test counts apply to "
                          "ModelNet40 and ModelNet10 only")
-    if full < 1:
-        raise ValueError(f"full must be >= 1, got {full}")
+    whole(full, "full", "modelnet40_test_counts")  # NaN failed in int()
     return np.array([int(round(full * MODELNET40_TEST_COUNTS[c] / 100)) for c in classes], np.int64)
 
 

@@ -14,25 +14,52 @@ one contiguous part per replica, in replica order, and this input pipeline yield
 of its replicas (strategy.distribute_datasets_from_function hands them out in that order).
 """
 import dataclasses
+import math
+import numbers
 
 import numpy as np
 import tensorflow as tf
 
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
+from tf_sparseconv.inputs import bool_arg, count_arg, int_attr
+from tf_sparseconv.layer_config import bounds_pair, flag, real, whole
 from tf_sparseconv.data.mnist import THRESHOLD, image_arrays
 from tf_sparseconv.data.voxelize import num_channels, voxelize_arrays
 
 # The up axis of the point clouds: z in ModelNet's OFF meshes (and so in
 # modelnet40_train.npz, whose persons, bottles and doors are tallest along z) and in ScanNet.
 UP_AXIS = 2
+# Seeds go to NumPy's generators (non-negative) and tf.data (int64).
+MAX_SEED = 2 ** 63 - 1
+
+
+def _seed(seed, what):
+    seed = int_attr(seed, "seed", what)
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{what}: seed must be in [0, 2^63 - 1], got {seed}")
+    return seed
+
+
+def _labels(labels, what, examples=None):
+    """labels as int64 [M]: TypeError for non-integers (never truncated), ValueError for a
+    negative label (no class) or another shape."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "iu" and not (labels.size == 0 and labels.dtype.kind == "f"):
+        raise TypeError(f"{what}: labels must be integers (class indices), got dtype {labels.dtype}")
+    if labels.ndim != 1:
+        raise ValueError(f"{what}: labels must be one class index per example [M], got shape {labels.shape}")
+    if labels.size and labels.min() < 0:
+        raise ValueError(f"{what}: labels must be class indices >= 0, got {labels.min()}")
+    return labels.astype(np.int64)
 
 
 def stratified_split(labels, val_fraction=0.1, seed=0):
     """(train_idx, val_idx), both sorted: round(val_fraction * n_c) of each class c go to
     validation, chosen by a generator seeded from (seed, c), so the split is fixed."""
-    labels = np.asarray(labels)
-    if not 0 <= val_fraction < 1:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    labels = _labels(labels, "stratified_split")
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real) or not 0 <= val_fraction < 1:
+        raise ValueError(f"stratified_split: val_fraction must be in [0, 1), got {val_fraction!r}")
+    seed = _seed(seed, "stratified_split")
     classes = np.unique(labels)
     return _held_out_split(labels, {c: int(round(val_fraction * np.sum(labels == c))) for c in classes}, seed)
 
@@ -45,11 +72,14 @@ def balanced_split(labels, per_class, max_fraction=0.25, seed=0):
     per_class: one count for every class, or a sequence indexed by the label (e.g. the
     official test split's counts, data.modelnet40_test_counts). Examples are drawn as
     stratified_split draws them (the same per-class order), so the split is fixed by seed."""
-    labels = np.asarray(labels)
-    if not 0 < max_fraction < 1:
-        raise ValueError(f"max_fraction must be in (0, 1), got {max_fraction}")
+    labels = _labels(labels, "balanced_split")
+    if isinstance(max_fraction, bool) or not isinstance(max_fraction, numbers.Real) or not 0 < max_fraction < 1:
+        raise ValueError(f"balanced_split: max_fraction must be in (0, 1), got {max_fraction!r}")
+    seed = _seed(seed, "balanced_split")
     classes = np.unique(labels)
     counts = np.asarray(per_class)
+    if counts.dtype.kind not in "iu":  # 1.7 would hold out 1, text fail in int()
+        raise TypeError(f"balanced_split: per_class must be whole counts (integers), got {per_class!r}")
     if counts.ndim == 0:
         counts = np.full(int(classes.max()) + 1 if len(classes) else 0, int(counts))
     if len(classes) and (counts.ndim != 1 or len(counts) <= classes.max()):
@@ -85,6 +115,8 @@ class ReplicaSplit:
     count: int = None
 
     def __post_init__(self):
+        for field in ("replicas", "first") + (() if self.count is None else ("count",)):
+            object.__setattr__(self, field, int_attr(getattr(self, field), field, "ReplicaSplit"))
         if self.count is None:
             object.__setattr__(self, "count", self.replicas - self.first)
         if not (self.replicas >= 1 and self.count >= 1 and 0 <= self.first and self.first + self.count <= self.replicas):
@@ -107,10 +139,30 @@ class Augmentation:
     jitter: float = 0.01      # std in unit-sphere units, clipped at 3 std
     max_angle: float = 0.0    # degrees; > 0: the turn about the up axis is uniform in [-max_angle, max_angle]
 
+    def __post_init__(self):
+        what = "Augmentation"
+        flag(self.rotate_up, "rotate_up", what)
+        flag(self.anisotropic, "anisotropic", what)
+        whole(self.up_axis, "up_axis", what, 0, 2)
+        whole(self.rotation_steps, "rotation_steps", what, 0)
+        axes = self.mirror_axes
+        if not isinstance(axes, (tuple, list)) or len(set(axes)) != len(axes):
+            raise ValueError(f"{what}: mirror_axes must be a tuple of distinct axes in 0..2, got {axes!r}")
+        for axis in axes:
+            whole(axis, "mirror_axes entry", what, 0, 2)
+        low, high = self.scale_range if isinstance(self.scale_range, (tuple, list)) and len(self.scale_range) == 2 \
+            else (None, None)
+        if not all(isinstance(b, numbers.Real) and not isinstance(b, bool) and math.isfinite(b) for b in (low, high)) \
+                or not 0 < low <= high:
+            raise ValueError(f"{what}: scale_range must be (low, high), two finite numbers with 0 < low <= high, "
+                             f"got {self.scale_range!r}")
+        real(self.jitter, "jitter", what, 0.0)
+        real(self.max_angle, "max_angle", what, 0.0, 180.0)
+
     @classmethod
     def named(cls, mode):
         """One of NAMED_AUGMENTATIONS, the augmentations the training entry point offers."""
-        if mode not in NAMED_AUGMENTATIONS:
+        if not isinstance(mode, str) or mode not in NAMED_AUGMENTATIONS:
             raise ValueError(f"augmentation must be one of {sorted(NAMED_AUGMENTATIONS)}, got {mode!r}")
         return NAMED_AUGMENTATIONS[mode]
 
@@ -132,6 +184,7 @@ def rotate_about_up(points, angles, up_axis=UP_AXIS):
     """Copy of clouds [B, N, 3 or 6] (float64) rotated by angles [B] (radians,
     counter-clockwise seen from above) about the up axis through the origin; normals
     (columns 3:6) turn with the points."""
+    up_axis = whole(up_axis, "up_axis", "rotate_about_up", 0, 2)
     points = np.array(points, np.float64)
     angles = np.broadcast_to(np.asarray(angles, np.float64), [len(points)])
     cos, sin = np.cos(angles), np.sin(angles)
@@ -147,7 +200,13 @@ def rotate_about_up(points, angles, up_axis=UP_AXIS):
 def augment_point_clouds(points, rng, augmentation=Augmentation()):
     """Augmented copy of clouds [B, N, 3 or 6]; normals (columns 3:6) are rotated and mirrored,
     not jittered, and turned as the surface turns under anisotropic scaling."""
+    if not isinstance(augmentation, Augmentation):
+        raise TypeError(f"augment_point_clouds: augmentation must be an Augmentation, got {augmentation!r}")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"augment_point_clouds: rng must be a numpy.random.Generator, got {rng!r}")
     points = np.array(points, np.float64)
+    if points.ndim != 3 or points.shape[-1] < 3:
+        raise ValueError(f"augment_point_clouds: points must be clouds [B, N, 3 or 6], got shape {points.shape}")
     batch = len(points)
     if augmentation.rotate_up:
         steps = augmentation.rotation_steps
@@ -194,7 +253,8 @@ def _replica_parts(batch_indices, batch_seed, split):
     return tf.data.Dataset.range(split.count).map(part)
 
 
-def _sparse_batches(num_examples, batch_size, shuffle, seed, drop_remainder, make_batch, sample_shape, split=None):
+def _sparse_batches(num_examples, batch_size, shuffle, seed, drop_remainder, make_batch, sample_shape, split=None,
+                    what="the dataset"):
     """Dataset of (ChannelSparseTensor, labels) from make_batch(indices, batch_seed) ->
     (keys, values, dense_shape, labels) in NumPy; sample_shape is the static (R..., C).
     With split (a ReplicaSplit), the parts of each global batch of batch_size for its
@@ -202,6 +262,12 @@ def _sparse_batches(num_examples, batch_size, shuffle, seed, drop_remainder, mak
     rank = len(sample_shape) + 1
     if num_examples == 0:
         raise ValueError("cannot build a dataset from 0 examples")
+    batch_size = count_arg(batch_size, "batch_size", what)
+    shuffle = bool_arg(shuffle, "shuffle", what)
+    drop_remainder = bool_arg(drop_remainder, "drop_remainder", what)
+    seed = _seed(seed, what)
+    if split is not None and not isinstance(split, ReplicaSplit):
+        raise TypeError(f"{what}: split must be a ReplicaSplit or None, got {split!r}")
     if split is not None and drop_remainder and batch_size % split.replicas:
         raise ValueError(f"the global batch size {batch_size} is not divisible by the {split.replicas} replicas")
     indices = tf.data.Dataset.range(num_examples)
@@ -236,12 +302,22 @@ def point_cloud_dataset(points, labels, resolution, batch_size, *, features=("oc
     augmentation: None or an Augmentation, applied before voxelizing; split: a
     ReplicaSplit (batch_size is then the global batch; see the module docstring).
     """
+    what = "point_cloud_dataset"
     points = np.asarray(points)
-    labels = np.asarray(labels, np.int64)
+    labels = _labels(labels, what)
     if points.ndim != 3 or len(points) != len(labels):
         raise ValueError(f"expected points [M, N, 3+] and labels [M], got {points.shape} and {labels.shape}")
     num_channels(features)  # fail on bad feature names now, not inside tf.data
-    used = points[..., :6 if "normals" in features else 3]
+    columns = 6 if "normals" in features else 3
+    if points.dtype.kind not in "iuf" or points.shape[-1] < columns:
+        raise ValueError(f"{what}: points must be numbers [M, N, {columns}+] (x, y, z{', nx, ny, nz' * (columns > 3)}"
+                         f"{' for the normals feature' * (columns > 3)}), got {points.dtype} {points.shape}")
+    resolution = whole(resolution, "resolution", what)
+    bounds = bounds_pair(bounds, "bounds", what)
+    if augmentation is not None and not isinstance(augmentation, Augmentation):
+        raise TypeError(f"{what}: augmentation must be an Augmentation or None (Augmentation.named(name) for a named "
+                        f"one), got {augmentation!r}")
+    used = points[..., :columns]
     if not np.isfinite(used).all():
         raise ValueError(f"example {int(np.argmin(np.isfinite(used).all(axis=(1, 2))))} contains NaN or infinite "
                          "values")
@@ -254,21 +330,26 @@ def point_cloud_dataset(points, labels, resolution, batch_size, *, features=("oc
         return keys, values, dense_shape, labels[batch_indices]
 
     sample_shape = (resolution, resolution, resolution, num_channels(features))
-    return _sparse_batches(len(points), batch_size, shuffle, seed, drop_remainder, make_batch, sample_shape, split)
+    return _sparse_batches(len(points), batch_size, shuffle, seed, drop_remainder, make_batch, sample_shape, split,
+                           what)
 
 
 def image_dataset(images, labels, batch_size, *, threshold=THRESHOLD, shuffle=True, seed=0, drop_remainder=False,
                   split=None):
     """Batches (ChannelSparseTensor [B, H, W, 1], labels int64 [B]) of thresholded uint8 images
     (split: as point_cloud_dataset's)."""
+    what = "image_dataset"
     images = np.asarray(images)
-    labels = np.asarray(labels, np.int64)
+    labels = _labels(labels, what)
     if images.ndim != 3 or len(images) != len(labels):
         raise ValueError(f"expected images [M, H, W] and labels [M], got {images.shape} and {labels.shape}")
+    if images.dtype.kind not in "iuf" or 0 in images.shape[1:]:
+        raise ValueError(f"{what}: images must be numbers [M, H, W] with H, W >= 1, got {images.dtype} {images.shape}")
+    threshold = real(threshold, "threshold", what, 0.0)  # NaN dropped every pixel
 
     def make_batch(batch_indices, _batch_seed):
         keys, values, dense_shape = image_arrays(images[batch_indices], threshold, np.float32)
         return keys, values, dense_shape, labels[batch_indices]
 
     return _sparse_batches(len(images), batch_size, shuffle, seed, drop_remainder, make_batch,
-                           (*images.shape[1:], 1), split)
+                           (*images.shape[1:], 1), split, what)

@@ -11,6 +11,8 @@ Every shape is a pure function of (seed, class, index), so the set is identical 
 import numpy as np
 
 from tf_sparseconv.data.modelnet import normalize_to_unit_sphere, sample_surface
+from tf_sparseconv.inputs import count_arg
+from tf_sparseconv.layer_config import flag, real
 
 SHAPE_CLASSES = ("sphere", "cube", "cylinder", "cone", "torus", "tetrahedron", "plane", "capsule")
 
@@ -158,10 +160,20 @@ def make_shapes(num_per_class, num_points=1024, seed=0, classes=SHAPE_CLASSES, n
                 anisotropy=0.5, occlusion=0.3):
     """(points float32 [M, N, 3 or 6], labels int64 [M], classes): num_per_class shapes of each
     class in a seeded random order. Shape j of class c depends only on (seed, c, j)."""
-    classes = tuple(classes)
-    unknown = [c for c in classes if c not in _SAMPLERS]
+    what = "make_shapes"
+    classes = (classes,) if isinstance(classes, str) else tuple(classes)
+    unknown = [c for c in classes if not isinstance(c, str) or c not in _SAMPLERS]
     if unknown:
         raise ValueError(f"unknown shape classes {unknown}; choose from {SHAPE_CLASSES}")
+    if not classes or len(set(classes)) != len(classes):
+        raise ValueError(f"{what}: classes must be distinct names, at least one, got {classes}")
+    num_per_class = count_arg(num_per_class, "num_per_class", what, 0)
+    num_points = count_arg(num_points, "num_points", what)
+    seed = count_arg(seed, "seed", what, 0)  # NumPy's generators take no negative seed
+    normals = flag(normals, "normals", what)
+    noise = real(noise, "noise", what, 0.0)
+    anisotropy = real(anisotropy, "anisotropy", what, 0.0, 1.0, high_open=True)  # 1 or more: stretches of <= 0
+    occlusion = real(occlusion, "occlusion", what, 0.0, 1.0, high_open=True)  # 1: nothing left
     clouds, labels = [], []
     for label, name in enumerate(classes):
         for j in range(num_per_class):

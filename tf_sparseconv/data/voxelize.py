@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
+from tf_sparseconv.layer_config import bounds_pair, whole
 
 # Channels each feature contributes, in this order within its slot of `features`.
 FEATURE_CHANNELS = {"occupancy": 1, "count": 1, "normals": 3, "offset": 3}
@@ -74,14 +75,14 @@ def voxelize_arrays(point_clouds, resolution, bounds=(-1.0, 1.0), features=("occ
     is the channel-sparse form of the dense feature grid.
     """
     features = _check_features(features)
-    if int(resolution) != resolution or resolution < 1:
-        raise ValueError(f"resolution must be a positive integer, got {resolution}")
-    r = int(resolution)
-    lo, hi = float(bounds[0]), float(bounds[1])
-    if not hi > lo:
-        raise ValueError(f"bounds must be (low, high) with low < high, got {bounds}")
+    # True was a resolution of 1, 'a' failed in int(), (0, 1, 2) was taken as (0, 1)
+    r = whole(resolution, "resolution", "voxelize_arrays")
+    lo, hi = bounds_pair(bounds, "bounds", "voxelize_arrays")
     with_normals = "normals" in features
     points, batch_of_point, batch = _flatten_clouds(point_clouds, 6 if with_normals else 3)
+    if batch * num_channels(features) * r ** 3 >= 2 ** 63:
+        raise ValueError(f"voxelize_arrays: resolution {r} makes keys beyond int64 for {batch} clouds of "
+                         f"{num_channels(features)} channel(s) (B * C * r^3 must stay below 2^63)")
     points = points.astype(np.float64, copy=False)
     if not np.isfinite(points).all():
         finite = np.isfinite(points).all(axis=1)

@@ -33,6 +33,7 @@ import threading
 import tensorflow as tf
 
 from tf_sparseconv.data.pipeline import ReplicaSplit
+from tf_sparseconv.inputs import count_arg
 
 STRATEGIES = ("default", "mirrored", "multi-worker")
 # How the replicas all-reduce their gradients, per strategy: between the workers of
@@ -336,6 +337,8 @@ def per_replica_dataset(strategy, make, repeat=True):
 def steps_per_epoch(num_examples, global_batch_size, drop_remainder):
     """Steps of one pass over num_examples in global batches (the last one incomplete
     unless drop_remainder)."""
+    num_examples = count_arg(num_examples, "num_examples", "steps_per_epoch", 0)
+    global_batch_size = count_arg(global_batch_size, "global_batch_size", "steps_per_epoch")
     if drop_remainder:
         return num_examples // global_batch_size
     return math.ceil(num_examples / global_batch_size)

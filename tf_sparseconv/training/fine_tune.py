@@ -9,7 +9,8 @@ densities stayed where the regulariser left them, and the phase recovered little
 """
 import keras
 
-from tf_sparseconv.training.pruning import sparse_conv_layers
+from tf_sparseconv.inputs import int_attr
+from tf_sparseconv.training.pruning import WarningShotPruning, sparse_conv_layers
 
 
 class FineTunePhase(keras.callbacks.Callback):
@@ -18,9 +19,13 @@ class FineTunePhase(keras.callbacks.Callback):
         WarningShotPruning callback to stop (its last check is at the end of epoch
         start_epoch - 1), or None."""
         super().__init__()
+        start_epoch = int_attr(start_epoch, "start_epoch", "FineTunePhase")
         if start_epoch < 1:
-            raise ValueError(f"start_epoch must be >= 1 (some epochs must regularise or prune first), got {start_epoch}")
-        self.start_epoch = int(start_epoch)
+            raise ValueError(f"FineTunePhase: start_epoch must be >= 1 (some epochs must regularise or prune first), "
+                             f"got {start_epoch}")
+        self.start_epoch = start_epoch
+        if pruning is not None and not isinstance(pruning, WarningShotPruning):
+            raise TypeError(f"FineTunePhase: pruning must be a WarningShotPruning callback or None, got {pruning!r}")
         self.pruning = pruning
         self.verbose = verbose
         self.started = False

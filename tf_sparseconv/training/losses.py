@@ -1,6 +1,8 @@
 """Losses of the training entry point."""
 import keras
 
+from tf_sparseconv.layer_config import real
+
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
 class SmoothedSparseCrossentropy(keras.losses.Loss):
@@ -10,10 +12,10 @@ class SmoothedSparseCrossentropy(keras.losses.Loss):
     and one-hot labels would change what the accuracy metric expects."""
 
     def __init__(self, label_smoothing=0.1, name="smoothed_sparse_crossentropy", **kwargs):
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        label_smoothing = real(label_smoothing, "label_smoothing", "SmoothedSparseCrossentropy", 0.0, 1.0,
+                               high_open=True)
         super().__init__(name=name, **kwargs)
-        self.label_smoothing = float(label_smoothing)
+        self.label_smoothing = label_smoothing
 
     def call(self, y_true, y_pred):
         classes = keras.ops.shape(y_pred)[-1]

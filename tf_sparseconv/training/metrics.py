@@ -7,6 +7,30 @@ import keras
 import numpy as np
 from keras import ops
 
+from tf_sparseconv.inputs import int_attr
+
+
+def _num_classes(num_classes, what):
+    num_classes = int_attr(num_classes, "num_classes", what)
+    if num_classes < 1:
+        raise ValueError(f"{what}: num_classes must be >= 1, got {num_classes}")
+    return num_classes
+
+
+def _class_weight_values(class_weights, num_classes, what):
+    """class_weights as float64 [num_classes] (ones for None): finite, >= 0, not all 0."""
+    if class_weights is None:
+        return np.ones(num_classes)
+    try:
+        weights = np.asarray(class_weights, np.float64)
+    except (TypeError, ValueError):
+        weights = None
+    if (weights is None or weights.shape != (num_classes,) or not np.isfinite(weights).all() or (weights < 0).any()
+            or not weights.sum() > 0):
+        raise ValueError(f"{what}: class_weights must be {num_classes} finite values >= 0, not all 0, "
+                         f"got {class_weights}")
+    return weights
+
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
 class MeanClassAccuracy(keras.metrics.Metric):
@@ -19,12 +43,8 @@ class MeanClassAccuracy(keras.metrics.Metric):
 
     def __init__(self, num_classes, class_weights=None, name="mean_class_accuracy", dtype=None):
         super().__init__(name=name, dtype=dtype)
-        if int(num_classes) < 1:
-            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-        self.num_classes = int(num_classes)
-        weights = np.ones(self.num_classes) if class_weights is None else np.asarray(class_weights, np.float64)
-        if weights.shape != (self.num_classes,) or (weights < 0).any() or not weights.sum() > 0:
-            raise ValueError(f"class_weights must be {self.num_classes} values >= 0, not all 0, got {class_weights}")
+        self.num_classes = _num_classes(num_classes, "MeanClassAccuracy")
+        weights = _class_weight_values(class_weights, self.num_classes, "MeanClassAccuracy")
         self.class_weights = None if class_weights is None else [float(w) for w in weights]
         self._class_weight_values = weights
         self.examples = self.add_variable(shape=(self.num_classes,), initializer="zeros", name="examples",
@@ -63,9 +83,17 @@ def class_accuracies(labels, predicted, num_classes, class_weights=None):
     and "weighted_se", its standard error sqrt(sum_c (w_c / sum w)^2 p_c (1 - p_c) / n_c) with
     each class's examples taken as independent draws; p_c = (correct_c + 1) / (n_c + 2), not
     acc_c, so a class of few examples all right (or all wrong) still counts its uncertainty."""
-    labels, predicted = np.asarray(labels, np.int64), np.asarray(predicted, np.int64)
+    num_classes = _num_classes(num_classes, "class_accuracies")
+    labels, predicted = np.asarray(labels), np.asarray(predicted)
     if labels.shape != predicted.shape or labels.ndim != 1 or not len(labels):
         raise ValueError(f"expected labels and predictions [M], M > 0, got {labels.shape} and {predicted.shape}")
+    for name, values in (("labels", labels), ("predictions", predicted)):
+        if values.dtype.kind not in "iu":
+            raise TypeError(f"class_accuracies: {name} must be integers (class indices), got dtype {values.dtype}")
+        if values.min() < 0 or values.max() >= num_classes:
+            raise ValueError(f"class_accuracies: {name} must be class indices in 0..{num_classes - 1}, got "
+                             f"{values.min()}..{values.max()}")
+    labels, predicted = labels.astype(np.int64), predicted.astype(np.int64)
     examples = np.bincount(labels, minlength=num_classes).astype(np.float64)
     correct = np.bincount(labels[labels == predicted], minlength=num_classes).astype(np.float64)
     per_class = np.divide(correct, examples, out=np.full(num_classes, np.nan), where=examples > 0)
@@ -73,7 +101,7 @@ def class_accuracies(labels, predicted, num_classes, class_weights=None):
               "per_class": per_class}
     if class_weights is not None:
         present = examples > 0
-        weights = np.where(present, np.asarray(class_weights, np.float64), 0.0)
+        weights = np.where(present, _class_weight_values(class_weights, num_classes, "class_accuracies"), 0.0)
         weights = weights / weights.sum()
         accuracy = np.where(present, per_class, 0.0)
         scores["weighted"] = float(np.sum(weights * accuracy))

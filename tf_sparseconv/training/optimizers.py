@@ -11,8 +11,13 @@ lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon)), and decays a 
 by one multiply-subtract. What it cannot fuse it hands to Keras' Adam: amsgrad, sparse
 (IndexedSlices) gradients, and dtypes without a TensorFlow Adam kernel.
 """
+import math
+import numbers
+
 import keras
 import tensorflow as tf
+
+from tf_sparseconv.layer_config import flag, real
 
 FUSED_DTYPES = (tf.float16, tf.float32, tf.float64)
 
@@ -32,7 +37,29 @@ def _tf_variable(variable):
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
 class FusedAdam(keras.optimizers.Adam):
     """keras.optimizers.Adam (weight_decay: AdamW), same arguments, state and results
-    within float rounding; each variable's step is one kernel (see the module's doc)."""
+    within float rounding; each variable's step is one kernel (see the module's doc).
+    Numbers among learning_rate, beta_1, beta_2, epsilon and weight_decay are checked here
+    (Keras' Adam takes a beta of 1 or more, a negative epsilon or NaN and trains to NaN or
+    away from the minimum), and amsgrad must be a bool (a string such as 'no' would be true)."""
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, amsgrad=False,
+                 weight_decay=None, **kwargs):
+        what = "FusedAdam"
+        for field, value, low, high in (("learning_rate", learning_rate, 0.0, None), ("beta_1", beta_1, 0.0, 1.0),
+                                        ("beta_2", beta_2, 0.0, 1.0), ("epsilon", epsilon, 0.0, None),
+                                        ("weight_decay", weight_decay, 0.0, None)):
+            if tf.is_tensor(value) or isinstance(value, (tf.Variable, keras.Variable)):
+                continue  # a tensor or variable: its value may change, as Keras allows
+            if field == "learning_rate" and not isinstance(value, numbers.Number):
+                continue  # a schedule or callable, which Keras checks
+            if field == "weight_decay" and value is None:
+                continue
+            if not isinstance(value, numbers.Real):
+                raise ValueError(f"{what}: {field} must be a number (or a tensor), got {value!r}")
+            real(value, field, what, low, math.inf if high is None else high, low_open=field == "epsilon",
+                 high_open=high is not None)
+        super().__init__(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                         amsgrad=flag(amsgrad, "amsgrad", what), weight_decay=weight_decay, **kwargs)
 
     def build(self, variables):
         if keras.backend.backend() != "tensorflow":

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 
 from tf_sparseconv.channel.conv_layer import DirectSparseConv
+from tf_sparseconv.layer_config import real
 
 
 def sparse_conv_layers(model):
@@ -22,9 +23,8 @@ def present_weight_count(model):
 class WarningShotPruning(keras.callbacks.Callback):
     def __init__(self, epsilon=1e-3, verbose=0):
         super().__init__()
-        if not epsilon > 0:
-            raise ValueError(f"epsilon must be > 0, got {epsilon}")
-        self.epsilon = float(epsilon)
+        # a finite epsilon: an infinite one would flag, and then prune, every weight
+        self.epsilon = real(epsilon, "epsilon", "WarningShotPruning", 0.0, low_open=True)
         self.verbose = verbose
         self.active = True  # FineTunePhase stops the checks, fixing the masks
         self.history = []  # per epoch: {"epoch", "pruned", "present_weights"}

@@ -28,7 +28,7 @@ def vote_views(clouds, vote, up_axis=UP_AXIS):
     mirroring negates x (and the x of normals), rotations turn about the up axis through the
     origin, with normals. The caller's clouds are not changed."""
     vote = parse_vote(vote)
-    clouds = np.asarray(clouds, np.float32)
+    clouds = _clouds(clouds)
     yield clouds
     if vote == "mirror":
         mirrored = clouds.copy()
@@ -42,6 +42,16 @@ def vote_views(clouds, vote, up_axis=UP_AXIS):
             yield rotate_about_up(clouds, 2 * np.pi * k / steps, up_axis).astype(np.float32)
 
 
+def _clouds(clouds):
+    """clouds as float32 [M, N, 3+]; ValueError for anything else (a single cloud [N, 3] would
+    be read as N clouds of 3 points, whose x mirroring negates the first point)."""
+    array = np.asarray(clouds)
+    if array.ndim != 3 or array.shape[-1] < 3 or array.dtype.kind not in "iuf":
+        raise ValueError(f"vote_views: clouds must be numbers [M, N, 3+] (x, y, z first), got "
+                         f"{array.dtype} {list(array.shape)}")
+    return array.astype(np.float32)
+
+
 def softmax(logits):
     logits = np.asarray(logits, np.float64)
     shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
@@ -53,6 +63,10 @@ def voted_probabilities(predict, clouds, vote):
     clouds [M, N, 3+] to logits [M, K] (or more rows, of which the first M are kept)."""
     total, views = 0.0, 0
     for view in vote_views(clouds, vote):
-        total = total + softmax(np.asarray(predict(view))[:len(clouds)])
+        logits = np.asarray(predict(view))
+        if logits.ndim != 2 or len(logits) < len(view):
+            raise ValueError(f"voted_probabilities: predict must map {len(view)} clouds to logits [{len(view)}, K] "
+                             f"(or more rows), got shape {list(logits.shape)}")
+        total = total + softmax(logits[:len(view)])
         views += 1
     return total / views
