@@ -84,14 +84,6 @@ def int_attr(value, name, what):
         raise TypeError(f"{what}: {name} must be an int, got {value!r}") from None
 
 
-def bool_arg(value, name, what):
-    """value as a Python bool: True, False or a NumPy bool; TypeError for anything else (a
-    string such as 'no' or a number would otherwise be taken by its truth value)."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise TypeError(f"{what}: {name} must be True or False, got {value!r}")
-
-
 def count_arg(value, name, what, minimum=1):
     """value as a Python int >= minimum (a size or a count): TypeError for a bool, float or
     other non-integer (never truncated), ValueError below minimum."""

@@ -126,6 +126,21 @@ def make_layout(root, classes, per_split=2):
                                header="OFF" if i else "OFF\n"))
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_points=0), "num_points must be a whole number >= 1, got 0"),  # was a NumPy reduction error
+    (dict(num_points=-3), "num_points must be a whole number >= 1, got -3"),
+    (dict(num_points=2.5), "num_points must be a whole number >= 1, got 2.5"),
+    (dict(num_points=True), "num_points must be a whole number >= 1, got True"),
+    (dict(seed=-1), "seed must be a whole number >= 0, got -1"),
+    (dict(normals="no"), "normals must be True or False, got 'no'"),  # was taken as True
+    (dict(split="val"), "split must be 'train' or 'test', got 'val'"),
+])
+def test_mesh_loader_refuses_counts_seeds_and_flags_it_cannot_take(tmp_path, kwargs, message):
+    make_layout(tmp_path, ["chair"])
+    with pytest.raises(ValueError, match=f"load_modelnet_meshes: {message}"):
+        load_modelnet_meshes(tmp_path, **kwargs)
+
+
 def test_mesh_layout_loader(tmp_path):
     make_layout(tmp_path, ["chair", "airplane", "sofa"])
     points, labels, classes = load_modelnet_meshes(tmp_path, "test", num_points=256, seed=3)

@@ -177,6 +177,22 @@ def test_load_scannet_objects_over_scenes(tmp_path):
     assert labels.tolist() == [0, 1, 0, 0, 0, 1, 0, 0]  # lamp -> chair
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_points=0), "num_points must be a whole number >= 1, got 0"),  # was a NumPy error
+    (dict(num_points=2.5), "num_points must be a whole number >= 1, got 2.5"),
+    (dict(num_points=True), "num_points must be a whole number >= 1, got True"),
+    (dict(min_points=-1), "min_points must be a whole number >= 0, got -1"),
+    (dict(seed=-1), "seed must be a whole number >= 0, got -1"),  # was NumPy's bare message
+    (dict(normals="no"), "normals must be True or False, got 'no'"),  # was taken as True
+])
+def test_loaders_refuse_counts_seeds_and_flags_they_cannot_take(tmp_path, kwargs, message):
+    write_scene(tmp_path, "scene0001_00", "ascii")
+    with pytest.raises(ValueError, match=f"load_scannet_objects: {message}"):
+        load_scannet_objects(tmp_path, **kwargs)
+    with pytest.raises(ValueError, match=f"scene_objects: {message}"):
+        scene_objects(tmp_path / "scene0001_00", **kwargs)
+
+
 def test_layout_and_corruption_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"scene\*/scene\*_vh_clean_2.ply"):
         load_scannet_objects(tmp_path / "absent")

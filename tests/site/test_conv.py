@@ -533,7 +533,7 @@ def test_bad_geometry_is_rejected(rng):
         site_conv(x, np.ones((3, 3, 2, 2), np.float32), subm=True, padding=2)
     with pytest.raises(ValueError, match="input channels"):
         site_conv(x, np.ones((3, 3, 5, 2), np.float32), subm=True)
-    with pytest.raises(TypeError, match="site_conv: subm must be True or False, got 'no'"):
+    with pytest.raises(ValueError, match="site_conv: subm must be True or False, got 'no'"):
         site_conv(x, np.ones((3, 3, 2, 2), np.float32), subm="no")
     with pytest.raises(ValueError, match="kernel must be"):
         site_conv(x, np.ones((3, 2, 2), np.float32), subm=True)

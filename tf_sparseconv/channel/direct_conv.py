@@ -9,7 +9,8 @@ import tensorflow as tf
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.checks import check_every_op, made_by_library, padded_convs_upstream
-from tf_sparseconv.inputs import bool_arg, count_arg, float_attr, int_attr, refuse_complex
+from tf_sparseconv.inputs import count_arg, float_attr, int_attr, refuse_complex
+from tf_sparseconv.layer_config import flag
 
 SELECTION_MODES = ("none", "signed", "abs")
 ACTIVATIONS = (None, "relu")
@@ -104,7 +105,7 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
                          f"got {activation!r}")
     dataflow = check_dataflow(dataflow, accumulator)
     temp_limit_bytes = check_temp_limit(temp_limit_bytes)
-    padded_output = bool_arg(padded_output, "padded_output", "direct_conv")
+    padded_output = flag(padded_output, "padded_output", "direct_conv")
     filters = tf.convert_to_tensor(refuse_complex(filters, "filters", "direct_conv"), dtype=x.dtype)
     cout = tf.shape(filters)[-1]
     if bias is None:

@@ -8,7 +8,7 @@ from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import PADDING_KEY, ChannelSparseTensor
 from tf_sparseconv.checks import check_every_op, made_by_library
 from tf_sparseconv.geometry import pooled_shape
-from tf_sparseconv.inputs import bool_arg
+from tf_sparseconv.layer_config import flag
 
 _INT32_MAX = 2**31 - 1
 
@@ -41,7 +41,7 @@ def sparse_max_pool(x, strides, padded_output=False):
                         f"got {strides!r}") from None
     if any(s > _INT32_MAX for s in strides):
         raise ValueError(f"sparse_max_pool: strides must be at most 2^31 - 1, got {strides}")
-    padded_output = bool_arg(padded_output, "padded_output", "sparse_max_pool")
+    padded_output = flag(padded_output, "padded_output", "sparse_max_pool")
     # The op checks the strides' count and values (InvalidArgumentError naming the bad one).
     trusted = not check_every_op() and made_by_library(x.keys, x.dense_shape)
     keys, values, dense_shape, _ = _ops.sparse_max_pool(x.keys, x.values, x.dense_shape, strides=strides,

@@ -12,7 +12,7 @@ import numpy as np
 
 from tf_sparseconv.data.npz import read_npz_arrays
 from tf_sparseconv.data.point_files import check_extent, npz_class_names
-from tf_sparseconv.layer_config import whole
+from tf_sparseconv.layer_config import flag, whole
 
 MODELNET10_CLASSES = ("bathtub", "bed", "chair", "desk", "dresser", "monitor", "night_stand", "sofa", "table",
                       "toilet")
@@ -186,7 +186,10 @@ def load_modelnet_meshes(root, split="train", classes=None, num_points=1024, see
     """
     root = os.fspath(root)
     if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        raise ValueError(f"load_modelnet_meshes: split must be 'train' or 'test', got {split!r}")
+    num_points = whole(num_points, "num_points", "load_modelnet_meshes")
+    seed = whole(seed, "seed", "load_modelnet_meshes", minimum=0)
+    normals = flag(normals, "normals", "load_modelnet_meshes")
     if not os.path.isdir(root):
         raise FileNotFoundError(f"ModelNet root {root!r} does not exist; expected the layout {MESH_LAYOUT}")
     if classes is None:

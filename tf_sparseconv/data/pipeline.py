@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
-from tf_sparseconv.inputs import bool_arg, count_arg, int_attr
+from tf_sparseconv.inputs import count_arg, int_attr
 from tf_sparseconv.layer_config import bounds_pair, flag, real, whole
 from tf_sparseconv.data.mnist import THRESHOLD, image_arrays
 from tf_sparseconv.data.voxelize import num_channels, voxelize_arrays
@@ -263,8 +263,8 @@ def _sparse_batches(num_examples, batch_size, shuffle, seed, drop_remainder, mak
     if num_examples == 0:
         raise ValueError("cannot build a dataset from 0 examples")
     batch_size = count_arg(batch_size, "batch_size", what)
-    shuffle = bool_arg(shuffle, "shuffle", what)
-    drop_remainder = bool_arg(drop_remainder, "drop_remainder", what)
+    shuffle = flag(shuffle, "shuffle", what)
+    drop_remainder = flag(drop_remainder, "drop_remainder", what)
     seed = _seed(seed, what)
     if split is not None and not isinstance(split, ReplicaSplit):
         raise TypeError(f"{what}: split must be a ReplicaSplit or None, got {split!r}")

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tf_sparseconv.data.modelnet import normalize_to_unit_sphere
+from tf_sparseconv.layer_config import flag, whole
 
 SCANNET_CLASSES = ("wall", "floor", "cabinet", "bed", "chair", "sofa", "table", "door", "window", "bookshelf",
                    "picture", "counter", "desk", "curtain", "refrigerator", "shower curtain", "toilet", "sink",
@@ -289,6 +290,12 @@ def _vertex_normals(vertices, faces, path):
     return np.divide(normals, length, out=np.zeros_like(normals), where=length > 0)
 
 
+def _checked(num_points, min_points, seed, normals, what):
+    """The loaders' numbers and flag, checked: whole numbers (never truncated), a bool."""
+    return (whole(num_points, "num_points", what), whole(min_points, "min_points", what, minimum=0),
+            whole(seed, "seed", what, minimum=0), flag(normals, "normals", what))
+
+
 def scene_objects(scene_dir, classes=SCANNET_CLASSES, num_points=2048, min_points=50, seed=0, normals=False,
                   label_map=None):
     """The ScanNetObject crops of one scan folder, in the aggregation file's order.
@@ -297,6 +304,12 @@ def scene_objects(scene_dir, classes=SCANNET_CLASSES, num_points=2048, min_point
     are skipped. Crops are resampled to `num_points` vertices (with repetition if smaller,
     which leaves the occupancy unchanged), seeded by (seed, scene, objectId).
     """
+    # Checked when called (the crops are a generator, which would check only when read).
+    num_points, min_points, seed, normals = _checked(num_points, min_points, seed, normals, "scene_objects")
+    return _scene_objects(scene_dir, classes, num_points, min_points, seed, normals, label_map)
+
+
+def _scene_objects(scene_dir, classes, num_points, min_points, seed, normals, label_map):
     scene, mesh_path, aggregation_path, segs_path = _scene_files(os.fspath(scene_dir))
     mesh = read_ply(mesh_path)
     vertex = mesh.get("vertex", {})
@@ -343,6 +356,7 @@ def load_scannet_objects(root, classes=SCANNET_CLASSES, num_points=2048, min_poi
     label_map: None, a {raw: nyu40class} dict or the path of scannetv2-labels.combined.tsv.
     """
     root = os.fspath(root)
+    _checked(num_points, min_points, seed, normals, "load_scannet_objects")
     if not os.path.isdir(root):
         raise FileNotFoundError(f"ScanNet root {root!r} does not exist; expected {SCAN_LAYOUT}")
     scenes = sorted(d for d in os.listdir(root) if d.startswith("scene") and os.path.isdir(os.path.join(root, d)))

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.geometry import conv_geometry
-from tf_sparseconv.inputs import bool_arg, nan_checks
+from tf_sparseconv.inputs import nan_checks
+from tf_sparseconv.layer_config import flag
 from tf_sparseconv.site.kernel_map import (along_map, assert_rows_match, check_dataflow, map_checks, site_checks,
                                            with_inverse_table)
 from tf_sparseconv.site.tensor import SiteSparseTensor, check_site_tensor
@@ -90,7 +91,7 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     """
     check_site_tensor(x, "site_conv")
     check_dataflow(dataflow, "site_conv")
-    subm = bool_arg(subm, "subm", "site_conv")
+    subm = flag(subm, "subm", "site_conv")
     kernel = tf.convert_to_tensor(kernel)
     _check_kernel(x, kernel, "site_conv")
     d = x.spatial_rank

@@ -10,7 +10,8 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
 from tf_sparseconv.geometry import MODES, output_shape, per_dim
-from tf_sparseconv.inputs import bool_arg, same_vector
+from tf_sparseconv.inputs import same_vector
+from tf_sparseconv.layer_config import flag
 from tf_sparseconv.site.tensor import KernelMap, SiteSparseTensor, check_site_tensor
 
 
@@ -131,7 +132,7 @@ def neighbour_table(kmap, inverse=False):
     reads it on the GPU."""
     if not isinstance(kmap, KernelMap):
         raise TypeError(f"neighbour_table takes a KernelMap (tf_sparseconv.kernel_map), got {type(kmap).__name__}")
-    inverse = bool_arg(inverse, "inverse", "neighbour_table")
+    inverse = flag(inverse, "inverse", "neighbour_table")
     # The op takes the table's width from the splits: they must be those of kmap's kernel.
     fits = tf.debugging.assert_equal(
         tf.size(kmap.offset_splits), kmap.volume + 1,
