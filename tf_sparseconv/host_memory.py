@@ -28,3 +28,9 @@ def check_fits(need_bytes, what):
     available = available_memory_bytes()
     if available is not None and need_bytes > available:
         raise MemoryError(f"{what} take {_size(need_bytes)}, {_size(available)} are available")
+
+
+def check_cloud_fits(points):
+    """check_fits for sampling one cloud of `points` points, which holds at least its float64
+    coordinates [points, 3]."""
+    check_fits(points * 3 * 8, "one cloud's coordinates alone")

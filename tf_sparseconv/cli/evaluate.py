@@ -20,7 +20,7 @@ import numpy as np
 
 from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, check_out_dir, load_ensemble,
                                       non_negative_int, one_line, positive_int)
-from tf_sparseconv.host_memory import check_fits
+from tf_sparseconv.host_memory import check_cloud_fits
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip() + """
 
@@ -350,8 +350,7 @@ def _load_examples(args, kind, split, data, record, spec, model_names, num_outpu
     points = args.points or spec.get("points_per_cloud") or 1024
     given = " (--points)" if args.points else ""
     try:
-        # Sampling a cloud holds at least its float64 coordinates [points, 3].
-        check_fits(points * 3 * 8, "one cloud's coordinates alone")
+        check_cloud_fits(points)
         loaded = test_split.load_test_split(data, kind, split, classes, num_points=points,
                                             normals=spec.get("columns") == 6, seed=seed,
                                             progress=Progress(f"loading {data}"))

@@ -177,6 +177,11 @@ def mesh_point_cloud(path, num_points, rng, normals=False):
     return np.concatenate([points, face_normals], 1).astype(np.float32) if normals else points.astype(np.float32)
 
 
+def mesh_files(folder):
+    """The .off files of a class folder, sorted (their order seeds the sampling)."""
+    return sorted(f for f in os.listdir(folder) if f.lower().endswith(".off"))
+
+
 def load_modelnet_meshes(root, split="train", classes=None, num_points=1024, seed=0, normals=False):
     """Samples every mesh of `<root>/<class>/<split>/*.off` (the official ModelNet layout).
 
@@ -203,7 +208,7 @@ def load_modelnet_meshes(root, split="train", classes=None, num_points=1024, see
         folder = os.path.join(root, name, split)
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"missing {folder!r}; expected the layout {MESH_LAYOUT}")
-        files = sorted(f for f in os.listdir(folder) if f.lower().endswith(".off"))
+        files = mesh_files(folder)
         if not files:
             raise FileNotFoundError(f"no .off files in {folder!r}; expected the layout {MESH_LAYOUT}")
         for file_index, file in enumerate(files):

@@ -102,13 +102,13 @@ def _relabel(labels, from_classes, to_classes):
 
 
 def _load_meshes(root, split, classes, num_points, normals, seed, progress):
-    from tf_sparseconv.data.modelnet import load_modelnet_meshes
+    from tf_sparseconv.data.modelnet import load_modelnet_meshes, mesh_files
 
     clouds, labels, count = [], [], 0
     splits = ("train", "test") if split == "all" else (split,)
     jobs = [(s, c) for s in splits for c in classes if os.path.isdir(os.path.join(root, c, s))]
     # The clouds as float32 [meshes, num_points, columns], twice (per class, then joined).
-    meshes = sum(sum(1 for f in os.listdir(os.path.join(root, c, s)) if f.lower().endswith(".off")) for s, c in jobs)
+    meshes = sum(len(mesh_files(os.path.join(root, c, s))) for s, c in jobs)
     check_fits(2 * meshes * num_points * (6 if normals else 3) * 4, f"{meshes} clouds of {num_points} points")
     for done, (s, name) in enumerate(jobs, 1):
         # One class per call gives progress; sampling is seeded per (seed, class, file), so

@@ -46,6 +46,7 @@ from tf_sparseconv.channel.keras_io import FIELDS, as_keras_inputs, from_keras_i
 from tf_sparseconv.channel.layers import DenseToSparse, SparseMaxPool, SparseReLU, SparseToDense
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.geometry import pooled_shape
+from tf_sparseconv.layer_config import whole
 from tf_sparseconv.models.ensemble import MeanSoftmax
 from tf_sparseconv.models.point_normals import chunk_rows
 from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse
@@ -116,15 +117,6 @@ class ModelBound:
                          f"({entries / cells:.0%}; each entry also holds an 8-byte key)")
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
-
-
-def _whole_number(value, name, what, minimum=1):
-    """value as an int when it is a whole number >= minimum (2.0 is 2; a bool, 2.5, NaN,
-    infinity or anything but a real number is ValueError naming what and name)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-            or int(value) != value or value < minimum:
-        raise ValueError(f"{what}: {name} must be a whole number >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _worker_threads():
@@ -612,11 +604,11 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
     its input, every layer's outputs alive together, and the largest single layer's
     temporaries, those the kernels take from malloc included (tf.unique's hash table, the
     CPU convolutions' vectors), and on the CPU what a call may grow each worker thread's
-    malloc arena by (THREAD_ARENA_BYTES per thread and layer call). Not covered: TensorFlow's fixed costs, paid once per
-    process or per new shape and not growing with the batch (thread pools, the eager
-    kernel cache, oneDNN's primitive cache, cuBLAS/cuDNN workspaces), and host memory
-    while the model runs on the GPU. The allocator's pool (oneDNN's on x86 CPUs, TensorFlow's
-    BFC on GPUs) can hold up to twice a request's bytes in a reused chunk; the
+    malloc arena by (THREAD_ARENA_BYTES per thread and layer call). Not covered:
+    TensorFlow's fixed costs, paid once per process or per new shape and not growing with
+    the batch (thread pools, the eager kernel cache, oneDNN's primitive cache, cuBLAS/cuDNN
+    workspaces), and host memory while the model runs on the GPU. The allocator's pool
+    (oneDNN's on x86 CPUs, TensorFlow's BFC on GPUs) can hold up to twice a request's bytes in a reused chunk; the
     preprocessing's tensors, many and point-sized, are bounded at twice their live bytes
     (POOL_FACTOR), the network's by their generous per-layer caps.
 
@@ -630,9 +622,9 @@ def memory_bound(model, batch_size, points_per_sample=None, dtype=tf.float32, de
     device = _default_device() if device is None else device
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES} (or None: where TensorFlow runs the model), got {device!r}")
-    batch_size = _whole_number(batch_size, "batch_size", "memory_bound")
+    batch_size = whole(batch_size, "batch_size", "memory_bound")
     if points_per_sample is not None:
-        points_per_sample = _whole_number(points_per_sample, "points_per_sample", "memory_bound")
+        points_per_sample = whole(points_per_sample, "points_per_sample", "memory_bound")
     try:
         value_dtype = tf.as_dtype(dtype)
     except TypeError:
@@ -816,7 +808,7 @@ class BoundedInference:
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES} (or None), got {device!r}")
         self.point_clouds = _takes_point_clouds(model)
-        self.points_per_sample = None if points_per_sample is None else _whole_number(
+        self.points_per_sample = None if points_per_sample is None else whole(
             points_per_sample, "points_per_sample", "BoundedInference")
         self.chunk_size = (largest_batch_within(model, self.budget_bytes, self.points_per_sample, self.device)
                            if self.points_per_sample is not None or not self.point_clouds else None)

@@ -93,9 +93,10 @@ def voxelize_sites(points, voxel_size, spatial_shape, batch_index=None, batch_si
     point_to_site [N] int32: the site row of each point, -1 for points outside), so
     per-point outputs are tf.gather(site_features, point_to_site) for the points inside.
     Refused with InvalidArgument: a voxel_size that is not positive and finite (scalar or
-    one per axis), an origin that is not finite (TypeError: not real), batch indices outside [0, batch_size), NaN or infinite features, and NaN
-    or infinite coordinates unless non_finite="drop", which maps such points to -1 like the
-    points outside the grid (their features are then not read).
+    one per axis), an origin that is not finite (TypeError: not real), batch indices
+    outside [0, batch_size), NaN or infinite features, and NaN or infinite coordinates
+    unless non_finite="drop", which maps such points to -1 like the points outside the grid
+    (their features are then not read).
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")

@@ -7,14 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from tf_sparseconv.inputs import int_attr
-
-
-def _num_classes(num_classes, what):
-    num_classes = int_attr(num_classes, "num_classes", what)
-    if num_classes < 1:
-        raise ValueError(f"{what}: num_classes must be >= 1, got {num_classes}")
-    return num_classes
+from tf_sparseconv.inputs import count_arg
 
 
 def _class_weight_values(class_weights, num_classes, what):
@@ -43,7 +36,7 @@ class MeanClassAccuracy(keras.metrics.Metric):
 
     def __init__(self, num_classes, class_weights=None, name="mean_class_accuracy", dtype=None):
         super().__init__(name=name, dtype=dtype)
-        self.num_classes = _num_classes(num_classes, "MeanClassAccuracy")
+        self.num_classes = count_arg(num_classes, "num_classes", "MeanClassAccuracy")
         weights = _class_weight_values(class_weights, self.num_classes, "MeanClassAccuracy")
         self.class_weights = None if class_weights is None else [float(w) for w in weights]
         self._class_weight_values = weights
@@ -83,7 +76,7 @@ def class_accuracies(labels, predicted, num_classes, class_weights=None):
     and "weighted_se", its standard error sqrt(sum_c (w_c / sum w)^2 p_c (1 - p_c) / n_c) with
     each class's examples taken as independent draws; p_c = (correct_c + 1) / (n_c + 2), not
     acc_c, so a class of few examples all right (or all wrong) still counts its uncertainty."""
-    num_classes = _num_classes(num_classes, "class_accuracies")
+    num_classes = count_arg(num_classes, "num_classes", "class_accuracies")
     labels, predicted = np.asarray(labels), np.asarray(predicted)
     if labels.shape != predicted.shape or labels.ndim != 1 or not len(labels):
         raise ValueError(f"expected labels and predictions [M], M > 0, got {labels.shape} and {predicted.shape}")

@@ -57,7 +57,7 @@ from tf_sparseconv.data.point_files import npz_headers
 from tf_sparseconv.data.scannet import SCAN_LAYOUT
 from tf_sparseconv.channel.keras_io import as_keras_inputs
 from tf_sparseconv.cli.common import folder_problem
-from tf_sparseconv.host_memory import check_fits
+from tf_sparseconv.host_memory import check_cloud_fits
 from tf_sparseconv.layer_config import MAX_EXTENT, MAX_KEYS
 from tf_sparseconv.models import (DEFAULT_RHOS, image_classifier, normalize_point_clouds, octnet3,
                                   point_cloud_classifier, save_model, site_resnet)
@@ -681,10 +681,10 @@ def _check_values(parser, args):
                                ("--site-k", args.site_k, 0), ("--steps-per-execution", args.steps_per_execution, 1)):
         if value < least:
             parser.error(f"{flag} must be >= {least}, got {value}")
-    # A cloud is sampled as float64 coordinates [points, 3]: where that alone exceeds the
-    # memory free now, an overcommitting host would kill the run once it touched them.
+    # Where one cloud exceeds the memory free now, an overcommitting host would kill the run
+    # once it touched the pages.
     try:
-        check_fits(args.points * 3 * 8, "one cloud's coordinates alone")
+        check_cloud_fits(args.points)
     except MemoryError as e:
         parser.error(f"--points {args.points}: {e}")
     if not 0 <= args.seed < 2 ** 32:  # keras.utils.set_random_seed takes 0..2^32 - 1
