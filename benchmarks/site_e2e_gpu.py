@@ -25,6 +25,10 @@ ours_s: above 1 we are faster), max_rel_err, device, date, commit, plus the site
 waits per call and spconv's algorithm (its faster of Native and MaskImplicitGemm).
 Our batch norm is the library's FusedBatchNormalization (--bn fused, the default; --bn
 keras times Keras' own layer too).
+Both sides take their inputs on the GPU: spconv int32 indices, ours int64 coordinates
+(--coords-dtype; TensorFlow keeps an int32 argument of a tf.function in host memory, so
+int32 coordinates would be copied to the GPU in every call), which make_site_sparse checks
+and casts to int32 inside the call.
 Times are medians of synchronised whole calls (cudaDeviceSynchronize on both sides)
 after warm-up. With --kernels N (both sides) three more calls of each pass are traced
 (TensorFlow's profiler, PyTorch's) and the merge appends, per side, the GPU's busy time per
@@ -190,7 +194,7 @@ def run_ours(args):
                 for name, layer in convs.items():
                     layer.kernel.assign(weights[name].astype(dtype))
                 set_statistics(norms, stats)
-                c = tf.constant(coords)
+                c = tf.constant(coords.astype(args.coords_dtype))
                 f = tf.constant(features.astype(dtype))
                 fwd, train = functions(model, tf.constant(spatial), batch)
                 for pass_name, fn in (("fwd", fwd), ("train", train)):
@@ -205,7 +209,8 @@ def run_ours(args):
                     rows.append({"network": run, "dtype": dtype_name, "pass": pass_name, "ours_s": seconds,
                                  "n_sites": len(coords), "ours_host_syncs": waits, "ours_deferred_read_backs": deferred,
                                  "sync": sync_method(),
-                                 "ours_cpu_gpu_rel_err": check and max(check.values()), "bn": bn})
+                                 "ours_cpu_gpu_rel_err": check and max(check.values()), "bn": bn,
+                                 "coords_dtype": args.coords_dtype})
                     print(f"  {bn} {dtype_name} {pass_name}: {seconds * 1e3:.3f} ms, {waits} host waits, "
                           f"{deferred} deferred read-backs", flush=True)
                     if args.kernels:
@@ -323,6 +328,10 @@ def main():
     p.add_argument("--exchange", default="/tmp/site_e2e")
     p.add_argument("--lidar", default=LIDAR)
     p.add_argument("--tiny", action="store_true", help="a small random scene instead of the frame (tests, CPU)")
+    p.add_argument("--coords-dtype", choices=("int64", "int32"), default="int64",
+                   help="the coordinates our call takes, on the GPU as spconv's are: int64 (the default) stays "
+                        "there; TensorFlow passes an int32 argument of a tf.function in host memory, so int32 "
+                        "adds a copy to the GPU (and from it, for a tensor made there) to every call")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--cpu-check", action="store_true",

@@ -137,6 +137,7 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
         ("resunet42_lidar_5cm_b2", "fwd", "keras"), ("resunet42_lidar_5cm_b2", "train", "keras")]
     assert all(r["ours_s"] > 0 and r["ours_host_syncs"] == 0 and r["ours_deferred_read_backs"] == 0
                for r in ours["rows"])  # the CPU never reads back
+    assert all(r["coords_dtype"] == "int64" for r in ours["rows"])  # on the GPU, as spconv's indices
     traced = [json.loads(line) for line in (exchange / "kernels.jsonl").read_text().splitlines()]
     assert [(r["network"], r["pass"], r["side"]) for r in traced] == [
         (r["network"], r["pass"], "ours") for r in ours["rows"]]
@@ -190,6 +191,20 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
     merged = [json.loads(line) for line in kernels_out.read_text().splitlines()]
     assert [r["network"] for r in merged] == [r["network"] for r in traced]
     assert all(r["device"] == rows[0]["device"] and r["date"] == rows[0]["date"] for r in merged)
+
+
+def test_the_call_variants_agree_and_keep_their_traces(tmp_path):
+    """benchmarks/call_variants.py: the same forward call built four ways gives the same
+    output (the script checks it and fails otherwise) and a time each; two traces kept."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "benchmarks/call_variants.py", "--networks", "unet5_lidar_5cm", "--tiny",
+                           "--dtype", "fp32", "--rounds", "1", "--reps", "1", "--trace", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    timed = [line.split()[0] for line in done.stdout.splitlines() if line.strip().endswith(")")]
+    assert timed == ["base", "frozen", "nochecks", "int64"], done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "unet5_lidar_5cm_fp32_base.xplane.pb", "unet5_lidar_5cm_fp32_int64.xplane.pb"]
 
 
 def test_the_cpu_training_call_benchmark_writes_its_row(tmp_path):

@@ -1,0 +1,130 @@
+"""Where a whole site-network call loses time on the host: the same forward call of
+site_e2e_gpu.py's networks timed as built (`base`), with its weights frozen into constants
+(`frozen`: no variable reads, the graph's other ops unchanged), without the convolution
+layers' row checks (`nochecks`: the Shape/StridedSlice/Equal/Assert ops of
+kernel_map.assert_rows_match) and with int64 coordinates (`int64`: TensorFlow passes an
+int32 argument of a tf.function in host memory, int64 stays on the GPU); interleaved rounds,
+medians of synchronised calls. With --trace DIR three calls each of `base` and `int64` are
+traced with TensorFlow's profiler and the XSpace files kept there (the host threads' events
+beside the GPU's stream events; docs/benchmarks.md reads them).
+
+    python benchmarks/call_variants.py --networks resunet42_lidar_5cm_b1 unet5_lidar_5cm --dtype fp16
+"""
+import argparse
+import glob
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import site_e2e_gpu as e2e  # noqa: E402
+from site_networks import conv_weights, network, scene  # noqa: E402
+from site_scenes import LIDAR  # noqa: E402
+
+VARIANTS = ("base", "frozen", "nochecks", "int64")
+
+
+def build(run, dtype, lidar, tiny, checks=True):
+    import importlib
+    import tensorflow as tf
+    kernel_map = importlib.import_module("tf_sparseconv.site.kernel_map")  # the module, not the function
+    net, batch = e2e.RUNS[run]
+    steps = network(net)
+    coords, spatial, features = scene(net, batch, lidar, tiny=tiny)
+    weights = conv_weights(net, steps)
+    original = kernel_map.assert_rows_match
+    if not checks:
+        kernel_map.assert_rows_match = lambda *args: tf.no_op()
+    try:
+        model, convs, _, _ = e2e.build_model(steps, spatial, features.shape[1], dtype)
+        for name, layer in convs.items():
+            layer.kernel.assign(weights[name].astype(dtype))
+        fwd, _ = e2e.functions(model, tf.constant(spatial), batch)
+        c, f = tf.constant(coords), tf.constant(features.astype(dtype))
+        concrete = fwd.get_concrete_function(c, f)
+        c64 = tf.constant(coords.astype(np.int64))
+        wide = fwd.get_concrete_function(c64, f)
+    finally:
+        kernel_map.assert_rows_match = original
+    return concrete, (c, f), len(coords), wide, (c64, f)
+
+
+def frozen(concrete):
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+    return convert_variables_to_constants_v2(concrete)
+
+
+def graph_ops(concrete):
+    nodes = list(concrete.graph.as_graph_def().node)
+    return sum(1 for n in nodes if n.op not in ("Const", "Placeholder", "NoOp"))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--networks", nargs="+", choices=tuple(e2e.RUNS), default=["resunet42_lidar_5cm_b1"])
+    p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp16")
+    p.add_argument("--lidar", default=LIDAR)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--trace", default=None, help="keep the profiler's XSpace of 3 traced base calls here")
+    args = p.parse_args()
+    import tensorflow as tf
+    from timing import sync
+    dtype = {"fp32": "float32", "fp16": "float16"}[args.dtype]
+    device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
+    for run in args.networks:
+        with tf.device(device):
+            base, inputs, sites, wide, wide_inputs = build(run, dtype, args.lidar, args.tiny)
+            fns = {"base": base, "frozen": frozen(base),
+                   "nochecks": build(run, dtype, args.lidar, args.tiny, checks=False)[0], "int64": wide}
+        feeds = {name: wide_inputs if name == "int64" else inputs for name in fns}
+        ref = fns["base"](*inputs)
+        for name, fn in fns.items():
+            out = fn(*feeds[name])
+            out = out[0] if isinstance(out, (list, tuple)) else out
+            out, want = np.asarray(out, np.float32), np.asarray(ref, np.float32)
+            # The same network: the variants differ only in the order of half-precision sums.
+            if np.abs(out - want).max() > 1e-2 * np.abs(want).max():
+                raise AssertionError(f"{run}: {name} differs from base by {np.abs(out - want).max()}")
+        times = {name: [] for name in fns}
+        for _ in range(args.rounds):
+            for name, fn in fns.items():
+                for _ in range(3):
+                    fn(*feeds[name])
+                sync()
+                for _ in range(args.reps):
+                    start = time.perf_counter()
+                    fn(*feeds[name])
+                    sync()
+                    times[name].append(time.perf_counter() - start)
+        print(f"{run} {args.dtype} fwd, {sites:,} sites, {device}:", flush=True)
+        for name, fn in fns.items():
+            print(f"  {name:9s} {statistics.median(times[name]) * 1e3:8.3f} ms  "
+                  f"(ops in the graph before Grappler: {graph_ops(fn)})", flush=True)
+        if args.trace:
+            os.makedirs(args.trace, exist_ok=True)
+            for name in ("base", "int64"):
+                fns[name](*feeds[name])
+                sync()
+                logdir = tempfile.mkdtemp(prefix="call_variants_")
+                tf.profiler.experimental.start(logdir)
+                for _ in range(3):
+                    fns[name](*feeds[name])
+                    sync()
+                tf.profiler.experimental.stop()
+                path = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1]
+                kept = os.path.join(args.trace, f"{run}_{args.dtype}_{name}.xplane.pb")
+                shutil.copy(path, kept)
+                print(f"  trace -> {kept}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
