@@ -74,6 +74,8 @@ def main():
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                   help="the variants to time (base is always built: the others are checked against it)")
     p.add_argument("--trace", default=None, help="keep the profiler's XSpace of 3 traced base calls here")
     args = p.parse_args()
     import tensorflow as tf
@@ -83,8 +85,13 @@ def main():
     for run in args.networks:
         with tf.device(device):
             base, inputs, sites, wide, wide_inputs = build(run, dtype, args.lidar, args.tiny)
-            fns = {"base": base, "frozen": frozen(base),
-                   "nochecks": build(run, dtype, args.lidar, args.tiny, checks=False)[0], "int64": wide}
+            fns = {"base": base}
+            if "frozen" in args.variants:
+                fns["frozen"] = frozen(base)
+            if "nochecks" in args.variants:
+                fns["nochecks"] = build(run, dtype, args.lidar, args.tiny, checks=False)[0]
+            if "int64" in args.variants:
+                fns["int64"] = wide
         feeds = {name: wide_inputs if name == "int64" else inputs for name in fns}
         ref = fns["base"](*inputs)
         for name, fn in fns.items():
@@ -111,7 +118,7 @@ def main():
                   f"(ops in the graph before Grappler: {graph_ops(fn)})", flush=True)
         if args.trace:
             os.makedirs(args.trace, exist_ok=True)
-            for name in ("base", "int64"):
+            for name in [n for n in ("base", "int64") if n in fns]:
                 fns[name](*feeds[name])
                 sync()
                 logdir = tempfile.mkdtemp(prefix="call_variants_")
