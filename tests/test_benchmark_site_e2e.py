@@ -205,6 +205,12 @@ def test_the_call_variants_agree_and_keep_their_traces(tmp_path):
     assert timed == ["base", "frozen", "nochecks", "int64"], done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "unet5_lidar_5cm_fp32_base.xplane.pb", "unet5_lidar_5cm_fp32_int64.xplane.pb"]
+    done = subprocess.run([sys.executable, "benchmarks/call_variants.py", "--networks", "unet5_lidar_5cm", "--tiny",
+                           "--dtype", "fp32", "--rounds", "1", "--reps", "1", "--variants", "nochecks"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    timed = [line.split()[0] for line in done.stdout.splitlines() if line.strip().endswith(")")]
+    assert timed == ["base", "nochecks"], done.stdout  # base: what the others are checked against
 
 
 def test_the_cpu_training_call_benchmark_writes_its_row(tmp_path):
