@@ -107,11 +107,14 @@ def test_the_queued_train_function_trains_as_fit_does(tmp_path):
         model = octnet3(16, len(classes), (1.0, 1.0, 1.0))
         model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         if queued:
-            model.train_function = step_profile.queued_train_function(model)
+            queued_function = step_profile.queued_train_function(model)
+            model.train_function = queued_function
         batches = step_profile.keras_batches(datasets.point_cloud_dataset(points, labels, 16, 8, shuffle=False))
         history = model.fit(batches, epochs=2, verbose=0, shuffle=False).history  # to the data's end, twice
         assert len(history["loss"]) == 2 and all(np.isfinite(history["loss"]))
         weights.append([w.numpy() for w in model.trainable_weights])
+    # fit kept the queued function (had Keras made its own, both runs would be Keras' fit)
+    assert model.train_function is queued_function
     assert isinstance(model.train_function, tf.types.experimental.GenericFunction)
     for a, b in zip(*weights):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
