@@ -25,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import site_e2e_gpu as e2e  # noqa: E402
+from gpu_trace import first_gpu_work  # noqa: E402
 from site_networks import conv_weights, network, scene  # noqa: E402
 from site_scenes import LIDAR  # noqa: E402
 
@@ -130,7 +131,10 @@ def main():
                 path = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1]
                 kept = os.path.join(args.trace, f"{run}_{args.dtype}_{name}.xplane.pb")
                 shutil.copy(path, kept)
-                print(f"  trace -> {kept}", flush=True)
+                waits = [w for w in first_gpu_work(kept, "fwd") if w is not None]
+                start = (f"the GPU's first work {statistics.median(waits) / 1e9:.3f} ms after the call began "
+                         f"(median of {len(waits)} traced calls)") if waits else "no GPU work traced"
+                print(f"  {name}: {start}; trace -> {kept}", flush=True)
 
 
 if __name__ == "__main__":

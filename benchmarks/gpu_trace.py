@@ -69,6 +69,40 @@ def gpu_stream_events(xspace_path):
     return out
 
 
+def python_calls(xspace_path, name):
+    """[(begin ps, end ps)] of the events called `name` on the Python thread of a profiler
+    trace's host plane: one per traced call of a tf.function or ConcreteFunction of that
+    Python name."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    space = xplane_pb2.XSpace()
+    with open(xspace_path, "rb") as f:
+        space.ParseFromString(f.read())
+    calls = []
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        names = {i: m.name for i, m in plane.event_metadata.items()}
+        for line in plane.lines:
+            if not line.name.startswith("python"):
+                continue
+            base = line.timestamp_ns * 1000
+            calls += [(base + e.offset_ps, base + e.offset_ps + e.duration_ps) for e in line.events
+                      if names.get(e.metadata_id) == name]
+    return sorted(calls)
+
+
+def first_gpu_work(xspace_path, name):
+    """For each traced call `name` (python_calls), the picoseconds from its start to the first
+    GPU stream event that begins after it (None where none does, e.g. without a GPU): how
+    long the GPU waits for the host's start of a call."""
+    starts = sorted(b for _, stream in gpu_stream_events(xspace_path).values() for b, _, _ in stream)
+    out = []
+    for begin, _ in python_calls(xspace_path, name):
+        later = [b for b in starts if b >= begin]
+        out.append(later[0] - begin if later else None)
+    return out
+
+
 def traced_events(run, args, calls):
     """The GPUs' stream events (begin ps, end ps, name) during `calls` calls of run(*args)
     under TensorFlow's profiler (after one untraced call)."""

@@ -65,6 +65,37 @@ def test_gpu_summary_reads_the_stream_lines_of_each_gpu(tmp_path):
     assert gaps == [10**8]  # the 1000 ps hole at [6000, 7000) is a queued kernel's, not the host's
 
 
+def test_first_gpu_work_is_measured_from_each_python_call(tmp_path):
+    """gpu_trace.first_gpu_work: per traced call (a Python-thread event of that name), the time
+    from its start to the first GPU stream event after it; other threads' events and derived
+    GPU lines do not count."""
+    space, gpu = trace_with_one_gpu(["Kernel", "MemcpyH2D"])
+    host = space.planes[0]
+    host.event_metadata[1].name = "ExecutorState::Process"
+    host.event_metadata[2].name = "fwd"
+    python = host.lines.add()
+    python.name, python.timestamp_ns = "python3", 2
+    add_event(python, 2, 0, 50_000)           # call 1 at [2000, 52000) ps
+    add_event(python, 2, 100_000, 50_000)     # call 2 at [102000, 152000)
+    add_event(python, 1, 60_000, 1000)        # not a call: another event name
+    stream = gpu.lines.add()
+    stream.name, stream.timestamp_ns = "Stream #13(Compute)", 0
+    add_event(stream, 2, 9000, 100)           # call 1's first GPU work, 7000 ps after it began
+    add_event(stream, 1, 20_000, 100)
+    add_event(stream, 1, 132_000, 100)        # call 2's: 30000 ps
+    derived = gpu.lines.add()
+    derived.name = "TensorFlow Ops"           # derived: left out even though earlier
+    add_event(derived, 1, 103_000, 10)
+    path = tmp_path / "t.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+    assert gpu_trace.python_calls(str(path), "fwd") == [(2000, 52000), (102000, 152000)]
+    assert gpu_trace.first_gpu_work(str(path), "fwd") == [7000, 30000]
+    assert gpu_trace.first_gpu_work(str(path), "train") == []
+    stream.ClearField("events")               # no GPU work after a call: None
+    path.write_bytes(space.SerializeToString())
+    assert gpu_trace.first_gpu_work(str(path), "fwd") == [None, None]
+
+
 def test_idle_gaps_are_the_holes_of_the_union():
     assert gpu_trace.idle_gaps([], 1) == []
     assert gpu_trace.idle_gaps([(0, 10), (5, 20), (30, 35), (31, 32), (50, 51)], 10) == [10, 15]
