@@ -11,12 +11,10 @@ beside the GPU's stream events; docs/benchmarks.md reads them).
     python benchmarks/call_variants.py --networks resunet42_lidar_5cm_b1 unet5_lidar_5cm --dtype fp16
 """
 import argparse
-import glob
 import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -25,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import site_e2e_gpu as e2e  # noqa: E402
-from gpu_trace import first_gpu_work  # noqa: E402
+from gpu_trace import first_gpu_work, trace_file  # noqa: E402
 from site_networks import conv_weights, network, scene  # noqa: E402
 from site_scenes import LIDAR  # noqa: E402
 
@@ -120,15 +118,7 @@ def main():
         if args.trace:
             os.makedirs(args.trace, exist_ok=True)
             for name in [n for n in ("base", "int64") if n in fns]:
-                fns[name](*feeds[name])
-                sync()
-                logdir = tempfile.mkdtemp(prefix="call_variants_")
-                tf.profiler.experimental.start(logdir)
-                for _ in range(3):
-                    fns[name](*feeds[name])
-                    sync()
-                tf.profiler.experimental.stop()
-                path = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1]
+                path = trace_file(lambda *a, fn=fns[name]: (fn(*a), sync()), feeds[name], 3)
                 kept = os.path.join(args.trace, f"{run}_{args.dtype}_{name}.xplane.pb")
                 shutil.copy(path, kept)
                 waits = [w for w in first_gpu_work(kept, "fwd") if w is not None]

@@ -1,6 +1,7 @@
 """Reading TensorFlow's profiler traces for the benchmarks: the GPUs' stream events of an
 XSpace (.xplane.pb), the union of their intervals (the GPU's busy time), the idle stretches
 between them, the costliest kernels of a few traced calls, and their rows."""
+import bisect
 import glob
 import json
 import os
@@ -44,14 +45,20 @@ def named_gaps(events, at_least, top):
     return sum(g[0] for g in gaps), len(gaps), sorted(gaps, key=lambda g: -g[0])[:top]
 
 
-def gpu_stream_events(xspace_path):
-    """{GPU plane name: ([line names], [(begin ps, end ps, event name)])} of a profiler trace:
-    the events on each GPU's stream lines (CUPTI's kernels, copies and memsets); derived
-    lines (steps, ops), which repeat the streams' time, are named but their events left out."""
+def read_xspace(xspace_path):
+    """The XSpace protocol buffer of a profiler trace file (.xplane.pb)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
     space = xplane_pb2.XSpace()
     with open(xspace_path, "rb") as f:
         space.ParseFromString(f.read())
+    return space
+
+
+def gpu_stream_events(xspace_path):
+    """{GPU plane name: ([line names], [(begin ps, end ps, event name)])} of a profiler trace:
+    the events on each GPU's stream lines (CUPTI's kernels, copies and memsets); derived
+    lines (steps, ops), which repeat the streams' time, are named but their events left out."""
+    space = read_xspace(xspace_path)
     out = {}
     for plane in space.planes:
         if not plane.name.startswith("/device:GPU:"):
@@ -73,10 +80,7 @@ def python_calls(xspace_path, name):
     """[(begin ps, end ps)] of the events called `name` on the Python thread of a profiler
     trace's host plane: one per traced call of a tf.function or ConcreteFunction of that
     Python name."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    space = xplane_pb2.XSpace()
-    with open(xspace_path, "rb") as f:
-        space.ParseFromString(f.read())
+    space = read_xspace(xspace_path)
     calls = []
     for plane in space.planes:
         if plane.name != "/host:CPU":
@@ -98,13 +102,13 @@ def first_gpu_work(xspace_path, name):
     starts = sorted(b for _, stream in gpu_stream_events(xspace_path).values() for b, _, _ in stream)
     out = []
     for begin, _ in python_calls(xspace_path, name):
-        later = [b for b in starts if b >= begin]
-        out.append(later[0] - begin if later else None)
+        i = bisect.bisect_left(starts, begin)
+        out.append(starts[i] - begin if i < len(starts) else None)
     return out
 
 
-def traced_events(run, args, calls):
-    """The GPUs' stream events (begin ps, end ps, name) during `calls` calls of run(*args)
+def trace_file(run, args, calls):
+    """The XSpace file (.xplane.pb, in a new temporary folder) of `calls` calls of run(*args)
     under TensorFlow's profiler (after one untraced call)."""
     import tensorflow as tf
     logdir = tempfile.mkdtemp(prefix="gpu_kernels_")
@@ -113,7 +117,13 @@ def traced_events(run, args, calls):
     for _ in range(calls):
         run(*args)
     tf.profiler.experimental.stop()
-    path = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1]
+    return sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1]
+
+
+def traced_events(run, args, calls):
+    """The GPUs' stream events (begin ps, end ps, name) during `calls` calls of run(*args)
+    under TensorFlow's profiler (after one untraced call)."""
+    path = trace_file(run, args, calls)
     return [event for _, stream in gpu_stream_events(path).values() for event in stream]
 
 
