@@ -53,6 +53,7 @@ WORKLOADS = ("modelnet40_32_epoch", "site_unet_lidar_step")
 # The trainer's --collective choices (tf_sparseconv.training.distribute.COLLECTIVES; not imported
 # here, so that this parent process does not load TensorFlow before its trainers run).
 COLLECTIVES = ("nccl", "ring", "hierarchical-copy", "one-device")
+GRADIENT_ALL_REDUCES = ("packed", "per-gradient")  # the trainer's --gradient-all-reduce choices
 LIDAR_PATHS = (os.path.join(ROOT, "..", "shared", "data", "lidar_scan.npz"),
                os.path.join(ROOT, ".devdata", "lidar_scan.npz"))
 
@@ -112,7 +113,8 @@ def epoch_configurations(replica_counts, batch, scalings=("strong", "weak")):
     return out
 
 
-def trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir, collective=None):
+def trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir, collective=None,
+                     gradient_all_reduce=None):
     """[(argv, environment)] of one configuration's processes: one process over the first
     `replicas` GPUs (default, mirrored), or one worker process per GPU on 127.0.0.1
     (multi-worker, as one host would run MultiWorkerMirroredStrategy with a process a GPU)."""
@@ -121,6 +123,8 @@ def trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir, coll
             "--seed", str(args.seed), "--out", out_dir]
     if collective:
         argv += ["--collective", collective]
+    if gradient_all_reduce:
+        argv += ["--gradient-all-reduce", gradient_all_reduce]
     argv += (["--dataset", "modelnet40", "--data-dir", args.data_dir] if args.data_dir else
              ["--dataset", "synthetic", "--synthetic-per-class", str(args.synthetic_per_class)])
     if args.max_examples:
@@ -167,10 +171,10 @@ def cpu_blocks(processes, replicas, per_replica):
     return [cpus[i * size:(i + 1) * size] for i in range(processes)]
 
 
-def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir, collective=None):
+def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir, collective=None, gradient_all_reduce=None):
     """One configuration of `tf-sparseconv train` (its processes at once) -> the chief's
     results.json (dict)."""
-    commands = trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir, collective)
+    commands = trainer_commands(args, replicas, global_batch, strategy, gpus, out_dir, collective, gradient_all_reduce)
     blocks = cpu_blocks(len(commands), replicas, args.cpus_per_replica)
     started = time.perf_counter()
     processes = [subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -214,18 +218,20 @@ def run_trainer(args, replicas, global_batch, strategy, gpus, out_dir, collectiv
 def modelnet40_epoch_rows(args, gpus, record):
     rows = []
     runs = epoch_configurations(args.replicas, args.batch_size, args.scalings)
-    configurations = [(replicas, batch, scaling, strategy, collective) for replicas, batch, scaling in runs
+    configurations = [(replicas, batch, scaling, strategy, collective, packing) for replicas, batch, scaling in runs
                       for strategy in (["default"] if replicas == 1 else args.strategies)
-                      for collective in ([None] if replicas == 1 else args.collectives or [None])]
+                      for collective in ([None] if replicas == 1 else args.collectives or [None])
+                      for packing in ([None] if replicas == 1 else args.gradient_all_reduces or [None])]
     with tempfile.TemporaryDirectory() as scratch:
-        for i, (replicas, global_batch, scaling, strategy, collective) in enumerate(configurations, 1):
+        for i, (replicas, global_batch, scaling, strategy, collective, packing) in enumerate(configurations, 1):
             if replicas > max(gpus, 1) and not (strategy == "multi-worker" and not gpus):
                 print(f"  skipped {replicas} replicas: {gpus} GPU(s) visible", flush=True)
                 continue
             print(f"  [{i}/{len(configurations)}] {replicas} replica(s), --strategy {strategy}, global batch "
-                  f"{global_batch} ({scaling})" + (f", --collective {collective}" if collective else ""), flush=True)
+                  f"{global_batch} ({scaling})" + (f", --collective {collective}" if collective else "")
+                  + (f", --gradient-all-reduce {packing}" if packing else ""), flush=True)
             r = run_trainer(args, replicas, global_batch, strategy, gpus, os.path.join(scratch, f"run{i}"),
-                            collective)
+                            collective, packing)
             row = base_row("modelnet40_32_epoch", r["strategy"], replicas, device_name(replicas, gpus),
                            r["shapes_per_s"])
             row.update(scaling=scaling, global_batch=global_batch, batch_per_replica=r["batch_size_per_replica"],
@@ -238,6 +244,7 @@ def modelnet40_epoch_rows(args, gpus, record):
                        process_s=round(r["process_s"], 1), cpus_per_process=r["cpus_per_process"],
                        command="python " + " ".join(r["argv"]))
             row["collective"] = r.get("collective")
+            row["gradient_all_reduce"] = r.get("gradient_all_reduce")
             row["steps_per_execution"] = r.get("steps_per_execution", 1)
             row["convs"] = "exact" if "--exact-convs" in args.train_args else "padded"
             row["pooling"] = "exact" if "--exact-pools" in args.train_args else "padded"
@@ -283,9 +290,7 @@ BATCH_NORMS = ("synchronized", "keras-synchronized", "local")
 def site_unet_rows(args, gpus, record):
     import tensorflow as tf
 
-    import tf_sparseconv as ts
-    from tf_sparseconv.site.keras_io import as_site_keras_inputs
-    from tf_sparseconv.training.distribute import per_replica_dataset
+    from tf_sparseconv.training.distribute import mirrored_cross_device_ops
 
     frames, extent = lidar_frames(max(args.replicas), args.voxel)
     rows = []
@@ -295,34 +300,48 @@ def site_unet_rows(args, gpus, record):
         if replicas > len(devices):
             print(f"  skipped {replicas} replicas: {len(devices)} device(s)", flush=True)
             continue
-        # One strategy per replica count for all batch norms: a second strategy over the same
+        # Over GPUs, a strategy per --gradient-all-reduces value (NCCL); over logical CPUs one
+        # strategy per replica count for all batch norms: a second strategy over the same
         # devices would draw the same collective keys (TensorFlow refuses the clash on CPUs).
-        strategy = tf.distribute.MirroredStrategy(devices[:replicas])
-
-        def make(split):
-            """One element per replica of this input pipeline, in replica order."""
-            dataset = None
-            for r in range(split.first, split.first + split.count):
-                coords, height, labels = frames[r]
-                x = as_site_keras_inputs(ts.make_site_sparse(coords, height, extent, 1))
-                part = tf.data.Dataset.from_tensors((x, tf.constant(labels)))
-                dataset = part if dataset is None else dataset.concatenate(part)
-            return dataset
-
-        iterator = iter(per_replica_dataset(strategy, make))
-        for batch_norm in args.batch_norms:
-            step_s, windows, loss = site_unet_step_time(args, strategy, iterator, extent, batch_norm)
-            row = base_row("site_unet_lidar_step", "mirrored", replicas, device_name(replicas, gpus),
-                           replicas / step_s)
-            row.update(step_s=step_s, window_step_s=windows, sites_per_frame=int(len(frames[0][0])),
-                       voxel_m=args.voxel, spatial_shape=list(extent), channels=list(args.unet_channels),
-                       synchronized_bn=batch_norm != "local", batch_norm=batch_norm, steps=args.steps,
-                       warmup=args.warmup, loss=loss)
-            rows.append(row)
-            record(row)
-            print(f"  {replicas} replica(s), batch norm {batch_norm}: {step_s * 1e3:.1f} ms per step, "
-                  f"{row['items_per_s']:.2f} frames/s", flush=True)
+        packings = (args.gradient_all_reduces or [None]) if gpus and replicas > 1 else [None]
+        for packing in packings:
+            strategy = tf.distribute.MirroredStrategy(
+                devices[:replicas], cross_device_ops=mirrored_cross_device_ops("nccl", packing) if packing else None)
+            site_unet_replica_rows(args, gpus, record, rows, strategy, replicas, packing, frames, extent)
     return rows
+
+
+def site_unet_replica_rows(args, gpus, record, rows, strategy, replicas, packing, frames, extent):
+    """The rows of every --batch-norms value under one strategy (appended to rows)."""
+    import tensorflow as tf
+
+    import tf_sparseconv as ts
+    from tf_sparseconv.site.keras_io import as_site_keras_inputs
+    from tf_sparseconv.training.distribute import per_replica_dataset
+
+    def make(split):
+        """One element per replica of this input pipeline, in replica order."""
+        dataset = None
+        for r in range(split.first, split.first + split.count):
+            coords, height, labels = frames[r]
+            x = as_site_keras_inputs(ts.make_site_sparse(coords, height, extent, 1))
+            part = tf.data.Dataset.from_tensors((x, tf.constant(labels)))
+            dataset = part if dataset is None else dataset.concatenate(part)
+        return dataset
+
+    iterator = iter(per_replica_dataset(strategy, make))
+    for batch_norm in args.batch_norms:
+        step_s, windows, loss = site_unet_step_time(args, strategy, iterator, extent, batch_norm)
+        row = base_row("site_unet_lidar_step", "mirrored", replicas, device_name(replicas, gpus), replicas / step_s)
+        row.update(step_s=step_s, window_step_s=windows, sites_per_frame=int(len(frames[0][0])),
+                   voxel_m=args.voxel, spatial_shape=list(extent), channels=list(args.unet_channels),
+                   synchronized_bn=batch_norm != "local", batch_norm=batch_norm, steps=args.steps,
+                   warmup=args.warmup, loss=loss, gradient_all_reduce=packing)
+        rows.append(row)
+        record(row)
+        print(f"  {replicas} replica(s), batch norm {batch_norm}"
+              + (f", gradients {packing}" if packing else "")
+              + f": {step_s * 1e3:.1f} ms per step, {row['items_per_s']:.2f} frames/s", flush=True)
 
 
 def site_unet_step_time(args, strategy, iterator, extent, batch_norm):
@@ -408,6 +427,9 @@ def main(argv=None):
     p.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=None,
                    help="modelnet40_32_epoch: run R > 1 replicas once with each of these all-reduces (the trainer's "
                         "--collective; default: the trainer's own choice)")
+    p.add_argument("--gradient-all-reduces", nargs="+", choices=GRADIENT_ALL_REDUCES, default=None,
+                   help="the trainer's --gradient-all-reduce values to run at more than one replica (default: the "
+                        "trainer's own, packed); site_unet_lidar_step: over GPUs, NCCL with each value")
     p.add_argument("--scalings", nargs="+", choices=("strong", "weak"), default=["strong", "weak"],
                    help="modelnet40_32_epoch: which runs of R > 1 replicas, in this order")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one trainer configuration may take")

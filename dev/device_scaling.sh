@@ -19,7 +19,8 @@
 # BIG_BATCH=1 also runs one replica at 64 shapes and two at 64 each (after the profile): the
 # scaling where a replica's batch outweighs the step's fixed costs. STRATEGIES (default
 # "multi-worker mirrored") and SCALINGS (default "strong weak") choose the two-replica runs,
-# TRAIN_ARGS is passed to every trainer (e.g. "--steps-per-execution 4"), SITE_BATCH_NORMS
+# GRADIENT_ALL_REDUCES (e.g. "packed per-gradient") runs each two-replica configuration with each
+# --gradient-all-reduce, TRAIN_ARGS is passed to every trainer (e.g. "--steps-per-execution 4"), SITE_BATCH_NORMS
 # (default "synchronized keras-synchronized local") the site UNet's batch norms, SITE=0 leaves
 # the site UNet out and MODELNET=0 the trainer.
 set -uo pipefail
@@ -69,6 +70,7 @@ if [ "${MODELNET:-1}" = 1 ]; then
   # shellcheck disable=SC2086  # word lists on purpose
   NCCL_DEBUG=INFO python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 2 --data-dir .devdata \
     --strategies ${STRATEGIES:-multi-worker mirrored} --scalings ${SCALINGS:-strong weak} --epochs "$epochs" \
+    ${GRADIENT_ALL_REDUCES:+--gradient-all-reduces $GRADIENT_ALL_REDUCES} \
     --timeout "${TRAIN_TIMEOUT:-240}" --logs "$out/logs" --out "$out/distributed.jsonl" "${train_args[@]}" 2>&1 \
     | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
   grep -c "NCCL INFO" "$out"/logs/*.log
@@ -79,6 +81,7 @@ fi
 if [ "${SITE:-1}" = 1 ]; then
   # shellcheck disable=SC2086  # word lists on purpose
   python3 benchmarks/distributed.py --workloads site_unet_lidar_step --replicas 1 2 --steps 5 --warmup 2 \
+    ${GRADIENT_ALL_REDUCES:+--gradient-all-reduces $GRADIENT_ALL_REDUCES} \
     --batch-norms ${SITE_BATCH_NORMS:-synchronized keras-synchronized local} --out "$out/distributed.jsonl" 2>&1 \
     | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
   echo "site UNet done at $((SECONDS - started)) s"
@@ -93,7 +96,8 @@ if [ "${BIG_BATCH:-0}" = 1 ]; then
   python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 1 --batch-size 64 --data-dir .devdata \
     --epochs "$epochs" --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
   python3 benchmarks/distributed.py --workloads modelnet40_32_epoch --replicas 2 --batch-size 64 --scalings weak \
-    --data-dir .devdata --strategies mirrored --epochs "$epochs" --timeout "${TRAIN_TIMEOUT:-240}" \
+    ${GRADIENT_ALL_REDUCES:+--gradient-all-reduces $GRADIENT_ALL_REDUCES} --data-dir .devdata --strategies mirrored \
+    --epochs "$epochs" --timeout "${TRAIN_TIMEOUT:-240}" \
     --out "$out/distributed.jsonl" 2>&1 | grep -v "^[IW]0000" | tee -a "$out/scaling.log"
   echo "64 per replica done at $((SECONDS - started)) s"
 fi

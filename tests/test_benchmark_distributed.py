@@ -86,6 +86,10 @@ def test_multi_worker_configurations_run_a_worker_per_gpu_on_localhost(tmp_path)
     [(argv, _)] = distributed.trainer_commands(args, 2, 32, "mirrored", 2, str(tmp_path), "hierarchical-copy")
     assert argv[argv.index("--collective") + 1] == "hierarchical-copy"
     assert set(distributed.COLLECTIVES) == set(distribute.COLLECTIVES)
+    assert "--gradient-all-reduce" not in argv
+    [(argv, _)] = distributed.trainer_commands(args, 2, 32, "mirrored", 2, str(tmp_path), None, "per-gradient")
+    assert argv[argv.index("--gradient-all-reduce") + 1] == "per-gradient"
+    assert set(distributed.GRADIENT_ALL_REDUCES) == set(distribute.GRADIENT_ALL_REDUCES)
     workers = distributed.trainer_commands(args, 2, 64, "multi-worker", 2, str(tmp_path))
     configs = [json.loads(env["TF_CONFIG"]) for _, env in workers]
     assert [env["CUDA_VISIBLE_DEVICES"] for _, env in workers] == ["0", "1"]

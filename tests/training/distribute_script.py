@@ -33,7 +33,10 @@ def configure(mode):
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     if mode == "worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        # the trainer's strategy, each gradient in an all-reduce of its own (packed is what
+        # the trainer test of test_distribute.py runs)
+        from tf_sparseconv.training.distribute import make_strategy
+        return make_strategy("multi-worker", "ring", "per-gradient")
     return None
 
 
@@ -138,7 +141,12 @@ def train_loop(strategy, family, replica_loss, **build_args):
 
     iterator = iter(dataset)
     losses = [float(step(iterator)) for _ in range(EPOCHS * EXAMPLES // GLOBAL_BATCH)]
-    return model, losses
+    # the elements of each all-reduce of the step: its gradients one by one, or in one pack
+    graph = step.get_concrete_function(iterator).graph
+    sizes = [op.inputs[0].shape.num_elements() for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+    variables = [int(v.shape.num_elements()) for v in model.trainable_variables]
+    return model, losses, {"largest_all_reduce": max(sizes, default=0), "largest_variable": max(variables),
+                           "variable_elements": sum(variables)}
 
 
 def custom_loop(strategy):
@@ -167,23 +175,24 @@ def unet_loop(strategy):
 
 def run_all(strategy):
     """{name: weights} and {name: losses} of the four trainings."""
-    results, losses, log_reductions = {}, {}, {}
+    results, losses, log_reductions, all_reduces = {}, {}, {}, {}
     for family in ("channel", "site"):
         model, history, reductions = fit(strategy, family)
         results[f"fit_{family}"] = weights(model)
         losses[f"fit_{family}"] = history["loss"]
         log_reductions[f"fit_{family}"] = {"reductions": reductions, "logs": sorted(history)}
     for name, loop in (("loop_channel", custom_loop), ("loop_unet", unet_loop)):
-        model, loop_losses = loop(strategy)
+        model, loop_losses, all_reduces[name] = loop(strategy)
         results[name] = weights(model)
         losses[name] = loop_losses
-    return results, losses, log_reductions
+    return results, losses, log_reductions, all_reduces
 
 
-def save(path, results, losses, log_reductions):
+def save(path, results, losses, log_reductions, all_reduces):
     import numpy as np
     arrays = {f"{name}/{i}": w for name, ws in results.items() for i, w in enumerate(ws)}
-    np.savez(path, losses=json.dumps(losses), log_reductions=json.dumps(log_reductions), **arrays)
+    np.savez(path, losses=json.dumps(losses), log_reductions=json.dumps(log_reductions),
+             all_reduces=json.dumps(all_reduces), **arrays)
 
 
 def pruning_checks(strategy):
@@ -315,17 +324,17 @@ def main(argv=None):
         train.main(args.train_args)
         return 0
     import tf_sparseconv  # noqa: F401  registers the layers
-    results, losses, log_reductions = run_all(strategy)
+    trained = run_all(strategy)
     if args.mode == "mirrored":
         save(os.path.join(args.out, "single.npz"), *run_all(None))
-        save(os.path.join(args.out, "mirrored.npz"), results, losses, log_reductions)
+        save(os.path.join(args.out, "mirrored.npz"), *trained)
         checks = {"pruning": pruning_checks(strategy), "batch_norm": batch_norm_checks(strategy),
                   "replicas": strategy.num_replicas_in_sync}
         with open(os.path.join(args.out, "checks.json"), "w") as f:
             json.dump(checks, f)
     else:
         task = strategy.cluster_resolver.task_id
-        save(os.path.join(args.out, f"worker{task}.npz"), results, losses, log_reductions)
+        save(os.path.join(args.out, f"worker{task}.npz"), *trained)
     return 0
 
 

@@ -87,7 +87,7 @@ def load(path):
     archive = np.load(path)
     runs = {}
     for key in archive.files:
-        if key not in ("losses", "log_reductions"):
+        if key not in ("losses", "log_reductions", "all_reduces"):
             name, index = key.rsplit("/", 1)
             runs.setdefault(name, {})[int(index)] = archive[key]
     return {name: [w[i] for i in sorted(w)] for name, w in runs.items()}, json.loads(str(archive["losses"]))
@@ -155,6 +155,12 @@ def test_two_workers_train_the_weights_of_one_device(mirrored, tmp_path):
         log_reductions = json.loads(str(np.load(tmp_path / f"worker{task}.npz")["log_reductions"]))
         for name, counted in log_reductions.items():
             assert len(counted["logs"]) >= 2 and counted["reductions"] == 1, (name, counted)
+        # The workers all-reduce each gradient on its own (--gradient-all-reduce per-gradient):
+        # no all-reduce of the custom loops is larger than their largest variable (one pack of
+        # every gradient would hold all of the variables' elements).
+        all_reduces = json.loads(str(np.load(tmp_path / f"worker{task}.npz")["all_reduces"]))
+        for name, sizes in all_reduces.items():
+            assert sizes["largest_all_reduce"] == sizes["largest_variable"] < sizes["variable_elements"], (name, sizes)
 
 
 def test_trainer_on_two_workers_resumes_from_the_backups(tmp_path):
@@ -336,6 +342,11 @@ BAD_SETUPS = [
     (["--strategy", "multi-worker", "--collective", "nccl"], two_workers(),
      "--collective nccl all-reduces between GPUs and this host has none; use --collective ring"),
     (["--strategy", "multi-worker", "--collective", "mpi"], two_workers(), "argument --collective: invalid choice"),
+    (["--gradient-all-reduce", "per-gradient"], None,
+     "--gradient-all-reduce per-gradient chooses how the replicas of --strategy mirrored or multi-worker all-reduce "
+     "their gradients; --strategy default has one replica"),
+    (["--strategy", "mirrored", "--gradient-all-reduce", "packed"], None,
+     "--gradient-all-reduce packed: --collective one-device sums each gradient on its own and has no packs"),
     (["--site-batch-norm", "per-replica"], None,
      "--site-batch-norm applies to --model site-resnet (octnet3 has no batch norm)"),
 ]
@@ -392,6 +403,28 @@ def test_each_mirrored_collective_is_its_cross_device_ops(collective, kind):
     assert type(distribute.mirrored_cross_device_ops(collective)) is kind
     with pytest.raises(ValueError, match="--collective must be one of"):
         distribute.mirrored_cross_device_ops("ring")
+
+
+@pytest.mark.parametrize("collective", ["nccl", "hierarchical-copy"])
+def test_mirrored_gradients_go_packed_or_one_by_one(collective):
+    # num_packs 1 concatenates every gradient into one all-reduce (TensorFlow's default);
+    # 0 reduces each gradient on its own, as soon as the backward pass has made it.
+    assert distribute.mirrored_cross_device_ops(collective)._num_packs == 1
+    assert distribute.mirrored_cross_device_ops(collective, "packed")._num_packs == 1
+    assert distribute.mirrored_cross_device_ops(collective, "per-gradient")._num_packs == 0
+
+
+def test_gradient_all_reduce_is_checked_against_the_strategy_and_collective():
+    check = distribute.check_gradient_all_reduce
+    assert check("mirrored", "nccl", None) == "packed" and check("multi-worker", "ring", None) == "packed"
+    assert check("mirrored", "nccl", "per-gradient") == "per-gradient"
+    assert check("default", None, None) is None and check("mirrored", "one-device", None) is None
+    with pytest.raises(ValueError, match="--strategy default has one replica"):
+        check("default", None, "packed")
+    with pytest.raises(ValueError, match="--collective one-device sums each gradient on its own"):
+        check("mirrored", "one-device", "per-gradient")
+    with pytest.raises(ValueError, match="must be one of"):
+        check("mirrored", "nccl", "bucketed")
 
 
 def test_strategies_the_op_library_cannot_serve_are_refused():

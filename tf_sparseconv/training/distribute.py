@@ -42,6 +42,12 @@ STRATEGIES = ("default", "mirrored", "multi-worker")
 # The last of each is the one that needs no GPU, the default on a host without.
 COLLECTIVES_OF = {"multi-worker": ("nccl", "ring"), "mirrored": ("nccl", "hierarchical-copy", "one-device")}
 COLLECTIVES = tuple(dict.fromkeys(c for served in COLLECTIVES_OF.values() for c in served))
+# How a step's gradients go into all-reduces (--gradient-all-reduce): packed, TensorFlow's
+# default, as one pack that waits for the last gradient of the backward pass; per-gradient,
+# one all-reduce per gradient, each queued as soon as its gradient is made, so the reduction
+# of the last layers' gradients overlaps the backward pass of the first. ReductionToOneDevice
+# (one-device) always reduces each gradient on its own and has no choice to make.
+GRADIENT_ALL_REDUCES = ("packed", "per-gradient")
 TF_CONFIG_EXAMPLE = ('TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
                      '"task": {"type": "worker", "index": 0}}\' (index 1 on host2)')
 TRAINING_JOBS = ("chief", "worker")
@@ -178,27 +184,49 @@ def collective_of(strategy, collective=None):
     return collective or ("nccl" if gpus else without_gpus)
 
 
-def mirrored_cross_device_ops(collective):
-    """MirroredStrategy's cross_device_ops for a mirrored collective (collective_of)."""
+def check_gradient_all_reduce(strategy, collective, gradient_all_reduce):
+    """gradient_all_reduce (GRADIENT_ALL_REDUCES, or None: packed where there is a choice)
+    for strategy's collective (as collective_of resolved it); ValueError where it has no
+    meaning: the default strategy (nothing to all-reduce) and one-device."""
+    if gradient_all_reduce is None:
+        return None if strategy not in COLLECTIVES_OF or collective == "one-device" else "packed"
+    if gradient_all_reduce not in GRADIENT_ALL_REDUCES:
+        raise ValueError(f"--gradient-all-reduce must be one of {GRADIENT_ALL_REDUCES}, got {gradient_all_reduce!r}")
+    if strategy not in COLLECTIVES_OF:
+        raise ValueError(f"--gradient-all-reduce {gradient_all_reduce} chooses how the replicas of --strategy mirrored "
+                         f"or multi-worker all-reduce their gradients; --strategy {strategy} has one replica")
+    if collective == "one-device":
+        raise ValueError(f"--gradient-all-reduce {gradient_all_reduce}: --collective one-device sums each gradient on "
+                         "its own and has no packs; use --collective nccl or hierarchical-copy to choose")
+    return gradient_all_reduce
+
+
+def mirrored_cross_device_ops(collective, gradient_all_reduce="packed"):
+    """MirroredStrategy's cross_device_ops for a mirrored collective (collective_of), with
+    its gradients packed or all-reduced one by one (check_gradient_all_reduce; num_packs 1
+    is TensorFlow's default, 0 reduces each tensor on its own)."""
+    num_packs = 0 if gradient_all_reduce == "per-gradient" else 1
     if collective == "nccl":
-        return tf.distribute.NcclAllReduce()
+        return tf.distribute.NcclAllReduce(num_packs=num_packs)
     if collective == "hierarchical-copy":
-        return tf.distribute.HierarchicalCopyAllReduce()
+        return tf.distribute.HierarchicalCopyAllReduce(num_packs=num_packs)
     if collective == "one-device":
         return tf.distribute.ReductionToOneDevice()
     raise ValueError(f"--collective must be one of {COLLECTIVES_OF['mirrored']} for --strategy mirrored, "
                      f"got {collective!r}")
 
 
-def make_strategy(name, collective=None):
+def make_strategy(name, collective=None, gradient_all_reduce=None):
     """The tf.distribute strategy of name (STRATEGIES); collective: how its replicas
-    all-reduce (collective_of). multi-worker must be made before TensorFlow runs anything
+    all-reduce (collective_of), gradient_all_reduce: their gradients packed or one by one
+    (check_gradient_all_reduce). multi-worker must be made before TensorFlow runs anything
     else in the process, as TensorFlow requires."""
     collective = collective_of(name, collective)
+    gradient_all_reduce = check_gradient_all_reduce(name, collective, gradient_all_reduce)
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
-        cross_device_ops = mirrored_cross_device_ops(collective)
+        cross_device_ops = mirrored_cross_device_ops(collective, gradient_all_reduce)
         if tf.config.list_physical_devices("GPU"):
             return tf.distribute.MirroredStrategy(cross_device_ops=cross_device_ops)  # every GPU
         return tf.distribute.MirroredStrategy(local_devices(name), cross_device_ops=cross_device_ops)
@@ -209,7 +237,9 @@ def make_strategy(name, collective=None):
         # 2026-11-28: a step of 2 x 32 shapes took 170 ms against one replica's 59 ms).
         implementation = {"nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
                           "ring": tf.distribute.experimental.CommunicationImplementation.RING}[collective]
-        options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+        # bytes_per_pack 0 (TensorFlow's default) is one pack; 1 byte puts each gradient in a pack of its own.
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=implementation, bytes_per_pack=1 if gradient_all_reduce == "per-gradient" else 0)
         return _interruptible(lambda: tf.distribute.MultiWorkerMirroredStrategy(communication_options=options))
     raise ValueError(f"--strategy must be one of {STRATEGIES}, got {name!r}")
 

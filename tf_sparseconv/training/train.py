@@ -67,7 +67,8 @@ from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS, _default_dense_blocks
 from tf_sparseconv.site.conversions import from_channel_sparse
 from tf_sparseconv.site.keras_io import as_site_keras_inputs
 from tf_sparseconv.training.density_regularizer import DENSITIES, DensityRegularizer
-from tf_sparseconv.training.distribute import (COLLECTIVES, STRATEGIES, ClusterFailure, cluster_failures_named,
+from tf_sparseconv.training.distribute import (COLLECTIVES, GRADIENT_ALL_REDUCES, STRATEGIES, ClusterFailure,
+                                               check_gradient_all_reduce, cluster_failures_named,
                                                cluster_from_tf_config, collective_of, expected_replicas, is_chief,
                                                make_strategy, per_replica_dataset, replica_values, steps_per_epoch)
 from tf_sparseconv.training.fine_tune import FineTunePhase
@@ -329,7 +330,7 @@ def backed_up_epochs(backup_dir):
 # an evaluation at the end). A decaying learning rate spans the planned epochs, so under
 # one --epochs may not change either.
 RESUMABLE_CHANGES = ("epochs", "out", "overwrite", "backup_dir", "vote_mirror", "vote", "snapshot_epochs",
-                     "collective", "steps_per_execution")
+                     "collective", "gradient_all_reduce", "steps_per_execution")
 # Options whose parser default is None (given only with --lam > 0), as main() resolves them.
 RESOLVED_DEFAULTS = {"lam_reduction": "sum", "lam_terms": LAM_TERMS[0], "lam_density": DENSITIES[0]}
 
@@ -517,6 +518,10 @@ def build_parser():
                         "without GPUs); --strategy mirrored: nccl (the default on GPUs), hierarchical-copy "
                         "(copies between the GPUs) or one-device (sums on one device and copies back, the default "
                         "over logical CPUs)")
+    p.add_argument("--gradient-all-reduce", choices=GRADIENT_ALL_REDUCES, default=None,
+                   help="with --collective nccl, hierarchical-copy or ring: packed (TensorFlow's default: one "
+                        "all-reduce of every gradient, after the whole backward pass) or per-gradient (each "
+                        "gradient all-reduced as soon as the backward pass has made it, overlapping the rest)")
     p.add_argument("--steps-per-execution", type=int, default=1, metavar="N",
                    help="training steps per call of the traced train function (Keras' steps_per_execution): the "
                         "host queues N steps without waiting for each one's end; the same training")
@@ -658,6 +663,7 @@ def _check_strategy(parser, args):
     try:
         replicas = expected_replicas(args.strategy)
         args.collective = collective_of(args.strategy, args.collective)  # resolved once (None: default strategy)
+        args.gradient_all_reduce = check_gradient_all_reduce(args.strategy, args.collective, args.gradient_all_reduce)
     except ValueError as e:
         parser.error(one_line(e))
     if args.batch_size % replicas:
@@ -970,7 +976,8 @@ def main(argv=None):
     if args.strategy == "multi-worker":
         print(f"[0/4] waiting for the {cluster_from_tf_config()[0]} workers of TF_CONFIG to connect (Ctrl-C stops)",
               flush=True)
-    strategy = make_strategy(args.strategy, args.collective)  # its arguments were checked by parse_args
+    # its arguments were checked by parse_args
+    strategy = make_strategy(args.strategy, args.collective, args.gradient_all_reduce)
     try:
         with cluster_failures_named(strategy):
             return run_training(parser, args, argv, strategy)
@@ -1154,7 +1161,8 @@ def run_training(parser, args, argv, strategy):
         "num_classes": len(classes), "classes": list(classes),
         "resolution": resolution, "epochs": len(history.get("loss", [])),
         "batch_size": args.batch_size, "strategy": args.strategy, "replicas": replicas,
-        "collective": args.collective, "steps_per_execution": args.steps_per_execution,
+        "collective": args.collective, "gradient_all_reduce": args.gradient_all_reduce,
+        "steps_per_execution": args.steps_per_execution,
         "batch_size_per_replica": replica_batch,
         "shapes_per_s": trained_per_epoch / float(np.mean(seconds[1:] or seconds)),
         "rhos": list(rhos), "lambda": args.lam, "lam_terms": args.lam_terms, "lam_density": args.lam_density,
