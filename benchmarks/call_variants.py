@@ -2,11 +2,8 @@
 site_e2e_gpu.py's networks timed as built (`base`), with its weights frozen into constants
 (`frozen`: no variable reads, the graph's other ops unchanged), without the convolution
 layers' row checks (`nochecks`: the Shape/StridedSlice/Equal/Assert ops of
-kernel_map.assert_rows_match), with int64 coordinates (`int64`: TensorFlow passes an
-int32 argument of a tf.function in host memory, int64 stays on the GPU) and with int64
-coordinates and make_site_sparse's finite check gating the features (`gated`: every op
-after it waits for its values' copy to the host, as before inputs.after_checks let the
-check trail the work on a GPU); interleaved rounds,
+kernel_map.assert_rows_match) and with int64 coordinates (`int64`: TensorFlow passes an
+int32 argument of a tf.function in host memory, int64 stays on the GPU); interleaved rounds,
 medians of synchronised calls. With --trace DIR three calls each of `base` and `int64` are
 traced with TensorFlow's profiler and the XSpace files kept there (the host threads' events
 beside the GPU's stream events; docs/benchmarks.md reads them).
@@ -30,24 +27,20 @@ from gpu_trace import first_gpu_work, trace_file  # noqa: E402
 from site_networks import conv_weights, network, scene  # noqa: E402
 from site_scenes import LIDAR  # noqa: E402
 
-VARIANTS = ("base", "frozen", "nochecks", "int64", "gated")
+VARIANTS = ("base", "frozen", "nochecks", "int64")
 
 
-def build(run, dtype, lidar, tiny, checks=True, trail=True):
+def build(run, dtype, lidar, tiny, checks=True):
     import importlib
     import tensorflow as tf
-
-    from tf_sparseconv import inputs as checked_inputs
     kernel_map = importlib.import_module("tf_sparseconv.site.kernel_map")  # the module, not the function
     net, batch = e2e.RUNS[run]
     steps = network(net)
     coords, spatial, features = scene(net, batch, lidar, tiny=tiny)
     weights = conv_weights(net, steps)
-    original, can_trail = kernel_map.assert_rows_match, checked_inputs.checks_can_trail
+    original = kernel_map.assert_rows_match
     if not checks:
         kernel_map.assert_rows_match = lambda *args: tf.no_op()
-    if not trail:
-        checked_inputs.checks_can_trail = lambda: False
     try:
         model, convs, _, _ = e2e.build_model(steps, spatial, features.shape[1], dtype)
         for name, layer in convs.items():
@@ -58,7 +51,7 @@ def build(run, dtype, lidar, tiny, checks=True, trail=True):
         c64 = tf.constant(coords.astype(np.int64))
         wide = fwd.get_concrete_function(c64, f)
     finally:
-        kernel_map.assert_rows_match, checked_inputs.checks_can_trail = original, can_trail
+        kernel_map.assert_rows_match = original
     return concrete, (c, f), len(coords), wide, (c64, f)
 
 
@@ -98,9 +91,7 @@ def main():
                 fns["nochecks"] = build(run, dtype, args.lidar, args.tiny, checks=False)[0]
             if "int64" in args.variants:
                 fns["int64"] = wide
-            if "gated" in args.variants:
-                fns["gated"] = build(run, dtype, args.lidar, args.tiny, trail=False)[3]
-        feeds = {name: wide_inputs if name in ("int64", "gated") else inputs for name in fns}
+        feeds = {name: wide_inputs if name == "int64" else inputs for name in fns}
         ref = fns["base"](*inputs)
         for name, fn in fns.items():
             out = fn(*feeds[name])
@@ -126,7 +117,7 @@ def main():
                   f"(ops in the graph before Grappler: {graph_ops(fn)})", flush=True)
         if args.trace:
             os.makedirs(args.trace, exist_ok=True)
-            for name in [n for n in ("base", "int64", "gated") if n in fns]:
+            for name in [n for n in ("base", "int64") if n in fns]:
                 path = trace_file(lambda *a, fn=fns[name]: (fn(*a), sync()), feeds[name], 3)
                 kept = os.path.join(args.trace, f"{run}_{args.dtype}_{name}.xplane.pb")
                 shutil.copy(path, kept)

@@ -12,9 +12,6 @@
   untrusted map on the GPU, every channel op), select_sites refuses NaN scores (their
   rank would be arbitrary), and the site pooling gives NaN wherever a NaN is pooled (in
   'max' mode too, where TensorFlow's segment max would keep or drop it by position).
-- Where a check's values live on a GPU, inside a traced function the check trails the
-  work instead of gating it (after_checks): the call still fails with its
-  InvalidArgumentError, without the ops after it waiting for the host to read it.
 """
 import numbers
 import operator
@@ -126,34 +123,6 @@ def finite_checks(values, non_finite, name, what):
     return [tf.debugging.assert_equal(
         tf.reduce_all(tf.math.is_finite(values)), True,
         message=f"{what}: {name} hold NaN or infinite values (non_finite='allow' lets them in)")]
-
-
-def checks_can_trail():
-    """Whether checks made now may trail the work instead of gating it: inside a traced
-    function with automatic control dependencies (tf.function, Keras' traced steps,
-    tf.data functions), where TensorFlow runs every assert op and fails the call when one
-    fails, and where a GPU is visible: there an assert waits for its values' copy to the
-    host, and gating the work on it would hold every op after it until the GPU has reached
-    the check. On the CPU, and in a graph without automatic control dependencies (whose
-    unused assert ops would never run), checks gate the work."""
-    graph = tf.compat.v1.get_default_graph()
-    return not tf.executing_eagerly() and getattr(graph, "_add_control_dependencies", False) and _gpu_visible()
-
-
-def _gpu_visible():
-    return bool(tf.config.list_logical_devices("GPU"))
-
-
-def after_checks(value, checks):
-    """value, once checks (assert ops) have passed: eagerly they already have; inside a
-    traced function on a GPU (checks_can_trail) value itself, the asserts failing the call
-    at its end; otherwise an identity of value that waits for them. What reads value
-    gets the checked values either way: a failed check raises InvalidArgumentError from
-    the call, whatever was computed from value before it."""
-    if not checks or tf.executing_eagerly() or checks_can_trail():
-        return value
-    with tf.control_dependencies(checks):
-        return tf.identity(value)
 
 
 def nan_checks(values, name, what):

@@ -100,45 +100,6 @@ def test_make_site_sparse_refuses_non_finite_features_unless_allowed(bad):
         make_site_sparse([[0, 1, 0]], [[1.0]], (4, 4), 1, non_finite="drop")
 
 
-@pytest.fixture
-def checks_on_a_gpu(monkeypatch):
-    """inputs.after_checks as where a GPU is visible (checks_can_trail)."""
-    from tf_sparseconv import inputs
-    monkeypatch.setattr(inputs, "_gpu_visible", lambda: True)
-
-
-def test_in_a_traced_function_on_a_gpu_the_finite_check_trails_and_still_fails_the_call(checks_on_a_gpu):
-    # The features are not held behind the check (the kernel maps are built while its
-    # values go to the host), yet the call raises the check's InvalidArgumentError.
-    gated = []
-
-    @tf.function
-    def doubled(features):
-        x = make_site_sparse([[0, 1, 0], [0, 2, 2]], features, (4, 4), 1)
-        gated.append(x.features is not features)
-        return x.features * 2
-
-    np.testing.assert_array_equal(doubled(tf.constant([[1.0], [2.0]])).numpy(), [[2.0], [4.0]])
-    assert gated == [False]
-    with pytest.raises(tf.errors.InvalidArgumentError, match="make_site_sparse: features hold NaN or infinite"):
-        doubled(tf.constant([[1.0], [np.nan]]))
-    # tf.data's functions run their assert ops as tf.function does
-    dataset = tf.data.Dataset.from_tensors(tf.constant([[np.inf], [2.0]])).map(
-        lambda f: make_site_sparse([[0, 1, 0], [0, 2, 2]], f, (4, 4), 1).features)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="make_site_sparse: features hold NaN or infinite"):
-        list(dataset)
-
-
-def test_in_a_graph_without_automatic_control_dependencies_the_finite_check_gates_the_features(checks_on_a_gpu):
-    # There nothing would run an assert that no op depends on.
-    with tf.Graph().as_default():
-        features = tf.constant([[1.0], [np.nan]])
-        x = make_site_sparse([[0, 1, 0], [0, 2, 2]], features, (4, 4), 1)
-        assert x.features.op.type == "Identity" and x.features.op.control_inputs
-        with tf.compat.v1.Session() as session, pytest.raises(tf.errors.InvalidArgumentError, match="hold NaN"):
-            session.run(x.features)
-
-
 def test_a_tape_watching_the_given_features_sees_their_gradient(device, rng):
     # Eager make_site_sparse keeps the caller's features tensor (its finite check has run),
     # so watching that tensor around the ops that use it gives its gradient.

@@ -15,7 +15,7 @@ import typing
 import tensorflow as tf
 
 from tf_sparseconv.geometry import MODES, ConvGeometry
-from tf_sparseconv.inputs import after_checks, finite_checks, integer_tensor, real_tensor
+from tf_sparseconv.inputs import finite_checks, integer_tensor, real_tensor
 
 
 class KernelMap(tf.experimental.ExtensionType):
@@ -191,10 +191,12 @@ def make_site_sparse(coords, features, spatial_shape, batch_size, kernel_maps=No
     features = real_tensor(features, "features", "make_site_sparse")
     spatial_shape = integer_tensor(spatial_shape, tf.int32, "spatial_shape", "make_site_sparse")
     batch_size = integer_tensor(batch_size, tf.int32, "batch_size", "make_site_sparse")
+    checks = finite_checks(features, non_finite, "features", "make_site_sparse")
     # Eager checks have run (and raised) already; the features stay the caller's tensor, so
-    # a tape watching it sees the ops that use them. In a traced function on a GPU the check
-    # trails the work: the kernel maps are built while it runs, and it fails the call.
-    features = after_checks(features, finite_checks(features, non_finite, "features", "make_site_sparse"))
+    # a tape watching it sees the ops that use them.
+    if checks and not tf.executing_eagerly():
+        with tf.control_dependencies(checks):
+            features = tf.identity(features)
     known = tf.get_static_value(spatial_shape)
     if known is not None and (known.ndim != 1 or (known < 1).any()):
         raise ValueError(f"make_site_sparse: spatial_shape must be a vector of extents >= 1, got {known.tolist()}")
