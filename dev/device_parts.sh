@@ -6,7 +6,10 @@
 # device-side setup scripts, as one tar split into pieces under .devparts/c1 .. cN, each as
 # large as the 64 MiB a call carries leaves beside the working tree (tracked files, 4 MB spare)
 # (git-ignored). DEVPARTS_PEERS=0 leaves spconv out (training runs do not need it);
-# DEVPARTS_DATA names the data files to take.
+# DEVPARTS_DATA names the data files to take. DEVPARTS_LIB=DIR takes the op library
+# (_tf_sparseconv_ops.so and _build_info.py) from DIR, e.g. a CUDA build in another worktree,
+# instead of tf_sparseconv/: no need to swap the checkout's CPU library out and back (a plain
+# `cp` over a loaded library rewrites it in place, and a test run using it dies of SIGBUS).
 # 8 calls instead of 11 for TensorFlow, spconv and the library (seen 2026-11-23: about 4 s
 # per piece on an H200).
 #
@@ -21,8 +24,9 @@ cd "$(dirname "$0")/.."
 here=$(pwd)
 tfgpu="${TFGPU_BUNDLE:-$HOME/.cache/tfgpu-bundle-2.21.0/bundle.tar.xz}"
 [ -s "$tfgpu" ] || { echo "no TensorFlow-GPU bundle at $tfgpu: run ../shared/device/tf-gpu/make-bundle.sh first" >&2; exit 1; }
-[ -f tf_sparseconv/_tf_sparseconv_ops.so ] || { echo "no op library: build it first (setup.py build_ext --inplace)" >&2; exit 1; }
-grep -q "CUDA = True" tf_sparseconv/_build_info.py || { echo "the op library has no GPU kernels" >&2; exit 1; }
+lib="${DEVPARTS_LIB:-tf_sparseconv}"
+[ -f "$lib/_tf_sparseconv_ops.so" ] || { echo "no op library in $lib: build it first (setup.py build_ext --inplace)" >&2; exit 1; }
+grep -q "CUDA = True" "$lib/_build_info.py" || { echo "the op library in $lib has no GPU kernels" >&2; exit 1; }
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/tfp" "$stage/devpack/lib"
@@ -33,7 +37,7 @@ if [ "${DEVPARTS_PEERS:-1}" = 1 ] && ls .peers/p*/*.whl* > /dev/null 2>&1; then
   cp .peers/p*/*.whl* "$stage/peerparts/"
   cp ../shared/peers/install-on-device.sh "$stage/devpack/"
 fi
-cp tf_sparseconv/_tf_sparseconv_ops.so tf_sparseconv/_build_info.py "$stage/devpack/lib/"
+cp "$lib/_tf_sparseconv_ops.so" "$lib/_build_info.py" "$stage/devpack/lib/"
 # The commit the benchmarks' rows name (the lent machine gets the tree without its history).
 echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.devparts' || echo -dirty)" > "$stage/devpack/commit"
 # Data files of ../shared/data for .devdata/ on the device: by default the LiDAR frame of
