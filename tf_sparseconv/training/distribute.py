@@ -45,8 +45,10 @@ COLLECTIVES = tuple(dict.fromkeys(c for served in COLLECTIVES_OF.values() for c 
 # How a step's gradients go into all-reduces (--gradient-all-reduce): packed, TensorFlow's
 # default, as one pack that waits for the last gradient of the backward pass; per-gradient,
 # one all-reduce per gradient, each queued as soon as its gradient is made, so the reduction
-# of the last layers' gradients overlaps the backward pass of the first. ReductionToOneDevice
-# (one-device) always reduces each gradient on its own and has no choice to make.
+# of the last layers' gradients overlaps the backward pass of the first, but each is also a
+# point where the host waits for the GPU (slower for the library's models on two H200s:
+# docs/training.md). ReductionToOneDevice (one-device) always reduces each gradient on its
+# own and has no choice to make.
 GRADIENT_ALL_REDUCES = ("packed", "per-gradient")
 TF_CONFIG_EXAMPLE = ('TF_CONFIG=\'{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
                      '"task": {"type": "worker", "index": 0}}\' (index 1 on host2)')
