@@ -476,14 +476,20 @@ def ref_site_conv(inputs):
         geometry["padding"] = np.zeros(d, np.int64)
     m = ref_kernel_map(geometry)
     require(bias.ndim == 1 and len(bias) == kernel.shape[-1], "bias must be [Cout]")
-    require(not np.any(np.isnan(inputs["features"])), "features hold NaN")
     filters = kernel.reshape(-1, *kernel.shape[-2:])
-    out, bound = conv_along(inputs["features"], filters, m["in_rows"], m["out_rows"], m["offset_splits"],
-                            len(m["out_coords"]))
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN features carry into their rows
+        out, bound = conv_along(inputs["features"], filters, m["in_rows"], m["out_rows"], m["offset_splits"],
+                                len(m["out_coords"]))
         out, bound = out + bias, bound + np.abs(bias.astype(np.float64))
-    return dict(coords=m["out_coords"], features=Approx(out, bound, inputs["features"].dtype),
-                spatial_shape=m["out_spatial_shape"], batch_size=inputs["batch_size"])
+    result = dict(coords=m["out_coords"], features=Approx(out, bound, inputs["features"].dtype),
+                  spatial_shape=m["out_spatial_shape"], batch_size=inputs["batch_size"])
+    if np.any(np.isnan(inputs["features"])):
+        # Let in by non_finite="allow": SiteSparseConv refuses them on the CPU, while over its
+        # own (trusted) map on the GPU it skips the NaN scan, which would need a host round
+        # trip, and the NaN reaches exactly the output rows it feeds (site_conv_op.cc;
+        # tests/site/test_conv.py tests both sides). The 1 x ... x 1 path refuses them on both.
+        raise MayRefuse("features hold NaN", result)
+    return result
 
 
 def run_site_conv(inputs):
@@ -516,7 +522,12 @@ def run_site_conv_gradient(inputs):
 
 
 def ref_site_conv_gradient(inputs):
-    forward = ref_site_conv(inputs)
+    """The gradients along the map of ref_site_conv; where the forward may refuse (NaN
+    features), so may the gradient, whose expected values then carry the NaN."""
+    try:
+        forward, nan_features = ref_site_conv(inputs), False
+    except MayRefuse as may:
+        forward, nan_features = may.expected, True
     d = len(inputs["spatial_shape"])
     kernel, features = inputs["kernel"], inputs["features"]
     geometry = dict(inputs, kernel_size=np.array(kernel.shape[:d], np.int64))
@@ -539,9 +550,12 @@ def ref_site_conv_gradient(inputs):
                 filters_grad[q] += np.outer(f[i], g[o])
                 filters_bound[q] += np.outer(np.abs(f[i]), np.abs(g[o]))
     dtype = features.dtype
-    return [Approx(features_grad, features_bound, dtype),
-            Approx(filters_grad.reshape(kernel.shape), filters_bound.reshape(kernel.shape), dtype),
-            Approx(g.sum(0), np.abs(g).sum(0), dtype)]
+    grads = [Approx(features_grad, features_bound, dtype),
+             Approx(filters_grad.reshape(kernel.shape), filters_bound.reshape(kernel.shape), dtype),
+             Approx(g.sum(0), np.abs(g).sum(0), dtype)]
+    if nan_features:
+        raise MayRefuse("features hold NaN", grads)
+    return grads
 
 
 def make_cached_conv(rng):
