@@ -116,10 +116,12 @@ inline absl::Status CheckSiteFilterGradInputs(const tensorflow::Tensor& features
   return absl::OkStatus();
 }
 
-inline absl::Status CheckNeighbourVolume(int64_t volume) {
+// input: the tensor the volume was read from, which the message names.
+inline absl::Status CheckNeighbourVolume(int64_t volume, const char* input) {
   if (volume < 1 || volume > kMaxNeighbourVolume) {
-    return tensorflow::errors::InvalidArgument("a neighbour table holds kernels of 1 to ", kMaxNeighbourVolume,
-                                               " offsets (one mask bit each), got ", volume, " offsets");
+    return tensorflow::errors::InvalidArgument(input, ": a neighbour table holds kernels of 1 to ",
+                                               kMaxNeighbourVolume, " offsets (one mask bit each), got ", volume,
+                                               " offsets");
   }
   return absl::OkStatus();
 }
@@ -140,7 +142,7 @@ inline absl::Status CheckNeighbourTableInputs(const tensorflow::Tensor& in_rows,
     return tensorflow::errors::InvalidArgument("num_in and num_out must be non-negative scalars");
   }
   const int64_t volume = offset_splits.NumElements() - 1;
-  TF_RETURN_IF_ERROR(CheckNeighbourVolume(volume));
+  TF_RETURN_IF_ERROR(CheckNeighbourVolume(volume, "offset_splits"));
   TF_RETURN_IF_ERROR(CheckSiteMapShapes(in_rows, out_rows, offset_splits, volume, map));
   *num_in_value = num_in.scalar<int32_t>()();
   *num_out_value = num_out.scalar<int32_t>()();
@@ -159,7 +161,7 @@ inline absl::Status CheckNeighboursInput(const tensorflow::Tensor& neighbours, i
     }
     return absl::OkStatus();
   }
-  TF_RETURN_IF_ERROR(CheckNeighbourVolume(volume));
+  TF_RETURN_IF_ERROR(CheckNeighbourVolume(volume, "neighbours"));
   if (neighbours.dims() != 2 || neighbours.dim_size(0) != num_out ||
       neighbours.dim_size(1) != NeighbourTableWidth(volume)) {
     return tensorflow::errors::InvalidArgument("neighbours must be SiteNeighbourTable's [num_out, volume + 2] = [",
