@@ -30,7 +30,9 @@ from site_scenes import LIDAR  # noqa: E402
 VARIANTS = ("base", "frozen", "nochecks", "int64")
 
 
-def build(run, dtype, lidar, tiny, checks=True):
+def build(run, dtype, lidar, tiny, checks=True, int64=True):
+    """(the concrete forward of int32 coordinates, its inputs, the site count, and where int64
+    is true the concrete forward of int64 coordinates and its inputs, else None, None)."""
     import importlib
     import tensorflow as tf
     kernel_map = importlib.import_module("tf_sparseconv.site.kernel_map")  # the module, not the function
@@ -48,6 +50,8 @@ def build(run, dtype, lidar, tiny, checks=True):
         fwd, _ = e2e.functions(model, tf.constant(spatial), batch)
         c, f = tf.constant(coords), tf.constant(features.astype(dtype))
         concrete = fwd.get_concrete_function(c, f)
+        if not int64:
+            return concrete, (c, f), len(coords), None, None
         c64 = tf.constant(coords.astype(np.int64))
         wide = fwd.get_concrete_function(c64, f)
     finally:
@@ -88,7 +92,7 @@ def main():
             if "frozen" in args.variants:
                 fns["frozen"] = frozen(base)
             if "nochecks" in args.variants:
-                fns["nochecks"] = build(run, dtype, args.lidar, args.tiny, checks=False)[0]
+                fns["nochecks"] = build(run, dtype, args.lidar, args.tiny, checks=False, int64=False)[0]
             if "int64" in args.variants:
                 fns["int64"] = wide
         feeds = {name: wide_inputs if name == "int64" else inputs for name in fns}

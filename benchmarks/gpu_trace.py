@@ -45,17 +45,21 @@ def named_gaps(events, at_least, top):
     return sum(g[0] for g in gaps), len(gaps), sorted(gaps, key=lambda g: -g[0])[:top]
 
 
-def read_xspace(xspace_path):
-    """The XSpace protocol buffer of a profiler trace file (.xplane.pb)."""
+def read_xspace(xspace):
+    """The XSpace protocol buffer of a profiler trace file (.xplane.pb); an XSpace already
+    read is returned as it is, so that one reader can hand it to the others."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    if isinstance(xspace, xplane_pb2.XSpace):
+        return xspace
     space = xplane_pb2.XSpace()
-    with open(xspace_path, "rb") as f:
+    with open(xspace, "rb") as f:
         space.ParseFromString(f.read())
     return space
 
 
 def gpu_stream_events(xspace_path):
-    """{GPU plane name: ([line names], [(begin ps, end ps, event name)])} of a profiler trace:
+    """{GPU plane name: ([line names], [(begin ps, end ps, event name)])} of a profiler trace
+    (a file or its read_xspace):
     the events on each GPU's stream lines (CUPTI's kernels, copies and memsets); derived
     lines (steps, ops), which repeat the streams' time, are named but their events left out."""
     space = read_xspace(xspace_path)
@@ -78,7 +82,7 @@ def gpu_stream_events(xspace_path):
 
 def python_calls(xspace_path, name):
     """[(begin ps, end ps)] of the events called `name` on the Python thread of a profiler
-    trace's host plane: one per traced call of a tf.function or ConcreteFunction of that
+    trace's host plane (a file or its read_xspace): one per traced call of a tf.function or ConcreteFunction of that
     Python name."""
     space = read_xspace(xspace_path)
     calls = []
@@ -99,9 +103,10 @@ def first_gpu_work(xspace_path, name):
     """For each traced call `name` (python_calls), the picoseconds from its start to the first
     GPU stream event that begins after it (None where none does, e.g. without a GPU): how
     long the GPU waits for the host's start of a call."""
-    starts = sorted(b for _, stream in gpu_stream_events(xspace_path).values() for b, _, _ in stream)
+    space = read_xspace(xspace_path)
+    starts = sorted(b for _, stream in gpu_stream_events(space).values() for b, _, _ in stream)
     out = []
-    for begin, _ in python_calls(xspace_path, name):
+    for begin, _ in python_calls(space, name):
         i = bisect.bisect_left(starts, begin)
         out.append(starts[i] - begin if i < len(starts) else None)
     return out
