@@ -33,8 +33,9 @@ MAX_TABLE_VOLUME = 32
 # --- valid inputs ---------------------------------------------------------------------------------
 
 def random_site_tensor(rng, d=None, dtype=None):
-    """coords (shuffled), features, spatial_shape, batch_size of a few random sites."""
-    d = int(rng.integers(1, 4)) if d is None else d
+    """coords (shuffled), features, spatial_shape, batch_size of a few random sites in 1 to 4
+    spatial dimensions (the mission's 2-D to 4-D data, and 1-D)."""
+    d = int(rng.integers(1, 5)) if d is None else d
     batch = int(rng.integers(1, 3))
     shape = tuple(int(r) for r in rng.integers(2, 6, d))
     coords = random_coords(rng, batch, shape, 0.35)
