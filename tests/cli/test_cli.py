@@ -212,7 +212,8 @@ BAD_ARGUMENTS = [
     (["predict", "{points}", "{t}/flat.npy"], r"flat.npy: expected points \[N, 3\+\]"),
     (["predict", "{points}", "{t}/none.npy"], r"none.npy: expected points \[N, 3\+\].*got shape \[0, 128, 3\]"),
     (["predict", "{points}", "{t}/point.npy"], r"point.npy: a single point, a cloud without a shape to classify"),
-    (["predict", "{points}", "{t}/utm.npy"],
+    # a model that centres each cloud itself reads utm.npy centred (test_predict_centres_clouds_far_from_the_origin)
+    (["predict", "{none}", "{t}/utm.npy"],
      r"utm.npy: coordinates up to 5.4e\+08 for a cloud .* across: float32, which the model computes in, moves its "
      r"points by up to .*more than 1/32"),
     (["predict", "{points}", "{t}/spans.npy"], r"spans.npy: points must be numbers, got dtype timedelta64\[s\]"),
@@ -490,6 +491,50 @@ def test_predict_files_of_each_format(capsys, tmp_path, models):
     labels = [f"{tmp_path / 'three.npz'}[{i}]" for i in range(3)] + [str(tmp_path / "cube.off")]
     for line, label, row in zip(lines, labels, rows[5:] + rows[:1], strict=True):
         assert line.split() == [label] + [t for c in row["top_k"] for t in (c["class"], f"{c['probability']:.3f}")]
+
+
+def test_predict_centres_clouds_far_from_the_origin(capsys, tmp_path, models):
+    """A float64 cloud 5e8 from the origin (an object cut out of a georeferenced scan), for a
+    model that centres every cloud on its centroid: the classes of the same cloud at the origin,
+    where float32 alone would move its points by up to 32 units."""
+    clouds, _, _ = make_shapes(num_per_class=1, num_points=POINTS, classes=("cube", "torus"), seed=5)
+    offset = np.array([4.5e8, 5.4e8, -3.0e8])
+    np.save(tmp_path / "near.npy", clouds[1].astype(np.float64))
+    np.save(tmp_path / "utm.npy", clouds[1].astype(np.float64) + offset)
+    np.savez(tmp_path / "utm.npz", points=clouds.astype(np.float64) + offset)
+    code, out, err = run(capsys, "predict", models["paths"]["points"], tmp_path / "near.npy", tmp_path / "utm.npy",
+                         tmp_path / "utm.npz", "--top-k", "3", "--json")
+    assert code == 0, err
+    near, far, *several = json.loads(out)
+    assert [c["class"] for c in far["top_k"]] == [c["class"] for c in near["top_k"]]
+    np.testing.assert_allclose([c["probability"] for c in far["top_k"]], [c["probability"] for c in near["top_k"]],
+                               rtol=1e-4)
+    expected = softmax(models["points"].predict(clouds, verbose=0))
+    for row, probabilities in zip(several, expected, strict=True):
+        top = np.argsort(-probabilities)[:3]
+        assert [c["class"] for c in row["top_k"]] == [models["classes"][i] for i in top]
+        np.testing.assert_allclose([c["probability"] for c in row["top_k"]], probabilities[top], rtol=1e-4)
+
+
+def test_evaluate_centres_npz_clouds_far_from_the_origin(capsys, tmp_path, models):
+    """evaluate of a float64 .npz test set far from the origin scores what the same set at the
+    origin scores, with a model that centres its clouds; one saved with normalize='none' is refused."""
+    clouds, labels, _ = make_shapes(num_per_class=3, num_points=POINTS, classes=("cube", "cone"), seed=6)
+    np.savez(tmp_path / "near.npz", points=clouds.astype(np.float64), labels=labels, classes=["cube", "cone"])
+    np.savez(tmp_path / "far.npz", points=clouds.astype(np.float64) + [2e8, -7e8, 1e8], labels=labels,
+             classes=["cube", "cone"])
+    scores = []
+    for name in ("near", "far"):
+        code, out, err = run(capsys, "evaluate", models["paths"]["points"], "--data", tmp_path / f"{name}.npz",
+                             "--classes", "model", "--out", tmp_path / f"eval-{name}")
+        assert code == 0, err
+        with open(tmp_path / f"eval-{name}" / "metrics.json") as f:
+            scores.append(json.load(f))
+    assert scores[1]["confusion_matrix"] == scores[0]["confusion_matrix"]
+    assert scores[1]["overall_accuracy"] == scores[0]["overall_accuracy"]
+    code, out, err = run(capsys, "evaluate", models["paths"]["none"], "--data", tmp_path / "far.npz",
+                         "--classes", "model")
+    assert code == 2 and "far.npz[0]: coordinates up to 7e+08" in err
 
 
 @pytest.mark.parametrize("vote", ["mirror", "rotations-3"])

@@ -114,6 +114,27 @@ def test_clouds_far_from_the_origin_are_read_while_float32_holds_their_shape(tmp
         np.testing.assert_allclose(point_files.read_point_file(tmp_path / "c.npy"), cloud + offset, atol=0.04)
 
 
+def test_centred_reading_keeps_the_shape_of_clouds_far_from_the_origin(tmp_path):
+    cloud = np.random.default_rng(1).random((64, 3)) * 2
+    offset = np.array([4.5e8, -5.4e8, 1e8])
+    np.save(tmp_path / "far.npy", cloud + offset)
+    with pytest.raises(ValueError, match="centre the cloud"):
+        point_files.read_point_file(tmp_path / "far.npy")
+    centred = point_files.read_point_file(tmp_path / "far.npy", centre=True)
+    assert centred.dtype == np.float32
+    # float64 holds 5e8 to 1e-7: the shape about its centroid survives, rounded to float32
+    np.testing.assert_allclose(centred, cloud - cloud.mean(axis=0), atol=1e-6)
+    clouds = np.stack([cloud, cloud[::-1] * 3]) + offset
+    normals = np.random.default_rng(2).normal(size=(2, 64, 3))
+    np.savez(tmp_path / "two.npz", points=np.concatenate([clouds, normals], axis=-1))
+    read = point_files.read_point_file(tmp_path / "two.npz", centre=True)
+    np.testing.assert_allclose(read[..., :3], clouds - clouds.mean(axis=1, keepdims=True), atol=1e-5)
+    np.testing.assert_allclose(read[..., 3:], normals, rtol=1e-6)  # normals are directions: not moved
+    np.save(tmp_path / "tiny.npy", np.random.default_rng(0).random((64, 3)) * 1e-40)
+    with pytest.raises(ValueError, match="moves its points by up to"):  # centring does not help a cloud float32
+        point_files.read_point_file(tmp_path / "tiny.npy", centre=True)  # flushes to zero
+
+
 def test_missing_file_and_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such point file"):
         point_files.read_point_file(tmp_path / "none.npy")

@@ -334,8 +334,9 @@ def _print_report(metrics, classes, source, vote="none"):
         print(f"{name:<{width}}{row['examples']:>9}{row['correct']:>9}{accuracy:>10}")
 
 
-def _load_examples(args, kind, split, data, record, spec, model_names, num_outputs):
-    """(LabelledSet, classes scored, their model output indices, notes, sampling seed)."""
+def _load_examples(args, kind, split, data, record, spec, model_names, num_outputs, centre=False):
+    """(LabelledSet, classes scored, their model output indices, notes, sampling seed); centre:
+    point clouds of an .npz centred on their centroids as they are read (point_files.as_clouds)."""
     if record is not None:
         loaded = _load_validation_set(record, data)
         return (loaded, *_choose_classes(None, loaded.classes, model_names, num_outputs), record.get("seed", 0))
@@ -353,7 +354,7 @@ def _load_examples(args, kind, split, data, record, spec, model_names, num_outpu
         check_cloud_fits(points)
         loaded = test_split.load_test_split(data, kind, split, classes, num_points=points,
                                             normals=spec.get("columns") == 6, seed=seed,
-                                            progress=Progress(f"loading {data}"))
+                                            progress=Progress(f"loading {data}"), centre=centre)
     except (OSError, ValueError) as e:
         raise UsageError(one_line(e)) from None
     except MemoryError as e:
@@ -390,8 +391,10 @@ def run(args):
     ensemble, model_names, num_outputs = _load_ensemble(args.model, kind, data, args.vote, args.turn)
     # The examples are loaded once, with normals where any model uses them.
     spec = max((s for _, s in ensemble), key=lambda s: s.get("columns", 3))
+    # every model centres each cloud itself unless one was saved with normalize='none'
+    centre = all(s.get("normalize") != "none" for _, s in ensemble)
     loaded, classes, model_index, notes, seed = _load_examples(args, kind, split, data, record, spec, model_names,
-                                                               num_outputs)
+                                                               num_outputs, centre)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if len(loaded.examples) == 0:

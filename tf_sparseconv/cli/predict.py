@@ -5,11 +5,13 @@ Point-cloud models read .off meshes (sampled to the model's points per cloud), .
 and .npz with a `points` array; image models read .png, .npy [H, W] or [M, H, W] and .npz
 with an `images` array. Clouds of another size than the model was trained with are
 resampled to it (seeded). The model normalises each cloud into the unit sphere itself, so
-clouds in any units work; a model saved with normalize='none' refuses points outside its
-bounds. Several models (the .keras files before the first input) predict as an ensemble:
-the mean of their softmax outputs, as `evaluate` scores one. With --vote, each cloud is
-predicted by the mean softmax over its mirror image or its rotations about the up axis (z)
-as well, as `evaluate --vote` scores it (an ensemble: each model's vote, then their mean).
+clouds in any units and anywhere work (a cloud far from the origin, e.g. an object cut out
+of a georeferenced scan, is centred in float64 as it is read); a model saved with
+normalize='none' refuses points outside its bounds. Several models (the .keras files before
+the first input) predict as an ensemble: the mean of their softmax outputs, as `evaluate`
+scores one. With --vote, each cloud is predicted by the mean softmax over its mirror image
+or its rotations about the up axis (z) as well, as `evaluate --vote` scores it (an
+ensemble: each model's vote, then their mean).
 """
 import json
 import os
@@ -60,8 +62,9 @@ def _check_files(files):
             raise UsageError(one_line(e)) from None
 
 
-def _read_clouds(files, spec, seed):
-    """([(file, index or None)], clouds [M, N, columns]) at the model's points per cloud, and notes."""
+def _read_clouds(files, spec, seed, centre=False):
+    """([(file, index or None)], clouds [M, N, columns]) at the model's points per cloud, and notes;
+    centre: each cloud centred on its centroid as it is read (point_files.as_clouds)."""
     from tf_sparseconv.data.point_files import POINT_SUFFIXES, read_point_file, resample_points, suffix
 
     target = spec.get("points_per_cloud") or DEFAULT_POINTS
@@ -71,7 +74,8 @@ def _read_clouds(files, spec, seed):
         if suffix(path) not in POINT_SUFFIXES:
             raise UsageError(f"{path}: an image, but the model takes point clouds ({', '.join(POINT_SUFFIXES)})")
         try:
-            read = read_point_file(path, num_points=target if suffix(path) == ".off" else None, seed=seed)
+            read = read_point_file(path, num_points=target if suffix(path) == ".off" else None, seed=seed,
+                                   centre=centre)
         except (OSError, ValueError) as e:
             raise UsageError(one_line(e)) from None
         if read.shape[-1] < columns:
@@ -167,7 +171,9 @@ def run(args):
     if spec["kind"] == "images":
         sources, examples, notes = _read_images(files, spec)
     else:
-        sources, examples, notes = _read_clouds(files, spec, args.seed)
+        # every model centres each cloud itself unless one was saved with normalize='none'
+        centre = all(member_spec.get("normalize") != "none" for _, member_spec in members)
+        sources, examples, notes = _read_clouds(files, spec, args.seed, centre)
         for _, other in members[1:]:  # a member saved with normalize='none' checks its own bounds
             _check_bounds(examples, sources, other)
     if not model_names:

@@ -125,13 +125,17 @@ def resample_points(cloud, num_points, rng):
     return cloud[chosen]
 
 
-def as_clouds(array, path):
+def as_clouds(array, path, centre=False):
     """float32 [N, 3 or 6] or [M, N, 3 or 6] from a numeric array; uint8 is the quantised ModelNet form.
 
     ValueError for a cloud the models cannot classify: values NaN, infinite or beyond
     float32's range, every point at one position, or coordinates so large (or so small) for
     the cloud's size that float32, which the models compute in, moves its points by more than
-    1/32 of it (about a voxel of a 64^3 grid over the unit sphere)."""
+    1/32 of it (about a voxel of a 64^3 grid over the unit sphere).
+    centre: move each cloud's centroid to the origin, in float64 before the cast to float32,
+    for models that centre every cloud on its centroid themselves (normalize='unit_sphere'):
+    a cloud far from the origin for its size, e.g. an object cut out of a georeferenced scan,
+    then keeps its shape instead of being refused."""
     if array.ndim not in (2, 3) or array.shape[-1] < 3 or 0 in array.shape:
         raise ValueError(f"{path}: expected points [N, 3+] (one cloud) or [M, N, 3+] (several), x y z first, "
                          f"got shape {list(array.shape)}")
@@ -147,6 +151,9 @@ def as_clouds(array, path):
         representable = np.isfinite(values) & (np.abs(values.astype(np.float64)) <= np.finfo(np.float32).max)
         bad = np.flatnonzero(~representable.reshape(-1, columns).all(axis=1))[0]
         raise ValueError(f"{path}: point {bad} contains NaN or infinite values, or values beyond float32's range")
+    if centre:  # float64 keeps the shape of a cloud far from the origin; the model re-centres anyway
+        xyz = values[..., :3].astype(np.float64)
+        values = np.concatenate([xyz - xyz.mean(axis=-2, keepdims=True), values[..., 3:].astype(np.float64)], axis=-1)
     clouds = values.astype(np.float32)
     check_extent(values[..., :3], path, clouds)
     return clouds
@@ -201,14 +208,15 @@ def _ply_cloud(path):
     return np.stack([vertex[n] for n in names], 1)
 
 
-def read_point_file(path, num_points=None, seed=0):
+def read_point_file(path, num_points=None, seed=0, centre=False):
     """The point cloud(s) of one file: float32 [N, 3 or 6] for one cloud, [M, N, 3 or 6] for several.
 
     num_points: resample every cloud to this many points (seeded by seed, the file name and
     the cloud's index; without repetition when a cloud has enough), or for .off meshes the
     points to sample (default DEFAULT_MESH_POINTS). Meshes are sampled with their face
     normals and scaled into the unit sphere, as data.modelnet.load_modelnet_meshes does;
-    the other formats keep their coordinates.
+    the other formats keep their coordinates, or with centre (as_clouds) their shapes about
+    each cloud's centroid.
     """
     from tf_sparseconv.data.modelnet import mesh_point_cloud
 
@@ -220,11 +228,11 @@ def read_point_file(path, num_points=None, seed=0):
         rng = np.random.default_rng([seed, file_seed])
         return mesh_point_cloud(path, num_points or DEFAULT_MESH_POINTS, rng, normals=True)
     if kind == ".ply":
-        clouds = as_clouds(_ply_cloud(path), path)
+        clouds = as_clouds(_ply_cloud(path), path, centre)
     elif kind == ".npy":
-        clouds = as_clouds(load_npy(path), path)
+        clouds = as_clouds(load_npy(path), path, centre)
     else:
-        clouds = as_clouds(load_npz(path, ["points"])["points"], path)
+        clouds = as_clouds(load_npz(path, ["points"])["points"], path, centre)
     if num_points is None or clouds.shape[-2] == num_points:
         return clouds
     if clouds.ndim == 2:

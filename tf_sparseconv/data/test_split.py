@@ -136,13 +136,14 @@ def _load_scannet(root, classes, num_points, min_points, normals, seed, progress
 
 
 def load_test_split(path, kind, split, classes, num_points=1024, normals=False, seed=0, min_points=50,
-                    progress=None):
+                    progress=None, centre=False):
     """LabelledSet of the examples of `classes` (names the data holds) in the split; labels index classes.
 
     num_points and seed: points sampled per mesh or kept per ScanNet object; normals: columns
     3:6 as well (meshes' face normals, scans' vertex normals); min_points: ScanNet objects
     with fewer vertices are skipped, as in training. progress(done, total, what) hears of
-    long loads: class folders of meshes or scans read so far.
+    long loads: class folders of meshes or scans read so far. centre: each point cloud of an
+    .npz centred on its centroid as it is read (point_files.as_clouds).
     """
     path = os.fspath(path)
     progress = progress or (lambda done, total, what: None)
@@ -165,7 +166,8 @@ def load_test_split(path, kind, split, classes, num_points=1024, normals=False, 
                 len(raw_labels) and (raw_labels.min() < 0 or raw_labels.max() >= len(names))):
             raise ValueError(f"{path}: labels must be integers in 0..{len(names) - 1} (indices into classes)")
         keep = np.isin(raw_labels, [names.index(c) for c in classes])
-        clouds = point_files.as_clouds(points, path)[keep]  # every example checked, named by its index in the file
+        # every example checked, named by its index in the file
+        clouds = point_files.as_clouds(points, path, centre)[keep]
         return LabelledSet(clouds, _relabel(raw_labels[keep].astype(np.int64), names, classes), classes, kind, path)
     if kind == "mnist":
         from tf_sparseconv.data.mnist import load_mnist
