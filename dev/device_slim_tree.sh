@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The lent GPU's calls copy the tracked files and carry at most 64 MiB in all; the kept
-# models (experiments/models, about 90 MB) would leave no room for a piece of .devparts.
+# models (experiments/models, about 210 MB) would leave no room for a piece of .devparts.
 # `on` untracks them in the index only (the files stay on disk, listed in .git/info/exclude),
 # `off` tracks them again. Between the two, `git status` shows the models as deleted: commit
 # nothing while the tree is slim (`on` refuses to start with other changes staged, `off`
