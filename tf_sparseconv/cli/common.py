@@ -110,6 +110,13 @@ def load_ensemble(paths, shared, shared_names, purpose, check=None):
     return [(m, s) for _, m, s, _, _ in loaded], names, num_outputs
 
 
+def centres_clouds(ensemble):
+    """Whether every model of ensemble ([(model, input spec)], load_ensemble's) centres each
+    cloud on its centroid itself (normalize='unit_sphere'; one saved with normalize='none'
+    has absolute bounds), so that clouds may be read centred (point_files.as_clouds)."""
+    return all(spec.get("normalize") != "none" for _, spec in ensemble)
+
+
 def check_out_dir(path, overwrite):
     """UsageError if path is a file, a non-empty folder without --overwrite, or a folder that
     cannot be made or written in."""

@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 
-from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, check_out_dir, load_ensemble,
-                                      non_negative_int, one_line, positive_int)
+from tf_sparseconv.cli.common import (Progress, UsageError, centres_clouds, check_model_file, check_out_dir,
+                                      load_ensemble, non_negative_int, one_line, positive_int)
 from tf_sparseconv.host_memory import check_cloud_fits
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip() + """
@@ -391,10 +391,8 @@ def run(args):
     ensemble, model_names, num_outputs = _load_ensemble(args.model, kind, data, args.vote, args.turn)
     # The examples are loaded once, with normals where any model uses them.
     spec = max((s for _, s in ensemble), key=lambda s: s.get("columns", 3))
-    # every model centres each cloud itself unless one was saved with normalize='none'
-    centre = all(s.get("normalize") != "none" for _, s in ensemble)
     loaded, classes, model_index, notes, seed = _load_examples(args, kind, split, data, record, spec, model_names,
-                                                               num_outputs, centre)
+                                                               num_outputs, centres_clouds(ensemble))
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if len(loaded.examples) == 0:

@@ -19,8 +19,8 @@ import sys
 
 import numpy as np
 
-from tf_sparseconv.cli.common import (Progress, UsageError, check_model_file, load_ensemble, non_negative_int,
-                                     one_line, positive_int)
+from tf_sparseconv.cli.common import (Progress, UsageError, centres_clouds, check_model_file, load_ensemble,
+                                      non_negative_int, one_line, positive_int)
 
 DESCRIPTION = __doc__.split("\n", 2)[2].strip()
 # Points per cloud when the model does not say how many it was trained with.
@@ -171,9 +171,7 @@ def run(args):
     if spec["kind"] == "images":
         sources, examples, notes = _read_images(files, spec)
     else:
-        # every model centres each cloud itself unless one was saved with normalize='none'
-        centre = all(member_spec.get("normalize") != "none" for _, member_spec in members)
-        sources, examples, notes = _read_clouds(files, spec, args.seed, centre)
+        sources, examples, notes = _read_clouds(files, spec, args.seed, centres_clouds(members))
         for _, other in members[1:]:  # a member saved with normalize='none' checks its own bounds
             _check_bounds(examples, sources, other)
     if not model_names:

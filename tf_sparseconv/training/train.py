@@ -521,8 +521,8 @@ def build_parser():
     p.add_argument("--gradient-all-reduce", choices=GRADIENT_ALL_REDUCES, default=None,
                    help="with --collective nccl, hierarchical-copy or ring: packed (TensorFlow's default: one "
                         "all-reduce of every gradient, after the whole backward pass) or per-gradient (each "
-                        "gradient all-reduced as soon as the backward pass has made it, overlapping the rest; slower for "
-                        "this library's models on two H200s, docs/training.md)")
+                        "gradient all-reduced as soon as the backward pass has made it, overlapping the rest; "
+                        "slower for this library's models on two H200s, docs/training.md)")
     p.add_argument("--steps-per-execution", type=int, default=1, metavar="N",
                    help="training steps per call of the traced train function (Keras' steps_per_execution): the "
                         "host queues N steps without waiting for each one's end; the same training")
