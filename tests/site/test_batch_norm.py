@@ -142,6 +142,34 @@ def test_row_ops_refuse_bad_shapes_clearly(device, call, message):
         call()
 
 
+@pytest.mark.parametrize("c", [1, 4])  # 1 and 4 columns per access on the GPU
+def test_gradient_is_finite_where_float32_intermediates_would_overflow(rng, device, c):
+    """dy near float32's largest value: sum(dy * (x - mean)) and gamma * inv_std^2 *
+    dgamma / n overflow float32, while dgamma, dbeta and dx are finite (the fuzz case of
+    seed 31). The op sums and forms dx in float64, so they come out finite and right."""
+    n = 300
+    x = rng.normal(0, 1e3, (n, c)).astype(np.float32)
+    x[0] = 300  # about 0.3 standard deviations from the mean: dgamma about 1e38
+    dy = rng.normal(0, 1e30, (n, c)).astype(np.float32)
+    dy[0] = 3e38
+    gamma = rng.uniform(0.5, 1.5, c).astype(np.float32)
+    mean = x.astype(np.float64).mean(0).astype(np.float32)
+    inv_std = (1 / np.sqrt(x.astype(np.float64).var(0) + 1e-3)).astype(np.float32)
+    with tf.device(device):
+        dx, dgamma, dbeta = ops.row_batch_norm_grad(dy, x, gamma, mean, inv_std)
+        assert_on(device, dx, dgamma, dbeta)
+    g, m, inv, d, xs = (a.astype(np.float64) for a in (gamma, mean, inv_std, dy, x))
+    xc = xs - m
+    want_db = d.sum(0)
+    want_dg = inv * (d * xc).sum(0)
+    want_dx = g * inv * (d - want_db / n - xc * inv * want_dg / n)
+    assert np.abs(d * xc).sum(0).max() > np.finfo(np.float32).max  # the float32 sum would overflow
+    for got, want in ((dx, want_dx), (dgamma, want_dg), (dbeta, want_db)):
+        got = got.numpy().astype(np.float64)
+        assert np.all(np.isfinite(got)) and np.abs(want).max() < np.finfo(np.float32).max
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("c", [70, 136])  # 2 and 4 columns per access on the GPU
 def test_gpu_rows_match_the_cpu_and_rerun_bit_identically(rng, gpu, c):
     n = 5000

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "common/gpu_util.cuh"
 #include "site/batch_norm/row_batch_norm_gpu.h"
@@ -73,23 +74,28 @@ __device__ inline void StoreVec(T* p, const float* v) {
 constexpr int kColumns = 32;  // threadIdx.x
 constexpr int kRows = 8;      // threadIdx.y
 
-// The two per-column sums of a chunk: forward (x - pivot, (x - pivot)^2), with pivot the
-// first row; backward (dy, dy * (x - mean)). A thread holds kV adjacent columns (c a
-// multiple of kV, rows aligned to kV elements), read in one load per row; each column's
-// sum runs over the same rows in the same order for every kV.
+// The two per-column sums of a chunk: forward (x - pivot, (x - pivot)^2) in float, with
+// pivot the first row; backward (dy, dy * (x - mean)) in double, whose float sums overflow
+// where dgamma = inv_std * sum(dy * (x - mean)) does not (row_batch_norm.h). A thread holds
+// kV adjacent columns (c a multiple of kV, rows aligned to kV elements), read in one load
+// per row; each column's sum runs over the same rows in the same order for every kV.
+template <bool kBackward>
+using SumOf = typename std::conditional<kBackward, double, float>::type;
+
 template <typename T, bool kBackward, int kV>
 __global__ void ChunkSumsKernel(const T* x, const T* dy, const float* mean, int64_t n, int64_t c, int64_t per,
-                                float* part1, float* part2) {
-  __shared__ float s1[kRows][kColumns * kV];
-  __shared__ float s2[kRows][kColumns * kV];
+                                SumOf<kBackward>* part1, SumOf<kBackward>* part2) {
+  using Sum = SumOf<kBackward>;
+  __shared__ Sum s1[kRows][kColumns * kV];
+  __shared__ Sum s2[kRows][kColumns * kV];
   const int64_t chunk = blockIdx.x;
   const int64_t first = chunk * per;
   const int64_t last = first + per < n ? first + per : n;
   for (int64_t c0 = 0; c0 < c; c0 += kColumns * kV) {
     const int64_t j = c0 + threadIdx.x * kV;  // j < c: all kV columns are
-    float a1[kV], a2[kV];
+    Sum a1[kV], a2[kV];
 #pragma unroll
-    for (int k = 0; k < kV; ++k) a1[k] = a2[k] = 0.0f;
+    for (int k = 0; k < kV; ++k) a1[k] = a2[k] = Sum(0);
     if (j < c) {
       float center[kV];
       if (kBackward) {
@@ -108,7 +114,7 @@ __global__ void ChunkSumsKernel(const T* x, const T* dy, const float* mean, int6
 #pragma unroll
           for (int k = 0; k < kV; ++k) {
             a1[k] += g[k];
-            a2[k] += g[k] * (xv[k] - center[k]);
+            a2[k] += static_cast<Sum>(g[k]) * (static_cast<Sum>(xv[k]) - center[k]);
           }
         } else {
 #pragma unroll
@@ -129,7 +135,7 @@ __global__ void ChunkSumsKernel(const T* x, const T* dy, const float* mean, int6
     if (threadIdx.y == 0 && j < c) {
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
-        float t1 = 0.0f, t2 = 0.0f;
+        Sum t1 = Sum(0), t2 = Sum(0);
         for (int i = 0; i < kRows; ++i) {
           t1 += s1[i][threadIdx.x * kV + k];
           t2 += s2[i][threadIdx.x * kV + k];
@@ -145,9 +151,10 @@ __global__ void ChunkSumsKernel(const T* x, const T* dy, const float* mean, int6
 // The chunks' partial sums of column j added up by one warp: lane l adds chunks l, l + 32,
 // ..., then a fixed shuffle tree adds the lanes (the same order on every run); lane 0
 // holds the totals. A thread adding all 1,024 chunks alone took 50 us per call.
-__device__ inline void ColumnTotals(const float* part1, const float* part2, int64_t chunks, int64_t c, int64_t j,
-                                    int lane, float* t1, float* t2) {
-  float a1 = 0.0f, a2 = 0.0f;
+template <typename Sum>
+__device__ inline void ColumnTotals(const Sum* part1, const Sum* part2, int64_t chunks, int64_t c, int64_t j,
+                                    int lane, Sum* t1, Sum* t2) {
+  Sum a1 = Sum(0), a2 = Sum(0);
   for (int64_t k = lane; k < chunks; k += 32) {
     a1 += part1[k * c + j];
     a2 += part2[k * c + j];
@@ -189,25 +196,50 @@ __global__ void StatisticsKernel(const T* x, const float* gamma, const float* pa
   }
 }
 
-// Backward: dgamma, dbeta and dx = dy * A + (x - mean) * B + C's coefficients, a warp per
-// column.
-__global__ void GradCoefficientsKernel(const float* gamma, const float* mean, const float* inv_std,
-                                       const float* part1, const float* part2, int64_t chunks, int64_t n, int64_t c,
-                                       float* dgamma, float* dbeta, float* coef_dy, float* coef_x, float* coef_1) {
+// Backward: dgamma, dbeta and dx's coefficients per column (GradDxKernel), a warp per
+// column, in double from the double sums: dgamma / n and the like are formed before any
+// rounding, so a finite result does not come out infinite from a float intermediate.
+__global__ void GradCoefficientsKernel(const float* gamma, const float* inv_std, const double* part1,
+                                       const double* part2, int64_t chunks, int64_t n, int64_t c, float* dgamma,
+                                       float* dbeta, double* coef) {
   TF_SPARSECONV_WARP_PER_COLUMN(j, c, lane) {
-    float t1, t2;
+    double t1, t2;
     ColumnTotals(part1, part2, chunks, c, j, lane, &t1, &t2);
     if (lane != 0) continue;
-    const float db = t1;
-    const float dg = t2 * inv_std[j];
-    dbeta[j] = db;
-    dgamma[j] = dg;
-    const float k1 = gamma[j] * inv_std[j];
-    const float k2 = db / static_cast<float>(n);
-    const float k3 = dg * inv_std[j] / static_cast<float>(n);
-    coef_dy[j] = k1;
-    coef_x[j] = -k1 * k3;
-    coef_1[j] = -k1 * k2;
+    const double inv = inv_std[j];
+    const double dg = t2 * inv;
+    dbeta[j] = static_cast<float>(t1);
+    dgamma[j] = static_cast<float>(dg);
+    coef[j] = static_cast<double>(gamma[j]) * inv;                       // gamma * inv_std
+    coef[c + j] = t1 / static_cast<double>(n);                          // dbeta / n
+    coef[2 * c + j] = inv * (dg / static_cast<double>(n));              // inv_std * dgamma / n
+  }
+}
+
+// dx = gamma * inv_std * (dy - dbeta / n - (x - mean) * inv_std * dgamma / n) per element,
+// in double from GradCoefficientsKernel's coefficients, rounded once (row_batch_norm.h).
+// kV adjacent elements of one row per thread, as ColumnAffineKernel.
+template <typename T, int kV>
+__global__ void GradDxKernel(const T* dy, const T* x, const float* mean, const double* coef, int64_t total,
+                             int64_t c, T* dx) {
+  const int64_t vectors = total / kV;
+  const int64_t row_vectors = c / kV;
+  const bool narrow = vectors <= 0xffffffffLL;
+  TF_SPARSECONV_GRID_LOOP(v, vectors) {
+    const int64_t j =
+        kV * (narrow ? static_cast<int64_t>(static_cast<uint32_t>(v) % static_cast<uint32_t>(row_vectors))
+                     : v % row_vectors);
+    const int64_t i = v * kV;
+    float gv[kV], xv[kV], o[kV];
+    LoadVec<kV>(dy + i, gv);
+    LoadVec<kV>(x + i, xv);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      const double centred = static_cast<double>(xv[k]) - static_cast<double>(mean[j + k]);
+      const double inner = (static_cast<double>(gv[k]) - coef[c + j + k]) - centred * coef[2 * c + j + k];
+      o[k] = static_cast<float>(coef[j + k] * inner);
+    }
+    StoreVec<kV>(dx + i, o);
   }
 }
 
@@ -255,11 +287,11 @@ int VectorWidth(int64_t c, std::initializer_list<const void*> pointers) {
 }
 
 template <typename T, bool kBackward>
-void LaunchChunkSums(const T* x, const T* dy, const float* mean, int64_t n, int64_t c, int64_t chunks, float* part,
-                     Stream stream) {
+void LaunchChunkSums(const T* x, const T* dy, const float* mean, int64_t n, int64_t c, int64_t chunks,
+                     SumOf<kBackward>* part, Stream stream) {
   const dim3 grid(static_cast<unsigned int>(chunks)), block(kColumns, kRows);
   const int64_t per = RowsPerChunk(n);
-  float* part2 = part + chunks * c;
+  SumOf<kBackward>* part2 = part + chunks * c;
   switch (VectorWidth<T>(c, {x, dy})) {
     case 4:
       ChunkSumsKernel<T, kBackward, 4><<<grid, block, 0, stream>>>(x, dy, mean, n, c, per, part, part2);
@@ -338,16 +370,26 @@ GpuStatus RowBatchNormGrad(const RowBatchNormGradArgs<T>& a, Scratch* scratch, S
     return GpuStatus::Ok();
   }
   const int64_t chunks = RowChunks(n);
-  float* part = scratch->DeviceArray<float>(2 * chunks * c + 3 * c);
+  double* part = scratch->DeviceArray<double>(2 * chunks * c + 3 * c);
   if (part == nullptr) return GpuStatus::OutOfMemory("RowBatchNormGrad partial sums");
-  float* coef = part + 2 * chunks * c;
+  double* coef = part + 2 * chunks * c;
   LaunchChunkSums<T, true>(a.x, a.dy, a.mean, n, c, chunks, part, stream);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad sums");
-  GradCoefficientsKernel<<<WarpBlocksFor(c), kThreads, 0, stream>>>(a.gamma, a.mean, a.inv_std, part, part + chunks * c,
-                                                                 chunks, n, c, a.dgamma, a.dbeta, coef, coef + c,
-                                                                 coef + 2 * c);
+  GradCoefficientsKernel<<<WarpBlocksFor(c), kThreads, 0, stream>>>(a.gamma, a.inv_std, part, part + chunks * c,
+                                                                 chunks, n, c, a.dgamma, a.dbeta, coef);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad coefficients");
-  LaunchColumnAffine<T>(a.dy, nullptr, coef, a.x, a.mean, coef + c, coef + 2 * c, n * c, c, a.dx, stream);
+  const int v = VectorWidth<T>(c, {a.dy, a.x, a.dx});
+  const unsigned int blocks = BlocksFor(n * c / v);
+  switch (v) {
+    case 4:
+      GradDxKernel<T, 4><<<blocks, kThreads, 0, stream>>>(a.dy, a.x, a.mean, coef, n * c, c, a.dx);
+      break;
+    case 2:
+      GradDxKernel<T, 2><<<blocks, kThreads, 0, stream>>>(a.dy, a.x, a.mean, coef, n * c, c, a.dx);
+      break;
+    default:
+      GradDxKernel<T, 1><<<blocks, kThreads, 0, stream>>>(a.dy, a.x, a.mean, coef, n * c, c, a.dx);
+  }
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad dx");
   return GpuStatus::Ok();
 }

@@ -1,7 +1,10 @@
 // Batch normalization of feature rows [n, c] over the rows, per column (channel): the
 // contract of the RowBatchNorm, RowBatchNormGrad, RowScaleShift and RowNormalize functors, shared by the
 // CPU (row_batch_norm_kernels.cc) and the GPU (row_batch_norm.cu). Statistics, gamma, beta
-// and every sum are float32 whatever the rows' type (half, bfloat16, float).
+// and the forward sums are float32 whatever the rows' type (half, bfloat16, float); the
+// backward sums and dx's arithmetic are float64, rounded once per result, since float32
+// intermediates (sum(dy * (x - mean)), gamma * inv_std^2 * dgamma / n) overflow where
+// the results do not.
 //
 // Forward (training): mean = sum(x) / n, variance = sum((x - mean)^2) / n (biased, the
 // one the rows are normalised with), inv_std = 1 / sqrt(variance + epsilon),

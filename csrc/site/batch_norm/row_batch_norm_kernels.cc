@@ -35,8 +35,9 @@ void ForEachChunk(tensorflow::OpKernelContext* ctx, int64_t n, int64_t c, const 
 }
 
 // Per column: sum over the chunks, in chunk order, of part[k * c + j].
-void AddChunks(const std::vector<float>& part, int64_t chunks, int64_t c, std::vector<float>* out) {
-  out->assign(c, 0.0f);
+template <typename Sum>
+void AddChunks(const std::vector<Sum>& part, int64_t chunks, int64_t c, std::vector<Sum>* out) {
+  out->assign(c, Sum(0));
   for (int64_t k = 0; k < chunks; ++k) {
     for (int64_t j = 0; j < c; ++j) (*out)[j] += part[k * c + j];
   }
@@ -101,40 +102,42 @@ struct RowBatchNormGradFunctor<CPUDevice, T> {
     const int64_t n = a.n, c = a.c;
     for (int64_t j = 0; j < c; ++j) a.dgamma[j] = a.dbeta[j] = 0.0f;
     if (n == 0 || c == 0) return absl::OkStatus();
+    // The sums and dx's coefficients in double, dx rounded once: a float intermediate
+    // (the sum of dy * (x - mean), gamma * inv_std^2 * dgamma / n) overflows where a finite
+    // result does not (row_batch_norm.h). The GPU computes the same expressions.
     const int64_t chunks = RowChunks(n);
-    std::vector<float> part1(chunks * c, 0.0f), part2(chunks * c, 0.0f);
+    std::vector<double> part1(chunks * c, 0.0), part2(chunks * c, 0.0);
     ForEachChunk(ctx, n, c, [&](int64_t k, int64_t first, int64_t last) {
-      float* s1 = &part1[k * c];
-      float* s2 = &part2[k * c];
+      double* s1 = &part1[k * c];
+      double* s2 = &part2[k * c];
       for (int64_t r = first; r < last; ++r) {
         for (int64_t j = 0; j < c; ++j) {
-          const float dy = static_cast<float>(a.dy[r * c + j]);
+          const double dy = static_cast<float>(a.dy[r * c + j]);
           s1[j] += dy;
-          s2[j] += dy * (static_cast<float>(a.x[r * c + j]) - a.mean[j]);
+          s2[j] += dy * (static_cast<double>(static_cast<float>(a.x[r * c + j])) - a.mean[j]);
         }
       }
     });
-    std::vector<float> sum_dy, sum_dy_xc;
+    std::vector<double> sum_dy, sum_dy_xc;
     AddChunks(part1, chunks, c, &sum_dy);
     AddChunks(part2, chunks, c, &sum_dy_xc);
-    // dx = dy * A + (x - mean) * B + C per column (row_batch_norm.h's dx, expanded)
-    std::vector<float> ca(c), cb(c), cc(c);
+    // dx = k1 * (dy - k2 - (x - mean) * k3) per column (row_batch_norm.h's dx)
+    std::vector<double> k1(c), k2(c), k3(c);
     for (int64_t j = 0; j < c; ++j) {
-      a.dbeta[j] = sum_dy[j];
-      a.dgamma[j] = sum_dy_xc[j] * a.inv_std[j];
-      const float k1 = a.gamma[j] * a.inv_std[j];
-      const float k2 = a.dbeta[j] / static_cast<float>(n);
-      const float k3 = a.dgamma[j] * a.inv_std[j] / static_cast<float>(n);
-      ca[j] = k1;
-      cb[j] = -k1 * k3;
-      cc[j] = -k1 * k2;
+      const double inv = a.inv_std[j];
+      const double dg = sum_dy_xc[j] * inv;
+      a.dbeta[j] = static_cast<float>(sum_dy[j]);
+      a.dgamma[j] = static_cast<float>(dg);
+      k1[j] = static_cast<double>(a.gamma[j]) * inv;
+      k2[j] = sum_dy[j] / static_cast<double>(n);
+      k3[j] = inv * (dg / static_cast<double>(n));
     }
     ForEachChunk(ctx, n, c, [&](int64_t, int64_t first, int64_t last) {
       for (int64_t r = first; r < last; ++r) {
         for (int64_t j = 0; j < c; ++j) {
-          const float dx = static_cast<float>(a.dy[r * c + j]) * ca[j] +
-                           (static_cast<float>(a.x[r * c + j]) - a.mean[j]) * cb[j] + cc[j];
-          a.dx[r * c + j] = static_cast<T>(dx);
+          const double centred = static_cast<double>(static_cast<float>(a.x[r * c + j])) - a.mean[j];
+          const double inner = (static_cast<double>(static_cast<float>(a.dy[r * c + j])) - k2[j]) - centred * k3[j];
+          a.dx[r * c + j] = static_cast<T>(static_cast<float>(k1[j] * inner));
         }
       }
     });
