@@ -319,14 +319,17 @@ def test_subclassed_model_fits_and_checkpoints_round_trip(rng, tmp_path):
     assert losses[-1] < 0.7 * losses[0], losses
     expected = model.predict(points, verbose=0)
     assert expected.shape == (16, 64, 2)
-    # float32 sums in another order at every call on a GPU (the pair tiles add with atomics)
-    np.testing.assert_allclose(model(points).numpy(), expected, rtol=1e-5, atol=1e-5)
+    # On a GPU, predict's traced graph and the eager call add float32 sums in another order
+    # (the pair tiles add with atomics) over TF32 products: agreement to about 1e-3 there
+    # (a lent H200, 2026-11-30: 1.1e-4 apart after ten epochs).
+    tolerance = dict(rtol=2e-3, atol=1e-3) if gpu_visible() else dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(model(points).numpy(), expected, **tolerance)
     path = str(tmp_path / "ckpt.weights.h5")
     model.save_weights(path)
     other = SubclassedSegmenter()
     other(points[:2])
     other.load_weights(path)
-    np.testing.assert_allclose(other(points).numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(other(points).numpy(), expected, **tolerance)
 
 
 def test_unet_on_site_inputs_round_trips_through_keras_file_and_export(rng, tmp_path):
