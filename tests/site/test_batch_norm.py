@@ -143,6 +143,32 @@ def test_row_ops_refuse_bad_shapes_clearly(device, call, message):
 
 
 @pytest.mark.parametrize("c", [1, 4])  # 1 and 4 columns per access on the GPU
+@pytest.mark.parametrize("spread", [3e18, 1e25])  # variance within float32's range, and beyond it
+def test_rows_whose_float32_squares_overflow_normalise_right(rng, device, c, spread):
+    """Rows of about 3e18 and 1e25: their summed squared deviations overflow float32 (the variance
+    of 1e25 rows does too), while mean, inv_std and y are finite. The op sums in float64,
+    so they come out right (the fuzz marked such rows not run before)."""
+    n = 300
+    x = (rng.normal(0, spread, (n, c)) + 3 * spread).astype(np.float32)
+    gamma, beta = rng.uniform(0.5, 1.5, c).astype(np.float32), rng.normal(0, 1, c).astype(np.float32)
+    with tf.device(device):
+        y, mean, variance, inv_std = ops.row_batch_norm(x, gamma, beta, epsilon=1e-3)
+        assert_on(device, y, mean, variance, inv_std)
+    xs = x.astype(np.float64)
+    want_mean, want_var = xs.mean(0), xs.var(0)
+    want_inv = 1 / np.sqrt(want_var + 1e-3)
+    want_y = (xs - want_mean) * want_inv * gamma + beta
+    assert (np.abs(xs - want_mean) ** 2).sum(0).max() > np.finfo(np.float32).max  # float32 squares overflow
+    np.testing.assert_allclose(y.numpy(), want_y, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(mean.numpy(), want_mean, rtol=1e-6)
+    np.testing.assert_allclose(inv_std.numpy(), want_inv, rtol=1e-5)
+    if want_var.max() < np.finfo(np.float32).max:
+        np.testing.assert_allclose(variance.numpy(), want_var, rtol=1e-5)
+    else:
+        assert np.all(np.isinf(variance.numpy()))  # beyond float32: rounded to inf, still the right side
+
+
+@pytest.mark.parametrize("c", [1, 4])  # 1 and 4 columns per access on the GPU
 def test_gradient_is_finite_where_float32_intermediates_would_overflow(rng, device, c):
     """dy near float32's largest value: sum(dy * (x - mean)) and gamma * inv_std^2 *
     dgamma / n overflow float32, while dgamma, dbeta and dx are finite (the fuzz case of

@@ -14,7 +14,6 @@
 
 #include <cstdint>
 #include <initializer_list>
-#include <type_traits>
 
 #include "common/gpu_util.cuh"
 #include "site/batch_norm/row_batch_norm_gpu.h"
@@ -74,18 +73,16 @@ __device__ inline void StoreVec(T* p, const float* v) {
 constexpr int kColumns = 32;  // threadIdx.x
 constexpr int kRows = 8;      // threadIdx.y
 
-// The two per-column sums of a chunk: forward (x - pivot, (x - pivot)^2) in float, with
-// pivot the first row; backward (dy, dy * (x - mean)) in double, whose float sums overflow
-// where dgamma = inv_std * sum(dy * (x - mean)) does not (row_batch_norm.h). A thread holds
-// kV adjacent columns (c a multiple of kV, rows aligned to kV elements), read in one load
-// per row; each column's sum runs over the same rows in the same order for every kV.
-template <bool kBackward>
-using SumOf = typename std::conditional<kBackward, double, float>::type;
+// The two per-column sums of a chunk, in double: forward (x - pivot, (x - pivot)^2), with
+// pivot the first row; backward (dy, dy * (x - mean)). Float sums overflow where the
+// statistics or dgamma do not (row_batch_norm.h). A thread holds kV adjacent columns (c a
+// multiple of kV, rows aligned to kV elements), read in one load per row; each column's
+// sum runs over the same rows in the same order for every kV.
+using Sum = double;
 
 template <typename T, bool kBackward, int kV>
 __global__ void ChunkSumsKernel(const T* x, const T* dy, const float* mean, int64_t n, int64_t c, int64_t per,
-                                SumOf<kBackward>* part1, SumOf<kBackward>* part2) {
-  using Sum = SumOf<kBackward>;
+                                Sum* part1, Sum* part2) {
   __shared__ Sum s1[kRows][kColumns * kV];
   __shared__ Sum s2[kRows][kColumns * kV];
   const int64_t chunk = blockIdx.x;
@@ -119,7 +116,7 @@ __global__ void ChunkSumsKernel(const T* x, const T* dy, const float* mean, int6
         } else {
 #pragma unroll
           for (int k = 0; k < kV; ++k) {
-            const float d = xv[k] - center[k];
+            const Sum d = static_cast<Sum>(xv[k]) - center[k];
             a1[k] += d;
             a2[k] += d * d;
           }
@@ -151,7 +148,6 @@ __global__ void ChunkSumsKernel(const T* x, const T* dy, const float* mean, int6
 // The chunks' partial sums of column j added up by one warp: lane l adds chunks l, l + 32,
 // ..., then a fixed shuffle tree adds the lanes (the same order on every run); lane 0
 // holds the totals. A thread adding all 1,024 chunks alone took 50 us per call.
-template <typename Sum>
 __device__ inline void ColumnTotals(const Sum* part1, const Sum* part2, int64_t chunks, int64_t c, int64_t j,
                                     int lane, Sum* t1, Sum* t2) {
   Sum a1 = Sum(0), a2 = Sum(0);
@@ -175,24 +171,51 @@ __device__ inline void ColumnTotals(const Sum* part1, const Sum* part2, int64_t 
 
 inline unsigned int WarpBlocksFor(int64_t columns) { return BlocksFor(columns * 32); }
 
-// Forward: the statistics and y = (x - mean) * scale + beta's scale, a warp per column.
+// Forward: the statistics, and y's coefficients per column (NormalizeRowsKernel), a warp
+// per column, in double from the double sums; mean, variance and inv_std rounded once.
 template <typename T>
-__global__ void StatisticsKernel(const T* x, const float* gamma, const float* part1,
-                                 const float* part2, int64_t chunks, int64_t n, int64_t c, float epsilon, float* mean,
-                                 float* variance, float* inv_std, float* scale) {
+__global__ void StatisticsKernel(const T* x, const float* gamma, const double* part1, const double* part2,
+                                 int64_t chunks, int64_t n, int64_t c, float epsilon, float* mean, float* variance,
+                                 float* inv_std, double* coef) {
   TF_SPARSECONV_WARP_PER_COLUMN(j, c, lane) {
-    float t1, t2;
+    double t1, t2;
     ColumnTotals(part1, part2, chunks, c, j, lane, &t1, &t2);
     if (lane != 0) continue;
-    const float shifted_mean = t1 / static_cast<float>(n);
-    const float raw = t2 / static_cast<float>(n) - shifted_mean * shifted_mean;
-    const float var = raw < 0.0f ? 0.0f : raw;  // rounding below 0 clamped, NaN kept (fmaxf would drop it)
-    const float m = Load(x + j) + shifted_mean;
-    const float s = 1.0f / sqrtf(var + epsilon);
-    mean[j] = m;
-    variance[j] = var;
-    inv_std[j] = s;
-    scale[j] = gamma[j] * s;
+    const double shifted_mean = t1 / static_cast<double>(n);
+    const double raw = t2 / static_cast<double>(n) - shifted_mean * shifted_mean;
+    const double var = raw < 0.0 ? 0.0 : raw;  // rounding below 0 clamped, NaN kept (fmax would drop it)
+    const double m = static_cast<double>(Load(x + j)) + shifted_mean;
+    const double s = 1.0 / sqrt(var + static_cast<double>(epsilon));
+    mean[j] = static_cast<float>(m);
+    variance[j] = static_cast<float>(var);
+    inv_std[j] = static_cast<float>(s);
+    coef[j] = m;
+    coef[c + j] = static_cast<double>(gamma[j]) * s;
+  }
+}
+
+// y = (x - mean) * gamma * inv_std + beta per element, in double from StatisticsKernel's
+// coefficients, rounded once. kV adjacent elements of one row per thread, as
+// ColumnAffineKernel.
+template <typename T, int kV>
+__global__ void NormalizeRowsKernel(const T* x, const double* coef, const float* beta, int64_t total, int64_t c,
+                                    T* y) {
+  const int64_t vectors = total / kV;
+  const int64_t row_vectors = c / kV;
+  const bool narrow = vectors <= 0xffffffffLL;
+  TF_SPARSECONV_GRID_LOOP(v, vectors) {
+    const int64_t j =
+        kV * (narrow ? static_cast<int64_t>(static_cast<uint32_t>(v) % static_cast<uint32_t>(row_vectors))
+                     : v % row_vectors);
+    const int64_t i = v * kV;
+    float xv[kV], o[kV];
+    LoadVec<kV>(x + i, xv);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      o[k] = static_cast<float>((static_cast<double>(xv[k]) - coef[j + k]) * coef[c + j + k] +
+                                static_cast<double>(beta[j + k]));
+    }
+    StoreVec<kV>(y + i, o);
   }
 }
 
@@ -287,11 +310,11 @@ int VectorWidth(int64_t c, std::initializer_list<const void*> pointers) {
 }
 
 template <typename T, bool kBackward>
-void LaunchChunkSums(const T* x, const T* dy, const float* mean, int64_t n, int64_t c, int64_t chunks,
-                     SumOf<kBackward>* part, Stream stream) {
+void LaunchChunkSums(const T* x, const T* dy, const float* mean, int64_t n, int64_t c, int64_t chunks, Sum* part,
+                     Stream stream) {
   const dim3 grid(static_cast<unsigned int>(chunks)), block(kColumns, kRows);
   const int64_t per = RowsPerChunk(n);
-  SumOf<kBackward>* part2 = part + chunks * c;
+  Sum* part2 = part + chunks * c;
   switch (VectorWidth<T>(c, {x, dy})) {
     case 4:
       ChunkSumsKernel<T, kBackward, 4><<<grid, block, 0, stream>>>(x, dy, mean, n, c, per, part, part2);
@@ -321,7 +344,7 @@ void LaunchColumnAffine(const T* a, const float* a_center, const float* ca, cons
   }
 }
 
-// scale[j] = gamma[j] / sqrt(variance[j] + epsilon), as StatisticsKernel forms it.
+// scale[j] = gamma[j] / sqrt(variance[j] + epsilon) (RowNormalize: float, from given statistics).
 __global__ void NormalizeScaleKernel(const float* gamma, const float* variance, int64_t c, float epsilon,
                                      float* scale) {
   TF_SPARSECONV_GRID_LOOP(j, c) { scale[j] = gamma[j] * (1.0f / sqrtf(variance[j] + epsilon)); }
@@ -346,15 +369,26 @@ GpuStatus RowBatchNorm(const RowBatchNormArgs<T>& a, Scratch* scratch, Stream st
     return GpuStatus::Ok();
   }
   const int64_t chunks = RowChunks(n);
-  float* part = scratch->DeviceArray<float>(2 * chunks * c + c);
+  double* part = scratch->DeviceArray<double>(2 * chunks * c + 2 * c);
   if (part == nullptr) return GpuStatus::OutOfMemory("RowBatchNorm partial sums");
-  float* scale = part + 2 * chunks * c;
+  double* coef = part + 2 * chunks * c;
   LaunchChunkSums<T, false>(a.x, nullptr, nullptr, n, c, chunks, part, stream);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm sums");
   StatisticsKernel<T><<<WarpBlocksFor(c), kThreads, 0, stream>>>(a.x, a.gamma, part, part + chunks * c, chunks, n,
-                                                               c, a.epsilon, a.mean, a.variance, a.inv_std, scale);
+                                                               c, a.epsilon, a.mean, a.variance, a.inv_std, coef);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm statistics");
-  LaunchColumnAffine<T>(a.x, a.mean, scale, nullptr, nullptr, nullptr, a.beta, n * c, c, a.y, stream);
+  const int v = VectorWidth<T>(c, {a.x, a.y});
+  const unsigned int blocks = BlocksFor(n * c / v);
+  switch (v) {
+    case 4:
+      NormalizeRowsKernel<T, 4><<<blocks, kThreads, 0, stream>>>(a.x, coef, a.beta, n * c, c, a.y);
+      break;
+    case 2:
+      NormalizeRowsKernel<T, 2><<<blocks, kThreads, 0, stream>>>(a.x, coef, a.beta, n * c, c, a.y);
+      break;
+    default:
+      NormalizeRowsKernel<T, 1><<<blocks, kThreads, 0, stream>>>(a.x, coef, a.beta, n * c, c, a.y);
+  }
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm normalise");
   return GpuStatus::Ok();
 }

@@ -1,10 +1,11 @@
 // Batch normalization of feature rows [n, c] over the rows, per column (channel): the
 // contract of the RowBatchNorm, RowBatchNormGrad, RowScaleShift and RowNormalize functors, shared by the
 // CPU (row_batch_norm_kernels.cc) and the GPU (row_batch_norm.cu). Statistics, gamma, beta
-// and the forward sums are float32 whatever the rows' type (half, bfloat16, float); the
-// backward sums and dx's arithmetic are float64, rounded once per result, since float32
-// intermediates (sum(dy * (x - mean)), gamma * inv_std^2 * dgamma / n) overflow where
-// the results do not.
+// and dgamma, dbeta are float32 whatever the rows' type (half, bfloat16, float). RowBatchNorm
+// and RowBatchNormGrad sum in float64 and form y and dx in float64, rounding each result
+// once: float32 intermediates (squared deviations, sum(dy * (x - mean)), gamma *
+// inv_std^2 * dgamma / n) overflow where the results do not. RowScaleShift and
+// RowNormalize compute in float32.
 //
 // Forward (training): mean = sum(x) / n, variance = sum((x - mean)^2) / n (biased, the
 // one the rows are normalised with), inv_std = 1 / sqrt(variance + epsilon),

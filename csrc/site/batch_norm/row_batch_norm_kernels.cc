@@ -56,39 +56,45 @@ struct RowBatchNormFunctor<CPUDevice, T> {
       }
       return absl::OkStatus();
     }
+    // The sums, the statistics and y in double, each result rounded once: float squares
+    // overflow where the variance does not (row_batch_norm.h). The GPU computes the same
+    // expressions.
     const int64_t chunks = RowChunks(n);
-    std::vector<float> pivot(c);
+    std::vector<double> pivot(c);
     for (int64_t j = 0; j < c; ++j) pivot[j] = static_cast<float>(a.x[j]);
-    std::vector<float> part1(chunks * c, 0.0f), part2(chunks * c, 0.0f);
+    std::vector<double> part1(chunks * c, 0.0), part2(chunks * c, 0.0);
     ForEachChunk(ctx, n, c, [&](int64_t k, int64_t first, int64_t last) {
-      float* s1 = &part1[k * c];
-      float* s2 = &part2[k * c];
+      double* s1 = &part1[k * c];
+      double* s2 = &part2[k * c];
       for (int64_t r = first; r < last; ++r) {
         const T* row = a.x + r * c;
         for (int64_t j = 0; j < c; ++j) {
-          const float d = static_cast<float>(row[j]) - pivot[j];
+          const double d = static_cast<double>(static_cast<float>(row[j])) - pivot[j];
           s1[j] += d;
           s2[j] += d * d;
         }
       }
     });
-    std::vector<float> sum1, sum2;
+    std::vector<double> sum1, sum2;
     AddChunks(part1, chunks, c, &sum1);
     AddChunks(part2, chunks, c, &sum2);
-    std::vector<float> scale(c);
+    std::vector<double> mean(c), scale(c);
     for (int64_t j = 0; j < c; ++j) {
-      const float shifted_mean = sum1[j] / static_cast<float>(n);
-      const float raw = sum2[j] / static_cast<float>(n) - shifted_mean * shifted_mean;
-      const float variance = raw < 0.0f ? 0.0f : raw;  // rounding below 0 clamped, NaN kept
-      a.mean[j] = pivot[j] + shifted_mean;
-      a.variance[j] = variance;
-      a.inv_std[j] = 1.0f / std::sqrt(variance + a.epsilon);
-      scale[j] = a.gamma[j] * a.inv_std[j];
+      const double shifted_mean = sum1[j] / static_cast<double>(n);
+      const double raw = sum2[j] / static_cast<double>(n) - shifted_mean * shifted_mean;
+      const double variance = raw < 0.0 ? 0.0 : raw;  // rounding below 0 clamped, NaN kept
+      const double inv = 1.0 / std::sqrt(variance + static_cast<double>(a.epsilon));
+      mean[j] = pivot[j] + shifted_mean;
+      a.mean[j] = static_cast<float>(mean[j]);
+      a.variance[j] = static_cast<float>(variance);
+      a.inv_std[j] = static_cast<float>(inv);
+      scale[j] = static_cast<double>(a.gamma[j]) * inv;
     }
     ForEachChunk(ctx, n, c, [&](int64_t, int64_t first, int64_t last) {
       for (int64_t r = first; r < last; ++r) {
         for (int64_t j = 0; j < c; ++j) {
-          a.y[r * c + j] = static_cast<T>((static_cast<float>(a.x[r * c + j]) - a.mean[j]) * scale[j] + a.beta[j]);
+          const double x = static_cast<float>(a.x[r * c + j]);
+          a.y[r * c + j] = static_cast<T>(static_cast<float>((x - mean[j]) * scale[j] + a.beta[j]));
         }
       }
     });
