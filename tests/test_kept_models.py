@@ -38,8 +38,10 @@ def test_every_kept_model_is_a_results_row():
 def full_float32():
     """TF32 off for the test: the kept predictions were made in float32 on the CPU, while on a
     GPU from sm_80 TensorFlow's matmuls and the site convolutions round products to TF32 (10
-    mantissa bits) by default; the smallest top-two logit margin among the reference shapes
-    is 0.021 (octnet3-32-rotate12, CPU, 2026-11-30), near enough for that rounding to cross."""
+    mantissa bits) by default. On a lent H200 (2026-11-30) TF32 moved these models' logits by
+    at most 0.0017 (octnet3-32-rotate12, -long and octnet3-64-mirror, all 40 classes as kept
+    either way), against a smallest top-two margin of 0.021 among the reference shapes
+    (octnet3-32-rotate12, CPU); with TF32 off the comparison does not rest on that headroom."""
     before = tf.config.experimental.tensor_float_32_execution_enabled()
     tf.config.experimental.enable_tensor_float_32_execution(False)
     yield
