@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "common/gpu_util.cuh"
 #include "site/batch_norm/row_batch_norm_gpu.h"
@@ -68,6 +69,30 @@ __device__ inline void StoreVec(T* p, const float* v) {
 #pragma unroll
   for (int k = 0; k < kV; ++k) e[k] = FromAcc<T>::Convert(v[k]);
   *reinterpret_cast<R*>(p) = raw;
+}
+
+// The first column of vector v of kV adjacent elements in rows of row_vectors vectors; with
+// narrow (at most 2^32 vectors) in 32-bit remainders, far cheaper than 64-bit ones.
+template <int kV>
+__device__ inline int64_t FirstColumn(int64_t v, int64_t row_vectors, bool narrow) {
+  return kV * (narrow ? static_cast<int64_t>(static_cast<uint32_t>(v) % static_cast<uint32_t>(row_vectors))
+                      : v % row_vectors);
+}
+
+// Calls launch(std::integral_constant<int, w>()) for the vector width w (4, 2 or 1) that
+// VectorWidth chose, so that one launch statement serves each kernel's three widths.
+template <typename Launch>
+void WithVectorWidth(int width, const Launch& launch) {
+  switch (width) {
+    case 4:
+      launch(std::integral_constant<int, 4>());
+      break;
+    case 2:
+      launch(std::integral_constant<int, 2>());
+      break;
+    default:
+      launch(std::integral_constant<int, 1>());
+  }
 }
 
 constexpr int kColumns = 32;  // threadIdx.x
@@ -204,9 +229,7 @@ __global__ void NormalizeRowsKernel(const T* x, const double* coef, const float*
   const int64_t row_vectors = c / kV;
   const bool narrow = vectors <= 0xffffffffLL;
   TF_SPARSECONV_GRID_LOOP(v, vectors) {
-    const int64_t j =
-        kV * (narrow ? static_cast<int64_t>(static_cast<uint32_t>(v) % static_cast<uint32_t>(row_vectors))
-                     : v % row_vectors);
+    const int64_t j = FirstColumn<kV>(v, row_vectors, narrow);
     const int64_t i = v * kV;
     float xv[kV], o[kV];
     LoadVec<kV>(x + i, xv);
@@ -249,9 +272,7 @@ __global__ void GradDxKernel(const T* dy, const T* x, const float* mean, const d
   const int64_t row_vectors = c / kV;
   const bool narrow = vectors <= 0xffffffffLL;
   TF_SPARSECONV_GRID_LOOP(v, vectors) {
-    const int64_t j =
-        kV * (narrow ? static_cast<int64_t>(static_cast<uint32_t>(v) % static_cast<uint32_t>(row_vectors))
-                     : v % row_vectors);
+    const int64_t j = FirstColumn<kV>(v, row_vectors, narrow);
     const int64_t i = v * kV;
     float gv[kV], xv[kV], o[kV];
     LoadVec<kV>(dy + i, gv);
@@ -277,11 +298,9 @@ __global__ void ColumnAffineKernel(const T* a, const float* a_center, const floa
                                    T* out) {
   const int64_t vectors = total / kV;
   const int64_t row_vectors = c / kV;
-  const bool narrow = vectors <= 0xffffffffLL;  // 32-bit remainders, far cheaper than 64-bit ones
+  const bool narrow = vectors <= 0xffffffffLL;
   TF_SPARSECONV_GRID_LOOP(v, vectors) {
-    const int64_t j =
-        kV * (narrow ? static_cast<int64_t>(static_cast<uint32_t>(v) % static_cast<uint32_t>(row_vectors))
-                     : v % row_vectors);
+    const int64_t j = FirstColumn<kV>(v, row_vectors, narrow);
     const int64_t i = v * kV;
     float av[kV], bv[kV], o[kV];
     LoadVec<kV>(a + i, av);
@@ -315,16 +334,10 @@ void LaunchChunkSums(const T* x, const T* dy, const float* mean, int64_t n, int6
   const dim3 grid(static_cast<unsigned int>(chunks)), block(kColumns, kRows);
   const int64_t per = RowsPerChunk(n);
   Sum* part2 = part + chunks * c;
-  switch (VectorWidth<T>(c, {x, dy})) {
-    case 4:
-      ChunkSumsKernel<T, kBackward, 4><<<grid, block, 0, stream>>>(x, dy, mean, n, c, per, part, part2);
-      break;
-    case 2:
-      ChunkSumsKernel<T, kBackward, 2><<<grid, block, 0, stream>>>(x, dy, mean, n, c, per, part, part2);
-      break;
-    default:
-      ChunkSumsKernel<T, kBackward, 1><<<grid, block, 0, stream>>>(x, dy, mean, n, c, per, part, part2);
-  }
+  WithVectorWidth(VectorWidth<T>(c, {x, dy}), [&](auto width) {
+    ChunkSumsKernel<T, kBackward, decltype(width)::value><<<grid, block, 0, stream>>>(x, dy, mean, n, c, per, part,
+                                                                                     part2);
+  });
 }
 
 template <typename T>
@@ -332,16 +345,10 @@ void LaunchColumnAffine(const T* a, const float* a_center, const float* ca, cons
                         const float* cb, const float* cc, int64_t total, int64_t c, T* out, Stream stream) {
   const int v = VectorWidth<T>(c, {a, b, out});
   const unsigned int blocks = BlocksFor(total / v);
-  switch (v) {
-    case 4:
-      ColumnAffineKernel<T, 4><<<blocks, kThreads, 0, stream>>>(a, a_center, ca, b, b_center, cb, cc, total, c, out);
-      break;
-    case 2:
-      ColumnAffineKernel<T, 2><<<blocks, kThreads, 0, stream>>>(a, a_center, ca, b, b_center, cb, cc, total, c, out);
-      break;
-    default:
-      ColumnAffineKernel<T, 1><<<blocks, kThreads, 0, stream>>>(a, a_center, ca, b, b_center, cb, cc, total, c, out);
-  }
+  WithVectorWidth(v, [&](auto width) {
+    ColumnAffineKernel<T, decltype(width)::value><<<blocks, kThreads, 0, stream>>>(a, a_center, ca, b, b_center, cb,
+                                                                                   cc, total, c, out);
+  });
 }
 
 // scale[j] = gamma[j] / sqrt(variance[j] + epsilon) (RowNormalize: float, from given statistics).
@@ -379,16 +386,9 @@ GpuStatus RowBatchNorm(const RowBatchNormArgs<T>& a, Scratch* scratch, Stream st
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm statistics");
   const int v = VectorWidth<T>(c, {a.x, a.y});
   const unsigned int blocks = BlocksFor(n * c / v);
-  switch (v) {
-    case 4:
-      NormalizeRowsKernel<T, 4><<<blocks, kThreads, 0, stream>>>(a.x, coef, a.beta, n * c, c, a.y);
-      break;
-    case 2:
-      NormalizeRowsKernel<T, 2><<<blocks, kThreads, 0, stream>>>(a.x, coef, a.beta, n * c, c, a.y);
-      break;
-    default:
-      NormalizeRowsKernel<T, 1><<<blocks, kThreads, 0, stream>>>(a.x, coef, a.beta, n * c, c, a.y);
-  }
+  WithVectorWidth(v, [&](auto width) {
+    NormalizeRowsKernel<T, decltype(width)::value><<<blocks, kThreads, 0, stream>>>(a.x, coef, a.beta, n * c, c, a.y);
+  });
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm normalise");
   return GpuStatus::Ok();
 }
@@ -414,16 +414,9 @@ GpuStatus RowBatchNormGrad(const RowBatchNormGradArgs<T>& a, Scratch* scratch, S
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad coefficients");
   const int v = VectorWidth<T>(c, {a.dy, a.x, a.dx});
   const unsigned int blocks = BlocksFor(n * c / v);
-  switch (v) {
-    case 4:
-      GradDxKernel<T, 4><<<blocks, kThreads, 0, stream>>>(a.dy, a.x, a.mean, coef, n * c, c, a.dx);
-      break;
-    case 2:
-      GradDxKernel<T, 2><<<blocks, kThreads, 0, stream>>>(a.dy, a.x, a.mean, coef, n * c, c, a.dx);
-      break;
-    default:
-      GradDxKernel<T, 1><<<blocks, kThreads, 0, stream>>>(a.dy, a.x, a.mean, coef, n * c, c, a.dx);
-  }
+  WithVectorWidth(v, [&](auto width) {
+    GradDxKernel<T, decltype(width)::value><<<blocks, kThreads, 0, stream>>>(a.dy, a.x, a.mean, coef, n * c, c, a.dx);
+  });
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad dx");
   return GpuStatus::Ok();
 }

@@ -35,9 +35,8 @@ void ForEachChunk(tensorflow::OpKernelContext* ctx, int64_t n, int64_t c, const 
 }
 
 // Per column: sum over the chunks, in chunk order, of part[k * c + j].
-template <typename Sum>
-void AddChunks(const std::vector<Sum>& part, int64_t chunks, int64_t c, std::vector<Sum>* out) {
-  out->assign(c, Sum(0));
+void AddChunks(const std::vector<double>& part, int64_t chunks, int64_t c, std::vector<double>* out) {
+  out->assign(c, 0.0);
   for (int64_t k = 0; k < chunks; ++k) {
     for (int64_t j = 0; j < c; ++j) (*out)[j] += part[k * c + j];
   }
