@@ -9,12 +9,12 @@ Writes experiments/results/voxel_occupancy.json (refuses to overwrite it without
 --overwrite) and prints a table.
 """
 import argparse
-import itertools
 import os
 import sys
 
 import numpy as np
 
+import tf_sparseconv as ts
 from common import dumps_rows
 from tf_sparseconv.data.modelnet import normalize_to_unit_sphere
 from tf_sparseconv.data.voxelize import voxelize_arrays
@@ -23,20 +23,15 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "voxel
 
 
 def occupancy(clouds, r):
-    """(mean sites per cloud, mean occupied neighbours per site) at resolution r."""
-    keys, _, _ = voxelize_arrays(clouds, r)  # occupancy only: key = b * r^3 + (x * r + y) * r + z, sorted
+    """(mean sites per cloud, mean occupied neighbours per site) at resolution r: the pairs
+    of the sites' 3x3x3 submanifold kernel map (tf_sparseconv.kernel_map), less each
+    site's pair with itself."""
+    keys, _, _ = voxelize_arrays(clouds, r)  # occupancy only: key = b * r^3 + (x * r + y) * r + z
     b, lin = np.divmod(keys, r ** 3)
-    xyz = np.stack([lin // (r * r), (lin // r) % r, lin % r], axis=1)
-    neighbours = np.zeros(len(keys), np.int64)
-    for offset in itertools.product((-1, 0, 1), repeat=3):
-        if offset == (0, 0, 0):
-            continue
-        q = xyz + offset
-        inside = ((q >= 0) & (q < r)).all(axis=1)
-        probe = b * r ** 3 + (q[:, 0] * r + q[:, 1]) * r + q[:, 2]
-        at = np.clip(np.searchsorted(keys, probe), 0, len(keys) - 1)
-        neighbours += inside & (keys[at] == probe)
-    return len(keys) / len(clouds), float(neighbours.mean())
+    coords = np.stack([b, lin // (r * r), (lin // r) % r, lin % r], axis=1).astype(np.int32)
+    sites = ts.make_site_sparse(coords, np.ones((len(keys), 1), np.float32), [r, r, r], len(clouds))
+    pairs = int(ts.kernel_map(sites, 3, mode="submanifold").offset_splits[-1])
+    return len(keys) / len(clouds), (pairs - len(keys)) / len(keys)
 
 
 def main(argv=None):
