@@ -1,5 +1,6 @@
 """Fuzzing every op of the site family (tests/fuzz.py): the raw ops SiteKernelMap,
-SiteSparseConv, SiteSparseConvFilterGrad, SiteNeighbourTable, RowBatchNorm,
+SiteSparseConv, SiteSparseConvFilterGrad, SiteNeighbourTable, SiteSubmanifoldNeighbours,
+SiteTablePairs, RowBatchNorm,
 RowBatchNormGrad, RowScaleShift and RowNormalize and the public functions,
 on each device, from small valid inputs with one mutation each; every case is refused with
 a clear error or equals the reference below (numpy, along a brute-force kernel map).
@@ -354,6 +355,58 @@ def make_table_op(rng):
 def run_table_op(inputs):
     return ops.site_neighbour_table(*constants(inputs, "in_rows", "out_rows", "offset_splits", "num_in",
                                                "num_out")).numpy()
+
+
+def make_submanifold_table_op(rng):
+    """Sites and a submanifold geometry of at most 32 offsets for SiteSubmanifoldNeighbours."""
+    inputs = random_site_tensor(rng)
+    d = len(inputs["spatial_shape"])
+    geometry = random_geometry(rng, d, "submanifold")
+    if d == 4:  # 3^4 > 32 offsets
+        geometry["kernel_size"][1:] = 1
+    return dict(inputs, **{n: geometry[n] for n in ("kernel_size", "dilation")})
+
+
+def run_submanifold_table_op(inputs):
+    coords, spatial_shape, batch_size = constants(inputs, "coords", "spatial_shape", "batch_size")
+    return ops.site_submanifold_neighbours(coords, spatial_shape, batch_size,
+                                           kernel_size=inputs["kernel_size"].tolist(),
+                                           dilation=inputs["dilation"].tolist()).numpy()
+
+
+def ref_submanifold_table(inputs):
+    d = len(inputs["kernel_size"])
+    require(inputs["dilation"].ndim == 1 and len(inputs["dilation"]) == d,
+            "dilation needs one entry per spatial dimension")
+    geometry = dict(inputs, mode="submanifold", strides=np.ones(d, np.int64), padding=np.zeros(d, np.int64))
+    volume = math.prod(int(k) for k in inputs["kernel_size"]) if inputs["kernel_size"].ndim == 1 else 0
+    if 0 < volume <= MAX_VOLUME and all(int(k) >= 1 and int(k) % 2 == 1 for k in inputs["kernel_size"]):
+        require(volume <= MAX_TABLE_VOLUME, "a neighbour table holds kernels of at most 32 offsets")
+    m = ref_kernel_map(geometry)
+    return neighbour_table_of(m["in_rows"], m["out_rows"], m["offset_splits"], len(inputs["coords"]))
+
+
+def make_table_pairs_op(rng):
+    inputs = make_submanifold_table_op(rng)
+    return dict(neighbours=ref_submanifold_table(inputs))
+
+
+def ref_table_pairs(inputs):
+    table = inputs["neighbours"]
+    require(table.ndim == 2 and table.shape[1] >= 3, "neighbours must be [N, volume + 2]")
+    n, volume = table.shape[0], table.shape[1] - 2
+    require(volume <= MAX_TABLE_VOLUME and volume % 2 == 1, "neighbours: an odd volume of at most 32")
+    require(np.all((table[:, :volume] >= -1) & (table[:, :volume] < n)), "neighbours entry outside [-1, N)")
+    pairs = [[(i, int(table[i, volume - 1 - q])) for i in range(n) if table[i, volume - 1 - q] >= 0]
+             for q in range(volume)]
+    splits = np.cumsum([0] + [len(p) for p in pairs]).astype(np.int32)
+    return dict(in_rows=np.array([i for p in pairs for i, _ in p], np.int32),
+                out_rows=np.array([o for p in pairs for _, o in p], np.int32), offset_splits=splits)
+
+
+def run_table_pairs_op(inputs):
+    out = ops.site_table_pairs(*constants(inputs, "neighbours"))
+    return dict(zip(("in_rows", "out_rows", "offset_splits"), numpy_of(out)))
 
 
 # --- public function targets ----------------------------------------------------------------------
@@ -1101,6 +1154,11 @@ TARGETS = [
            ("features", "out_grad") + MAP_NAMES, groups=[("in_rows", "out_rows")]),
     Target("SiteNeighbourTable", make_table_op, run_table_op, ref_neighbour_table_op, assert_equal, MAP_NAMES,
            groups=[("in_rows", "out_rows")]),
+    Target("SiteSubmanifoldNeighbours", make_submanifold_table_op, run_submanifold_table_op, ref_submanifold_table,
+           assert_equal, SITE_NAMES + GEOMETRY_NAMES,
+           mutable=["coords", "spatial_shape", "batch_size", "kernel_size", "dilation"]),
+    Target("SiteTablePairs", make_table_pairs_op, run_table_pairs_op, ref_table_pairs, assert_equal,
+           ("neighbours",)),
     Target("RowBatchNorm", make_rows, run_row_batch_norm, ref_row_batch_norm, assert_equal, ROW_NAMES,
            subnormals_flushed=True),
     Target("RowBatchNormGrad", make_row_grad, run_row_batch_norm_grad, ref_row_batch_norm_grad, assert_equal,

@@ -13,8 +13,8 @@ from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.geometry import conv_geometry
 from tf_sparseconv.inputs import nan_checks
 from tf_sparseconv.layer_config import flag
-from tf_sparseconv.site.kernel_map import (along_map, assert_rows_match, check_dataflow, map_checks, site_checks,
-                                           with_inverse_table)
+from tf_sparseconv.site.kernel_map import (along_map, assert_rows_match, check_dataflow, map_checks, reads_table,
+                                           site_checks, with_inverse_table)
 from tf_sparseconv.site.tensor import SiteSparseTensor, check_site_tensor
 
 
@@ -28,6 +28,13 @@ def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted, neighbo
     filters = tf.reshape(kernel, [-1, kernel.shape[-2], kernel.shape[-1]])
     if neighbours is None:
         neighbours = _no_table()
+    elif submanifold and trusted and reads_table(features.dtype, kernel.shape[-2], kernel.shape[-1], dataflow):
+        # The table alone is the map: the pairs' op (SiteTablePairs, or SiteKernelMap's read-back)
+        # is not waited for, and in a traced function not run unless a gradient reads them.
+        volume = filters.shape[0]
+        return _ops.site_sparse_conv(features, filters, _no_table(), _no_table(), tf.zeros([volume + 1], tf.int32),
+                                     num_out, neighbours, map_is_trusted=True, map_is_submanifold=True,
+                                     map_is_table=True, dataflow=dataflow)
     return _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out, neighbours,
                                  map_is_trusted=trusted, map_is_submanifold=submanifold, dataflow=dataflow)
 
@@ -101,9 +108,11 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
         if out is not None:
             return out
     # Only SiteKernelMap's own submanifold maps are promised mirrored to the op.
+    table_ok = subm and reads_table(x.dtype, kernel.shape[-2], kernel.shape[-1], dataflow)
     return along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
         _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
-              kmap.neighbours, submanifold=subm and kmap.trusted, dataflow=dataflow), bias, "site_conv"), dataflow)
+              kmap.neighbours, submanifold=subm and kmap.trusted, dataflow=dataflow), bias, "site_conv"), dataflow,
+        table_ok)
 
 
 def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None, dataflow="auto"):
@@ -165,7 +174,14 @@ def _site_sparse_conv_grad(op, out_grad):
     choices = dict(map_is_trusted=op.get_attr("map_is_trusted"), cpu_products=op.get_attr("cpu_products"))
     dataflow = op.get_attr("dataflow")
     transposed = tf.transpose(filters, [0, 2, 1])
-    if op.get_attr("map_is_submanifold"):
+    if op.get_attr("map_is_table"):
+        # The map is the table alone: the input gradient reads it as the forward did (its
+        # offsets mirrored); the filter gradient takes its pairs (SiteTablePairs).
+        features_grad = _ops.site_sparse_conv(out_grad, tf.reverse(transposed, [0]), in_rows, out_rows, splits,
+                                              tf.shape(features)[0], neighbours, map_is_submanifold=True,
+                                              map_is_table=True, dataflow=dataflow, **choices)
+        in_rows, out_rows, splits = _ops.site_table_pairs(neighbours)
+    elif op.get_attr("map_is_submanifold"):
         # The reversed pairs of offset q are the pairs of the mirrored offset
         # volume - 1 - q, so the input gradient is the forward's own convolution (its
         # pairs, and its neighbour table where it has one) with the transposed filters in

@@ -2,10 +2,14 @@
 
 kernel_map wraps the SiteKernelMap op (submanifold, strided and transposed geometry, as
 spconv 2.x defines it); neighbour_table wraps SiteNeighbourTable, the output-major view
-the GPU's output-stationary dataflow reads. along_map is what every layer that moves
+the GPU's output-stationary dataflow reads; table_map builds a submanifold map as that
+table directly (SiteSubmanifoldNeighbours), whose size is known before it runs, with its
+pairs made from the table only where an op reads them. along_map is what every layer that moves
 between sites does: take the map cached under its indice_key (or build it), run a
 computation along it, and hand the map on with the output so later layers reuse it.
 """
+import os
+
 import tensorflow as tf
 
 from tf_sparseconv._op_library import ops as _ops
@@ -44,26 +48,69 @@ def kernel_map(x, kernel_size, strides=1, padding=0, dilation=1, mode="strided",
                      strides, padding, dilation, trusted=True)
 
 
+def sites_proven(x):
+    """Whether x carries a trusted map whose input or output sites are x's own coords and
+    spatial shape (tensors, not values): SiteKernelMap or SiteSubmanifoldNeighbours
+    checked or built those sites, as along the layers of a model."""
+    return any(m.trusted and ((m.in_coords is x.coords and m.in_spatial_shape is x.spatial_shape) or
+                              (m.out_coords is x.coords and m.out_spatial_shape is x.spatial_shape))
+               for m in x.kernel_maps.values())
+
+
 def site_checks(x, what):
     """The ops that raise InvalidArgumentError unless x's sites are valid: batch indices in
     [0, batch_size), coordinates inside spatial_shape, each site once (SiteKernelMap's
     checks, run for a 1 x ... x 1 submanifold map), for the helpers that index by sites
-    without a kernel map of their own. None where x carries a trusted map whose input or
-    output sites are x's own coords and spatial shape (tensors, not values): SiteKernelMap
-    checked or built those sites, as along the layers of a model."""
+    without a kernel map of their own. None where x's sites are proven (sites_proven)."""
     check_site_tensor(x, what)
-    for m in x.kernel_maps.values():
-        if m.trusted and ((m.in_coords is x.coords and m.in_spatial_shape is x.spatial_shape) or
-                          (m.out_coords is x.coords and m.out_spatial_shape is x.spatial_shape)):
-            return []
+    if sites_proven(x):
+        return []
     d = x.spatial_rank
     return [_ops.site_kernel_map(x.coords, x.spatial_shape, x.batch_size, mode="submanifold", kernel_size=[1] * d,
                                  strides=[1] * d, padding=[0] * d, dilation=[1] * d)[4]]
 
 
-def cached_kernel_map(x, indice_key, geometry):
+def table_map(x, kernel_size, dilation):
+    """The submanifold KernelMap of x's sites (kernels of at most 32 offsets) built as its
+    neighbour table by SiteSubmanifoldNeighbours, without a read-back on the GPU where x's
+    sites are proven (sites_proven; otherwise they are checked as SiteKernelMap checks
+    them). Its pairs, equal to SiteKernelMap's, come from SiteTablePairs of the table: in a
+    traced function that op runs only where something reads them (a layer the table does
+    not serve, or a filter gradient)."""
+    d = x.spatial_rank
+    table = _ops.site_submanifold_neighbours(x.coords, x.spatial_shape, x.batch_size, kernel_size=list(kernel_size),
+                                             dilation=list(dilation), sites_checked=sites_proven(x))
+    in_rows, out_rows, splits = _ops.site_table_pairs(table)
+    return KernelMap(in_rows, out_rows, splits, x.coords, x.coords, x.spatial_shape, x.spatial_shape, "submanifold",
+                     tuple(kernel_size), (1,) * d, (0,) * d, tuple(dilation), trusted=True, neighbours=table)
+
+
+def reads_table(dtype, cin, cout, dataflow="auto"):
+    """Whether a submanifold convolution of dtype features, cin -> cout channels, with this
+    dataflow runs from a neighbour table alone (SiteSparseConv's map_is_table) where
+    TensorFlow sees a GPU: the output-stationary tiles, for half and bfloat16 under 'auto'
+    or 'outputs' (and float32 under 'outputs' with TF32 on), on rows of whole 16-byte
+    vectors; its input gradient then does too (the same channels swapped).
+    TF_SPARSECONV_TABLE_MAPS=0 turns this off (maps are SiteKernelMap's pairs again)."""
+    if dataflow == "pairs" or not gpu_visible() or cin is None or cout is None:
+        return False
+    if os.environ.get("TF_SPARSECONV_TABLE_MAPS", "1") == "0":
+        return False
+    if dtype in (tf.float16, tf.bfloat16):
+        vector = 8
+    elif dtype == tf.float32 and dataflow == "outputs" and \
+            tf.config.experimental.tensor_float_32_execution_enabled():
+        vector = 4
+    else:
+        return False
+    return cin % vector == 0 and cout % vector == 0 and cin > 0
+
+
+def cached_kernel_map(x, indice_key, geometry, table_ok=False):
     """x's map under indice_key (checked to have this geometry), or a new one, and the
-    ops checking that a cached map belongs to x (map_checks)."""
+    ops checking that a cached map belongs to x (map_checks). table_ok: a new submanifold
+    map of at most 32 offsets is built as its table (table_map), which the caller's
+    convolution reads alone (reads_table)."""
     mode, kernel_size, strides, padding, dilation = geometry
     if indice_key is not None and indice_key in x.kernel_maps:
         cached = x.kernel_maps[indice_key]
@@ -72,6 +119,11 @@ def cached_kernel_map(x, indice_key, geometry):
                              f"strides, padding, dilation) = {cached.geometry()}, but this layer needs {geometry}; "
                              "give layers of another geometry another indice_key")
         return cached, map_checks(cached, x, indice_key)
+    volume = 1
+    for k in kernel_size:
+        volume *= k
+    if table_ok and mode == "submanifold" and volume <= 32:
+        return table_map(x, kernel_size, dilation), []
     return kernel_map(x, kernel_size, strides, padding, dilation, mode), []
 
 
@@ -181,11 +233,12 @@ def assert_rows_match(kmap_rows, features, indice_key):
         message=f"the kernel map under indice_key {indice_key!r} belongs to other sites (site counts differ)")
 
 
-def along_map(x, indice_key, geometry, compute, dataflow="auto"):
+def along_map(x, indice_key, geometry, compute, dataflow="auto", table_ok=False):
     """The output sites of geometry's map over x (cached under indice_key) with features
     compute(kmap, num_out); the map is stored on the output under indice_key, with its
-    neighbour table where the dataflow wants one (wants_tables)."""
-    kmap, checks = cached_kernel_map(x, indice_key, geometry)
+    neighbour table where the dataflow wants one (wants_tables). table_ok: as for
+    cached_kernel_map."""
+    kmap, checks = cached_kernel_map(x, indice_key, geometry, table_ok)
     if indice_key is not None and kmap.neighbours is None and wants_tables(x.dtype, kmap, dataflow):
         kmap = kmap.with_tables(neighbours=neighbour_table(kmap))
     with tf.control_dependencies([assert_rows_match(kmap.in_coords, x.features, indice_key), *checks]):

@@ -32,8 +32,8 @@ class KernelMap(tf.experimental.ExtensionType):
     comparing coordinates and spatial shapes otherwise (InvalidArgumentError where they
     differ, e.g. a map of other sites with the same count).
 
-    trusted: the map came from the SiteKernelMap op (tf_sparseconv.kernel_map), so its
-    rows are in range and no output row repeats within an offset, in either direction,
+    trusted: the map came from the SiteKernelMap op (tf_sparseconv.kernel_map), or from
+    SiteSubmanifoldNeighbours and SiteTablePairs (a layer's table map), so its rows are in range and no output row repeats within an offset, in either direction,
     and its pairs are those of its stated geometry; the convolutions then pass
     map_is_trusted and the GPU kernels skip the row checks and the NaN scan of the
     features, and with them a device-to-host round trip per call. A map built by hand
@@ -47,7 +47,9 @@ class KernelMap(tf.experimental.ExtensionType):
     tf_sparseconv.site.kernel_map.neighbour_table), and that of the reversed map (for the
     inverse convolution), when built. The layers build them once per map stored under an
     indice_key, for half and bfloat16 features on a GPU, where the convolution then runs
-    output-stationary from them; they change no value.
+    output-stationary from them; they change no value. A layer's submanifold map may be
+    built as its table first (tf_sparseconv.site.kernel_map.table_map): its pairs are then
+    made from the table where something reads them.
     """
 
     __name__ = "tf_sparseconv.KernelMap"

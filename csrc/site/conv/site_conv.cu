@@ -809,9 +809,12 @@ GpuStatus LaunchSimt(Stream stream, const SiteConvArgs<float>& a, const OffsetTa
 // output, gather mostly zero rows and keep the occupancy of the smaller stages); float
 // (TF32) always steps 64 bytes. The measurements behind the rule: docs/gpu-kernels.md.
 template <typename M, typename T>
-bool WideRowSteps(const SiteConvArgs<T>& a, bool output_stationary) {
+bool WideRowSteps(const SiteConvArgs<T>& a, bool output_stationary, bool submanifold_table = false) {
   if (std::is_same<M, pipelined::Tf32>::value) return false;
-  return a.cin >= 128 && a.cin % 64 == 0 && (!output_stationary || a.pairs >= 2 * a.num_out);
+  // A map given as its table alone (map_is_table) has no pair count on the host; it is a
+  // submanifold map, whose outputs each have their own centre pair and, on the surfaces
+  // sites sample, several neighbours (the LiDAR frame at 5 cm: 7.8 pairs per output).
+  return a.cin >= 128 && a.cin % 64 == 0 && (!output_stationary || submanifold_table || a.pairs >= 2 * a.num_out);
 }
 
 // Output tiles as wide as cout needs, up to 128 columns.
@@ -874,9 +877,11 @@ GpuStatus LaunchOutputStationaryWidth(Stream stream, const SiteConvArgs<T>& a, c
 
 template <typename M, typename T>
 GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                 const Report* report, T* out) {
+                                 const Report* report, bool submanifold_table, T* out) {
   if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
-    if (WideRowSteps<M>(a, true)) return LaunchOutputStationaryWidth<M, 128>(stream, a, neighbours, report, out);
+    if (WideRowSteps<M>(a, true, submanifold_table)) {
+      return LaunchOutputStationaryWidth<M, 128>(stream, a, neighbours, report, out);
+    }
   }
   return LaunchOutputStationaryWidth<M, 64>(stream, a, neighbours, report, out);
 }
@@ -948,33 +953,26 @@ GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in
                               int64_t num_out, int32_t* neighbours) {
   const int64_t n = num_out, width = NeighbourTableWidth(volume);
   if (n == 0) return GpuStatus::Ok();
-  uint32_t* keys[2] = {scratch->DeviceArray<uint32_t>(n), scratch->DeviceArray<uint32_t>(n)};
-  int32_t* rows[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
-  if (!keys[0] || !keys[1] || !rows[0] || !rows[1]) return GpuStatus::OutOfMemory("neighbour table");
+  uint32_t* masks = scratch->DeviceArray<uint32_t>(n);
+  if (!masks) return GpuStatus::OutOfMemory("neighbour table");
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(neighbours, 0xff, sizeof(int32_t) * n * width, stream),
                                           "neighbour table");  // -1: none
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(keys[0], 0, sizeof(uint32_t) * n, stream), "neighbour table");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(masks, 0, sizeof(uint32_t) * n, stream), "neighbour table");
   if (pairs > 0) {
     output_stationary::NeighbourTableKernel<<<BlocksFor(pairs), kThreads, 0, stream>>>(
-        in_rows, out_rows, device_splits, volume, width, pairs, num_in, n, neighbours, keys[0]);
+        in_rows, out_rows, device_splits, volume, width, pairs, num_in, n, neighbours, masks);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
   }
-  output_stationary::OutputRowsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(n, rows[0]);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
-  int current = 0;
-  TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, keys, rows, n, static_cast<int>(volume), &current));
-  output_stationary::SortedColumnsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(keys[current], rows[current], n,
-                                                                               width, volume, neighbours);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
-  return GpuStatus::Ok();
+  return SortNeighbourRows(stream, scratch, masks, n, volume, neighbours);
 }
 
 // The whole output-stationary forward: the neighbour table (unless given), then the
 // products. Temporary memory without a given table: 4 * num_out * (volume + 7) bytes and
-// the sort's scratch.
+// the sort's scratch. submanifold_table: the table is the whole map (map_is_table).
 template <typename T>
 GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a,
-                                  const OffsetTable& offsets, const int32_t* neighbours, const Report* report, T* out) {
+                                  const OffsetTable& offsets, const int32_t* neighbours, const Report* report,
+                                  bool submanifold_table, T* out) {
   using M = typename PipelinedMma<T>::type;
   if constexpr (std::is_void<M>::value) {
     return GpuStatus{"gather-GEMM-store", "no tensor-core kernel for this type"};
@@ -986,7 +984,7 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
                                                         a.volume, a.pairs, a.num_in, a.num_out, built));
       neighbours = built;
     }
-    return LaunchOutputStationary<M>(stream, a, neighbours, report, out);
+    return LaunchOutputStationary<M>(stream, a, neighbours, report, submanifold_table, out);
   }
 }
 
@@ -1041,7 +1039,8 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
   }
   if (outputs > 0 && output_stationary && checked.offsets == a.volume) {
     // Every output row is stored, with zeros where it has no pairs: no clearing first.
-    TF_SPARSECONV_RETURN_IF_ERROR(OutputStationaryForward(stream, scratch, a, table, neighbours, device_report, out));
+    TF_SPARSECONV_RETURN_IF_ERROR(OutputStationaryForward(stream, scratch, a, table, neighbours, device_report,
+                                                          options.map_is_table, out));
   } else if (outputs > 0) {
     A* acc = nullptr;
     if constexpr (std::is_same<A, T>::value) {
@@ -1169,6 +1168,22 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
     return GpuStatus::Ok();
   }
   return ReadReport(stream, scratch, device_report, report);
+}
+
+GpuStatus SortNeighbourRows(Stream stream, Scratch* scratch, uint32_t* masks, int64_t n, int64_t volume,
+                            int32_t* table) {
+  if (n == 0) return GpuStatus::Ok();
+  uint32_t* keys[2] = {masks, scratch->DeviceArray<uint32_t>(n)};
+  int32_t* rows[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
+  if (!keys[1] || !rows[0] || !rows[1]) return GpuStatus::OutOfMemory("neighbour table");
+  output_stationary::OutputRowsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(n, rows[0]);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+  int current = 0;
+  TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, keys, rows, n, static_cast<int>(volume), &current));
+  output_stationary::SortedColumnsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(
+      keys[current], rows[current], n, NeighbourTableWidth(volume), volume, table);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+  return GpuStatus::Ok();
 }
 
 GpuStatus SiteNeighbourTableGpu(Stream stream, Scratch* scratch, const int32_t* in_rows, const int32_t* out_rows,

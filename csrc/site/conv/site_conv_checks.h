@@ -221,6 +221,21 @@ inline absl::Status CheckSubmanifoldClaim(bool claimed, bool trusted, int64_t nu
   return absl::OkStatus();
 }
 
+// map_is_table: the neighbours table is the whole map, a trusted submanifold one (its
+// pairs are SiteTablePairs'); the pair inputs are empty and the splits all zero.
+inline absl::Status CheckTableMapClaim(const SiteMapView& map, bool neighbours_given, bool submanifold) {
+  bool empty = map.pairs == 0;
+  for (int64_t q = 0; empty && q <= map.volume; ++q) empty = map.offset_splits[q] == 0;
+  if (!neighbours_given || !submanifold || !empty) {
+    return tensorflow::errors::InvalidArgument(
+        "map_is_table reads the map from neighbours alone (SiteSubmanifoldNeighbours' table of a submanifold map): "
+        "it needs a neighbours table, map_is_trusted and map_is_submanifold, empty in_rows and out_rows and "
+        "offset_splits of zeros, got ", map.pairs, " pairs, ", neighbours_given ? "a" : "no", " table and ",
+        submanifold ? "" : "no ", "map_is_submanifold");
+  }
+  return absl::OkStatus();
+}
+
 // A NaN at entry (row, column) of a [rows, width] matrix such as the features.
 inline absl::Status NaNRowError(const char* what, int64_t row, int64_t column) {
   return tensorflow::errors::InvalidArgument(what, " row ", row, " column ", column, " is NaN");

@@ -47,6 +47,8 @@ struct SiteConvOptions {
   bool allow_tf32 = false;
   SiteDataflow dataflow = SiteDataflow::kAuto;
   bool trusted = false;
+  // map_is_table: the pairs are absent (their count unknown); the table is the map.
+  bool map_is_table = false;
 };
 
 // Forward: out [num_out, cout] = sum over offsets of features[in_rows] @ filters[q]
@@ -91,6 +93,12 @@ GpuStatus SiteNeighbourTableGpu(Stream stream, Scratch* scratch, const int32_t* 
                                 const int32_t* host_splits, const CheckedMap& checked, int64_t volume,
                                 int64_t num_in, int64_t num_out, bool trusted, int32_t* neighbours,
                                 Report* report);
+
+// The last two columns of a neighbour table [n, volume + 2] whose neighbour columns are
+// written: the rows stably sorted by masks[o] (bit q: table[o, q] >= 0; clobbered), as
+// (mask, row). Temporary memory: 12 * n bytes and the radix sort's scratch.
+GpuStatus SortNeighbourRows(Stream stream, Scratch* scratch, uint32_t* masks, int64_t n, int64_t volume,
+                            int32_t* table);
 
 // filter_grad [volume, cin, cout]; deterministic (fixed chunks of pairs, partial sums
 // added in chunk order). Blocks until the report is on the host, except for a trusted

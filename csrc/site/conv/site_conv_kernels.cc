@@ -15,6 +15,7 @@
 #include "site/conv/site_conv_checks.h"
 #include "site/conv/site_conv_kernels.h"
 #include "site/conv/site_gemm_cpu.h"
+#include "site/kernel_map/neighbour_table_cpu.h"
 #include "tensorflow/core/framework/bfloat16.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "Eigen/Core"
@@ -210,27 +211,6 @@ absl::Status CheckSiteMapRows(const SiteMapView& map, int64_t num_in, int64_t nu
   return absl::OkStatus();
 }
 
-// SiteNeighbourTable's layout (site_conv_op.cc) of a checked map: the table, then the
-// outputs stably sorted by their masks, which is the order of the GPU's LSD radix sort.
-void NeighbourTableOnCpu(const SiteMapView& map, int64_t num_out, int32_t* table) {
-  const int64_t volume = map.volume, width = NeighbourTableWidth(volume);
-  std::fill(table, table + num_out * width, -1);
-  std::vector<uint32_t> masks(num_out, 0u);
-  for (int64_t q = 0; q < volume; ++q) {
-    for (int64_t p = map.offset_splits[q]; p < map.offset_splits[q + 1]; ++p) {
-      table[map.out_rows[p] * width + q] = map.in_rows[p];
-      masks[map.out_rows[p]] |= 1u << q;
-    }
-  }
-  std::vector<int32_t> order(num_out);
-  for (int64_t o = 0; o < num_out; ++o) order[o] = static_cast<int32_t>(o);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return masks[x] < masks[y]; });
-  for (int64_t i = 0; i < num_out; ++i) {
-    table[i * width + volume] = static_cast<int32_t>(masks[order[i]]);
-    table[i * width + volume + 1] = order[i];
-  }
-}
-
 }  // namespace
 
 // What the CPU functors of the convolution and its filter gradient hold: the thread pool,
@@ -267,6 +247,26 @@ class SiteConvFunctor<CPUDevice, T> : CpuSiteConvFunctor {
     ConvOnCpu(device_, a, products_, out);
     return absl::OkStatus();
   }
+
+  // map_is_table: the table's pairs (SiteTablePairs'), held until the call ends.
+  absl::Status UseTable(const tensorflow::Tensor& neighbours, SiteMapView* map, SiteConvArgs<T>* a) {
+    const int32_t* table = neighbours.flat<int32_t>().data();
+    const int64_t n = neighbours.dim_size(0);
+    int64_t volume = 0;
+    TF_RETURN_IF_ERROR(CheckPairsTable(neighbours, table, &volume));
+    TF_RETURN_IF_ERROR(TablePairSplits(table, n, volume, &splits_));
+    in_rows_.resize(splits_[volume]);
+    out_rows_.resize(splits_[volume]);
+    TablePairsOnCpu(table, n, volume, splits_.data(), in_rows_.data(), out_rows_.data());
+    map->in_rows = a->in_rows = in_rows_.data();
+    map->out_rows = a->out_rows = out_rows_.data();
+    map->offset_splits = a->offset_splits = splits_.data();
+    map->pairs = a->pairs = splits_[volume];
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<int32_t> in_rows_, out_rows_, splits_;
 };
 
 template <typename T>
@@ -294,7 +294,7 @@ class SiteNeighbourTableFunctor<CPUDevice> {
   }
 
   absl::Status Run(const SiteMapView& map, int64_t /*num_in*/, int64_t num_out, int32_t* table) {
-    NeighbourTableOnCpu(map, num_out, table);
+    NeighbourTableOnCpu(map.in_rows, map.out_rows, map.offset_splits, map.volume, num_out, table);
     return absl::OkStatus();
   }
 };

@@ -31,6 +31,7 @@ namespace tf_sparseconv {
 struct SiteConvAttrs {
   bool map_is_trusted = false;
   bool map_is_submanifold = false;
+  bool map_is_table = false;
   SiteDataflow dataflow = SiteDataflow::kAuto;
   // cpu_products: 'auto' the widest tiles the CPU has (kAvx512 asked), 'avx2' at most the
   // AVX2 tiles, 'portable' Eigen's GEMM.
@@ -40,6 +41,9 @@ struct SiteConvAttrs {
     TF_RETURN_IF_ERROR(ctx->GetAttr("map_is_trusted", &map_is_trusted));
     if (ctx->HasAttr("map_is_submanifold")) {
       TF_RETURN_IF_ERROR(ctx->GetAttr("map_is_submanifold", &map_is_submanifold));
+    }
+    if (ctx->HasAttr("map_is_table")) {
+      TF_RETURN_IF_ERROR(ctx->GetAttr("map_is_table", &map_is_table));
     }
     if (ctx->HasAttr("dataflow")) {
       std::string name;
@@ -68,7 +72,9 @@ struct SiteConvAttrs {
 //
 // SiteSparseConv: Prepare(map, args) and Run(args, neighbours, out), out [num_out, cout]
 // the convolution (site_conv.h), neighbours SiteNeighbourTable's table or nullptr. The CPU
-// has one dataflow and refuses 'outputs' in Prepare.
+// has one dataflow and refuses 'outputs' in Prepare. With map_is_table, first
+// UseTable(neighbours, &map, &args): the CPU derives the pairs from the table; the GPU
+// refuses a call its output-stationary tiles cannot run from the table alone.
 template <typename Device, typename T>
 class SiteConvFunctor;
 // SiteSparseConvFilterGrad: Prepare(map, args) and Run(args, out_grad, filter_grad),
@@ -116,6 +122,10 @@ class SiteSparseConvOp : public SiteConvOpKernel {
     OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(attrs_.map_is_submanifold, attrs_.map_is_trusted, a.num_in, a.num_out,
                                               a.volume));
     SiteConvFunctor<Device, T> conv(ctx, attrs_);
+    if (attrs_.map_is_table) {
+      OP_REQUIRES_OK(ctx, CheckTableMapClaim(map, neighbours_given, attrs_.map_is_submanifold));
+      OP_REQUIRES_OK(ctx, conv.UseTable(neighbours, &map, &a));
+    }
     OP_REQUIRES_OK(ctx, conv.Prepare(map, a));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({a.num_out, a.cout}), &out));

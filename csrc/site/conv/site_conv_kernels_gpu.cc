@@ -123,9 +123,27 @@ template <typename T>
 class SiteConvFunctor<GPUDevice, T> : GpuSiteMapFunctor {
  public:
   SiteConvFunctor(OpKernelContext* ctx, const SiteConvAttrs& attrs)
-      : GpuSiteMapFunctor(ctx, "SiteSparseConv", attrs.map_is_trusted), dataflow_(attrs.dataflow) {}
+      : GpuSiteMapFunctor(ctx, "SiteSparseConv", attrs.map_is_trusted),
+        dataflow_(attrs.dataflow),
+        map_is_table_(attrs.map_is_table) {}
 
   absl::Status Prepare(const SiteMapView& map, const SiteConvArgs<T>&) { return PrepareMap(map); }
+
+  // map_is_table: the output-stationary tiles read the table alone (SiteConvForwardGpu's
+  // from_table_only); a call they cannot run is refused, since there are no pairs to fall
+  // back on.
+  absl::Status UseTable(const tensorflow::Tensor&, SiteMapView*, SiteConvArgs<T>* a) {
+    if (a->cin == 0) return absl::OkStatus();  // no products: the output is zeros either way
+    std::string why = gpu::OutputStationaryUnavailable(StoredArgs(*a), AllowTf32<T>());
+    if (dataflow_ == SiteDataflow::kPairs || (dataflow_ == SiteDataflow::kAuto && sizeof(T) != 2)) {
+      why = "this dataflow reads the pairs";
+    }
+    if (why.empty()) return absl::OkStatus();
+    return tensorflow::errors::InvalidArgument(
+        "map_is_table on the GPU runs the output-stationary tiles from the table alone (half or bfloat16 with "
+        "dataflow='auto', or dataflow='outputs'), which do not apply here: ", why,
+        "; give the map's pairs instead (SiteTablePairs of the table, or SiteKernelMap)");
+  }
 
   absl::Status Run(const SiteConvArgs<T>& a, const int32_t* neighbours, T* out) {
     if (dataflow_ == SiteDataflow::kOutputs) {
@@ -141,6 +159,7 @@ class SiteConvFunctor<GPUDevice, T> : GpuSiteMapFunctor {
     options.allow_tf32 = AllowTf32<T>();
     options.dataflow = dataflow_;
     options.trusted = trusted_;
+    options.map_is_table = map_is_table_;
     TF_RETURN_IF_ERROR(ToStatus(gpu::SiteConvForwardGpu(stream_, &scratch_, StoredArgs(a), checked_, options,
                                                         neighbours, Stored(out), &report_)));
     TF_RETURN_IF_ERROR(MapStatus(a.num_in, a.num_out));
@@ -152,6 +171,7 @@ class SiteConvFunctor<GPUDevice, T> : GpuSiteMapFunctor {
 
  private:
   const SiteDataflow dataflow_;
+  const bool map_is_table_;
 };
 
 template <typename T>

@@ -24,6 +24,7 @@ REGISTER_OP("TfSparseconv>SiteSparseConv")
     .Attr("T: {float, double, half, bfloat16}")
     .Attr("map_is_trusted: bool = false")
     .Attr("map_is_submanifold: bool = false")
+    .Attr("map_is_table: bool = false")
     .Attr("dataflow: {'auto', 'pairs', 'outputs'} = 'auto'")
     .Attr("cpu_products: {'auto', 'avx2', 'portable'} = 'auto'")
     .SetShapeFn([](InferenceContext* c) {
@@ -92,6 +93,14 @@ transposed and their offsets mirrored, reading the same neighbours table, instea
 over the reversed pairs without one. Requires map_is_trusted (the mirroring is not
 checked), num_out == the number of input rows and an odd number of offsets
 (InvalidArgument otherwise).
+map_is_table: the map is the neighbours table alone (SiteSubmanifoldNeighbours', or
+SiteNeighbourTable's of a SiteKernelMap submanifold map): in_rows and out_rows are empty,
+offset_splits is volume + 1 zeros, and map_is_trusted and map_is_submanifold are set
+(InvalidArgument otherwise). The map's pairs are then SiteTablePairs' of the table, and
+no op before this one had to count them. The CPU derives them (checking the table's
+rows); the GPU runs the output-stationary tiles from the table, so there it needs half or
+bfloat16 with dataflow 'auto', or 'outputs', and the tiles' other requirements
+(InvalidArgument otherwise, naming the reason).
 )doc");
 
 REGISTER_OP("TfSparseconv>SiteNeighbourTable")

@@ -26,6 +26,7 @@
 
 #include "common/gpu_util.cuh"
 #include "site/kernel_map/site_kernel_map.cuh"
+#include "site/conv/site_conv_gpu.h"
 #include "site/kernel_map/site_kernel_map_gpu.h"
 
 namespace tf_sparseconv {
@@ -99,6 +100,82 @@ struct EmitPair {
   }
 };
 
+// The neighbour columns of a submanifold map's table from found: output row i's entry at
+// offset volume - 1 - q is the row site i feeds through q; masks[i] its mask. A block
+// stages its kTableRows rows in shared memory (found's reads coalesced, one thread per row
+// so the mask needs no atomics) and stores them as one contiguous stretch of the table;
+// the last two columns get -1 here and SortNeighbourRows' values after.
+constexpr int kTableRows = 128;
+
+__global__ void __launch_bounds__(kTableRows) TableFromFoundKernel(const int32_t* found, int64_t n, int64_t volume,
+                                                                   int32_t* table, uint32_t* masks) {
+  __shared__ int32_t rows[kTableRows * (32 + 2)];
+  const int64_t width = volume + 2;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kTableRows; first < n;
+       first += static_cast<int64_t>(gridDim.x) * kTableRows) {
+    const int64_t count = n - first < kTableRows ? n - first : kTableRows;
+    const int t = threadIdx.x;
+    if (t < count) {
+      const int64_t i = first + t;
+      uint32_t mask = 0;
+      for (int64_t q = 0; q < volume; ++q) {
+        const int32_t o = found[q * n + i];
+        const int64_t column = volume - 1 - q;
+        rows[t * width + column] = o;
+        if (o >= 0) mask |= 1u << column;
+      }
+      rows[t * width + volume] = -1;
+      rows[t * width + volume + 1] = -1;
+      masks[i] = mask;
+    }
+    __syncthreads();
+    for (int64_t e = t; e < count * width; e += kTableRows) table[first * width + e] = rows[e];
+    __syncthreads();
+  }
+}
+
+__global__ void CheckTableKernel(const int32_t* table, int64_t n, int64_t volume, SiteMapDeviceReport* report) {
+  const int64_t width = volume + 2;
+  TF_SPARSECONV_GRID_LOOP(e, n * volume) {
+    const int64_t i = e / volume, q = e - i * volume;
+    const int32_t v = table[i * width + q];
+    if (v < -1 || v >= n) RecordFirst(&report->range, i * width + q);
+  }
+}
+
+__global__ void DescribeTableEntryKernel(const int32_t* table, SiteMapDeviceReport* report) {
+  if (report->range.first == kNoError) return;
+  report->range.detail[0] = table[report->range.first];
+}
+
+// A table's pairs (TablePairsGpu): index idx = q * stride + i as for HasPair, site i's
+// entry at the mirrored offset.
+struct TableHasPair {
+  const int32_t* table;
+  int64_t n;
+  int64_t stride;
+  int64_t volume;
+  __device__ bool operator()(int64_t idx) const {
+    const int64_t q = idx / stride;
+    const int64_t i = idx - q * stride;
+    return i < n && table[i * (volume + 2) + volume - 1 - q] >= 0;
+  }
+};
+
+struct TableEmitPair {
+  const int32_t* table;
+  int64_t stride;
+  int64_t volume;
+  int32_t* in_rows;
+  int32_t* out_rows;
+  __device__ void operator()(int64_t idx, int64_t rank) const {
+    const int64_t q = idx / stride;
+    const int64_t i = idx - q * stride;
+    in_rows[rank] = static_cast<int32_t>(i);
+    out_rows[rank] = table[i * (volume + 2) + volume - 1 - q];
+  }
+};
+
 // Offset q's pairs start at the rank of its first tile.
 __global__ void OffsetStartsKernel(const int64_t* tile_offsets, int64_t tiles_per_offset, int64_t volume,
                                    const int64_t* total, int64_t* starts) {
@@ -110,7 +187,7 @@ __global__ void OffsetStartsKernel(const int64_t* tile_offsets, int64_t tiles_pe
 }  // namespace
 
 GpuStatus SiteKernelMapGpu::Count(Stream stream, Scratch* scratch, const SiteGeometry& g,
-                                  SiteMapBuilder builder, const int32_t* coords, int64_t n) {
+                                  SiteMapBuilder builder, const int32_t* coords, int64_t n, bool count_pairs) {
   g_ = g;
   builder_ = builder;
   coords_ = coords;
@@ -176,13 +253,15 @@ GpuStatus SiteKernelMapGpu::Count(Stream stream, Scratch* scratch, const SiteGeo
   // offset is its first pair.
   const int64_t tiles_per_offset = (n + kTileSize - 1) / kTileSize;
   offset_stride_ = tiles_per_offset * kTileSize;
-  const HasPair has_pair{found_, n, offset_stride_};
-  TF_SPARSECONV_RETURN_IF_ERROR(
-      CountCompaction(stream, scratch, has_pair, volume * offset_stride_, &device_report->pairs, &pair_compaction_));
-  if (pair_compaction_.num_tiles > 0) {
-    OffsetStartsKernel<<<BlocksFor(volume + 1), kThreads, 0, stream>>>(
-        pair_compaction_.tile_offsets, tiles_per_offset, volume, &device_report->pairs, offset_starts);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("offset splits");
+  if (count_pairs) {
+    const HasPair has_pair{found_, n, offset_stride_};
+    TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, has_pair, volume * offset_stride_,
+                                                  &device_report->pairs, &pair_compaction_));
+    if (pair_compaction_.num_tiles > 0) {
+      OffsetStartsKernel<<<BlocksFor(volume + 1), kThreads, 0, stream>>>(
+          pair_compaction_.tile_offsets, tiles_per_offset, volume, &device_report->pairs, offset_starts);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("offset splits");
+    }
   }
 
   // The op's one read-back: the report and the offset starts in one copy, read by
@@ -228,6 +307,69 @@ GpuStatus SiteKernelMapGpu::Write(Stream stream, Scratch* scratch, int32_t* out_
   }
   return WriteCompaction(stream, pair_compaction_, HasPair{found_, n_, offset_stride_},
                          EmitPair{found_, n_, offset_stride_, slot_rows, in_rows, out_rows});
+}
+
+GpuStatus SiteKernelMapGpu::WriteNeighbourTable(Stream stream, Scratch* scratch, int32_t* table) {
+  if (g_.mode != SiteMapMode::kSubmanifold || g_.volume > 32) {
+    return GpuStatus{"neighbour table", "a table holds a submanifold map of at most 32 offsets"};
+  }
+  if (n_ == 0) return GpuStatus::Ok();
+  uint32_t* masks = scratch->DeviceArray<uint32_t>(n_);
+  if (masks == nullptr) return GpuStatus::OutOfMemory("neighbour table");
+  const int64_t blocks = (n_ + kTableRows - 1) / kTableRows;
+  TableFromFoundKernel<<<static_cast<unsigned int>(blocks < 65536 ? blocks : 65536), kTableRows, 0,
+                         stream>>>(found_, n_, g_.volume, table, masks);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
+  return SortNeighbourRows(stream, scratch, masks, n_, g_.volume, table);
+}
+
+GpuStatus TablePairsGpu::Count(Stream stream, Scratch* scratch, const int32_t* table, int64_t n, int64_t volume) {
+  table_ = table;
+  n_ = n;
+  volume_ = volume;
+  const size_t report_bytes = sizeof(SiteMapDeviceReport) + sizeof(int64_t) * static_cast<size_t>(volume + 1);
+  SiteMapDeviceReport* device_report = static_cast<SiteMapDeviceReport*>(scratch->Device(report_bytes));
+  if (device_report == nullptr) return GpuStatus::OutOfMemory("report");
+  int64_t* offset_starts = reinterpret_cast<int64_t*>(device_report + 1);
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(device_report, 0, report_bytes, stream), "report");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(device_report, 0xFF, offsetof(SiteMapDeviceReport, pairs), stream), "report");
+  if (n * volume > 0) {
+    CheckTableKernel<<<BlocksFor(n * volume), kThreads, 0, stream>>>(table, n, volume, device_report);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("table check");
+    DescribeTableEntryKernel<<<1, 1, 0, stream>>>(table, device_report);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("table check");
+  }
+  const int64_t tiles_per_offset = (n + kTileSize - 1) / kTileSize;
+  offset_stride_ = tiles_per_offset * kTileSize;
+  TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, TableHasPair{table, n, offset_stride_, volume},
+                                                volume * offset_stride_, &device_report->pairs, &pair_compaction_));
+  if (pair_compaction_.num_tiles > 0) {
+    OffsetStartsKernel<<<BlocksFor(volume + 1), kThreads, 0, stream>>>(
+        pair_compaction_.tile_offsets, tiles_per_offset, volume, &device_report->pairs, offset_starts);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("offset splits");
+  }
+  pinned_report_ = scratch->PinnedHost(report_bytes);
+  if (pinned_report_ == nullptr) return GpuStatus::OutOfMemory("report (host)");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(pinned_report_, device_report, report_bytes, cudaMemcpyDeviceToHost, stream), "report copy");
+  return GpuStatus::Ok();
+}
+
+void TablePairsGpu::ReadReport(TablePairsReport* report) {
+  SiteMapDeviceReport host;
+  std::memcpy(&host, pinned_report_, sizeof(SiteMapDeviceReport));
+  report->range = host.range;
+  report->pairs = host.pairs;
+  report->offset_splits.resize(static_cast<size_t>(volume_ + 1));
+  const int64_t* starts =
+      reinterpret_cast<const int64_t*>(static_cast<const char*>(pinned_report_) + sizeof(SiteMapDeviceReport));
+  for (int64_t q = 0; q <= volume_; ++q) report->offset_splits[q] = static_cast<int32_t>(starts[q]);
+}
+
+GpuStatus TablePairsGpu::Write(Stream stream, int32_t* in_rows, int32_t* out_rows) {
+  return WriteCompaction(stream, pair_compaction_, TableHasPair{table_, n_, offset_stride_, volume_},
+                         TableEmitPair{table_, offset_stride_, volume_, in_rows, out_rows});
 }
 
 }  // namespace gpu

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "site/conv/site_conv.h"
 #include "site/kernel_map/site_geometry.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -51,6 +52,29 @@ struct SiteMapAttrs {
     TF_RETURN_IF_ERROR(ctx->GetAttr("strides", &stride));
     TF_RETURN_IF_ERROR(ctx->GetAttr("padding", &padding));
     TF_RETURN_IF_ERROR(ctx->GetAttr("dilation", &dilation));
+    return Validate();
+  }
+
+  // SiteSubmanifoldNeighbours' attributes: a submanifold map's kernel_size and dilation
+  // (strides 1, padding 0), at most kMaxNeighbourVolume offsets (one 32-bit mask per row).
+  absl::Status ParseSubmanifold(tensorflow::OpKernelConstruction* ctx) {
+    mode = SiteMapMode::kSubmanifold;
+    TF_RETURN_IF_ERROR(ctx->GetAttr("kernel_size", &kernel));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("dilation", &dilation));
+    stride.assign(kernel.size(), 1);
+    padding.assign(kernel.size(), 0);
+    TF_RETURN_IF_ERROR(Validate());
+    int64_t volume = 1;
+    for (int64_t k : kernel) volume *= k;  // Validate bounded it by kMaxKernelVolume
+    if (volume > kMaxNeighbourVolume) {
+      return tensorflow::errors::InvalidArgument("a neighbour table holds kernels of at most ", kMaxNeighbourVolume,
+                                                 " offsets (one 32-bit mask per row), and this kernel has ", volume,
+                                                 "; build the map's pairs with SiteKernelMap instead");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Validate() const {
     const size_t d = kernel.size();
     if (d < 1 || d > static_cast<size_t>(kMaxSpatialDims)) {
       return tensorflow::errors::InvalidArgument("kernel_size must have 1 to ", kMaxSpatialDims,

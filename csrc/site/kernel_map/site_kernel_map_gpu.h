@@ -62,12 +62,19 @@ class SiteKernelMapGpu {
   // and output site, and the copy of the report, with the pair count of every offset,
   // into pinned host memory from scratch. Does not wait: ReadReport reads the copy once
   // the stream has passed it (a wait, or an EventMgr callback).
+  // count_pairs false: the pairs are not counted (for WriteNeighbourTable; the report's
+  // checks are still copied, its pair count and offset splits are not).
   GpuStatus Count(Stream stream, Scratch* scratch, const SiteGeometry& geometry,
-                  SiteMapBuilder builder, const int32_t* coords, int64_t n);
+                  SiteMapBuilder builder, const int32_t* coords, int64_t n, bool count_pairs = true);
   void ReadReport(SiteMapReport* report);
   // Writes out_coords [out_sites, 1 + d] and in_rows, out_rows [pairs]; only enqueues.
   GpuStatus Write(Stream stream, Scratch* scratch, int32_t* out_coords, int32_t* in_rows,
                   int32_t* out_rows);
+  // A submanifold map (volume <= 32) as SiteNeighbourTable's table [n, volume + 2]
+  // (site/conv/site_conv_op.cc), straight after Count: output row i's entry at offset
+  // volume - 1 - q is the row site i feeds through q (the offsets are mirrored). Only
+  // enqueues. Temporary memory: 16 * n bytes and the radix sort's scratch.
+  GpuStatus WriteNeighbourTable(Stream stream, Scratch* scratch, int32_t* table);
 
  private:
   // Each builder's part of Count: the duplicate check, found_, and the output sites of a
@@ -99,6 +106,32 @@ class SiteKernelMapGpu {
   int64_t out_table_capacity_ = 0;
   Compaction occupied_;                           // kHash: the occupied slots
   const uint64_t* out_keys_ = nullptr;            // kSort: the sorted output keys
+};
+
+// SiteTablePairs on the GPU: the pairs of a submanifold map from its neighbour table
+// [n, volume + 2], in SiteKernelMap's order (offset q's pairs are (i, table[i, volume - 1 - q])
+// for the rows i, ascending, where that entry is >= 0).
+struct TablePairsReport {
+  // The first neighbour entry i * (volume + 2) + q outside [-1, n), detail[0] = its value.
+  CheckSlot range;
+  int64_t pairs = 0;
+  std::vector<int32_t> offset_splits;  // volume + 1
+};
+
+class TablePairsGpu {
+ public:
+  // Queues the entries' range check, the pair counts and the copy of the report into
+  // pinned host memory; does not wait (ReadReport once the stream has passed it).
+  GpuStatus Count(Stream stream, Scratch* scratch, const int32_t* table, int64_t n, int64_t volume);
+  void ReadReport(TablePairsReport* report);
+  // Writes in_rows, out_rows [pairs]; only enqueues.
+  GpuStatus Write(Stream stream, int32_t* in_rows, int32_t* out_rows);
+
+ private:
+  const int32_t* table_ = nullptr;
+  int64_t n_ = 0, volume_ = 0, offset_stride_ = 0;
+  void* pinned_report_ = nullptr;
+  Compaction pair_compaction_;
 };
 
 }  // namespace gpu

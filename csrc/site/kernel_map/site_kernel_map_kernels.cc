@@ -11,6 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/guarded_op_kernel.h"
+#include "site/conv/site_conv.h"
+#include "site/kernel_map/neighbour_table_cpu.h"
 #include "site/kernel_map/site_geometry.h"
 #include "site/kernel_map/site_kernel_map_checks.h"
 #include "site/kernel_map/site_kernel_map_kernels.h"
@@ -185,5 +188,67 @@ REGISTER_KERNEL_BUILDER(Name("TfSparseconv>SiteKernelMap")
                             .HostMemory("spatial_shape")
                             .HostMemory("batch_size"),
                         SiteKernelMapOp<CPUDevice>);
+
+// SiteSubmanifoldNeighbours on the CPU: the map's pairs (checking the sites whatever
+// sites_checked says), then their table.
+class SiteSubmanifoldNeighboursCpuOp : public GuardedOpKernel {
+ public:
+  explicit SiteSubmanifoldNeighboursCpuOp(tensorflow::OpKernelConstruction* ctx)
+      : GuardedOpKernel(ctx, "site_submanifold_neighbours") {
+    AttrsOk(attrs_.ParseSubmanifold(ctx));
+  }
+
+ private:
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
+    SiteGeometry g;
+    OP_REQUIRES_OK(ctx, MakeSiteGeometry(attrs_, ctx->input(1), ctx->input(2), &g));
+    const tensorflow::Tensor& coords = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckCoordsShape(coords, g.d));
+    const int64_t n = coords.dim_size(0);
+    SiteKernelMapFunctor<CPUDevice> map(ctx, attrs_);
+    SiteMapCounts counts;
+    OP_REQUIRES_OK(ctx, map.Count(g, coords.flat<int32_t>().data(), n, &counts));
+    std::vector<int32_t> out_coords(n * (g.d + 1)), in_rows(counts.pairs), out_rows(counts.pairs);
+    OP_REQUIRES_OK(ctx, map.Write(out_coords.data(), in_rows.data(), out_rows.data()));
+    tensorflow::Tensor* table;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({n, NeighbourTableWidth(g.volume)}), &table));
+    NeighbourTableOnCpu(in_rows.data(), out_rows.data(), counts.offset_splits.data(), g.volume, n,
+                        table->flat<int32_t>().data());
+  }
+
+  SiteMapAttrs attrs_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>SiteSubmanifoldNeighbours")
+                            .Device(::tensorflow::DEVICE_CPU)
+                            .HostMemory("spatial_shape")
+                            .HostMemory("batch_size"),
+                        SiteSubmanifoldNeighboursCpuOp);
+
+// SiteTablePairs on the CPU: the table's rows checked, then its pairs.
+class SiteTablePairsCpuOp : public GuardedOpKernel {
+ public:
+  explicit SiteTablePairsCpuOp(tensorflow::OpKernelConstruction* ctx) : GuardedOpKernel(ctx, "site_table_pairs") {}
+
+ private:
+  void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
+    const tensorflow::Tensor& neighbours = ctx->input(0);
+    int64_t volume = 0;
+    const int32_t* table = neighbours.flat<int32_t>().data();
+    OP_REQUIRES_OK(ctx, CheckPairsTable(neighbours, table, &volume));
+    const int64_t n = neighbours.dim_size(0);
+    std::vector<int32_t> splits;
+    OP_REQUIRES_OK(ctx, TablePairSplits(table, n, volume, &splits));
+    tensorflow::Tensor *in_rows, *out_rows, *offset_splits;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({splits[volume]}), &in_rows));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tensorflow::TensorShape({splits[volume]}), &out_rows));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tensorflow::TensorShape({volume + 1}), &offset_splits));
+    std::copy(splits.begin(), splits.end(), offset_splits->flat<int32_t>().data());
+    TablePairsOnCpu(table, n, volume, splits.data(), in_rows->flat<int32_t>().data(),
+                    out_rows->flat<int32_t>().data());
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>SiteTablePairs").Device(::tensorflow::DEVICE_CPU), SiteTablePairsCpuOp);
 
 }  // namespace tf_sparseconv

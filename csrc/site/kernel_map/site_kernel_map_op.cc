@@ -1,5 +1,6 @@
 // Registration of SiteKernelMap: which input site feeds which output site through which
 // kernel offset, the map every site-sparse convolution op (site/conv/) takes.
+#include "site/conv/site_conv.h"
 #include "site/kernel_map/site_kernel_map_checks.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -59,6 +60,65 @@ queries searched in them, as in Minuet). Both give identical outputs, the CPU ke
 the CPU kernel has one builder (a hash table) and accepts either value.
 A kernel has at most 2^20 offsets (the product of kernel_size), since the map's tables
 are sized by it before any site is read; more is InvalidArgument.
+)doc");
+
+REGISTER_OP("TfSparseconv>SiteSubmanifoldNeighbours")
+    .Input("coords: int32")
+    .Input("spatial_shape: int32")
+    .Input("batch_size: int32")
+    .Output("neighbours: int32")
+    .Attr("kernel_size: list(int) >= 1")
+    .Attr("dilation: list(int) >= 1")
+    .Attr("sites_checked: bool = false")
+    .SetShapeFn([](InferenceContext* c) {
+      std::vector<int> kernel;
+      TF_RETURN_IF_ERROR(c->GetAttr("kernel_size", &kernel));
+      int64_t volume = 1;
+      bool known = true;
+      for (int k : kernel) known = known && k >= 1 && (volume *= k) <= kMaxNeighbourVolume;
+      ShapeHandle coords;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &coords));
+      c->set_output(0, c->Matrix(c->Dim(coords, 0),
+                                 known ? c->MakeDim(NeighbourTableWidth(volume)) : c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The submanifold kernel map of coords as a neighbour table, without its pairs:
+neighbours [N, volume + 2] int32 is exactly SiteNeighbourTable of
+SiteKernelMap(coords, mode='submanifold', kernel_size, strides 1, padding 0, dilation)
+(site/conv/site_conv_op.cc gives the layout), for kernels of at most 32 offsets. Its size
+is known before the op runs, so the GPU kernel allocates it at once and waits for
+nothing where sites_checked is set; otherwise the sites are checked as SiteKernelMap
+checks them (in range, each once: InvalidArgument), on the GPU read back asynchronously.
+sites_checked: the caller promises that the sites passed those checks (e.g. they are the
+sites of a map SiteKernelMap built); the CPU checks them whatever the attr says, and the
+GPU gives garbage rows, never out-of-range ones, for sites that break the promise.
+SiteSparseConv reads the table alone with map_is_table; SiteTablePairs gives its pairs.
+)doc");
+
+REGISTER_OP("TfSparseconv>SiteTablePairs")
+    .Input("neighbours: int32")
+    .Output("in_rows: int32")
+    .Output("out_rows: int32")
+    .Output("offset_splits: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle table;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &table));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      const auto width = c->Dim(table, 1);
+      c->set_output(2, c->Vector(c->ValueKnown(width) ? c->MakeDim(c->Value(width) - 1) : c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+The pairs of a submanifold map from its neighbour table (SiteSubmanifoldNeighbours', or
+SiteNeighbourTable's of a SiteKernelMap 'submanifold' map): in_rows, out_rows and
+offset_splits [volume + 1] equal to SiteKernelMap's outputs for that map (offset q's
+pairs are (i, neighbours[i, volume - 1 - q]) for the rows i, ascending, where that entry
+is >= 0: a submanifold map's offsets pair up mirrored). neighbours must be
+[N, volume + 2] with an odd volume of at most 32 and entries in [-1, N)
+(InvalidArgument otherwise). The convolution's gradient uses it for the filter gradient
+of a map given as a table alone; on the GPU the pair counts are read back asynchronously.
 )doc");
 
 }  // namespace tf_sparseconv
