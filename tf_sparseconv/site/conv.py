@@ -13,8 +13,8 @@ from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.geometry import conv_geometry
 from tf_sparseconv.inputs import nan_checks
 from tf_sparseconv.layer_config import flag
-from tf_sparseconv.site.kernel_map import (along_map, assert_rows_match, check_dataflow, map_checks, reads_table,
-                                           site_checks, with_inverse_table)
+from tf_sparseconv.site.kernel_map import (along_map, assert_rows_match, check_dataflow, map_checks,
+                                           pairs_from_table, reads_table, site_checks, with_inverse_table)
 from tf_sparseconv.site.tensor import SiteSparseTensor, check_site_tensor
 
 
@@ -24,11 +24,12 @@ def _no_table():
 
 
 def _conv(features, kernel, in_rows, out_rows, splits, num_out, trusted, neighbours=None, submanifold=False,
-          dataflow="auto"):
+          dataflow="auto", table_map=False):
     filters = tf.reshape(kernel, [-1, kernel.shape[-2], kernel.shape[-1]])
     if neighbours is None:
         neighbours = _no_table()
-    elif submanifold and trusted and reads_table(features.dtype, kernel.shape[-2], kernel.shape[-1], dataflow):
+    elif table_map and submanifold and trusted and reads_table(
+            features.dtype, kernel.shape[-2], kernel.shape[-1], dataflow):
         # The table alone is the map: the pairs' op (SiteTablePairs, or SiteKernelMap's read-back)
         # is not waited for, and in a traced function not run unless a gradient reads them.
         volume = filters.shape[0]
@@ -111,8 +112,8 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     table_ok = subm and reads_table(x.dtype, kernel.shape[-2], kernel.shape[-1], dataflow)
     return along_map(x, indice_key, geometry, lambda kmap, num_out: _with_bias(
         _conv(x.features, kernel, kmap.in_rows, kmap.out_rows, kmap.offset_splits, num_out, kmap.trusted,
-              kmap.neighbours, submanifold=subm and kmap.trusted, dataflow=dataflow), bias, "site_conv"), dataflow,
-        table_ok)
+              kmap.neighbours, submanifold=subm and kmap.trusted, dataflow=dataflow,
+              table_map=pairs_from_table(kmap)), bias, "site_conv"), dataflow, table_ok)
 
 
 def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None, dataflow="auto"):

@@ -12,7 +12,7 @@ import os
 
 import tensorflow as tf
 
-from tf_sparseconv._op_library import ops as _ops
+from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.geometry import MODES, output_shape, per_dim
 from tf_sparseconv.inputs import same_vector
 from tf_sparseconv.layer_config import flag
@@ -91,8 +91,9 @@ def reads_table(dtype, cin, cout, dataflow="auto"):
     TensorFlow sees a GPU: the output-stationary tiles, for half and bfloat16 under 'auto'
     or 'outputs' (and float32 under 'outputs' with TF32 on), on rows of whole 16-byte
     vectors; its input gradient then does too (the same channels swapped).
-    TF_SPARSECONV_TABLE_MAPS=0 turns this off (maps are SiteKernelMap's pairs again)."""
-    if dataflow == "pairs" or not gpu_visible() or cin is None or cout is None:
+    TF_SPARSECONV_TABLE_MAPS=0 turns this off (maps are SiteKernelMap's pairs again).
+    GPUs before sm_80 have no such tiles: their convolutions read the pairs."""
+    if dataflow == "pairs" or not gpu_visible() or not gpu_tensor_tiles() or cin is None or cout is None:
         return False
     if os.environ.get("TF_SPARSECONV_TABLE_MAPS", "1") == "0":
         return False
@@ -104,6 +105,17 @@ def reads_table(dtype, cin, cout, dataflow="auto"):
     else:
         return False
     return cin % vector == 0 and cout % vector == 0 and cin > 0
+
+
+def pairs_from_table(kmap):
+    """Whether kmap's pairs are SiteTablePairs' of its table (a table map), so that a
+    convolution reading the table alone spares them; in a traced function, from the op that
+    made them. Eagerly every op has run already: True, which costs a gradient one
+    SiteTablePairs at most."""
+    try:
+        return kmap.in_rows.op.type == OP_NAMESPACE + "SiteTablePairs"
+    except AttributeError:  # an eager tensor has no op
+        return True
 
 
 def cached_kernel_map(x, indice_key, geometry, table_ok=False):
@@ -212,6 +224,14 @@ def check_dataflow(dataflow, what):
 def gpu_visible():
     """Whether TensorFlow sees a GPU, where the convolutions run by default."""
     return bool(tf.config.list_logical_devices("GPU"))
+
+
+def gpu_tensor_tiles():
+    """Whether every GPU TensorFlow sees has the pipelined tensor-core tiles that read a
+    neighbour table (compute capability 8.0 or later; SiteSparseConv's 'outputs')."""
+    gpus = tf.config.list_physical_devices("GPU")
+    capabilities = [tf.config.experimental.get_device_details(g).get("compute_capability") for g in gpus]
+    return bool(gpus) and all(c is not None and tuple(c) >= (8, 0) for c in capabilities)
 
 
 def wants_tables(dtype, kmap, dataflow="auto"):

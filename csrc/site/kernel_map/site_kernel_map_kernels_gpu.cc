@@ -184,11 +184,18 @@ class SiteSubmanifoldNeighboursGpuOp : public tensorflow::AsyncOpKernel {
     OP_REQUIRES_OK_ASYNC(
         ctx, ctx->allocate_output(0, tensorflow::TensorShape({n, NeighbourTableWidth(g.volume)}), &table), done);
     std::shared_ptr<SiteKernelMapCall> call;
-    OP_REQUIRES_OK_ASYNC(ctx, RunGuarded(kOp, [&]() -> absl::Status {
-                           call = std::make_shared<SiteKernelMapCall>(ctx, attrs_, g);
-                           return call->QueueTable(coords.flat<int32_t>().data(), n, table->flat<int32_t>().data());
-                         }),
-                         done);
+    const absl::Status queued = RunGuarded(kOp, [&]() -> absl::Status {
+      call = std::make_shared<SiteKernelMapCall>(ctx, attrs_, g);
+      return call->QueueTable(coords.flat<int32_t>().data(), n, table->flat<int32_t>().data());
+    });
+    if (!queued.ok()) {
+      // The search may have queued its report's copy into pinned memory before the table's
+      // allocations failed: those buffers stay until the stream has passed the copy.
+      if (call != nullptr) call->HoldPinned();
+      ctx->SetStatus(queued);
+      done();
+      return;
+    }
     if (sites_checked_) {
       call->HoldPinned();
       call.reset();
