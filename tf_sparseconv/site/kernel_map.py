@@ -8,6 +8,7 @@ pairs made from the table only where an op reads them. along_map is what every l
 between sites does: take the map cached under its indice_key (or build it), run a
 computation along it, and hand the map on with the output so later layers reuse it.
 """
+import functools
 import os
 
 import tensorflow as tf
@@ -226,9 +227,11 @@ def gpu_visible():
     return bool(tf.config.list_logical_devices("GPU"))
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_tensor_tiles():
     """Whether every GPU TensorFlow sees has the pipelined tensor-core tiles that read a
-    neighbour table (compute capability 8.0 or later; SiteSparseConv's 'outputs')."""
+    neighbour table (compute capability 8.0 or later; SiteSparseConv's 'outputs'). Read
+    once: a process's GPUs do not change."""
     gpus = tf.config.list_physical_devices("GPU")
     capabilities = [tf.config.experimental.get_device_details(g).get("compute_capability") for g in gpus]
     return bool(gpus) and all(c is not None and tuple(c) >= (8, 0) for c in capabilities)
