@@ -9,6 +9,7 @@ between sites does: take the map cached under its indice_key (or build it), run 
 computation along it, and hand the map on with the output so later layers reuse it.
 """
 import functools
+import math
 import os
 
 import tensorflow as tf
@@ -132,10 +133,7 @@ def cached_kernel_map(x, indice_key, geometry, table_ok=False):
                              f"strides, padding, dilation) = {cached.geometry()}, but this layer needs {geometry}; "
                              "give layers of another geometry another indice_key")
         return cached, map_checks(cached, x, indice_key)
-    volume = 1
-    for k in kernel_size:
-        volume *= k
-    if table_ok and mode == "submanifold" and volume <= 32:
+    if table_ok and mode == "submanifold" and math.prod(kernel_size) <= 32:
         return table_map(x, kernel_size, dilation), []
     return kernel_map(x, kernel_size, strides, padding, dilation, mode), []
 

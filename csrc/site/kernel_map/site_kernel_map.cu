@@ -184,6 +184,64 @@ __global__ void OffsetStartsKernel(const int64_t* tile_offsets, int64_t tiles_pe
   }
 }
 
+
+size_t ReportBytes(int64_t volume) {
+  return sizeof(SiteMapDeviceReport) + sizeof(int64_t) * static_cast<size_t>(volume + 1);
+}
+
+// The report in device memory, followed by volume + 1 int64 offset starts (zero), every
+// check's `first` kNoError (all bits set).
+GpuStatus NewMapReport(Stream stream, Scratch* scratch, int64_t volume, SiteMapDeviceReport** report) {
+  const size_t bytes = ReportBytes(volume);
+  *report = static_cast<SiteMapDeviceReport*>(scratch->Device(bytes));
+  if (*report == nullptr) return GpuStatus::OutOfMemory("report");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(*report, 0, bytes, stream), "report");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(*report, 0xFF, offsetof(SiteMapDeviceReport, pairs), stream), "report");
+  return GpuStatus::Ok();
+}
+
+// Each offset's index range padded to whole compaction tiles, so that its first tile's
+// offset is its first pair.
+int64_t OffsetStride(int64_t n) { return (n + kTileSize - 1) / kTileSize * kTileSize; }
+
+// The pairs of every offset, as has_pair says over the index space q * stride + i
+// (stride = OffsetStride(n)): their total into report->pairs and each offset's first pair
+// into the offset starts after the report.
+template <typename Pred>
+GpuStatus CountOffsetPairs(Stream stream, Scratch* scratch, Pred has_pair, int64_t stride, int64_t volume,
+                           SiteMapDeviceReport* report, Compaction* compaction) {
+  TF_SPARSECONV_RETURN_IF_ERROR(
+      CountCompaction(stream, scratch, has_pair, volume * stride, &report->pairs, compaction));
+  if (compaction->num_tiles > 0) {
+    OffsetStartsKernel<<<BlocksFor(volume + 1), kThreads, 0, stream>>>(
+        compaction->tile_offsets, stride / kTileSize, volume, &report->pairs, reinterpret_cast<int64_t*>(report + 1));
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("offset splits");
+  }
+  return GpuStatus::Ok();
+}
+
+// The op's one read-back: the report and the offset starts in one copy into pinned host
+// memory (*pinned), read once the stream has passed it.
+GpuStatus CopyMapReport(Stream stream, Scratch* scratch, const SiteMapDeviceReport* report, int64_t volume,
+                        void** pinned) {
+  *pinned = scratch->PinnedHost(ReportBytes(volume));
+  if (*pinned == nullptr) return GpuStatus::OutOfMemory("report (host)");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(*pinned, report, ReportBytes(volume), cudaMemcpyDeviceToHost, stream), "report copy");
+  return GpuStatus::Ok();
+}
+
+// The copied report, and its offset starts as offset splits [volume + 1].
+SiteMapDeviceReport ReadMapReport(const void* pinned, int64_t volume, std::vector<int32_t>* splits) {
+  SiteMapDeviceReport host;
+  std::memcpy(&host, pinned, sizeof(SiteMapDeviceReport));
+  splits->resize(static_cast<size_t>(volume + 1));
+  const int64_t* starts = reinterpret_cast<const int64_t*>(static_cast<const char*>(pinned) + sizeof(host));
+  for (int64_t q = 0; q <= volume; ++q) (*splits)[q] = static_cast<int32_t>(starts[q]);
+  return host;
+}
+
 }  // namespace
 
 GpuStatus SiteKernelMapGpu::Count(Stream stream, Scratch* scratch, const SiteGeometry& g,
@@ -197,14 +255,8 @@ GpuStatus SiteKernelMapGpu::Count(Stream stream, Scratch* scratch, const SiteGeo
   const int64_t candidates = volume * n;
   if (candidates > kMaxSortItems) return GpuStatus{"kernel map", "more than 2^31 - 1 candidates"};
 
-  const size_t report_bytes = sizeof(SiteMapDeviceReport) + sizeof(int64_t) * static_cast<size_t>(volume + 1);
-  SiteMapDeviceReport* device_report = static_cast<SiteMapDeviceReport*>(scratch->Device(report_bytes));
-  if (device_report == nullptr) return GpuStatus::OutOfMemory("report");
-  int64_t* offset_starts = reinterpret_cast<int64_t*>(device_report + 1);
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(device_report, 0, report_bytes, stream), "report");
-  // All bits set: every check's `first` is kNoError.
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaMemsetAsync(device_report, 0xFF, offsetof(SiteMapDeviceReport, pairs), stream), "report");
+  SiteMapDeviceReport* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(NewMapReport(stream, scratch, volume, &device_report));
 
   // The per-dimension index of every kernel offset, so that no kernel divides by the
   // kernel extents per candidate.
@@ -249,42 +301,21 @@ GpuStatus SiteKernelMapGpu::Count(Stream stream, Scratch* scratch, const SiteGeo
       sort_sites ? CountSort(stream, scratch, offset_index, site_keys, site_rows, device_report)
                  : CountHash(stream, scratch, offset_index, site_keys, site_rows, device_report));
 
-  // Pair counts: each offset's index range is padded to whole tiles, so its first tile's
-  // offset is its first pair.
-  const int64_t tiles_per_offset = (n + kTileSize - 1) / kTileSize;
-  offset_stride_ = tiles_per_offset * kTileSize;
+  offset_stride_ = OffsetStride(n);
   if (count_pairs) {
-    const HasPair has_pair{found_, n, offset_stride_};
-    TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, has_pair, volume * offset_stride_,
-                                                  &device_report->pairs, &pair_compaction_));
-    if (pair_compaction_.num_tiles > 0) {
-      OffsetStartsKernel<<<BlocksFor(volume + 1), kThreads, 0, stream>>>(
-          pair_compaction_.tile_offsets, tiles_per_offset, volume, &device_report->pairs, offset_starts);
-      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("offset splits");
-    }
+    TF_SPARSECONV_RETURN_IF_ERROR(CountOffsetPairs(stream, scratch, HasPair{found_, n, offset_stride_},
+                                                   offset_stride_, volume, device_report, &pair_compaction_));
   }
-
-  // The op's one read-back: the report and the offset starts in one copy, read by
-  // ReadReport once the stream has passed it.
-  pinned_report_ = scratch->PinnedHost(report_bytes);
-  if (pinned_report_ == nullptr) return GpuStatus::OutOfMemory("report (host)");
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaMemcpyAsync(pinned_report_, device_report, report_bytes, cudaMemcpyDeviceToHost, stream), "report copy");
-  return GpuStatus::Ok();
+  return CopyMapReport(stream, scratch, device_report, volume, &pinned_report_);
 }
 
 void SiteKernelMapGpu::ReadReport(SiteMapReport* report) {
-  SiteMapDeviceReport host;
-  std::memcpy(&host, pinned_report_, sizeof(SiteMapDeviceReport));
+  const SiteMapDeviceReport host = ReadMapReport(pinned_report_, g_.volume, &report->offset_splits);
   report->range = host.range;
   report->duplicate = host.duplicate;
   report->table_full = host.table_full;
   report->pairs = host.pairs;
   report->out_sites = g_.mode == SiteMapMode::kSubmanifold ? n_ : host.out_sites;
-  report->offset_splits.resize(static_cast<size_t>(g_.volume + 1));
-  const int64_t* starts =
-      reinterpret_cast<const int64_t*>(static_cast<const char*>(pinned_report_) + sizeof(SiteMapDeviceReport));
-  for (int64_t q = 0; q <= g_.volume; ++q) report->offset_splits[q] = static_cast<int32_t>(starts[q]);
   pairs_ = report->pairs;
   out_sites_ = report->out_sites;
 }
@@ -327,44 +358,24 @@ GpuStatus TablePairsGpu::Count(Stream stream, Scratch* scratch, const int32_t* t
   table_ = table;
   n_ = n;
   volume_ = volume;
-  const size_t report_bytes = sizeof(SiteMapDeviceReport) + sizeof(int64_t) * static_cast<size_t>(volume + 1);
-  SiteMapDeviceReport* device_report = static_cast<SiteMapDeviceReport*>(scratch->Device(report_bytes));
-  if (device_report == nullptr) return GpuStatus::OutOfMemory("report");
-  int64_t* offset_starts = reinterpret_cast<int64_t*>(device_report + 1);
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(device_report, 0, report_bytes, stream), "report");
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaMemsetAsync(device_report, 0xFF, offsetof(SiteMapDeviceReport, pairs), stream), "report");
+  SiteMapDeviceReport* device_report = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(NewMapReport(stream, scratch, volume, &device_report));
   if (n * volume > 0) {
     CheckTableKernel<<<BlocksFor(n * volume), kThreads, 0, stream>>>(table, n, volume, device_report);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("table check");
     DescribeTableEntryKernel<<<1, 1, 0, stream>>>(table, device_report);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("table check");
   }
-  const int64_t tiles_per_offset = (n + kTileSize - 1) / kTileSize;
-  offset_stride_ = tiles_per_offset * kTileSize;
-  TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, TableHasPair{table, n, offset_stride_, volume},
-                                                volume * offset_stride_, &device_report->pairs, &pair_compaction_));
-  if (pair_compaction_.num_tiles > 0) {
-    OffsetStartsKernel<<<BlocksFor(volume + 1), kThreads, 0, stream>>>(
-        pair_compaction_.tile_offsets, tiles_per_offset, volume, &device_report->pairs, offset_starts);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("offset splits");
-  }
-  pinned_report_ = scratch->PinnedHost(report_bytes);
-  if (pinned_report_ == nullptr) return GpuStatus::OutOfMemory("report (host)");
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaMemcpyAsync(pinned_report_, device_report, report_bytes, cudaMemcpyDeviceToHost, stream), "report copy");
-  return GpuStatus::Ok();
+  offset_stride_ = OffsetStride(n);
+  TF_SPARSECONV_RETURN_IF_ERROR(CountOffsetPairs(stream, scratch, TableHasPair{table, n, offset_stride_, volume},
+                                                 offset_stride_, volume, device_report, &pair_compaction_));
+  return CopyMapReport(stream, scratch, device_report, volume, &pinned_report_);
 }
 
 void TablePairsGpu::ReadReport(TablePairsReport* report) {
-  SiteMapDeviceReport host;
-  std::memcpy(&host, pinned_report_, sizeof(SiteMapDeviceReport));
+  const SiteMapDeviceReport host = ReadMapReport(pinned_report_, volume_, &report->offset_splits);
   report->range = host.range;
   report->pairs = host.pairs;
-  report->offset_splits.resize(static_cast<size_t>(volume_ + 1));
-  const int64_t* starts =
-      reinterpret_cast<const int64_t*>(static_cast<const char*>(pinned_report_) + sizeof(SiteMapDeviceReport));
-  for (int64_t q = 0; q <= volume_; ++q) report->offset_splits[q] = static_cast<int32_t>(starts[q]);
 }
 
 GpuStatus TablePairsGpu::Write(Stream stream, int32_t* in_rows, int32_t* out_rows) {

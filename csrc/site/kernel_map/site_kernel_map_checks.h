@@ -211,6 +211,13 @@ inline absl::Status CheckCoordsShape(const tensorflow::Tensor& coords, int d) {
   return absl::OkStatus();
 }
 
+// A map op's geometry from its inputs (coords, spatial_shape, batch_size), with the
+// coordinates' shape checked against it.
+inline absl::Status SiteCallGeometry(tensorflow::OpKernelContext* ctx, const SiteMapAttrs& attrs, SiteGeometry* g) {
+  TF_RETURN_IF_ERROR(MakeSiteGeometry(attrs, ctx->input(1), ctx->input(2), g));
+  return CheckCoordsShape(ctx->input(0), g->d);
+}
+
 inline absl::Status CoordOutOfRangeError(int64_t row, int column, int64_t value, int64_t limit) {
   if (column == 0) {
     return tensorflow::errors::InvalidArgument("site ", row, " has batch index ", value,

@@ -201,9 +201,8 @@ class SiteSubmanifoldNeighboursCpuOp : public GuardedOpKernel {
  private:
   void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     SiteGeometry g;
-    OP_REQUIRES_OK(ctx, MakeSiteGeometry(attrs_, ctx->input(1), ctx->input(2), &g));
+    OP_REQUIRES_OK(ctx, SiteCallGeometry(ctx, attrs_, &g));
     const tensorflow::Tensor& coords = ctx->input(0);
-    OP_REQUIRES_OK(ctx, CheckCoordsShape(coords, g.d));
     const int64_t n = coords.dim_size(0);
     SiteKernelMapFunctor<CPUDevice> map(ctx, attrs_);
     SiteMapCounts counts;

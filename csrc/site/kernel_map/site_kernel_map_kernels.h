@@ -77,9 +77,8 @@ class SiteKernelMapOp : public GuardedOpKernel {
   void ComputeGuarded(tensorflow::OpKernelContext* ctx) override {
     using ::tensorflow::Tensor;
     SiteGeometry g;
-    OP_REQUIRES_OK(ctx, MakeSiteGeometry(attrs_, ctx->input(1), ctx->input(2), &g));
+    OP_REQUIRES_OK(ctx, SiteCallGeometry(ctx, attrs_, &g));
     const Tensor& coords = ctx->input(0);
-    OP_REQUIRES_OK(ctx, CheckCoordsShape(coords, g.d));
     SiteKernelMapFunctor<Device> map(ctx, attrs_);
     SiteMapCounts counts;
     OP_REQUIRES_OK(ctx, map.Count(g, coords.flat<int32_t>().data(), coords.dim_size(0), &counts));

@@ -34,6 +34,25 @@ namespace errors = ::tensorflow::errors;
 
 namespace {
 
+// The end of every asynchronous map op: counts its read-back and, once the stream has
+// passed the work queued so far, runs finish(*call) in the stream's context (kernels it
+// queues go there), makes its error the op's, and gives the call's temporaries back before
+// the op's context goes. No thread waits meanwhile.
+template <typename Call, typename Finish>
+void FinishAfterStream(tensorflow::OpKernelContext* ctx, const char* op, std::shared_ptr<Call> call,
+                       tensorflow::AsyncOpKernel::DoneCallback done, Finish finish) {
+  CountDeferredReadBack();
+  ::stream_executor::Stream* stream = ctx->op_device_context()->stream();
+  ctx->device()->tensorflow_accelerator_device_info()->event_mgr->ThenExecute(
+      stream, [ctx, stream, op, call = std::move(call), done = std::move(done), finish]() mutable {
+        std::unique_ptr<::stream_executor::ActivateContext> activation = stream->parent()->Activate();
+        const absl::Status status = RunGuarded(op, [&]() -> absl::Status { return finish(*call); });
+        if (!status.ok()) ctx->SetStatus(status);
+        call.reset();
+        done();
+      });
+}
+
 // One call's state, from ComputeAsync to the callback: the temporary memory (held until
 // the Write kernels are queued) and the map.
 class SiteKernelMapCall : GpuOpContext {
@@ -120,32 +139,21 @@ class SiteKernelMapGpuOp : public tensorflow::AsyncOpKernel {
   void ComputeAsync(tensorflow::OpKernelContext* ctx, DoneCallback done) override {
     OP_REQUIRES_OK_ASYNC(ctx, attrs_status_, done);
     SiteGeometry g;
-    OP_REQUIRES_OK_ASYNC(ctx, MakeSiteGeometry(attrs_, ctx->input(1), ctx->input(2), &g), done);
+    OP_REQUIRES_OK_ASYNC(ctx, SiteCallGeometry(ctx, attrs_, &g), done);
     const tensorflow::Tensor& coords = ctx->input(0);
-    OP_REQUIRES_OK_ASYNC(ctx, CheckCoordsShape(coords, g.d), done);
     std::shared_ptr<SiteKernelMapCall> call;
     OP_REQUIRES_OK_ASYNC(ctx, RunGuarded(kOp, [&]() -> absl::Status {
                            call = std::make_shared<SiteKernelMapCall>(ctx, attrs_, g);
                            return call->Queue(coords.flat<int32_t>().data(), coords.dim_size(0));
                          }),
                          done);
-    CountDeferredReadBack();
-    ::stream_executor::Stream* stream = ctx->op_device_context()->stream();
-    ctx->device()->tensorflow_accelerator_device_info()->event_mgr->ThenExecute(
-        stream, [ctx, stream, call, done = std::move(done)]() mutable {
-          // Kernels queued from this thread go to the stream's context.
-          std::unique_ptr<::stream_executor::ActivateContext> activation = stream->parent()->Activate();
-          const absl::Status status = RunGuarded(kOp, [&]() -> absl::Status {
-            SiteMapCounts counts;
-            TF_RETURN_IF_ERROR(call->Read(&counts));
-            SiteMapOutputs out;
-            TF_RETURN_IF_ERROR(AllocateSiteMapOutputs(ctx, call->geometry(), counts, &out));
-            return call->Write(out);
-          });
-          if (!status.ok()) ctx->SetStatus(status);
-          call.reset();  // the temporaries go back before the context does
-          done();
-        });
+    FinishAfterStream(ctx, kOp, std::move(call), std::move(done), [ctx](SiteKernelMapCall& call) -> absl::Status {
+      SiteMapCounts counts;
+      TF_RETURN_IF_ERROR(call.Read(&counts));
+      SiteMapOutputs out;
+      TF_RETURN_IF_ERROR(AllocateSiteMapOutputs(ctx, call.geometry(), counts, &out));
+      return call.Write(out);
+    });
   }
 
  private:
@@ -176,9 +184,8 @@ class SiteSubmanifoldNeighboursGpuOp : public tensorflow::AsyncOpKernel {
   void ComputeAsync(tensorflow::OpKernelContext* ctx, DoneCallback done) override {
     OP_REQUIRES_OK_ASYNC(ctx, attrs_status_, done);
     SiteGeometry g;
-    OP_REQUIRES_OK_ASYNC(ctx, MakeSiteGeometry(attrs_, ctx->input(1), ctx->input(2), &g), done);
+    OP_REQUIRES_OK_ASYNC(ctx, SiteCallGeometry(ctx, attrs_, &g), done);
     const tensorflow::Tensor& coords = ctx->input(0);
-    OP_REQUIRES_OK_ASYNC(ctx, CheckCoordsShape(coords, g.d), done);
     const int64_t n = coords.dim_size(0);
     tensorflow::Tensor* table = nullptr;
     OP_REQUIRES_OK_ASYNC(
@@ -202,15 +209,8 @@ class SiteSubmanifoldNeighboursGpuOp : public tensorflow::AsyncOpKernel {
       done();
       return;
     }
-    CountDeferredReadBack();
-    ::stream_executor::Stream* stream = ctx->op_device_context()->stream();
-    ctx->device()->tensorflow_accelerator_device_info()->event_mgr->ThenExecute(
-        stream, [ctx, call, done = std::move(done)]() mutable {
-          const absl::Status status = RunGuarded(kOp, [&]() { return call->ReadChecks(); });
-          if (!status.ok()) ctx->SetStatus(status);
-          call.reset();
-          done();
-        });
+    FinishAfterStream(ctx, kOp, std::move(call), std::move(done),
+                      [](SiteKernelMapCall& call) { return call.ReadChecks(); });
   }
 
  private:
@@ -275,25 +275,19 @@ class SiteTablePairsGpuOp : public tensorflow::AsyncOpKernel {
                            return call->Queue(table.flat<int32_t>().data(), table.dim_size(0), volume);
                          }),
                          done);
-    CountDeferredReadBack();
-    ::stream_executor::Stream* stream = ctx->op_device_context()->stream();
-    ctx->device()->tensorflow_accelerator_device_info()->event_mgr->ThenExecute(
-        stream, [ctx, stream, call, volume, done = std::move(done)]() mutable {
-          std::unique_ptr<::stream_executor::ActivateContext> activation = stream->parent()->Activate();
-          const absl::Status status = RunGuarded(kOp, [&]() -> absl::Status {
-            gpu::TablePairsReport report;
-            TF_RETURN_IF_ERROR(call->Read(&report));
-            tensorflow::Tensor *in_rows, *out_rows, *splits;
-            TF_RETURN_IF_ERROR(ctx->allocate_output(0, tensorflow::TensorShape({report.pairs}), &in_rows));
-            TF_RETURN_IF_ERROR(ctx->allocate_output(1, tensorflow::TensorShape({report.pairs}), &out_rows));
-            TF_RETURN_IF_ERROR(ctx->allocate_output(2, tensorflow::TensorShape({volume + 1}), &splits));
-            std::copy(report.offset_splits.begin(), report.offset_splits.end(), splits->flat<int32_t>().data());
-            return call->Write(in_rows->flat<int32_t>().data(), out_rows->flat<int32_t>().data());
-          });
-          if (!status.ok()) ctx->SetStatus(status);
-          call.reset();
-          done();
-        });
+    FinishAfterStream(ctx, kOp, std::move(call), std::move(done),
+                      [ctx, volume](SiteTablePairsCall& call) -> absl::Status {
+                        gpu::TablePairsReport report;
+                        TF_RETURN_IF_ERROR(call.Read(&report));
+                        tensorflow::Tensor *in_rows, *out_rows, *splits;
+                        TF_RETURN_IF_ERROR(ctx->allocate_output(0, tensorflow::TensorShape({report.pairs}), &in_rows));
+                        TF_RETURN_IF_ERROR(
+                            ctx->allocate_output(1, tensorflow::TensorShape({report.pairs}), &out_rows));
+                        TF_RETURN_IF_ERROR(ctx->allocate_output(2, tensorflow::TensorShape({volume + 1}), &splits));
+                        std::copy(report.offset_splits.begin(), report.offset_splits.end(),
+                                  splits->flat<int32_t>().data());
+                        return call.Write(in_rows->flat<int32_t>().data(), out_rows->flat<int32_t>().data());
+                      });
   }
 
  private:
