@@ -90,8 +90,9 @@ def make_inputs(rng, batch, r, rho_f):
     return x, w, mask, bias
 
 
-def sparse_conv_fn(selection, r, temp_limit_mb=None):
+def sparse_conv_fn(selection, r, temp_limit_mb=None, dataflow="auto"):
     kwargs = {} if selection == "none" else dict(selection=selection, rho_up=1.0 / r)
+    kwargs["dataflow"] = dataflow
     if temp_limit_mb:
         kwargs["temp_limit_bytes"] = temp_limit_mb << 20
 
@@ -127,10 +128,11 @@ def unrolled_s_per_call(conv_once, prepare_args, calls, warmup, repeats):
     return max(t_many - t_one, 0.0) / (calls - 1)
 
 
-def padded_sparse_fns(x, w, mask, bias, selection, r):
+def padded_sparse_fns(x, w, mask, bias, selection, r, dataflow="auto"):
     """(conv_once, prepare_args) for unrolled_s_per_call: x checked once by ts.validate in
     the traced function, then padded convolutions that trust it, as inside a network."""
     kwargs = {} if selection == "none" else dict(selection=selection, rho_up=1.0 / r)
+    kwargs["dataflow"] = dataflow
 
     def prepare():  # graph tensors (an eager dense_shape would not count as the checked one)
         return ts.validate(ts.ChannelSparseTensor(tf.identity(x.keys), tf.identity(x.values),
@@ -183,7 +185,7 @@ def run_config(rng, mode, batch, r, rho_f, device_name, args):
     records = []
     dense_result = None
     for selection in SELECTIONS:
-        conv = sparse_conv_fn(selection, r, args.temp_limit_mb)
+        conv = sparse_conv_fn(selection, r, args.temp_limit_mb, args.dataflow)
         call = lambda: conv(x, w, mask, bias)  # noqa: E731
         # Keys as in the CPU file (benchmarks/direct_conv.py), plus the selection's name.
         record = dict(kind=mode, r=r, rho=1.0 / r, rho_f=rho_f, batch=batch, cin=CIN, cout=COUT,
@@ -192,10 +194,12 @@ def run_config(rng, mode, batch, r, rho_f, device_name, args):
                       entries=int(x.keys.shape[0]), ours_input_bytes=input_bytes,
                       dense_input_bytes=dense_input_bytes, device=device_name,
                       date=time.strftime("%Y-%m-%d"), commit=checkout_commit())
+        if args.dataflow != "auto":
+            record["dataflow"] = args.dataflow
         if mode == "time":
             record["ours_s"] = attempt(lambda: median_time(call, args.warmup, args.repeats, budget_s=args.budget))
             record["ours_gpu_s"] = attempt(lambda: device_s_per_call(call, args.loop_calls))
-            conv_once, prepare = padded_sparse_fns(x, w, mask, bias, selection, r)
+            conv_once, prepare = padded_sparse_fns(x, w, mask, bias, selection, r, args.dataflow)
             record["ours_unrolled_gpu_s"] = attempt(lambda: unrolled_s_per_call(
                 conv_once, prepare, args.loop_calls, args.warmup, args.repeats))
             if args.trace:
@@ -341,6 +345,8 @@ def main():
     parser.add_argument("--table", action="store_true", help="print the markdown tables of --out and exit")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loop-calls", type=int, default=20, help="calls per graph loop for the device time")
+    parser.add_argument("--dataflow", choices=("auto", "sort", "dense", "bitmap", "atomic"), default="auto",
+                        help="our convolution's dataflow (direct_conv's dataflow=; rows record it unless 'auto')")
     parser.add_argument("--trace", action="store_true",
                         help="also trace the unrolled padded calls: GPU busy time and launches per call")
     parser.add_argument("--only-time", action="store_true", help="only the time rows (no memory rows)")

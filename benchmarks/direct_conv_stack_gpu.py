@@ -114,7 +114,7 @@ def main():
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--per-layer", action="store_true", help="also time each sparse layer alone (kind stack_layer)")
-    p.add_argument("--dataflow", choices=("auto", "sort", "dense", "bitmap"), default="auto",
+    p.add_argument("--dataflow", choices=("auto", "sort", "dense", "bitmap", "atomic"), default="auto",
                    help="the convolutions' dataflow (direct_conv's dataflow=)")
     p.add_argument("--kernels", type=int, default=0, metavar="N",
                    help="also trace 3 calls of the padded stack and give its N costliest GPU kernels (kind "

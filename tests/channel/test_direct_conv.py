@@ -514,7 +514,7 @@ def test_conv_rejects_bad_selection_options(kwargs, match):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(selection="top"), "selection must be one of"),
-    (dict(dataflow="fastest"), r"dataflow must be one of \('auto', 'sort', 'dense', 'bitmap'\)"),
+    (dict(dataflow="fastest"), r"dataflow must be one of \('auto', 'sort', 'dense', 'bitmap', 'atomic'\)"),
     (dict(accumulator="hash"), "accumulator must be one of"),
     (dict(temp_limit_bytes=-1), "temp_limit_bytes must be a whole number of bytes >= 0"),
     (dict(temp_limit_bytes=1.5), "temp_limit_bytes must be a whole number of bytes >= 0"),
@@ -546,11 +546,12 @@ def test_conv_names_a_rho_up_that_is_not_a_number(rho_up):
         ts.direct_conv(x, np.ones((3, 3, 1, 1)), selection="abs", rho_up=rho_up)
 
 
-def test_bitmap_dataflow_is_refused_on_the_cpu(rng):
+@pytest.mark.parametrize("dataflow", ["bitmap", "atomic"])
+def test_gpu_only_dataflows_are_refused_on_the_cpu(rng, dataflow):
     x, w, mask = sparse_case(rng, 1, (5, 5), 1, 2, 0.3, 1.0)
     with tf.device(CPU):
-        with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow 'bitmap' runs on the GPU only"):
-            ts.direct_conv(x, w, None, mask, dataflow="bitmap")
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"dataflow '{dataflow}' runs on the GPU only"):
+            ts.direct_conv(x, w, None, mask, dataflow=dataflow)
 
 
 def test_conv_op_rejects_unknown_dataflow_and_negative_temp_limit():
@@ -640,7 +641,7 @@ def test_k_from_rho_up_refuses_bad_bounds_and_extents(rho_up, spatial_shape, err
 
 # --- on the GPU, against the CPU ----------------------------------------------------------------
 
-@pytest.fixture(params=["sort", "dense", "bitmap"])
+@pytest.fixture(params=["sort", "dense", "bitmap", "atomic"])
 def gpu_dataflow(request):
     """The direct convolution's GPU dataflows (`dataflow=`; `auto` picks the dense grid for every
     small grid here): a test taking this fixture runs its GPU calls with each forced."""
@@ -648,9 +649,9 @@ def gpu_dataflow(request):
 
 
 def on_cpu(dataflow):
-    """The CPU's dataflow for a GPU test's reference run: 'bitmap' is the GPU's alone, and its
-    results are the sort's."""
-    return "sort" if dataflow == "bitmap" else dataflow
+    """The CPU's dataflow for a GPU test's reference run: 'bitmap' and 'atomic' are the GPU's
+    alone, and their results are the sort's (the atomic sums' within rounding)."""
+    return "sort" if dataflow in ("bitmap", "atomic") else dataflow
 
 
 def assert_same_error_per_device(fn, phrase):
@@ -737,6 +738,8 @@ def test_conv_k_selection_ties_at_zero_prefer_the_smaller_key(gpu_dataflow, gpu)
 def test_conv_values_are_bit_identical_to_cpu(rng, batch, spatial, cin, cout, kernel, density, filter_density,
                                               dtype, gpu_dataflow, gpu):
     """Contributions are summed in the CPU's order with the CPU's roundings (no FMA)."""
+    if gpu_dataflow == "atomic":
+        pytest.skip("the atomic sums add in the order the atomics run: within rounding of the CPU's")
     inputs = conv_inputs(rng, batch, spatial, cin, cout, kernel, density, filter_density, dtype)
     y_cpu, _ = run_conv(CPU, *inputs)
     y_gpu, _ = run_conv(GPU, *inputs, dataflow=gpu_dataflow)
@@ -764,6 +767,44 @@ def test_gpu_dataflows_give_bit_identical_results(rng, gpu):
     for y in results[1:]:
         np.testing.assert_array_equal(y.keys.numpy(), results[0].keys.numpy())
         np.testing.assert_array_equal(y.values.numpy(), results[0].values.numpy())
+
+
+def atomic_sized_inputs(rng, dtype=np.float32):
+    """Past the 2^20 contribution slots from which the GPU's 'auto' takes the atomic sums, on a grid
+    whose dense buffers would outweigh the sort's and with more present weights per output channel
+    than the bitmaps take: 'auto' takes the atomic sums (direct_conv_gpu.h, ForwardPathOf)."""
+    return conv_inputs(rng, 1, (96, 96, 96), 2, 8, (3, 3, 3), 0.004, 1.0, dtype)
+
+
+def test_atomic_sums_agree_with_the_sort_on_a_large_case(rng, gpu):
+    inputs = atomic_sized_inputs(rng)
+    keys, _, _, _, mask, _ = inputs
+    assert len(keys) * mask.sum(axis=(0, 1, 2, 4)).max() >= 2**20, "the case needs 2^20 contribution slots"
+    for selection in ({}, dict(selection="signed", rho_up=0.02)):
+        y_sort, counts_sort = run_conv(GPU, *inputs, dataflow="sort", **selection)
+        for dataflow in ("atomic", "auto"):
+            y, counts = run_conv(GPU, *inputs, dataflow=dataflow, **selection)
+            assert_same_sparse(y, y_sort, np.float32)
+            np.testing.assert_array_equal(counts.numpy(), counts_sort.numpy())
+
+
+def test_atomic_sums_are_refused_and_auto_deterministic_under_op_determinism(gpu):
+    # enable_op_determinism cannot be turned off again: a process of its own.
+    output = run_in_own_process("""
+        import numpy as np, pytest, tensorflow as tf
+        tf.config.experimental.enable_op_determinism()
+        from tests.channel.test_direct_conv import GPU, atomic_sized_inputs, run_conv
+        inputs = atomic_sized_inputs(np.random.default_rng(7))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="dataflow 'atomic' sums with float atomics"):
+            run_conv(GPU, *inputs, dataflow="atomic")
+        first, second = (run_conv(GPU, *inputs)[0] for _ in range(2))
+        sort = run_conv(GPU, *inputs, dataflow="sort")[0]
+        for y in (second, sort):  # 'auto' took a deterministic dataflow: the sort's bits
+            np.testing.assert_array_equal(y.keys.numpy(), first.keys.numpy())
+            np.testing.assert_array_equal(y.values.numpy().view(np.uint32), first.values.numpy().view(np.uint32))
+        print("deterministic without the atomic sums")
+    """)
+    assert "deterministic without the atomic sums" in output
 
 
 def large_conv_inputs(rng, dtype):

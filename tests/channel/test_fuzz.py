@@ -313,7 +313,7 @@ def ref_direct_conv(inputs):
     require(out.num_keys < 2**63, "output key overflow")
     if attrs.dataflow == "dense":
         cap(layout.batch * layout.spatial * max(layout.channels, cout), "dense dataflow grid")
-    if attrs.dataflow == "bitmap":  # a bit per input and per output key (on the GPU)
+    if attrs.dataflow in ("bitmap", "atomic"):  # a bit per input (bitmap) and per output key (on the GPU)
         cap(layout.batch * layout.spatial * (layout.channels + cout) // 32, "bitmap dataflow grid")
     keys, values, w = inputs["keys"], inputs["values"].astype(np.float64), inputs["filter"].astype(np.float64)
     sums, bounds = {}, {}
@@ -466,15 +466,15 @@ def make_conv(rng):
     return dict(sparse, filter=w, mask=mask, bias=rng.standard_normal(w.shape[-1]).astype(w.dtype),
                 selection=selection, k=np.array(k, np.int64), rho_up=np.array(rho_up, np.float64),
                 temp_limit_bytes=np.array(0 if rng.random() < 0.5 else 4096, np.int64),
-                dataflow=str(rng.choice(["auto", "sort", "dense", "bitmap"])),
+                dataflow=str(rng.choice(["auto", "sort", "dense", "bitmap", "atomic"])),
                 activation=str(rng.choice(["none", "relu"])))
 
 
 def dataflow_here(inputs):
-    """The case's dataflow where the op runs now: 'bitmap' is the GPU's (the CPU refuses it,
-    tests/channel/test_direct_conv.py), so the CPU runs its results' twin, 'sort'."""
+    """The case's dataflow where the op runs now: 'bitmap' and 'atomic' are the GPU's (the CPU
+    refuses them, tests/channel/test_direct_conv.py), so the CPU runs their results' twin, 'sort'."""
     on_cpu = tf.identity(tf.zeros([])).device.endswith("CPU:0")
-    return "sort" if inputs["dataflow"] == "bitmap" and on_cpu else inputs["dataflow"]
+    return "sort" if inputs["dataflow"] in ("bitmap", "atomic") and on_cpu else inputs["dataflow"]
 
 
 CONV_MUTABLE = ["keys", "values", "dense_shape", "filter", "mask", "bias", "k", "rho_up", "temp_limit_bytes"]
@@ -517,7 +517,7 @@ def make_backprop(rng):
     out_keys = ref_direct_conv(inputs)["keys"]
     out_grad = rng.standard_normal(len(out_keys)).astype(inputs["values"].dtype)
     return dict((n, inputs[n]) for n in ("keys", "values", "dense_shape", "filter", "mask")) | dict(
-        out_keys=out_keys, out_grad=out_grad, dataflow=str(rng.choice(["auto", "sort", "dense", "bitmap"])))
+        out_keys=out_keys, out_grad=out_grad, dataflow=str(rng.choice(["auto", "sort", "dense", "bitmap", "atomic"])))
 
 
 def run_backprop(inputs):

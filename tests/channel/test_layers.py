@@ -176,7 +176,7 @@ def test_sparse_input_feeds_channel_sparse_batches_from_tf_data(rng):
     (dict(density_regularizer=keras.regularizers.L2(), rho_up=0.5), "density_regularizer must be a tf_sparseconv"),
     (dict(selection="top", k=3), "selection must be one of"),
     (dict(selection="", k=3), "selection must be one of"),  # was taken as the default
-    (dict(dataflow="merge"), r"dataflow must be one of \('auto', 'sort', 'dense', 'bitmap'\)"),
+    (dict(dataflow="merge"), r"dataflow must be one of \('auto', 'sort', 'dense', 'bitmap', 'atomic'\)"),
     (dict(temp_limit_bytes=-1), "temp_limit_bytes must be a whole number of bytes >= 0"),
     (dict(padded_output=1), "padded_output must be 'auto', True or False, got 1"),
     (dict(padded_output=0.0), "padded_output must be 'auto', True or False, got 0.0"),

@@ -49,8 +49,8 @@ class DirectSparseConv(SparseLayer):
         to 'signed' when a bound is given.
       activation: None or 'relu' (sparse ReLU; a dense activation would fill empty space).
       density_regularizer: a DensityRegularizer (Eq. 4), needs rho_up.
-      dataflow: 'auto', 'sort', 'dense' or 'bitmap' (GPU only), how the op forms the touched set
-        (direct_conv).
+      dataflow: 'auto', 'sort', 'dense', 'bitmap' or 'atomic' (both GPU only), how the op forms
+        the touched set (direct_conv).
       temp_limit_bytes: a cap on the GPU sort's contribution buffers (None: no cap).
       accumulator: 0.1's name of dataflow ('merge' is 'sort'), deprecated.
       padded_output: False (the output holds its live entries only), True (a length known

@@ -14,7 +14,7 @@ from tf_sparseconv.layer_config import flag
 
 SELECTION_MODES = ("none", "signed", "abs")
 ACTIVATIONS = (None, "relu")
-DATAFLOWS = ("auto", "sort", "dense", "bitmap")
+DATAFLOWS = ("auto", "sort", "dense", "bitmap", "atomic")
 # tf_sparseconv 0.1's name of the CPU's dataflow choice, kept one release: its 'merge' is 'sort'.
 ACCUMULATORS = {"auto": "auto", "dense": "dense", "merge": "sort"}
 
@@ -77,7 +77,11 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     contributions in output-key order; memory follows the entries), 'dense' (buffers over
     the grid; memory follows B * R1*...*Rd), 'bitmap' (the GPU only, refused on the CPU: a
     bit per input and output key, the touched keys read from the bits in order without a
-    sort; memory follows B * R1*...*Rd / 8 per channel) or 'auto' (each device's rule).
+    sort; memory follows B * R1*...*Rd / 8 per channel), 'atomic' (the GPU only, refused on
+    the CPU and under tf.config.experimental.enable_op_determinism: the touched keys from the
+    output bits as 'bitmap', each contribution added with a float atomic, no sort; values
+    within rounding of the others', their last bits varying run to run) or 'auto' (each
+    device's rule; the GPU takes 'atomic' for large convolutions unless op determinism is on).
     `temp_limit_bytes` caps the GPU sort's contribution buffers by running the batch in
     groups of whole examples (None or 0: no cap; under 'auto' the GPU then takes the bitmaps
     only where they fit the cap); the CPU holds no such buffers.

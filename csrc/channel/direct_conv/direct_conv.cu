@@ -1,5 +1,6 @@
 // DirectSparseConv and its backprop on the GPU (Hackel et al., Algorithms 1 and 2),
-// deterministic: no float atomics (integer atomics count, in any order, exactly).
+// deterministic but for the atomic sums: no float atomics elsewhere (integer atomics count,
+// in any order, exactly).
 //
 // Forward, sort-based, memory proportional to the contributions:
 //  1. Every input entry i owns max_row contribution slots, one per present weight of its
@@ -27,6 +28,11 @@
 // weight), read out in key order per tile of words (the touched set without a sort), and
 // one thread per touched entry summing its present inputs in the CPU's order; the
 // per-segment counts come from those two kernels, so no binary searches.
+//
+// The atomic sums (ForwardPath::kAtomic, never under op determinism) keep the bitmaps' output
+// bits and touched keys, and add every contribution with a float atomic at its key's place
+// in the touched set (its word's rank plus the set bits below it): no input bits, no
+// per-output search, no sort; the last bits of a sum depend on the order the atomics ran.
 //
 // Temporary memory of the forward pass, U = n * max_row contribution slots:
 //   U * (16 + 2 * sizeof(T))   keys and values of the contributions, double-buffered
@@ -886,43 +892,63 @@ struct MaxOf {
 };
 
 // Also counts[s] += the set bits in [s * segment_size, (s + 1) * segment_size) (counts zeroed
-// before): one atomic per tile where its bits share one segment, else per thread or bit.
+// before): one atomic per tile where its bits share one segment, else per thread or bit; and,
+// given word_rank, word_rank[w] = the set bits before word w (the atomic dataflow's places).
+// A warp takes 32 * kTileItems consecutive words of the tile, a word per lane and round, so
+// that the lanes of a round write their indices side by side (a thread's own 8 consecutive
+// words scattered each warp's writes over 8x as many cache lines).
 __global__ void __launch_bounds__(kThreads)
     WriteBitTilesKernel(const uint32_t* bits, int64_t words, int64_t num_tiles, const int64_t* tile_offsets,
-                        int64_t* indices, int64_t segment_size, int64_t* counts) {
-  using BlockScan = cub::BlockScan<int, kThreads>;
+                        int64_t* indices, int64_t segment_size, int64_t* counts, uint32_t* word_rank) {
+  constexpr int kWarps = kThreads / 32;
   using BlockReduce = cub::BlockReduce<int64_t, kThreads>;
-  __shared__ union {
-    typename BlockScan::TempStorage scan;
-    typename BlockReduce::TempStorage reduce;
-  } temp;
+  __shared__ typename BlockReduce::TempStorage reduce;
+  __shared__ int warp_total[kWarps];
   __shared__ int64_t tile_segment[2];
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const int64_t first = tile * kTileSize + static_cast<int64_t>(threadIdx.x) * kTileItems;
+    // word j of this thread: first + j * 32
+    const int64_t first = tile * kTileSize + static_cast<int64_t>(warp) * 32 * kTileItems + lane;
     uint32_t word[kTileItems];
     int set = 0;
     for (int j = 0; j < kTileItems; ++j) {
-      word[j] = first + j < words ? bits[first + j] : 0u;
+      word[j] = first + j * 32 < words ? bits[first + j * 32] : 0u;
       set += __popc(word[j]);
     }
-    int before = 0, tile_total = 0;
-    BlockScan(temp.scan).ExclusiveSum(set, before, tile_total);
-    int64_t rank = tile_offsets[tile] + before;
+    int in_warp = set;
+    for (int d = 16; d > 0; d /= 2) in_warp += __shfl_xor_sync(0xffffffffu, in_warp, d);
+    if (lane == 0) warp_total[warp] = in_warp;
+    __syncthreads();
+    int before_warp = 0, tile_total = 0;
+    for (int v = 0; v < kWarps; ++v) {
+      before_warp += v < warp ? warp_total[v] : 0;
+      tile_total += warp_total[v];
+    }
+    int64_t round_start = tile_offsets[tile] + before_warp;  // the rank of this warp's round-j words
     int64_t lo = INT64_MAX, hi = -1;  // the segments of this thread's first and last set bits
     for (int j = 0; j < kTileItems; ++j) {
+      const int here = __popc(word[j]);
+      int inclusive = here;
+      for (int d = 1; d < 32; d *= 2) {
+        const int other = __shfl_up_sync(0xffffffffu, inclusive, d);
+        if (lane >= d) inclusive += other;
+      }
+      int64_t rank = round_start + inclusive - here;
+      round_start += __shfl_sync(0xffffffffu, inclusive, 31);
+      const int64_t w_index = first + j * 32;
+      if (word_rank != nullptr && w_index < words) word_rank[w_index] = static_cast<uint32_t>(rank);
       for (uint32_t w = word[j]; w != 0u; w &= w - 1u) {
-        const int64_t index = (first + j) * 32 + (__ffs(w) - 1);
+        const int64_t index = w_index * 32 + (__ffs(w) - 1);
         indices[rank++] = index;
         if (lo == INT64_MAX) lo = index / segment_size;
         hi = index;
       }
     }
     if (hi >= 0) hi /= segment_size;
-    __syncthreads();  // temp.scan is reused as temp.reduce
-    const int64_t tile_lo = BlockReduce(temp.reduce).Reduce(lo, MinOf());
+    const int64_t tile_lo = BlockReduce(reduce).Reduce(lo, MinOf());
     if (threadIdx.x == 0) tile_segment[0] = tile_lo;
     __syncthreads();
-    const int64_t tile_hi = BlockReduce(temp.reduce).Reduce(hi, MaxOf());
+    const int64_t tile_hi = BlockReduce(reduce).Reduce(hi, MaxOf());
     if (threadIdx.x == 0) tile_segment[1] = tile_hi;
     __syncthreads();
     if (tile_segment[0] == tile_segment[1]) {
@@ -935,12 +961,13 @@ __global__ void __launch_bounds__(kThreads)
     } else if (set > 0) {  // this thread's bits span segments: bit by bit
       for (int j = 0; j < kTileItems; ++j) {
         for (uint32_t w = word[j]; w != 0u; w &= w - 1u) {
-          atomicAdd(reinterpret_cast<unsigned long long*>(&counts[((first + j) * 32 + (__ffs(w) - 1)) / segment_size]),
+          atomicAdd(reinterpret_cast<unsigned long long*>(&counts[((first + j * 32) * 32 + (__ffs(w) - 1)) /
+                                                                  segment_size]),
                     1ull);
         }
       }
     }
-    __syncthreads();  // temp and tile_segment are rewritten by the next tile
+    __syncthreads();  // reduce, warp_total and tile_segment are rewritten by the next tile
   }
 }
 
@@ -994,6 +1021,60 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       const T value = AddRn(sum, bias[oc]);
+      touched_values[j] = value;
+      segment = static_cast<int64_t>(seg);
+      positive_here = value > T(0);
+    }
+    CountPerSegment(segment, positive_here, base, total, block_segment, positive);
+  }
+}
+
+// ---- the atomic sums (ForwardPath::kAtomic, direct_conv_gpu.h) ----
+
+// touched_values[place of o] += value_i * w for every (entry, present weight) that reaches an
+// output o, one thread per contribution slot as MarkOutputsKernel; the place is o's word's
+// rank plus the set bits below o in its word (every such o has its bit set: the same slots
+// marked it). Float atomics: the sum's order, and so its last bits, vary run to run.
+template <typename T, typename Index>
+__global__ void AtomicContributionsKernel(KeyLayout L, EntryData e, const T* values, const T* filter,
+                                          const GpuPresentWeight* weights, const int64_t* row_begin,
+                                          int64_t max_row, int64_t num_slots, const Report* report,
+                                          const uint32_t* out_bits, const uint32_t* word_rank, T* touched_values) {
+  if (!ChecksPassed(report)) return;
+  const Index row_length = static_cast<Index>(max_row);
+  TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
+    const Index i = static_cast<Index>(slot) / row_length;
+    if (e.ic[i] < 0) continue;
+    const int64_t r = static_cast<Index>(slot) - i * row_length;
+    const int64_t row = row_begin[e.ic[i]];
+    if (r >= row_begin[e.ic[i] + 1] - row) continue;
+    const GpuPresentWeight& w = weights[row + r];
+    if (!Reaches(e.coords + static_cast<int64_t>(i) * L.d, w, L.d)) continue;
+    const int64_t o = e.out_base[i] + w.oc * L.spatial_size - w.lin_delta;
+    const uint32_t below = out_bits[o >> 5] & ((1u << (o & 31)) - 1u);
+    const int64_t place = static_cast<int64_t>(word_rank[o >> 5]) + __popc(below);
+    atomicAdd(touched_values + place, MulRn(values[i], filter[w.filter_index]));
+  }
+}
+
+// The bias added to every touched sum, and each segment's entries > 0 counted (CountPerSegment;
+// positive zeroed before), as BitmapSumsKernel ends.
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads)
+    AtomicBiasKernel(const int64_t* touched_keys, const int64_t* touched_total, int64_t spatial_size, int64_t cout,
+                     const T* bias, T* touched_values, int64_t* positive) {
+  __shared__ int64_t block_segment[2];
+  const int64_t total = *touched_total;
+  const Index S = static_cast<Index>(spatial_size), n_oc = static_cast<Index>(cout);
+  // the loop's bounds are the same for the whole block: every thread reaches each barrier
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads; base < total;
+       base += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t j = base + threadIdx.x;
+    int64_t segment = -1;
+    bool positive_here = false;
+    if (j < total) {
+      const Index seg = static_cast<Index>(touched_keys[j]) / S;
+      const T value = AddRn(touched_values[j], bias[seg % n_oc]);
       touched_values[j] = value;
       segment = static_cast<int64_t>(seg);
       positive_here = value > T(0);
@@ -1129,6 +1210,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   const int64_t num_slots = ContributionSlots(a.n, a.weights.max_row);
   const ForwardPath path = ForwardPathOf(a, dataflow);
   const bool dense = path == ForwardPath::kDense, bitmap = path == ForwardPath::kBitmap;
+  const bool atomic = path == ForwardPath::kAtomic;
   if ((!dense && num_slots > kMaxSortItems) || num_segments > kMaxSegments) {
     return GpuStatus{"direct conv", "too many contributions or segments"};
   }
@@ -1244,7 +1326,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
     TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, touched_total));
     WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
-        out_bits, out_words, num_tiles, tile_offsets, touched_keys, L.spatial_size, touched_counts);
+        out_bits, out_words, num_tiles, tile_offsets, touched_keys, L.spatial_size, touched_counts, nullptr);
     if (no_output <= UINT32_MAX && static_cast<uint64_t>(L.num_keys()) <= UINT32_MAX) {
       BitmapSumsKernel<T, uint32_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
           L, a.cout, touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin,
@@ -1255,6 +1337,67 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
           bias, touched_values, positive_counts);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
+    touched_keys_ = touched_keys;
+    touched_values_ = touched_values;
+  } else if (atomic) {
+    const int64_t out_words = static_cast<int64_t>((no_output + 31) / 32);
+    uint32_t* out_bits = scratch->DeviceArray<uint32_t>(2 * out_words);  // the bits, then each word's rank
+    int64_t* touched_keys = scratch->DeviceArray<int64_t>(touched_bound);
+    T* touched_values = scratch->DeviceArray<T>(touched_bound);
+    const int64_t num_tiles = (out_words + kTileSize - 1) / kTileSize;
+    int64_t* tile_counts = scratch->DeviceArray<int64_t>(num_tiles);
+    int64_t* tile_offsets = scratch->DeviceArray<int64_t>(num_tiles);
+    if (!out_bits || !touched_keys || !touched_values || !tile_counts || !tile_offsets) {
+      return GpuStatus::OutOfMemory("atomic sums");
+    }
+    uint32_t* word_rank = out_bits + out_words;
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * out_words, stream), "atomic sums");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(touched_values, 0, sizeof(T) * touched_bound, stream), "atomic sums");
+    // zeroed for WriteBitTilesKernel and AtomicBiasKernel
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(touched_counts, 0, sizeof(int64_t) * num_segments, stream), "atomic sums");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(positive_counts, 0, sizeof(int64_t) * num_segments, stream), "atomic sums");
+    const bool slots32 = num_slots <= static_cast<int64_t>(UINT32_MAX);
+    if (a.n > 0) {
+      if (slots32) {
+        MarkOutputsKernel<uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+            L, e, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits);
+      } else {
+        MarkOutputsKernel<uint64_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+            L, e, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits);
+      }
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output bits");
+    }
+    CountTilesKernel<SetBitsOf><<<TileBlocks(num_tiles), kThreads, 0, stream>>>(SetBitsOf{out_bits}, out_words,
+                                                                                 num_tiles, tile_counts);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
+    TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, touched_total));
+    WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
+        out_bits, out_words, num_tiles, tile_offsets, touched_keys, L.spatial_size, touched_counts, word_rank);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
+    if (a.n > 0) {
+      if (slots32) {
+        AtomicContributionsKernel<T, uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+            L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits,
+            word_rank, touched_values);
+      } else {
+        AtomicContributionsKernel<T, uint64_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
+            L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits,
+            word_rank, touched_values);
+      }
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("atomic sums");
+    }
+    if (no_output <= UINT32_MAX) {
+      AtomicBiasKernel<T, uint32_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+          touched_keys, touched_total, L.spatial_size, a.cout, bias, touched_values, positive_counts);
+    } else {
+      AtomicBiasKernel<T, uint64_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+          touched_keys, touched_total, L.spatial_size, a.cout, bias, touched_values, positive_counts);
+    }
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("atomic sums");
     touched_keys_ = touched_keys;
     touched_values_ = touched_values;
   } else {
@@ -1293,7 +1436,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     free_buffers[0] = slot_keys[current];  // the contributions are summed: reusable
     free_buffers[1] = slot_values[current];
   }
-  if (bitmap && touched_bound > 0) {
+  if ((bitmap || atomic) && touched_bound > 0) {
     // both counts are written; k-selection's segment begins are their scan
     if (selection != SelectionMode::kNone) {
       TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, touched_counts, segment_begin, num_segments,

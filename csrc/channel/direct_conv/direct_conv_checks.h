@@ -25,6 +25,7 @@ inline absl::Status ReadDataflow(tensorflow::OpKernelConstruction* ctx, DirectCo
   *dataflow = name == "sort"     ? DirectConvDataflow::kSort
               : name == "dense"  ? DirectConvDataflow::kDense
               : name == "bitmap" ? DirectConvDataflow::kBitmap
+              : name == "atomic" ? DirectConvDataflow::kAtomic
                                  : DirectConvDataflow::kAuto;
   return absl::OkStatus();
 }

@@ -24,10 +24,15 @@ enum class SelectionMode { kNone, kSigned, kAbs };
 //          the touched keys read from the output bits in order, no sort; memory follows
 //          B * R^d / 8 per channel plus the touched entries. The backprop searches the sorted
 //          output keys, as after kSort.
-//  kAuto:  each device's rule (the GPU: by temporary memory, direct_conv_gpu.h; the CPU: its
-//          cost model, direct_conv_kernels.cc).
-// On each device they give the same touched set and bit-identical forward values.
-enum class DirectConvDataflow { kAuto, kSort, kDense, kBitmap };
+//  kAtomic: the GPU only (the CPU refuses it), never under TensorFlow's op determinism: the
+//          output bits as kBitmap's give the touched keys in order, then every (entry, present
+//          weight) contribution is added to its output's value with a float atomic. No sort
+//          and no per-output search; the sums' order, and so their last bits, vary run to run.
+//  kAuto:  each device's rule (the GPU: by temporary memory and op determinism,
+//          direct_conv_gpu.h; the CPU: its cost model, direct_conv_kernels.cc).
+// On each device kSort, kDense and kBitmap give the same touched set and bit-identical forward
+// values; kAtomic the same touched set, and values within rounding of theirs.
+enum class DirectConvDataflow { kAuto, kSort, kDense, kBitmap, kAtomic };
 
 // DirectSparseConv's `status` output (direct_conv_checks.h, ConvStatusError): kConvStatusSlots
 // slots of {first offending position (-1: passed), three details} in the order of the GPU's

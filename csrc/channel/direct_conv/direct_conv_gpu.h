@@ -54,6 +54,7 @@ struct DirectConvGpuArgs {
   bool padded = false;                 // keys may end in padding (kPaddingKey), which is skipped
   bool out_padded = false;             // the backprop's out_keys may end in padding, skipped
   bool keys_checked = false;           // the forward's keys were made by a library op: not checked again
+  bool deterministic = false;          // TensorFlow's op determinism: 'auto' never takes the float atomics
 };
 
 // Contribution slots of the forward pass: n * max_row, which must not exceed
@@ -76,7 +77,9 @@ inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_ro
 //          they are the smaller.
 //  kAuto:  kDense where its temporary memory is below kSort's; else the bitmaps below where
 //          theirs is at most twice kSort's or 256 MiB and an output channel has at most
-//          kMaxBitmapProbes present weights on average; else kSort.
+//          kMaxBitmapProbes present weights on average; else, without op determinism and from
+//          kMinAtomicSlots contributions, kAtomic where its memory fits as the bitmaps' must
+//          (AtomicAllowed); else kSort.
 // kBitmap (ForwardPath::kBitmap, also chosen by kAuto): a presence bit per input key
 // [B, Cin, R^d] and per output key [B, Cout, R^d]. Each (entry, present weight) sets its
 // output's bit (integer atomicOr); the set bits, counted per tile of words and scanned,
@@ -85,6 +88,14 @@ inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_ro
 // (the word's first entry is recorded when the input is marked). Temporary memory
 // ~ B * R^d * (Cin / 4 + Cout / 8) bytes + the touched keys and values + the entries' data.
 // All three give the same touched set and bit-identical values (the CPU's summation order).
+// kAtomic (ForwardPath::kAtomic, also chosen by kAuto without op determinism): kBitmap's output
+// bits alone give the touched keys in order, and with them each 32-bit word's rank (the touched
+// entries before it), so an output key's place in the touched set is its word's rank plus the
+// set bits below it in the word; then one thread per contribution slot adds value * w at that
+// place with a float atomic, and one pass over the touched set adds the bias. Every
+// contribution is computed twice (to mark, then to add) and none is stored or sorted.
+// Temporary memory ~ B * R^d * Cout / 4 bytes + the touched keys and values + the entries'
+// data. The same touched set as the others; the sums' order, so their last bits, vary.
 
 template <typename T>
 inline double SortForwardBytes(const DirectConvGpuArgs<T>& a) {
@@ -99,11 +110,6 @@ inline double DenseForwardBytes(const DirectConvGpuArgs<T>& a) {
          grid * static_cast<double>(a.cout) * (sizeof(T) + 0.125 + 8.0 + sizeof(T) + 16.0);
 }
 template <typename T>
-inline bool UseDenseGrid(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataflow) {
-  if (dataflow == DirectConvDataflow::kAuto) return DenseForwardBytes(a) < SortForwardBytes(a);
-  return dataflow == DirectConvDataflow::kDense;
-}
-template <typename T>
 inline double BitmapForwardBytes(const DirectConvGpuArgs<T>& a) {
   const double sites = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size);
   const double touched = std::min(static_cast<double>(ContributionSlots(a.n, a.weights.max_row)),
@@ -113,22 +119,56 @@ inline double BitmapForwardBytes(const DirectConvGpuArgs<T>& a) {
          touched * (8.0 + sizeof(T)) + static_cast<double>(a.n) * (12.0 + 4.0 * a.in_layout.d);
 }
 
+template <typename T>
+inline double AtomicForwardBytes(const DirectConvGpuArgs<T>& a) {
+  const double sites = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size);
+  const double touched = std::min(static_cast<double>(ContributionSlots(a.n, a.weights.max_row)),
+                                  sites * static_cast<double>(a.cout));
+  // output bits and each word's rank; touched keys and values; entry data
+  return sites * static_cast<double>(a.cout) * 0.25 + touched * (8.0 + sizeof(T)) +
+         static_cast<double>(a.n) * (12.0 + 4.0 * a.in_layout.d);
+}
+
+// Below this many contribution slots 'auto' keeps the deterministic dataflows: their time is
+// the launches', not the sums'.
+constexpr int64_t kMinAtomicSlots = int64_t{1} << 20;
+// 'auto' may take the atomic sums: no op determinism, enough slots, and memory within what
+// the bitmaps may take.
+template <typename T>
+inline bool AtomicAllowed(const DirectConvGpuArgs<T>& a) {
+  const double atomic = AtomicForwardBytes(a);
+  return !a.deterministic && ContributionSlots(a.n, a.weights.max_row) >= kMinAtomicSlots &&
+         (atomic <= 2.0 * SortForwardBytes(a) || atomic <= 256.0 * (1 << 20));
+}
+// The dense grid: where its temporary memory is below the sort's, which follows the
+// contributions. (Against the atomic sums' memory instead, which does not, 'auto' took the
+// atomic sums on OctNet3's dense 32^3 training batches, and a step took 129 ms where the dense
+// grid's had taken 50; H200, 2026-11-30.)
+template <typename T>
+inline bool UseDenseGrid(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataflow) {
+  if (dataflow == DirectConvDataflow::kAuto) return DenseForwardBytes(a) < SortForwardBytes(a);
+  return dataflow == DirectConvDataflow::kDense;
+}
+
 // How the forward runs (the dataflow kAuto resolved).
 constexpr double kMaxBitmapProbes = 12.0;
-enum class ForwardPath { kSort, kDense, kBitmap };
+enum class ForwardPath { kSort, kDense, kBitmap, kAtomic };
 template <typename T>
 inline ForwardPath ForwardPathOf(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataflow) {
   if (dataflow == DirectConvDataflow::kSort) return ForwardPath::kSort;
   if (dataflow == DirectConvDataflow::kBitmap) return ForwardPath::kBitmap;
+  if (dataflow == DirectConvDataflow::kAtomic) return ForwardPath::kAtomic;
   if (UseDenseGrid(a, dataflow)) return ForwardPath::kDense;
   const double sort = SortForwardBytes(a), bitmap = BitmapForwardBytes(a);
+  const double small = 256.0 * (1 << 20);
   // the input's entry indices are int32 in the bitmaps' word table
-  const bool fits = a.n < (int64_t{1} << 31) && (bitmap <= 2.0 * sort || bitmap <= 256.0 * (1 << 20));
+  const bool fits = a.n < (int64_t{1} << 31) && (bitmap <= 2.0 * sort || bitmap <= small);
   // Each touched entry tests the presence bit of every present weight of its output channel:
   // beyond kMaxBitmapProbes of them the sort is faster (H200: bitmaps 1.6x slower at 27
   // weights per (1 -> 8) output channel, as fast at 13.5, 1.5x faster at 2.7).
   const bool few_probes = static_cast<double>(a.weights.count) <= kMaxBitmapProbes * static_cast<double>(a.cout);
-  return fits && few_probes ? ForwardPath::kBitmap : ForwardPath::kSort;
+  if (fits && few_probes) return ForwardPath::kBitmap;
+  return AtomicAllowed(a) ? ForwardPath::kAtomic : ForwardPath::kSort;
 }
 
 // kConvReluNaN: with the fused ReLU, the first touched entry that is NaN.

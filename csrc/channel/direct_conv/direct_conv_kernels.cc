@@ -840,9 +840,10 @@ class DirectSparseConvFunctor<CPUDevice, T> {
       : ctx_(ctx), device_(ctx->eigen_device<CPUDevice>()), attrs_(attrs) {}
 
   absl::Status Prepare(const ConvTensors<T>& in, const T* bias) {
-    if (attrs_.dataflow == DirectConvDataflow::kBitmap) {
-      return errors::InvalidArgument("DirectSparseConv: dataflow 'bitmap' runs on the GPU only; on the CPU use "
-                                     "'auto', 'sort' or 'dense'");
+    if (attrs_.dataflow == DirectConvDataflow::kBitmap || attrs_.dataflow == DirectConvDataflow::kAtomic) {
+      return errors::InvalidArgument("DirectSparseConv: dataflow '",
+                                     attrs_.dataflow == DirectConvDataflow::kBitmap ? "bitmap" : "atomic",
+                                     "' runs on the GPU only; on the CPU use 'auto', 'sort' or 'dense'");
     }
     TF_RETURN_IF_ERROR(CheckConvData(in));
     TF_RETURN_IF_ERROR(RejectNaN(bias, in.shapes.cout, "bias"));
@@ -970,8 +971,10 @@ class DirectSparseConvBackpropFunctor<CPUDevice, T> {
     g_.out_grad = out_grad;
     g_.n_out = n_out;
     g_.out_offsets = out_offsets_.data();
-    // the bitmap forward's output keys are sorted as the sort's: searched the same way
-    g_.dataflow = dataflow_ == DirectConvDataflow::kBitmap ? DirectConvDataflow::kSort : dataflow_;
+    // the bitmap and atomic forwards' output keys are sorted as the sort's: searched the same way
+    g_.dataflow = dataflow_ == DirectConvDataflow::kBitmap || dataflow_ == DirectConvDataflow::kAtomic
+                      ? DirectConvDataflow::kSort
+                      : dataflow_;
     return absl::OkStatus();
   }
 

@@ -17,6 +17,7 @@
 #include "channel/direct_conv/direct_conv_kernels.h"
 #include "common/gpu_kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/util/determinism.h"
 
 namespace tf_sparseconv {
 
@@ -149,13 +150,21 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
     const KeyLayout& L = args_.in_layout;
     k_ = attrs_.EffectiveK(L.spatial_size);
     temp_limit_ = static_cast<double>(attrs_.temp_limit_bytes);
-    // temp_limit_bytes caps the sort's buffers; where 'auto' would take the bitmaps and they
-    // exceed the limit, the sort runs (in groups) so that the cap holds.
+    args_.deterministic = tensorflow::OpDeterminismRequired();
+    if (attrs_.dataflow == DirectConvDataflow::kAtomic && args_.deterministic) {
+      return errors::InvalidArgument("DirectSparseConv: dataflow 'atomic' sums with float atomics, in an order "
+                                     "that varies, and TensorFlow's op determinism is enabled; use 'auto', "
+                                     "'sort', 'dense' or 'bitmap'");
+    }
+    // temp_limit_bytes caps the sort's buffers; where 'auto' would take the bitmaps or the
+    // atomics and they exceed the limit, the sort runs (in groups) so that the cap holds.
     dataflow_ = attrs_.dataflow;
-    if (dataflow_ == DirectConvDataflow::kAuto && attrs_.temp_limit_bytes > 0 &&
-        gpu::ForwardPathOf(args_, dataflow_) == gpu::ForwardPath::kBitmap &&
-        gpu::BitmapForwardBytes(args_) > temp_limit_) {
-      dataflow_ = DirectConvDataflow::kSort;
+    if (dataflow_ == DirectConvDataflow::kAuto && attrs_.temp_limit_bytes > 0) {
+      const gpu::ForwardPath path = gpu::ForwardPathOf(args_, dataflow_);
+      if ((path == gpu::ForwardPath::kBitmap && gpu::BitmapForwardBytes(args_) > temp_limit_) ||
+          (path == gpu::ForwardPath::kAtomic && gpu::AtomicForwardBytes(args_) > temp_limit_)) {
+        dataflow_ = DirectConvDataflow::kSort;
+      }
     }
     // In groups, each group's contributions are checked against the sort's limit instead.
     const gpu::ForwardPath path = gpu::ForwardPathOf(args_, dataflow_);

@@ -27,7 +27,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConv")
     .Attr("selection: {'none', 'signed', 'abs'} = 'none'")
     .Attr("k: int = 0")
     .Attr("rho_up: float = 0")
-    .Attr("dataflow: {'auto', 'sort', 'dense', 'bitmap'} = 'auto'")
+    .Attr("dataflow: {'auto', 'sort', 'dense', 'bitmap', 'atomic'} = 'auto'")
     .Attr("temp_limit_bytes: int = 0")
     .Attr("activation: {'none', 'relu'} = 'none'")
     .Attr("padded_input: bool = false")
@@ -67,8 +67,11 @@ its memory following the contributions (the GPU radix-sorts them, the CPU k-way 
 the sorted stream of each present weight); 'dense' works in buffers over the grid, its
 memory following B * R1 * ... * Rd. 'bitmap' (GPU only; the CPU refuses it) marks a bit per
 input and per output key and reads the touched keys from the output bits in order, without
-a sort. 'auto' picks per call by each device's rule (the GPU: by temporary memory; the CPU:
-a cost model).
+a sort. 'atomic' (GPU only; refused on the CPU and under op determinism) finds the touched
+keys as 'bitmap' does, then adds every contribution to its output with a float atomic: no
+sort and no search, the same touched set, values within rounding (their last bits vary run
+to run). 'auto' picks per call by each device's rule (the GPU: by temporary memory, never
+'atomic' under op determinism; the CPU: a cost model).
 temp_limit_bytes caps the contribution buffers of the GPU's sort (0: no cap): where those of
 the whole batch would exceed it, the forward runs in groups of whole examples, twice the
 work for a lower peak, with the same result. The CPU's sort merges streams and holds no such
@@ -119,7 +122,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConvBackprop")
     .Output("filter_grad: T")
     .Output("bias_grad: T")
     .Attr("T: {float, double}")
-    .Attr("dataflow: {'auto', 'sort', 'dense', 'bitmap'} = 'auto'")
+    .Attr("dataflow: {'auto', 'sort', 'dense', 'bitmap', 'atomic'} = 'auto'")
     .Attr("inputs_checked: bool = false")
     .Attr("padded_input: bool = false")
     .Attr("padded_output: bool = false")
@@ -137,7 +140,7 @@ Gradients of DirectSparseConv (Hackel et al., Algorithm 2 and Eq. 3): the input
 gradient exists only at the input entries, the filter gradient only at present
 weights, and the bias gradient sums over the kept output entries.
 
-dataflow: the forward's; 'sort' and 'bitmap' find the output entries by searching the
+dataflow: the forward's; 'sort', 'bitmap' and 'atomic' find the output entries by searching the
 sorted out_keys, 'dense' through the dense output grid, 'auto' by each device's rule.
 inputs_checked: the caller vouches that in_keys, in_values, filter and out_keys are the
 inputs and output keys of a DirectSparseConv call, which checked them (its gradient does);
