@@ -6,6 +6,7 @@
 #define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_GPU_H_
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "channel/direct_conv/direct_conv_choices.h"
@@ -75,7 +76,8 @@ inline int64_t ContributionSlots(int64_t n, int64_t max_row) { return n * max_ro
 //          key order; temporary memory ~ B * R^d * ((Cin + Cout) * (sizeof(T) + 1/8)
 //          + 4 + 1/8), whatever the entries. The paper's dense R^d buffers, used only where
 //          they are the smaller.
-//  kAuto:  kDense where its temporary memory is below kSort's; else the bitmaps below where
+//  kAuto:  kDense where its temporary memory is below kSort's (and, where kAtomic may run, its
+//          sites are few against the contributions: kMinSlotsPerDenseThread); else the bitmaps below where
 //          theirs is at most twice kSort's or 256 MiB and an output channel has at most
 //          kMaxBitmapProbes present weights on average; else, without op determinism and from
 //          kMinAtomicSlots contributions, kAtomic where its memory fits as the bitmaps' must
@@ -140,14 +142,25 @@ inline bool AtomicAllowed(const DirectConvGpuArgs<T>& a) {
   return !a.deterministic && ContributionSlots(a.n, a.weights.max_row) >= kMinAtomicSlots &&
          (atomic <= 2.0 * SortForwardBytes(a) || atomic <= 256.0 * (1 << 20));
 }
+// Where 'auto' may take the atomic sums, the dense grid runs only where it has at least this
+// many contribution slots per thread of its per-site kernel (a site and 8 output channels):
+// the dense kernel visits every site of the grid, the atomic sums every contribution. H200,
+// 2026-11-30: OctNet3's 32^3 training batches, whose convolutions after the first have roughly
+// 90 to 1,000 slots per dense thread, ran a step in 35 ms with them on the dense grid and in
+// 129 ms on the atomic sums; the six-layer stack's pooled levels (about 10 to 55) ran faster
+// on the atomic sums (128^3, rho_f 0.1: 2.55 against 2.94 ms a stack).
+constexpr double kMinSlotsPerDenseThread = 40.0;
 // The dense grid: where its temporary memory is below the sort's, which follows the
-// contributions. (Against the atomic sums' memory instead, which does not, 'auto' took the
-// atomic sums on OctNet3's dense 32^3 training batches, and a step took 129 ms where the dense
-// grid's had taken 50; H200, 2026-11-30.)
+// contributions, and, where 'auto' may take the atomic sums, the grid's sites are few against
+// the contributions (kMinSlotsPerDenseThread).
 template <typename T>
 inline bool UseDenseGrid(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataflow) {
-  if (dataflow == DirectConvDataflow::kAuto) return DenseForwardBytes(a) < SortForwardBytes(a);
-  return dataflow == DirectConvDataflow::kDense;
+  if (dataflow != DirectConvDataflow::kAuto) return dataflow == DirectConvDataflow::kDense;
+  if (DenseForwardBytes(a) >= SortForwardBytes(a)) return false;
+  if (!AtomicAllowed(a)) return true;
+  const double dense_threads = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size) *
+                               std::ceil(static_cast<double>(a.cout) / 8.0);
+  return static_cast<double>(ContributionSlots(a.n, a.weights.max_row)) >= kMinSlotsPerDenseThread * dense_threads;
 }
 
 // How the forward runs (the dataflow kAuto resolved).

@@ -335,6 +335,7 @@ class DirectSparseConvBackpropFunctor<GPUDevice, T> : GpuFunctorBase {
 
   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys, const T* out_grad, int64_t n_out) {
     GpuConvArgs(in, &table_, &args_);
+    args_.deterministic = tensorflow::OpDeterminismRequired();  // the forward's 'auto' rule (UseDenseGrid)
     out_keys_ = out_keys;
     out_grad_ = out_grad;
     n_out_ = n_out;
