@@ -341,6 +341,23 @@ def test_the_threads_of_another_host_change_only_the_cpu_scratch():
         memory_bound(net, 4, threads=0)
 
 
+def _conv_net(dataflow, resolution=64):
+    inputs = keras.Input((None, 3))
+    h = kl.VoxelizePoints(resolution)(inputs)
+    h = kl.DirectSparseConv(8, 3, rho_up=0.05, activation="relu", dataflow=dataflow, name="conv")(h)
+    return keras.Model(inputs, kl.SparseToDense()(h))
+
+
+def test_the_gpu_bound_under_auto_covers_the_atomic_sums():
+    # 16 clouds of 2,000 points on a 64^3 grid: 6.9M contribution slots, past the 2^20 from which
+    # 'auto' may take the atomic sums on the GPU in place of the sort, whose buffers follow the
+    # slots where the atomic sums' bits and ranks follow the grid.
+    bounds = {dataflow: memory_bound(_conv_net(dataflow), 16, points_per_sample=2000, device="gpu").total_bytes
+              for dataflow in ("auto", "sort", "atomic")}
+    assert bounds["atomic"] > bounds["sort"]
+    assert bounds["auto"] == bounds["atomic"]
+
+
 def test_batch_sizes_points_and_budgets_that_are_not_whole_positive_numbers_are_refused():
     # Before: batch_size 0, -1, 2.5 or True gave a bound (-1: a negative one), points_per_sample
     # 0 or -5 one below the smallest cloud's, a NaN budget a largest batch of 0; NaN, infinity
