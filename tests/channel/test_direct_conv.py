@@ -1,9 +1,12 @@
 """Direct sparse convolution against dense references on each device: values, support,
 k-selection, gradients (Eq. 3), dataflows, graph mode, SavedModel and every error path; on the
-GPU, with each dataflow, against the CPU: keys, counts and forward values bit-identical,
-gradients within tolerance, the CPU's errors, bit-identical reruns (also under op
-determinism), the forward in groups of examples, and a SavedModel."""
+GPU, with each dataflow, against the CPU: keys, counts and forward values bit-identical (the
+atomic sums' values within rounding), gradients within tolerance, the CPU's errors,
+bit-identical reruns (also under op determinism, where 'auto' leaves the atomic sums out), the
+forward in groups of examples, and a SavedModel."""
 import itertools
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -12,7 +15,8 @@ import tensorflow as tf
 import tf_sparseconv as ts
 from tests.channel.helpers import (assert_close, assert_close_on, assert_same_sparse, random_filter,
                                    random_sparse_components, sparse_on)
-from tests.device import CPU, GPU, assert_on, assert_on_gpu, assert_same_error, first_line, on, run_in_own_process
+from tests.device import (REPO, CPU, GPU, assert_on, assert_on_gpu, assert_same_error, first_line, on,
+                          run_in_own_process)
 
 
 def random_sparse(rng, batch, spatial, channels, density, dtype=np.float64):
@@ -776,16 +780,34 @@ def atomic_sized_inputs(rng, dtype=np.float32):
     return conv_inputs(rng, 1, (96, 96, 96), 2, 8, (3, 3, 3), 0.004, 1.0, dtype)
 
 
+def atomic_kernel_ran(dataflow, inputs):
+    """Whether a GPU call of run_conv with `dataflow` runs the atomic sums' kernel (TensorFlow's
+    profiler; start it in a process of its own, as the profiler is the process's)."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from gpu_trace import traced_events
+    events = traced_events(lambda: run_conv(GPU, *inputs, dataflow=dataflow), (), 1)
+    return any("AtomicContributionsKernel" in name for _, _, name in events)
+
+
 def test_atomic_sums_agree_with_the_sort_on_a_large_case(rng, gpu):
     inputs = atomic_sized_inputs(rng)
     keys, _, _, _, mask, _ = inputs
     assert len(keys) * mask.sum(axis=(0, 1, 2, 4)).max() >= 2**20, "the case needs 2^20 contribution slots"
     for selection in ({}, dict(selection="signed", rho_up=0.02)):
         y_sort, counts_sort = run_conv(GPU, *inputs, dataflow="sort", **selection)
-        for dataflow in ("atomic", "auto"):
-            y, counts = run_conv(GPU, *inputs, dataflow=dataflow, **selection)
-            assert_same_sparse(y, y_sort, np.float32)
-            np.testing.assert_array_equal(counts.numpy(), counts_sort.numpy())
+        y, counts = run_conv(GPU, *inputs, dataflow="atomic", **selection)
+        assert_same_sparse(y, y_sort, np.float32)
+        np.testing.assert_array_equal(counts.numpy(), counts_sort.numpy())
+
+
+def test_auto_takes_the_atomic_sums_on_a_large_case(gpu):
+    output = run_in_own_process("""
+        import numpy as np
+        from tests.channel.test_direct_conv import atomic_kernel_ran, atomic_sized_inputs
+        inputs = atomic_sized_inputs(np.random.default_rng(7))
+        print("auto", atomic_kernel_ran("auto", inputs), "sort", atomic_kernel_ran("sort", inputs))
+    """)
+    assert "auto True sort False" in output
 
 
 def test_atomic_sums_are_refused_and_auto_deterministic_under_op_determinism(gpu):
@@ -802,6 +824,8 @@ def test_atomic_sums_are_refused_and_auto_deterministic_under_op_determinism(gpu
         for y in (second, sort):  # 'auto' took a deterministic dataflow: the sort's bits
             np.testing.assert_array_equal(y.keys.numpy(), first.keys.numpy())
             np.testing.assert_array_equal(y.values.numpy().view(np.uint32), first.values.numpy().view(np.uint32))
+        from tests.channel.test_direct_conv import atomic_kernel_ran
+        assert not atomic_kernel_ran("auto", inputs)
         print("deterministic without the atomic sums")
     """)
     assert "deterministic without the atomic sums" in output

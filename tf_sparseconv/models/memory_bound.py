@@ -137,11 +137,11 @@ def _gpu_conv_temporary_bytes(layer, shape, in_entries, batch, value_bytes):
     flags (and, for the dense grid, its two score buffers); 8 bytes per sorted item for the
     radix sorts' and compactions' temporary storage. 'auto' picks by the input's real
     entries (DenseForwardBytes < SortForwardBytes in direct_conv_gpu.h), so the bound is
-    the larger of the dense grid and the sort at the most entries it would still sort, and,
-    from 2^20 contribution slots, where 'auto' may take them in place of the sort, of the
-    atomic sums: a bit and a 4-byte rank per 32 output keys, the touched keys and values,
-    per-entry data, and k-selection's ties, segments, tie ranks and keep flags in buffers of
-    their own."""
+    the larger of the dense grid and the sort at the most entries it would still sort, and of
+    the bitmaps (a bit per input and output key, a 4-byte first entry per input word) and,
+    from 2^20 contribution slots, the atomic sums (a bit and a 4-byte rank per 32 output
+    keys), where 'auto' may take them: each with the touched keys and values, per-entry data,
+    and k-selection's ties, segments, tie ranks and keep flags in buffers of their own."""
     d = len(shape) - 2
     cin, cout = shape[-1], layer.filters
     cells = math.prod(shape[1:-1])
@@ -154,9 +154,15 @@ def _gpu_conv_temporary_bytes(layer, shape, in_entries, batch, value_bytes):
         touched = min(slots, no_output)
         return slots * (16 + 2 * value_bytes + 8) + n * (12 + 4 * d) + (touched * 9 if select else 0)
 
-    def atomic_bytes(n):
+    def atomic_bytes(n):  # a bit and a 4-byte rank per output key's word
         touched = min(n * max_row, no_output)
-        return no_output / 4 + touched * (8 + value_bytes + 8) + n * (12 + 4 * d) + (touched * 21 if select else 0)
+        return ((no_output + 31) // 32 * 8 + touched * (8 + value_bytes + 8) + n * (12 + 4 * d)
+                + (touched * 21 if select else 0))
+
+    def bitmap_bytes(n):  # a bit and a 4-byte first entry per input word, a bit per output key
+        touched = min(n * max_row, no_output)
+        return ((grid * cin + 31) // 32 * 8 + (no_output + 31) // 32 * 4 + touched * (8 + value_bytes + 8)
+                + n * (12 + 4 * d) + (touched * 21 if select else 0))
 
     touched = min(in_entries * max_row, no_output)
     dense = (grid * cin * (value_bytes + 1) + grid * 5 + no_output * (value_bytes + 1)
@@ -167,13 +173,20 @@ def _gpu_conv_temporary_bytes(layer, shape, in_entries, batch, value_bytes):
         return sort_bytes(in_entries)
     if layer.dataflow == "atomic":
         return atomic_bytes(in_entries)
-    atomic = atomic_bytes(in_entries) if in_entries * max_row >= 2**20 else 0  # kMinAtomicSlots
+    if layer.dataflow == "bitmap":
+        return bitmap_bytes(in_entries)
+    # 'auto' may take the atomic sums from kMinAtomicSlots, the bitmaps where they take at most
+    # twice the sort's memory or 256 MiB (BitmapsFit; the present weights are not known here)
+    atomic = atomic_bytes(in_entries) if in_entries * max_row >= 2**20 else 0
+    bitmap = bitmap_bytes(in_entries)
+    if bitmap > max(2 * sort_bytes(in_entries), 256 << 20):
+        bitmap = 0
     # the op's estimates, which decide
     dense_estimate = grid * cin * (value_bytes + 0.125) + grid * 4.125 + no_output * (2 * value_bytes + 24.125)
     switch = int(dense_estimate // (max_row * (16 + 2 * value_bytes)))
     if in_entries <= switch:
-        return max(sort_bytes(in_entries), atomic)
-    return max(dense, sort_bytes(switch), atomic)
+        return max(sort_bytes(in_entries), atomic, bitmap)
+    return max(dense, sort_bytes(switch), atomic, bitmap)
 
 
 def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads, device="cpu"):

@@ -897,6 +897,9 @@ struct MaxOf {
 // A warp takes 32 * kTileItems consecutive words of the tile, a word per lane and round, so
 // that the lanes of a round write their indices side by side (a thread's own 8 consecutive
 // words scattered each warp's writes over 8x as many cache lines).
+static_assert(kThreads % 32 == 0 && kTileSize == static_cast<int64_t>(kThreads) * kTileItems,
+              "a tile is the block's warps' 32 * kTileItems words each");
+static_assert(kMaxSortItems <= static_cast<int64_t>(UINT32_MAX), "word ranks (< the touched entries) fit 32 bits");
 __global__ void __launch_bounds__(kThreads)
     WriteBitTilesKernel(const uint32_t* bits, int64_t words, int64_t num_tiles, const int64_t* tile_offsets,
                         int64_t* indices, int64_t segment_size, int64_t* counts, uint32_t* word_rank) {
@@ -958,14 +961,22 @@ __global__ void __launch_bounds__(kThreads)
       }
     } else if (lo == hi) {
       atomicAdd(reinterpret_cast<unsigned long long*>(&counts[lo]), static_cast<unsigned long long>(set));
-    } else if (set > 0) {  // this thread's bits span segments: bit by bit
+    } else if (set > 0) {  // this thread's bits span segments: one atomic per run of a segment
+      // (its words lie 32 apart, so on small grids most threads span several segments)
+      int64_t run_segment = lo, run_count = 0;
       for (int j = 0; j < kTileItems; ++j) {
         for (uint32_t w = word[j]; w != 0u; w &= w - 1u) {
-          atomicAdd(reinterpret_cast<unsigned long long*>(&counts[((first + j * 32) * 32 + (__ffs(w) - 1)) /
-                                                                  segment_size]),
-                    1ull);
+          const int64_t segment = ((first + j * 32) * 32 + (__ffs(w) - 1)) / segment_size;
+          if (segment != run_segment) {  // the bits rise, so a segment's bits are one run
+            atomicAdd(reinterpret_cast<unsigned long long*>(&counts[run_segment]),
+                      static_cast<unsigned long long>(run_count));
+            run_segment = segment;
+            run_count = 0;
+          }
+          ++run_count;
         }
       }
+      atomicAdd(reinterpret_cast<unsigned long long*>(&counts[run_segment]), static_cast<unsigned long long>(run_count));
     }
     __syncthreads();  // reduce, warp_total and tile_segment are rewritten by the next tile
   }

@@ -150,21 +150,33 @@ inline bool AtomicAllowed(const DirectConvGpuArgs<T>& a) {
 // 129 ms on the atomic sums; the six-layer stack's pooled levels (about 10 to 55) ran faster
 // on the atomic sums (128^3, rho_f 0.1: 2.55 against 2.94 ms a stack).
 constexpr double kMinSlotsPerDenseThread = 40.0;
+// The bitmaps, where 'auto' would take them after the dense grid: their memory at most twice
+// the sort's or 256 MiB (the input's entry indices are int32 in their word table), and at most
+// kMaxBitmapProbes present weights per output channel on average (each touched entry tests
+// the presence bit of every present weight of its output channel: beyond that the sort is
+// faster; H200: bitmaps 1.6x slower at 27 weights per (1 -> 8) output channel, as fast at 13.5,
+// 1.5x faster at 2.7).
+constexpr double kMaxBitmapProbes = 12.0;
+template <typename T>
+inline bool BitmapsFit(const DirectConvGpuArgs<T>& a) {
+  const double bitmap = BitmapForwardBytes(a);
+  const bool fits = a.n < (int64_t{1} << 31) && (bitmap <= 2.0 * SortForwardBytes(a) || bitmap <= 256.0 * (1 << 20));
+  return fits && static_cast<double>(a.weights.count) <= kMaxBitmapProbes * static_cast<double>(a.cout);
+}
 // The dense grid: where its temporary memory is below the sort's, which follows the
-// contributions, and, where 'auto' may take the atomic sums, the grid's sites are few against
-// the contributions (kMinSlotsPerDenseThread).
+// contributions, and, where 'auto' would otherwise take the atomic sums, the grid's sites are
+// few against the contributions (kMinSlotsPerDenseThread).
 template <typename T>
 inline bool UseDenseGrid(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataflow) {
   if (dataflow != DirectConvDataflow::kAuto) return dataflow == DirectConvDataflow::kDense;
   if (DenseForwardBytes(a) >= SortForwardBytes(a)) return false;
-  if (!AtomicAllowed(a)) return true;
+  if (!AtomicAllowed(a) || BitmapsFit(a)) return true;
   const double dense_threads = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size) *
                                std::ceil(static_cast<double>(a.cout) / 8.0);
   return static_cast<double>(ContributionSlots(a.n, a.weights.max_row)) >= kMinSlotsPerDenseThread * dense_threads;
 }
 
 // How the forward runs (the dataflow kAuto resolved).
-constexpr double kMaxBitmapProbes = 12.0;
 enum class ForwardPath { kSort, kDense, kBitmap, kAtomic };
 template <typename T>
 inline ForwardPath ForwardPathOf(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataflow) {
@@ -172,15 +184,7 @@ inline ForwardPath ForwardPathOf(const DirectConvGpuArgs<T>& a, DirectConvDatafl
   if (dataflow == DirectConvDataflow::kBitmap) return ForwardPath::kBitmap;
   if (dataflow == DirectConvDataflow::kAtomic) return ForwardPath::kAtomic;
   if (UseDenseGrid(a, dataflow)) return ForwardPath::kDense;
-  const double sort = SortForwardBytes(a), bitmap = BitmapForwardBytes(a);
-  const double small = 256.0 * (1 << 20);
-  // the input's entry indices are int32 in the bitmaps' word table
-  const bool fits = a.n < (int64_t{1} << 31) && (bitmap <= 2.0 * sort || bitmap <= small);
-  // Each touched entry tests the presence bit of every present weight of its output channel:
-  // beyond kMaxBitmapProbes of them the sort is faster (H200: bitmaps 1.6x slower at 27
-  // weights per (1 -> 8) output channel, as fast at 13.5, 1.5x faster at 2.7).
-  const bool few_probes = static_cast<double>(a.weights.count) <= kMaxBitmapProbes * static_cast<double>(a.cout);
-  if (fits && few_probes) return ForwardPath::kBitmap;
+  if (BitmapsFit(a)) return ForwardPath::kBitmap;
   return AtomicAllowed(a) ? ForwardPath::kAtomic : ForwardPath::kSort;
 }
 

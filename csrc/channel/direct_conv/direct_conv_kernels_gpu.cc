@@ -157,13 +157,17 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
                                      "'sort', 'dense' or 'bitmap'");
     }
     // temp_limit_bytes caps the sort's buffers; where 'auto' would take the bitmaps or the
-    // atomics and they exceed the limit, the sort runs (in groups) so that the cap holds.
+    // atomic sums and they exceed the limit, it decides again without the atomic sums: the
+    // dense grid where that rule takes it, else the sort (in groups), so that the cap holds.
     dataflow_ = attrs_.dataflow;
     if (dataflow_ == DirectConvDataflow::kAuto && attrs_.temp_limit_bytes > 0) {
       const gpu::ForwardPath path = gpu::ForwardPathOf(args_, dataflow_);
       if ((path == gpu::ForwardPath::kBitmap && gpu::BitmapForwardBytes(args_) > temp_limit_) ||
           (path == gpu::ForwardPath::kAtomic && gpu::AtomicForwardBytes(args_) > temp_limit_)) {
-        dataflow_ = DirectConvDataflow::kSort;
+        gpu::DirectConvGpuArgs<T> without_atomics = args_;
+        without_atomics.deterministic = true;  // AtomicAllowed is false: UseDenseGrid's rule without them
+        dataflow_ = gpu::UseDenseGrid(without_atomics, DirectConvDataflow::kAuto) ? DirectConvDataflow::kDense
+                                                                                   : DirectConvDataflow::kSort;
       }
     }
     // In groups, each group's contributions are checked against the sort's limit instead.
