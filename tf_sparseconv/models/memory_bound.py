@@ -154,15 +154,15 @@ def _gpu_conv_temporary_bytes(layer, shape, in_entries, batch, value_bytes):
         touched = min(slots, no_output)
         return slots * (16 + 2 * value_bytes + 8) + n * (12 + 4 * d) + (touched * 9 if select else 0)
 
-    def atomic_bytes(n):  # a bit and a 4-byte rank per output key's word
+    def touched_set_bytes(n):  # the bitmaps' and the atomic sums' touched set, entries' data, k-selection
         touched = min(n * max_row, no_output)
-        return ((no_output + 31) // 32 * 8 + touched * (8 + value_bytes + 8) + n * (12 + 4 * d)
-                + (touched * 21 if select else 0))
+        return touched * (8 + value_bytes + 8) + n * (12 + 4 * d) + (touched * 21 if select else 0)
+
+    def atomic_bytes(n):  # a bit and a 4-byte rank per output key's word
+        return (no_output + 31) // 32 * 8 + touched_set_bytes(n)
 
     def bitmap_bytes(n):  # a bit and a 4-byte first entry per input word, a bit per output key
-        touched = min(n * max_row, no_output)
-        return ((grid * cin + 31) // 32 * 8 + (no_output + 31) // 32 * 4 + touched * (8 + value_bytes + 8)
-                + n * (12 + 4 * d) + (touched * 21 if select else 0))
+        return (grid * cin + 31) // 32 * 8 + (no_output + 31) // 32 * 4 + touched_set_bytes(n)
 
     touched = min(in_entries * max_row, no_output)
     dense = (grid * cin * (value_bytes + 1) + grid * 5 + no_output * (value_bytes + 1)

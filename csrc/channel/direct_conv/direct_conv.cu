@@ -855,6 +855,24 @@ __global__ void MarkInputsKernel(KeyLayout L, int64_t cout, const int64_t* keys,
   }
 }
 
+// Contribution slot `slot` = (entry i, r-th present weight of its input channel): false where
+// the entry is padding, the row has fewer weights or the output lies outside the grid; else
+// *i, *w and the output key *o. Index: the slot arithmetic's integer type, as ContributionsKernel's.
+template <typename Index>
+__device__ inline bool SlotOutput(const KeyLayout& L, const EntryData& e, const GpuPresentWeight* weights,
+                                  const int64_t* row_begin, Index row_length, int64_t slot, Index* i,
+                                  const GpuPresentWeight** w, int64_t* o) {
+  *i = static_cast<Index>(slot) / row_length;
+  if (e.ic[*i] < 0) return false;
+  const int64_t r = static_cast<Index>(slot) - *i * row_length;
+  const int64_t row = row_begin[e.ic[*i]];
+  if (r >= row_begin[e.ic[*i] + 1] - row) return false;
+  *w = &weights[row + r];
+  if (!Reaches(e.coords + static_cast<int64_t>(*i) * L.d, **w, L.d)) return false;
+  *o = e.out_base[*i] + (*w)->oc * L.spatial_size - (*w)->lin_delta;
+  return true;
+}
+
 // out_bits: the bit of every output key that an (entry, present weight) reaches; one
 // thread per contribution slot, as ContributionsKernel.
 template <typename Index>
@@ -864,14 +882,10 @@ __global__ void MarkOutputsKernel(KeyLayout L, EntryData e, const GpuPresentWeig
   if (!ChecksPassed(report)) return;
   const Index row_length = static_cast<Index>(max_row);
   TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
-    const Index i = static_cast<Index>(slot) / row_length;
-    if (e.ic[i] < 0) continue;
-    const int64_t r = static_cast<Index>(slot) - i * row_length;
-    const int64_t row = row_begin[e.ic[i]];
-    if (r >= row_begin[e.ic[i] + 1] - row) continue;
-    const GpuPresentWeight& w = weights[row + r];
-    if (!Reaches(e.coords + static_cast<int64_t>(i) * L.d, w, L.d)) continue;
-    const int64_t o = e.out_base[i] + w.oc * L.spatial_size - w.lin_delta;
+    Index i;
+    const GpuPresentWeight* w;
+    int64_t o;
+    if (!SlotOutput(L, e, weights, row_begin, row_length, slot, &i, &w, &o)) continue;
     atomicOr(out_bits + (o >> 5), 1u << (o & 31));
   }
 }
@@ -1054,17 +1068,13 @@ __global__ void AtomicContributionsKernel(KeyLayout L, EntryData e, const T* val
   if (!ChecksPassed(report)) return;
   const Index row_length = static_cast<Index>(max_row);
   TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
-    const Index i = static_cast<Index>(slot) / row_length;
-    if (e.ic[i] < 0) continue;
-    const int64_t r = static_cast<Index>(slot) - i * row_length;
-    const int64_t row = row_begin[e.ic[i]];
-    if (r >= row_begin[e.ic[i] + 1] - row) continue;
-    const GpuPresentWeight& w = weights[row + r];
-    if (!Reaches(e.coords + static_cast<int64_t>(i) * L.d, w, L.d)) continue;
-    const int64_t o = e.out_base[i] + w.oc * L.spatial_size - w.lin_delta;
+    Index i;
+    const GpuPresentWeight* w;
+    int64_t o;
+    if (!SlotOutput(L, e, weights, row_begin, row_length, slot, &i, &w, &o)) continue;
     const uint32_t below = out_bits[o >> 5] & ((1u << (o & 31)) - 1u);
     const int64_t place = static_cast<int64_t>(word_rank[o >> 5]) + __popc(below);
-    atomicAdd(touched_values + place, MulRn(values[i], filter[w.filter_index]));
+    atomicAdd(touched_values + place, MulRn(values[i], filter[w->filter_index]));
   }
 }
 
@@ -1109,6 +1119,40 @@ struct CopyTouched {
     touched_values[rank] = values[o];
   }
 };
+
+// The touched set from the output bits (the bitmaps and the atomic sums): every (entry, present
+// weight) sets its output's bit in out_bits (out_words words, zeroed before), then the set bits,
+// counted per tile and scanned, are written in key order to touched_keys, their total to
+// touched_total, each segment's count added to touched_counts (zeroed before) and, given
+// word_rank, each word's rank.
+GpuStatus MarkAndReadOutputBits(Stream stream, Scratch* scratch, const KeyLayout& L, const EntryData& e,
+                                const GpuPresentWeight* weights, const int64_t* row_begin, int64_t max_row,
+                                int64_t n, int64_t num_slots, const Report* report, uint32_t* out_bits,
+                                int64_t out_words, int64_t* touched_keys, int64_t* touched_total,
+                                int64_t* touched_counts, uint32_t* word_rank) {
+  const int64_t num_tiles = (out_words + kTileSize - 1) / kTileSize;
+  int64_t* tile_counts = scratch->DeviceArray<int64_t>(num_tiles);
+  int64_t* tile_offsets = scratch->DeviceArray<int64_t>(num_tiles);
+  if (!tile_counts || !tile_offsets) return GpuStatus::OutOfMemory("output bit tiles");
+  if (n > 0) {
+    if (num_slots <= static_cast<int64_t>(UINT32_MAX)) {
+      MarkOutputsKernel<uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(L, e, weights, row_begin, max_row,
+                                                                                  num_slots, report, out_bits);
+    } else {
+      MarkOutputsKernel<uint64_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(L, e, weights, row_begin, max_row,
+                                                                                  num_slots, report, out_bits);
+    }
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output bits");
+  }
+  CountTilesKernel<SetBitsOf><<<TileBlocks(num_tiles), kThreads, 0, stream>>>(SetBitsOf{out_bits}, out_words,
+                                                                               num_tiles, tile_counts);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
+  TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, touched_total));
+  WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
+      out_bits, out_words, num_tiles, tile_offsets, touched_keys, L.spatial_size, touched_counts, word_rank);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
+  return GpuStatus::Ok();
+}
 
 // The weight table's views that only the dense grid reads, on the device.
 struct DenseTables {
@@ -1310,34 +1354,20 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     int32_t* word_first = scratch->DeviceArray<int32_t>(in_words);
     int64_t* touched_keys = scratch->DeviceArray<int64_t>(touched_bound);
     T* touched_values = scratch->DeviceArray<T>(touched_bound);
-    const int64_t num_tiles = (out_words + kTileSize - 1) / kTileSize;
-    int64_t* tile_counts = scratch->DeviceArray<int64_t>(num_tiles);
-    int64_t* tile_offsets = scratch->DeviceArray<int64_t>(num_tiles);
-    if (!in_bits || !word_first || !touched_keys || !touched_values || !tile_counts || !tile_offsets) {
-      return GpuStatus::OutOfMemory("bitmaps");
-    }
+    if (!in_bits || !word_first || !touched_keys || !touched_values) return GpuStatus::OutOfMemory("bitmaps");
     uint32_t* out_bits = in_bits + in_words;
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(in_bits, 0, sizeof(uint32_t) * (in_words + out_words), stream), "bitmaps");
-    if (a.n > 0) {
+    if (a.n > 0) {  // also the entries' data, which the output bits read, and both counts zeroed
       MarkInputsKernel<<<BlocksFor(std::max(a.n, num_segments)), kThreads, 0, stream>>>(
           L, a.cout, a.keys, a.n, device_report, in_bits, word_first, e, num_segments, touched_counts,
           positive_counts);
-      if (num_slots <= static_cast<int64_t>(UINT32_MAX)) {
-        MarkOutputsKernel<uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-            L, e, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits);
-      } else {
-        MarkOutputsKernel<uint64_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-            L, e, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits);
-      }
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bitmaps");
     }
-    CountTilesKernel<SetBitsOf><<<TileBlocks(num_tiles), kThreads, 0, stream>>>(SetBitsOf{out_bits}, out_words,
-                                                                                 num_tiles, tile_counts);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
-    TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, touched_total));
-    WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
-        out_bits, out_words, num_tiles, tile_offsets, touched_keys, L.spatial_size, touched_counts, nullptr);
+    TF_SPARSECONV_RETURN_IF_ERROR(MarkAndReadOutputBits(stream, scratch, L, e, weights, row_begin,
+                                                        a.weights.max_row, a.n, num_slots, device_report, out_bits,
+                                                        out_words, touched_keys, touched_total, touched_counts,
+                                                        nullptr));
     if (no_output <= UINT32_MAX && static_cast<uint64_t>(L.num_keys()) <= UINT32_MAX) {
       BitmapSumsKernel<T, uint32_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
           L, a.cout, touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin,
@@ -1355,12 +1385,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     uint32_t* out_bits = scratch->DeviceArray<uint32_t>(2 * out_words);  // the bits, then each word's rank
     int64_t* touched_keys = scratch->DeviceArray<int64_t>(touched_bound);
     T* touched_values = scratch->DeviceArray<T>(touched_bound);
-    const int64_t num_tiles = (out_words + kTileSize - 1) / kTileSize;
-    int64_t* tile_counts = scratch->DeviceArray<int64_t>(num_tiles);
-    int64_t* tile_offsets = scratch->DeviceArray<int64_t>(num_tiles);
-    if (!out_bits || !touched_keys || !touched_values || !tile_counts || !tile_offsets) {
-      return GpuStatus::OutOfMemory("atomic sums");
-    }
+    if (!out_bits || !touched_keys || !touched_values) return GpuStatus::OutOfMemory("atomic sums");
     uint32_t* word_rank = out_bits + out_words;
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * out_words, stream), "atomic sums");
@@ -1371,26 +1396,12 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
         cudaMemsetAsync(touched_counts, 0, sizeof(int64_t) * num_segments, stream), "atomic sums");
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(positive_counts, 0, sizeof(int64_t) * num_segments, stream), "atomic sums");
-    const bool slots32 = num_slots <= static_cast<int64_t>(UINT32_MAX);
+    TF_SPARSECONV_RETURN_IF_ERROR(MarkAndReadOutputBits(stream, scratch, L, e, weights, row_begin,
+                                                        a.weights.max_row, a.n, num_slots, device_report, out_bits,
+                                                        out_words, touched_keys, touched_total, touched_counts,
+                                                        word_rank));
     if (a.n > 0) {
-      if (slots32) {
-        MarkOutputsKernel<uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-            L, e, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits);
-      } else {
-        MarkOutputsKernel<uint64_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-            L, e, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits);
-      }
-      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output bits");
-    }
-    CountTilesKernel<SetBitsOf><<<TileBlocks(num_tiles), kThreads, 0, stream>>>(SetBitsOf{out_bits}, out_words,
-                                                                                 num_tiles, tile_counts);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
-    TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, touched_total));
-    WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
-        out_bits, out_words, num_tiles, tile_offsets, touched_keys, L.spatial_size, touched_counts, word_rank);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
-    if (a.n > 0) {
-      if (slots32) {
+      if (num_slots <= static_cast<int64_t>(UINT32_MAX)) {
         AtomicContributionsKernel<T, uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
             L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits,
             word_rank, touched_values);

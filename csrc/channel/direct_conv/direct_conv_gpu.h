@@ -111,24 +111,27 @@ inline double DenseForwardBytes(const DirectConvGpuArgs<T>& a) {
   return grid * static_cast<double>(a.in_layout.channels) * (sizeof(T) + 0.125) + grid * (4.0 + 0.125) +
          grid * static_cast<double>(a.cout) * (sizeof(T) + 0.125 + 8.0 + sizeof(T) + 16.0);
 }
+// The bitmaps' and the atomic sums' common part: the touched keys and values, at most one per
+// slot or output key, and the entries' data.
+template <typename T>
+inline double TouchedSetBytes(const DirectConvGpuArgs<T>& a) {
+  const double outputs = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size) *
+                         static_cast<double>(a.cout);
+  const double touched = std::min(static_cast<double>(ContributionSlots(a.n, a.weights.max_row)), outputs);
+  return touched * (8.0 + sizeof(T)) + static_cast<double>(a.n) * (12.0 + 4.0 * a.in_layout.d);
+}
 template <typename T>
 inline double BitmapForwardBytes(const DirectConvGpuArgs<T>& a) {
   const double sites = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size);
-  const double touched = std::min(static_cast<double>(ContributionSlots(a.n, a.weights.max_row)),
-                                  sites * static_cast<double>(a.cout));
-  // input bits and each word's first entry; output bits; touched keys and values; entry data
+  // input bits and each word's first entry; output bits
   return sites * static_cast<double>(a.in_layout.channels) * 0.25 + sites * static_cast<double>(a.cout) * 0.125 +
-         touched * (8.0 + sizeof(T)) + static_cast<double>(a.n) * (12.0 + 4.0 * a.in_layout.d);
+         TouchedSetBytes(a);
 }
-
 template <typename T>
 inline double AtomicForwardBytes(const DirectConvGpuArgs<T>& a) {
   const double sites = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size);
-  const double touched = std::min(static_cast<double>(ContributionSlots(a.n, a.weights.max_row)),
-                                  sites * static_cast<double>(a.cout));
-  // output bits and each word's rank; touched keys and values; entry data
-  return sites * static_cast<double>(a.cout) * 0.25 + touched * (8.0 + sizeof(T)) +
-         static_cast<double>(a.n) * (12.0 + 4.0 * a.in_layout.d);
+  // output bits and each word's rank
+  return sites * static_cast<double>(a.cout) * 0.25 + TouchedSetBytes(a);
 }
 
 // Below this many contribution slots 'auto' keeps the deterministic dataflows: their time is
