@@ -5,7 +5,7 @@ The stack, as OctNet3's blocks (Hackel et al., Table 4): conv 1 -> 8 (ReLU), con
 (ReLU), max-pool 2, conv 8 -> 16 (ReLU), conv 16 -> 16 (ReLU), max-pool 2, then the dense
 result [B, r/4, r/4, r/4, 16] (to_dense ends the sparse part). Input: the Fig. 4 grid of
 benchmarks/direct_conv_gpu.py (batch 1, r^2 random entries of an r^3 grid, rho = 1/r), 3^3
-filters with a random mask of density rho_f; every sparse convolution keeps at most
+filters with a random mask of exactly rho_f of their weights; every sparse convolution keeps at most
 k = ceil(rho_up * cells) entries per channel ('signed', rho_up = 1/r of its own grid, the
 density of the input). The dense stack runs tf.nn.conv3d with the masked filters, ReLU and
 tf.nn.max_pool3d on the dense input.
@@ -30,7 +30,7 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tf_sparseconv as ts  # noqa: E402
-from direct_conv_gpu import random_keys  # noqa: E402
+from direct_conv_gpu import config_rng, filter_mask, random_keys  # noqa: E402
 from gpu_trace import kernel_times  # noqa: E402
 from run_info import checkout_commit  # noqa: E402
 from timing import median_time  # noqa: E402
@@ -48,7 +48,7 @@ def make_stack(rng, r, rho_f, device):
         filters = []
         for cin, cout in (c for c in CHANNELS if c != "pool"):
             w = rng.standard_normal((3, 3, 3, cin, cout)) * (2.0 / (27 * cin)) ** 0.5  # He
-            filters.append((tf.constant(w.astype(np.float32)), tf.constant(rng.random(w.shape) < rho_f)))
+            filters.append((tf.constant(w.astype(np.float32)), tf.constant(filter_mask(rng, w.shape, rho_f))))
     return x, filters
 
 
@@ -124,12 +124,11 @@ def main():
     gpus = tf.config.list_physical_devices("GPU")
     device_name = (tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
                    if gpus and "GPU" in args.device.upper() else "cpu")
-    rng = np.random.default_rng(args.seed)
     configs = [(r, rho_f) for r in args.resolutions for rho_f in args.filter_densities]
     started, rows = time.time(), []
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     for i, (r, rho_f) in enumerate(configs, 1):
-        x, filters = make_stack(rng, r, rho_f, args.device)
+        x, filters = make_stack(config_rng(args.seed, r, rho_f), r, rho_f, args.device)
         with tf.device(args.device):
             dense_in = ts.to_dense(x)
             dense = dense_stack(filters)

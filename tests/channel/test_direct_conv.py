@@ -1010,6 +1010,21 @@ def test_conv_nan_gives_the_cpu_error_on_gpu(where, gpu_dataflow, gpu):
             out_grad=tf.ones([2], tf.float64), dataflow=gpu_dataflow), "contains NaN")
 
 
+@pytest.mark.parametrize("where", ["filter", "bias"])
+@pytest.mark.parametrize("case", ["every_weight_pruned", "no_entries"])
+def test_conv_nan_is_found_where_nothing_is_touched(where, case, gpu_dataflow, gpu):
+    """The GPU's NaN checks ride on each dataflow's first kernel over the entries; where that
+    kernel does not run (no entries, or no present weight: nothing touched) they run alone."""
+    def conv(device):
+        w, b = np.ones((3, 3, 1, 1)), np.zeros(1)
+        {"filter": w, "bias": b}[where].flat[-1] = np.nan
+        x = _sparse([] if case == "no_entries" else [0, 7], [1, 5, 5, 1])
+        mask = np.zeros(w.shape, bool) if case == "every_weight_pruned" else np.ones(w.shape, bool)
+        return ts.direct_conv(x, tf.constant(w), tf.constant(b), tf.constant(mask),
+                              dataflow=gpu_dataflow if device == GPU else on_cpu(gpu_dataflow))
+    assert_same_error_per_device(conv, f"{where} contains NaN")
+
+
 def test_unknown_direct_choices_are_rejected(rng, gpu):
     keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 1, (5, 5), 1, 2, (3, 3), 0.3, 1.0, np.float32)
     with pytest.raises(ValueError, match="dataflow must be one of"):

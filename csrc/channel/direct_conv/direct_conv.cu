@@ -114,8 +114,37 @@ __device__ inline bool StoreEntryData(const KeyLayout& L, int64_t cout, int64_t 
   return true;
 }
 
+// The forward's NaN checks (the first NaN of the values, the filter and the bias, each in its
+// ConvCheck slot), run by the first kernel over the input's entries of each dataflow rather
+// than in a launch of their own. checks nullptr: none (the backprop's entry data).
+template <typename T>
+struct ForwardNaN {
+  const T* values = nullptr;
+  int64_t n = 0;
+  const T* filter = nullptr;
+  int64_t filter_size = 0;
+  const T* bias = nullptr;
+  int64_t cout = 0;
+  CheckSlot* checks = nullptr;
+
+  __device__ void Run() const {
+    if (checks == nullptr) return;
+    TF_SPARSECONV_GRID_LOOP(i, n + filter_size + cout) {
+      if (i < n) {
+        if (isnan(values[i])) RecordFirst(&checks[kConvValues], i);
+      } else if (i < n + filter_size) {
+        if (isnan(filter[i - n])) RecordFirst(&checks[kConvFilter], i - n);
+      } else if (isnan(bias[i - n - filter_size])) {
+        RecordFirst(&checks[kConvBias], i - n - filter_size);
+      }
+    }
+  }
+};
+
+template <typename T>
 __global__ void EntryDataKernel(KeyLayout L, int64_t cout, const int64_t* keys, int64_t n,
-                                const Report* report, EntryData e) {
+                                const Report* report, EntryData e, ForwardNaN<T> nan) {
+  nan.Run();
   if (!ChecksPassed(report)) return;
   TF_SPARSECONV_GRID_LOOP(i, n) StoreEntryData(L, cout, keys[i], i, e);
 }
@@ -672,7 +701,9 @@ inline unsigned int LoopBlocks(int64_t blocks) {
 // entry; dense_in is not cleared, it is read only where the bitmap says an entry is.
 template <typename T>
 __global__ void ScatterDenseKernel(KeyLayout L, const int64_t* keys, const T* values, int64_t n,
-                                   const Report* report, T* dense_in, uint32_t* in_bits, uint32_t* site_bits) {
+                                   const Report* report, T* dense_in, uint32_t* in_bits, uint32_t* site_bits,
+                                   ForwardNaN<T> nan) {
+  nan.Run();
   if (!ChecksPassed(report)) return;  // unsorted or out-of-range keys: nothing is computed
   const int64_t num_keys = L.num_keys(), per_batch = L.channels * L.spatial_size;
   TF_SPARSECONV_GRID_LOOP(i, n) {
@@ -839,9 +870,11 @@ __global__ void DenseSiteAccumulateKernel(KeyLayout L, int64_t cout, const T* de
 // in_bits: a bit per input key; word_first[w]: the first entry whose key lies in word w,
 // written for the words that hold an entry, the only ones read; EntryDataKernel's data; and
 // both per-segment counts zeroed.
+template <typename T>
 __global__ void MarkInputsKernel(KeyLayout L, int64_t cout, const int64_t* keys, int64_t n, const Report* report,
                                  uint32_t* in_bits, int32_t* word_first, EntryData e, int64_t num_segments,
-                                 int64_t* touched_counts, int64_t* positive_counts) {
+                                 int64_t* touched_counts, int64_t* positive_counts, ForwardNaN<T> nan) {
+  nan.Run();
   TF_SPARSECONV_GRID_LOOP(s, num_segments) {  // zeroed for WriteBitTilesKernel and BitmapSumsKernel
     touched_counts[s] = 0;
     positive_counts[s] = 0;
@@ -1161,57 +1194,65 @@ struct DenseTables {
   const uint8_t* present = nullptr;  // [K..., Cin, Cout] byte table: is this weight present
 };
 
-// The first NaN of the values, the filter and the bias, each in its ConvCheck slot: one launch.
+// ForwardNaN's checks in a launch of their own, where no kernel over the entries runs.
 template <typename T>
-__global__ void ForwardNaNKernel(const T* values, int64_t n, const T* filter, int64_t filter_size, const T* bias,
-                                 int64_t cout, CheckSlot* checks) {
-  TF_SPARSECONV_GRID_LOOP(i, n + filter_size + cout) {
-    if (i < n) {
-      if (isnan(values[i])) RecordFirst(&checks[kConvValues], i);
-    } else if (i < n + filter_size) {
-      if (isnan(filter[i - n])) RecordFirst(&checks[kConvFilter], i - n);
-    } else if (isnan(bias[i - n - filter_size])) {
-      RecordFirst(&checks[kConvBias], i - n - filter_size);
-    }
-  }
+__global__ void ForwardNaNKernel(ForwardNaN<T> nan) {
+  nan.Run();
 }
 
-// A new device report with the forward's data checks (ConvCheck slots) queued into it; the
-// keys are not checked again where a library op made them (keys_checked).
 template <typename T>
-GpuStatus QueueForwardChecks(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const T* bias,
-                             Report** device_report) {
-  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, device_report));
-  CheckSlot* checks = (*device_report)->checks;
+ForwardNaN<T> ForwardNaNOf(const DirectConvGpuArgs<T>& a, const T* bias, Report* device_report) {
+  ForwardNaN<T> nan;
+  nan.values = a.values;
+  nan.n = a.n;
+  nan.filter = a.filter;
+  nan.filter_size = a.filter_size;
+  nan.bias = bias;
+  nan.cout = a.cout;
+  nan.checks = device_report->checks;
+  return nan;
+}
+
+// The forward's data checks (ConvCheck slots) queued into device_report; the keys are not
+// checked again where a library op made them (keys_checked). The NaN checks go with the
+// first kernel over the entries where one runs (nan_with_entries: the input has entries).
+template <typename T>
+GpuStatus QueueForwardChecks(Stream stream, const DirectConvGpuArgs<T>& a, const T* bias, Report* device_report,
+                             bool nan_with_entries) {
+  CheckSlot* checks = device_report->checks;
   if (!a.keys_checked) {
     TF_SPARSECONV_RETURN_IF_ERROR(
         CheckSortedKeys(stream, a.keys, a.n, a.in_layout.num_keys(), &checks[kConvKeys], a.padded));
   }
   const int64_t items = a.n + a.filter_size + a.cout;
-  if (items > 0) {
-    ForwardNaNKernel<T><<<BlocksFor(items), kThreads, 0, stream>>>(a.values, a.n, a.filter, a.filter_size, bias,
-                                                                   a.cout, checks);
+  if (items > 0 && !nan_with_entries) {
+    ForwardNaNKernel<T><<<BlocksFor(items), kThreads, 0, stream>>>(ForwardNaNOf(a, bias, device_report));
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
   }
   return GpuStatus::Ok();
 }
 
-// Uploads the weight table and computes the per-entry data (or, given `dense`, the dense
-// grid's tables instead; given `pair_begin`, that table as well); shared by both passes.
-// The tables go in one copy through one pinned buffer, each at an 8-byte boundary.
+// Uploads the weight table (given `dense`, the dense grid's tables as well; given
+// `pair_begin`, that table as well) and, where *device_report is null, a new report (every
+// check passed, count 0: NewReport's bytes), in one copy through one pinned buffer, each
+// table at an 8-byte boundary: one launch where memsets and copies took three.
 template <typename T>
-GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a,
-                         const Report* report, const GpuPresentWeight** weights,
-                         const int64_t** row_begin, EntryData* e, DenseTables* dense = nullptr,
-                         const int64_t** pair_begin = nullptr) {
+GpuStatus UploadTables(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, Report** device_report,
+                       const GpuPresentWeight** weights, const int64_t** row_begin, DenseTables* dense = nullptr,
+                       const int64_t** pair_begin = nullptr) {
   struct Table {
     const void* host;
     size_t bytes;
     const void** device;
   };
+  Report initial;
+  std::memset(&initial, 0xFF, sizeof(initial));  // every CheckSlot::first is kNoError
+  initial.count = 0;
   const size_t pairs_bytes = sizeof(int64_t) * (a.in_layout.channels * a.cout + 1);
   Table tables[6];
   int count = 0;
+  const void* report_at = nullptr;
+  if (*device_report == nullptr) tables[count++] = {&initial, sizeof(Report), &report_at};
   tables[count++] = {a.weights.items, sizeof(GpuPresentWeight) * a.weights.count,
                      reinterpret_cast<const void**>(weights)};
   tables[count++] = {a.weights.row_begin, sizeof(int64_t) * (a.in_layout.channels + 1),
@@ -1238,15 +1279,22 @@ GpuStatus PrepareEntries(Stream stream, Scratch* scratch, const DirectConvGpuArg
   }
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemcpyAsync(device, pinned, total, cudaMemcpyHostToDevice, stream), "present weights");
-  if (dense != nullptr) return GpuStatus::Ok();  // the dense grid needs no per-entry data
-  const bool data_by_caller = pair_begin != nullptr;  // the bitmaps compute it as they mark the input
+  if (report_at != nullptr) *device_report = reinterpret_cast<Report*>(device);  // the first table
+  return GpuStatus::Ok();
+}
+
+// The per-entry data (EntryData) of the input's entries, queued after the checks; the
+// bitmaps compute it themselves as they mark the input (data_by_caller: only allocated).
+template <typename T>
+GpuStatus PrepareEntryData(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const Report* report,
+                           bool data_by_caller, EntryData* e, const ForwardNaN<T>& nan = ForwardNaN<T>()) {
   e->out_base = scratch->DeviceArray<int64_t>(a.n);
   e->ic = scratch->DeviceArray<int32_t>(a.n);
   e->coords = scratch->DeviceArray<int32_t>(a.n * a.in_layout.d);
   if (!e->out_base || !e->ic || !e->coords) return GpuStatus::OutOfMemory("entry data");
   if (a.n > 0 && !data_by_caller) {
-    EntryDataKernel<<<BlocksFor(a.n), kThreads, 0, stream>>>(a.in_layout, a.cout, a.keys, a.n,
-                                                             report, *e);
+    EntryDataKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(a.in_layout, a.cout, a.keys, a.n, report, *e,
+                                                                nan);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("entry data");
   }
   return GpuStatus::Ok();
@@ -1274,19 +1322,29 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   // touched set never exceeds either bound; the passes over it run on that many items.
   const int64_t touched_bound = std::min<int64_t>(num_slots, static_cast<int64_t>(no_output));
 
-  Report* device_report = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(QueueForwardChecks(stream, scratch, a, bias, &device_report));
-
+  Report* device_report = nullptr;  // new, with the tables
   const GpuPresentWeight* weights = nullptr;
   const int64_t* row_begin = nullptr;
   const int64_t* pair_begin = nullptr;
   DenseTables tables;
+  TF_SPARSECONV_RETURN_IF_ERROR(UploadTables(stream, scratch, a, &device_report, &weights, &row_begin,
+                                             dense ? &tables : nullptr, bitmap ? &pair_begin : nullptr));
+  // Every dataflow's first kernel over the entries also takes the NaN checks (`nan`); the
+  // dense grid and the bitmaps run theirs only where something is touched.
+  const bool entries_kernel_runs = a.n > 0 && (touched_bound > 0 || (!dense && !bitmap));
+  TF_SPARSECONV_RETURN_IF_ERROR(QueueForwardChecks(stream, a, bias, device_report, entries_kernel_runs));
+  const ForwardNaN<T> nan = ForwardNaNOf(a, bias, device_report);
   EntryData e;
-  TF_SPARSECONV_RETURN_IF_ERROR(PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e,
-                                               dense ? &tables : nullptr, bitmap ? &pair_begin : nullptr));
+  if (!dense) {  // the dense grid needs no per-entry data
+    TF_SPARSECONV_RETURN_IF_ERROR(PrepareEntryData(stream, scratch, a, device_report, bitmap, &e,
+                                                   bitmap ? ForwardNaN<T>() : nan));
+  }
   touched_bound_ = touched_bound;
 
-  int64_t* touched_total = scratch->DeviceArray<int64_t>(1);
+  // Where every touched entry is kept, the touched total is the report's count itself (no
+  // copy of it at the end).
+  const bool total_is_count = selection == SelectionMode::kNone && !a.relu;
+  int64_t* touched_total = total_is_count ? &device_report->count : scratch->DeviceArray<int64_t>(1);
   int64_t* segment_begin = scratch->DeviceArray<int64_t>(num_segments + 1);
   if (!touched_total || !segment_begin) return GpuStatus::OutOfMemory("touched set");
   touched_total_ = touched_total;
@@ -1295,8 +1353,10 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   void* free_buffers[2] = {nullptr, nullptr};  // room for touched_bound items: [0] of 8 bytes, [1] of sizeof(T) >= 4
   int current = 0;
   if (touched_bound == 0) {
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-        cudaMemsetAsync(touched_total, 0, sizeof(int64_t), stream), "touched set");
+    if (!total_is_count) {  // the report's count is 0 already
+      TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+          cudaMemsetAsync(touched_total, 0, sizeof(int64_t), stream), "touched set");
+    }
   } else if (dense) {
     const int64_t in_keys = L.num_keys(), total = static_cast<int64_t>(no_output);
     const int64_t sites = L.batch * L.spatial_size;
@@ -1318,7 +1378,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
         cudaMemsetAsync(site_bits, 0, sizeof(uint32_t) * ((sites + 31) / 32), stream), "dense grid");
     if (a.n > 0) {
       ScatterDenseKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, a.keys, a.values, a.n, device_report,
-                                                                    dense_in, in_bits, site_bits);
+                                                                    dense_in, in_bits, site_bits, nan);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid input");
     }
     // A failed check leaves the masks unwritten; the kernel below reads none of them then.
@@ -1359,9 +1419,9 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(in_bits, 0, sizeof(uint32_t) * (in_words + out_words), stream), "bitmaps");
     if (a.n > 0) {  // also the entries' data, which the output bits read, and both counts zeroed
-      MarkInputsKernel<<<BlocksFor(std::max(a.n, num_segments)), kThreads, 0, stream>>>(
+      MarkInputsKernel<T><<<BlocksFor(std::max(a.n, num_segments)), kThreads, 0, stream>>>(
           L, a.cout, a.keys, a.n, device_report, in_bits, word_first, e, num_segments, touched_counts,
-          positive_counts);
+          positive_counts, nan);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bitmaps");
     }
     TF_SPARSECONV_RETURN_IF_ERROR(MarkAndReadOutputBits(stream, scratch, L, e, weights, row_begin,
@@ -1528,9 +1588,11 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   }
   keep_all_ = keep_ == nullptr && relu_values_ == nullptr;
   if (keep_all_) {  // the output is the touched set: its count, and a copy in Write
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-        cudaMemcpyAsync(&device_report->count, touched_total, sizeof(int64_t), cudaMemcpyDeviceToDevice, stream),
-        "kept entries");
+    if (!total_is_count) {
+      TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+          cudaMemcpyAsync(&device_report->count, touched_total, sizeof(int64_t), cudaMemcpyDeviceToDevice, stream),
+          "kept entries");
+    }
   } else {
     TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, IsKept<T>{touched_total, keep_, relu_values_},
                                                   touched_bound, &device_report->count, &kept_));
@@ -1559,10 +1621,34 @@ __device__ inline int64_t PaddedLive(const Report* report, int64_t host_live) {
   return report == nullptr ? host_live : ChecksPassed(report) ? report->count : 0;
 }
 
-// The touched set's first PaddedLive entries, then padding up to capacity.
+// The status output (direct_conv_checks.h, kConvStatusSize values), by block 0's first
+// threads: the report's checks and limit, or, with report nullptr (the host has checked),
+// all -1. Nothing where status is nullptr.
+__device__ inline void WriteConvStatus(const Report* report, int64_t limit, int64_t* status) {
+  static_assert(kConvKeys == 0 && kConvValues == 1 && kConvFilter == 2 && kConvBias == 3 && kConvReluNaN == 4,
+                "the status output's slot order (direct_conv_checks.h)");
+  static_assert(kConvStatusSlots == 5 && kConvStatusSlots <= kMaxChecks, "one status slot per ConvCheck");
+  static_assert(kConvStatusSize == 4 * kConvStatusSlots + 1, "four values per slot, then the limit");
+  const int c = static_cast<int>(threadIdx.x);
+  if (status == nullptr || blockIdx.x != 0 || c > kConvStatusSlots) return;
+  if (c == kConvStatusSlots) {
+    status[4 * kConvStatusSlots] = report == nullptr ? -1 : limit;
+  } else if (report == nullptr) {
+    for (int j = 0; j < 4; ++j) status[4 * c + j] = -1;
+  } else {
+    const CheckSlot& slot = report->checks[c];
+    status[4 * c] = slot.first == kNoError ? -1 : static_cast<int64_t>(slot.first);
+    for (int j = 0; j < 3; ++j) status[4 * c + 1 + j] = slot.detail[j];
+  }
+}
+
+// The touched set's first PaddedLive entries, then padding up to capacity; the status
+// output too, where given (one launch for both).
 template <typename T>
 __global__ void CopyTouchedPaddedKernel(const int64_t* keys, const T* values, const Report* report,
-                                        int64_t host_live, int64_t capacity, int64_t* out_keys, T* out_values) {
+                                        int64_t host_live, int64_t capacity, int64_t* out_keys, T* out_values,
+                                        int64_t limit, int64_t* status) {
+  WriteConvStatus(report, limit, status);
   const int64_t live = PaddedLive(report, host_live);
   TF_SPARSECONV_GRID_LOOP(q, capacity) {
     if (q < live) {
@@ -1577,14 +1663,15 @@ __global__ void CopyTouchedPaddedKernel(const int64_t* keys, const T* values, co
 
 template <typename T>
 GpuStatus DirectConvForwardGpu<T>::WritePadded(Stream stream, int64_t* out_keys, T* out_values, int64_t capacity,
-                                               const Report* device_report, int64_t live) const {
+                                               const Report* device_report, int64_t live, int64_t limit,
+                                               int64_t* status) const {
   if (!keep_all_) {
     TF_SPARSECONV_RETURN_IF_ERROR(Write(stream, out_keys, out_values));
-    return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values);
+    return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values, limit, status);
   }
-  if (capacity == 0) return GpuStatus::Ok();
+  if (capacity == 0) return status == nullptr ? GpuStatus::Ok() : ConvStatus(stream, device_report, limit, status);
   CopyTouchedPaddedKernel<T><<<BlocksFor(capacity), kThreads, 0, stream>>>(
-      touched_keys_, touched_values_, device_report, live, capacity, out_keys, out_values);
+      touched_keys_, touched_values_, device_report, live, capacity, out_keys, out_values, limit, status);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output entries");
   return GpuStatus::Ok();
 }
@@ -1607,7 +1694,8 @@ namespace {
 
 template <typename T>
 __global__ void PadConvOutputKernel(const Report* report, int64_t host_live, int64_t capacity, int64_t* out_keys,
-                                    T* out_values) {
+                                    T* out_values, int64_t limit, int64_t* status) {
+  WriteConvStatus(report, limit, status);
   const int64_t live = PaddedLive(report, host_live);
   TF_SPARSECONV_GRID_LOOP(j, capacity) {
     if (j < live) continue;
@@ -1617,35 +1705,22 @@ __global__ void PadConvOutputKernel(const Report* report, int64_t host_live, int
 }
 
 __global__ void ConvStatusKernel(const Report* report, int64_t limit, int64_t* status) {
-  static_assert(kConvKeys == 0 && kConvValues == 1 && kConvFilter == 2 && kConvBias == 3 && kConvReluNaN == 4,
-                "the status output's slot order (direct_conv_checks.h)");
-  static_assert(kConvStatusSlots == 5 && kConvStatusSlots <= kMaxChecks, "one status slot per ConvCheck");
-  TF_SPARSECONV_GRID_LOOP(c, kConvStatusSlots) {
-    const CheckSlot& slot = report->checks[c];
-    status[4 * c] = slot.first == kNoError ? -1 : static_cast<int64_t>(slot.first);
-    for (int j = 0; j < 3; ++j) status[4 * c + 1 + j] = slot.detail[j];
-  }
-  if (blockIdx.x == 0 && threadIdx.x == 0) status[4 * kConvStatusSlots] = limit;
+  WriteConvStatus(report, limit, status);
 }
 
 }  // namespace
 
 template <typename T>
 GpuStatus PadConvOutput(Stream stream, const Report* device_report, int64_t live, int64_t capacity,
-                        int64_t* out_keys, T* out_values) {
-  if (capacity == 0) return GpuStatus::Ok();
+                        int64_t* out_keys, T* out_values, int64_t limit, int64_t* status) {
+  if (capacity == 0) return status == nullptr ? GpuStatus::Ok() : ConvStatus(stream, device_report, limit, status);
   PadConvOutputKernel<T><<<BlocksFor(capacity), kThreads, 0, stream>>>(device_report, live, capacity, out_keys,
-                                                                       out_values);
+                                                                       out_values, limit, status);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("direct conv padding");
   return GpuStatus::Ok();
 }
 
 GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, int64_t* status) {
-  if (device_report == nullptr) {
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(status, 0xff, sizeof(int64_t) * kConvStatusSize, stream),
-                                            "direct conv status");
-    return GpuStatus::Ok();
-  }
   ConvStatusKernel<<<1, 32, 0, stream>>>(device_report, limit, status);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("direct conv status");
   return GpuStatus::Ok();
@@ -1668,16 +1743,14 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
         CheckNaN(stream, a.filter, a.filter_size, &checks[kBackpropFilter]));
     TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, out_keys, n_out, out_layout.num_keys(),
                                                   &checks[kBackpropOutKeys], a.out_padded));
-  } else {
-    // The kernels below still note internal errors in a report; nobody reads it.
-    TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
   }
-
+  // Unchecked, the kernels below still note internal errors in a new report, uploaded with
+  // the tables; nobody reads it.
   const GpuPresentWeight* weights = nullptr;
   const int64_t* row_begin = nullptr;
+  TF_SPARSECONV_RETURN_IF_ERROR(UploadTables(stream, scratch, a, &device_report, &weights, &row_begin));
   EntryData e;
-  TF_SPARSECONV_RETURN_IF_ERROR(
-      PrepareEntries(stream, scratch, a, device_report, &weights, &row_begin, &e));
+  TF_SPARSECONV_RETURN_IF_ERROR(PrepareEntryData(stream, scratch, a, device_report, false, &e));
 
   // Where the forward would use the dense grid, the output keys get a dense index too
   // (4 bytes per output key of the grid) instead of a binary search per contribution.
@@ -1777,7 +1850,8 @@ template <typename T>
 GpuStatus DirectConvCheckInputs(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const T* bias,
                                 Report* report) {
   Report* device_report = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(QueueForwardChecks(stream, scratch, a, bias, &device_report));
+  TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
+  TF_SPARSECONV_RETURN_IF_ERROR(QueueForwardChecks(stream, a, bias, device_report, false));
   return ReadReport(stream, scratch, device_report, report);
 }
 
@@ -1787,8 +1861,10 @@ template GpuStatus DirectConvCheckInputs<double>(Stream, Scratch*, const DirectC
                                                  Report*);
 template class DirectConvForwardGpu<float>;
 template class DirectConvForwardGpu<double>;
-template GpuStatus PadConvOutput<float>(Stream, const Report*, int64_t, int64_t, int64_t*, float*);
-template GpuStatus PadConvOutput<double>(Stream, const Report*, int64_t, int64_t, int64_t*, double*);
+template GpuStatus PadConvOutput<float>(Stream, const Report*, int64_t, int64_t, int64_t*, float*, int64_t,
+                                        int64_t*);
+template GpuStatus PadConvOutput<double>(Stream, const Report*, int64_t, int64_t, int64_t*, double*, int64_t,
+                                         int64_t*);
 template GpuStatus DirectConvBackpropGpu<float>(Stream, Scratch*, const DirectConvGpuArgs<float>&,
                                                 const int64_t*, const float*, int64_t,
                                                 DirectConvDataflow, float*, float*, float*, Report*);

@@ -208,9 +208,9 @@ class DirectConvForwardGpu {
   // Writes the report->count kept entries in key order.
   GpuStatus Write(Stream stream, int64_t* out_keys, T* out_values) const;
   // Write, then PadConvOutput's padding up to capacity (one launch where every touched entry
-  // is kept).
+  // is kept), with the status output (ConvStatus) in the same launch where status is given.
   GpuStatus WritePadded(Stream stream, int64_t* out_keys, T* out_values, int64_t capacity,
-                        const Report* device_report, int64_t live) const;
+                        const Report* device_report, int64_t live, int64_t limit, int64_t* status) const;
   // The report of a Run that did not wait (nullptr after one that did).
   const Report* device_report() const { return unread_report_; }
 
@@ -246,10 +246,11 @@ GpuStatus DirectConvCheckInputs(Stream stream, Scratch* scratch, const DirectCon
 
 // The padding of a padded_output call: out_keys/out_values[live, capacity) = (kPaddingKey,
 // 0), where live is the kept count in device_report (all of them padding if a check of it
-// failed: its status says why), or, with device_report nullptr, the host's live.
+// failed: its status says why), or, with device_report nullptr, the host's live; and,
+// where status is given, ConvStatus's output in the same launch.
 template <typename T>
 GpuStatus PadConvOutput(Stream stream, const Report* device_report, int64_t live, int64_t capacity,
-                        int64_t* out_keys, T* out_values);
+                        int64_t* out_keys, T* out_values, int64_t limit = 0, int64_t* status = nullptr);
 // The status output (direct_conv_checks.h, kConvStatusSize values): device_report's checks
 // and limit, or, with device_report nullptr (the host has checked), all -1.
 GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, int64_t* status);

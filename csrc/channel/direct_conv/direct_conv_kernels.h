@@ -69,7 +69,8 @@ struct ConvTensors {
 //   absl::Status WritePadded(int64_t count, int64_t capacity, int64_t* out_keys, T* out_values);
 //     padded_output: the kept entries, then padding up to capacity. count is Count's, or
 //     kCountOnDevice where the GPU queued its work without waiting (inputs_checked).
-//   absl::Status WriteStatus(int64_t* status);  // the status output (kConvStatusSize values)
+//   absl::Status WriteStatus(int64_t* status);  // the status output (kConvStatusSize values),
+//     or, on the GPU with padded_output, where WritePadded (called next) writes it.
 template <typename Device, typename T>
 class DirectSparseConvFunctor;
 

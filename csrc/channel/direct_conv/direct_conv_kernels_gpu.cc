@@ -211,14 +211,20 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
   absl::Status WritePadded(int64_t count, int64_t capacity, int64_t* out_keys, T* out_values) {
     if (!in_groups_) {
       return ToStatus(conv_.WritePadded(stream_, out_keys, out_values, capacity,
-                                        no_wait_ ? conv_.device_report() : nullptr, count));
+                                        no_wait_ ? conv_.device_report() : nullptr, count,
+                                        args_.in_layout.num_keys(), status_));
     }
     TF_RETURN_IF_ERROR(Write(out_keys, out_values));
     return ToStatus(gpu::PadConvOutput<T>(stream_, no_wait_ ? conv_.device_report() : nullptr, count, capacity,
                                           out_keys, out_values));
   }
 
+  // A padded output (not in groups) writes the status in WritePadded's launch.
   absl::Status WriteStatus(int64_t* status) {
+    if (attrs_.padded_output && !in_groups_) {
+      status_ = status;
+      return absl::OkStatus();
+    }
     return ToStatus(gpu::ConvStatus(stream_, no_wait_ ? conv_.device_report() : nullptr,
                                     args_.in_layout.num_keys(), status));
   }
@@ -321,6 +327,7 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
   DirectConvDataflow dataflow_ = DirectConvDataflow::kAuto;  // attrs_.dataflow, or the sort under a temp limit
   bool in_groups_ = false;
   bool no_wait_ = false;
+  int64_t* status_ = nullptr;  // the status output, for WritePadded
   gpu::DirectConvForwardGpu<T> conv_;
   // In groups: the first entry of each example, the groups, each group's kept entries, and
   // the [2, B * Cout] counts the groups' runs write before they are copied out.

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On the lent GPU, after dev/device_unpack.sh and `. /tmp/tfgpu.env`: two op libraries in the
+# same lease, alternated ROUNDS times (default 2): OLD_LIB (default .altlib/_tf_sparseconv_ops.so)
+# and the unpacked one (tf_sparseconv/_tf_sparseconv_ops.so, "new"). Each round runs
+# dev/host_time_fig4.py (the Fig. 4 layer as inside a network, ρ_f 0.1, RESOLUTIONS default
+# "128 256", both selections; cuDNN's conv3d in the first round) and, with STACK=1 (default),
+# the six-layer stack of benchmarks/direct_conv_stack_gpu.py at STACK_RESOLUTIONS (default 256),
+# ρ_f 0.1. Rows to $OUT/host_time_fig4.jsonl and $OUT/stack_<label>.jsonl; the new library is
+# in place again at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+lib=tf_sparseconv/_tf_sparseconv_ops.so
+cp "$lib" /tmp/new_ops.so
+cp "${OLD_LIB:-.altlib/_tf_sparseconv_ops.so}" /tmp/old_ops.so
+failed=0
+dense=--dense
+for round in $(seq "${ROUNDS:-2}"); do
+  for label in old new; do
+    cp "/tmp/${label}_ops.so" "$lib"
+    echo "== round $round, $label"
+    # shellcheck disable=SC2086  # word lists on purpose
+    python3 dev/host_time_fig4.py --resolutions ${RESOLUTIONS:-128 256} --selections none signed \
+      --label "$label" $dense 2>&1 | grep -v "^W0000\|^I0000\|^WARNING: All log"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "Fig. 4 layer with $label failed"; failed=1; }
+    if [ "${STACK:-1}" = 1 ]; then
+      # shellcheck disable=SC2086
+      python3 benchmarks/direct_conv_stack_gpu.py --resolutions ${STACK_RESOLUTIONS:-256} --filter-densities 0.1 \
+        --out "$out/stack_$label.jsonl" 2>&1 | grep -v "^W0000\|^I0000\|^WARNING: All log" | tail -4
+      [ "${PIPESTATUS[0]}" = 0 ] || { echo "stack with $label failed"; failed=1; }
+    fi
+  done
+  dense=
+done
+cp /tmp/new_ops.so "$lib"
+exit $failed
