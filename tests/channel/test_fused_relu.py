@@ -11,7 +11,7 @@ import tf_sparseconv as ts
 from tf_sparseconv import keras_layers as kl
 from tests.channel.helpers import random_filter
 from tests.channel.test_direct_conv import CONV_CASES, random_sparse, reference_conv, reference_selection
-from tests.device import CPU, assert_same_error
+from tests.device import CPU, GPU, assert_same_error, first_line
 
 
 @pytest.mark.parametrize("batch,spatial,cin,cout,kernel,density,filter_density", CONV_CASES)
@@ -129,6 +129,23 @@ def test_fused_relu_refuses_nan_on_the_gpu_as_on_the_cpu(gpu):
     x = ts.from_dense(dense, non_finite="allow")
     assert_same_error(lambda: ts.direct_conv(x, np.ones((3, 1, 1)), activation="relu").values,
                       "activation 'relu'.*NaN")
+
+
+@pytest.mark.parametrize("dataflow", ["sort", "dense", "bitmap", "atomic"])
+def test_fused_relu_refuses_nan_in_every_gpu_dataflow(dataflow, gpu):
+    """The bitmaps and the atomic sums check the values before the ReLU in the kernel that
+    writes them, the sort and the dense grid in a pass of their own: each refuses the NaN,
+    with the CPU's message (the CPU runs the sort where the dataflow is the GPU's alone)."""
+    dense = np.zeros((1, 5, 1))
+    dense[0, 1, 0], dense[0, 3, 0] = np.inf, -np.inf
+    x = ts.from_dense(dense, non_finite="allow")
+    messages = {}
+    for device, flow in ((CPU, dataflow if dataflow in ("sort", "dense") else "sort"), (GPU, dataflow)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="activation 'relu'.*NaN") as error:
+            with tf.device(device):
+                ts.direct_conv(x, np.ones((3, 1, 1)), activation="relu", dataflow=flow).values.numpy()
+        messages[device] = first_line(error.value)
+    assert messages[GPU] == messages[CPU]
 
 
 @pytest.mark.parametrize("activation", ["tanh", "linear", "ReLU"])

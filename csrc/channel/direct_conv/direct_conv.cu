@@ -292,9 +292,15 @@ __device__ inline typename ScoreBits<T>::type ScoreOf(T value, bool by_magnitude
   return ScoreBits<T>::Ordered(s);
 }
 
-// segment_of[j] = the segment of touched entry j (-1 past the touched set).
-__global__ void SegmentOfKernel(const int64_t* touched_keys, const int64_t* touched_total, int64_t touched_bound,
-                                int64_t spatial_size, bool narrow, int32_t* segment_of) {
+// k-selection's start, one launch: segment_of[j] = the segment of touched entry j (-1 past the
+// touched total); remaining[s] = k where segment s holds more than k entries (it is selected),
+// else -1 (every entry kept); prefix[s] = 0; the first round's histograms zeroed, a bin per
+// thread (a thread per segment zeroing its 256 bins took 67 us per call at 2,048 segments).
+template <typename Bits>
+__global__ void SelectStartKernel(const int64_t* touched_keys, const int64_t* touched_total, int64_t touched_bound,
+                                  int64_t spatial_size, bool narrow, int32_t* segment_of, const int64_t* begin,
+                                  int64_t num_segments, int64_t k, Bits* prefix, int64_t* remaining,
+                                  uint32_t* hist) {
   const int64_t total = *touched_total;
   // narrow: every key fits 32 bits, so 32-bit divisions do (the same for the whole grid)
   TF_SPARSECONV_GRID_LOOP(j, touched_bound) {
@@ -306,18 +312,11 @@ __global__ void SegmentOfKernel(const int64_t* touched_keys, const int64_t* touc
       segment_of[j] = static_cast<int32_t>(touched_keys[j] / spatial_size);
     }
   }
-}
-
-// remaining[s] = k where segment s holds more than k entries (it is selected), else -1
-// (every entry kept); prefix[s] = 0; the first round's histogram of s zeroed.
-template <typename Bits>
-__global__ void SelectStartKernel(const int64_t* begin, int64_t num_segments, int64_t k, Bits* prefix,
-                                  int64_t* remaining, uint32_t* hist) {
   TF_SPARSECONV_GRID_LOOP(s, num_segments) {
     remaining[s] = begin[s + 1] - begin[s] > k ? k : -1;
     prefix[s] = 0;
-    for (int b = 0; b < kRadixBins; ++b) hist[s * kRadixBins + b] = 0u;
   }
+  TF_SPARSECONV_GRID_LOOP(bin, num_segments * kRadixBins) hist[bin] = 0u;
 }
 
 // hist[s * kRadixBins + digit] += entries of selected segments whose digit at `shift` is
@@ -1041,7 +1040,7 @@ __global__ void __launch_bounds__(kThreads)
     BitmapSumsKernel(KeyLayout L, int64_t cout, const int64_t* touched_keys, const int64_t* touched_total,
                      const uint32_t* in_bits, const int32_t* word_first, const T* values, const T* filter,
                      const GpuPresentWeight* weights, const int64_t* pair_begin, const T* bias, T* touched_values,
-                     int64_t* positive) {
+                     int64_t* positive, CheckSlot* relu_nan) {
   __shared__ int64_t block_segment[2];
   const int64_t total = *touched_total;
   const Index S = static_cast<Index>(L.spatial_size), cin = static_cast<Index>(L.channels);
@@ -1080,6 +1079,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       const T value = AddRn(sum, bias[oc]);
       touched_values[j] = value;
+      if (relu_nan != nullptr && isnan(value)) RecordFirst(relu_nan, j);  // TouchedNaNKernel's check
       segment = static_cast<int64_t>(seg);
       positive_here = value > T(0);
     }
@@ -1116,7 +1116,7 @@ __global__ void AtomicContributionsKernel(KeyLayout L, EntryData e, const T* val
 template <typename T, typename Index>
 __global__ void __launch_bounds__(kThreads)
     AtomicBiasKernel(const int64_t* touched_keys, const int64_t* touched_total, int64_t spatial_size, int64_t cout,
-                     const T* bias, T* touched_values, int64_t* positive) {
+                     const T* bias, T* touched_values, int64_t* positive, CheckSlot* relu_nan) {
   __shared__ int64_t block_segment[2];
   const int64_t total = *touched_total;
   const Index S = static_cast<Index>(spatial_size), n_oc = static_cast<Index>(cout);
@@ -1130,6 +1130,7 @@ __global__ void __launch_bounds__(kThreads)
       const Index seg = static_cast<Index>(touched_keys[j]) / S;
       const T value = AddRn(touched_values[j], bias[seg % n_oc]);
       touched_values[j] = value;
+      if (relu_nan != nullptr && isnan(value)) RecordFirst(relu_nan, j);  // TouchedNaNKernel's check
       segment = static_cast<int64_t>(seg);
       positive_here = value > T(0);
     }
@@ -1340,6 +1341,9 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
                                                    bitmap ? ForwardNaN<T>() : nan));
   }
   touched_bound_ = touched_bound;
+  // The fused ReLU's NaN check: in the kernel that writes the touched values where it is the
+  // bitmaps' or the atomic sums' (their last kernel), else in TouchedNaNKernel below.
+  CheckSlot* relu_nan = a.relu && (bitmap || atomic) ? &device_report->checks[kConvReluNaN] : nullptr;
 
   // Where every touched entry is kept, the touched total is the report's count itself (no
   // copy of it at the end).
@@ -1431,11 +1435,11 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     if (no_output <= UINT32_MAX && static_cast<uint64_t>(L.num_keys()) <= UINT32_MAX) {
       BitmapSumsKernel<T, uint32_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
           L, a.cout, touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin,
-          bias, touched_values, positive_counts);
+          bias, touched_values, positive_counts, relu_nan);
     } else {
       BitmapSumsKernel<T, uint64_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
           L, a.cout, touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin,
-          bias, touched_values, positive_counts);
+          bias, touched_values, positive_counts, relu_nan);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
     touched_keys_ = touched_keys;
@@ -1474,10 +1478,10 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     }
     if (no_output <= UINT32_MAX) {
       AtomicBiasKernel<T, uint32_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-          touched_keys, touched_total, L.spatial_size, a.cout, bias, touched_values, positive_counts);
+          touched_keys, touched_total, L.spatial_size, a.cout, bias, touched_values, positive_counts, relu_nan);
     } else {
       AtomicBiasKernel<T, uint64_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-          touched_keys, touched_total, L.spatial_size, a.cout, bias, touched_values, positive_counts);
+          touched_keys, touched_total, L.spatial_size, a.cout, bias, touched_values, positive_counts, relu_nan);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("atomic sums");
     touched_keys_ = touched_keys;
@@ -1534,7 +1538,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("positive counts");
   }
   if (touched_bound > 0) {
-    if (a.relu) {
+    if (a.relu && relu_nan == nullptr) {
       TouchedNaNKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
           touched_values_, touched_total, touched_bound, &device_report->checks[kConvReluNaN]);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("relu NaN check");
@@ -1559,10 +1563,9 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     if (!tie || !segment_of || !tie_rank || !prefix || !remaining || !hist || !keep) {
       return GpuStatus::OutOfMemory("k-selection");
     }
-    SegmentOfKernel<<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-        touched_keys_, touched_total, touched_bound, L.spatial_size, no_output <= UINT32_MAX, segment_of);
-    SelectStartKernel<Bits><<<BlocksFor(num_segments), kThreads, 0, stream>>>(segment_begin, num_segments, k,
-                                                                              prefix, remaining, hist);
+    SelectStartKernel<Bits><<<BlocksFor(std::max(touched_bound, num_segments * kRadixBins)), kThreads, 0, stream>>>(
+        touched_keys_, touched_total, touched_bound, L.spatial_size, no_output <= UINT32_MAX, segment_of,
+        segment_begin, num_segments, k, prefix, remaining, hist);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
     const int64_t tiles = (touched_bound + kThreads * kSelectItems - 1) / (kThreads * kSelectItems);
     int round = 0;
