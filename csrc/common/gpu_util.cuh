@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -130,6 +131,14 @@ GpuStatus CheckNaN(Stream stream, const T* x, int64_t n, CheckSlot* slot);
 
 // A Report in device memory with every check passed and count 0.
 GpuStatus NewReport(Stream stream, Scratch* scratch, Report** report);
+// NewReport's bytes on the host, for an op that uploads its report with other tables: all
+// bits set (every CheckSlot::first is kNoError), then count 0.
+inline Report InitialReport() {
+  Report report;
+  std::memset(&report, 0xFF, sizeof(report));
+  report.count = 0;
+  return report;
+}
 
 // The host waits for the stream (counted: common/host_syncs.h); also surfaces any error of
 // the kernels queued before (a fault, a bad launch).

@@ -1246,9 +1246,7 @@ GpuStatus UploadTables(Stream stream, Scratch* scratch, const DirectConvGpuArgs<
     size_t bytes;
     const void** device;
   };
-  Report initial;
-  std::memset(&initial, 0xFF, sizeof(initial));  // every CheckSlot::first is kNoError
-  initial.count = 0;
+  const Report initial = InitialReport();
   const size_t pairs_bytes = sizeof(int64_t) * (a.in_layout.channels * a.cout + 1);
   Table tables[6];
   int count = 0;

@@ -134,6 +134,13 @@ inline double AtomicForwardBytes(const DirectConvGpuArgs<T>& a) {
   return sites * static_cast<double>(a.cout) * 0.25 + TouchedSetBytes(a);
 }
 
+// The temporary memory 'auto' allows the bitmaps and the atomic sums: at most twice the sort's
+// or 256 MiB.
+template <typename T>
+inline bool WithinBitmapBudget(const DirectConvGpuArgs<T>& a, double bytes) {
+  return bytes <= 2.0 * SortForwardBytes(a) || bytes <= 256.0 * (1 << 20);
+}
+
 // Below this many contribution slots 'auto' keeps the deterministic dataflows: their time is
 // the launches', not the sums'.
 constexpr int64_t kMinAtomicSlots = int64_t{1} << 20;
@@ -141,9 +148,8 @@ constexpr int64_t kMinAtomicSlots = int64_t{1} << 20;
 // the bitmaps may take.
 template <typename T>
 inline bool AtomicAllowed(const DirectConvGpuArgs<T>& a) {
-  const double atomic = AtomicForwardBytes(a);
   return !a.deterministic && ContributionSlots(a.n, a.weights.max_row) >= kMinAtomicSlots &&
-         (atomic <= 2.0 * SortForwardBytes(a) || atomic <= 256.0 * (1 << 20));
+         WithinBitmapBudget(a, AtomicForwardBytes(a));
 }
 // Where 'auto' may take the atomic sums, the dense grid runs only where it has at least this
 // many contribution slots per thread of its per-site kernel (a site and 8 output channels):
@@ -162,8 +168,7 @@ constexpr double kMinSlotsPerDenseThread = 40.0;
 constexpr double kMaxBitmapProbes = 12.0;
 template <typename T>
 inline bool BitmapsFit(const DirectConvGpuArgs<T>& a) {
-  const double bitmap = BitmapForwardBytes(a);
-  const bool fits = a.n < (int64_t{1} << 31) && (bitmap <= 2.0 * SortForwardBytes(a) || bitmap <= 256.0 * (1 << 20));
+  const bool fits = a.n < (int64_t{1} << 31) && WithinBitmapBudget(a, BitmapForwardBytes(a));
   return fits && static_cast<double>(a.weights.count) <= kMaxBitmapProbes * static_cast<double>(a.cout);
 }
 // The dense grid: where its temporary memory is below the sort's, which follows the
