@@ -87,6 +87,10 @@ GPU_CONV_CASES = CONV_CASES + [
     pytest.param(3, (8, 8), 3, 11, (3, 3), 0.2, 0.7, id="2d-site-chunks"),
     pytest.param(2, (4, 8, 8), 2, 9, (3, 3, 3), 0.1, 0.6, id="3d-site-chunks"),
     pytest.param(1, (8, 8, 8), 2, 3, (5, 5, 3), 0.03, 0.6, id="3d-75-offsets-site-chunks"),
+    # the dense grid's weights in shared memory for float32 (35 KiB), too many for float64 (70 KiB)
+    pytest.param(1, (4, 8, 8), 40, 3, (3, 3, 3), 0.03, 0.6, id="3d-site-chunks-40-channels"),
+    # kernel offsets beyond a signed byte: the input gradient without packed weights
+    pytest.param(2, (300,), 1, 2, (257,), 0.05, 0.3, id="1d-257-wide-kernel"),
 ]
 
 

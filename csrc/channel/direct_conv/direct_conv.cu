@@ -573,6 +573,97 @@ __global__ void InGradKernel(KeyLayout L, EntryData e, const T* filter,
   }
 }
 
+// What InGradPackedKernel reads of a present weight, in one 16-byte load: the output key's
+// offset from the entry's out_base (oc * S - lin_delta), the kernel offset's spatial delta per
+// dimension as signed bytes, and the filter value itself. InGradKernel reads the same from the
+// 48-byte GpuPresentWeight and the filter, some fifteen loads per (entry, weight).
+template <typename T>
+struct __align__(16) GradWeight {
+  int32_t out_delta;
+  uint32_t deltas;
+  T value;
+};
+
+// Whether every weight packs: the output offsets in 32 bits, the deltas in signed bytes.
+template <typename T>
+bool GradWeightsPack(const DirectConvGpuArgs<T>& a) {
+  const KeyLayout& L = a.in_layout;
+  if (a.cout * L.spatial_size > INT32_MAX) return false;
+  for (int64_t p = 0; p < a.weights.count; ++p) {
+    const GpuPresentWeight& w = a.weights.items[p];
+    for (int j = 0; j < L.d; ++j) {
+      const int64_t delta = w.lo[j] > 0 ? w.lo[j] : w.hi[j] - L.extent[j];
+      if (delta < INT8_MIN || delta > INT8_MAX) return false;
+    }
+  }
+  return true;
+}
+
+template <typename T>
+__global__ void GradWeightsKernel(KeyLayout L, const GpuPresentWeight* weights, int64_t count, const T* filter,
+                                  GradWeight<T>* packed) {
+  TF_SPARSECONV_GRID_LOOP(p, count) {
+    const GpuPresentWeight& w = weights[p];
+    uint32_t deltas = 0;
+    for (int j = 0; j < L.d; ++j) {
+      const int32_t delta = w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(L.extent[j]);
+      deltas |= static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(delta))) << (8 * j);
+    }
+    packed[p] = GradWeight<T>{static_cast<int32_t>(w.oc * L.spatial_size - w.lin_delta), deltas,
+                              filter[w.filter_index]};
+  }
+}
+
+// InGradKernel over the packed weights: the entry's coordinates and out_base read once, each
+// weight in one load; the same terms added in the same order, so the same bits.
+template <typename T>
+__global__ void InGradPackedKernel(KeyLayout L, EntryData e, const GradWeight<T>* weights, const int64_t* row_begin,
+                                   OutputLookup out, const T* out_grad, int64_t n, const Report* report,
+                                   T* in_grad) {
+  const bool valid = ChecksPassed(report);
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    T sum = T(0);
+    if (valid && e.ic[i] >= 0) {  // padding: 0
+      const int32_t ic = e.ic[i];
+      int32_t x[kMaxSpatialDims];
+#pragma unroll
+      for (int j = 0; j < kMaxSpatialDims; ++j) x[j] = j < L.d ? e.coords[i * L.d + j] : 0;
+      const int64_t out_base = e.out_base[i];
+      const int64_t end = row_begin[ic + 1];
+      for (int64_t r0 = row_begin[ic]; r0 < end; r0 += kGradUnroll) {
+        T term[kGradUnroll];
+        bool linked[kGradUnroll];
+#pragma unroll
+        for (int u = 0; u < kGradUnroll; ++u) {
+          linked[u] = false;
+          term[u] = T(0);
+          if (r0 + u < end) {
+            const GradWeight<T> w = weights[r0 + u];
+            bool reaches = true;  // the output site x - delta lies in the grid
+#pragma unroll
+            for (int j = 0; j < kMaxSpatialDims; ++j) {
+              if (j < L.d) {
+                const int32_t y = x[j] - static_cast<int8_t>(w.deltas >> (8 * j));
+                reaches = reaches && y >= 0 && y < static_cast<int32_t>(L.extent[j]);
+              }
+            }
+            const int64_t p = reaches ? out.Find(out_base + w.out_delta) : -1;
+            if (p >= 0) {
+              linked[u] = true;
+              term[u] = MulRn(out_grad[p], w.value);
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kGradUnroll; ++u) {
+          if (linked[u]) sum = AddRn(sum, term[u]);  // the row's order, as the CPU
+        }
+      }
+    }
+    in_grad[i] = sum;
+  }
+}
+
 __global__ void KeyBoundsKernel(const int64_t* keys, int64_t n, int64_t num_segments,
                                 int64_t spatial_size, const Report* report, int64_t* begin) {
   const bool valid = ChecksPassed(report);
@@ -634,6 +725,93 @@ __global__ void __launch_bounds__(kThreads)
       sum = AddRn(sum, __shfl_down_sync(0xffffffffu, sum, offset));
     }
     if (lane == 0) partial[task] = sum;
+  }
+}
+
+// FilterGradPartialKernel for kGradGroup consecutive weights of one input channel's row at
+// once: a warp task t = (group, b, c) reads each entry of part c of segment (b, ic) once for
+// the group's weights (FilterGradPartialKernel reads it again for every weight), the
+// weights' packed offsets held in registers. Each weight's lane sums and shuffle tree are
+// FilterGradPartialKernel's, in the same order, and land in the same partial slots: the same bits.
+constexpr int kGradGroup = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    FilterGradGroupKernel(KeyLayout L, EntryData e, const T* values, const GradWeight<T>* weights,
+                          const int64_t* row_begin, int64_t groups_per_row, const int64_t* in_begin,
+                          OutputLookup out, const T* out_grad, int64_t parts, const Report* report, T* partial) {
+  const bool valid = ChecksPassed(report);
+  const int lane = threadIdx.x % 32;
+  const int64_t per_weight = L.batch * parts;
+  const int64_t num_tasks = L.channels * groups_per_row * per_weight;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
+  for (int64_t task = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; task < num_tasks;
+       task += warps) {
+    const int64_t group = task / per_weight;
+    const int64_t b = (task / parts) % L.batch;
+    const int64_t c = task % parts;
+    const int64_t ic = group / groups_per_row;
+    const int64_t w0 = row_begin[ic] + (group - ic * groups_per_row) * kGradGroup;
+    const int64_t row_end = row_begin[ic + 1];
+    if (w0 >= row_end) continue;  // a shorter row than the longest: the same for the whole warp
+    const int nw = static_cast<int>(row_end - w0 < kGradGroup ? row_end - w0 : kGradGroup);
+    int32_t out_delta[kGradGroup];
+    uint32_t deltas[kGradGroup];
+#pragma unroll
+    for (int u = 0; u < kGradGroup; ++u) {
+      const GradWeight<T> w = weights[w0 + (u < nw ? u : 0)];
+      out_delta[u] = w.out_delta;
+      deltas[u] = w.deltas;
+    }
+    T sum[kGradGroup];
+#pragma unroll
+    for (int u = 0; u < kGradGroup; ++u) sum[u] = T(0);
+    if (valid) {
+      const int64_t seg = b * L.channels + ic;
+      const int64_t len = in_begin[seg + 1] - in_begin[seg];
+      const int64_t lo = in_begin[seg] + len * c / parts;
+      const int64_t hi = in_begin[seg] + len * (c + 1) / parts;
+      for (int64_t i = lo + lane; i < hi; i += 32) {
+        int32_t x[kMaxSpatialDims];
+#pragma unroll
+        for (int j = 0; j < kMaxSpatialDims; ++j) x[j] = j < L.d ? e.coords[i * L.d + j] : 0;
+        const int64_t out_base = e.out_base[i];
+        const T value = values[i];
+        T term[kGradGroup];
+        bool linked[kGradGroup];
+#pragma unroll
+        for (int u = 0; u < kGradGroup; ++u) {
+          linked[u] = false;
+          term[u] = T(0);
+          if (u < nw) {
+            bool reaches = true;  // the output site x - delta lies in the grid
+#pragma unroll
+            for (int j = 0; j < kMaxSpatialDims; ++j) {
+              if (j < L.d) {
+                const int32_t y = x[j] - static_cast<int8_t>(deltas[u] >> (8 * j));
+                reaches = reaches && y >= 0 && y < static_cast<int32_t>(L.extent[j]);
+              }
+            }
+            const int64_t p = reaches ? out.Find(out_base + out_delta[u]) : -1;
+            if (p >= 0) {
+              linked[u] = true;
+              term[u] = MulRn(out_grad[p], value);
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kGradGroup; ++u) {
+          if (linked[u]) sum[u] = AddRn(sum[u], term[u]);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kGradGroup; ++u) {
+      for (int offset = 16; offset > 0; offset /= 2) {
+        sum[u] = AddRn(sum[u], __shfl_down_sync(0xffffffffu, sum[u], offset));
+      }
+      if (lane == 0 && u < nw) partial[(w0 + u) * per_weight + b * parts + c] = sum[u];
+    }
   }
 }
 
@@ -855,6 +1033,131 @@ __global__ void DenseSiteAccumulateKernel(KeyLayout L, int64_t cout, const T* de
 #pragma unroll
     for (int j = 0; j < kDenseChunk; ++j) {
       if (j >= n_oc) break;  // the same for the whole warp (one chunk)
+      const int64_t o = (b * cout + oc0 + j) * S + lin;
+      const bool is_touched = (touched >> j) & 1u;
+      if (is_touched) out_values[o] = AddRn(sum[j], bias[oc0 + j]);
+      const unsigned int bits = __ballot_sync(0xffffffffu, is_touched);
+      if (lane == 0) out_bits[o >> 5] = bits;
+    }
+  }
+}
+
+// DenseSiteAccumulateKernel with its weights in shared memory, where every present kernel
+// offset has a bit of the neighbour mask to itself (so a set bit also says the input site is
+// in the grid) and the chunk's weights fit: the block takes one chunk (blockIdx.y) and first
+// copies, per (ic, present offset r), the chunk's 8 filter values (0 where absent) and a byte
+// of which are present, and per offset its spatial delta and mask bit. Each (ic, r) step is
+// then two global loads (the input's bit and value) and three shared ones, where the kernel
+// above issues some thirty, most of them the same address in every lane. The same sums in the
+// same order: the CPU's values.
+struct DenseOffset {
+  int32_t lin_delta;
+  int32_t bit;
+};
+
+// A chunk's 8 filter values from shared memory in 16-byte loads (chunk_filter is 16-byte
+// aligned and each (ic, r) row is 8 values long).
+__device__ inline void LoadChunk(const float* src, float (&w)[kDenseChunk]) {
+  const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+__device__ inline void LoadChunk(const double* src, double (&w)[kDenseChunk]) {
+#pragma unroll
+  for (int h = 0; h < kDenseChunk / 2; ++h) {
+    const double2 v = reinterpret_cast<const double2*>(src)[h];
+    w[2 * h] = v.x, w[2 * h + 1] = v.y;
+  }
+}
+static_assert(kDenseChunk == 8, "LoadChunk reads 8 values");
+
+template <typename T>
+inline size_t DenseSharedBytes(int64_t cin, int64_t num_offsets) {
+  return static_cast<size_t>(cin * num_offsets) * (kDenseChunk * sizeof(T) + 1) +
+         static_cast<size_t>(num_offsets) * sizeof(DenseOffset);
+}
+
+// Whether DenseSiteSharedKernel may run: each present offset with a mask bit of its own (at
+// most 32 offsets, all bits distinct), 32-bit spatial deltas, and the chunk's weights within
+// the 48 KiB of shared memory a launch gets without asking.
+template <typename T>
+bool DenseWeightsShared(const DirectConvGpuArgs<T>& a) {
+  const GpuWeightTable& t = a.weights;
+  if (t.num_offsets < 1 || t.num_offsets > 32 || a.in_layout.spatial_size > INT32_MAX) return false;
+  if (DenseSharedBytes<T>(a.in_layout.channels, t.num_offsets) > 48 * 1024) return false;
+  uint32_t bits = 0;
+  for (int64_t r = 0; r < t.num_offsets; ++r) {
+    const uint32_t bit = 1u << t.items[t.offset_rep[r]].offset_bit;
+    if (bits & bit) return false;
+    bits |= bit;
+  }
+  return true;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    DenseSiteSharedKernel(KeyLayout L, int64_t cout, const T* dense_in, const uint32_t* in_bits,
+                          const uint32_t* neighbour_mask, const T* filter, const uint8_t* present,
+                          const GpuPresentWeight* weights, const int64_t* offset_rep, int num_offsets, const T* bias,
+                          const Report* report, T* out_values, uint32_t* out_bits) {
+  if (!ChecksPassed(report)) return;
+  extern __shared__ __align__(16) unsigned char shared[];
+  const int cin = static_cast<int>(L.channels), R = num_offsets;
+  T* chunk_filter = reinterpret_cast<T*>(shared);                                      // [cin][R][kDenseChunk]
+  DenseOffset* offsets = reinterpret_cast<DenseOffset*>(chunk_filter + cin * R * kDenseChunk);  // [R]
+  uint8_t* chunk_present = reinterpret_cast<uint8_t*>(offsets + R);                    // [cin][R]
+  const int64_t oc0 = static_cast<int64_t>(blockIdx.y) * kDenseChunk;
+  const int n_oc = static_cast<int>(cout - oc0 < kDenseChunk ? cout - oc0 : kDenseChunk);
+  for (int q = threadIdx.x; q < cin * R; q += kThreads) {
+    const int ic = q / R, r = q - ic * R;
+    const GpuPresentWeight& w = weights[offset_rep[r]];
+    // the filter row of (this offset, ic): [K..., Cin, Cout] from w's own index
+    const int64_t row = w.filter_index - (static_cast<int64_t>(w.ic) * cout + w.oc) + ic * cout + oc0;
+    uint32_t bits = 0;
+#pragma unroll
+    for (int j = 0; j < kDenseChunk; ++j) {
+      const bool here = j < n_oc && present[row + j];
+      chunk_filter[q * kDenseChunk + j] = here ? filter[row + j] : T(0);
+      bits |= here ? 1u << j : 0u;
+    }
+    chunk_present[q] = static_cast<uint8_t>(bits);
+    if (ic == 0) offsets[r] = DenseOffset{static_cast<int32_t>(w.lin_delta), w.offset_bit};
+  }
+  __syncthreads();
+  const int64_t S = L.spatial_size, sites = L.batch * S;
+  const int lane = threadIdx.x % 32;
+  // S % 32 == 0 and the stride is a multiple of 32: every warp iteration is whole.
+  for (int64_t site = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; site < sites;
+       site += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t b = site / S, lin = site - b * S;
+    const uint32_t mask = neighbour_mask[site];
+    T sum[kDenseChunk];
+#pragma unroll
+    for (int j = 0; j < kDenseChunk; ++j) sum[j] = T(0);
+    uint32_t touched = 0;
+    if (mask != 0u) {
+      for (int ic = 0; ic < cin; ++ic) {
+        const int64_t base = (b * cin + ic) * S + lin;
+        for (int r = 0; r < R; ++r) {
+          const DenseOffset off = offsets[r];
+          if (!((mask >> off.bit) & 1u)) continue;  // no entry at y + delta, or outside the grid
+          const int64_t key = base + off.lin_delta;
+          if (!((in_bits[key >> 5] >> (key & 31)) & 1u)) continue;
+          const T value = dense_in[key];
+          const int q = ic * R + r;
+          const uint32_t here = chunk_present[q];
+          T w[kDenseChunk];
+          LoadChunk(chunk_filter + q * kDenseChunk, w);
+#pragma unroll
+          for (int j = 0; j < kDenseChunk; ++j) {
+            if ((here >> j) & 1u) sum[j] = AddRn(sum[j], MulRn(value, w[j]));
+          }
+          touched |= here;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kDenseChunk; ++j) {
+      if (j >= n_oc) break;  // the same for the whole block (one chunk)
       const int64_t o = (b * cout + oc0 + j) * S + lin;
       const bool is_touched = (touched >> j) & 1u;
       if (is_touched) out_values[o] = AddRn(sum[j], bias[oc0 + j]);
@@ -1390,8 +1693,14 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     // The kernel clears the words of out_bits it owns; a failed check leaves them unset.
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * ((total + 31) / 32), stream), "dense grid");
-    if (L.spatial_size % 32 == 0) {
-      const int64_t threads = sites * ((a.cout + kDenseChunk - 1) / kDenseChunk);
+    const int64_t chunks = (a.cout + kDenseChunk - 1) / kDenseChunk;
+    if (L.spatial_size % 32 == 0 && chunks <= 65535 && DenseWeightsShared(a)) {
+      DenseSiteSharedKernel<T><<<dim3(std::min(BlocksFor(sites), 4096u), static_cast<unsigned int>(chunks)), kThreads,
+                                  DenseSharedBytes<T>(L.channels, a.weights.num_offsets), stream>>>(
+          L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, tables.present, weights, tables.offset_rep,
+          static_cast<int>(a.weights.num_offsets), bias, device_report, out_values, out_bits);
+    } else if (L.spatial_size % 32 == 0) {
+      const int64_t threads = sites * chunks;
       DenseSiteAccumulateKernel<T><<<BlocksFor(threads), kThreads, 0, stream>>>(
           L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, tables.present, weights, tables.offset_rep,
           a.weights.num_offsets, bias, device_report, out_values, out_bits);
@@ -1769,7 +2078,20 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     }
     out.index = index;
   }
-  if (a.n > 0) {
+  // The weights packed for the gradient kernels, where they pack (GradWeightsPack).
+  GradWeight<T>* packed = nullptr;
+  if (a.n > 0 && a.weights.count > 0 && GradWeightsPack(a)) {
+    packed = scratch->DeviceArray<GradWeight<T>>(a.weights.count);
+    if (!packed) return GpuStatus::OutOfMemory("packed weights");
+    GradWeightsKernel<T><<<BlocksFor(a.weights.count), kThreads, 0, stream>>>(L, weights, a.weights.count, a.filter,
+                                                                             packed);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("packed weights");
+  }
+  if (packed != nullptr) {
+    InGradPackedKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, e, packed, row_begin, out, out_grad, a.n,
+                                                                   device_report, in_grad);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
+  } else if (a.n > 0) {
     InGradKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(
         L, e, a.filter, weights, row_begin, out, out_grad, a.n, device_report, in_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
@@ -1789,10 +2111,17 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     T* partial = scratch->DeviceArray<T>(a.weights.count * parts_per_weight);
     if (!partial) return GpuStatus::OutOfMemory("filter gradient");
     const int64_t warps_per_block = kThreads / 32;
-    FilterGradPartialKernel<T><<<LoopBlocks((a.weights.count * parts_per_weight + warps_per_block - 1) /
-                                            warps_per_block),
-                                 kThreads, 0, stream>>>(L, e, a.values, weights, a.weights.count, in_begin,
-                                           out, out_grad, parts, device_report, partial);
+    if (packed != nullptr) {
+      const int64_t groups_per_row = (a.weights.max_row + kGradGroup - 1) / kGradGroup;
+      const int64_t tasks = L.channels * groups_per_row * parts_per_weight;
+      FilterGradGroupKernel<T><<<LoopBlocks((tasks + warps_per_block - 1) / warps_per_block), kThreads, 0, stream>>>(
+          L, e, a.values, packed, row_begin, groups_per_row, in_begin, out, out_grad, parts, device_report, partial);
+    } else {
+      FilterGradPartialKernel<T><<<LoopBlocks((a.weights.count * parts_per_weight + warps_per_block - 1) /
+                                              warps_per_block),
+                                   kThreads, 0, stream>>>(L, e, a.values, weights, a.weights.count, in_begin,
+                                             out, out_grad, parts, device_report, partial);
+    }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
     FilterGradKernel<T><<<BlocksFor(a.weights.count), kThreads, 0, stream>>>(
         weights, a.weights.count, partial, parts_per_weight, filter_grad);
