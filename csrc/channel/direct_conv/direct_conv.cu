@@ -83,10 +83,12 @@ struct ScoreBits<double> {
 };
 
 __device__ inline bool Reaches(const int32_t* x, const GpuPresentWeight& w, int d) {
-  for (int j = 0; j < d; ++j) {
-    if (x[j] < w.lo[j] || x[j] >= w.hi[j]) return false;
+  bool inside = true;
+#pragma unroll
+  for (int j = 0; j < kMaxSpatialDims; ++j) {  // constant indices: a loaded w stays in registers
+    if (j < d) inside = inside && x[j] >= w.lo[j] && x[j] < w.hi[j];
   }
-  return true;
+  return inside;
 }
 
 // The data of every input entry that the contribution kernels need: the output key of
@@ -1190,21 +1192,33 @@ __global__ void MarkInputsKernel(KeyLayout L, int64_t cout, const int64_t* keys,
   }
 }
 
+// A present weight in 16-byte loads: read field by field, the kernels issued a load per field
+// used (about ten), each a separate L1 request.
+__device__ inline GpuPresentWeight LoadWeight(const GpuPresentWeight* p) {
+  static_assert(sizeof(GpuPresentWeight) % 16 == 0 && alignof(GpuPresentWeight) == 16, "whole 16-byte loads");
+  GpuPresentWeight w;
+  const int4* src = reinterpret_cast<const int4*>(p);
+  int4* dst = reinterpret_cast<int4*>(&w);
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(sizeof(GpuPresentWeight) / 16); ++k) dst[k] = __ldg(src + k);
+  return w;
+}
+
 // Contribution slot `slot` = (entry i, r-th present weight of its input channel): false where
 // the entry is padding, the row has fewer weights or the output lies outside the grid; else
 // *i, *w and the output key *o. Index: the slot arithmetic's integer type, as ContributionsKernel's.
 template <typename Index>
 __device__ inline bool SlotOutput(const KeyLayout& L, const EntryData& e, const GpuPresentWeight* weights,
                                   const int64_t* row_begin, Index row_length, int64_t slot, Index* i,
-                                  const GpuPresentWeight** w, int64_t* o) {
+                                  GpuPresentWeight* w, int64_t* o) {
   *i = static_cast<Index>(slot) / row_length;
   if (e.ic[*i] < 0) return false;
   const int64_t r = static_cast<Index>(slot) - *i * row_length;
   const int64_t row = row_begin[e.ic[*i]];
   if (r >= row_begin[e.ic[*i] + 1] - row) return false;
-  *w = &weights[row + r];
-  if (!Reaches(e.coords + static_cast<int64_t>(*i) * L.d, **w, L.d)) return false;
-  *o = e.out_base[*i] + (*w)->oc * L.spatial_size - (*w)->lin_delta;
+  *w = LoadWeight(&weights[row + r]);
+  if (!Reaches(e.coords + static_cast<int64_t>(*i) * L.d, *w, L.d)) return false;
+  *o = e.out_base[*i] + w->oc * L.spatial_size - w->lin_delta;
   return true;
 }
 
@@ -1218,7 +1232,7 @@ __global__ void MarkOutputsKernel(KeyLayout L, EntryData e, const GpuPresentWeig
   const Index row_length = static_cast<Index>(max_row);
   TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
     Index i;
-    const GpuPresentWeight* w;
+    GpuPresentWeight w;
     int64_t o;
     if (!SlotOutput(L, e, weights, row_begin, row_length, slot, &i, &w, &o)) continue;
     atomicOr(out_bits + (o >> 5), 1u << (o & 31));
@@ -1370,7 +1384,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t in_base = static_cast<int64_t>((b * cin + ic) * S + lin);
         const int64_t end = pair_begin[ic * n_oc + oc + 1];
         for (int64_t p = pair_begin[ic * n_oc + oc]; p < end; ++p) {
-          const GpuPresentWeight& w = weights[p];
+          const GpuPresentWeight w = LoadWeight(&weights[p]);
           if (!InputInGrid(y, w, L)) continue;
           const int64_t key = in_base + w.lin_delta;
           const uint32_t word = in_bits[key >> 5];
@@ -1405,12 +1419,12 @@ __global__ void AtomicContributionsKernel(KeyLayout L, EntryData e, const T* val
   const Index row_length = static_cast<Index>(max_row);
   TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
     Index i;
-    const GpuPresentWeight* w;
+    GpuPresentWeight w;
     int64_t o;
     if (!SlotOutput(L, e, weights, row_begin, row_length, slot, &i, &w, &o)) continue;
     const uint32_t below = out_bits[o >> 5] & ((1u << (o & 31)) - 1u);
     const int64_t place = static_cast<int64_t>(word_rank[o >> 5]) + __popc(below);
-    atomicAdd(touched_values + place, MulRn(values[i], filter[w->filter_index]));
+    atomicAdd(touched_values + place, MulRn(values[i], filter[w.filter_index]));
   }
 }
 
@@ -1650,6 +1664,14 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   // copy of it at the end).
   const bool total_is_count = selection == SelectionMode::kNone && !a.relu;
   int64_t* touched_total = total_is_count ? &device_report->count : scratch->DeviceArray<int64_t>(1);
+  // The touched set of the dense grid, the bitmaps and the atomic sums goes straight into a
+  // padded output the caller gave (DirectConvGpuArgs::padded_keys) where it is the output.
+  in_output_ = (dense || bitmap || atomic) && total_is_count && a.padded_keys != nullptr &&
+               a.padded_values != nullptr && a.padded_capacity >= touched_bound && touched_bound > 0;
+  auto touched_buffers = [&](int64_t** keys, T** values) {
+    *keys = in_output_ ? a.padded_keys : scratch->DeviceArray<int64_t>(touched_bound);
+    *values = in_output_ ? a.padded_values : scratch->DeviceArray<T>(touched_bound);
+  };
   int64_t* segment_begin = scratch->DeviceArray<int64_t>(num_segments + 1);
   if (!touched_total || !segment_begin) return GpuStatus::OutOfMemory("touched set");
   touched_total_ = touched_total;
@@ -1671,8 +1693,9 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     uint32_t* neighbour_mask = scratch->DeviceArray<uint32_t>(sites);
     T* out_values = scratch->DeviceArray<T>(total);
     uint32_t* out_bits = scratch->DeviceArray<uint32_t>((total + 31) / 32);
-    int64_t* touched_keys = scratch->DeviceArray<int64_t>(touched_bound);
-    T* touched_values = scratch->DeviceArray<T>(touched_bound);
+    int64_t* touched_keys;
+    T* touched_values;
+    touched_buffers(&touched_keys, &touched_values);
     if (!dense_in || !in_bits || !site_bits || !neighbour_mask || !out_values || !out_bits || !touched_keys ||
         !touched_values) {
       return GpuStatus::OutOfMemory("dense grid");
@@ -1723,8 +1746,9 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     const int64_t out_words = static_cast<int64_t>((no_output + 31) / 32);
     uint32_t* in_bits = scratch->DeviceArray<uint32_t>(in_words + out_words);
     int32_t* word_first = scratch->DeviceArray<int32_t>(in_words);
-    int64_t* touched_keys = scratch->DeviceArray<int64_t>(touched_bound);
-    T* touched_values = scratch->DeviceArray<T>(touched_bound);
+    int64_t* touched_keys;
+    T* touched_values;
+    touched_buffers(&touched_keys, &touched_values);
     if (!in_bits || !word_first || !touched_keys || !touched_values) return GpuStatus::OutOfMemory("bitmaps");
     uint32_t* out_bits = in_bits + in_words;
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
@@ -1754,8 +1778,9 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   } else if (atomic) {
     const int64_t out_words = static_cast<int64_t>((no_output + 31) / 32);
     uint32_t* out_bits = scratch->DeviceArray<uint32_t>(2 * out_words);  // the bits, then each word's rank
-    int64_t* touched_keys = scratch->DeviceArray<int64_t>(touched_bound);
-    T* touched_values = scratch->DeviceArray<T>(touched_bound);
+    int64_t* touched_keys;
+    T* touched_values;
+    touched_buffers(&touched_keys, &touched_values);
     if (!out_bits || !touched_keys || !touched_values) return GpuStatus::OutOfMemory("atomic sums");
     uint32_t* word_rank = out_bits + out_words;
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
@@ -1977,6 +2002,9 @@ GpuStatus DirectConvForwardGpu<T>::WritePadded(Stream stream, int64_t* out_keys,
                                                int64_t* status) const {
   if (!keep_all_) {
     TF_SPARSECONV_RETURN_IF_ERROR(Write(stream, out_keys, out_values));
+    return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values, limit, status);
+  }
+  if (in_output_ && out_keys == touched_keys_ && out_values == touched_values_) {  // written there by Run
     return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values, limit, status);
   }
   if (capacity == 0) return status == nullptr ? GpuStatus::Ok() : ConvStatus(stream, device_report, limit, status);

@@ -16,7 +16,7 @@ namespace tf_sparseconv {
 namespace gpu {
 
 // One present filter weight, seen from the input: entry x feeds output y = x - delta.
-struct GpuPresentWeight {
+struct alignas(16) GpuPresentWeight {
   int64_t lin_delta;             // delta in row-major spatial index units
   int64_t filter_index;          // flat index into the [K..., Cin, Cout] filter
   int32_t ic;
@@ -56,6 +56,12 @@ struct DirectConvGpuArgs {
   bool out_padded = false;             // the backprop's out_keys may end in padding, skipped
   bool keys_checked = false;           // the forward's keys were made by a library op: not checked again
   bool deterministic = false;          // TensorFlow's op determinism: 'auto' never takes the float atomics
+  // padded_output: the output, allocated before Run. Where every touched entry is kept (no
+  // k-selection, no fused ReLU) and it holds the touched bound, the dense grid, the bitmaps and
+  // the atomic sums write the touched set there, and WritePadded only pads the rest.
+  int64_t* padded_keys = nullptr;
+  T* padded_values = nullptr;
+  int64_t padded_capacity = 0;
 };
 
 // Contribution slots of the forward pass: n * max_row, which must not exceed
@@ -228,6 +234,7 @@ class DirectConvForwardGpu {
   const T* relu_values_ = nullptr;          // the fused ReLU's test (nullptr: none)
   Compaction kept_;
   bool keep_all_ = false;                   // every touched entry is kept: Write copies them
+  bool in_output_ = false;                  // ... or they were written into args.padded_keys/values
   int64_t touched_bound_ = 0;
 };
 

@@ -901,6 +901,9 @@ class DirectSparseConvFunctor<CPUDevice, T> {
     return absl::OkStatus();
   }
 
+  static constexpr bool kPaddedOutputFirst = false;  // allocated after Count: see the op
+  void GivePaddedOutput(int64_t*, T*, int64_t) {}
+
   bool Staged(int64_t count, Tensor* out_keys, Tensor* out_values) const {
     if (a_.selection == SelectionMode::kNone) return false;
     *out_keys = staged_keys_.Slice(0, count);

@@ -58,6 +58,10 @@ struct ConvTensors {
 // DirectSparseConv, per device:
 //   DirectSparseConvFunctor(OpKernelContext* ctx, const ConvAttrs& attrs);
 //   absl::Status Prepare(const ConvTensors<T>& in, const T* bias);
+//   static constexpr bool kPaddedOutputFirst;
+//   void GivePaddedOutput(int64_t* out_keys, T* out_values, int64_t capacity);
+//     Where kPaddedOutputFirst, a padded output is allocated before Count and given here (the
+//     GPU writes the touched set into it where that is the output).
 //   absl::Status Count(int64_t* touched_counts, int64_t* positive_counts, int64_t* count);
 //     The convolution, bias and k-selection; fills both [B, Cout] counts; *count = the
 //     kept entries.
@@ -141,16 +145,27 @@ class DirectSparseConvOp : public GuardedOpKernel {
     auto shape_out = out_shape->flat<int64_t>();
     shape_out = ctx->input(2).flat<int64_t>();
     shape_out(L.d + 1) = cout;
+    // A padded output's size is known from the shapes. The GPU allocates it first and may
+    // write the touched set straight into it; the CPU after Count, as the exact output (its
+    // temporaries would otherwise add to the peak the memory planner bounds).
+    Tensor *out_keys = nullptr, *out_values = nullptr;
+    const int64_t capacity =
+        attrs_.padded_output ? OutputCapacity(attrs_, L, cout, in.mask, in.filter_size, in.capacity) : 0;
+    if (attrs_.padded_output && DirectSparseConvFunctor<Device, T>::kPaddedOutputFirst) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({capacity}), &out_keys));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({capacity}), &out_values));
+      conv.GivePaddedOutput(out_keys->flat<int64_t>().data(), out_values->flat<T>().data(), capacity);
+    }
     int64_t m = 0;
     OP_REQUIRES_OK(ctx, conv.Count(touched->flat<int64_t>().data(), positive->flat<int64_t>().data(), &m));
     Tensor* status;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({kConvStatusSize}), &status));
     OP_REQUIRES_OK(ctx, conv.WriteStatus(status->flat<int64_t>().data()));
     if (attrs_.padded_output) {
-      const int64_t capacity = OutputCapacity(attrs_, L, cout, in.mask, in.filter_size, in.capacity);
-      Tensor *out_keys, *out_values;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({capacity}), &out_keys));
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({capacity}), &out_values));
+      if (out_keys == nullptr) {
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({capacity}), &out_keys));
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({capacity}), &out_values));
+      }
       OP_REQUIRES_OK(ctx, conv.WritePadded(m, capacity, out_keys->flat<int64_t>().data(),
                                            out_values->flat<T>().data()));
       return;
@@ -161,7 +176,6 @@ class DirectSparseConvOp : public GuardedOpKernel {
       ctx->set_output(1, staged_values);
       return;
     }
-    Tensor *out_keys, *out_values;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &out_keys));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m}), &out_values));
     OP_REQUIRES_OK(ctx, conv.Write(out_keys->flat<int64_t>().data(), out_values->flat<T>().data()));

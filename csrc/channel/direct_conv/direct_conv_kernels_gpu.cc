@@ -206,6 +206,15 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
     return absl::OkStatus();
   }
 
+  // The padded output, allocated before Count: where it is the touched set, Run writes it there.
+  static constexpr bool kPaddedOutputFirst = true;
+  void GivePaddedOutput(int64_t* keys, T* values, int64_t capacity) {
+    if (in_groups_) return;
+    args_.padded_keys = keys;
+    args_.padded_values = values;
+    args_.padded_capacity = capacity;
+  }
+
   bool Staged(int64_t, Tensor*, Tensor*) const { return false; }
 
   absl::Status WritePadded(int64_t count, int64_t capacity, int64_t* out_keys, T* out_values) {
