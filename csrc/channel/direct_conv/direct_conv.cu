@@ -1582,8 +1582,10 @@ GpuStatus UploadTables(Stream stream, Scratch* scratch, const DirectConvGpuArgs<
   } else if (pair_begin != nullptr) {
     tables[count++] = {a.weights.pair_begin, pairs_bytes, reinterpret_cast<const void**>(pair_begin)};
   }
+  // Each table 16-byte aligned: LoadWeight reads the present weights in 16-byte loads.
+  constexpr size_t kAlign = alignof(GpuPresentWeight);
   size_t total = 0;
-  for (int t = 0; t < count; ++t) total += (tables[t].bytes + 7) / 8 * 8;
+  for (int t = 0; t < count; ++t) total += (tables[t].bytes + kAlign - 1) / kAlign * kAlign;
   char* device = static_cast<char*>(scratch->Device(total));
   char* pinned = static_cast<char*>(scratch->PinnedHost(total));
   if (device == nullptr || pinned == nullptr) return GpuStatus::OutOfMemory("present weights");
@@ -1591,7 +1593,7 @@ GpuStatus UploadTables(Stream stream, Scratch* scratch, const DirectConvGpuArgs<
   for (int t = 0; t < count; ++t) {
     if (tables[t].bytes > 0) std::memcpy(pinned + offset, tables[t].host, tables[t].bytes);
     *tables[t].device = device + offset;
-    offset += (tables[t].bytes + 7) / 8 * 8;
+    offset += (tables[t].bytes + kAlign - 1) / kAlign * kAlign;
   }
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemcpyAsync(device, pinned, total, cudaMemcpyHostToDevice, stream), "present weights");
