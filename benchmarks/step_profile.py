@@ -1,5 +1,6 @@
 """Where a training step's time goes: a few Keras training steps of OctNet3 32^3 (the model of
-the ModelNet40 epoch in benchmarks/distributed.py) under TensorFlow's profiler, on one replica
+the ModelNet40 epoch in benchmarks/distributed.py; --resolution 64 for 64^3, Table 4's bounds
+for each) under TensorFlow's profiler, on one replica
 or on N replicas of tf.distribute.MirroredStrategy (batch 32 per replica), and what the trace
 says per step:
 
@@ -25,7 +26,7 @@ steps are a whole epoch of --steps steps after one of warm-up, timed and traced 
 Keras queues step after step with no wait between them, as a fit without callbacks does.
 
     python benchmarks/step_profile.py --replicas 1 2 [--optimizers keras-adam fused-adam] [--data-dir DIR]
-                                      [--steps 10]
+                                      [--steps 10] [--resolution 64]
 """
 import argparse
 import datetime
@@ -52,7 +53,7 @@ from gpu_trace import gpu_stream_events, idle_gaps, union_length  # noqa: E402
 from run_info import checkout_commit, checks_mode, gpu_name, gpu_thread_mode  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-RESOLUTION = 32
+RESOLUTIONS = (32, 64)
 # keras-adam: Keras' Adam (about ten ops per variable and step); fused-adam: the trainer's
 # (tf_sparseconv.training.optimizers.FusedAdam, one kernel per variable). Either as the
 # ModelNet40 recipes use it: a cosine schedule, decoupled weight decay 0.5 of the kernels.
@@ -108,12 +109,12 @@ def gpu_summary(xspace_path):
     return sorted(out)
 
 
-def dataset(strategy, replicas, points, labels):
+def dataset(strategy, replicas, points, labels, resolution):
     batch = 32 * replicas
     if replicas == 1:
-        return keras_batches(datasets.point_cloud_dataset(points, labels, RESOLUTION, batch, seed=0)).repeat()
+        return keras_batches(datasets.point_cloud_dataset(points, labels, resolution, batch, seed=0)).repeat()
     return per_replica_dataset(strategy, lambda split: keras_batches(datasets.point_cloud_dataset(
-        points, labels, RESOLUTION, batch, seed=0, split=split, drop_remainder=True)))
+        points, labels, resolution, batch, seed=0, split=split, drop_remainder=True)))
 
 
 def queued_train_function(model):
@@ -138,14 +139,14 @@ def queued_train_function(model):
 TRAIN_FUNCTIONS = ("keras", "queued")
 
 
-def profile(replicas, optimizer, points, labels, classes, steps, keep_trace, train_function="keras"):
+def profile(replicas, optimizer, points, labels, classes, steps, keep_trace, train_function="keras", resolution=32):
     gpus = tf.config.list_logical_devices("GPU")
     devices = [d.name for d in gpus[:replicas]] or ["/cpu:0"]
     if replicas > max(1, len(gpus)):
         raise SystemExit(f"--replicas {replicas}: TensorFlow sees {len(gpus)} GPU(s)")
     strategy = tf.distribute.MirroredStrategy(devices) if replicas > 1 else tf.distribute.get_strategy()
     with strategy.scope():
-        model = octnet3(RESOLUTION, len(classes), DEFAULT_RHOS[RESOLUTION])
+        model = octnet3(resolution, len(classes), DEFAULT_RHOS[resolution])
         model.compile(make_optimizer(optimizer), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     if train_function == "queued":
         model.train_function = queued_train_function(model)  # fit keeps a train function it finds
@@ -153,7 +154,7 @@ def profile(replicas, optimizer, points, labels, classes, steps, keep_trace, tra
               else tempfile.mkdtemp(prefix="step_profile_"))
     trace = TraceSteps(logdir)
     # the first epoch warms up (tracing, the first launches), the second is traced
-    model.fit(dataset(strategy, replicas, points, labels), epochs=2, steps_per_epoch=steps,
+    model.fit(dataset(strategy, replicas, points, labels, resolution), epochs=2, steps_per_epoch=steps,
               callbacks=[trace], verbose=0, shuffle=False)
     files = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))
     if not files:
@@ -189,6 +190,7 @@ def main():
                    help="each configuration with each (queued: queued_train_function, no wait between steps)")
     p.add_argument("--data-dir", help="a folder with modelnet40_train.npz (default: the embedded synthetic shapes)")
     p.add_argument("--steps", type=int, default=10, help="traced steps")
+    p.add_argument("--resolution", type=int, choices=RESOLUTIONS, default=32, help="OctNet3's grid, r^3")
     p.add_argument("--keep-trace", metavar="DIR", help="keep the profiler's trace under DIR/replicas<N>")
     p.add_argument("--out", default=os.path.join(RESULTS, "step_profile.jsonl"))
     args = p.parse_args()
@@ -196,10 +198,10 @@ def main():
         p.error("--steps must be >= 1")
     if args.data_dir:
         points, labels, classes = datasets.load_modelnet_npz(os.path.join(args.data_dir, "modelnet40_train.npz"))
-        workload = "modelnet40_32_step"
+        workload = f"modelnet40_{args.resolution}_step"
     else:
         points, labels, classes = datasets.make_shapes(64, seed=0)
-        workload = "synthetic_32_step"
+        workload = f"synthetic_{args.resolution}_step"
     device = gpu_name() or "cpu"
     rows = []
     configurations = [(r, o, t) for r in args.replicas for o in args.optimizers for t in args.train_functions]
@@ -210,7 +212,8 @@ def main():
         row = {"workload": workload, "strategy": "mirrored" if replicas > 1 else "default", "replicas": replicas,
                "device": f"{replicas}x {device}" if device != "cpu" else "cpu"}
         row.update(optimizer=optimizer, train_function=train_function)
-        row.update(profile(replicas, optimizer, points, labels, classes, args.steps, args.keep_trace, train_function))
+        row.update(profile(replicas, optimizer, points, labels, classes, args.steps, args.keep_trace, train_function,
+                           args.resolution))
         row.update(steps=args.steps, warmup=args.steps, between_steps="no wait (epoch hooks)", commit=checkout_commit(),
                    checks=checks_mode(), gpu_thread_mode=gpu_thread_mode(),
                    date=datetime.date.today().isoformat())
