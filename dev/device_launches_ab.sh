@@ -5,9 +5,9 @@
 # with FIG4=1 (default) dev/host_time_fig4.py (the Fig. 4 layer as inside a network, ρ_f 0.1,
 # RESOLUTIONS default "128 256", both selections; cuDNN's conv3d in the first round); with
 # STACK=1 (default) the six-layer stack of benchmarks/direct_conv_stack_gpu.py at
-# STACK_RESOLUTIONS (default 256), ρ_f 0.1; with STEP=1 (default 0) OctNet3 32³'s training step
-# (benchmarks/step_profile.py, one replica, STEPS default 20, the embedded synthetic shapes unless
-# DATA_DIR). Rows to $OUT/host_time_fig4.jsonl, $OUT/stack_<label>.jsonl and
+# STACK_RESOLUTIONS (default 256), ρ_f 0.1; with STEP=1 (default 0) OctNet3's training step at
+# STEP_RESOLUTION³ (default 32; benchmarks/step_profile.py, one replica, STEPS default 20, the
+# embedded synthetic shapes unless DATA_DIR). Rows to $OUT/host_time_fig4.jsonl, $OUT/stack_<label>.jsonl and
 # $OUT/step_profile.jsonl (key `library`: old or new); the new library is in place again at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +39,8 @@ for round in $(seq "${ROUNDS:-2}"); do
       [ "${PIPESTATUS[0]}" = 0 ] || { echo "stack with $label failed"; failed=1; }
     fi
     if [ "${STEP:-0}" = 1 ]; then
-      python3 benchmarks/step_profile.py --replicas 1 --steps "${STEPS:-20}" "${data[@]}" \
+      python3 benchmarks/step_profile.py --replicas 1 --steps "${STEPS:-20}" --resolution "${STEP_RESOLUTION:-32}" \
+        "${data[@]}" \
         --out "/tmp/step_$label.jsonl" 2>&1 | quiet | tail -3
       [ "${PIPESTATUS[0]}" = 0 ] || { echo "step with $label failed"; failed=1; }
       tail -1 "/tmp/step_$label.jsonl" |
