@@ -503,57 +503,45 @@ __device__ T BlockSum(T value, T* shared) {
   return total;
 }
 
-// An output key's gradient: Find gives where it is (-1: no such entry), Grad the value there.
-// By binary search in the sorted out_keys; or, where the dense grid is used, by a presence
-// bit per output key and the gradients scattered to a dense array at their keys, built once
-// per call (DenseGradKernel). The bits (1/32 of an int32 index) mostly stay in L2, so a link
-// to an output k-selection dropped costs no read of the large array, and a present one reads
-// it once, where an index read it and then out_grad.
-template <typename T>
+// Where an output key's entry is: a binary search in the sorted out_keys, or, where the
+// dense grid is used, index[key] (-1: none), built once per call.
 struct OutputLookup {
   const int64_t* out_keys;
   int64_t n_out;
-  const T* out_grad;
-  const uint32_t* bits = nullptr;  // nullptr: binary search
-  const T* dense = nullptr;
+  const int32_t* index;  // nullptr: binary search
   __device__ int64_t Find(int64_t key) const {
-    if (bits != nullptr) return (bits[key >> 5] >> (key & 31)) & 1u ? key : -1;
+    if (index != nullptr) return index[key];
     const int64_t p = LowerBound(out_keys, n_out, key);
     return p < n_out && out_keys[p] == key ? p : -1;
   }
-  __device__ T Grad(int64_t found) const { return bits != nullptr ? dense[found] : out_grad[found]; }
 };
 
-template <typename T>
-__global__ void DenseGradKernel(const int64_t* out_keys, const T* out_grad, int64_t n_out, int64_t num_keys,
-                                const Report* report, uint32_t* bits, T* dense) {
+__global__ void OutputIndexKernel(const int64_t* out_keys, int64_t n_out, int64_t num_keys, const Report* report,
+                                  int32_t* index) {
   if (!ChecksPassed(report)) return;
   TF_SPARSECONV_GRID_LOOP(p, n_out) {
     const int64_t key = out_keys[p];
-    if (key < 0 || key >= num_keys) continue;  // padding
-    dense[key] = out_grad[p];
-    atomicOr(bits + (key >> 5), 1u << (key & 31));
+    if (key >= 0 && key < num_keys) index[key] = static_cast<int32_t>(p);
   }
 }
 
 // The output entry that entry i feeds through w, or -1 (outside the grid, or dropped by
 // k-selection and so absent from out_keys).
-template <typename T>
 __device__ inline int64_t LinkedOutput(const KeyLayout& L, const EntryData& e, int64_t i,
-                                       const GpuPresentWeight& w, const OutputLookup<T>& out) {
+                                       const GpuPresentWeight& w, const OutputLookup& out) {
   if (!Reaches(e.coords + i * L.d, w, L.d)) return -1;
   return out.Find(e.out_base[i] + w.oc * L.spatial_size - w.lin_delta);
 }
 
 // Loads in flight per thread in the gradient kernels: each output lookup is two dependent
-// random reads (where the output is, then its gradient), so a thread issues kGradUnroll of
+// random reads (the output's index, then its gradient), so a thread issues kGradUnroll of
 // them before it adds any, in the same order as one at a time.
 constexpr int kGradUnroll = 4;
 
 template <typename T>
 __global__ void InGradKernel(KeyLayout L, EntryData e, const T* filter,
                              const GpuPresentWeight* weights, const int64_t* row_begin,
-                             OutputLookup<T> out, int64_t n, const Report* report,
+                             OutputLookup out, const T* out_grad, int64_t n, const Report* report,
                              T* in_grad) {
   const bool valid = ChecksPassed(report);
   TF_SPARSECONV_GRID_LOOP(i, n) {
@@ -573,7 +561,7 @@ __global__ void InGradKernel(KeyLayout L, EntryData e, const T* filter,
             const int64_t p = LinkedOutput(L, e, i, w, out);
             if (p >= 0) {
               linked[u] = true;
-              term[u] = MulRn(out.Grad(p), filter[w.filter_index]);
+              term[u] = MulRn(out_grad[p], filter[w.filter_index]);
             }
           }
         }
@@ -632,7 +620,7 @@ __global__ void GradWeightsKernel(KeyLayout L, const GpuPresentWeight* weights, 
 // weight in one load; the same terms added in the same order, so the same bits.
 template <typename T>
 __global__ void InGradPackedKernel(KeyLayout L, EntryData e, const GradWeight<T>* weights, const int64_t* row_begin,
-                                   OutputLookup<T> out, int64_t n, const Report* report,
+                                   OutputLookup out, const T* out_grad, int64_t n, const Report* report,
                                    T* in_grad) {
   const bool valid = ChecksPassed(report);
   TF_SPARSECONV_GRID_LOOP(i, n) {
@@ -664,7 +652,7 @@ __global__ void InGradPackedKernel(KeyLayout L, EntryData e, const GradWeight<T>
             const int64_t p = reaches ? out.Find(out_base + w.out_delta) : -1;
             if (p >= 0) {
               linked[u] = true;
-              term[u] = MulRn(out.Grad(p), w.value);
+              term[u] = MulRn(out_grad[p], w.value);
             }
           }
         }
@@ -695,7 +683,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     FilterGradPartialKernel(KeyLayout L, EntryData e, const T* values,
                             const GpuPresentWeight* weights, int64_t num_weights,
-                            const int64_t* in_begin, OutputLookup<T> out,
+                            const int64_t* in_begin, OutputLookup out, const T* out_grad,
                             int64_t parts, const Report* report, T* partial) {
   const bool valid = ChecksPassed(report);
   const int lane = threadIdx.x % 32;
@@ -725,7 +713,7 @@ __global__ void __launch_bounds__(kThreads)
             const int64_t p = LinkedOutput(L, e, i, pw, out);
             if (p >= 0) {
               linked[u] = true;
-              term[u] = MulRn(out.Grad(p), values[i]);
+              term[u] = MulRn(out_grad[p], values[i]);
             }
           }
         }
@@ -753,7 +741,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     FilterGradGroupKernel(KeyLayout L, EntryData e, const T* values, const GradWeight<T>* weights,
                           const int64_t* row_begin, int64_t groups_per_row, const int64_t* in_begin,
-                          OutputLookup<T> out, int64_t parts, const Report* report, T* partial) {
+                          OutputLookup out, const T* out_grad, int64_t parts, const Report* report, T* partial) {
   const bool valid = ChecksPassed(report);
   const int lane = threadIdx.x % 32;
   const int64_t per_weight = L.batch * parts;
@@ -809,7 +797,7 @@ __global__ void __launch_bounds__(kThreads)
             const int64_t p = reaches ? out.Find(out_base + out_delta[u]) : -1;
             if (p >= 0) {
               linked[u] = true;
-              term[u] = MulRn(out.Grad(p), value);
+              term[u] = MulRn(out_grad[p], value);
             }
           }
         }
@@ -2104,24 +2092,21 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   EntryData e;
   TF_SPARSECONV_RETURN_IF_ERROR(PrepareEntryData(stream, scratch, a, device_report, false, &e));
 
-  // Where the forward would use the dense grid, the output gradient is scattered to the grid
-  // too (a presence bit and sizeof(T) bytes per output key, as the forward's own dense output)
-  // instead of a binary search per contribution.
-  OutputLookup<T> out{out_keys, n_out, out_grad};
-  if (UseDenseGrid(a, dataflow) && a.n > 0) {
+  // Where the forward would use the dense grid, the output keys get a dense index too
+  // (4 bytes per output key of the grid) instead of a binary search per contribution.
+  OutputLookup out{out_keys, n_out, nullptr};
+  if (UseDenseGrid(a, dataflow) && n_out < (int64_t{1} << 31) && a.n > 0) {
     const int64_t num_out_keys = out_layout.num_keys();
-    uint32_t* bits = scratch->DeviceArray<uint32_t>((num_out_keys + 31) / 32);
-    T* dense = scratch->DeviceArray<T>(num_out_keys);  // read only where its bit is set: not cleared
-    if (!bits || !dense) return GpuStatus::OutOfMemory("dense output gradient");
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-        cudaMemsetAsync(bits, 0, sizeof(uint32_t) * ((num_out_keys + 31) / 32), stream), "dense output gradient");
+    int32_t* index = scratch->DeviceArray<int32_t>(num_out_keys);
+    if (!index) return GpuStatus::OutOfMemory("output index");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(index, 0xff, sizeof(int32_t) * num_out_keys, stream),
+                                            "output index");  // -1: no entry
     if (n_out > 0) {
-      DenseGradKernel<T><<<BlocksFor(n_out), kThreads, 0, stream>>>(out_keys, out_grad, n_out, num_out_keys,
-                                                                   device_report, bits, dense);
-      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense output gradient");
+      OutputIndexKernel<<<BlocksFor(n_out), kThreads, 0, stream>>>(out_keys, n_out, num_out_keys, device_report,
+                                                                   index);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output index");
     }
-    out.bits = bits;
-    out.dense = dense;
+    out.index = index;
   }
   // The weights packed for the gradient kernels, where they pack (GradWeightsPack).
   GradWeight<T>* packed = nullptr;
@@ -2133,12 +2118,12 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("packed weights");
   }
   if (packed != nullptr) {
-    InGradPackedKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, e, packed, row_begin, out, a.n,
+    InGradPackedKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, e, packed, row_begin, out, out_grad, a.n,
                                                                    device_report, in_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
   } else if (a.n > 0) {
     InGradKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(
-        L, e, a.filter, weights, row_begin, out, a.n, device_report, in_grad);
+        L, e, a.filter, weights, row_begin, out, out_grad, a.n, device_report, in_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
   }
 
@@ -2160,12 +2145,12 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
       const int64_t groups_per_row = (a.weights.max_row + kGradGroup - 1) / kGradGroup;
       const int64_t tasks = L.channels * groups_per_row * parts_per_weight;
       FilterGradGroupKernel<T><<<LoopBlocks((tasks + warps_per_block - 1) / warps_per_block), kThreads, 0, stream>>>(
-          L, e, a.values, packed, row_begin, groups_per_row, in_begin, out, parts, device_report, partial);
+          L, e, a.values, packed, row_begin, groups_per_row, in_begin, out, out_grad, parts, device_report, partial);
     } else {
       FilterGradPartialKernel<T><<<LoopBlocks((a.weights.count * parts_per_weight + warps_per_block - 1) /
                                               warps_per_block),
                                    kThreads, 0, stream>>>(L, e, a.values, weights, a.weights.count, in_begin,
-                                             out, parts, device_report, partial);
+                                             out, out_grad, parts, device_report, partial);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
     FilterGradKernel<T><<<BlocksFor(a.weights.count), kThreads, 0, stream>>>(
