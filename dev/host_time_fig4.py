@@ -25,8 +25,10 @@ import direct_conv_gpu as fig4  # noqa: E402
 from gpu_trace import gpu_stream_events, read_xspace, trace_file, union_length  # noqa: E402
 
 
-def host_events(space, calls, top):
-    """{plane | line: [(name, count per call, us per call)]} of the non-GPU planes, `top` names each."""
+def host_events(space, calls, top, group=lambda name: name, per=1e6):
+    """{plane | line: [(name, count per call, time per call)]} of the non-GPU planes, `top` names
+    each, the events grouped by group(name); the time in microseconds (per=1e6 picoseconds),
+    or milliseconds with per=1e9."""
     out = {}
     for plane in space.planes:
         if plane.name.startswith("/device:GPU:"):
@@ -35,12 +37,12 @@ def host_events(space, calls, top):
         for line in plane.lines:
             by_name = {}
             for e in line.events:
-                name = names.get(e.metadata_id, "?")
+                name = group(names.get(e.metadata_id, "?"))
                 count, ps = by_name.get(name, (0, 0))
                 by_name[name] = (count + 1, ps + e.duration_ps)
             ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:top]
             if ranked:
-                out[f"{plane.name} | {line.name}"] = [(n[:140], c / calls, ps / 1e6 / calls) for n, (c, ps) in ranked]
+                out[f"{plane.name} | {line.name}"] = [(n[:140], c / calls, ps / per / calls) for n, (c, ps) in ranked]
     return out
 
 

@@ -13,33 +13,23 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+sys.path.insert(0, HERE)
 
 import gpu_trace  # noqa: E402
+import host_time_fig4  # noqa: E402
 
 
 def grouped(name):
-    return name.rsplit(":", 1)[-1] if ":" in name and not name.startswith("<") else name
+    """A TensorFlow op's event ("scope/node:Type") by its type; others (kernel launches named by
+    their signature, "<...>" events) as they are."""
+    return name.rsplit(":", 1)[-1] if ":" in name and "(" not in name and not name.startswith("<") else name
 
 
 def host_rows(space, steps, top):
     """[(thread, [(name, count per step, ms per step)])] of the non-GPU planes, the busiest
     threads first."""
-    out = []
-    for plane in space.planes:
-        if plane.name.startswith("/device:GPU:"):
-            continue
-        names = {i: m.name for i, m in plane.event_metadata.items()}
-        for line in plane.lines:
-            by_name = {}
-            for e in line.events:
-                name = grouped(names.get(e.metadata_id, "?"))
-                count, ps = by_name.get(name, (0, 0))
-                by_name[name] = (count + 1, ps + e.duration_ps)
-            ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:top]
-            if ranked:
-                rows = [(n[:100], c / steps, ps / 1e9 / steps) for n, (c, ps) in ranked]
-                out.append((f"{plane.name} | {line.name}", rows))
-    return sorted(out, key=lambda thread: -thread[1][0][2])
+    threads = host_time_fig4.host_events(space, steps, top, group=grouped, per=1e9)
+    return sorted(threads.items(), key=lambda thread: -thread[1][0][2])
 
 
 def main():
