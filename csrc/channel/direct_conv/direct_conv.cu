@@ -82,6 +82,12 @@ struct ScoreBits<double> {
   }
 };
 
+// The spatial delta of w's kernel offset in dimension j (x = y + delta), recovered from
+// lo = max(0, delta) and hi = min(R, R + delta).
+__host__ __device__ inline int32_t SpatialDelta(const GpuPresentWeight& w, int j, int64_t extent) {
+  return w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(extent);
+}
+
 __device__ inline bool Reaches(const int32_t* x, const GpuPresentWeight& w, int d) {
   bool inside = true;
 #pragma unroll
@@ -594,7 +600,7 @@ bool GradWeightsPack(const DirectConvGpuArgs<T>& a) {
   for (int64_t p = 0; p < a.weights.count; ++p) {
     const GpuPresentWeight& w = a.weights.items[p];
     for (int j = 0; j < L.d; ++j) {
-      const int64_t delta = w.lo[j] > 0 ? w.lo[j] : w.hi[j] - L.extent[j];
+      const int32_t delta = SpatialDelta(w, j, L.extent[j]);
       if (delta < INT8_MIN || delta > INT8_MAX) return false;
     }
   }
@@ -608,12 +614,31 @@ __global__ void GradWeightsKernel(KeyLayout L, const GpuPresentWeight* weights, 
     const GpuPresentWeight& w = weights[p];
     uint32_t deltas = 0;
     for (int j = 0; j < L.d; ++j) {
-      const int32_t delta = w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(L.extent[j]);
+      const int32_t delta = SpatialDelta(w, j, L.extent[j]);
       deltas |= static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(delta))) << (8 * j);
     }
     packed[p] = GradWeight<T>{static_cast<int32_t>(w.oc * L.spatial_size - w.lin_delta), deltas,
                               filter[w.filter_index]};
   }
+}
+
+// Entry i's coordinates, in registers (constant indices).
+__device__ inline void EntryCoords(const KeyLayout& L, const EntryData& e, int64_t i, int32_t (&x)[kMaxSpatialDims]) {
+#pragma unroll
+  for (int j = 0; j < kMaxSpatialDims; ++j) x[j] = j < L.d ? e.coords[i * L.d + j] : 0;
+}
+
+// Whether the output site x - delta of a packed weight's offset lies in the grid.
+__device__ inline bool PackedReaches(const KeyLayout& L, const int32_t (&x)[kMaxSpatialDims], uint32_t deltas) {
+  bool reaches = true;
+#pragma unroll
+  for (int j = 0; j < kMaxSpatialDims; ++j) {
+    if (j < L.d) {
+      const int32_t y = x[j] - static_cast<int8_t>(deltas >> (8 * j));
+      reaches = reaches && y >= 0 && y < static_cast<int32_t>(L.extent[j]);
+    }
+  }
+  return reaches;
 }
 
 // InGradKernel over the packed weights: the entry's coordinates and out_base read once, each
@@ -628,8 +653,7 @@ __global__ void InGradPackedKernel(KeyLayout L, EntryData e, const GradWeight<T>
     if (valid && e.ic[i] >= 0) {  // padding: 0
       const int32_t ic = e.ic[i];
       int32_t x[kMaxSpatialDims];
-#pragma unroll
-      for (int j = 0; j < kMaxSpatialDims; ++j) x[j] = j < L.d ? e.coords[i * L.d + j] : 0;
+      EntryCoords(L, e, i, x);
       const int64_t out_base = e.out_base[i];
       const int64_t end = row_begin[ic + 1];
       for (int64_t r0 = row_begin[ic]; r0 < end; r0 += kGradUnroll) {
@@ -641,15 +665,7 @@ __global__ void InGradPackedKernel(KeyLayout L, EntryData e, const GradWeight<T>
           term[u] = T(0);
           if (r0 + u < end) {
             const GradWeight<T> w = weights[r0 + u];
-            bool reaches = true;  // the output site x - delta lies in the grid
-#pragma unroll
-            for (int j = 0; j < kMaxSpatialDims; ++j) {
-              if (j < L.d) {
-                const int32_t y = x[j] - static_cast<int8_t>(w.deltas >> (8 * j));
-                reaches = reaches && y >= 0 && y < static_cast<int32_t>(L.extent[j]);
-              }
-            }
-            const int64_t p = reaches ? out.Find(out_base + w.out_delta) : -1;
+            const int64_t p = PackedReaches(L, x, w.deltas) ? out.Find(out_base + w.out_delta) : -1;
             if (p >= 0) {
               linked[u] = true;
               term[u] = MulRn(out_grad[p], w.value);
@@ -775,8 +791,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t hi = in_begin[seg] + len * (c + 1) / parts;
       for (int64_t i = lo + lane; i < hi; i += 32) {
         int32_t x[kMaxSpatialDims];
-#pragma unroll
-        for (int j = 0; j < kMaxSpatialDims; ++j) x[j] = j < L.d ? e.coords[i * L.d + j] : 0;
+        EntryCoords(L, e, i, x);
         const int64_t out_base = e.out_base[i];
         const T value = values[i];
         T term[kGradGroup];
@@ -786,15 +801,7 @@ __global__ void __launch_bounds__(kThreads)
           linked[u] = false;
           term[u] = T(0);
           if (u < nw) {
-            bool reaches = true;  // the output site x - delta lies in the grid
-#pragma unroll
-            for (int j = 0; j < kMaxSpatialDims; ++j) {
-              if (j < L.d) {
-                const int32_t y = x[j] - static_cast<int8_t>(deltas[u] >> (8 * j));
-                reaches = reaches && y >= 0 && y < static_cast<int32_t>(L.extent[j]);
-              }
-            }
-            const int64_t p = reaches ? out.Find(out_base + out_delta[u]) : -1;
+            const int64_t p = PackedReaches(L, x, deltas[u]) ? out.Find(out_base + out_delta[u]) : -1;
             if (p >= 0) {
               linked[u] = true;
               term[u] = MulRn(out_grad[p], value);
@@ -895,8 +902,8 @@ __global__ void ScatterDenseKernel(KeyLayout L, const int64_t* keys, const T* va
   }
 }
 
-// Whether the input site x = y + delta of output site y and present weight w lies in the
-// grid; delta is recovered from lo = max(0, delta) and hi = min(R, R + delta).
+// Whether the input site x = y + delta (SpatialDelta) of output site y and present weight w
+// lies in the grid.
 // (Unrolled over kMaxSpatialDims with constant indices, so that y stays in registers: a
 // loop to L.d put the caller's coordinates on the stack.)
 __device__ inline bool InputInGrid(const int32_t* y, const GpuPresentWeight& w, const KeyLayout& L) {
@@ -904,8 +911,7 @@ __device__ inline bool InputInGrid(const int32_t* y, const GpuPresentWeight& w, 
 #pragma unroll
   for (int j = 0; j < kMaxSpatialDims; ++j) {
     if (j < L.d) {
-      const int32_t delta = w.lo[j] > 0 ? w.lo[j] : w.hi[j] - static_cast<int32_t>(L.extent[j]);
-      const int32_t x = y[j] + delta;
+      const int32_t x = y[j] + SpatialDelta(w, j, L.extent[j]);
       inside = inside && x >= 0 && x < L.extent[j];
     }
   }
@@ -1553,7 +1559,7 @@ GpuStatus QueueForwardChecks(Stream stream, const DirectConvGpuArgs<T>& a, const
 // Uploads the weight table (given `dense`, the dense grid's tables as well; given
 // `pair_begin`, that table as well) and, where *device_report is null, a new report (every
 // check passed, count 0: NewReport's bytes), in one copy through one pinned buffer, each
-// table at an 8-byte boundary: one launch where memsets and copies took three.
+// table at a 16-byte boundary: one launch where memsets and copies took three.
 template <typename T>
 GpuStatus UploadTables(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, Report** device_report,
                        const GpuPresentWeight** weights, const int64_t** row_begin, DenseTables* dense = nullptr,
