@@ -1674,11 +1674,11 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   int64_t* touched_total = total_is_count ? &device_report->count : scratch->DeviceArray<int64_t>(1);
   // The touched set of the dense grid, the bitmaps and the atomic sums goes straight into a
   // padded output the caller gave (DirectConvGpuArgs::padded_keys) where it is the output.
-  in_output_ = (dense || bitmap || atomic) && total_is_count && a.padded_keys != nullptr &&
-               a.padded_values != nullptr && a.padded_capacity >= touched_bound && touched_bound > 0;
+  const bool into_output = (dense || bitmap || atomic) && total_is_count && a.padded_keys != nullptr &&
+                           a.padded_values != nullptr && a.padded_capacity >= touched_bound && touched_bound > 0;
   auto touched_buffers = [&](int64_t** keys, T** values) {
-    *keys = in_output_ ? a.padded_keys : scratch->DeviceArray<int64_t>(touched_bound);
-    *values = in_output_ ? a.padded_values : scratch->DeviceArray<T>(touched_bound);
+    *keys = into_output ? a.padded_keys : scratch->DeviceArray<int64_t>(touched_bound);
+    *values = into_output ? a.padded_values : scratch->DeviceArray<T>(touched_bound);
   };
   int64_t* segment_begin = scratch->DeviceArray<int64_t>(num_segments + 1);
   if (!touched_total || !segment_begin) return GpuStatus::OutOfMemory("touched set");
@@ -2012,7 +2012,7 @@ GpuStatus DirectConvForwardGpu<T>::WritePadded(Stream stream, int64_t* out_keys,
     TF_SPARSECONV_RETURN_IF_ERROR(Write(stream, out_keys, out_values));
     return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values, limit, status);
   }
-  if (in_output_ && out_keys == touched_keys_ && out_values == touched_values_) {  // written there by Run
+  if (out_keys == touched_keys_ && out_values == touched_values_) {  // Run wrote the touched set there
     return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values, limit, status);
   }
   if (capacity == 0) return status == nullptr ? GpuStatus::Ok() : ConvStatus(stream, device_report, limit, status);

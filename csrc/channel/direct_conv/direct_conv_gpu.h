@@ -234,7 +234,6 @@ class DirectConvForwardGpu {
   const T* relu_values_ = nullptr;          // the fused ReLU's test (nullptr: none)
   Compaction kept_;
   bool keep_all_ = false;                   // every touched entry is kept: Write copies them
-  bool in_output_ = false;                  // ... or they were written into args.padded_keys/values
   int64_t touched_bound_ = 0;
 };
 
