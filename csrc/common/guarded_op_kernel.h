@@ -7,6 +7,8 @@
 //    TensorFlow 2.21's eager runtime, after the constructor of a GPU kernel failed, ran the
 //    next call of the op with the failed call's host-memory inputs (SiteKernelMap then read
 //    the refused call's spatial_shape); a kernel that always constructs avoids that path.
+// Each Compute is also an event ("node:Type") in a profiler trace at the default host level:
+// TensorFlow records a GPU op's host work only at level 3, and then without its name.
 #ifndef TF_SPARSECONV_COMMON_GUARDED_OP_KERNEL_H_
 #define TF_SPARSECONV_COMMON_GUARDED_OP_KERNEL_H_
 
@@ -15,6 +17,8 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/platform/errors.h"
+#include "tsl/profiler/lib/traceme.h"
+#include "tsl/profiler/lib/traceme_encode.h"
 
 namespace tf_sparseconv {
 
@@ -38,6 +42,8 @@ class GuardedOpKernel : public tensorflow::OpKernel {
   GuardedOpKernel(tensorflow::OpKernelConstruction* ctx, const char* op) : OpKernel(ctx), op_(op) {}
 
   void Compute(tensorflow::OpKernelContext* ctx) final {
+    tsl::profiler::TraceMe trace([this] { return tsl::profiler::TraceMeOp(name_view(), type_string_view()); },
+                                 kTraceLevel);
     OP_REQUIRES_OK(ctx, attrs_status_);
     const absl::Status status = RunGuarded(op_, [&]() -> absl::Status {
       ComputeGuarded(ctx);  // its own failures are set on ctx
@@ -47,6 +53,10 @@ class GuardedOpKernel : public tensorflow::OpKernel {
   }
 
  protected:
+  // The profiler's default host level (tsl::profiler::TraceMeLevel::kInfo): the op's phases
+  // are traced at it too (TraceMe(name, kTraceLevel)), free while no profiler runs.
+  static constexpr int kTraceLevel = 2;
+
   // The op's work (it may use OP_REQUIRES, returning from it).
   virtual void ComputeGuarded(tensorflow::OpKernelContext* ctx) = 0;
 

@@ -24,6 +24,7 @@
 #include "common/device.h"
 #include "common/guarded_op_kernel.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tsl/profiler/lib/traceme.h"
 
 namespace tf_sparseconv {
 
@@ -136,7 +137,10 @@ class DirectSparseConvOp : public GuardedOpKernel {
     const int64_t cout = in.shapes.cout;
     OP_REQUIRES_OK(ctx, CheckBiasShape(bias, cout));
     DirectSparseConvFunctor<Device, T> conv(ctx, attrs_);
-    OP_REQUIRES_OK(ctx, conv.Prepare(in, bias.flat<T>().data()));
+    {
+      tsl::profiler::TraceMe trace("DirectSparseConv prepare", kTraceLevel);
+      OP_REQUIRES_OK(ctx, conv.Prepare(in, bias.flat<T>().data()));
+    }
     const KeyLayout& L = in.layout;
     Tensor *out_shape, *touched, *positive;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ctx->input(2).shape(), &out_shape));
@@ -157,7 +161,10 @@ class DirectSparseConvOp : public GuardedOpKernel {
       conv.GivePaddedOutput(out_keys->flat<int64_t>().data(), out_values->flat<T>().data(), capacity);
     }
     int64_t m = 0;
-    OP_REQUIRES_OK(ctx, conv.Count(touched->flat<int64_t>().data(), positive->flat<int64_t>().data(), &m));
+    {
+      tsl::profiler::TraceMe trace("DirectSparseConv count", kTraceLevel);
+      OP_REQUIRES_OK(ctx, conv.Count(touched->flat<int64_t>().data(), positive->flat<int64_t>().data(), &m));
+    }
     Tensor* status;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({kConvStatusSize}), &status));
     OP_REQUIRES_OK(ctx, conv.WriteStatus(status->flat<int64_t>().data()));
@@ -214,13 +221,19 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
                                                    nullptr, &n_out)));
     in.out_padded = padded_output_;
     DirectSparseConvBackpropFunctor<Device, T> backprop(ctx, dataflow_, inputs_checked_);
-    OP_REQUIRES_OK(ctx, backprop.Prepare(in, out_keys.flat<int64_t>().data(), out_grad.flat<T>().data(), n_out));
+    {
+      tsl::profiler::TraceMe trace("DirectSparseConvBackprop prepare", kTraceLevel);
+      OP_REQUIRES_OK(ctx, backprop.Prepare(in, out_keys.flat<int64_t>().data(), out_grad.flat<T>().data(), n_out));
+    }
     Tensor *in_grad, *filter_grad, *bias_grad;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ctx->input(1).shape(), &in_grad));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(3).shape(), &filter_grad));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({in.shapes.cout}), &bias_grad));
-    OP_REQUIRES_OK(ctx, backprop.Run(in_grad->flat<T>().data(), filter_grad->flat<T>().data(),
-                                     bias_grad->flat<T>().data()));
+    {
+      tsl::profiler::TraceMe trace("DirectSparseConvBackprop run", kTraceLevel);
+      OP_REQUIRES_OK(ctx, backprop.Run(in_grad->flat<T>().data(), filter_grad->flat<T>().data(),
+                                       bias_grad->flat<T>().data()));
+    }
     if (std::is_same<Device, CPUDevice>::value) {  // the padding's gradient (the GPU's kernel writes it)
       T* grad = in_grad->flat<T>().data();
       std::fill(grad + in.n, grad + in.capacity, T(0));
