@@ -891,6 +891,47 @@ def test_large_conv_backprop_matches_cpu(rng, dtype, gpu_dataflow, gpu):
         assert_close(g, c, dtype)
 
 
+def conv_and_gradients(keys, values, dense_shape, w, mask, bias, dataflow="auto"):
+    """The forward's keys and values and the gradients of sum(y^2) by the input values and the
+    filter."""
+    with tf.GradientTape() as tape:
+        tape.watch([values, w])
+        y = ts.direct_conv(ts.ChannelSparseTensor(keys, values, dense_shape), w, bias, mask, dataflow=dataflow)
+        loss = tf.reduce_sum(y.values * y.values)
+    return (y.keys, y.values, *tape.gradient(loss, [values, w]))
+
+
+def test_gpu_kernels_follow_their_mask_and_shapes_across_calls(rng, dtype, gpu_dataflow, gpu):
+    """The GPU kernels keep the present-weight tables of their last call while the mask, the
+    grid and the channels stay the same. One traced function (one forward and one backprop
+    kernel) called with a mask that changes and changes back, another grid, other channels and
+    an all-pruned mask, each call against the CPU."""
+    spec = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], dtype), tf.TensorSpec([5], tf.int64),
+            tf.TensorSpec([3, 3, 3, None, None], dtype), tf.TensorSpec([3, 3, 3, None, None], tf.bool),
+            tf.TensorSpec([None], dtype)]
+    with tf.device(GPU):
+        traced = tf.function(lambda *a: conv_and_gradients(*a, dataflow=gpu_dataflow), input_signature=spec)
+    w, first_mask = random_filter(rng, (3, 3, 3), 2, 3, 0.5, dtype)
+    other_mask = ~first_mask
+    w2, mask2 = random_filter(rng, (3, 3, 3), 3, 2, 0.6, dtype)
+    calls = [((2, 8, 8, 8, 2), w, first_mask), ((2, 8, 8, 8, 2), w, other_mask), ((2, 8, 8, 8, 2), w, first_mask),
+             ((2, 6, 9, 7, 2), w, first_mask), ((1, 7, 7, 7, 3), w2, mask2),
+             ((1, 7, 7, 7, 3), w2, np.zeros_like(mask2))]
+    for shape, filters, mask in calls:
+        keys, values, dense_shape = random_sparse_components(rng, shape, 0.2, dtype)
+        bias = rng.standard_normal(filters.shape[-1]).astype(dtype)
+        arrays = [tf.constant(a) for a in (keys, values, dense_shape, filters, mask, bias)]
+        with tf.device(CPU):
+            expected = [t.numpy() for t in conv_and_gradients(*arrays)]
+        with tf.device(GPU):
+            got = traced(*arrays)
+        assert_on_gpu(*got)
+        np.testing.assert_array_equal(got[0].numpy(), expected[0])
+        for g, c in zip(got[1:], expected[1:]):
+            assert_close(g.numpy(), c, dtype)
+    assert traced.experimental_get_tracing_count() == 1
+
+
 def tape_gradients(device, fn, *arrays):
     with tf.device(device):
         variables = [tf.constant(a) for a in arrays]

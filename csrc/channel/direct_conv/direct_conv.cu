@@ -592,19 +592,12 @@ struct __align__(16) GradWeight {
   T value;
 };
 
-// Whether every weight packs: the output offsets in 32 bits, the deltas in signed bytes.
+// Whether every weight packs (gpu::GradWeightsPack), as the kernel's cache of the tables
+// knows it or found here.
 template <typename T>
 bool GradWeightsPack(const DirectConvGpuArgs<T>& a) {
-  const KeyLayout& L = a.in_layout;
-  if (a.cout * L.spatial_size > INT32_MAX) return false;
-  for (int64_t p = 0; p < a.weights.count; ++p) {
-    const GpuPresentWeight& w = a.weights.items[p];
-    for (int j = 0; j < L.d; ++j) {
-      const int32_t delta = SpatialDelta(w, j, L.extent[j]);
-      if (delta < INT8_MIN || delta > INT8_MAX) return false;
-    }
-  }
-  return true;
+  if (a.weights.grad_pack >= 0) return a.weights.grad_pack == 1;
+  return GradWeightsPack(a.in_layout, a.cout, a.weights);
 }
 
 template <typename T>
@@ -1556,55 +1549,98 @@ GpuStatus QueueForwardChecks(Stream stream, const DirectConvGpuArgs<T>& a, const
   return GpuStatus::Ok();
 }
 
-// Uploads the weight table (given `dense`, the dense grid's tables as well; given
-// `pair_begin`, that table as well) and, where *device_report is null, a new report (every
-// check passed, count 0: NewReport's bytes), in one copy through one pinned buffer, each
-// table at a 16-byte boundary: one launch where memsets and copies took three.
-template <typename T>
-GpuStatus UploadTables(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, Report** device_report,
-                       const GpuPresentWeight** weights, const int64_t** row_begin, DenseTables* dense = nullptr,
-                       const int64_t** pair_begin = nullptr) {
-  struct Table {
-    const void* host;
-    size_t bytes;
-    const void** device;
-  };
-  const Report initial = InitialReport();
-  const size_t pairs_bytes = sizeof(int64_t) * (a.in_layout.channels * a.cout + 1);
-  Table tables[6];
-  int count = 0;
-  const void* report_at = nullptr;
-  if (*device_report == nullptr) tables[count++] = {&initial, sizeof(Report), &report_at};
-  tables[count++] = {a.weights.items, sizeof(GpuPresentWeight) * a.weights.count,
-                     reinterpret_cast<const void**>(weights)};
-  tables[count++] = {a.weights.row_begin, sizeof(int64_t) * (a.in_layout.channels + 1),
-                     reinterpret_cast<const void**>(row_begin)};
-  if (dense != nullptr) {
-    tables[count++] = {a.weights.pair_begin, pairs_bytes, reinterpret_cast<const void**>(&dense->pair_begin)};
-    tables[count++] = {a.weights.offset_rep, sizeof(int64_t) * a.weights.num_offsets,
-                       reinterpret_cast<const void**>(&dense->offset_rep)};
-    tables[count++] = {a.weights.present, static_cast<size_t>(a.weights.present_size),
-                       reinterpret_cast<const void**>(&dense->present)};
-  } else if (pair_begin != nullptr) {
-    tables[count++] = {a.weights.pair_begin, pairs_bytes, reinterpret_cast<const void**>(pair_begin)};
-  }
-  // Each table 16-byte aligned: LoadWeight reads the present weights in 16-byte loads.
+// One host table to upload, and where its device address goes.
+struct UploadItem {
+  const void* host;
+  size_t bytes;
+  const void** device;
+};
+
+// Copies the items into one device buffer (`device`, or a new one from scratch where null) in
+// one copy through one pinned buffer, each at a 16-byte boundary (LoadWeight reads the present
+// weights in 16-byte loads).
+GpuStatus UploadItems(Stream stream, Scratch* scratch, UploadItem* items, int count, char* device = nullptr) {
   constexpr size_t kAlign = alignof(GpuPresentWeight);
   size_t total = 0;
-  for (int t = 0; t < count; ++t) total += (tables[t].bytes + kAlign - 1) / kAlign * kAlign;
-  char* device = static_cast<char*>(scratch->Device(total));
+  for (int t = 0; t < count; ++t) total += (items[t].bytes + kAlign - 1) / kAlign * kAlign;
+  if (device == nullptr) device = static_cast<char*>(scratch->Device(total));
   char* pinned = static_cast<char*>(scratch->PinnedHost(total));
   if (device == nullptr || pinned == nullptr) return GpuStatus::OutOfMemory("present weights");
   size_t offset = 0;
   for (int t = 0; t < count; ++t) {
-    if (tables[t].bytes > 0) std::memcpy(pinned + offset, tables[t].host, tables[t].bytes);
-    *tables[t].device = device + offset;
-    offset += (tables[t].bytes + kAlign - 1) / kAlign * kAlign;
+    if (items[t].bytes > 0) std::memcpy(pinned + offset, items[t].host, items[t].bytes);
+    *items[t].device = device + offset;
+    offset += (items[t].bytes + kAlign - 1) / kAlign * kAlign;
   }
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemcpyAsync(device, pinned, total, cudaMemcpyHostToDevice, stream), "present weights");
-  if (report_at != nullptr) *device_report = reinterpret_cast<Report*>(device);  // the first table
   return GpuStatus::Ok();
+}
+
+// The weight tables (given `dense`, the dense grid's tables as well; given `pair_begin`, that
+// table as well) and, where *device_report is null, a new report (every check passed, count 0:
+// NewReport's bytes). Where the kernel's cache holds the tables on the device
+// (GpuWeightTable::on_device), those, and the new report copied from the cache's initial one;
+// else all uploaded in one copy: one launch where memsets and copies took three.
+template <typename T>
+GpuStatus UploadTables(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, Report** device_report,
+                       const GpuPresentWeight** weights, const int64_t** row_begin, DenseTables* dense = nullptr,
+                       const int64_t** pair_begin = nullptr) {
+  const GpuWeightTablesOnDevice& cached = a.weights.on_device;
+  if (cached.items != nullptr) {
+    *weights = cached.items;
+    *row_begin = cached.row_begin;
+    if (dense != nullptr) {
+      dense->pair_begin = cached.pair_begin;
+      dense->offset_rep = cached.offset_rep;
+      dense->present = cached.present;
+    } else if (pair_begin != nullptr) {
+      *pair_begin = cached.pair_begin;
+    }
+    if (*device_report != nullptr) return GpuStatus::Ok();
+    *device_report = static_cast<Report*>(scratch->Device(sizeof(Report)));
+    if (*device_report == nullptr) return GpuStatus::OutOfMemory("report");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemcpyAsync(*device_report, cached.initial_report, sizeof(Report),
+                                                            cudaMemcpyDeviceToDevice, stream),
+                                            "report");
+    return GpuStatus::Ok();
+  }
+  const Report initial = InitialReport();
+  const size_t pairs_bytes = sizeof(int64_t) * (a.in_layout.channels * a.cout + 1);
+  UploadItem items[6];
+  int count = 0;
+  const void* report_at = nullptr;
+  if (*device_report == nullptr) items[count++] = {&initial, sizeof(Report), &report_at};
+  items[count++] = {a.weights.items, sizeof(GpuPresentWeight) * a.weights.count,
+                    reinterpret_cast<const void**>(weights)};
+  items[count++] = {a.weights.row_begin, sizeof(int64_t) * (a.in_layout.channels + 1),
+                    reinterpret_cast<const void**>(row_begin)};
+  if (dense != nullptr) {
+    items[count++] = {a.weights.pair_begin, pairs_bytes, reinterpret_cast<const void**>(&dense->pair_begin)};
+    items[count++] = {a.weights.offset_rep, sizeof(int64_t) * a.weights.num_offsets,
+                      reinterpret_cast<const void**>(&dense->offset_rep)};
+    items[count++] = {a.weights.present, static_cast<size_t>(a.weights.present_size),
+                      reinterpret_cast<const void**>(&dense->present)};
+  } else if (pair_begin != nullptr) {
+    items[count++] = {a.weights.pair_begin, pairs_bytes, reinterpret_cast<const void**>(pair_begin)};
+  }
+  TF_SPARSECONV_RETURN_IF_ERROR(UploadItems(stream, scratch, items, count));
+  if (report_at != nullptr) *device_report = const_cast<Report*>(static_cast<const Report*>(report_at));
+  return GpuStatus::Ok();
+}
+
+// The items of every table a call may read, the initial report first (for the cache).
+int AllTables(const GpuWeightTable& w, int64_t cin, int64_t cout, const Report* initial, GpuWeightTablesOnDevice* view,
+              UploadItem* items) {
+  int count = 0;
+  items[count++] = {initial, sizeof(Report), reinterpret_cast<const void**>(&view->initial_report)};
+  items[count++] = {w.items, sizeof(GpuPresentWeight) * w.count, reinterpret_cast<const void**>(&view->items)};
+  items[count++] = {w.row_begin, sizeof(int64_t) * (cin + 1), reinterpret_cast<const void**>(&view->row_begin)};
+  items[count++] = {w.pair_begin, sizeof(int64_t) * (cin * cout + 1),
+                    reinterpret_cast<const void**>(&view->pair_begin)};
+  items[count++] = {w.offset_rep, sizeof(int64_t) * w.num_offsets, reinterpret_cast<const void**>(&view->offset_rep)};
+  items[count++] = {w.present, static_cast<size_t>(w.present_size), reinterpret_cast<const void**>(&view->present)};
+  return count;
 }
 
 // The per-entry data (EntryData) of the input's entries, queued after the checks; the
@@ -1625,6 +1661,36 @@ GpuStatus PrepareEntryData(Stream stream, Scratch* scratch, const DirectConvGpuA
 }
 
 }  // namespace
+
+bool GradWeightsPack(const KeyLayout& L, int64_t cout, const GpuWeightTable& w) {
+  if (cout * L.spatial_size > INT32_MAX) return false;
+  for (int64_t p = 0; p < w.count; ++p) {
+    for (int j = 0; j < L.d; ++j) {
+      const int32_t delta = SpatialDelta(w.items[p], j, L.extent[j]);
+      if (delta < INT8_MIN || delta > INT8_MAX) return false;
+    }
+  }
+  return true;
+}
+
+size_t WeightTablesBytes(const GpuWeightTable& w, int64_t cin, int64_t cout) {
+  constexpr size_t kAlign = alignof(GpuPresentWeight);
+  const Report initial = InitialReport();
+  GpuWeightTablesOnDevice view;
+  UploadItem items[6];
+  const int count = AllTables(w, cin, cout, &initial, &view, items);
+  size_t total = 0;
+  for (int t = 0; t < count; ++t) total += (items[t].bytes + kAlign - 1) / kAlign * kAlign;
+  return total;
+}
+
+GpuStatus UploadWeightTables(Stream stream, Scratch* scratch, const GpuWeightTable& w, int64_t cin, int64_t cout,
+                             void* device, GpuWeightTablesOnDevice* view) {
+  const Report initial = InitialReport();
+  UploadItem items[6];
+  const int count = AllTables(w, cin, cout, &initial, view, items);
+  return UploadItems(stream, scratch, items, count, static_cast<char*>(device));
+}
 
 template <typename T>
 GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,

@@ -100,10 +100,15 @@ inline absl::Status FusedReluNaNError() {
 // included, as the GPU's contribution buffers count it).
 inline int64_t OutputCapacity(const ConvAttrs& attrs, const KeyLayout& L, int64_t cout, const bool* mask,
                               int64_t mask_size, int64_t capacity) {
-  // The filter is [K..., Cin, Cout]: weight j belongs to input channel (j / Cout) % Cin.
+  // The filter is [K..., Cin, Cout]: weight j belongs to input channel (j / Cout) % Cin
+  // (walked as offsets x Cin x Cout, without a division per weight).
   std::vector<int64_t> per_channel(L.channels, 0);
-  for (int64_t j = 0; j < mask_size; ++j) {
-    if (mask[j]) ++per_channel[(j / cout) % L.channels];
+  const int64_t per_offset = L.channels * cout;
+  for (int64_t base = 0; per_offset > 0 && base + per_offset <= mask_size; base += per_offset) {
+    for (int64_t ic = 0; ic < L.channels; ++ic) {
+      const bool* row = mask + base + ic * cout;
+      for (int64_t oc = 0; oc < cout; ++oc) per_channel[ic] += row[oc] ? 1 : 0;
+    }
   }
   int64_t max_row = 0;
   for (int64_t c : per_channel) max_row = std::max(max_row, c);

@@ -26,6 +26,18 @@ struct alignas(16) GpuPresentWeight {
   int32_t hi[kMaxSpatialDims];
 };
 
+// The tables of a GpuWeightTable already on the device, with an initial report (every check
+// passed, count 0) to start a call's report from: a kernel's cache of its last call's tables
+// (direct_conv_kernels_gpu.cc). Where items is set, the functors upload no table and read these.
+struct GpuWeightTablesOnDevice {
+  const GpuPresentWeight* items = nullptr;
+  const int64_t* row_begin = nullptr;
+  const int64_t* pair_begin = nullptr;
+  const int64_t* offset_rep = nullptr;
+  const uint8_t* present = nullptr;
+  const Report* initial_report = nullptr;
+};
+
 // The present weights grouped by input channel, in host memory: row ic is
 // items[row_begin[ic] .. row_begin[ic + 1]), ordered by (oc, kernel offset), the order
 // in which the CPU kernel sums the contributions to one output entry.
@@ -39,7 +51,20 @@ struct GpuWeightTable {
   int64_t present_size = 0;
   int64_t count = 0;
   int64_t max_row = 0;                 // the longest row
+  GpuWeightTablesOnDevice on_device;   // the same tables on the device, where a cache holds them
+  int grad_pack = -1;                  // GradWeightsPack's answer (1 or 0) where known, else -1
 };
+
+// Whether every present weight packs for the gradient kernels: its output offset
+// (oc * S - lin_delta) in 32 bits and its spatial deltas in signed bytes.
+bool GradWeightsPack(const KeyLayout& L, int64_t cout, const GpuWeightTable& w);
+
+// The device bytes of all of w's tables and an initial report (cin input, cout output
+// channels), each 16-byte aligned; UploadWeightTables queues their upload into `device`
+// (that many bytes) through pinned memory of scratch's, and points *view at them.
+size_t WeightTablesBytes(const GpuWeightTable& w, int64_t cin, int64_t cout);
+GpuStatus UploadWeightTables(Stream stream, Scratch* scratch, const GpuWeightTable& w, int64_t cin, int64_t cout,
+                             void* device, GpuWeightTablesOnDevice* view);
 
 template <typename T>
 struct DirectConvGpuArgs {

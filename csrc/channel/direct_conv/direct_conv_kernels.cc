@@ -836,7 +836,9 @@ absl::Status CheckConvData(const ConvTensors<T>& in) {
 template <typename T>
 class DirectSparseConvFunctor<CPUDevice, T> {
  public:
-  DirectSparseConvFunctor(OpKernelContext* ctx, const ConvAttrs& attrs)
+  using Cache = NoConvCache;
+
+  DirectSparseConvFunctor(OpKernelContext* ctx, const ConvAttrs& attrs, Cache* /*cache*/)
       : ctx_(ctx), device_(ctx->eigen_device<CPUDevice>()), attrs_(attrs) {}
 
   absl::Status Prepare(const ConvTensors<T>& in, const T* bias) {
@@ -959,8 +961,11 @@ class DirectSparseConvFunctor<CPUDevice, T> {
 template <typename T>
 class DirectSparseConvBackpropFunctor<CPUDevice, T> {
  public:
+  using Cache = NoConvCache;
+
   // inputs_checked: unused; the CPU checks in any case (its checks cost no wait)
-  DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow, bool /*inputs_checked*/)
+  DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow, bool /*inputs_checked*/,
+                                  Cache* /*cache*/)
       : device_(ctx->eigen_device<CPUDevice>()), dataflow_(dataflow) {}
 
   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys, const T* out_grad, int64_t n_out) {

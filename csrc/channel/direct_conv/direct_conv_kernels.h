@@ -56,8 +56,13 @@ struct ConvTensors {
   }
 };
 
+// State an OpKernel keeps across its calls for its functors where a device has some (the
+// GPU's present-weight tables, direct_conv_kernels_gpu.cc): none on the CPU.
+struct NoConvCache {};
+
 // DirectSparseConv, per device:
-//   DirectSparseConvFunctor(OpKernelContext* ctx, const ConvAttrs& attrs);
+//   using Cache = ...;  // the kernel's state across calls, given to every call's functor
+//   DirectSparseConvFunctor(OpKernelContext* ctx, const ConvAttrs& attrs, Cache* cache);
 //   absl::Status Prepare(const ConvTensors<T>& in, const T* bias);
 //   static constexpr bool kPaddedOutputFirst;
 //   void GivePaddedOutput(int64_t* out_keys, T* out_values, int64_t capacity);
@@ -84,8 +89,10 @@ class DirectSparseConvFunctor;
 constexpr int64_t kCountOnDevice = -1;
 
 // DirectSparseConvBackprop, per device:
+//   using Cache = ...;
 //   DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow,
-//                                   bool inputs_checked);  // the op's attr of that name
+//                                   bool inputs_checked,  // the op's attr of that name
+//                                   Cache* cache);
 //   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys,
 //                        const T* out_grad, int64_t n_out);
 //   absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad);  // Eq. 3
@@ -136,7 +143,7 @@ class DirectSparseConvOp : public GuardedOpKernel {
     const Tensor& bias = ctx->input(5);
     const int64_t cout = in.shapes.cout;
     OP_REQUIRES_OK(ctx, CheckBiasShape(bias, cout));
-    DirectSparseConvFunctor<Device, T> conv(ctx, attrs_);
+    DirectSparseConvFunctor<Device, T> conv(ctx, attrs_, &cache_);
     {
       tsl::profiler::TraceMe trace("DirectSparseConv prepare", kTraceLevel);
       OP_REQUIRES_OK(ctx, conv.Prepare(in, bias.flat<T>().data()));
@@ -191,6 +198,7 @@ class DirectSparseConvOp : public GuardedOpKernel {
  private:
   ConvAttrs attrs_;
   bool padded_input_ = false;
+  typename DirectSparseConvFunctor<Device, T>::Cache cache_;
 };
 
 template <typename Device, typename T>
@@ -220,7 +228,7 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
                                                    padded_output_, in.layout.WithChannels(in.shapes.cout), "output",
                                                    nullptr, &n_out)));
     in.out_padded = padded_output_;
-    DirectSparseConvBackpropFunctor<Device, T> backprop(ctx, dataflow_, inputs_checked_);
+    DirectSparseConvBackpropFunctor<Device, T> backprop(ctx, dataflow_, inputs_checked_, &cache_);
     {
       tsl::profiler::TraceMe trace("DirectSparseConvBackprop prepare", kTraceLevel);
       OP_REQUIRES_OK(ctx, backprop.Prepare(in, out_keys.flat<int64_t>().data(), out_grad.flat<T>().data(), n_out));
@@ -245,6 +253,7 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
   bool inputs_checked_ = false;
   bool padded_input_ = false;
   bool padded_output_ = false;
+  typename DirectSparseConvBackpropFunctor<Device, T>::Cache cache_;
 };
 
 }  // namespace tf_sparseconv
