@@ -76,15 +76,14 @@ class TraceSteps(keras.callbacks.Callback):
     hook would make Keras hand over every step's logs as numbers, a wait for the GPU between
     steps that fit without callbacks does not have."""
 
-    def __init__(self, logdir, host_tracer_level=2):
+    def __init__(self, logdir):
         super().__init__()
         self.logdir = logdir
-        self.options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=host_tracer_level)
         self.seconds = self.waits = None
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == 1:
-            tf.profiler.experimental.start(self.logdir, options=self.options)
+            tf.profiler.experimental.start(self.logdir)
             self._start = (time.perf_counter(), ts.host_sync_count())
 
     def on_epoch_end(self, epoch, logs=None):
@@ -140,8 +139,7 @@ def queued_train_function(model):
 TRAIN_FUNCTIONS = ("keras", "queued")
 
 
-def profile(replicas, optimizer, points, labels, classes, steps, keep_trace, train_function="keras", resolution=32,
-            host_tracer_level=2):
+def profile(replicas, optimizer, points, labels, classes, steps, keep_trace, train_function="keras", resolution=32):
     gpus = tf.config.list_logical_devices("GPU")
     devices = [d.name for d in gpus[:replicas]] or ["/cpu:0"]
     if replicas > max(1, len(gpus)):
@@ -154,7 +152,7 @@ def profile(replicas, optimizer, points, labels, classes, steps, keep_trace, tra
         model.train_function = queued_train_function(model)  # fit keeps a train function it finds
     logdir = (os.path.join(keep_trace, f"replicas{replicas}-{optimizer}-{train_function}") if keep_trace
               else tempfile.mkdtemp(prefix="step_profile_"))
-    trace = TraceSteps(logdir, host_tracer_level)
+    trace = TraceSteps(logdir)
     # the first epoch warms up (tracing, the first launches), the second is traced
     model.fit(dataset(strategy, replicas, points, labels, resolution), epochs=2, steps_per_epoch=steps,
               callbacks=[trace], verbose=0, shuffle=False)
@@ -194,9 +192,6 @@ def main():
     p.add_argument("--steps", type=int, default=10, help="traced steps")
     p.add_argument("--resolution", type=int, choices=RESOLUTIONS, default=32, help="OctNet3's grid, r^3")
     p.add_argument("--keep-trace", metavar="DIR", help="keep the profiler's trace under DIR/replicas<N>")
-    p.add_argument("--host-tracer-level", type=int, choices=(1, 2, 3), default=2,
-                   help="the profiler's host tracing; 3 also records each op the executor runs on the GPU "
-                        "(TensorFlow traces those as inexpensive), which costs host time of its own")
     p.add_argument("--out", default=os.path.join(RESULTS, "step_profile.jsonl"))
     args = p.parse_args()
     if args.steps < 1:
@@ -218,9 +213,8 @@ def main():
                "device": f"{replicas}x {device}" if device != "cpu" else "cpu"}
         row.update(optimizer=optimizer, train_function=train_function)
         row.update(profile(replicas, optimizer, points, labels, classes, args.steps, args.keep_trace, train_function,
-                           args.resolution, args.host_tracer_level))
-        row.update(steps=args.steps, warmup=args.steps, host_tracer_level=args.host_tracer_level,
-                   between_steps="no wait (epoch hooks)", commit=checkout_commit(),
+                           args.resolution))
+        row.update(steps=args.steps, warmup=args.steps, between_steps="no wait (epoch hooks)", commit=checkout_commit(),
                    checks=checks_mode(), gpu_thread_mode=gpu_thread_mode(),
                    date=datetime.date.today().isoformat())
         rows.append(row)
