@@ -544,47 +544,11 @@ __device__ inline int64_t LinkedOutput(const KeyLayout& L, const EntryData& e, i
 // them before it adds any, in the same order as one at a time.
 constexpr int kGradUnroll = 4;
 
-template <typename T>
-__global__ void InGradKernel(KeyLayout L, EntryData e, const T* filter,
-                             const GpuPresentWeight* weights, const int64_t* row_begin,
-                             OutputLookup out, const T* out_grad, int64_t n, const Report* report,
-                             T* in_grad) {
-  const bool valid = ChecksPassed(report);
-  TF_SPARSECONV_GRID_LOOP(i, n) {
-    T sum = T(0);
-    if (valid && e.ic[i] >= 0) {  // padding: 0
-      const int32_t ic = e.ic[i];
-      const int64_t end = row_begin[ic + 1];
-      for (int64_t r0 = row_begin[ic]; r0 < end; r0 += kGradUnroll) {
-        T term[kGradUnroll];
-        bool linked[kGradUnroll];
-#pragma unroll
-        for (int u = 0; u < kGradUnroll; ++u) {
-          linked[u] = false;
-          term[u] = T(0);
-          if (r0 + u < end) {
-            const GpuPresentWeight& w = weights[r0 + u];
-            const int64_t p = LinkedOutput(L, e, i, w, out);
-            if (p >= 0) {
-              linked[u] = true;
-              term[u] = MulRn(out_grad[p], filter[w.filter_index]);
-            }
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kGradUnroll; ++u) {
-          if (linked[u]) sum = AddRn(sum, term[u]);  // the row's order, as the CPU
-        }
-      }
-    }
-    in_grad[i] = sum;
-  }
-}
-
-// What InGradPackedKernel reads of a present weight, in one 16-byte load: the output key's
-// offset from the entry's out_base (oc * S - lin_delta), the kernel offset's spatial delta per
-// dimension as signed bytes, and the filter value itself. InGradKernel reads the same from the
-// 48-byte GpuPresentWeight and the filter, some fifteen loads per (entry, weight).
+// What the gradient kernels read of a present weight where the weights pack, in one 16-byte
+// load: the output key's offset from the entry's out_base (oc * S - lin_delta), the kernel
+// offset's spatial delta per dimension as signed bytes, and the filter value itself. Unpacked,
+// they read the same from the 48-byte GpuPresentWeight and the filter, some fifteen loads per
+// (entry, weight).
 template <typename T>
 struct __align__(16) GradWeight {
   int32_t out_delta;
@@ -634,20 +598,56 @@ __device__ inline bool PackedReaches(const KeyLayout& L, const int32_t (&x)[kMax
   return reaches;
 }
 
-// InGradKernel over the packed weights: the entry's coordinates and out_base read once, each
-// weight in one load; the same terms added in the same order, so the same bits.
+// The input gradient's two sources of present weights. For item r of entry i's row, Link gives
+// the output entry the weight links i to (-1: none) and, where linked, the filter value;
+// Prepare what it reads of entry i once per entry.
 template <typename T>
-__global__ void InGradPackedKernel(KeyLayout L, EntryData e, const GradWeight<T>* weights, const int64_t* row_begin,
-                                   OutputLookup out, const T* out_grad, int64_t n, const Report* report,
-                                   T* in_grad) {
+struct UnpackedWeights {  // where the weights do not pack: the table and the filter
+  const GpuPresentWeight* items;
+  const T* filter;
+  struct Entry {};
+  __device__ Entry Prepare(const KeyLayout&, const EntryData&, int64_t) const { return {}; }
+  __device__ int64_t Link(const KeyLayout& L, const EntryData& e, int64_t i, const Entry&, int64_t r,
+                          const OutputLookup& out, T* value) const {
+    const GpuPresentWeight& w = items[r];
+    const int64_t p = LinkedOutput(L, e, i, w, out);
+    if (p >= 0) *value = filter[w.filter_index];
+    return p;
+  }
+};
+
+template <typename T>
+struct PackedWeights {  // GradWeight: one load per weight; the entry's coordinates and out_base read once
+  const GradWeight<T>* items;
+  struct Entry {
+    int32_t x[kMaxSpatialDims];
+    int64_t out_base;
+  };
+  __device__ Entry Prepare(const KeyLayout& L, const EntryData& e, int64_t i) const {
+    Entry entry;
+    EntryCoords(L, e, i, entry.x);
+    entry.out_base = e.out_base[i];
+    return entry;
+  }
+  __device__ int64_t Link(const KeyLayout& L, const EntryData&, int64_t, const Entry& entry, int64_t r,
+                          const OutputLookup& out, T* value) const {
+    const GradWeight<T> w = items[r];
+    *value = w.value;
+    return PackedReaches(L, entry.x, w.deltas) ? out.Find(entry.out_base + w.out_delta) : -1;
+  }
+};
+
+// dL/dx of each entry: the sum over its row's weights of out_grad[linked output] * w, added in
+// the row's order, as the CPU does (so the same bits), kGradUnroll lookups in flight.
+template <typename T, typename Weights>
+__global__ void InGradKernel(KeyLayout L, EntryData e, Weights weights, const int64_t* row_begin, OutputLookup out,
+                             const T* out_grad, int64_t n, const Report* report, T* in_grad) {
   const bool valid = ChecksPassed(report);
   TF_SPARSECONV_GRID_LOOP(i, n) {
     T sum = T(0);
     if (valid && e.ic[i] >= 0) {  // padding: 0
       const int32_t ic = e.ic[i];
-      int32_t x[kMaxSpatialDims];
-      EntryCoords(L, e, i, x);
-      const int64_t out_base = e.out_base[i];
+      const typename Weights::Entry entry = weights.Prepare(L, e, i);
       const int64_t end = row_begin[ic + 1];
       for (int64_t r0 = row_begin[ic]; r0 < end; r0 += kGradUnroll) {
         T term[kGradUnroll];
@@ -657,11 +657,11 @@ __global__ void InGradPackedKernel(KeyLayout L, EntryData e, const GradWeight<T>
           linked[u] = false;
           term[u] = T(0);
           if (r0 + u < end) {
-            const GradWeight<T> w = weights[r0 + u];
-            const int64_t p = PackedReaches(L, x, w.deltas) ? out.Find(out_base + w.out_delta) : -1;
+            T value;
+            const int64_t p = weights.Link(L, e, i, entry, r0 + u, out, &value);
             if (p >= 0) {
               linked[u] = true;
-              term[u] = MulRn(out_grad[p], w.value);
+              term[u] = MulRn(out_grad[p], value);
             }
           }
         }
@@ -2190,12 +2190,12 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("packed weights");
   }
   if (packed != nullptr) {
-    InGradPackedKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, e, packed, row_begin, out, out_grad, a.n,
-                                                                   device_report, in_grad);
+    InGradKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, e, PackedWeights<T>{packed}, row_begin, out,
+                                                             out_grad, a.n, device_report, in_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
   } else if (a.n > 0) {
-    InGradKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(
-        L, e, a.filter, weights, row_begin, out, out_grad, a.n, device_report, in_grad);
+    InGradKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, e, UnpackedWeights<T>{weights, a.filter}, row_begin,
+                                                             out, out_grad, a.n, device_report, in_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
   }
 
