@@ -556,14 +556,6 @@ struct __align__(16) GradWeight {
   T value;
 };
 
-// Whether every weight packs (gpu::GradWeightsPack), as the kernel's cache of the tables
-// knows it or found here.
-template <typename T>
-bool GradWeightsPack(const DirectConvGpuArgs<T>& a) {
-  if (a.weights.grad_pack >= 0) return a.weights.grad_pack == 1;
-  return GradWeightsPack(a.in_layout, a.cout, a.weights);
-}
-
 template <typename T>
 __global__ void GradWeightsKernel(KeyLayout L, const GpuPresentWeight* weights, int64_t count, const T* filter,
                                   GradWeight<T>* packed) {
@@ -987,6 +979,24 @@ __global__ void DenseAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_
 // sites of one (b, chunk), so per output channel they form one word of the touched bitmap.
 constexpr int kDenseChunk = 8;
 
+// A dense-site thread's outputs at site lin of example b, channels oc0 .. oc0 + n_oc - 1: each
+// touched sum plus its bias, and each channel's touched bits, one word per 32 consecutive sites
+// (a warp's; n_oc is the same for all its lanes: one chunk).
+template <typename T>
+__device__ inline void WriteChunkSums(int64_t b, int64_t cout, int64_t oc0, int n_oc, int64_t S, int64_t lin,
+                                      const T (&sum)[kDenseChunk], uint32_t touched, const T* bias, int lane,
+                                      T* out_values, uint32_t* out_bits) {
+#pragma unroll
+  for (int j = 0; j < kDenseChunk; ++j) {
+    if (j >= n_oc) break;
+    const int64_t o = (b * cout + oc0 + j) * S + lin;
+    const bool is_touched = (touched >> j) & 1u;
+    if (is_touched) out_values[o] = AddRn(sum[j], bias[oc0 + j]);
+    const unsigned int bits = __ballot_sync(0xffffffffu, is_touched);
+    if (lane == 0) out_bits[o >> 5] = bits;
+  }
+}
+
 template <typename T>
 __global__ void DenseSiteAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_in, const uint32_t* in_bits,
                                           const uint32_t* neighbour_mask, const T* filter, const uint8_t* present,
@@ -1031,15 +1041,7 @@ __global__ void DenseSiteAccumulateKernel(KeyLayout L, int64_t cout, const T* de
         }
       }
     }
-#pragma unroll
-    for (int j = 0; j < kDenseChunk; ++j) {
-      if (j >= n_oc) break;  // the same for the whole warp (one chunk)
-      const int64_t o = (b * cout + oc0 + j) * S + lin;
-      const bool is_touched = (touched >> j) & 1u;
-      if (is_touched) out_values[o] = AddRn(sum[j], bias[oc0 + j]);
-      const unsigned int bits = __ballot_sync(0xffffffffu, is_touched);
-      if (lane == 0) out_bits[o >> 5] = bits;
-    }
+    WriteChunkSums(b, cout, oc0, n_oc, S, lin, sum, touched, bias, lane, out_values, out_bits);
   }
 }
 
@@ -1156,15 +1158,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-#pragma unroll
-    for (int j = 0; j < kDenseChunk; ++j) {
-      if (j >= n_oc) break;  // the same for the whole block (one chunk)
-      const int64_t o = (b * cout + oc0 + j) * S + lin;
-      const bool is_touched = (touched >> j) & 1u;
-      if (is_touched) out_values[o] = AddRn(sum[j], bias[oc0 + j]);
-      const unsigned int bits = __ballot_sync(0xffffffffu, is_touched);
-      if (lane == 0) out_bits[o >> 5] = bits;
-    }
+    WriteChunkSums(b, cout, oc0, n_oc, S, lin, sum, touched, bias, lane, out_values, out_bits);
   }
 }
 
@@ -1556,76 +1550,57 @@ struct UploadItem {
   const void** device;
 };
 
-// Copies the items into one device buffer (`device`, or a new one from scratch where null) in
-// one copy through one pinned buffer, each at a 16-byte boundary (LoadWeight reads the present
-// weights in 16-byte loads).
-GpuStatus UploadItems(Stream stream, Scratch* scratch, UploadItem* items, int count, char* device = nullptr) {
-  constexpr size_t kAlign = alignof(GpuPresentWeight);
+// The bytes the items take on the device, each at a 16-byte boundary (LoadWeight reads the
+// present weights in 16-byte loads).
+constexpr size_t kTableAlign = alignof(GpuPresentWeight);
+inline size_t AlignedBytes(size_t bytes) { return (bytes + kTableAlign - 1) / kTableAlign * kTableAlign; }
+inline size_t ItemsBytes(const UploadItem* items, int count) {
   size_t total = 0;
-  for (int t = 0; t < count; ++t) total += (items[t].bytes + kAlign - 1) / kAlign * kAlign;
-  if (device == nullptr) device = static_cast<char*>(scratch->Device(total));
+  for (int t = 0; t < count; ++t) total += AlignedBytes(items[t].bytes);
+  return total;
+}
+
+// Copies the items into `device` (ItemsBytes of them) in one copy through one pinned buffer.
+GpuStatus UploadItems(Stream stream, Scratch* scratch, UploadItem* items, int count, char* device) {
+  const size_t total = ItemsBytes(items, count);
   char* pinned = static_cast<char*>(scratch->PinnedHost(total));
-  if (device == nullptr || pinned == nullptr) return GpuStatus::OutOfMemory("present weights");
+  if (pinned == nullptr) return GpuStatus::OutOfMemory("present weights");
   size_t offset = 0;
   for (int t = 0; t < count; ++t) {
     if (items[t].bytes > 0) std::memcpy(pinned + offset, items[t].host, items[t].bytes);
     *items[t].device = device + offset;
-    offset += (items[t].bytes + kAlign - 1) / kAlign * kAlign;
+    offset += AlignedBytes(items[t].bytes);
   }
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemcpyAsync(device, pinned, total, cudaMemcpyHostToDevice, stream), "present weights");
   return GpuStatus::Ok();
 }
 
-// The weight tables (given `dense`, the dense grid's tables as well; given `pair_begin`, that
-// table as well) and, where *device_report is null, a new report (every check passed, count 0:
-// NewReport's bytes). Where the kernel's cache holds the tables on the device
-// (GpuWeightTable::on_device), those, and the new report copied from the cache's initial one;
-// else all uploaded in one copy: one launch where memsets and copies took three.
+// The weight tables on the device, from the kernel's cache (GpuWeightTable::on_device; given
+// `dense`, the dense grid's tables as well; given `pair_begin`, that table as well), and, where
+// *device_report is null, a new report copied from the cache's initial one (every check
+// passed, count 0: NewReport's bytes).
 template <typename T>
-GpuStatus UploadTables(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, Report** device_report,
+GpuStatus DeviceTables(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, Report** device_report,
                        const GpuPresentWeight** weights, const int64_t** row_begin, DenseTables* dense = nullptr,
                        const int64_t** pair_begin = nullptr) {
   const GpuWeightTablesOnDevice& cached = a.weights.on_device;
-  if (cached.items != nullptr) {
-    *weights = cached.items;
-    *row_begin = cached.row_begin;
-    if (dense != nullptr) {
-      dense->pair_begin = cached.pair_begin;
-      dense->offset_rep = cached.offset_rep;
-      dense->present = cached.present;
-    } else if (pair_begin != nullptr) {
-      *pair_begin = cached.pair_begin;
-    }
-    if (*device_report != nullptr) return GpuStatus::Ok();
-    *device_report = static_cast<Report*>(scratch->Device(sizeof(Report)));
-    if (*device_report == nullptr) return GpuStatus::OutOfMemory("report");
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemcpyAsync(*device_report, cached.initial_report, sizeof(Report),
-                                                            cudaMemcpyDeviceToDevice, stream),
-                                            "report");
-    return GpuStatus::Ok();
-  }
-  const Report initial = InitialReport();
-  const size_t pairs_bytes = sizeof(int64_t) * (a.in_layout.channels * a.cout + 1);
-  UploadItem items[6];
-  int count = 0;
-  const void* report_at = nullptr;
-  if (*device_report == nullptr) items[count++] = {&initial, sizeof(Report), &report_at};
-  items[count++] = {a.weights.items, sizeof(GpuPresentWeight) * a.weights.count,
-                    reinterpret_cast<const void**>(weights)};
-  items[count++] = {a.weights.row_begin, sizeof(int64_t) * (a.in_layout.channels + 1),
-                    reinterpret_cast<const void**>(row_begin)};
+  if (cached.items == nullptr) return GpuStatus{"present weights", "the weight tables are not on the device"};
+  *weights = cached.items;
+  *row_begin = cached.row_begin;
   if (dense != nullptr) {
-    items[count++] = {a.weights.pair_begin, pairs_bytes, reinterpret_cast<const void**>(&dense->pair_begin)};
-    items[count++] = {a.weights.offset_rep, sizeof(int64_t) * a.weights.num_offsets,
-                      reinterpret_cast<const void**>(&dense->offset_rep)};
-    items[count++] = {a.weights.present, static_cast<size_t>(a.weights.present_size),
-                      reinterpret_cast<const void**>(&dense->present)};
+    dense->pair_begin = cached.pair_begin;
+    dense->offset_rep = cached.offset_rep;
+    dense->present = cached.present;
   } else if (pair_begin != nullptr) {
-    items[count++] = {a.weights.pair_begin, pairs_bytes, reinterpret_cast<const void**>(pair_begin)};
+    *pair_begin = cached.pair_begin;
   }
-  TF_SPARSECONV_RETURN_IF_ERROR(UploadItems(stream, scratch, items, count));
-  if (report_at != nullptr) *device_report = const_cast<Report*>(static_cast<const Report*>(report_at));
+  if (*device_report != nullptr) return GpuStatus::Ok();
+  *device_report = static_cast<Report*>(scratch->Device(sizeof(Report)));
+  if (*device_report == nullptr) return GpuStatus::OutOfMemory("report");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(*device_report, cached.initial_report, sizeof(Report), cudaMemcpyDeviceToDevice, stream),
+      "report");
   return GpuStatus::Ok();
 }
 
@@ -1674,14 +1649,10 @@ bool GradWeightsPack(const KeyLayout& L, int64_t cout, const GpuWeightTable& w) 
 }
 
 size_t WeightTablesBytes(const GpuWeightTable& w, int64_t cin, int64_t cout) {
-  constexpr size_t kAlign = alignof(GpuPresentWeight);
   const Report initial = InitialReport();
   GpuWeightTablesOnDevice view;
   UploadItem items[6];
-  const int count = AllTables(w, cin, cout, &initial, &view, items);
-  size_t total = 0;
-  for (int t = 0; t < count; ++t) total += (items[t].bytes + kAlign - 1) / kAlign * kAlign;
-  return total;
+  return ItemsBytes(items, AllTables(w, cin, cout, &initial, &view, items));
 }
 
 GpuStatus UploadWeightTables(Stream stream, Scratch* scratch, const GpuWeightTable& w, int64_t cin, int64_t cout,
@@ -1712,12 +1683,12 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   // touched set never exceeds either bound; the passes over it run on that many items.
   const int64_t touched_bound = std::min<int64_t>(num_slots, static_cast<int64_t>(no_output));
 
-  Report* device_report = nullptr;  // new, with the tables
+  Report* device_report = nullptr;  // new, from the cache's initial report
   const GpuPresentWeight* weights = nullptr;
   const int64_t* row_begin = nullptr;
   const int64_t* pair_begin = nullptr;
   DenseTables tables;
-  TF_SPARSECONV_RETURN_IF_ERROR(UploadTables(stream, scratch, a, &device_report, &weights, &row_begin,
+  TF_SPARSECONV_RETURN_IF_ERROR(DeviceTables(stream, scratch, a, &device_report, &weights, &row_begin,
                                              dense ? &tables : nullptr, bitmap ? &pair_begin : nullptr));
   // Every dataflow's first kernel over the entries also takes the NaN checks (`nan`); the
   // dense grid and the bitmaps run theirs only where something is touched.
@@ -2008,7 +1979,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   }
   if (report == nullptr) {
     unread_report_ = device_report;
-    scratch->HoldPinnedUntilQueuedWorkRuns();  // the weight table's upload may still be queued
+    scratch->HoldPinnedUntilQueuedWorkRuns();  // any pinned memory of this call, past its queued work
     return GpuStatus::Ok();
   }
   return ReadReport(stream, scratch, device_report, report);
@@ -2156,11 +2127,11 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, out_keys, n_out, out_layout.num_keys(),
                                                   &checks[kBackpropOutKeys], a.out_padded));
   }
-  // Unchecked, the kernels below still note internal errors in a new report, uploaded with
-  // the tables; nobody reads it.
+  // Unchecked, the kernels below still note internal errors in a new report (DeviceTables);
+  // nobody reads it.
   const GpuPresentWeight* weights = nullptr;
   const int64_t* row_begin = nullptr;
-  TF_SPARSECONV_RETURN_IF_ERROR(UploadTables(stream, scratch, a, &device_report, &weights, &row_begin));
+  TF_SPARSECONV_RETURN_IF_ERROR(DeviceTables(stream, scratch, a, &device_report, &weights, &row_begin));
   EntryData e;
   TF_SPARSECONV_RETURN_IF_ERROR(PrepareEntryData(stream, scratch, a, device_report, false, &e));
 
@@ -2180,9 +2151,10 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     }
     out.index = index;
   }
-  // The weights packed for the gradient kernels, where they pack (GradWeightsPack).
+  // The weights packed for the gradient kernels, where they pack (GradWeightsPack, asked by
+  // the kernel's cache).
   GradWeight<T>* packed = nullptr;
-  if (a.n > 0 && a.weights.count > 0 && GradWeightsPack(a)) {
+  if (a.n > 0 && a.weights.count > 0 && a.weights.grad_pack == 1) {
     packed = scratch->DeviceArray<GradWeight<T>>(a.weights.count);
     if (!packed) return GpuStatus::OutOfMemory("packed weights");
     GradWeightsKernel<T><<<BlocksFor(a.weights.count), kThreads, 0, stream>>>(L, weights, a.weights.count, a.filter,
@@ -2245,7 +2217,7 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
                                                                bias_parts, bias_grad);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bias gradient");
   if (!check) {
-    scratch->HoldPinnedUntilQueuedWorkRuns();  // the weight table's upload may still be queued
+    scratch->HoldPinnedUntilQueuedWorkRuns();  // any pinned memory of this call, past its queued work
     return GpuStatus::Ok();
   }
   return ReadReport(stream, scratch, device_report, report);

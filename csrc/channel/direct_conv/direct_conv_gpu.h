@@ -26,9 +26,9 @@ struct alignas(16) GpuPresentWeight {
   int32_t hi[kMaxSpatialDims];
 };
 
-// The tables of a GpuWeightTable already on the device, with an initial report (every check
-// passed, count 0) to start a call's report from: a kernel's cache of its last call's tables
-// (direct_conv_kernels_gpu.cc). Where items is set, the functors upload no table and read these.
+// The tables of a GpuWeightTable on the device, with an initial report (every check passed,
+// count 0) to start a call's report from: a kernel's cache of its last call's tables
+// (direct_conv_kernels_gpu.cc, UploadWeightTables), which the functors read.
 struct GpuWeightTablesOnDevice {
   const GpuPresentWeight* items = nullptr;
   const int64_t* row_begin = nullptr;
@@ -51,8 +51,8 @@ struct GpuWeightTable {
   int64_t present_size = 0;
   int64_t count = 0;
   int64_t max_row = 0;                 // the longest row
-  GpuWeightTablesOnDevice on_device;   // the same tables on the device, where a cache holds them
-  int grad_pack = -1;                  // GradWeightsPack's answer (1 or 0) where known, else -1
+  GpuWeightTablesOnDevice on_device;   // the same tables on the device
+  int grad_pack = -1;                  // GradWeightsPack's answer (1 or 0); -1: not asked, unpacked kernels
 };
 
 // Whether every present weight packs for the gradient kernels: its output offset

@@ -130,9 +130,8 @@ class WeightTableCache {
   struct Entry {
     Key key;
     WeightTable table;
-    Tensor device;  // the tables on the device (UploadWeightTables)
-    gpu::GpuWeightTablesOnDevice view;
-    int grad_pack = -1;
+    Tensor device;               // the tables on the device (UploadWeightTables)
+    gpu::GpuWeightTable weights; // table's view, with the device copies and GradWeightsPack's answer
   };
 
   // The entry for `in`: the last one where its key matches, else a new one, built and its
@@ -160,13 +159,14 @@ class WeightTableCache {
     key.cin = L.channels;
     key.cout = in.shapes.cout;
     fresh->table = ByInputChannel(BuildPresentWeights(in.mask, in.shapes.kernel_size, L.channels, key.cout, L), L.d);
-    const gpu::GpuWeightTable host = fresh->table.View();
-    fresh->grad_pack = gpu::GradWeightsPack(L, key.cout, host) ? 1 : 0;
-    const size_t bytes = gpu::WeightTablesBytes(host, key.cin, key.cout);
+    gpu::GpuWeightTable& weights = fresh->weights;
+    weights = fresh->table.View();
+    weights.grad_pack = gpu::GradWeightsPack(L, key.cout, weights) ? 1 : 0;
+    const size_t bytes = gpu::WeightTablesBytes(weights, key.cin, key.cout);
     TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_UINT8, TensorShape({static_cast<int64_t>(bytes)}),
                                           &fresh->device));
-    TF_RETURN_IF_ERROR(ToStatus(gpu::UploadWeightTables(GpuStream(ctx), scratch, host, key.cin, key.cout,
-                                                        fresh->device.data(), &fresh->view),
+    TF_RETURN_IF_ERROR(ToStatus(gpu::UploadWeightTables(GpuStream(ctx), scratch, weights, key.cin, key.cout,
+                                                        fresh->device.data(), &weights.on_device),
                                 *scratch, "DirectSparseConv"));
     // The staging buffer stays alive until the upload has run, whether or not the call waits.
     scratch->HoldPinnedUntilQueuedWorkRuns();
@@ -190,9 +190,7 @@ absl::Status GpuConvArgs(OpKernelContext* ctx, TempScratch* scratch, WeightTable
   in.CopyTo(args);
   args->padded = in.padded;
   args->out_padded = in.out_padded;
-  args->weights = (*tables)->table.View();
-  args->weights.on_device = (*tables)->view;
-  args->weights.grad_pack = (*tables)->grad_pack;
+  args->weights = (*tables)->weights;
   return absl::OkStatus();
 }
 
