@@ -742,6 +742,31 @@ def test_conv_k_selection_ties_at_zero_prefer_the_smaller_key(gpu_dataflow, gpu)
         np.testing.assert_array_equal(y_gpu.keys.numpy(), y_cpu.keys.numpy())
 
 
+@pytest.mark.parametrize("selection", [pytest.param(dict(selection="signed", k=1), id="signed-k1"),
+                                       pytest.param(dict(selection="abs", k=40), id="abs-k40"),
+                                       pytest.param(dict(selection="signed", rho_up=0.3), id="signed-rho0.3"),
+                                       pytest.param(dict(selection="signed", k=300), id="signed-k300"),
+                                       pytest.param(dict(selection="abs", k=100000), id="abs-k-above-touched")])
+@pytest.mark.parametrize("spatial,density", [pytest.param((9, 8, 7), 0.3, id="tiles-of-ties"),
+                                             pytest.param((16, 16, 16), 0.05, id="larger-segments")])
+def test_k_selection_over_many_segments_matches_cpu(rng, spatial, density, selection, dtype, gpu_dataflow, gpu):
+    """4 examples x 64 output channels = 256 segments: the GPU selects them a block per segment
+    (SelectSegmentsKernel, from 256 segments), with responses from small integer sets, so ties
+    that span the block's tiles of 256 entries decide the kept set."""
+    keys, values, dense_shape, w, mask, _ = conv_inputs(rng, 4, spatial, 2, 64, (3, 3, 3), density, 0.5, dtype,
+                                                        tie_values=[-1.0, 1.0, 2.0])
+    w = np.round(w * 2).astype(dtype)
+    bias = np.zeros(64, dtype)
+    touched, _ = run_conv(CPU, keys, values, dense_shape, w, mask, bias)
+    segments = touched.keys.numpy() // np.prod(spatial)
+    assert len(np.unique(segments)) >= 250 and np.bincount(segments).max() > 256, \
+        "the case needs about 256 segments, some of more than one tile"
+    y_cpu, counts_cpu = run_conv(CPU, keys, values, dense_shape, w, mask, bias, **selection)
+    y_gpu, counts_gpu = run_conv(GPU, keys, values, dense_shape, w, mask, bias, dataflow=gpu_dataflow, **selection)
+    assert_same_sparse(y_gpu, y_cpu, dtype)
+    np.testing.assert_array_equal(counts_gpu.numpy(), counts_cpu.numpy())
+
+
 @pytest.mark.parametrize("batch,spatial,cin,cout,kernel,density,filter_density", GPU_CONV_CASES)
 def test_conv_values_are_bit_identical_to_cpu(rng, batch, spatial, cin, cout, kernel, density, filter_density,
                                               dtype, gpu_dataflow, gpu):

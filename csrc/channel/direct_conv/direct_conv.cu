@@ -278,6 +278,11 @@ PositiveCountKernel(const int64_t* touched_keys, const T* touched_values, const 
   }
 }
 
+// Blocks for a grid-stride loop over `blocks` blocks' work, at most 65,536.
+inline unsigned int LoopBlocks(int64_t blocks) {
+  return static_cast<unsigned int>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
+}
+
 // ---- k-selection: a radix select per (b, oc) segment, no sort ----
 //
 // Segment s keeps the k entries with the largest score bits U (ScoreBits: ordered like the
@@ -380,52 +385,65 @@ SelectHistogramKernel(const T* values, bool by_magnitude, const int32_t* segment
   }
 }
 
-// Per selected segment, one warp: the digit at `shift` where the count from the top bin
-// reaches remaining[s]; the entries of the higher bins are kept, so remaining[s] drops by
-// them. Lane l holds bins 8l .. 8l + 7; the counts above each lane's bins are a warp scan.
-// The next round's histogram (the other buffer) of every segment is zeroed here.
+constexpr int kBinsPerLane = kRadixBins / 32;
+
+// One round's digit of one segment, by one warp whose lane l holds the segment's bins
+// 8l .. 8l + 7 (`bins`): the digit where the count from the top bin reaches `want`; the
+// entries of the higher bins are kept. True on the one lane that found it, with *digit and
+// *left = want less those entries. The counts above each lane's bins are a warp scan; where
+// no bin reaches want, lane 0 takes digit 0, as a one-thread scan from the top would.
+__device__ inline bool ChooseDigit(const uint32_t (&bins)[kBinsPerLane], int64_t want, int lane, int* digit,
+                                   int64_t* left) {
+  int64_t mine = 0;
+#pragma unroll
+  for (int b = 0; b < kBinsPerLane; ++b) mine += bins[b];
+  // above = the bins of the higher lanes: an inclusive scan from lane 31 down, minus mine
+  int64_t from_top = mine;
+  for (int step = 1; step < 32; step *= 2) {
+    const int64_t other = __shfl_down_sync(0xffffffffu, from_top, step);
+    if (lane + step < 32) from_top += other;
+  }
+  int64_t above = from_top - mine;
+  // the lane whose bins cross want (the highest such lane: bins above it hold fewer),
+  // else lane 0 takes digit 0, as the one-thread scan did
+  const bool crosses = above < want && above + mine >= want;
+  const unsigned int crossing = __ballot_sync(0xffffffffu, crosses || (want == 0 && lane == 31));
+  const int chosen = crossing != 0u ? 31 - __clz(crossing) : 0;
+  if (lane != chosen) return false;
+  *digit = lane * kBinsPerLane;
+  for (int b = kBinsPerLane - 1; b >= 0; --b) {
+    if (above + bins[b] >= want || b == 0) {
+      *digit = lane * kBinsPerLane + b;
+      break;
+    }
+    above += bins[b];
+  }
+  *left = want - above;
+  return true;
+}
+
+// Per selected segment, one warp: ChooseDigit of the round at `shift`, added to prefix[s],
+// remaining[s] the entries still to pick. The next round's histogram (the other buffer) of
+// every segment is zeroed here.
 template <typename Bits>
 __global__ void SelectDigitKernel(const uint32_t* hist, int64_t num_segments, int shift, Bits* prefix,
                                   int64_t* remaining, uint32_t* next_hist) {
-  constexpr int kPerLane = kRadixBins / 32;
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t s = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; s < num_segments;
        s += warps) {
     const int64_t want = remaining[s];  // the same for the whole warp
 #pragma unroll
-    for (int b = 0; b < kPerLane; ++b) next_hist[s * kRadixBins + lane * kPerLane + b] = 0u;
+    for (int b = 0; b < kBinsPerLane; ++b) next_hist[s * kRadixBins + lane * kBinsPerLane + b] = 0u;
     if (want < 0) continue;
-    uint32_t bins[kPerLane];
-    int64_t mine = 0;
+    uint32_t bins[kBinsPerLane];
 #pragma unroll
-    for (int b = 0; b < kPerLane; ++b) {
-      bins[b] = hist[s * kRadixBins + lane * kPerLane + b];
-      mine += bins[b];
-    }
-    // above = the bins of the higher lanes: an inclusive scan from lane 31 down, minus mine
-    int64_t from_top = mine;
-    for (int step = 1; step < 32; step *= 2) {
-      const int64_t other = __shfl_down_sync(0xffffffffu, from_top, step);
-      if (lane + step < 32) from_top += other;
-    }
-    int64_t above = from_top - mine;
-    // the lane whose bins cross want (the highest such lane: bins above it hold fewer),
-    // else lane 0 takes digit 0, as the one-thread scan did
-    const bool crosses = above < want && above + mine >= want;
-    const unsigned int crossing = __ballot_sync(0xffffffffu, crosses || (want == 0 && lane == 31));
-    const int chosen = crossing != 0u ? 31 - __clz(crossing) : 0;
-    if (lane == chosen) {
-      int digit = lane * kPerLane;
-      for (int b = kPerLane - 1; b >= 0; --b) {
-        if (above + bins[b] >= want || b == 0) {
-          digit = lane * kPerLane + b;
-          break;
-        }
-        above += bins[b];
-      }
+    for (int b = 0; b < kBinsPerLane; ++b) bins[b] = hist[s * kRadixBins + lane * kBinsPerLane + b];
+    int digit;
+    int64_t left;
+    if (ChooseDigit(bins, want, lane, &digit, &left)) {
       prefix[s] |= static_cast<Bits>(digit) << shift;
-      remaining[s] = want - above;
+      remaining[s] = left;
     }
   }
 }
@@ -468,6 +486,130 @@ __global__ void SelectKeepKernel(const T* values, bool by_magnitude, const int32
     }
     keep[j] = kept;
   }
+}
+
+// k-selection of many small segments in one launch: a block per segment runs every round of
+// SelectHistogramKernel and SelectDigitKernel over its own entries [begin[s], begin[s + 1]),
+// the histogram in shared memory, then marks keep as SelectTieKernel, the tie scan and
+// SelectKeepKernel do, the ties ranked by a block scan in key order: the same kept set in
+// one launch where the rounds took about a dozen (OctNet3's batches hold thousands of
+// segments of a few thousand entries). keep is written for the segments' entries only.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    SelectSegmentsKernel(const T* values, bool by_magnitude, const int64_t* begin, int64_t num_segments, int64_t k,
+                         uint8_t* keep) {
+  using Bits = typename ScoreBits<T>::type;
+  constexpr int kBits = 8 * sizeof(Bits);
+  using BlockScan = cub::BlockScan<int, kThreads>;
+  __shared__ uint32_t bins[kRadixBins];
+  __shared__ typename BlockScan::TempStorage scan;
+  __shared__ Bits round_prefix;
+  __shared__ int64_t round_left;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (int64_t s = blockIdx.x; s < num_segments; s += gridDim.x) {  // the same s for the whole block
+    const int64_t first = begin[s], last = begin[s + 1];
+    if (last - first <= k) {  // not selected: every entry kept
+      for (int64_t j = first + threadIdx.x; j < last; j += kThreads) keep[j] = 1;
+      continue;
+    }
+    Bits prefix = 0;
+    int64_t want = k;
+    for (int shift = kBits - kRadixBits; shift >= 0; shift -= kRadixBits) {
+      for (int b = threadIdx.x; b < kRadixBins; b += kThreads) bins[b] = 0u;
+      __syncthreads();
+      const int high = shift + kRadixBits;
+      for (int64_t j = first + threadIdx.x; j < last; j += kThreads) {
+        const Bits u = ScoreOf(values[j], by_magnitude);
+        if (high < kBits && (u >> high) != (prefix >> high)) continue;
+        atomicAdd(&bins[static_cast<uint32_t>(u >> shift) & (kRadixBins - 1)], 1u);
+      }
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        uint32_t mine[kBinsPerLane];
+#pragma unroll
+        for (int b = 0; b < kBinsPerLane; ++b) mine[b] = bins[lane * kBinsPerLane + b];
+        int digit;
+        int64_t left;
+        if (ChooseDigit(mine, want, lane, &digit, &left)) {
+          round_prefix = prefix | (static_cast<Bits>(digit) << shift);
+          round_left = left;
+        }
+      }
+      __syncthreads();
+      prefix = round_prefix;
+      want = round_left;
+      __syncthreads();  // round_prefix and round_left are rewritten by the next round
+    }
+    // prefix is the threshold; keep the scores above it and the first `want` ties
+    int64_t ties_before = 0;
+    for (int64_t base = first; base < last; base += kThreads) {
+      const int64_t j = base + threadIdx.x;
+      Bits u = 0;
+      if (j < last) u = ScoreOf(values[j], by_magnitude);
+      const int is_tie = j < last && u == prefix ? 1 : 0;
+      int rank, tile_ties;
+      BlockScan(scan).ExclusiveSum(is_tie, rank, tile_ties);
+      if (j < last) keep[j] = u > prefix || (is_tie && ties_before + rank < want) ? 1 : 0;
+      ties_before += tile_ties;
+      __syncthreads();  // scan's storage is reused by the next tile
+    }
+  }
+}
+
+// k-selection by rounds of launches over the whole touched set (SelectStartKernel, per round
+// SelectHistogramKernel and SelectDigitKernel, then the ties and SelectKeepKernel): for few
+// or large segments, which one block each would leave most of the GPU idle on. The ties
+// (8 bytes an entry) and the segment of each entry (4) go to free_buffers where given.
+template <typename T>
+GpuStatus SelectByRounds(Stream stream, Scratch* scratch, const T* values, bool by_magnitude,
+                         const int64_t* touched_keys, const int64_t* touched_total, int64_t touched_bound,
+                         int64_t spatial_size, bool narrow, const int64_t* segment_begin, int64_t num_segments,
+                         int64_t k, void* const* free_buffers, uint8_t* keep) {
+  using Bits = typename ScoreBits<T>::type;
+  int64_t* tie = free_buffers[0] != nullptr ? static_cast<int64_t*>(free_buffers[0])
+                                            : scratch->DeviceArray<int64_t>(touched_bound);
+  int32_t* segment_of = free_buffers[1] != nullptr ? static_cast<int32_t*>(free_buffers[1])
+                                                   : scratch->DeviceArray<int32_t>(touched_bound);
+  int64_t* tie_rank = scratch->DeviceArray<int64_t>(touched_bound);
+  Bits* prefix = scratch->DeviceArray<Bits>(num_segments);
+  int64_t* remaining = scratch->DeviceArray<int64_t>(num_segments);
+  uint32_t* hist = scratch->DeviceArray<uint32_t>(2 * num_segments * kRadixBins);  // two rounds' buffers
+  if (!tie || !segment_of || !tie_rank || !prefix || !remaining || !hist) {
+    return GpuStatus::OutOfMemory("k-selection");
+  }
+  SelectStartKernel<Bits><<<BlocksFor(std::max(touched_bound, num_segments * kRadixBins)), kThreads, 0, stream>>>(
+      touched_keys, touched_total, touched_bound, spatial_size, narrow, segment_of, segment_begin, num_segments, k,
+      prefix, remaining, hist);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
+  const int64_t tiles = (touched_bound + kThreads * kSelectItems - 1) / (kThreads * kSelectItems);
+  int round = 0;
+  for (int shift = 8 * static_cast<int>(sizeof(Bits)) - kRadixBits; shift >= 0; shift -= kRadixBits, ++round) {
+    uint32_t* round_hist = hist + (round % 2) * num_segments * kRadixBins;
+    uint32_t* next_hist = hist + ((round + 1) % 2) * num_segments * kRadixBins;
+    SelectHistogramKernel<T><<<LoopBlocks(tiles), kThreads, 0, stream>>>(
+        values, by_magnitude, segment_of, touched_total, touched_bound, prefix, remaining, shift, round_hist);
+    SelectDigitKernel<Bits><<<BlocksFor(num_segments * 32), kThreads, 0, stream>>>(
+        round_hist, num_segments, shift, prefix, remaining, next_hist);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
+  }
+  SelectTieKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+      values, by_magnitude, segment_of, touched_total, touched_bound, prefix, remaining, tie);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection ties");
+  TF_SPARSECONV_RETURN_IF_ERROR(ExclusiveSum(stream, scratch, tie, tie_rank, touched_bound));
+  SelectKeepKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
+      values, by_magnitude, segment_of, touched_total, touched_bound, segment_begin, prefix, remaining, tie_rank,
+      keep);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
+  return GpuStatus::Ok();
+}
+
+// SelectSegmentsKernel's block per segment where the segments are many (blocks enough to
+// fill the GPU) and no larger than the grids of OctNet3 at 32^3 on average (the touched
+// bound: a block's passes over its entries stay short); SelectByRounds elsewhere.
+constexpr int64_t kBlockSelectMinSegments = 256;
+constexpr int64_t kBlockSelectMaxAverage = 32768;
+inline bool SelectsByBlocks(int64_t num_segments, int64_t touched_bound) {
+  return num_segments >= kBlockSelectMinSegments && touched_bound <= num_segments * kBlockSelectMaxAverage;
 }
 
 template <typename T>
@@ -860,10 +1002,6 @@ inline int64_t PartsFor(int64_t items, int64_t segments) {
   const int64_t per_segment = segments > 0 ? items / segments : 0;
   const int64_t parts = (per_segment + kTileSize - 1) / kTileSize;
   return parts < 1 ? 1 : (parts > 256 ? 256 : parts);
-}
-
-inline unsigned int LoopBlocks(int64_t blocks) {
-  return static_cast<unsigned int>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
 }
 
 // --- the dense-grid forward (DirectConvDataflow::kDense) ----------------------------------------
@@ -1924,46 +2062,19 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   relu_values_ = a.relu ? touched_values_ : nullptr;
 
   if (selection != SelectionMode::kNone && touched_bound > 0) {
-    // The ties (8 bytes an entry) and the segment of each entry (4) go to the free buffers:
-    // the summed contributions' keys and values (8 and sizeof(T) >= 4 bytes a slot), or new ones.
-    if (free_buffers[0] == nullptr) free_buffers[0] = scratch->DeviceArray<int64_t>(touched_bound);
-    if (free_buffers[1] == nullptr) free_buffers[1] = scratch->DeviceArray<int32_t>(touched_bound);
-    using Bits = typename ScoreBits<T>::type;
     const bool by_magnitude = selection == SelectionMode::kAbs;
-    int64_t* tie = static_cast<int64_t*>(free_buffers[0]);
-    int32_t* segment_of = static_cast<int32_t*>(free_buffers[1]);
-    int64_t* tie_rank = scratch->DeviceArray<int64_t>(touched_bound);
-    Bits* prefix = scratch->DeviceArray<Bits>(num_segments);
-    int64_t* remaining = scratch->DeviceArray<int64_t>(num_segments);
-    uint32_t* hist = scratch->DeviceArray<uint32_t>(2 * num_segments * kRadixBins);  // two rounds' buffers
     uint8_t* keep = scratch->DeviceArray<uint8_t>(touched_bound);
-    if (!tie || !segment_of || !tie_rank || !prefix || !remaining || !hist || !keep) {
-      return GpuStatus::OutOfMemory("k-selection");
-    }
-    SelectStartKernel<Bits><<<BlocksFor(std::max(touched_bound, num_segments * kRadixBins)), kThreads, 0, stream>>>(
-        touched_keys_, touched_total, touched_bound, L.spatial_size, no_output <= UINT32_MAX, segment_of,
-        segment_begin, num_segments, k, prefix, remaining, hist);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
-    const int64_t tiles = (touched_bound + kThreads * kSelectItems - 1) / (kThreads * kSelectItems);
-    int round = 0;
-    for (int shift = 8 * static_cast<int>(sizeof(Bits)) - kRadixBits; shift >= 0; shift -= kRadixBits, ++round) {
-      uint32_t* round_hist = hist + (round % 2) * num_segments * kRadixBins;
-      uint32_t* next_hist = hist + ((round + 1) % 2) * num_segments * kRadixBins;
-      SelectHistogramKernel<T><<<LoopBlocks(tiles), kThreads, 0, stream>>>(
-          touched_values_, by_magnitude, segment_of, touched_total, touched_bound, prefix, remaining, shift,
-          round_hist);
-      SelectDigitKernel<Bits><<<BlocksFor(num_segments * 32), kThreads, 0, stream>>>(
-          round_hist, num_segments, shift, prefix, remaining, next_hist);
+    if (!keep) return GpuStatus::OutOfMemory("k-selection");
+    if (SelectsByBlocks(num_segments, touched_bound)) {
+      SelectSegmentsKernel<T><<<LoopBlocks(num_segments), kThreads, 0, stream>>>(
+          touched_values_, by_magnitude, segment_begin, num_segments, k, keep);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
+    } else {
+      TF_SPARSECONV_RETURN_IF_ERROR(SelectByRounds(stream, scratch, touched_values_, by_magnitude, touched_keys_,
+                                                   touched_total, touched_bound, L.spatial_size,
+                                                   no_output <= UINT32_MAX, segment_begin, num_segments, k,
+                                                   free_buffers, keep));
     }
-    SelectTieKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-        touched_values_, by_magnitude, segment_of, touched_total, touched_bound, prefix, remaining, tie);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection ties");
-    TF_SPARSECONV_RETURN_IF_ERROR(ExclusiveSum(stream, scratch, tie, tie_rank, touched_bound));
-    SelectKeepKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-        touched_values_, by_magnitude, segment_of, touched_total, touched_bound, segment_begin, prefix, remaining,
-        tie_rank, keep);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
     keep_ = keep;
   }
   keep_all_ = keep_ == nullptr && relu_values_ == nullptr;
