@@ -1370,37 +1370,13 @@ __global__ void MarkOutputsKernel(KeyLayout L, EntryData e, const GpuPresentWeig
   }
 }
 
-// The set bits of a bitmap in order, in one pass over tiles of kTileSize words: each tile
-// counts its set bits, finds the bits before it by looking back at the tiles before it
-// (TileStartByLookBack), and writes every set bit's index at its rank (WriteBitTilesKernel).
-// A count, a scan and a write-out took three launches.
-
-// tile_status[t] is 0 until tile t publishes its own count (kTileCount), then its inclusive
-// prefix (kTilePrefix), flag and value in one 64-bit word.
-constexpr unsigned long long kTileCount = 1ull << 62, kTilePrefix = 1ull << 63;
-constexpr unsigned long long kTileValue = kTileCount - 1;
-
-// The set bits before tile `tile`, whose own are `count`; by one thread of the tile's block.
-// Tiles are taken in order from a counter, so every earlier tile belongs to a running block
-// that publishes its count before it looks back itself: the wait ends.
-__device__ inline int64_t TileStartByLookBack(unsigned long long* tile_status, int64_t tile, int64_t count) {
-  const unsigned long long own = static_cast<unsigned long long>(count);
-  if (tile == 0) {
-    atomicExch(&tile_status[0], kTilePrefix | own);
-    return 0;
-  }
-  atomicExch(&tile_status[tile], kTileCount | own);
-  int64_t before = 0;
-  for (int64_t p = tile - 1; p >= 0;) {
-    const unsigned long long status = atomicAdd(&tile_status[p], 0ull);  // a coherent read
-    if (status == 0ull) continue;  // tile p has not counted yet
-    before += static_cast<int64_t>(status & kTileValue);
-    if ((status & kTilePrefix) != 0ull) break;
-    --p;
-  }
-  atomicExch(&tile_status[tile], kTilePrefix | (static_cast<unsigned long long>(before) + own));
-  return before;
-}
+// The set bits of a bitmap in order, as the compaction of gpu_util.cuh over words: per tile
+// of kTileSize words the set bits counted (CountTilesKernel<SetBitsOf>), the counts scanned,
+// then each tile rescanned and every set bit's index written at its rank (WriteBitTilesKernel).
+struct SetBitsOf {
+  const uint32_t* bits;
+  __device__ int operator()(int64_t word) const { return __popc(bits[word]); }
+};
 
 struct MinOf {
   __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
@@ -1419,21 +1395,15 @@ static_assert(kThreads % 32 == 0 && kTileSize == static_cast<int64_t>(kThreads) 
               "a tile is the block's warps' 32 * kTileItems words each");
 static_assert(kMaxSortItems <= static_cast<int64_t>(UINT32_MAX), "word ranks (< the touched entries) fit 32 bits");
 __global__ void __launch_bounds__(kThreads)
-    WriteBitTilesKernel(const uint32_t* bits, int64_t words, int64_t num_tiles, unsigned long long* tile_status,
-                        int64_t* indices, int64_t* total, int64_t segment_size, int64_t* counts,
-                        uint32_t* word_rank) {
+    WriteBitTilesKernel(const uint32_t* bits, int64_t words, int64_t num_tiles, const int64_t* tile_offsets,
+                        int64_t* indices, int64_t segment_size, int64_t* counts, uint32_t* word_rank) {
   constexpr int kWarps = kThreads / 32;
   using BlockReduce = cub::BlockReduce<int64_t, kThreads>;
   __shared__ typename BlockReduce::TempStorage reduce;
   __shared__ int warp_total[kWarps];
   __shared__ int64_t tile_segment[2];
-  __shared__ int64_t tile_taken, tile_start;
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  for (;;) {
-    if (threadIdx.x == 0) tile_taken = static_cast<int64_t>(atomicAdd(&tile_status[num_tiles], 1ull));
-    __syncthreads();
-    const int64_t tile = tile_taken;  // the same for the whole block
-    if (tile >= num_tiles) break;
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     // word j of this thread: first + j * 32
     const int64_t first = tile * kTileSize + static_cast<int64_t>(warp) * 32 * kTileItems + lane;
     uint32_t word[kTileItems];
@@ -1451,12 +1421,7 @@ __global__ void __launch_bounds__(kThreads)
       before_warp += v < warp ? warp_total[v] : 0;
       tile_total += warp_total[v];
     }
-    if (threadIdx.x == 0) {
-      tile_start = TileStartByLookBack(tile_status, tile, tile_total);
-      if (tile == num_tiles - 1) *total = tile_start + tile_total;
-    }
-    __syncthreads();
-    int64_t round_start = tile_start + before_warp;  // the rank of this warp's round-j words
+    int64_t round_start = tile_offsets[tile] + before_warp;  // the rank of this warp's round-j words
     int64_t lo = INT64_MAX, hi = -1;  // the segments of this thread's first and last set bits
     for (int j = 0; j < kTileItems; ++j) {
       const int here = __popc(word[j]);
@@ -1637,27 +1602,20 @@ struct CopyTouched {
   }
 };
 
-// Tiles of the output bits and the 64-bit words of their look-back (one per tile and the
-// counter that hands them out), which the caller zeroes with the bits.
-inline int64_t OutputBitTiles(int64_t out_words) { return (out_words + kTileSize - 1) / kTileSize; }
-inline int64_t TileStatusWords32(int64_t out_words) { return 2 * (OutputBitTiles(out_words) + 1); }
-
 // The touched set from the output bits (the bitmaps and the atomic sums): every (entry, present
-// weight) sets its output's bit in out_bits (out_words words, zeroed before), then the set bits
-// are written in key order to touched_keys (one pass, WriteBitTilesKernel; tile_status:
-// TileStatusWords32 zeroed words), their total to touched_total, each segment's count added to
-// touched_counts (zeroed before) and, given word_rank, each word's rank.
-GpuStatus MarkAndReadOutputBits(Stream stream, const KeyLayout& L, const EntryData& e,
+// weight) sets its output's bit in out_bits (out_words words, zeroed before), then the set bits,
+// counted per tile and scanned, are written in key order to touched_keys, their total to
+// touched_total, each segment's count added to touched_counts (zeroed before) and, given
+// word_rank, each word's rank.
+GpuStatus MarkAndReadOutputBits(Stream stream, Scratch* scratch, const KeyLayout& L, const EntryData& e,
                                 const GpuPresentWeight* weights, const int64_t* row_begin, int64_t max_row,
                                 int64_t n, int64_t num_slots, const Report* report, uint32_t* out_bits,
-                                int64_t out_words, unsigned long long* tile_status, int64_t* touched_keys,
-                                int64_t* touched_total, int64_t* touched_counts, uint32_t* word_rank) {
-  const int64_t num_tiles = OutputBitTiles(out_words);
-  if (num_tiles == 0) {
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(touched_total, 0, sizeof(int64_t), stream),
-                                            "touched set");
-    return GpuStatus::Ok();
-  }
+                                int64_t out_words, int64_t* touched_keys, int64_t* touched_total,
+                                int64_t* touched_counts, uint32_t* word_rank) {
+  const int64_t num_tiles = (out_words + kTileSize - 1) / kTileSize;
+  int64_t* tile_counts = scratch->DeviceArray<int64_t>(num_tiles);
+  int64_t* tile_offsets = scratch->DeviceArray<int64_t>(num_tiles);
+  if (!tile_counts || !tile_offsets) return GpuStatus::OutOfMemory("output bit tiles");
   if (n > 0) {
     if (num_slots <= static_cast<int64_t>(UINT32_MAX)) {
       MarkOutputsKernel<uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(L, e, weights, row_begin, max_row,
@@ -1668,9 +1626,12 @@ GpuStatus MarkAndReadOutputBits(Stream stream, const KeyLayout& L, const EntryDa
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output bits");
   }
-  WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(out_bits, out_words, num_tiles, tile_status,
-                                                                      touched_keys, touched_total, L.spatial_size,
-                                                                      touched_counts, word_rank);
+  CountTilesKernel<SetBitsOf><<<TileBlocks(num_tiles), kThreads, 0, stream>>>(SetBitsOf{out_bits}, out_words,
+                                                                               num_tiles, tile_counts);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
+  TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, touched_total));
+  WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
+      out_bits, out_words, num_tiles, tile_offsets, touched_keys, L.spatial_size, touched_counts, word_rank);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
   return GpuStatus::Ok();
 }
@@ -1966,28 +1927,25 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     if (a.n > INT32_MAX) return GpuStatus{"direct conv", "the bitmap dataflow takes fewer than 2^31 entries"};
     const int64_t in_words = (L.num_keys() + 31) / 32;
     const int64_t out_words = static_cast<int64_t>((no_output + 31) / 32);
-    const int64_t status_words = TileStatusWords32(out_words);
-    // the read-out's tile status (8-byte words first), the input bits, the output bits: one memset
-    uint32_t* zeroed = scratch->DeviceArray<uint32_t>(status_words + in_words + out_words);
+    uint32_t* in_bits = scratch->DeviceArray<uint32_t>(in_words + out_words);
     int32_t* word_first = scratch->DeviceArray<int32_t>(in_words);
     int64_t* touched_keys;
     T* touched_values;
     touched_buffers(&touched_keys, &touched_values);
-    if (!zeroed || !word_first || !touched_keys || !touched_values) return GpuStatus::OutOfMemory("bitmaps");
-    unsigned long long* tile_status = reinterpret_cast<unsigned long long*>(zeroed);
-    uint32_t* in_bits = zeroed + status_words;
+    if (!in_bits || !word_first || !touched_keys || !touched_values) return GpuStatus::OutOfMemory("bitmaps");
     uint32_t* out_bits = in_bits + in_words;
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-        cudaMemsetAsync(zeroed, 0, sizeof(uint32_t) * (status_words + in_words + out_words), stream), "bitmaps");
+        cudaMemsetAsync(in_bits, 0, sizeof(uint32_t) * (in_words + out_words), stream), "bitmaps");
     if (a.n > 0) {  // also the entries' data, which the output bits read, and both counts zeroed
       MarkInputsKernel<T><<<BlocksFor(std::max(a.n, num_segments)), kThreads, 0, stream>>>(
           L, a.cout, a.keys, a.n, device_report, in_bits, word_first, e, num_segments, touched_counts,
           positive_counts, nan);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bitmaps");
     }
-    TF_SPARSECONV_RETURN_IF_ERROR(MarkAndReadOutputBits(stream, L, e, weights, row_begin, a.weights.max_row, a.n,
-                                                        num_slots, device_report, out_bits, out_words, tile_status,
-                                                        touched_keys, touched_total, touched_counts, nullptr));
+    TF_SPARSECONV_RETURN_IF_ERROR(MarkAndReadOutputBits(stream, scratch, L, e, weights, row_begin,
+                                                        a.weights.max_row, a.n, num_slots, device_report, out_bits,
+                                                        out_words, touched_keys, touched_total, touched_counts,
+                                                        nullptr));
     if (no_output <= UINT32_MAX && static_cast<uint64_t>(L.num_keys()) <= UINT32_MAX) {
       BitmapSumsKernel<T, uint32_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
           L, a.cout, touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin,
@@ -2002,18 +1960,14 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     touched_values_ = touched_values;
   } else if (atomic) {
     const int64_t out_words = static_cast<int64_t>((no_output + 31) / 32);
-    const int64_t status_words = TileStatusWords32(out_words);
-    // the read-out's tile status (8-byte words first) and the bits, zeroed; then each word's rank
-    uint32_t* zeroed = scratch->DeviceArray<uint32_t>(status_words + 2 * out_words);
+    uint32_t* out_bits = scratch->DeviceArray<uint32_t>(2 * out_words);  // the bits, then each word's rank
     int64_t* touched_keys;
     T* touched_values;
     touched_buffers(&touched_keys, &touched_values);
-    if (!zeroed || !touched_keys || !touched_values) return GpuStatus::OutOfMemory("atomic sums");
-    unsigned long long* tile_status = reinterpret_cast<unsigned long long*>(zeroed);
-    uint32_t* out_bits = zeroed + status_words;
+    if (!out_bits || !touched_keys || !touched_values) return GpuStatus::OutOfMemory("atomic sums");
     uint32_t* word_rank = out_bits + out_words;
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-        cudaMemsetAsync(zeroed, 0, sizeof(uint32_t) * (status_words + out_words), stream), "atomic sums");
+        cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * out_words, stream), "atomic sums");
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(touched_values, 0, sizeof(T) * touched_bound, stream), "atomic sums");
     // zeroed for WriteBitTilesKernel and AtomicBiasKernel
@@ -2021,9 +1975,10 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
         cudaMemsetAsync(touched_counts, 0, sizeof(int64_t) * num_segments, stream), "atomic sums");
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(positive_counts, 0, sizeof(int64_t) * num_segments, stream), "atomic sums");
-    TF_SPARSECONV_RETURN_IF_ERROR(MarkAndReadOutputBits(stream, L, e, weights, row_begin, a.weights.max_row, a.n,
-                                                        num_slots, device_report, out_bits, out_words, tile_status,
-                                                        touched_keys, touched_total, touched_counts, word_rank));
+    TF_SPARSECONV_RETURN_IF_ERROR(MarkAndReadOutputBits(stream, scratch, L, e, weights, row_begin,
+                                                        a.weights.max_row, a.n, num_slots, device_report, out_bits,
+                                                        out_words, touched_keys, touched_total, touched_counts,
+                                                        word_rank));
     if (a.n > 0) {
       if (num_slots <= static_cast<int64_t>(UINT32_MAX)) {
         AtomicContributionsKernel<T, uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
