@@ -877,6 +877,20 @@ def test_large_conv_matches_cpu(rng, selection, dtype, gpu_dataflow, gpu):
     np.testing.assert_array_equal(counts_gpu.numpy(), counts_cpu.numpy())
 
 
+@pytest.mark.parametrize("selection", [pytest.param({}, id="none"),
+                                       pytest.param(dict(selection="signed", k=900), id="signed")])
+def test_sparse_input_on_a_large_grid_matches_cpu(rng, selection, dtype, gpu_dataflow, gpu):
+    """Fig. 4's setting scaled down: a 96 x 80 x 64 grid at density 1/64, 1 -> 8 channels, 10 % of
+    the weights present. The output bits of the bitmaps and the atomic sums span 120 read-out
+    tiles of 2,048 words."""
+    inputs = conv_inputs(rng, 2, (96, 80, 64), 1, 8, (3, 3, 3), 1 / 64, 0.1, dtype)
+    y_cpu, counts_cpu = run_conv(CPU, *inputs, **selection)
+    y_gpu, counts_gpu = run_conv(GPU, *inputs, dataflow=gpu_dataflow, **selection)
+    assert (2 * 8 * 96 * 80 * 64 // 32 + 2047) // 2048 == 120 and y_cpu.keys.shape[0] > 10000
+    assert_same_sparse(y_gpu, y_cpu, dtype)
+    np.testing.assert_array_equal(counts_gpu.numpy(), counts_cpu.numpy())
+
+
 def backprop(device, keys, values, dense_shape, w, mask, out_keys, out_grad, dataflow="auto"):
     """Raw backprop outputs. The GPU sums dL/dx in the order of the CPU's search path
     (dataflow='sort'), so that CPU run is the bit-identical reference."""
