@@ -767,6 +767,33 @@ def test_k_selection_over_many_segments_matches_cpu(rng, spatial, density, selec
     np.testing.assert_array_equal(counts_gpu.numpy(), counts_cpu.numpy())
 
 
+@pytest.mark.parametrize("selection", [pytest.param(dict(selection="signed", k=1), id="signed-k1"),
+                                       pytest.param(dict(selection="abs", k=700), id="abs-k700"),
+                                       pytest.param(dict(selection="signed", k=5000), id="signed-k5000"),
+                                       pytest.param(dict(selection="signed", rho_up=0.2), id="signed-rho0.2"),
+                                       pytest.param(dict(selection="abs", k=10 ** 6), id="abs-k-above-touched")])
+@pytest.mark.parametrize("batch,spatial,cout,density", [
+    pytest.param(2, (40, 36, 20), 4, 0.2, id="segments-over-many-tiles"),
+    pytest.param(3, (5, 4, 3), 60, 0.3, id="many-segments-per-tile")])
+def test_k_selection_by_rounds_matches_cpu(rng, batch, spatial, cout, density, selection, dtype, gpu_dataflow,
+                                           gpu):
+    """Fewer than 256 segments: the GPU selects in rounds of launches over the whole touched set
+    (SelectByRounds). Responses from small integer sets, so the entries equal to the threshold
+    span the rank tiles of 2,048 entries and the histograms' of 4,096 (segments of up to about
+    28,000 entries), or one tile holds dozens of small segments."""
+    keys, values, dense_shape, w, mask, _ = conv_inputs(rng, batch, spatial, 2, cout, (3, 3, 3), density, 0.5,
+                                                        dtype, tie_values=[-1.0, 1.0, 2.0])
+    w = np.round(w * 2).astype(dtype)
+    bias = np.zeros(cout, dtype)
+    touched, _ = run_conv(CPU, keys, values, dense_shape, w, mask, bias)
+    segments = touched.keys.numpy() // np.prod(spatial)
+    assert len(np.unique(segments)) < 256, "the case must take the rounds, not a block per segment"
+    y_cpu, counts_cpu = run_conv(CPU, keys, values, dense_shape, w, mask, bias, **selection)
+    y_gpu, counts_gpu = run_conv(GPU, keys, values, dense_shape, w, mask, bias, dataflow=gpu_dataflow, **selection)
+    assert_same_sparse(y_gpu, y_cpu, dtype)
+    np.testing.assert_array_equal(counts_gpu.numpy(), counts_cpu.numpy())
+
+
 @pytest.mark.parametrize("batch,spatial,cin,cout,kernel,density,filter_density", GPU_CONV_CASES)
 def test_conv_values_are_bit_identical_to_cpu(rng, batch, spatial, cin, cout, kernel, density, filter_density,
                                               dtype, gpu_dataflow, gpu):

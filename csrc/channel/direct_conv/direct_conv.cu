@@ -292,8 +292,9 @@ inline unsigned int LoopBlocks(int64_t blocks) {
 // histogram of the digit over the entries whose higher digits equal the prefix found so
 // far, then the digit where the count from the top reaches the entries still to pick
 // (remaining). After the last round prefix = t and remaining = how many entries equal to t
-// are kept, the first ones in key order (a scan of the ties). Work ~ rounds passes over the
-// touched set, against the two radix sorts of every touched entry it replaces.
+// are kept, the first ones in key order (ranked only in segments that drop some of them).
+// Work ~ rounds passes over the touched set, against the two radix sorts of every touched
+// entry it replaces.
 constexpr int kRadixBits = 8;
 constexpr int kRadixBins = 1 << kRadixBits;
 constexpr int kSelectItems = 16;  // entries per thread and tile of the histogram kernel
@@ -305,64 +306,61 @@ __device__ inline typename ScoreBits<T>::type ScoreOf(T value, bool by_magnitude
   return ScoreBits<T>::Ordered(s);
 }
 
-// k-selection's start, one launch: segment_of[j] = the segment of touched entry j (-1 past the
-// touched total); remaining[s] = k where segment s holds more than k entries (it is selected),
-// else -1 (every entry kept); prefix[s] = 0; the first round's histograms zeroed, a bin per
-// thread (a thread per segment zeroing its 256 bins took 67 us per call at 2,048 segments).
+// k-selection's start, one launch: remaining[s] = k where segment s holds more than k entries
+// (it is selected), else -1 (every entry kept); prefix[s] = 0; partial_ties[s] = 0; the first
+// round's histograms zeroed, a bin per thread (a thread per segment zeroing its 256 bins took
+// 67 us per call at 2,048 segments). An entry's segment is found from begin (OwnerOf), not
+// stored: a segment per entry cost a pass over the touched keys and 4 bytes an entry in
+// every later pass.
 template <typename Bits>
-__global__ void SelectStartKernel(const int64_t* touched_keys, const int64_t* touched_total, int64_t touched_bound,
-                                  int64_t spatial_size, bool narrow, int32_t* segment_of, const int64_t* begin,
-                                  int64_t num_segments, int64_t k, Bits* prefix, int64_t* remaining,
-                                  uint32_t* hist) {
-  const int64_t total = *touched_total;
-  // narrow: every key fits 32 bits, so 32-bit divisions do (the same for the whole grid)
-  TF_SPARSECONV_GRID_LOOP(j, touched_bound) {
-    if (j >= total) {
-      segment_of[j] = -1;
-    } else if (narrow) {
-      segment_of[j] = static_cast<int32_t>(static_cast<uint32_t>(touched_keys[j]) / static_cast<uint32_t>(spatial_size));
-    } else {
-      segment_of[j] = static_cast<int32_t>(touched_keys[j] / spatial_size);
-    }
-  }
+__global__ void SelectStartKernel(const int64_t* begin, int64_t num_segments, int64_t k, Bits* prefix,
+                                  int64_t* remaining, int64_t* partial_ties, uint32_t* hist) {
   TF_SPARSECONV_GRID_LOOP(s, num_segments) {
     remaining[s] = begin[s + 1] - begin[s] > k ? k : -1;
     prefix[s] = 0;
+    partial_ties[s] = 0;
   }
   TF_SPARSECONV_GRID_LOOP(bin, num_segments * kRadixBins) hist[bin] = 0u;
+}
+
+// The touched set's end: its total, at most the bound the buffers were sized for.
+__device__ inline int64_t TouchedEnd(const int64_t* touched_total, int64_t touched_bound) {
+  const int64_t total = *touched_total;
+  return total < touched_bound ? total : touched_bound;
 }
 
 // hist[s * kRadixBins + digit] += entries of selected segments whose digit at `shift` is
 // `digit` and whose higher digits equal prefix[s]. A tile of kThreads * kSelectItems
 // consecutive entries within one segment (the sorted keys make that the common case on
 // large segments) counts in shared memory and adds its non-zero bins once; a tile across
-// segments adds each entry to the global histogram.
+// segments adds each entry to the global histogram, each thread walking begin from the
+// tile's first segment (its entries rise).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-SelectHistogramKernel(const T* values, bool by_magnitude, const int32_t* segment_of, const int64_t* touched_total,
-                      int64_t touched_bound, const typename ScoreBits<T>::type* prefix, const int64_t* remaining,
-                      int shift, uint32_t* hist) {
+SelectHistogramKernel(const T* values, bool by_magnitude, const int64_t* begin, int64_t num_segments,
+                      const int64_t* touched_total, int64_t touched_bound, const typename ScoreBits<T>::type* prefix,
+                      const int64_t* remaining, int shift, uint32_t* hist) {
   using Bits = typename ScoreBits<T>::type;
   constexpr int kBits = 8 * sizeof(Bits);
   __shared__ uint32_t bins[kRadixBins];
-  __shared__ int32_t tile_segment[2];
-  const int64_t total = *touched_total;
-  const int64_t end = total < touched_bound ? total : touched_bound;
+  __shared__ int64_t tile_segment[2];
+  const int64_t end = TouchedEnd(touched_total, touched_bound);
   constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kSelectItems;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kTile; base < end;
        base += static_cast<int64_t>(gridDim.x) * kTile) {
     const int64_t tile_end = base + kTile < end ? base + kTile : end;
     for (int b = threadIdx.x; b < kRadixBins; b += kThreads) bins[b] = 0;
     if (threadIdx.x == 0) {
-      tile_segment[0] = segment_of[base];
-      tile_segment[1] = segment_of[tile_end - 1];
+      tile_segment[0] = OwnerOf(begin, num_segments, base);
+      tile_segment[1] = OwnerOf(begin, num_segments, tile_end - 1);
     }
     __syncthreads();
     const bool shared_bins = tile_segment[0] == tile_segment[1];
-    const int32_t s0 = tile_segment[0];
+    const int64_t s0 = tile_segment[0];
     if (!shared_bins || remaining[s0] >= 0) {  // a whole tile of an unselected segment has nothing to count
+      int64_t s = s0;
       for (int64_t j = base + threadIdx.x; j < tile_end; j += kThreads) {
-        const int32_t s = segment_of[j];
+        while (begin[s + 1] <= j) ++s;  // j < end <= begin[num_segments]
         if (remaining[s] < 0) continue;
         const Bits u = ScoreOf(values[j], by_magnitude);
         const int high = shift + kRadixBits;
@@ -371,14 +369,14 @@ SelectHistogramKernel(const T* values, bool by_magnitude, const int32_t* segment
         if (shared_bins) {
           atomicAdd(&bins[digit], 1u);
         } else {
-          atomicAdd(&hist[static_cast<int64_t>(s) * kRadixBins + digit], 1u);
+          atomicAdd(&hist[s * kRadixBins + digit], 1u);
         }
       }
     }
     __syncthreads();
     if (shared_bins) {
       for (int b = threadIdx.x; b < kRadixBins; b += kThreads) {
-        if (bins[b] != 0u) atomicAdd(&hist[static_cast<int64_t>(s0) * kRadixBins + b], bins[b]);
+        if (bins[b] != 0u) atomicAdd(&hist[s0 * kRadixBins + b], bins[b]);
       }
     }
     __syncthreads();  // bins and tile_segment are rewritten by the next tile
@@ -424,10 +422,12 @@ __device__ inline bool ChooseDigit(const uint32_t (&bins)[kBinsPerLane], int64_t
 
 // Per selected segment, one warp: ChooseDigit of the round at `shift`, added to prefix[s],
 // remaining[s] the entries still to pick. The next round's histogram (the other buffer) of
-// every segment is zeroed here.
+// every segment is zeroed here. In the last round (partial_ties given) the chosen bin counts
+// the entries equal to the threshold: partial_ties[s] = that count where fewer of them are
+// kept (their rank in key order decides, SelectKeepTilesKernel), else it stays 0.
 template <typename Bits>
 __global__ void SelectDigitKernel(const uint32_t* hist, int64_t num_segments, int shift, Bits* prefix,
-                                  int64_t* remaining, uint32_t* next_hist) {
+                                  int64_t* remaining, uint32_t* next_hist, int64_t* partial_ties) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t s = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; s < num_segments;
@@ -444,47 +444,85 @@ __global__ void SelectDigitKernel(const uint32_t* hist, int64_t num_segments, in
     if (ChooseDigit(bins, want, lane, &digit, &left)) {
       prefix[s] |= static_cast<Bits>(digit) << shift;
       remaining[s] = left;
-    }
-  }
-}
-
-// tie[j] = 1 where entry j of a selected segment has the threshold score prefix[s].
-template <typename T>
-__global__ void SelectTieKernel(const T* values, bool by_magnitude, const int32_t* segment_of,
-                                const int64_t* touched_total, int64_t touched_bound,
-                                const typename ScoreBits<T>::type* prefix, const int64_t* remaining, int64_t* tie) {
-  const int64_t total = *touched_total;
-  TF_SPARSECONV_GRID_LOOP(j, touched_bound) {
-    int64_t is_tie = 0;
-    if (j < total) {
-      const int32_t s = segment_of[j];
-      is_tie = remaining[s] >= 0 && ScoreOf(values[j], by_magnitude) == prefix[s] ? 1 : 0;
-    }
-    tie[j] = is_tie;
-  }
-}
-
-// keep[j]: every entry of an unselected segment; of a selected one, the scores above the
-// threshold and the first remaining[s] ties (tie_rank: the exclusive sum of tie).
-template <typename T>
-__global__ void SelectKeepKernel(const T* values, bool by_magnitude, const int32_t* segment_of,
-                                 const int64_t* touched_total, int64_t touched_bound, const int64_t* begin,
-                                 const typename ScoreBits<T>::type* prefix, const int64_t* remaining,
-                                 const int64_t* tie_rank, uint8_t* keep) {
-  const int64_t total = *touched_total;
-  TF_SPARSECONV_GRID_LOOP(j, touched_bound) {
-    uint8_t kept = 0;
-    if (j < total) {
-      const int32_t s = segment_of[j];
-      const int64_t want = remaining[s];
-      if (want < 0) {
-        kept = 1;
-      } else {
-        const auto u = ScoreOf(values[j], by_magnitude);
-        kept = u > prefix[s] || (u == prefix[s] && tie_rank[j] - tie_rank[begin[s]] < want) ? 1 : 0;
+      if (partial_ties != nullptr) {
+        uint32_t ties = 0;
+#pragma unroll
+        for (int b = 0; b < kBinsPerLane; ++b) ties = lane * kBinsPerLane + b == digit ? bins[b] : ties;
+        if (static_cast<int64_t>(ties) > left) partial_ties[s] = ties;
       }
     }
-    keep[j] = kept;
+  }
+}
+
+// An entry of a segment that keeps only some of its entries equal to the threshold:
+// CountTilesKernel's predicate for their ranks (the other segments' entries read no value).
+template <typename T>
+struct IsPartialTie {
+  const T* values;
+  bool by_magnitude;
+  const int64_t* begin;
+  int64_t num_segments;
+  const int64_t* touched_total;
+  const typename ScoreBits<T>::type* prefix;
+  const int64_t* partial_ties;
+  __device__ bool operator()(int64_t j) const {
+    if (j >= *touched_total) return false;
+    const int64_t s = OwnerOf(begin, num_segments, j);
+    return partial_ties[s] > 0 && ScoreOf(values[j], by_magnitude) == prefix[s];
+  }
+};
+
+// keep[j] for j < touched_bound, a tile of kTileSize entries per block as WriteTilesKernel:
+// every entry of an unselected segment; of a selected one, the scores above the threshold
+// prefix[s] and those equal to it where all are kept (partial_ties[s] 0), else the first
+// remaining[s] of them in key order: their rank is tile_offsets (IsPartialTie's compaction)
+// plus a block scan, less tie_base[s] (the exclusive sum of partial_ties).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    SelectKeepTilesKernel(const T* values, bool by_magnitude, const int64_t* begin, int64_t num_segments,
+                          const int64_t* touched_total, int64_t touched_bound,
+                          const typename ScoreBits<T>::type* prefix, const int64_t* remaining,
+                          const int64_t* partial_ties, const int64_t* tie_base, int64_t num_tiles,
+                          const int64_t* tile_offsets, uint8_t* keep) {
+  using Bits = typename ScoreBits<T>::type;
+  using BlockScan = cub::BlockScan<int, kThreads>;
+  __shared__ typename BlockScan::TempStorage scan;
+  const int64_t end = TouchedEnd(touched_total, touched_bound);
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int64_t first = tile * kTileSize + static_cast<int64_t>(threadIdx.x) * kTileItems;
+    uint8_t kept[kTileItems];
+    int64_t rank_limit[kTileItems];  // a partial tie is kept where its rank is below this
+    int ties = 0;
+    int64_t s = first < end ? OwnerOf(begin, num_segments, first) : 0;
+#pragma unroll
+    for (int i = 0; i < kTileItems; ++i) {
+      const int64_t j = first + i;
+      kept[i] = 0;
+      rank_limit[i] = -1;
+      if (j >= end) continue;
+      while (begin[s + 1] <= j) ++s;
+      const int64_t want = remaining[s];
+      if (want < 0) {
+        kept[i] = 1;
+        continue;
+      }
+      const Bits u = ScoreOf(values[j], by_magnitude);
+      if (u > prefix[s] || (u == prefix[s] && partial_ties[s] == 0)) {
+        kept[i] = 1;
+      } else if (u == prefix[s]) {
+        rank_limit[i] = tie_base[s] + want;
+        ++ties;
+      }
+    }
+    int before = 0;
+    BlockScan(scan).ExclusiveSum(ties, before);
+    int64_t rank = tile_offsets[tile] + before;
+#pragma unroll
+    for (int i = 0; i < kTileItems; ++i) {
+      if (rank_limit[i] >= 0) kept[i] = rank++ < rank_limit[i] ? 1 : 0;
+      if (first + i < touched_bound) keep[first + i] = kept[i];
+    }
+    __syncthreads();  // scan's storage is reused by the next tile
   }
 }
 
@@ -557,29 +595,25 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // k-selection by rounds of launches over the whole touched set (SelectStartKernel, per round
-// SelectHistogramKernel and SelectDigitKernel, then the ties and SelectKeepKernel): for few
-// or large segments, which one block each would leave most of the GPU idle on. The ties
-// (8 bytes an entry) and the segment of each entry (4) go to free_buffers where given.
+// SelectHistogramKernel and SelectDigitKernel, then the ranks of the ties where some of them
+// are kept and SelectKeepTilesKernel): for few or large segments, which one block each would
+// leave most of the GPU idle on.
 template <typename T>
 GpuStatus SelectByRounds(Stream stream, Scratch* scratch, const T* values, bool by_magnitude,
-                         const int64_t* touched_keys, const int64_t* touched_total, int64_t touched_bound,
-                         int64_t spatial_size, bool narrow, const int64_t* segment_begin, int64_t num_segments,
-                         int64_t k, void* const* free_buffers, uint8_t* keep) {
+                         const int64_t* touched_total, int64_t touched_bound, const int64_t* segment_begin,
+                         int64_t num_segments, int64_t k, uint8_t* keep) {
   using Bits = typename ScoreBits<T>::type;
-  int64_t* tie = free_buffers[0] != nullptr ? static_cast<int64_t*>(free_buffers[0])
-                                            : scratch->DeviceArray<int64_t>(touched_bound);
-  int32_t* segment_of = free_buffers[1] != nullptr ? static_cast<int32_t*>(free_buffers[1])
-                                                   : scratch->DeviceArray<int32_t>(touched_bound);
-  int64_t* tie_rank = scratch->DeviceArray<int64_t>(touched_bound);
   Bits* prefix = scratch->DeviceArray<Bits>(num_segments);
   int64_t* remaining = scratch->DeviceArray<int64_t>(num_segments);
+  int64_t* partial_ties = scratch->DeviceArray<int64_t>(num_segments);
+  int64_t* tie_base = scratch->DeviceArray<int64_t>(num_segments);
+  int64_t* ties_total = scratch->DeviceArray<int64_t>(2);  // ScanCounts' and the compaction's totals
   uint32_t* hist = scratch->DeviceArray<uint32_t>(2 * num_segments * kRadixBins);  // two rounds' buffers
-  if (!tie || !segment_of || !tie_rank || !prefix || !remaining || !hist) {
+  if (!prefix || !remaining || !partial_ties || !tie_base || !ties_total || !hist) {
     return GpuStatus::OutOfMemory("k-selection");
   }
-  SelectStartKernel<Bits><<<BlocksFor(std::max(touched_bound, num_segments * kRadixBins)), kThreads, 0, stream>>>(
-      touched_keys, touched_total, touched_bound, spatial_size, narrow, segment_of, segment_begin, num_segments, k,
-      prefix, remaining, hist);
+  SelectStartKernel<Bits><<<BlocksFor(num_segments * kRadixBins), kThreads, 0, stream>>>(
+      segment_begin, num_segments, k, prefix, remaining, partial_ties, hist);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
   const int64_t tiles = (touched_bound + kThreads * kSelectItems - 1) / (kThreads * kSelectItems);
   int round = 0;
@@ -587,19 +621,24 @@ GpuStatus SelectByRounds(Stream stream, Scratch* scratch, const T* values, bool 
     uint32_t* round_hist = hist + (round % 2) * num_segments * kRadixBins;
     uint32_t* next_hist = hist + ((round + 1) % 2) * num_segments * kRadixBins;
     SelectHistogramKernel<T><<<LoopBlocks(tiles), kThreads, 0, stream>>>(
-        values, by_magnitude, segment_of, touched_total, touched_bound, prefix, remaining, shift, round_hist);
+        values, by_magnitude, segment_begin, num_segments, touched_total, touched_bound, prefix, remaining, shift,
+        round_hist);
     SelectDigitKernel<Bits><<<BlocksFor(num_segments * 32), kThreads, 0, stream>>>(
-        round_hist, num_segments, shift, prefix, remaining, next_hist);
+        round_hist, num_segments, shift, prefix, remaining, next_hist, shift == 0 ? partial_ties : nullptr);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
   }
-  SelectTieKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-      values, by_magnitude, segment_of, touched_total, touched_bound, prefix, remaining, tie);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection ties");
-  TF_SPARSECONV_RETURN_IF_ERROR(ExclusiveSum(stream, scratch, tie, tie_rank, touched_bound));
-  SelectKeepKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-      values, by_magnitude, segment_of, touched_total, touched_bound, segment_begin, prefix, remaining, tie_rank,
-      keep);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
+  TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, partial_ties, tie_base, num_segments, ties_total));
+  Compaction ties;
+  TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(
+      stream, scratch,
+      IsPartialTie<T>{values, by_magnitude, segment_begin, num_segments, touched_total, prefix, partial_ties},
+      touched_bound, ties_total + 1, &ties));
+  if (ties.num_tiles > 0) {
+    SelectKeepTilesKernel<T><<<TileBlocks(ties.num_tiles), kThreads, 0, stream>>>(
+        values, by_magnitude, segment_begin, num_segments, touched_total, touched_bound, prefix, remaining,
+        partial_ties, tie_base, ties.num_tiles, ties.tile_offsets, keep);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
+  }
   return GpuStatus::Ok();
 }
 
@@ -1860,7 +1899,6 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   touched_total_ = touched_total;
   uint64_t* slot_keys[2] = {nullptr, nullptr};
   T* slot_values[2] = {nullptr, nullptr};
-  void* free_buffers[2] = {nullptr, nullptr};  // room for touched_bound items: [0] of 8 bytes, [1] of sizeof(T) >= 4
   int current = 0;
   if (touched_bound == 0) {
     if (!total_is_count) {  // the report's count is 0 already
@@ -2034,8 +2072,6 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
         stream, runs, first_of_key,
         SumContributions<T>{slot_keys[current], slot_values[current], num_slots, bias,
                             L.spatial_size, a.cout, touched_keys, touched_values}));
-    free_buffers[0] = slot_keys[current];  // the contributions are summed: reusable
-    free_buffers[1] = slot_values[current];
   }
   if ((bitmap || atomic) && touched_bound > 0) {
     // both counts are written; k-selection's segment begins are their scan
@@ -2070,10 +2106,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
           touched_values_, by_magnitude, segment_begin, num_segments, k, keep);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
     } else {
-      TF_SPARSECONV_RETURN_IF_ERROR(SelectByRounds(stream, scratch, touched_values_, by_magnitude, touched_keys_,
-                                                   touched_total, touched_bound, L.spatial_size,
-                                                   no_output <= UINT32_MAX, segment_begin, num_segments, k,
-                                                   free_buffers, keep));
+      TF_SPARSECONV_RETURN_IF_ERROR(SelectByRounds(stream, scratch, touched_values_, by_magnitude, touched_total,
+                                                   touched_bound, segment_begin, num_segments, k, keep));
     }
     keep_ = keep;
   }
