@@ -112,25 +112,18 @@ def first_gpu_work(xspace_path, name):
     return out
 
 
-def finished(out):
-    """Waits until the tensors of `out` (any nest) are computed: a value read back from each."""
-    import tensorflow as tf
-    for t in tf.nest.flatten(out):
-        if isinstance(t, (tf.Tensor, tf.Variable)) and not isinstance(t, tf.SparseTensor):
-            t.numpy()
-
-
 def trace_file(run, args, calls):
     """The XSpace file (.xplane.pb, in a new temporary folder) of `calls` calls of run(*args)
     under TensorFlow's profiler (after one untraced call)."""
     import tensorflow as tf
+    from timing import sync
     logdir = tempfile.mkdtemp(prefix="gpu_kernels_")
-    finished(run(*args))  # the untraced call's kernels end before the trace starts
+    run(*args)
+    sync()  # the untraced call's kernels end before the trace starts
     tf.profiler.experimental.start(logdir)
-    out = None
     for _ in range(calls):
-        out = run(*args)
-    finished(out)  # the GPU's last kernels land in the trace (calls return before the GPU ends)
+        run(*args)
+    sync()  # the last calls' kernels land in the trace: a call returns before its GPU work ends
     tf.profiler.experimental.stop()
     return sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1]
 
