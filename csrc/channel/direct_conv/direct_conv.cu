@@ -1488,7 +1488,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     int64_t round_start = tile_offsets[tile] + before_warp;  // the rank of this warp's round-j words
     int64_t lo = INT64_MAX, hi = -1;  // the segments of this thread's first and last set bits
-#pragma unroll
     for (int j = 0; j < kTileItems; ++j) {
       const int here = __popc(word[j]);
       int inclusive = here;
@@ -1496,38 +1495,16 @@ __global__ void __launch_bounds__(kThreads)
         const int other = __shfl_up_sync(0xffffffffu, inclusive, d);
         if (lane >= d) inclusive += other;
       }
-      const int round_total = __shfl_sync(0xffffffffu, inclusive, 31);  // the same for the whole warp
+      int64_t rank = round_start + inclusive - here;
+      round_start += __shfl_sync(0xffffffffu, inclusive, 31);
       const int64_t w_index = first + j * 32;
-      if (word_rank != nullptr && w_index < words) {
-        word_rank[w_index] = static_cast<uint32_t>(round_start + inclusive - here);
+      if (word_rank != nullptr && w_index < words) word_rank[w_index] = static_cast<uint32_t>(rank);
+      for (uint32_t w = word[j]; w != 0u; w &= w - 1u) {
+        const int64_t index = w_index * 32 + (__ffs(w) - 1);
+        indices[rank++] = index;
+        if (lo == INT64_MAX) lo = index / segment_size;
+        hi = index;
       }
-      if (word[j] != 0u) {
-        if (lo == INT64_MAX) lo = (w_index * 32 + (__ffs(word[j]) - 1)) / segment_size;
-        hi = w_index * 32 + (31 - __clz(word[j]));
-      }
-      if (round_total <= 32) {  // sparse: each lane writes its own few bits
-        int64_t rank = round_start + inclusive - here;
-        for (uint32_t w = word[j]; w != 0u; w &= w - 1u) indices[rank++] = w_index * 32 + (__ffs(w) - 1);
-      } else {
-        // dense: the warp writes the round's bits side by side, a bit per lane and pass (a lane
-        // looping over its own word's bits wrote 32 scattered places a store and waited for
-        // the fullest word); the p-th bit lies in the word of the first lane whose inclusive
-        // count exceeds p, at that word's (p - the bits before it)-th set bit
-        for (int base = 0; base < round_total; base += 32) {
-          const int p = base + lane;
-          int owner = 0;
-          for (int step = 16; step >= 1; step /= 2) {
-            if (__shfl_sync(0xffffffffu, inclusive, owner + step - 1) <= p) owner += step;
-          }
-          const uint32_t owner_word = __shfl_sync(0xffffffffu, word[j], owner);
-          const int owner_before = __shfl_sync(0xffffffffu, inclusive - here, owner);
-          if (p < round_total) {
-            const int bit = static_cast<int>(__fns(owner_word, 0, p - owner_before + 1));
-            indices[round_start + p] = (w_index - lane + owner) * 32 + bit;
-          }
-        }
-      }
-      round_start += round_total;
     }
     if (hi >= 0) hi /= segment_size;
     const int64_t tile_lo = BlockReduce(reduce).Reduce(lo, MinOf());
