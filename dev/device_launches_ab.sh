@@ -15,8 +15,11 @@ export PYTHONUNBUFFERED=1 TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 lib=tf_sparseconv/_tf_sparseconv_ops.so
-cp "$lib" /tmp/new_ops.so
-cp "${OLD_LIB:-.altlib/_tf_sparseconv_ops.so}" /tmp/old_ops.so
+old_lib=${OLD_LIB:-.altlib/_tf_sparseconv_ops.so}
+# Without the old library both labels would run the new one (.altlib is git-ignored: carry it).
+[ -f "$old_lib" ] || { echo "no old op library at $old_lib (carry .altlib, or set OLD_LIB)" >&2; exit 1; }
+cp "$lib" /tmp/new_ops.so || exit 1
+cp "$old_lib" /tmp/old_ops.so || exit 1
 quiet() { grep -v "^W0000\|^I0000\|^WARNING: All log"; }
 data=()
 [ -n "${DATA_DIR:-}" ] && data=(--data-dir "$DATA_DIR")
