@@ -455,16 +455,18 @@ __global__ void SelectDigitKernel(const uint32_t* hist, int64_t num_segments, in
 }
 
 // The entries of segments that keep only some of their entries equal to the threshold
-// (partial_ties[s] > 0): At(j, s) for entry j of segment s.
+// (partial_ties[s] > 0): At(j, s) for entry j of segment s, AtScore given its score. The one
+// test of both CountPartialTiesKernel and SelectKeepTilesKernel, whose counts must agree.
 template <typename T>
 struct PartialTies {
+  using Bits = typename ScoreBits<T>::type;
   const T* values;
   bool by_magnitude;
-  const typename ScoreBits<T>::type* prefix;
+  const Bits* prefix;
   const int64_t* partial_ties;
-  __device__ bool At(int64_t j, int64_t s) const {
-    return partial_ties[s] > 0 && ScoreOf(values[j], by_magnitude) == prefix[s];
-  }
+  __device__ Bits Score(int64_t j) const { return ScoreOf(values[j], by_magnitude); }
+  __device__ bool AtScore(Bits u, int64_t s) const { return partial_ties[s] > 0 && u == prefix[s]; }
+  __device__ bool At(int64_t j, int64_t s) const { return partial_ties[s] > 0 && Score(j) == prefix[s]; }
 };
 
 // tile_counts[t] = the partial ties among entries [t * kTileSize, (t + 1) * kTileSize) (the
@@ -503,11 +505,9 @@ __global__ void __launch_bounds__(kThreads)
 // partial_ties).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    SelectKeepTilesKernel(const T* values, bool by_magnitude, const int64_t* begin, int64_t num_segments,
-                          const int64_t* touched_total, int64_t touched_bound,
-                          const typename ScoreBits<T>::type* prefix, const int64_t* remaining,
-                          const int64_t* partial_ties, const int64_t* tie_base, int64_t num_tiles,
-                          const int64_t* tile_offsets, uint8_t* keep) {
+    SelectKeepTilesKernel(PartialTies<T> ties, const int64_t* begin, int64_t num_segments,
+                          const int64_t* touched_total, int64_t touched_bound, const int64_t* remaining,
+                          const int64_t* tie_base, int64_t num_tiles, const int64_t* tile_offsets, uint8_t* keep) {
   using Bits = typename ScoreBits<T>::type;
   using BlockScan = cub::BlockScan<int, kThreads>;
   __shared__ typename BlockScan::TempStorage scan;
@@ -516,7 +516,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t first = tile * kTileSize + static_cast<int64_t>(threadIdx.x) * kTileItems;
     uint8_t kept[kTileItems];
     int64_t rank_limit[kTileItems];  // a partial tie is kept where its rank is below this
-    int ties = 0;
+    int tile_ties = 0;
     int64_t s = first < end ? OwnerOf(begin, num_segments, first) : 0;
 #pragma unroll
     for (int i = 0; i < kTileItems; ++i) {
@@ -530,16 +530,16 @@ __global__ void __launch_bounds__(kThreads)
         kept[i] = 1;
         continue;
       }
-      const Bits u = ScoreOf(values[j], by_magnitude);
-      if (u > prefix[s] || (u == prefix[s] && partial_ties[s] == 0)) {
-        kept[i] = 1;
-      } else if (u == prefix[s]) {
+      const Bits u = ties.Score(j);
+      if (ties.AtScore(u, s)) {
         rank_limit[i] = tie_base[s] + want;
-        ++ties;
+        ++tile_ties;
+      } else {
+        kept[i] = u >= ties.prefix[s] ? 1 : 0;  // above the threshold, or at it where all such are kept
       }
     }
     int before = 0;
-    BlockScan(scan).ExclusiveSum(ties, before);
+    BlockScan(scan).ExclusiveSum(tile_ties, before);
     int64_t rank = tile_offsets[tile] + before;
 #pragma unroll
     for (int i = 0; i < kTileItems; ++i) {
@@ -656,14 +656,14 @@ GpuStatus SelectByRounds(Stream stream, Scratch* scratch, const T* values, bool 
   int64_t* tile_counts = scratch->DeviceArray<int64_t>(num_tiles);
   int64_t* tile_offsets = scratch->DeviceArray<int64_t>(num_tiles);
   if (!tile_counts || !tile_offsets) return GpuStatus::OutOfMemory("k-selection ties");
+  const PartialTies<T> ties{values, by_magnitude, prefix, partial_ties};
   CountPartialTiesKernel<T><<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
-      PartialTies<T>{values, by_magnitude, prefix, partial_ties}, segment_begin, num_segments, touched_total,
-      touched_bound, num_tiles, tile_counts);
+      ties, segment_begin, num_segments, touched_total, touched_bound, num_tiles, tile_counts);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection ties");
   TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, ties_total + 1));
   SelectKeepTilesKernel<T><<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
-      values, by_magnitude, segment_begin, num_segments, touched_total, touched_bound, prefix, remaining,
-      partial_ties, tie_base, num_tiles, tile_offsets, keep);
+      ties, segment_begin, num_segments, touched_total, touched_bound, remaining, tie_base, num_tiles, tile_offsets,
+      keep);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
   return GpuStatus::Ok();
 }
@@ -2159,7 +2159,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
 template <typename T>
 __global__ void CopyTouchedKernel(const int64_t* keys, const T* values, const int64_t* total, int64_t bound,
                                   int64_t* out_keys, T* out_values) {
-  const int64_t n = *total < bound ? *total : bound;
+  const int64_t n = TouchedEnd(total, bound);
   TF_SPARSECONV_GRID_LOOP(q, n) {
     out_keys[q] = keys[q];
     out_values[q] = values[q];
