@@ -46,6 +46,31 @@ def host_events(space, calls, top, group=lambda name: name, per=1e6):
     return out
 
 
+def gap_summary(events, calls):
+    """Idle time between consecutive GPU events (the holes of their union), per call in
+    microseconds: the total, and how much of it lies in holes under 2, 2-5, 5-20 and over 20 us."""
+    holes, end = [], None
+    for b, e, _ in sorted(events):
+        if end is not None and b > end:
+            holes.append((b - end) / 1e6)
+        end = e if end is None else max(end, e)
+    bins = {"total": sum(holes)}
+    for name, lo, hi in (("lt2", 0, 2), ("2to5", 2, 5), ("5to20", 5, 20), ("ge20", 20, float("inf"))):
+        bins[name] = sum(h for h in holes if lo <= h < hi)
+    return {k: round(v / calls, 2) for k, v in bins.items()}
+
+
+def print_timeline(events, count):
+    """count consecutive events from the middle of the trace: gap before it, duration (us), name."""
+    events = sorted(events)
+    start = max(0, len(events) // 2 - count // 2)
+    end = None
+    for b, e, name in events[start:start + count]:
+        gap = 0.0 if end is None else (b - end) / 1e6
+        print(f"     gap {gap:7.2f}  dur {(e - b) / 1e6:7.2f}  {name[:90]}", flush=True)
+        end = e if end is None else max(end, e)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--resolutions", type=int, nargs="+", default=[128, 256])
@@ -56,6 +81,9 @@ def main():
     parser.add_argument("--traced-calls", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--host-events", action="store_true")
+    parser.add_argument("--timeline", type=int, default=0,
+                        help="print this many consecutive GPU events from the trace's middle, "
+                        "each with the idle gap before it")
     parser.add_argument("--dataflow", default="auto")
     parser.add_argument("--label", default="")
     parser.add_argument("--dense", action="store_true", help="also cuDNN's conv3d per call the same way")
@@ -83,6 +111,10 @@ def main():
                        per_call_us=per_call_us, gpu_busy_us=busy_us, gpu_events=len(gpu) / convs)
             print(f"== {args.label} r={r} {selection}: {per_call_us:.1f} us per call, GPU busy {busy_us:.1f} us, "
                   f"{len(gpu) / convs:.1f} stream events per call", flush=True)
+            row["gaps_us"] = gap_summary(gpu, convs)
+            print(f"   idle between events: {row['gaps_us']}", flush=True)
+            if args.timeline:
+                print_timeline(gpu, args.timeline)
             if args.host_events:
                 row["host"] = host_events(space, convs, args.top)
                 for line, ranked in row["host"].items():
