@@ -1,7 +1,9 @@
 // The non-template parts of gpu_util.cuh: key checks, the Report and its round trip.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/gpu_util.cuh"
@@ -13,6 +15,7 @@ namespace {
 
 __global__ void CheckSortedKeysKernel(const int64_t* keys, int64_t n, int64_t limit, bool padded_tail,
                                       CheckSlot* slot) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     const int64_t key = keys[i];
     // A padding key is valid after a live key or after padding (a tail of them).
@@ -22,6 +25,7 @@ __global__ void CheckSortedKeysKernel(const int64_t* keys, int64_t n, int64_t li
 }
 
 __global__ void DescribeSortedKeysKernel(const int64_t* keys, CheckSlot* slot) {
+  ChainedKernelBegin();
   if (slot->first == kNoError) return;
   const int64_t i = static_cast<int64_t>(slot->first);
   slot->detail[0] = keys[i];
@@ -30,18 +34,21 @@ __global__ void DescribeSortedKeysKernel(const int64_t* keys, CheckSlot* slot) {
 
 __global__ void CheckKeysInRangeKernel(const int64_t* keys, int64_t n, int64_t limit,
                                        CheckSlot* slot) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     if (keys[i] < 0 || keys[i] >= limit) RecordFirst(slot, i);
   }
 }
 
 __global__ void DescribeKeyKernel(const int64_t* keys, CheckSlot* slot) {
+  ChainedKernelBegin();
   if (slot->first == kNoError) return;
   slot->detail[0] = keys[slot->first];
 }
 
 template <typename T>
 __global__ void CheckNaNKernel(const T* x, int64_t n, CheckSlot* slot) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     if (isnan(x[i])) RecordFirst(slot, i);
   }
@@ -54,6 +61,7 @@ constexpr int kScanItems = 4;
 
 __global__ void __launch_bounds__(kScanThreads)
     ScanCountsKernel(const int64_t* counts, int64_t n, int64_t* offsets, int64_t* total) {
+  ChainedKernelBegin();
   using BlockScan = cub::BlockScan<int64_t, kScanThreads>;
   __shared__ typename BlockScan::TempStorage temp;
   int64_t carry = 0;
@@ -74,17 +82,44 @@ __global__ void __launch_bounds__(kScanThreads)
 
 __global__ void CompactionTotalKernel(const int64_t* tile_counts, const int64_t* tile_offsets,
                                       int64_t num_tiles, int64_t* total) {
+  ChainedKernelBegin();
   *total = tile_offsets[num_tiles - 1] + tile_counts[num_tiles - 1];
 }
 
 }  // namespace
 
+bool ChainedLaunchAllowed() {
+  static const bool switched_on = [] {
+    const char* value = std::getenv("TF_SPARSECONV_CHAINED_LAUNCH");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  if (!switched_on) return false;
+  constexpr int kDevices = 64;
+  static std::atomic<int> capable[kDevices];  // 0 not yet asked, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) {
+    (void)cudaGetLastError();  // not a launch's error: the launch goes unchained
+    return false;
+  }
+  int known = capable[device].load(std::memory_order_relaxed);
+  if (known == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    known = major >= 9 ? 2 : 1;
+    capable[device].store(known, std::memory_order_relaxed);
+  }
+  return known == 2;
+}
+
 GpuStatus CheckSortedKeys(Stream stream, const int64_t* keys, int64_t n, int64_t limit,
                           CheckSlot* slot, bool padded_tail) {
   if (n == 0) return GpuStatus::Ok();
-  CheckSortedKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(keys, n, limit, padded_tail, slot);
+  LaunchChained(CheckSortedKeysKernel, BlocksFor(n), kThreads, 0, stream, keys, n, limit, padded_tail, slot);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("key check");
-  DescribeSortedKeysKernel<<<1, 1, 0, stream>>>(keys, slot);
+  LaunchChained(DescribeSortedKeysKernel, 1, 1, 0, stream, keys, slot);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("key check");
   return GpuStatus::Ok();
 }
@@ -92,9 +127,9 @@ GpuStatus CheckSortedKeys(Stream stream, const int64_t* keys, int64_t n, int64_t
 GpuStatus CheckKeysInRange(Stream stream, const int64_t* keys, int64_t n, int64_t limit,
                            CheckSlot* slot) {
   if (n == 0) return GpuStatus::Ok();
-  CheckKeysInRangeKernel<<<BlocksFor(n), kThreads, 0, stream>>>(keys, n, limit, slot);
+  LaunchChained(CheckKeysInRangeKernel, BlocksFor(n), kThreads, 0, stream, keys, n, limit, slot);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("key range check");
-  DescribeKeyKernel<<<1, 1, 0, stream>>>(keys, slot);
+  LaunchChained(DescribeKeyKernel, 1, 1, 0, stream, keys, slot);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("key range check");
   return GpuStatus::Ok();
 }
@@ -102,7 +137,7 @@ GpuStatus CheckKeysInRange(Stream stream, const int64_t* keys, int64_t n, int64_
 template <typename T>
 GpuStatus CheckNaN(Stream stream, const T* x, int64_t n, CheckSlot* slot) {
   if (n == 0) return GpuStatus::Ok();
-  CheckNaNKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(x, n, slot);
+  LaunchChained(CheckNaNKernel<T>, BlocksFor(n), kThreads, 0, stream, x, n, slot);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
   return GpuStatus::Ok();
 }
@@ -112,7 +147,7 @@ template GpuStatus CheckNaN<double>(Stream, const double*, int64_t, CheckSlot*);
 
 GpuStatus CompactionTotal(Stream stream, const int64_t* tile_counts,
                           const int64_t* tile_offsets, int64_t num_tiles, int64_t* total) {
-  CompactionTotalKernel<<<1, 1, 0, stream>>>(tile_counts, tile_offsets, num_tiles, total);
+  LaunchChained(CompactionTotalKernel, 1, 1, 0, stream, tile_counts, tile_offsets, num_tiles, total);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("compaction total");
   return GpuStatus::Ok();
 }
@@ -127,7 +162,7 @@ GpuStatus ScanCounts(Stream stream, Scratch* scratch, const int64_t* counts, int
     TF_SPARSECONV_RETURN_IF_ERROR(ExclusiveSum(stream, scratch, counts, offsets, n));
     return CompactionTotal(stream, counts, offsets, n, total);
   }
-  ScanCountsKernel<<<1, kScanThreads, 0, stream>>>(counts, n, offsets, total);
+  LaunchChained(ScanCountsKernel, 1, kScanThreads, 0, stream, counts, n, offsets, total);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("scan");
   return GpuStatus::Ok();
 }

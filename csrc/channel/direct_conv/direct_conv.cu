@@ -152,6 +152,7 @@ struct ForwardNaN {
 template <typename T>
 __global__ void EntryDataKernel(KeyLayout L, int64_t cout, const int64_t* keys, int64_t n,
                                 const Report* report, EntryData e, ForwardNaN<T> nan) {
+  ChainedKernelBegin();
   nan.Run();
   if (!ChecksPassed(report)) return;
   TF_SPARSECONV_GRID_LOOP(i, n) StoreEntryData(L, cout, keys[i], i, e);
@@ -164,6 +165,7 @@ __global__ void ContributionsKernel(KeyLayout L, EntryData e, const T* values, c
                                     const GpuPresentWeight* weights, const int64_t* row_begin,
                                     int64_t max_row, int64_t num_slots, uint64_t no_output,
                                     const Report* report, uint64_t* out_keys, T* products) {
+  ChainedKernelBegin();
   const bool valid = ChecksPassed(report);
   const Index row_length = static_cast<Index>(max_row);
   TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
@@ -212,6 +214,7 @@ struct SumContributions {
 // (PositiveCountKernel adds to it next).
 __global__ void SegmentBeginKernel(const int64_t* touched_keys, const int64_t* touched_total,
                                    int64_t num_segments, int64_t spatial_size, int64_t* begin, int64_t* positive) {
+  ChainedKernelBegin();
   const int64_t total = *touched_total;
   TF_SPARSECONV_GRID_LOOP(s, num_segments + 1) {
     begin[s] = LowerBound(touched_keys, total, s * spatial_size);
@@ -261,6 +264,7 @@ __global__ void __launch_bounds__(kThreads)
 PositiveCountKernel(const int64_t* touched_keys, const T* touched_values, const int64_t* touched_total,
                     int64_t num_slots, int64_t spatial_size, const int64_t* begin, int64_t num_segments,
                     int64_t* counts, int64_t* positive) {
+  ChainedKernelBegin();
   for (int64_t s = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; s < num_segments;
        s += static_cast<int64_t>(gridDim.x) * kThreads) {
     counts[s] = begin[s + 1] - begin[s];
@@ -315,6 +319,7 @@ __device__ inline typename ScoreBits<T>::type ScoreOf(T value, bool by_magnitude
 template <typename Bits>
 __global__ void SelectStartKernel(const int64_t* begin, int64_t num_segments, int64_t k, Bits* prefix,
                                   int64_t* remaining, int64_t* partial_ties, uint32_t* hist) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(s, num_segments) {
     remaining[s] = begin[s + 1] - begin[s] > k ? k : -1;
     prefix[s] = 0;
@@ -340,6 +345,7 @@ __global__ void __launch_bounds__(kThreads)
 SelectHistogramKernel(const T* values, bool by_magnitude, const int64_t* begin, int64_t num_segments,
                       const int64_t* touched_total, int64_t touched_bound, const typename ScoreBits<T>::type* prefix,
                       const int64_t* remaining, int shift, uint32_t* hist) {
+  ChainedKernelBegin();
   using Bits = typename ScoreBits<T>::type;
   constexpr int kBits = 8 * sizeof(Bits);
   __shared__ uint32_t bins[kRadixBins];
@@ -428,6 +434,7 @@ __device__ inline bool ChooseDigit(const uint32_t (&bins)[kBinsPerLane], int64_t
 template <typename Bits>
 __global__ void SelectDigitKernel(const uint32_t* hist, int64_t num_segments, int shift, Bits* prefix,
                                   int64_t* remaining, uint32_t* next_hist, int64_t* partial_ties) {
+  ChainedKernelBegin();
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t s = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; s < num_segments;
@@ -478,6 +485,7 @@ __global__ void __launch_bounds__(kThreads)
     CountPartialTiesKernel(PartialTies<T> ties, const int64_t* begin, int64_t num_segments,
                            const int64_t* touched_total, int64_t touched_bound, int64_t num_tiles,
                            int64_t* tile_counts) {
+  ChainedKernelBegin();
   using BlockReduce = cub::BlockReduce<int, kThreads>;
   __shared__ typename BlockReduce::TempStorage reduce;
   const int64_t end = TouchedEnd(touched_total, touched_bound);
@@ -508,6 +516,7 @@ __global__ void __launch_bounds__(kThreads)
     SelectKeepTilesKernel(PartialTies<T> ties, const int64_t* begin, int64_t num_segments,
                           const int64_t* touched_total, int64_t touched_bound, const int64_t* remaining,
                           const int64_t* tie_base, int64_t num_tiles, const int64_t* tile_offsets, uint8_t* keep) {
+  ChainedKernelBegin();
   using Bits = typename ScoreBits<T>::type;
   using BlockScan = cub::BlockScan<int, kThreads>;
   __shared__ typename BlockScan::TempStorage scan;
@@ -560,6 +569,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     SelectSegmentsKernel(const T* values, bool by_magnitude, const int64_t* begin, int64_t num_segments, int64_t k,
                          uint8_t* keep) {
+  ChainedKernelBegin();
   using Bits = typename ScoreBits<T>::type;
   constexpr int kBits = 8 * sizeof(Bits);
   using BlockScan = cub::BlockScan<int, kThreads>;
@@ -636,19 +646,18 @@ GpuStatus SelectByRounds(Stream stream, Scratch* scratch, const T* values, bool 
   if (!prefix || !remaining || !partial_ties || !tie_base || !ties_total || !hist) {
     return GpuStatus::OutOfMemory("k-selection");
   }
-  SelectStartKernel<Bits><<<BlocksFor(num_segments * kRadixBins), kThreads, 0, stream>>>(
-      segment_begin, num_segments, k, prefix, remaining, partial_ties, hist);
+  LaunchChained(SelectStartKernel<Bits>, BlocksFor(num_segments * kRadixBins), kThreads, 0, stream, segment_begin,
+                num_segments, k, prefix, remaining, partial_ties, hist);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
   const int64_t tiles = (touched_bound + kThreads * kSelectItems - 1) / (kThreads * kSelectItems);
   int round = 0;
   for (int shift = 8 * static_cast<int>(sizeof(Bits)) - kRadixBits; shift >= 0; shift -= kRadixBits, ++round) {
     uint32_t* round_hist = hist + (round % 2) * num_segments * kRadixBins;
     uint32_t* next_hist = hist + ((round + 1) % 2) * num_segments * kRadixBins;
-    SelectHistogramKernel<T><<<LoopBlocks(tiles), kThreads, 0, stream>>>(
-        values, by_magnitude, segment_begin, num_segments, touched_total, touched_bound, prefix, remaining, shift,
-        round_hist);
-    SelectDigitKernel<Bits><<<BlocksFor(num_segments * 32), kThreads, 0, stream>>>(
-        round_hist, num_segments, shift, prefix, remaining, next_hist, shift == 0 ? partial_ties : nullptr);
+    LaunchChained(SelectHistogramKernel<T>, LoopBlocks(tiles), kThreads, 0, stream, values, by_magnitude, segment_begin,
+                  num_segments, touched_total, touched_bound, prefix, remaining, shift, round_hist);
+    LaunchChained(SelectDigitKernel<Bits>, BlocksFor(num_segments * 32), kThreads, 0, stream, round_hist, num_segments,
+                  shift, prefix, remaining, next_hist, shift == 0 ? partial_ties : nullptr);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
   }
   TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, partial_ties, tie_base, num_segments, ties_total));
@@ -657,13 +666,12 @@ GpuStatus SelectByRounds(Stream stream, Scratch* scratch, const T* values, bool 
   int64_t* tile_offsets = scratch->DeviceArray<int64_t>(num_tiles);
   if (!tile_counts || !tile_offsets) return GpuStatus::OutOfMemory("k-selection ties");
   const PartialTies<T> ties{values, by_magnitude, prefix, partial_ties};
-  CountPartialTiesKernel<T><<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
-      ties, segment_begin, num_segments, touched_total, touched_bound, num_tiles, tile_counts);
+  LaunchChained(CountPartialTiesKernel<T>, TileBlocks(num_tiles), kThreads, 0, stream, ties, segment_begin,
+                num_segments, touched_total, touched_bound, num_tiles, tile_counts);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection ties");
   TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, ties_total + 1));
-  SelectKeepTilesKernel<T><<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
-      ties, segment_begin, num_segments, touched_total, touched_bound, remaining, tie_base, num_tiles, tile_offsets,
-      keep);
+  LaunchChained(SelectKeepTilesKernel<T>, TileBlocks(num_tiles), kThreads, 0, stream, ties, segment_begin, num_segments,
+                touched_total, touched_bound, remaining, tie_base, num_tiles, tile_offsets, keep);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
   return GpuStatus::Ok();
 }
@@ -692,6 +700,7 @@ struct IsKept {
 template <typename T>
 __global__ void TouchedNaNKernel(const T* touched_values, const int64_t* touched_total, int64_t touched_bound,
                                  CheckSlot* slot) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(q, touched_bound) {
     if (q < *touched_total && isnan(touched_values[q])) RecordFirst(slot, q);
   }
@@ -731,6 +740,7 @@ struct OutputLookup {
 
 __global__ void OutputIndexKernel(const int64_t* out_keys, int64_t n_out, int64_t num_keys, const Report* report,
                                   int32_t* index) {
+  ChainedKernelBegin();
   if (!ChecksPassed(report)) return;
   TF_SPARSECONV_GRID_LOOP(p, n_out) {
     const int64_t key = out_keys[p];
@@ -766,6 +776,7 @@ struct __align__(16) GradWeight {
 template <typename T>
 __global__ void GradWeightsKernel(KeyLayout L, const GpuPresentWeight* weights, int64_t count, const T* filter,
                                   GradWeight<T>* packed) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(p, count) {
     const GpuPresentWeight& w = weights[p];
     uint32_t deltas = 0;
@@ -841,6 +852,7 @@ struct PackedWeights {  // GradWeight: one load per weight; the entry's coordina
 template <typename T, typename Weights>
 __global__ void InGradKernel(KeyLayout L, EntryData e, Weights weights, const int64_t* row_begin, OutputLookup out,
                              const T* out_grad, int64_t n, const Report* report, T* in_grad) {
+  ChainedKernelBegin();
   const bool valid = ChecksPassed(report);
   TF_SPARSECONV_GRID_LOOP(i, n) {
     T sum = T(0);
@@ -876,6 +888,7 @@ __global__ void InGradKernel(KeyLayout L, EntryData e, Weights weights, const in
 
 __global__ void KeyBoundsKernel(const int64_t* keys, int64_t n, int64_t num_segments,
                                 int64_t spatial_size, const Report* report, int64_t* begin) {
+  ChainedKernelBegin();
   const bool valid = ChecksPassed(report);
   TF_SPARSECONV_GRID_LOOP(s, num_segments + 1) {
     begin[s] = valid ? LowerBound(keys, n, s * spatial_size) : 0;
@@ -893,6 +906,7 @@ __global__ void __launch_bounds__(kThreads)
                             const GpuPresentWeight* weights, int64_t num_weights,
                             const int64_t* in_begin, OutputLookup out, const T* out_grad,
                             int64_t parts, const Report* report, T* partial) {
+  ChainedKernelBegin();
   const bool valid = ChecksPassed(report);
   const int lane = threadIdx.x % 32;
   const int64_t num_tasks = num_weights * L.batch * parts;
@@ -950,6 +964,7 @@ __global__ void __launch_bounds__(kThreads)
     FilterGradGroupKernel(KeyLayout L, EntryData e, const T* values, const GradWeight<T>* weights,
                           const int64_t* row_begin, int64_t groups_per_row, const int64_t* in_begin,
                           OutputLookup out, const T* out_grad, int64_t parts, const Report* report, T* partial) {
+  ChainedKernelBegin();
   const bool valid = ChecksPassed(report);
   const int lane = threadIdx.x % 32;
   const int64_t per_weight = L.batch * parts;
@@ -1019,6 +1034,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void FilterGradKernel(const GpuPresentWeight* weights, int64_t num_weights,
                                  const T* partial, int64_t parts_per_weight, T* filter_grad) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(w, num_weights) {
     T sum = T(0);
     for (int64_t j = 0; j < parts_per_weight; ++j) {
@@ -1033,6 +1049,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     BiasGradPartialKernel(const int64_t* out_begin, int64_t num_segments, const T* out_grad,
                           int64_t parts, const Report* report, T* partial) {
+  ChainedKernelBegin();
   __shared__ T shared[kThreads];
   const bool valid = ChecksPassed(report);
   for (int64_t blk = blockIdx.x; blk < num_segments * parts; blk += gridDim.x) {
@@ -1053,6 +1070,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void BiasGradKernel(const T* partial, int64_t batch, int64_t cout, int64_t parts,
                                T* bias_grad) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(oc, cout) {
     T sum = T(0);
     for (int64_t b = 0; b < batch; ++b) {
@@ -1077,6 +1095,7 @@ template <typename T>
 __global__ void ScatterDenseKernel(KeyLayout L, const int64_t* keys, const T* values, int64_t n,
                                    const Report* report, T* dense_in, uint32_t* in_bits, uint32_t* site_bits,
                                    ForwardNaN<T> nan) {
+  ChainedKernelBegin();
   nan.Run();
   if (!ChecksPassed(report)) return;  // unsorted or out-of-range keys: nothing is computed
   const int64_t num_keys = L.num_keys(), per_batch = L.channels * L.spatial_size;
@@ -1112,6 +1131,7 @@ __device__ inline bool InputInGrid(const int32_t* y, const GpuPresentWeight& w, 
 __global__ void NeighbourMaskKernel(KeyLayout L, const GpuPresentWeight* weights, const int64_t* offset_rep,
                                     int64_t num_offsets, const uint32_t* site_bits, const Report* report,
                                     uint32_t* mask) {
+  ChainedKernelBegin();
   if (!ChecksPassed(report)) return;
   TF_SPARSECONV_GRID_LOOP(site, L.batch * L.spatial_size) {
     const int64_t b = site / L.spatial_size, lin = site - b * L.spatial_size;
@@ -1139,6 +1159,7 @@ __global__ void DenseAccumulateKernel(KeyLayout L, int64_t cout, const T* dense_
                                       const uint32_t* neighbour_mask, const T* filter,
                                       const GpuPresentWeight* weights, const int64_t* pair_begin, const T* bias,
                                       const Report* report, T* out_values, uint32_t* out_bits) {
+  ChainedKernelBegin();
   if (!ChecksPassed(report)) return;
   const int64_t total = L.batch * cout * L.spatial_size;
   const int64_t words = (total + 31) / 32;
@@ -1206,6 +1227,7 @@ __global__ void DenseSiteAccumulateKernel(KeyLayout L, int64_t cout, const T* de
                                           const GpuPresentWeight* weights, const int64_t* offset_rep,
                                           int64_t num_offsets, const T* bias, const Report* report,
                                           T* out_values, uint32_t* out_bits) {
+  ChainedKernelBegin();
   if (!ChecksPassed(report)) return;
   const int64_t S = L.spatial_size, cin = L.channels;
   const int64_t chunks = (cout + kDenseChunk - 1) / kDenseChunk;
@@ -1305,6 +1327,7 @@ __global__ void __launch_bounds__(kThreads)
                           const uint32_t* neighbour_mask, const T* filter, const uint8_t* present,
                           const GpuPresentWeight* weights, const int64_t* offset_rep, int num_offsets, const T* bias,
                           const Report* report, T* out_values, uint32_t* out_bits) {
+  ChainedKernelBegin();
   if (!ChecksPassed(report)) return;
   extern __shared__ __align__(16) unsigned char shared[];
   const int cin = static_cast<int>(L.channels), R = num_offsets;
@@ -1374,6 +1397,7 @@ template <typename T>
 __global__ void MarkInputsKernel(KeyLayout L, int64_t cout, const int64_t* keys, int64_t n, const Report* report,
                                  uint32_t* in_bits, int32_t* word_first, EntryData e, int64_t num_segments,
                                  int64_t* touched_counts, int64_t* positive_counts, ForwardNaN<T> nan) {
+  ChainedKernelBegin();
   nan.Run();
   TF_SPARSECONV_GRID_LOOP(s, num_segments) {  // zeroed for WriteBitTilesKernel and BitmapSumsKernel
     touched_counts[s] = 0;
@@ -1424,6 +1448,7 @@ template <typename Index>
 __global__ void MarkOutputsKernel(KeyLayout L, EntryData e, const GpuPresentWeight* weights,
                                   const int64_t* row_begin, int64_t max_row, int64_t num_slots,
                                   const Report* report, uint32_t* out_bits) {
+  ChainedKernelBegin();
   if (!ChecksPassed(report)) return;
   const Index row_length = static_cast<Index>(max_row);
   TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
@@ -1443,16 +1468,10 @@ struct SetBitsOf {
   __device__ int operator()(int64_t word) const { return __popc(bits[word]); }
 };
 
-struct MinOf {
-  __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
-};
-struct MaxOf {
-  __device__ int64_t operator()(int64_t a, int64_t b) const { return a > b ? a : b; }
-};
-
 // Also counts[s] += the set bits in [s * segment_size, (s + 1) * segment_size) (counts zeroed
-// before): one atomic per tile where its bits share one segment, else per thread or bit; and,
-// given word_rank, word_rank[w] = the set bits before word w (the atomic dataflow's places).
+// before): one atomic per tile where its words lie in one segment, else per thread or run of
+// a segment's bits; and, given word_rank, word_rank[w] = the set bits before word w (the
+// atomic dataflow's places).
 // A warp takes 32 * kTileItems consecutive words of the tile, a word per lane and round, so
 // that the lanes of a round write their indices side by side (a thread's own 8 consecutive
 // words scattered each warp's writes over 8x as many cache lines).
@@ -1462,11 +1481,9 @@ static_assert(kMaxSortItems <= static_cast<int64_t>(UINT32_MAX), "word ranks (< 
 __global__ void __launch_bounds__(kThreads)
     WriteBitTilesKernel(const uint32_t* bits, int64_t words, int64_t num_tiles, const int64_t* tile_offsets,
                         int64_t* indices, int64_t segment_size, int64_t* counts, uint32_t* word_rank) {
+  ChainedKernelBegin();
   constexpr int kWarps = kThreads / 32;
-  using BlockReduce = cub::BlockReduce<int64_t, kThreads>;
-  __shared__ typename BlockReduce::TempStorage reduce;
   __shared__ int warp_total[kWarps];
-  __shared__ int64_t tile_segment[2];
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     // word j of this thread: first + j * 32
@@ -1507,15 +1524,11 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     if (hi >= 0) hi /= segment_size;
-    const int64_t tile_lo = BlockReduce(reduce).Reduce(lo, MinOf());
-    if (threadIdx.x == 0) tile_segment[0] = tile_lo;
-    __syncthreads();
-    const int64_t tile_hi = BlockReduce(reduce).Reduce(hi, MaxOf());
-    if (threadIdx.x == 0) tile_segment[1] = tile_hi;
-    __syncthreads();
-    if (tile_segment[0] == tile_segment[1]) {
+    // The segments of the tile's first and last bit (not of its set bits: no block reduction)
+    const int64_t tile_end = (tile + 1) * kTileSize < words ? (tile + 1) * kTileSize : words;
+    if (tile * kTileSize * 32 / segment_size == (tile_end * 32 - 1) / segment_size) {
       if (threadIdx.x == 0 && tile_total > 0) {
-        atomicAdd(reinterpret_cast<unsigned long long*>(&counts[tile_segment[0]]),
+        atomicAdd(reinterpret_cast<unsigned long long*>(&counts[tile * kTileSize * 32 / segment_size]),
                   static_cast<unsigned long long>(tile_total));
       }
     } else if (lo == hi) {
@@ -1554,6 +1567,7 @@ __global__ void __launch_bounds__(kThreads)
                      const uint32_t* in_bits, const int32_t* word_first, const T* values, const T* filter,
                      const GpuPresentWeight* weights, const int64_t* pair_begin, const T* bias, T* touched_values,
                      int64_t* positive, CheckSlot* relu_nan) {
+  ChainedKernelBegin();
   __shared__ int64_t block_segment[2];
   const int64_t total = *touched_total;
   const Index S = static_cast<Index>(L.spatial_size), cin = static_cast<Index>(L.channels);
@@ -1611,6 +1625,7 @@ __global__ void AtomicContributionsKernel(KeyLayout L, EntryData e, const T* val
                                           const GpuPresentWeight* weights, const int64_t* row_begin,
                                           int64_t max_row, int64_t num_slots, const Report* report,
                                           const uint32_t* out_bits, const uint32_t* word_rank, T* touched_values) {
+  ChainedKernelBegin();
   if (!ChecksPassed(report)) return;
   const Index row_length = static_cast<Index>(max_row);
   TF_SPARSECONV_GRID_LOOP(slot, num_slots) {
@@ -1630,6 +1645,7 @@ template <typename T, typename Index>
 __global__ void __launch_bounds__(kThreads)
     AtomicBiasKernel(const int64_t* touched_keys, const int64_t* touched_total, int64_t spatial_size, int64_t cout,
                      const T* bias, T* touched_values, int64_t* positive, CheckSlot* relu_nan) {
+  ChainedKernelBegin();
   __shared__ int64_t block_segment[2];
   const int64_t total = *touched_total;
   const Index S = static_cast<Index>(spatial_size), n_oc = static_cast<Index>(cout);
@@ -1683,20 +1699,20 @@ GpuStatus MarkAndReadOutputBits(Stream stream, Scratch* scratch, const KeyLayout
   if (!tile_counts || !tile_offsets) return GpuStatus::OutOfMemory("output bit tiles");
   if (n > 0) {
     if (num_slots <= static_cast<int64_t>(UINT32_MAX)) {
-      MarkOutputsKernel<uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(L, e, weights, row_begin, max_row,
-                                                                                  num_slots, report, out_bits);
+      LaunchChained(MarkOutputsKernel<uint32_t>, BlocksFor(num_slots), kThreads, 0, stream, L, e, weights, row_begin,
+                    max_row, num_slots, report, out_bits);
     } else {
-      MarkOutputsKernel<uint64_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(L, e, weights, row_begin, max_row,
-                                                                                  num_slots, report, out_bits);
+      LaunchChained(MarkOutputsKernel<uint64_t>, BlocksFor(num_slots), kThreads, 0, stream, L, e, weights, row_begin,
+                    max_row, num_slots, report, out_bits);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output bits");
   }
-  CountTilesKernel<SetBitsOf><<<TileBlocks(num_tiles), kThreads, 0, stream>>>(SetBitsOf{out_bits}, out_words,
-                                                                               num_tiles, tile_counts);
+  LaunchChained(CountTilesKernel<SetBitsOf>, TileBlocks(num_tiles), kThreads, 0, stream, SetBitsOf{out_bits}, out_words,
+                num_tiles, tile_counts);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
   TF_SPARSECONV_RETURN_IF_ERROR(ScanCounts(stream, scratch, tile_counts, tile_offsets, num_tiles, touched_total));
-  WriteBitTilesKernel<<<TileBlocks(num_tiles), kThreads, 0, stream>>>(
-      out_bits, out_words, num_tiles, tile_offsets, touched_keys, L.spatial_size, touched_counts, word_rank);
+  LaunchChained(WriteBitTilesKernel, TileBlocks(num_tiles), kThreads, 0, stream, out_bits, out_words, num_tiles,
+                tile_offsets, touched_keys, L.spatial_size, touched_counts, word_rank);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
   return GpuStatus::Ok();
 }
@@ -1711,6 +1727,7 @@ struct DenseTables {
 // ForwardNaN's checks in a launch of their own, where no kernel over the entries runs.
 template <typename T>
 __global__ void ForwardNaNKernel(ForwardNaN<T> nan) {
+  ChainedKernelBegin();
   nan.Run();
 }
 
@@ -1740,7 +1757,7 @@ GpuStatus QueueForwardChecks(Stream stream, const DirectConvGpuArgs<T>& a, const
   }
   const int64_t items = a.n + a.filter_size + a.cout;
   if (items > 0 && !nan_with_entries) {
-    ForwardNaNKernel<T><<<BlocksFor(items), kThreads, 0, stream>>>(ForwardNaNOf(a, bias, device_report));
+    LaunchChained(ForwardNaNKernel<T>, BlocksFor(items), kThreads, 0, stream, ForwardNaNOf(a, bias, device_report));
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
   }
   return GpuStatus::Ok();
@@ -1831,8 +1848,8 @@ GpuStatus PrepareEntryData(Stream stream, Scratch* scratch, const DirectConvGpuA
   e->coords = scratch->DeviceArray<int32_t>(a.n * a.in_layout.d);
   if (!e->out_base || !e->ic || !e->coords) return GpuStatus::OutOfMemory("entry data");
   if (a.n > 0 && !data_by_caller) {
-    EntryDataKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(a.in_layout, a.cout, a.keys, a.n, report, *e,
-                                                                nan);
+    LaunchChained(EntryDataKernel<T>, BlocksFor(a.n), kThreads, 0, stream, a.in_layout, a.cout, a.keys, a.n, report, *e,
+                  nan);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("entry data");
   }
   return GpuStatus::Ok();
@@ -1952,32 +1969,32 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(site_bits, 0, sizeof(uint32_t) * ((sites + 31) / 32), stream), "dense grid");
     if (a.n > 0) {
-      ScatterDenseKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, a.keys, a.values, a.n, device_report,
-                                                                    dense_in, in_bits, site_bits, nan);
+      LaunchChained(ScatterDenseKernel<T>, BlocksFor(a.n), kThreads, 0, stream, L, a.keys, a.values, a.n, device_report,
+                    dense_in, in_bits, site_bits, nan);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid input");
     }
     // A failed check leaves the masks unwritten; the kernel below reads none of them then.
-    NeighbourMaskKernel<<<BlocksFor(sites), kThreads, 0, stream>>>(
-        L, weights, tables.offset_rep, a.weights.num_offsets, site_bits, device_report, neighbour_mask);
+    LaunchChained(NeighbourMaskKernel, BlocksFor(sites), kThreads, 0, stream, L, weights, tables.offset_rep,
+                  a.weights.num_offsets, site_bits, device_report, neighbour_mask);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid neighbours");
     // The kernel clears the words of out_bits it owns; a failed check leaves them unset.
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * ((total + 31) / 32), stream), "dense grid");
     const int64_t chunks = (a.cout + kDenseChunk - 1) / kDenseChunk;
     if (L.spatial_size % 32 == 0 && chunks <= 65535 && DenseWeightsShared(a)) {
-      DenseSiteSharedKernel<T><<<dim3(std::min(BlocksFor(sites), 4096u), static_cast<unsigned int>(chunks)), kThreads,
-                                  DenseSharedBytes<T>(L.channels, a.weights.num_offsets), stream>>>(
-          L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, tables.present, weights, tables.offset_rep,
-          static_cast<int>(a.weights.num_offsets), bias, device_report, out_values, out_bits);
+      LaunchChained(DenseSiteSharedKernel<T>,
+                    dim3(std::min(BlocksFor(sites), 4096u), static_cast<unsigned int>(chunks)), kThreads,
+                    DenseSharedBytes<T>(L.channels, a.weights.num_offsets), stream, L, a.cout, dense_in, in_bits,
+                    neighbour_mask, a.filter, tables.present, weights, tables.offset_rep,
+                    static_cast<int>(a.weights.num_offsets), bias, device_report, out_values, out_bits);
     } else if (L.spatial_size % 32 == 0) {
       const int64_t threads = sites * chunks;
-      DenseSiteAccumulateKernel<T><<<BlocksFor(threads), kThreads, 0, stream>>>(
-          L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, tables.present, weights, tables.offset_rep,
-          a.weights.num_offsets, bias, device_report, out_values, out_bits);
+      LaunchChained(DenseSiteAccumulateKernel<T>, BlocksFor(threads), kThreads, 0, stream, L, a.cout, dense_in, in_bits,
+                    neighbour_mask, a.filter, tables.present, weights, tables.offset_rep, a.weights.num_offsets, bias,
+                    device_report, out_values, out_bits);
     } else {
-      DenseAccumulateKernel<T><<<BlocksFor(total), kThreads, 0, stream>>>(
-          L, a.cout, dense_in, in_bits, neighbour_mask, a.filter, weights, tables.pair_begin, bias, device_report,
-          out_values, out_bits);
+      LaunchChained(DenseAccumulateKernel<T>, BlocksFor(total), kThreads, 0, stream, L, a.cout, dense_in, in_bits,
+                    neighbour_mask, a.filter, weights, tables.pair_begin, bias, device_report, out_values, out_bits);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid sums");
     const IsTouchedBit is_touched{out_bits};
@@ -2001,9 +2018,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(in_bits, 0, sizeof(uint32_t) * (in_words + out_words), stream), "bitmaps");
     if (a.n > 0) {  // also the entries' data, which the output bits read, and both counts zeroed
-      MarkInputsKernel<T><<<BlocksFor(std::max(a.n, num_segments)), kThreads, 0, stream>>>(
-          L, a.cout, a.keys, a.n, device_report, in_bits, word_first, e, num_segments, touched_counts,
-          positive_counts, nan);
+      LaunchChained(MarkInputsKernel<T>, BlocksFor(std::max(a.n, num_segments)), kThreads, 0, stream, L, a.cout, a.keys,
+                    a.n, device_report, in_bits, word_first, e, num_segments, touched_counts, positive_counts, nan);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bitmaps");
     }
     TF_SPARSECONV_RETURN_IF_ERROR(MarkAndReadOutputBits(stream, scratch, L, e, weights, row_begin,
@@ -2011,13 +2027,13 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
                                                         out_words, touched_keys, touched_total, touched_counts,
                                                         nullptr));
     if (no_output <= UINT32_MAX && static_cast<uint64_t>(L.num_keys()) <= UINT32_MAX) {
-      BitmapSumsKernel<T, uint32_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-          L, a.cout, touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin,
-          bias, touched_values, positive_counts, relu_nan);
+      LaunchChained(BitmapSumsKernel<T, uint32_t>, BlocksFor(touched_bound), kThreads, 0, stream, L, a.cout,
+                    touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin, bias,
+                    touched_values, positive_counts, relu_nan);
     } else {
-      BitmapSumsKernel<T, uint64_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-          L, a.cout, touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin,
-          bias, touched_values, positive_counts, relu_nan);
+      LaunchChained(BitmapSumsKernel<T, uint64_t>, BlocksFor(touched_bound), kThreads, 0, stream, L, a.cout,
+                    touched_keys, touched_total, in_bits, word_first, a.values, a.filter, weights, pair_begin, bias,
+                    touched_values, positive_counts, relu_nan);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched set");
     touched_keys_ = touched_keys;
@@ -2045,22 +2061,22 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
                                                         word_rank));
     if (a.n > 0) {
       if (num_slots <= static_cast<int64_t>(UINT32_MAX)) {
-        AtomicContributionsKernel<T, uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-            L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits,
-            word_rank, touched_values);
+        LaunchChained(AtomicContributionsKernel<T, uint32_t>, BlocksFor(num_slots), kThreads, 0, stream, L, e, a.values,
+                      a.filter, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits, word_rank,
+                      touched_values);
       } else {
-        AtomicContributionsKernel<T, uint64_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-            L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits,
-            word_rank, touched_values);
+        LaunchChained(AtomicContributionsKernel<T, uint64_t>, BlocksFor(num_slots), kThreads, 0, stream, L, e, a.values,
+                      a.filter, weights, row_begin, a.weights.max_row, num_slots, device_report, out_bits, word_rank,
+                      touched_values);
       }
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("atomic sums");
     }
     if (no_output <= UINT32_MAX) {
-      AtomicBiasKernel<T, uint32_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-          touched_keys, touched_total, L.spatial_size, a.cout, bias, touched_values, positive_counts, relu_nan);
+      LaunchChained(AtomicBiasKernel<T, uint32_t>, BlocksFor(touched_bound), kThreads, 0, stream, touched_keys,
+                    touched_total, L.spatial_size, a.cout, bias, touched_values, positive_counts, relu_nan);
     } else {
-      AtomicBiasKernel<T, uint64_t><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-          touched_keys, touched_total, L.spatial_size, a.cout, bias, touched_values, positive_counts, relu_nan);
+      LaunchChained(AtomicBiasKernel<T, uint64_t>, BlocksFor(touched_bound), kThreads, 0, stream, touched_keys,
+                    touched_total, L.spatial_size, a.cout, bias, touched_values, positive_counts, relu_nan);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("atomic sums");
     touched_keys_ = touched_keys;
@@ -2074,13 +2090,13 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
       }
     }
     if (num_slots <= static_cast<int64_t>(UINT32_MAX)) {
-      ContributionsKernel<T, uint32_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-          L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, no_output,
-          device_report, slot_keys[0], slot_values[0]);
+      LaunchChained(ContributionsKernel<T, uint32_t>, BlocksFor(num_slots), kThreads, 0, stream, L, e, a.values,
+                    a.filter, weights, row_begin, a.weights.max_row, num_slots, no_output, device_report, slot_keys[0],
+                    slot_values[0]);
     } else {
-      ContributionsKernel<T, uint64_t><<<BlocksFor(num_slots), kThreads, 0, stream>>>(
-          L, e, a.values, a.filter, weights, row_begin, a.weights.max_row, num_slots, no_output,
-          device_report, slot_keys[0], slot_values[0]);
+      LaunchChained(ContributionsKernel<T, uint64_t>, BlocksFor(num_slots), kThreads, 0, stream, L, e, a.values,
+                    a.filter, weights, row_begin, a.weights.max_row, num_slots, no_output, device_report, slot_keys[0],
+                    slot_values[0]);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("contributions");
     TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, slot_keys, slot_values, num_slots,
@@ -2106,18 +2122,18 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
                                                segment_begin + num_segments));
     }
   } else {
-    SegmentBeginKernel<<<BlocksFor(num_segments + 1), kThreads, 0, stream>>>(
-        touched_keys_, touched_total, num_segments, L.spatial_size, segment_begin, positive_counts);
+    LaunchChained(SegmentBeginKernel, BlocksFor(num_segments + 1), kThreads, 0, stream, touched_keys_, touched_total,
+                  num_segments, L.spatial_size, segment_begin, positive_counts);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("touched counts");
-    PositiveCountKernel<T><<<BlocksFor(std::max(touched_bound, num_segments)), kThreads, 0, stream>>>(
-        touched_keys_, touched_values_, touched_total, touched_bound, L.spatial_size, segment_begin, num_segments,
-        touched_counts, positive_counts);
+    LaunchChained(PositiveCountKernel<T>, BlocksFor(std::max(touched_bound, num_segments)), kThreads, 0, stream,
+                  touched_keys_, touched_values_, touched_total, touched_bound, L.spatial_size, segment_begin,
+                  num_segments, touched_counts, positive_counts);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("positive counts");
   }
   if (touched_bound > 0) {
     if (a.relu && relu_nan == nullptr) {
-      TouchedNaNKernel<T><<<BlocksFor(touched_bound), kThreads, 0, stream>>>(
-          touched_values_, touched_total, touched_bound, &device_report->checks[kConvReluNaN]);
+      LaunchChained(TouchedNaNKernel<T>, BlocksFor(touched_bound), kThreads, 0, stream, touched_values_, touched_total,
+                    touched_bound, &device_report->checks[kConvReluNaN]);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("relu NaN check");
     }
   }
@@ -2128,8 +2144,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     uint8_t* keep = scratch->DeviceArray<uint8_t>(touched_bound);
     if (!keep) return GpuStatus::OutOfMemory("k-selection");
     if (SelectsByBlocks(num_segments, touched_bound)) {
-      SelectSegmentsKernel<T><<<LoopBlocks(num_segments), kThreads, 0, stream>>>(
-          touched_values_, by_magnitude, segment_begin, num_segments, k, keep);
+      LaunchChained(SelectSegmentsKernel<T>, LoopBlocks(num_segments), kThreads, 0, stream, touched_values_,
+                    by_magnitude, segment_begin, num_segments, k, keep);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("k-selection");
     } else {
       TF_SPARSECONV_RETURN_IF_ERROR(SelectByRounds(stream, scratch, touched_values_, by_magnitude, touched_total,
@@ -2159,6 +2175,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
 template <typename T>
 __global__ void CopyTouchedKernel(const int64_t* keys, const T* values, const int64_t* total, int64_t bound,
                                   int64_t* out_keys, T* out_values) {
+  ChainedKernelBegin();
   const int64_t n = TouchedEnd(total, bound);
   TF_SPARSECONV_GRID_LOOP(q, n) {
     out_keys[q] = keys[q];
@@ -2199,6 +2216,7 @@ template <typename T>
 __global__ void CopyTouchedPaddedKernel(const int64_t* keys, const T* values, const Report* report,
                                         int64_t host_live, int64_t capacity, int64_t* out_keys, T* out_values,
                                         int64_t limit, int64_t* status) {
+  ChainedKernelBegin();
   WriteConvStatus(report, limit, status);
   const int64_t live = PaddedLive(report, host_live);
   TF_SPARSECONV_GRID_LOOP(q, capacity) {
@@ -2224,8 +2242,8 @@ GpuStatus DirectConvForwardGpu<T>::WritePadded(Stream stream, int64_t* out_keys,
     return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values, limit, status);
   }
   if (capacity == 0) return status == nullptr ? GpuStatus::Ok() : ConvStatus(stream, device_report, limit, status);
-  CopyTouchedPaddedKernel<T><<<BlocksFor(capacity), kThreads, 0, stream>>>(
-      touched_keys_, touched_values_, device_report, live, capacity, out_keys, out_values, limit, status);
+  LaunchChained(CopyTouchedPaddedKernel<T>, BlocksFor(capacity), kThreads, 0, stream, touched_keys_, touched_values_,
+                device_report, live, capacity, out_keys, out_values, limit, status);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output entries");
   return GpuStatus::Ok();
 }
@@ -2234,9 +2252,8 @@ template <typename T>
 GpuStatus DirectConvForwardGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values) const {
   if (keep_all_) {
     if (touched_bound_ == 0) return GpuStatus::Ok();
-    CopyTouchedKernel<T><<<BlocksFor(touched_bound_), kThreads, 0, stream>>>(touched_keys_, touched_values_,
-                                                                            touched_total_, touched_bound_,
-                                                                            out_keys, out_values);
+    LaunchChained(CopyTouchedKernel<T>, BlocksFor(touched_bound_), kThreads, 0, stream, touched_keys_, touched_values_,
+                  touched_total_, touched_bound_, out_keys, out_values);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output entries");
     return GpuStatus::Ok();
   }
@@ -2249,6 +2266,7 @@ namespace {
 template <typename T>
 __global__ void PadConvOutputKernel(const Report* report, int64_t host_live, int64_t capacity, int64_t* out_keys,
                                     T* out_values, int64_t limit, int64_t* status) {
+  ChainedKernelBegin();
   WriteConvStatus(report, limit, status);
   const int64_t live = PaddedLive(report, host_live);
   TF_SPARSECONV_GRID_LOOP(j, capacity) {
@@ -2259,6 +2277,7 @@ __global__ void PadConvOutputKernel(const Report* report, int64_t host_live, int
 }
 
 __global__ void ConvStatusKernel(const Report* report, int64_t limit, int64_t* status) {
+  ChainedKernelBegin();
   WriteConvStatus(report, limit, status);
 }
 
@@ -2268,14 +2287,14 @@ template <typename T>
 GpuStatus PadConvOutput(Stream stream, const Report* device_report, int64_t live, int64_t capacity,
                         int64_t* out_keys, T* out_values, int64_t limit, int64_t* status) {
   if (capacity == 0) return status == nullptr ? GpuStatus::Ok() : ConvStatus(stream, device_report, limit, status);
-  PadConvOutputKernel<T><<<BlocksFor(capacity), kThreads, 0, stream>>>(device_report, live, capacity, out_keys,
-                                                                       out_values, limit, status);
+  LaunchChained(PadConvOutputKernel<T>, BlocksFor(capacity), kThreads, 0, stream, device_report, live, capacity,
+                out_keys, out_values, limit, status);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("direct conv padding");
   return GpuStatus::Ok();
 }
 
 GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, int64_t* status) {
-  ConvStatusKernel<<<1, 32, 0, stream>>>(device_report, limit, status);
+  LaunchChained(ConvStatusKernel, 1, 32, 0, stream, device_report, limit, status);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("direct conv status");
   return GpuStatus::Ok();
 }
@@ -2316,8 +2335,8 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(index, 0xff, sizeof(int32_t) * num_out_keys, stream),
                                             "output index");  // -1: no entry
     if (n_out > 0) {
-      OutputIndexKernel<<<BlocksFor(n_out), kThreads, 0, stream>>>(out_keys, n_out, num_out_keys, device_report,
-                                                                   index);
+      LaunchChained(OutputIndexKernel, BlocksFor(n_out), kThreads, 0, stream, out_keys, n_out, num_out_keys,
+                    device_report, index);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output index");
     }
     out.index = index;
@@ -2328,17 +2347,17 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   if (a.n > 0 && a.weights.count > 0 && a.weights.grad_pack == 1) {
     packed = scratch->DeviceArray<GradWeight<T>>(a.weights.count);
     if (!packed) return GpuStatus::OutOfMemory("packed weights");
-    GradWeightsKernel<T><<<BlocksFor(a.weights.count), kThreads, 0, stream>>>(L, weights, a.weights.count, a.filter,
-                                                                             packed);
+    LaunchChained(GradWeightsKernel<T>, BlocksFor(a.weights.count), kThreads, 0, stream, L, weights, a.weights.count,
+                  a.filter, packed);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("packed weights");
   }
   if (packed != nullptr) {
-    InGradKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, e, PackedWeights<T>{packed}, row_begin, out,
-                                                             out_grad, a.n, device_report, in_grad);
+    LaunchChained(InGradKernel<T, PackedWeights<T>>, BlocksFor(a.n), kThreads, 0, stream, L, e,
+                  PackedWeights<T>{packed}, row_begin, out, out_grad, a.n, device_report, in_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
   } else if (a.n > 0) {
-    InGradKernel<T><<<BlocksFor(a.n), kThreads, 0, stream>>>(L, e, UnpackedWeights<T>{weights, a.filter}, row_begin,
-                                                             out, out_grad, a.n, device_report, in_grad);
+    LaunchChained(InGradKernel<T, UnpackedWeights<T>>, BlocksFor(a.n), kThreads, 0, stream, L, e,
+                  UnpackedWeights<T>{weights, a.filter}, row_begin, out, out_grad, a.n, device_report, in_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
   }
 
@@ -2347,8 +2366,8 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   const int64_t in_segments = L.num_segments();
   int64_t* in_begin = scratch->DeviceArray<int64_t>(in_segments + 1);
   if (!in_begin) return GpuStatus::OutOfMemory("filter gradient");
-  KeyBoundsKernel<<<BlocksFor(in_segments + 1), kThreads, 0, stream>>>(
-      a.keys, a.n, in_segments, L.spatial_size, device_report, in_begin);
+  LaunchChained(KeyBoundsKernel, BlocksFor(in_segments + 1), kThreads, 0, stream, a.keys, a.n, in_segments,
+                L.spatial_size, device_report, in_begin);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
   if (a.weights.count > 0) {
     const int64_t parts = PartsFor(a.n, in_segments);
@@ -2359,17 +2378,18 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     if (packed != nullptr) {
       const int64_t groups_per_row = (a.weights.max_row + kGradGroup - 1) / kGradGroup;
       const int64_t tasks = L.channels * groups_per_row * parts_per_weight;
-      FilterGradGroupKernel<T><<<LoopBlocks((tasks + warps_per_block - 1) / warps_per_block), kThreads, 0, stream>>>(
-          L, e, a.values, packed, row_begin, groups_per_row, in_begin, out, out_grad, parts, device_report, partial);
+      LaunchChained(FilterGradGroupKernel<T>, LoopBlocks((tasks + warps_per_block - 1) / warps_per_block), kThreads, 0,
+                    stream, L, e, a.values, packed, row_begin, groups_per_row, in_begin, out, out_grad, parts,
+                    device_report, partial);
     } else {
-      FilterGradPartialKernel<T><<<LoopBlocks((a.weights.count * parts_per_weight + warps_per_block - 1) /
-                                              warps_per_block),
-                                   kThreads, 0, stream>>>(L, e, a.values, weights, a.weights.count, in_begin,
-                                             out, out_grad, parts, device_report, partial);
+      LaunchChained(FilterGradPartialKernel<T>,
+                    LoopBlocks((a.weights.count * parts_per_weight + warps_per_block - 1) / warps_per_block), kThreads,
+                    0, stream, L, e, a.values, weights, a.weights.count, in_begin, out, out_grad, parts, device_report,
+                    partial);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
-    FilterGradKernel<T><<<BlocksFor(a.weights.count), kThreads, 0, stream>>>(
-        weights, a.weights.count, partial, parts_per_weight, filter_grad);
+    LaunchChained(FilterGradKernel<T>, BlocksFor(a.weights.count), kThreads, 0, stream, weights, a.weights.count,
+                  partial, parts_per_weight, filter_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
   }
 
@@ -2378,14 +2398,14 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   int64_t* out_begin = scratch->DeviceArray<int64_t>(out_segments + 1);
   T* bias_partial = scratch->DeviceArray<T>(out_segments * bias_parts);
   if (!out_begin || !bias_partial) return GpuStatus::OutOfMemory("bias gradient");
-  KeyBoundsKernel<<<BlocksFor(out_segments + 1), kThreads, 0, stream>>>(
-      out_keys, n_out, out_segments, L.spatial_size, device_report, out_begin);
+  LaunchChained(KeyBoundsKernel, BlocksFor(out_segments + 1), kThreads, 0, stream, out_keys, n_out, out_segments,
+                L.spatial_size, device_report, out_begin);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bias gradient");
-  BiasGradPartialKernel<T><<<LoopBlocks(out_segments * bias_parts), kThreads, 0, stream>>>(
-      out_begin, out_segments, out_grad, bias_parts, device_report, bias_partial);
+  LaunchChained(BiasGradPartialKernel<T>, LoopBlocks(out_segments * bias_parts), kThreads, 0, stream, out_begin,
+                out_segments, out_grad, bias_parts, device_report, bias_partial);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bias gradient");
-  BiasGradKernel<T><<<BlocksFor(a.cout), kThreads, 0, stream>>>(bias_partial, L.batch, a.cout,
-                                                               bias_parts, bias_grad);
+  LaunchChained(BiasGradKernel<T>, BlocksFor(a.cout), kThreads, 0, stream, bias_partial, L.batch, a.cout, bias_parts,
+                bias_grad);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("bias gradient");
   if (!check) {
     scratch->HoldPinnedUntilQueuedWorkRuns();  // any pinned memory of this call, past its queued work
@@ -2396,6 +2416,7 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
 
 __global__ void ExampleBeginKernel(const int64_t* keys, int64_t n, int64_t batch, int64_t per_example,
                                    int64_t* begin) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(b, batch + 1) { begin[b] = LowerBound(keys, n, b * per_example); }
 }
 
@@ -2404,7 +2425,7 @@ GpuStatus ExampleBegins(Stream stream, Scratch* scratch, const int64_t* keys, in
   int64_t* begin = scratch->DeviceArray<int64_t>(batch + 1);
   int64_t* pinned = static_cast<int64_t*>(scratch->PinnedHost(sizeof(int64_t) * (batch + 1)));
   if (!begin || !pinned) return GpuStatus::OutOfMemory("example offsets");
-  ExampleBeginKernel<<<BlocksFor(batch + 1), kThreads, 0, stream>>>(keys, n, batch, per_example, begin);
+  LaunchChained(ExampleBeginKernel, BlocksFor(batch + 1), kThreads, 0, stream, keys, n, batch, per_example, begin);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("example offsets");
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemcpyAsync(pinned, begin, sizeof(int64_t) * (batch + 1), cudaMemcpyDeviceToHost, stream),
