@@ -11,6 +11,7 @@ namespace {
 
 __global__ void EncodeKeysKernel(KeyLayout L, const int64_t* indices, int64_t n,
                                  int64_t* keys, CheckSlot* slot) {
+  ChainedKernelBegin();
   const int rank = L.d + 2;
   TF_SPARSECONV_GRID_LOOP(i, n) {
     const int64_t* row = indices + i * rank;
@@ -30,12 +31,14 @@ __global__ void EncodeKeysKernel(KeyLayout L, const int64_t* indices, int64_t n,
 }
 
 __global__ void DescribeIndexKernel(const int64_t* indices, CheckSlot* slot) {
+  ChainedKernelBegin();
   if (slot->first == kNoError) return;
   slot->detail[0] = indices[slot->first];
 }
 
 __global__ void DecodeKeysKernel(KeyLayout L, const int64_t* keys, int64_t n,
                                  int64_t* indices) {
+  ChainedKernelBegin();
   const int rank = L.d + 2;
   const int64_t limit = L.num_keys();
   TF_SPARSECONV_GRID_LOOP(i, n) {
@@ -53,6 +56,7 @@ __global__ void DecodeKeysKernel(KeyLayout L, const int64_t* keys, int64_t n,
 }
 
 __global__ void IotaKernel(int32_t* order, int64_t n) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) { order[i] = static_cast<int32_t>(i); }
 }
 
@@ -61,6 +65,7 @@ __global__ void GatherSortedKernel(const uint64_t* sorted, const int32_t* order,
                                    const T* values, int64_t n, int64_t* sorted_keys,
                                    T* sorted_values, int64_t* permutation,
                                    CheckSlot* duplicates) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     sorted_keys[i] = static_cast<int64_t>(sorted[i]);
     sorted_values[i] = values[order[i]];
@@ -71,6 +76,7 @@ __global__ void GatherSortedKernel(const uint64_t* sorted, const int32_t* order,
 
 __global__ void DescribeDuplicateKernel(const int64_t* sorted_keys, const int64_t* permutation,
                                         CheckSlot* slot) {
+  ChainedKernelBegin();
   if (slot->first == kNoError) return;
   const int64_t i = static_cast<int64_t>(slot->first);
   slot->detail[0] = sorted_keys[i];
@@ -81,6 +87,7 @@ __global__ void DescribeDuplicateKernel(const int64_t* sorted_keys, const int64_
 template <typename T>
 __global__ void ScatterKernel(KeyLayout L, const int64_t* keys, const T* values, int64_t n,
                               T* dense) {
+  ChainedKernelBegin();
   const int64_t limit = L.num_keys();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     if (keys[i] >= 0 && keys[i] < limit) dense[DenseIndex(keys[i], L)] = values[i];
@@ -90,6 +97,7 @@ __global__ void ScatterKernel(KeyLayout L, const int64_t* keys, const T* values,
 template <typename T>
 __global__ void GatherKernel(KeyLayout L, const int64_t* keys, int64_t n, const T* dense,
                              T* values) {
+  ChainedKernelBegin();
   const int64_t limit = L.num_keys();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     values[i] = keys[i] >= 0 && keys[i] < limit ? dense[DenseIndex(keys[i], L)] : T(0);
@@ -134,9 +142,9 @@ GpuStatus EncodeKeysGpu(Stream stream, Scratch* scratch, const KeyLayout& layout
   TF_SPARSECONV_RETURN_IF_ERROR(NewReport(stream, scratch, &device_report));
   if (n > 0) {
     CheckSlot* slot = &device_report->checks[kEncodeIndices];
-    EncodeKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(layout, indices, n, keys, slot);
+    LaunchChained(EncodeKeysKernel, BlocksFor(n), kThreads, 0, stream, layout, indices, n, keys, slot);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("encode keys");
-    DescribeIndexKernel<<<1, 1, 0, stream>>>(indices, slot);
+    LaunchChained(DescribeIndexKernel, 1, 1, 0, stream, indices, slot);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("encode keys");
   }
   return ReadReport(stream, scratch, device_report, report);
@@ -149,7 +157,7 @@ GpuStatus DecodeKeysGpu(Stream stream, Scratch* scratch, const KeyLayout& layout
   TF_SPARSECONV_RETURN_IF_ERROR(CheckKeysInRange(stream, keys, n, layout.num_keys(),
                                                  &device_report->checks[kDecodeKeys]));
   if (n > 0) {
-    DecodeKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(layout, keys, n, indices);
+    LaunchChained(DecodeKeysKernel, BlocksFor(n), kThreads, 0, stream, layout, keys, n, indices);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("decode keys");
   }
   return ReadReport(stream, scratch, device_report, report);
@@ -174,18 +182,17 @@ GpuStatus ReorderGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
         cudaMemcpyAsync(sort_keys[0], keys, sizeof(int64_t) * n, cudaMemcpyDeviceToDevice,
                         stream),
         "reorder");
-    IotaKernel<<<BlocksFor(n), kThreads, 0, stream>>>(order[0], n);
+    LaunchChained(IotaKernel, BlocksFor(n), kThreads, 0, stream, order[0], n);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("reorder");
     // Keys outside the layout (reported above) lose their high bits here; harmless.
     int current = 0;
     TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, sort_keys, order, n,
                                             BitsFor(layout.num_keys() - 1), &current));
     CheckSlot* duplicates = &device_report->checks[kReorderDuplicates];
-    GatherSortedKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(
-        sort_keys[current], order[current], values, n, sorted_keys, sorted_values, permutation,
-        duplicates);
+    LaunchChained(GatherSortedKernel<T>, BlocksFor(n), kThreads, 0, stream, sort_keys[current], order[current], values,
+                  n, sorted_keys, sorted_values, permutation, duplicates);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("reorder");
-    DescribeDuplicateKernel<<<1, 1, 0, stream>>>(sorted_keys, permutation, duplicates);
+    LaunchChained(DescribeDuplicateKernel, 1, 1, 0, stream, sorted_keys, permutation, duplicates);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("reorder");
   }
   return ReadReport(stream, scratch, device_report, report);
@@ -204,7 +211,7 @@ GpuStatus ToDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemsetAsync(dense, 0, sizeof(T) * layout.num_keys(), stream), "to_dense");
   if (n > 0) {
-    ScatterKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(layout, keys, values, n, dense);
+    LaunchChained(ScatterKernel<T>, BlocksFor(n), kThreads, 0, stream, layout, keys, values, n, dense);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("to_dense");
   }
   return report == nullptr ? GpuStatus::Ok() : ReadReport(stream, scratch, device_report, report);
@@ -216,7 +223,7 @@ GpuStatus GatherDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layou
                          Report* report) {
   if (report == nullptr) {  // the keys were checked by the op that took them: no check, no wait
     if (n > 0) {
-      GatherKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(layout, keys, n, dense, values);
+      LaunchChained(GatherKernel<T>, BlocksFor(n), kThreads, 0, stream, layout, keys, n, dense, values);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather_dense");
     }
     return GpuStatus::Ok();
@@ -226,7 +233,7 @@ GpuStatus GatherDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layou
   TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, keys, n, layout.num_keys(),
                                                 &device_report->checks[kDenseKeys], padded));
   if (n > 0) {
-    GatherKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(layout, keys, n, dense, values);
+    LaunchChained(GatherKernel<T>, BlocksFor(n), kThreads, 0, stream, layout, keys, n, dense, values);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather_dense");
   }
   return ReadReport(stream, scratch, device_report, report);

@@ -13,6 +13,7 @@ namespace {
 
 __global__ void PooledKeysKernel(PoolGeometry g, const int64_t* keys, int64_t n,
                                  const Report* report, uint64_t* pooled, int32_t* order) {
+  ChainedKernelBegin();
   const bool valid = ChecksPassed(report);
   const uint64_t no_window = static_cast<uint64_t>(g.out.num_keys());
   TF_SPARSECONV_GRID_LOOP(i, n) {
@@ -57,6 +58,7 @@ struct WriteWindowMax {
 template <typename T>
 __global__ void PadOutputKernel(const int64_t* live, int64_t capacity, int64_t* out_keys, T* out_values,
                                 int64_t* argmax) {
+  ChainedKernelBegin();
   const int64_t first = *live;
   TF_SPARSECONV_GRID_LOOP(j, capacity) {
     if (j < first) continue;
@@ -90,8 +92,7 @@ GpuStatus SparseMaxPoolGpu<T>::Count(Stream stream, Scratch* scratch, const Pool
     if (!pooled[0] || !pooled[1] || !order[0] || !order[1]) {
       return GpuStatus::OutOfMemory("max-pool keys");
     }
-    PooledKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(g, keys, n, device_report,
-                                                            pooled[0], order[0]);
+    LaunchChained(PooledKeysKernel, BlocksFor(n), kThreads, 0, stream, g, keys, n, device_report, pooled[0], order[0]);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("max-pool keys");
     int current = 0;
     TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, pooled, order, n,
@@ -113,8 +114,8 @@ GpuStatus SparseMaxPoolGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_va
       stream, compaction_, IsRunStart{pooled_, no_window_},
       WriteWindowMax<T>{pooled_, order_, values_, n_, out_keys, out_values, argmax}));
   if (capacity == 0) return GpuStatus::Ok();
-  PadOutputKernel<T><<<BlocksFor(capacity), kThreads, 0, stream>>>(device_count_, capacity, out_keys, out_values,
-                                                                    argmax);
+  LaunchChained(PadOutputKernel<T>, BlocksFor(capacity), kThreads, 0, stream, device_count_, capacity, out_keys,
+                out_values, argmax);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("max-pool padding");
   return GpuStatus::Ok();
 }

@@ -108,6 +108,7 @@ using Sum = double;
 template <typename T, bool kBackward, int kV>
 __global__ void ChunkSumsKernel(const T* x, const T* dy, const float* mean, int64_t n, int64_t c, int64_t per,
                                 Sum* part1, Sum* part2) {
+  ChainedKernelBegin();
   __shared__ Sum s1[kRows][kColumns * kV];
   __shared__ Sum s2[kRows][kColumns * kV];
   const int64_t chunk = blockIdx.x;
@@ -202,6 +203,7 @@ template <typename T>
 __global__ void StatisticsKernel(const T* x, const float* gamma, const double* part1, const double* part2,
                                  int64_t chunks, int64_t n, int64_t c, float epsilon, float* mean, float* variance,
                                  float* inv_std, double* coef) {
+  ChainedKernelBegin();
   TF_SPARSECONV_WARP_PER_COLUMN(j, c, lane) {
     double t1, t2;
     ColumnTotals(part1, part2, chunks, c, j, lane, &t1, &t2);
@@ -225,6 +227,7 @@ __global__ void StatisticsKernel(const T* x, const float* gamma, const double* p
 template <typename T, int kV>
 __global__ void NormalizeRowsKernel(const T* x, const double* coef, const float* beta, int64_t total, int64_t c,
                                     T* y) {
+  ChainedKernelBegin();
   const int64_t vectors = total / kV;
   const int64_t row_vectors = c / kV;
   const bool narrow = vectors <= 0xffffffffLL;
@@ -248,6 +251,7 @@ __global__ void NormalizeRowsKernel(const T* x, const double* coef, const float*
 __global__ void GradCoefficientsKernel(const float* gamma, const float* inv_std, const double* part1,
                                        const double* part2, int64_t chunks, int64_t n, int64_t c, float* dgamma,
                                        float* dbeta, double* coef) {
+  ChainedKernelBegin();
   TF_SPARSECONV_WARP_PER_COLUMN(j, c, lane) {
     double t1, t2;
     ColumnTotals(part1, part2, chunks, c, j, lane, &t1, &t2);
@@ -268,6 +272,7 @@ __global__ void GradCoefficientsKernel(const float* gamma, const float* inv_std,
 template <typename T, int kV>
 __global__ void GradDxKernel(const T* dy, const T* x, const float* mean, const double* coef, int64_t total,
                              int64_t c, T* dx) {
+  ChainedKernelBegin();
   const int64_t vectors = total / kV;
   const int64_t row_vectors = c / kV;
   const bool narrow = vectors <= 0xffffffffLL;
@@ -296,6 +301,7 @@ template <typename T, int kV>
 __global__ void ColumnAffineKernel(const T* a, const float* a_center, const float* ca, const T* b,
                                    const float* b_center, const float* cb, const float* cc, int64_t total, int64_t c,
                                    T* out) {
+  ChainedKernelBegin();
   const int64_t vectors = total / kV;
   const int64_t row_vectors = c / kV;
   const bool narrow = vectors <= 0xffffffffLL;
@@ -335,8 +341,8 @@ void LaunchChunkSums(const T* x, const T* dy, const float* mean, int64_t n, int6
   const int64_t per = RowsPerChunk(n);
   Sum* part2 = part + chunks * c;
   WithVectorWidth(VectorWidth<T>(c, {x, dy}), [&](auto width) {
-    ChunkSumsKernel<T, kBackward, decltype(width)::value><<<grid, block, 0, stream>>>(x, dy, mean, n, c, per, part,
-                                                                                     part2);
+    LaunchChained(ChunkSumsKernel<T, kBackward, decltype(width)::value>, grid, block, 0, stream, x, dy, mean, n, c, per,
+                  part, part2);
   });
 }
 
@@ -346,18 +352,20 @@ void LaunchColumnAffine(const T* a, const float* a_center, const float* ca, cons
   const int v = VectorWidth<T>(c, {a, b, out});
   const unsigned int blocks = BlocksFor(total / v);
   WithVectorWidth(v, [&](auto width) {
-    ColumnAffineKernel<T, decltype(width)::value><<<blocks, kThreads, 0, stream>>>(a, a_center, ca, b, b_center, cb,
-                                                                                   cc, total, c, out);
+    LaunchChained(ColumnAffineKernel<T, decltype(width)::value>, blocks, kThreads, 0, stream, a, a_center, ca, b,
+                  b_center, cb, cc, total, c, out);
   });
 }
 
 // scale[j] = gamma[j] / sqrt(variance[j] + epsilon) (RowNormalize: float, from given statistics).
 __global__ void NormalizeScaleKernel(const float* gamma, const float* variance, int64_t c, float epsilon,
                                      float* scale) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(j, c) { scale[j] = gamma[j] * (1.0f / sqrtf(variance[j] + epsilon)); }
 }
 
 __global__ void FillKernel(float* p, int64_t count, float value) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, count) { p[i] = value; }
 }
 
@@ -369,9 +377,9 @@ GpuStatus RowBatchNorm(const RowBatchNormArgs<T>& a, Scratch* scratch, Stream st
   if (c == 0) return GpuStatus::Ok();
   if (n == 0) {  // no rows: no statistics
     const float nan = __builtin_nanf("");
-    FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(a.mean, c, nan);
-    FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(a.variance, c, nan);
-    FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(a.inv_std, c, nan);
+    LaunchChained(FillKernel, BlocksFor(c), kThreads, 0, stream, a.mean, c, nan);
+    LaunchChained(FillKernel, BlocksFor(c), kThreads, 0, stream, a.variance, c, nan);
+    LaunchChained(FillKernel, BlocksFor(c), kThreads, 0, stream, a.inv_std, c, nan);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm fill");
     return GpuStatus::Ok();
   }
@@ -381,13 +389,14 @@ GpuStatus RowBatchNorm(const RowBatchNormArgs<T>& a, Scratch* scratch, Stream st
   double* coef = part + 2 * chunks * c;
   LaunchChunkSums<T, false>(a.x, nullptr, nullptr, n, c, chunks, part, stream);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm sums");
-  StatisticsKernel<T><<<WarpBlocksFor(c), kThreads, 0, stream>>>(a.x, a.gamma, part, part + chunks * c, chunks, n,
-                                                               c, a.epsilon, a.mean, a.variance, a.inv_std, coef);
+  LaunchChained(StatisticsKernel<T>, WarpBlocksFor(c), kThreads, 0, stream, a.x, a.gamma, part, part + chunks * c,
+                chunks, n, c, a.epsilon, a.mean, a.variance, a.inv_std, coef);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm statistics");
   const int v = VectorWidth<T>(c, {a.x, a.y});
   const unsigned int blocks = BlocksFor(n * c / v);
   WithVectorWidth(v, [&](auto width) {
-    NormalizeRowsKernel<T, decltype(width)::value><<<blocks, kThreads, 0, stream>>>(a.x, coef, a.beta, n * c, c, a.y);
+    LaunchChained(NormalizeRowsKernel<T, decltype(width)::value>, blocks, kThreads, 0, stream, a.x, coef, a.beta, n * c,
+                  c, a.y);
   });
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm normalise");
   return GpuStatus::Ok();
@@ -398,8 +407,8 @@ GpuStatus RowBatchNormGrad(const RowBatchNormGradArgs<T>& a, Scratch* scratch, S
   const int64_t n = a.n, c = a.c;
   if (c == 0) return GpuStatus::Ok();
   if (n == 0) {
-    FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(a.dgamma, c, 0.0f);
-    FillKernel<<<BlocksFor(c), kThreads, 0, stream>>>(a.dbeta, c, 0.0f);
+    LaunchChained(FillKernel, BlocksFor(c), kThreads, 0, stream, a.dgamma, c, 0.0f);
+    LaunchChained(FillKernel, BlocksFor(c), kThreads, 0, stream, a.dbeta, c, 0.0f);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad fill");
     return GpuStatus::Ok();
   }
@@ -409,13 +418,14 @@ GpuStatus RowBatchNormGrad(const RowBatchNormGradArgs<T>& a, Scratch* scratch, S
   double* coef = part + 2 * chunks * c;
   LaunchChunkSums<T, true>(a.x, a.dy, a.mean, n, c, chunks, part, stream);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad sums");
-  GradCoefficientsKernel<<<WarpBlocksFor(c), kThreads, 0, stream>>>(a.gamma, a.inv_std, part, part + chunks * c,
-                                                                 chunks, n, c, a.dgamma, a.dbeta, coef);
+  LaunchChained(GradCoefficientsKernel, WarpBlocksFor(c), kThreads, 0, stream, a.gamma, a.inv_std, part,
+                part + chunks * c, chunks, n, c, a.dgamma, a.dbeta, coef);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad coefficients");
   const int v = VectorWidth<T>(c, {a.dy, a.x, a.dx});
   const unsigned int blocks = BlocksFor(n * c / v);
   WithVectorWidth(v, [&](auto width) {
-    GradDxKernel<T, decltype(width)::value><<<blocks, kThreads, 0, stream>>>(a.dy, a.x, a.mean, coef, n * c, c, a.dx);
+    LaunchChained(GradDxKernel<T, decltype(width)::value>, blocks, kThreads, 0, stream, a.dy, a.x, a.mean, coef, n * c,
+                  c, a.dx);
   });
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad dx");
   return GpuStatus::Ok();
@@ -434,7 +444,7 @@ GpuStatus RowNormalize(const RowNormalizeArgs<T>& a, Scratch* scratch, Stream st
   if (a.c == 0) return GpuStatus::Ok();
   float* scale = scratch->DeviceArray<float>(a.c);
   if (scale == nullptr) return GpuStatus::OutOfMemory("RowNormalize scales");
-  NormalizeScaleKernel<<<BlocksFor(a.c), kThreads, 0, stream>>>(a.gamma, a.variance, a.c, a.epsilon, scale);
+  LaunchChained(NormalizeScaleKernel, BlocksFor(a.c), kThreads, 0, stream, a.gamma, a.variance, a.c, a.epsilon, scale);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowNormalize scales");
   if (a.n == 0) return GpuStatus::Ok();
   LaunchColumnAffine<T>(a.x, a.mean, scale, nullptr, nullptr, nullptr, a.beta, a.n * a.c, a.c, a.y, stream);

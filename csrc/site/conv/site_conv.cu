@@ -160,6 +160,7 @@ inline unsigned int GridFor(int64_t items) {
 __global__ void CheckMapRowsKernel(const int32_t* in_rows, const int32_t* out_rows, const int64_t* splits,
                                    CheckedMap checked, int64_t num_in, int64_t num_out, int64_t volume,
                                    unsigned int* seen, Report* report) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(p, checked.pairs) {
     const int64_t i = in_rows[p], o = out_rows[p];
     const bool out_ok = o >= 0 && o < num_out;
@@ -172,6 +173,7 @@ __global__ void CheckMapRowsKernel(const int32_t* in_rows, const int32_t* out_ro
 }
 
 __global__ void DescribeRowsKernel(const int32_t* in_rows, const int32_t* out_rows, Report* report) {
+  ChainedKernelBegin();
   CheckSlot& slot = report->checks[kSiteRows];
   if (slot.first == kNoError) return;
   slot.detail[0] = in_rows[slot.first];
@@ -180,6 +182,7 @@ __global__ void DescribeRowsKernel(const int32_t* in_rows, const int32_t* out_ro
 
 template <typename T>
 __global__ void NaNKernel(const T* x, int64_t n, CheckSlot* slot) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     if (isnan(ToAcc(x[i]))) RecordFirst(slot, i);
   }
@@ -189,6 +192,7 @@ __global__ void NaNKernel(const T* x, int64_t n, CheckSlot* slot) {
 // out of range last.
 __global__ void RepeatKeysKernel(const int32_t* out_rows, const int64_t* splits, CheckedMap checked,
                                  int64_t num_out, uint64_t none, uint64_t* keys, int32_t* pairs) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(p, checked.pairs) {
     const int64_t o = out_rows[p];
     keys[p] = o >= 0 && o < num_out
@@ -202,12 +206,14 @@ __global__ void RepeatKeysKernel(const int32_t* out_rows, const int64_t* splits,
 // first repeats the row, and the lowest of those is where the CPU stops.
 __global__ void FirstRepeatKernel(const uint64_t* keys, const int32_t* pairs, int64_t n, uint64_t none,
                                   CheckSlot* slot) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(s, n) {
     if (s > 0 && keys[s] != none && keys[s] == keys[s - 1]) RecordFirst(slot, pairs[s]);
   }
 }
 
 __global__ void DescribeRepeatKernel(const int32_t* out_rows, CheckSlot* slot) {
+  ChainedKernelBegin();
   if (slot->first == kNoError) return;
   slot->detail[0] = out_rows[slot->first];
 }
@@ -390,6 +396,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int64_t* splits, const int64_t* tile_begin, int64_t volume, int64_t cin,
                             int64_t cout, int64_t col_tiles, int64_t first_tile, int64_t num_tiles,
                             const Report* report, A* out) {
+  ChainedKernelBegin();
   // Uniform over the block: no barrier is skipped by some threads only.
   if (report != nullptr && !ChecksPassed(report)) return;
   if constexpr (Mma<T>::kAvailable) {
@@ -404,6 +411,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, typename A>
 __global__ void ConvertKernel(const A* acc, int64_t n, T* out) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = FromAcc<T>::Convert(acc[i]); }
 }
 
@@ -565,6 +573,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int64_t* splits, const int64_t* chunk_begin, int64_t volume, int64_t chunk_pairs,
                             int64_t num_chunks, int64_t cin, int64_t cout, int64_t in_tiles, int64_t out_tiles,
                             const Report* report, A* partial) {
+  ChainedKernelBegin();
   if (report != nullptr && !ChecksPassed(report)) return;
   if constexpr (kTf32) {
     static_assert(std::is_same<T, float>::value, "TF32 multiplies float");
@@ -586,6 +595,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, typename A>
 __global__ void FilterGradReduceKernel(const A* partial, const int64_t* chunk_begin, int64_t volume,
                                        int64_t slice, T* filter_grad) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(idx, volume * slice) {
     const int64_t q = idx / slice;
     const int64_t e = idx - q * slice;
@@ -636,13 +646,13 @@ GpuStatus MarkFirstRepeat(Stream stream, Scratch* scratch, const int32_t* out_ro
   uint64_t* keys[2] = {scratch->DeviceArray<uint64_t>(checked.pairs), scratch->DeviceArray<uint64_t>(checked.pairs)};
   int32_t* pairs[2] = {scratch->DeviceArray<int32_t>(checked.pairs), scratch->DeviceArray<int32_t>(checked.pairs)};
   if (!keys[0] || !keys[1] || !pairs[0] || !pairs[1]) return GpuStatus::OutOfMemory("repeated-row search");
-  RepeatKeysKernel<<<BlocksFor(checked.pairs), kThreads, 0, stream>>>(out_rows, splits, checked, num_out, none,
-                                                                      keys[0], pairs[0]);
+  LaunchChained(RepeatKeysKernel, BlocksFor(checked.pairs), kThreads, 0, stream, out_rows, splits, checked, num_out,
+                none, keys[0], pairs[0]);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("repeated-row search");
   int current = 0;
   TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, keys, pairs, checked.pairs, BitsFor(none), &current));
-  FirstRepeatKernel<<<BlocksFor(checked.pairs), kThreads, 0, stream>>>(keys[current], pairs[current], checked.pairs,
-                                                                       none, slot);
+  LaunchChained(FirstRepeatKernel, BlocksFor(checked.pairs), kThreads, 0, stream, keys[current], pairs[current],
+                checked.pairs, none, slot);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("repeated-row search");
   return GpuStatus::Ok();
 }
@@ -665,10 +675,10 @@ GpuStatus CheckMap(Stream stream, Scratch* scratch, const int32_t* in_rows, cons
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(seen, 0, sizeof(unsigned int) * (words > 0 ? words : 1), stream), "repeated-row check");
   }
-  CheckMapRowsKernel<<<BlocksFor(checked.pairs), kThreads, 0, stream>>>(in_rows, out_rows, splits, checked, num_in,
-                                                                        num_out, volume, seen, report);
+  LaunchChained(CheckMapRowsKernel, BlocksFor(checked.pairs), kThreads, 0, stream, in_rows, out_rows, splits, checked,
+                num_in, num_out, volume, seen, report);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("map check");
-  DescribeRowsKernel<<<1, 1, 0, stream>>>(in_rows, out_rows, report);
+  LaunchChained(DescribeRowsKernel, 1, 1, 0, stream, in_rows, out_rows, report);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("map check");
   if (!by_bits) {
     TF_SPARSECONV_RETURN_IF_ERROR(
@@ -681,9 +691,9 @@ template <typename T, typename A, bool kAtomic>
 GpuStatus LaunchGatherGemmScatter(Stream stream, const SiteConvArgs<T>& a, const OffsetTable& table,
                                   int64_t first_tile, int64_t num_tiles, const Report* report, A* out) {
   const int64_t col_tiles = (a.cout + kTileCols - 1) / kTileCols;
-  GatherGemmScatterKernel<T, A, kAtomic><<<GridFor(num_tiles * col_tiles), kThreads, 0, stream>>>(
-      a.features, a.filters, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, a.cin, a.cout,
-      col_tiles, first_tile, num_tiles, report, out);
+  LaunchChained(GatherGemmScatterKernel<T, A, kAtomic>, GridFor(num_tiles * col_tiles), kThreads, 0, stream, a.features,
+                a.filters, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, a.cin, a.cout, col_tiles,
+                first_tile, num_tiles, report, out);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-scatter");
   return GpuStatus::Ok();
 }
@@ -770,9 +780,9 @@ GpuStatus LaunchSimtTiles(Stream stream, const SiteConvArgs<float>& a, const Off
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
       "gather-GEMM-scatter (shared memory)");
   const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
-  kernel<<<GridFor(num_tiles * col_tiles), simt::kBlockThreads, Layout::kSharedBytes, stream>>>(
-      a.features, a.filters, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, a.cin, a.cout, col_tiles,
-      first_tile, num_tiles, report, out);
+  LaunchChained(kernel, GridFor(num_tiles * col_tiles), simt::kBlockThreads, Layout::kSharedBytes, stream, a.features,
+                a.filters, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, a.cin, a.cout, col_tiles,
+                first_tile, num_tiles, report, out);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-scatter");
   return GpuStatus::Ok();
 }
@@ -787,9 +797,9 @@ GpuStatus LaunchMmaSyncTiles(Stream stream, const SiteConvArgs<T>& a, const Offs
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Layout::kSharedBytes)),
       "gather-GEMM-scatter (shared memory)");
   const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
-  kernel<<<GridFor(num_tiles * col_tiles), mma_sync::kBlockThreads, Layout::kSharedBytes, stream>>>(
-      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), a.in_rows, a.out_rows,
-      table.splits, table.unit_begin, a.volume, a.cin, a.cout, col_tiles, first_tile, num_tiles, report, out);
+  LaunchChained(kernel, GridFor(num_tiles * col_tiles), mma_sync::kBlockThreads, Layout::kSharedBytes, stream,
+                reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), a.in_rows, a.out_rows,
+                table.splits, table.unit_begin, a.volume, a.cin, a.cout, col_tiles, first_tile, num_tiles, report, out);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-scatter");
   return GpuStatus::Ok();
 }
@@ -859,9 +869,9 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
       "gather-GEMM-store (shared memory)");
   const int64_t col_tiles = (a.cout + kBN - 1) / kBN;
   const int64_t tiles = (a.num_out + Layout::kTileRows - 1) / Layout::kTileRows;
-  kernel<<<GridFor(tiles * col_tiles), mma_sync::kBlockThreads, Layout::kSharedBytes, stream>>>(
-      reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume, a.num_out,
-      a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
+  LaunchChained(kernel, GridFor(tiles * col_tiles), mma_sync::kBlockThreads, Layout::kSharedBytes, stream,
+                reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume,
+                a.num_out, a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
   return GpuStatus::Ok();
 }
@@ -896,9 +906,9 @@ GpuStatus LaunchFilterGradKernel(Stream stream, Kernel kernel, size_t shared_byt
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)),
       "filter gradient (shared memory)");
   const int64_t in_tiles = (a.cin + kBM - 1) / kBM, out_tiles = (a.cout + kBN - 1) / kBN;
-  kernel<<<GridFor(table.units * in_tiles * out_tiles), filter_grad::kBlockThreads, shared_bytes, stream>>>(
-      features, out_grad, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs, table.units,
-      a.cin, a.cout, in_tiles, out_tiles, report, partial);
+  LaunchChained(kernel, GridFor(table.units * in_tiles * out_tiles), filter_grad::kBlockThreads, shared_bytes, stream,
+                features, out_grad, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs,
+                table.units, a.cin, a.cout, in_tiles, out_tiles, report, partial);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
   return GpuStatus::Ok();
 }
@@ -959,8 +969,8 @@ GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in
                                           "neighbour table");  // -1: none
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(masks, 0, sizeof(uint32_t) * n, stream), "neighbour table");
   if (pairs > 0) {
-    output_stationary::NeighbourTableKernel<<<BlocksFor(pairs), kThreads, 0, stream>>>(
-        in_rows, out_rows, device_splits, volume, width, pairs, num_in, n, neighbours, masks);
+    LaunchChained(output_stationary::NeighbourTableKernel, BlocksFor(pairs), kThreads, 0, stream, in_rows, out_rows,
+                  device_splits, volume, width, pairs, num_in, n, neighbours, masks);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
   }
   return SortNeighbourRows(stream, scratch, masks, n, volume, neighbours);
@@ -1032,8 +1042,8 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
     TF_SPARSECONV_RETURN_IF_ERROR(CheckMap(stream, scratch, a.in_rows, a.out_rows, table.splits, checked, a.num_in,
                                            a.num_out, a.volume, device_report));
     if (features > 0) {
-      NaNKernel<T><<<BlocksFor(features), kThreads, 0, stream>>>(a.features, features,
-                                                                 &device_report->checks[kSiteNaN]);
+      LaunchChained(NaNKernel<T>, BlocksFor(features), kThreads, 0, stream, a.features, features,
+                    &device_report->checks[kSiteNaN]);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("NaN check");
     }
   }
@@ -1088,7 +1098,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
       }
     }
     if constexpr (!std::is_same<A, T>::value) {
-      ConvertKernel<T, A><<<BlocksFor(outputs), kThreads, 0, stream>>>(acc, outputs, out);
+      LaunchChained(ConvertKernel<T, A>, BlocksFor(outputs), kThreads, 0, stream, acc, outputs, out);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output conversion");
     }
   }
@@ -1153,14 +1163,14 @@ GpuStatus SiteConvFilterGradGpu(Stream stream, Scratch* scratch, const SiteConvA
       if (!pipelined) {
         const auto kernel = tf32 ? FilterGradPartialKernel<T, A, std::is_same<T, float>::value>
                                  : FilterGradPartialKernel<T, A, false>;
-        kernel<<<GridFor(table.units * in_tiles * out_tiles), kThreads, 0, stream>>>(
-            a.features, out_grad, a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs,
-            table.units, a.cin, a.cout, in_tiles, out_tiles, device_report, partial);
+        LaunchChained(kernel, GridFor(table.units * in_tiles * out_tiles), kThreads, 0, stream, a.features, out_grad,
+                      a.in_rows, a.out_rows, table.splits, table.unit_begin, a.volume, chunk_pairs, table.units, a.cin,
+                      a.cout, in_tiles, out_tiles, device_report, partial);
         TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
       }
     }
-    FilterGradReduceKernel<T, A><<<BlocksFor(a.volume * slice), kThreads, 0, stream>>>(
-        partial, table.unit_begin, a.volume, slice, filter_grad);
+    LaunchChained(FilterGradReduceKernel<T, A>, BlocksFor(a.volume * slice), kThreads, 0, stream, partial,
+                  table.unit_begin, a.volume, slice, filter_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
   }
   if (trusted) {
@@ -1176,12 +1186,12 @@ GpuStatus SortNeighbourRows(Stream stream, Scratch* scratch, uint32_t* masks, in
   uint32_t* keys[2] = {masks, scratch->DeviceArray<uint32_t>(n)};
   int32_t* rows[2] = {scratch->DeviceArray<int32_t>(n), scratch->DeviceArray<int32_t>(n)};
   if (!keys[1] || !rows[0] || !rows[1]) return GpuStatus::OutOfMemory("neighbour table");
-  output_stationary::OutputRowsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(n, rows[0]);
+  LaunchChained(output_stationary::OutputRowsKernel, BlocksFor(n), kThreads, 0, stream, n, rows[0]);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
   int current = 0;
   TF_SPARSECONV_RETURN_IF_ERROR(SortPairs(stream, scratch, keys, rows, n, static_cast<int>(volume), &current));
-  output_stationary::SortedColumnsKernel<<<BlocksFor(n), kThreads, 0, stream>>>(
-      keys[current], rows[current], n, NeighbourTableWidth(volume), volume, table);
+  LaunchChained(output_stationary::SortedColumnsKernel, BlocksFor(n), kThreads, 0, stream, keys[current], rows[current],
+                n, NeighbourTableWidth(volume), volume, table);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
   return GpuStatus::Ok();
 }
@@ -1219,7 +1229,7 @@ GpuStatus FirstRepeatedOutputRow(Stream stream, Scratch* scratch, const int32_t*
         Upload(stream, scratch, splits.data(), sizeof(int64_t) * splits.size(), &device, "offset splits"));
     TF_SPARSECONV_RETURN_IF_ERROR(MarkFirstRepeat(stream, scratch, out_rows, static_cast<const int64_t*>(device),
                                                   checked, num_out, slot));
-    DescribeRepeatKernel<<<1, 1, 0, stream>>>(out_rows, slot);
+    LaunchChained(DescribeRepeatKernel, 1, 1, 0, stream, out_rows, slot);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("repeated-row search");
   }
   Report host;

@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(kBlockThreads)
                   const int64_t* splits, const int64_t* chunk_begin, int64_t volume, int64_t chunk_pairs,
                   int64_t num_chunks, int64_t cin, int64_t cout, int64_t in_tiles, int64_t out_tiles,
                   const Report* report, float* partial) {
+  ChainedKernelBegin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (report != nullptr && !ChecksPassed(report)) return;
   using L = Layout<kBM, kBN>;
@@ -256,6 +257,7 @@ __global__ void __launch_bounds__(kBlockThreads)
                     const int32_t* out_rows, const int64_t* splits, const int64_t* chunk_begin, int64_t volume,
                     int64_t chunk_pairs, int64_t num_chunks, int64_t cin, int64_t cout, int64_t in_tiles,
                     int64_t out_tiles, const Report* report, float* partial) {
+  ChainedKernelBegin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (report != nullptr && !ChecksPassed(report)) return;
   using L = Layout16<kBM, kBN>;

@@ -50,6 +50,7 @@ using pipelined::WaitCopies;
 __global__ void NeighbourTableKernel(const int32_t* in_rows, const int32_t* out_rows, const int64_t* splits,
                                      int64_t volume, int64_t width, int64_t pairs, int64_t num_in, int64_t num_out,
                                      int32_t* table, uint32_t* masks) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(p, pairs) {
     const int64_t q = OwnerOf(splits, volume, p);  // the offset of pair p
     const int64_t i = in_rows[p], o = out_rows[p];
@@ -61,12 +62,14 @@ __global__ void NeighbourTableKernel(const int32_t* in_rows, const int32_t* out_
 
 // The sort's values: the output rows in order.
 __global__ void OutputRowsKernel(int64_t n, int32_t* rows) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(o, n) { rows[o] = static_cast<int32_t>(o); }
 }
 
 // The table's last two columns: the sorted masks and the output row at each sorted position.
 __global__ void SortedColumnsKernel(const uint32_t* sorted_masks, const int32_t* order, int64_t n, int64_t width,
                                     int64_t volume, int32_t* table) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     table[i * width + volume] = static_cast<int32_t>(sorted_masks[i]);
     table[i * width + volume + 1] = order[i];
@@ -216,6 +219,7 @@ __global__ void __launch_bounds__(kBlockThreads, (TableMinBlocks<mma_sync::Layou
     GatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
                           const int32_t* table, int64_t volume, int64_t num_out, int64_t cin, int64_t cout,
                           int64_t col_tiles, const Report* report, typename Element<M>::Stored* out) {
+  ChainedKernelBegin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   // Uniform over the block: no barrier is skipped by some threads only.
   if (report != nullptr && !ChecksPassed(report)) return;

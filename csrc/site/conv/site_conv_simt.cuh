@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
                             const int32_t* out_rows, const int64_t* splits, const int64_t* tile_begin, int64_t volume,
                             int64_t cin, int64_t cout, int64_t col_tiles, int64_t first_tile, int64_t num_tiles,
                             const Report* report, float* out) {
+  ChainedKernelBegin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   // report: nullptr for a trusted map; otherwise the products run only if every check
   // passed (uniform over the block, so no barrier is skipped by some threads only).

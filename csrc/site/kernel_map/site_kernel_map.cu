@@ -44,6 +44,7 @@ __device__ inline int64_t InputKey(const SiteGeometry& g, const int32_t* site) {
 
 __global__ void CheckCoordsKernel(const int32_t* coords, int64_t total, SiteGeometry g,
                                   SiteMapDeviceReport* report) {
+  ChainedKernelBegin();
   const int width = g.d + 1;
   TF_SPARSECONV_GRID_LOOP(e, total) {
     const int j = static_cast<int>(e % width);
@@ -54,6 +55,7 @@ __global__ void CheckCoordsKernel(const int32_t* coords, int64_t total, SiteGeom
 }
 
 __global__ void DescribeCoordKernel(const int32_t* coords, SiteMapDeviceReport* report) {
+  ChainedKernelBegin();
   if (report->range.first == kNoError) return;
   report->range.detail[0] = coords[report->range.first];
 }
@@ -62,6 +64,7 @@ __global__ void DescribeCoordKernel(const int32_t* coords, SiteMapDeviceReport* 
 // error, and nothing downstream then depends on coordinates outside the grid).
 __global__ void SiteKeysKernel(const int32_t* coords, int64_t n, SiteGeometry g,
                                const SiteMapDeviceReport* report, uint64_t* keys, int32_t* rows) {
+  ChainedKernelBegin();
   const bool in_range = SitesInRange(report);
   const int width = g.d + 1;
   TF_SPARSECONV_GRID_LOOP(i, n) {
@@ -109,6 +112,7 @@ constexpr int kTableRows = 128;
 
 __global__ void __launch_bounds__(kTableRows) TableFromFoundKernel(const int32_t* found, int64_t n, int64_t volume,
                                                                    int32_t* table, uint32_t* masks) {
+  ChainedKernelBegin();
   __shared__ int32_t rows[kTableRows * (32 + 2)];
   const int64_t width = volume + 2;
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * kTableRows; first < n;
@@ -135,6 +139,7 @@ __global__ void __launch_bounds__(kTableRows) TableFromFoundKernel(const int32_t
 }
 
 __global__ void CheckTableKernel(const int32_t* table, int64_t n, int64_t volume, SiteMapDeviceReport* report) {
+  ChainedKernelBegin();
   const int64_t width = volume + 2;
   TF_SPARSECONV_GRID_LOOP(e, n * volume) {
     const int64_t i = e / volume, q = e - i * volume;
@@ -144,6 +149,7 @@ __global__ void CheckTableKernel(const int32_t* table, int64_t n, int64_t volume
 }
 
 __global__ void DescribeTableEntryKernel(const int32_t* table, SiteMapDeviceReport* report) {
+  ChainedKernelBegin();
   if (report->range.first == kNoError) return;
   report->range.detail[0] = table[report->range.first];
 }
@@ -179,6 +185,7 @@ struct TableEmitPair {
 // Offset q's pairs start at the rank of its first tile.
 __global__ void OffsetStartsKernel(const int64_t* tile_offsets, int64_t tiles_per_offset, int64_t volume,
                                    const int64_t* total, int64_t* starts) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(q, volume + 1) {
     starts[q] = q < volume ? tile_offsets[q * tiles_per_offset] : *total;
   }
@@ -214,8 +221,8 @@ GpuStatus CountOffsetPairs(Stream stream, Scratch* scratch, Pred has_pair, int64
   TF_SPARSECONV_RETURN_IF_ERROR(
       CountCompaction(stream, scratch, has_pair, volume * stride, &report->pairs, compaction));
   if (compaction->num_tiles > 0) {
-    OffsetStartsKernel<<<BlocksFor(volume + 1), kThreads, 0, stream>>>(
-        compaction->tile_offsets, stride / kTileSize, volume, &report->pairs, reinterpret_cast<int64_t*>(report + 1));
+    LaunchChained(OffsetStartsKernel, BlocksFor(volume + 1), kThreads, 0, stream, compaction->tile_offsets,
+                  stride / kTileSize, volume, &report->pairs, reinterpret_cast<int64_t*>(report + 1));
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("offset splits");
   }
   return GpuStatus::Ok();
@@ -273,9 +280,9 @@ GpuStatus SiteKernelMapGpu::Count(Stream stream, Scratch* scratch, const SiteGeo
 
   // Range check, then the keys of the sites.
   if (n > 0) {
-    CheckCoordsKernel<<<BlocksFor(n * width), kThreads, 0, stream>>>(coords, n * width, g, device_report);
+    LaunchChained(CheckCoordsKernel, BlocksFor(n * width), kThreads, 0, stream, coords, n * width, g, device_report);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("site range check");
-    DescribeCoordKernel<<<1, 1, 0, stream>>>(coords, device_report);
+    LaunchChained(DescribeCoordKernel, 1, 1, 0, stream, coords, device_report);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("site range check");
   }
   const bool sort_sites = builder == SiteMapBuilder::kSort;
@@ -290,8 +297,8 @@ GpuStatus SiteKernelMapGpu::Count(Stream stream, Scratch* scratch, const SiteGeo
   found_ = scratch->DeviceArray<int32_t>(candidates);
   if (!site_keys[0] || !found_) return GpuStatus::OutOfMemory("site keys");
   if (n > 0) {
-    SiteKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(coords, n, g, device_report, site_keys[0],
-                                                          site_rows[0]);
+    LaunchChained(SiteKeysKernel, BlocksFor(n), kThreads, 0, stream, coords, n, g, device_report, site_keys[0],
+                  site_rows[0]);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("site keys");
   }
 
@@ -348,8 +355,8 @@ GpuStatus SiteKernelMapGpu::WriteNeighbourTable(Stream stream, Scratch* scratch,
   uint32_t* masks = scratch->DeviceArray<uint32_t>(n_);
   if (masks == nullptr) return GpuStatus::OutOfMemory("neighbour table");
   const int64_t blocks = (n_ + kTableRows - 1) / kTableRows;
-  TableFromFoundKernel<<<static_cast<unsigned int>(blocks < 65536 ? blocks : 65536), kTableRows, 0,
-                         stream>>>(found_, n_, g_.volume, table, masks);
+  LaunchChained(TableFromFoundKernel, static_cast<unsigned int>(blocks < 65536 ? blocks : 65536), kTableRows, 0, stream,
+                found_, n_, g_.volume, table, masks);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("neighbour table");
   return SortNeighbourRows(stream, scratch, masks, n_, g_.volume, table);
 }
@@ -361,9 +368,9 @@ GpuStatus TablePairsGpu::Count(Stream stream, Scratch* scratch, const int32_t* t
   SiteMapDeviceReport* device_report = nullptr;
   TF_SPARSECONV_RETURN_IF_ERROR(NewMapReport(stream, scratch, volume, &device_report));
   if (n * volume > 0) {
-    CheckTableKernel<<<BlocksFor(n * volume), kThreads, 0, stream>>>(table, n, volume, device_report);
+    LaunchChained(CheckTableKernel, BlocksFor(n * volume), kThreads, 0, stream, table, n, volume, device_report);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("table check");
-    DescribeTableEntryKernel<<<1, 1, 0, stream>>>(table, device_report);
+    LaunchChained(DescribeTableEntryKernel, 1, 1, 0, stream, table, device_report);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("table check");
   }
   offset_stride_ = OffsetStride(n);

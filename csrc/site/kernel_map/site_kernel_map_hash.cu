@@ -58,6 +58,7 @@ __device__ inline int32_t TableFind(const DeviceTable& t, unsigned long long key
 }
 
 __global__ void FillKernel(int32_t* a, int64_t n, int32_t value) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) { a[i] = value; }
 }
 
@@ -65,6 +66,7 @@ __global__ void FillKernel(int32_t* a, int64_t n, int32_t value) {
 // row the CPU's in-order insertion keeps.
 __global__ void InsertSitesKernel(const uint64_t* keys, int64_t n, DeviceTable t,
                                   int64_t* slot_of, SiteMapDeviceReport* report) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     const int64_t s = TableInsert(t, keys[i]);
     slot_of[i] = s;
@@ -78,6 +80,7 @@ __global__ void InsertSitesKernel(const uint64_t* keys, int64_t n, DeviceTable t
 
 __global__ void HashDuplicatesKernel(const int32_t* table_rows, const int64_t* slot_of, int64_t n,
                                      SiteMapDeviceReport* report) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) {
     if (slot_of[i] < 0) continue;
     const int32_t first = table_rows[slot_of[i]];
@@ -93,6 +96,7 @@ __global__ void HashDuplicatesKernel(const int32_t* table_rows, const int64_t* s
 __global__ void ProbeSubmanifoldKernel(const int32_t* coords, int64_t n, SiteGeometry g,
                                        const int32_t* offset_index, DeviceTable t,
                                        const SiteMapDeviceReport* report, int32_t* found) {
+  ChainedKernelBegin();
   const bool in_range = SitesInRange(report);
   TF_SPARSECONV_GRID_LOOP(idx, g.volume * n) {
     int32_t row = -1;
@@ -109,6 +113,7 @@ __global__ void ProbeSubmanifoldKernel(const int32_t* coords, int64_t n, SiteGeo
 __global__ void InsertCandidatesKernel(const int32_t* coords, int64_t n, SiteGeometry g,
                                        const int32_t* offset_index, DeviceTable t,
                                        SiteMapDeviceReport* report, int32_t* found) {
+  ChainedKernelBegin();
   const bool in_range = SitesInRange(report);
   TF_SPARSECONV_GRID_LOOP(idx, g.volume * n) {
     int32_t slot = -1;
@@ -143,6 +148,7 @@ struct EmitOccupied {
 // The sorted distinct keys are the output sites: slot -> output row, and the coordinates.
 __global__ void RankSlotsKernel(const uint64_t* keys, const int32_t* slots, int64_t m, SiteGeometry g,
                                 int32_t* slot_rows, int32_t* out_coords) {
+  ChainedKernelBegin();
   const int width = g.d + 1;
   TF_SPARSECONV_GRID_LOOP(r, m) {
     slot_rows[slots[r]] = static_cast<int32_t>(r);
@@ -210,12 +216,13 @@ GpuStatus SiteKernelMapGpu::CountHash(Stream stream, Scratch* scratch, const int
     if (!sites.keys || !sites.rows || !slot_of) return GpuStatus::OutOfMemory("site table");
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(sites.keys, 0xFF, sizeof(unsigned long long) * capacity, stream), "site table");
-    FillKernel<<<BlocksFor(capacity), kThreads, 0, stream>>>(sites.rows, capacity, INT32_MAX);
+    LaunchChained(FillKernel, BlocksFor(capacity), kThreads, 0, stream, sites.rows, capacity, INT32_MAX);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("site table");
     if (n > 0) {
-      InsertSitesKernel<<<BlocksFor(n), kThreads, 0, stream>>>(site_keys[0], n, sites, slot_of, device_report);
+      LaunchChained(InsertSitesKernel, BlocksFor(n), kThreads, 0, stream, site_keys[0], n, sites, slot_of,
+                    device_report);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("site table");
-      HashDuplicatesKernel<<<BlocksFor(n), kThreads, 0, stream>>>(sites.rows, slot_of, n, device_report);
+      LaunchChained(HashDuplicatesKernel, BlocksFor(n), kThreads, 0, stream, sites.rows, slot_of, n, device_report);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("duplicate check");
     }
   }
@@ -223,8 +230,8 @@ GpuStatus SiteKernelMapGpu::CountHash(Stream stream, Scratch* scratch, const int
   // found: one slot per (offset, site) candidate.
   if (submanifold) {
     if (candidates > 0) {
-      ProbeSubmanifoldKernel<<<BlocksFor(candidates), kThreads, 0, stream>>>(coords, n, g, offset_index, sites,
-                                                                             device_report, found_);
+      LaunchChained(ProbeSubmanifoldKernel, BlocksFor(candidates), kThreads, 0, stream, coords, n, g, offset_index,
+                    sites, device_report, found_);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("site probes");
     }
   } else {
@@ -239,8 +246,8 @@ GpuStatus SiteKernelMapGpu::CountHash(Stream stream, Scratch* scratch, const int
     TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
         cudaMemsetAsync(reached.keys, 0xFF, sizeof(unsigned long long) * capacity, stream), "output site table");
     if (candidates > 0) {
-      InsertCandidatesKernel<<<BlocksFor(candidates), kThreads, 0, stream>>>(coords, n, g, offset_index, reached,
-                                                                             device_report, found_);
+      LaunchChained(InsertCandidatesKernel, BlocksFor(candidates), kThreads, 0, stream, coords, n, g, offset_index,
+                    reached, device_report, found_);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output site table");
     }
     out_table_keys_ = reached.keys;
@@ -265,8 +272,8 @@ GpuStatus SiteKernelMapGpu::WriteHash(Stream stream, Scratch* scratch, int32_t* 
     const uint64_t out_cells = static_cast<uint64_t>(g_.batch * g_.out_spatial_size);
     TF_SPARSECONV_RETURN_IF_ERROR(
         SortPairs(stream, scratch, keys, slots, out_sites_, BitsFor(out_cells - 1), &current));
-    RankSlotsKernel<<<BlocksFor(out_sites_), kThreads, 0, stream>>>(keys[current], slots[current], out_sites_, g_,
-                                                                    out_table_rows_, out_coords);
+    LaunchChained(RankSlotsKernel, BlocksFor(out_sites_), kThreads, 0, stream, keys[current], slots[current],
+                  out_sites_, g_, out_table_rows_, out_coords);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output sites");
   }
   return GpuStatus::Ok();

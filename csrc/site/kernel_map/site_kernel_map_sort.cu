@@ -37,6 +37,7 @@ __device__ inline int64_t UpperBound(const int64_t* a, int64_t n, int64_t value)
 // entry of a run is the lowest later row of those coordinates, the first the earliest.
 __global__ void SortedDuplicatesKernel(const uint64_t* keys, const int32_t* rows, int64_t n,
                                        SiteMapDeviceReport* report) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(p, n) {
     if (p == 0 || keys[p] != keys[p - 1]) continue;
     if (p >= 2 && keys[p - 2] == keys[p - 1]) continue;  // the third or later of its run
@@ -49,6 +50,7 @@ __global__ void SortedDuplicatesKernel(const uint64_t* keys, const int32_t* rows
 
 __global__ void SortedCoordsKernel(const int32_t* coords, const int32_t* rows, int64_t n, int width,
                                    int32_t* sorted_coords) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(e, n * width) {
     const int64_t t = e / width;
     sorted_coords[e] = coords[static_cast<int64_t>(rows[t]) * width + (e - t * width)];
@@ -74,6 +76,7 @@ __device__ inline int64_t SubmanifoldKeyDelta(const SiteGeometry& g, const int64
 // neighbouring values, so the upper levels of the searches stay in cache.
 __global__ void QueryRangesKernel(SiteGeometry g, const int32_t* offset_index, const int64_t* keys,
                                   int64_t n, int64_t chunks, int32_t* ranges) {
+  ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(item, g.volume * chunks) {
     const int64_t q = item / chunks;
     const int64_t c = item - q * chunks;
@@ -94,6 +97,7 @@ __global__ void __launch_bounds__(kThreads)
     SortedSearchKernel(SiteGeometry g, const int32_t* offset_index, const int64_t* keys,
                        const int32_t* rows, const int32_t* sorted_coords, int64_t n, int64_t chunks,
                        const int32_t* ranges, int32_t* found) {
+  ChainedKernelBegin();
   __shared__ int64_t staged[kStagedKeys];
   const int width = g.d + 1;
   const int64_t items = g.volume * chunks;
@@ -131,6 +135,7 @@ __global__ void CandidateKeysKernel(const int32_t* coords, int64_t n, SiteGeomet
                                     const int32_t* offset_index, const SiteMapDeviceReport* report,
                                     uint64_t no_output, uint64_t* keys, int32_t* index,
                                     int32_t* found) {
+  ChainedKernelBegin();
   const bool in_range = SitesInRange(report);
   TF_SPARSECONV_GRID_LOOP(idx, g.volume * n) {
     int64_t key;
@@ -165,6 +170,7 @@ struct EmitRun {
 };
 
 __global__ void DecodeKeysKernel(const uint64_t* keys, int64_t m, SiteGeometry g, int32_t* out_coords) {
+  ChainedKernelBegin();
   const int width = g.d + 1;
   TF_SPARSECONV_GRID_LOOP(r, m) { g.DecodeOutKey(static_cast<int64_t>(keys[r]), out_coords + r * width); }
 }
@@ -198,8 +204,8 @@ GpuStatus SiteKernelMapGpu::CountSort(Stream stream, Scratch* scratch, const int
     sorted_keys = site_keys[current];
     sorted_rows = site_rows[current];
     if (n > 0) {
-      SortedDuplicatesKernel<<<BlocksFor(n), kThreads, 0, stream>>>(sorted_keys, sorted_rows, n,
-                                                                    device_report);
+      LaunchChained(SortedDuplicatesKernel, BlocksFor(n), kThreads, 0, stream, sorted_keys, sorted_rows, n,
+                    device_report);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("duplicate check");
     }
   }
@@ -211,17 +217,17 @@ GpuStatus SiteKernelMapGpu::CountSort(Stream stream, Scratch* scratch, const int
       int32_t* sorted_coords = scratch->DeviceArray<int32_t>(n * width);
       int32_t* ranges = scratch->DeviceArray<int32_t>(2 * volume * chunks);
       if (!sorted_coords || !ranges) return GpuStatus::OutOfMemory("site searches");
-      SortedCoordsKernel<<<BlocksFor(n * width), kThreads, 0, stream>>>(coords, sorted_rows, n, width,
-                                                                       sorted_coords);
+      LaunchChained(SortedCoordsKernel, BlocksFor(n * width), kThreads, 0, stream, coords, sorted_rows, n, width,
+                    sorted_coords);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("site searches");
       const int64_t* keys = reinterpret_cast<const int64_t*>(sorted_keys);  // keys < 2^63
-      QueryRangesKernel<<<BlocksFor(volume * chunks), kThreads, 0, stream>>>(g, offset_index, keys, n, chunks,
-                                                                            ranges);
+      LaunchChained(QueryRangesKernel, BlocksFor(volume * chunks), kThreads, 0, stream, g, offset_index, keys, n,
+                    chunks, ranges);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("site searches");
       const int64_t items = volume * chunks;
       const unsigned int blocks = static_cast<unsigned int>(items < (1 << 20) ? items : (1 << 20));
-      SortedSearchKernel<<<blocks, kThreads, 0, stream>>>(g, offset_index, keys, sorted_rows, sorted_coords, n,
-                                                          chunks, ranges, found_);
+      LaunchChained(SortedSearchKernel, blocks, kThreads, 0, stream, g, offset_index, keys, sorted_rows, sorted_coords,
+                    n, chunks, ranges, found_);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("site searches");
     }
   } else {
@@ -232,8 +238,8 @@ GpuStatus SiteKernelMapGpu::CountSort(Stream stream, Scratch* scratch, const int
     int32_t* index[2] = {scratch->DeviceArray<int32_t>(candidates), scratch->DeviceArray<int32_t>(candidates)};
     if (!keys[0] || !keys[1] || !index[0] || !index[1]) return GpuStatus::OutOfMemory("candidate keys");
     if (candidates > 0) {
-      CandidateKeysKernel<<<BlocksFor(candidates), kThreads, 0, stream>>>(coords, n, g, offset_index, device_report,
-                                                                          no_output, keys[0], index[0], found_);
+      LaunchChained(CandidateKeysKernel, BlocksFor(candidates), kThreads, 0, stream, coords, n, g, offset_index,
+                    device_report, no_output, keys[0], index[0], found_);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("candidate keys");
     }
     int current = 0;
@@ -253,7 +259,7 @@ GpuStatus SiteKernelMapGpu::CountSort(Stream stream, Scratch* scratch, const int
 // The unique reached keys, already sorted by Count, decoded into the output sites.
 GpuStatus SiteKernelMapGpu::WriteSort(Stream stream, int32_t* out_coords) {
   if (out_sites_ > 0) {
-    DecodeKeysKernel<<<BlocksFor(out_sites_), kThreads, 0, stream>>>(out_keys_, out_sites_, g_, out_coords);
+    LaunchChained(DecodeKeysKernel, BlocksFor(out_sites_), kThreads, 0, stream, out_keys_, out_sites_, g_, out_coords);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output sites");
   }
   return GpuStatus::Ok();
