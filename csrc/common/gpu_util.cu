@@ -86,20 +86,6 @@ __global__ void CompactionTotalKernel(const int64_t* tile_counts, const int64_t*
   *total = tile_offsets[num_tiles - 1] + tile_counts[num_tiles - 1];
 }
 
-// 16-byte stores where the words are 16-byte aligned, single words for the rest.
-__global__ void FillWordsKernel(uint32_t* words, int64_t n, uint32_t value) {
-  ChainedKernelBegin();
-  const int64_t quads = reinterpret_cast<uintptr_t>(words) % 16 == 0 ? n / 4 : 0;
-  uint4* out = reinterpret_cast<uint4*>(words);
-  TF_SPARSECONV_GRID_LOOP(i, quads) out[i] = make_uint4(value, value, value, value);
-  TF_SPARSECONV_GRID_LOOP(i, n - quads * 4) words[quads * 4 + i] = value;
-}
-
-__global__ void CopyWordsKernel(uint32_t* to, const uint32_t* from, int64_t n) {
-  ChainedKernelBegin();
-  TF_SPARSECONV_GRID_LOOP(i, n) to[i] = from[i];
-}
-
 }  // namespace
 
 bool ChainedLaunchAllowed() {
@@ -126,32 +112,6 @@ bool ChainedLaunchAllowed() {
     capable[device].store(known, std::memory_order_relaxed);
   }
   return known == 2;
-}
-
-GpuStatus FillBytes(Stream stream, void* p, unsigned char byte, size_t bytes, const char* what) {
-  if (bytes == 0) return GpuStatus::Ok();
-  if (reinterpret_cast<uintptr_t>(p) % 4 != 0 || bytes % 4 != 0) {
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(p, byte, bytes, stream), what);
-    return GpuStatus::Ok();
-  }
-  const int64_t words = static_cast<int64_t>(bytes / 4);
-  LaunchChained(FillWordsKernel, BlocksFor((words + 3) / 4), kThreads, 0, stream, static_cast<uint32_t*>(p), words,
-                0x01010101u * byte);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR(what);
-  return GpuStatus::Ok();
-}
-
-GpuStatus CopyBytes(Stream stream, void* to, const void* from, size_t bytes, const char* what) {
-  if (bytes == 0) return GpuStatus::Ok();
-  if (reinterpret_cast<uintptr_t>(to) % 4 != 0 || reinterpret_cast<uintptr_t>(from) % 4 != 0 || bytes % 4 != 0) {
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream), what);
-    return GpuStatus::Ok();
-  }
-  const int64_t words = static_cast<int64_t>(bytes / 4);
-  LaunchChained(CopyWordsKernel, BlocksFor(words), kThreads, 0, stream, static_cast<uint32_t*>(to),
-                static_cast<const uint32_t*>(from), words);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR(what);
-  return GpuStatus::Ok();
 }
 
 GpuStatus CheckSortedKeys(Stream stream, const int64_t* keys, int64_t n, int64_t limit,
@@ -195,7 +155,7 @@ GpuStatus CompactionTotal(Stream stream, const int64_t* tile_counts,
 GpuStatus ScanCounts(Stream stream, Scratch* scratch, const int64_t* counts, int64_t* offsets, int64_t n,
                      int64_t* total) {
   if (n == 0) {
-    TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, total, 0, sizeof(int64_t), "scan total"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(total, 0, sizeof(int64_t), stream), "scan total");
     return GpuStatus::Ok();
   }
   if (n > kOneBlockScanItems) {
@@ -211,8 +171,10 @@ GpuStatus NewReport(Stream stream, Scratch* scratch, Report** report) {
   *report = static_cast<Report*>(scratch->Device(sizeof(Report)));
   if (*report == nullptr) return GpuStatus::OutOfMemory("report");
   // All bits set: every CheckSlot::first is kNoError.
-  TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, *report, 0xFF, sizeof(Report), "report"));
-  TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, &(*report)->count, 0, sizeof((*report)->count), "report"));
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(*report, 0xFF, sizeof(Report), stream),
+                                          "report");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(&(*report)->count, 0, sizeof((*report)->count), stream), "report");
   return GpuStatus::Ok();
 }
 

@@ -93,13 +93,6 @@ void LaunchChained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// cudaMemsetAsync and a device-to-device cudaMemcpyAsync as chained kernels: a memset or copy
-// between two chained kernels breaks the chain (the GPU drains before it and launches after
-// it). Same arguments and effect as those calls (byte: the value of every byte); ordinary
-// memsets and copies where the pointers or the size are not whole 4-byte words.
-GpuStatus FillBytes(Stream stream, void* p, unsigned char byte, size_t bytes, const char* what);
-GpuStatus CopyBytes(Stream stream, void* to, const void* from, size_t bytes, const char* what);
-
 // Bits that hold every value in [0, max_value]: the end_bit of a radix sort.
 inline int BitsFor(uint64_t max_value) {
   int bits = 1;
@@ -280,7 +273,8 @@ GpuStatus CountCompaction(Stream stream, Scratch* scratch, Pred pred, int64_t n,
   c->n = n;
   c->num_tiles = (n + kTileSize - 1) / kTileSize;
   if (c->num_tiles == 0) {
-    TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, total, 0, sizeof(int64_t), "compaction total"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(total, 0, sizeof(int64_t), stream),
+                                            "compaction total");
     return GpuStatus::Ok();
   }
   c->tile_counts = scratch->DeviceArray<int64_t>(c->num_tiles);

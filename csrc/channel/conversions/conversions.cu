@@ -178,7 +178,10 @@ GpuStatus ReorderGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
     if (!sort_keys[0] || !sort_keys[1] || !order[0] || !order[1]) {
       return GpuStatus::OutOfMemory("reorder");
     }
-    TF_SPARSECONV_RETURN_IF_ERROR(CopyBytes(stream, sort_keys[0], keys, sizeof(int64_t) * n, "reorder"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemcpyAsync(sort_keys[0], keys, sizeof(int64_t) * n, cudaMemcpyDeviceToDevice,
+                        stream),
+        "reorder");
     LaunchChained(IotaKernel, BlocksFor(n), kThreads, 0, stream, order[0], n);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("reorder");
     // Keys outside the layout (reported above) lose their high bits here; harmless.
@@ -205,7 +208,8 @@ GpuStatus ToDenseGpu(Stream stream, Scratch* scratch, const KeyLayout& layout,
     TF_SPARSECONV_RETURN_IF_ERROR(CheckSortedKeys(stream, keys, n, layout.num_keys(),
                                                   &device_report->checks[kDenseKeys], padded));
   }
-  TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, dense, 0, sizeof(T) * layout.num_keys(), "to_dense"));
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(dense, 0, sizeof(T) * layout.num_keys(), stream), "to_dense");
   if (n > 0) {
     LaunchChained(ScatterKernel<T>, BlocksFor(n), kThreads, 0, stream, layout, keys, values, n, dense);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("to_dense");

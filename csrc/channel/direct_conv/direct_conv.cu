@@ -1818,7 +1818,9 @@ GpuStatus DeviceTables(Stream stream, Scratch* scratch, const DirectConvGpuArgs<
   if (*device_report != nullptr) return GpuStatus::Ok();
   *device_report = static_cast<Report*>(scratch->Device(sizeof(Report)));
   if (*device_report == nullptr) return GpuStatus::OutOfMemory("report");
-  TF_SPARSECONV_RETURN_IF_ERROR(CopyBytes(stream, *device_report, cached.initial_report, sizeof(Report), "report"));
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(*device_report, cached.initial_report, sizeof(Report), cudaMemcpyDeviceToDevice, stream),
+      "report");
   return GpuStatus::Ok();
 }
 
@@ -1943,7 +1945,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   int current = 0;
   if (touched_bound == 0) {
     if (!total_is_count) {  // the report's count is 0 already
-      TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, touched_total, 0, sizeof(int64_t), "touched set"));
+      TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+          cudaMemsetAsync(touched_total, 0, sizeof(int64_t), stream), "touched set");
     }
   } else if (dense) {
     const int64_t in_keys = L.num_keys(), total = static_cast<int64_t>(no_output);
@@ -1961,10 +1964,10 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
         !touched_values) {
       return GpuStatus::OutOfMemory("dense grid");
     }
-    TF_SPARSECONV_RETURN_IF_ERROR(
-        FillBytes(stream, in_bits, 0, sizeof(uint32_t) * ((in_keys + 31) / 32), "dense grid"));
-    TF_SPARSECONV_RETURN_IF_ERROR(
-        FillBytes(stream, site_bits, 0, sizeof(uint32_t) * ((sites + 31) / 32), "dense grid"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(in_bits, 0, sizeof(uint32_t) * ((in_keys + 31) / 32), stream), "dense grid");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(site_bits, 0, sizeof(uint32_t) * ((sites + 31) / 32), stream), "dense grid");
     if (a.n > 0) {
       LaunchChained(ScatterDenseKernel<T>, BlocksFor(a.n), kThreads, 0, stream, L, a.keys, a.values, a.n, device_report,
                     dense_in, in_bits, site_bits, nan);
@@ -1975,7 +1978,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
                   a.weights.num_offsets, site_bits, device_report, neighbour_mask);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid neighbours");
     // The kernel clears the words of out_bits it owns; a failed check leaves them unset.
-    TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, out_bits, 0, sizeof(uint32_t) * ((total + 31) / 32), "dense grid"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * ((total + 31) / 32), stream), "dense grid");
     const int64_t chunks = (a.cout + kDenseChunk - 1) / kDenseChunk;
     if (L.spatial_size % 32 == 0 && chunks <= 65535 && DenseWeightsShared(a)) {
       LaunchChained(DenseSiteSharedKernel<T>,
@@ -2011,7 +2015,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     touched_buffers(&touched_keys, &touched_values);
     if (!in_bits || !word_first || !touched_keys || !touched_values) return GpuStatus::OutOfMemory("bitmaps");
     uint32_t* out_bits = in_bits + in_words;
-    TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, in_bits, 0, sizeof(uint32_t) * (in_words + out_words), "bitmaps"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(in_bits, 0, sizeof(uint32_t) * (in_words + out_words), stream), "bitmaps");
     if (a.n > 0) {  // also the entries' data, which the output bits read, and both counts zeroed
       LaunchChained(MarkInputsKernel<T>, BlocksFor(std::max(a.n, num_segments)), kThreads, 0, stream, L, a.cout, a.keys,
                     a.n, device_report, in_bits, word_first, e, num_segments, touched_counts, positive_counts, nan);
@@ -2041,11 +2046,15 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     touched_buffers(&touched_keys, &touched_values);
     if (!out_bits || !touched_keys || !touched_values) return GpuStatus::OutOfMemory("atomic sums");
     uint32_t* word_rank = out_bits + out_words;
-    TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, out_bits, 0, sizeof(uint32_t) * out_words, "atomic sums"));
-    TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, touched_values, 0, sizeof(T) * touched_bound, "atomic sums"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(out_bits, 0, sizeof(uint32_t) * out_words, stream), "atomic sums");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(touched_values, 0, sizeof(T) * touched_bound, stream), "atomic sums");
     // zeroed for WriteBitTilesKernel and AtomicBiasKernel
-    TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, touched_counts, 0, sizeof(int64_t) * num_segments, "atomic sums"));
-    TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, positive_counts, 0, sizeof(int64_t) * num_segments, "atomic sums"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(touched_counts, 0, sizeof(int64_t) * num_segments, stream), "atomic sums");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(positive_counts, 0, sizeof(int64_t) * num_segments, stream), "atomic sums");
     TF_SPARSECONV_RETURN_IF_ERROR(MarkAndReadOutputBits(stream, scratch, L, e, weights, row_begin,
                                                         a.weights.max_row, a.n, num_slots, device_report, out_bits,
                                                         out_words, touched_keys, touched_total, touched_counts,
@@ -2147,8 +2156,9 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
   keep_all_ = keep_ == nullptr && relu_values_ == nullptr;
   if (keep_all_) {  // the output is the touched set: its count, and a copy in Write
     if (!total_is_count) {
-      TF_SPARSECONV_RETURN_IF_ERROR(
-          CopyBytes(stream, &device_report->count, touched_total, sizeof(int64_t), "kept entries"));
+      TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+          cudaMemcpyAsync(&device_report->count, touched_total, sizeof(int64_t), cudaMemcpyDeviceToDevice, stream),
+          "kept entries");
     }
   } else {
     TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, IsKept<T>{touched_total, keep_, relu_values_},
@@ -2322,8 +2332,8 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     const int64_t num_out_keys = out_layout.num_keys();
     int32_t* index = scratch->DeviceArray<int32_t>(num_out_keys);
     if (!index) return GpuStatus::OutOfMemory("output index");
-    // every word -1: no entry
-    TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, index, 0xff, sizeof(int32_t) * num_out_keys, "output index"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(index, 0xff, sizeof(int32_t) * num_out_keys, stream),
+                                            "output index");  // -1: no entry
     if (n_out > 0) {
       LaunchChained(OutputIndexKernel, BlocksFor(n_out), kThreads, 0, stream, out_keys, n_out, num_out_keys,
                     device_report, index);
@@ -2351,7 +2361,8 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
   }
 
-  TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, filter_grad, 0, sizeof(T) * a.filter_size, "filter gradient"));
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(filter_grad, 0, sizeof(T) * a.filter_size, stream), "filter gradient");
   const int64_t in_segments = L.num_segments();
   int64_t* in_begin = scratch->DeviceArray<int64_t>(in_segments + 1);
   if (!in_begin) return GpuStatus::OutOfMemory("filter gradient");
@@ -2426,7 +2437,8 @@ GpuStatus ExampleBegins(Stream stream, Scratch* scratch, const int64_t* keys, in
 
 GpuStatus CopyCounts(Stream stream, int64_t* to, const int64_t* from, int64_t count) {
   if (count == 0) return GpuStatus::Ok();
-  TF_SPARSECONV_RETURN_IF_ERROR(CopyBytes(stream, to, from, sizeof(int64_t) * count, "counts copy"));
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemcpyAsync(to, from, sizeof(int64_t) * count, cudaMemcpyDeviceToDevice, stream), "counts copy");
   return GpuStatus::Ok();
 }
 

@@ -672,8 +672,8 @@ GpuStatus CheckMap(Stream stream, Scratch* scratch, const int32_t* in_rows, cons
     const int64_t words = (bits + 31) / 32;
     seen = scratch->DeviceArray<unsigned int>(words);
     if (seen == nullptr) return GpuStatus::OutOfMemory("repeated-row check");
-    TF_SPARSECONV_RETURN_IF_ERROR(
-        FillBytes(stream, seen, 0, sizeof(unsigned int) * (words > 0 ? words : 1), "repeated-row check"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(seen, 0, sizeof(unsigned int) * (words > 0 ? words : 1), stream), "repeated-row check");
   }
   LaunchChained(CheckMapRowsKernel, BlocksFor(checked.pairs), kThreads, 0, stream, in_rows, out_rows, splits, checked,
                 num_in, num_out, volume, seen, report);
@@ -965,9 +965,9 @@ GpuStatus BuildNeighbourTable(Stream stream, Scratch* scratch, const int32_t* in
   if (n == 0) return GpuStatus::Ok();
   uint32_t* masks = scratch->DeviceArray<uint32_t>(n);
   if (!masks) return GpuStatus::OutOfMemory("neighbour table");
-  // -1: no neighbour
-  TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, neighbours, 0xff, sizeof(int32_t) * n * width, "neighbour table"));
-  TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, masks, 0, sizeof(uint32_t) * n, "neighbour table"));
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(neighbours, 0xff, sizeof(int32_t) * n * width, stream),
+                                          "neighbour table");  // -1: none
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(masks, 0, sizeof(uint32_t) * n, stream), "neighbour table");
   if (pairs > 0) {
     LaunchChained(output_stationary::NeighbourTableKernel, BlocksFor(pairs), kThreads, 0, stream, in_rows, out_rows,
                   device_splits, volume, width, pairs, num_in, n, neighbours, masks);
@@ -1059,7 +1059,7 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
       acc = scratch->DeviceArray<A>(outputs);
       if (acc == nullptr) return GpuStatus::OutOfMemory("float32 accumulator");
     }
-    TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, acc, 0, sizeof(A) * outputs, "output"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(acc, 0, sizeof(A) * outputs, stream), "output");
     if (table.units > 0 && a.cin > 0) {
       if (deterministic) {
         for (int64_t q = 0; q < a.volume; ++q) {

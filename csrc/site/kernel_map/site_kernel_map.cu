@@ -202,8 +202,9 @@ GpuStatus NewMapReport(Stream stream, Scratch* scratch, int64_t volume, SiteMapD
   const size_t bytes = ReportBytes(volume);
   *report = static_cast<SiteMapDeviceReport*>(scratch->Device(bytes));
   if (*report == nullptr) return GpuStatus::OutOfMemory("report");
-  TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, *report, 0, bytes, "report"));
-  TF_SPARSECONV_RETURN_IF_ERROR(FillBytes(stream, *report, 0xFF, offsetof(SiteMapDeviceReport, pairs), "report"));
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(*report, 0, bytes, stream), "report");
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(*report, 0xFF, offsetof(SiteMapDeviceReport, pairs), stream), "report");
   return GpuStatus::Ok();
 }
 
@@ -332,8 +333,9 @@ GpuStatus SiteKernelMapGpu::Write(Stream stream, Scratch* scratch, int32_t* out_
   const int32_t* slot_rows = nullptr;
   if (g_.mode == SiteMapMode::kSubmanifold) {
     if (n_ > 0) {
-      TF_SPARSECONV_RETURN_IF_ERROR(
-          CopyBytes(stream, out_coords, coords_, sizeof(int32_t) * n_ * width, "output sites"));
+      TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+          cudaMemcpyAsync(out_coords, coords_, sizeof(int32_t) * n_ * width, cudaMemcpyDeviceToDevice, stream),
+          "output sites");
     }
   } else if (builder_ == SiteMapBuilder::kHash) {
     TF_SPARSECONV_RETURN_IF_ERROR(WriteHash(stream, scratch, out_coords));

@@ -214,8 +214,8 @@ GpuStatus SiteKernelMapGpu::CountHash(Stream stream, Scratch* scratch, const int
     sites.mask = static_cast<uint64_t>(capacity - 1);
     int64_t* slot_of = scratch->DeviceArray<int64_t>(n);
     if (!sites.keys || !sites.rows || !slot_of) return GpuStatus::OutOfMemory("site table");
-    TF_SPARSECONV_RETURN_IF_ERROR(
-        FillBytes(stream, sites.keys, 0xFF, sizeof(unsigned long long) * capacity, "site table"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(sites.keys, 0xFF, sizeof(unsigned long long) * capacity, stream), "site table");
     LaunchChained(FillKernel, BlocksFor(capacity), kThreads, 0, stream, sites.rows, capacity, INT32_MAX);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("site table");
     if (n > 0) {
@@ -243,8 +243,8 @@ GpuStatus SiteKernelMapGpu::CountHash(Stream stream, Scratch* scratch, const int
     reached.rows = scratch->DeviceArray<int32_t>(capacity);
     reached.mask = static_cast<uint64_t>(capacity - 1);
     if (!reached.keys || !reached.rows) return GpuStatus::OutOfMemory("output site table");
-    TF_SPARSECONV_RETURN_IF_ERROR(
-        FillBytes(stream, reached.keys, 0xFF, sizeof(unsigned long long) * capacity, "output site table"));
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+        cudaMemsetAsync(reached.keys, 0xFF, sizeof(unsigned long long) * capacity, stream), "output site table");
     if (candidates > 0) {
       LaunchChained(InsertCandidatesKernel, BlocksFor(candidates), kThreads, 0, stream, coords, n, g, offset_index,
                     reached, device_report, found_);
