@@ -79,6 +79,9 @@ bool ChainedLaunchAllowed();
 template <typename... Params, typename... Args>
 void LaunchChained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, Stream stream,
                    Args&&... args) {
+#if CUDART_VERSION < 11080  // no cudaLaunchKernelEx before CUDA 11.8: an ordinary launch
+  kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+#else
   cudaLaunchAttribute chained[1];
   chained[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   chained[0].val.programmaticStreamSerializationAllowed = 1;
@@ -91,6 +94,7 @@ void LaunchChained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
   config.numAttrs = ChainedLaunchAllowed() ? 1 : 0;
   // A failed launch sets the runtime's last error, which callers check as after any launch.
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+#endif
 }
 
 // Bits that hold every value in [0, max_value]: the end_bit of a radix sort.
