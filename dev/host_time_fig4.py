@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 import tf_sparseconv as ts  # noqa: E402
 
 import direct_conv_gpu as fig4  # noqa: E402
-from gpu_trace import gpu_stream_events, read_xspace, trace_file, union_length  # noqa: E402
+from gpu_trace import gpu_stream_events, idle_gaps, read_xspace, trace_file, union_length  # noqa: E402
 
 
 def host_events(space, calls, top, group=lambda name: name, per=1e6):
@@ -49,11 +49,7 @@ def host_events(space, calls, top, group=lambda name: name, per=1e6):
 def gap_summary(events, calls):
     """Idle time between consecutive GPU events (the holes of their union), per call in
     microseconds: the total, and how much of it lies in holes under 2, 2-5, 5-20 and over 20 us."""
-    holes, end = [], None
-    for b, e, _ in sorted(events):
-        if end is not None and b > end:
-            holes.append((b - end) / 1e6)
-        end = e if end is None else max(end, e)
+    holes = [h / 1e6 for h in idle_gaps([(b, e) for b, e, _ in events], 1)]
     bins = {"total": sum(holes)}
     for name, lo, hi in (("lt2", 0, 2), ("2to5", 2, 5), ("5to20", 5, 20), ("ge20", 20, float("inf"))):
         bins[name] = sum(h for h in holes if lo <= h < hi)
