@@ -1,0 +1,125 @@
+"""What the host was doing while the GPU idled, in a kept profiler trace of training steps
+(`benchmarks/step_profile.py --keep-trace DIR`): the GPU's idle stretches of at least --min-gap
+microseconds between its first and last stream event, sampled every --every microseconds; at
+each sample, each host thread's innermost event (the latest-starting one that covers it). Per
+thread kind (python, tf_Compute, tf_data, other), the event names by idle time per step; then
+the device-to-host copies per step, by the op that made them (the copies' `tf_op` stat), since
+an op that needs a GPU value on the host waits for the GPU to reach it.
+
+    python3 dev/step_idle_causes.py DIR --steps 20 [--min-gap 5] [--every 2] [--top 20]
+"""
+import argparse
+import bisect
+import collections
+import glob
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+
+import gpu_trace  # noqa: E402
+
+
+def thread_kind(line_name):
+    for kind in ("python", "tf_Compute", "tf_data"):
+        if line_name.startswith(kind):
+            return kind
+    return "other"
+
+
+def host_lines(space):
+    """[(kind, sorted begins, [(begin ps, end ps, name)])] of the non-GPU planes' lines."""
+    out = []
+    for plane in space.planes:
+        if plane.name.startswith("/device:GPU:"):
+            continue
+        names = {i: m.name for i, m in plane.event_metadata.items()}
+        for line in plane.lines:
+            base = line.timestamp_ns * 1000
+            events = sorted((base + e.offset_ps, base + e.offset_ps + e.duration_ps, names.get(e.metadata_id, "?"))
+                            for e in line.events)
+            if events:
+                out.append((thread_kind(line.name), [e[0] for e in events], events))
+    return out
+
+
+def innermost(begins, events, t, look_back=400):
+    """The latest-starting event of one line that covers t, or None."""
+    i = bisect.bisect_right(begins, t) - 1
+    for j in range(i, max(-1, i - look_back), -1):
+        if events[j][1] > t:
+            return events[j][2]
+    return None
+
+
+def d2h_copies(space):
+    """Counter of the GPU planes' device-to-host copies by their tf_op stat (or event name)."""
+    copies = collections.Counter()
+    for plane in space.planes:
+        if not plane.name.startswith("/device:GPU:"):
+            continue
+        names = {i: m.name for i, m in plane.event_metadata.items()}
+        stat_names = {i: m.name for i, m in plane.stat_metadata.items()}
+        for line in plane.lines:
+            if "stream" not in line.name.lower():
+                continue
+            for e in line.events:
+                name = names.get(e.metadata_id, "")
+                if "memcpyd2h" not in name.lower().replace(" ", ""):
+                    continue
+                op = next((s.str_value or str(s.ref_value) for s in e.stats
+                           if stat_names.get(s.metadata_id) == "tf_op"), None)
+                if op is not None and op.isdigit():
+                    op = stat_names.get(int(op), op)
+                copies[op or name] += 1
+    return copies
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("trace_dir")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--min-gap", type=float, default=5.0, help="us")
+    parser.add_argument("--every", type=float, default=2.0, help="us between samples")
+    parser.add_argument("--top", type=int, default=20)
+    args = parser.parse_args()
+    paths = glob.glob(os.path.join(args.trace_dir, "**", "*.xplane.pb"), recursive=True)
+    if not paths:
+        sys.exit(f"no .xplane.pb under {args.trace_dir}")
+    space = gpu_trace.read_xspace(paths[-1])
+    gpu = [(b, e) for _, (_, evs) in gpu_trace.gpu_stream_events(space).items() for b, e, _ in evs]
+    intervals = sorted(gpu)
+    gaps, end = [], None
+    for b, e in intervals:
+        if end is not None and b - end >= args.min_gap * 1e6:
+            gaps.append((end, b))
+        end = e if end is None else max(end, e)
+    lines = host_lines(space)
+    step = 1e9 * args.steps  # ps -> ms per step
+    every = args.every * 1e6
+    by_kind = collections.defaultdict(collections.Counter)
+    for g0, g1 in gaps:
+        t = g0 + every / 2
+        while t < g1:
+            seen = set()
+            for kind, begins, events in lines:
+                name = innermost(begins, events, t)
+                if name is not None and (kind, name) not in seen:
+                    seen.add((kind, name))
+                    by_kind[kind][name[:110]] += every
+            t += every
+    idle = sum(b - a for a, b in gaps)
+    print(f"{paths[-1]}: {len(gaps) / args.steps:.1f} GPU idle stretches >= {args.min_gap} us per step, "
+          f"{idle / step:.2f} ms per step; busy {gpu_trace.union_length(intervals) / step:.2f} ms per step")
+    for kind in ("python", "tf_Compute", "tf_data", "other"):
+        print(f"-- {kind}: what its threads were in while the GPU idled (ms per step; threads overlap)")
+        for name, ps in by_kind[kind].most_common(args.top):
+            print(f"   {ps / step:8.3f}  {name}")
+    print("-- device-to-host copies per step, by op")
+    for op, count in d2h_copies(space).most_common(args.top):
+        print(f"   {count / args.steps:6.1f}  {op[:120]}")
+
+
+if __name__ == "__main__":
+    main()
