@@ -21,15 +21,20 @@ def union_length(intervals):
     return total
 
 
-def idle_gaps(intervals, at_least):
+def idle_stretches(intervals, at_least):
     """The idle stretches between [begin, end) intervals (their union's holes) of at least
-    at_least picoseconds, in order."""
-    gaps, end = [], None
+    at_least picoseconds, as (begin, end), in order."""
+    holes, end = [], None
     for b, e in sorted(intervals):
         if end is not None and b - end >= at_least:
-            gaps.append(b - end)
+            holes.append((end, b))
         end = e if end is None else max(end, e)
-    return gaps
+    return holes
+
+
+def idle_gaps(intervals, at_least):
+    """The lengths of idle_stretches(intervals, at_least), in order."""
+    return [e - b for b, e in idle_stretches(intervals, at_least)]
 
 
 def named_gaps(events, at_least, top):

@@ -88,13 +88,8 @@ def main():
     if not paths:
         sys.exit(f"no .xplane.pb under {args.trace_dir}")
     space = gpu_trace.read_xspace(paths[-1])
-    gpu = [(b, e) for _, (_, evs) in gpu_trace.gpu_stream_events(space).items() for b, e, _ in evs]
-    intervals = sorted(gpu)
-    gaps, end = [], None
-    for b, e in intervals:
-        if end is not None and b - end >= args.min_gap * 1e6:
-            gaps.append((end, b))
-        end = e if end is None else max(end, e)
+    intervals = [(b, e) for _, (_, evs) in gpu_trace.gpu_stream_events(space).items() for b, e, _ in evs]
+    gaps = gpu_trace.idle_stretches(intervals, args.min_gap * 1e6)
     lines = host_lines(space)
     step = 1e9 * args.steps  # ps -> ms per step
     every = args.every * 1e6

@@ -100,6 +100,7 @@ def test_idle_gaps_are_the_holes_of_the_union():
     assert gpu_trace.idle_gaps([], 1) == []
     assert gpu_trace.idle_gaps([(0, 10), (5, 20), (30, 35), (31, 32), (50, 51)], 10) == [10, 15]
     assert gpu_trace.idle_gaps([(50, 51), (0, 10), (30, 35)], 16) == [20]
+    assert gpu_trace.idle_stretches([(0, 10), (5, 20), (30, 35), (31, 32), (50, 51)], 10) == [(20, 30), (35, 50)]
     # Named: the hole's length, the event that ended last before it and the one after it.
     events = [(30, 35, "c"), (0, 10, "a"), (5, 20, "b"), (31, 32, "d"), (50, 51, "e")]
     assert gpu_trace.named_gaps(events, 10, 5) == (25, 2, [(15, "c", "e"), (10, "b", "c")])
