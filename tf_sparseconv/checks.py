@@ -7,7 +7,7 @@ work without waiting for the device. TF_SPARSECONV_CHECK_EVERY_OP=1 in the envir
 set before a model is built or traced, makes every op check its inputs again (on the
 GPU at the cost of one wait per call), for tests and for users chasing a bug. It also
 turns off the deferral of a padded convolution's data checks (direct_conv's padded_output,
-read once by to_dense): each convolution then raises its own error at once.
+reported once beside to_dense): each convolution then raises its own error at once.
 """
 import os
 

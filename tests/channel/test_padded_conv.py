@@ -185,9 +185,15 @@ def test_a_traced_network_of_padded_convolutions_equals_the_exact_one(rng, devic
     convs = [op for op in graph.get_operations() if op.type == OP_NAMESPACE + "DirectSparseConv"]
     assert [op.get_attr("inputs_checked") for op in convs] == [False, True, True]
     assert all(op.get_attr("padded_output") for op in convs)
-    checks = [op for op in graph.get_operations() if op.type == OP_NAMESPACE + "DirectSparseConvCheckStatus"]
-    assert len(checks) == 1 and len(checks[0].inputs) == 1 + 3
-    assert sorted(s.decode() for s in checks[0].get_attr("sources")) == sorted(op.name for op in convs)
+    reports = [op for op in graph.get_operations() if op.type == OP_NAMESPACE + "DirectSparseConvReportStatus"]
+    assert len(reports) == 1 and len(reports[0].inputs) == 3 and not reports[0].outputs
+    assert sorted(s.decode() for s in reports[0].get_attr("sources")) == sorted(op.name for op in convs)
+    assert [t.op.name for t in reports[0].inputs] == [op.name for op in sorted(convs, key=lambda o: o.name)]
+    # nothing waits for it: the dense output comes straight from ChannelSparseToDense
+    assert not [op for op in graph.get_operations() if op.type == OP_NAMESPACE + "DirectSparseConvCheckStatus"]
+    to_dense = [op for op in graph.get_operations() if op.type == OP_NAMESPACE + "ChannelSparseToDense"]
+    assert len(to_dense) == 1
+    assert {op.type for op in graph.get_operations() if reports[0] in op.control_inputs} == {"NoOp"}  # the end
 
 
 def test_a_nan_filter_after_the_first_convolution_is_refused_by_the_end_of_the_sparse_part(rng, device):
@@ -243,6 +249,42 @@ def test_the_status_check_gives_each_failed_checks_message(device, slot, first, 
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             raw_ops.direct_sparse_conv_check_status(data, [_status(), _status(slot, first, details)],
                                                     sources=["conv_b", "conv_a"])
+
+
+@pytest.mark.parametrize("slot, first, details, message", [
+    (0, 4, (250, 3, 0), "conv_a: input key out of range at entry 4: 250 is not in \\[0, 100\\)"),
+    (2, 11, (0, 0, 0), "conv_a: filter contains NaN at position 11"),
+    (4, 9, (0, 0, 0), "conv_a: DirectSparseConv with activation 'relu': an output value before the ReLU is NaN")])
+def test_the_status_report_gives_the_first_failed_checks_message(device, slot, first, details, message):
+    """DirectSparseConvReportStatus: nothing where all passed; on the GPU the statuses are
+    read back asynchronously, and the eager call still raises."""
+    with tf.device(device):
+        raw_ops.direct_sparse_conv_report_status([_status(), _status()], sources=["conv_b", "conv_c"])
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            raw_ops.direct_sparse_conv_report_status([_status(), _status(slot, first, details), _status(2, 1)],
+                                                     sources=["conv_b", "conv_a", "conv_d"])
+
+
+def test_the_status_report_raises_at_the_end_of_a_traced_function(device):
+    """Nothing takes the report's output; the traced function keeps it (stateful) and fails
+    with its error, though every output was computed."""
+    @tf.function
+    def step(status):
+        raw_ops.direct_sparse_conv_report_status([_status(), status], sources=["conv_b", "conv_a"])
+        return tf.ones([2]) * 3.0
+
+    with tf.device(device):
+        np.testing.assert_array_equal(step(_status()).numpy(), [3.0, 3.0])
+        with pytest.raises(tf.errors.InvalidArgumentError, match="conv_a: bias contains NaN at position 0"):
+            step(_status(3, 0))
+
+
+def test_the_status_report_refuses_malformed_statuses(device):
+    with tf.device(device):
+        with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="sources"):
+            raw_ops.direct_sparse_conv_report_status([_status(), _status()], sources=["a"])
+        with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="shape"):
+            raw_ops.direct_sparse_conv_report_status([tf.constant([-1, -1], tf.int64)], sources=["a"])
 
 
 def test_the_status_check_refuses_malformed_statuses(device):

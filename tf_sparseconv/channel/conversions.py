@@ -31,7 +31,8 @@ def to_dense(x):
     """The dense [B, R1..Rd, C] tensor, zeros where x has no entry. Keys that one of the
     library's ops made in the same traced graph are not checked again (on the GPU: no wait);
     the data checks of the padded convolutions upstream (direct_conv's padded_output) are
-    read here, in one op."""
+    reported by one op beside the result, which nothing waits for: a traced function that
+    holds it ends with its error (check_conv_statuses)."""
     _check(x)
     trusted = not check_every_op() and made_by_library(x.keys, x.dense_shape)
     dense = _ops.channel_sparse_to_dense(x.keys, x.values, x.dense_shape, inputs_checked=trusted,

@@ -142,17 +142,22 @@ def _direct_sparse_conv_grad(op, _keys_grad, values_grad, _shape_grad, _touched_
     return [None, in_grad, None, filter_grad, None, bias_grad]
 
 
+tf.no_gradient(OP_NAMESPACE + "DirectSparseConvReportStatus")
+
+
 @tf.RegisterGradient(OP_NAMESPACE + "DirectSparseConvCheckStatus")
 def _check_status_grad(op, grad):
     return [grad] + [None] * (len(op.inputs) - 1)
 
 
 def check_conv_statuses(tensor, keys):
-    """tensor, after the status outputs of the padded convolutions upstream of keys (in a
-    traced graph) show that their data checks passed: one DirectSparseConvCheckStatus op, or
-    tensor itself where there are none."""
+    """tensor, unchanged; in a traced graph, beside it one DirectSparseConvReportStatus op
+    that reads the status outputs of the padded convolutions upstream of keys. No op takes
+    its output, so nothing after the convolutions waits for the GPU to reach them (on the
+    GPU the statuses are read back asynchronously); being stateful, it is kept in the traced
+    function, which ends with its error (at the latest at the end of a training step, after
+    the step's other ops, its variable updates among them). Nothing where there are none."""
     convs = padded_convs_upstream(keys)
-    if not convs:
-        return tensor
-    return _ops.direct_sparse_conv_check_status(tensor, [op.outputs[5] for op in convs],
-                                                sources=[op.name for op in convs])
+    if convs:
+        _ops.direct_sparse_conv_report_status([op.outputs[5] for op in convs], sources=[op.name for op in convs])
+    return tensor

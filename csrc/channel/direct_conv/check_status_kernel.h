@@ -1,9 +1,13 @@
-// The OpKernel of DirectSparseConvCheckStatus (registered for the CPU in direct_conv_kernels.cc,
-// for the GPU in direct_conv_kernels_gpu.cc): the statuses arrive in host memory on both
-// devices, so one host-side check serves both; `data` passes through on its own device.
+// The OpKernels that read the padded convolutions' deferred data checks (their `status`
+// outputs): DirectSparseConvCheckStatus (registered for the CPU in direct_conv_kernels.cc, for
+// the GPU in direct_conv_kernels_gpu.cc; the statuses arrive in host memory on both devices,
+// so one host-side check serves both; `data` passes through on its own device), and the CPU
+// kernel of DirectSparseConvReportStatus (its GPU kernel reads them back asynchronously,
+// direct_conv_kernels_gpu.cc).
 #ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_CHECK_STATUS_KERNEL_H_
 #define TF_SPARSECONV_CHANNEL_DIRECT_CONV_CHECK_STATUS_KERNEL_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,6 +16,38 @@
 
 namespace tf_sparseconv {
 
+// The statuses' shapes and the first failed check among them, named by its source.
+inline absl::Status StatusesError(const tensorflow::OpInputList& statuses, const std::vector<std::string>& sources,
+                                  const char* op, const int64_t* host_values) {
+  namespace errors = ::tensorflow::errors;
+  if (static_cast<size_t>(statuses.size()) != sources.size()) {
+    return errors::InvalidArgument(op, ": ", statuses.size(), " statuses but ", sources.size(), " sources");
+  }
+  for (int i = 0; i < statuses.size(); ++i) {
+    const tensorflow::Tensor& status = statuses[i];
+    if (status.dims() != 1 || status.NumElements() != kConvStatusSize) {
+      return errors::InvalidArgument(op, ": status ", i, " must have shape [", kConvStatusSize, "], got ",
+                                     status.shape().DebugString());
+    }
+  }
+  if (host_values == nullptr) return absl::OkStatus();  // the shapes alone
+  for (int i = 0; i < statuses.size(); ++i) {
+    const absl::Status failed = ConvStatusError(host_values + i * kConvStatusSize);
+    if (!failed.ok()) return errors::InvalidArgument(sources[i], ": ", failed.message());
+  }
+  return absl::OkStatus();
+}
+
+// The statuses of a host-memory input list, one after another.
+inline std::vector<int64_t> HostStatusValues(const tensorflow::OpInputList& statuses) {
+  std::vector<int64_t> values;
+  for (int i = 0; i < statuses.size(); ++i) {
+    const auto flat = statuses[i].flat<int64_t>();
+    values.insert(values.end(), flat.data(), flat.data() + flat.size());
+  }
+  return values;
+}
+
 class DirectSparseConvCheckStatusOp : public tensorflow::OpKernel {
  public:
   explicit DirectSparseConvCheckStatusOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -19,21 +55,31 @@ class DirectSparseConvCheckStatusOp : public tensorflow::OpKernel {
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
-    namespace errors = ::tensorflow::errors;
     tensorflow::OpInputList statuses;
     OP_REQUIRES_OK(ctx, ctx->input_list("statuses", &statuses));
-    OP_REQUIRES(ctx, static_cast<size_t>(statuses.size()) == sources_.size(),
-                errors::InvalidArgument("DirectSparseConvCheckStatus: ", statuses.size(), " statuses but ",
-                                        sources_.size(), " sources"));
-    for (int i = 0; i < statuses.size(); ++i) {
-      const tensorflow::Tensor& status = statuses[i];
-      OP_REQUIRES(ctx, status.dims() == 1 && status.NumElements() == kConvStatusSize,
-                  errors::InvalidArgument("DirectSparseConvCheckStatus: status ", i, " must have shape [",
-                                          kConvStatusSize, "], got ", status.shape().DebugString()));
-      const absl::Status failed = ConvStatusError(status.flat<int64_t>().data());
-      OP_REQUIRES(ctx, failed.ok(), errors::InvalidArgument(sources_[i], ": ", failed.message()));
-    }
+    OP_REQUIRES_OK(ctx, StatusesError(statuses, sources_, "DirectSparseConvCheckStatus", nullptr));
+    OP_REQUIRES_OK(ctx, StatusesError(statuses, sources_, "DirectSparseConvCheckStatus",
+                                      HostStatusValues(statuses).data()));
     ctx->set_output(0, ctx->input(0));
+  }
+
+ private:
+  std::vector<std::string> sources_;
+};
+
+// DirectSparseConvReportStatus where the statuses are in host memory (the CPU): checked at once.
+class DirectSparseConvReportStatusOp : public tensorflow::OpKernel {
+ public:
+  explicit DirectSparseConvReportStatusOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("sources", &sources_));
+  }
+
+  void Compute(tensorflow::OpKernelContext* ctx) override {
+    tensorflow::OpInputList statuses;
+    OP_REQUIRES_OK(ctx, ctx->input_list("statuses", &statuses));
+    OP_REQUIRES_OK(ctx, StatusesError(statuses, sources_, "DirectSparseConvReportStatus", nullptr));
+    OP_REQUIRES_OK(ctx, StatusesError(statuses, sources_, "DirectSparseConvReportStatus",
+                                      HostStatusValues(statuses).data()));
   }
 
  private:

@@ -123,7 +123,7 @@ inline int64_t OutputCapacity(const ConvAttrs& attrs, const KeyLayout& L, int64_
 
 // The GPU forward's device checks as its `status` output (kConvStatusSize values,
 // direct_conv_choices.h), for a padded_output call that does not wait for them
-// (DirectSparseConvCheckStatus reads them later): the slots are gpu::ConvCheck's, input
+// (DirectSparseConvReportStatus reads them later): the slots are gpu::ConvCheck's, input
 // keys, input values, filter, bias, the fused ReLU's NaN. All -1 where the op checked on
 // the host (or waited for its checks). The first failed slot's message, as the CPU gives it.
 inline absl::Status ConvStatusError(const int64_t* status) {

@@ -1012,5 +1012,7 @@ REGISTER_CPU(double);
 #undef REGISTER_CPU
 REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvCheckStatus").Device(::tensorflow::DEVICE_CPU),
                         DirectSparseConvCheckStatusOp);
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvReportStatus").Device(::tensorflow::DEVICE_CPU),
+                        DirectSparseConvReportStatusOp);
 
 }  // namespace tf_sparseconv

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,8 +21,11 @@
 #include "channel/direct_conv/direct_conv_gpu.h"
 #include "channel/direct_conv/direct_conv_kernels.h"
 #include "common/gpu_kernel_util.h"
+#include "common/host_syncs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/util/determinism.h"
+#include "xla/stream_executor/device_address.h"
+#include "xla/stream_executor/stream.h"
 
 namespace tf_sparseconv {
 
@@ -274,7 +278,7 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
     }
     // Keys a library op made need no check, and a padded output no size: nothing to wait
     // for. The other checks go to the status output, read once where the network's sparse
-    // part ends (DirectSparseConvCheckStatus). With TF_SPARSECONV_CHECK_EVERY_OP=1 the
+    // part ends (DirectSparseConvReportStatus). With TF_SPARSECONV_CHECK_EVERY_OP=1 the
     // Python layer does not set inputs_checked.
     no_wait_ = attrs_.padded_output && attrs_.inputs_checked && !in_groups_;
     return absl::OkStatus();
@@ -504,10 +508,70 @@ class DirectSparseConvBackpropFunctor<GPUDevice, T> : GpuFunctorBase {
 REGISTER_GPU(float);
 REGISTER_GPU(double);
 #undef REGISTER_GPU
+namespace {
+
+// DirectSparseConvReportStatus on the GPU: the statuses stay in device memory; ComputeAsync
+// queues their copy into pinned host memory and returns, and TensorFlow's EventMgr checks
+// them once the stream has passed the copy. No thread waits, and no op takes an output of
+// this one, so the ops after the convolutions are queued while the GPU works; the step's
+// function ends with the error, if any, once the check has run.
+class DirectSparseConvReportStatusGpuOp : public tensorflow::AsyncOpKernel {
+ public:
+  explicit DirectSparseConvReportStatusGpuOp(tensorflow::OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("sources", &sources_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    static constexpr char kOp[] = "DirectSparseConvReportStatus";
+    tensorflow::OpInputList statuses;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->input_list("statuses", &statuses), done);
+    OP_REQUIRES_OK_ASYNC(ctx, StatusesError(statuses, sources_, kOp, nullptr), done);
+    const int64_t n = statuses.size();
+    tensorflow::AllocatorAttributes pinned;
+    pinned.set_on_host(true);
+    pinned.set_gpu_compatible(true);
+    Tensor host;
+    OP_REQUIRES_OK_ASYNC(
+        ctx, ctx->allocate_temp(tensorflow::DT_INT64, TensorShape({n * kConvStatusSize}), &host, pinned), done);
+    ::stream_executor::Stream* stream = ctx->op_device_context()->stream();
+    constexpr uint64_t kBytes = kConvStatusSize * sizeof(int64_t);
+    for (int64_t i = 0; i < n; ++i) {
+      const ::stream_executor::DeviceAddressBase status(
+          const_cast<int64_t*>(statuses[static_cast<int>(i)].flat<int64_t>().data()), kBytes);
+      OP_REQUIRES_OK_ASYNC(ctx, stream->Memcpy(host.flat<int64_t>().data() + i * kConvStatusSize, status, kBytes),
+                           done);
+    }
+    CountDeferredReadBack();
+    // The callback holds the inputs (their device memory until the copy has run) and the
+    // pinned buffer; the executor holds the context until done().
+    std::vector<Tensor> held;
+    for (int64_t i = 0; i < n; ++i) held.push_back(statuses[static_cast<int>(i)]);
+    ctx->device()->tensorflow_accelerator_device_info()->event_mgr->ThenExecute(
+        stream, [ctx, host, held = std::move(held), sources = sources_, done = std::move(done)]() {
+          const int64_t* values = host.flat<int64_t>().data();
+          for (size_t i = 0; i < sources.size(); ++i) {
+            const absl::Status failed = ConvStatusError(values + i * kConvStatusSize);
+            if (!failed.ok()) {
+              ctx->SetStatus(errors::InvalidArgument(sources[i], ": ", failed.message()));
+              break;
+            }
+          }
+          done();
+        });
+  }
+
+ private:
+  std::vector<std::string> sources_;
+};
+
+}  // namespace
+
 REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvCheckStatus")
                             .Device(::tensorflow::DEVICE_GPU)
                             .HostMemory("statuses"),
                         DirectSparseConvCheckStatusOp);
+REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvReportStatus").Device(::tensorflow::DEVICE_GPU),
+                        DirectSparseConvReportStatusGpuOp);
 
 }  // namespace tf_sparseconv
 

@@ -89,7 +89,7 @@ padded_output: the outputs have a length known before the op runs (the k-selecti
   an input channel; without selection B * Cout * S so capped): the live entries, then
   padding. On the GPU, with inputs_checked, the op then queues its work and returns
   without waiting for the device; its data checks land in `status`, which
-  DirectSparseConvCheckStatus turns into the error later.
+  DirectSparseConvReportStatus (or DirectSparseConvCheckStatus) turns into the error later.
 inputs_checked: the caller vouches that in_keys were made by one of the library's ops
   (sorted, unique, in range); the input keys are then not checked again on the GPU. Values,
   filter and bias are checked in any case.
@@ -165,7 +165,27 @@ REGISTER_OP("TfSparseconv>DirectSparseConvCheckStatus")
 data, unchanged, once the `status` outputs of DirectSparseConv calls with padded_output
 show that their data checks passed; otherwise the first failed check's InvalidArgument,
 prefixed with the name in `sources` of the call that failed. One wait for the device for
-all of them (the statuses are read in host memory), where the sparse part of a network ends.
+all of them (the statuses are read in host memory), and every op after it waits too;
+to_dense uses DirectSparseConvReportStatus instead, which no op waits for.
+
+statuses: N status outputs of DirectSparseConv.
+sources: N names, one per status (the convolutions' op names).
+)doc");
+
+REGISTER_OP("TfSparseconv>DirectSparseConvReportStatus")
+    .Input("statuses: N * int64")
+    .Attr("N: int >= 1")
+    .Attr("sources: list(string)")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+The first failed data check among the `status` outputs of DirectSparseConv calls with
+padded_output, as InvalidArgument prefixed with the name in `sources` of the call that failed;
+nothing where all passed. No op takes an output of it, so that no op waits for it: on the GPU
+it copies the statuses to the host and returns, and checks them once the device has passed
+the copy (no thread waits). A traced function that holds it (a stateful op) ends only once it
+has run, with its error: at the latest at the end of the step, whose other ops (an
+optimizer's updates among them) may have run by then.
 
 statuses: N status outputs of DirectSparseConv.
 sources: N names, one per status (the convolutions' op names).
