@@ -185,12 +185,13 @@ def test_gpu_padded_convolutions_after_the_first_do_not_wait(gpu, rng, monkeypat
             return tape.gradient(loss, [w, w2])
 
         traced = tf.function(step)
-        waits = {}
+        waits, deferred = {}, {}
         for padded in (False, True):
             traced(x.keys, x.values, x.dense_shape, padded)[0].numpy()  # tracing outside the count
-            _, waits[padded] = counted(lambda: traced(x.keys, x.values, x.dense_shape, padded)[0].numpy())
+            _, waits[padded], deferred[padded] = counted_both(
+                lambda: traced(x.keys, x.values, x.dense_shape, padded)[0].numpy())
         # exact: each convolution reads its output size back; padded: the first checks the
         # user's keys (one wait), the second trusts the keys the first made and waits for
-        # nothing; to_dense's status check reads the statuses as a host-memory input (a copy
-        # TensorFlow makes, not one of the library's waits)
+        # nothing; the statuses are reported beside to_dense, read back in a callback
         assert waits == {False: 2, True: 1}
+        assert deferred == {False: 0, True: 1}
