@@ -48,42 +48,27 @@ inline std::vector<int64_t> HostStatusValues(const tensorflow::OpInputList& stat
   return values;
 }
 
-class DirectSparseConvCheckStatusOp : public tensorflow::OpKernel {
+// DirectSparseConvCheckStatus (data passed through once the statuses passed) and, on the
+// CPU, DirectSparseConvReportStatus (no output): statuses in host memory, checked at once.
+class HostStatusesOp : public tensorflow::OpKernel {
  public:
-  explicit DirectSparseConvCheckStatusOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit HostStatusesOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sources", &sources_));
+    const std::string& type = type_string();
+    op_ = type.substr(type.find('>') + 1);  // the name without the namespace
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
     tensorflow::OpInputList statuses;
     OP_REQUIRES_OK(ctx, ctx->input_list("statuses", &statuses));
-    OP_REQUIRES_OK(ctx, StatusesError(statuses, sources_, "DirectSparseConvCheckStatus", nullptr));
-    OP_REQUIRES_OK(ctx, StatusesError(statuses, sources_, "DirectSparseConvCheckStatus",
-                                      HostStatusValues(statuses).data()));
-    ctx->set_output(0, ctx->input(0));
+    OP_REQUIRES_OK(ctx, StatusesError(statuses, sources_, op_.c_str(), nullptr));
+    OP_REQUIRES_OK(ctx, StatusesError(statuses, sources_, op_.c_str(), HostStatusValues(statuses).data()));
+    if (num_outputs() > 0) ctx->set_output(0, ctx->input(0));
   }
 
  private:
   std::vector<std::string> sources_;
-};
-
-// DirectSparseConvReportStatus where the statuses are in host memory (the CPU): checked at once.
-class DirectSparseConvReportStatusOp : public tensorflow::OpKernel {
- public:
-  explicit DirectSparseConvReportStatusOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("sources", &sources_));
-  }
-
-  void Compute(tensorflow::OpKernelContext* ctx) override {
-    tensorflow::OpInputList statuses;
-    OP_REQUIRES_OK(ctx, ctx->input_list("statuses", &statuses));
-    OP_REQUIRES_OK(ctx, StatusesError(statuses, sources_, "DirectSparseConvReportStatus", nullptr));
-    OP_REQUIRES_OK(ctx, StatusesError(statuses, sources_, "DirectSparseConvReportStatus",
-                                      HostStatusValues(statuses).data()));
-  }
-
- private:
-  std::vector<std::string> sources_;
+  std::string op_;
 };
 
 }  // namespace tf_sparseconv

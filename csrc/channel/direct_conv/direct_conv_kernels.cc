@@ -1011,8 +1011,8 @@ REGISTER_CPU(float);
 REGISTER_CPU(double);
 #undef REGISTER_CPU
 REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvCheckStatus").Device(::tensorflow::DEVICE_CPU),
-                        DirectSparseConvCheckStatusOp);
+                        HostStatusesOp);
 REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvReportStatus").Device(::tensorflow::DEVICE_CPU),
-                        DirectSparseConvReportStatusOp);
+                        HostStatusesOp);
 
 }  // namespace tf_sparseconv

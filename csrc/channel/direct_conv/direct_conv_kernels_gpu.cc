@@ -569,7 +569,7 @@ class DirectSparseConvReportStatusGpuOp : public tensorflow::AsyncOpKernel {
 REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvCheckStatus")
                             .Device(::tensorflow::DEVICE_GPU)
                             .HostMemory("statuses"),
-                        DirectSparseConvCheckStatusOp);
+                        HostStatusesOp);
 REGISTER_KERNEL_BUILDER(Name("TfSparseconv>DirectSparseConvReportStatus").Device(::tensorflow::DEVICE_GPU),
                         DirectSparseConvReportStatusGpuOp);
 
