@@ -4,9 +4,13 @@ microseconds between its first and last stream event, sampled every --every micr
 each sample, each host thread's innermost event (the latest-starting one that covers it). Per
 thread kind (python, tf_Compute, tf_data, other), the event names by idle time per step; then
 the device-to-host copies per step, by the op that made them (the copies' `tf_op` stat), since
-an op that needs a GPU value on the host waits for the GPU to reach it.
+an op that needs a GPU value on the host waits for the GPU to reach it. Last, the step
+function's calls on the Python thread (Keras' `multi_step_on_iterator`, or a `train_function`
+of one's own; --function NAME for another): each call's time and the time until the next call,
+with the GPU's busy time within each and the Python thread's device-to-host copies between
+calls (where fit waits for a step's GPU work before the next step).
 
-    python3 dev/step_idle_causes.py DIR --steps 20 [--min-gap 5] [--every 2] [--top 20]
+    python3 dev/step_idle_causes.py DIR --steps 20 [--min-gap 5] [--every 2] [--top 20] [--function NAME]
 """
 import argparse
 import bisect
@@ -76,6 +80,35 @@ def d2h_copies(space):
     return copies
 
 
+STEP_FUNCTIONS = ("multi_step_on_iterator", "train_function")
+
+
+def busy_within(intervals, begin, end):
+    """The GPU's busy time (union of intervals) within [begin, end)."""
+    return gpu_trace.union_length([(max(b, begin), min(e, end)) for b, e in intervals if e > begin and b < end])
+
+
+def step_calls(space, intervals, name=None):
+    """(name, [(call ps, GPU busy ps in it, ps to the next call, GPU busy ps in between, the
+    Python threads' device-to-host copies in between)]) per traced call of the step function
+    but the last: the Python-thread events called name, by default the first of
+    STEP_FUNCTIONS with any."""
+    names = [name] if name else STEP_FUNCTIONS
+    for candidate in names:
+        calls = gpu_trace.python_calls(space, candidate)
+        if calls:
+            break
+    else:
+        return names[0], []
+    copies = sorted(b for kind, _, events in host_lines(space) if kind == "python"
+                    for b, _, event in events if event.replace(" ", "").lower() == "memcpyd2h")
+    rows = []
+    for (b0, e0), (b1, _) in zip(calls, calls[1:]):
+        between = bisect.bisect_left(copies, b1) - bisect.bisect_left(copies, e0)
+        rows.append((e0 - b0, busy_within(intervals, b0, e0), b1 - e0, busy_within(intervals, e0, b1), between))
+    return candidate, rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("trace_dir")
@@ -83,6 +116,7 @@ def main():
     parser.add_argument("--min-gap", type=float, default=5.0, help="us")
     parser.add_argument("--every", type=float, default=2.0, help="us between samples")
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--function", help=f"the step function's Python name (default: {' or '.join(STEP_FUNCTIONS)})")
     args = parser.parse_args()
     paths = glob.glob(os.path.join(args.trace_dir, "**", "*.xplane.pb"), recursive=True)
     if not paths:
@@ -114,6 +148,19 @@ def main():
     print("-- device-to-host copies per step, by op")
     for op, count in d2h_copies(space).most_common(args.top):
         print(f"   {count / args.steps:6.1f}  {op[:120]}")
+    name, rows = step_calls(space, intervals, args.function)
+    if not rows:
+        print(f"-- no two calls of the step function {name!r} on a Python thread")
+        return
+    columns = list(zip(*rows))
+
+    def spread(values, scale=1e9):
+        values = sorted(values)
+        return f"{values[len(values) // 2] / scale:.2f} ({values[0] / scale:.2f}-{values[-1] / scale:.2f})"
+    print(f"-- the step function {name!r}, {len(rows)} calls and the time to the next (median (min-max))")
+    print(f"   call {spread(columns[0])} ms, GPU busy in it {spread(columns[1])} ms")
+    print(f"   until the next call {spread(columns[2])} ms, GPU busy meanwhile {spread(columns[3])} ms, "
+          f"Python-thread device-to-host copies meanwhile {spread(columns[4], 1)}")
 
 
 if __name__ == "__main__":

@@ -150,3 +150,35 @@ def test_the_queued_train_function_trains_as_fit_does(tmp_path):
     assert isinstance(model.train_function, tf.types.experimental.GenericFunction)
     for a, b in zip(*weights):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_step_calls_measure_each_call_and_the_wait_before_the_next(tmp_path):
+    """dev/step_idle_causes.step_calls: per call of the step function on the Python thread but
+    the last, its time and the time to the next call, the GPU's busy time within each, and
+    the Python thread's device-to-host copies in between (fit's wait for the step's logs)."""
+    sys.path.insert(0, os.path.join(ROOT, "dev"))
+    import step_idle_causes
+    space, gpu = trace_with_one_gpu(["Kernel"])
+    host = space.planes[0]
+    host.event_metadata[2].name = "train_function"
+    host.event_metadata[3].name = "MemcpyD2H"
+    python = host.lines.add()
+    python.name, python.timestamp_ns = "python3", 0
+    add_event(python, 2, 0, 100)        # call 1 [0, 100)
+    add_event(python, 3, 150, 5)        # two copies after it
+    add_event(python, 3, 160, 5)
+    add_event(python, 2, 200, 100)      # call 2 [200, 300)
+    add_event(python, 2, 320, 100)      # call 3 [320, 420): the last, no row
+    other = host.lines.add()            # another thread's copy does not count
+    other.name = "tf_Compute/1"
+    add_event(other, 3, 170, 5)
+    stream = gpu.lines.add()
+    stream.name = "Stream #13(Compute)"
+    add_event(stream, 1, 50, 100)       # [50, 150): 50 in call 1, 50 after it
+    add_event(stream, 1, 140, 20)       # overlaps: counted once
+    add_event(stream, 1, 290, 20)       # [290, 310): 10 in call 2, 10 after it
+    intervals = [(b, e) for _, (_, evs) in gpu_trace.gpu_stream_events(space).items() for b, e, _ in evs]
+    name, rows = step_idle_causes.step_calls(space, intervals)
+    assert name == "train_function"
+    assert rows == [(100, 50, 100, 60, 2), (100, 10, 20, 10, 0)]
+    assert step_idle_causes.step_calls(space, intervals, "multi_step_on_iterator") == ("multi_step_on_iterator", [])
