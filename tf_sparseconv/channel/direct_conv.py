@@ -93,8 +93,9 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     channel), its live entries followed by padding (ChannelSparseTensor.padded). On the GPU,
     with keys that one of the library's ops made in the same traced graph, the op then does
     not wait for the device; its data checks (NaN in values, filter or bias, or before the
-    fused ReLU) are read by `to_dense` where the sparse part ends, as one InvalidArgument
-    naming the convolution. A result that never reaches `to_dense` is not checked then.
+    fused ReLU) are reported by `to_dense` where the sparse part ends, as one InvalidArgument
+    naming the convolution, at the latest when the traced function ends. A result that never
+    reaches `to_dense` is not checked then.
 
     Returns a ChannelSparseTensor [B, R..., Cout]; with return_counts also two [B, Cout]
     int64 tensors measured before k-selection: the support size (touched entries) and the
