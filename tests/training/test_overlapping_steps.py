@@ -5,7 +5,6 @@ does not apply."""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tf_sparseconv import data as datasets
 from tf_sparseconv.models import octnet3
