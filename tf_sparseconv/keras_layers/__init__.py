@@ -7,7 +7,8 @@ from `sparse_input`, `PointCloudToSparse` (point clouds, normalised and voxelize
 graph), `ImageToSparse`, `VoxelizePoints` or `DenseToSparse`, run `DirectSparseConv`,
 `SparseReLU` and `SparseMaxPool`, and leave through `SparseToDense`; `SparseToSite`
 hands a channel-sparse batch to site layers and `ClassNames` keeps class names with a
-saved classifier.
+saved classifier. `HostSeedDropout` is Keras' Dropout with its seed drawn on the host (the
+models' dense heads use it: no copy back from the GPU per step).
 A site-sparse batch is the dict made by `as_site_keras_inputs` (cached kernel maps
 included); models start from `site_input` or `SiteVoxelize`, run `SubMConv3D`,
 `SparseConv3D`, `SparseConvTranspose3D`, `SparseInverseConv3D`, `SiteMaxPooling3D`,
@@ -20,6 +21,7 @@ SubMConv, SiteConvTranspose, SiteInverseConv, SitePool.
 """
 from tf_sparseconv.channel import (DenseToSparse, DirectSparseConv, SparseConv, SparseMaxPool, SparseReLU,
                                    SparseToDense, as_keras_inputs, from_keras_inputs, sparse_input)
+from tf_sparseconv.models.host_seed_dropout import HostSeedDropout
 from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse, VoxelizePoints
 from tf_sparseconv.models.serving import ClassNames
 from tf_sparseconv.site import (FusedBatchNormalization, SiteAdd, SiteAveragePooling1D, SiteAveragePooling2D,
@@ -37,7 +39,7 @@ from tf_sparseconv.training import (DensityRegularizer, FineTunePhase, WarningSh
                                     sparse_conv_layers)
 
 __all__ = ["DirectSparseConv", "SparseReLU", "SparseMaxPool", "SparseToDense", "DenseToSparse", "VoxelizePoints",
-           "PointCloudToSparse", "ImageToSparse", "ClassNames",
+           "PointCloudToSparse", "ImageToSparse", "ClassNames", "HostSeedDropout",
            "DensityRegularizer", "WarningShotPruning", "FineTunePhase", "present_weight_count", "sparse_conv_layers",
            "as_keras_inputs", "from_keras_inputs", "sparse_input",
            *_SITE_LAYERS, "as_site_keras_inputs", "from_site_keras_inputs", "site_input",

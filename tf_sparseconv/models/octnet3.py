@@ -19,6 +19,7 @@ from tf_sparseconv.channel.direct_conv import SELECTION_MODES
 from tf_sparseconv.channel.keras_io import sparse_input
 from tf_sparseconv.channel.layers import SparseMaxPool, SparseToDense
 from tf_sparseconv.inputs import count_arg
+from tf_sparseconv.models.host_seed_dropout import HostSeedDropout
 from tf_sparseconv.models.replicas import accept_per_replica_batches
 
 BLOCK_CHANNELS = (8, 16, 24, 32, 40, 48)
@@ -107,7 +108,7 @@ def octnet3(resolution, num_classes, rhos=None, spatial_dims=3, in_channels=1, s
             h = conv(BLOCK_CHANNELS[block], 3, padding="same", activation="relu", kernel_initializer=kernel_initializer,
                      name=f"conv{block + 1}_{i + 1}")(h)
     h = keras.layers.Flatten()(h)
-    h = keras.layers.Dropout(dropout)(h)
+    h = HostSeedDropout(dropout)(h)
     h = keras.layers.Dense(fc_units, activation="relu", kernel_initializer=kernel_initializer)(h)
     outputs = keras.layers.Dense(num_classes, name="logits")(h)
     return accept_per_replica_batches(keras.Model(inputs, outputs, name=name or f"octnet3_{resolution}"))

@@ -21,6 +21,7 @@ layer forward and one backward: site/batch_norm.py).
 import keras
 
 from tf_sparseconv.inputs import count_arg
+from tf_sparseconv.models.host_seed_dropout import HostSeedDropout
 from tf_sparseconv.models.replicas import accept_per_replica_batches
 from tf_sparseconv.site.batch_norm import FusedBatchNormalization
 from tf_sparseconv.site.conv_layers import SPARSE_CONV, SPARSE_INVERSE_CONV, SUBM_CONV
@@ -135,7 +136,7 @@ def site_resnet(num_classes, resolution=16, spatial_dims=None, in_channels=1, ch
             width = filters
     h = SiteGlobalPool(pool, name="global_pool")(h)
     if dropout:
-        h = keras.layers.Dropout(dropout)(h)
+        h = HostSeedDropout(dropout)(h)
     outputs = keras.layers.Dense(num_classes, name="logits")(h)
     return accept_per_replica_batches(keras.Model(inputs, outputs, name=name))
 
