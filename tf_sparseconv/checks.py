@@ -42,6 +42,19 @@ def _origin(tensor):
         tensor = op.inputs[0]
 
 
+# Ops by which a tensor enters a traced graph: the function's arguments, the batches of its
+# tf.data iterator.
+_GRAPH_INPUTS = ("Placeholder", "IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue")
+
+
+def enters_the_graph(tensor):
+    """True where, in a traced graph, tensor is one of the graph's inputs (an argument of the
+    traced function, or a batch of its iterator), through the pass-through ops; False for an
+    eager tensor."""
+    tensor = _origin(tensor)
+    return tensor is not None and tensor.op.type in _GRAPH_INPUTS
+
+
 def made_by_library(keys, dense_shape):
     """True where, in a traced graph, keys are the keys output of one of the library's ops,
     which made or checked them, and dense_shape is the layout they are valid in (that op's).

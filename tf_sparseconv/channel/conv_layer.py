@@ -132,8 +132,10 @@ class DirectSparseConv(SparseLayer):
             raise ValueError(f"{self.name}: kernel_size must be {d} odd sizes, got {self.kernel_size}")
         self.spatial_shape = tuple(shape[1:-1].as_list())
         self.kernel_shape = (*sizes, int(cin), self.filters)
-        # The pruning mask (1 = present); pruned weights are skipped by the op.
-        self.mask = self.add_weight(name="mask", shape=self.kernel_shape, initializer="ones", trainable=False)
+        # The pruning mask (1 = present); pruned weights are skipped by the op, which reads the
+        # mask in host memory: kept there, a step copies nothing back from the GPU for it.
+        with tf.device("/cpu:0"):
+            self.mask = self.add_weight(name="mask", shape=self.kernel_shape, initializer="ones", trainable=False)
         # Weights found small at the last epoch end: the warning shot (§3.6).
         self.warned = self.add_weight(name="warned", shape=self.kernel_shape, initializer="zeros", trainable=False)
         self.kernel = self.add_weight(name="kernel", shape=self.kernel_shape, initializer=self.kernel_initializer,
@@ -170,7 +172,7 @@ class DirectSparseConv(SparseLayer):
 
     def sparse_call(self, x, training=None):
         y, touched, positive = direct_conv(
-            x, self.kernel, self.bias, tf.cast(self.mask, tf.bool), selection=self.selection,
+            x, self.kernel, self.bias, self.bool_mask(), selection=self.selection,
             k=self.k, rho_up=self.rho_up, dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes,
             activation=self.activation, return_counts=True,  # the ReLU fused into the op
             padded_output=padded_now(self.padded_output))
@@ -188,6 +190,11 @@ class DirectSparseConv(SparseLayer):
                 rho = tf.reduce_sum(survivors) / all_cells
             self.add_loss(self.density_regularizer.penalty(self.kernel, self.mask, rho, self.rho_up, self.bias))
         return y
+
+    def bool_mask(self):
+        """The mask as the op takes it, cast on the host where the mask is."""
+        with tf.device("/cpu:0"):
+            return tf.cast(self.mask, tf.bool)
 
     def present_weights(self):
         return int(tf.reduce_sum(self.mask))

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
-from tf_sparseconv.checks import check_every_op, made_by_library, padded_convs_upstream
+from tf_sparseconv.checks import check_every_op, enters_the_graph, made_by_library, padded_convs_upstream
 from tf_sparseconv.inputs import count_arg, float_attr, int_attr, refuse_complex
 from tf_sparseconv.layer_config import flag
 
@@ -119,6 +119,9 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     if filter_mask is None:
         filter_mask = tf.ones_like(filters, dtype=tf.bool)
     trusted = not check_every_op() and made_by_library(x.keys, x.dense_shape)
+    if not trusted and not check_every_op() and check_on_host(x.keys):
+        x = validate_on_host(x)
+        trusted = made_by_library(x.keys, x.dense_shape)
     keys, values, dense_shape, touched, positive, _status = _ops.direct_sparse_conv(
         in_keys=x.keys, in_values=x.values, dense_shape=x.dense_shape, filter=filters,
         filter_mask=tf.cast(filter_mask, tf.bool), bias=tf.convert_to_tensor(bias, dtype=x.dtype),
@@ -129,6 +132,27 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])
     y = ChannelSparseTensor(keys, values, dense_shape, out_shape, padded_output)
     return (y, touched, positive) if return_counts else y
+
+
+def gpu_visible():
+    """Whether TensorFlow sees a GPU (where the op runs by default)."""
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
+def check_on_host(keys):
+    """Whether the user's keys are checked on the host before a GPU convolution: where they
+    enter a traced graph (a tf.data batch arrives in host memory). The GPU op's own check
+    reads its result back, a wait for the GPU to reach it behind all the work queued before;
+    the host's check waits for nothing, and the op then trusts the keys."""
+    return enters_the_graph(keys) and gpu_visible()
+
+
+def validate_on_host(x):
+    """x, its keys and values checked by ChannelSparseValidate on the host (InvalidArgument
+    naming the problem otherwise)."""
+    from tf_sparseconv.channel.conversions import validate
+    with tf.device("/cpu:0"):
+        return validate(x)
 
 
 @tf.RegisterGradient(OP_NAMESPACE + "DirectSparseConv")
