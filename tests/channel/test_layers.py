@@ -61,6 +61,24 @@ def test_sparse_conv_layer_equals_the_raw_op(rng):
     assert out.shape.as_list() == [None, 7, 6, 5, 4]
 
 
+def test_the_pruning_mask_lives_and_is_cast_on_the_host(rng):
+    """The op reads filter_mask in host memory: kept there, a step copies nothing back from
+    the GPU for it; pruned weights still drop out of the layer's output."""
+    dense = (rng.random((2, 5, 5, 5, 2)) < 0.3) * rng.standard_normal((2, 5, 5, 5, 2))
+    x = kl.as_keras_inputs(ts.from_dense(dense.astype(np.float32)))
+    layer = kl.DirectSparseConv(3, 3)
+    layer(x)
+    assert "CPU" in layer.mask.value.device
+    graph = tf.function(lambda inputs: layer(inputs)).get_concrete_function(x).graph
+    casts = [op for op in graph.get_operations() if op.type == "Cast" and op.outputs[0].dtype == tf.bool]
+    assert casts and all("CPU" in op.device for op in casts)
+    mask = np.ones(layer.mask.shape, np.float32)
+    mask[..., 0] = 0  # prune every weight of output channel 0
+    layer.mask.assign(mask)
+    dense_out = ts.to_dense(kl.from_keras_inputs(layer(x))).numpy()
+    assert not dense_out[..., 0].any() and dense_out[..., 1:].any()  # no present weight, no entry
+
+
 def test_pool_relu_to_dense_layers_equal_the_raw_ops(rng):
     dense = rng.standard_normal((2, 6, 4, 3)).astype(np.float32) * (rng.random((2, 6, 4, 3)) < 0.5)
     x = ts.from_dense(dense)
