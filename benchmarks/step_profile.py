@@ -46,6 +46,7 @@ from tf_sparseconv import data as datasets  # noqa: E402
 from tf_sparseconv.models import DEFAULT_RHOS, octnet3  # noqa: E402
 from tf_sparseconv.training.distribute import per_replica_dataset  # noqa: E402
 from tf_sparseconv.training.optimizers import FusedAdam  # noqa: E402
+from tf_sparseconv.training.overlapping_steps import overlap_steps  # noqa: E402
 from tf_sparseconv.training.train import keras_batches  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -135,8 +136,9 @@ def queued_train_function(model):
     return train_function
 
 
-# keras: fit's own train function; queued: queued_train_function's
-TRAIN_FUNCTIONS = ("keras", "queued")
+# keras: fit's own train function; queued: queued_train_function's; overlap: the library's
+# training.overlap_steps (the logs of the metrics before each step, on the host)
+TRAIN_FUNCTIONS = ("keras", "queued", "overlap")
 
 
 def profile(replicas, optimizer, points, labels, classes, steps, keep_trace, train_function="keras", resolution=32):
@@ -150,6 +152,8 @@ def profile(replicas, optimizer, points, labels, classes, steps, keep_trace, tra
         model.compile(make_optimizer(optimizer), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     if train_function == "queued":
         model.train_function = queued_train_function(model)  # fit keeps a train function it finds
+    if train_function == "overlap":
+        overlap_steps(model)
     logdir = (os.path.join(keep_trace, f"replicas{replicas}-{optimizer}-{train_function}") if keep_trace
               else tempfile.mkdtemp(prefix="step_profile_"))
     trace = TraceSteps(logdir)
@@ -187,7 +191,8 @@ def main():
     p.add_argument("--optimizers", nargs="+", choices=sorted(OPTIMIZERS), default=["fused-adam"],
                    help="each configuration with each (keras-adam: the baseline of fused-adam, the trainer's)")
     p.add_argument("--train-functions", nargs="+", choices=TRAIN_FUNCTIONS, default=["keras"],
-                   help="each configuration with each (queued: queued_train_function, no wait between steps)")
+                   help="each configuration with each (queued: queued_train_function, no wait between steps; "
+                        "overlap: training.overlap_steps)")
     p.add_argument("--data-dir", help="a folder with modelnet40_train.npz (default: the embedded synthetic shapes)")
     p.add_argument("--steps", type=int, default=10, help="traced steps")
     p.add_argument("--resolution", type=int, choices=RESOLUTIONS, default=32, help="OctNet3's grid, r^3")

@@ -75,6 +75,7 @@ from tf_sparseconv.training.fine_tune import FineTunePhase
 from tf_sparseconv.training.losses import SmoothedSparseCrossentropy
 from tf_sparseconv.training.metrics import MeanClassAccuracy, class_accuracies
 from tf_sparseconv.training.optimizers import FusedAdam
+from tf_sparseconv.training.overlapping_steps import overlap_steps
 from tf_sparseconv.training.pruning import WarningShotPruning, present_weight_count, sparse_conv_layers
 from tf_sparseconv.training.report import (EpochProgress, PresentWeights, TensorBoardScalars, plot_training_curve,
                                            summary_lines)
@@ -1085,6 +1086,8 @@ def run_training(parser, args, argv, strategy):
         if test_weights is not None:
             metrics.append(MeanClassAccuracy(len(classes), test_weights, name="test_weighted_accuracy"))
         model.compile(optimizer, loss, metrics=metrics, steps_per_execution=args.steps_per_execution)
+        # One replica, one step per call: fit queues the next step without waiting for this one's.
+        overlap_steps(model)
     replica_batch = args.batch_size // replicas
     sites_per_sample = bound_sites_per_sample(args)
     bound = memory_bound(model, replica_batch, points_per_sample=sites_per_sample)
