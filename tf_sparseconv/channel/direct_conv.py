@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
+from tf_sparseconv.channel.keras_io import gpu_visible
 from tf_sparseconv.channel.tensor import ChannelSparseTensor
 from tf_sparseconv.checks import check_every_op, enters_the_graph, made_by_library, padded_convs_upstream
 from tf_sparseconv.inputs import count_arg, float_attr, int_attr, refuse_complex
@@ -132,11 +133,6 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])
     y = ChannelSparseTensor(keys, values, dense_shape, out_shape, padded_output)
     return (y, touched, positive) if return_counts else y
-
-
-def gpu_visible():
-    """Whether TensorFlow sees a GPU (where the op runs by default)."""
-    return bool(tf.config.list_logical_devices("GPU"))
 
 
 def check_on_host(keys):
