@@ -92,8 +92,9 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     `padded_output` True: the result's length is known before the op runs (with selection
     B * Cout * min(k, S), capped by the input's length times the present weights of an input
     channel), its live entries followed by padding (ChannelSparseTensor.padded). On the GPU,
-    with keys that one of the library's ops made in the same traced graph, the op then does
-    not wait for the device; its data checks (NaN in values, filter or bias, or before the
+    with keys that one of the library's ops made in the same traced graph, or that enter the
+    traced graph (checked on the host first, `check_on_host`), the op then does not wait for
+    the device; its data checks (NaN in values, filter or bias, or before the
     fused ReLU) are reported by `to_dense` where the sparse part ends, as one InvalidArgument
     naming the convolution, at the latest when the traced function ends. A result that never
     reaches `to_dense` is not checked then.
