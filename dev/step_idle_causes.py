@@ -8,7 +8,9 @@ an op that needs a GPU value on the host waits for the GPU to reach it. Last, th
 function's calls on the Python thread (Keras' `multi_step_on_iterator`, or a `train_function`
 of one's own; --function NAME for another): each call's time and the time until the next call,
 with the GPU's busy time within each and the Python thread's device-to-host copies between
-calls (where fit waits for a step's GPU work before the next step).
+calls (where fit waits for a step's GPU work before the next step); then, for a call that
+lasts as long as its GPU work, what it waits for at its end: the device-to-host copies that end
+last within a call, by op.
 
     python3 dev/step_idle_causes.py DIR --steps 20 [--min-gap 5] [--every 2] [--top 20] [--function NAME]
 """
@@ -59,7 +61,13 @@ def innermost(begins, events, t, look_back=400):
 
 def d2h_copies(space):
     """Counter of the GPU planes' device-to-host copies by their tf_op stat (or event name)."""
-    copies = collections.Counter()
+    return collections.Counter(op for op, _, _ in d2h_copy_events(space))
+
+
+def d2h_copy_events(space):
+    """[(op, begin ps, end ps)] of the GPU planes' device-to-host copies, op being the copy's
+    tf_op stat (or its event name)."""
+    copies = []
     for plane in space.planes:
         if not plane.name.startswith("/device:GPU:"):
             continue
@@ -76,8 +84,26 @@ def d2h_copies(space):
                            if stat_names.get(s.metadata_id) == "tf_op"), None)
                 if op is not None and op.isdigit():
                     op = stat_names.get(int(op), op)
-                copies[op or name] += 1
+                begin = line.timestamp_ns * 1000 + e.offset_ps
+                copies.append((op or name, begin, begin + e.duration_ps))
     return copies
+
+
+def copies_before_call_ends(space, calls, intervals):
+    """What a step-function call waits for at its end: over the calls, the median picoseconds
+    from the GPU's last work within each call to the call's end, and per op whose
+    device-to-host copy ends within a call, [(ps from the copy's end to the call's end)]."""
+    copies = sorted(d2h_copy_events(space), key=lambda c: c[2])
+    ends = [c[2] for c in copies]
+    gpu_ends = sorted(e for _, e in intervals)
+    tails, by_op = [], collections.defaultdict(list)
+    for b0, e0 in calls:
+        last = bisect.bisect_right(gpu_ends, e0) - 1
+        if last >= 0 and gpu_ends[last] > b0:
+            tails.append(e0 - gpu_ends[last])
+        for i in range(bisect.bisect_left(ends, b0), bisect.bisect_right(ends, e0)):
+            by_op[copies[i][0]].append(e0 - copies[i][2])
+    return tails, by_op
 
 
 STEP_FUNCTIONS = ("multi_step_on_iterator", "train_function")
@@ -161,6 +187,14 @@ def main():
     print(f"   call {spread(columns[0])} ms, GPU busy in it {spread(columns[1])} ms")
     print(f"   until the next call {spread(columns[2])} ms, GPU busy meanwhile {spread(columns[3])} ms, "
           f"Python-thread device-to-host copies meanwhile {spread(columns[4], 1)}")
+    tails, by_op = copies_before_call_ends(space, gpu_trace.python_calls(space, name), intervals)
+    if tails:
+        print(f"   from the GPU's last work in a call to the call's end {spread(tails)} ms")
+    print(f"-- the copies to the host that end last in a call of {name!r} (ms before the call ends, "
+          "median (min-max), copies per call)")
+    ranked = sorted(by_op.items(), key=lambda item: sorted(item[1])[len(item[1]) // 2])
+    for op, gaps in ranked[:args.top]:
+        print(f"   {spread(gaps)}  {len(gaps) / max(1, len(rows) + 1):4.1f}  {op[:100]}")
 
 
 if __name__ == "__main__":

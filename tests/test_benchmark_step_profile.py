@@ -182,3 +182,31 @@ def test_step_calls_measure_each_call_and_the_wait_before_the_next(tmp_path):
     assert name == "train_function"
     assert rows == [(100, 50, 100, 60, 2), (100, 10, 20, 10, 0)]
     assert step_idle_causes.step_calls(space, intervals, "multi_step_on_iterator") == ("multi_step_on_iterator", [])
+
+
+def test_copies_before_call_ends_names_what_a_call_waits_for(tmp_path):
+    """dev/step_idle_causes.copies_before_call_ends: per call, the time from the GPU's last
+    work in it to its end, and per op the time from each of its device-to-host copies (ended
+    within a call, named by the copy's tf_op stat) to the call's end."""
+    sys.path.insert(0, os.path.join(ROOT, "dev"))
+    import step_idle_causes
+    space, gpu = trace_with_one_gpu(["Kernel", "MemcpyD2H"])
+    gpu.stat_metadata[7].name = "tf_op"
+    stream = gpu.lines.add()
+    stream.name = "Stream #13(Compute,MemcpyDtoH)"
+
+    def copy(offset, duration, op):
+        add_event(stream, 2, offset, duration)
+        stat = stream.events[-1].stats.add()
+        stat.metadata_id, stat.str_value = 7, op
+    add_event(stream, 1, 10, 70)          # call 1 [0, 100): GPU work to 80
+    copy(20, 5, "early/_1:_Send")         # ends 75 before call 1 ends
+    copy(85, 10, "logs/_9:_Send")         # ends at 95: 5 before
+    add_event(stream, 1, 200, 90)         # call 2 [200, 300): GPU work to 290
+    copy(290, 8, "logs/_9:_Send")         # ends at 298: 2 before
+    copy(305, 5, "after/_3:_Send")        # after every call: not counted
+    intervals = [(b, e) for _, (_, evs) in gpu_trace.gpu_stream_events(space).items() for b, e, _ in evs]
+    tails, by_op = step_idle_causes.copies_before_call_ends(space, [(0, 100), (200, 300)], intervals)
+    assert tails == [5, 2]                # the copies are GPU work too
+    assert dict(by_op) == {"early/_1:_Send": [75], "logs/_9:_Send": [5, 2]}
+    assert step_idle_causes.d2h_copies(space) == {"early/_1:_Send": 1, "logs/_9:_Send": 2, "after/_3:_Send": 1}
