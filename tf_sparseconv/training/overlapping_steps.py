@@ -4,8 +4,9 @@ Keras' fit waits for each step's GPU work before it starts the next one: its tra
 hands the step's logs back inside an Optional, and fit reads them on the host (the Optional's
 `has_value`, then each log as a number), which TensorFlow queues behind all of the step's work.
 `overlap_steps(model)` makes fit use a train function that returns, instead, the metrics'
-results as they stood before the step, copied to the host inside the function. Nothing then
-waits for the step's own work, and the host queues the next step while the GPU runs this one.
+results as they stood before the step, copied into variables on the host inside the step.
+Nothing then waits for the step's own work, and the host queues the next step while the GPU
+runs this one.
 
 What changes for the user: a batch callback sees each batch's logs one step late (the first
 batch of an epoch sees the metrics as just reset). An epoch's logs are exact, because Keras
@@ -56,14 +57,29 @@ def overlappable(model):
 def host_logs_train_function(model):
     """fit's train function(iterator): one training step on the iterator's next batch,
     returning the metrics' results read before the step (the automatic control dependencies
-    of a traced function order each read before the step's update of that metric) and copied
-    to the host. The data's end surfaces as OutOfRangeError, which fit takes as the epoch's
-    end."""
+    of a traced function order each read before the step's update of that metric). The
+    traced step returns nothing: it copies the results into variables on the host, and the
+    function returns those variables' values. A traced function's outputs would wait for all
+    of its stateful ops (the automatic control dependencies gate them), so an output on the
+    GPU would be copied to the host only after the whole step. The data's end surfaces as
+    OutOfRangeError, which fit takes as the epoch's end."""
+    host_logs = {}  # metric name -> a variable on the host, made at the first call
+
     @tf.function(reduce_retracing=True)
-    def train_function(iterator):
+    def step(iterator):
+        results = model.get_metrics_result()
         with tf.device("/cpu:0"):
-            logs = {name: tf.identity(value) for name, value in model.get_metrics_result().items()}
+            for name, value in results.items():
+                host_logs[name].assign(tf.identity(value))
         model.distribute_strategy.run(model.train_step, args=(iterator.get_next(),))
-        return logs
+
+    def train_function(iterator):
+        if not host_logs:
+            with tf.device("/cpu:0"):
+                for name, value in model.get_metrics_result().items():
+                    host_logs[name] = tf.Variable(tf.zeros(tf.shape(value), value.dtype), trainable=False,
+                                                  name="host_log")
+        step(iterator)
+        return {name: variable.value() for name, variable in host_logs.items()}
 
     return train_function
