@@ -11,6 +11,9 @@ For each resolution, on a stratified subset of ../shared/data/modelnet40_train.n
             median of --reps calls, and its forward+backward under a GradientTape;
   epoch     (--epoch) one real epoch of model.fit over all 8,858 training shapes, the
             figure the issue asks for, with the steps and the input pipeline as in training;
+            an epoch per --epoch-train-functions: "overlap" (default) trains through
+            training.overlap_steps as `tf-sparseconv train` does, "keras" through Keras' own
+            train function (the host waits for each step's GPU work);
   dense     (--dense-baseline) the baseline of the same run: the same network with
             keras.layers.Conv3D and MaxPool3D in place of the sparse blocks, trained on the
             same batch as a dense [B, r, r, r, 1] grid; step ms as above, and ratio =
@@ -44,6 +47,7 @@ from tf_sparseconv.channel.direct_conv import DATAFLOWS  # noqa: E402
 from tf_sparseconv.channel.conversions import to_dense  # noqa: E402
 from tf_sparseconv.models import DEFAULT_RHOS, octnet3  # noqa: E402
 from tf_sparseconv.models.octnet3 import BLOCK_CHANNELS, _default_dense_blocks  # noqa: E402
+from tf_sparseconv.training.overlapping_steps import overlap_steps  # noqa: E402
 from tf_sparseconv.training.train import DEFAULT_DATA_DIR, keras_batches  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -162,7 +166,8 @@ def markdown_tables(path):
               f"{dense['step_ms']:.1f} ms per step against the sparse {dense['sparse_step_ms']:.1f} ms "
               f"(sparse {dense['ratio']:.2f}x the dense speed)")
     for epoch in (r for r in rows if r["kind"] == "epoch"):
-        print(f"\nEpoch at {epoch['resolution']}³ on {epoch['device']} ({epoch.get('dataflow', 'auto')}): "
+        print(f"\nEpoch at {epoch['resolution']}³ on {epoch['device']} ({epoch.get('dataflow', 'auto')}, "
+              f"{epoch.get('train_function', 'keras')} train function): "
               f"{epoch['sec_per_epoch']:.1f} s, {epoch['steps']} steps of batch {epoch['batch']}")
 
 
@@ -180,6 +185,9 @@ def main():
     p.add_argument("--dense-baseline", action="store_true",
                    help="also time the same network with dense Conv3D blocks on the same batch (the baseline)")
     p.add_argument("--epoch-dataflow", choices=DATAFLOWS, default="auto", help="the dataflow of --epoch")
+    p.add_argument("--epoch-train-functions", nargs="+", choices=("keras", "overlap"), default=["overlap"],
+                   help="--epoch's train function, an epoch each: Keras' own, or training.overlap_steps' "
+                        "(what tf-sparseconv train uses)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     p.add_argument("--out", default=None, help="JSON-lines file to write (default: by device, see above)")
     p.add_argument("--table", action="store_true", help="print the figures of --out (default: the GPU file) and exit")
@@ -239,15 +247,17 @@ def main():
                    "note": "the same network with Conv3D and MaxPool3D blocks on the same batch as a dense grid"}
             print(json.dumps(row), flush=True)
             out_rows.append(row)
-        if args.epoch:
+        for train_function in (args.epoch_train_functions if args.epoch else ()):
             model = build(r, len(classes), args.epoch_dataflow)
+            if train_function == "overlap":
+                overlap_steps(model)
             full = make(train_idx)
             model.fit(full.take(2), epochs=1, verbose=0)  # tracing, outside the timed epoch
             start = time.perf_counter()
             history = model.fit(full, epochs=1, verbose=2)
             seconds = time.perf_counter() - start
             row = {"kind": "epoch", "resolution": r, "device": device, "sec_per_epoch": seconds,
-                   "dataflow": args.epoch_dataflow,
+                   "dataflow": args.epoch_dataflow, "train_function": train_function,
                    "steps": steps_per_epoch, "ms_per_step": seconds / steps_per_epoch * 1e3,
                    "batch": args.batch_size, "train_accuracy": float(history.history["accuracy"][-1]),
                    "note": f"one epoch of model.fit over {len(train_idx)} ModelNet40 shapes after a 2-step "
