@@ -51,6 +51,9 @@ import tensorflow as tf  # noqa: E402
 
 import tf_sparseconv as ts  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_file import add_replace_argument, refuse_to_replace  # noqa: E402
+
 DEFAULT_OUT = os.path.join(REPO_ROOT, "benchmarks", "results", "direct_conv_cpu.jsonl")
 FULL_RESOLUTIONS = (32, 64, 128, 256)
 QUICK_RESOLUTIONS = (32, 64)
@@ -545,10 +548,12 @@ def main():
     parser.add_argument("--out", default=DEFAULT_OUT, help="results file (JSON lines)")
     parser.add_argument("--table", action="store_true",
                         help="print the markdown table of an existing results file and exit")
+    add_replace_argument(parser)
     args = parser.parse_args()
     if args.table:
         print(render_markdown(read_rows(args.out)))
     else:
+        refuse_to_replace(parser, args.out, args.replace)
         run_benchmark(args.quick, args.out)
 
 

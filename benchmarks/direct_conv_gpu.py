@@ -53,6 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tf_sparseconv as ts  # noqa: E402
 from gpu_trace import rank_events, traced_events  # noqa: E402
+from results_file import add_replace_argument, refuse_to_replace  # noqa: E402
 from run_info import checkout_commit  # noqa: E402
 from timing import device_s_per_call, median_time, sync  # noqa: E402
 
@@ -376,6 +377,7 @@ def main():
                         help="with --memory-only: our op's temp_limit_bytes, in MiB")
     parser.add_argument("--resolutions", type=int, nargs="+", choices=RESOLUTIONS, default=None,
                         help="with --memory-only: these resolutions (default: all)")
+    add_replace_argument(parser)
     args = parser.parse_args()
     if args.table:
         markdown_tables(args.out)
@@ -406,6 +408,9 @@ def main():
     # A run replaces the rows of the configurations it runs but keeps the others, the epoch
     # rows of benchmarks/train_step.py and the stack rows of benchmarks/direct_conv_stack_gpu.py.
     run_now = {(mode, r, rho_f) for mode, _, r, rho_f in configs}
+    if not args.memory_only:
+        refuse_to_replace(parser, args.out, args.replace,
+                          lambda row: (row.get("kind"), row.get("r"), row.get("rho_f")) in run_now)
     epoch_rows = []
     if not args.memory_only and os.path.exists(args.out):
         with open(args.out) as f:

@@ -23,6 +23,7 @@ import tensorflow as tf
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+from results_file import add_replace_argument, refuse_to_replace  # noqa: E402
 from site_conv_gpu import layer_rows, levels_of  # noqa: E402
 from site_scenes import LAYERS, layer_weights, level_features, scenes  # noqa: E402
 
@@ -72,10 +73,12 @@ def main():
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--table", action="store_true", help="print the markdown table of --out and exit")
+    add_replace_argument(p)
     args = p.parse_args()
     if args.table:
         markdown_table(args.out)
         return
+    refuse_to_replace(p, args.out, args.replace)
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     rows = []
     with tf.device("/CPU:0"):

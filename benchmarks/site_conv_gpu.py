@@ -32,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from site_scenes import CHAIN, LAYERS, layer_weights, level_features, scenes  # noqa: E402
+from results_file import add_replace_argument, refuse_to_replace  # noqa: E402
 from run_info import checkout_commit  # noqa: E402
 from timing import check_sync, interleaved_medians, median_time, queued_s_per_call, sync_method  # noqa: E402
 
@@ -428,7 +429,9 @@ def main():
     p.add_argument("--untrusted-maps", action="store_true",
                    help="call the ops with map_is_trusted=False (row checks and a host round trip per call), "
                         "as before that attr; by default the maps, all from SiteKernelMap, are passed as trusted")
+    add_replace_argument(p)
     args = p.parse_args()
+    refuse_to_replace(p, args.out, args.replace)  # before the ours phase too: its rows go to --out at the merge
     run_ours(args) if args.phase == "ours" else merge(args)
 
 

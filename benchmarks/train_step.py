@@ -18,7 +18,7 @@ For each resolution, on a stratified subset of ../shared/data/modelnet40_train.n
             keras.layers.Conv3D and MaxPool3D in place of the sparse blocks, trained on the
             same batch as a dense [B, r, r, r, 1] grid; step ms as above, and ratio =
             dense step / sparse step (> 1: the sparse network is faster).
-One JSON object per line in --out, replaced by each run (default: results/train_step_gpu.jsonl
+One JSON object per line in --out, which a run replaces only with --replace (default: results/train_step_gpu.jsonl
 where a GPU is visible, else results/train_step_cpu.jsonl): kind = "step" | "layer" | "epoch" | "dense_step";
 on a GPU the epoch rows are also appended to results/direct_conv_gpu.jsonl, beside the
 direct convolution's GPU figures, where the epochs of earlier runs stay as history.
@@ -51,6 +51,7 @@ from tf_sparseconv.training.overlapping_steps import overlap_steps  # noqa: E402
 from tf_sparseconv.training.train import DEFAULT_DATA_DIR, keras_batches  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_file import add_replace_argument, refuse_to_replace  # noqa: E402
 from timing import median_time, sync  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -191,12 +192,14 @@ def main():
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     p.add_argument("--out", default=None, help="JSON-lines file to write (default: by device, see above)")
     p.add_argument("--table", action="store_true", help="print the figures of --out (default: the GPU file) and exit")
+    add_replace_argument(p)
     args = p.parse_args()
     if args.table:
         markdown_tables(args.out or os.path.join(RESULTS, "train_step_gpu.jsonl"))
         return
     on_gpu = bool(tf.config.list_physical_devices("GPU"))
     args.out = args.out or os.path.join(RESULTS, "train_step_gpu.jsonl" if on_gpu else "train_step_cpu.jsonl")
+    refuse_to_replace(p, args.out, args.replace)
     npz = args.data_dir if args.data_dir.endswith(".npz") else os.path.join(args.data_dir, "modelnet40_train.npz")
     points, labels, classes = datasets.load_modelnet_npz(npz)
     train_idx, _ = datasets.stratified_split(labels, 0.1, 0)
