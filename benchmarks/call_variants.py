@@ -2,11 +2,14 @@
 site_e2e_gpu.py's networks timed as built (`base`), with its weights frozen into constants
 (`frozen`: no variable reads, the graph's other ops unchanged), without the convolution
 layers' row checks (`nochecks`: the Shape/StridedSlice/Equal/Assert ops of
-kernel_map.assert_rows_match) and with int64 coordinates (`int64`: TensorFlow passes an
-int32 argument of a tf.function in host memory, int64 stays on the GPU); interleaved rounds,
-medians of synchronised calls. With --trace DIR three calls each of `base` and `int64` are
-traced with TensorFlow's profiler and the XSpace files kept there (the host threads' events
-beside the GPU's stream events; docs/benchmarks.md reads them).
+kernel_map.assert_rows_match), with int64 coordinates (`int64`: TensorFlow passes an
+int32 argument of a tf.function in host memory, int64 stays on the GPU) and the tf.function
+itself with int64 coordinates (`function`: what site_e2e_gpu.py times; the other variants
+call ConcreteFunctions, which skip the tf.function's lookup of its traced function and its
+captured variables); interleaved rounds, medians of synchronised calls. With --trace DIR
+three calls each of `base` and `int64` are traced with TensorFlow's profiler and the XSpace
+files kept there (the host threads' events beside the GPU's stream events;
+docs/benchmarks.md reads them).
 
     python benchmarks/call_variants.py --networks resunet42_lidar_5cm_b1 unet5_lidar_5cm --dtype fp16
 """
@@ -27,12 +30,13 @@ from gpu_trace import first_gpu_work, trace_file  # noqa: E402
 from site_networks import conv_weights, network, scene  # noqa: E402
 from site_scenes import LIDAR  # noqa: E402
 
-VARIANTS = ("base", "frozen", "nochecks", "int64")
+VARIANTS = ("base", "frozen", "nochecks", "int64", "function")
 
 
 def build(run, dtype, lidar, tiny, checks=True, int64=True):
-    """(the concrete forward of int32 coordinates, its inputs, the site count, and where int64
-    is true the concrete forward of int64 coordinates and its inputs, else None, None)."""
+    """(the concrete forward of int32 coordinates, its inputs, the site count, where int64 is
+    true the concrete forward of int64 coordinates and its inputs, else None, None, and the
+    tf.function whose traces those are)."""
     import importlib
     import tensorflow as tf
     kernel_map = importlib.import_module("tf_sparseconv.site.kernel_map")  # the module, not the function
@@ -51,12 +55,12 @@ def build(run, dtype, lidar, tiny, checks=True, int64=True):
         c, f = tf.constant(coords), tf.constant(features.astype(dtype))
         concrete = fwd.get_concrete_function(c, f)
         if not int64:
-            return concrete, (c, f), len(coords), None, None
+            return concrete, (c, f), len(coords), None, None, fwd
         c64 = tf.constant(coords.astype(np.int64))
         wide = fwd.get_concrete_function(c64, f)
     finally:
         kernel_map.assert_rows_match = original
-    return concrete, (c, f), len(coords), wide, (c64, f)
+    return concrete, (c, f), len(coords), wide, (c64, f), fwd
 
 
 def frozen(concrete):
@@ -87,7 +91,7 @@ def main():
     device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
     for run in args.networks:
         with tf.device(device):
-            base, inputs, sites, wide, wide_inputs = build(run, dtype, args.lidar, args.tiny)
+            base, inputs, sites, wide, wide_inputs, function = build(run, dtype, args.lidar, args.tiny)
             fns = {"base": base}
             if "frozen" in args.variants:
                 fns["frozen"] = frozen(base)
@@ -95,7 +99,9 @@ def main():
                 fns["nochecks"] = build(run, dtype, args.lidar, args.tiny, checks=False, int64=False)[0]
             if "int64" in args.variants:
                 fns["int64"] = wide
-        feeds = {name: wide_inputs if name == "int64" else inputs for name in fns}
+            if "function" in args.variants:
+                fns["function"] = function
+        feeds = {name: wide_inputs if name in ("int64", "function") else inputs for name in fns}
         ref = fns["base"](*inputs)
         for name, fn in fns.items():
             out = fn(*feeds[name])
@@ -118,7 +124,8 @@ def main():
         print(f"{run} {args.dtype} fwd, {sites:,} sites, {device}:", flush=True)
         for name, fn in fns.items():
             print(f"  {name:9s} {statistics.median(times[name]) * 1e3:8.3f} ms  "
-                  f"(ops in the graph before Grappler: {graph_ops(fn)})", flush=True)
+                  f"(ops in the graph before Grappler: "
+                  f"{graph_ops(fn.get_concrete_function(*feeds[name]) if name == 'function' else fn)})", flush=True)
         if args.trace:
             os.makedirs(args.trace, exist_ok=True)
             for name in [n for n in ("base", "int64") if n in fns]:

@@ -194,7 +194,7 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
 
 
 def test_the_call_variants_agree_and_keep_their_traces(tmp_path):
-    """benchmarks/call_variants.py: the same forward call built four ways gives the same
+    """benchmarks/call_variants.py: the same forward call built five ways gives the same
     output (the script checks it and fails otherwise) and a time each; two traces kept."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "benchmarks/call_variants.py", "--networks", "unet5_lidar_5cm", "--tiny",
@@ -202,7 +202,7 @@ def test_the_call_variants_agree_and_keep_their_traces(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     timed = [line.split()[0] for line in done.stdout.splitlines() if line.strip().endswith(")")]
-    assert timed == ["base", "frozen", "nochecks", "int64"], done.stdout
+    assert timed == ["base", "frozen", "nochecks", "int64", "function"], done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "unet5_lidar_5cm_fp32_base.xplane.pb", "unet5_lidar_5cm_fp32_int64.xplane.pb"]
     done = subprocess.run([sys.executable, "benchmarks/call_variants.py", "--networks", "unet5_lidar_5cm", "--tiny",
