@@ -2,6 +2,8 @@
 metrics before each step, on the host, trains the same weights as Keras' own, gives the same
 epoch logs, hands batch callbacks each batch's logs one step late, and stands aside where it
 does not apply."""
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from tf_sparseconv import data as datasets
 from tf_sparseconv.models import octnet3
 from tf_sparseconv.training.overlapping_steps import overlap_steps
 from tf_sparseconv.training.train import keras_batches
+from tests.device import run_in_own_process
 
 
 class BatchLogs(keras.callbacks.Callback):
@@ -89,3 +92,32 @@ def test_it_stands_aside_for_several_steps_per_call():
     model, history, _ = fit(True, epochs=1, steps_per_execution=2)
     assert not getattr(model.train_function, "overlaps_steps", False)  # Keras' own
     assert len(history["loss"]) == 1
+
+
+def test_under_a_one_replica_mirrored_strategy_the_logs_stay_on_the_host():
+    """MirroredStrategy on one device (what a one-GPU user may write): the weights live on the
+    strategy's device, here a second logical CPU, but the variables that carry the logs stay
+    plain variables on the host's CPU:0, so the step still overlaps."""
+    out = run_in_own_process("""
+        import gc, json
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        import keras, numpy as np
+        from tf_sparseconv.training.overlapping_steps import overlap_steps
+        with tf.distribute.MirroredStrategy(["/cpu:1"]).scope():
+            model = keras.Sequential([keras.layers.Input((3,)), keras.layers.Dense(2)])
+            model.compile("sgd", "mse", metrics=["mae"])
+        overlap_steps(model)
+        rng = np.random.default_rng(0)
+        model.fit(rng.random((64, 3), "float32"), rng.random((64, 2), "float32"), batch_size=16, verbose=0)
+        logs = [v for v in gc.get_objects() if isinstance(v, tf.Variable) and v.name.startswith("host_log")]
+        print(json.dumps({"overlaps": getattr(model.train_function, "overlaps_steps", False),
+                          "weights": str(model.trainable_variables[0].value.device),
+                          "logs": [[type(v).__name__, v.device] for v in logs]}))
+    """)
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen["overlaps"]
+    assert seen["weights"].endswith("CPU:1")
+    assert len(seen["logs"]) == 2  # loss and mae
+    assert all(kind == "ResourceVariable" and device.endswith("CPU:0") for kind, device in seen["logs"])
