@@ -957,6 +957,24 @@ def test_large_conv_backprop_matches_cpu(rng, dtype, gpu_dataflow, gpu):
         assert_close(g, c, dtype)
 
 
+def test_conv_backprop_counts_an_output_gradient_with_the_grids_no_output_bits(rng, dtype, gpu_dataflow, gpu):
+    # The GPU's backward may look output gradients up in a grid over the output keys that marks
+    # "no output here" with all-ones bits, a NaN. An output gradient with exactly those bits is
+    # still a gradient: NaN where it reaches, as on the CPU, never dropped.
+    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 2, (8, 9, 7), 2, 3, (3, 3, 3), 0.1, 0.6, dtype)
+    y, _ = run_conv(CPU, keys, values, dense_shape, w, mask, bias)
+    out_grad = rng.standard_normal(y.keys.shape[0]).astype(dtype)
+    out_grad[[0, len(out_grad) // 2]] = np.array(-1, np.int32 if dtype == np.float32 else np.int64).view(dtype)
+    assert np.isnan(out_grad[0]) and out_grad.view(np.uint8)[:out_grad.itemsize].tolist() == [255] * out_grad.itemsize
+    cpu_grads = backprop(CPU, keys, values, dense_shape, w, mask, y.keys.numpy(), out_grad, dataflow="sort")
+    gpu_grads = backprop(GPU, keys, values, dense_shape, w, mask, y.keys.numpy(), out_grad, dataflow=gpu_dataflow)
+    assert 0 < np.isnan(cpu_grads[0]).sum() < len(keys)
+    np.testing.assert_array_equal(gpu_grads[0], cpu_grads[0])  # NaN at the same entries, the rest equal bits
+    for g, c in zip(gpu_grads[1:], cpu_grads[1:]):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(c))
+        assert_close(np.nan_to_num(g), np.nan_to_num(c), dtype)
+
+
 def conv_and_gradients(keys, values, dense_shape, w, mask, bias, dataflow="auto"):
     """The forward's keys and values and the gradients of sum(y^2) by the input values and the
     filter."""

@@ -725,40 +725,68 @@ __device__ T BlockSum(T value, T* shared) {
   return total;
 }
 
-// Where an output key's entry is: a binary search in the sorted out_keys, or, where the
-// dense grid is used, index[key] (-1: none), built once per call.
+// Where an output key's entry is: a binary search in the sorted out_keys.
 struct OutputLookup {
   const int64_t* out_keys;
   int64_t n_out;
-  const int32_t* index;  // nullptr: binary search
   __device__ int64_t Find(int64_t key) const {
-    if (index != nullptr) return index[key];
     const int64_t p = LowerBound(out_keys, n_out, key);
     return p < n_out && out_keys[p] == key ? p : -1;
   }
 };
 
-__global__ void OutputIndexKernel(const int64_t* out_keys, int64_t n_out, int64_t num_keys, const Report* report,
-                                  int32_t* index) {
+// The grid of output gradients marks "no output entry" with all-ones bits (a NaN that
+// arithmetic does not produce); an output gradient with those bits is stored as the
+// canonical NaN, which gives the same NaN sums.
+__device__ inline bool IsNoOutput(float v) { return __float_as_uint(v) == 0xffffffffu; }
+__device__ inline bool IsNoOutput(double v) { return __double_as_longlong(v) == -1LL; }
+__device__ inline float GridValue(float v) { return IsNoOutput(v) ? __uint_as_float(0x7fffffffu) : v; }
+__device__ inline double GridValue(double v) {
+  return IsNoOutput(v) ? __longlong_as_double(0x7fffffffffffffffLL) : v;
+}
+
+// The output gradient of an output key, if the key has an output entry. With a grid (the
+// gradient scattered to a dense array over the output keys, built once per call) that is one
+// random read; without, a binary search, then the gradient's read.
+template <typename T>
+struct OutGradLookup {
+  OutputLookup out;
+  const T* out_grad;
+  const T* grid;  // nullptr: search out_keys
+  __device__ bool At(int64_t key, T* g) const {
+    if (grid != nullptr) {
+      const T v = grid[key];
+      *g = v;
+      return !IsNoOutput(v);
+    }
+    const int64_t p = out.Find(key);
+    if (p < 0) return false;
+    *g = out_grad[p];
+    return true;
+  }
+};
+
+template <typename T>
+__global__ void OutGradGridKernel(const int64_t* out_keys, const T* out_grad, int64_t n_out, int64_t num_keys,
+                                  const Report* report, T* grid) {
   ChainedKernelBegin();
   if (!ChecksPassed(report)) return;
   TF_SPARSECONV_GRID_LOOP(p, n_out) {
     const int64_t key = out_keys[p];
-    if (key >= 0 && key < num_keys) index[key] = static_cast<int32_t>(p);
+    if (key >= 0 && key < num_keys) grid[key] = GridValue(out_grad[p]);  // padding keys lie beyond
   }
 }
 
-// The output entry that entry i feeds through w, or -1 (outside the grid, or dropped by
-// k-selection and so absent from out_keys).
-__device__ inline int64_t LinkedOutput(const KeyLayout& L, const EntryData& e, int64_t i,
-                                       const GpuPresentWeight& w, const OutputLookup& out) {
+// The output key that entry i feeds through w, or -1 (outside the grid). The key may still
+// have no output entry (dropped by k-selection): OutGradLookup::At says.
+__device__ inline int64_t LinkedKey(const KeyLayout& L, const EntryData& e, int64_t i, const GpuPresentWeight& w) {
   if (!Reaches(e.coords + i * L.d, w, L.d)) return -1;
-  return out.Find(e.out_base[i] + w.oc * L.spatial_size - w.lin_delta);
+  return e.out_base[i] + w.oc * L.spatial_size - w.lin_delta;
 }
 
-// Loads in flight per thread in the gradient kernels: each output lookup is two dependent
-// random reads (the output's index, then its gradient), so a thread issues kGradUnroll of
-// them before it adds any, in the same order as one at a time.
+// Loads in flight per thread in the gradient kernels: each output lookup is one or more
+// dependent random reads, so a thread issues kGradUnroll of them before it adds any, in the
+// same order as one at a time.
 constexpr int kGradUnroll = 4;
 
 // What the gradient kernels read of a present weight where the weights pack, in one 16-byte
@@ -808,8 +836,9 @@ __device__ inline bool PackedReaches(const KeyLayout& L, const int32_t (&x)[kMax
   return reaches;
 }
 
-// The input gradient's two sources of present weights. For item r of entry i's row, Link gives
-// the output entry the weight links i to (-1: none) and, where linked, the filter value;
+// The input gradient's two sources of present weights. For item r of entry i's row, Link says
+// whether the weight links i to an output entry and, where it does, gives the filter value
+// and that output's gradient;
 // Prepare what it reads of entry i once per entry.
 template <typename T>
 struct UnpackedWeights {  // where the weights do not pack: the table and the filter
@@ -817,12 +846,13 @@ struct UnpackedWeights {  // where the weights do not pack: the table and the fi
   const T* filter;
   struct Entry {};
   __device__ Entry Prepare(const KeyLayout&, const EntryData&, int64_t) const { return {}; }
-  __device__ int64_t Link(const KeyLayout& L, const EntryData& e, int64_t i, const Entry&, int64_t r,
-                          const OutputLookup& out, T* value) const {
+  __device__ bool Link(const KeyLayout& L, const EntryData& e, int64_t i, const Entry&, int64_t r,
+                       const OutGradLookup<T>& out, T* value, T* grad) const {
     const GpuPresentWeight& w = items[r];
-    const int64_t p = LinkedOutput(L, e, i, w, out);
-    if (p >= 0) *value = filter[w.filter_index];
-    return p;
+    const int64_t key = LinkedKey(L, e, i, w);
+    if (key < 0 || !out.At(key, grad)) return false;
+    *value = filter[w.filter_index];
+    return true;
   }
 };
 
@@ -839,19 +869,19 @@ struct PackedWeights {  // GradWeight: one load per weight; the entry's coordina
     entry.out_base = e.out_base[i];
     return entry;
   }
-  __device__ int64_t Link(const KeyLayout& L, const EntryData&, int64_t, const Entry& entry, int64_t r,
-                          const OutputLookup& out, T* value) const {
+  __device__ bool Link(const KeyLayout& L, const EntryData&, int64_t, const Entry& entry, int64_t r,
+                       const OutGradLookup<T>& out, T* value, T* grad) const {
     const GradWeight<T> w = items[r];
     *value = w.value;
-    return PackedReaches(L, entry.x, w.deltas) ? out.Find(entry.out_base + w.out_delta) : -1;
+    return PackedReaches(L, entry.x, w.deltas) && out.At(entry.out_base + w.out_delta, grad);
   }
 };
 
 // dL/dx of each entry: the sum over its row's weights of out_grad[linked output] * w, added in
 // the row's order, as the CPU does (so the same bits), kGradUnroll lookups in flight.
 template <typename T, typename Weights>
-__global__ void InGradKernel(KeyLayout L, EntryData e, Weights weights, const int64_t* row_begin, OutputLookup out,
-                             const T* out_grad, int64_t n, const Report* report, T* in_grad) {
+__global__ void InGradKernel(KeyLayout L, EntryData e, Weights weights, const int64_t* row_begin,
+                             OutGradLookup<T> out, int64_t n, const Report* report, T* in_grad) {
   ChainedKernelBegin();
   const bool valid = ChecksPassed(report);
   TF_SPARSECONV_GRID_LOOP(i, n) {
@@ -868,11 +898,10 @@ __global__ void InGradKernel(KeyLayout L, EntryData e, Weights weights, const in
           linked[u] = false;
           term[u] = T(0);
           if (r0 + u < end) {
-            T value;
-            const int64_t p = weights.Link(L, e, i, entry, r0 + u, out, &value);
-            if (p >= 0) {
+            T value, grad;
+            if (weights.Link(L, e, i, entry, r0 + u, out, &value, &grad)) {
               linked[u] = true;
-              term[u] = MulRn(out_grad[p], value);
+              term[u] = MulRn(grad, value);
             }
           }
         }
@@ -904,7 +933,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     FilterGradPartialKernel(KeyLayout L, EntryData e, const T* values,
                             const GpuPresentWeight* weights, int64_t num_weights,
-                            const int64_t* in_begin, OutputLookup out, const T* out_grad,
+                            const int64_t* in_begin, OutGradLookup<T> out,
                             int64_t parts, const Report* report, T* partial) {
   ChainedKernelBegin();
   const bool valid = ChecksPassed(report);
@@ -932,10 +961,11 @@ __global__ void __launch_bounds__(kThreads)
           linked[u] = false;
           term[u] = T(0);
           if (i < hi) {
-            const int64_t p = LinkedOutput(L, e, i, pw, out);
-            if (p >= 0) {
+            const int64_t key = LinkedKey(L, e, i, pw);
+            T grad;
+            if (key >= 0 && out.At(key, &grad)) {
               linked[u] = true;
-              term[u] = MulRn(out_grad[p], values[i]);
+              term[u] = MulRn(grad, values[i]);
             }
           }
         }
@@ -963,7 +993,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     FilterGradGroupKernel(KeyLayout L, EntryData e, const T* values, const GradWeight<T>* weights,
                           const int64_t* row_begin, int64_t groups_per_row, const int64_t* in_begin,
-                          OutputLookup out, const T* out_grad, int64_t parts, const Report* report, T* partial) {
+                          OutGradLookup<T> out, int64_t parts, const Report* report, T* partial) {
   ChainedKernelBegin();
   const bool valid = ChecksPassed(report);
   const int lane = threadIdx.x % 32;
@@ -1008,10 +1038,10 @@ __global__ void __launch_bounds__(kThreads)
           linked[u] = false;
           term[u] = T(0);
           if (u < nw) {
-            const int64_t p = PackedReaches(L, x, deltas[u]) ? out.Find(out_base + out_delta[u]) : -1;
-            if (p >= 0) {
+            T grad;
+            if (PackedReaches(L, x, deltas[u]) && out.At(out_base + out_delta[u], &grad)) {
               linked[u] = true;
-              term[u] = MulRn(out_grad[p], value);
+              term[u] = MulRn(grad, value);
             }
           }
         }
@@ -2325,21 +2355,20 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   EntryData e;
   TF_SPARSECONV_RETURN_IF_ERROR(PrepareEntryData(stream, scratch, a, device_report, false, &e));
 
-  // Where the forward would use the dense grid, the output keys get a dense index too
-  // (4 bytes per output key of the grid) instead of a binary search per contribution.
-  OutputLookup out{out_keys, n_out, nullptr};
-  if (UseDenseGrid(a, dataflow) && n_out < (int64_t{1} << 31) && a.n > 0) {
+  // The output gradients by output key (UseOutGradGrid), else a search of out_keys.
+  OutGradLookup<T> out{OutputLookup{out_keys, n_out}, out_grad, nullptr};
+  if (UseOutGradGrid(a, dataflow)) {
     const int64_t num_out_keys = out_layout.num_keys();
-    int32_t* index = scratch->DeviceArray<int32_t>(num_out_keys);
-    if (!index) return GpuStatus::OutOfMemory("output index");
-    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(index, 0xff, sizeof(int32_t) * num_out_keys, stream),
-                                            "output index");  // -1: no entry
+    T* grid = scratch->DeviceArray<T>(num_out_keys);
+    if (!grid) return GpuStatus::OutOfMemory("output gradient grid");
+    TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(grid, 0xff, sizeof(T) * num_out_keys, stream),
+                                            "output gradient grid");  // all-ones bits: no output
     if (n_out > 0) {
-      LaunchChained(OutputIndexKernel, BlocksFor(n_out), kThreads, 0, stream, out_keys, n_out, num_out_keys,
-                    device_report, index);
-      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output index");
+      LaunchChained(OutGradGridKernel<T>, BlocksFor(n_out), kThreads, 0, stream, out_keys, out_grad, n_out,
+                    num_out_keys, device_report, grid);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output gradient grid");
     }
-    out.index = index;
+    out.grid = grid;
   }
   // The weights packed for the gradient kernels, where they pack (GradWeightsPack, asked by
   // the kernel's cache).
@@ -2353,11 +2382,11 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   }
   if (packed != nullptr) {
     LaunchChained(InGradKernel<T, PackedWeights<T>>, BlocksFor(a.n), kThreads, 0, stream, L, e,
-                  PackedWeights<T>{packed}, row_begin, out, out_grad, a.n, device_report, in_grad);
+                  PackedWeights<T>{packed}, row_begin, out, a.n, device_report, in_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
   } else if (a.n > 0) {
     LaunchChained(InGradKernel<T, UnpackedWeights<T>>, BlocksFor(a.n), kThreads, 0, stream, L, e,
-                  UnpackedWeights<T>{weights, a.filter}, row_begin, out, out_grad, a.n, device_report, in_grad);
+                  UnpackedWeights<T>{weights, a.filter}, row_begin, out, a.n, device_report, in_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
   }
 
@@ -2379,12 +2408,12 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
       const int64_t groups_per_row = (a.weights.max_row + kGradGroup - 1) / kGradGroup;
       const int64_t tasks = L.channels * groups_per_row * parts_per_weight;
       LaunchChained(FilterGradGroupKernel<T>, LoopBlocks((tasks + warps_per_block - 1) / warps_per_block), kThreads, 0,
-                    stream, L, e, a.values, packed, row_begin, groups_per_row, in_begin, out, out_grad, parts,
+                    stream, L, e, a.values, packed, row_begin, groups_per_row, in_begin, out, parts,
                     device_report, partial);
     } else {
       LaunchChained(FilterGradPartialKernel<T>,
                     LoopBlocks((a.weights.count * parts_per_weight + warps_per_block - 1) / warps_per_block), kThreads,
-                    0, stream, L, e, a.values, weights, a.weights.count, in_begin, out, out_grad, parts, device_report,
+                    0, stream, L, e, a.values, weights, a.weights.count, in_begin, out, parts, device_report,
                     partial);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");

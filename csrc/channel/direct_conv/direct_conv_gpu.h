@@ -215,6 +215,24 @@ inline bool UseDenseGrid(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataf
   return static_cast<double>(ContributionSlots(a.n, a.weights.max_row)) >= kMinSlotsPerDenseThread * dense_threads;
 }
 
+// The backward's output lookups: a grid of output gradients over every output key (sizeof(T)
+// per key, set once per call, then one random read per (entry, present weight)) where the
+// forward would take the dense grid, and elsewhere where the grid stays within the bitmaps'
+// budget and has at most kGridKeysPerLookup keys per lookup; else a binary search of the
+// output keys per lookup (the index's read, then the gradient's: ~log2(n_out) dependent reads).
+// kSort forced keeps the searches (so that tests reach them).
+constexpr double kGridKeysPerLookup = 16.0;
+template <typename T>
+inline bool UseOutGradGrid(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataflow) {
+  if (a.n == 0) return false;
+  if (dataflow == DirectConvDataflow::kSort) return false;
+  if (UseDenseGrid(a, dataflow)) return true;
+  const double keys = static_cast<double>(a.in_layout.batch) * static_cast<double>(a.in_layout.spatial_size) *
+                      static_cast<double>(a.cout);
+  return WithinBitmapBudget(a, keys * sizeof(T)) &&
+         keys <= kGridKeysPerLookup * static_cast<double>(ContributionSlots(a.n, a.weights.max_row));
+}
+
 // How the forward runs (the dataflow kAuto resolved).
 enum class ForwardPath { kSort, kDense, kBitmap, kAtomic };
 template <typename T>
