@@ -1061,16 +1061,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// A warp per weight adds its B * parts partial sums: lane l those at l, l + 32, ... in order,
+// then a fixed shuffle tree, so the same inputs give the same sum on every run. (A thread per
+// weight, adding them one after another from reads parts_per_weight apart, took 0.97 ms of
+// OctNet3's 32^3 training step on an H200, 2026-12-01.)
 template <typename T>
-__global__ void FilterGradKernel(const GpuPresentWeight* weights, int64_t num_weights,
-                                 const T* partial, int64_t parts_per_weight, T* filter_grad) {
+__global__ void __launch_bounds__(kThreads)
+    FilterGradKernel(const GpuPresentWeight* weights, int64_t num_weights, const T* partial,
+                     int64_t parts_per_weight, T* filter_grad) {
   ChainedKernelBegin();
-  TF_SPARSECONV_GRID_LOOP(w, num_weights) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; w < num_weights;
+       w += warps) {  // the same w for the whole warp
     T sum = T(0);
-    for (int64_t j = 0; j < parts_per_weight; ++j) {
-      sum = AddRn(sum, partial[w * parts_per_weight + j]);
+    for (int64_t j = lane; j < parts_per_weight; j += 32) sum = AddRn(sum, partial[w * parts_per_weight + j]);
+    for (int offset = 16; offset > 0; offset /= 2) {
+      sum = AddRn(sum, __shfl_down_sync(0xffffffffu, sum, offset));
     }
-    filter_grad[weights[w].filter_index] = sum;
+    if (lane == 0) filter_grad[weights[w].filter_index] = sum;
   }
 }
 
@@ -2417,7 +2426,8 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
                     partial);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
-    LaunchChained(FilterGradKernel<T>, BlocksFor(a.weights.count), kThreads, 0, stream, weights, a.weights.count,
+    LaunchChained(FilterGradKernel<T>, LoopBlocks((a.weights.count + warps_per_block - 1) / warps_per_block), kThreads,
+                  0, stream, weights, a.weights.count,
                   partial, parts_per_weight, filter_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
   }
