@@ -985,6 +985,32 @@ def conv_and_gradients(keys, values, dense_shape, w, mask, bias, dataflow="auto"
     return (y.keys, y.values, *tape.gradient(loss, [values, w]))
 
 
+def test_traced_filter_gradients_without_the_input_gradient_match_eager(rng, dtype, gpu_dataflow, gpu):
+    """In a traced function that asks for the filter's and the bias' gradients only, no op reads
+    the backprop's input gradient, and the GPU kernel does not compute it (the executor's
+    output_required); what it computes is what an eager call, which computes every output,
+    gives, bit for bit, and the input gradient, when asked for, as well."""
+    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 2, (8, 9, 7), 2, 3, (3, 3, 3), 0.2, 0.6, dtype)
+
+    def gradients(x_values, filters, b, with_input):
+        with tf.GradientTape() as tape:
+            x = ts.ChannelSparseTensor(tf.constant(keys), x_values, tf.constant(dense_shape))
+            y = ts.direct_conv(x, filters, b, mask, dataflow=gpu_dataflow)
+            loss = tf.reduce_sum(y.values * y.values)
+        return tape.gradient(loss, [x_values, filters, b] if with_input else [filters, b])
+
+    with tf.device(GPU):
+        x_values, filters, b = tf.Variable(values), tf.Variable(w), tf.Variable(bias)
+        eager = [g.numpy() for g in gradients(x_values, filters, b, True)]
+        filter_only = [g.numpy() for g in tf.function(lambda: gradients(x_values, filters, b, False))()]
+        every = [g.numpy() for g in tf.function(lambda: gradients(x_values, filters, b, True))()]
+    assert np.any(eager[0] != 0) and np.any(eager[1] != 0)
+    for got, expected in zip(filter_only, eager[1:]):
+        np.testing.assert_array_equal(got, expected)
+    for got, expected in zip(every, eager):
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_gpu_kernels_follow_their_mask_and_shapes_across_calls(rng, dtype, gpu_dataflow, gpu):
     """The GPU kernels keep the present-weight tables of their last call while the mask, the
     grid and the channels stay the same. One traced function (one forward and one backprop

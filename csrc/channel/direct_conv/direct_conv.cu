@@ -2338,6 +2338,45 @@ GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, 
   return GpuStatus::Ok();
 }
 
+// The filter gradient: per (weight, example, part of the input segment) partial sums, then a
+// warp per weight adds them.
+template <typename T>
+static GpuStatus FilterGradient(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const KeyLayout& L,
+                                const EntryData& e, const GpuPresentWeight* weights, const int64_t* row_begin,
+                                const GradWeight<T>* packed, const OutGradLookup<T>& out, const Report* device_report,
+                                T* filter_grad) {
+  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
+      cudaMemsetAsync(filter_grad, 0, sizeof(T) * a.filter_size, stream), "filter gradient");
+  const int64_t in_segments = L.num_segments();
+  int64_t* in_begin = scratch->DeviceArray<int64_t>(in_segments + 1);
+  if (!in_begin) return GpuStatus::OutOfMemory("filter gradient");
+  LaunchChained(KeyBoundsKernel, BlocksFor(in_segments + 1), kThreads, 0, stream, a.keys, a.n, in_segments,
+                L.spatial_size, device_report, in_begin);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  if (a.weights.count == 0) return GpuStatus::Ok();
+  const int64_t parts = PartsFor(a.n, in_segments);
+  const int64_t parts_per_weight = L.batch * parts;
+  T* partial = scratch->DeviceArray<T>(a.weights.count * parts_per_weight);
+  if (!partial) return GpuStatus::OutOfMemory("filter gradient");
+  const int64_t warps_per_block = kThreads / 32;
+  if (packed != nullptr) {
+    const int64_t groups_per_row = (a.weights.max_row + kGradGroup - 1) / kGradGroup;
+    const int64_t tasks = L.channels * groups_per_row * parts_per_weight;
+    LaunchChained(FilterGradGroupKernel<T>, LoopBlocks((tasks + warps_per_block - 1) / warps_per_block), kThreads, 0,
+                  stream, L, e, a.values, packed, row_begin, groups_per_row, in_begin, out, parts, device_report,
+                  partial);
+  } else {
+    LaunchChained(FilterGradPartialKernel<T>,
+                  LoopBlocks((a.weights.count * parts_per_weight + warps_per_block - 1) / warps_per_block), kThreads,
+                  0, stream, L, e, a.values, weights, a.weights.count, in_begin, out, parts, device_report, partial);
+  }
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  LaunchChained(FilterGradKernel<T>, LoopBlocks((a.weights.count + warps_per_block - 1) / warps_per_block), kThreads,
+                0, stream, weights, a.weights.count, partial, parts_per_weight, filter_grad);
+  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  return GpuStatus::Ok();
+}
+
 template <typename T>
 GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a,
                                 const int64_t* out_keys, const T* out_grad, int64_t n_out,
@@ -2366,7 +2405,8 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
 
   // The output gradients by output key (UseOutGradGrid), else a search of out_keys.
   OutGradLookup<T> out{OutputLookup{out_keys, n_out}, out_grad, nullptr};
-  if (UseOutGradGrid(a, dataflow)) {
+  const bool lookups = in_grad != nullptr || filter_grad != nullptr;
+  if (lookups && UseOutGradGrid(a, dataflow)) {
     const int64_t num_out_keys = out_layout.num_keys();
     T* grid = scratch->DeviceArray<T>(num_out_keys);
     if (!grid) return GpuStatus::OutOfMemory("output gradient grid");
@@ -2389,7 +2429,9 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
                   a.filter, packed);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("packed weights");
   }
-  if (packed != nullptr) {
+  if (in_grad == nullptr) {
+    // not asked for
+  } else if (packed != nullptr) {
     LaunchChained(InGradKernel<T, PackedWeights<T>>, BlocksFor(a.n), kThreads, 0, stream, L, e,
                   PackedWeights<T>{packed}, row_begin, out, a.n, device_report, in_grad);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
@@ -2399,37 +2441,9 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
   }
 
-  TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
-      cudaMemsetAsync(filter_grad, 0, sizeof(T) * a.filter_size, stream), "filter gradient");
-  const int64_t in_segments = L.num_segments();
-  int64_t* in_begin = scratch->DeviceArray<int64_t>(in_segments + 1);
-  if (!in_begin) return GpuStatus::OutOfMemory("filter gradient");
-  LaunchChained(KeyBoundsKernel, BlocksFor(in_segments + 1), kThreads, 0, stream, a.keys, a.n, in_segments,
-                L.spatial_size, device_report, in_begin);
-  TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
-  if (a.weights.count > 0) {
-    const int64_t parts = PartsFor(a.n, in_segments);
-    const int64_t parts_per_weight = L.batch * parts;
-    T* partial = scratch->DeviceArray<T>(a.weights.count * parts_per_weight);
-    if (!partial) return GpuStatus::OutOfMemory("filter gradient");
-    const int64_t warps_per_block = kThreads / 32;
-    if (packed != nullptr) {
-      const int64_t groups_per_row = (a.weights.max_row + kGradGroup - 1) / kGradGroup;
-      const int64_t tasks = L.channels * groups_per_row * parts_per_weight;
-      LaunchChained(FilterGradGroupKernel<T>, LoopBlocks((tasks + warps_per_block - 1) / warps_per_block), kThreads, 0,
-                    stream, L, e, a.values, packed, row_begin, groups_per_row, in_begin, out, parts,
-                    device_report, partial);
-    } else {
-      LaunchChained(FilterGradPartialKernel<T>,
-                    LoopBlocks((a.weights.count * parts_per_weight + warps_per_block - 1) / warps_per_block), kThreads,
-                    0, stream, L, e, a.values, weights, a.weights.count, in_begin, out, parts, device_report,
-                    partial);
-    }
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
-    LaunchChained(FilterGradKernel<T>, LoopBlocks((a.weights.count + warps_per_block - 1) / warps_per_block), kThreads,
-                  0, stream, weights, a.weights.count,
-                  partial, parts_per_weight, filter_grad);
-    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+  if (filter_grad != nullptr) {
+    TF_SPARSECONV_RETURN_IF_ERROR(
+        FilterGradient(stream, scratch, a, L, e, weights, row_begin, packed, out, device_report, filter_grad));
   }
 
   const int64_t out_segments = out_layout.num_segments();

@@ -319,8 +319,9 @@ enum ConvBackpropCheck {
 // Eq. 3: gradients at the input entries, the present weights (all other filter_grad
 // entries are 0) and the bias. Checks (ConvBackpropCheck), then blocks until the report
 // is on the host; with report nullptr (inputs checked by the forward call), neither: the
-// work is queued and the call returns. Where UseDenseGrid(args, dataflow), the output entries are found through
-// a dense [B * Cout * R^d] int32 index (built per call) instead of binary searches.
+// work is queued and the call returns. Where UseOutGradGrid(args, dataflow), the output gradients are read
+// from a dense [B * Cout * R^d] grid of them (built per call) instead of through binary searches.
+// in_grad or filter_grad nullptr: that gradient is not computed (no op reads it).
 template <typename T>
 GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch,
                                 const DirectConvGpuArgs<T>& args, const int64_t* out_keys,
