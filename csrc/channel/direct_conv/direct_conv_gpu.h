@@ -219,7 +219,7 @@ inline bool UseDenseGrid(const DirectConvGpuArgs<T>& a, DirectConvDataflow dataf
 // per key, set once per call, then one random read per (entry, present weight)) where the
 // forward would take the dense grid, and elsewhere where the grid stays within the bitmaps'
 // budget and has at most kGridKeysPerLookup keys per lookup; else a binary search of the
-// output keys per lookup (the index's read, then the gradient's: ~log2(n_out) dependent reads).
+// sorted output keys per lookup (~log2(n_out) dependent reads, then the gradient's).
 // kSort forced keeps the searches (so that tests reach them).
 constexpr double kGridKeysPerLookup = 16.0;
 template <typename T>
