@@ -607,6 +607,31 @@ def test_cpu_backprop_dataflows_agree_over_batches_of_several_examples_per_chunk
     assert np.all(dense[1][~mask] == 0)
 
 
+@pytest.mark.parametrize("dataflow", ["sort", "dense"])
+@pytest.mark.parametrize("wanted", [(0,), (1, 2), (0, 2), (2,)])
+def test_cpu_traced_gradients_of_a_subset_match_eager(rng, dataflow, wanted):
+    """In a traced function that asks for some of the input's, the filter's and the bias'
+    gradients, the CPU backprop kernel computes only those an op reads (output_required):
+    each equals an eager call's, which computes every gradient, bit for bit."""
+    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 3, (7, 8, 6), 2, 4, (3, 3, 3), 0.2, 0.6,
+                                                           np.float32)
+
+    def gradients(x_values, filters, b, which):
+        with tf.GradientTape() as tape:
+            x = ts.ChannelSparseTensor(tf.constant(keys), x_values, tf.constant(dense_shape))
+            y = ts.direct_conv(x, filters, b, mask, dataflow=dataflow)
+            loss = tf.reduce_sum(y.values * y.values)
+        return tape.gradient(loss, [[x_values, filters, b][i] for i in which])
+
+    with tf.device(CPU):
+        x_values, filters, b = tf.Variable(values), tf.Variable(w), tf.Variable(bias)
+        eager = [g.numpy() for g in gradients(x_values, filters, b, (0, 1, 2))]
+        traced = [g.numpy() for g in tf.function(lambda: gradients(x_values, filters, b, wanted))()]
+    assert np.any(eager[0] != 0) and np.any(eager[1] != 0)
+    for got, i in zip(traced, wanted):
+        np.testing.assert_array_equal(got, eager[i])
+
+
 def test_backprop_op_rejects_output_keys_of_another_geometry():
     x = _sparse([0, 7], [1, 5, 5, 1])
     with pytest.raises(tf.errors.InvalidArgumentError, match="output key out of range"):

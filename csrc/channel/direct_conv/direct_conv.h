@@ -117,7 +117,8 @@ constexpr int64_t kCacheFriendlyScratchBytes = int64_t{2} << 20;
 constexpr int64_t kMaxDenseGradientBytes = int64_t{256} << 20;
 
 // Eq. 3: gradients only at present input entries and present weights; entries that
-// k-selection dropped are absent from out_keys and so receive nothing.
+// k-selection dropped are absent from out_keys and so receive nothing. A null in_grad or
+// filter_grad is not computed.
 template <typename Device, typename T>
 struct DirectConvBackpropFunctor {
   void operator()(const Device& device, const DirectConvBackpropArgs<T>& args,

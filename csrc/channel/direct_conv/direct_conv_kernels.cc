@@ -577,7 +577,8 @@ struct DirectConvForwardFunctor<CPUDevice, T> {
 namespace {
 
 // Backward through the merge path's layout: for every present weight, walk the input
-// segment and find its outputs in the sorted out_keys (a forward-only search).
+// segment and find its outputs in the sorted out_keys (a forward-only search). A null
+// in_grad or filter_grad is not computed.
 template <typename T>
 void SearchBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, T* in_grad,
                     T* filter_grad, double links) {
@@ -587,33 +588,37 @@ void SearchBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g,
   const double work = 10.0 * (1.0 + links / std::max<int64_t>(1, cin * cout));
   // dL/dx: each (b, ic) segment is owned by one thread, so no atomics are needed and
   // the summation order is fixed (oc, then kernel offset): deterministic.
-  device.parallelFor(batch * cin, Eigen::TensorOpCost(0, 0, work * cout / batch),
-                     [&](Eigen::Index first, Eigen::Index last) {
-                       for (Eigen::Index u = first; u < last; ++u) {
-                         const int64_t b = u / cin, ic = u % cin;
-                         for (int64_t oc = 0; oc < cout; ++oc)
-                           for (const PresentWeight* pw = W.begin(oc, ic); pw != W.end(oc, ic); ++pw) {
-                             const T w = a.filter[pw->filter_index];
-                             ForEachLink(g, b, ic, oc, *pw,
-                                         [&](int64_t i, int64_t p) { in_grad[i] += g.out_grad[p] * w; });
-                           }
-                       }
-                     });
-  // dL/dw: only present weights get a gradient (Eq. 3); one thread per (ic, oc).
-  device.parallelFor(cin * cout, Eigen::TensorOpCost(0, 0, work * batch),
-                     [&](Eigen::Index first, Eigen::Index last) {
-                       for (Eigen::Index u = first; u < last; ++u) {
-                         const int64_t oc = u / cin, ic = u % cin;
-                         for (const PresentWeight* pw = W.begin(oc, ic); pw != W.end(oc, ic); ++pw) {
-                           T acc = T(0);
-                           for (int64_t b = 0; b < batch; ++b)
-                             ForEachLink(g, b, ic, oc, *pw, [&](int64_t i, int64_t p) {
-                               acc += g.out_grad[p] * a.values[i];
-                             });
-                           filter_grad[pw->filter_index] = acc;
+  if (in_grad != nullptr) {
+    device.parallelFor(batch * cin, Eigen::TensorOpCost(0, 0, work * cout / batch),
+                       [&](Eigen::Index first, Eigen::Index last) {
+                         for (Eigen::Index u = first; u < last; ++u) {
+                           const int64_t b = u / cin, ic = u % cin;
+                           for (int64_t oc = 0; oc < cout; ++oc)
+                             for (const PresentWeight* pw = W.begin(oc, ic); pw != W.end(oc, ic); ++pw) {
+                               const T w = a.filter[pw->filter_index];
+                               ForEachLink(g, b, ic, oc, *pw,
+                                           [&](int64_t i, int64_t p) { in_grad[i] += g.out_grad[p] * w; });
+                             }
                          }
-                       }
-                     });
+                       });
+  }
+  // dL/dw: only present weights get a gradient (Eq. 3); one thread per (ic, oc).
+  if (filter_grad != nullptr) {
+    device.parallelFor(cin * cout, Eigen::TensorOpCost(0, 0, work * batch),
+                       [&](Eigen::Index first, Eigen::Index last) {
+                         for (Eigen::Index u = first; u < last; ++u) {
+                           const int64_t oc = u / cin, ic = u % cin;
+                           for (const PresentWeight* pw = W.begin(oc, ic); pw != W.end(oc, ic); ++pw) {
+                             T acc = T(0);
+                             for (int64_t b = 0; b < batch; ++b)
+                               ForEachLink(g, b, ic, oc, *pw, [&](int64_t i, int64_t p) {
+                                 acc += g.out_grad[p] * a.values[i];
+                               });
+                             filter_grad[pw->filter_index] = acc;
+                           }
+                         }
+                       });
+  }
 }
 
 // Backward through the dense path's layout: one example's dL/dy scattered into a
@@ -636,8 +641,9 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
   // does not depend on the thread count. Pruned weights get none (Eq. 3).
   const int64_t chunks = std::min<int64_t>(batch, 16);
   const int64_t offsets = a.filter_size / (cin * cout);
+  const bool want_in = in_grad != nullptr, want_filter = filter_grad != nullptr;
   const int64_t part_size = offsets * cout;
-  std::vector<T> partial(chunks * cin * part_size, T(0));
+  std::vector<T> partial(want_filter ? chunks * cin * part_size : 0, T(0));
   device.parallelFor(chunks, Eigen::TensorOpCost(0, 0, 2.0 * per_entry * (1.0 + a.n / chunks)),
                      [&](Eigen::Index first, Eigen::Index last) {
                        // dL/dx of an entry: one partial sum per output channel (over the
@@ -652,7 +658,7 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
                            for (int64_t p = p0; p < p1; ++p)
                              G[(g.out_keys[p] % S) * cout + (g.out_keys[p] / S) % cout] = g.out_grad[p];
                            for (int64_t ic = 0; ic < cin; ++ic) {
-                             T* part = partial.data() + (chunk * cin + ic) * part_size;
+                             T* part = want_filter ? partial.data() + (chunk * cin + ic) * part_size : nullptr;
                              const PresentWeight* reaches = t.reaches[ic].data();
                              const int64_t num_reaches = static_cast<int64_t>(t.reaches[ic].size());
                              const uint8_t* full_rows = t.full_rows[ic].data();
@@ -662,15 +668,21 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
                                const int64_t lin = a.keys[i] - seg * S;
                                const T v = a.values[i];
                                const bool inner = Inside(x, t.inner_lo[ic].data(), t.inner_hi[ic].data(), d);
-                               std::fill(lanes.begin(), lanes.end(), T(0));
+                               if (want_in) std::fill(lanes.begin(), lanes.end(), T(0));
                                for (int64_t ri = 0; ri < num_reaches; ++ri) {
                                  const PresentWeight& r = reaches[ri];
                                  if (!inner && !Reaches(x, r, d)) continue;
                                  const T* row = G + (lin - r.lin_delta) * cout;
                                  const T* w = t.masked_filter.data() + r.filter_index;
-                                 T* acc = part + t.offset_rows[ic][ri];
+                                 T* acc = want_filter ? part + t.offset_rows[ic][ri] : nullptr;
                                  if (full_rows[ri]) {
-                                   AddProductsAndScaled(lanes.data(), acc, row, w, v, cout);
+                                   if (!want_in) {
+                                     AddScaledRow(acc, row, v, cout);
+                                   } else if (!want_filter) {
+                                     AddProducts(lanes.data(), row, w, cout);
+                                   } else {
+                                     AddProductsAndScaled(lanes.data(), acc, row, w, v, cout);
+                                   }
                                    continue;
                                  }
                                  // Pruned weights add nothing to dL/dx (a non-finite gradient
@@ -678,9 +690,10 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
                                  const uint8_t* m = t.mask.data() + r.filter_index;
                                  ForEachRowChannel(t.sparse_rows[ic][ri], cout, [&](int64_t oc) {
                                    lanes[oc] += m[oc] ? row[oc] * w[oc] : T(0);
-                                   acc[oc] += v * row[oc];
+                                   if (want_filter) acc[oc] += v * row[oc];
                                  });
                                }
+                               if (!want_in) continue;
                                T sum = T(0);
                                for (int64_t oc = 0; oc < cout; ++oc) sum += lanes[oc];
                                in_grad[i] = sum;
@@ -691,6 +704,7 @@ void DenseBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g, 
                          }
                        }
                      });
+  if (!want_filter) return;
   for (int64_t ic = 0; ic < cin; ++ic)
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       const T* part = partial.data() + (chunk * cin + ic) * part_size;
@@ -730,9 +744,11 @@ struct DirectConvBackpropFunctor<CPUDevice, T> {
       dense = grad_cells * static_cast<int64_t>(sizeof(T)) <= kMaxDenseGradientBytes &&
               grad_cells / 4.0 < links * search;
     }
-    std::fill(in_grad, in_grad + a.n, T(0));
-    std::fill(filter_grad, filter_grad + a.filter_size, T(0));
-    if (dense) {
+    if (in_grad != nullptr) std::fill(in_grad, in_grad + a.n, T(0));
+    if (filter_grad != nullptr) std::fill(filter_grad, filter_grad + a.filter_size, T(0));
+    if (in_grad == nullptr && filter_grad == nullptr) {
+      // only the bias gradient is asked for
+    } else if (dense) {
       DenseBackprop(device, g, in_grad, filter_grad);
     } else {
       SearchBackprop(device, g, in_grad, filter_grad, links);
@@ -966,7 +982,7 @@ class DirectSparseConvBackpropFunctor<CPUDevice, T> {
   // inputs_checked: unused; the CPU checks in any case (its checks cost no wait)
   DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow, bool /*inputs_checked*/,
                                   Cache* /*cache*/)
-      : device_(ctx->eigen_device<CPUDevice>()), dataflow_(dataflow) {}
+      : ctx_(ctx), device_(ctx->eigen_device<CPUDevice>()), dataflow_(dataflow) {}
 
   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys, const T* out_grad, int64_t n_out) {
     TF_RETURN_IF_ERROR(CheckConvData(in));
@@ -987,11 +1003,16 @@ class DirectSparseConvBackpropFunctor<CPUDevice, T> {
   }
 
   absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad) {
+    // A gradient no op reads (a network's first convolution's input gradient in a training
+    // step) is allocated but not computed, as on the GPU.
+    if (!ctx_->output_required(0)) in_grad = nullptr;
+    if (!ctx_->output_required(1)) filter_grad = nullptr;
     DirectConvBackpropFunctor<CPUDevice, T>()(device_, g_, in_grad, filter_grad, bias_grad);
     return absl::OkStatus();
   }
 
  private:
+  OpKernelContext* const ctx_;
   const CPUDevice& device_;
   const DirectConvDataflow dataflow_;
   HostTables<T> tables_;
