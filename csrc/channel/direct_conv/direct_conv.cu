@@ -725,6 +725,14 @@ __device__ T BlockSum(T value, T* shared) {
   return total;
 }
 
+// A fixed shuffle tree over a warp's lanes (offsets 16 to 1): the same sum for the same
+// inputs on every run, in lane 0 (the whole warp calls it).
+template <typename T>
+__device__ T WarpSum(T value) {
+  for (int offset = 16; offset > 0; offset /= 2) value = AddRn(value, __shfl_down_sync(0xffffffffu, value, offset));
+  return value;
+}
+
 // Where an output key's entry is: a binary search in the sorted out_keys.
 struct OutputLookup {
   const int64_t* out_keys;
@@ -975,9 +983,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    for (int offset = 16; offset > 0; offset /= 2) {
-      sum = AddRn(sum, __shfl_down_sync(0xffffffffu, sum, offset));
-    }
+    sum = WarpSum(sum);
     if (lane == 0) partial[task] = sum;
   }
 }
@@ -1053,9 +1059,7 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int u = 0; u < kGradGroup; ++u) {
-      for (int offset = 16; offset > 0; offset /= 2) {
-        sum[u] = AddRn(sum[u], __shfl_down_sync(0xffffffffu, sum[u], offset));
-      }
+      sum[u] = WarpSum(sum[u]);
       if (lane == 0 && u < nw) partial[(w0 + u) * per_weight + b * parts + c] = sum[u];
     }
   }
@@ -1076,9 +1080,7 @@ __global__ void __launch_bounds__(kThreads)
        w += warps) {  // the same w for the whole warp
     T sum = T(0);
     for (int64_t j = lane; j < parts_per_weight; j += 32) sum = AddRn(sum, partial[w * parts_per_weight + j]);
-    for (int offset = 16; offset > 0; offset /= 2) {
-      sum = AddRn(sum, __shfl_down_sync(0xffffffffu, sum, offset));
-    }
+    sum = WarpSum(sum);
     if (lane == 0) filter_grad[weights[w].filter_index] = sum;
   }
 }
@@ -2420,9 +2422,9 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
     out.grid = grid;
   }
   // The weights packed for the gradient kernels, where they pack (GradWeightsPack, asked by
-  // the kernel's cache).
+  // the kernel's cache) and a gradient kernel runs.
   GradWeight<T>* packed = nullptr;
-  if (a.n > 0 && a.weights.count > 0 && a.weights.grad_pack == 1) {
+  if (lookups && a.n > 0 && a.weights.count > 0 && a.weights.grad_pack == 1) {
     packed = scratch->DeviceArray<GradWeight<T>>(a.weights.count);
     if (!packed) return GpuStatus::OutOfMemory("packed weights");
     LaunchChained(GradWeightsKernel<T>, BlocksFor(a.weights.count), kThreads, 0, stream, L, weights, a.weights.count,
