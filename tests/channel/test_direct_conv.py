@@ -607,14 +607,10 @@ def test_cpu_backprop_dataflows_agree_over_batches_of_several_examples_per_chunk
     assert np.all(dense[1][~mask] == 0)
 
 
-@pytest.mark.parametrize("dataflow", ["sort", "dense"])
-@pytest.mark.parametrize("wanted", [(0,), (1, 2), (0, 2), (2,)])
-def test_cpu_traced_gradients_of_a_subset_match_eager(rng, dataflow, wanted):
-    """In a traced function that asks for some of the input's, the filter's and the bias'
-    gradients, the CPU backprop kernel computes only those an op reads (output_required):
-    each equals an eager call's, which computes every gradient, bit for bit."""
-    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 3, (7, 8, 6), 2, 4, (3, 3, 3), 0.2, 0.6,
-                                                           np.float32)
+def eager_and_traced_gradients(device, inputs, dataflow, wanted):
+    """The gradients of sum(y^2) by the input values, the filter and the bias of one direct_conv
+    on `device`: all three from an eager call, and those `wanted` (indices) from a traced one."""
+    keys, values, dense_shape, w, mask, bias = inputs
 
     def gradients(x_values, filters, b, which):
         with tf.GradientTape() as tape:
@@ -623,11 +619,22 @@ def test_cpu_traced_gradients_of_a_subset_match_eager(rng, dataflow, wanted):
             loss = tf.reduce_sum(y.values * y.values)
         return tape.gradient(loss, [[x_values, filters, b][i] for i in which])
 
-    with tf.device(CPU):
+    with tf.device(device):
         x_values, filters, b = tf.Variable(values), tf.Variable(w), tf.Variable(bias)
         eager = [g.numpy() for g in gradients(x_values, filters, b, (0, 1, 2))]
         traced = [g.numpy() for g in tf.function(lambda: gradients(x_values, filters, b, wanted))()]
     assert np.any(eager[0] != 0) and np.any(eager[1] != 0)
+    return eager, traced
+
+
+@pytest.mark.parametrize("dataflow", ["sort", "dense"])
+@pytest.mark.parametrize("wanted", [(0,), (1, 2), (0, 2), (2,)])
+def test_cpu_traced_gradients_of_a_subset_match_eager(rng, dataflow, wanted):
+    """In a traced function that asks for some of the input's, the filter's and the bias'
+    gradients, the CPU backprop kernel computes only those an op reads (output_required):
+    each equals an eager call's, which computes every gradient, bit for bit."""
+    inputs = conv_inputs(rng, 3, (7, 8, 6), 2, 4, (3, 3, 3), 0.2, 0.6, np.float32)
+    eager, traced = eager_and_traced_gradients(CPU, inputs, dataflow, wanted)
     for got, i in zip(traced, wanted):
         np.testing.assert_array_equal(got, eager[i])
 
@@ -1016,20 +1023,8 @@ def test_traced_gradients_of_a_subset_match_eager(rng, dtype, gpu_dataflow, want
     gradients, the GPU kernel computes only those an op reads (the executor's output_required;
     with the bias' alone, no gradient lookup at all); what it computes is what an eager call,
     which computes every output, gives, bit for bit."""
-    keys, values, dense_shape, w, mask, bias = conv_inputs(rng, 2, (8, 9, 7), 2, 3, (3, 3, 3), 0.2, 0.6, dtype)
-
-    def gradients(x_values, filters, b, which):
-        with tf.GradientTape() as tape:
-            x = ts.ChannelSparseTensor(tf.constant(keys), x_values, tf.constant(dense_shape))
-            y = ts.direct_conv(x, filters, b, mask, dataflow=gpu_dataflow)
-            loss = tf.reduce_sum(y.values * y.values)
-        return tape.gradient(loss, [[x_values, filters, b][i] for i in which])
-
-    with tf.device(GPU):
-        x_values, filters, b = tf.Variable(values), tf.Variable(w), tf.Variable(bias)
-        eager = [g.numpy() for g in gradients(x_values, filters, b, (0, 1, 2))]
-        traced = [g.numpy() for g in tf.function(lambda: gradients(x_values, filters, b, wanted))()]
-    assert np.any(eager[0] != 0) and np.any(eager[1] != 0)
+    inputs = conv_inputs(rng, 2, (8, 9, 7), 2, 3, (3, 3, 3), 0.2, 0.6, dtype)
+    eager, traced = eager_and_traced_gradients(GPU, inputs, gpu_dataflow, wanted)
     # The atomic sums' forward adds in no fixed order, so its outputs, and the gradients of
     # sum(y^2), may differ in the last bits from call to call.
     same = (lambda got, expected: assert_close(got, expected, dtype)) if gpu_dataflow == "atomic" else \
