@@ -885,8 +885,9 @@ struct PackedWeights {  // GradWeight: one load per weight; the entry's coordina
   }
 };
 
-// dL/dx of each entry: the sum over its row's weights of out_grad[linked output] * w, added in
-// the row's order, as the CPU does (so the same bits), kGradUnroll lookups in flight.
+// dL/dx of each entry: the sum over its row's weights of out_grad[linked output] * w in the
+// order of kInGradGroup (direct_conv_choices.h), as the CPU's search path sums (so the same
+// bits), a group's lookups in flight at once.
 template <typename T, typename Weights>
 __global__ void InGradKernel(KeyLayout L, EntryData e, Weights weights, const int64_t* row_begin,
                              OutGradLookup<T> out, int64_t n, const Report* report, T* in_grad) {
@@ -898,11 +899,11 @@ __global__ void InGradKernel(KeyLayout L, EntryData e, Weights weights, const in
       const int32_t ic = e.ic[i];
       const typename Weights::Entry entry = weights.Prepare(L, e, i);
       const int64_t end = row_begin[ic + 1];
-      for (int64_t r0 = row_begin[ic]; r0 < end; r0 += kGradUnroll) {
-        T term[kGradUnroll];
-        bool linked[kGradUnroll];
+      for (int64_t r0 = row_begin[ic]; r0 < end; r0 += kInGradGroup) {
+        T term[kInGradGroup];
+        bool linked[kInGradGroup];
 #pragma unroll
-        for (int u = 0; u < kGradUnroll; ++u) {
+        for (int u = 0; u < kInGradGroup; ++u) {
           linked[u] = false;
           term[u] = T(0);
           if (r0 + u < end) {
@@ -913,11 +914,31 @@ __global__ void InGradKernel(KeyLayout L, EntryData e, Weights weights, const in
             }
           }
         }
+        T group_sum = T(0);
 #pragma unroll
-        for (int u = 0; u < kGradUnroll; ++u) {
-          if (linked[u]) sum = AddRn(sum, term[u]);  // the row's order, as the CPU
+        for (int u = 0; u < kInGradGroup; ++u) {
+          if (linked[u]) group_sum = AddRn(group_sum, term[u]);
         }
+        sum = AddRn(sum, group_sum);
       }
+    }
+    in_grad[i] = sum;
+  }
+}
+
+// dL/dx from the groups' sums that FilterGradGroupKernel<T, true> wrote (in_partial[g * n + i]
+// for the g-th group of entry i's row): added in the row's order, InGradKernel's sums.
+template <typename T>
+__global__ void InGradFromGroupsKernel(EntryData e, const int64_t* row_begin, const T* in_partial, int64_t n,
+                                       const Report* report, T* in_grad) {
+  ChainedKernelBegin();
+  const bool valid = ChecksPassed(report);
+  TF_SPARSECONV_GRID_LOOP(i, n) {
+    T sum = T(0);
+    if (valid && e.ic[i] >= 0) {  // padding: 0
+      const int32_t ic = e.ic[i];
+      const int64_t groups = (row_begin[ic + 1] - row_begin[ic] + kInGradGroup - 1) / kInGradGroup;
+      for (int64_t g = 0; g < groups; ++g) sum = AddRn(sum, in_partial[g * n + i]);
     }
     in_grad[i] = sum;
   }
@@ -993,13 +1014,17 @@ __global__ void __launch_bounds__(kThreads)
 // the group's weights (FilterGradPartialKernel reads it again for every weight), the
 // weights' packed offsets held in registers. Each weight's lane sums and shuffle tree are
 // FilterGradPartialKernel's, in the same order, and land in the same partial slots: the same bits.
-constexpr int kGradGroup = 8;
+// kWithInput: each entry's sum of grad * w over the group (in order) goes to
+// in_partial[(group's place in the row) * n + i] too, so that the input gradient needs no
+// lookups of its own (InGradFromGroupsKernel adds them; a group is kInGradGroup weights).
+constexpr int kGradGroup = kInGradGroup;
 
-template <typename T>
+template <typename T, bool kWithInput>
 __global__ void __launch_bounds__(kThreads)
     FilterGradGroupKernel(KeyLayout L, EntryData e, const T* values, const GradWeight<T>* weights,
                           const int64_t* row_begin, int64_t groups_per_row, const int64_t* in_begin,
-                          OutGradLookup<T> out, int64_t parts, const Report* report, T* partial) {
+                          OutGradLookup<T> out, int64_t parts, const Report* report, T* partial, int64_t n,
+                          T* in_partial) {
   ChainedKernelBegin();
   const bool valid = ChecksPassed(report);
   const int lane = threadIdx.x % 32;
@@ -1018,12 +1043,15 @@ __global__ void __launch_bounds__(kThreads)
     const int nw = static_cast<int>(row_end - w0 < kGradGroup ? row_end - w0 : kGradGroup);
     int32_t out_delta[kGradGroup];
     uint32_t deltas[kGradGroup];
+    T w_value[kGradGroup];
 #pragma unroll
     for (int u = 0; u < kGradGroup; ++u) {
       const GradWeight<T> w = weights[w0 + (u < nw ? u : 0)];
       out_delta[u] = w.out_delta;
       deltas[u] = w.deltas;
+      w_value[u] = w.value;
     }
+    T* group_in = kWithInput ? in_partial + (group - ic * groups_per_row) * n : nullptr;
     T sum[kGradGroup];
 #pragma unroll
     for (int u = 0; u < kGradGroup; ++u) sum[u] = T(0);
@@ -1037,24 +1065,20 @@ __global__ void __launch_bounds__(kThreads)
         EntryCoords(L, e, i, x);
         const int64_t out_base = e.out_base[i];
         const T value = values[i];
-        T term[kGradGroup];
+        T grad[kGradGroup];
         bool linked[kGradGroup];
 #pragma unroll
         for (int u = 0; u < kGradGroup; ++u) {
-          linked[u] = false;
-          term[u] = T(0);
-          if (u < nw) {
-            T grad;
-            if (PackedReaches(L, x, deltas[u]) && out.At(out_base + out_delta[u], &grad)) {
-              linked[u] = true;
-              term[u] = MulRn(grad, value);
-            }
-          }
+          linked[u] = u < nw && PackedReaches(L, x, deltas[u]) && out.At(out_base + out_delta[u], &grad[u]);
         }
+        T in_sum = T(0);
 #pragma unroll
         for (int u = 0; u < kGradGroup; ++u) {
-          if (linked[u]) sum[u] = AddRn(sum[u], term[u]);
+          if (!linked[u]) continue;
+          sum[u] = AddRn(sum[u], MulRn(grad[u], value));
+          if (kWithInput) in_sum = AddRn(in_sum, MulRn(grad[u], w_value[u]));  // InGradKernel's group sum
         }
+        if (kWithInput) group_in[i] = in_sum;
       }
     }
 #pragma unroll
@@ -1120,6 +1144,11 @@ __global__ void BiasGradKernel(const T* partial, int64_t batch, int64_t cout, in
     bias_grad[oc] = sum;
   }
 }
+
+// The most groups' sums (entries times groups of the longest row) that the filter gradient's
+// pass writes for the input gradient: 64 Mi values, 256 MiB in float; beyond, InGradKernel
+// looks the links up again (the same sums).
+constexpr int64_t kMaxInGradGroupSums = int64_t{64} << 20;
 
 // Parts per segment so that a block of kThreads sums about 8 items per thread.
 inline int64_t PartsFor(int64_t items, int64_t segments) {
@@ -2341,12 +2370,13 @@ GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, 
 }
 
 // The filter gradient: per (weight, example, part of the input segment) partial sums, then a
-// warp per weight adds them.
+// warp per weight adds them. Given in_grad (packed weights only), the input gradient from the
+// same lookups: FilterGradGroupKernel's groups' sums, then InGradFromGroupsKernel.
 template <typename T>
 static GpuStatus FilterGradient(Stream stream, Scratch* scratch, const DirectConvGpuArgs<T>& a, const KeyLayout& L,
                                 const EntryData& e, const GpuPresentWeight* weights, const int64_t* row_begin,
                                 const GradWeight<T>* packed, const OutGradLookup<T>& out, const Report* device_report,
-                                T* filter_grad) {
+                                T* filter_grad, T* in_grad) {
   TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(
       cudaMemsetAsync(filter_grad, 0, sizeof(T) * a.filter_size, stream), "filter gradient");
   const int64_t in_segments = L.num_segments();
@@ -2355,7 +2385,12 @@ static GpuStatus FilterGradient(Stream stream, Scratch* scratch, const DirectCon
   LaunchChained(KeyBoundsKernel, BlocksFor(in_segments + 1), kThreads, 0, stream, a.keys, a.n, in_segments,
                 L.spatial_size, device_report, in_begin);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
-  if (a.weights.count == 0) return GpuStatus::Ok();
+  if (a.weights.count == 0) {
+    if (in_grad != nullptr) {
+      TF_SPARSECONV_RETURN_IF_CUDA_CALL_FAILS(cudaMemsetAsync(in_grad, 0, sizeof(T) * a.n, stream), "input gradient");
+    }
+    return GpuStatus::Ok();
+  }
   const int64_t parts = PartsFor(a.n, in_segments);
   const int64_t parts_per_weight = L.batch * parts;
   T* partial = scratch->DeviceArray<T>(a.weights.count * parts_per_weight);
@@ -2364,9 +2399,20 @@ static GpuStatus FilterGradient(Stream stream, Scratch* scratch, const DirectCon
   if (packed != nullptr) {
     const int64_t groups_per_row = (a.weights.max_row + kGradGroup - 1) / kGradGroup;
     const int64_t tasks = L.channels * groups_per_row * parts_per_weight;
-    LaunchChained(FilterGradGroupKernel<T>, LoopBlocks((tasks + warps_per_block - 1) / warps_per_block), kThreads, 0,
-                  stream, L, e, a.values, packed, row_begin, groups_per_row, in_begin, out, parts, device_report,
-                  partial);
+    const unsigned int blocks = LoopBlocks((tasks + warps_per_block - 1) / warps_per_block);
+    if (in_grad != nullptr) {
+      T* in_partial = scratch->DeviceArray<T>(groups_per_row * a.n);
+      if (!in_partial) return GpuStatus::OutOfMemory("input gradient");
+      LaunchChained(FilterGradGroupKernel<T, true>, blocks, kThreads, 0, stream, L, e, a.values, packed, row_begin,
+                    groups_per_row, in_begin, out, parts, device_report, partial, a.n, in_partial);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+      LaunchChained(InGradFromGroupsKernel<T>, BlocksFor(a.n), kThreads, 0, stream, e, row_begin, in_partial, a.n,
+                    device_report, in_grad);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
+    } else {
+      LaunchChained(FilterGradGroupKernel<T, false>, blocks, kThreads, 0, stream, L, e, a.values, packed, row_begin,
+                    groups_per_row, in_begin, out, parts, device_report, partial, a.n, static_cast<T*>(nullptr));
+    }
   } else {
     LaunchChained(FilterGradPartialKernel<T>,
                   LoopBlocks((a.weights.count * parts_per_weight + warps_per_block - 1) / warps_per_block), kThreads,
@@ -2431,8 +2477,13 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
                   a.filter, packed);
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("packed weights");
   }
-  if (in_grad == nullptr) {
-    // not asked for
+  // With both gradients and packed weights the filter gradient's pass gives the input gradient
+  // as well, where its groups' sums (a value per entry and group of the longest row) fit.
+  const bool in_grad_from_groups =
+      in_grad != nullptr && filter_grad != nullptr && packed != nullptr &&
+      (a.weights.max_row + kInGradGroup - 1) / kInGradGroup * a.n <= kMaxInGradGroupSums;
+  if (in_grad == nullptr || in_grad_from_groups) {
+    // not asked for, or made in FilterGradient
   } else if (packed != nullptr) {
     LaunchChained(InGradKernel<T, PackedWeights<T>>, BlocksFor(a.n), kThreads, 0, stream, L, e,
                   PackedWeights<T>{packed}, row_begin, out, a.n, device_report, in_grad);
@@ -2444,8 +2495,8 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   }
 
   if (filter_grad != nullptr) {
-    TF_SPARSECONV_RETURN_IF_ERROR(
-        FilterGradient(stream, scratch, a, L, e, weights, row_begin, packed, out, device_report, filter_grad));
+    TF_SPARSECONV_RETURN_IF_ERROR(FilterGradient(stream, scratch, a, L, e, weights, row_begin, packed, out,
+                                                 device_report, filter_grad, in_grad_from_groups ? in_grad : nullptr));
   }
 
   const int64_t out_segments = out_layout.num_segments();

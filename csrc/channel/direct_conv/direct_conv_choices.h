@@ -1,5 +1,5 @@
 // The typed choices of DirectSparseConv and its backprop (their attributes `selection` and
-// `dataflow`) and the size of the forward's status output, without TensorFlow or CUDA
+// `dataflow`), the size of the forward's status output and the input gradient's order, without TensorFlow or CUDA
 // headers so that the CUDA sources share them.
 #ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHOICES_H_
 #define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHOICES_H_
@@ -33,6 +33,13 @@ enum class SelectionMode { kNone, kSigned, kAbs };
 // On each device kSort, kDense and kBitmap give the same touched set and bit-identical forward
 // values; kAtomic the same touched set, and values within rounding of theirs.
 enum class DirectConvDataflow { kAuto, kSort, kDense, kBitmap, kAtomic };
+
+// The input gradient's summation order on both devices (on the CPU its search path; the
+// dense path sums per output channel): an entry's terms over its input channel's row of
+// present weights (oc, then kernel offset), in groups of kInGradGroup consecutive weights of
+// the row, each group summed, then the groups' sums added in the row's order. The GPU's
+// filter-gradient pass makes the groups' sums as it looks the links up.
+constexpr int kInGradGroup = 8;
 
 // DirectSparseConv's `status` output (direct_conv_checks.h, ConvStatusError): kConvStatusSlots
 // slots of {first offending position (-1: passed), three details} in the order of the GPU's

@@ -586,19 +586,35 @@ void SearchBackprop(const CPUDevice& device, const DirectConvBackpropArgs<T>& g,
   const int64_t batch = a.in_layout.batch, cin = a.in_layout.channels, cout = a.cout;
   const PresentWeights& W = *a.weights;
   const double work = 10.0 * (1.0 + links / std::max<int64_t>(1, cin * cout));
-  // dL/dx: each (b, ic) segment is owned by one thread, so no atomics are needed and
-  // the summation order is fixed (oc, then kernel offset): deterministic.
+  // dL/dx: each (b, ic) segment is owned by one thread, so no atomics are needed and the
+  // summation order is fixed: the row of ic's weights (oc, then kernel offset) in groups of
+  // kInGradGroup, each group's terms summed per entry, then the groups' sums in order (the
+  // GPU's order, so the same bits): deterministic.
   if (in_grad != nullptr) {
     device.parallelFor(batch * cin, Eigen::TensorOpCost(0, 0, work * cout / batch),
                        [&](Eigen::Index first, Eigen::Index last) {
+                         std::vector<T> group_sum;  // per entry of the segment
                          for (Eigen::Index u = first; u < last; ++u) {
                            const int64_t b = u / cin, ic = u % cin;
+                           const int64_t begin = a.in_offsets[u], end = a.in_offsets[u + 1];
+                           group_sum.assign(end - begin, T(0));
+                           int in_group = 0;
+                           const auto add_group = [&] {
+                             for (int64_t i = begin; i < end; ++i) {
+                               in_grad[i] += group_sum[i - begin];
+                               group_sum[i - begin] = T(0);
+                             }
+                             in_group = 0;
+                           };
                            for (int64_t oc = 0; oc < cout; ++oc)
                              for (const PresentWeight* pw = W.begin(oc, ic); pw != W.end(oc, ic); ++pw) {
                                const T w = a.filter[pw->filter_index];
-                               ForEachLink(g, b, ic, oc, *pw,
-                                           [&](int64_t i, int64_t p) { in_grad[i] += g.out_grad[p] * w; });
+                               ForEachLink(g, b, ic, oc, *pw, [&](int64_t i, int64_t p) {
+                                 group_sum[i - begin] += g.out_grad[p] * w;
+                               });
+                               if (++in_group == kInGradGroup) add_group();
                              }
+                           if (in_group > 0) add_group();
                          }
                        });
   }
