@@ -1,6 +1,6 @@
 // The typed choices of DirectSparseConv and its backprop (their attributes `selection` and
-// `dataflow`), the size of the forward's status output and the input gradient's order, without TensorFlow or CUDA
-// headers so that the CUDA sources share them.
+// `dataflow`), the size of the forward's status output and the input gradient's order,
+// without TensorFlow or CUDA headers so that the CUDA sources share them.
 #ifndef TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHOICES_H_
 #define TF_SPARSECONV_CHANNEL_DIRECT_CONV_DIRECT_CONV_CHOICES_H_
 
