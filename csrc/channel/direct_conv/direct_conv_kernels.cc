@@ -998,7 +998,7 @@ class DirectSparseConvBackpropFunctor<CPUDevice, T> {
   // inputs_checked: unused; the CPU checks in any case (its checks cost no wait)
   DirectSparseConvBackpropFunctor(OpKernelContext* ctx, DirectConvDataflow dataflow, bool /*inputs_checked*/,
                                   Cache* /*cache*/)
-      : ctx_(ctx), device_(ctx->eigen_device<CPUDevice>()), dataflow_(dataflow) {}
+      : device_(ctx->eigen_device<CPUDevice>()), dataflow_(dataflow) {}
 
   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys, const T* out_grad, int64_t n_out) {
     TF_RETURN_IF_ERROR(CheckConvData(in));
@@ -1019,16 +1019,11 @@ class DirectSparseConvBackpropFunctor<CPUDevice, T> {
   }
 
   absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad) {
-    // A gradient no op reads (a network's first convolution's input gradient in a training
-    // step) is allocated but not computed, as on the GPU.
-    if (!ctx_->output_required(0)) in_grad = nullptr;
-    if (!ctx_->output_required(1)) filter_grad = nullptr;
     DirectConvBackpropFunctor<CPUDevice, T>()(device_, g_, in_grad, filter_grad, bias_grad);
     return absl::OkStatus();
   }
 
  private:
-  OpKernelContext* const ctx_;
   const CPUDevice& device_;
   const DirectConvDataflow dataflow_;
   HostTables<T> tables_;

@@ -95,7 +95,8 @@ constexpr int64_t kCountOnDevice = -1;
 //                                   Cache* cache);
 //   absl::Status Prepare(const ConvTensors<T>& in, const int64_t* out_keys,
 //                        const T* out_grad, int64_t n_out);
-//   absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad);  // Eq. 3
+//   absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad);  // Eq. 3; a gradient
+//                                                                 // nullptr: not computed
 template <typename Device, typename T>
 class DirectSparseConvBackpropFunctor;
 
@@ -237,14 +238,16 @@ class DirectSparseConvBackpropOp : public GuardedOpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ctx->input(1).shape(), &in_grad));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(3).shape(), &filter_grad));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({in.shapes.cout}), &bias_grad));
+    // A gradient no op reads (a network's first convolution's input gradient in a training
+    // step, where the executor knows it) is allocated but not computed.
+    T* const in_grad_data = ctx->output_required(0) ? in_grad->flat<T>().data() : nullptr;
+    T* const filter_grad_data = ctx->output_required(1) ? filter_grad->flat<T>().data() : nullptr;
     {
       tsl::profiler::TraceMe trace("DirectSparseConvBackprop run", kTraceLevel);
-      OP_REQUIRES_OK(ctx, backprop.Run(in_grad->flat<T>().data(), filter_grad->flat<T>().data(),
-                                       bias_grad->flat<T>().data()));
+      OP_REQUIRES_OK(ctx, backprop.Run(in_grad_data, filter_grad_data, bias_grad->flat<T>().data()));
     }
-    if (std::is_same<Device, CPUDevice>::value) {  // the padding's gradient (the GPU's kernel writes it)
-      T* grad = in_grad->flat<T>().data();
-      std::fill(grad + in.n, grad + in.capacity, T(0));
+    if (std::is_same<Device, CPUDevice>::value && in_grad_data != nullptr) {
+      std::fill(in_grad_data + in.n, in_grad_data + in.capacity, T(0));  // the padding's (the GPU's kernel writes it)
     }
   }
 

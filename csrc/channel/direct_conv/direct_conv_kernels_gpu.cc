@@ -464,10 +464,6 @@ class DirectSparseConvBackpropFunctor<GPUDevice, T> : GpuFunctorBase {
   }
 
   absl::Status Run(T* in_grad, T* filter_grad, T* bias_grad) {
-    // A gradient no op reads (a network's first convolution's input gradient in a training
-    // step, where the executor knows it) is allocated but not computed.
-    if (!ctx_->output_required(0)) in_grad = nullptr;
-    if (!ctx_->output_required(1)) filter_grad = nullptr;
     if (inputs_checked_) {  // no report: queued without checks, not waited for
       return ToStatus(gpu::DirectConvBackpropGpu<T>(stream_, &scratch_, args_, out_keys_, out_grad_, n_out_,
                                                     dataflow_, in_grad, filter_grad, bias_grad, nullptr));
