@@ -1145,10 +1145,11 @@ __global__ void BiasGradKernel(const T* partial, int64_t batch, int64_t cout, in
   }
 }
 
-// The most groups' sums (entries times groups of the longest row) that the filter gradient's
-// pass writes for the input gradient: 64 Mi values, 256 MiB in float; beyond, InGradKernel
-// looks the links up again (the same sums).
-constexpr int64_t kMaxInGradGroupSums = int64_t{64} << 20;
+// The most bytes of groups' sums (entries times groups of the longest row) that the filter
+// gradient's pass writes for the input gradient: 512 MiB, 128 Mi values in float, enough for
+// every layer of OctNet3 at 64^3 in batches of 32 (the largest, 2.35 M entries of 16 channels
+// at 32^3: 127 M sums); beyond, InGradKernel looks the links up again (the same sums).
+constexpr int64_t kMaxInGradGroupBytes = int64_t{512} << 20;
 
 // Parts per segment so that a block of kThreads sums about 8 items per thread.
 inline int64_t PartsFor(int64_t items, int64_t segments) {
@@ -2476,7 +2477,7 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   // as well, where its groups' sums (a value per entry and group of the longest row) fit.
   const bool in_grad_from_groups =
       in_grad != nullptr && filter_grad != nullptr && packed != nullptr &&
-      (a.weights.max_row + kInGradGroup - 1) / kInGradGroup * a.n <= kMaxInGradGroupSums;
+      (a.weights.max_row + kInGradGroup - 1) / kInGradGroup * a.n <= kMaxInGradGroupBytes / int64_t{sizeof(T)};
   if (in_grad == nullptr || in_grad_from_groups) {
     // not asked for, or made in FilterGradient
   } else if (packed != nullptr) {
