@@ -1531,46 +1531,26 @@ __global__ void MarkOutputsKernel(KeyLayout L, EntryData e, const GpuPresentWeig
   }
 }
 
-// The set bits of a bitmap in order, in one pass over the words: the tiles of kTileSize words
-// are taken in order from a ticket counter, and each tile finds the set bits before it by a
-// look-back over its predecessors' published counts (a decoupled look-back scan: a tile
-// publishes its own count first, then its inclusive prefix once known, so a tile waits only
-// for tiles already started). Integer sums: the same ranks as a count pass, a scan and a
-// write pass, which it replaces (the count pass read the 16.7 MB bitmap of a 256^3 layer of 8
-// channels a second time; with the scan's launch about a tenth of the layer's GPU time).
-// A tile's published state, one 64-bit word: the flag in the top two bits, the count below.
-constexpr int kTileStatusShift = 62;
-constexpr unsigned long long kTileCountOnly = 1ull << kTileStatusShift;     // the tile's own set bits
-constexpr unsigned long long kTilePrefix = 2ull << kTileStatusShift;        // the set bits up to its end
-constexpr unsigned long long kTileCountMask = (1ull << kTileStatusShift) - 1;
+// The set bits of a bitmap in order, in one pass over the words (the one-pass compaction of
+// gpu_util.cuh over words: tiles from a ticket, each tile's start from a look-back at its
+// predecessors' published counts), in place of a count pass, a scan and a write pass (the
+// count pass read the 16.7 MB bitmap of a 256^3 layer of 8 channels a second time; with the
+// scan's launch about a tenth of the layer's GPU time).
+// Also counts[s] += the set bits in [s * segment_size, (s + 1) * segment_size) (counts zeroed
+// before): one atomic per tile where its words lie in one segment, else per thread or run of
+// a segment's bits; and, given word_rank, word_rank[w] = the set bits before word w (the
+// atomic dataflow's places).
+// A warp takes 32 * kTileItems consecutive words of the tile, a word per lane and round, so
+// that the lanes of a round write their indices side by side (a thread's own 8 consecutive
+// words scattered each warp's writes over 8x as many cache lines).
+static_assert(kThreads % 32 == 0 && kTileSize == static_cast<int64_t>(kThreads) * kTileItems,
+              "a tile is the block's warps' 32 * kTileItems words each");
+static_assert(kMaxSortItems <= static_cast<int64_t>(UINT32_MAX), "word ranks (< the touched entries) fit 32 bits");
 
 // The 32-bit words after a bitmap's out_words that WriteBitTilesKernel needs zeroed (its tiles'
-// states and the ticket counter, 8-byte aligned where the bitmap starts so).
+// states and the ticket, 8-byte aligned where the bitmap starts so).
 inline int64_t ReadOutStateWords(int64_t out_words) {
-  const int64_t num_tiles = (out_words + kTileSize - 1) / kTileSize;
-  return (out_words & 1) + 2 * (num_tiles + 1);
-}
-
-// The set bits before tile `tile` (> 0), by warp 0 of its block: windows of 32 predecessors,
-// the nearest first, summed until one with its prefix published; a lane waits while its
-// predecessor has published nothing.
-__device__ inline int64_t LookBack(const unsigned long long* state, int64_t tile, int lane) {
-  int64_t before = 0;
-  for (int64_t last = tile - 1;; last -= 32) {
-    const int64_t p = last - lane;
-    unsigned long long s = kTilePrefix;  // before tile 0: nothing
-    if (p >= 0) {
-      do {
-        s = *reinterpret_cast<const volatile unsigned long long*>(state + p);
-      } while (s == 0);
-    }
-    const unsigned int prefix_lanes = __ballot_sync(0xffffffffu, s >= kTilePrefix);
-    const int stop = prefix_lanes != 0u ? __ffs(prefix_lanes) - 1 : 31;  // the nearest prefix
-    int64_t count = lane <= stop ? static_cast<int64_t>(s & kTileCountMask) : 0;
-    for (int d = 16; d > 0; d /= 2) count += __shfl_xor_sync(0xffffffffu, count, d);
-    before += count;
-    if (prefix_lanes != 0u) return before;
-  }
+  return (out_words & 1) + 2 * OnePassStates((out_words + kTileSize - 1) / kTileSize);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -1582,9 +1562,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int warp_total[kWarps];
   __shared__ int64_t tile_ticket, tile_before;
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  unsigned long long* const ticket = state + num_tiles;
   for (;;) {
-    if (threadIdx.x == 0) tile_ticket = static_cast<int64_t>(atomicAdd(ticket, 1ull));
+    if (threadIdx.x == 0) tile_ticket = NextTile(state, num_tiles);
     __syncthreads();
     const int64_t tile = tile_ticket;
     if (tile >= num_tiles) break;
@@ -1606,19 +1585,11 @@ __global__ void __launch_bounds__(kThreads)
       tile_total += warp_total[v];
     }
     if (warp == 0) {
-      unsigned long long* const mine = state + tile;
-      if (tile == 0) {
-        if (lane == 0) atomicExch(mine, kTilePrefix | static_cast<unsigned long long>(tile_total));
-        tile_before = 0;
-      } else {
-        if (lane == 0) atomicExch(mine, kTileCountOnly | static_cast<unsigned long long>(tile_total));
-        const int64_t before = LookBack(state, tile, lane);
-        if (lane == 0) {
-          atomicExch(mine, kTilePrefix | static_cast<unsigned long long>(before + tile_total));
-          tile_before = before;
-        }
+      const int64_t before = TileStart(state, tile, tile_total, lane);
+      if (lane == 0) {
+        tile_before = before;
+        if (tile == num_tiles - 1) *total = before + tile_total;
       }
-      if (lane == 0 && tile == num_tiles - 1) *total = tile_before + tile_total;
     }
     __syncthreads();
     int64_t round_start = tile_before + before_warp;  // the rank of this warp's round-j words
@@ -2112,11 +2083,9 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
                     neighbour_mask, a.filter, weights, tables.pair_begin, bias, device_report, out_values, out_bits);
     }
     TF_SPARSECONV_RETURN_IF_CUDA_ERROR("dense grid sums");
-    const IsTouchedBit is_touched{out_bits};
-    Compaction runs;
-    TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, is_touched, total, touched_total, &runs));
-    TF_SPARSECONV_RETURN_IF_ERROR(
-        WriteCompaction(stream, runs, is_touched, CopyTouched<T>{out_values, touched_keys, touched_values}));
+    TF_SPARSECONV_RETURN_IF_ERROR(Compact(stream, scratch, IsTouchedBit{out_bits},
+                                          CopyTouched<T>{out_values, touched_keys, touched_values}, total,
+                                          touched_total));
     touched_keys_ = touched_keys;
     touched_values_ = touched_values;
   } else if (bitmap) {
@@ -2225,14 +2194,11 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     T* touched_values = slot_values[1 - current];
     touched_keys_ = touched_keys;
     touched_values_ = touched_values;
-    const IsRunStart first_of_key{slot_keys[current], no_output};
-    Compaction runs;
-    TF_SPARSECONV_RETURN_IF_ERROR(
-        CountCompaction(stream, scratch, first_of_key, num_slots, touched_total, &runs));
-    TF_SPARSECONV_RETURN_IF_ERROR(WriteCompaction(
-        stream, runs, first_of_key,
-        SumContributions<T>{slot_keys[current], slot_values[current], num_slots, bias,
-                            L.spatial_size, a.cout, touched_keys, touched_values}));
+    TF_SPARSECONV_RETURN_IF_ERROR(Compact(
+        stream, scratch, IsRunStart{slot_keys[current], no_output},
+        SumContributions<T>{slot_keys[current], slot_values[current], num_slots, bias, L.spatial_size, a.cout,
+                            touched_keys, touched_values},
+        num_slots, touched_total));
   }
   if ((bitmap || atomic) && touched_bound > 0) {
     // both counts are written; k-selection's segment begins are their scan

@@ -245,12 +245,9 @@ GpuStatus SiteKernelMapGpu::CountSort(Stream stream, Scratch* scratch, const int
     int current = 0;
     TF_SPARSECONV_RETURN_IF_ERROR(
         SortPairs(stream, scratch, keys, index, candidates, BitsFor(no_output), &current));
-    const IsFirstOfRun first_of_run{keys[current], no_output};
-    Compaction runs;
-    TF_SPARSECONV_RETURN_IF_ERROR(
-        CountCompaction(stream, scratch, first_of_run, candidates, &device_report->out_sites, &runs));
-    TF_SPARSECONV_RETURN_IF_ERROR(WriteCompaction(
-        stream, runs, first_of_run, EmitRun{keys[current], index[current], candidates, keys[1 - current], found_}));
+    TF_SPARSECONV_RETURN_IF_ERROR(Compact(stream, scratch, IsFirstOfRun{keys[current], no_output},
+                                          EmitRun{keys[current], index[current], candidates, keys[1 - current], found_},
+                                          candidates, &device_report->out_sites));
     out_keys_ = keys[1 - current];
   }
   return GpuStatus::Ok();
