@@ -2,8 +2,9 @@
 // fill a Report, order-preserving stream compaction, and the host round trip.
 //
 // Determinism: nothing here adds floating-point numbers in an order that depends on
-// thread timing. The only atomics are integer atomicMin on check positions, whose
-// result does not depend on the order they land in.
+// thread timing. The atomics are integer ones whose results do not depend on the order
+// they land in: atomicMin on check positions, and the one-pass compaction's tile tickets
+// and published counts (which tile a block takes varies; each tile's rank does not).
 #ifndef TF_SPARSECONV_COMMON_GPU_UTIL_CUH_
 #define TF_SPARSECONV_COMMON_GPU_UTIL_CUH_
 
@@ -205,6 +206,8 @@ GpuStatus Upload(Stream stream, Scratch* scratch, const void* host, size_t bytes
 // device memory, e.g. the Report, so the host learns the output size from the one
 // round trip); WriteCompaction recounts each tile and emits in order. pred must give
 // the same answer in both passes. Temporary memory: 16 bytes per tile of 2048 indices.
+// Where the total need not reach the host before the write, Compact (below) does both
+// in one pass.
 
 constexpr int kTileItems = 8;
 constexpr int64_t kTileSize = static_cast<int64_t>(kThreads) * kTileItems;
