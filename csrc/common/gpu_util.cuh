@@ -237,6 +237,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// hit[j] = pred(first + j) for the thread's kTileItems positions from first that lie below n;
+// returns how many hit.
+template <typename Pred>
+__device__ inline int TileHits(Pred pred, int64_t n, int64_t first, bool (&hit)[kTileItems]) {
+  int selected = 0;
+  for (int j = 0; j < kTileItems; ++j) {
+    const int64_t q = first + j;
+    hit[j] = q < n && pred(q);
+    selected += hit[j];
+  }
+  return selected;
+}
+
 template <typename Pred, typename Emit>
 __global__ void __launch_bounds__(kThreads)
     WriteTilesKernel(Pred pred, Emit emit, int64_t n, int64_t num_tiles,
@@ -247,12 +260,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const int64_t first = tile * kTileSize + static_cast<int64_t>(threadIdx.x) * kTileItems;
     bool hit[kTileItems];
-    int selected = 0;
-    for (int j = 0; j < kTileItems; ++j) {
-      const int64_t q = first + j;
-      hit[j] = q < n && pred(q);
-      selected += hit[j];
-    }
+    const int selected = TileHits(pred, n, first, hit);
     int before = 0;
     BlockScan(temp).ExclusiveSum(selected, before);
     int64_t rank = tile_offsets[tile] + before;
@@ -348,12 +356,7 @@ __global__ void __launch_bounds__(kThreads)
     if (tile >= num_tiles) break;
     const int64_t first = tile * kTileSize + static_cast<int64_t>(threadIdx.x) * kTileItems;
     bool hit[kTileItems];
-    int selected = 0;
-    for (int j = 0; j < kTileItems; ++j) {
-      const int64_t q = first + j;
-      hit[j] = q < n && pred(q);
-      selected += hit[j];
-    }
+    const int selected = TileHits(pred, n, first, hit);
     int before = 0, tile_total = 0;
     BlockScan(temp).ExclusiveSum(selected, before, tile_total);
     if (threadIdx.x < 32) {
