@@ -307,16 +307,21 @@ __device__ inline int64_t NextTile(unsigned long long* state, int64_t num_tiles)
   return static_cast<int64_t>(atomicAdd(state + num_tiles, 1ull));
 }
 
-// Called by one whole warp per tile: publishes the tile's count, returns the count of the
-// tiles before it (in every lane) and publishes the tile's inclusive prefix. The look-back
+// Called by one whole warp per tile of num_tiles: publishes the tile's count, returns the
+// count of the tiles before it (in every lane) and publishes the tile's inclusive prefix; the
+// last tile writes the whole count to *total. The look-back
 // reads 32 predecessors at once, the nearest first, and sums their counts up to the nearest
 // that has published its prefix; a lane waits while its predecessor has published nothing.
 // (One thread reading one predecessor's prefix at a time chained the tiles: 2,048 tiles of a
 // 256^3 convolution's output bits took 17 us longer, 2026-12-01.)
-__device__ inline int64_t TileStart(unsigned long long* state, int64_t tile, int64_t count, int lane) {
+__device__ inline int64_t TileStart(unsigned long long* state, int64_t tile, int64_t num_tiles, int64_t count,
+                                    int lane, int64_t* total) {
   const auto mine = static_cast<unsigned long long>(count);
   if (tile == 0) {
-    if (lane == 0) atomicExch(state, kTilePrefix | mine);
+    if (lane == 0) {
+      atomicExch(state, kTilePrefix | mine);
+      if (num_tiles == 1) *total = count;
+    }
     return 0;
   }
   if (lane == 0) atomicExch(state + tile, kTileCountOnly | mine);
@@ -336,11 +341,14 @@ __device__ inline int64_t TileStart(unsigned long long* state, int64_t tile, int
     before += counted;
     if (prefix_lanes != 0u) break;
   }
-  if (lane == 0) atomicExch(state + tile, kTilePrefix | static_cast<unsigned long long>(before + count));
+  if (lane == 0) {
+    atomicExch(state + tile, kTilePrefix | static_cast<unsigned long long>(before + count));
+    if (tile == num_tiles - 1) *total = before + count;
+  }
   return before;
 }
 
-// WriteTilesKernel with the tiles' starts from TileStart; the last tile writes *total.
+// WriteTilesKernel with the tiles' starts from TileStart (which writes *total).
 template <typename Pred, typename Emit>
 __global__ void __launch_bounds__(kThreads)
     CompactTilesKernel(Pred pred, Emit emit, int64_t n, int64_t num_tiles, unsigned long long* state,
@@ -360,11 +368,8 @@ __global__ void __launch_bounds__(kThreads)
     int before = 0, tile_total = 0;
     BlockScan(temp).ExclusiveSum(selected, before, tile_total);
     if (threadIdx.x < 32) {
-      const int64_t start = TileStart(state, tile, tile_total, static_cast<int>(threadIdx.x));
-      if (threadIdx.x == 0) {
-        tile_before = start;
-        if (tile == num_tiles - 1) *total = start + tile_total;
-      }
+      const int64_t start = TileStart(state, tile, num_tiles, tile_total, static_cast<int>(threadIdx.x), total);
+      if (threadIdx.x == 0) tile_before = start;
     }
     __syncthreads();
     int64_t rank = tile_before + before;

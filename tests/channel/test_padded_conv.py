@@ -146,7 +146,7 @@ def _network(filters, masks, padded, dataflow="auto"):
                                dataflow=dataflow)
             h = ts.direct_conv(h, filters[1], None, masks[1], selection="signed", k=40, activation="relu",
                                padded_output=padded, dataflow=dataflow)
-            h = ts.sparse_max_pool(h, 2)
+            h = ts.sparse_max_pool(h, 2, padded_output=padded)
             h = ts.direct_conv(h, filters[2], None, masks[2], selection="abs", k=7, activation="relu",
                                padded_output=padded, dataflow=dataflow)
             dense = ts.to_dense(h)
@@ -156,22 +156,25 @@ def _network(filters, masks, padded, dataflow="auto"):
     return step
 
 
-def _network_case(rng):
-    keys, values, dense_shape = random_sparse_components(rng, [2, 8, 8, 8, 1], 0.2, np.float32)
+def _network_case(rng, side=8):
+    keys, values, dense_shape = random_sparse_components(rng, [2, side, side, side, 1], 0.2, np.float32)
     w1, m1 = random_filter(rng, [3, 3, 3], 1, 4, 0.8, np.float32)
     w2, m2 = random_filter(rng, [3, 3, 3], 4, 3, 0.8, np.float32)
     w3, m3 = random_filter(rng, [3, 3, 3], 3, 2, 0.8, np.float32)
     return (keys, values, dense_shape), [w1, w2, w3], [m1, m2, m3]
 
 
+@pytest.mark.parametrize("side", [8, 24])
 @pytest.mark.parametrize("dataflow", ["auto", "sort", "dense", "bitmap", "atomic"])
-def test_a_traced_network_of_padded_convolutions_equals_the_exact_one(rng, device, dataflow):
+def test_a_traced_network_of_padded_convolutions_equals_the_exact_one(rng, device, dataflow, side):
     """conv -> conv -> pool -> conv -> to_dense in one tf.function: the same output and filter
-    gradients with padded convolutions (on the GPU the 2nd and 3rd do not wait: their kept
-    count stays on the device); one status check reads all three, and the convolutions after
-    the first take keys the library made (inputs_checked)."""
+    gradients with padded convolutions and pooling (on the GPU the ops after the first do not
+    wait: their kept count stays on the device, and their kept entries are compacted into the
+    padded output in one pass); one status check reads all three convolutions, and those after
+    the first take keys the library made (inputs_checked). At 24^3 the compactions span many
+    tiles of 2,048 positions (the first convolution's ReLU over up to 110,592 touched entries)."""
     _skip_bitmap_on_cpu(device, dataflow)
-    (keys, values, dense_shape), ws, masks = _network_case(rng)
+    (keys, values, dense_shape), ws, masks = _network_case(rng, side)
     filters = [tf.Variable(w) for w in ws]
     with tf.device(device):
         x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(dense_shape))

@@ -1151,6 +1151,10 @@ __global__ void BiasGradKernel(const T* partial, int64_t batch, int64_t cout, in
 // at 32^3: 127 M sums); beyond, InGradKernel looks the links up again (the same sums).
 constexpr int64_t kMaxInGradGroupBytes = int64_t{512} << 20;
 
+// The groups of kGradGroup weights in the longest row: FilterGradGroupKernel's groups per
+// input channel, and the groups' sums per entry that it writes for the input gradient.
+inline int64_t GroupsPerRow(int64_t max_row) { return (max_row + kGradGroup - 1) / kGradGroup; }
+
 // Parts per segment so that a block of kThreads sums about 8 items per thread.
 inline int64_t PartsFor(int64_t items, int64_t segments) {
   const int64_t per_segment = segments > 0 ? items / segments : 0;
@@ -1585,11 +1589,8 @@ __global__ void __launch_bounds__(kThreads)
       tile_total += warp_total[v];
     }
     if (warp == 0) {
-      const int64_t before = TileStart(state, tile, tile_total, lane);
-      if (lane == 0) {
-        tile_before = before;
-        if (tile == num_tiles - 1) *total = before + tile_total;
-      }
+      const int64_t before = TileStart(state, tile, num_tiles, tile_total, lane, total);
+      if (lane == 0) tile_before = before;
     }
     __syncthreads();
     int64_t round_start = tile_before + before_warp;  // the rank of this warp's round-j words
@@ -2245,6 +2246,14 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
           cudaMemcpyAsync(&device_report->count, touched_total, sizeof(int64_t), cudaMemcpyDeviceToDevice, stream),
           "kept entries");
     }
+  } else if (a.padded_keys != nullptr && a.padded_values != nullptr) {
+    // A padded output the caller gave: the kept entries go into it in one pass (the count is
+    // only the report's, read back or not); WritePadded then pads the rest.
+    TF_SPARSECONV_RETURN_IF_ERROR(
+        Compact(stream, scratch, IsKept<T>{touched_total, keep_, relu_values_},
+                CopyEntries<T>{touched_keys_, touched_values_, a.padded_keys, a.padded_values, nullptr},
+                touched_bound, &device_report->count));
+    kept_in_ = a.padded_keys;
   } else {
     TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch, IsKept<T>{touched_total, keep_, relu_values_},
                                                   touched_bound, &device_report->count, &kept_));
@@ -2320,7 +2329,7 @@ GpuStatus DirectConvForwardGpu<T>::WritePadded(Stream stream, int64_t* out_keys,
                                                const Report* device_report, int64_t live, int64_t limit,
                                                int64_t* status) const {
   if (!keep_all_) {
-    TF_SPARSECONV_RETURN_IF_ERROR(Write(stream, out_keys, out_values));
+    if (out_keys != kept_in_) TF_SPARSECONV_RETURN_IF_ERROR(Write(stream, out_keys, out_values));
     return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values, limit, status);
   }
   if (out_keys == touched_keys_ && out_values == touched_values_) {  // Run wrote the touched set there
@@ -2335,6 +2344,7 @@ GpuStatus DirectConvForwardGpu<T>::WritePadded(Stream stream, int64_t* out_keys,
 
 template <typename T>
 GpuStatus DirectConvForwardGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values) const {
+  if (kept_in_ != nullptr) return GpuStatus{"direct conv output", "Run wrote the kept entries (WritePadded pads)"};
   if (keep_all_) {
     if (touched_bound_ == 0) return GpuStatus::Ok();
     LaunchChained(CopyTouchedKernel<T>, BlocksFor(touched_bound_), kThreads, 0, stream, touched_keys_, touched_values_,
@@ -2407,21 +2417,21 @@ static GpuStatus FilterGradient(Stream stream, Scratch* scratch, const DirectCon
   if (!partial) return GpuStatus::OutOfMemory("filter gradient");
   const int64_t warps_per_block = kThreads / 32;
   if (packed != nullptr) {
-    const int64_t groups_per_row = (a.weights.max_row + kGradGroup - 1) / kGradGroup;
+    const int64_t groups_per_row = GroupsPerRow(a.weights.max_row);
     const int64_t tasks = L.channels * groups_per_row * parts_per_weight;
-    const unsigned int blocks = LoopBlocks((tasks + warps_per_block - 1) / warps_per_block);
+    T* in_partial = nullptr;
     if (in_grad != nullptr) {
-      T* in_partial = scratch->DeviceArray<T>(groups_per_row * a.n);
+      in_partial = scratch->DeviceArray<T>(groups_per_row * a.n);
       if (!in_partial) return GpuStatus::OutOfMemory("input gradient");
-      LaunchChained(FilterGradGroupKernel<T, true>, blocks, kThreads, 0, stream, L, e, a.values, packed, row_begin,
-                    groups_per_row, in_begin, out, parts, device_report, partial, a.n, in_partial);
-      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+    }
+    LaunchChained(in_grad != nullptr ? FilterGradGroupKernel<T, true> : FilterGradGroupKernel<T, false>,
+                  LoopBlocks((tasks + warps_per_block - 1) / warps_per_block), kThreads, 0, stream, L, e, a.values,
+                  packed, row_begin, groups_per_row, in_begin, out, parts, device_report, partial, a.n, in_partial);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("filter gradient");
+    if (in_grad != nullptr) {
       LaunchChained(InGradFromGroupsKernel<T>, BlocksFor(a.n), kThreads, 0, stream, e, row_begin, in_partial, a.n,
                     device_report, in_grad);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("input gradient");
-    } else {
-      LaunchChained(FilterGradGroupKernel<T, false>, blocks, kThreads, 0, stream, L, e, a.values, packed, row_begin,
-                    groups_per_row, in_begin, out, parts, device_report, partial, a.n, static_cast<T*>(nullptr));
     }
   } else {
     LaunchChained(FilterGradPartialKernel<T>,
@@ -2491,7 +2501,7 @@ GpuStatus DirectConvBackpropGpu(Stream stream, Scratch* scratch, const DirectCon
   // as well, where its groups' sums (a value per entry and group of the longest row) fit.
   const bool in_grad_from_groups =
       in_grad != nullptr && filter_grad != nullptr && packed != nullptr &&
-      (a.weights.max_row + kInGradGroup - 1) / kInGradGroup * a.n <= kMaxInGradGroupBytes / int64_t{sizeof(T)};
+      GroupsPerRow(a.weights.max_row) * a.n <= kMaxInGradGroupBytes / int64_t{sizeof(T)};
   if (in_grad == nullptr || in_grad_from_groups) {
     // not asked for, or made in FilterGradient
   } else if (packed != nullptr) {

@@ -275,7 +275,8 @@ class DirectConvForwardGpu {
   const int64_t* touched_total_ = nullptr;  // device
   const uint8_t* keep_ = nullptr;           // nullptr: keep every touched entry
   const T* relu_values_ = nullptr;          // the fused ReLU's test (nullptr: none)
-  Compaction kept_;
+  Compaction kept_;                         // the kept entries' first pass (else Run wrote them)
+  const int64_t* kept_in_ = nullptr;        // the padded output Run compacted the kept entries into
   bool keep_all_ = false;                   // every touched entry is kept: Write copies them
   int64_t touched_bound_ = 0;
 };

@@ -100,19 +100,26 @@ GpuStatus SparseMaxPoolGpu<T>::Count(Stream stream, Scratch* scratch, const Pool
     pooled_ = pooled[current];
     order_ = order[current];
   }
+  // Without a read-back nothing needs the count before Write: Write counts and writes in one
+  // pass (Compact).
+  one_pass_ = !options.read_back;
+  if (one_pass_) return GpuStatus::Ok();
   TF_SPARSECONV_RETURN_IF_ERROR(CountCompaction(stream, scratch,
                                                 IsRunStart{pooled_, no_window_}, n,
                                                 &device_report->count, &compaction_));
-  if (!options.read_back) return GpuStatus::Ok();
   return ReadReport(stream, scratch, device_report, report);
 }
 
 template <typename T>
-GpuStatus SparseMaxPoolGpu<T>::Write(Stream stream, int64_t* out_keys, T* out_values, int64_t* argmax,
-                                     int64_t capacity) const {
-  TF_SPARSECONV_RETURN_IF_ERROR(WriteCompaction(
-      stream, compaction_, IsRunStart{pooled_, no_window_},
-      WriteWindowMax<T>{pooled_, order_, values_, n_, out_keys, out_values, argmax}));
+GpuStatus SparseMaxPoolGpu<T>::Write(Stream stream, Scratch* scratch, int64_t* out_keys, T* out_values,
+                                     int64_t* argmax, int64_t capacity) const {
+  const IsRunStart run_start{pooled_, no_window_};
+  const WriteWindowMax<T> write{pooled_, order_, values_, n_, out_keys, out_values, argmax};
+  if (one_pass_) {
+    TF_SPARSECONV_RETURN_IF_ERROR(Compact(stream, scratch, run_start, write, n_, device_count_));
+  } else {
+    TF_SPARSECONV_RETURN_IF_ERROR(WriteCompaction(stream, compaction_, run_start, write));
+  }
   if (capacity == 0) return GpuStatus::Ok();
   LaunchChained(PadOutputKernel<T>, BlocksFor(capacity), kThreads, 0, stream, device_count_, capacity, out_keys,
                 out_values, argmax);

@@ -35,8 +35,9 @@ class SparseMaxPoolGpu {
                   Report* report);
   // Writes the window maxima and the input position of each; capacity > 0: then padding up
   // to capacity (key kPaddingKey, value 0, argmax its own position), after the count found on
-  // the device.
-  GpuStatus Write(Stream stream, int64_t* out_keys, T* out_values, int64_t* argmax, int64_t capacity) const;
+  // the device (by this call's compaction where Count read nothing back).
+  GpuStatus Write(Stream stream, Scratch* scratch, int64_t* out_keys, T* out_values, int64_t* argmax,
+                  int64_t capacity) const;
 
  private:
   const T* values_ = nullptr;
@@ -44,8 +45,9 @@ class SparseMaxPoolGpu {
   const uint64_t* pooled_ = nullptr;  // sorted pooled keys
   const int32_t* order_ = nullptr;    // the entry of each sorted pooled key
   uint64_t no_window_ = 0;            // pooled key of nothing (invalid input, padding)
-  const int64_t* device_count_ = nullptr;  // the output entries, counted on the device
-  Compaction compaction_;
+  int64_t* device_count_ = nullptr;  // the output entries, counted on the device
+  Compaction compaction_;            // Count's first pass, where Count read the count back
+  bool one_pass_ = false;            // Count read nothing back: Write compacts in one pass
 };
 
 }  // namespace gpu

@@ -39,7 +39,8 @@ class SparseMaxPoolFunctor<GPUDevice, T> : GpuFunctorBase {
   }
 
   absl::Status Write(int64_t* out_keys, T* out_values, int64_t* argmax, int64_t capacity) {
-    return ToStatus(pool_.Write(stream_, out_keys, out_values, argmax, flags_.padded_output ? capacity : 0));
+    return ToStatus(
+        pool_.Write(stream_, &scratch_, out_keys, out_values, argmax, flags_.padded_output ? capacity : 0));
   }
 
  private:
