@@ -2,9 +2,10 @@
 # On the lent GPU, in the last call of a lease (after the pieces of dev/device_parts.sh):
 # unpacks (dev/device_unpack.sh), then runs the GPU suites a change to the kernels needs and
 # writes each suite's summary lines to $OUT/tests.txt (a call's output keeps only its tail):
-# the channel family (`tests/channel -m gpu`, without the fuzz module), the convolution fuzz
-# targets at FUZZ_EXAMPLES cases (default 200), and the site family with the host-sync and
-# chained-launch tests, cut off after SITE_TIMEOUT seconds (default 240).
+# the channel family (`tests/channel -m gpu`, without the fuzz module), the fuzz targets
+# that FUZZ_K selects (default "conv") at FUZZ_EXAMPLES cases (default 200), and the site
+# family with the host-sync and chained-launch tests, cut off after SITE_TIMEOUT seconds
+# (default 240).
 #   bash dev/device_gpu_tests.sh        # carry: [".devparts/cN"]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,8 +20,8 @@ pick() { grep -E "passed|failed|FAILED|[0-9] error" | grep -v "^I0000\|^W0000" |
 echo "== tests/channel -m gpu" >> "$summary"
 python3 -m pytest -q -n 12 -p no:randomly -p no:cacheprovider tests/channel -m gpu \
   --ignore=tests/channel/test_fuzz.py 2>&1 | pick >> "$summary"
-echo "== tests/channel/test_fuzz.py -m gpu -k conv" >> "$summary"
-python3 -m pytest -q -p no:randomly -p no:cacheprovider tests/channel/test_fuzz.py -m gpu -k conv \
+echo "== tests/channel/test_fuzz.py -m gpu -k '${FUZZ_K:-conv}'" >> "$summary"
+python3 -m pytest -q -p no:randomly -p no:cacheprovider tests/channel/test_fuzz.py -m gpu -k "${FUZZ_K:-conv}" \
   --fuzz-examples "${FUZZ_EXAMPLES:-200}" 2>&1 | pick >> "$summary"
 echo "== tests/site tests/test_host_syncs.py tests/test_chained_launch.py -m gpu" >> "$summary"
 timeout "${SITE_TIMEOUT:-240}" python3 -m pytest -q -n 12 -p no:randomly -p no:cacheprovider tests/site \
