@@ -47,13 +47,19 @@ def test_octnet3_64_keeps_its_signal_only_with_he_initialisation():
     clouds, labels, _ = datasets.make_shapes(num_per_class=1, seed=3)
     x, _ = next(iter(keras_batches(datasets.point_cloud_dataset(clouds[:4], labels[:4], 64, 4, shuffle=False))))
     spread = {}
-    for init in ("he_normal", "glorot_uniform"):
+
+    def logits_spread(**kwargs):
+        # On the CPU where a GPU is visible as well: the GPU's atomic sums add in a varying
+        # order, and k-selection turns their last bits into other kept entries, so two GPU
+        # calls of the same weights differ (here by 0.1 %); the CPU's sums are exact reruns.
         keras.utils.set_random_seed(0)
-        spread[init] = float(tf.math.reduce_std(octnet3(64, 40, kernel_initializer=init)(x, training=False)))
+        with tf.device("/CPU:0"):
+            return float(tf.math.reduce_std(octnet3(64, 40, **kwargs)(x, training=False)))
+
+    for init in ("he_normal", "glorot_uniform"):
+        spread[init] = logits_spread(kernel_initializer=init)
     assert spread["he_normal"] > 0.05 and spread["glorot_uniform"] < 0.005, spread
-    keras.utils.set_random_seed(0)
-    default = float(tf.math.reduce_std(octnet3(64, 40)(x, training=False)))
-    assert default == pytest.approx(spread["he_normal"])
+    assert logits_spread() == pytest.approx(spread["he_normal"])
 
 
 def test_octnet3_for_mnist_is_two_dimensional():
@@ -121,8 +127,11 @@ def test_steps_per_execution_trains_the_same_weights(tmp_path, monkeypatch):
     assert 3 in compiled and set(compiled) <= {1, 3}
     np.testing.assert_allclose(three["history"]["loss"], one["history"]["loss"], rtol=1e-5)
     a, b = (keras.models.load_model(tmp_path / run / "model.keras") for run in ("one", "three"))
+    # On a GPU the atomic sums add in a varying order: two trainings of the same steps differ
+    # in the last bits (one weight of 10^6 by 1.9e-6 on a lent H200, 2026-12-02).
+    atol = 1e-5 if tf.config.list_physical_devices("GPU") else 1e-6
     for w, v in zip(a.get_weights(), b.get_weights()):
-        np.testing.assert_allclose(v, w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(v, w, rtol=1e-5, atol=atol)
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(DATA, "mnist_train.npz")), reason="../shared/data is absent")
