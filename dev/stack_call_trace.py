@@ -8,9 +8,12 @@ where they enter a traced function (direct_conv.check_on_host):
 Per variant: the median of synchronised whole calls (interleaved rounds), then three traced
 calls: the GPU's busy time, its first work after the call began, and the longest idle
 stretches with the GPU events around them.
-    python3 dev/stack_call_trace.py [--r 256] [--rounds 3] [--reps 7]
+Rows (one per placement) are appended to benchmarks/results/stack_call_trace.jsonl (--out).
+    python3 dev/stack_call_trace.py [--r 256] [--rounds 3] [--reps 7] [--out PATH]
 """
 import argparse
+import datetime
+import json
 import os
 import statistics
 import sys
@@ -23,7 +26,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import tf_sparseconv as ts  # noqa: E402
 from direct_conv_stack_gpu import make_stack, sparse_stack  # noqa: E402
 from gpu_trace import first_gpu_work, gpu_stream_events, named_gaps, python_calls, trace_file, union_length  # noqa
+from run_info import checkout_commit  # noqa: E402
 from timing import sync  # noqa: E402
+
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results",
+                           "stack_call_trace.jsonl")
 
 
 def placed(x, filters, variant):
@@ -42,6 +49,7 @@ def main():
     p.add_argument("--rho-f", type=float, default=0.1)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--out", default=DEFAULT_OUT)
     args = p.parse_args()
     rng = np.random.default_rng(0)
     x, filters = make_stack(rng, args.r, args.rho_f, "/GPU:0")
@@ -80,6 +88,17 @@ def main():
               flush=True)
         for length, before, after in top:
             print(f"    {length / 1e9:.3f} ms between {(before or '?')[:70]} and {(after or '?')[:70]}", flush=True)
+        row = dict(kind="stack_call", r=args.r, rho_f=args.rho_f, placement=variant,
+                   ours_s=statistics.median(times[variant]), traced_calls_s=[w / 1e3 for w in walls],
+                   gpu_busy_s=busy / 1e3, first_gpu_work_s=[f / 1e3 for f in first],
+                   idle_stretches_per_call=count / 3, idle_s_per_call=total / 1e12 / 3,
+                   longest_idle=[[length / 1e12, before, after] for length, before, after in top],
+                   device=tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0])
+                   .get("device_name") if tf.config.list_physical_devices("GPU") else "cpu",
+                   date=datetime.date.today().isoformat(), commit=checkout_commit())
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    print(f"summary: {len(runs)} placements of the {args.r}^3 stack; rows appended to {args.out}", flush=True)
 
 
 if __name__ == "__main__":
