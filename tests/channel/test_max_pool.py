@@ -152,6 +152,41 @@ def test_sparse_max_pool_of_a_large_grid_keeps_the_first_maximum_of_each_window(
     np.testing.assert_array_equal(tape.gradient(total, x.values).numpy(), expected_grad)
 
 
+@pytest.mark.parametrize("side", [pytest.param(60_000, id="beyond-32-bit-positions"),
+                                  pytest.param(60, id="32-bit-positions")])
+def test_sparse_max_pool_of_sparse_entries_equals_a_reference_by_coordinates(side, rng, device):
+    """A few hundred entries pooled by (2, 3, 2): on a 60,000 x 60,000 x 5 grid (more than
+    2^32 positions per example: the CPU decodes by 64-bit divisions there, by multiplications
+    below) and on a small one, against windows and maxima found from the coordinates."""
+    shape, strides = [2, side, side, 5, 2], [2, 3, 2]
+    per_segment = 150
+    coords, values = [], []
+    for b in range(shape[0]):
+        for c in range(shape[-1]):
+            # clusters of neighbouring cells around random anchors, so that windows hold several
+            anchors = np.stack([rng.integers(0, side - 3, 50), rng.integers(0, side - 3, 50),
+                                rng.integers(0, 4, 50)], 1)
+            near = anchors[rng.integers(0, 50, 4 * per_segment)] + rng.integers(0, [3, 4, 2], (4 * per_segment, 3))
+            cells = rng.permutation(np.unique(near, axis=0))[:per_segment]
+            coords += [(b, *cell, c) for cell in cells]
+            values += list(rng.choice([-1.0, 0.5, 2.0], len(cells)))  # ties within windows
+    coords, values = np.array(coords, np.int64), np.array(values, np.float32)
+    keys = ((coords[:, 0] * shape[-1] + coords[:, 4]) * side + coords[:, 1]) * side * 5 + coords[:, 2] * 5 \
+        + coords[:, 3]
+    order = np.argsort(keys)
+    keys, values, coords = keys[order], values[order], coords[order]
+    with tf.device(device):
+        x = ts.ChannelSparseTensor(tf.constant(keys), tf.constant(values), tf.constant(shape, tf.int64))
+        y = ts.sparse_max_pool(x, strides)
+        got = dict(zip(map(tuple, ts.decode_keys(y.keys, y.dense_shape).numpy()), y.values.numpy()))
+    want = {}
+    for (b, i, j, k, c), v in zip(coords, values):
+        window = (b, i // 2, j // 3, k // 2, c)
+        want[window] = max(want.get(window, -np.inf), v)
+    assert got == pytest.approx(want)
+    assert len(got) == len(want) < len(keys)  # some windows hold several entries
+
+
 @pytest.mark.soft_placement
 @pytest.mark.parametrize("shape, strides", [
     pytest.param([2, 9, 2], 3, id="1d"), pytest.param([2, 4, 6, 2], [2, 3], id="2d-anisotropic"),

@@ -18,6 +18,7 @@
 #include "channel/direct_conv/direct_conv.h"
 #include "channel/direct_conv/direct_conv_checks.h"
 #include "channel/direct_conv/direct_conv_kernels.h"
+#include "common/divisor32.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "unsupported/Eigen/CXX11/Tensor"
@@ -785,24 +786,6 @@ namespace {
 
 // The host tables of the input: decoded coordinates, segment offsets and present weights.
 // The keys must have been validated.
-// Exact n / d and n % d for 32-bit n and d >= 1 by two multiplications (Lemire, Kaser and
-// Kurz, "Faster remainder by direct computation", 2019): m = floor((2^64 - 1) / d) + 1.
-// d = 1 has no such m (it wraps to 0) and is taken apart.
-constexpr int64_t kMaxDivisor32 = 0xffffffffLL;
-
-struct Divisor32 {
-  uint64_t m = 0;
-  uint32_t d = 1;
-  Divisor32() = default;
-  explicit Divisor32(uint32_t divisor) : m(divisor > 1 ? ~uint64_t{0} / divisor + 1 : 0), d(divisor) {}
-  uint32_t Div(uint32_t n) const {
-    return d == 1 ? n : static_cast<uint32_t>((static_cast<unsigned __int128>(m) * n) >> 64);
-  }
-  uint32_t Mod(uint32_t n) const {
-    return d == 1 ? 0 : static_cast<uint32_t>((static_cast<unsigned __int128>(m * n) * d) >> 64);
-  }
-};
-
 template <typename T>
 struct HostTables {
   std::vector<int32_t> coords;
