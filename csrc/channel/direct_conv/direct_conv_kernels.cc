@@ -459,8 +459,13 @@ void FinishSegment(const DirectConvArgs<T>& a, int64_t oc, SegmentResult<T>* out
     out->positive += v > T(0);
     out->nan += std::isnan(v);
   }
-  SelectTopK(a.selection, a.k, out);
-  if (a.relu) {  // the fused ReLU: of the kept entries, those > 0, in order
+  // The fused ReLU: of the kept entries, those > 0, in order. After a signed selection that
+  // is the k largest of the entries > 0 (every entry > 0 ranks above every other), so there
+  // the ReLU goes first and the selection runs over the positive entries only (the same
+  // entries and order: the k-th largest, and the first of its ties, are the same).
+  const bool relu_first = a.relu && a.selection != SelectionMode::kAbs;
+  if (!relu_first) SelectTopK(a.selection, a.k, out);
+  if (a.relu) {
     size_t kept = 0;
     for (size_t j = 0; j < out->values.size(); ++j) {
       if (!(out->values[j] > T(0))) continue;
@@ -470,6 +475,7 @@ void FinishSegment(const DirectConvArgs<T>& a, int64_t oc, SegmentResult<T>* out
     out->lin.resize(kept);
     out->values.resize(kept);
   }
+  if (relu_first) SelectTopK(a.selection, a.k, out);
   // Results of all segments live until the output is assembled: release the touched
   // set's excess so that they hold at most k entries each (the memory bound).
   out->lin.shrink_to_fit();
