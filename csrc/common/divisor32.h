@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "common/key_layout.h"
+
 namespace tf_sparseconv {
 
 // The largest divisor and dividend Divisor32 takes.
@@ -23,6 +25,20 @@ struct Divisor32 {
   uint32_t Mod(uint32_t n) const {
     return d == 1 ? 0 : static_cast<uint32_t>((static_cast<unsigned __int128>(m * n) * d) >> 64);
   }
+};
+
+// A layout's spatial decode by multiplications: Coord(lin, j) = (lin / stride[j]) % extent[j],
+// DecodeSpatial's coordinate j, for a spatial index lin of a layout whose spatial_size is at
+// most kMaxDivisor32.
+struct SpatialDivisors {
+  Divisor32 stride[kMaxSpatialDims], extent[kMaxSpatialDims];
+  explicit SpatialDivisors(const KeyLayout& L) {
+    for (int j = 0; j < L.d; ++j) {
+      stride[j] = Divisor32(static_cast<uint32_t>(L.stride[j]));
+      extent[j] = Divisor32(static_cast<uint32_t>(L.extent[j]));
+    }
+  }
+  uint32_t Coord(uint32_t lin, int j) const { return extent[j].Mod(stride[j].Div(lin)); }
 };
 
 }  // namespace tf_sparseconv

@@ -805,11 +805,7 @@ struct HostTables {
       // Keys are sorted, so a chunk divides only where an entry starts another segment,
       // and the spatial parts decode by multiplications (Divisor32) instead of 2d 64-bit
       // divisions.
-      Divisor32 stride[kMaxSpatialDims], extent[kMaxSpatialDims];
-      for (int j = 0; j < L.d; ++j) {
-        stride[j] = Divisor32(static_cast<uint32_t>(L.stride[j]));
-        extent[j] = Divisor32(static_cast<uint32_t>(L.extent[j]));
-      }
+      const SpatialDivisors divide(L);
       const int64_t S = L.spatial_size;
       device.parallelFor(in.n, Eigen::TensorOpCost(8, 4 * L.d, 4.0 * (2 * L.d + 1)),
                          [&](Eigen::Index first, Eigen::Index last) {
@@ -819,7 +815,7 @@ struct HostTables {
                              if (key - base >= S) base = key - key % S;  // the next segment
                              const uint32_t lin = static_cast<uint32_t>(key - base);
                              for (int j = 0; j < L.d; ++j)
-                               coords[i * L.d + j] = static_cast<int32_t>(extent[j].Mod(stride[j].Div(lin)));
+                               coords[i * L.d + j] = static_cast<int32_t>(divide.Coord(lin, j));
                            }
                          });
     } else {

@@ -43,12 +43,9 @@ class SparseMaxPoolFunctor<CPUDevice, T> {
     // it fits 32 bits its coordinates and their pooled ones divide by multiplications
     // (Divisor32): the 3d divisions per entry had been most of the pooling's time.
     const bool fast = in.spatial_size <= kMaxDivisor32;
-    Divisor32 stride[kMaxSpatialDims], extent[kMaxSpatialDims], pool[kMaxSpatialDims];
-    for (int j = 0; fast && j < in.d; ++j) {
-      stride[j] = Divisor32(static_cast<uint32_t>(in.stride[j]));
-      extent[j] = Divisor32(static_cast<uint32_t>(in.extent[j]));
-      pool[j] = Divisor32(static_cast<uint32_t>(strides[j]));
-    }
+    const SpatialDivisors divide(in);
+    Divisor32 pool[kMaxSpatialDims];
+    for (int j = 0; j < in.d; ++j) pool[j] = Divisor32(static_cast<uint32_t>(strides[j]));
     device_.parallelFor(
         num_segments_, Eigen::TensorOpCost(0, 0, 20.0 * (1.0 + n / (num_segments_ + 1.0))),
         [&](Eigen::Index first, Eigen::Index last) {
@@ -62,7 +59,7 @@ class SparseMaxPoolFunctor<CPUDevice, T> {
               if (fast) {
                 const uint32_t in_lin = static_cast<uint32_t>(k[i] - in_base);
                 for (int j = 0; j < in.d; ++j)
-                  lin += static_cast<int64_t>(pool[j].Div(extent[j].Mod(stride[j].Div(in_lin)))) * out.stride[j];
+                  lin += static_cast<int64_t>(pool[j].Div(divide.Coord(in_lin, j))) * out.stride[j];
               } else {
                 DecodeSpatial(k[i] - in_base, in, x.data());
                 for (int j = 0; j < in.d; ++j) lin += (x[j] / strides[j]) * out.stride[j];
