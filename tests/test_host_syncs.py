@@ -170,6 +170,29 @@ def test_gpu_padded_pooling_of_the_librarys_keys_in_a_traced_step_does_not_wait(
         assert waits == {False: 2, True: 1}
 
 
+def test_gpu_padded_relu_of_the_librarys_keys_in_a_traced_step_does_not_wait(gpu, rng, monkeypatch):
+    monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
+    with tf.device(gpu):
+        x, w = conv_case(rng)
+
+        def step(keys, values, dense_shape, padded_output):
+            with tf.GradientTape() as tape:
+                y = ts.direct_conv(ts.ChannelSparseTensor(keys, values, dense_shape), w, padded_output=True)
+                y = ts.sparse_relu(y, padded_output=padded_output)
+                loss = tf.reduce_sum(ts.to_dense(y))
+            return tape.gradient(loss, w)
+
+        traced = tf.function(step)
+        waits = {}
+        for padded in (False, True):
+            traced(x.keys, x.values, x.dense_shape, padded).numpy()  # tracing outside the count
+            _, waits[padded] = counted(lambda: traced(x.keys, x.values, x.dense_shape, padded).numpy())
+        # the padded convolution trusts the keys checked on the host and waits for nothing; the
+        # exact ReLU reads its output size back, the padded one (of keys the convolution made)
+        # nothing
+        assert waits == {False: 1, True: 0}
+
+
 def test_gpu_padded_convolutions_after_the_first_do_not_wait(gpu, rng, monkeypatch):
     monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
     with tf.device(gpu):

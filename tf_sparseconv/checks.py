@@ -74,7 +74,7 @@ def made_by_library(keys, dense_shape):
 
 # Ops of the library whose keys output may end in padding, and the attribute that says so.
 _PADDING_SOURCES = {"SparseMaxPool": "padded_output", "ChannelSparseValidate": "padded_input",
-                    "DirectSparseConv": "padded_output"}
+                    "DirectSparseConv": "padded_output", "SparseRelu": "padded_output"}
 
 
 def padded_by_library(keys):

@@ -13,10 +13,23 @@ from tf_sparseconv.layer_config import whole_or_wholes
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")
 class SparseReLU(SparseLayer):
-    """Drops entries <= 0."""
+    """Drops entries <= 0.
+
+    padded_output: False (the output holds its kept entries only), True (padded, see
+    sparse_relu: on the GPU the layer then does not wait for the device) or "auto" (padded
+    inside a traced function, as in fit, evaluate and predict, where TensorFlow sees a GPU).
+    A convolution's own activation="relu" does the same work inside the convolution.
+    """
+
+    def __init__(self, padded_output=False, **kwargs):
+        super().__init__(**kwargs)
+        self.padded_output = check_padded_output(padded_output, self.name)
 
     def sparse_call(self, x, training=None):
-        return sparse_relu(x)
+        return sparse_relu(x, padded_output=padded_now(self.padded_output))
+
+    def get_config(self):
+        return {**super().get_config(), "padded_output": self.padded_output}
 
 
 @keras.saving.register_keras_serializable(package="tf_sparseconv")

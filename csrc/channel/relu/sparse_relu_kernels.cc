@@ -10,7 +10,8 @@ class SparseReluFunctor<CPUDevice, T> {
   explicit SparseReluFunctor(tensorflow::OpKernelContext*) {}
 
   absl::Status Count(const KeyLayout& layout, const int64_t* keys, const T* values, int64_t n,
-                     bool /*padded: the op hands over the live prefix*/, int64_t* count) {
+                     bool /*padded: the op hands over the live prefix*/, bool /*no_wait: checks cost no wait*/,
+                     int64_t* count) {
     TF_RETURN_IF_ERROR(ValidateKeys(keys, n, layout, "relu input"));
     TF_RETURN_IF_ERROR(RejectNaN(values, n, "relu input values"));
     keys_ = keys;
@@ -21,12 +22,18 @@ class SparseReluFunctor<CPUDevice, T> {
     return absl::OkStatus();
   }
 
-  absl::Status Write(int64_t* out_keys, T* out_values, int64_t* kept) {
-    for (int64_t i = 0, j = 0; i < n_; ++i) {
+  absl::Status Write(int64_t* out_keys, T* out_values, int64_t* kept, int64_t capacity) {
+    int64_t j = 0;
+    for (int64_t i = 0; i < n_; ++i) {
       if (!(values_[i] > T(0))) continue;
       out_keys[j] = keys_[i];
       out_values[j] = values_[i];
       kept[j++] = i;
+    }
+    for (; j < capacity; ++j) {  // padding; kept its own position (< the input's length)
+      out_keys[j] = kPaddingKey;
+      out_values[j] = T(0);
+      kept[j] = j;
     }
     return absl::OkStatus();
   }

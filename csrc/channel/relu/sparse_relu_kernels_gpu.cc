@@ -15,7 +15,11 @@ class SparseReluFunctor<GPUDevice, T> : GpuFunctorBase {
 
   // The data checks run on the device, in the pass that counts the kept entries.
   absl::Status Count(const KeyLayout& layout, const int64_t* keys, const T* values, int64_t n, bool padded,
-                     int64_t* count) {
+                     bool no_wait, int64_t* count) {
+    if (no_wait) {
+      *count = kReluCountOnDevice;
+      return ToStatus(relu_.Count(stream_, &scratch_, layout, keys, values, n, padded, nullptr));
+    }
     gpu::Report report;
     TF_RETURN_IF_ERROR(ToStatus(relu_.Count(stream_, &scratch_, layout, keys, values, n, padded, &report)));
     TF_RETURN_IF_ERROR(
@@ -24,8 +28,8 @@ class SparseReluFunctor<GPUDevice, T> : GpuFunctorBase {
     return absl::OkStatus();
   }
 
-  absl::Status Write(int64_t* out_keys, T* out_values, int64_t* kept) {
-    return ToStatus(relu_.Write(stream_, out_keys, out_values, kept));
+  absl::Status Write(int64_t* out_keys, T* out_values, int64_t* kept, int64_t capacity) {
+    return ToStatus(relu_.Write(stream_, &scratch_, out_keys, out_values, kept, capacity));
   }
 
  private:
