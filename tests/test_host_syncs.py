@@ -199,23 +199,27 @@ def test_gpu_padded_convolutions_after_the_first_do_not_wait(gpu, rng, monkeypat
         x, w = conv_case(rng)
         w2 = tf.Variable(rng.standard_normal((3, 3, 3, 4, 3)).astype(np.float32))
 
-        def step(keys, values, dense_shape, padded_output):
+        # "capped": the first convolution's padded length is a user-given max_entries (its
+        # exact count), below the bound; its overflow check waits for nothing either
+        cap = int(ts.direct_conv(x, w, activation="relu").num_entries)
+
+        def step(keys, values, dense_shape, mode):
             with tf.GradientTape() as tape:
                 y = ts.direct_conv(ts.ChannelSparseTensor(keys, values, dense_shape), w, activation="relu",
-                                   padded_output=padded_output)
-                y = ts.direct_conv(y, w2, selection="signed", k=20, activation="relu", padded_output=padded_output)
+                                   padded_output=bool(mode), max_entries=cap if mode == "capped" else None)
+                y = ts.direct_conv(y, w2, selection="signed", k=20, activation="relu", padded_output=bool(mode))
                 loss = tf.reduce_sum(ts.to_dense(y))
             return tape.gradient(loss, [w, w2])
 
         traced = tf.function(step)
         waits, deferred = {}, {}
-        for padded in (False, True):
-            traced(x.keys, x.values, x.dense_shape, padded)[0].numpy()  # tracing outside the count
-            _, waits[padded], deferred[padded] = counted_both(
-                lambda: traced(x.keys, x.values, x.dense_shape, padded)[0].numpy())
+        for mode in (False, True, "capped"):
+            traced(x.keys, x.values, x.dense_shape, mode)[0].numpy()  # tracing outside the count
+            _, waits[mode], deferred[mode] = counted_both(
+                lambda: traced(x.keys, x.values, x.dense_shape, mode)[0].numpy())
         # exact: each convolution reads its output size back; padded: the user's keys are
         # checked on the host where they enter the graph (ChannelSparseValidate, no wait of the
         # library's), the first convolution trusts them and the second the keys the first
         # made; the statuses are reported beside to_dense, read back in a callback
-        assert waits == {False: 2, True: 0}
-        assert deferred == {False: 0, True: 1}
+        assert waits == {False: 2, True: 0, "capped": 0}
+        assert deferred == {False: 0, True: 1, "capped": 1}

@@ -234,8 +234,8 @@ def test_a_nan_before_a_deferred_relu_is_refused(rng, device):
 
 
 def _status(slot=None, first=-1, details=(0, 0, 0), limit=100):
-    status = np.full(21, -1, np.int64)
-    status[20] = limit
+    status = np.full(25, -1, np.int64)  # 5 checks' slots, the capacity slot, the limit
+    status[24] = limit
     if slot is not None:
         status[4 * slot] = first
         status[4 * slot + 1:4 * slot + 4] = details
@@ -248,7 +248,8 @@ def _status(slot=None, first=-1, details=(0, 0, 0), limit=100):
     (1, 2, (0, 0, 0), "conv_a: input values contains NaN at position 2"),
     (2, 11, (0, 0, 0), "conv_a: filter contains NaN at position 11"),
     (3, 0, (0, 0, 0), "conv_a: bias contains NaN at position 0"),
-    (4, 9, (0, 0, 0), "conv_a: DirectSparseConv with activation 'relu': an output value before the ReLU is NaN")])
+    (4, 9, (0, 0, 0), "conv_a: DirectSparseConv with activation 'relu': an output value before the ReLU is NaN"),
+    (5, 70, (64, -1, -1), "conv_a: DirectSparseConv: the output has 70 entries, more than max_entries = 64")])
 def test_the_status_check_gives_each_failed_checks_message(device, slot, first, details, message):
     with tf.device(device):
         data = tf.ones([2, 3])

@@ -59,13 +59,18 @@ class DirectSparseConv(SparseLayer):
         part; see direct_conv) or "auto" (padded inside a traced function, as in fit,
         evaluate and predict, where TensorFlow sees a GPU: on the CPU there is no wait to
         spare, and the capacity only costs).
+      max_entries: a cap on the output's entries (None: none), for a layer without k-selection
+        whose padded output would otherwise take the bound B * filters * R1*...*Rd (capped by
+        the input's entries times the present weights): the padded length is then at most
+        max_entries, and more entries are refused with InvalidArgument (see direct_conv).
     Metrics: `<name>_density`, the output density (entries / (B * R1*...*Rd * filters)).
     """
 
     def __init__(self, filters, kernel_size=3, rho_up=None, k=None, selection=None, activation=None,
                  use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
                  kernel_regularizer=None, bias_regularizer=None, density_regularizer=None,
-                 dataflow="auto", temp_limit_bytes=None, accumulator=None, padded_output=False, **kwargs):
+                 dataflow="auto", temp_limit_bytes=None, accumulator=None, padded_output=False, max_entries=None,
+                 **kwargs):
         super().__init__(**kwargs)
         what = self.name
         if rho_up is not None and k is not None:
@@ -92,6 +97,7 @@ class DirectSparseConv(SparseLayer):
         except ValueError as e:
             raise ValueError(f"{what}: {e}") from None
         self.padded_output = check_padded_output(padded_output, what)
+        self.max_entries = None if max_entries is None else whole(max_entries, "max_entries", what)
         self.filters = whole(filters, "filters", what)
         # Odd sizes >= 1 ('same' padding centres the kernel); their count is checked in build.
         sizes = whole_or_wholes(kernel_size, "kernel_size", what)
@@ -175,7 +181,7 @@ class DirectSparseConv(SparseLayer):
             x, self.kernel, self.bias, self.bool_mask(), selection=self.selection,
             k=self.k, rho_up=self.rho_up, dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes,
             activation=self.activation, return_counts=True,  # the ReLU fused into the op
-            padded_output=padded_now(self.padded_output))
+            padded_output=padded_now(self.padded_output), max_entries=self.max_entries)
         cells = tf.cast(tf.reduce_prod(y.dense_shape), tf.float32)
         self.density_metric.update_state(tf.cast(y.live_entries, tf.float32) / cells)
         if self.density_regularizer is not None and self.density_regularization_on and training:
@@ -210,5 +216,6 @@ class DirectSparseConv(SparseLayer):
             bias_regularizer=keras.regularizers.serialize(self.bias_regularizer),
             density_regularizer=None if self.density_regularizer is None
             else keras.saving.serialize_keras_object(self.density_regularizer),
-            dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes, padded_output=self.padded_output)
+            dataflow=self.dataflow, temp_limit_bytes=self.temp_limit_bytes, padded_output=self.padded_output,
+            max_entries=self.max_entries)
         return config

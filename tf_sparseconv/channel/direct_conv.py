@@ -66,7 +66,7 @@ def k_from_rho_up(rho_up, spatial_shape):
 
 def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=None,
                 rho_up=None, dataflow="auto", temp_limit_bytes=None, accumulator=None, activation=None,
-                return_counts=False, padded_output=False):
+                return_counts=False, padded_output=False, max_entries=None):
     """Convolves a ChannelSparseTensor [B, R..., Cin] with a [K..., Cin, Cout] filter.
 
     Stride 1, 'same' zero padding, odd kernel sizes, cross-correlation as in
@@ -99,6 +99,12 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     naming the convolution, at the latest when the traced function ends. A result that never
     reaches `to_dense` is not checked then.
 
+    `max_entries` caps the output's entries (None: no cap), where k-selection does not
+    bound them: more kept entries are refused with InvalidArgument. With padded_output the
+    result's length is then the smaller of the bound above and max_entries (the memory of a
+    convolution without selection known before it runs); where the GPU did not wait for
+    the device, the overflow is reported as the data checks are, by `to_dense`.
+
     Returns a ChannelSparseTensor [B, R..., Cout]; with return_counts also two [B, Cout]
     int64 tensors measured before k-selection: the support size (touched entries) and the
     number of entries > 0 (what a following ReLU keeps; the density of Eq. 4).
@@ -113,6 +119,7 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     dataflow = check_dataflow(dataflow, accumulator)
     temp_limit_bytes = check_temp_limit(temp_limit_bytes)
     padded_output = flag(padded_output, "padded_output", "direct_conv")
+    max_entries = 0 if max_entries is None else count_arg(max_entries, "max_entries", "direct_conv")
     filters = tf.convert_to_tensor(refuse_complex(filters, "filters", "direct_conv"), dtype=x.dtype)
     cout = tf.shape(filters)[-1]
     if bias is None:
@@ -130,7 +137,7 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         selection=selection, k=0 if k is None else int_attr(k, "k", "direct_conv"),
         rho_up=0.0 if rho_up is None else float_attr(rho_up, "rho_up", "direct_conv"), dataflow=dataflow,
         temp_limit_bytes=temp_limit_bytes, activation=activation or "none", padded_input=x.padded,
-        padded_output=padded_output, inputs_checked=trusted)
+        padded_output=padded_output, inputs_checked=trusted, max_entries=max_entries)
     out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])
     y = ChannelSparseTensor(keys, values, dense_shape, out_shape, padded_output)
     return (y, touched, positive) if return_counts else y

@@ -198,6 +198,8 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads, device="c
     cells = math.prod(shape[1:-1])
     offsets = math.prod(layer.kernel_shape[:d])
     out_entries = batch * cout * min(layer.k_bound, cells)
+    if layer.max_entries is not None:  # more are refused by the op
+        out_entries = min(out_entries, layer.max_entries)
     out_bytes = _sparse_bytes(out_entries, value_bytes) + 2 * batch * cout * INDEX_BYTES
     # Entries of one input segment are bounded by the input bound and the grid.
     in_per_segment = min(cells, in_entries)

@@ -685,6 +685,17 @@ inline bool SelectsByBlocks(int64_t num_segments, int64_t touched_bound) {
   return num_segments >= kBlockSelectMinSegments && touched_bound <= num_segments * kBlockSelectMaxAverage;
 }
 
+// CopyEntries of the first `capacity` selected entries (a capped padded output: the others
+// are counted, not written).
+template <typename T>
+struct CopyEntriesBelow {
+  CopyEntries<T> copy;
+  int64_t capacity;
+  __device__ void operator()(int64_t q, int64_t rank) const {
+    if (rank < capacity) copy(q, rank);
+  }
+};
+
 template <typename T>
 struct IsKept {
   const int64_t* touched_total;
@@ -2008,6 +2019,7 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
                                                    bitmap ? ForwardNaN<T>() : nan));
   }
   touched_bound_ = touched_bound;
+  cap_ = a.padded_capped && a.padded_keys != nullptr ? a.padded_capacity : 0;
   // The fused ReLU's NaN check: in the kernel that writes the touched values where it is the
   // bitmaps' or the atomic sums' (their last kernel), else in TouchedNaNKernel below.
   CheckSlot* relu_nan = a.relu && (bitmap || atomic) ? &device_report->checks[kConvReluNaN] : nullptr;
@@ -2251,7 +2263,8 @@ GpuStatus DirectConvForwardGpu<T>::Run(Stream stream, Scratch* scratch,
     // only the report's, read back or not); WritePadded then pads the rest.
     TF_SPARSECONV_RETURN_IF_ERROR(
         Compact(stream, scratch, IsKept<T>{touched_total, keep_, relu_values_},
-                CopyEntries<T>{touched_keys_, touched_values_, a.padded_keys, a.padded_values, nullptr},
+                CopyEntriesBelow<T>{{touched_keys_, touched_values_, a.padded_keys, a.padded_values, nullptr},
+                                    a.padded_capacity},
                 touched_bound, &device_report->count));
     kept_in_ = a.padded_keys;
   } else {
@@ -2284,12 +2297,15 @@ __device__ inline int64_t PaddedLive(const Report* report, int64_t host_live) {
 }
 
 // The status output (direct_conv_checks.h, kConvStatusSize values), by block 0's first
-// threads: the report's checks and limit, or, with report nullptr (the host has checked),
-// all -1. Nothing where status is nullptr.
-__device__ inline void WriteConvStatus(const Report* report, int64_t limit, int64_t* status) {
+// threads: the report's checks, its count against cap (a capped padded output's capacity;
+// 0: none) and the limit, or, with report nullptr (the host has checked), all -1. Nothing
+// where status is nullptr.
+__device__ inline void WriteConvStatus(const Report* report, int64_t limit, int64_t cap, int64_t* status) {
   static_assert(kConvKeys == 0 && kConvValues == 1 && kConvFilter == 2 && kConvBias == 3 && kConvReluNaN == 4,
                 "the status output's slot order (direct_conv_checks.h)");
-  static_assert(kConvStatusSlots == 5 && kConvStatusSlots <= kMaxChecks, "one status slot per ConvCheck");
+  static_assert(kConvCheckSlots == 5 && kConvCheckSlots <= kMaxChecks, "one status slot per ConvCheck");
+  static_assert(kConvCapacitySlot == kConvCheckSlots && kConvStatusSlots == kConvCheckSlots + 1,
+                "the checks' slots, then the capacity slot");
   static_assert(kConvStatusSize == 4 * kConvStatusSlots + 1, "four values per slot, then the limit");
   const int c = static_cast<int>(threadIdx.x);
   if (status == nullptr || blockIdx.x != 0 || c > kConvStatusSlots) return;
@@ -2297,6 +2313,12 @@ __device__ inline void WriteConvStatus(const Report* report, int64_t limit, int6
     status[4 * kConvStatusSlots] = report == nullptr ? -1 : limit;
   } else if (report == nullptr) {
     for (int j = 0; j < 4; ++j) status[4 * c + j] = -1;
+  } else if (c == kConvCapacitySlot) {
+    const bool over = cap > 0 && ChecksPassed(report) && report->count > cap;
+    status[4 * c] = over ? report->count : -1;
+    status[4 * c + 1] = over ? cap : -1;
+    status[4 * c + 2] = -1;
+    status[4 * c + 3] = -1;
   } else {
     const CheckSlot& slot = report->checks[c];
     status[4 * c] = slot.first == kNoError ? -1 : static_cast<int64_t>(slot.first);
@@ -2309,9 +2331,9 @@ __device__ inline void WriteConvStatus(const Report* report, int64_t limit, int6
 template <typename T>
 __global__ void CopyTouchedPaddedKernel(const int64_t* keys, const T* values, const Report* report,
                                         int64_t host_live, int64_t capacity, int64_t* out_keys, T* out_values,
-                                        int64_t limit, int64_t* status) {
+                                        int64_t limit, int64_t* status, int64_t cap) {
   ChainedKernelBegin();
-  WriteConvStatus(report, limit, status);
+  WriteConvStatus(report, limit, cap, status);
   const int64_t live = PaddedLive(report, host_live);
   TF_SPARSECONV_GRID_LOOP(q, capacity) {
     if (q < live) {
@@ -2329,15 +2351,20 @@ GpuStatus DirectConvForwardGpu<T>::WritePadded(Stream stream, int64_t* out_keys,
                                                const Report* device_report, int64_t live, int64_t limit,
                                                int64_t* status) const {
   if (!keep_all_) {
-    if (out_keys != kept_in_) TF_SPARSECONV_RETURN_IF_ERROR(Write(stream, out_keys, out_values));
-    return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values, limit, status);
+    if (out_keys != kept_in_) {  // a capped output's writes stop at its capacity: Run's Compact only
+      if (cap_ > 0) return GpuStatus{"direct conv output", "a capped padded output is written by Run"};
+      TF_SPARSECONV_RETURN_IF_ERROR(Write(stream, out_keys, out_values));
+    }
+    return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values, limit, status, cap_);
   }
   if (out_keys == touched_keys_ && out_values == touched_values_) {  // Run wrote the touched set there
-    return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values, limit, status);
+    return PadConvOutput<T>(stream, device_report, live, capacity, out_keys, out_values, limit, status, cap_);
   }
-  if (capacity == 0) return status == nullptr ? GpuStatus::Ok() : ConvStatus(stream, device_report, limit, status);
+  if (capacity == 0) {
+    return status == nullptr ? GpuStatus::Ok() : ConvStatus(stream, device_report, limit, status, cap_);
+  }
   LaunchChained(CopyTouchedPaddedKernel<T>, BlocksFor(capacity), kThreads, 0, stream, touched_keys_, touched_values_,
-                device_report, live, capacity, out_keys, out_values, limit, status);
+                device_report, live, capacity, out_keys, out_values, limit, status, cap_);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output entries");
   return GpuStatus::Ok();
 }
@@ -2360,9 +2387,9 @@ namespace {
 
 template <typename T>
 __global__ void PadConvOutputKernel(const Report* report, int64_t host_live, int64_t capacity, int64_t* out_keys,
-                                    T* out_values, int64_t limit, int64_t* status) {
+                                    T* out_values, int64_t limit, int64_t* status, int64_t cap) {
   ChainedKernelBegin();
-  WriteConvStatus(report, limit, status);
+  WriteConvStatus(report, limit, cap, status);
   const int64_t live = PaddedLive(report, host_live);
   TF_SPARSECONV_GRID_LOOP(j, capacity) {
     if (j < live) continue;
@@ -2371,25 +2398,27 @@ __global__ void PadConvOutputKernel(const Report* report, int64_t host_live, int
   }
 }
 
-__global__ void ConvStatusKernel(const Report* report, int64_t limit, int64_t* status) {
+__global__ void ConvStatusKernel(const Report* report, int64_t limit, int64_t* status, int64_t cap) {
   ChainedKernelBegin();
-  WriteConvStatus(report, limit, status);
+  WriteConvStatus(report, limit, cap, status);
 }
 
 }  // namespace
 
 template <typename T>
 GpuStatus PadConvOutput(Stream stream, const Report* device_report, int64_t live, int64_t capacity,
-                        int64_t* out_keys, T* out_values, int64_t limit, int64_t* status) {
-  if (capacity == 0) return status == nullptr ? GpuStatus::Ok() : ConvStatus(stream, device_report, limit, status);
+                        int64_t* out_keys, T* out_values, int64_t limit, int64_t* status, int64_t cap) {
+  if (capacity == 0) {
+    return status == nullptr ? GpuStatus::Ok() : ConvStatus(stream, device_report, limit, status, cap);
+  }
   LaunchChained(PadConvOutputKernel<T>, BlocksFor(capacity), kThreads, 0, stream, device_report, live, capacity,
-                out_keys, out_values, limit, status);
+                out_keys, out_values, limit, status, cap);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("direct conv padding");
   return GpuStatus::Ok();
 }
 
-GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, int64_t* status) {
-  LaunchChained(ConvStatusKernel, 1, 32, 0, stream, device_report, limit, status);
+GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, int64_t* status, int64_t cap) {
+  LaunchChained(ConvStatusKernel, 1, 32, 0, stream, device_report, limit, status, cap);
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("direct conv status");
   return GpuStatus::Ok();
 }
@@ -2584,9 +2613,9 @@ template GpuStatus DirectConvCheckInputs<double>(Stream, Scratch*, const DirectC
 template class DirectConvForwardGpu<float>;
 template class DirectConvForwardGpu<double>;
 template GpuStatus PadConvOutput<float>(Stream, const Report*, int64_t, int64_t, int64_t*, float*, int64_t,
-                                        int64_t*);
+                                        int64_t*, int64_t);
 template GpuStatus PadConvOutput<double>(Stream, const Report*, int64_t, int64_t, int64_t*, double*, int64_t,
-                                         int64_t*);
+                                         int64_t*, int64_t);
 template GpuStatus DirectConvBackpropGpu<float>(Stream, Scratch*, const DirectConvGpuArgs<float>&,
                                                 const int64_t*, const float*, int64_t,
                                                 DirectConvDataflow, float*, float*, float*, Report*);

@@ -39,6 +39,7 @@ struct ConvAttrs {
   bool relu = false;             // activation 'relu': only kept entries > 0 are output
   bool padded_output = false;    // outputs at OutputCapacity, live entries then padding
   bool inputs_checked = false;   // the input keys were made by a library op (no key checks)
+  int64_t max_entries = 0;       // the user's cap on the kept entries; 0: none
 
   // Reads and checks the attributes.
   absl::Status Read(tensorflow::OpKernelConstruction* ctx) {
@@ -53,6 +54,7 @@ struct ConvAttrs {
     relu = activation == "relu";
     TF_RETURN_IF_ERROR(ctx->GetAttr("padded_output", &padded_output));
     TF_RETURN_IF_ERROR(ctx->GetAttr("inputs_checked", &inputs_checked));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("max_entries", &max_entries));
     selection = selection_name == "signed" ? SelectionMode::kSigned
                 : selection_name == "abs"  ? SelectionMode::kAbs
                                            : SelectionMode::kNone;
@@ -61,6 +63,9 @@ struct ConvAttrs {
                                                  temp_limit_bytes);
     }
     if (k < 0) return tensorflow::errors::InvalidArgument("k must be >= 0, got ", k);
+    if (max_entries < 0) {
+      return tensorflow::errors::InvalidArgument("max_entries must be >= 0 (0: no cap), got ", max_entries);
+    }
     if (std::isnan(rho_up) || rho_up < 0.0f || rho_up > 1.0f) {
       return tensorflow::errors::InvalidArgument("rho_up must be in (0, 1], got ", rho_up);
     }
@@ -91,6 +96,14 @@ inline absl::Status FusedReluNaNError() {
   return tensorflow::errors::InvalidArgument(
       "DirectSparseConv with activation 'relu': an output value before the ReLU is NaN "
       "(from infinite input values)");
+}
+
+// More kept entries than the user's max_entries: refused (a padded output keeps none of
+// them past its capacity; an exact-size one is refused alike, on both devices).
+inline absl::Status CapacityError(int64_t count, int64_t max_entries) {
+  return tensorflow::errors::InvalidArgument(
+      "DirectSparseConv: the output has ", count, " entries, more than max_entries = ", max_entries,
+      " (the capacity it was given); raise max_entries, or bound the output with k-selection");
 }
 
 // The output length of a padded_output call, from shapes and the (host) filter_mask alone,
@@ -124,10 +137,12 @@ inline int64_t OutputCapacity(const ConvAttrs& attrs, const KeyLayout& L, int64_
 // The GPU forward's device checks as its `status` output (kConvStatusSize values,
 // direct_conv_choices.h), for a padded_output call that does not wait for them
 // (DirectSparseConvReportStatus reads them later): the slots are gpu::ConvCheck's, input
-// keys, input values, filter, bias, the fused ReLU's NaN. All -1 where the op checked on
+// keys, input values, filter, bias, the fused ReLU's NaN, then the capacity (more kept
+// entries than a user-given max_entries, CapacityError). All -1 where the op checked on
 // the host (or waited for its checks). The first failed slot's message, as the CPU gives it.
 inline absl::Status ConvStatusError(const int64_t* status) {
   const int64_t limit = status[4 * kConvStatusSlots];
+  const int64_t* capacity = status + 4 * kConvCapacitySlot;
   const int64_t* keys = status;
   const int64_t* values = status + 4;
   const int64_t* filter = status + 8;
@@ -138,6 +153,7 @@ inline absl::Status ConvStatusError(const int64_t* status) {
   if (filter[0] != -1) return NaNError("filter", filter[0]);
   if (bias[0] != -1) return NaNError("bias", bias[0]);
   if (relu[0] != -1) return FusedReluNaNError();
+  if (capacity[0] != -1) return CapacityError(capacity[0], capacity[1]);
   return absl::OkStatus();
 }
 

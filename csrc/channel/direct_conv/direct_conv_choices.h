@@ -42,9 +42,13 @@ enum class DirectConvDataflow { kAuto, kSort, kDense, kBitmap, kAtomic };
 constexpr int kInGradGroup = 8;
 
 // DirectSparseConv's `status` output (direct_conv_checks.h, ConvStatusError): kConvStatusSlots
-// slots of {first offending position (-1: passed), three details} in the order of the GPU's
-// ConvCheck, then the input's key limit.
-constexpr int kConvStatusSlots = 5;
+// slots of {first value (-1: passed), three details}: kConvCheckSlots in the order of the
+// GPU's ConvCheck (the first offending position), then the capacity slot ({kept entries,
+// max_entries, -1, -1} where the kept entries exceed a user-given max_entries), then the
+// input's key limit.
+constexpr int kConvCheckSlots = 5;
+constexpr int kConvCapacitySlot = kConvCheckSlots;
+constexpr int kConvStatusSlots = kConvCheckSlots + 1;
 constexpr int kConvStatusSize = 4 * kConvStatusSlots + 1;
 
 }  // namespace tf_sparseconv

@@ -87,6 +87,9 @@ struct DirectConvGpuArgs {
   int64_t* padded_keys = nullptr;
   T* padded_values = nullptr;
   int64_t padded_capacity = 0;
+  // padded_capacity is a user-given max_entries below the proven bound: the kept entries past
+  // it are not written, and their count goes to the status output's capacity slot.
+  bool padded_capped = false;
 };
 
 // Contribution slots of the forward pass: n * max_row, which must not exceed
@@ -278,6 +281,7 @@ class DirectConvForwardGpu {
   Compaction kept_;                         // the kept entries' first pass (else Run wrote them)
   const int64_t* kept_in_ = nullptr;        // the padded output Run compacted the kept entries into
   bool keep_all_ = false;                   // every touched entry is kept: Write copies them
+  int64_t cap_ = 0;                         // a capped padded output's capacity (else 0)
   int64_t touched_bound_ = 0;
 };
 
@@ -305,10 +309,12 @@ GpuStatus DirectConvCheckInputs(Stream stream, Scratch* scratch, const DirectCon
 // where status is given, ConvStatus's output in the same launch.
 template <typename T>
 GpuStatus PadConvOutput(Stream stream, const Report* device_report, int64_t live, int64_t capacity,
-                        int64_t* out_keys, T* out_values, int64_t limit = 0, int64_t* status = nullptr);
+                        int64_t* out_keys, T* out_values, int64_t limit = 0, int64_t* status = nullptr,
+                        int64_t cap = 0);
 // The status output (direct_conv_checks.h, kConvStatusSize values): device_report's checks
-// and limit, or, with device_report nullptr (the host has checked), all -1.
-GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, int64_t* status);
+// and limit, and with cap > 0 (a capped padded output's capacity) its capacity slot, or, with
+// device_report nullptr (the host has checked), all -1.
+GpuStatus ConvStatus(Stream stream, const Report* device_report, int64_t limit, int64_t* status, int64_t cap = 0);
 
 enum ConvBackpropCheck {
   kBackpropKeys = 0,

@@ -921,7 +921,7 @@ class DirectSparseConvFunctor<CPUDevice, T> {
   }
 
   static constexpr bool kPaddedOutputFirst = false;  // allocated after Count: see the op
-  void GivePaddedOutput(int64_t*, T*, int64_t) {}
+  void GivePaddedOutput(int64_t*, T*, int64_t, bool) {}
 
   bool Staged(int64_t count, Tensor* out_keys, Tensor* out_values) const {
     if (a_.selection == SelectionMode::kNone) return false;

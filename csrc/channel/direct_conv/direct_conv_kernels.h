@@ -65,9 +65,12 @@ struct NoConvCache {};
 //   DirectSparseConvFunctor(OpKernelContext* ctx, const ConvAttrs& attrs, Cache* cache);
 //   absl::Status Prepare(const ConvTensors<T>& in, const T* bias);
 //   static constexpr bool kPaddedOutputFirst;
-//   void GivePaddedOutput(int64_t* out_keys, T* out_values, int64_t capacity);
+//   void GivePaddedOutput(int64_t* out_keys, T* out_values, int64_t capacity, bool capped);
 //     Where kPaddedOutputFirst, a padded output is allocated before Count and given here (the
-//     GPU writes the touched set into it where that is the output).
+//     GPU writes the touched set into it where that is the output). capped: capacity is a
+//     user-given max_entries below the proven bound, which the kept entries may exceed: the
+//     writes then stop at capacity, and an overflow the host does not see (count
+//     kCountOnDevice) goes to the status output's capacity slot.
 //   absl::Status Count(int64_t* touched_counts, int64_t* positive_counts, int64_t* count);
 //     The convolution, bias and k-selection; fills both [B, Cout] counts; *count = the
 //     kept entries.
@@ -161,18 +164,23 @@ class DirectSparseConvOp : public GuardedOpKernel {
     // write the touched set straight into it; the CPU after Count, as the exact output (its
     // temporaries would otherwise add to the peak the memory planner bounds).
     Tensor *out_keys = nullptr, *out_values = nullptr;
-    const int64_t capacity =
+    // A user-given max_entries caps it; more kept entries than that are refused.
+    const int64_t bound =
         attrs_.padded_output ? OutputCapacity(attrs_, L, cout, in.mask, in.filter_size, in.capacity) : 0;
+    const bool capped = attrs_.padded_output && attrs_.max_entries > 0 && attrs_.max_entries < bound;
+    const int64_t capacity = capped ? attrs_.max_entries : bound;
     if (attrs_.padded_output && DirectSparseConvFunctor<Device, T>::kPaddedOutputFirst) {
       OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({capacity}), &out_keys));
       OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({capacity}), &out_values));
-      conv.GivePaddedOutput(out_keys->flat<int64_t>().data(), out_values->flat<T>().data(), capacity);
+      conv.GivePaddedOutput(out_keys->flat<int64_t>().data(), out_values->flat<T>().data(), capacity, capped);
     }
     int64_t m = 0;
     {
       tsl::profiler::TraceMe trace("DirectSparseConv count", kTraceLevel);
       OP_REQUIRES_OK(ctx, conv.Count(touched->flat<int64_t>().data(), positive->flat<int64_t>().data(), &m));
     }
+    OP_REQUIRES(ctx, attrs_.max_entries == 0 || m == kCountOnDevice || m <= attrs_.max_entries,
+                CapacityError(m, attrs_.max_entries));
     Tensor* status;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({kConvStatusSize}), &status));
     OP_REQUIRES_OK(ctx, conv.WriteStatus(status->flat<int64_t>().data()));

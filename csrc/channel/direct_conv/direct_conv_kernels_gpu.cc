@@ -301,11 +301,12 @@ class DirectSparseConvFunctor<GPUDevice, T> : GpuFunctorBase {
 
   // The padded output, allocated before Count: where it is the touched set, Run writes it there.
   static constexpr bool kPaddedOutputFirst = true;
-  void GivePaddedOutput(int64_t* keys, T* values, int64_t capacity) {
-    if (in_groups_) return;
+  void GivePaddedOutput(int64_t* keys, T* values, int64_t capacity, bool capped) {
+    if (in_groups_) return;  // Count's count is the host's, checked against the cap before Write
     args_.padded_keys = keys;
     args_.padded_values = values;
     args_.padded_capacity = capacity;
+    args_.padded_capped = capped;
   }
 
   bool Staged(int64_t, Tensor*, Tensor*) const { return false; }

@@ -33,6 +33,7 @@ REGISTER_OP("TfSparseconv>DirectSparseConv")
     .Attr("padded_input: bool = false")
     .Attr("padded_output: bool = false")
     .Attr("inputs_checked: bool = false")
+    .Attr("max_entries: int = 0")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
@@ -93,6 +94,10 @@ padded_output: the outputs have a length known before the op runs (the k-selecti
 inputs_checked: the caller vouches that in_keys were made by one of the library's ops
   (sorted, unique, in range); the input keys are then not checked again on the GPU. Values,
   filter and bias are checked in any case.
+max_entries: a cap on the kept entries (0: none); more are refused with InvalidArgument.
+  With padded_output the outputs' length is then the smaller of the bound and max_entries;
+  where the GPU did not wait for its count, an overflow goes to `status` (its capacity slot)
+  and the output holds the first max_entries kept entries.
 
 in_keys: sorted unique int64 keys of the input, layout (b * Cin + c) * S + lin(x).
 in_values: one value per key.
@@ -106,7 +111,7 @@ touched_counts: [B, Cout] support size of each output segment before k-selection
 positive_counts: [B, Cout] entries > 0 of each segment before k-selection (what a
   following ReLU would keep without the bound; the density of Eq. 4), with either
   activation.
-status: [21] int64, the GPU's data checks of a padded_output call that did not wait for
+status: [25] int64, the GPU's data checks of a padded_output call that did not wait for
   them (direct_conv_checks.h, kConvStatusSize); otherwise all -1 (passed).
 )doc");
 
