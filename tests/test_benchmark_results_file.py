@@ -52,6 +52,7 @@ def test_a_missing_or_empty_file_needs_no_replace(tmp_path):
 @pytest.mark.parametrize("script,args", [
     ("train_step.py", ["--resolutions", "8", "--steps", "1"]),
     ("site_conv_cpu.py", ["--scenes", "lidar_10cm"]),
+    ("conv_capacity.py", ["--resolutions", "8"]),
 ])
 def test_scripts_stop_before_measuring_over_existing_rows(tmp_path, script, args):
     out = tmp_path / "kept.jsonl"
