@@ -76,10 +76,10 @@ def main():
     args = p.parse_args()
     if args.margin < 1.0 or args.calibrate < 1 or args.held_out < 1 or args.batch < 1:
         p.error("--margin must be >= 1 and --calibrate, --held-out and --batch >= 1")
+    refuse_to_replace(p, args.out, args.replace)
     path = os.path.join(args.data_dir, "modelnet40_train.npz")
     if not os.path.isfile(path):
         p.error(f"{path} does not exist (give --data-dir, the folder of modelnet40_train.npz)")
-    refuse_to_replace(p, args.out, args.replace)
     points, _, _ = load_modelnet_npz(path)
     rng = np.random.default_rng(args.seed)
     order = rng.permutation(len(points))
