@@ -478,6 +478,8 @@ def dataflow_here(inputs):
 
 
 CONV_MUTABLE = ["keys", "values", "dense_shape", "filter", "mask", "bias", "k", "rho_up", "temp_limit_bytes"]
+# What a refusal of a convolution with max_entries may name.
+CAPPED_NAMES = ("filter", "bias", "k", "rho_up", "temp_limit_bytes", "kernel", "selection", "output", "max_entries")
 
 
 def run_raw_conv(inputs):
@@ -490,6 +492,48 @@ def run_raw_conv(inputs):
     return dict(zip(("keys", "values", "dense_shape", "touched", "positive"), numpy_of(out)))
 
 
+def make_capped_conv(rng):
+    """make_conv's input with max_entries (issue 24) around the exact output's count: one below
+    it (refused: the output has more entries), at it, or above it."""
+    inputs = make_conv(rng)
+    try:
+        count = len(ref_direct_conv(inputs)["keys"])
+    except NotRun:
+        count = 1
+    return dict(inputs, max_entries=np.array(max(1, count + int(rng.integers(-1, 3))), np.int64))
+
+
+def ref_capped_conv(inputs, minimum=0):
+    """ref_direct_conv, refused where the output has more entries than max_entries (0: no cap;
+    the public function takes none below 1)."""
+    cap_given = np.asarray(inputs["max_entries"])
+    require(cap_given.ndim == 0, "max_entries must be a scalar")
+    cap_given = int(cap_given)
+    require(cap_given >= minimum, f"max_entries must be >= {minimum}")
+    out = ref_direct_conv(inputs)
+    require(cap_given == 0 or len(out["keys"]) <= cap_given, "more entries than max_entries")
+    return out
+
+
+def run_raw_capped_conv(inputs, padded_output=False):
+    keys, values, dense_shape, w, mask, bias = constants(inputs, "keys", "values", "dense_shape", "filter", "mask",
+                                                         "bias")
+    out = ops.direct_sparse_conv(keys, values, dense_shape, w, mask, bias, selection=inputs["selection"],
+                                 k=inputs["k"].tolist(), rho_up=inputs["rho_up"].tolist(),
+                                 dataflow=dataflow_here(inputs), temp_limit_bytes=inputs["temp_limit_bytes"].tolist(),
+                                 activation=inputs.get("activation", "none"), padded_output=padded_output,
+                                 max_entries=inputs["max_entries"].tolist())
+    result = dict(zip(("keys", "values", "dense_shape", "touched", "positive"), numpy_of(out[:5])))
+    if padded_output:  # the live entries, then only padding, the padded length at most max_entries
+        live = int(np.searchsorted(result["keys"], PADDING_KEY))
+        assert np.all(result["keys"][live:] == PADDING_KEY) and not np.any(result["values"][live:]), \
+            "a padded output's tail is not padding"
+        cap_given = int(inputs["max_entries"])
+        assert cap_given == 0 or len(result["keys"]) <= cap_given, "a padded output longer than max_entries"
+        result.update(keys=result["keys"][:live], values=result["values"][:live])
+    return result
+
+
 def public_activation(inputs):
     return None if inputs.get("activation", "none") == "none" else inputs["activation"]
 
@@ -497,11 +541,14 @@ def public_activation(inputs):
 def run_public_conv(inputs, make_tensor=tensor_of, padded_output=False):
     w, mask, bias = constants(inputs, "filter", "mask", "bias")
     k, rho_up = inputs["k"].tolist(), inputs["rho_up"].tolist()
+    max_entries = inputs["max_entries"].tolist() if "max_entries" in inputs else None
     y, touched, positive = ts.direct_conv(
         make_tensor(inputs), w, bias, mask, selection=inputs["selection"], k=None if k == 0 else k,
         rho_up=None if rho_up == 0 else rho_up, dataflow=dataflow_here(inputs),
         temp_limit_bytes=inputs["temp_limit_bytes"].tolist(), activation=public_activation(inputs),
-        return_counts=True, padded_output=padded_output)
+        return_counts=True, padded_output=padded_output, max_entries=max_entries)
+    if max_entries is not None and padded_output:
+        assert int(y.num_entries) <= max_entries, "a padded output longer than max_entries"
     if padded_output:  # the live entries, then only padding
         live = int(y.live_entries)
         assert np.all(y.keys.numpy()[live:] == PADDING_KEY) and not np.any(y.values.numpy()[live:]), \
@@ -730,6 +777,10 @@ PADDED_TARGETS = [
            live_part(ref_direct_conv, True), compare_conv,
            TENSOR + ("filter", "bias", "k", "rho_up", "temp_limit_bytes", "kernel", "selection", "output"),
            mutable=CONV_MUTABLE, subnormals_flushed=True),
+    Target("direct_conv (max_entries, padded in and out)", make_capped_conv,
+           lambda i: run_public_conv(with_padding(i), padded_tensor_of, padded_output=True),
+           live_part(lambda i: ref_capped_conv(i, minimum=1), True), compare_conv,
+           TENSOR + CAPPED_NAMES, mutable=CONV_MUTABLE + ["max_entries"], subnormals_flushed=True),
 ]
 
 
@@ -758,6 +809,11 @@ TARGETS = [
     Target("DirectSparseConv", make_conv, run_raw_conv, ref_direct_conv, compare_conv,
            TENSOR + ("filter", "bias", "k", "rho_up", "temp_limit_bytes", "kernel", "selection", "output"),
            mutable=CONV_MUTABLE, subnormals_flushed=True),
+    Target("DirectSparseConv (max_entries)", make_capped_conv, run_raw_capped_conv, ref_capped_conv, compare_conv,
+           TENSOR + CAPPED_NAMES, mutable=CONV_MUTABLE + ["max_entries"], subnormals_flushed=True),
+    Target("DirectSparseConv (max_entries, padded output)", make_capped_conv,
+           lambda i: run_raw_capped_conv(i, padded_output=True), ref_capped_conv, compare_conv,
+           TENSOR + CAPPED_NAMES, mutable=CONV_MUTABLE + ["max_entries"], subnormals_flushed=True),
     Target("DirectSparseConvBackprop", make_backprop, run_backprop, ref_backprop_with_dataflow, assert_equal,
            TENSOR + ("filter", "output", "kernel"),
            mutable=["keys", "values", "dense_shape", "filter", "mask", "out_keys", "out_grad"],
