@@ -148,49 +148,45 @@ def test_gpu_to_dense_of_the_librarys_keys_in_a_traced_step_does_not_wait(gpu, r
         assert waits == 1
 
 
+def traced_step_waits(x, w, sparse_part):
+    """{padded_output: the library's waits in one traced training step} of the loss
+    sum(to_dense(sparse_part(x's tensor, padded_output))), its gradient for w, for both values
+    of padded_output (each traced outside the count)."""
+    def step(keys, values, dense_shape, padded_output):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ts.to_dense(sparse_part(ts.ChannelSparseTensor(keys, values, dense_shape),
+                                                         padded_output)))
+        return tape.gradient(loss, w)
+
+    traced = tf.function(step)
+    waits = {}
+    for padded in (False, True):
+        traced(x.keys, x.values, x.dense_shape, padded).numpy()
+        _, waits[padded] = counted(lambda: traced(x.keys, x.values, x.dense_shape, padded).numpy())
+    return waits
+
+
 def test_gpu_padded_pooling_of_the_librarys_keys_in_a_traced_step_does_not_wait(gpu, rng, monkeypatch):
     monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
     with tf.device(gpu):
         x, w = conv_case(rng)
-
-        def step(keys, values, dense_shape, padded_output):
-            with tf.GradientTape() as tape:
-                y = ts.direct_conv(ts.ChannelSparseTensor(keys, values, dense_shape), w, activation="relu")
-                y = ts.sparse_max_pool(y, 2, padded_output=padded_output)
-                loss = tf.reduce_sum(ts.to_dense(y))
-            return tape.gradient(loss, w)
-
-        traced = tf.function(step)
-        waits = {}
-        for padded in (False, True):
-            traced(x.keys, x.values, x.dense_shape, padded).numpy()  # tracing outside the count
-            _, waits[padded] = counted(lambda: traced(x.keys, x.values, x.dense_shape, padded).numpy())
-        # the convolution reads its output size back; the exact pooling its output size too, the
-        # padded one (of keys the convolution made) nothing; ToDense and the gradients trust them
-        assert waits == {False: 2, True: 1}
+        waits = traced_step_waits(x, w, lambda x, padded: ts.sparse_max_pool(
+            ts.direct_conv(x, w, activation="relu"), 2, padded_output=padded))
+    # the convolution reads its output size back; the exact pooling its output size too, the
+    # padded one (of keys the convolution made) nothing; ToDense and the gradients trust them
+    assert waits == {False: 2, True: 1}
 
 
 def test_gpu_padded_relu_of_the_librarys_keys_in_a_traced_step_does_not_wait(gpu, rng, monkeypatch):
     monkeypatch.delenv(ts.checks.CHECK_EVERY_OP_ENV, raising=False)
     with tf.device(gpu):
         x, w = conv_case(rng)
-
-        def step(keys, values, dense_shape, padded_output):
-            with tf.GradientTape() as tape:
-                y = ts.direct_conv(ts.ChannelSparseTensor(keys, values, dense_shape), w, padded_output=True)
-                y = ts.sparse_relu(y, padded_output=padded_output)
-                loss = tf.reduce_sum(ts.to_dense(y))
-            return tape.gradient(loss, w)
-
-        traced = tf.function(step)
-        waits = {}
-        for padded in (False, True):
-            traced(x.keys, x.values, x.dense_shape, padded).numpy()  # tracing outside the count
-            _, waits[padded] = counted(lambda: traced(x.keys, x.values, x.dense_shape, padded).numpy())
-        # the padded convolution trusts the keys checked on the host and waits for nothing; the
-        # exact ReLU reads its output size back, the padded one (of keys the convolution made)
-        # nothing
-        assert waits == {False: 1, True: 0}
+        waits = traced_step_waits(x, w, lambda x, padded: ts.sparse_relu(
+            ts.direct_conv(x, w, padded_output=True), padded_output=padded))
+    # the padded convolution trusts the keys checked on the host and waits for nothing; the
+    # exact ReLU reads its output size back, the padded one (of keys the convolution made)
+    # nothing
+    assert waits == {False: 1, True: 0}
 
 
 def test_gpu_padded_convolutions_after_the_first_do_not_wait(gpu, rng, monkeypatch):

@@ -13,11 +13,11 @@ import tensorflow as tf
 import tf_sparseconv as ts
 from tf_sparseconv import keras_layers as kl
 from tf_sparseconv._op_library import ops as raw_ops
-from tf_sparseconv.channel.tensor import PADDING_KEY
 from tf_sparseconv.models.memory_bound import memory_bound
 from tests.device import CPU
-from tests.channel.helpers import assert_exact_then_padding, random_filter, random_sparse_components
-from tests.channel.test_padded_conv import CASES, COUT, SHAPE, _assert_same_output, _bound, _skip_bitmap_on_cpu
+from tests.channel.helpers import random_filter, random_sparse_components
+from tests.channel.test_padded_conv import (CASES, COUT, SHAPE, _assert_live_then_padding, _assert_same_output, _bound,
+                                            _skip_bitmap_on_cpu)
 
 
 def _case(rng, dtype=np.float32, shape=SHAPE, density=0.3):
@@ -55,14 +55,8 @@ def test_a_capped_padded_output_is_the_exact_output_then_padding(rng, device, ca
         got = _conv(x, w, bias, mask, case, True, max_entries=cap)
         exact_capped = _conv(x, w, bias, mask, case, False, max_entries=cap)
     assert got.padded and int(got.num_entries) == cap
-    if CASES[case][3] == "atomic":
-        live = int(want.num_entries)
-        assert int(got.live_entries) == live
-        np.testing.assert_array_equal(got.keys.numpy()[:live], want.keys.numpy())
-        assert np.all(got.keys.numpy()[live:] == PADDING_KEY) and not np.any(got.values.numpy()[live:])
-    else:
-        assert_exact_then_padding(got, want)
-        np.testing.assert_array_equal(exact_capped.keys.numpy(), want.keys.numpy())
+    _assert_live_then_padding(got, want, CASES[case][3])
+    np.testing.assert_array_equal(exact_capped.keys.numpy(), want.keys.numpy())
     _assert_same_output(ts.to_dense(got).numpy(), ts.to_dense(want).numpy(), CASES[case][3])
 
 
