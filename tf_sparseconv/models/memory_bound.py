@@ -197,9 +197,10 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads, device="c
     cin, cout = shape[-1], layer.filters
     cells = math.prod(shape[1:-1])
     offsets = math.prod(layer.kernel_shape[:d])
-    out_entries = batch * cout * min(layer.k_bound, cells)
-    if layer.max_entries is not None:  # more are refused by the op
-        out_entries = min(out_entries, layer.max_entries)
+    # The op refuses more kept entries than max_entries, once it has counted them: the output
+    # is capped, the CPU's kept entries held before the output's size is known are not.
+    kept_entries = batch * cout * min(layer.k_bound, cells)
+    out_entries = kept_entries if layer.max_entries is None else min(kept_entries, layer.max_entries)
     out_bytes = _sparse_bytes(out_entries, value_bytes) + 2 * batch * cout * INDEX_BYTES
     # Entries of one input segment are bounded by the input bound and the grid.
     in_per_segment = min(cells, in_entries)
@@ -225,7 +226,7 @@ def _conv_bound(layer, shape, in_entries, batch, value_bytes, threads, device="c
     per_block = max(dense_block if dense else 0, merge_block if layer.dataflow != "dense" else 0)
     # With k-selection each segment's kept entries go straight into the staged output;
     # without it they are held until the output's exact size is known, then copied.
-    kept_until_assembly = _sparse_bytes(out_entries, value_bytes) if layer.selection == "none" else 0
+    kept_until_assembly = _sparse_bytes(kept_entries, value_bytes) if layer.selection == "none" else 0
     temporary = (in_entries * d * 4                              # decoded coordinates
                  + (batch * cin + 1) * INDEX_BYTES               # segment offsets
                  + offsets * cin * cout * 48                     # present-weight lists
