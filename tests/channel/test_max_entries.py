@@ -175,6 +175,30 @@ def test_an_overflow_in_a_traced_step_is_refused_by_its_end(rng, device, which):
             _network(filters, masks, caps)(x)
 
 
+def test_an_overflow_is_refused_where_the_output_never_reaches_to_dense(rng, device):
+    """A traced function that hands the capped padded output back as it is: the convolution's
+    own status report fails the call (on the GPU, which did not wait for the count); the CPU
+    refuses at once. Within the cap the same function returns the exact entries, then padding."""
+    (keys, values, dense_shape), filters, masks = _network_case(rng)
+
+    @tf.function
+    def capped(keys, values, dense_shape, cap):
+        x = ts.ChannelSparseTensor(keys, values, dense_shape)
+        y = ts.direct_conv(x, filters[0], None, masks[0], activation="relu", padded_output=True, max_entries=cap)
+        return y.keys, y.values
+
+    with tf.device(device):
+        args = (tf.constant(keys), tf.constant(values), tf.constant(dense_shape))
+        want = ts.direct_conv(ts.ChannelSparseTensor(*args), filters[0], None, masks[0], activation="relu")
+        count = int(want.num_entries)
+        got_keys, got_values = capped(*args, count + 2)
+        np.testing.assert_array_equal(got_keys.numpy()[:count], want.keys.numpy())
+        np.testing.assert_array_equal(got_keys.numpy()[count:], [2**63 - 1] * 2)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=f"the output has {count} entries, more than max_entries = {count - 1}"):
+            capped(*args, count - 1)
+
+
 def test_numeric_gradients_of_a_capped_output(rng):
     keys, values, dense_shape = random_sparse_components(rng, [1, 4, 3, 3, 2], 0.4, np.float64)
     w, mask = random_filter(rng, [3, 3, 3], 2, 2, 0.8)

@@ -103,7 +103,9 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
     bound them: more kept entries are refused with InvalidArgument. With padded_output the
     result's length is then the smaller of the bound above and max_entries (the memory of a
     convolution without selection known before it runs); where the GPU did not wait for
-    the device, the overflow is reported as the data checks are, by `to_dense`.
+    the device, the overflow is reported by the end of the traced function (a status report
+    of the convolution's own, beside the one `to_dense` makes), whether or not the result
+    reaches `to_dense`.
 
     Returns a ChannelSparseTensor [B, R..., Cout]; with return_counts also two [B, Cout]
     int64 tensors measured before k-selection: the support size (touched entries) and the
@@ -138,6 +140,12 @@ def direct_conv(x, filters, bias=None, filter_mask=None, *, selection="none", k=
         rho_up=0.0 if rho_up is None else float_attr(rho_up, "rho_up", "direct_conv"), dataflow=dataflow,
         temp_limit_bytes=temp_limit_bytes, activation=activation or "none", padded_input=x.padded,
         padded_output=padded_output, inputs_checked=trusted, max_entries=max_entries)
+    if max_entries and padded_output and not tf.executing_eagerly():
+        # An overflow of a capped output is reported whether or not the output reaches
+        # to_dense: this convolution's own status report, which nothing waits for and the
+        # traced function runs before it returns (on the CPU, and on the GPU where the op
+        # waited for its count, the op has refused already).
+        _ops.direct_sparse_conv_report_status([_status], sources=[keys.op.name])
     out_shape = x.shape if x.shape.rank is None else x.shape[:-1].concatenate([filters.shape[-1]])
     y = ChannelSparseTensor(keys, values, dense_shape, out_shape, padded_output)
     return (y, touched, positive) if return_counts else y
