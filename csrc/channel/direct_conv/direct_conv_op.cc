@@ -111,8 +111,9 @@ touched_counts: [B, Cout] support size of each output segment before k-selection
 positive_counts: [B, Cout] entries > 0 of each segment before k-selection (what a
   following ReLU would keep without the bound; the density of Eq. 4), with either
   activation.
-status: [25] int64, the GPU's data checks of a padded_output call that did not wait for
-  them (direct_conv_checks.h, kConvStatusSize); otherwise all -1 (passed).
+status: [25] int64, the GPU's data checks and its count against max_entries of a
+  padded_output call that did not wait for them (direct_conv_checks.h, kConvStatusSize);
+  otherwise all -1 (passed).
 )doc");
 
 REGISTER_OP("TfSparseconv>DirectSparseConvBackprop")
