@@ -40,8 +40,8 @@ class SparseMaxPool(SparseLayer):
     sparse_max_pool: on the GPU the layer then does not wait for the device; the library's
     layers that follow skip the padding) or "auto" (padded inside a traced function, as in
     fit, evaluate and predict, where TensorFlow sees a GPU). Not the default: the layers after
-    a padded pooling work over its capacity; after exact convolutions a ModelNet40 32^3 epoch ran 3 % slower with it,
-    after padded ones (octnet3's default) faster (docs/benchmarks.md).
+    a padded pooling work over its capacity; after exact convolutions a ModelNet40 32^3 epoch
+    ran 3 % slower with it, after padded ones (octnet3's default) faster (docs/benchmarks.md).
     A model whose output is this layer's dict hands the padding back with it.
     """
 
