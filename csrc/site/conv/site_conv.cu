@@ -65,6 +65,7 @@
 #include "site/conv/site_conv_outputs.cuh"
 #include "site/conv/site_conv_pipeline.cuh"
 #include "site/conv/site_conv_simt.cuh"
+#include "site/conv/site_epilogue.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -409,10 +410,22 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// out = the accumulator acc [n / cout, cout] in the output's type, through the epilogue.
 template <typename T, typename A>
-__global__ void ConvertKernel(const A* acc, int64_t n, T* out) {
+__global__ void ConvertKernel(const A* acc, int64_t n, int64_t cout, SiteEpilogue<A> epilogue, T* out) {
   ChainedKernelBegin();
-  TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = FromAcc<T>::Convert(acc[i]); }
+  if (HasEpilogue(epilogue)) {
+    TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = FromAcc<T>::Convert(ApplyEpilogue(epilogue, i % cout, acc[i])); }
+  } else {
+    TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = FromAcc<T>::Convert(acc[i]); }
+  }
+}
+
+// The epilogue in place where the pair tiles summed into the output itself (float, double).
+template <typename A>
+__global__ void EpilogueKernel(int64_t n, int64_t cout, SiteEpilogue<A> epilogue, A* out) {
+  ChainedKernelBegin();
+  TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = ApplyEpilogue(epilogue, i % cout, out[i]); }
 }
 
 // ---- Filter gradient -------------------------------------------------------------------
@@ -871,7 +884,7 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
   const int64_t tiles = (a.num_out + Layout::kTileRows - 1) / Layout::kTileRows;
   LaunchChained(kernel, GridFor(tiles * col_tiles), mma_sync::kBlockThreads, Layout::kSharedBytes, stream,
                 reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume,
-                a.num_out, a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
+                a.num_out, a.cin, a.cout, col_tiles, report, a.epilogue, reinterpret_cast<S*>(out));
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
   return GpuStatus::Ok();
 }
@@ -1098,8 +1111,12 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
       }
     }
     if constexpr (!std::is_same<A, T>::value) {
-      LaunchChained(ConvertKernel<T, A>, BlocksFor(outputs), kThreads, 0, stream, acc, outputs, out);
+      LaunchChained(ConvertKernel<T, A>, BlocksFor(outputs), kThreads, 0, stream, acc, outputs, a.cout, a.epilogue,
+                    out);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output conversion");
+    } else if (a.epilogue.Any()) {
+      LaunchChained(EpilogueKernel<A>, BlocksFor(outputs), kThreads, 0, stream, outputs, a.cout, a.epilogue, acc);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("epilogue");
     }
   }
   if (trusted) {

@@ -15,6 +15,29 @@ namespace tf_sparseconv {
 // rows only: every in_row < num_in, every out_row < num_out, splits rising from 0 to
 // pairs, and no output row twice within one kernel offset (so one offset's scatter never
 // collides with itself and needs no atomics on the CPU).
+// The forward's epilogue (SiteSparseConv's `epilogue` inputs and `activation` attr): each
+// output value v of column c becomes act(v * scale[c] + shift[c]), computed in the
+// accumulator type before the output is rounded to its own type. scale, shift: [cout] in
+// the call's device memory, or nullptr (1 and 0); relu: act is max(., 0), else identity.
+template <typename A>
+struct SiteEpilogue {
+  const A* scale = nullptr;
+  const A* shift = nullptr;
+  bool relu = false;
+  bool Any() const { return scale != nullptr || shift != nullptr || relu; }
+};
+
+// float for float, half and bfloat16 (half-precision storage, float32 arithmetic);
+// double for double.
+template <typename T>
+struct AccumulatorOf {
+  using type = float;
+};
+template <>
+struct AccumulatorOf<double> {
+  using type = double;
+};
+
 template <typename T>
 struct SiteConvArgs {
   const T* features = nullptr;   // [num_in, cin]
@@ -23,6 +46,7 @@ struct SiteConvArgs {
   const int32_t* out_rows = nullptr;
   const int32_t* offset_splits = nullptr;  // host copy on every device: [volume + 1]
   int64_t volume = 0, pairs = 0, num_in = 0, num_out = 0, cin = 0, cout = 0;
+  SiteEpilogue<typename AccumulatorOf<T>::type> epilogue;  // the forward's only
 };
 
 // SiteNeighbourTable's layout (site_conv_op.cc), shared by the CPU and GPU kernels: one
@@ -39,17 +63,6 @@ constexpr int64_t NeighbourTableWidth(int64_t volume) { return volume + 2; }
 // SiteSparseConv's dataflow attr: 'auto', 'pairs' or 'outputs' (site_conv_op.cc). The CPU
 // has one dataflow, the pairs'; the GPU's choices are in site_conv_gpu.h.
 enum class SiteDataflow { kAuto, kPairs, kOutputs };
-
-// float for float, half and bfloat16 (half-precision storage, float32 arithmetic);
-// double for double.
-template <typename T>
-struct AccumulatorOf {
-  using type = float;
-};
-template <>
-struct AccumulatorOf<double> {
-  using type = double;
-};
 
 }  // namespace tf_sparseconv
 

@@ -36,6 +36,7 @@ struct SiteConvAttrs {
   // cpu_products: 'auto' the widest tiles the CPU has (kAvx512 asked), 'avx2' at most the
   // AVX2 tiles, 'portable' Eigen's GEMM.
   CpuProducts products = CpuProducts::kAvx512;
+  bool relu = false;  // activation 'relu' (the convolution's epilogue)
 
   absl::Status Read(tensorflow::OpKernelConstruction* ctx) {
     TF_RETURN_IF_ERROR(ctx->GetAttr("map_is_trusted", &map_is_trusted));
@@ -49,6 +50,14 @@ struct SiteConvAttrs {
       std::string name;
       TF_RETURN_IF_ERROR(ctx->GetAttr("dataflow", &name));
       TF_RETURN_IF_ERROR(ParseSiteDataflow(name, &dataflow));
+    }
+    if (ctx->HasAttr("activation")) {
+      std::string activation;
+      TF_RETURN_IF_ERROR(ctx->GetAttr("activation", &activation));
+      if (activation != "none" && activation != "relu") {
+        return tensorflow::errors::InvalidArgument("activation must be 'none' or 'relu', got '", activation, "'");
+      }
+      relu = activation == "relu";
     }
     if (ctx->HasAttr("cpu_products")) {
       std::string products;
@@ -97,6 +106,35 @@ class SiteConvOpKernel : public GuardedOpKernel {
   SiteConvAttrs attrs_;
 };
 
+// The epilogue input's scale and shift (site_conv_op.cc): none, a shift, or a scale and a
+// shift, each [cout] of the accumulator's type.
+template <typename A>
+absl::Status ReadEpilogue(tensorflow::OpKernelContext* ctx, int64_t cout, SiteEpilogue<A>* epilogue) {
+  tensorflow::OpInputList list;
+  TF_RETURN_IF_ERROR(ctx->input_list("epilogue", &list));
+  if (list.size() > 2) {
+    return tensorflow::errors::InvalidArgument("site_conv: the epilogue holds at most a scale and a shift, got ",
+                                               list.size(), " tensors");
+  }
+  const tensorflow::DataType want = tensorflow::DataTypeToEnum<A>::value;
+  for (int i = 0; i < list.size(); ++i) {
+    const char* what = list.size() == 2 && i == 0 ? "scale" : "shift";
+    const tensorflow::Tensor& v = list[i];
+    if (v.dtype() != want) {
+      return tensorflow::errors::InvalidArgument("site_conv: the epilogue's ", what, " must be ",
+                                                 tensorflow::DataTypeString(want), " for these features, got ",
+                                                 tensorflow::DataTypeString(v.dtype()));
+    }
+    if (v.dims() != 1 || v.dim_size(0) != cout) {
+      return tensorflow::errors::InvalidArgument("site_conv: the epilogue's ", what, " must be [Cout] = [", cout,
+                                                 "], got shape ", v.shape().DebugString());
+    }
+  }
+  epilogue->scale = list.size() == 2 ? list[0].flat<A>().data() : nullptr;
+  epilogue->shift = list.size() >= 1 ? list[list.size() - 1].flat<A>().data() : nullptr;
+  return absl::OkStatus();
+}
+
 template <typename Device, typename T>
 class SiteSparseConvOp : public SiteConvOpKernel {
  public:
@@ -121,6 +159,8 @@ class SiteSparseConvOp : public SiteConvOpKernel {
                                              &neighbours_given));
     OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(attrs_.map_is_submanifold, attrs_.map_is_trusted, a.num_in, a.num_out,
                                               a.volume));
+    OP_REQUIRES_OK(ctx, ReadEpilogue(ctx, a.cout, &a.epilogue));
+    a.epilogue.relu = attrs_.relu;
     SiteConvFunctor<Device, T> conv(ctx, attrs_);
     if (attrs_.map_is_table) {
       OP_REQUIRES_OK(ctx, CheckTableMapClaim(map, neighbours_given, attrs_.map_is_submanifold));

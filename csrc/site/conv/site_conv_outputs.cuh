@@ -31,6 +31,7 @@
 #include "common/gpu_util.cuh"
 #include "site/conv/site_conv.h"
 #include "site/conv/site_conv_mma_sync.cuh"
+#include "site/conv/site_epilogue.cuh"
 #include "site/conv/site_conv_pipeline.cuh"
 
 namespace tf_sparseconv {
@@ -211,14 +212,15 @@ constexpr int TableMinBlocks() {
 // The output-stationary tiles (128 output rows in the table's order x kBN columns): per
 // tile, its rows and offsets (LoadTile), the gathers of its steps through the table
 // (TableGather), the products of the pair tiles' kernel (mma_sync::PipelinedProducts), and
-// each lane's column pairs stored from registers. Rows without pairs get zeros: every
-// output row is stored. report: nullptr for a trusted map; otherwise the products run
-// only if every check passed.
+// each lane's column pairs stored from registers. Rows without pairs get zero sums: every
+// output row is stored, through the epilogue (site_conv.h). report: nullptr for a trusted
+// map; otherwise the products run only if every check passed.
 template <typename M, int kBN, int kStepBytes>
 __global__ void __launch_bounds__(kBlockThreads, (TableMinBlocks<mma_sync::Layout<M, kBN, kStepBytes>, kBN>()))
     GatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
                           const int32_t* table, int64_t volume, int64_t num_out, int64_t cin, int64_t cout,
-                          int64_t col_tiles, const Report* report, typename Element<M>::Stored* out) {
+                          int64_t col_tiles, const Report* report, SiteEpilogue<float> epilogue,
+                          typename Element<M>::Stored* out) {
   ChainedKernelBegin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   // Uniform over the block: no barrier is skipped by some threads only.
@@ -249,9 +251,17 @@ __global__ void __launch_bounds__(kBlockThreads, (TableMinBlocks<mma_sync::Layou
     float acc[L::kFM][L::kFN][4];
     mma_sync::PipelinedProducts<M, kBN, kStepBytes>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     WaitCopies<0>();
-    mma_sync::ForEachAccumulatorPair<M, kBN>(
-        rows, col0, cout, wm, wn, lane, acc,
-        [&](int64_t o, int64_t c, float x, float y) { Store2<M>(out + o * cout + c, x, y); });
+    if (HasEpilogue(epilogue)) {  // uniform over the block
+      mma_sync::ForEachAccumulatorPair<M, kBN>(rows, col0, cout, wm, wn, lane, acc,
+                                               [&](int64_t o, int64_t c, float x, float y) {
+                                                 Store2<M>(out + o * cout + c, ApplyEpilogue(epilogue, c, x),
+                                                           ApplyEpilogue(epilogue, c + 1, y));
+                                               });
+    } else {
+      mma_sync::ForEachAccumulatorPair<M, kBN>(
+          rows, col0, cout, wm, wn, lane, acc,
+          [&](int64_t o, int64_t c, float x, float y) { Store2<M>(out + o * cout + c, x, y); });
+    }
     __syncthreads();  // rows, the offset list and the stages are refilled by the next item
   }
 #endif
