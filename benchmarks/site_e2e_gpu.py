@@ -352,10 +352,10 @@ def merge(args):
     with open(args.out, "a") as f:
         for row in out:
             f.write(json.dumps(row) + "\n")
-    print(f"{'network':<24} {'dtype':<5} {'pass':<6} {'ours ms':>9} {'spconv ms':>10} {'ratio':>6}")
+    print(f"{'network':<24} {'dtype':<5} {'pass':<6} {'bn':<6} {'ours ms':>9} {'spconv ms':>10} {'ratio':>6}")
     for row in out:
-        print(f"{row['network']:<24} {row['dtype']:<5} {row['pass']:<6} {row['ours_s'] * 1e3:9.3f} "
-              f"{row['spconv_s'] * 1e3:10.3f} {row['ratio']:6.2f}")
+        print(f"{row['network']:<24} {row['dtype']:<5} {row['pass']:<6} {row.get('bn', ''):<6} "
+              f"{row['ours_s'] * 1e3:9.3f} {row['spconv_s'] * 1e3:10.3f} {row['ratio']:6.2f}")
     print(f"[merge] {len(out)} rows appended to {args.out}")
     kernels = os.path.join(args.exchange, "kernels.jsonl")
     if os.path.exists(kernels):  # --kernels rows of both sides
