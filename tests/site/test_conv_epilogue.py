@@ -1,5 +1,6 @@
-"""The site convolution's epilogue (SiteSparseConv's `epilogue` and `activation`: act(v *
-scale + bias) per output column, inside the op) and SiteConvBlock (a convolution, its batch
+"""The site convolution's epilogue (SiteSparseConv's `epilogue`, `epsilon` and `activation`:
+act(n(v) * scale + bias) per output column, n a batch norm's normalisation by given
+statistics, inside the op) and SiteConvBlock (a convolution, its batch
 norm and a ReLU, the batch norm folded into the epilogue in inference): the same values as
 the separate ops on every convolution kind and device, rows without pairs, the GPU's
 dataflows in half precision, float64 numeric gradients, bad epilogues refused, and the
@@ -22,7 +23,9 @@ from tests.site.helpers import random_sites
 SHAPE, BATCH = (7, 6, 7), 2
 KINDS = ["subm", "pointwise", "strided", "transpose", "inverse"]
 PARTS = {"bias": dict(bias=True), "scale-bias": dict(scale=True, bias=True), "relu": dict(activation="relu"),
-         "scale-relu": dict(scale=True, activation="relu"), "all": dict(scale=True, bias=True, activation="relu")}
+         "scale-relu": dict(scale=True, activation="relu"), "all": dict(scale=True, bias=True, activation="relu"),
+         "normalize": dict(normalize=True), "normalize-bias-relu": dict(normalize=True, bias=True, activation="relu"),
+         "batch-norm-relu": dict(normalize=True, scale=True, bias=True, activation="relu")}
 
 
 def convolve(kind, x, kernel, **epilogue):
@@ -50,12 +53,18 @@ def epilogue_values(parts, rng, cout, dtype=np.float32):
         out["bias"] = rng.standard_normal(cout).astype(dtype)
     if spec.get("activation"):
         out["activation"] = spec["activation"]
+    if spec.get("normalize"):
+        out["normalize"] = (rng.standard_normal(cout).astype(dtype), rng.uniform(0.2, 3.0, cout).astype(dtype),
+                            float(rng.choice([1e-3, 1e-5, 0.5])))
     return out
 
 
-def separately(z, scale=None, bias=None, activation=None):
+def separately(z, scale=None, bias=None, activation=None, normalize=None):
     """The epilogue by NumPy on the convolution's plain output z."""
     z = np.asarray(z, np.float64)
+    if normalize is not None:
+        mean, variance, epsilon = normalize
+        z = (z - mean) / np.sqrt(variance.astype(np.float64) + epsilon)
     if scale is not None:
         z = z * scale
     if bias is not None:
@@ -90,7 +99,8 @@ def raw_conv(features, filters, in_rows, out_rows, splits, num_out, **kwargs):
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.float16])
 def test_rows_without_pairs_get_the_epilogue_of_zero_sums(rng, dtype, device):
-    """Output rows 1 and 3 have no pair: their values are act(0 * scale + shift)."""
+    """Output rows 1 and 3 have no pair: their values are act(0 * scale + shift) (and with
+    statistics, act((0 - mean) / sqrt(variance + epsilon) * scale + shift))."""
     acc = tf.float64 if dtype == tf.float64 else tf.float32
     features = rng.standard_normal((3, 8))
     filters = rng.standard_normal((2, 8, 8))
@@ -99,12 +109,19 @@ def test_rows_without_pairs_get_the_epilogue_of_zero_sums(rng, dtype, device):
         args = (tf.cast(features, dtype), tf.cast(filters, dtype), [0, 2, 1], [0, 2, 2], [0, 2, 3], 4)
         plain = raw_conv(*args)
         fused = raw_conv(*args, epilogue=[tf.cast(scale, acc), tf.cast(shift, acc)], activation="relu")
+        mean, variance = rng.standard_normal(8), rng.uniform(0.5, 2.0, 8)
+        normalized = raw_conv(*args, epilogue=[tf.cast(v, acc) for v in (mean, variance, scale, shift)],
+                              epsilon=0.125, activation="relu")
+    tolerance = dict(rtol=1e-3, atol=1e-3) if dtype == tf.float16 else dict(rtol=1e-6, atol=1e-6)
     got = tf.cast(fused, tf.float64).numpy()
-    np.testing.assert_allclose(got[[1, 3]], np.broadcast_to(np.maximum(shift, 0.0), (2, 8)),
-                               rtol=1e-3 if dtype == tf.float16 else 1e-6, atol=1e-3 if dtype == tf.float16 else 0)
-    want = separately(tf.cast(plain, tf.float64).numpy(), scale, shift, "relu")
-    tolerance = 2e-2 * np.abs(want).max() if dtype == tf.float16 else 1e-5
-    np.testing.assert_allclose(got, want, atol=tolerance)
+    np.testing.assert_allclose(got[[1, 3]], np.broadcast_to(np.maximum(shift, 0.0), (2, 8)), **tolerance)
+    got_normalized = tf.cast(normalized, tf.float64).numpy()
+    np.testing.assert_allclose(got_normalized[[1, 3]], np.broadcast_to(
+        np.maximum(-mean / np.sqrt(variance + 0.125) * scale + shift, 0.0), (2, 8)), **tolerance)
+    plain = tf.cast(plain, tf.float64).numpy()
+    for value, want in ((got, separately(plain, scale, shift, "relu")),
+                        (got_normalized, separately(plain, scale, shift, "relu", (mean, variance, 0.125)))):
+        np.testing.assert_allclose(value, want, atol=2e-2 * np.abs(want).max() if dtype == tf.float16 else 1e-5)
 
 
 @pytest.mark.parametrize("dtype,dataflow", [(tf.float16, "pairs"), (tf.float16, "outputs"), (tf.bfloat16, "outputs"),
@@ -114,9 +131,11 @@ def test_the_gpu_dataflows_apply_the_epilogue_as_the_cpu(rng, gpu, dtype, datafl
     through the epilogue), the pairs (the accumulator's conversion applies it) and float32
     (a pass after the pair tiles) against the CPU in float32."""
     cin, cout = 16, 24
+    if dtype == tf.float32 and dataflow == "outputs":  # float's output-stationary tiles multiply in TF32 only
+        tf.config.experimental.enable_tensor_float_32_execution(True)
     coords, features = random_sites(rng, BATCH, (10, 10, 10), 0.2, cin)
     kernel = (rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin)).astype(np.float32)
-    epilogue = epilogue_values("all", rng, cout)
+    epilogue = epilogue_values("batch-norm-relu", rng, cout)
     with tf.device(CPU):
         want = site_conv(make_site_sparse(coords, features, (10, 10, 10), BATCH), kernel, subm=True,
                          **epilogue).features.numpy()
@@ -125,28 +144,40 @@ def test_the_gpu_dataflows_apply_the_epilogue_as_the_cpu(rng, gpu, dtype, datafl
         x = make_site_sparse(coords, low_features, (10, 10, 10), BATCH)
         got = site_conv(x, low_kernel, subm=True, indice_key="subm", dataflow=dataflow, **epilogue).features
         assert_on(gpu, got)
-    tolerance = {tf.float16: 2e-2, tf.bfloat16: 6e-2, tf.float32: 1e-5}[dtype] * np.abs(want).max()
+    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    tolerance = {tf.float16: 2e-2, tf.bfloat16: 6e-2, tf.float32: 2e-3 if tf32 else 1e-5}[dtype] * np.abs(want).max()
     np.testing.assert_allclose(tf.cast(got, tf.float32).numpy(), want, atol=tolerance)
     assert (tf.cast(got, tf.float32).numpy() >= 0).all()
 
 
 @pytest.mark.soft_placement
-@pytest.mark.parametrize("kind", ["subm", "strided", "inverse"])
-def test_epilogue_gradients_match_numerical_gradients_in_float64(rng, kind, device):
+@pytest.mark.parametrize("kind,form", [("subm", "bias"), ("subm", "scale-bias"), ("strided", "scale-bias"),
+                                       ("inverse", "scale-bias"), ("subm", "batch-norm"), ("strided", "batch-norm")])
+def test_epilogue_gradients_match_numerical_gradients_in_float64(rng, kind, form, device):
     cin, cout = 2, 3
     coords, features = random_sites(rng, BATCH, (5, 4, 5), 0.35, cin, np.float64)
     kernel = rng.standard_normal((3, 3, 3, cin, cout))
-    scale, bias = rng.uniform(0.5, 2.0, cout), rng.standard_normal(cout)
+    vectors = [rng.standard_normal(cout)]  # bias
+    if form != "bias":
+        vectors.insert(0, rng.uniform(0.5, 2.0, cout))  # scale
+    if form == "batch-norm":
+        vectors[:0] = [rng.standard_normal(cout), rng.uniform(0.5, 2.0, cout)]  # mean, variance
 
-    def f(features, kernel, scale, bias):
-        y = convolve(kind, x.with_features(features), kernel, scale=scale, bias=bias).features
+    def f(features, kernel, *vectors):
+        epilogue = dict(bias=vectors[-1])
+        if len(vectors) >= 2:
+            epilogue["scale"] = vectors[-2]
+        if len(vectors) == 4:
+            epilogue["normalize"] = (vectors[0], vectors[1], 0.25)
+        y = convolve(kind, x.with_features(features), kernel, **epilogue).features
         assert_on(device, y)
         return y
 
     with tf.device(device):
         x = make_site_sparse(coords, features, (5, 4, 5), BATCH)
         theoretical, numerical = tf.test.compute_gradient(
-            f, [tf.constant(features), tf.constant(kernel), tf.constant(scale), tf.constant(bias)])
+            f, [tf.constant(features), tf.constant(kernel), *map(tf.constant, vectors)])
+    assert len(theoretical) == 2 + len(vectors)
     for t, n in zip(theoretical, numerical):
         assert np.any(t)
         np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-6)
@@ -182,12 +213,22 @@ def test_relu_epilogue_gradients_are_those_of_the_separate_ops(rng, device):
     (lambda: [tf.zeros([4], tf.float64)], "must be float for these features"),
     (lambda: [tf.zeros([5])], r"must be \[Cout\] = \[4\]"),
     (lambda: [tf.zeros([4, 1])], r"must be \[Cout\] = \[4\]"),
-    (lambda: [tf.zeros([4])] * 3, "at most a scale and a shift"),
+    (lambda: [tf.zeros([4])] * 3, "got 3 tensors"),
+    (lambda: [tf.zeros([4])] * 5, "got 5 tensors"),
+    (lambda: [tf.zeros([4]), tf.zeros([3]), tf.zeros([4]), tf.zeros([4])], r"variance must be \[Cout\] = \[4\]"),
 ])
 def test_bad_epilogues_are_refused(epilogue, phrase, device):
     with tf.device(device):
         with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=phrase):
             raw_conv(tf.ones([2, 3]), tf.ones([1, 3, 4]), [0], [0], [0, 1], 2, epilogue=epilogue())
+
+
+@pytest.mark.parametrize("epsilon", [0.0, -1.0, float("inf"), float("nan")])
+def test_a_bad_epsilon_is_refused(epsilon, device):
+    with tf.device(device):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="epsilon must be a positive finite float"):
+            raw_conv(tf.ones([2, 3]), tf.ones([1, 3, 4]), [0], [0], [0, 1], 2, epilogue=[tf.zeros([4])] * 4,
+                     epsilon=epsilon)
 
 
 def test_bad_epilogue_arguments_are_refused_by_the_wrappers(rng):
@@ -202,6 +243,12 @@ def test_bad_epilogue_arguments_are_refused_by_the_wrappers(rng):
         site_conv_transpose(x, kernel, bias=tf.ones([2, 2]))
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="activation"):
         raw_conv(tf.ones([2, 3]), tf.ones([1, 3, 4]), [0], [0], [0, 1], 2, activation="tanh")
+    with pytest.raises(ValueError, match="normalize must be"):
+        site_conv(x, kernel, subm=True, normalize=(tf.zeros([4]), tf.ones([4])))
+    with pytest.raises(ValueError, match="epsilon must be a positive float"):
+        site_conv(x, kernel, subm=True, normalize=(tf.zeros([4]), tf.ones([4]), 0.0))
+    with pytest.raises(ValueError, match="needs both a mean and a variance"):
+        site_conv(x, kernel, subm=True, normalize=(None, tf.ones([4]), 1e-3))
 
 
 def test_a_conv_layer_runs_its_relu_inside_the_op(rng):
@@ -267,8 +314,11 @@ def test_block_inference_equals_the_separate_layers(rng, norm_class, activation,
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
     graph = tf.function(lambda: block_model(x, training=False)["features"]).get_concrete_function().graph
     convs = [op for op in graph.get_operations() if op.type.endswith("SiteSparseConv")]
-    assert len(convs) == 1 and len(convs[0].inputs) == 9  # scale and shift in the op's epilogue
+    assert len(convs) == 1 and len(convs[0].inputs) == 11  # mean, variance, scale and shift in the epilogue
     assert not [op for op in graph.get_operations() if op.type.endswith("RowNormalize") or op.type == "Relu"]
+    # nothing computed on the statistics before the op but the conv's bias taken from the mean
+    arithmetic = {"Rsqrt", "Sqrt", "Mul", "AddV2", "Add", "RealDiv"}
+    assert len([op for op in graph.get_operations() if op.type in arithmetic | {"Sub"}]) == int(use_bias)
 
 
 @pytest.mark.parametrize("norm_class", [keras.layers.BatchNormalization, FusedBatchNormalization])

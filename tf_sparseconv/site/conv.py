@@ -25,25 +25,42 @@ def _no_table():
 
 class Epilogue:
     """What a site convolution does to each output value v of column c before rounding it
-    to the features' type: act(v * scale[c] + bias[c]) (SiteSparseConv's epilogue): scale and
-    bias [Cout] or None (1 and 0), activation None or "relu". One pass with the products:
+    to the features' type (SiteSparseConv's epilogue): act(n(v) * scale[c] + bias[c]), with
+    n(v) = (v - mean[c]) / sqrt(variance[c] + epsilon) where normalize = (mean, variance,
+    epsilon) is given (a batch norm's moving statistics) and n(v) = v otherwise; scale and
+    bias [Cout] or None (1 and 0); activation None or "relu". One pass with the products:
     on the GPU's output-stationary tiles it is applied as each row is stored."""
 
-    def __init__(self, scale=None, bias=None, activation=None):
+    def __init__(self, scale=None, bias=None, activation=None, normalize=None):
         if activation not in (None, "relu"):
             raise ValueError(f"site convolution: activation must be None or 'relu', got {activation!r}")
+        self.mean = self.variance = None
+        self.epsilon = 1e-3
+        if normalize is not None:
+            if not isinstance(normalize, (tuple, list)) or len(normalize) != 3:
+                raise ValueError("site convolution: normalize must be (mean, variance, epsilon), got "
+                                 f"{type(normalize).__name__}")
+            self.mean, self.variance, epsilon = normalize
+            if self.mean is None or self.variance is None:
+                raise ValueError("site convolution: normalize needs both a mean and a variance")
+            if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < float("inf"):
+                raise ValueError(f"site convolution: normalize's epsilon must be a positive float, got {epsilon!r}")
+            self.epsilon = float(epsilon)
         self.scale, self.bias, self.activation = scale, bias, activation
 
     def vectors(self, dtype, cout, what):
-        """The op's epilogue input: [], [bias] or [scale, bias], each [Cout] of the
-        accumulator's dtype (float64 for float64 features, float32 otherwise)."""
+        """The op's epilogue input: [], [bias], [scale, bias] or [mean, variance, scale,
+        bias], each [Cout] of the accumulator's dtype (float64 for float64 features, float32
+        otherwise); absent ones that a longer form needs are 0 (bias) and 1 (scale)."""
         acc = tf.float64 if dtype == tf.float64 else tf.float32
+        parts = [("mean", self.mean), ("variance", self.variance)] if self.variance is not None else []
+        parts += [("scale", self.scale), ("bias", self.bias)]
         out = []
-        for name, v in (("scale", self.scale), ("bias", self.bias)):
+        for i, (name, v) in enumerate(parts):
             if v is None:
-                if name == "scale" or not out:
-                    continue
-                v = tf.zeros([cout], acc)  # a scale needs a shift beside it
+                if not any(later is not None for _, later in parts[:i]):
+                    continue  # nothing before it: the shorter form
+                v = tf.ones([cout], acc) if name == "scale" else tf.zeros([cout], acc)
             v = tf.cast(tf.convert_to_tensor(v), acc)
             if v.shape.rank != 1 or not v.shape.is_compatible_with([cout]):
                 raise ValueError(f"{what}: the {name} must be [Cout] = [{cout}], got shape {v.shape}")
@@ -51,14 +68,17 @@ class Epilogue:
         return out
 
     def op_args(self, dtype, cout, what):
-        return dict(epilogue=self.vectors(dtype, cout, what), activation=self.activation or "none")
+        return dict(epilogue=self.vectors(dtype, cout, what), epsilon=self.epsilon,
+                    activation=self.activation or "none")
 
     def apply(self, out, what):
         """The same by TensorFlow ops on a finished output (the matmul of a 1 x 1 kernel)."""
         vectors = self.vectors(out.dtype, out.shape[-1], what)
         if vectors:
             acc = tf.cast(out, vectors[0].dtype)
-            acc = acc * vectors[0] + vectors[1] if len(vectors) == 2 else acc + vectors[0]
+            if len(vectors) == 4:
+                acc = (acc - vectors[0]) * tf.math.rsqrt(vectors[1] + self.epsilon)
+            acc = acc * vectors[-2] + vectors[-1] if len(vectors) >= 2 else acc + vectors[0]
             out = tf.cast(acc, out.dtype)
         return tf.nn.relu(out) if self.activation == "relu" else out
 
@@ -112,7 +132,7 @@ def _pointwise(x, kernel, epilogue, indice_key):
 
 
 def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False, indice_key=None, dataflow="auto",
-              scale=None, activation=None):
+              scale=None, activation=None, normalize=None):
     """Sparse convolution of x with kernel [k1, ..., kd, Cin, Cout].
 
     subm=True: submanifold convolution, output sites = input sites (odd kernel; padding
@@ -129,13 +149,14 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
     "outputs". Under "auto" with half and bfloat16 on a GPU, or "outputs", a map under an
     indice_key gets its neighbour table once (KernelMap.neighbours), and the layers of that
     map run output-stationary from it.
-    scale, bias [Cout] and activation (None or "relu"): each output value v of column c
-    becomes act(v * scale[c] + bias[c]) in the op itself (Epilogue), before it is rounded
-    to the features' type: a bias, a batch norm in inference (SiteConvBlock) and a ReLU
-    cost no pass over the rows of their own.
+    scale, bias [Cout], activation (None or "relu") and normalize ((mean, variance,
+    epsilon), [Cout] each, or None): each output value v of column c becomes act(n(v) *
+    scale[c] + bias[c]), n(v) = (v - mean[c]) / sqrt(variance[c] + epsilon) or v, in the op
+    itself (Epilogue) before it is rounded to the features' type: a bias, a batch norm in
+    inference (SiteConvBlock) and a ReLU cost no pass over the rows of their own.
     """
     check_site_tensor(x, "site_conv")
-    epilogue = Epilogue(scale, bias, activation)
+    epilogue = Epilogue(scale, bias, activation, normalize)
     check_dataflow(dataflow, "site_conv")
     subm = flag(subm, "subm", "site_conv")
     kernel = tf.convert_to_tensor(kernel)
@@ -155,12 +176,12 @@ def site_conv(x, kernel, bias=None, strides=1, padding=0, dilation=1, subm=False
 
 
 def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, indice_key=None, dataflow="auto",
-                        scale=None, activation=None):
+                        scale=None, activation=None, normalize=None):
     """Transposed (generative) convolution: every site an input reaches through
     o = x * stride - padding + q * dilation becomes an output site (spconv's
-    SparseConvTranspose). dataflow, scale, bias and activation: as for site_conv."""
+    SparseConvTranspose). dataflow, scale, bias, activation and normalize: as for site_conv."""
     check_site_tensor(x, "site_conv_transpose")
-    epilogue = Epilogue(scale, bias, activation)
+    epilogue = Epilogue(scale, bias, activation, normalize)
     check_dataflow(dataflow, "site_conv_transpose")
     kernel = tf.convert_to_tensor(kernel)
     _check_kernel(x, kernel, "site_conv_transpose")
@@ -171,14 +192,15 @@ def site_conv_transpose(x, kernel, bias=None, strides=1, padding=0, dilation=1, 
         dataflow=dataflow, epilogue=epilogue, what="site_conv_transpose"), dataflow)
 
 
-def site_inverse_conv(x, kernel, indice_key, bias=None, dataflow="auto", scale=None, activation=None):
+def site_inverse_conv(x, kernel, indice_key, bias=None, dataflow="auto", scale=None, activation=None,
+                      normalize=None):
     """Inverse of the strided convolution stored under indice_key: back onto its input
     sites (spconv's SparseInverseConv). x must hold that convolution's output sites; the
     kernel [k1, ..., kd, Cin, Cout] has the strided layer's kernel size. dataflow: as for
     site_conv (the table is the reversed map's, KernelMap.inverse_neighbours); scale,
-    bias and activation as for site_conv."""
+    bias, activation and normalize as for site_conv."""
     check_site_tensor(x, "site_inverse_conv")
-    epilogue = Epilogue(scale, bias, activation)
+    epilogue = Epilogue(scale, bias, activation, normalize)
     check_dataflow(dataflow, "site_inverse_conv")
     if indice_key not in x.kernel_maps:
         raise KeyError(f"site_inverse_conv: no kernel map under indice_key {indice_key!r}; the strided convolution "
@@ -211,22 +233,34 @@ def site_inverse_conv(x, kernel, indice_key, bias=None, dataflow="auto", scale=N
 
 def _epilogue_grads(op, out_grad):
     """(the gradient of the products' sums z, [gradients of the epilogue's vectors]) from
-    the gradient of y = act(z * scale + shift) (Epilogue)."""
+    the gradient of y = act(n(z) * scale + shift) (Epilogue)."""
     features, filters, in_rows, out_rows, splits, num_out, neighbours, *vectors = op.inputs
     if op.get_attr("activation") in (b"relu", "relu"):
         out_grad = tf.where(op.outputs[0] > 0, out_grad, tf.zeros_like(out_grad))
     if not vectors:
         return out_grad, []
-    pre_grad = tf.cast(out_grad, vectors[-1].dtype)
-    grads = [tf.reduce_sum(pre_grad, 0)]  # the shift's
+    pre_grad = tf.cast(out_grad, vectors[-1].dtype)  # of n(z) * scale + shift
+    shift_grad = tf.reduce_sum(pre_grad, 0)
+    if len(vectors) == 1:
+        return out_grad, [shift_grad]
+    # The scale's gradient needs n(z), which the op did not keep: the products again,
+    # without the epilogue.
+    attrs = {name: op.get_attr(name) for name in ("map_is_trusted", "map_is_submanifold", "map_is_table",
+                                                  "dataflow", "cpu_products")}
+    z = tf.cast(_ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out, neighbours, **attrs),
+                pre_grad.dtype)
+    scale = vectors[-2]
     if len(vectors) == 2:
-        # The scale's needs z, which the op did not keep: the products again, without the epilogue.
-        attrs = {name: op.get_attr(name) for name in ("map_is_trusted", "map_is_submanifold", "map_is_table",
-                                                      "dataflow", "cpu_products")}
-        z = _ops.site_sparse_conv(features, filters, in_rows, out_rows, splits, num_out, neighbours, **attrs)
-        grads.insert(0, tf.reduce_sum(pre_grad * tf.cast(z, pre_grad.dtype), 0))
-        out_grad = tf.cast(pre_grad * vectors[0], out_grad.dtype)
-    return out_grad, grads
+        grads = [tf.reduce_sum(pre_grad * z, 0), shift_grad]
+        return tf.cast(pre_grad * scale, out_grad.dtype), grads
+    mean, variance = vectors[0], vectors[1]
+    inverse = tf.math.rsqrt(variance + op.get_attr("epsilon"))  # n(z) = (z - mean) * inverse
+    normalized_grad = pre_grad * scale
+    centred_sum = tf.reduce_sum(normalized_grad * (z - mean), 0)
+    grads = [-inverse * tf.reduce_sum(normalized_grad, 0),  # the mean's
+             -0.5 * inverse ** 3 * centred_sum,  # the variance's
+             tf.reduce_sum(pre_grad * (z - mean) * inverse, 0), shift_grad]
+    return tf.cast(normalized_grad * inverse, out_grad.dtype), grads
 
 
 @tf.RegisterGradient(OP_NAMESPACE + "SiteSparseConv")

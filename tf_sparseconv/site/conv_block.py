@@ -1,10 +1,10 @@
 """SiteConvBlock: a site convolution, its batch norm and a ReLU as one Keras layer.
 
 Training (where the batch norm normalises by its batch's statistics) runs the three as
-they would run one after the other. Inference folds the batch norm's moving statistics
-into the convolution: scale = gamma / sqrt(variance + epsilon) and shift = beta + (bias -
-mean) * scale per output channel, applied with the ReLU as the convolution op's epilogue
-(SiteSparseConv), so a block is one op over the rows instead of three passes. The values
+they would run one after the other. Inference hands the batch norm's moving statistics
+and parameters to the convolution op, whose epilogue (SiteSparseConv) computes (v - mean)
+/ sqrt(variance + epsilon) * gamma + beta and the ReLU as it stores each output value, so
+a block is one op over the rows instead of three passes. The values
 are the unfolded ones up to rounding: the epilogue works in float32 before the output is
 rounded to float16, where the separate layers round the convolution's output first.
 """
@@ -63,19 +63,17 @@ class SiteConvBlock(SiteLayer):
                              f"{self.norm.axis}")
 
     def _folded(self):
-        """(scale, shift) [Cout] float32 of the norm's moving statistics and the conv's bias."""
+        """The norm's moving statistics and parameters as the convolution's epilogue
+        (site_conv's normalize, scale and bias): ((mean - conv bias, variance, epsilon),
+        gamma, beta), gamma and beta None where the norm has none. No arithmetic on the
+        statistics outside the op (a few small ops per block would cost more calls than
+        the folding saves), but the conv's bias if it has one."""
         norm = self.norm
-        variance = tf.cast(norm.moving_variance, tf.float32)
-        scale = tf.math.rsqrt(variance + norm.epsilon)
-        if norm.scale:
-            scale *= tf.cast(norm.gamma, tf.float32)
-        shift = -tf.cast(norm.moving_mean, tf.float32)
+        mean = norm.moving_mean
         if self.conv.bias is not None:
-            shift += tf.cast(self.conv.bias, tf.float32)
-        shift *= scale
-        if norm.center:
-            shift += tf.cast(norm.beta, tf.float32)
-        return scale, shift
+            mean = tf.cast(mean, tf.float32) - tf.cast(self.conv.bias, tf.float32)
+        return ((mean, norm.moving_variance, norm.epsilon), norm.gamma if norm.scale else None,
+                norm.beta if norm.center else None)
 
     def site_call(self, x, training=None):
         if training and self.norm.trainable:  # the batch's statistics (Keras' rule)
@@ -84,8 +82,8 @@ class SiteConvBlock(SiteLayer):
             if self.activation == "relu":
                 features = tf.nn.relu(features)
             return y.with_features(tf.cast(features, y.features.dtype))
-        scale, shift = self._folded()
-        return self.conv.convolve(x, scale=scale, bias=shift, activation=self.activation)
+        normalize, gamma, beta = self._folded()
+        return self.conv.convolve(x, scale=gamma, bias=beta, activation=self.activation, normalize=normalize)
 
     def get_config(self):
         return {**super().get_config(), "conv": keras.saving.serialize_keras_object(self.conv),

@@ -135,9 +135,10 @@ class _SiteConv(SiteLayer):
             return y
         return y.with_features(self.activation(y.features))
 
-    def convolve(self, x, scale=None, bias=None, activation=None):
+    def convolve(self, x, scale=None, bias=None, activation=None, normalize=None):
         """This layer's convolution of the SiteSparseTensor x with its kernel, and the
-        epilogue act(. * scale + bias) of each output value (site_conv), nothing else."""
+        epilogue of each output value (site_conv's scale, bias, activation and normalize),
+        nothing else."""
         raise NotImplementedError
 
     def get_config(self):
@@ -166,9 +167,9 @@ class _SubMConv(_SiteConv):
             raise ValueError(f"{self.name}: a submanifold convolution needs an odd kernel size, got "
                              f"{self.kernel_size}")
 
-    def convolve(self, x, scale=None, bias=None, activation=None):
+    def convolve(self, x, scale=None, bias=None, activation=None, normalize=None):
         return site_conv(x, self.kernel, bias, subm=True, indice_key=self.indice_key, dataflow=self.dataflow,
-                         scale=scale, activation=activation, **self._conv_args)
+                         scale=scale, activation=activation, normalize=normalize, **self._conv_args)
 
     def get_config(self):
         config = super().get_config()
@@ -184,9 +185,9 @@ class _SparseConv(_SiteConv):
 
     mode = "strided"
 
-    def convolve(self, x, scale=None, bias=None, activation=None):
+    def convolve(self, x, scale=None, bias=None, activation=None, normalize=None):
         return site_conv(x, self.kernel, bias, indice_key=self.indice_key, dataflow=self.dataflow, scale=scale,
-                         activation=activation, **self._conv_args)
+                         activation=activation, normalize=normalize, **self._conv_args)
 
 
 class _SparseConvTranspose(_SiteConv):
@@ -196,9 +197,9 @@ class _SparseConvTranspose(_SiteConv):
 
     mode = "transposed"
 
-    def convolve(self, x, scale=None, bias=None, activation=None):
+    def convolve(self, x, scale=None, bias=None, activation=None, normalize=None):
         return site_conv_transpose(x, self.kernel, bias, indice_key=self.indice_key, dataflow=self.dataflow,
-                                   scale=scale, activation=activation, **self._conv_args)
+                                   scale=scale, activation=activation, normalize=normalize, **self._conv_args)
 
 
 class _SparseInverseConv(_SiteConv):
@@ -242,9 +243,9 @@ class _SparseInverseConv(_SiteConv):
         self.out_static_shape = tf.TensorShape(list(in_static))
         self._add_weights(geometry.kernel_size, cin)
 
-    def convolve(self, x, scale=None, bias=None, activation=None):
+    def convolve(self, x, scale=None, bias=None, activation=None, normalize=None):
         y = site_inverse_conv(x, self.kernel, self.indice_key, bias, dataflow=self.dataflow, scale=scale,
-                              activation=activation)
+                              activation=activation, normalize=normalize)
         # The op cannot know the static shape of the finer sites; the map's token did.
         return SiteSparseTensor(y.coords, y.features, y.spatial_shape, y.batch_size, y.kernel_maps,
                                 y.static_spatial_shape.merge_with(self.out_static_shape))

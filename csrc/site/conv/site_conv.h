@@ -15,16 +15,22 @@ namespace tf_sparseconv {
 // rows only: every in_row < num_in, every out_row < num_out, splits rising from 0 to
 // pairs, and no output row twice within one kernel offset (so one offset's scatter never
 // collides with itself and needs no atomics on the CPU).
-// The forward's epilogue (SiteSparseConv's `epilogue` inputs and `activation` attr): each
-// output value v of column c becomes act(v * scale[c] + shift[c]), computed in the
-// accumulator type before the output is rounded to its own type. scale, shift: [cout] in
-// the call's device memory, or nullptr (1 and 0); relu: act is max(., 0), else identity.
+// The forward's epilogue (SiteSparseConv's `epilogue` inputs and `epsilon` and
+// `activation` attrs): each output value v of column c becomes act(n(v) * scale[c] +
+// shift[c]), n(v) = (v - mean[c]) / sqrt(variance[c] + epsilon) where mean and variance
+// are given (a batch norm's moving statistics) and v otherwise, computed in the
+// accumulator type before the output is rounded to its own type. The vectors: [cout] in
+// the call's device memory, or nullptr (mean, variance: no normalisation; scale 1; shift
+// 0); relu: act is max(., 0), else identity.
 template <typename A>
 struct SiteEpilogue {
+  const A* mean = nullptr;
+  const A* variance = nullptr;
   const A* scale = nullptr;
   const A* shift = nullptr;
+  A epsilon = 0;
   bool relu = false;
-  bool Any() const { return scale != nullptr || shift != nullptr || relu; }
+  bool Any() const { return variance != nullptr || scale != nullptr || shift != nullptr || relu; }
 };
 
 // float for float, half and bfloat16 (half-precision storage, float32 arithmetic);

@@ -52,13 +52,15 @@ void RowPointers(const T* x, int64_t width, const int32_t* rows, int64_t n, floa
   }
 }
 
-// rows [n, cout] = act(rows * scale + shift) per column (site_conv.h's SiteEpilogue).
+// rows [n, cout] = act(n(rows) * scale + shift) per column (site_conv.h's SiteEpilogue).
 template <typename A>
 void ApplyEpilogue(const SiteEpilogue<A>& e, int64_t n, int64_t cout, A* rows) {
   for (int64_t r = 0; r < n; ++r) {
     A* row = rows + r * cout;
     for (int64_t c = 0; c < cout; ++c) {
-      A v = e.scale != nullptr ? row[c] * e.scale[c] : row[c];
+      A v = row[c];
+      if (e.variance != nullptr) v = (v - e.mean[c]) / std::sqrt(e.variance[c] + e.epsilon);
+      if (e.scale != nullptr) v *= e.scale[c];
       if (e.shift != nullptr) v += e.shift[c];
       row[c] = e.relu && v < A(0) ? A(0) : v;  // NaN stays NaN, as in tf.nn.relu
     }

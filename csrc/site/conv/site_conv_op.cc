@@ -29,6 +29,7 @@ REGISTER_OP("TfSparseconv>SiteSparseConv")
     .Attr("dataflow: {'auto', 'pairs', 'outputs'} = 'auto'")
     .Attr("cpu_products: {'auto', 'avx2', 'portable'} = 'auto'")
     .Attr("epilogue_types: list({float, double}) >= 0 = []")
+    .Attr("epsilon: float = 0.001")
     .Attr("activation: {'none', 'relu'} = 'none'")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle features, filters, neighbours;
@@ -102,13 +103,14 @@ transposed and their offsets mirrored, reading the same neighbours table, instea
 over the reversed pairs without one. Requires map_is_trusted (the mirroring is not
 checked), num_out == the number of input rows and an odd number of offsets
 (InvalidArgument otherwise).
-epilogue, activation: what happens to each output value v of column c once its sums are
-done, before it is rounded to T: act(v * scale[c] + shift[c]). epilogue holds no tensor
-(no scale, no shift), one (shift: a bias), or two (scale, then shift), each [Cout] and
-float32 (double for T = double); activation 'relu' takes max(., 0), 'none' leaves the value.
-A batch norm in inference is scale = gamma / sqrt(variance + epsilon), shift = beta - mean
-* scale; on the GPU's output-stationary tiles the epilogue is applied as each row is
-stored, so the layer's normalisation and ReLU cost no pass of their own.
+epilogue, epsilon, activation: what happens to each output value v of column c once its
+sums are done, before it is rounded to T: act(n(v) * scale[c] + shift[c]). epilogue holds
+no tensor (n(v) = v, scale 1, shift 0), one (shift: a bias), two (scale, shift), or four
+(mean, variance, scale, shift: a batch norm in inference, n(v) = (v - mean[c]) /
+sqrt(variance[c] + epsilon), epsilon > 0), each [Cout] and float32 (double for T =
+double); activation 'relu' takes max(., 0), 'none' leaves the value. On the GPU's
+output-stationary tiles the epilogue is applied as each row is stored, so a layer's bias,
+batch norm and ReLU cost no pass over the rows of their own.
 map_is_table: the map is the neighbours table alone (SiteSubmanifoldNeighbours', or
 SiteNeighbourTable's of a SiteKernelMap submanifold map): in_rows and out_rows are empty,
 offset_splits is volume + 1 zeros, and map_is_trusted and map_is_submanifold are set
