@@ -873,7 +873,7 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const OffsetT
 // The output-stationary tiles (site_conv_outputs.cuh) of kBN columns.
 template <typename M, int kBN, int kStepBytes, typename T>
 GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                      const Report* report, T* out) {
+                                      const Report* report, const float* coefficients, T* out) {
   using Layout = mma_sync::Layout<M, kBN, kStepBytes>;
   using S = typename Layout::S;
   const auto kernel = output_stationary::GatherGemmStoreKernel<M, kBN, kStepBytes>;
@@ -884,7 +884,8 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
   const int64_t tiles = (a.num_out + Layout::kTileRows - 1) / Layout::kTileRows;
   LaunchChained(kernel, GridFor(tiles * col_tiles), mma_sync::kBlockThreads, Layout::kSharedBytes, stream,
                 reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume,
-                a.num_out, a.cin, a.cout, col_tiles, report, a.epilogue, reinterpret_cast<S*>(out));
+                a.num_out, a.cin, a.cout, col_tiles, report, coefficients, a.epilogue.relu,
+                reinterpret_cast<S*>(out));
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
   return GpuStatus::Ok();
 }
@@ -892,21 +893,35 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
 // Output tiles as wide as cout needs, up to 128 columns.
 template <typename M, int kStepBytes, typename T>
 GpuStatus LaunchOutputStationaryWidth(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                      const Report* report, T* out) {
-  if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32, kStepBytes>(stream, a, neighbours, report, out);
-  if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64, kStepBytes>(stream, a, neighbours, report, out);
-  return LaunchOutputStationaryTiles<M, 128, kStepBytes>(stream, a, neighbours, report, out);
+                                      const Report* report, const float* coefficients, T* out) {
+  if (a.cout <= 32) {
+    return LaunchOutputStationaryTiles<M, 32, kStepBytes>(stream, a, neighbours, report, coefficients, out);
+  }
+  if (a.cout <= 64) {
+    return LaunchOutputStationaryTiles<M, 64, kStepBytes>(stream, a, neighbours, report, coefficients, out);
+  }
+  return LaunchOutputStationaryTiles<M, 128, kStepBytes>(stream, a, neighbours, report, coefficients, out);
 }
 
+// The tiles, their epilogue (if any) as one affine map per column computed first
+// (ColumnAffineKernel: 8 * cout bytes of temporary memory).
 template <typename M, typename T>
-GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                 const Report* report, bool submanifold_table, T* out) {
+GpuStatus LaunchOutputStationary(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a,
+                                 const int32_t* neighbours, const Report* report, bool submanifold_table, T* out) {
+  float* coefficients = nullptr;
+  if (a.epilogue.Any()) {
+    coefficients = scratch->DeviceArray<float>(2 * a.cout);
+    if (coefficients == nullptr) return GpuStatus::OutOfMemory("epilogue coefficients");
+    LaunchChained(ColumnAffineKernel<float>, BlocksFor(a.cout), kThreads, 0, stream, a.epilogue, a.cout,
+                  coefficients);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("epilogue coefficients");
+  }
   if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
     if (WideRowSteps<M>(a, true, submanifold_table)) {
-      return LaunchOutputStationaryWidth<M, 128>(stream, a, neighbours, report, out);
+      return LaunchOutputStationaryWidth<M, 128>(stream, a, neighbours, report, coefficients, out);
     }
   }
-  return LaunchOutputStationaryWidth<M, 64>(stream, a, neighbours, report, out);
+  return LaunchOutputStationaryWidth<M, 64>(stream, a, neighbours, report, coefficients, out);
 }
 
 // One of site_conv_filter_grad.cuh's partial-product kernels over [kBM x kBN] tiles of
@@ -1007,7 +1022,7 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
                                                         a.volume, a.pairs, a.num_in, a.num_out, built));
       neighbours = built;
     }
-    return LaunchOutputStationary<M>(stream, a, neighbours, report, submanifold_table, out);
+    return LaunchOutputStationary<M>(stream, scratch, a, neighbours, report, submanifold_table, out);
   }
 }
 

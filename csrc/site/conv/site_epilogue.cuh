@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "common/gpu_util.cuh"
 #include "site/conv/site_conv.h"
 
 namespace tf_sparseconv {
@@ -20,6 +21,24 @@ __device__ __forceinline__ bool HasEpilogue(const SiteEpilogue<A>& e) {
 
 __device__ __forceinline__ float InverseRoot(float x) { return rsqrtf(x); }
 __device__ __forceinline__ double InverseRoot(double x) { return rsqrt(x); }
+
+// The epilogue as one affine map per column, for kernels that apply it to many rows of
+// the same columns: coefficients[c] = the scale s of column c and coefficients[cout + c]
+// its shift b, so that act(n(v) * scale + shift) = act(v * s + b).
+template <typename A>
+__global__ void ColumnAffineKernel(SiteEpilogue<A> e, int64_t cout, A* coefficients) {
+  ChainedKernelBegin();
+  TF_SPARSECONV_GRID_LOOP(c, cout) {
+    A s = e.scale != nullptr ? e.scale[c] : A(1);
+    A b = e.shift != nullptr ? e.shift[c] : A(0);
+    if (e.variance != nullptr) {
+      s *= InverseRoot(e.variance[c] + e.epsilon);
+      b -= e.mean[c] * s;
+    }
+    coefficients[c] = s;
+    coefficients[cout + c] = b;
+  }
+}
 
 template <typename A>
 __device__ __forceinline__ A ApplyEpilogue(const SiteEpilogue<A>& e, int64_t c, A v) {
