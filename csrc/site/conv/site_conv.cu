@@ -410,22 +410,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// out = the accumulator acc [n / cout, cout] in the output's type, through the epilogue.
+// out = the accumulator acc [n / cout, cout] in the output's type.
 template <typename T, typename A>
-__global__ void ConvertKernel(const A* acc, int64_t n, int64_t cout, SiteEpilogue<A> epilogue, T* out) {
+__global__ void ConvertKernel(const A* acc, int64_t n, T* out) {
   ChainedKernelBegin();
-  if (HasEpilogue(epilogue)) {
-    TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = FromAcc<T>::Convert(ApplyEpilogue(epilogue, i % cout, acc[i])); }
-  } else {
-    TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = FromAcc<T>::Convert(acc[i]); }
-  }
+  TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = FromAcc<T>::Convert(acc[i]); }
 }
 
-// The epilogue in place where the pair tiles summed into the output itself (float, double).
-template <typename A>
-__global__ void EpilogueKernel(int64_t n, int64_t cout, SiteEpilogue<A> epilogue, A* out) {
+// out [rows, cout] = act(acc * s + b) per column in the output's type, (s, b) the
+// epilogue's affine map per column (ColumnAffineKernel's coefficients); acc may be out
+// (float, double). Each block step takes `step_rows` whole rows (cout * step_rows <=
+// the block's threads where cout allows), so columns come from 32-bit arithmetic.
+template <typename T, typename A>
+__global__ void AffineRowsKernel(const A* acc, int64_t rows, int64_t cout, int64_t step_rows,
+                                 const A* coefficients, bool relu, T* out) {
   ChainedKernelBegin();
-  TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = ApplyEpilogue(epilogue, i % cout, out[i]); }
+  const uint32_t width = static_cast<uint32_t>(cout), span = static_cast<uint32_t>(step_rows * cout);
+  for (int64_t r0 = blockIdx.x * step_rows; r0 < rows; r0 += static_cast<int64_t>(gridDim.x) * step_rows) {
+    for (uint32_t k = threadIdx.x; k < span; k += blockDim.x) {
+      const uint32_t dr = k / width, c = k - dr * width;
+      if (r0 + dr >= rows) break;
+      const int64_t i = (r0 + dr) * cout + c;
+      A v = acc[i] * __ldg(coefficients + c) + __ldg(coefficients + cout + c);
+      if (relu && v < A(0)) v = A(0);  // NaN stays NaN, as in tf.nn.relu
+      out[i] = FromAcc<T>::Convert(v);
+    }
+  }
 }
 
 // ---- Filter gradient -------------------------------------------------------------------
@@ -1125,13 +1135,19 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
             (LaunchGatherGemmScatter<T, A, true>(stream, a, table, 0, table.units, device_report, acc)));
       }
     }
-    if constexpr (!std::is_same<A, T>::value) {
-      LaunchChained(ConvertKernel<T, A>, BlocksFor(outputs), kThreads, 0, stream, acc, outputs, a.cout, a.epilogue,
-                    out);
-      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output conversion");
-    } else if (a.epilogue.Any()) {
-      LaunchChained(EpilogueKernel<A>, BlocksFor(outputs), kThreads, 0, stream, outputs, a.cout, a.epilogue, acc);
+    if (a.epilogue.Any()) {  // the conversion (if any) and the epilogue in one pass
+      A* coefficients = scratch->DeviceArray<A>(2 * a.cout);
+      if (coefficients == nullptr) return GpuStatus::OutOfMemory("epilogue coefficients");
+      LaunchChained(ColumnAffineKernel<A>, BlocksFor(a.cout), kThreads, 0, stream, a.epilogue, a.cout, coefficients);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("epilogue coefficients");
+      const int64_t step_rows = std::max<int64_t>(1, kThreads / a.cout);
+      if (a.cout > 0xffffffffLL) return GpuStatus{"epilogue", "more than 2^32 - 1 output channels"};
+      LaunchChained(AffineRowsKernel<T, A>, BlocksFor((a.num_out + step_rows - 1) / step_rows * kThreads), kThreads,
+                    0, stream, acc, a.num_out, a.cout, step_rows, coefficients, a.epilogue.relu, out);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("epilogue");
+    } else if constexpr (!std::is_same<A, T>::value) {
+      LaunchChained(ConvertKernel<T, A>, BlocksFor(outputs), kThreads, 0, stream, acc, outputs, out);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output conversion");
     }
   }
   if (trusted) {
