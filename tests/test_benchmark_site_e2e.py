@@ -127,7 +127,8 @@ def test_a_small_cpu_run_writes_the_exchange_and_merges_into_rows(tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "benchmarks/site_e2e_gpu.py", "--phase", "ours", "--tiny", "--dtypes",
                            "fp32", "--networks", "unet5_lidar_5cm", "resunet42_lidar_5cm_b2", "--warmup", "0",
-                           "--reps", "1", "--exchange", str(exchange), "--kernels", "4", "--bn", "fused", "keras", "block"],
+                           "--reps", "1", "--exchange", str(exchange), "--kernels", "4",
+                           "--bn", "fused", "keras", "block"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     ours = json.loads((exchange / "ours.json").read_text())
