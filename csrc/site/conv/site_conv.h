@@ -1,7 +1,7 @@
 // What the site-sparse convolution's devices share, free of TensorFlow and CUDA headers: a
 // call's arguments (the CPU functors in site_conv_kernels.cc and the GPU kernels in
-// site_conv.cu compute from them), the neighbour table's layout, the dataflow choice and
-// the accumulator type.
+// site_conv.cu compute from them) and its epilogue, the neighbour table's layout, the
+// dataflow choice and the accumulator type.
 #ifndef TF_SPARSECONV_SITE_CONV_SITE_CONV_H_
 #define TF_SPARSECONV_SITE_CONV_SITE_CONV_H_
 
@@ -9,12 +9,6 @@
 
 namespace tf_sparseconv {
 
-// Everything one call of the convolution (and its filter gradient) computes from: out
-// [num_out, cout] = sum over offsets q and their pairs p of features[in_rows[p]] @
-// filters[q], accumulated in AccumulatorOf<T> and written as T. The products run on valid
-// rows only: every in_row < num_in, every out_row < num_out, splits rising from 0 to
-// pairs, and no output row twice within one kernel offset (so one offset's scatter never
-// collides with itself and needs no atomics on the CPU).
 // The forward's epilogue (SiteSparseConv's `epilogue` inputs and `epsilon` and
 // `activation` attrs): each output value v of column c becomes act(n(v) * scale[c] +
 // shift[c]), n(v) = (v - mean[c]) / sqrt(variance[c] + epsilon) where mean and variance
@@ -44,6 +38,12 @@ struct AccumulatorOf<double> {
   using type = double;
 };
 
+// Everything one call of the convolution (and its filter gradient) computes from: out
+// [num_out, cout] = sum over offsets q and their pairs p of features[in_rows[p]] @
+// filters[q], accumulated in AccumulatorOf<T> and written as T through the epilogue. The
+// products run on valid rows only: every in_row < num_in, every out_row < num_out, splits
+// rising from 0 to pairs, and no output row twice within one kernel offset (so one
+// offset's scatter never collides with itself and needs no atomics on the CPU).
 template <typename T>
 struct SiteConvArgs {
   const T* features = nullptr;   // [num_in, cin]
