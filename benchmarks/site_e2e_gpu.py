@@ -24,7 +24,9 @@ before it times anything. Rows: network, dtype, pass, ours_s, spconv_s, ratio (s
 ours_s: above 1 we are faster), max_rel_err, device, date, commit, plus the sites, our host
 waits per call and spconv's algorithm (its faster of Native and MaskImplicitGemm).
 Our batch norm is the library's FusedBatchNormalization (--bn fused, the default; --bn
-keras times Keras' own layer too).
+keras times Keras' own layer too; --bn block puts each convolution, its batch norm and a
+ReLU that follows into one SiteConvBlock, which folds the batch norm and the ReLU into the
+convolution's epilogue in inference).
 Both sides take their inputs on the GPU: spconv int32 indices, ours int64 coordinates
 (--coords-dtype; TensorFlow keeps an int32 argument of a tf.function in host memory, so
 int32 coordinates would be copied to the GPU in every call), which make_site_sparse checks
@@ -57,8 +59,9 @@ RUNS = {"unet5_lidar_5cm": ("unet5", 1), "resunet42_lidar_5cm_b1": ("resunet42",
 RESULTS = os.path.join(HERE, "results", "site_e2e_gpu.jsonl")
 KERNELS_RESULTS = os.path.join(HERE, "results", "site_e2e_kernels.jsonl")
 # Our batch-norm layer (--bn): the library's FusedBatchNormalization (the row batch-norm
-# ops) or Keras' own layer.
-BN_CHOICES = ("fused", "keras")
+# ops), Keras' own layer, or FusedBatchNormalization inside a SiteConvBlock with its
+# convolution (and the ReLU after it).
+BN_CHOICES = ("fused", "keras", "block")
 
 
 def bn_layer(bn):
@@ -68,27 +71,54 @@ def bn_layer(bn):
     return keras.layers.BatchNormalization if bn == "keras" else FusedBatchNormalization
 
 
+def block_groups(steps):
+    """{index of a conv step: (its bn step, the relu step after that or None)} for every
+    convolution whose output only its batch norm reads (and that batch norm's only a ReLU)."""
+    readers = {}
+    for step in steps:
+        for src in step[2:4] if step[0] in ("add", "concat") else step[2:3]:
+            readers.setdefault(src, []).append(step)
+    groups = {}
+    for i, step in enumerate(steps):
+        if step[0] != "conv" or len(readers.get(step[1], [])) != 1 or readers[step[1]][0][0] != "bn":
+            continue
+        norm = readers[step[1]][0]
+        after = readers.get(norm[1], [])
+        groups[i] = (norm, after[0] if len(after) == 1 and after[0][0] == "relu" else None)
+    return groups
+
+
 def build_model(steps, spatial, cin, dtype, bn="fused"):
     """Our Keras model of `steps` -> (model, {conv step: layer}, {bn step: batch-norm layer},
-    a model of the same layers whose outputs are every convolution's output site dict).
+    a model of the same layers whose outputs are every convolution's output site dict, or
+    None for bn "block", whose convolutions' outputs are not tensors of their own).
     bn: the batch-norm layer (BN_CHOICES)."""
     import keras
-    from tf_sparseconv.site.conv_layers import SPARSE_CONV, SPARSE_INVERSE_CONV, SUBM_CONV
+    from tf_sparseconv.site.conv_block import SiteConvBlock
     from tf_sparseconv.site.keras_io import site_input
     from tf_sparseconv.site.layers import SiteAdd, SiteConcat, SiteFeatures
     bn_dtype = "mixed_float16" if dtype == "float16" else "float32"
     inputs = site_input(tuple(int(s) for s in spatial), cin, dtype=dtype)
     tensors, convs, norms = {"x": inputs}, {}, {}
-    for step in steps:
+    groups = block_groups(steps) if bn == "block" else {}
+    absorbed = {part[1] for norm, relu in groups.values() for part in (norm, relu) if part is not None}
+    for i, step in enumerate(steps):
         op, out = step[0], step[1]
+        if out in absorbed:
+            continue  # inside the SiteConvBlock of its convolution
+        if i in groups:
+            _, _, src, kind, _, cout, k, key = step
+            norm_step, relu_step = groups[i]
+            conv = conv_layer(kind, cout, k, key, dtype, out)
+            norm = bn_layer("fused")(momentum=0.0, epsilon=BN_EPS, dtype=bn_dtype, name=f"{norm_step[1]}_inner")
+            convs[out], norms[norm_step[1]] = conv, norm
+            last = (relu_step or norm_step)[1]
+            tensors[last] = SiteConvBlock(conv, norm, activation="relu" if relu_step else None,
+                                          name=f"{out}_block")(tensors[src])
+            continue
         if op == "conv":
             _, _, src, kind, _, cout, k, key = step
-            if kind == "subm":
-                layer = SUBM_CONV[3](cout, k, indice_key=key, use_bias=False, dtype=dtype, name=out)
-            elif kind == "down":
-                layer = SPARSE_CONV[3](cout, k, strides=2, indice_key=key, use_bias=False, dtype=dtype, name=out)
-            else:
-                layer = SPARSE_INVERSE_CONV[3](cout, indice_key=key, use_bias=False, dtype=dtype, name=out)
+            layer = conv_layer(kind, cout, k, key, dtype, out)
             convs[out] = layer
             tensors[out] = layer(tensors[src])
         elif op == "bn":
@@ -105,10 +135,22 @@ def build_model(steps, spatial, cin, dtype, bn="fused"):
             raise ValueError(f"unknown step {step}")
     last = tensors[steps[-1][1]]
     model = keras.Model(inputs, {"coords": last["coords"], "features": last["features"]})
+    if groups:
+        return model, convs, norms, None
     # Every convolution's output, for finding where two implementations part (same layers).
     probes = keras.Model(inputs, {name: {"coords": tensors[name]["coords"], "features": tensors[name]["features"]}
                                   for name in convs})
     return model, convs, norms, probes
+
+
+def conv_layer(kind, cout, k, key, dtype, name):
+    """Our layer of a conv step's kind ('subm', 'down' or 'inv'), without a bias."""
+    from tf_sparseconv.site.conv_layers import SPARSE_CONV, SPARSE_INVERSE_CONV, SUBM_CONV
+    if kind == "subm":
+        return SUBM_CONV[3](cout, k, indice_key=key, use_bias=False, dtype=dtype, name=name)
+    if kind == "down":
+        return SPARSE_CONV[3](cout, k, strides=2, indice_key=key, use_bias=False, dtype=dtype, name=name)
+    return SPARSE_INVERSE_CONV[3](cout, indice_key=key, use_bias=False, dtype=dtype, name=name)
 
 
 def site_inputs(coords, features, spatial, batch):
@@ -185,6 +227,7 @@ def run_ours(args):
                 parted = [k for k in order if check[k] > 1e-4]
                 print(f"    {kind[:-1]}s beyond 1e-4: {len(parted)} of {len(order)}, in network order: "
                       + ", ".join(f"{k} {check[k]:.1e}" for k in parted[:8]), flush=True)
+        first_outputs = {}  # dtype -> the inference output of the first --bn, which the others must give
         for bn, dtype_name in itertools.product(args.bn, args.dtypes):
             if bn != args.bn[0] and not any(step[0] == "bn" for step in steps):
                 continue  # no batch norm: every --bn is the same network
@@ -197,6 +240,11 @@ def run_ours(args):
                 c = tf.constant(coords.astype(args.coords_dtype))
                 f = tf.constant(features.astype(dtype))
                 fwd, train = functions(model, tf.constant(spatial), batch)
+                output = tf.cast(fwd(c, f), tf.float32).numpy()
+                same = None
+                if first_outputs.setdefault(dtype_name, output) is not output:
+                    same = relative(output, first_outputs[dtype_name])
+                    print(f"  {bn} {dtype_name}: inference output within {same:.1e} of --bn {args.bn[0]}'s", flush=True)
                 for pass_name, fn in (("fwd", fwd), ("train", train)):
                     fn(c, f)
                     sync()
@@ -210,7 +258,8 @@ def run_ours(args):
                                  "n_sites": len(coords), "ours_host_syncs": waits, "ours_deferred_read_backs": deferred,
                                  "sync": sync_method(),
                                  "ours_cpu_gpu_rel_err": check and max(check.values()), "bn": bn,
-                                 "coords_dtype": args.coords_dtype})
+                                 "coords_dtype": args.coords_dtype,
+                                 **({"rel_err_vs_first_bn": same} if same is not None else {})})
                     print(f"  {bn} {dtype_name} {pass_name}: {seconds * 1e3:.3f} ms, {waits} host waits, "
                           f"{deferred} deferred read-backs", flush=True)
                     if args.kernels:
@@ -303,10 +352,10 @@ def merge(args):
     with open(args.out, "a") as f:
         for row in out:
             f.write(json.dumps(row) + "\n")
-    print(f"{'network':<24} {'dtype':<5} {'pass':<6} {'ours ms':>9} {'spconv ms':>10} {'ratio':>6}")
+    print(f"{'network':<24} {'dtype':<5} {'pass':<6} {'bn':<6} {'ours ms':>9} {'spconv ms':>10} {'ratio':>6}")
     for row in out:
-        print(f"{row['network']:<24} {row['dtype']:<5} {row['pass']:<6} {row['ours_s'] * 1e3:9.3f} "
-              f"{row['spconv_s'] * 1e3:10.3f} {row['ratio']:6.2f}")
+        print(f"{row['network']:<24} {row['dtype']:<5} {row['pass']:<6} {row.get('bn', ''):<6} "
+              f"{row['ours_s'] * 1e3:9.3f} {row['spconv_s'] * 1e3:10.3f} {row['ratio']:6.2f}")
     print(f"[merge] {len(out)} rows appended to {args.out}")
     kernels = os.path.join(args.exchange, "kernels.jsonl")
     if os.path.exists(kernels):  # --kernels rows of both sides
@@ -324,7 +373,8 @@ def main():
     p.add_argument("--networks", nargs="+", choices=tuple(RUNS), default=list(RUNS))
     p.add_argument("--dtypes", nargs="+", choices=("fp32", "fp16"), default=["fp32", "fp16"])
     p.add_argument("--bn", nargs="+", choices=BN_CHOICES, default=["fused"],
-                   help="our batch-norm layer(s): the library's FusedBatchNormalization (fused) or Keras' own (keras)")
+                   help="our batch-norm layer(s): the library's FusedBatchNormalization (fused), Keras' own (keras), "
+                        "or FusedBatchNormalization in a SiteConvBlock with its convolution and ReLU (block)")
     p.add_argument("--exchange", default="/tmp/site_e2e")
     p.add_argument("--lidar", default=LIDAR)
     p.add_argument("--tiny", action="store_true", help="a small random scene instead of the frame (tests, CPU)")

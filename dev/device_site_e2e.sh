@@ -8,7 +8,8 @@
 # that differs from ours too (rows carry the error) instead of stopping; KERNELS=N also traces
 # each pass on both sides and gives the GPU's busy time and N costliest kernels
 # ($OUT/site_e2e_kernels.jsonl); COORDS_DTYPE=int32 feeds our side int32 coordinates
-# (copied to the GPU in every call) instead of int64.
+# (copied to the GPU in every call) instead of int64; BN="fused block" times our networks
+# with each batch-norm layer choice of site_e2e_gpu.py --bn (default fused).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TF_FORCE_GPU_ALLOW_GROWTH=true TF_CPP_MIN_LOG_LEVEL=2
@@ -19,7 +20,7 @@ rm -rf "$exchange"
 networks=${NETWORKS:-unet5_lidar_5cm resunet42_lidar_5cm_b1 resunet42_lidar_5cm_b2}
 # shellcheck disable=SC2086  # word lists on purpose
 python3 benchmarks/site_e2e_gpu.py --phase ours --networks $networks --dtypes ${DTYPES:-fp32 fp16} \
-  --reps "${REPS:-20}" --exchange "$exchange" --coords-dtype "${COORDS_DTYPE:-int64}" ${CPU_CHECK:+--cpu-check} ${KERNELS:+--kernels "$KERNELS"} 2>&1 | tee "$out/site_e2e_ours.log" | grep -v "^W0000\|^I0000"
+  --reps "${REPS:-20}" --exchange "$exchange" --coords-dtype "${COORDS_DTYPE:-int64}" --bn ${BN:-fused} ${CPU_CHECK:+--cpu-check} ${KERNELS:+--kernels "$KERNELS"} 2>&1 | tee "$out/site_e2e_ours.log" | grep -v "^W0000\|^I0000"
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "site_e2e: our phase failed"; exit 1; }
 (. /tmp/peers.env && python3 benchmarks/site_e2e_spconv.py --reps "${REPS:-20}" --exchange "$exchange" \
   ${RECORD_MISMATCH:+--record-mismatch} ${KERNELS:+--kernels "$KERNELS"}) 2>&1 \

@@ -9,6 +9,7 @@ A library built against another TensorFlow version or C++ ABI fails with undefin
 symbols or, worse, loads and corrupts memory; both are turned into an ImportError that
 says what to rebuild.
 """
+import functools
 import os
 
 import tensorflow as tf
@@ -53,14 +54,32 @@ OP_NAMESPACE = "TfSparseconv>"
 _WRAPPER_PREFIX = "tf_sparseconv_"  # TensorFlow's Python name of the namespace
 
 
+# List inputs added to an op after its first release, as (position, name): graphs saved
+# before load them as empty lists (their type attrs default to []), and the wrappers below
+# default them to empty too, so that calls written before them keep working.
+_LATER_LIST_INPUTS = {"site_sparse_conv": (7, "epilogue")}
+
+
+def _with_empty_list_input(wrapper, position, name):
+    @functools.wraps(wrapper)
+    def call(*args, **kwargs):
+        if len(args) <= position and name not in kwargs:
+            kwargs[name] = []
+        return wrapper(*args, **kwargs)
+    return call
+
+
 class _Ops:
     """The library's op wrappers, named without the namespace's prefix."""
 
     def __init__(self, library):
         for name in dir(library):
             if not name.startswith("_"):
-                setattr(self, name[len(_WRAPPER_PREFIX):] if name.startswith(_WRAPPER_PREFIX) else name,
-                        getattr(library, name))
+                short = name[len(_WRAPPER_PREFIX):] if name.startswith(_WRAPPER_PREFIX) else name
+                wrapper = getattr(library, name)
+                if short in _LATER_LIST_INPUTS:
+                    wrapper = _with_empty_list_input(wrapper, *_LATER_LIST_INPUTS[short])
+                setattr(self, short, wrapper)
 
 
 ops = _Ops(load())

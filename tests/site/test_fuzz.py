@@ -330,6 +330,47 @@ def run_conv_op(inputs):
     return ops.site_sparse_conv(*args, dataflow=inputs["dataflow"], cpu_products=inputs["cpu_products"]).numpy()
 
 
+EPILOGUE_FORMS = {1: ("shift",), 2: ("scale", "shift"), 4: ("mean", "variance", "scale", "shift")}
+
+
+def make_conv_epilogue_op(rng):
+    """make_conv_op with an epilogue of a random form: a shift, a scale and a shift, or a
+    batch norm's statistics too; random epsilon and activation."""
+    inputs = make_conv_op(rng)
+    cout, dtype = inputs["filters"].shape[2], inputs["features"].dtype
+    form = int(rng.choice(sorted(EPILOGUE_FORMS)))
+    for name in EPILOGUE_FORMS[form]:
+        low, high = (0.05, 4.0) if name == "variance" else (-3.0, 3.0)
+        inputs[name] = rng.uniform(low, high, cout).astype(dtype)
+    return dict(inputs, form=form, epsilon=float(rng.choice([1e-5, 1e-3, 0.5])),
+                activation=str(rng.choice(["none", "relu"])))
+
+
+def run_conv_epilogue_op(inputs):
+    args = constants(inputs, "features", "filters", "in_rows", "out_rows", "offset_splits", "num_out", "neighbours")
+    epilogue = [tf.constant(inputs[name]) for name in EPILOGUE_FORMS[inputs["form"]]]
+    return ops.site_sparse_conv(*args, epilogue=epilogue, epsilon=inputs["epsilon"], activation=inputs["activation"],
+                                dataflow=inputs["dataflow"], cpu_products=inputs["cpu_products"]).numpy()
+
+
+def ref_conv_epilogue_op(inputs):
+    """act((v - mean) / sqrt(variance + epsilon) * scale + shift) of ref_site_conv_op's sums,
+    in float64; the bound grows by the epilogue's own terms (the op forms one scale and one
+    shift per column first)."""
+    sums = ref_site_conv_op(inputs)
+    v = {name: inputs[name].astype(np.float64) for name in EPILOGUE_FORMS[inputs["form"]]}
+    epsilon = float(np.float32(inputs["epsilon"]))  # the op's attr is a float32
+    scale = v.get("scale", 1.0) * (1.0 / np.sqrt(v["variance"] + epsilon) if "variance" in v else 1.0)
+    shift = v["shift"] - v.get("mean", 0.0) * scale
+    value = sums.value * scale + shift
+    bound = sums.bound * np.abs(scale) + np.abs(v["shift"]) + np.abs(v.get("mean", 0.0) * scale)
+    if inputs["activation"] == "relu":
+        # max(-inf, 0) is exactly 0 in any order of the sum (a NaN stays NaN, +inf stays +inf)
+        bound = np.where(value == -np.inf, 0.0, bound)
+        value = np.where(value < 0, 0.0, value)
+    return Approx(value, bound, sums.dtype)
+
+
 def make_filter_grad_op(rng):
     inputs = make_conv_op(rng)
     out_grad = rng.standard_normal((int(inputs["num_out"]), inputs["filters"].shape[2])).astype(
@@ -1148,6 +1189,11 @@ TARGETS = [
            SITE_NAMES + GEOMETRY_NAMES, mutable=MAP_MUTABLE),
     Target("SiteSparseConv", make_conv_op, run_conv_op, ref_site_conv_op, assert_equal,
            ("features", "filters") + MAP_NAMES,
+           mutable=["features", "filters", "in_rows", "out_rows", "offset_splits", "num_out", "neighbours"],
+           groups=[("in_rows", "out_rows")]),
+    # the epilogue's vectors stay valid (test_conv_epilogue.py refuses bad ones); the map and rows are fuzzed
+    Target("SiteSparseConv (epilogue)", make_conv_epilogue_op, run_conv_epilogue_op, ref_conv_epilogue_op,
+           assert_equal, ("features", "filters") + MAP_NAMES,
            mutable=["features", "filters", "in_rows", "out_rows", "offset_splits", "num_out", "neighbours"],
            groups=[("in_rows", "out_rows")]),
     Target("SiteSparseConvFilterGrad", make_filter_grad_op, run_filter_grad_op, ref_filter_grad, assert_equal,

@@ -12,8 +12,9 @@ models' dense heads use it: no copy back from the GPU per step).
 A site-sparse batch is the dict made by `as_site_keras_inputs` (cached kernel maps
 included); models start from `site_input` or `SiteVoxelize`, run `SubMConv3D`,
 `SparseConv3D`, `SparseConvTranspose3D`, `SparseInverseConv3D`, `SiteMaxPooling3D`,
-`SiteAveragePooling3D` (1-D, 2-D and 4-D forms too) and `SiteFeatures` (feature-row layers,
-e.g. `FusedBatchNormalization`), and leave through
+`SiteAveragePooling3D` (1-D, 2-D and 4-D forms too), `SiteFeatures` (feature-row layers,
+e.g. `FusedBatchNormalization`) and `SiteConvBlock` (convolution, batch norm and ReLU, folded
+into one op in inference), and leave through
 `SiteGlobalPool`, `SiteToPoints` or the dict's "features" rows.
 
 Deprecated names, kept one release (they warn): SparseConv (-> DirectSparseConv), SiteConv,
@@ -25,9 +26,10 @@ from tf_sparseconv.models.host_seed_dropout import HostSeedDropout
 from tf_sparseconv.models.preprocessing import ImageToSparse, PointCloudToSparse, VoxelizePoints
 from tf_sparseconv.models.serving import ClassNames
 from tf_sparseconv.site import (FusedBatchNormalization, SiteAdd, SiteAveragePooling1D, SiteAveragePooling2D,
-                                SiteAveragePooling3D, SiteAveragePooling4D, SiteConcat, SiteConv, SiteConvTranspose,
-                                SiteFeatures, SiteGlobalPool, SiteInverseConv, SiteMaxPooling1D, SiteMaxPooling2D,
-                                SiteMaxPooling3D, SiteMaxPooling4D, SitePool, SiteSelect, SiteToPoints, SiteVoxelize,
+                                SiteAveragePooling3D, SiteAveragePooling4D, SiteConcat, SiteConv, SiteConvBlock,
+                                SiteConvTranspose, SiteFeatures, SiteGlobalPool, SiteInverseConv, SiteMaxPooling1D,
+                                SiteMaxPooling2D, SiteMaxPooling3D, SiteMaxPooling4D, SitePool, SiteSelect,
+                                SiteToPoints, SiteVoxelize,
                                 SparseConv1D, SparseConv2D, SparseConv3D, SparseConv4D, SparseConvTranspose1D,
                                 SparseConvTranspose2D, SparseConvTranspose3D, SparseConvTranspose4D,
                                 SparseInverseConv1D, SparseInverseConv2D, SparseInverseConv3D, SparseInverseConv4D,

@@ -11,13 +11,16 @@ cached kernel maps, and their Keras layers.
 - conv_layers.py, pool_layers.py: SubMConv3D, SparseConv3D, SparseConvTranspose3D,
   SparseInverseConv3D, SiteMaxPooling3D, SiteAveragePooling3D (and 1-D, 2-D, 4-D), SiteGlobalPool;
 - layers.py: the other Keras layers (in and out, selection, feature-row layers, merges);
-- batch_norm.py: FusedBatchNormalization, Keras' batch norm of feature rows by TensorFlow's
-  fused kernel (wrap it in SiteFeatures);
+- batch_norm.py: FusedBatchNormalization, Keras' batch norm of feature rows by the
+  library's row ops (wrap it in SiteFeatures);
+- conv_block.py: SiteConvBlock, a convolution, its batch norm and a ReLU as one layer, the
+  batch norm folded into the convolution's epilogue in inference;
 - deprecated.py: the layer names of 0.1 (SiteConv, SubMConv, SiteConvTranspose,
   SiteInverseConv, SitePool), one release.
 """
 from tf_sparseconv.site.batch_norm import FusedBatchNormalization
 from tf_sparseconv.site.conv import site_conv, site_conv_transpose, site_inverse_conv
+from tf_sparseconv.site.conv_block import SiteConvBlock
 from tf_sparseconv.site.conv_layers import (SparseConv1D, SparseConv2D, SparseConv3D, SparseConv4D,
                                             SparseConvTranspose1D, SparseConvTranspose2D, SparseConvTranspose3D,
                                             SparseConvTranspose4D, SparseInverseConv1D, SparseInverseConv2D,
@@ -42,8 +45,8 @@ LAYERS = ["SubMConv1D", "SubMConv2D", "SubMConv3D", "SubMConv4D", "SparseConv1D"
           "SparseConvTranspose4D", "SparseInverseConv1D", "SparseInverseConv2D", "SparseInverseConv3D",
           "SparseInverseConv4D", "SiteMaxPooling1D", "SiteMaxPooling2D", "SiteMaxPooling3D", "SiteMaxPooling4D",
           "SiteAveragePooling1D", "SiteAveragePooling2D", "SiteAveragePooling3D", "SiteAveragePooling4D",
-          "SiteGlobalPool", "SiteSelect", "SiteFeatures", "FusedBatchNormalization", "SiteConcat", "SiteAdd",
-          "SiteVoxelize", "SiteToPoints", "SparseToSite"]
+          "SiteGlobalPool", "SiteSelect", "SiteFeatures", "FusedBatchNormalization", "SiteConvBlock", "SiteConcat",
+          "SiteAdd", "SiteVoxelize", "SiteToPoints", "SparseToSite"]
 DEPRECATED_LAYERS = ["SiteConv", "SubMConv", "SiteConvTranspose", "SiteInverseConv", "SitePool"]
 
 __all__ = ["SiteSparseTensor", "KernelMap", "make_site_sparse", "kernel_map", "neighbour_table", "site_conv",

@@ -127,10 +127,19 @@ class _SiteConv(SiteLayer):
         self._check_cached(input_shape, self.geometry)
         self._add_weights(self.geometry.kernel_size, cin)
 
-    def _activate(self, y):
-        if self.activation is None or self.activation is keras.activations.linear:
+    def site_call(self, x, training=None):
+        # A ReLU runs inside the convolution op (its epilogue); other activations after it.
+        fused = "relu" if self.activation is keras.activations.relu else None
+        y = self.convolve(x, bias=self.bias, activation=fused)
+        if fused or self.activation is None or self.activation is keras.activations.linear:
             return y
         return y.with_features(self.activation(y.features))
+
+    def convolve(self, x, scale=None, bias=None, activation=None, normalize=None):
+        """This layer's convolution of the SiteSparseTensor x with its kernel, and the
+        epilogue of each output value (site_conv's scale, bias, activation and normalize),
+        nothing else."""
+        raise NotImplementedError
 
     def get_config(self):
         config = super().get_config()
@@ -158,9 +167,9 @@ class _SubMConv(_SiteConv):
             raise ValueError(f"{self.name}: a submanifold convolution needs an odd kernel size, got "
                              f"{self.kernel_size}")
 
-    def site_call(self, x, training=None):
-        return self._activate(site_conv(x, self.kernel, self.bias, subm=True, indice_key=self.indice_key,
-                                        dataflow=self.dataflow, **self._conv_args))
+    def convolve(self, x, scale=None, bias=None, activation=None, normalize=None):
+        return site_conv(x, self.kernel, bias, subm=True, indice_key=self.indice_key, dataflow=self.dataflow,
+                         scale=scale, activation=activation, normalize=normalize, **self._conv_args)
 
     def get_config(self):
         config = super().get_config()
@@ -176,9 +185,9 @@ class _SparseConv(_SiteConv):
 
     mode = "strided"
 
-    def site_call(self, x, training=None):
-        return self._activate(site_conv(x, self.kernel, self.bias, indice_key=self.indice_key, dataflow=self.dataflow,
-                                        **self._conv_args))
+    def convolve(self, x, scale=None, bias=None, activation=None, normalize=None):
+        return site_conv(x, self.kernel, bias, indice_key=self.indice_key, dataflow=self.dataflow, scale=scale,
+                         activation=activation, normalize=normalize, **self._conv_args)
 
 
 class _SparseConvTranspose(_SiteConv):
@@ -188,9 +197,9 @@ class _SparseConvTranspose(_SiteConv):
 
     mode = "transposed"
 
-    def site_call(self, x, training=None):
-        return self._activate(site_conv_transpose(x, self.kernel, self.bias, indice_key=self.indice_key,
-                                                  dataflow=self.dataflow, **self._conv_args))
+    def convolve(self, x, scale=None, bias=None, activation=None, normalize=None):
+        return site_conv_transpose(x, self.kernel, bias, indice_key=self.indice_key, dataflow=self.dataflow,
+                                   scale=scale, activation=activation, normalize=normalize, **self._conv_args)
 
 
 class _SparseInverseConv(_SiteConv):
@@ -234,12 +243,12 @@ class _SparseInverseConv(_SiteConv):
         self.out_static_shape = tf.TensorShape(list(in_static))
         self._add_weights(geometry.kernel_size, cin)
 
-    def site_call(self, x, training=None):
-        y = site_inverse_conv(x, self.kernel, self.indice_key, self.bias, dataflow=self.dataflow)
+    def convolve(self, x, scale=None, bias=None, activation=None, normalize=None):
+        y = site_inverse_conv(x, self.kernel, self.indice_key, bias, dataflow=self.dataflow, scale=scale,
+                              activation=activation, normalize=normalize)
         # The op cannot know the static shape of the finer sites; the map's token did.
-        y = SiteSparseTensor(y.coords, y.features, y.spatial_shape, y.batch_size, y.kernel_maps,
-                             y.static_spatial_shape.merge_with(self.out_static_shape))
-        return self._activate(y)
+        return SiteSparseTensor(y.coords, y.features, y.spatial_shape, y.batch_size, y.kernel_maps,
+                                y.static_spatial_shape.merge_with(self.out_static_shape))
 
     def get_config(self):
         config = super().get_config()

@@ -52,9 +52,9 @@ class SiteConv(_SiteConv):
                 raise ValueError(f"{self.name}: a submanifold convolution needs an odd kernel size, got "
                                  f"{self.kernel_size}")
 
-    def site_call(self, x, training=None):
-        call = _SubMConv.site_call if self.subm else _SparseConv.site_call
-        return call(self, x, training)
+    def convolve(self, x, scale=None, bias=None, activation=None, normalize=None):
+        convolve = _SubMConv.convolve if self.subm else _SparseConv.convolve
+        return convolve(self, x, scale, bias, activation, normalize)
 
     def get_config(self):
         return {**super().get_config(), "subm": self.subm}

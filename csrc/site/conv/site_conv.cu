@@ -65,6 +65,7 @@
 #include "site/conv/site_conv_outputs.cuh"
 #include "site/conv/site_conv_pipeline.cuh"
 #include "site/conv/site_conv_simt.cuh"
+#include "site/conv/site_epilogue.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -409,10 +410,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// out = the accumulator acc [n / cout, cout] in the output's type.
 template <typename T, typename A>
 __global__ void ConvertKernel(const A* acc, int64_t n, T* out) {
   ChainedKernelBegin();
   TF_SPARSECONV_GRID_LOOP(i, n) { out[i] = FromAcc<T>::Convert(acc[i]); }
+}
+
+// out [rows, cout] = act(acc * s + b) per column in the output's type, (s, b) the
+// epilogue's affine map per column (ColumnAffineKernel's coefficients); acc may be out
+// (float, double). Each block step takes `step_rows` whole rows (cout * step_rows <=
+// the block's threads where cout allows), so columns come from 32-bit arithmetic.
+template <typename T, typename A>
+__global__ void AffineRowsKernel(const A* acc, int64_t rows, int64_t cout, int64_t step_rows,
+                                 const A* coefficients, bool relu, T* out) {
+  ChainedKernelBegin();
+  const uint32_t width = static_cast<uint32_t>(cout), span = static_cast<uint32_t>(step_rows * cout);
+  for (int64_t r0 = blockIdx.x * step_rows; r0 < rows; r0 += static_cast<int64_t>(gridDim.x) * step_rows) {
+    for (uint32_t k = threadIdx.x; k < span; k += blockDim.x) {
+      const uint32_t dr = k / width, c = k - dr * width;
+      if (r0 + dr >= rows) break;
+      const int64_t i = (r0 + dr) * cout + c;
+      A v = acc[i] * __ldg(coefficients + c) + __ldg(coefficients + cout + c);
+      if (relu && v < A(0)) v = A(0);  // NaN stays NaN, as in tf.nn.relu
+      out[i] = FromAcc<T>::Convert(v);
+    }
+  }
 }
 
 // ---- Filter gradient -------------------------------------------------------------------
@@ -860,7 +883,7 @@ GpuStatus LaunchPipelined(Stream stream, const SiteConvArgs<T>& a, const OffsetT
 // The output-stationary tiles (site_conv_outputs.cuh) of kBN columns.
 template <typename M, int kBN, int kStepBytes, typename T>
 GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                      const Report* report, T* out) {
+                                      const Report* report, const float* coefficients, T* out) {
   using Layout = mma_sync::Layout<M, kBN, kStepBytes>;
   using S = typename Layout::S;
   const auto kernel = output_stationary::GatherGemmStoreKernel<M, kBN, kStepBytes>;
@@ -871,7 +894,8 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
   const int64_t tiles = (a.num_out + Layout::kTileRows - 1) / Layout::kTileRows;
   LaunchChained(kernel, GridFor(tiles * col_tiles), mma_sync::kBlockThreads, Layout::kSharedBytes, stream,
                 reinterpret_cast<const S*>(a.features), reinterpret_cast<const S*>(a.filters), neighbours, a.volume,
-                a.num_out, a.cin, a.cout, col_tiles, report, reinterpret_cast<S*>(out));
+                a.num_out, a.cin, a.cout, col_tiles, report, coefficients, a.epilogue.relu,
+                reinterpret_cast<S*>(out));
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("gather-GEMM-store");
   return GpuStatus::Ok();
 }
@@ -879,21 +903,35 @@ GpuStatus LaunchOutputStationaryTiles(Stream stream, const SiteConvArgs<T>& a, c
 // Output tiles as wide as cout needs, up to 128 columns.
 template <typename M, int kStepBytes, typename T>
 GpuStatus LaunchOutputStationaryWidth(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                      const Report* report, T* out) {
-  if (a.cout <= 32) return LaunchOutputStationaryTiles<M, 32, kStepBytes>(stream, a, neighbours, report, out);
-  if (a.cout <= 64) return LaunchOutputStationaryTiles<M, 64, kStepBytes>(stream, a, neighbours, report, out);
-  return LaunchOutputStationaryTiles<M, 128, kStepBytes>(stream, a, neighbours, report, out);
+                                      const Report* report, const float* coefficients, T* out) {
+  if (a.cout <= 32) {
+    return LaunchOutputStationaryTiles<M, 32, kStepBytes>(stream, a, neighbours, report, coefficients, out);
+  }
+  if (a.cout <= 64) {
+    return LaunchOutputStationaryTiles<M, 64, kStepBytes>(stream, a, neighbours, report, coefficients, out);
+  }
+  return LaunchOutputStationaryTiles<M, 128, kStepBytes>(stream, a, neighbours, report, coefficients, out);
 }
 
+// The tiles, their epilogue (if any) as one affine map per column computed first
+// (ColumnAffineKernel: 8 * cout bytes of temporary memory).
 template <typename M, typename T>
-GpuStatus LaunchOutputStationary(Stream stream, const SiteConvArgs<T>& a, const int32_t* neighbours,
-                                 const Report* report, bool submanifold_table, T* out) {
+GpuStatus LaunchOutputStationary(Stream stream, Scratch* scratch, const SiteConvArgs<T>& a,
+                                 const int32_t* neighbours, const Report* report, bool submanifold_table, T* out) {
+  float* coefficients = nullptr;
+  if (a.epilogue.Any()) {
+    coefficients = scratch->DeviceArray<float>(2 * a.cout);
+    if (coefficients == nullptr) return GpuStatus::OutOfMemory("epilogue coefficients");
+    LaunchChained(ColumnAffineKernel<float>, BlocksFor(a.cout), kThreads, 0, stream, a.epilogue, a.cout,
+                  coefficients);
+    TF_SPARSECONV_RETURN_IF_CUDA_ERROR("epilogue coefficients");
+  }
   if constexpr (!std::is_same<M, pipelined::Tf32>::value) {
     if (WideRowSteps<M>(a, true, submanifold_table)) {
-      return LaunchOutputStationaryWidth<M, 128>(stream, a, neighbours, report, out);
+      return LaunchOutputStationaryWidth<M, 128>(stream, a, neighbours, report, coefficients, out);
     }
   }
-  return LaunchOutputStationaryWidth<M, 64>(stream, a, neighbours, report, out);
+  return LaunchOutputStationaryWidth<M, 64>(stream, a, neighbours, report, coefficients, out);
 }
 
 // One of site_conv_filter_grad.cuh's partial-product kernels over [kBM x kBN] tiles of
@@ -994,7 +1032,7 @@ GpuStatus OutputStationaryForward(Stream stream, Scratch* scratch, const SiteCon
                                                         a.volume, a.pairs, a.num_in, a.num_out, built));
       neighbours = built;
     }
-    return LaunchOutputStationary<M>(stream, a, neighbours, report, submanifold_table, out);
+    return LaunchOutputStationary<M>(stream, scratch, a, neighbours, report, submanifold_table, out);
   }
 }
 
@@ -1097,7 +1135,17 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
             (LaunchGatherGemmScatter<T, A, true>(stream, a, table, 0, table.units, device_report, acc)));
       }
     }
-    if constexpr (!std::is_same<A, T>::value) {
+    if (a.epilogue.Any()) {  // the conversion (if any) and the epilogue in one pass
+      A* coefficients = scratch->DeviceArray<A>(2 * a.cout);
+      if (coefficients == nullptr) return GpuStatus::OutOfMemory("epilogue coefficients");
+      LaunchChained(ColumnAffineKernel<A>, BlocksFor(a.cout), kThreads, 0, stream, a.epilogue, a.cout, coefficients);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("epilogue coefficients");
+      const int64_t step_rows = std::max<int64_t>(1, kThreads / a.cout);
+      if (a.cout > 0xffffffffLL) return GpuStatus{"epilogue", "more than 2^32 - 1 output channels"};
+      LaunchChained(AffineRowsKernel<T, A>, BlocksFor((a.num_out + step_rows - 1) / step_rows * kThreads), kThreads,
+                    0, stream, acc, a.num_out, a.cout, step_rows, coefficients, a.epilogue.relu, out);
+      TF_SPARSECONV_RETURN_IF_CUDA_ERROR("epilogue");
+    } else if constexpr (!std::is_same<A, T>::value) {
       LaunchChained(ConvertKernel<T, A>, BlocksFor(outputs), kThreads, 0, stream, acc, outputs, out);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("output conversion");
     }

@@ -70,8 +70,9 @@ struct SiteConvOptions {
 // device memory), which kOutputs then reads instead of building one in the call.
 // Temporary memory: the repeat check's num_out * volume / 8 bytes where that is at most
 // 8 * pairs + 16 KiB, else 24 bytes per pair and a radix sort's scratch; 16 * (volume + 1),
-// num_out * cout * 4 for half and bfloat16 on the pairs (the float32 accumulator), and
-// 4 * num_out * (volume + 7) bytes for a table built in the call.
+// num_out * cout * 4 for half and bfloat16 on the pairs (the float32 accumulator),
+// 4 * num_out * (volume + 7) bytes for a table built in the call, and 8 * cout for an
+// epilogue on the output-stationary tiles (its affine map per column).
 // Why the output-stationary tiles (kOutputs) cannot run this forward on the current
 // device, for an error message, or "" where they can: they need the pipelined tensor-core
 // kernels (sm_80+, half, bfloat16 or float with allow_tf32, rows of whole 16-byte

@@ -52,6 +52,21 @@ void RowPointers(const T* x, int64_t width, const int32_t* rows, int64_t n, floa
   }
 }
 
+// rows [n, cout] = act(n(rows) * scale + shift) per column (site_conv.h's SiteEpilogue).
+template <typename A>
+void ApplyEpilogue(const SiteEpilogue<A>& e, int64_t n, int64_t cout, A* rows) {
+  for (int64_t r = 0; r < n; ++r) {
+    A* row = rows + r * cout;
+    for (int64_t c = 0; c < cout; ++c) {
+      A v = row[c];
+      if (e.variance != nullptr) v = (v - e.mean[c]) / std::sqrt(e.variance[c] + e.epsilon);
+      if (e.scale != nullptr) v *= e.scale[c];
+      if (e.shift != nullptr) v += e.shift[c];
+      row[c] = e.relu && v < A(0) ? A(0) : v;  // NaN stays NaN, as in tf.nn.relu
+    }
+  }
+}
+
 // out = the convolution (site_conv.h) of a map whose rows are checked.
 template <typename T>
 void ConvOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, CpuProducts products, T* out) {
@@ -111,6 +126,7 @@ void ConvOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, CpuProducts pr
                          }
                        });
   }
+  if (a.epilogue.Any()) ApplyEpilogue(a.epilogue, a.num_out, a.cout, acc);
   if constexpr (!std::is_same_v<A, T>) {
     for (int64_t i = 0; i < a.num_out * a.cout; ++i) out[i] = static_cast<T>(acc[i]);
   }

@@ -13,6 +13,7 @@
 #ifndef TF_SPARSECONV_SITE_CONV_SITE_CONV_KERNELS_H_
 #define TF_SPARSECONV_SITE_CONV_SITE_CONV_KERNELS_H_
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -36,6 +37,8 @@ struct SiteConvAttrs {
   // cpu_products: 'auto' the widest tiles the CPU has (kAvx512 asked), 'avx2' at most the
   // AVX2 tiles, 'portable' Eigen's GEMM.
   CpuProducts products = CpuProducts::kAvx512;
+  bool relu = false;     // activation 'relu' (the convolution's epilogue)
+  float epsilon = 1e-3f;  // the epilogue's normalisation
 
   absl::Status Read(tensorflow::OpKernelConstruction* ctx) {
     TF_RETURN_IF_ERROR(ctx->GetAttr("map_is_trusted", &map_is_trusted));
@@ -49,6 +52,20 @@ struct SiteConvAttrs {
       std::string name;
       TF_RETURN_IF_ERROR(ctx->GetAttr("dataflow", &name));
       TF_RETURN_IF_ERROR(ParseSiteDataflow(name, &dataflow));
+    }
+    if (ctx->HasAttr("activation")) {
+      std::string activation;
+      TF_RETURN_IF_ERROR(ctx->GetAttr("activation", &activation));
+      if (activation != "none" && activation != "relu") {
+        return tensorflow::errors::InvalidArgument("activation must be 'none' or 'relu', got '", activation, "'");
+      }
+      relu = activation == "relu";
+    }
+    if (ctx->HasAttr("epsilon")) {
+      TF_RETURN_IF_ERROR(ctx->GetAttr("epsilon", &epsilon));
+      if (!(epsilon > 0.0f) || !std::isfinite(epsilon)) {
+        return tensorflow::errors::InvalidArgument("epsilon must be a positive finite float, got ", epsilon);
+      }
     }
     if (ctx->HasAttr("cpu_products")) {
       std::string products;
@@ -97,6 +114,41 @@ class SiteConvOpKernel : public GuardedOpKernel {
   SiteConvAttrs attrs_;
 };
 
+// The epilogue input's vectors (site_conv_op.cc): none; a shift; a scale and a shift; or a
+// mean, a variance, a scale and a shift; each [cout] of the accumulator's type.
+template <typename A>
+absl::Status ReadEpilogue(tensorflow::OpKernelContext* ctx, int64_t cout, SiteEpilogue<A>* epilogue) {
+  tensorflow::OpInputList list;
+  TF_RETURN_IF_ERROR(ctx->input_list("epilogue", &list));
+  static const char* const kNames[5][4] = {
+      {}, {"shift"}, {"scale", "shift"}, {}, {"mean", "variance", "scale", "shift"}};
+  if (list.size() > 4 || list.size() == 3) {
+    return tensorflow::errors::InvalidArgument(
+        "site_conv: the epilogue holds no tensor, a shift, a scale and a shift, or a mean, a variance, a scale and "
+        "a shift; got ", list.size(), " tensors");
+  }
+  const tensorflow::DataType want = tensorflow::DataTypeToEnum<A>::value;
+  for (int i = 0; i < list.size(); ++i) {
+    const char* what = kNames[list.size()][i];
+    const tensorflow::Tensor& v = list[i];
+    if (v.dtype() != want) {
+      return tensorflow::errors::InvalidArgument("site_conv: the epilogue's ", what, " must be ",
+                                                 tensorflow::DataTypeString(want), " for these features, got ",
+                                                 tensorflow::DataTypeString(v.dtype()));
+    }
+    if (v.dims() != 1 || v.dim_size(0) != cout) {
+      return tensorflow::errors::InvalidArgument("site_conv: the epilogue's ", what, " must be [Cout] = [", cout,
+                                                 "], got shape ", v.shape().DebugString());
+    }
+  }
+  const int n = list.size();
+  epilogue->mean = n == 4 ? list[0].flat<A>().data() : nullptr;
+  epilogue->variance = n == 4 ? list[1].flat<A>().data() : nullptr;
+  epilogue->scale = n >= 2 ? list[n - 2].flat<A>().data() : nullptr;
+  epilogue->shift = n >= 1 ? list[n - 1].flat<A>().data() : nullptr;
+  return absl::OkStatus();
+}
+
 template <typename Device, typename T>
 class SiteSparseConvOp : public SiteConvOpKernel {
  public:
@@ -121,6 +173,9 @@ class SiteSparseConvOp : public SiteConvOpKernel {
                                              &neighbours_given));
     OP_REQUIRES_OK(ctx, CheckSubmanifoldClaim(attrs_.map_is_submanifold, attrs_.map_is_trusted, a.num_in, a.num_out,
                                               a.volume));
+    OP_REQUIRES_OK(ctx, ReadEpilogue(ctx, a.cout, &a.epilogue));
+    a.epilogue.relu = attrs_.relu;
+    a.epilogue.epsilon = attrs_.epsilon;
     SiteConvFunctor<Device, T> conv(ctx, attrs_);
     if (attrs_.map_is_table) {
       OP_REQUIRES_OK(ctx, CheckTableMapClaim(map, neighbours_given, attrs_.map_is_submanifold));

@@ -45,6 +45,7 @@ SiteConvArgs<typename GpuStorage<T>::type> StoredArgs(const SiteConvArgs<T>& a) 
   g.num_out = a.num_out;
   g.cin = a.cin;
   g.cout = a.cout;
+  g.epilogue = a.epilogue;  // float (double for double) either way: AccumulatorOf
   return g;
 }
 

@@ -20,6 +20,7 @@ REGISTER_OP("TfSparseconv>SiteSparseConv")
     .Input("offset_splits: int32")
     .Input("num_out: int32")
     .Input("neighbours: int32")
+    .Input("epilogue: epilogue_types")
     .Output("out_features: T")
     .Attr("T: {float, double, half, bfloat16}")
     .Attr("map_is_trusted: bool = false")
@@ -27,6 +28,9 @@ REGISTER_OP("TfSparseconv>SiteSparseConv")
     .Attr("map_is_table: bool = false")
     .Attr("dataflow: {'auto', 'pairs', 'outputs'} = 'auto'")
     .Attr("cpu_products: {'auto', 'avx2', 'portable'} = 'auto'")
+    .Attr("epilogue_types: list({float, double}) >= 0 = []")
+    .Attr("epsilon: float = 0.001")
+    .Attr("activation: {'none', 'relu'} = 'none'")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle features, filters, neighbours;
       TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(6), 1, &neighbours));
@@ -38,7 +42,13 @@ REGISTER_OP("TfSparseconv>SiteSparseConv")
       DimensionHandle rows = c->UnknownDim();
       const ::tensorflow::Tensor* num_out = c->input_tensor(5);
       if (num_out != nullptr) rows = c->MakeDim(num_out->scalar<int32_t>()());
-      c->set_output(0, c->Matrix(rows, c->Dim(filters, 2)));
+      DimensionHandle cout = c->Dim(filters, 2);
+      for (int i = 7; i < c->num_inputs(); ++i) {  // the epilogue's vectors: [Cout] each
+        ShapeHandle column;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &column));
+        TF_RETURN_IF_ERROR(c->Merge(cout, c->Dim(column, 0), &cout));
+      }
+      c->set_output(0, c->Matrix(rows, cout));
       return absl::OkStatus();
     })
     .Doc(R"doc(
@@ -93,6 +103,14 @@ transposed and their offsets mirrored, reading the same neighbours table, instea
 over the reversed pairs without one. Requires map_is_trusted (the mirroring is not
 checked), num_out == the number of input rows and an odd number of offsets
 (InvalidArgument otherwise).
+epilogue, epsilon, activation: what happens to each output value v of column c once its
+sums are done, before it is rounded to T: act(n(v) * scale[c] + shift[c]). epilogue holds
+no tensor (n(v) = v, scale 1, shift 0), one (shift: a bias), two (scale, shift), or four
+(mean, variance, scale, shift: a batch norm in inference, n(v) = (v - mean[c]) /
+sqrt(variance[c] + epsilon), epsilon > 0), each [Cout] and float32 (double for T =
+double); activation 'relu' takes max(., 0), 'none' leaves the value. On the GPU's
+output-stationary tiles the epilogue is applied as each row is stored, so a layer's bias,
+batch norm and ReLU cost no pass over the rows of their own.
 map_is_table: the map is the neighbours table alone (SiteSubmanifoldNeighbours', or
 SiteNeighbourTable's of a SiteKernelMap submanifold map): in_rows and out_rows are empty,
 offset_splits is volume + 1 zeros, and map_is_trusted and map_is_submanifold are set

@@ -31,6 +31,7 @@
 #include "common/gpu_util.cuh"
 #include "site/conv/site_conv.h"
 #include "site/conv/site_conv_mma_sync.cuh"
+#include "site/conv/site_epilogue.cuh"
 #include "site/conv/site_conv_pipeline.cuh"
 
 namespace tf_sparseconv {
@@ -195,6 +196,38 @@ struct TableGather {
   }
 };
 
+// ForEachAccumulatorPair's stores through the epilogue as one affine map per column
+// (ColumnAffineKernel's coefficients): each lane's column pair reads its two scales and
+// two shifts once (8-byte loads: c is even) for all the rows it holds.
+template <typename M, int kBN, typename Acc>
+__device__ __forceinline__ void StoreThroughAffine(const int32_t* rows, int64_t col0, int64_t cout, int wm, int wn,
+                                                   int lane, Acc& acc, const float* coefficients, bool relu,
+                                                   typename Element<M>::Stored* out) {
+  using L = mma_sync::Layout<M, kBN>;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < L::kFN; ++j) {
+    const int64_t c = col0 + wn * L::kWN + 8 * j + 2 * t;
+    if (c >= cout) continue;
+    const float2 s = __ldg(reinterpret_cast<const float2*>(coefficients + c));
+    const float2 b = __ldg(reinterpret_cast<const float2*>(coefficients + cout + c));
+#pragma unroll
+    for (int i = 0; i < L::kFM; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t o = rows[wm * L::kWM + 16 * i + 8 * h + g];
+        if (o < 0) continue;
+        float x = acc[i][j][2 * h] * s.x + b.x, y = acc[i][j][2 * h + 1] * s.y + b.y;
+        if (relu) {  // NaN stays NaN, as in tf.nn.relu
+          x = x < 0.0f ? 0.0f : x;
+          y = y < 0.0f ? 0.0f : y;
+        }
+        Store2<M>(out + o * cout + c, x, y);
+      }
+    }
+  }
+}
+
 // Blocks per SM the table kernel is compiled for (its registers capped to fit): as many
 // as its shared memory allows on sm_90 (228 KB per SM, 1 KB of it per block for the
 // system, about 0.4 KB static), at most 2 for 128-column tiles (64 float accumulators a
@@ -211,14 +244,16 @@ constexpr int TableMinBlocks() {
 // The output-stationary tiles (128 output rows in the table's order x kBN columns): per
 // tile, its rows and offsets (LoadTile), the gathers of its steps through the table
 // (TableGather), the products of the pair tiles' kernel (mma_sync::PipelinedProducts), and
-// each lane's column pairs stored from registers. Rows without pairs get zeros: every
-// output row is stored. report: nullptr for a trusted map; otherwise the products run
-// only if every check passed.
+// each lane's column pairs stored from registers. Rows without pairs get zero sums: every
+// output row is stored, through the epilogue (site_conv.h) where coefficients (its affine
+// map per column, ColumnAffineKernel's) are given. report: nullptr for a trusted map;
+// otherwise the products run only if every check passed.
 template <typename M, int kBN, int kStepBytes>
 __global__ void __launch_bounds__(kBlockThreads, (TableMinBlocks<mma_sync::Layout<M, kBN, kStepBytes>, kBN>()))
     GatherGemmStoreKernel(const typename Element<M>::Stored* features, const typename Element<M>::Stored* filters,
                           const int32_t* table, int64_t volume, int64_t num_out, int64_t cin, int64_t cout,
-                          int64_t col_tiles, const Report* report, typename Element<M>::Stored* out) {
+                          int64_t col_tiles, const Report* report, const float* coefficients, bool relu,
+                          typename Element<M>::Stored* out) {
   ChainedKernelBegin();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   // Uniform over the block: no barrier is skipped by some threads only.
@@ -249,9 +284,13 @@ __global__ void __launch_bounds__(kBlockThreads, (TableMinBlocks<mma_sync::Layou
     float acc[L::kFM][L::kFN][4];
     mma_sync::PipelinedProducts<M, kBN, kStepBytes>(steps, issue, a_stages, b_stages, wm, wn, lane, acc);
     WaitCopies<0>();
-    mma_sync::ForEachAccumulatorPair<M, kBN>(
-        rows, col0, cout, wm, wn, lane, acc,
-        [&](int64_t o, int64_t c, float x, float y) { Store2<M>(out + o * cout + c, x, y); });
+    if (coefficients != nullptr) {  // uniform over the block
+      StoreThroughAffine<M, kBN>(rows, col0, cout, wm, wn, lane, acc, coefficients, relu, out);
+    } else {
+      mma_sync::ForEachAccumulatorPair<M, kBN>(
+          rows, col0, cout, wm, wn, lane, acc,
+          [&](int64_t o, int64_t c, float x, float y) { Store2<M>(out + o * cout + c, x, y); });
+    }
     __syncthreads();  // rows, the offset list and the stages are refilled by the next item
   }
 #endif
