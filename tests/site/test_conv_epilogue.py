@@ -408,3 +408,26 @@ def test_blocks_of_every_convolution_kind(rng):
     h = up.conv.convolve(h, bias=up.conv.bias)
     want = up.norm(h.features, training=False).numpy()
     np.testing.assert_allclose(model(x, training=False)["features"].numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_a_pointwise_block_normalises_in_one_row_op(rng, use_bias, device):
+    """A 1 x 1 x 1 submanifold convolution is a matmul (no op of its own to take the
+    epilogue): its block's inference applies the batch norm by one RowNormalize pass, not by
+    TensorFlow's element-wise ops."""
+    conv = SubMConv3D(6, 1, use_bias=use_bias, bias_initializer="random_normal")
+    block = SiteConvBlock(conv, FusedBatchNormalization(beta_initializer="random_normal"), activation="relu")
+    with tf.device(device):
+        x = site_batch(rng)
+        y = block(x, training=False)
+        block.norm.moving_mean.assign(rng.standard_normal(6))
+        block.norm.moving_variance.assign(rng.uniform(0.5, 2.0, 6))
+        got = block(x, training=False)["features"].numpy()
+        h = conv(x)
+        want = np.maximum(block.norm(h["features"], training=False).numpy(), 0.0)
+    assert y["features"].shape[-1] == 6
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    graph = tf.function(lambda: block(x, training=False)["features"]).get_concrete_function().graph
+    types = [op.type for op in graph.get_operations()]
+    assert sum(t.endswith("RowNormalize") for t in types) == 1
+    assert not {"Rsqrt", "Mul", "RealDiv"} & set(types)

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tf_sparseconv._op_library import OP_NAMESPACE, ops as _ops
 from tf_sparseconv.geometry import conv_geometry
+from tf_sparseconv.site.batch_norm import ROW_DTYPES, row_normalize, row_scale_shift
 from tf_sparseconv.inputs import nan_checks
 from tf_sparseconv.layer_config import flag
 from tf_sparseconv.site.kernel_map import (along_map, assert_rows_match, check_dataflow, map_checks,
@@ -72,9 +73,16 @@ class Epilogue:
                     activation=self.activation or "none")
 
     def apply(self, out, what):
-        """The same by TensorFlow ops on a finished output (the matmul of a 1 x 1 kernel)."""
+        """The same on a finished output (the matmul of a 1 x 1 kernel): one pass of the
+        library's row ops (RowNormalize, RowScaleShift; float32 arithmetic) for half,
+        bfloat16 and float32 rows, TensorFlow's element-wise ops for float64."""
         vectors = self.vectors(out.dtype, out.shape[-1], what)
-        if vectors:
+        if vectors and out.dtype in ROW_DTYPES:
+            if len(vectors) == 4:
+                out = row_normalize(out, *vectors, self.epsilon)
+            else:
+                out = row_scale_shift(out, vectors[0] if len(vectors) == 2 else tf.ones_like(vectors[0]), vectors[-1])
+        elif vectors:
             acc = tf.cast(out, vectors[0].dtype)
             if len(vectors) == 4:
                 acc = (acc - vectors[0]) * tf.math.rsqrt(vectors[1] + self.epsilon)

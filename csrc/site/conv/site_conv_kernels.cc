@@ -52,19 +52,33 @@ void RowPointers(const T* x, int64_t width, const int32_t* rows, int64_t n, floa
   }
 }
 
-// rows [n, cout] = act(n(rows) * scale + shift) per column (site_conv.h's SiteEpilogue).
-template <typename A>
-void ApplyEpilogue(const SiteEpilogue<A>& e, int64_t n, int64_t cout, A* rows) {
-  for (int64_t r = 0; r < n; ++r) {
-    A* row = rows + r * cout;
-    for (int64_t c = 0; c < cout; ++c) {
-      A v = row[c];
-      if (e.variance != nullptr) v = (v - e.mean[c]) / std::sqrt(e.variance[c] + e.epsilon);
-      if (e.scale != nullptr) v *= e.scale[c];
-      if (e.shift != nullptr) v += e.shift[c];
-      row[c] = e.relu && v < A(0) ? A(0) : v;  // NaN stays NaN, as in tf.nn.relu
+// out [n, cout] = act(n(acc) * scale + shift) per column (site_conv.h's SiteEpilogue) in
+// T, acc the float32 (or double) sums (out itself where T is the accumulator): the
+// epilogue as one scale and one shift per column, applied over blocks of rows in parallel.
+template <typename T, typename A>
+void ApplyEpilogue(const CPUDevice& device, const SiteEpilogue<A>& e, int64_t n, int64_t cout, const A* acc,
+                   T* out) {
+  std::vector<A> scale(cout), shift(cout);
+  for (int64_t c = 0; c < cout; ++c) {
+    scale[c] = e.scale != nullptr ? e.scale[c] : A(1);
+    shift[c] = e.shift != nullptr ? e.shift[c] : A(0);
+    if (e.variance != nullptr) {
+      scale[c] /= std::sqrt(e.variance[c] + e.epsilon);
+      shift[c] -= e.mean[c] * scale[c];
     }
   }
+  const double bytes = static_cast<double>(cout) * (sizeof(A) + sizeof(T));
+  device.parallelFor(n, Eigen::TensorOpCost(bytes, bytes, 2.0 * cout), [&](Eigen::Index first, Eigen::Index last) {
+    for (Eigen::Index r = first; r < last; ++r) {
+      const A* src = acc + r * cout;
+      T* dst = out + r * cout;
+      for (int64_t c = 0; c < cout; ++c) {
+        A v = src[c] * scale[c] + shift[c];
+        if (e.relu && v < A(0)) v = A(0);  // NaN stays NaN, as in tf.nn.relu
+        dst[c] = static_cast<T>(v);
+      }
+    }
+  });
 }
 
 // out = the convolution (site_conv.h) of a map whose rows are checked.
@@ -126,8 +140,9 @@ void ConvOnCpu(const CPUDevice& device, const SiteConvArgs<T>& a, CpuProducts pr
                          }
                        });
   }
-  if (a.epilogue.Any()) ApplyEpilogue(a.epilogue, a.num_out, a.cout, acc);
-  if constexpr (!std::is_same_v<A, T>) {
+  if (a.epilogue.Any()) {
+    ApplyEpilogue(device, a.epilogue, a.num_out, a.cout, acc, out);  // and the conversion to T
+  } else if constexpr (!std::is_same_v<A, T>) {
     for (int64_t i = 0; i < a.num_out * a.cout; ++i) out[i] = static_cast<T>(acc[i]);
   }
 }
