@@ -150,6 +150,32 @@ def test_the_gpu_dataflows_apply_the_epilogue_as_the_cpu(rng, gpu, dtype, datafl
     assert (tf.cast(got, tf.float32).numpy() >= 0).all()
 
 
+@pytest.mark.parametrize("cout", [1, 2, 3, 6, 8, 12])
+@pytest.mark.parametrize("dtype", [tf.float16, tf.float32, tf.float64])
+def test_the_pairs_epilogue_on_the_gpu_takes_every_vector_width(rng, gpu, dtype, cout):
+    """The pass after the pair tiles reads 4, 2 or 1 adjacent values per thread as cout and
+    the type allow (a double at most 2): every width against the CPU in the same type."""
+    cin = 5
+    coords, features = random_sites(rng, BATCH, (8, 8, 8), 0.3, cin)
+    kernel = rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin)
+    epilogue = epilogue_values("batch-norm-relu", rng, cout, np.float64 if dtype == tf.float64 else np.float32)
+    reference = tf.float32 if dtype == tf.float16 else dtype
+    with tf.device(CPU):
+        want = site_conv(make_site_sparse(coords, tf.cast(features, reference), (8, 8, 8), BATCH),
+                         tf.cast(kernel, reference), subm=True, **epilogue).features.numpy().astype(np.float64)
+    with tf.device(gpu):
+        x = make_site_sparse(coords, tf.cast(features, dtype), (8, 8, 8), BATCH)
+        got = site_conv(x, tf.cast(kernel, dtype), subm=True, indice_key="subm", dataflow="pairs", **epilogue).features
+        assert_on(gpu, got)
+    tf32 = dtype == tf.float32 and tf.config.experimental.tensor_float_32_execution_enabled()
+    scale = np.abs(want).max()
+    tolerance = {tf.float16: 2e-2, tf.float32: 2e-3 if tf32 else 1e-5, tf.float64: 1e-12}[dtype] * scale
+    got = tf.cast(got, tf.float64).numpy()
+    assert got.shape == want.shape and scale > 0
+    np.testing.assert_allclose(got, want, atol=tolerance)
+    assert (got >= 0).all()  # one column may be all zeros or all positive
+
+
 @pytest.mark.soft_placement
 @pytest.mark.parametrize("kind,form", [("subm", "bias"), ("subm", "scale-bias"), ("strided", "scale-bias"),
                                        ("inverse", "scale-bias"), ("subm", "batch-norm"), ("strided", "batch-norm")])

@@ -13,12 +13,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <initializer_list>
 #include <type_traits>
 
 #include "common/gpu_util.cuh"
 #include "site/batch_norm/row_batch_norm_gpu.h"
 #include "site/conv/site_half.cuh"
+#include "site/conv/site_vector.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -28,71 +28,6 @@ namespace {
 template <typename T>
 __device__ inline float Load(const T* p) {
   return ToAcc(*p);
-}
-
-// An unsigned type of `bytes` bytes, for one load or store of several elements.
-template <int kBytes>
-struct Raw;
-template <>
-struct Raw<2> {
-  using type = uint16_t;
-};
-template <>
-struct Raw<4> {
-  using type = uint32_t;
-};
-template <>
-struct Raw<8> {
-  using type = uint2;
-};
-template <>
-struct Raw<16> {
-  using type = uint4;
-};
-
-// kV consecutive elements in one load (p aligned to kV elements), widened.
-template <int kV, typename T>
-__device__ inline void LoadVec(const T* p, float* out) {
-  using R = typename Raw<static_cast<int>(sizeof(T)) * kV>::type;
-  const R raw = *reinterpret_cast<const R*>(p);
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int k = 0; k < kV; ++k) out[k] = ToAcc(e[k]);
-}
-
-// kV consecutive elements rounded and stored in one store (p aligned to kV elements).
-template <int kV, typename T>
-__device__ inline void StoreVec(T* p, const float* v) {
-  using R = typename Raw<static_cast<int>(sizeof(T)) * kV>::type;
-  R raw;
-  T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-  for (int k = 0; k < kV; ++k) e[k] = FromAcc<T>::Convert(v[k]);
-  *reinterpret_cast<R*>(p) = raw;
-}
-
-// The first column of vector v of kV adjacent elements in rows of row_vectors vectors; with
-// narrow (at most 2^32 vectors) in 32-bit remainders, far cheaper than 64-bit ones.
-template <int kV>
-__device__ inline int64_t FirstColumn(int64_t v, int64_t row_vectors, bool narrow) {
-  return kV * (narrow ? static_cast<int64_t>(static_cast<uint32_t>(v) % static_cast<uint32_t>(row_vectors))
-                      : v % row_vectors);
-}
-
-// Calls launch(std::integral_constant<int, w>()) for the vector width w (4, 2 or 1) that
-// VectorWidth chose, so that one launch statement serves each kernel's three widths.
-template <typename Launch>
-void WithVectorWidth(int width, const Launch& launch) {
-  switch (width) {
-    case 4:
-      launch(std::integral_constant<int, 4>());
-      break;
-    case 2:
-      launch(std::integral_constant<int, 2>());
-      break;
-    default:
-      launch(std::integral_constant<int, 1>());
-  }
 }
 
 constexpr int kColumns = 32;  // threadIdx.x
@@ -319,19 +254,6 @@ __global__ void ColumnAffineKernel(const T* a, const float* a_center, const floa
     }
     StoreVec<kV>(out + i, o);
   }
-}
-
-// The widest of 4, 2 and 1 elements per access that c and every pointer allow.
-template <typename T>
-int VectorWidth(int64_t c, std::initializer_list<const void*> pointers) {
-  for (int v : {4, 2}) {
-    bool fits = c % v == 0;
-    for (const void* p : pointers) {
-      fits = fits && (p == nullptr || reinterpret_cast<uintptr_t>(p) % (sizeof(T) * v) == 0);
-    }
-    if (fits) return v;
-  }
-  return 1;
 }
 
 template <typename T, bool kBackward>

@@ -52,6 +52,7 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -66,6 +67,7 @@
 #include "site/conv/site_conv_pipeline.cuh"
 #include "site/conv/site_conv_simt.cuh"
 #include "site/conv/site_epilogue.cuh"
+#include "site/conv/site_vector.cuh"
 
 namespace tf_sparseconv {
 namespace gpu {
@@ -419,22 +421,26 @@ __global__ void ConvertKernel(const A* acc, int64_t n, T* out) {
 
 // out [rows, cout] = act(acc * s + b) per column in the output's type, (s, b) the
 // epilogue's affine map per column (ColumnAffineKernel's coefficients); acc may be out
-// (float, double). Each block step takes `step_rows` whole rows (cout * step_rows <=
-// the block's threads where cout allows), so columns come from 32-bit arithmetic.
-template <typename T, typename A>
-__global__ void AffineRowsKernel(const A* acc, int64_t rows, int64_t cout, int64_t step_rows,
-                                 const A* coefficients, bool relu, T* out) {
+// (float, double): each thread reads its kV adjacent elements of one row before it writes
+// them (site_vector.cuh).
+template <typename T, typename A, int kV>
+__global__ void AffineRowsKernel(const A* acc, int64_t total, int64_t cout, const A* coefficients, bool relu,
+                                 T* out) {
   ChainedKernelBegin();
-  const uint32_t width = static_cast<uint32_t>(cout), span = static_cast<uint32_t>(step_rows * cout);
-  for (int64_t r0 = blockIdx.x * step_rows; r0 < rows; r0 += static_cast<int64_t>(gridDim.x) * step_rows) {
-    for (uint32_t k = threadIdx.x; k < span; k += blockDim.x) {
-      const uint32_t dr = k / width, c = k - dr * width;
-      if (r0 + dr >= rows) break;
-      const int64_t i = (r0 + dr) * cout + c;
-      A v = acc[i] * __ldg(coefficients + c) + __ldg(coefficients + cout + c);
-      if (relu && v < A(0)) v = A(0);  // NaN stays NaN, as in tf.nn.relu
-      out[i] = FromAcc<T>::Convert(v);
+  const int64_t vectors = total / kV;
+  const int64_t row_vectors = cout / kV;
+  const bool narrow = vectors <= 0xffffffffLL;
+  TF_SPARSECONV_GRID_LOOP(v, vectors) {
+    const int64_t j = FirstColumn<kV>(v, row_vectors, narrow);
+    const int64_t i = v * kV;
+    A x[kV];
+    LoadVec<kV>(acc + i, x);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      x[k] = x[k] * __ldg(coefficients + j + k) + __ldg(coefficients + cout + j + k);
+      if (relu && x[k] < A(0)) x[k] = A(0);  // NaN stays NaN, as in tf.nn.relu
     }
+    StoreVec<kV>(out + i, x);
   }
 }
 
@@ -1140,10 +1146,14 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
       if (coefficients == nullptr) return GpuStatus::OutOfMemory("epilogue coefficients");
       LaunchChained(ColumnAffineKernel<A>, BlocksFor(a.cout), kThreads, 0, stream, a.epilogue, a.cout, coefficients);
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("epilogue coefficients");
-      const int64_t step_rows = std::max<int64_t>(1, kThreads / a.cout);
-      if (a.cout > 0xffffffffLL) return GpuStatus{"epilogue", "more than 2^32 - 1 output channels"};
-      LaunchChained(AffineRowsKernel<T, A>, BlocksFor((a.num_out + step_rows - 1) / step_rows * kThreads), kThreads,
-                    0, stream, acc, a.num_out, a.cout, step_rows, coefficients, a.epilogue.relu, out);
+      const int64_t total = a.num_out * a.cout;
+      const int v = std::min(VectorWidth<A>(a.cout, {acc}), VectorWidth<T>(a.cout, {out}));
+      WithVectorWidth(v, [&](auto width) {
+        // VectorWidth keeps a double's accesses at 2 elements; 4 is then never chosen.
+        constexpr int kV = decltype(width)::value * sizeof(A) <= 16 ? decltype(width)::value : 2;
+        LaunchChained(AffineRowsKernel<T, A, kV>, BlocksFor(total / kV), kThreads, 0, stream, acc, total, a.cout,
+                      coefficients, a.epilogue.relu, out);
+      });
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("epilogue");
     } else if constexpr (!std::is_same<A, T>::value) {
       LaunchChained(ConvertKernel<T, A>, BlocksFor(outputs), kThreads, 0, stream, acc, outputs, out);
