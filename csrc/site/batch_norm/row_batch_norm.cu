@@ -262,7 +262,7 @@ void LaunchChunkSums(const T* x, const T* dy, const float* mean, int64_t n, int6
   const dim3 grid(static_cast<unsigned int>(chunks)), block(kColumns, kRows);
   const int64_t per = RowsPerChunk(n);
   Sum* part2 = part + chunks * c;
-  WithVectorWidth(VectorWidth<T>(c, {x, dy}), [&](auto width) {
+  WithVectorWidth<T>(VectorWidth<T>(c, {x, dy}), [&](auto width) {
     LaunchChained(ChunkSumsKernel<T, kBackward, decltype(width)::value>, grid, block, 0, stream, x, dy, mean, n, c, per,
                   part, part2);
   });
@@ -273,7 +273,7 @@ void LaunchColumnAffine(const T* a, const float* a_center, const float* ca, cons
                         const float* cb, const float* cc, int64_t total, int64_t c, T* out, Stream stream) {
   const int v = VectorWidth<T>(c, {a, b, out});
   const unsigned int blocks = BlocksFor(total / v);
-  WithVectorWidth(v, [&](auto width) {
+  WithVectorWidth<T>(v, [&](auto width) {
     LaunchChained(ColumnAffineKernel<T, decltype(width)::value>, blocks, kThreads, 0, stream, a, a_center, ca, b,
                   b_center, cb, cc, total, c, out);
   });
@@ -316,7 +316,7 @@ GpuStatus RowBatchNorm(const RowBatchNormArgs<T>& a, Scratch* scratch, Stream st
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNorm statistics");
   const int v = VectorWidth<T>(c, {a.x, a.y});
   const unsigned int blocks = BlocksFor(n * c / v);
-  WithVectorWidth(v, [&](auto width) {
+  WithVectorWidth<T>(v, [&](auto width) {
     LaunchChained(NormalizeRowsKernel<T, decltype(width)::value>, blocks, kThreads, 0, stream, a.x, coef, a.beta, n * c,
                   c, a.y);
   });
@@ -345,7 +345,7 @@ GpuStatus RowBatchNormGrad(const RowBatchNormGradArgs<T>& a, Scratch* scratch, S
   TF_SPARSECONV_RETURN_IF_CUDA_ERROR("RowBatchNormGrad coefficients");
   const int v = VectorWidth<T>(c, {a.dy, a.x, a.dx});
   const unsigned int blocks = BlocksFor(n * c / v);
-  WithVectorWidth(v, [&](auto width) {
+  WithVectorWidth<T>(v, [&](auto width) {
     LaunchChained(GradDxKernel<T, decltype(width)::value>, blocks, kThreads, 0, stream, a.dy, a.x, a.mean, coef, n * c,
                   c, a.dx);
   });

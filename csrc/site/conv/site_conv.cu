@@ -1148,11 +1148,9 @@ GpuStatus SiteConvForwardGpu(Stream stream, Scratch* scratch, const SiteConvArgs
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("epilogue coefficients");
       const int64_t total = a.num_out * a.cout;
       const int v = std::min(VectorWidth<A>(a.cout, {acc}), VectorWidth<T>(a.cout, {out}));
-      WithVectorWidth(v, [&](auto width) {
-        // VectorWidth keeps a double's accesses at 2 elements; 4 is then never chosen.
-        constexpr int kV = decltype(width)::value * sizeof(A) <= 16 ? decltype(width)::value : 2;
-        LaunchChained(AffineRowsKernel<T, A, kV>, BlocksFor(total / kV), kThreads, 0, stream, acc, total, a.cout,
-                      coefficients, a.epilogue.relu, out);
+      WithVectorWidth<A>(v, [&](auto width) {  // A is at least as wide as T
+        LaunchChained(AffineRowsKernel<T, A, decltype(width)::value>, BlocksFor(total / width), kThreads, 0, stream,
+                      acc, total, a.cout, coefficients, a.epilogue.relu, out);
       });
       TF_SPARSECONV_RETURN_IF_CUDA_ERROR("epilogue");
     } else if constexpr (!std::is_same<A, T>::value) {

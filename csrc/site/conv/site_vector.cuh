@@ -67,12 +67,16 @@ __device__ inline int64_t FirstColumn(int64_t v, int64_t row_vectors, bool narro
                       : v % row_vectors);
 }
 
-// The widest of 4, 2 and 1 elements of T per access (at most 16 bytes) that c and every
-// pointer allow.
+// The most elements of T in one access: 4, or as many as 16 bytes hold (a double: 2).
+template <typename T>
+constexpr int kWidestVector = sizeof(T) * 4 <= 16 ? 4 : static_cast<int>(16 / sizeof(T));
+
+// The widest of 4, 2 and 1 elements of T per access (at most kWidestVector<T>) that c and
+// every pointer allow.
 template <typename T>
 int VectorWidth(int64_t c, std::initializer_list<const void*> pointers) {
   for (int v : {4, 2}) {
-    bool fits = c % v == 0 && sizeof(T) * v <= 16;
+    bool fits = c % v == 0 && v <= kWidestVector<T>;
     for (const void* p : pointers) {
       fits = fits && (p == nullptr || reinterpret_cast<uintptr_t>(p) % (sizeof(T) * v) == 0);
     }
@@ -82,12 +86,13 @@ int VectorWidth(int64_t c, std::initializer_list<const void*> pointers) {
 }
 
 // Calls launch(std::integral_constant<int, w>()) for the vector width w (4, 2 or 1) that
-// VectorWidth chose, so that one launch statement serves each kernel's three widths.
-template <typename Launch>
+// VectorWidth<T> chose, so that one launch statement serves each kernel's widths; widths
+// beyond kWidestVector<T> are never instantiated.
+template <typename T, typename Launch>
 void WithVectorWidth(int width, const Launch& launch) {
   switch (width) {
     case 4:
-      launch(std::integral_constant<int, 4>());
+      if constexpr (kWidestVector<T> >= 4) launch(std::integral_constant<int, 4>());
       break;
     case 2:
       launch(std::integral_constant<int, 2>());
