@@ -6,11 +6,8 @@ kernel_map.assert_rows_match), with int64 coordinates (`int64`: TensorFlow passe
 int32 argument of a tf.function in host memory, int64 stays on the GPU) and the tf.function
 itself with int64 coordinates (`function`: what site_e2e_gpu.py times; the other variants
 call ConcreteFunctions, which skip the tf.function's lookup of its traced function and its
-captured variables), and with int64 coordinates whose range check gates their cast to
-int32 (`gated`: make_site_sparse before 2026-12-03, where every kernel map waited for the
-check's value on the host; `int64` lets the check gate the features only); interleaved
-rounds, medians of synchronised calls. With --trace DIR
-three calls each of `base`, `int64` and `gated` are traced with TensorFlow's profiler and the XSpace
+captured variables); interleaved rounds, medians of synchronised calls. With --trace DIR
+three calls each of `base` and `int64` are traced with TensorFlow's profiler and the XSpace
 files kept there (the host threads' events beside the GPU's stream events;
 docs/benchmarks.md reads them).
 
@@ -33,18 +30,16 @@ from gpu_trace import first_gpu_work, trace_file  # noqa: E402
 from site_networks import conv_weights, network, scene  # noqa: E402
 from site_scenes import LIDAR  # noqa: E402
 
-VARIANTS = ("base", "frozen", "nochecks", "int64", "gated", "function")
+VARIANTS = ("base", "frozen", "nochecks", "int64", "function")
 
 
 def build(run, dtype, lidar, tiny, checks=True, int64=True):
     """(the concrete forward of int32 coordinates, its inputs, the site count, where int64 is
-    true the concrete forward of int64 coordinates and its inputs, else None, None, the
-    tf.function whose traces those are, and the concrete forward of int64 coordinates whose
-    range check gates their cast, or None)."""
+    true the concrete forward of int64 coordinates and its inputs, else None, None, and the
+    tf.function whose traces those are)."""
     import importlib
     import tensorflow as tf
     kernel_map = importlib.import_module("tf_sparseconv.site.kernel_map")  # the module, not the function
-    tensor_module = importlib.import_module("tf_sparseconv.site.tensor")
     net, batch = e2e.RUNS[run]
     steps = network(net)
     coords, spatial, features = scene(net, batch, lidar, tiny=tiny)
@@ -60,20 +55,12 @@ def build(run, dtype, lidar, tiny, checks=True, int64=True):
         c, f = tf.constant(coords), tf.constant(features.astype(dtype))
         concrete = fwd.get_concrete_function(c, f)
         if not int64:
-            return concrete, (c, f), len(coords), None, None, fwd, None
+            return concrete, (c, f), len(coords), None, None, fwd
         c64 = tf.constant(coords.astype(np.int64))
         wide = fwd.get_concrete_function(c64, f)
-        gated_fwd, _ = e2e.functions(model, tf.constant(spatial), batch)
-        original_integer_tensor = tensor_module.integer_tensor
-        # Without the checks list the cast waits for the check, as before.
-        tensor_module.integer_tensor = lambda *a, checks=None: original_integer_tensor(*a)
-        try:
-            gated = gated_fwd.get_concrete_function(c64, f)
-        finally:
-            tensor_module.integer_tensor = original_integer_tensor
     finally:
         kernel_map.assert_rows_match = original
-    return concrete, (c, f), len(coords), wide, (c64, f), fwd, gated
+    return concrete, (c, f), len(coords), wide, (c64, f), fwd
 
 
 def frozen(concrete):
@@ -104,7 +91,7 @@ def main():
     device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
     for run in args.networks:
         with tf.device(device):
-            base, inputs, sites, wide, wide_inputs, function, gated = build(run, dtype, args.lidar, args.tiny)
+            base, inputs, sites, wide, wide_inputs, function = build(run, dtype, args.lidar, args.tiny)
             fns = {"base": base}
             if "frozen" in args.variants:
                 fns["frozen"] = frozen(base)
@@ -112,11 +99,9 @@ def main():
                 fns["nochecks"] = build(run, dtype, args.lidar, args.tiny, checks=False, int64=False)[0]
             if "int64" in args.variants:
                 fns["int64"] = wide
-            if "gated" in args.variants:
-                fns["gated"] = gated
             if "function" in args.variants:
                 fns["function"] = function
-        feeds = {name: wide_inputs if name in ("int64", "gated", "function") else inputs for name in fns}
+        feeds = {name: wide_inputs if name in ("int64", "function") else inputs for name in fns}
         ref = fns["base"](*inputs)
         for name, fn in fns.items():
             out = fn(*feeds[name])
@@ -143,7 +128,7 @@ def main():
                   f"{graph_ops(fn.get_concrete_function(*feeds[name]) if name == 'function' else fn)})", flush=True)
         if args.trace:
             os.makedirs(args.trace, exist_ok=True)
-            for name in [n for n in ("base", "int64", "gated") if n in fns]:
+            for name in [n for n in ("base", "int64") if n in fns]:
                 path = trace_file(lambda *a, fn=fns[name]: (fn(*a), sync()), feeds[name], 3)
                 kept = os.path.join(args.trace, f"{run}_{args.dtype}_{name}.xplane.pb")
                 shutil.copy(path, kept)

@@ -22,14 +22,8 @@ import tensorflow as tf
 NON_FINITE = ("raise", "allow")
 
 
-def integer_tensor(value, dtype, name, what, checks=None):
-    """value as a tensor of the integer dtype, refusing what the cast would change.
-
-    In a graph, a value of a wider integer type is checked by an assert op. By default the
-    cast waits for it. checks: a list the assert is appended to instead, for the caller to
-    make its own gate, and the cast clamps to the dtype's range meanwhile (the clamped value
-    of a refused input is never returned, since the assert fails the call): on a GPU the
-    cast then need not wait for the check's value to reach the host."""
+def integer_tensor(value, dtype, name, what):
+    """value as a tensor of the integer dtype, refusing what the cast would change."""
     try:
         tensor = tf.convert_to_tensor(value)
     except (TypeError, ValueError):
@@ -52,9 +46,6 @@ def integer_tensor(value, dtype, name, what, checks=None):
             raise ValueError(f"{message}, got {bad}")
         return tf.cast(tensor, dtype)
     check = tf.debugging.assert_equal(tf.reduce_all((tensor >= lo) & (tensor <= hi)), True, message=message)
-    if checks is not None:
-        checks.append(check)
-        return tf.cast(tf.clip_by_value(tensor, tf.constant(lo, source), tf.constant(hi, source)), dtype)
     with tf.control_dependencies([check]):
         return tf.cast(tensor, dtype)
 

@@ -158,11 +158,16 @@ def test_the_pairs_epilogue_on_the_gpu_takes_every_vector_width(rng, gpu, dtype,
     cin = 5
     coords, features = random_sites(rng, BATCH, (8, 8, 8), 0.3, cin)
     kernel = rng.standard_normal((3, 3, 3, cin, cout)) / np.sqrt(27 * cin)
-    epilogue = epilogue_values("batch-norm-relu", rng, cout, np.float64 if dtype == tf.float64 else np.float32)
     reference = tf.float32 if dtype == tf.float16 else dtype
-    with tf.device(CPU):
-        want = site_conv(make_site_sparse(coords, tf.cast(features, reference), (8, 8, 8), BATCH),
-                         tf.cast(kernel, reference), subm=True, **epilogue).features.numpy().astype(np.float64)
+    # A random normalisation can leave a single column at zero everywhere after the ReLU, and
+    # zeros would compare equal whatever the GPU read: draw until a tenth of the outputs live.
+    for _ in range(50):
+        epilogue = epilogue_values("batch-norm-relu", rng, cout, np.float64 if dtype == tf.float64 else np.float32)
+        with tf.device(CPU):
+            want = site_conv(make_site_sparse(coords, tf.cast(features, reference), (8, 8, 8), BATCH),
+                             tf.cast(kernel, reference), subm=True, **epilogue).features.numpy().astype(np.float64)
+        if np.count_nonzero(want) >= 0.1 * want.size:
+            break
     with tf.device(gpu):
         x = make_site_sparse(coords, tf.cast(features, dtype), (8, 8, 8), BATCH)
         got = site_conv(x, tf.cast(kernel, dtype), subm=True, indice_key="subm", dataflow="pairs", **epilogue).features
@@ -171,9 +176,9 @@ def test_the_pairs_epilogue_on_the_gpu_takes_every_vector_width(rng, gpu, dtype,
     scale = np.abs(want).max()
     tolerance = {tf.float16: 2e-2, tf.float32: 2e-3 if tf32 else 1e-5, tf.float64: 1e-12}[dtype] * scale
     got = tf.cast(got, tf.float64).numpy()
-    assert got.shape == want.shape and scale > 0
+    assert got.shape == want.shape and np.count_nonzero(want) >= 0.1 * want.size
     np.testing.assert_allclose(got, want, atol=tolerance)
-    assert (got >= 0).all()  # one column may be all zeros or all positive
+    assert (got >= 0).all()
 
 
 @pytest.mark.soft_placement

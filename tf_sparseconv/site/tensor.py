@@ -189,15 +189,11 @@ def make_site_sparse(coords, features, spatial_shape, batch_size, kernel_maps=No
     are InvalidArgumentError unless non_finite="allow" (tf_sparseconv.inputs states the
     policy). The sites themselves (in range, each once) are checked by the ops and
     helpers that read them, e.g. SiteKernelMap."""
-    # The range check of wide (int64) coordinates gates the features below, not the cast:
-    # the kernel maps, which need only the coordinates, start without waiting for its value
-    # on the host (a clamped coordinate is refused by the site checks as well).
-    checks = []
-    coords = integer_tensor(coords, tf.int32, "coords", "make_site_sparse", checks=checks)
+    coords = integer_tensor(coords, tf.int32, "coords", "make_site_sparse")
     features = real_tensor(features, "features", "make_site_sparse")
     spatial_shape = integer_tensor(spatial_shape, tf.int32, "spatial_shape", "make_site_sparse")
     batch_size = integer_tensor(batch_size, tf.int32, "batch_size", "make_site_sparse")
-    checks += finite_checks(features, non_finite, "features", "make_site_sparse")
+    checks = finite_checks(features, non_finite, "features", "make_site_sparse")
     # Eager checks have run (and raised) already; the features stay the caller's tensor, so
     # a tape watching it sees the ops that use them.
     if checks and not tf.executing_eagerly():
