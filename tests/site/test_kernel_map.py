@@ -421,3 +421,19 @@ def test_geometry_near_the_int64_limit_that_fits_is_exact():
     m = kernel_map(y, 3, strides=2**62, padding=2**61, mode="transposed")
     assert m.out_spatial_shape.numpy().tolist() == [3]
     assert m.in_rows.shape == [0]  # site 0 lands at -2^61 + q: outside
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("strides,dilation", [((1, 2**63 - 1), (1, 1)), ((2**63 - 1, 2), (3, 1)),
+                                              ((2**63 - 2, 2**62), (1, 1))],
+                         ids=["stride-max", "stride-max-dilated", "strides-near-max"])
+def test_strided_map_with_a_stride_near_the_int64_limit_matches_cpu(rng, builder, strides, dilation, gpu):
+    # The GPU's output table is sized by the sites an input reaches, ceil(k / period) per
+    # dimension with period = s / gcd(s, dil); computed as (k + period - 1) / period that
+    # wrapped for a stride near 2^63 and left the table one slot ("a hash table filled up").
+    reaching = [[1, dilation[0] - 1, 0]]
+    coords = np.unique(np.concatenate([random_coords(rng, 2, (9, 8), 0.4), reaching]).astype(np.int32), axis=0)
+    geometry = ((3, 2), strides, (1, 0), dilation)
+    cpu = raw_map(CPU, coords, (9, 8), 2, "strided", *geometry)
+    assert_same_map(raw_map(GPU, coords, (9, 8), 2, "strided", *geometry, builder=builder), cpu)
+    assert int(cpu[4].numpy()[-1]) > 0  # site (1, dil - 1, 0) reaches output (1, 0, 0) through q = (1, 0)

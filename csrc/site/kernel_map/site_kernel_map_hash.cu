@@ -181,7 +181,7 @@ int64_t ReachableSitesBound(const SiteGeometry& g, int64_t n) {
     int64_t reach = g.kernel[j];
     if (g.mode == SiteMapMode::kStrided) {
       const int64_t period = g.stride[j] / Gcd(g.stride[j], g.dilation[j]);
-      reach = (g.kernel[j] + period - 1) / period;
+      reach = (g.kernel[j] - 1) / period + 1;  // ceil(k / period); k + period - 1 overflows for s near 2^63
     }
     per_site *= reach;
   }
